@@ -1,0 +1,68 @@
+"""One error tree for the whole bot.
+
+Every error the engine raises on purpose is a ``ChatOpsError``; the CLI and the
+Slack handlers translate these into one clear sentence for a person, so the
+message text is written for the operator, never for a developer.
+"""
+
+from __future__ import annotations
+
+
+class ChatOpsError(Exception):
+    """Base of every error the bot raises deliberately."""
+
+
+class ConfigError(ChatOpsError):
+    """The configuration file or environment is invalid; names the key and the problem."""
+
+
+class InputError(ChatOpsError):
+    """A command typed by a user does not fit the grammar; the text lists what is valid."""
+
+
+class RefusedError(ChatOpsError):
+    """A request is well-formed but not allowed (policy, channel, lock held)."""
+
+
+class LockHeldError(RefusedError):
+    """Another maintenance job holds the service or host."""
+
+    def __init__(self, message: str, *, run_id: int, requested_by: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.requested_by = requested_by
+
+
+class AuditError(ChatOpsError):
+    """The audit database cannot be opened or written."""
+
+
+class RunNotFoundError(ChatOpsError):
+    """No run with that id exists in the audit log."""
+
+
+class HostError(ChatOpsError):
+    """Something went wrong talking to a GPU host."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(f"{host}: {message}")
+        self.host = host
+        self.reason = message
+
+
+class HostKeyError(HostError):
+    """The host's SSH key is unknown or changed: strict checking refused it."""
+
+
+class HostUnreachableError(HostError):
+    """TCP connect, SSH handshake or authentication failed, or the connection died."""
+
+
+class GpuQueryError(HostError):
+    """nvidia-smi or NVML failed; carries the exit status and output."""
+
+    def __init__(self, host: str, message: str, *, exit_status: int | None = None,
+                 output: str = "") -> None:
+        super().__init__(host, message)
+        self.exit_status = exit_status
+        self.output = output

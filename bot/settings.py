@@ -1,0 +1,275 @@
+"""One validated settings object, built once at start and passed down.
+
+Sources, highest priority first: environment variables (only the documented
+ones: secrets and paths), then the TOML file named by ``CHATOPS_CONFIG``
+(default ``./chatops.toml``).  Every rule an operator can break is checked here,
+so a bad file fails at start with the key and the problem, not mid-redeploy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bot.errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
+PACKAGE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?$")
+SLACK_ID_RE = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+LOCAL = "local"
+
+
+def _name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    if any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} contains whitespace")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_name)]
+HttpUrlStr = Annotated[str, AfterValidator(_http_url)]
+
+
+def _expand(p: Path) -> Path:
+    return Path(os.path.expanduser(str(p)))
+
+
+class _Section(BaseModel):
+    # A typo in a key must be an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicySettings(_Section):
+    requesters: list[str] = Field(default_factory=list)
+    approvers: list[str] = Field(default_factory=list)
+    min_approvals: int = Field(1, ge=1)
+    allow_self_approval: bool = False
+    approval_ttl_s: int = Field(900, gt=0)
+    usergroup_cache_ttl_s: int = Field(300, ge=0)
+
+    @field_validator("requesters", "approvers")
+    @classmethod
+    def _slack_ids(cls, v: list[str]) -> list[str]:
+        for item in v:
+            if not SLACK_ID_RE.match(item):
+                raise ValueError(
+                    f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID"
+                )
+        return v
+
+
+class SlackSettings(_Section):
+    channels: list[str] = Field(default_factory=list)
+    post_interval_s: float = Field(1.0, ge=0)
+    update_interval_s: float = Field(1.0, ge=0)
+
+
+class HostSettings(_Section):
+    address: str
+    port: int = Field(22, ge=1, le=65535)
+    user: str = "root"
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    connect_timeout_s: float = Field(10.0, gt=0)
+    keepalive_interval_s: float = Field(5.0, gt=0)
+    keepalive_count_max: int = Field(3, ge=1)
+    max_sessions: int = Field(8, ge=1, le=64)
+
+    @field_validator("key_file", "known_hosts")
+    @classmethod
+    def _expand_user(cls, v: Path | None) -> Path | None:
+        return None if v is None else _expand(v)
+
+    @model_validator(mode="after")
+    def _strict_host_keys(self) -> HostSettings:
+        if self.address != LOCAL and self.known_hosts is None:
+            raise ValueError(
+                "known_hosts is required: host keys are always checked strictly"
+            )
+        return self
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == LOCAL
+
+
+class ServiceSettings(_Section):
+    hosts: list[Name] = Field(min_length=1)
+    unit: str
+    python: str
+    package: str = "vllm"
+    uv: str = "uv"
+    health_url: HttpUrlStr = "http://127.0.0.1:8000/health"
+    indexes: dict[Name, HttpUrlStr] = Field(default_factory=dict)
+    drain_threshold_mib: int = Field(1024, ge=0)
+    drain_timeout_s: float = Field(120, gt=0)
+    drain_poll_s: float = Field(1.0, gt=0)
+    start_timeout_s: float = Field(1800, gt=0)
+    health_poll_s: float = Field(2.0, gt=0)
+    stop_timeout_s: float = Field(300, gt=0)
+    install_timeout_s: float = Field(3600, gt=0)
+    command_timeout_s: float = Field(60, gt=0)
+    min_free_disk_mib: int = Field(10240, ge=0)
+    journal_lines: int = Field(50, ge=1, le=10000)
+    max_unavailable: int = Field(1, ge=1)
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, v: str) -> str:
+        if not UNIT_RE.match(v):
+            raise ValueError(f"{v!r} is not a systemd unit name")
+        return v
+
+    @field_validator("python", "uv")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v or any(c.isspace() for c in v) or v.startswith("-"):
+            raise ValueError(f"{v!r} is not a usable path")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path to the venv's interpreter")
+        return v
+
+    @field_validator("package")
+    @classmethod
+    def _package(cls, v: str) -> str:
+        if not PACKAGE_RE.match(v):
+            raise ValueError(f"{v!r} is not a package name (pin versions per run)")
+        return v
+
+    @property
+    def venv_dir(self) -> str:
+        # /opt/venvs/vllm/bin/python -> /opt/venvs/vllm
+        return str(Path(self.python).parent.parent)
+
+
+class SecuritySettings(_Section):
+    # Extra literal values (passwords, tokens) masked wherever text leaves the bot.
+    redact: list[SecretStr] = Field(default_factory=list)
+
+
+class Settings(BaseSettings):
+    """Everything the bot is configured with. Immutable once loaded."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    policy: PolicySettings = PolicySettings()
+    slack: SlackSettings = SlackSettings()
+    security: SecuritySettings = SecuritySettings()
+    hosts: dict[Name, HostSettings] = Field(default_factory=dict)
+    services: dict[Name, ServiceSettings] = Field(default_factory=dict)
+
+    # Environment-only values: secrets and deployment paths never live in the TOML file.
+    db_path: Path = Field(Path("chatops.db"), validation_alias="CHATOPS_DB")
+    slack_bot_token: SecretStr | None = Field(None, validation_alias="SLACK_BOT_TOKEN")
+    slack_app_token: SecretStr | None = Field(None, validation_alias="SLACK_APP_TOKEN")
+    slack_signing_secret: SecretStr | None = Field(None, validation_alias="SLACK_SIGNING_SECRET")
+    slack_api_url: str | None = Field(None, validation_alias="SLACK_API_URL")
+    port: int = Field(3000, ge=1, le=65535, validation_alias="PORT")
+
+    @model_validator(mode="after")
+    def _references(self) -> Settings:
+        for name, svc in self.services.items():
+            for h in svc.hosts:
+                if h not in self.hosts:
+                    known = ", ".join(sorted(self.hosts)) or "none configured"
+                    raise ValueError(
+                        f"services.{name}.hosts names unknown host {h!r} (hosts: {known})"
+                    )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file is read by load_settings and passed as init kwargs, so
+        # the path can come from CHATOPS_CONFIG at call time.
+        return (env_settings, init_settings)
+
+    def secret_values(self) -> list[str]:
+        """Literal secrets to mask in anything posted, stored or logged."""
+        out = [s.get_secret_value() for s in self.security.redact]
+        for s in (self.slack_bot_token, self.slack_app_token, self.slack_signing_secret):
+            if s is not None:
+                out.append(s.get_secret_value())
+        return [v for v in out if len(v) >= 4]
+
+    def service(self, name: str) -> ServiceSettings:
+        return self.services[name]
+
+
+def config_path(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    return Path(env.get("CHATOPS_CONFIG", "chatops.toml"))
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling against deploy/chatops.example.toml)"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read and validate the configuration; raise ConfigError naming the key on failure.
+
+    ``path`` defaults to ``$CHATOPS_CONFIG`` or ``./chatops.toml``.  A missing
+    default file means an empty configuration; a missing named file is an error.
+    """
+    explicit = path is not None or "CHATOPS_CONFIG" in os.environ
+    path = path if path is not None else config_path()
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"invalid TOML in {path}: {e}") from e
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror}") from e
+    elif explicit:
+        raise ConfigError(f"configuration file {path} does not exist (CHATOPS_CONFIG)")
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, str(path))) from e
