@@ -1,0 +1,567 @@
+"""bot.gpu: nvidia-smi parsers, exit codes, drain verdict and the table."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.errors import GpuQueryError
+from bot.gpu import (
+    APPS_QUERY_ARGV,
+    GPU_QUERY_ARGV,
+    LINE_LIMIT,
+    NVIDIA_SMI_EXIT_CODES,
+    Gpu,
+    GpuProcess,
+    GpuSnapshot,
+    build_snapshot,
+    check_nvidia_smi,
+    drain_verdict,
+    parse_apps_csv,
+    parse_gpu_csv,
+    parse_pgrep,
+    render_snapshots,
+    render_table,
+    short_gpu_name,
+)
+from bot.transport import CommandResult
+
+RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def uuid(i: int) -> str:
+    return f"GPU-6f1c{i:04d}-1a2b-3c4d-5e6f-0123456789ab"
+
+
+def gpu_text(n: int = 8, used: int = 97012) -> str:
+    return "\n".join(f"{i}, {uuid(i)}, {RTX}, {used}, 97871, {i * 10}" for i in range(n)) + "\n"
+
+
+def apps_text(n: int = 8) -> str:
+    return "".join(f"{48301 + i}, VLLM::Worker_TP{i}, 96998 MiB, {uuid(i)}\n" for i in range(n))
+
+
+# --------------------------------------------------------------------------- parse_gpu_csv
+
+
+def test_parse_gpu_csv_reads_every_field() -> None:
+    gpus = parse_gpu_csv("h1", gpu_text(2))
+    assert gpus == (
+        Gpu(0, uuid(0), RTX, 97012, 97871, 0),
+        Gpu(1, uuid(1), RTX, 97012, 97871, 10),
+    )
+
+
+@pytest.mark.parametrize("missing", ["[N/A]", "[Not Supported]", "[Unknown Error]", "N/A",
+                                     "[Insufficient Permissions]"])
+def test_parse_gpu_csv_missing_values_become_none(missing: str) -> None:
+    (gpu,) = parse_gpu_csv("h1", f"3, {uuid(3)}, NVIDIA H200, {missing}, {missing}, {missing}")
+    assert (gpu.index, gpu.name) == (3, "NVIDIA H200")
+    assert (gpu.memory_used_mib, gpu.memory_total_mib, gpu.utilization_pct) == (None, None, None)
+
+
+def test_parse_gpu_csv_keeps_commas_in_the_name() -> None:
+    (gpu,) = parse_gpu_csv("h1", f"0, {uuid(0)}, Tesla V100, PCIe, 32GB, 5, 32510, 99")
+    assert gpu.name == "Tesla V100, PCIe, 32GB"
+    assert (gpu.memory_used_mib, gpu.memory_total_mib, gpu.utilization_pct) == (5, 32510, 99)
+
+
+def test_parse_gpu_csv_ignores_blank_lines_and_crlf() -> None:
+    text = (f"\r\n0, {uuid(0)}, NVIDIA H200, 1, 143771, 0\r\n\r\n   \r\n"
+            f"1, {uuid(1)}, NVIDIA H200, 2, 143771, 7\r\n")
+    gpus = parse_gpu_csv("h1", text)
+    assert [(g.index, g.uuid, g.memory_used_mib, g.utilization_pct) for g in gpus] == [
+        (0, uuid(0), 1, 0), (1, uuid(1), 2, 7)]
+
+
+def test_parse_gpu_csv_empty_output_is_no_gpus() -> None:
+    assert parse_gpu_csv("h1", "") == ()
+    assert parse_gpu_csv("h1", "\n \n") == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("Failed to initialize NVML: Driver/library version mismatch", "expected 6 fields"),
+        (f"0, {uuid(0)}, 1, 2, 3", "expected 6 fields, got 5"),
+        (f"x, {uuid(0)}, H200, 1, 2, 3", "the GPU index is not a number: 'x'"),
+        (f"-1, {uuid(0)}, H200, 1, 2, 3", "the GPU index is not a number"),
+        ("0, , H200, 1, 2, 3", "not a GPU UUID"),
+        ("0, GPU 1, H200, 1, 2, 3", "not a GPU UUID"),
+        ("0, [N/A], H200, 1, 2, 3", "not a GPU UUID"),
+        (f"0, {uuid(0)}, , 1, 2, 3", "the GPU name is empty"),
+        (f"0, {uuid(0)}, H200, 1 MiB, 2, 3", "memory.used is not a number: '1 MiB'"),
+        (f"0, {uuid(0)}, H200, 1, 2.5, 3", "memory.total is not a number"),
+        (f"0, {uuid(0)}, H200, 1, 2, 3%", "utilization.gpu is not a number"),
+        (f"0, {uuid(0)}, H200, 1_000, 2, 3", "memory.used is not a number"),
+    ],
+)
+def test_parse_gpu_csv_rejects_malformed_lines(line: str, why: str) -> None:
+    text = f"1, {uuid(1)}, NVIDIA H200, 1, 2, 3\n{line}\n"
+    with pytest.raises(GpuQueryError) as caught:
+        parse_gpu_csv("gpu-a1", text)
+    message = str(caught.value)
+    assert message.startswith("gpu-a1: unexpected line from nvidia-smi --query-gpu: ")
+    assert repr(line) in message
+    assert why in message
+    assert caught.value.host == "gpu-a1"
+    assert caught.value.output == text
+
+
+def test_parse_gpu_csv_quotes_a_long_line_cut_short() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        parse_gpu_csv("h1", "x" * 5000)
+    assert "x" * 200 + "..." in str(caught.value)
+    assert "x" * 201 not in str(caught.value)
+
+
+@pytest.mark.parametrize("dup", [f"0, {uuid(9)}", f"9, {uuid(0)}"])
+def test_parse_gpu_csv_rejects_a_gpu_listed_twice(dup: str) -> None:
+    text = f"0, {uuid(0)}, H200, 1, 2, 3\n{dup}, H200, 1, 2, 3\n"
+    with pytest.raises(GpuQueryError, match="twice"):
+        parse_gpu_csv("h1", text)
+
+
+# --------------------------------------------------------------------------- parse_apps_csv
+
+
+def test_parse_apps_csv_reads_every_field() -> None:
+    assert parse_apps_csv("h1", apps_text(2)) == (
+        GpuProcess(48301, "VLLM::Worker_TP0", 96998, uuid(0)),
+        GpuProcess(48302, "VLLM::Worker_TP1", 96998, uuid(1)),
+    )
+
+
+@pytest.mark.parametrize("text", ["", "\n", "No running processes found\n",
+                                  "  no running processes found \r\n"])
+def test_parse_apps_csv_no_processes(text: str) -> None:
+    assert parse_apps_csv("h1", text) == ()
+
+
+@pytest.mark.parametrize("memory", ["[N/A]", "[Not Supported]", "[Insufficient Permissions]"])
+def test_parse_apps_csv_unreported_memory_is_none(memory: str) -> None:
+    (proc,) = parse_apps_csv("h1", f"7, [Not Found], {memory}, {uuid(0)}\r\n")
+    assert proc == GpuProcess(7, "[Not Found]", None, uuid(0))
+
+
+def test_parse_apps_csv_keeps_commas_in_the_process_name() -> None:
+    (proc,) = parse_apps_csv("h1", f"12, python -c print(1,2), x, 10 MiB, {uuid(2)}")
+    assert proc == GpuProcess(12, "python -c print(1,2), x", 10, uuid(2))
+
+
+def test_parse_apps_csv_accepts_memory_without_unit() -> None:
+    (proc,) = parse_apps_csv("h1", f"12, python, 10, {uuid(2)}")
+    assert proc.used_mib == 10
+
+
+def test_parse_apps_csv_allows_an_empty_name() -> None:
+    (proc,) = parse_apps_csv("h1", f"12, , 10 MiB, {uuid(2)}")
+    assert proc.name == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("No devices were found", "expected 4 fields, got 1"),
+        (f"12, 10 MiB, {uuid(0)}", "expected 4 fields, got 3"),
+        (f"pid, name, 10 MiB, {uuid(0)}", "the PID is not a number: 'pid'"),
+        (f"12, name, 10 GiB, {uuid(0)}", "used_memory is not a MiB amount: '10 GiB'"),
+        (f"12, name, lots, {uuid(0)}", "used_memory is not a MiB amount"),
+        ("12, name, 10 MiB, ", "not a GPU UUID"),
+    ],
+)
+def test_parse_apps_csv_rejects_malformed_lines(line: str, why: str) -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        parse_apps_csv("gpu-a1", line)
+    message = str(caught.value)
+    assert message.startswith("gpu-a1: unexpected line from nvidia-smi --query-compute-apps: ")
+    assert repr(line.strip()) in message
+    assert why in message
+
+
+# --------------------------------------------------------------------------- check_nvidia_smi
+
+
+def result(exit_status: int | None, stdout: str = "", stderr: str = "", *,
+           timed_out: bool = False, signal: str | None = None) -> CommandResult:
+    return CommandResult(GPU_QUERY_ARGV, exit_status, stdout, stderr, 12.4,
+                         signal=signal, timed_out=timed_out)
+
+
+def test_check_nvidia_smi_accepts_success() -> None:
+    check_nvidia_smi("h1", result(0, gpu_text(1)))
+
+
+DOCUMENTED = {
+    2: "argument or flag is invalid",
+    3: "not available on the target device",
+    4: "does not have permission",
+    6: "a query to find an object was unsuccessful",
+    8: "external power cables are not properly attached",
+    9: "NVIDIA driver is not loaded",
+    10: "interrupt issue with a GPU",
+    12: "NVML shared library could not be found or loaded",
+    13: "NVML does not implement this function",
+    14: "infoROM is corrupted",
+    15: "fallen off the bus",
+    18: "driver and library versions do not match",
+    126: "not executable",
+    127: "command not found",
+    255: "internal driver error",
+}
+
+
+@pytest.mark.parametrize(("code", "meaning"), sorted(DOCUMENTED.items()))
+def test_check_nvidia_smi_explains_each_exit_code(code: int, meaning: str) -> None:
+    said = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("gpu-a1", result(code, said + "\nMake sure the driver is installed.\n"))
+    error = caught.value
+    assert str(error).startswith(f"gpu-a1: nvidia-smi failed with exit status {code}: ")
+    assert meaning in str(error)
+    assert repr(said) in str(error)  # the first line nvidia-smi printed, not the second
+    assert "Make sure" not in str(error)
+    assert error.exit_status == code
+    assert "Make sure the driver is installed." in error.output
+
+
+def test_every_documented_code_is_covered_by_the_table() -> None:
+    assert set(NVIDIA_SMI_EXIT_CODES) == set(DOCUMENTED)
+
+
+def test_check_nvidia_smi_unknown_code_and_stderr() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("h1", result(42, "", "\n  boom  \n"))
+    assert str(caught.value) == "h1: nvidia-smi failed with exit status 42: unknown error: 'boom'"
+    assert caught.value.output == "\n  boom  \n"
+
+
+def test_check_nvidia_smi_failure_without_output() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("h1", result(9))
+    assert str(caught.value) == (
+        "h1: nvidia-smi failed with exit status 9: the NVIDIA driver is not loaded")
+
+
+def test_check_nvidia_smi_timeout_wins_over_exit_status() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("h1", result(0, gpu_text(1), timed_out=True))
+    assert "nvidia-smi did not finish within 12 s" in str(caught.value)
+    assert "hung driver" in str(caught.value)
+
+
+def test_check_nvidia_smi_killed_by_signal() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("h1", result(None, signal="KILL"))
+    assert str(caught.value) == "h1: nvidia-smi was killed by signal KILL"
+    assert caught.value.exit_status is None
+
+
+# --------------------------------------------------------------------------- build_snapshot
+
+
+def test_build_snapshot_attaches_processes_by_uuid() -> None:
+    apps = apps_text(2) + f"77, other, 5 MiB, {uuid(1)}\n88, ghost, 9 MiB, MIG-0000\n"
+    snap = build_snapshot("h1", gpu_text(3), apps)
+    assert snap.host == "h1"
+    assert [g.index for g in snap.gpus] == [0, 1, 2]
+    assert [p.pid for p in snap.gpus[0].processes] == [48301]
+    assert [p.pid for p in snap.gpus[1].processes] == [48302, 77]
+    assert snap.gpus[2].processes == ()
+    assert [p.pid for p in snap.processes] == [48301, 48302, 77, 88]  # 88 matches no GPU
+    assert snap.used_mib == 3 * 97012
+    assert snap.total_mib == 3 * 97871
+
+
+def test_build_snapshot_raises_for_either_bad_input() -> None:
+    with pytest.raises(GpuQueryError, match="query-gpu"):
+        build_snapshot("h1", "garbage", "")
+    with pytest.raises(GpuQueryError, match="query-compute-apps"):
+        build_snapshot("h1", gpu_text(1), "garbage")
+
+
+def test_argv_matches_what_the_parsers_expect() -> None:
+    assert GPU_QUERY_ARGV[1].removeprefix("--query-gpu=").split(",") == [
+        "index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu"]
+    assert "nounits" in GPU_QUERY_ARGV[2]
+    assert APPS_QUERY_ARGV[1].removeprefix("--query-compute-apps=").split(",") == [
+        "pid", "process_name", "used_memory", "gpu_uuid"]
+    assert "nounits" not in APPS_QUERY_ARGV[2]
+
+
+# --------------------------------------------------------------------------- drain
+
+
+def snapshot(gpus: str, apps: str = "") -> GpuSnapshot:
+    return build_snapshot("h1", gpus, apps)
+
+
+def test_drained_when_nothing_holds_a_gpu() -> None:
+    verdict = drain_verdict(snapshot(gpu_text(8, used=3)), 1024)
+    assert verdict.drained
+    assert verdict.holders == ()
+    assert verdict.pids == ()
+    assert verdict.describe() == "drained: no GPU process, every GPU at or below 1024 MiB"
+
+
+def test_threshold_is_inclusive() -> None:
+    assert drain_verdict(snapshot(gpu_text(1, used=1024)), 1024).drained
+    assert not drain_verdict(snapshot(gpu_text(1, used=1025)), 1024).drained
+
+
+def test_a_process_holding_memory_blocks_the_drain() -> None:
+    snap = snapshot(gpu_text(4, used=3), f"48304, VLLM::Worker_TP3, 96000 MiB, {uuid(3)}\n")
+    verdict = drain_verdict(snap, 1024)
+    assert not verdict.drained
+    (holder,) = verdict.holders
+    assert (holder.kind, holder.gpu_index, holder.pid, holder.used_mib) == ("process", 3, 48304,
+                                                                           96000)
+    assert holder.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
+    assert verdict.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
+    assert verdict.pids == (48304,)
+
+
+def test_a_small_process_blocks_even_under_the_threshold() -> None:
+    snap = snapshot(gpu_text(1, used=300), f"5, python, 200 MiB, {uuid(0)}\n")
+    assert [h.pid for h in drain_verdict(snap, 1024).holders] == [5]
+
+
+def test_a_process_with_zero_memory_does_not_block() -> None:
+    snap = snapshot(gpu_text(1, used=3), f"5, python, 0 MiB, {uuid(0)}\n")
+    assert drain_verdict(snap, 1024).drained
+
+
+def test_a_process_with_unreported_memory_blocks() -> None:
+    snap = snapshot(gpu_text(1, used=3), f"5, python, [N/A], {uuid(0)}\n")
+    (holder,) = drain_verdict(snap, 1024).holders
+    assert holder.describe() == "GPU 0: memory held by PID 5 (python)"
+
+
+def test_a_process_on_an_unknown_gpu_blocks_and_names_the_uuid() -> None:
+    snap = snapshot(gpu_text(1, used=3), "5, python, 10 MiB, MIG-abc\n")
+    (holder,) = drain_verdict(snap, 1024).holders
+    assert holder.gpu_index is None
+    assert holder.describe() == "GPU MIG-abc: 10 MiB held by PID 5 (python)"
+
+
+def test_memory_above_threshold_without_a_process() -> None:
+    text = f"0, {uuid(0)}, H200, 3, 143771, 0\n1, {uuid(1)}, H200, 60000, 143771, 0\n"
+    (holder,) = drain_verdict(snapshot(text), 1024).holders
+    assert (holder.kind, holder.gpu_index, holder.pid) == ("memory", 1, None)
+    assert holder.describe() == "GPU 1: 60000 MiB used, no process listed"
+
+
+def test_memory_not_reported_counts_as_held() -> None:
+    (holder,) = drain_verdict(snapshot(f"0, {uuid(0)}, H200, [N/A], 143771, 0"), 1024).holders
+    assert holder.describe() == "GPU 0: memory use not reported, cannot confirm it is free"
+
+
+def test_a_gpu_with_a_process_is_not_listed_twice() -> None:
+    snap = snapshot(gpu_text(1), f"48301, VLLM::Worker_TP0, 96998 MiB, {uuid(0)}\n")
+    assert [h.kind for h in drain_verdict(snap, 1024).holders] == ["process"]
+
+
+def test_surviving_workers_block_unless_already_listed() -> None:
+    snap = snapshot(gpu_text(2, used=3), f"48301, VLLM::Worker_TP0, 500 MiB, {uuid(0)}\n")
+    workers = parse_pgrep("48301 VLLM::Worker_TP0\n48399 VLLM::EngineCore\n")
+    verdict = drain_verdict(snap, 1024, workers)
+    assert [(h.kind, h.pid) for h in verdict.holders] == [("process", 48301), ("worker", 48399)]
+    assert verdict.holders[1].describe() == "PID 48399 (VLLM::EngineCore) is still running"
+    assert verdict.pids == (48301, 48399)
+
+
+def test_holders_are_ordered_by_gpu_then_unknown_gpu_then_worker() -> None:
+    apps = f"9, b, 5 MiB, {uuid(2)}\n8, a, 5 MiB, MIG-x\n7, c, 5 MiB, {uuid(0)}\n"
+    verdict = drain_verdict(snapshot(gpu_text(3, used=3), apps), 1024, [(1, "VLLM::x")])
+    assert [h.pid for h in verdict.holders] == [7, 9, 8, 1]
+    assert verdict.describe().count("; ") == 3
+
+
+def test_drain_verdict_sees_processes_only_attached_to_gpus() -> None:
+    proc = GpuProcess(5, "python", 10, uuid(0))
+    snap = GpuSnapshot("h1", (Gpu(0, uuid(0), "H200", 3, 100, 0, (proc,)),))
+    assert [h.pid for h in drain_verdict(snap, 1024).holders] == [5]
+
+
+# --------------------------------------------------------------------------- parse_pgrep
+
+
+def test_parse_pgrep() -> None:
+    text = "48301 VLLM::Worker_TP0\n\n48302   VLLM::Worker_TP1 --flag\r\n7\n"
+    assert parse_pgrep(text) == (
+        (48301, "VLLM::Worker_TP0"), (48302, "VLLM::Worker_TP1 --flag"), (7, ""))
+
+
+def test_parse_pgrep_empty() -> None:
+    assert parse_pgrep("") == ()
+
+
+def test_parse_pgrep_joins_a_command_line_that_contained_a_newline() -> None:
+    assert parse_pgrep("12 VLLM::x --prompt first\nsecond half\n13 VLLM::y\n") == (
+        (12, "VLLM::x --prompt first second half"), (13, "VLLM::y"))
+
+
+def test_parse_pgrep_rejects_leading_garbage() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        parse_pgrep("pgrep: invalid option\n12 VLLM::x\n", host="gpu-a1")
+    assert str(caught.value) == (
+        "gpu-a1: unexpected line from pgrep (no PID): 'pgrep: invalid option'")
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def eight_gpu_snapshot() -> GpuSnapshot:
+    return build_snapshot("gpu-a1.example.internal", gpu_text(8), apps_text(8))
+
+
+def test_table_shape_for_eight_gpus() -> None:
+    lines = render_table(eight_gpu_snapshot()).split("\n")
+    assert lines[0] == "gpu-a1.example.internal: 8 GPUs"
+    header = lines[1]
+    assert header.split() == ["GPU", "NAME", "USED", "MiB", "TOTAL", "MiB", "UTIL", "PROCESSES"]
+    assert len(lines) == 2 + 8 + 1
+    for line in lines:
+        assert len(line) <= LINE_LIMIT
+        assert line == line.rstrip()
+    used_end = header.index("USED MiB") + len("USED MiB")
+    total_end = header.index("TOTAL MiB") + len("TOTAL MiB")
+    util_end = header.index("UTIL") + len("UTIL")
+    procs_at = header.index("PROCESSES")
+    for i, row in enumerate(lines[2:10]):
+        assert row[:3] == f"{i:>3}"
+        assert row[5:30] == "RTX PRO 6000 Blackwell SE"
+        assert row[:used_end].endswith(" 97012")
+        assert row[:total_end].endswith(" 97871")
+        assert row[:util_end].endswith(f" {i * 10}%")
+        assert row[procs_at:] == f"{48301 + i} VLLM::Worker_TP{i} 96998 MiB"
+    total = lines[-1]
+    assert total[:used_end].split() == ["total", "776096"]
+    assert total[:total_end].endswith(" 782968")
+    assert total[:util_end].endswith(" 35%")
+    assert total[procs_at:] == "8 processes"
+
+
+def test_table_continues_extra_processes_on_their_own_rows() -> None:
+    apps = apps_text(2) + f"5, helper, 12 MiB, {uuid(0)}\n"
+    lines = render_table(build_snapshot("h", gpu_text(2), apps)).split("\n")
+    procs_at = lines[1].index("PROCESSES")
+    assert lines[2][procs_at:] == "48301 VLLM::Worker_TP0 96998 MiB"
+    assert lines[3] == " " * procs_at + "5 helper 12 MiB"
+    assert lines[4][procs_at:] == "48302 VLLM::Worker_TP1 96998 MiB"
+    assert lines[-1].endswith("3 processes")
+
+
+def test_table_cuts_long_process_names_to_the_line_limit() -> None:
+    long_name = "/opt/venvs/vllm/bin/python3 -m vllm.entrypoints.openai.api_server " * 3
+    apps = f"4194303, {long_name}, 1234567 MiB, {uuid(0)}\n"
+    lines = render_table(build_snapshot("h", gpu_text(1), apps)).split("\n")
+    row = lines[2]
+    assert len(row) == LINE_LIMIT
+    assert row.endswith("… 1234567 MiB")
+    assert row.endswith("  4194303 /opt/venvs/vllm/bin/… 1234567 MiB")
+
+
+def test_table_lists_processes_on_unknown_gpus_and_missing_values() -> None:
+    gpus = f"0, {uuid(0)}, NVIDIA H200, [N/A], [N/A], [Not Supported]\n"
+    lines = render_table(build_snapshot("h", gpus, "5, ghost, [N/A], MIG-1234\n")).split("\n")
+    assert lines[2].split() == ["0", "H200", "n/a", "n/a", "n/a"]
+    assert lines[3].split() == ["?", "MIG-1234", "5", "ghost", "n/a"]
+    assert lines[4].split() == ["total", "0", "0", "n/a", "1", "process"]
+
+
+def test_table_for_one_gpu_and_for_none() -> None:
+    assert render_table(build_snapshot("h", gpu_text(1), "")).split("\n")[0] == "h: 1 GPU"
+    assert render_table(GpuSnapshot("h", ())) == "h: 0 GPUs, nothing reported"
+
+
+def test_table_neutralises_control_characters_and_backticks() -> None:
+    proc = GpuProcess(5, "evil\x1b[2J```\n<!channel>", 10, uuid(0))
+    snap = GpuSnapshot("h", (Gpu(0, uuid(0), "H200`\t", 1, 2, 3, (proc,)),), (proc,))
+    text = render_table(snap)
+    assert "\x1b" not in text
+    assert "`" not in text
+    assert "\t" not in text
+    assert "5 evil?[2J????<!channel> 10 MiB" in text
+    assert len(text.split("\n")) == 4  # the newline in the name did not add a row
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        (RTX, "RTX PRO 6000 Blackwell SE"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX PRO 6000 Blackwell WE"),
+        ("Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB"),
+        ("NVIDIA A-very-long-name-that-will-not-fit-anywhere", "A-very-long-name-that-wi…"),
+        ("NVIDIA ", "NVIDIA"),
+    ],
+)
+def test_short_gpu_name(name: str, short: str) -> None:
+    assert short_gpu_name(name) == short
+    assert len(short_gpu_name(name)) <= 25
+
+
+def test_render_snapshots_several_hosts() -> None:
+    one = eight_gpu_snapshot()
+    two = build_snapshot("gpu-b2", gpu_text(2, used=5), "")
+    text = render_snapshots([one, two])
+    blocks = text.split("\n\n")
+    assert blocks[0] == render_table(one)
+    assert blocks[1] == render_table(two)
+    assert blocks[2] == f"all 2 hosts: 10 GPUs, {8 * 97012 + 10} / {10 * 97871} MiB used"
+
+
+def test_render_snapshots_one_or_no_host() -> None:
+    one = eight_gpu_snapshot()
+    assert render_snapshots(iter([one])) == render_table(one)
+    assert render_snapshots([]) == "no hosts"
+
+
+# --------------------------------------------------------------------------- properties
+
+SAFE = st.text(st.sampled_from("abcXYZ019 -_()/,.:"), min_size=1, max_size=40)
+NAMES = SAFE.filter(lambda s: s == s.strip() and not (s.startswith("[") and s.endswith("]")))
+UUIDS = st.text(st.sampled_from("0123456789abcdefGPU-"), min_size=1, max_size=40)
+AMOUNT = st.one_of(st.none(), st.integers(0, 10**7))
+
+
+def cell(value: int | None) -> str:
+    return "[N/A]" if value is None else str(value)
+
+
+@given(st.lists(st.tuples(NAMES, AMOUNT, AMOUNT, AMOUNT), max_size=8), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_gpu_rows_round_trip(rows: list[tuple[str, int | None, int | None, int | None]],
+                             crlf: bool) -> None:
+    gpus = tuple(Gpu(i, uuid(i), name, used, total, util)
+                 for i, (name, used, total, util) in enumerate(rows))
+    end = "\r\n" if crlf else "\n"
+    text = end.join(f"{g.index}, {g.uuid}, {g.name}, {cell(g.memory_used_mib)}, "
+                    f"{cell(g.memory_total_mib)}, {cell(g.utilization_pct)}" for g in gpus)
+    assert parse_gpu_csv("h", text) == gpus
+    table = render_table(GpuSnapshot("h", gpus))
+    assert all(len(line) <= LINE_LIMIT and line == line.rstrip() for line in table.split("\n"))
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**22), SAFE.map(str.strip), AMOUNT, UUIDS),
+                max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_app_rows_round_trip(rows: list[tuple[int, str, int | None, str]]) -> None:
+    procs = tuple(GpuProcess(pid, name, used, gpu) for pid, name, used, gpu in rows)
+    text = "".join(f"{p.pid}, {p.name}, {'[N/A]' if p.used_mib is None else f'{p.used_mib} MiB'}"
+                   f", {p.gpu_uuid}\n" for p in procs)
+    assert parse_apps_csv("h", text) == procs
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_parsers_only_ever_raise_gpu_query_error(text: str) -> None:
+    for parse in (lambda t: parse_gpu_csv("h", t), lambda t: parse_apps_csv("h", t),
+                  parse_pgrep):
+        try:
+            parse(text)
+        except GpuQueryError as exc:
+            assert exc.host in {"h", "unknown host"}
