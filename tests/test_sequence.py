@@ -1,0 +1,384 @@
+"""The redeploy/restart/status flows driven by hand-made outcomes: every branch, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from bot.plan import Step, make_plan
+from bot.sequence import (
+    BeginStep,
+    Checkpoint,
+    Emit,
+    EndStep,
+    Flow,
+    HostOutcome,
+    HttpCheck,
+    RunCommand,
+    Sleep,
+    Snapshot,
+    Tick,
+    Versions,
+    redeploy_flow,
+    restart_flow,
+    status_flow,
+)
+from bot.settings import Settings
+from bot.transport import CommandResult, HttpResult
+
+UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(8)]
+NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def settings(**svc: Any) -> Settings:
+    base: dict[str, Any] = {
+        "hosts": ["h1"], "unit": "vllm-kimi-k25", "python": "/opt/venvs/vllm/bin/python",
+        "indexes": {"nightly": "https://wheels.vllm.ai/nightly"},
+        "drain_timeout_s": 10, "drain_poll_s": 1, "start_timeout_s": 30, "health_poll_s": 2,
+        "min_free_disk_mib": 1000,
+    }
+    base.update(svc)
+    return Settings(hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
+                    services={"kimi": base})
+
+
+def ok(argv: tuple[str, ...], stdout: str = "", stderr: str = "", status: int = 0
+       ) -> CommandResult:
+    return CommandResult(argv=argv, exit_status=status, stdout=stdout, stderr=stderr,
+                         duration_s=0.01)
+
+
+@dataclass
+class Host:
+    """A pure model of the host, just enough to answer the flow's actions."""
+
+    version: str = "0.16.0rc2.dev313+g662205d34"
+    installed_after: str = "0.16.0"
+    load_state: str = "loaded"
+    free_mib: int = 80_000
+    dry_run_ok: bool = True
+    stop_ok: bool = True
+    drain_after_polls: int = 2
+    stuck: bool = False
+    smi_exit: int = 0
+    install_fails: int = 0  # how many installs fail before one succeeds
+    start_ok: bool = True
+    unit_dies: bool = False
+    healthy_after_checks: int = 2
+    health_status: int = 200
+    cancel_at: Callable[[Any], bool] | None = None
+    now: float = 0.0
+    polls: int = 0
+    health_checks: int = 0
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    notices: list[Any] = field(default_factory=list)
+    cancelled: bool = False
+
+    def respond(self, action: Any) -> Any:
+        if self.cancel_at is not None and self.cancel_at(action):
+            self.cancelled = True
+        if isinstance(action, Emit):
+            self.notices.append(action.notice)
+            return None
+        if isinstance(action, Sleep):
+            self.now += action.seconds
+            return Tick(self.now, self.cancelled)
+        if isinstance(action, Checkpoint):
+            return Tick(self.now, self.cancelled)
+        if isinstance(action, HttpCheck):
+            self.health_checks += 1
+            if self.health_checks < self.healthy_after_checks:
+                return HttpResult(action.url, None, error="connection refused")
+            return HttpResult(action.url, self.health_status)
+        assert isinstance(action, RunCommand)
+        a = action.argv
+        self.calls.append(a)
+        self.now += 0.1
+        return self.command(a)
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[:2] == ("systemctl", "show"):
+            return ok(a, f"LoadState={self.load_state}\nActiveState=active\nSubState=running\n"
+                         "MainPID=4242\n")
+        if a[1:3] == ("pip", "show"):
+            return ok(a, f"Name: vllm\nVersion: {self.version}\n")
+        if a[0] == "df":
+            return ok(a, "Filesystem 1048576-blocks Used Available Capacity Mounted on\n"
+                         f"/dev/vda 258020 22298 {self.free_mib} 22% /\n")
+        if "--dry-run" in a:
+            return ok(a, stderr="Would install 1 package") if self.dry_run_ok else ok(
+                a, stderr="  × No solution found when resolving dependencies", status=1)
+        if a[1:3] == ("pip", "install"):
+            if self.install_fails > 0:
+                self.install_fails -= 1
+                return ok(a, stderr="error: Failed to download `vllm`", status=2)
+            self.version = a[-1].split("==")[-1] if "==" in a[-1] else self.installed_after
+            if "--extra-index-url" in a:
+                spec = a[a.index("--extra-index-url") - 1]
+                self.version = spec.split("==")[-1] if "==" in spec else self.installed_after
+            return ok(a, stderr=f" + vllm=={self.version}")
+        if a[:2] == ("systemctl", "stop"):
+            return ok(a) if self.stop_ok else ok(a, stderr="Failed to stop", status=5)
+        if a[:2] == ("systemctl", "start"):
+            return ok(a) if self.start_ok else ok(a, stderr="Job failed", status=1)
+        if a[:2] == ("systemctl", "is-active"):
+            return ok(a, "failed\n", status=3) if self.unit_dies else ok(a, "active\n")
+        if a[0] == "journalctl":
+            return ok(a, "Nov 30 13:12:01 h1 python3[4242]: RuntimeError: CUDA out of memory\n")
+        if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu"):
+            if self.smi_exit:
+                return ok(a, "NVIDIA-SMI has failed because it couldn't communicate with the "
+                             "NVIDIA driver.", status=self.smi_exit)
+            self.polls += 1
+            used = 0 if self.polls > self.drain_after_polls else 97000
+            lines = [f"{i}, {UUIDS[i]}, {NAME}, "
+                     f"{96000 if (self.stuck and i == 3) else used}, 97871, 0" for i in range(8)]
+            return ok(a, "\n".join(lines) + "\n")
+        if a[0] == "nvidia-smi":
+            if self.stuck:
+                return ok(a, f"48304, VLLM::Worker_TP3, 96000 MiB, {UUIDS[3]}\n")
+            return ok(a, "")
+        if a[0] == "pgrep":
+            return ok(a, "48304 VLLM::Worker_TP3\n") if self.stuck else ok(a, status=1)
+        raise AssertionError(f"unexpected command {a}")
+
+
+def drive(flow: Flow, host: Host) -> HostOutcome:
+    reply: Any = None
+    try:
+        while True:
+            reply = host.respond(flow.send(reply))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def run(host: Host, action: str = "redeploy", **plan_kw: Any) -> HostOutcome:
+    s = settings()
+    plan = make_plan(s, action, "kimi", **plan_kw)  # type: ignore[arg-type]
+    flow = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}[action]
+    return drive(flow(plan, s.services["kimi"], "h1"), host)
+
+
+def steps(host: Host) -> list[tuple[str, bool]]:
+    return [(str(n.step), n.ok) for n in host.notices if isinstance(n, EndStep)]
+
+
+def verbs(host: Host) -> list[str]:
+    """The state-changing commands, in order."""
+    out = []
+    for a in host.calls:
+        if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
+            out.append(a[1])
+        elif a[1:3] == ("pip", "install") and "--dry-run" not in a:
+            out.append("rollback" if "--reinstall-package" in a else "install")
+    return out
+
+
+def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
+    h = Host()
+    out = run(h, version="0.16.0", index="nightly")
+    assert out.status == "succeeded"
+    assert (out.version_before, out.version_after) == ("0.16.0rc2.dev313+g662205d34", "0.16.0")
+    assert steps(h) == [(s, True) for s in
+                        ("preflight", "stop", "drain", "reinstall", "start", "health",
+                         "postcheck")]
+    assert verbs(h) == ["stop", "install", "start"]
+    install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
+    assert install[-3:] == ("vllm==0.16.0", "--extra-index-url", "https://wheels.vllm.ai/nightly")
+    assert "--force-reinstall" in install
+    labels = [n.label for n in h.notices if isinstance(n, Snapshot)]
+    assert labels == ["after drain", "after restart"]
+    assert Versions("0.16.0rc2.dev313+g662205d34", None) in h.notices
+
+
+def test_drain_polls_at_the_configured_interval_not_a_fixed_sleep() -> None:
+    h = Host(drain_after_polls=4)
+    assert run(h).status == "succeeded"
+    drain = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.DRAIN)
+    assert "5 polls" in drain.summary
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("load_state", "not-found", "not loaded"),
+    ("free_mib", 10, "MiB free"),
+    ("dry_run_ok", False, "dry run failed"),
+    ("version", "", "rollback would be impossible"),
+])
+def test_preflight_refusals_leave_the_service_untouched(field: str, value: Any,
+                                                        needle: str) -> None:
+    h = Host(**{field: value})
+    if field == "version":
+        h.command = _no_version(h.command)  # type: ignore[method-assign]
+    out = run(h)
+    assert out.status == "aborted"
+    assert needle in out.summary
+    assert verbs(h) == []
+    assert steps(h) == [("preflight", False)]
+
+
+def _no_version(inner: Callable[[tuple[str, ...]], CommandResult]
+                ) -> Callable[[tuple[str, ...]], CommandResult]:
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[1:3] == ("pip", "show"):
+            return ok(a, stderr="warning: Package(s) not found for: vllm", status=1)
+        return inner(a)
+    return command
+
+
+def test_dry_run_stops_after_preflight() -> None:
+    h = Host()
+    out = run(h, dry_run=True, version="0.16.0")
+    assert out.status == "succeeded"
+    assert "dry run" in out.summary
+    assert verbs(h) == []
+
+
+def test_drain_timeout_aborts_before_reinstall_and_names_the_pid() -> None:
+    h = Host(stuck=True)
+    out = run(h)
+    assert out.status == "failed"
+    assert "48304" in out.summary and "GPU 3" in out.summary
+    assert "STOPPED" in out.summary
+    assert verbs(h) == ["stop"]
+    assert [n.label for n in h.notices if isinstance(n, Snapshot)] == ["drain timeout"]
+    assert h.now >= 10  # the deadline was measured with the flow's clock
+
+
+def test_nvidia_smi_failure_during_drain_fails_clearly() -> None:
+    h = Host(smi_exit=9)
+    out = run(h)
+    assert out.status == "failed"
+    assert "driver" in out.summary.lower()
+    assert verbs(h) == ["stop"]
+
+
+def test_stop_failure_ends_the_run_without_reinstall() -> None:
+    h = Host(stop_ok=False)
+    out = run(h)
+    assert out.status == "failed"
+    assert "systemctl stop failed (exit 5)" in out.summary
+    assert verbs(h) == ["stop"]
+
+
+def test_reinstall_failure_rolls_back_to_the_recorded_version() -> None:
+    h = Host(install_fails=1)
+    out = run(h, version="0.16.0", index="nightly")
+    assert out.status == "rolled_back"
+    assert out.version_after == "0.16.0rc2.dev313+g662205d34"
+    assert verbs(h) == ["stop", "install", "rollback", "start"]
+    rb = next(a for a in h.calls if "--reinstall-package" in a)
+    assert rb[-3:] == ("vllm==0.16.0rc2.dev313+g662205d34", "--extra-index-url",
+                       "https://wheels.vllm.ai/nightly")
+    assert ("reinstall", False) in steps(h) and ("rollback_health", True) in steps(h)
+
+
+def test_reinstall_and_rollback_failure_says_the_service_is_stopped() -> None:
+    h = Host(install_fails=2)
+    out = run(h)
+    assert out.status == "failed"
+    assert "rollback" in out.summary and "STOPPED" in out.summary
+    assert verbs(h) == ["stop", "install", "rollback"]
+
+
+def test_rollback_then_unhealthy_is_failed() -> None:
+    h = Host(install_fails=1, health_status=503)
+    out = run(h)
+    assert out.status == "failed"
+    assert "DOWN" in out.summary
+
+
+def test_health_503_forever_fails_with_journal_tail() -> None:
+    h = Host(health_status=503)
+    out = run(h)
+    assert out.status == "failed"
+    assert "HTTP 503" in out.summary and "not healthy after 30s" in out.summary
+    health = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.HEALTH)
+    assert "journalctl -u vllm-kimi-k25 -n 50 --no-pager" in health.detail
+    assert "CUDA out of memory" in health.detail
+
+
+def test_connection_refused_while_loading_is_normal() -> None:
+    h = Host(healthy_after_checks=5)
+    assert run(h).status == "succeeded"
+    assert h.health_checks == 5
+
+
+def test_unit_that_dies_after_start_fails_fast_with_journal() -> None:
+    h = Host(unit_dies=True)
+    out = run(h)
+    assert out.status == "failed"
+    assert "is failed after start" in out.summary
+    assert h.health_checks == 0
+
+
+def test_systemctl_start_failure() -> None:
+    h = Host(start_ok=False)
+    out = run(h)
+    assert out.status == "failed"
+    assert "systemctl start failed" in out.summary
+
+
+def test_cancel_before_stop_changes_nothing() -> None:
+    h = Host(cancel_at=lambda a: isinstance(a, Checkpoint))
+    out = run(h)
+    assert out.status == "cancelled"
+    assert verbs(h) == []
+
+
+def test_cancel_during_drain_restarts_on_installed_version() -> None:
+    h = Host(drain_after_polls=100, cancel_at=lambda a: isinstance(a, Sleep) and a.seconds > 0)
+    out = run(h)
+    assert out.status == "cancelled"
+    assert verbs(h) == ["stop", "start"]
+    assert out.version_after == "0.16.0rc2.dev313+g662205d34"
+
+
+def test_cancel_during_reinstall_takes_effect_after_it() -> None:
+    def during_install(a: Any) -> bool:
+        return isinstance(a, RunCommand) and a.step == Step.REINSTALL
+    h = Host(cancel_at=during_install)
+    out = run(h, version="0.16.0")
+    assert out.status == "cancelled"
+    assert verbs(h) == ["stop", "install", "start"]
+    assert out.version_after == "0.16.0"
+    assert "after the reinstall" in out.summary
+
+
+def test_restart_flow_skips_reinstall() -> None:
+    h = Host()
+    out = run(h, "restart")
+    assert out.status == "succeeded"
+    assert verbs(h) == ["stop", "start"]
+    assert [s for s, _ in steps(h)] == ["preflight", "stop", "drain", "start", "health",
+                                         "postcheck"]
+
+
+def test_restart_refuses_unknown_unit() -> None:
+    h = Host(load_state="not-found")
+    assert run(h, "restart").status == "aborted"
+    assert verbs(h) == []
+
+
+def test_status_changes_nothing_and_reports() -> None:
+    h = Host()
+    out = run(h, "status")
+    assert out.status == "succeeded"
+    assert "active (running)" in out.summary and "MiB GPU memory in use" in out.summary
+    assert verbs(h) == []
+
+
+def test_status_with_broken_driver_reports_failure() -> None:
+    h = Host(smi_exit=9)
+    out = run(h, "status")
+    assert out.status == "failed"
+
+
+def test_every_begun_step_is_ended() -> None:
+    for h in (Host(), Host(stuck=True), Host(install_fails=2), Host(health_status=503)):
+        run(h)
+        begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
+        ended = [n.step for n in h.notices if isinstance(n, EndStep)]
+        assert begun == ended
