@@ -1,0 +1,213 @@
+"""Named, ordered schema migrations for the audit database (sqlite-utils style).
+
+A database records the names of the migrations it has applied in
+``_migrations(name TEXT PRIMARY KEY, applied_at TEXT)``.  On open, every
+migration in ``MIGRATIONS`` whose name is missing is applied, in list order,
+each in its own ``BEGIN IMMEDIATE`` transaction together with its
+``_migrations`` row, so a crash or a failing statement leaves either all of a
+migration or none of it, and two processes opening the same file at once
+cannot both apply one.
+
+Rules for whoever adds a migration:
+
+* append to ``MIGRATIONS``; never rename, reorder or edit one that has shipped;
+* keep them additive (new tables, new indexes, nullable columns or columns
+  with a default), because an older bot may open a newer database: names it
+  does not know are reported as ``unknown`` and the caller only warns, so the
+  older bot must still be able to read and write every table it knows;
+* a migration is SQL text (one or more statements; split with
+  ``sqlite3.complete_statement`` so triggers work) or an async function
+  receiving the connection, run inside the transaction; it must not COMMIT.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiosqlite
+
+MigrationFunc = Callable[[aiosqlite.Connection], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    name: str
+    apply: str | MigrationFunc
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationResult:
+    applied: list[str] = field(default_factory=list)
+    # Names found in the database that this code does not know: a newer bot wrote it.
+    unknown: list[str] = field(default_factory=list)
+
+
+class MigrationError(Exception):
+    """A migration failed; it was rolled back and not recorded."""
+
+    def __init__(self, name: str, cause: BaseException) -> None:
+        super().__init__(f"migration {name!r} failed: {cause}")
+        self.name = name
+
+
+_INITIAL = """
+CREATE TABLE runs (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    service        TEXT NOT NULL,
+    action         TEXT NOT NULL,
+    hosts          TEXT NOT NULL,
+    requested_by   TEXT NOT NULL,
+    source         TEXT NOT NULL,
+    channel        TEXT,
+    message_ts     TEXT,
+    plan           TEXT NOT NULL,
+    package_spec   TEXT,
+    index_name     TEXT,
+    dry_run        INTEGER NOT NULL DEFAULT 0,
+    status         TEXT NOT NULL,
+    current_step   TEXT,
+    summary        TEXT,
+    version_before TEXT,
+    version_after  TEXT,
+    created_at     TEXT NOT NULL,
+    started_at     TEXT,
+    finished_at    TEXT,
+    expires_at     TEXT
+);
+CREATE INDEX runs_service_id ON runs(service, id DESC);
+CREATE INDEX runs_status_id ON runs(status, id DESC);
+
+CREATE TABLE decisions (
+    id       INTEGER PRIMARY KEY,
+    run_id   INTEGER NOT NULL REFERENCES runs(id),
+    user     TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    at       TEXT NOT NULL,
+    UNIQUE (run_id, user, decision)
+);
+
+CREATE TABLE steps (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    host        TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    command     TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    exit_status INTEGER,
+    started_at  TEXT NOT NULL,
+    finished_at TEXT,
+    duration_s  REAL,
+    output_tail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX steps_run ON steps(run_id);
+
+CREATE TABLE gpu_snapshots (
+    id       INTEGER PRIMARY KEY,
+    run_id   INTEGER REFERENCES runs(id),
+    host     TEXT NOT NULL,
+    label    TEXT NOT NULL,
+    taken_at TEXT NOT NULL,
+    data     TEXT NOT NULL
+);
+CREATE INDEX gpu_snapshots_run ON gpu_snapshots(run_id);
+
+CREATE TABLE refusals (
+    id      INTEGER PRIMARY KEY,
+    at      TEXT NOT NULL,
+    user    TEXT NOT NULL,
+    channel TEXT,
+    command TEXT NOT NULL,
+    reason  TEXT NOT NULL
+);
+
+CREATE TABLE locks (
+    scope       TEXT PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    acquired_at TEXT NOT NULL
+);
+CREATE INDEX locks_run ON locks(run_id);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (Migration("0001_initial", _INITIAL),)
+
+
+def split_statements(script: str) -> list[str]:
+    """Split SQL text into statements; a ';' inside a trigger, string or comment does not split."""
+    statements: list[str] = []
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip().rstrip(";").strip():
+                statements.append(pending.strip())
+            pending = ""
+    if pending.rstrip(";").strip():
+        raise ValueError(f"incomplete SQL statement: {pending.strip()[:80]!r}")
+    return statements
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _applied(conn: aiosqlite.Connection) -> list[str]:
+    rows = await conn.execute_fetchall("SELECT name FROM _migrations ORDER BY rowid")
+    return [str(row[0]) for row in rows]
+
+
+async def apply_migrations(
+    conn: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS
+) -> MigrationResult:
+    """Apply the missing migrations in order. ``conn`` must be in autocommit mode.
+
+    Raises ``MigrationError`` for a migration that fails (it is rolled back);
+    ``sqlite3.Error`` from bookkeeping (not a database, read-only...) propagates.
+    """
+    names = [m.name for m in migrations]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate migration names in {names}")
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
+    )
+    result = MigrationResult()
+    done = set(await _applied(conn))
+    for migration in migrations:
+        if migration.name in done:
+            continue
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-check under the write lock: another process may have just applied it.
+            async with conn.execute(
+                "SELECT 1 FROM _migrations WHERE name = ?", (migration.name,)
+            ) as cur:
+                already = await cur.fetchone() is not None
+            if not already:
+                await _run(conn, migration)
+                await conn.execute(
+                    "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)",
+                    (migration.name, _now()),
+                )
+            await conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                await conn.execute("ROLLBACK")
+            raise
+        if not already:
+            result.applied.append(migration.name)
+    known = set(names)
+    result.unknown.extend(name for name in await _applied(conn) if name not in known)
+    return result
+
+
+async def _run(conn: aiosqlite.Connection, migration: Migration) -> None:
+    try:
+        if isinstance(migration.apply, str):
+            for statement in split_statements(migration.apply):
+                await conn.execute(statement)
+        else:
+            await migration.apply(conn)
+    except (sqlite3.Error, ValueError) as exc:
+        raise MigrationError(migration.name, exc) from exc

@@ -1,0 +1,153 @@
+"""Named migrations against real SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+
+import aiosqlite
+import pytest
+
+from bot.audit import AuditLog
+from bot.errors import AuditError
+from bot.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
+
+
+def applied_names(db: Path) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
+
+
+def tables(db: Path) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def columns(db: Path, table: str) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+async def add_run(log: AuditLog) -> int:
+    return await log.create_run(
+        service="kimi-k25", action="redeploy", hosts=["gpu1"], requested_by="U1",
+        source="cli", plan={}, package_spec="vllm==0.9.0",
+    )
+
+
+def test_split_statements_keeps_triggers_strings_and_comments_whole() -> None:
+    script = """
+        CREATE TABLE a (x TEXT DEFAULT 'semi;colon');  -- a comment; with a semicolon
+        CREATE TRIGGER t AFTER INSERT ON a BEGIN
+            UPDATE a SET x = 'y'; DELETE FROM a WHERE x = 'z';
+        END;
+        INSERT INTO a VALUES ('1')
+    """
+    statements = split_statements(script)
+    assert len(statements) == 3
+    assert statements[0].startswith("CREATE TABLE a")
+    assert statements[1].startswith("-- a comment")  # the comment rides with the next one
+    assert statements[1].rstrip().endswith("END;")
+    assert statements[2].startswith("INSERT INTO a")
+
+
+async def test_fresh_database_gets_every_migration_once(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db) as log:
+        assert log.unknown_migrations == ()
+    assert applied_names(db) == [m.name for m in MIGRATIONS]
+    assert {"runs", "decisions", "steps", "gpu_snapshots", "refusals", "locks"} <= tables(db)
+
+
+async def test_reopening_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db) as log:
+        run_id = await add_run(log)
+    async with AuditLog.open(db) as log:
+        assert (await log.get_run(run_id)).service == "kimi-k25"
+    assert applied_names(db) == [m.name for m in MIGRATIONS]
+
+    async with aiosqlite.connect(db, isolation_level=None) as conn:
+        result = await apply_migrations(conn)
+    assert result.applied == []
+    assert result.unknown == []
+
+
+async def test_migration_added_later_applies_to_an_old_database(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db, migrations=MIGRATIONS) as log:
+        run_id = await add_run(log)
+
+    async def backfill(conn: aiosqlite.Connection) -> None:
+        await conn.execute("UPDATE runs SET ticket = 'OPS-' || id")
+
+    newer = (
+        *MIGRATIONS,
+        Migration("0002_runs_ticket", "ALTER TABLE runs ADD COLUMN ticket TEXT;"
+                                      "CREATE INDEX runs_ticket ON runs(ticket);"),
+        Migration("0003_backfill_ticket", backfill),
+    )
+    async with AuditLog.open(db, migrations=newer) as log:
+        assert (await log.get_run(run_id)).service == "kimi-k25"
+    assert "ticket" in columns(db, "runs")
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT ticket FROM runs").fetchall() == [(f"OPS-{run_id}",)]
+    assert applied_names(db) == [m.name for m in newer]
+
+    # Opening again with the newer list applies nothing.
+    async with aiosqlite.connect(db, isolation_level=None) as conn:
+        assert (await apply_migrations(conn, newer)).applied == []
+
+
+async def test_failing_migration_is_rolled_back_and_not_recorded(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db):
+        pass
+    broken = (
+        *MIGRATIONS,
+        Migration("0002_broken", "CREATE TABLE half_done (x INTEGER);"
+                                 "INSERT INTO nope VALUES (1);"),
+    )
+    with pytest.raises(AuditError, match=r"audit database .*0002_broken.*no such table: nope"):
+        await AuditLog.open(db, migrations=broken)
+    assert "half_done" not in tables(db)
+    assert applied_names(db) == [m.name for m in MIGRATIONS]
+    async with AuditLog.open(db):  # still usable by the current code
+        pass
+
+
+async def test_database_from_a_newer_bot_opens_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "audit.db"
+    newer = (*MIGRATIONS, Migration("0099_from_the_future", "CREATE TABLE future (x TEXT);"))
+    async with AuditLog.open(db, migrations=newer) as log:
+        run_id = await add_run(log)
+
+    with caplog.at_level(logging.WARNING, logger="bot.audit"):
+        async with AuditLog.open(db) as log:
+            assert log.unknown_migrations == ("0099_from_the_future",)
+            assert (await log.get_run(run_id)).id == run_id
+            await add_run(log)  # and it can still write
+    assert "0099_from_the_future" in caplog.text
+    assert "newer bot" in caplog.text
+
+
+async def test_duplicate_migration_names_are_rejected(tmp_path: Path) -> None:
+    async with aiosqlite.connect(tmp_path / "x.db", isolation_level=None) as conn:
+        with pytest.raises(ValueError, match="duplicate"):
+            await apply_migrations(conn, (Migration("a", "SELECT 1;"), Migration("a", "SELECT 2;")))
+
+
+async def test_two_processes_opening_a_fresh_file_at_once_apply_it_once(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    logs = await asyncio.gather(*(AuditLog.open(db) for _ in range(4)))
+    try:
+        for log in logs:
+            await add_run(log)
+    finally:
+        for log in logs:
+            await log.close()
+    assert applied_names(db) == [m.name for m in MIGRATIONS]
