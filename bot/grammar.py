@@ -1,0 +1,328 @@
+"""The closed grammar of the ``/vllm`` command text.
+
+``parse_command`` turns the text after ``/vllm`` into one frozen command object
+or raises ``InputError`` with a sentence for the person who typed it.  Nothing
+here quotes or unquotes: the text is split on spaces only, every token must be
+made of a small set of plain ASCII characters, and every name is checked
+against the configuration, so whatever comes out is safe to put in an argv.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NoReturn
+
+from packaging.version import InvalidVersion, Version
+
+from bot.errors import InputError
+from bot.settings import Settings
+
+PREFIX = "/vllm"
+MAX_TEXT_LEN = 500
+LOGS_DEFAULT, LOGS_MAX = 50, 1000
+AUDIT_DEFAULT, AUDIT_MAX = 20, 200
+# Run ids are SQLite INTEGER PRIMARY KEYs.
+MAX_RUN_ID = 2**63 - 1
+MAX_VERSION_LEN = 100
+
+COMMANDS: tuple[str, ...] = (
+    "help",
+    "redeploy",
+    "restart",
+    "status",
+    "gpus",
+    "logs",
+    "audit",
+    "cancel",
+)
+USAGE: dict[str, str] = {
+    "help": "help",
+    "redeploy": "redeploy <service> [--version V] [--index NAME] [--dry-run]",
+    "restart": "restart <service>",
+    "status": "status [service]",
+    "gpus": "gpus [host|service]",
+    "logs": "logs <service> [-n N]",
+    "audit": "audit [service] [--limit N]",
+    "cancel": "cancel <run-id>",
+}
+
+# Split on spaces and tabs only; newlines and every other control character are
+# rejected below rather than silently treated as separators.
+_SEPARATORS = re.compile(r"[ \t]+")
+# Everything the grammar needs: names, PEP 440 versions, numbers, "--flag=value", "#12".
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._+=#-]")
+_TOKEN = re.compile(r"[A-Za-z0-9._+=#-]+")
+_DIGITS = re.compile(r"[0-9]+")
+_SHOW_MAX = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Help:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Redeploy:
+    service: str
+    version: str | None = None
+    index: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    service: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Gpus:
+    target: str | None = None
+    kind: Literal["host", "service"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Logs:
+    service: str
+    lines: int = LOGS_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    service: str | None = None
+    limit: int = AUDIT_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    run_id: int
+
+
+Command = Help | Redeploy | Restart | Status | Gpus | Logs | Audit | Cancel
+
+
+def usage(name: str) -> str:
+    """The full usage line of one subcommand, as a person types it."""
+    return f"{PREFIX} {USAGE[name]}"
+
+
+def _show(text: str) -> str:
+    """Quote user text for an error message: control and non-ASCII characters
+    escaped (so they cannot corrupt the reply), long text cut short."""
+    shown = text if len(text) <= _SHOW_MAX else text[:_SHOW_MAX] + "..."
+    return "'" + shown.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+
+
+def _check_chars(token: str, position: int) -> None:
+    if _TOKEN.fullmatch(token):
+        return
+    bad = sorted({c for c in token if not _TOKEN_CHARS.match(c)})
+    listed = ", ".join(_show(c) for c in bad)
+    hint = ""
+    if any(c in "\u2013\u2014" for c in bad):
+        hint = " (your client may have turned '--' into a dash; type two hyphens)"
+    raise InputError(
+        f"Word {position} {_show(token)} contains characters that are not allowed: "
+        f"{listed}{hint}. Use only letters, digits and . _ + - "
+        "(plus = in --flag=value and # before a run id)."
+    )
+
+
+def _tokenize(text: str) -> list[str]:
+    if len(text) > MAX_TEXT_LEN:
+        raise InputError(
+            f"That command is {len(text)} characters long; the limit is {MAX_TEXT_LEN}. "
+            f"Type `{PREFIX} help` for the commands."
+        )
+    # A trailing newline from a client is noise; one inside the text is rejected below.
+    tokens = [t for t in _SEPARATORS.split(text.strip(" \t\r\n")) if t]
+    for i, tok in enumerate(tokens, start=1):
+        _check_chars(tok, i)
+    return tokens
+
+
+class _Args:
+    """The words after the subcommand: flags (in either --flag V or --flag=V
+    form) pulled out by name, positionals left in order."""
+
+    def __init__(self, name: str, words: list[str], flags: dict[str, bool]) -> None:
+        # flags maps each accepted flag to whether it takes a value.
+        self.name = name
+        self.values: dict[str, str | None] = {}
+        self.positionals: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            i += 1
+            if not word.startswith("-"):
+                self.positionals.append(word)
+                continue
+            flag, eq, inline = word.partition("=")
+            if flag not in flags:
+                accepted = ", ".join(flags) or "none"
+                self.fail(f"Unknown option {_show(flag)} for {name} (options: {accepted}).")
+            if flag in self.values:
+                self.fail(f"Option {flag} is given more than once.")
+            if not flags[flag]:
+                if eq:
+                    self.fail(f"Option {flag} takes no value.")
+                self.values[flag] = None
+                continue
+            if eq:
+                value = inline
+            elif i < len(words) and words[i].partition("=")[0] not in flags:
+                value = words[i]
+                i += 1
+            else:
+                value = ""
+            if not value:
+                self.fail(f"Option {flag} needs a value.")
+            self.values[flag] = value
+
+    def fail(self, message: str) -> NoReturn:
+        raise InputError(f"{message} Usage: `{usage(self.name)}`")
+
+    def positional(self) -> str | None:
+        """The single optional positional word; more than one is an error."""
+        if len(self.positionals) > 1:
+            extra = " ".join(_show(w) for w in self.positionals[1:])
+            self.fail(f"Unexpected extra words: {extra}.")
+        return self.positionals[0] if self.positionals else None
+
+    def required(self, what: str) -> str:
+        value = self.positional()
+        if value is None:
+            self.fail(f"Missing the {what}.")
+        return value
+
+    def integer(self, flag: str, default: int, maximum: int) -> int:
+        raw = self.values.get(flag)
+        if raw is None:
+            return default
+        value = int(raw) if _DIGITS.fullmatch(raw) and len(raw) <= 10 else None
+        if value is None or not 1 <= value <= maximum:
+            self.fail(f"{flag} must be a whole number from 1 to {maximum}, not {_show(raw)}.")
+        return value
+
+
+def _known(kind: str, names: list[str]) -> str:
+    return ", ".join(sorted(names)) if names else f"no {kind} configured"
+
+
+def _service(name: str, settings: Settings) -> str:
+    if name not in settings.services:
+        raise InputError(
+            f"Unknown service {_show(name)}. "
+            f"Configured services: {_known('services', list(settings.services))}."
+        )
+    return name
+
+
+def _index(service: str, name: str, settings: Settings) -> str:
+    indexes = settings.services[service].indexes
+    if name not in indexes:
+        raise InputError(
+            f"Unknown package index {_show(name)} for {service}. "
+            f"Configured indexes for {service}: {_known('indexes', list(indexes))}."
+        )
+    return name
+
+
+def _version(raw: str) -> str:
+    try:
+        if len(raw) > MAX_VERSION_LEN:
+            raise InvalidVersion(raw)
+        parsed = Version(raw)
+    except InvalidVersion:
+        raise InputError(
+            f"{_show(raw)} is not a valid PEP 440 version "
+            "(for example 0.16.0, 0.16.0rc2 or 0.16.0rc2.dev313+g662205d34)."
+        ) from None
+    # Canonical form: what pip/uv would install and what the audit log records.
+    return str(parsed)
+
+
+def _parse_redeploy(args: _Args, settings: Settings) -> Redeploy:
+    service = _service(args.required("service name"), settings)
+    version = args.values.get("--version")
+    index = args.values.get("--index")
+    return Redeploy(
+        service=service,
+        version=None if version is None else _version(version),
+        index=None if index is None else _index(service, index, settings),
+        dry_run="--dry-run" in args.values,
+    )
+
+
+def _parse_gpus(args: _Args, settings: Settings) -> Gpus:
+    target = args.positional()
+    if target is None:
+        return Gpus()
+    # A name that is both a host and a service means the host: the narrower view.
+    if target in settings.hosts:
+        return Gpus(target=target, kind="host")
+    if target in settings.services:
+        return Gpus(target=target, kind="service")
+    raise InputError(
+        f"Unknown host or service {_show(target)}. "
+        f"Hosts: {_known('hosts', list(settings.hosts))}. "
+        f"Services: {_known('services', list(settings.services))}."
+    )
+
+
+def _parse_cancel(args: _Args) -> Cancel:
+    raw = args.required("run id (for example #12)")
+    digits = raw.removeprefix("#")
+    run_id = int(digits) if _DIGITS.fullmatch(digits) and len(digits) <= 19 else 0
+    if not 1 <= run_id <= MAX_RUN_ID:
+        args.fail(f"{_show(raw)} is not a run id; a run id is a positive number like 12 or #12.")
+    return Cancel(run_id=run_id)
+
+
+def _parse_help(args: _Args, settings: Settings) -> Help:
+    if args.positionals:
+        args.fail("help takes no arguments.")
+    return Help()
+
+
+def _optional_service(args: _Args, settings: Settings) -> str | None:
+    name = args.positional()
+    return None if name is None else _service(name, settings)
+
+
+# Each subcommand: the flags it accepts (flag -> takes a value) and its builder.
+_Parser = Callable[[_Args, Settings], Command]
+_PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
+    "help": ({}, _parse_help),
+    "redeploy": ({"--version": True, "--index": True, "--dry-run": False}, _parse_redeploy),
+    "restart": ({}, lambda a, s: Restart(_service(a.required("service name"), s))),
+    "status": ({}, lambda a, s: Status(_optional_service(a, s))),
+    "gpus": ({}, _parse_gpus),
+    "logs": ({"-n": True}, lambda a, s: Logs(
+        _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX))),
+    "audit": ({"--limit": True}, lambda a, s: Audit(
+        _optional_service(a, s), a.integer("--limit", AUDIT_DEFAULT, AUDIT_MAX))),
+    "cancel": ({}, lambda a, s: _parse_cancel(a)),
+}
+
+
+def parse_command(text: str, settings: Settings) -> Command:
+    """Parse the text after ``/vllm``; raise ``InputError`` saying what is valid."""
+    tokens = _tokenize(text)
+    if not tokens:
+        return Help()
+    # Phones capitalise the first word; subcommands are case-insensitive, names are not.
+    name = tokens[0].lower()
+    if name not in _PARSERS:
+        raise InputError(
+            f"Unknown command {_show(tokens[0])}. Valid commands: {', '.join(COMMANDS)}. "
+            f"Type `{PREFIX} help` for usage."
+        )
+    flags, build = _PARSERS[name]
+    return build(_Args(name, tokens[1:], flags), settings)

@@ -1,0 +1,159 @@
+"""Who may request, approve, deny and cancel: pure decisions, no I/O.
+
+Policy entries are Slack user IDs (U…/W…) or user-group IDs (S…).  The caller
+resolves each group to its members (through Slack, with a cache) and passes the
+result in as a ``Membership``; a group missing from it grants nothing, so a
+failed lookup fails closed.
+
+Choices this module makes:
+
+* An empty ``requesters`` list means anyone may request; an empty ``approvers``
+  list means anyone may approve (the requester still only with
+  ``allow_self_approval``).
+* Everything is judged at click time against the *current* policy and
+  membership.  Someone removed from the approvers cannot approve a card posted
+  before, and approvals they recorded earlier stop counting towards N.
+* A request needs N = ``min_approvals`` *distinct* eligible approvers; a second
+  click by the same person is refused and never counted twice.
+* One deny by an eligible approver closes the request.  The requester may also
+  deny their own request: that is a withdrawal, allowed whatever the policy.
+* A request expires at ``expires_at`` exactly: a click at that instant is late.
+  A request already approved or denied reports that rather than expiry.
+* With ``allow_self_approval`` the requester's approval counts only if they
+  are an approver themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from bot.settings import PolicySettings
+
+Membership = Mapping[str, frozenset[str]]
+Action = Literal["approve", "deny"]
+State = Literal["pending", "approved", "denied", "expired"]
+
+
+def _is_group(entry: str) -> bool:
+    return entry.startswith("S")
+
+
+def _listed(user: str, entries: Sequence[str], membership: Membership) -> bool:
+    return any(
+        user in membership.get(entry, ()) if _is_group(entry) else user == entry
+        for entry in entries
+    )
+
+
+def groups_to_resolve(policy: PolicySettings) -> frozenset[str]:
+    """The user-group IDs the caller must resolve into a ``Membership``."""
+    return frozenset(e for e in (*policy.requesters, *policy.approvers) if _is_group(e))
+
+
+def is_requester(user: str, policy: PolicySettings, membership: Membership) -> bool:
+    return not policy.requesters or _listed(user, policy.requesters, membership)
+
+
+def is_approver(user: str, policy: PolicySettings, membership: Membership) -> bool:
+    return not policy.approvers or _listed(user, policy.approvers, membership)
+
+
+def may_cancel(user: str, requester: str, policy: PolicySettings, membership: Membership) -> bool:
+    """The requester or any current approver may cancel a run."""
+    return user == requester or is_approver(user, policy, membership)
+
+
+def approval_deadline(requested_at: datetime, policy: PolicySettings) -> datetime:
+    return requested_at + timedelta(seconds=policy.approval_ttl_s)
+
+
+def _counts(user: str, requester: str, policy: PolicySettings, membership: Membership) -> bool:
+    if user == requester and not policy.allow_self_approval:
+        return False
+    return is_approver(user, policy, membership)
+
+
+def counted_approvals(
+    approvals: Sequence[str], *, requester: str, policy: PolicySettings, membership: Membership
+) -> tuple[str, ...]:
+    """The distinct approvers whose clicks count now, in order of first click."""
+    seen: dict[str, None] = {}
+    for user in approvals:
+        if user not in seen and _counts(user, requester, policy, membership):
+            seen[user] = None
+    return tuple(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one click.
+
+    ``accepted`` says whether to record the click; ``reason`` is the sentence
+    to show the clicker when it was refused (empty when accepted); ``state`` is
+    the request's state after the click, and ``approvers`` the approvals that
+    count towards ``needed`` (including this click when it was an accepted
+    approve).
+    """
+
+    accepted: bool
+    state: State
+    reason: str
+    approvers: tuple[str, ...]
+    needed: int
+
+    @property
+    def progress(self) -> str:
+        """E.g. ``1 of 2 approvals``."""
+        noun = "approval" if self.needed == 1 else "approvals"
+        return f"{len(self.approvers)} of {self.needed} {noun}"
+
+
+def evaluate_approval(
+    *,
+    policy: PolicySettings,
+    membership: Membership,
+    requester: str,
+    approvals: Sequence[str],
+    denials: Sequence[str],
+    clicker: str,
+    action: Action,
+    now: datetime,
+    expires_at: datetime,
+) -> Decision:
+    """Judge one Approve/Deny click on a pending request.
+
+    ``approvals`` and ``denials`` are the clicks recorded so far (approvals in
+    order, duplicates allowed); the click being judged is not among them.
+    """
+    needed = policy.min_approvals
+    counted = counted_approvals(
+        approvals, requester=requester, policy=policy, membership=membership
+    )
+
+    def refuse(state: State, reason: str) -> Decision:
+        return Decision(False, state, reason, counted, needed)
+
+    if denials:
+        return refuse("denied", "This request has already been denied.")
+    if len(counted) >= needed:
+        return refuse("approved", "This request has already been approved.")
+    if now >= expires_at:
+        return refuse("expired", "This request has expired; ask for it again.")
+
+    if action == "deny":
+        if clicker == requester or is_approver(clicker, policy, membership):
+            return Decision(True, "denied", "", counted, needed)
+        return refuse("pending", "You are not on the approvers list, so you cannot deny this.")
+
+    if clicker == requester and not policy.allow_self_approval:
+        return refuse("pending", "You cannot approve your own request; another approver must.")
+    if not is_approver(clicker, policy, membership):
+        return refuse("pending", "You are not on the approvers list, so you cannot approve this.")
+    if clicker in counted:
+        already = refuse("pending", "")
+        return refuse("pending", f"You have already approved this ({already.progress} so far).")
+    after = (*counted, clicker)
+    return Decision(True, "approved" if len(after) >= needed else "pending", "", after, needed)

@@ -1,0 +1,252 @@
+"""Secret masking: each pattern, no false positives on ordinary vLLM/uv output,
+idempotence, and nested objects."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+
+from bot.redact import MASK, Redactor
+from bot.settings import Settings
+
+R = Redactor(["hunter2hunter2", "s3cr3t.value+x", "wxyz"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Literal values from the settings, wherever they appear; regex characters escaped.
+        ("db pass is hunter2hunter2!", "db pass is ***!"),
+        ("x=s3cr3t.value+x y", "x=*** y"),
+        ("s3cr3tXvalue+x", "s3cr3tXvalue+x"),
+        ("wxyzwxyz", "******"),
+        # Slack tokens.
+        ("SLACK xoxb-123456789012-1234567890123-AbCdEfGh", "SLACK xoxb-***"),
+        ("xoxp-1234-5678-abcdef", "xoxp-***"),
+        ("xoxa-2-abcdefgh xoxr-abcdefgh", "xoxa-*** xoxr-***"),
+        ("refresh xoxe.xoxp-1-Mi0yLTE4", "refresh xoxe.xoxp-***"),
+        ("xoxe-1-My0xLTEyMzQ", "xoxe-***"),
+        ("app xapp-1-A0123456789-1234567890-abcdef", "app xapp-***"),
+        # Credentials in URLs.
+        ("https://user:tok3n@github.com/x.git", "https://user:***@github.com/x.git"),
+        (
+            "--index-url https://__token__:pypi-AgEIcHlwaS5vcmc@pypi.example/simple",
+            "--index-url https://__token__:***@pypi.example/simple",
+        ),
+        ("postgres://app:p:w@db:5432/x", "postgres://app:***@db:5432/x"),
+        ("https://ghtoken123@github.com/org/repo", "https://***@github.com/org/repo"),
+        ("git+https://abc@host/x", "git+https://***@host/x"),
+        ("HTTP://Token@Host/x", "HTTP://***@Host/x"),
+        # Authorization headers.
+        ("Authorization: Bearer eyJhbGciOi.e30.sig", "Authorization: Bearer ***"),
+        ("authorization: basic dXNlcjpwYXNz", "authorization: basic ***"),
+        ("Proxy-Authorization: Basic dXNlcjpwYXNz", "Proxy-Authorization: Basic ***"),
+        ("Authorization: abcdef", "Authorization: ***"),
+        ("Authorization: Bearer", "Authorization: ***"),
+        ("{'Authorization': 'Bearer abc.def'}", "{'Authorization': 'Bearer ***'}"),
+        ('-H "Authorization: token ghx123"', '-H "Authorization: token ***"'),
+        ("401: Bearer abcdefgh12345678 rejected", "401: Bearer *** rejected"),
+        # key=value, env assignments, query parameters, dict/JSON forms.
+        ("HF_TOKEN=hf_xyz python -m vllm", "HF_TOKEN=*** python -m vllm"),
+        ("export GITHUB_TOKEN='ghx y'", "export GITHUB_TOKEN='***'"),
+        ("SLACK_SIGNING_SECRET=8f7e6d", "SLACK_SIGNING_SECRET=***"),
+        ("DB_PASSWORD=pa55 next", "DB_PASSWORD=*** next"),
+        ("OPENAI_API_KEY=sk-short", "OPENAI_API_KEY=***"),
+        ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCY", "AWS_SECRET_ACCESS_KEY=***"),
+        ("MY_SIGNING_KEY: abc", "MY_SIGNING_KEY: ***"),
+        ("GET /x?token=abc123&page=2", "GET /x?token=***&page=2"),
+        ("/y?api_key=k1;/z?apikey=k2,", "/y?api_key=***;/z?apikey=***,"),
+        ("client_secret=cs passwd=pw pwd=/root", "client_secret=*** passwd=*** pwd=/root"),
+        ("password = pw2", "password = ***"),
+        ("x-api-key: abc", "x-api-key: ***"),
+        ("{'api_key': 'k y', 'hf_token': None}", "{'api_key': '***', 'hf_token': None}"),
+        ('{"password":"p w","user":"u"}', '{"password":"***","user":"u"}'),
+        ("token='cut off", "token='*** off"),
+        ("Token: abc", "Token: ***"),
+        # Command-line flags.
+        ("vllm serve m --api-key sk-local --port 8000", "vllm serve m --api-key *** --port 8000"),
+        ("--hf-token hf_abc --x", "--hf-token *** --x"),
+        ("--api-key=abc", "--api-key=***"),
+        ("--hf-token --enforce-eager", "--hf-token --enforce-eager"),
+        # Provider token shapes.
+        ("hf_" + "a" * 34, "hf_***"),
+        ("ghp_" + "A1" * 18, "ghp_***"),
+        ("github_pat_" + "11AB_" * 10, "github_pat_***"),
+        ("key sk-proj-abcdefghijklmnopqrstuvwx", "key sk-***"),
+        ("AKIAIOSFODNN7EXAMPLE and ASIAIOSFODNN7EXAMPLE", "AKIA*** and ASIA***"),
+    ],
+)
+def test_patterns(text: str, expected: str) -> None:
+    assert R(text) == expected
+
+
+def test_private_key_blocks() -> None:
+    pem = (
+        "before\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7\nabc+/=\n"
+        "-----END RSA PRIVATE KEY-----\nmiddle\n"
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXkt\n-----END OPENSSH PRIVATE KEY-----\n"
+        "after"
+    )
+    assert R(pem) == (
+        "before\n-----BEGIN RSA PRIVATE KEY-----\n***\n-----END RSA PRIVATE KEY-----\nmiddle\n"
+        "-----BEGIN OPENSSH PRIVATE KEY-----\n***\n-----END OPENSSH PRIVATE KEY-----\nafter"
+    )
+    # Output cut off mid-key (e.g. a tail of logs) masks to the end.
+    assert R("x\n-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqh\nkiG9w0BAQEF") == (
+        "x\n-----BEGIN PRIVATE KEY-----\n***"
+    )
+    # A public key is not a secret.
+    pub = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOC\n-----END PUBLIC KEY-----"
+    assert R(pub) == pub
+
+
+def test_short_and_empty_literals_are_ignored() -> None:
+    r = Redactor(["", "ab", "abc"])
+    assert r("abc ab a") == "abc ab a"
+
+
+def test_longest_literal_wins() -> None:
+    r = Redactor(["pass", "password123"])
+    assert r("x password123 y pass") == "x *** y ***"
+
+
+def test_for_settings_masks_configured_secrets() -> None:
+    settings = Settings(
+        security={"redact": ["corp-vault-pw"]},
+        slack_bot_token="mytokenvalue",
+        slack_signing_secret="signing-secret-1",
+    )
+    r = Redactor.for_settings(settings)
+    out = r("a corp-vault-pw b mytokenvalue c signing-secret-1")
+    assert out == "a *** b *** c ***"
+
+
+ORDINARY = [
+    "Downloading torch-2.9.1-cp312-cp312-manylinux_2_28_x86_64.whl (899.7MiB)",
+    " Downloaded nvidia-cudnn-cu12",
+    "Resolved 150 packages in 1.23s",
+    "Installed 3 packages in 812ms",
+    " + vllm==0.16.0rc2.dev313+g662205d34",
+    " - vllm==0.15.1",
+    "INFO 01-01 12:00:00 [api_server.py:1024] Starting vLLM API server on http://0.0.0.0:8000",
+    "INFO 01-01 12:00:05 [gpu_worker.py:276] GPU KV cache size: 1,234,567 tokens",
+    "Maximum concurrency for 8,192 tokens per request: 150.70x",
+    "non-default args: {'model': '/models/kimi', 'tensor_parallel_size': 8, "
+    "'max_num_batched_tokens': 8192, 'api_key': None, 'hf_token': None}",
+    "max_num_batched_tokens=8192 tokenizer='/models/x' skip_tokenizer_init=False detokenize=True",
+    "tokenizer_mode: auto, kv_cache_dtype: auto, enable_prefix_caching: True",
+    "vllm serve /models/kimi --max-num-batched-tokens 8192 --tokenizer /models/kimi",
+    "HF_HUB_ENABLE_HF_TRANSFER=1 CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_USE_V1=1",
+    "hf_hub_download_timeout_seconds_for_large_files=60",
+    "git+https://github.com/vllm-project/vllm.git@v0.6.0",
+    "ssh://root@gpu01:22 and root@gpu01",
+    "https://wheels.vllm.ai/nightly/vllm-0.16.0rc2.dev313%2Bg662205d34-cp38-abi3-manylinux1_x86_64.whl",
+    'INFO:     127.0.0.1:50000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+    "commit 662205d34b1f0e8cbb4e5d1a2f3c4b5a6d7e8f90",
+    "sha256:3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a",
+    "Jan 01 12:00:00 gpu01 systemd[1]: Started vllm-kimi.service - vLLM kimi-k25.",
+    "Authorization header missing; sending 401",
+    "Bearer token required",
+    "task-0123456789abcdefghijklmnopq",
+    "|   0  NVIDIA H200   On  | 00000000:18:00.0 Off |   0 |  81559MiB / 143771MiB |",
+]
+
+
+@pytest.mark.parametrize("line", ORDINARY)
+def test_no_false_positives(line: str) -> None:
+    assert R(line) == line
+
+
+def test_large_output_is_masked_line_for_line() -> None:
+    lines = [ORDINARY[i % len(ORDINARY)] for i in range(100_000)]
+    lines[54_321] = "HF_TOKEN=hf_" + "z" * 34
+    out = R("\n".join(lines)).split("\n")
+    assert len(out) == 100_000
+    assert out[54_321] == "HF_TOKEN=***"
+    assert out[:54_321] == lines[:54_321]
+    assert out[54_322:] == lines[54_322:]
+
+
+def test_redact_obj_nested() -> None:
+    obj = {
+        "argv": ["uv", "pip", "install", "--index-url", "https://u:pw@idx/simple"],
+        "env": {"HF_TOKEN": "hf_x", "Api-Key": 12345, "PATH": "/usr/bin", "hf_token": None},
+        "nested": ({"note": "password=abc"}, 3, 1.5, True, None),
+        "hunter2hunter2": "key named by a literal secret",
+        "tokens": 8192,
+    }
+    assert R.redact_obj(obj) == {
+        "argv": ["uv", "pip", "install", "--index-url", "https://u:***@idx/simple"],
+        "env": {"HF_TOKEN": MASK, "Api-Key": MASK, "PATH": "/usr/bin", "hf_token": None},
+        "nested": ({"note": "password=***"}, 3, 1.5, True, None),
+        MASK: "key named by a literal secret",
+        "tokens": 8192,
+    }
+    # The input is not modified.
+    assert obj["env"]["HF_TOKEN"] == "hf_x"
+    assert R.redact_obj("xoxb-abcdefgh") == "xoxb-***"
+    assert R.redact_obj(7) == 7
+
+
+# --- properties ----------------------------------------------------------------
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "token", "TOKEN", "_key", "api_key", "password", "secret", "Authorization", "Bearer",
+        "basic", "None", "null", "://", "https://", "ssh://", "@", ":", "=", "'", '"', " ", "\t",
+        "\n", "&", ",", ";", "-", "--", "--api-key", "--hf-token", "xoxb-", "xoxe.", "xapp-",
+        "hf_", "ghp_", "sk-", "AKIA", "ASIA", "*", "***", "abcd", "hunter2hunter2", "s3cr3t",
+        "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", "PRIVATE KEY-----",
+        "0123456789abcdefghij", "ABCDEFGHIJKLMNOP",
+    ]
+)
+# Secret-shaped snippets: a key word, a separator and a value, in every mix.
+_ASSIGNMENTS = st.tuples(
+    st.sampled_from(["token", "HF_TOKEN", "api-key", "x_key", "Authorization", "--hf-token",
+                     "https://u", "https://", "Bearer", "xoxb", "hf", "password"]),
+    st.sampled_from(["=", ": ", ":", " ", "='", '": "', "-", "_", "@", "://", "= "]),
+    st.one_of(_FRAGMENTS, st.text(alphabet="aZ09_-=:'\" /@*.", max_size=24)),
+).map("".join)
+_TEXT = st.lists(
+    st.one_of(
+        _FRAGMENTS,
+        _ASSIGNMENTS,
+        st.text(alphabet="aZ09_-=:'\" \t\n/@*.&,;+", max_size=6),
+        st.text(max_size=3),
+    ),
+    max_size=30,
+).map("".join)
+_LITERALS = st.lists(
+    st.text(alphabet="abcdefghijkXYZ0123456789._-+/@:=", min_size=4, max_size=12), max_size=4
+)
+
+
+@hyp_settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_TEXT, _LITERALS)
+def test_idempotent(text: str, literals: list[str]) -> None:
+    r = Redactor(literals)
+    once = r(text)
+    assert r(once) == once
+
+
+@hyp_settings(max_examples=300, deadline=None)
+@given(_TEXT, _LITERALS)
+def test_literals_never_survive(text: str, literals: list[str]) -> None:
+    out = Redactor(literals)(text)
+    for secret in literals:
+        assert secret not in out
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(["a", "token", "HF_TOKEN", "x-api-key", "b"]), children,
+                      max_size=3),
+    max_leaves=10,
+))
+def test_redact_obj_idempotent(obj: object) -> None:
+    once = R.redact_obj(obj)
+    assert R.redact_obj(once) == once
