@@ -1,0 +1,310 @@
+"""SimKit: one simulated GPU host, laid out in a directory and reachable over SSH.
+
+    async with SimKit(tmp_path, config=fast_config()) as kit:      # embedded asyncssh
+        settings = load_settings(path, **kit.settings_fragment())
+        kit.set_faults(stuck_worker=True)
+        ... run the engine ...
+        assert [c.argv[:2] for c in kit.calls()] == [...]
+
+``access="sshd"`` serves the same host through a real OpenSSH sshd instead.
+Each kit has its own state directory, ports, keys and server, so a fleet is
+just N kits (see ``fleet_fragment``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import asyncssh
+
+from bot.sim import procfs
+from bot.sim.server import EmbeddedSshServer
+from bot.sim.sshd import SshdServer, free_port
+from bot.sim.state import (
+    DEFAULT_VERSION,
+    STATE_DIR_ENV,
+    Call,
+    Faults,
+    HostConfig,
+    HostState,
+    SimGpu,
+    SimProcess,
+    StateStore,
+    format_journal,
+    host_view,
+    unit_state,
+)
+from bot.sim.tools import TOOLS, unit
+
+Access = Literal["embedded", "sshd"]
+BIN_DIR = Path(__file__).resolve().parent / "bin"
+SERVICE = "kimi-k25"
+INDEXES = {"nightly": "https://wheels.vllm.ai/nightly"}
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_TIMEOUT_S = 10.0
+
+# Sub-second host timings, so a whole redeploy against the simulator takes about a second.
+FAST_TIMINGS: dict[str, Any] = {
+    "release_delay_s": 0.3, "load_delay_s": 0.3, "fail_delay_s": 0.1, "stop_delay_s": 0.05,
+    "install_duration_s": 0.3,
+}
+# Engine settings scaled to those timings.
+TEST_SERVICE_SETTINGS: dict[str, Any] = {
+    "drain_threshold_mib": 1024, "drain_timeout_s": 5.0, "drain_poll_s": 0.1,
+    "start_timeout_s": 10.0, "health_poll_s": 0.1, "stop_timeout_s": 10.0,
+    "install_timeout_s": 30.0, "command_timeout_s": 10.0, "min_free_disk_mib": 64,
+}
+TEST_HOST_SETTINGS: dict[str, Any] = {
+    "connect_timeout_s": 5.0, "keepalive_interval_s": 1.0, "keepalive_count_max": 3,
+}
+
+
+def fast_config(**overrides: Any) -> HostConfig:
+    """A HostConfig with FAST_TIMINGS; any knob can still be overridden."""
+    return HostConfig(**{**FAST_TIMINGS, **overrides})
+
+
+class SimKit:
+    """One simulated host: state directory, keys, fake vLLM server and SSH access."""
+
+    def __init__(self, root: Path, *, config: HostConfig | None = None,
+                 installed_version: str | None = DEFAULT_VERSION, running: bool = True,
+                 access: Access = "embedded", venv_dir: Path | None = None,
+                 service_port: int | None = None) -> None:
+        """Nothing starts until ``start()`` (or ``async with``).
+
+        venv_dir: where the service's venv is (default ``<root>/venv``); hosts of one
+        fleet share a path, as the settings give a service one ``python``.
+        service_port: the port the host claims to serve on (default: the free port
+        its fake server really binds).  Only the embedded server can map a claimed
+        port onto the real one, which is what lets hosts of a fleet share one.
+        """
+        self.root = root.resolve()
+        self.config = config if config is not None else HostConfig()
+        self.access: Access = access
+        self.state_dir = self.root / "state"
+        self.venv_dir = (venv_dir if venv_dir is not None else self.root / "venv").resolve()
+        self.python = self.venv_dir / "bin" / "python"
+        self.client_key = self.root / "client_key"
+        self.authorized_keys = self.root / "authorized_keys"
+        self.known_hosts = self.root / "known_hosts"
+        self.user = getpass.getuser()
+        self.health_port = free_port()
+        if access == "sshd" and service_port not in (None, self.health_port):
+            raise ValueError("sshd forwards to real ports: service_port cannot be remapped")
+        self.service_port = service_port if service_port is not None else self.health_port
+        self.store = StateStore(self.state_dir)
+        self.port = 0  # the SSH port, once started
+        self._installed = installed_version
+        self._running = running
+        self._server: EmbeddedSshServer | SshdServer | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> SimKit:
+        self._lay_out()
+        if self._running:
+            unit.boot(self.store)
+            await self._wait_listening()
+        if self.access == "sshd":
+            self._server = await SshdServer.start(
+                self.root / "sshd", authorized_keys=self.authorized_keys, env=self.env())
+        else:
+            self._server = await EmbeddedSshServer.start(
+                env=self.env(), cwd=Path.home(), user=self.user,
+                authorized_keys=self.authorized_keys,
+                port_map={self.service_port: self.health_port})
+        self.port = self._server.port
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self._server.host_public_key}\n")
+        return self
+
+    async def close(self) -> None:
+        """Stop the SSH server and every process this host started. Safe to call twice."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await asyncio.to_thread(self._end_processes)
+
+    def _end_processes(self) -> None:
+        # Commands a real sshd left running after their channel closed, and the fake
+        # servers, all carry the host's state directory in their environment.
+        procfs.terminate(procfs.with_env(STATE_DIR_ENV, str(self.state_dir)))
+
+    async def __aenter__(self) -> SimKit:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    def _lay_out(self) -> None:
+        for tool in TOOLS:
+            if not os.access(BIN_DIR / tool, os.X_OK):
+                raise RuntimeError(f"{BIN_DIR / tool} is not executable (chmod +x it)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.python.parent.mkdir(parents=True, exist_ok=True)
+        if not self.python.exists():
+            # `df` on the venv is real, so the directory must be; the interpreter never runs.
+            self.python.write_text("#!/bin/sh\necho 'simulated venv: no interpreter' >&2\n"
+                                   "exit 127\n")
+            self.python.chmod(0o755)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment="sim-client")
+        # Created 0600 from the start: ssh refuses a private key others can read.
+        fd = os.open(self.client_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.export_private_key())
+        public = key.export_public_key("openssh")
+        self.client_key.with_suffix(".pub").write_bytes(public)
+        self.authorized_keys.write_bytes(public)
+        self.store.create(HostState(
+            config=self.config, venv=str(self.venv_dir), health_port=self.health_port,
+            service_port=self.service_port, owner_pid=os.getpid(),
+            installed_version=self._installed))
+
+    async def _wait_listening(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.health_port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"simulated vLLM server never listened on {self.health_port}") from None
+                await asyncio.sleep(0.02)
+            else:
+                writer.close()
+                await writer.wait_closed()
+                return
+
+    async def connect(self, **options: Any) -> asyncssh.SSHClientConnection:
+        """A client connection the way the engine makes one: the kit's key and strict
+        known_hosts (``options`` override, e.g. ``known_hosts=`` another file)."""
+        kwargs: dict[str, Any] = {"username": self.user, "client_keys": [str(self.client_key)],
+                                  "known_hosts": str(self.known_hosts), **options}
+        conn: asyncssh.SSHClientConnection = await asyncssh.connect(
+            "127.0.0.1", self.port, **kwargs)
+        return conn
+
+    # --- the host's environment and settings ---------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """The environment a login on this host gets: run the tools directly with it."""
+        env = {
+            "PATH": f"{BIN_DIR}:{SYSTEM_PATH}", STATE_DIR_ENV: str(self.state_dir),
+            "SIM_PYTHON": sys.executable, "HOME": str(Path.home()), "USER": self.user,
+            "LOGNAME": self.user, "SHELL": "/bin/sh", "LANG": "C.UTF-8",
+        }
+        if "TZ" in os.environ:
+            env["TZ"] = os.environ["TZ"]
+        return env
+
+    @property
+    def hostname(self) -> str:
+        return self.config.hostname
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.service_port}/health"
+
+    def host_settings(self, **overrides: Any) -> dict[str, Any]:
+        return {"address": "127.0.0.1", "port": self.port, "user": self.user,
+                "key_file": str(self.client_key), "known_hosts": str(self.known_hosts),
+                **TEST_HOST_SETTINGS, **overrides}
+
+    def service_settings(self, hosts: Sequence[str] | None = None,
+                         **overrides: Any) -> dict[str, Any]:
+        return {"hosts": list(hosts) if hosts is not None else [self.hostname],
+                "unit": self.config.unit, "python": str(self.python),
+                "health_url": self.health_url, "indexes": dict(INDEXES),
+                **TEST_SERVICE_SETTINGS, **overrides}
+
+    def settings_fragment(self, *, service: str = SERVICE,
+                          **service_overrides: Any) -> dict[str, Any]:
+        """``hosts`` and ``services`` for ``load_settings(path, **fragment)``."""
+        return {"hosts": {self.hostname: self.host_settings()},
+                "services": {service: self.service_settings(**service_overrides)}}
+
+    # --- faults and knobs ----------------------------------------------------------------
+
+    def set_faults(self, **flags: bool) -> Faults:
+        """Flip fault switches (names as in ``Faults``); takes effect on the next tool call."""
+        with self.store.transaction() as tx:
+            tx.state = replace(tx.state, faults=replace(tx.state.faults, **flags))
+            return tx.state.faults
+
+    def clear_faults(self) -> None:
+        with self.store.transaction() as tx:
+            tx.state = replace(tx.state, faults=Faults())
+
+    def update_config(self, **changes: Any) -> HostConfig:
+        """Change knobs (names as in ``HostConfig``) while the host is up."""
+        with self.store.transaction() as tx:
+            tx.state = replace(tx.state, config=replace(tx.state.config, **changes))
+            self.config = tx.state.config
+            return self.config
+
+    def set_installed_version(self, version: str | None) -> None:
+        with self.store.transaction() as tx:
+            tx.state = replace(tx.state, installed_version=version)
+
+    # --- what the host looks like now ----------------------------------------------------
+
+    def state(self) -> HostState:
+        return self.store.read()
+
+    @property
+    def faults(self) -> Faults:
+        return self.state().faults
+
+    @property
+    def installed_version(self) -> str | None:
+        return self.state().installed_version
+
+    def unit_state(self) -> str:
+        """systemd's ActiveState right now: active, deactivating, inactive or failed."""
+        return unit_state(self.state().run, time.time())[0]
+
+    def gpus(self) -> list[SimGpu]:
+        return host_view(self.state(), time.time())[0]
+
+    def processes(self) -> list[SimProcess]:
+        return host_view(self.state(), time.time())[1]
+
+    def calls(self, tool: str | None = None) -> list[Call]:
+        """Every simulated tool invocation so far, oldest first (``http`` = a request
+        the fake vLLM server answered)."""
+        return [c for c in self.store.calls() if tool is None or c.tool == tool]
+
+    def journal(self) -> list[str]:
+        """The journal as ``journalctl`` would print it right now."""
+        now, host = time.time(), self.hostname
+        return [format_journal(e, host) for e in self.store.journal() if e.ts <= now]
+
+
+def fleet_fragment(kits: Sequence[SimKit], *, service: str = SERVICE,
+                   **service_overrides: Any) -> dict[str, Any]:
+    """Settings for one service spread over several kits.
+
+    The kits must share ``venv_dir`` and ``service_port`` (a service has one
+    python and one health_url), so build them with the same values for both.
+    """
+    first = kits[0]
+    for k in kits[1:]:
+        if (k.python, k.service_port) != (first.python, first.service_port):
+            raise ValueError("fleet kits must share venv_dir and service_port")
+    return {"hosts": {k.hostname: k.host_settings() for k in kits},
+            "services": {service: first.service_settings(
+                [k.hostname for k in kits], **service_overrides)}}

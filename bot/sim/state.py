@@ -1,0 +1,353 @@
+"""The shared state of one simulated host, and what the host looks like at a given moment.
+
+Every simulated tool is its own short-lived process, so the state lives in a
+directory: ``state.json`` (replaced atomically), ``journal.jsonl`` and
+``calls.jsonl``, all guarded by ``flock`` on ``lock``.  Nothing runs in the
+background to move the host along: each change stores wall-clock timestamps
+(when the model will be loaded, when a crash happens, when memory is freed)
+and every reader derives the current picture from them, so a test sees the
+same host whichever tool it asks and however slowly the machine runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+STATE_DIR_ENV = "SIM_STATE_DIR"
+DEFAULT_VERSION = "0.16.0rc2.dev313+g662205d34"
+FIRST_PID = 48213
+WORKER_PID_OFFSET = 88  # Worker_TP<i> runs as main_pid + 88 + i
+ENGINE_PID_OFFSET = 40
+CONTEXT_MIB = 14  # what the driver itself holds on a GPU beyond the processes' share
+STUCK_GPU = 3
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    """The knobs of one simulated host. Durations are seconds of wall-clock time."""
+
+    hostname: str = "gpu-node-1"
+    unit: str = "vllm-kimi-k25"
+    description: str = "vLLM Kimi-K2.5 (INT4)"
+    model: str = "/models/Kimi-K2.5"
+    gpus: int = 8
+    gpu_name: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    gpu_total_mib: int = 97871
+    service_used_mib: int = 97000
+    stuck_worker_mib: int = 96000
+    # After the unit is inactive, workers stay listed and memory stays used this long.
+    release_delay_s: float = 2.0
+    # From `systemctl start` until the port answers.
+    load_delay_s: float = 5.0
+    # With start_fails: from `systemctl start` until the unit is `failed`.
+    fail_delay_s: float = 1.0
+    # `systemctl stop` blocks this long (deactivating) before the unit is inactive.
+    stop_delay_s: float = 0.5
+    install_duration_s: float = 4.0
+    # Extra `Downloading`/build-log lines an install prints (benchmarks use 100..100,000).
+    install_output_lines: int = 0
+    available_versions: tuple[str, ...] = ("0.15.1", "0.16.0", DEFAULT_VERSION)
+    latest_version: str = "0.16.0"
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError("gpus must be at least 1")
+        if not 0 <= self.service_used_mib <= self.gpu_total_mib:
+            raise ValueError("service_used_mib must be between 0 and gpu_total_mib")
+        if not 0 <= self.stuck_worker_mib <= self.gpu_total_mib:
+            raise ValueError("stuck_worker_mib must be between 0 and gpu_total_mib")
+        for name in ("release_delay_s", "load_delay_s", "fail_delay_s", "stop_delay_s",
+                     "install_duration_s", "install_output_lines"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.latest_version not in self.available_versions:
+            raise ValueError("latest_version must be one of available_versions")
+
+    @property
+    def stuck_gpu(self) -> int:
+        return min(STUCK_GPU, self.gpus - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Fault switches; tests flip them at any time through ``SimKit.set_faults``."""
+
+    stuck_worker: bool = False  # after stop, Worker_TP3 survives holding ~96 GB, forever
+    uv_fails: bool = False  # the next real install fails (download error), then clears
+    uv_fails_always: bool = False  # every real install fails, rollbacks included
+    resolve_fails: bool = False  # every install and dry run fails to resolve
+    health_503: bool = False  # the loaded server answers /health with 503
+    start_fails: bool = False  # a start crashes with a traceback shortly after
+    no_driver: bool = False  # nvidia-smi cannot talk to the driver
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The unit's current (or last) run. generation 0 means it never started."""
+
+    generation: int = 0
+    main_pid: int = 0
+    version: str | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
+    fail_at: float | None = None  # decided at start; cleared by a stop that comes first
+    stopped_at: float | None = None  # when the processes exit after a stop
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    config: HostConfig
+    venv: str
+    health_port: int  # where the fake server really listens
+    service_port: int  # the port the host claims to serve on (health_url, journal)
+    owner_pid: int  # the kit's process: a server whose owner is gone exits
+    installed_version: str | None
+    faults: Faults = Faults()
+    run: Run = Run()
+    next_pid: int = FIRST_PID
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HostState:
+        cfg = dict(data["config"])
+        cfg["available_versions"] = tuple(cfg["available_versions"])
+        return cls(
+            config=HostConfig(**cfg),
+            faults=Faults(**data["faults"]),
+            run=Run(**data["run"]),
+            **{f.name: data[f.name] for f in fields(cls)
+               if f.name not in ("config", "faults", "run")},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    ts: float
+    ident: str  # "systemd" or "python3"
+    pid: int
+    msg: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One simulated tool invocation; argv[0] is the tool's name."""
+
+    ts: float
+    tool: str
+    argv: tuple[str, ...]
+
+
+class Transaction:
+    """The state under an exclusive lock; assign ``state`` to change it."""
+
+    def __init__(self, store: StateStore, state: HostState) -> None:
+        self._store = store
+        self.state = state
+
+    def journal_add(self, entries: Iterable[JournalEntry]) -> None:
+        lines = "".join(json.dumps(asdict(e)) + "\n" for e in entries)
+        with open(self._store.journal_path, "a", encoding="utf-8") as f:
+            f.write(lines)
+
+    def journal_drop_after(self, ts: float) -> None:
+        """Forget planned lines (a load that a stop interrupted will never log them)."""
+        kept = [e for e in self._store.read_journal_unlocked() if e.ts <= ts]
+        tmp = self._store.journal_path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(asdict(e)) + "\n" for e in kept), encoding="utf-8")
+        os.replace(tmp, self._store.journal_path)
+
+
+class StateStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.state_path = directory / "state.json"
+        self.journal_path = directory / "journal.jsonl"
+        self.calls_path = directory / "calls.jsonl"
+        self._lock_path = directory / "lock"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StateStore:
+        directory = env.get(STATE_DIR_ENV)
+        if not directory:
+            raise RuntimeError(f"{STATE_DIR_ENV} is not set: not a simulated host")
+        return cls(Path(directory))
+
+    def create(self, state: HostState) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for p in (self._lock_path, self.journal_path, self.calls_path):
+            p.touch()
+        with self._locked(fcntl.LOCK_EX):
+            self._write(state)
+
+    @contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
+        with open(self._lock_path, "a+b") as f:
+            fcntl.flock(f, mode)
+            yield  # closing the file releases the lock, also if the process dies
+
+    def _write(self, state: HostState) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, self.state_path)
+
+    def _read_unlocked(self) -> HostState:
+        return HostState.from_json(json.loads(self.state_path.read_text(encoding="utf-8")))
+
+    def read(self) -> HostState:
+        with self._locked(fcntl.LOCK_SH):
+            return self._read_unlocked()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self._locked(fcntl.LOCK_EX):
+            before = self._read_unlocked()
+            tx = Transaction(self, before)
+            yield tx
+            if tx.state != before:
+                self._write(tx.state)
+
+    def read_journal_unlocked(self) -> list[JournalEntry]:
+        with open(self.journal_path, encoding="utf-8") as f:
+            return [JournalEntry(**json.loads(line)) for line in f if line.strip()]
+
+    def journal(self) -> list[JournalEntry]:
+        """Every entry, planned future ones included; callers keep those up to now."""
+        with self._locked(fcntl.LOCK_SH):
+            return self.read_journal_unlocked()
+
+    def log_call(self, tool: str, argv: Iterable[str]) -> None:
+        line = json.dumps({"ts": time.time(), "tool": tool, "argv": list(argv)}) + "\n"
+        # One O_APPEND write per call: concurrent tools never interleave within a line.
+        fd = os.open(self.calls_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def calls(self) -> list[Call]:
+        out = []
+        with open(self.calls_path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    d = json.loads(line)
+                    out.append(Call(d["ts"], d["tool"], tuple(d["argv"])))
+        return out
+
+
+# --- what the host looks like at time `now` -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    index: int
+    uuid: str
+    name: str
+    used_mib: int
+    total_mib: int
+    util_pct: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    pid: int
+    cmdline: str
+    gpu: int | None  # the GPU it holds memory on, if any
+    used_mib: int
+
+
+def unit_state(run: Run, now: float) -> tuple[str, str]:
+    """systemd's (ActiveState, SubState) for a Type=simple unit."""
+    if run.started_at is None:
+        return "inactive", "dead"
+    if run.fail_at is not None and now >= run.fail_at:
+        return "failed", "failed"
+    if run.stopped_at is not None:
+        return ("deactivating", "stop-sigterm") if now < run.stopped_at else ("inactive", "dead")
+    return "active", "running"
+
+
+def main_pid(run: Run, now: float) -> int:
+    return run.main_pid if unit_state(run, now)[0] in ("active", "deactivating") else 0
+
+
+def ended_at(run: Run, now: float) -> float | None:
+    """When the run's processes exited (stop or crash), if they have by now."""
+    ends = [t for t in (run.stopped_at, run.fail_at) if t is not None and t <= now]
+    return min(ends) if ends else None
+
+
+def is_serving(run: Run, now: float) -> bool:
+    """The model is loaded and the port should answer."""
+    return (unit_state(run, now)[0] == "active" and run.ready_at is not None
+            and now >= run.ready_at)
+
+
+def gpu_uuid(hostname: str, index: int) -> str:
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{index}.gpu.{hostname}')}"
+
+
+def _loaded_mib(st: HostState, run: Run, at: float) -> int:
+    """Memory per GPU at time `at`: grows while the weights load."""
+    assert run.started_at is not None
+    load = st.config.load_delay_s
+    frac = 1.0 if load <= 0 else min(max((at - run.started_at) / load, 0.0), 1.0)
+    return round(st.config.service_used_mib * frac)
+
+
+def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]]:
+    cfg, run = st.config, st.run
+    end = ended_at(run, now)
+    alive = run.started_at is not None and (end is None or now < end + cfg.release_delay_s)
+    stuck = st.faults.stuck_worker and end is not None and not alive
+    level = _loaded_mib(st, run, now if end is None else end) if alive else 0
+    serving = end is None and is_serving(run, now)
+    procs: list[SimProcess] = []
+    if alive and end is None:
+        procs.append(SimProcess(
+            run.main_pid,
+            f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve {cfg.model} "
+            f"--tensor-parallel-size {cfg.gpus} --port {st.service_port}", None, 0))
+        procs.append(SimProcess(run.main_pid + ENGINE_PID_OFFSET, "VLLM::EngineCore", None, 0))
+    gpus = []
+    for i in range(cfg.gpus):
+        used = level
+        if stuck and i == cfg.stuck_gpu:
+            used = cfg.stuck_worker_mib
+        if alive or (stuck and i == cfg.stuck_gpu):
+            procs.append(SimProcess(run.main_pid + WORKER_PID_OFFSET + i,
+                                    f"VLLM::Worker_TP{i}", i, max(used - CONTEXT_MIB, 0)))
+        # A serving model keeps the GPUs busy in bursts; the number only has to move.
+        util = (int(now * 2) * 7919 + i * 104729) % 36 if serving else 0
+        gpus.append(SimGpu(i, gpu_uuid(cfg.hostname, i), cfg.gpu_name, used,
+                           cfg.gpu_total_mib, util))
+    return gpus, procs
+
+
+def format_journal(entry: JournalEntry, hostname: str) -> str:
+    """journalctl's default ``short`` output."""
+    stamp = time.strftime("%b %d %H:%M:%S", time.localtime(entry.ts))
+    return f"{stamp} {hostname} {entry.ident}[{entry.pid}]: {entry.msg}"
+
+
+def vllm_line(ts: float, level: str, source: str, text: str) -> str:
+    """A message the way vLLM's logger prints it."""
+    return f"{level} {time.strftime('%m-%d %H:%M:%S', time.localtime(ts))} [{source}] {text}"
+
+
+def replace_run(st: HostState, **changes: Any) -> HostState:
+    return replace(st, run=replace(st.run, **changes))

@@ -1,0 +1,217 @@
+"""Simulated ``nvidia-smi``: the default table, ``-L``, ``--query-gpu`` and
+``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``.
+
+CSV values are joined with ", " and carry units (``97012 MiB``, ``0 %``)
+unless ``nounits``; the header names a unit in brackets either way.  With the
+no_driver fault every call prints the driver error and exits 9, as the real
+tool does when the kernel module is gone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
+
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
+NO_DRIVER_EXIT = 9
+BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+DRIVER_VERSION = "590.44.01"
+CUDA_VERSION = "13.1"
+POWER_CAP_W = 600
+
+
+def _bus_id(index: int) -> str:
+    return f"00000000:{(0x01 + index * 0x20) % 0x100:02X}:00.0"
+
+
+def _power(g: SimGpu) -> float:
+    return 33.5 + (90.0 if g.used_mib else 0.0) + 4.0 * g.util_pct
+
+
+# field -> (header unit, value). Aliases nvidia-smi accepts point at the same entry.
+_GpuField = tuple[str, Callable[[SimGpu], str]]
+_GPU_FIELDS: dict[str, _GpuField] = {
+    "index": ("", lambda g: str(g.index)),
+    "uuid": ("", lambda g: g.uuid),
+    "name": ("", lambda g: g.name),
+    "memory.used": ("MiB", lambda g: str(g.used_mib)),
+    "memory.total": ("MiB", lambda g: str(g.total_mib)),
+    "memory.free": ("MiB", lambda g: str(g.total_mib - g.used_mib)),
+    "utilization.gpu": ("%", lambda g: str(g.util_pct)),
+    "utilization.memory": ("%", lambda g: str(g.util_pct // 2)),
+    "temperature.gpu": ("", lambda g: str(34 + g.util_pct // 2)),
+    "power.draw": ("W", lambda g: f"{_power(g):.2f}"),
+    "power.limit": ("W", lambda g: f"{POWER_CAP_W:.2f}"),
+    "pci.bus_id": ("", lambda g: _bus_id(g.index)),
+    "driver_version": ("", lambda g: DRIVER_VERSION),
+    "persistence_mode": ("", lambda g: "Enabled"),
+    "pstate": ("", lambda g: "P0" if g.used_mib else "P8"),
+}
+_GPU_FIELDS |= {"gpu_name": _GPU_FIELDS["name"], "gpu_uuid": _GPU_FIELDS["uuid"],
+                "gpu_bus_id": _GPU_FIELDS["pci.bus_id"]}
+
+_AppField = tuple[str, str, Callable[[SimProcess, SimGpu], str]]  # header name, unit, value
+_APP_FIELDS: dict[str, _AppField] = {
+    "pid": ("pid", "", lambda p, g: str(p.pid)),
+    "process_name": ("process_name", "", lambda p, g: p.cmdline),
+    "used_memory": ("used_gpu_memory", "MiB", lambda p, g: str(p.used_mib)),
+    "gpu_uuid": ("gpu_uuid", "", lambda p, g: g.uuid),
+    "gpu_bus_id": ("gpu_bus_id", "", lambda p, g: _bus_id(g.index)),
+    "gpu_name": ("gpu_name", "", lambda p, g: g.name),
+}
+_APP_FIELDS |= {"name": _APP_FIELDS["process_name"],
+                "used_gpu_memory": _APP_FIELDS["used_memory"]}
+
+
+def _cell(value: str, unit: str, nounits: bool) -> str:
+    return value if nounits or not unit else f"{value} {unit}"
+
+
+def _header(name: str, unit: str) -> str:
+    return f"{name} [{unit}]" if unit else name
+
+
+def _query_gpu(gpus: list[SimGpu], names: list[str], header: bool, nounits: bool) -> str:
+    rows = []
+    if header:
+        rows.append(", ".join(_header(n, _GPU_FIELDS[n][0]) for n in names))
+    for g in gpus:
+        rows.append(", ".join(_cell(_GPU_FIELDS[n][1](g), _GPU_FIELDS[n][0], nounits)
+                              for n in names))
+    return "".join(r + "\n" for r in rows)
+
+
+def _query_apps(gpus: list[SimGpu], procs: list[SimProcess], names: list[str], header: bool,
+                nounits: bool) -> str:
+    rows = []
+    if header:
+        rows.append(", ".join(_header(_APP_FIELDS[n][0], _APP_FIELDS[n][1]) for n in names))
+    by_index = {g.index: g for g in gpus}
+    for p in procs:
+        if p.gpu is None or p.gpu not in by_index:
+            continue
+        g = by_index[p.gpu]
+        rows.append(", ".join(_cell(_APP_FIELDS[n][2](p, g), _APP_FIELDS[n][1], nounits)
+                              for n in names))
+    return "".join(r + "\n" for r in rows)
+
+
+_COLS = (41, 24, 22)
+_WIDE = sum(_COLS) + len(_COLS) - 1
+
+
+def _row(*cells: str) -> str:
+    return "|" + "|".join(f" {c:<{w - 2}} " for c, w in zip(cells, _COLS, strict=True)) + "|"
+
+
+def _rule(fill: str = "-", edge: str = "+") -> str:
+    return edge + edge.join(fill * w for w in _COLS) + edge
+
+
+def _wide(text: str) -> str:
+    return f"| {text:<{_WIDE - 2}} |"
+
+
+def _table(gpus: list[SimGpu], procs: list[SimProcess]) -> str:
+    """An approximation of the default nvidia-smi screen."""
+    full = "+" + "-" * _WIDE + "+"
+    out = [time.strftime("%a %b %d %H:%M:%S %Y"), full,
+           _wide(f"NVIDIA-SMI {DRIVER_VERSION}             Driver Version: {DRIVER_VERSION}"
+                 f"     CUDA Version: {CUDA_VERSION}"),
+           _rule(),
+           _row("GPU  Name                 Persistence-M", "Bus-Id          Disp.A",
+                "Volatile Uncorr. ECC"),
+           _row("Fan  Temp   Perf          Pwr:Usage/Cap", "          Memory-Usage",
+                "GPU-Util  Compute M."),
+           _row("", "", "              MIG M."),
+           _rule("=", "|")]
+    for g in gpus:
+        name = g.name if len(g.name) <= 24 else g.name[:21] + "..."
+        power = f"{_power(g):.0f}W /  {POWER_CAP_W}W"
+        out += [
+            _row(f"{g.index:>3}  {name:<24}      On", f"  {_bus_id(g.index)} Off", f"{'Off':>20}"),
+            _row(f"30%   {34 + g.util_pct // 2:>2}C    {'P0' if g.used_mib else 'P8'}"
+                 f"  {power:>21}", f"{g.used_mib}MiB /  {g.total_mib}MiB".rjust(22),
+                 f"{g.util_pct:>5}%      Default"),
+            _row("", "", f"{'N/A':>20}"),
+            _rule(),
+        ]
+    out += ["", full, _wide("Processes:"),
+            _wide(" GPU   GI   CI              PID   Type   Process name"
+                  "                        GPU Memory"),
+            _wide("       ID   ID                                           "
+                  "                    Usage      "),
+            "|" + "=" * _WIDE + "|"]
+    shown = [p for p in procs if p.gpu is not None]
+    if not shown:
+        out.append(_wide(" No running processes found"))
+    for p in shown:
+        out.append(_wide(f"{p.gpu:>4}   N/A  N/A  {p.pid:>14}      C   {p.cmdline[:32]:<32}"
+                         f"{p.used_mib:>8}MiB"))
+    out.append(full)
+    return "\n".join(out) + "\n"
+
+
+def main(store: StateStore, args: list[str]) -> int:
+    st = store.read()
+    if st.faults.no_driver:
+        print(NO_DRIVER)
+        return NO_DRIVER_EXIT
+    query_gpu: list[str] | None = None
+    query_apps: list[str] | None = None
+    fmt: list[str] | None = None
+    ids: set[int] | None = None
+    list_gpus = False
+    it = iter(args)
+    for a in it:
+        key, eq, val = a.partition("=")
+        if key in ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i") and not eq:
+            val = next(it, "")
+        if key == "--query-gpu":
+            query_gpu = val.split(",")
+        elif key == "--query-compute-apps":
+            query_apps = val.split(",")
+        elif key == "--format":
+            fmt = val.split(",")
+        elif key in ("--id", "-i") and all(v.isdigit() for v in val.split(",")):
+            ids = {int(v) for v in val.split(",")}
+        elif a in ("-L", "--list-gpus"):
+            list_gpus = True
+        else:
+            print(BAD_ARGS)
+            return 2
+    gpus, procs = host_view(st, time.time())
+    if ids is not None:
+        gpus = [g for g in gpus if g.index in ids]
+    if query_gpu is not None and query_apps is not None:
+        print(BAD_ARGS)
+        return 2
+    if query_gpu is None and query_apps is None:
+        if fmt is not None:
+            print(BAD_ARGS)
+            return 2
+        if list_gpus:
+            sys.stdout.write("".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus))
+        else:
+            sys.stdout.write(_table(gpus, procs))
+        return 0
+    if fmt is None or fmt[0] != "csv" or not set(fmt[1:]) <= {"noheader", "nounits"}:
+        print(BAD_ARGS)
+        return 2
+    header, nounits = "noheader" not in fmt, "nounits" in fmt
+    names = query_gpu if query_gpu is not None else query_apps
+    assert names is not None
+    known = _GPU_FIELDS if query_gpu is not None else _APP_FIELDS
+    for n in names:
+        if n not in known:
+            print(f'Field "{n}" is not a valid field to query.\n')
+            return 2
+    if query_gpu is not None:
+        sys.stdout.write(_query_gpu(gpus, query_gpu, header, nounits))
+    else:
+        sys.stdout.write(_query_apps(gpus, procs, names, header, nounits))
+    return 0

@@ -1,0 +1,176 @@
+"""Simulated ``systemctl``: show, start, stop, restart, is-active, status, reset-failed.
+
+Output, ordering and exit codes follow systemd 252: ``show`` prints properties
+in systemd's own order whatever order ``-p`` named them in; an unknown unit is
+``LoadState=not-found`` with exit 0; ``is-active`` exits 3 unless active;
+start/stop of an unknown unit exit 5.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from bot.sim.state import HostState, StateStore, host_view, main_pid, unit_state
+from bot.sim.tools import journalctl, unit
+
+# The order systemd itself prints these in.
+_ORDER = (
+    "Type", "Restart", "MainPID", "ExecMainStartTimestamp", "ExecMainPID", "Result",
+    "NRestarts", "Id", "Names", "Description", "LoadState", "ActiveState", "SubState",
+    "FragmentPath", "UnitFileState", "ActiveEnterTimestamp", "InactiveEnterTimestamp",
+    "LoadError",
+)
+_NEEDS_UNIT = ("start", "stop", "restart", "is-active", "reset-failed")
+
+
+def _stamp(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%a %Y-%m-%d %H:%M:%S %Z", time.localtime(ts))
+
+
+def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
+    svc = unit.service_name(name)
+    if not unit.is_ours(st, name):
+        return {"MainPID": "0", "Result": "success", "Id": svc, "Names": svc,
+                "Description": svc, "LoadState": "not-found", "ActiveState": "inactive",
+                "SubState": "dead", "UnitFileState": "",
+                "LoadError": f'org.freedesktop.systemd1.NoSuchUnit "Unit {svc} not found."'}
+    run = st.run
+    active, sub = unit_state(run, now)
+    ended = run.stopped_at if active in ("inactive", "deactivating") else run.fail_at
+    return {
+        "Type": "simple", "Restart": "no", "MainPID": str(main_pid(run, now)),
+        "ExecMainStartTimestamp": _stamp(run.started_at), "ExecMainPID": str(run.main_pid),
+        "Result": "exit-code" if active == "failed" else "success", "NRestarts": "0",
+        "Id": svc, "Names": svc, "Description": st.config.description,
+        "LoadState": "loaded", "ActiveState": active, "SubState": sub,
+        "FragmentPath": f"/etc/systemd/system/{svc}", "UnitFileState": "enabled",
+        "ActiveEnterTimestamp": _stamp(run.started_at),
+        "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
+    }
+
+
+def _show(st: HostState, units: list[str], props: list[str], value_only: bool) -> int:
+    now = time.time()
+    blocks = []
+    for name in units:
+        values = _properties(st, name, now)
+        keys = [k for k in _ORDER if k in values and (not props or k in props)]
+        blocks.append("".join(values[k] + "\n" if value_only else f"{k}={values[k]}\n"
+                              for k in keys))
+    sys.stdout.write("\n".join(blocks))
+    return 0
+
+
+def _ago(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s ago"
+    if s < 3600:
+        return f"{s // 60}min {s % 60}s ago"
+    return f"{s // 3600}h {s % 3600 // 60}min ago"
+
+
+def _status(store: StateStore, st: HostState, name: str, lines: int) -> int:
+    svc = unit.service_name(name)
+    if not unit.is_ours(st, name):
+        print(f"Unit {svc} could not be found.", file=sys.stderr)
+        return 4
+    now, run = time.time(), st.run
+    active, sub = unit_state(run, now)
+    since = run.started_at if active == "active" else (run.fail_at or run.stopped_at)
+    mark = {"active": "●", "failed": "×"}.get(active, "○")
+    result = " (Result: exit-code)" if active == "failed" else f" ({sub})"
+    out = [f"{mark} {svc} - {st.config.description}",
+           f"     Loaded: loaded (/etc/systemd/system/{svc}; enabled; preset: enabled)"]
+    when = "" if since is None else f" since {_stamp(since)}; {_ago(now - since)}"
+    out.append(f"     Active: {active}{result}{when}")
+    pid = main_pid(run, now)
+    if pid:
+        out.append(f"   Main PID: {pid} (python3)")
+        procs = host_view(st, now)[1]
+        out.append(f"     CGroup: /system.slice/{svc}")
+        out += [f"             {'└─' if i == len(procs) - 1 else '├─'}{p.pid} {p.cmdline}"
+                for i, p in enumerate(procs)]
+    journal = journalctl.lines(store, st, lines)
+    sys.stdout.write("\n".join(out) + "\n" + ("\n" + "\n".join(journal) + "\n" if journal else ""))
+    return 0 if active == "active" else 3
+
+
+def _restart(store: StateStore) -> None:
+    unit.stop(store)
+    unit.start(store)
+
+
+_JOBS: dict[str, Callable[[StateStore], None]] = {
+    "start": unit.start, "stop": unit.stop, "restart": _restart}
+
+
+def _each(store: StateStore, st: HostState, units: list[str], what: str,
+          action: Callable[[StateStore], None]) -> int:
+    for name in units:
+        if not unit.is_ours(st, name):
+            svc = unit.service_name(name)
+            # systemd words it "not loaded" for stop-like jobs and "not found" for start-like.
+            why = "not found" if what in ("start", "restart") else "not loaded"
+            print(f"Failed to {what} {svc}: Unit {svc} {why}.", file=sys.stderr)
+            return 5 if what in _JOBS else 1
+        action(store)
+    return 0
+
+
+def main(store: StateStore, args: list[str]) -> int:
+    props: list[str] = []
+    positional: list[str] = []
+    value_only = quiet = False
+    lines = 10
+    it = iter(args)
+    for a in it:
+        if a in ("-p", "--property"):
+            props += next(it, "").split(",")
+        elif a.startswith("--property="):
+            props += a.split("=", 1)[1].split(",")
+        elif a.startswith("-p") and len(a) > 2 and not a.startswith("--"):
+            props += a[2:].split(",")
+        elif a in ("-n", "--lines") or a.startswith("--lines="):
+            value = a.split("=", 1)[1] if "=" in a else next(it, "")
+            if not value.isdigit():
+                print(f"Failed to parse lines '{value}'", file=sys.stderr)
+                return 1
+            lines = int(value)
+        elif a == "--value":
+            value_only = True
+        elif a in ("-q", "--quiet"):
+            quiet = True
+        elif a in ("--no-pager", "--no-block", "--no-legend", "--full", "-l", "--plain"):
+            pass
+        elif a.startswith("-"):
+            print(f"systemctl: unrecognized option '{a}'", file=sys.stderr)
+            return 1
+        else:
+            positional.append(a)
+    if not positional:
+        print("Too few arguments.", file=sys.stderr)
+        return 1
+    verb, units = positional[0], positional[1:]
+    if verb in _NEEDS_UNIT and not units:
+        print("Too few arguments.", file=sys.stderr)
+        return 1
+    st = store.read()
+    if verb == "show":
+        return _show(st, units, props, value_only)
+    if verb == "status":
+        return max(_status(store, st, u, lines) for u in units) if units else 0
+    if verb == "is-active":
+        states = [unit_state(st.run, time.time())[0] if unit.is_ours(st, u) else "inactive"
+                  for u in units]
+        if not quiet:
+            sys.stdout.write("".join(s + "\n" for s in states))
+        return 0 if "active" in states else 3
+    if verb == "reset-failed":
+        return _each(store, st, units, "reset failed state of unit", unit.reset_failed)
+    if verb in _JOBS:
+        return _each(store, st, units, verb, _JOBS[verb])
+    print(f"Unknown command verb '{verb}'.", file=sys.stderr)
+    return 1

@@ -1,0 +1,198 @@
+"""The simulated unit's lifecycle: start, stop, reset-failed, and the journal each writes.
+
+A start plans its whole future at once (load progress, "startup complete" or
+the crash) as journal lines stamped in the future; readers only show lines up
+to now, and a stop drops the ones that will no longer happen.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from bot.sim import vllm_server
+from bot.sim.state import (
+    ENGINE_PID_OFFSET,
+    WORKER_PID_OFFSET,
+    HostState,
+    JournalEntry,
+    Run,
+    StateStore,
+    replace_run,
+    unit_state,
+    vllm_line,
+)
+
+PID_STEP = 1024  # pids of successive runs, like a busy host's
+SHARDS = 64
+
+
+def service_name(unit: str) -> str:
+    return unit if unit.endswith(".service") else f"{unit}.service"
+
+
+def is_ours(st: HostState, unit: str) -> bool:
+    return service_name(unit) == service_name(st.config.unit)
+
+
+def _systemd(ts: float, msg: str) -> JournalEntry:
+    return JournalEntry(ts, "systemd", 1, msg)
+
+
+def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
+    """What vLLM logs from start until it serves, spread over load_delay_s."""
+    cfg, pid = st.config, run.main_pid
+    engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
+    worker = f"(Worker_TP0 pid={pid + WORKER_PID_OFFSET}) "
+    steps: list[tuple[float, str, str, str]] = [
+        (0.02, "", "__init__.py:216", "Automatically detected platform cuda."),
+        (0.05, "", "api_server.py:1839", f"vLLM API server version {run.version}"),
+        (0.06, "", "utils.py:253", f"non-default args: {{'model': '{cfg.model}', "
+                                   f"'tensor_parallel_size': {cfg.gpus}, "
+                                   f"'port': {st.service_port}}}"),
+        (0.10, engine, "core.py:93", f"Initializing a V1 LLM engine (v{run.version}) "
+                                     f"with config: model='{cfg.model}'"),
+        (0.20, worker, "gpu_model_runner.py:2653", f"Starting to load model {cfg.model}..."),
+    ]
+    out = [JournalEntry(t0 + f * cfg.load_delay_s, "python3", pid,
+                        prefix + vllm_line(t0 + f * cfg.load_delay_s, "INFO", src, text))
+           for f, prefix, src, text in steps]
+    for k in range(1, 5):
+        f = 0.2 + 0.15 * k
+        done = SHARDS * k // 4
+        out.append(JournalEntry(t0 + f * cfg.load_delay_s, "python3", pid,
+                                f"{worker}Loading safetensors checkpoint shards: "
+                                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS}"))
+    t_ready = t0 + cfg.load_delay_s
+    out += [
+        JournalEntry(t0 + 0.85 * cfg.load_delay_s, "python3", pid, worker + vllm_line(
+            t0 + 0.85 * cfg.load_delay_s, "INFO", "gpu_model_runner.py:2707",
+            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB")),
+        JournalEntry(t0 + 0.95 * cfg.load_delay_s, "python3", pid, engine + vllm_line(
+            t0 + 0.95 * cfg.load_delay_s, "INFO", "kv_cache_utils.py:1087",
+            "GPU KV cache size: 1,017,856 tokens")),
+        JournalEntry(t_ready, "python3", pid, vllm_line(
+            t_ready, "INFO", "api_server.py:1024",
+            f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}")),
+        JournalEntry(t_ready, "python3", pid, f"INFO:     Started server process [{pid}]"),
+        JournalEntry(t_ready, "python3", pid, "INFO:     Waiting for application startup."),
+        JournalEntry(t_ready, "python3", pid, "INFO:     Application startup complete."),
+    ]
+    return out
+
+
+def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
+    pid, site = run.main_pid, f"{st.venv}/lib/python3.12/site-packages"
+    svc = service_name(st.config.unit)
+    if run.version is None:
+        lines = [
+            "Traceback (most recent call last):",
+            f'  File "{st.venv}/bin/vllm", line 5, in <module>',
+            "    from vllm.entrypoints.cli.main import main",
+            "ModuleNotFoundError: No module named 'vllm'",
+        ]
+    else:
+        engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
+        lines = [
+            engine + vllm_line(at, "ERROR", "core.py:708", "EngineCore failed to start."),
+            engine + "Traceback (most recent call last):",
+            f'{engine}  File "{site}/vllm/v1/engine/core.py", line 699, in run_engine_core',
+            f"{engine}    engine_core = EngineCoreProc(*args, **kwargs)",
+            f'{engine}  File "{site}/vllm/v1/worker/gpu_worker.py", line 262, in load_model',
+            f"{engine}    self.model_runner.load_model(eep_scale_up=eep_scale_up)",
+            f"{engine}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
+            f"GPU {st.config.stuck_gpu} has a total capacity of 95.58 GiB of which "
+            "312.00 MiB is free.",
+            "Traceback (most recent call last):",
+            f'  File "{site}/vllm/entrypoints/openai/api_server.py", line 1953, in run_server',
+            "    async with build_async_engine_client(args) as engine_client:",
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}",
+        ]
+    return [JournalEntry(at, "python3", pid, line) for line in lines] + [
+        _systemd(at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
+        _systemd(at, f"{svc}: Failed with result 'exit-code'."),
+    ]
+
+
+def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list[JournalEntry]]:
+    cfg = st.config
+    version = st.installed_version
+    fails = may_fail and (version is None or st.faults.start_fails)
+    run = Run(generation=st.run.generation + 1, main_pid=st.next_pid, version=version,
+              started_at=t0, ready_at=t0 + cfg.load_delay_s,
+              fail_at=t0 + cfg.fail_delay_s if fails else None)
+    plan = [_systemd(t0, f"Started {service_name(cfg.unit)} - {cfg.description}.")]
+    plan += _load_plan(st, run, t0)
+    if run.fail_at is not None:
+        plan = [e for e in plan if e.ts < run.fail_at] + _crash_plan(st, run, run.fail_at)
+    return replace(st, run=run, next_pid=st.next_pid + PID_STEP), plan
+
+
+def boot(store: StateStore, *, uptime_s: float = 7200.0) -> None:
+    """Bring the host up with the service already running for a while."""
+    with store.transaction() as tx:
+        tx.state, plan = _begin(tx.state, time.time() - uptime_s, may_fail=False)
+        tx.journal_add(plan)
+        generation = tx.state.run.generation
+    vllm_server.spawn(store.directory, generation)
+
+
+def start(store: StateStore) -> None:
+    _finish_stop(store)
+    with store.transaction() as tx:
+        if unit_state(tx.state.run, time.time())[0] == "active":
+            return
+        tx.state, plan = _begin(tx.state, time.time(), may_fail=True)
+        tx.journal_add(plan)
+        generation = tx.state.run.generation
+    # Spawned after the lock is released: a stop racing in makes the server exit by itself.
+    vllm_server.spawn(store.directory, generation)
+
+
+def _finish_stop(store: StateStore) -> None:
+    """Block while a stop is in progress, as systemctl waits for the stop job."""
+    run = store.read().run
+    if unit_state(run, time.time())[0] == "deactivating":
+        assert run.stopped_at is not None
+        time.sleep(max(0.0, run.stopped_at - time.time()))
+
+
+def stop(store: StateStore) -> None:
+    now = time.time()
+    with store.transaction() as tx:
+        st, cfg = tx.state, tx.state.config
+        run, svc = st.run, service_name(cfg.unit)
+        if unit_state(run, now)[0] == "active":
+            end = now + cfg.stop_delay_s
+            tx.journal_drop_after(now)
+            step = cfg.stop_delay_s / 5
+            py = [
+                "INFO:     Shutting down",
+                "INFO:     Waiting for application shutdown.",
+                "INFO:     Application shutdown complete.",
+                f"INFO:     Finished server process [{run.main_pid}]",
+            ]
+            plan = [_systemd(now, f"Stopping {svc} - {cfg.description}...")]
+            plan += [JournalEntry(now + (k + 1) * step, "python3", run.main_pid, line)
+                     for k, line in enumerate(py)]
+            if st.faults.stuck_worker:
+                stuck = run.main_pid + WORKER_PID_OFFSET + cfg.stuck_gpu
+                plan.append(_systemd(end, f"{svc}: Unit process {stuck} "
+                                          f"(VLLM::Worker_TP{cfg.stuck_gpu}) remains running "
+                                          "after unit stopped."))
+            plan += [
+                _systemd(end, f"{svc}: Deactivated successfully."),
+                _systemd(end, f"Stopped {svc} - {cfg.description}."),
+            ]
+            tx.journal_add(plan)
+            tx.state = replace_run(st, stopped_at=end, fail_at=None)
+    vllm_server.stop_all(store.directory)
+    _finish_stop(store)
+
+
+def reset_failed(store: StateStore) -> None:
+    with store.transaction() as tx:
+        run = tx.state.run
+        if unit_state(run, time.time())[0] == "failed":
+            tx.state = replace_run(tx.state, stopped_at=run.fail_at, fail_at=None)

@@ -1,0 +1,162 @@
+"""The fake vLLM API server one run of the simulated unit starts.
+
+``systemctl start`` spawns it detached (its own session, like a process systemd
+owns).  It binds nothing until the model is "loaded", so a health check while
+loading gets a real connection refused; then it answers ``/health`` (200, or
+503 with the health_503 fault), ``/version`` and ``/v1/models``.  It exits by
+itself as soon as its run is stopped, crashes or is replaced, or the kit that
+owns the host is gone, so a crashed test leaves nothing listening.
+
+Run as ``python -S -m bot.sim.vllm_server <state_dir> <generation>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from bot.sim import procfs
+from bot.sim.state import (
+    STATE_DIR_ENV,
+    HostState,
+    JournalEntry,
+    StateStore,
+    replace_run,
+    unit_state,
+    vllm_line,
+)
+
+MODULE = "bot.sim.vllm_server"
+POLL_S = 0.1  # how soon a stopped or superseded server notices
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(state_dir: Path, generation: int) -> None:
+    """Start the server for one run, detached like a process systemd owns.
+
+    ``setsid --fork`` leaves it a child of init rather than of the caller, so a
+    long-lived caller (the kit, in the test process) has nothing to reap.
+    """
+    # The state directory in its environment marks it as this host's for the kit's cleanup.
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), **{STATE_DIR_ENV: str(state_dir)})
+    subprocess.run(
+        ["setsid", "--fork", sys.executable, "-S", "-m", MODULE, str(state_dir), str(generation)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, check=True, close_fds=True,
+    )
+
+
+def _ours(state_dir: Path) -> list[int]:
+    target = str(state_dir)
+    return procfs.matching(lambda argv: MODULE in argv and target in argv)
+
+
+def stop_all(state_dir: Path) -> None:
+    """End every server of this host, including one whose pid was never recorded."""
+    procfs.terminate(_ours(state_dir))
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _current(store: StateStore, generation: int) -> HostState | None:
+    """The state while this server's run is still the live one, else None."""
+    if not store.state_path.exists():
+        return None
+    st = store.read()
+    now = time.time()
+    if (st.run.generation != generation or unit_state(st.run, now)[0] != "active"
+            or not _owner_alive(st.owner_pid)):
+        return None
+    return st
+
+
+class _Handler(BaseHTTPRequestHandler):
+    timeout = 5.0  # a client that connects and says nothing must not wedge the server
+    store: StateStore  # set on the subclass made in serve()
+
+    def version_string(self) -> str:
+        return "uvicorn"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # access lines go to the journal instead
+
+    def do_GET(self) -> None:
+        st = self.store.read()
+        path = self.path.split("?", 1)[0]
+        body = b""
+        if path == "/health":
+            status = 503 if st.faults.health_503 else 200
+        elif path == "/version":
+            status, body = 200, json.dumps({"version": st.run.version}).encode()
+        elif path == "/v1/models":
+            status = 200
+            body = json.dumps({"object": "list", "data": [
+                {"id": st.config.model, "object": "model", "owned_by": "vllm"}]}).encode()
+        else:
+            status, body = 404, b'{"detail":"Not Found"}'
+        self.send_response(status)
+        if body:
+            self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.store.log_call("http", ["GET", path])
+        host, port = self.client_address[:2]
+        reason = self.responses[status][0]
+        line = f'INFO:     {host}:{port} - "GET {path} HTTP/1.1" {status} {reason}'
+        with self.store.transaction() as tx:
+            tx.journal_add([JournalEntry(time.time(), "python3", st.run.main_pid, line)])
+
+
+def _bind_failed(store: StateStore, generation: int, err: OSError) -> int:
+    now = time.time()
+    with store.transaction() as tx:
+        st = tx.state
+        if st.run.generation == generation:
+            tx.journal_add([JournalEntry(now, "python3", st.run.main_pid, vllm_line(
+                now, "ERROR", "api_server.py:1960", f"[Errno {err.errno}] {err.strerror}"))])
+            tx.state = replace_run(st, fail_at=now)
+    return 1
+
+
+def serve(store: StateStore, generation: int) -> int:
+    while True:
+        st = _current(store, generation)
+        if st is None:
+            return 0
+        assert st.run.ready_at is not None
+        wait = st.run.ready_at - time.time()
+        if wait <= 0:
+            break
+        time.sleep(min(wait, POLL_S))
+    handler = type("Handler", (_Handler,), {"store": store})
+    try:
+        httpd = HTTPServer(("127.0.0.1", st.health_port), handler)
+    except OSError as e:
+        return _bind_failed(store, generation, e)
+    httpd.timeout = POLL_S
+    with httpd:
+        while _current(store, generation) is not None:
+            httpd.handle_request()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return serve(StateStore(Path(argv[0])), int(argv[1]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,313 @@
+"""The simulated tools run directly (no SSH): output formats, exit codes, timing and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from bot.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
+from bot.sim.kit import SimKit
+from bot.sim.state import DEFAULT_VERSION
+
+MakeSimHost = Callable[..., Awaitable[SimKit]]
+
+UNIT = "vllm-kimi-k25"
+SHOW = ("systemctl", "show", UNIT, "-p", "LoadState,ActiveState,SubState,MainPID")
+PGREP = ("pgrep", "-a", "-f", "^VLLM::")
+JOURNAL_LINE = re.compile(
+    r"^[A-Z][a-z]{2} \d\d \d\d:\d\d:\d\d gpu-node-1 (systemd|python3)\[\d+\]: ")
+
+
+@dataclass
+class Ran:
+    status: int
+    stdout: str
+    stderr: str
+
+
+async def run(kit: SimKit, *argv: str) -> Ran:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=kit.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())
+
+
+def uv(kit: SimKit, *args: str) -> tuple[str, ...]:
+    return ("uv", "pip", *args[:1], "--python", str(kit.python), *args[1:])
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str,
+                     timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def health_status(kit: SimKit) -> int | None:
+    """The /health status, None when the connection is refused."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", kit.health_port)
+    except ConnectionRefusedError:
+        return None
+    writer.write(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    head = await reader.readline()
+    writer.close()
+    return int(head.split()[1])
+
+
+async def test_systemctl_show_running_unit_in_systemd_order(sim_host: SimKit) -> None:
+    r = await run(sim_host, *SHOW)
+    assert r.status == 0 and r.stderr == ""
+    assert r.stdout == ("MainPID=48213\nLoadState=loaded\nActiveState=active\n"
+                        "SubState=running\n")
+
+
+async def test_systemctl_unknown_unit(sim_host: SimKit) -> None:
+    r = await run(sim_host, "systemctl", "show", "nope", "-p", SHOW[-1])
+    assert (r.status, r.stdout) == (0, "MainPID=0\nLoadState=not-found\nActiveState=inactive\n"
+                                       "SubState=dead\n")
+    r = await run(sim_host, "systemctl", "stop", "nope")
+    assert (r.status, r.stderr) == (
+        5, "Failed to stop nope.service: Unit nope.service not loaded.\n")
+    r = await run(sim_host, "systemctl", "is-active", "nope")
+    assert (r.status, r.stdout) == (3, "inactive\n")
+
+
+async def test_running_service_holds_every_gpu(sim_host: SimKit) -> None:
+    r = await run(sim_host, *GPU_QUERY_ARGV)
+    assert r.status == 0
+    lines = r.stdout.splitlines()
+    assert len(lines) == 8
+    assert re.fullmatch(r"0, GPU-[0-9a-f-]{36}, NVIDIA RTX PRO 6000 Blackwell Server Edition, "
+                        r"97000, 97871, \d+", lines[0])
+    gpus = parse_gpu_csv("gpu-node-1", r.stdout)
+    apps = await run(sim_host, *APPS_QUERY_ARGV)
+    procs = parse_apps_csv("gpu-node-1", apps.stdout)
+    assert [p.name for p in procs] == [f"VLLM::Worker_TP{i}" for i in range(8)]
+    assert [p.gpu_uuid for p in procs] == [g.uuid for g in gpus]
+    assert re.fullmatch(r"48301, VLLM::Worker_TP0, 96986 MiB, GPU-[0-9a-f-]{36}",
+                        apps.stdout.splitlines()[0])
+    r = await run(sim_host, *PGREP)
+    assert r.status == 0
+    assert "48304 VLLM::Worker_TP3\n" in r.stdout
+
+
+async def test_nvidia_smi_formats(sim_host: SimKit) -> None:
+    r = await run(sim_host, "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert r.stdout.splitlines()[0] == "0, 97000 MiB"
+    r = await run(sim_host, "nvidia-smi", "--query-gpu=index,memory.used,utilization.gpu",
+                  "--format=csv")
+    assert r.stdout.splitlines()[0] == "index, memory.used [MiB], utilization.gpu [%]"
+    r = await run(sim_host, "nvidia-smi", "--query-gpu=bogus", "--format=csv")
+    assert (r.status, r.stdout) == (2, 'Field "bogus" is not a valid field to query.\n\n')
+    r = await run(sim_host, "nvidia-smi")
+    assert r.status == 0
+    assert "NVIDIA-SMI" in r.stdout and "VLLM::Worker_TP7" in r.stdout
+
+
+async def test_stop_then_memory_released_after_delay(make_sim_host: MakeSimHost) -> None:
+    kit = await make_sim_host()
+    kit.update_config(release_delay_s=3600)  # frozen "just stopped" moment
+    r = await run(kit, "systemctl", "stop", UNIT)
+    assert (r.status, r.stdout, r.stderr) == (0, "", "")
+    assert (await run(kit, "systemctl", "is-active", UNIT)).status == 3
+    assert (await run(kit, *SHOW)).stdout.startswith("MainPID=0\n")
+    assert await health_status(kit) is None
+    # Stopped, but the driver has not let go yet.
+    r = await run(kit, "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert r.stdout.splitlines()[3] == "3, 97000 MiB"
+    assert (await run(kit, *PGREP)).status == 0
+
+    kit.update_config(release_delay_s=0)
+    r = await run(kit, "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert r.stdout == "".join(f"{i}, 0 MiB\n" for i in range(8))
+    assert await run(kit, *APPS_QUERY_ARGV) == Ran(0, "", "")
+    assert await run(kit, *PGREP) == Ran(1, "", "")
+    journal = await run(kit, "journalctl", "-u", UNIT, "-n", "2", "--no-pager")
+    assert journal.stdout.splitlines()[-1].endswith(
+        "Stopped vllm-kimi-k25.service - vLLM Kimi-K2.5 (INT4).")
+
+
+async def test_stuck_worker_survives_stop(sim_host: SimKit) -> None:
+    sim_host.set_faults(stuck_worker=True)
+    sim_host.update_config(release_delay_s=0)
+    await run(sim_host, "systemctl", "stop", UNIT)
+    r = await run(sim_host, "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert [line.split(", ")[1] for line in r.stdout.splitlines()] == \
+        ["0 MiB"] * 3 + ["96000 MiB"] + ["0 MiB"] * 4
+    apps = await run(sim_host, *APPS_QUERY_ARGV)
+    assert re.fullmatch(r"48304, VLLM::Worker_TP3, 95986 MiB, GPU-[0-9a-f-]{36}\n", apps.stdout)
+    assert await run(sim_host, *PGREP) == Ran(0, "48304 VLLM::Worker_TP3\n", "")
+    assert any("remains running after unit stopped" in line for line in sim_host.journal())
+    assert [(p.pid, p.gpu) for p in sim_host.processes()] == [(48304, 3)]
+    assert [g.used_mib for g in sim_host.gpus()][3] == 96000
+    sim_host.clear_faults()
+    assert await run(sim_host, *PGREP) == Ran(1, "", "")
+
+
+async def test_start_loads_then_serves(make_sim_host: MakeSimHost) -> None:
+    kit = await make_sim_host(running=False)
+    kit.update_config(load_delay_s=1.0)
+    assert (await run(kit, "systemctl", "is-active", UNIT)) == Ran(3, "inactive\n", "")
+    r = await run(kit, "systemctl", "start", UNIT)
+    assert (r.status, r.stdout, r.stderr) == (0, "", "")
+    # Type=simple: active at once, while nothing listens until the model is loaded.
+    assert (await run(kit, "systemctl", "is-active", UNIT)) == Ran(0, "active\n", "")
+    assert await health_status(kit) is None
+
+    async def serving() -> bool:
+        return await health_status(kit) == 200
+
+    await eventually(serving, "the health check answers 200")
+    lines = (await run(kit, "journalctl", "-u", UNIT, "-n", "50", "--no-pager")).stdout
+    assert all(JOURNAL_LINE.match(line) for line in lines.splitlines())
+    assert f"vLLM API server version {DEFAULT_VERSION}" in lines
+    assert lines.splitlines()[-1].endswith('"GET /health HTTP/1.1" 200 OK')
+
+
+async def test_start_fails_with_traceback(sim_host: SimKit) -> None:
+    await run(sim_host, "systemctl", "stop", UNIT)
+    sim_host.set_faults(start_fails=True)
+    assert (await run(sim_host, "systemctl", "start", UNIT)).status == 0
+
+    async def failed() -> bool:
+        return (await run(sim_host, "systemctl", "is-active", UNIT)).stdout == "failed\n"
+
+    await eventually(failed, "the unit fails")
+    show = await run(sim_host, *SHOW)
+    assert "ActiveState=failed\nSubState=failed\n" in show.stdout
+    assert await health_status(sim_host) is None
+    journal = (await run(sim_host, "journalctl", "-u", UNIT, "-n", "20", "--no-pager")).stdout
+    assert "Traceback (most recent call last):" in journal
+    assert journal.splitlines()[-1].endswith("Failed with result 'exit-code'.")
+
+
+async def test_health_503_fault(sim_host: SimKit) -> None:
+    assert await health_status(sim_host) == 200
+    sim_host.set_faults(health_503=True)
+    assert await health_status(sim_host) == 503
+
+
+async def test_uv_pip_show(sim_host: SimKit) -> None:
+    r = await run(sim_host, *uv(sim_host, "show", "vllm"))
+    assert r.status == 0
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["Name: vllm", f"Version: {DEFAULT_VERSION}",
+                         f"Location: {sim_host.venv_dir}/lib/python3.12/site-packages"]
+    assert lines[3].startswith("Requires: ") and lines[4] == "Required-by:"
+    sim_host.set_installed_version(None)
+    r = await run(sim_host, *uv(sim_host, "show", "vllm"))
+    assert r == Ran(1, "", "warning: Package(s) not found for: vllm\n")
+
+
+async def test_uv_dry_run(sim_host: SimKit) -> None:
+    r = await run(sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall", "vllm",
+                                "--extra-index-url", "https://wheels.vllm.ai/nightly"))
+    assert r.status == 0 and r.stdout == ""
+    assert re.fullmatch(
+        r"Resolved 152 packages in \d+ms\nWould download 1 package\nWould uninstall 1 package\n"
+        rf"Would install 1 package\n - vllm=={re.escape(DEFAULT_VERSION)}\n \+ vllm==0\.16\.0\n",
+        r.stderr)
+    r = await run(sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall",
+                                "vllm==9.9.9"))
+    assert r.status == 1
+    assert r.stderr == (
+        "  × No solution found when resolving dependencies:\n"
+        "  ╰─▶ Because there is no version of vllm==9.9.9 and you require vllm==9.9.9, we can "
+        "conclude that your requirements are unsatisfiable.\n")
+    sim_host.set_faults(resolve_fails=True)
+    r = await run(sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall",
+                                "vllm==0.15.1"))
+    assert r.status == 1 and "No solution found" in r.stderr
+
+
+async def test_uv_install_streams_then_switches_version(sim_host: SimKit) -> None:
+    sim_host.update_config(install_duration_s=1.0)
+    proc = await asyncio.create_subprocess_exec(
+        *uv(sim_host, "install", "--force-reinstall", "vllm==0.15.1"), env=sim_host.env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    first = await proc.stderr.readline()
+    assert first.startswith(b"Resolved 152 packages in ")
+    # The first line came while uv was still working: nothing is switched yet.
+    assert sim_host.installed_version == DEFAULT_VERSION
+    rest = (await proc.stderr.read()).decode()
+    assert await proc.wait() == 0
+    lines = rest.splitlines()
+    assert [line.split(" in ")[0] for line in lines[:3]] == \
+        ["Prepared 1 package", "Uninstalled 1 package", "Installed 1 package"]
+    assert lines[3:] == [f" - vllm=={DEFAULT_VERSION}", " + vllm==0.15.1"]
+    assert sim_host.installed_version == "0.15.1"
+    sim_host.update_config(install_duration_s=0.1)
+    # Reinstalling the same version is a "~" line, as uv prints it.
+    r = await run(sim_host, *uv(sim_host, "install", "--reinstall-package", "vllm", "vllm==0.15.1"))
+    assert r.stderr.splitlines()[-1] == " ~ vllm==0.15.1"
+
+
+async def test_uv_fails_once(sim_host: SimKit) -> None:
+    sim_host.set_faults(uv_fails=True)
+    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.16.0"))
+    assert r.status == 2
+    assert "error: Failed to download `vllm==0.16.0`\n  Caused by: Request failed after 3 " \
+           "retries\n  Caused by: error sending request for url (" in r.stderr
+    assert sim_host.installed_version == DEFAULT_VERSION
+    rollback = uv(sim_host, "install", "--reinstall-package", "vllm", f"vllm=={DEFAULT_VERSION}")
+    assert (await run(sim_host, *rollback)).status == 0
+
+
+async def test_uv_fails_always_breaks_rollback(sim_host: SimKit) -> None:
+    sim_host.set_faults(uv_fails_always=True)
+    for args in (("install", "--force-reinstall", "vllm"),
+                 ("install", "--reinstall-package", "vllm", "vllm==0.15.1")):
+        assert (await run(sim_host, *uv(sim_host, *args))).status == 2
+    assert sim_host.installed_version == DEFAULT_VERSION
+
+
+async def test_uv_long_output(sim_host: SimKit) -> None:
+    sim_host.update_config(install_output_lines=1000)
+    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.16.0"))
+    assert r.status == 0
+    assert sum(line.startswith("      [") for line in r.stderr.splitlines()) == 999
+    assert r.stderr.splitlines()[1].startswith("Downloading vllm")
+
+
+async def test_no_driver_fault(sim_host: SimKit) -> None:
+    sim_host.set_faults(no_driver=True)
+    for argv in (GPU_QUERY_ARGV, APPS_QUERY_ARGV, ("nvidia-smi",)):
+        r = await run(sim_host, *argv)
+        assert r.status == 9
+        assert r.stdout.startswith("NVIDIA-SMI has failed because it couldn't communicate with "
+                                   "the NVIDIA driver.")
+
+
+async def test_journalctl(sim_host: SimKit) -> None:
+    r = await run(sim_host, "journalctl", "-u", UNIT, "-n", "5", "--no-pager")
+    lines = r.stdout.splitlines()
+    assert r.status == 0 and len(lines) == 5
+    assert all(JOURNAL_LINE.match(line) for line in lines)
+    assert lines[-1].endswith("python3[48213]: INFO:     Application startup complete.")
+    r = await run(sim_host, "journalctl", "-u", "other", "-n", "5", "--no-pager")
+    assert r == Ran(0, "-- No entries --\n", "")
+
+
+async def test_call_log_keeps_order(sim_host: SimKit) -> None:
+    await run(sim_host, *SHOW)
+    await run(sim_host, "systemctl", "stop", UNIT)
+    await run(sim_host, *GPU_QUERY_ARGV)
+    assert [c.argv for c in sim_host.calls()] == [SHOW, ("systemctl", "stop", UNIT),
+                                                  GPU_QUERY_ARGV]
+    assert [c.tool for c in sim_host.calls("nvidia-smi")] == ["nvidia-smi"]
+
+
+@pytest.mark.parametrize("argv", [("systemctl", "frobnicate", UNIT), ("pgrep",),
+                                  ("uv", "pip", "frob")])
+async def test_usage_errors_exit_nonzero(sim_host: SimKit, argv: tuple[str, ...]) -> None:
+    r = await run(sim_host, *argv)
+    assert r.status in (1, 2) and r.stderr
