@@ -612,8 +612,11 @@ class AuditLog:
         *,
         expect: Collection[str] | None = None,
         summary: str | None = None,
+        owner: str | None = None,
     ) -> bool:
         """Compare-and-set the status: False (nothing changed) if it is not in ``expect``.
+
+        ``owner`` records the process that drives the run from here on.
 
         Entering ``running`` stamps started_at (first time only); entering a final
         status stamps finished_at and releases the run's locks.
@@ -635,6 +638,9 @@ class AuditLog:
         if summary is not None:
             sets.append("summary = ?")
             params.append(self._r(summary))
+        if owner is not None:
+            sets.append("owner = ?")
+            params.append(owner)
         sql = f"UPDATE runs SET {', '.join(sets)} WHERE id = ?"  # noqa: S608 - values bound
         params.append(run_id)
         if expect is not None:
@@ -947,8 +953,13 @@ class AuditLog:
 
     # -- start-up housekeeping -----------------------------------------------------
 
-    async def recover_interrupted(self) -> list[RunRecord]:
+    async def recover_interrupted(
+        self, alive: Callable[[str | None], bool] | None = None
+    ) -> list[RunRecord]:
         """After a restart: runs the old process was driving become 'interrupted'.
+
+        ``alive(owner)`` says whether the owning process still runs (another bot or
+        CLI on the same DB); such runs are left alone.
 
         That is every 'running' run, and every 'approved' one too: nothing in a fresh
         process will ever start it, and it may hold locks. Their 'running' steps become
@@ -959,9 +970,11 @@ class AuditLog:
         async def body(conn: aiosqlite.Connection) -> list[RunRecord]:
             rows = await _rows(
                 conn,
-                "SELECT id, status, current_step FROM runs "
+                "SELECT id, status, current_step, owner FROM runs "
                 "WHERE status IN ('running', 'approved') ORDER BY id",
             )
+            if alive is not None:
+                rows = [row for row in rows if not alive(row["owner"])]
             for row in rows:
                 if row["status"] == "approved":
                     summary = "interrupted: the bot restarted after approval, before the run began"

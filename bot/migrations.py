@@ -131,7 +131,14 @@ CREATE TABLE locks (
 CREATE INDEX locks_run ON locks(run_id);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration("0001_initial", _INITIAL),)
+# Which process drives a run ("host:pid:start-time"), so start-up recovery only
+# interrupts runs whose process is really gone (the CLI and the bot share the DB).
+_RUN_OWNER = "ALTER TABLE runs ADD COLUMN owner TEXT;"
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("0001_initial", _INITIAL),
+    Migration("0002_run_owner", _RUN_OWNER),
+)
 
 
 def split_statements(script: str) -> list[str]:

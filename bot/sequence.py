@@ -152,7 +152,7 @@ def _snapshot(step: Step, svc: ServiceSettings, host: str
 
 
 def _version(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
-    r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s)
+    r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s, quiet=True)
     return remote.parse_package_version(r.stdout) if r.ok else None
 
 

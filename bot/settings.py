@@ -51,8 +51,17 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _plain_http(value: str) -> str:
+    if urlsplit(value).scheme != "http":
+        raise ValueError(
+            "must be http://: it is fetched from the host itself through the SSH connection"
+        )
+    return value
+
+
 Name = Annotated[str, AfterValidator(_name)]
 HttpUrlStr = Annotated[str, AfterValidator(_http_url)]
+HealthUrl = Annotated[str, AfterValidator(_http_url), AfterValidator(_plain_http)]
 
 
 def _expand(p: Path) -> Path:
@@ -124,7 +133,7 @@ class ServiceSettings(_Section):
     python: str
     package: str = "vllm"
     uv: str = "uv"
-    health_url: HttpUrlStr = "http://127.0.0.1:8000/health"
+    health_url: HealthUrl = "http://127.0.0.1:8000/health"
     indexes: dict[Name, HttpUrlStr] = Field(default_factory=dict)
     drain_threshold_mib: int = Field(1024, ge=0)
     drain_timeout_s: float = Field(120, gt=0)

@@ -190,8 +190,9 @@ class SshTransport:
                     reader, writer = await conn.open_connection(host, port)
                     try:
                         writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                                     "Connection: close\r\nUser-Agent: vllm-chatops\r\n\r\n")
-                        head = await reader.readuntil("\r\n\r\n")
+                                     "Connection: close\r\nUser-Agent: vllm-chatops\r\n\r\n"
+                                     .encode())
+                        head = await reader.readuntil(b"\r\n\r\n")
                         body = await reader.read(4096)
                     finally:
                         writer.close()
@@ -209,12 +210,12 @@ class SshTransport:
                 self._drop()
                 raise HostUnreachableError(self._name, f"connection lost: {_reason(e)}"
                                            ) from None
-        status_line = str(head).split("\r\n", 1)[0].split()
+        status_line = head.decode("latin-1").split("\r\n", 1)[0].split()
         try:
             code = int(status_line[1])
         except (IndexError, ValueError):
             return HttpResult(url, None, error=f"not an HTTP response: {status_line[:3]}")
-        return HttpResult(url, code, body=str(body))
+        return HttpResult(url, code, body=body.decode("utf-8", "replace"))
 
     async def close(self) -> None:
         if self._conn is not None:

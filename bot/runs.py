@@ -1,0 +1,220 @@
+"""Runs: create, gate, execute and finish maintenance jobs.
+
+The one place that ties the pure parts (plan, sequence) to the edges (audit
+log, host pool, event sinks).  The Slack handlers and the CLI both call this;
+neither knows how a run is executed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from bot import events as ev
+from bot.audit import AuditLog, RunRecord
+from bot.errors import HostError, LockHeldError
+from bot.executor import CancelToken, Executor
+from bot.gpu import GpuSnapshot
+from bot.owner import process_owner
+from bot.plan import Plan, make_plan
+from bot.sequence import FLOWS, HostOutcome
+from bot.settings import Settings
+from bot.ssh import HostPool
+
+FINAL_STATUSES = frozenset({"succeeded", "failed", "rolled_back", "aborted", "cancelled",
+                            "interrupted", "denied", "expired", "refused"})
+ACTIVE_STATUSES = ("pending_approval", "approved", "running")
+# Worst outcome first: the run's status is the worst of its hosts'.
+_SEVERITY = ("failed", "rolled_back", "cancelled", "aborted", "succeeded")
+
+
+def lock_scopes(plan: Plan) -> list[str]:
+    return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+class AuditSink:
+    """Writes steps, snapshots and versions as they happen (before and after each
+    remote action), so a crash leaves every completed step on disk."""
+
+    def __init__(self, audit: AuditLog, run_id: int) -> None:
+        self.audit = audit
+        self.run_id = run_id
+        self._open: dict[tuple[str, str], int] = {}
+        self._versions_seen = False
+
+    async def handle(self, event: ev.Event) -> None:
+        if isinstance(event, ev.StepStarted):
+            await self.audit.set_step(self.run_id, str(event.step))
+            self._open[(event.host, event.step)] = await self.audit.step_started(
+                self.run_id, event.host, str(event.step), event.command)
+        elif isinstance(event, ev.StepFinished):
+            step_id = self._open.pop((event.host, event.step), None)
+            if step_id is not None:
+                await self.audit.step_finished(
+                    step_id, status=event.status, exit_status=event.exit_status,
+                    duration_s=round(event.duration_s, 3), output_tail=event.output[-4000:])
+        elif isinstance(event, ev.GpuTable):
+            await self.audit.add_snapshot(self.run_id, event.host, event.label,
+                                          snapshot_json(event.snapshot))
+        elif isinstance(event, ev.VersionsKnown) and not self._versions_seen:
+            # The first host's versions stand for the run; every host's are in its steps.
+            self._versions_seen = True
+            await self.audit.set_versions(self.run_id, before=event.before, after=event.after)
+
+
+def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
+    return {
+        "host": s.host,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
+                  "memory_used_mib": g.memory_used_mib, "memory_total_mib": g.memory_total_mib,
+                  "utilization_pct": g.utilization_pct} for g in s.gpus],
+        "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
+                       "gpu_uuid": p.gpu_uuid} for p in s.processes],
+    }
+
+
+def overall_status(outcomes: Sequence[HostOutcome]) -> str:
+    statuses = {o.status for o in outcomes}
+    for status in _SEVERITY:
+        if status in statuses:
+            return status
+    return "failed"
+
+
+@dataclass
+class RunResult:
+    run_id: int
+    status: str
+    summary: str
+    outcomes: dict[str, HostOutcome]
+
+
+class Engine:
+    """Create and execute runs. One instance per process, shared by Slack and the CLI."""
+
+    def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool) -> None:
+        self.settings = settings
+        self.audit = audit
+        self.pool = pool
+        self.cancels: dict[int, CancelToken] = {}
+
+    def plan(self, action: str, service: str, *, version: str | None = None,
+             index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
+        assert action in FLOWS
+        return make_plan(self.settings, action, service, version=version, index=index,  # type: ignore[arg-type]
+                         dry_run=dry_run, batch=batch)
+
+    async def busy_with(self, plan: Plan) -> RunRecord | None:
+        """The run that holds the service or one of its hosts, if any."""
+        for scope in lock_scopes(plan):
+            holder = await self.audit.lock_holder(scope)
+            if holder is not None:
+                return holder
+        return None
+
+    async def request(self, plan: Plan, *, requested_by: str, source: str,
+                      channel: str | None = None) -> RunRecord:
+        """Record a request awaiting approval. Refuses (LockHeldError) while another
+        job holds the service or a host; the caller records the refusal."""
+        if plan.action != "status":
+            holder = await self.busy_with(plan)
+            if holder is not None:
+                raise LockHeldError(
+                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
+                    f"{holder.status}) requested by {holder.requested_by}",
+                    run_id=holder.id, requested_by=holder.requested_by)
+        expires = utcnow() + timedelta(seconds=self.settings.policy.approval_ttl_s)
+        run_id = await self.audit.create_run(
+            service=plan.service, action=plan.action, hosts=list(plan.hosts),
+            requested_by=requested_by, source=source, plan=plan.to_json(),
+            package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
+            channel=channel, expires_at=expires)
+        return await self.audit.get_run(run_id)
+
+    def plan_of(self, record: RunRecord) -> Plan:
+        # Rebuilt from the current config: the commands always come from the config,
+        # never from what was stored.
+        p = record.plan
+        return make_plan(self.settings, record.action, record.service,  # type: ignore[arg-type]
+                         version=p.get("version"), index=p.get("index_name"),
+                         dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"))
+
+    def cancel(self, run_id: int, user: str) -> bool:
+        token = self.cancels.get(run_id)
+        if token is None:
+            return False
+        token.request(user)
+        return True
+
+    async def execute(self, run_id: int, sink: ev.EventSink,
+                      *, on_started: Callable[[], None] | None = None) -> RunResult:
+        """Run an approved run to its end. The run must be in 'approved'."""
+        record = await self.audit.get_run(run_id)
+        plan = self.plan_of(record)
+        if plan.action != "status":
+            await self.audit.acquire_locks(run_id, lock_scopes(plan))
+        token = self.cancels.setdefault(run_id, CancelToken())
+        try:
+            if not await self.audit.transition(run_id, "running", expect=("approved",),
+                                               owner=process_owner()):
+                current = await self.audit.get_run(run_id)
+                return RunResult(run_id, current.status, f"not started: run is {current.status}",
+                                 {})
+            if on_started is not None:
+                on_started()
+            # The audit record must be written; a broken chat or terminal sink must not stop
+            # a half-finished maintenance job.
+            sinks = ev.FanOut(AuditSink(self.audit, run_id), ev.BestEffort(sink))
+            return await self._execute(record, plan, sinks, token)
+        finally:
+            self.cancels.pop(run_id, None)
+            await self.audit.release_locks(run_id)
+
+    async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
+                       token: CancelToken) -> RunResult:
+        run_id = record.id
+        await sink.handle(ev.RunStarted(run_id, plan, record.requested_by,
+                                        tuple(record.approved_by)))
+        flow = FLOWS[plan.action]
+        svc = self.settings.services[plan.service]
+        outcomes: dict[str, HostOutcome] = {}
+        for batch in plan.batches():
+            async def one(host: str) -> HostOutcome:
+                executor = Executor(run_id, self.pool.get(host), sink, cancel=token)
+                return await executor.drive(flow(plan, svc, host))
+            results = await asyncio.gather(*(one(h) for h in batch), return_exceptions=True)
+            for host, res in zip(batch, results, strict=True):
+                if isinstance(res, BaseException):
+                    if not isinstance(res, HostError | OSError):
+                        raise res
+                    res = HostOutcome("failed", f"{host}: {res}")
+                outcomes[host] = res
+            if any(o.status != "succeeded" for o in outcomes.values()):
+                break  # the first failure stops the rollout; later hosts stay untouched
+        untouched = [h for h in plan.hosts if h not in outcomes]
+        status = overall_status(list(outcomes.values()))
+        summary = self._summary(plan, outcomes, untouched)
+        first = outcomes.get(plan.hosts[0])
+        await self.audit.set_versions(run_id, before=first.version_before if first else None,
+                                      after=first.version_after if first else None)
+        await self.audit.transition(run_id, status, expect=("running",), summary=summary)
+        await sink.handle(ev.RunFinished(run_id, status, summary,
+                                         first.version_before if first else None,
+                                         first.version_after if first else None))
+        return RunResult(run_id, status, summary, outcomes)
+
+    @staticmethod
+    def _summary(plan: Plan, outcomes: dict[str, HostOutcome], untouched: list[str]) -> str:
+        if len(plan.hosts) == 1 and outcomes:
+            return next(iter(outcomes.values())).summary
+        parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()]
+        if untouched:
+            parts.append(f"not started: {', '.join(untouched)}")
+        return "; ".join(parts)
+

@@ -1,0 +1,135 @@
+"""`python -m bot ...` as an operator runs it: a subprocess, a TOML file, a real DB."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bot.sim.kit import SERVICE, SimKit
+from bot.sim.state import DEFAULT_VERSION
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def write_toml(path: Path, data: dict[str, Any]) -> Path:
+    lines: list[str] = []
+
+    def table(prefix: str, d: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+        lines.append(f"[{prefix}]")
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in scalars.items())
+        for k, v in d.items():
+            if isinstance(v, dict):
+                table(f"{prefix}.{k}", v)
+
+    for section, body in data.items():
+        for name, values in body.items():
+            table(f"{section}.{name}", values)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *args, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), **(env or {})})
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def setup(kit: SimKit, tmp_path: Path) -> dict[str, str]:
+    config = write_toml(tmp_path / "chatops.toml", kit.settings_fragment())
+    return {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
+
+
+async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
+                               "nightly", "--yes", cwd=tmp_path, env=env)
+    assert code == 0, err + out
+    assert "Verify GPU memory drained" in out and "SUCCEEDED" in out
+    assert sim_host.installed_version == "0.16.0"
+
+    code, out, err = await cli("audit", "--json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 1
+    row = rows[0]
+    for key in ("id", "service", "action", "requested_by", "approved_by", "status",
+                "version_before", "version_after", "started_at", "finished_at"):
+        assert key in row
+    assert (row["service"], row["action"], row["status"]) == (SERVICE, "redeploy", "succeeded")
+    assert row["requested_by"].startswith("cli:") and row["approved_by"] == [row["requested_by"]]
+    assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.16.0")
+
+    code, out, _ = await cli("audit", "--service", SERVICE, cwd=tmp_path, env=env)
+    assert code == 0 and "succeeded" in out and "redeploy" in out
+
+
+async def test_redeploy_without_yes_off_a_terminal_is_refused(sim_host: SimKit,
+                                                              tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, _, err = await cli("redeploy", SERVICE, cwd=tmp_path, env=env)
+    assert code == 2 and "not confirmed" in err
+    assert sim_host.calls() == []
+
+
+async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host.set_faults(uv_fails=True)
+    code, out, _ = await cli("redeploy", SERVICE, "--yes", cwd=tmp_path,
+                             env=setup(sim_host, tmp_path))
+    assert code == 3 and "ROLLED_BACK" in out
+
+
+async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, _, err = await cli("redeploy", SERVICE, "--version", "1.0; rm -rf /", "--yes",
+                             cwd=tmp_path, env=env)
+    assert code == 2 and "not a PEP 440 version" in err and "Traceback" not in err
+    code, _, err = await cli("redeploy", "nope", "--yes", cwd=tmp_path, env=env)
+    assert code == 2 and f"configured services: {SERVICE}" in err
+    code, _, err = await cli("redeploy", SERVICE, "--index", "pypi", "--yes", cwd=tmp_path,
+                             env=env)
+    assert code == 2 and "configured: nightly" in err
+    assert sim_host.calls() == []
+
+
+async def test_bad_config_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[hosts.h1]\naddress = "10.0.0.1"\n[services.s]\nhosts = ["h1"]\n'
+                   'unit = "x"\npython = "relative/python"\n')
+    code, _, err = await cli("audit", "--config", str(bad), cwd=tmp_path)
+    assert code == 2
+    assert "hosts.h1: known_hosts is required" in err
+    assert "services.s.python: must be an absolute path" in err
+
+
+async def test_gpus_across_hosts_marks_broken_ones(sim_host: SimKit, tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, out, _ = await cli("gpus", cwd=tmp_path, env=env)
+    assert code == 0 and "1/1 hosts ok" in out and "VLLM::Worker_TP0" in out
+    sim_host.set_faults(no_driver=True)
+    code, out, _ = await cli("gpus", SERVICE, cwd=tmp_path, env=env)
+    assert code == 1 and "UNAVAILABLE" in out and "driver" in out
+
+
+async def test_demo_runs_a_full_redeploy(tmp_path: Path) -> None:
+    code, out, err = await cli("demo", "--fast", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
+    assert code == 0, err + out
+    assert "run #1 SUCCEEDED" in out
+    assert "demo:alice" in out and "demo:bob" in out
+    assert (tmp_path / "demo" / "chatops.db").exists()

@@ -1,0 +1,198 @@
+"""The engine end to end: real audit DB, the simulated host behind a real OpenSSH sshd.
+
+The command order is read from the simulated host's own call log, so these
+tests check what really reached the host, not what the engine meant to send.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.errors import HostKeyError, LockHeldError
+from bot.runs import RunResult
+from bot.runtime import Runtime, open_runtime
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit
+from bot.sim.state import DEFAULT_VERSION
+from bot.terminal import TerminalSink
+
+
+def make_settings(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:
+    return Settings(**kit.settings_fragment(**service), db_path=tmp_path / "audit.db")
+
+
+async def run(rt: Runtime, action: str, **plan: Any) -> tuple[RunResult, str]:
+    out = io.StringIO()
+    p = rt.engine.plan(action, SERVICE, **plan)
+    record = await rt.engine.request(p, requested_by="U0ALICE", source="cli")
+    await rt.audit.record_decision(record.id, "U0BOB", "approve")
+    assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    result = await rt.engine.execute(record.id, TerminalSink(out))
+    return result, out.getvalue()
+
+
+def changes(kit: SimKit) -> list[str]:
+    """State-changing calls that reached the host, in order."""
+    out = []
+    for c in kit.calls():
+        a = c.argv
+        if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
+            out.append(a[1])
+        elif a[:3] == ("uv", "pip", "install"):
+            out.append("dry-run" if "--dry-run" in a else
+                       "rollback" if "--reinstall-package" in a else "install")
+    return out
+
+
+async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    settings = make_settings(sim_sshd_host, tmp_path)
+    async with open_runtime(settings) as rt:
+        result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
+        assert result.status == "succeeded", out
+        assert changes(sim_sshd_host) == ["dry-run", "stop", "install", "start"]
+        calls = sim_sshd_host.calls()
+        tools = [c.argv[0] for c in calls]
+        assert tools[:2] == ["systemctl", "uv"]  # preflight reads state before anything else
+        stop_i = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
+        install_i = next(i for i, c in enumerate(calls)
+                         if c.argv[:3] == ("uv", "pip", "install") and "--dry-run" not in c.argv)
+        # The drain polls nvidia-smi and pgrep between the stop and the install.
+        assert "nvidia-smi" in tools[stop_i:install_i] and "pgrep" in tools[stop_i:install_i]
+        assert any(c.tool == "http" for c in sim_sshd_host.calls())
+        assert sim_sshd_host.installed_version == "0.16.0"
+        assert sim_sshd_host.unit_state() == "active"
+
+        record = await rt.audit.get_run(result.run_id)
+        assert (record.status, record.requested_by, record.approved_by) == (
+            "succeeded", "U0ALICE", ["U0BOB"])
+        assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.16.0")
+        steps = await rt.audit.steps(result.run_id)
+        assert [(s.step, s.status) for s in steps] == [
+            (n, "ok") for n in ("preflight", "stop", "drain", "reinstall", "start", "health",
+                                "postcheck")]
+        reinstall = next(s for s in steps if s.step == "reinstall")
+        assert reinstall.exit_status == 0 and "+ vllm==0.16.0" in reinstall.output_tail
+        assert "--force-reinstall vllm==0.16.0 --extra-index-url" in reinstall.command
+        labels = [s.label for s in await rt.audit.snapshots(result.run_id)]
+        assert labels == ["after drain", "after restart"]
+        assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
+
+
+async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
+                                                    tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(stuck_worker=True)
+    settings = make_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)
+    async with open_runtime(settings) as rt:
+        result, _out = await run(rt, "redeploy")
+    assert result.status == "failed"
+    assert changes(sim_sshd_host) == ["dry-run", "stop"]
+    assert "PID 48304 (VLLM::Worker_TP3)" in result.summary
+    assert "GPU 3" in result.summary and "STOPPED" in result.summary
+    assert sim_sshd_host.installed_version == DEFAULT_VERSION
+
+
+async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(uv_fails=True)
+    settings = make_settings(sim_sshd_host, tmp_path)
+    async with open_runtime(settings) as rt:
+        result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
+        assert result.status == "rolled_back", out
+        assert changes(sim_sshd_host) == ["dry-run", "stop", "install", "rollback", "start"]
+        rollback = next(c.argv for c in sim_sshd_host.calls() if "--reinstall-package" in c.argv)
+        assert f"vllm=={DEFAULT_VERSION}" in rollback
+        assert sim_sshd_host.installed_version == DEFAULT_VERSION
+        assert sim_sshd_host.unit_state() == "active"
+        record = await rt.audit.get_run(result.run_id)
+        assert record.status == "rolled_back"
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+        assert steps["reinstall"].status == "failed" and steps["reinstall"].exit_status == 2
+        assert "Failed to download" in steps["reinstall"].output_tail
+        assert steps["rollback_health"].status == "ok"
+
+
+async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host.set_faults(uv_fails_always=True)
+    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+        result, _ = await run(rt, "redeploy")
+        assert result.status == "failed"
+        assert "STOPPED" in result.summary and "rollback" in result.summary
+        assert changes(sim_host) == ["dry-run", "stop", "install", "rollback"]
+        assert sim_host.unit_state() == "inactive"
+
+
+async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(health_503=True)
+    settings = make_settings(sim_sshd_host, tmp_path, start_timeout_s=1.5)
+    async with open_runtime(settings) as rt:
+        result, _out = await run(rt, "redeploy")
+        assert result.status == "failed"
+        assert "HTTP 503" in result.summary
+        health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
+        assert health.status == "failed"
+        # The journal's last lines (the tail kept in the audit row) show the 503s.
+        assert '"GET /health HTTP/1.1" 503 Service Unavailable' in health.output_tail
+        assert "gpu-node-1 python3[" in health.output_tail
+    assert any(c.argv[0] == "journalctl" for c in sim_sshd_host.calls())
+
+
+async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host.set_faults(start_fails=True)
+    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+        result, _ = await run(rt, "redeploy")
+    assert result.status == "failed"
+    assert "is failed after start" in result.summary
+
+
+async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
+                                                              tmp_path: Path) -> None:
+    sim_host.set_faults(resolve_fails=True)
+    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+        result, _ = await run(rt, "redeploy", version="0.16.0")
+    assert result.status == "aborted"
+    assert "dry run failed" in result.summary and "No solution found" in result.summary
+    assert changes(sim_host) == ["dry-run"]
+    assert sim_host.unit_state() == "active"
+
+
+async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    import asyncssh
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    sim_sshd_host.known_hosts.write_text(f"[127.0.0.1]:{sim_sshd_host.port} {other}\n")
+    async with open_runtime(make_settings(sim_sshd_host, tmp_path)) as rt:
+        result, _out = await run(rt, "redeploy")
+        assert result.status == "aborted"
+        assert "host key is unknown or has changed" in result.summary
+        assert str(sim_sshd_host.known_hosts) not in result.summary  # paths stay private
+        with pytest.raises(HostKeyError):
+            await rt.pool.get(sim_sshd_host.hostname).run(["true"], timeout_s=5)
+    assert sim_sshd_host.calls() == []
+
+
+async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    async with open_runtime(make_settings(sim_sshd_host, tmp_path)) as rt:
+        result, _ = await run(rt, "restart")
+        assert result.status == "succeeded"
+        assert changes(sim_sshd_host) == ["stop", "start"]
+        status, out = await run(rt, "status")
+        assert status.status == "succeeded"
+        assert "vllm-kimi-k25: active (running)" in status.summary
+        assert f"vllm {DEFAULT_VERSION}" in status.summary
+        assert "RTX PRO 6000" in out
+        assert changes(sim_sshd_host) == ["stop", "start"]
+
+
+async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
+                                                            tmp_path: Path) -> None:
+    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+        plan = rt.engine.plan("redeploy", SERVICE)
+        first = await rt.engine.request(plan, requested_by="U0ALICE", source="cli")
+        await rt.audit.acquire_locks(first.id, [f"service:{SERVICE}"])
+        with pytest.raises(LockHeldError) as held:
+            await rt.engine.request(plan, requested_by="U0CAROL", source="cli")
+        assert held.value.run_id == first.id
+        assert f"run #{first.id}" in str(held.value) and "U0ALICE" in str(held.value)
