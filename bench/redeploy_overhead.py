@@ -1,0 +1,95 @@
+"""Engine overhead: a redeploy through the engine vs the same remote commands back to back.
+
+    ./dev python bench/redeploy_overhead.py [--runs 10]
+
+Both sides run against the same simulated host over one SSH connection with
+host delays set to zero (memory released at once, model "loads" instantly), so
+the difference is what the engine adds: the state machine, events, the audit
+writes (SQLite, synchronous=FULL) and output streaming.  The baseline replays
+the exact command sequence the engine sent, read back from the host's call log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bot.runtime import open_runtime  # noqa: E402
+from bot.settings import Settings  # noqa: E402
+from bot.sim.kit import SERVICE, SimKit, fast_config  # noqa: E402
+from bot.ssh import wrap_with_timeout  # noqa: E402
+from bot.terminal import TerminalSink  # noqa: E402
+
+ZERO_DELAYS = {"release_delay_s": 0.0, "load_delay_s": 0.0, "stop_delay_s": 0.0,
+               "install_duration_s": 0.0, "fail_delay_s": 0.0}
+
+
+async def engine_redeploy(settings: Settings, version: str) -> float:
+    async with open_runtime(settings) as rt:
+        plan = rt.engine.plan("redeploy", SERVICE, version=version, index="nightly")
+        start = time.perf_counter()
+        record = await rt.engine.request(plan, requested_by="bench", source="cli")
+        await rt.audit.record_decision(record.id, "bench-approver", "approve")
+        await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+        result = await rt.engine.execute(record.id, TerminalSink(io.StringIO()))
+        elapsed = time.perf_counter() - start
+    assert result.status == "succeeded", result.summary
+    return elapsed
+
+
+async def replay(kit: SimKit, calls: list[tuple[str, tuple[str, ...]]]) -> float:
+    async with await kit.connect() as conn:
+        start = time.perf_counter()
+        for tool, argv in calls:
+            if tool == "http":
+                url = urlsplit(kit.health_url)
+                reader, writer = await conn.open_connection(url.hostname, url.port)
+                writer.write(f"GET {argv[1]} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                             .encode())
+                await reader.read()
+                writer.close()
+            else:
+                await conn.run(wrap_with_timeout(argv, 60))
+        return time.perf_counter() - start
+
+
+async def main(runs: int) -> None:
+    engine_times: list[float] = []
+    bare_times: list[float] = []
+    commands = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        async with SimKit(Path(tmp) / "host", config=fast_config(**ZERO_DELAYS)) as kit:
+            for i in range(runs):
+                version = ("0.16.0", "0.15.1")[i % 2]
+                settings = Settings(**kit.settings_fragment(), db_path=Path(tmp) / f"a{i}.db")
+                before = len(kit.calls())
+                engine_times.append(await engine_redeploy(settings, version))
+                calls = [(c.tool, c.argv) for c in kit.calls()[before:]]
+                commands = len(calls)
+                bare_times.append(await replay(kit, calls))
+    e, b = statistics.median(engine_times), statistics.median(bare_times)
+    print(f"machine: {platform.machine()}, {platform.python_implementation()} "
+          f"{platform.python_version()}, {platform.system()}")
+    print(f"runs: {runs}, remote commands per redeploy: {commands}")
+    print("| | median s | min s | max s |")
+    print("|---|---|---|---|")
+    print(f"| engine redeploy | {e:.3f} | {min(engine_times):.3f} | {max(engine_times):.3f} |")
+    print(f"| same commands back to back | {b:.3f} | {min(bare_times):.3f} | "
+          f"{max(bare_times):.3f} |")
+    print(f"engine overhead: {(e - b) / b * 100:+.1f}% ({(e - b) * 1000:+.0f} ms per redeploy)")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=10)
+    asyncio.run(main(ap.parse_args().runs))
