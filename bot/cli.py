@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = command("demo", help="full redeploy against an embedded simulated GPU host")
     d.add_argument("--fault", action="append", default=[],
                    help="inject a fault (see the README), may repeat")
-    d.add_argument("--dir", type=Path, help="keep the demo's files (DB, keys) here")
+    d.add_argument("--dir", type=Path,
+                   help="where the demo keeps its audit DB (default: ./demo-run)")
     d.add_argument("--fast", action="store_true", help="shorten the simulated delays")
 
     command("serve", help="run the Slack bot (the default)")

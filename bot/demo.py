@@ -34,25 +34,29 @@ DEMO_SERVICE: dict[str, Any] = {
     "start_timeout_s": 20.0, "min_free_disk_mib": 64}
 
 
+DEFAULT_DIR = Path("demo-run")
+
+
 async def run_demo(*, faults: list[str], keep_dir: Path | None = None, fast: bool = False,
                    out: TextIO | None = None) -> int:
+    """The audit DB lands in ``keep_dir`` (default ./demo-run) so it can be inspected
+    afterwards; the simulated host lives in a temporary directory."""
     out = out or sys.stdout
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         raise InputError(f"unknown fault {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
-    if keep_dir is not None:
-        keep_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any I/O
-        return await _demo(keep_dir, faults, fast, out)
+    db_dir = keep_dir if keep_dir is not None else DEFAULT_DIR
+    db_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-chatops-demo-") as tmp:
-        return await _demo(Path(tmp), faults, fast, out)
+        return await _demo(Path(tmp), db_dir / "chatops.db", faults, fast, out)
 
 
-async def _demo(root: Path, faults: list[str], fast: bool, out: TextIO) -> int:
+async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO) -> int:
     config = fast_config() if fast else HostConfig(**DEMO_TIMINGS)
     async with SimKit(root / "sim-host", config=config) as kit:
         kit.set_faults(**dict.fromkeys(faults, True))
         fragment = kit.settings_fragment(**({} if fast else DEMO_SERVICE))
-        settings = Settings(**fragment, db_path=root / "chatops.db")
+        settings = Settings(**fragment, db_path=db)
         out.write(f"simulated GPU host {kit.hostname} on 127.0.0.1:{kit.port} "
                   f"(8 GPUs, vllm {kit.installed_version} serving)"
                   + (f", faults: {', '.join(faults)}" if faults else "") + "\n")
@@ -65,8 +69,7 @@ async def _demo(root: Path, faults: list[str], fast: bool, out: TextIO) -> int:
             await rt.audit.record_decision(record.id, APPROVER, "approve")
             await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
             result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
-            out.write("\naudit log (`python -m bot audit` with CHATOPS_DB="
-                      f"{settings.db_path}):\n")
+            out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
             out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
         out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")
     return 0 if result.status in ("succeeded", "rolled_back") or faults else 1
