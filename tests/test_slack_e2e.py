@@ -1,0 +1,385 @@
+"""The Slack front end end to end: signed requests into the real bolt app, the fake
+Slack at its HTTP boundary, real SQLite, and the GPU host simulated over SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fakes import SlackSigner
+from slack_harness import (
+    ALICE,
+    BOB,
+    CAROL,
+    CHANNEL,
+    MALLORY,
+    SERVICE,
+    SlackBot,
+    blocks_text,
+    buttons,
+    default_policy,
+    eventually,
+    new_fake,
+    slack_bot,
+)
+
+from bot.audit import parse_ts
+from bot.sim.kit import SimKit, fast_config
+
+MakeSimHost = Callable[..., Awaitable[SimKit]]
+
+
+def ack_text(body: str) -> str:
+    return str(json.loads(body)["text"]) if body.startswith("{") else body
+
+
+async def test_request_self_approval_refused_then_approved_runs_to_the_end(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        res = await bot.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
+        assert res.status == 200
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        assert record.status == "pending_approval"
+        assert record.requested_by == ALICE
+        card = await bot.card(record.id)
+        text = blocks_text(card)
+        for expected in ("gpu-node-1", "vllm-kimi-k25", "vllm==0.16.0", "<@U0ALICE>",
+                         "systemctl stop vllm-kimi-k25", "--force-reinstall"):
+            assert expected in text, expected
+        assert buttons(card) == ["Approve", "Deny"]
+        assert sim_host.calls() == []  # nothing touches the host before approval
+
+        # ALICE is an approver, but not of her own run.
+        await bot.click("approve", record.id, user=ALICE)
+        notes = await bot.ephemerals_for(ALICE)
+        assert "cannot approve your own request" in notes[-1]["text"]
+        refusals = await bot.refusals(1)
+        assert refusals[0].user == ALICE and f"#{record.id}" in refusals[0].command
+        assert (await bot.run(record.id)).status == "pending_approval"
+
+        await bot.click("approve", record.id, user=BOB)
+        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back", "aborted")
+        assert done.status == "succeeded", done.summary
+        await bot.ops.idle()
+
+        final = await bot.run(record.id)
+        assert final.requested_by == ALICE and final.approved_by == [BOB]
+        assert final.version_after == "0.16.0"
+        card = await bot.card(record.id)
+        assert buttons(card) == []
+        card_text = blocks_text(card)
+        assert "succeeded" in card_text and "<@U0BOB>" in card_text
+        assert ":white_check_mark: Reinstall package" in card_text
+
+        thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
+        assert "GPU memory after drain" in thread
+        assert "GPU memory after restart" in thread
+        assert "Reinstall package" in thread
+        assert f"Run #{record.id} succeeded" in thread
+        # Every message the bot sent was accepted by the (limit-enforcing) fake.
+        assert all(c.ok for c in bot.fake.calls()), [c for c in bot.fake.calls() if not c.ok]
+
+
+async def test_unauthorized_click_is_refused_and_recorded(tmp_path: Path,
+                                                          sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"restart {SERVICE}", user=ALICE)
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.click("approve", record.id, user=MALLORY)
+        notes = await bot.ephemerals_for(MALLORY)
+        assert "not on the approvers list" in notes[-1]["text"]
+        rows = await bot.refusals(1)
+        assert rows[0].user == MALLORY
+        assert (await bot.run(record.id)).status == "pending_approval"
+        assert sim_host.calls() == []
+        await bot.click("deny", record.id, user=CAROL)
+        await bot.wait_status(record.id, "denied")
+
+
+async def test_n_of_m_needs_distinct_approvers_and_double_clicks_count_once(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    policy = default_policy(min_approvals=2)
+    async with slack_bot(tmp_path, sim_host, policy=policy) as bot:
+        await bot.command(f"restart {SERVICE}", user=ALICE)
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        first = await bot.click("approve", record.id, user=BOB)
+        second = await bot.click("approve", record.id, user=BOB)
+        assert first.status == second.status == 200
+        await bot.ops.idle()
+        assert (await bot.run(record.id)).approved_by == [BOB]
+        assert (await bot.run(record.id)).status == "pending_approval"
+        assert "1 of 2" in blocks_text(await bot.card(record.id))
+        await bot.click("approve", record.id, user=CAROL)
+        done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
+        assert done.status == "succeeded", done.summary
+        assert done.approved_by == [BOB, CAROL]
+
+
+async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host, policy=default_policy(approval_ttl_s=1)) as bot:
+        await bot.command(f"redeploy {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        expired = await bot.wait_status(record.id, "expired", timeout_s=10)
+        assert expired.summary == "approval window expired"
+        await bot.fake.wait_for(lambda: not buttons(bot.fake.message(CHANNEL, expired.message_ts
+                                                                     or "")), what="no buttons")
+        assert "expired" in blocks_text(await bot.card(record.id))
+        await bot.click("approve", record.id, user=BOB)
+        notes = await bot.ephemerals_for(BOB)
+        assert "already expired" in notes[-1]["text"]
+        await bot.refusals(1)
+        assert sim_host.calls() == []
+
+
+async def test_deny_closes_the_request_without_touching_the_host(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"redeploy {SERVICE} --version 0.16.0")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.click("deny", record.id, user=CAROL)
+        denied = await bot.wait_status(record.id, "denied")
+        assert denied.denied_by == [CAROL]
+        await bot.ops.idle()
+        card = await bot.card(record.id)
+        assert buttons(card) == [] and "denied" in blocks_text(card)
+        # Deny has a confirm dialog on the card.
+        await bot.click("approve", record.id, user=BOB)
+        assert "already denied" in (await bot.ephemerals_for(BOB))[-1]["text"]
+        assert sim_host.calls() == []
+
+
+def test_deny_button_asks_for_confirmation() -> None:
+    from bot.blocks import CardView, run_card
+    from bot.plan import Plan
+
+    plan = Plan(action="restart", service="s", hosts=("h",), unit="u", package="vllm",
+                version=None, spec="vllm", index_name=None, index_url=None, steps=())
+    card = run_card(CardView(run_id=1, plan=plan, requested_by=ALICE,
+                             status="pending_approval"))
+    actions = next(b for b in card.blocks if b["type"] == "actions")
+    deny = next(e for e in actions["elements"] if e["text"]["text"] == "Deny")
+    assert deny["confirm"]["confirm"]["text"] == "Deny"
+
+
+async def test_dry_run_shows_plan_and_preflight_without_approval(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"redeploy {SERVICE} --version 0.16.0 --dry-run")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
+        assert done.status == "succeeded", done.summary
+        assert done.dry_run and done.approved_by == ["system:dry-run"]
+        await bot.ops.idle()
+        card_text = blocks_text(await bot.card(record.id))
+        assert "dry run" in card_text and "Preflight" in card_text
+        assert "system:" not in card_text
+        assert ":heavy_minus_sign: Stop service" in card_text
+        thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
+        assert "Preflight" in thread
+        changing = [c for c in sim_host.calls()
+                    if c.argv[:2] in (("systemctl", "stop"), ("systemctl", "start"))
+                    or ("install" in c.argv and "--dry-run" not in c.argv)]
+        assert changing == []
+
+
+async def test_cancel_a_pending_request_by_command(tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.command(f"cancel {record.id}", user=MALLORY)
+        assert "Only the requester or an approver" in (
+            await bot.ephemerals_for(MALLORY))[-1]["text"]
+        await bot.command(f"cancel #{record.id}", user=ALICE)
+        cancelled = await bot.wait_status(record.id, "cancelled")
+        assert "cancelled by U0ALICE" in (cancelled.summary or "")
+        decisions = await bot.runtime.audit.decisions(record.id)
+        assert [(d.user, d.decision) for d in decisions] == [(ALICE, "cancel")]
+        await bot.ops.idle()
+        assert buttons(await bot.card(record.id)) == []
+        assert sim_host.calls() == []
+
+
+async def test_pending_cards_and_approvals_survive_a_restart(tmp_path: Path,
+                                                            sim_host: SimKit) -> None:
+    policy = default_policy(min_approvals=2)
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake, policy=policy) as bot:
+            await bot.command(f"restart {SERVICE}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            await bot.click("approve", record.id, user=BOB)
+            await bot.wait_for_run(lambda r: r.approved_by == [BOB], "BOB's approval")
+        async with slack_bot(tmp_path, sim_host, fake, policy=policy) as bot:
+            assert (await bot.run(record.id)).status == "pending_approval"
+            await bot.click("approve", record.id, user=CAROL)
+            done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
+            assert done.status == "succeeded", done.summary
+            assert done.approved_by == [BOB, CAROL]
+
+
+async def test_restart_expires_overdue_cards_and_rearms_the_others(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake,
+                             policy=default_policy(approval_ttl_s=2)) as bot:
+            await bot.command(f"restart {SERVICE}")
+            soon = await bot.wait_for_run(lambda r: r.message_ts is not None, "card A")
+        async with slack_bot(tmp_path, sim_host, fake,
+                             policy=default_policy(approval_ttl_s=3)) as bot:
+            await bot.command(f"redeploy {SERVICE}")
+            later = await bot.wait_for_run(lambda r: r.id != soon.id and r.message_ts, "card B")
+        # Both bots are gone; wait (on the clock, the real condition) until A is overdue.
+        assert soon.expires_at is not None
+        deadline = parse_ts(soon.expires_at)
+        await eventually(lambda: datetime.now(UTC) > deadline, "A's deadline")
+        async with slack_bot(tmp_path, sim_host, fake,
+                             policy=default_policy(approval_ttl_s=3)) as bot:
+            # slack_bot ran resume(): the overdue card expired at start.
+            assert (await bot.run(soon.id)).status == "expired"
+            assert buttons(await bot.card(soon.id)) == []
+            assert (await bot.run(later.id)).status == "pending_approval"
+            await bot.wait_status(later.id, "expired", timeout_s=10)
+            await bot.fake.wait_for(lambda: "expired" in blocks_text(
+                fake.message(CHANNEL, later.message_ts or "")), what="card B expired")
+        assert sim_host.calls() == []
+
+
+async def test_bad_signatures_are_rejected(tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        payload = bot.fake.slash_command(f"redeploy {SERVICE}")
+        body = bot.signer.slash_command_body(payload)
+        bad = await bot.signer.sign(body).with_bad_signature().post(bot.url)
+        stale = await bot.signer.sign_stale(body).post(bot.url)
+        forged = await SlackSigner("not-the-secret").sign(body).post(bot.url)
+        assert (bad.status, stale.status, forged.status) == (401, 401, 401)
+        good = await bot.signer.sign(body).post(bot.url)
+        assert good.status == 200
+        await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        assert len(await bot.runtime.audit.list_runs()) == 1
+
+
+async def approved_redeploy(bot: SlackBot, text: str = f"redeploy {SERVICE}") -> int:
+    await bot.command(text, user=ALICE)
+    record = await bot.wait_for_run(lambda r: r.message_ts is not None and r.status ==
+                                    "pending_approval", "a new card")
+    await bot.click("approve", record.id, user=BOB)
+    return record.id
+
+
+async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        run_id = await approved_redeploy(bot, f"redeploy {SERVICE} --version 0.16.0")
+        await bot.wait_status(run_id, "running")
+        bot.fake.rate_limit_all(2.0)
+        done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back", timeout_s=30)
+        assert done.status == "succeeded", done.summary
+        steps = await bot.runtime.audit.steps(run_id)
+        assert [(s.step, s.status) for s in steps] == [
+            (s, "ok") for s in ("preflight", "stop", "drain", "reinstall", "start", "health",
+                                "postcheck")]
+        assert (await bot.runtime.audit.snapshots(run_id))
+        await bot.ops.idle()  # the thread catches up after the storm
+        assert any(c.status == 429 for c in bot.fake.calls())
+        thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
+        for part in ("GPU memory after drain", "GPU memory after restart", "Reinstall package",
+                     f"Run #{run_id} succeeded"):
+            assert part in thread, part
+        card = blocks_text(await bot.card(run_id))
+        assert "succeeded" in card and ":white_check_mark: Post-check" in card
+
+
+async def test_slack_calls_per_redeploy_do_not_grow_with_output(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    counts: list[Counter[str]] = []
+    async with slack_bot(tmp_path, sim_host) as bot:
+        for lines in (100, 100_000):
+            sim_host.update_config(install_output_lines=lines)
+            start = len(bot.fake.calls())
+            run_id = await approved_redeploy(bot)
+            done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back",
+                                         timeout_s=60)
+            assert done.status == "succeeded", done.summary
+            await bot.ops.idle()
+            counts.append(Counter(c.method for c in bot.fake.calls()[start:]))
+        small, large = counts
+        for method in ("chat.postMessage", "files.getUploadURLExternal",
+                       "files.completeUploadExternal"):
+            assert small[method] == large[method], method
+        # One update per state change at most, coalesced when they come fast.
+        assert small["chat.update"] <= 20 and large["chat.update"] <= 20
+        log = max(bot.fake.files, key=lambda f: f.length)
+        assert "[99999/99999]" in log.text
+        assert all(c.ok for c in bot.fake.calls())
+
+
+async def test_cancel_button_stops_a_running_run_at_a_safe_point(
+        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    kit = await make_sim_host(config=fast_config(release_delay_s=3.0))
+    async with slack_bot(tmp_path, kit) as bot:
+        run_id = await approved_redeploy(bot)
+        await bot.wait_for_run(lambda r: r.id == run_id and r.current_step == "drain", "drain")
+        assert "Cancel" in buttons(await bot.card(run_id))
+        # While it runs, the service is locked: a second request is refused and recorded.
+        await bot.command(f"restart {SERVICE}", user=CAROL)
+        busy = (await bot.ephemerals_for(CAROL))[-1]["text"]
+        assert f"is busy: run #{run_id}" in busy
+        assert (await bot.refusals(1))[0].user == CAROL
+        await bot.click("cancel", run_id, user=MALLORY)
+        assert "Only the requester or an approver" in (
+            await bot.ephemerals_for(MALLORY))[-1]["text"]
+        await bot.click("cancel", run_id, user=ALICE)
+        done = await bot.wait_status(run_id, "cancelled", "failed", "succeeded", timeout_s=30)
+        assert done.status == "cancelled", done.summary
+        assert [(d.user, d.decision) for d in await bot.runtime.audit.decisions(run_id)
+                if d.decision == "cancel"] == [(ALICE, "cancel")]
+        await bot.ops.idle()
+        thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
+        assert "Cancel requested by <@U0ALICE>" in thread
+        assert not [c for c in kit.calls() if "install" in c.argv and "--dry-run" not in c.argv]
+
+
+async def test_concurrent_clicks_start_the_run_exactly_once(tmp_path: Path,
+                                                            sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"restart {SERVICE}", user=ALICE)
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        results = await asyncio.gather(*(bot.click("approve", record.id, user=u)
+                                         for u in (BOB, BOB, CAROL, BOB, CAROL)))
+        assert {r.status for r in results} == {200}
+        done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
+        assert done.status == "succeeded", done.summary
+        await bot.ops.idle()
+        assert sorted(done.approved_by) in ([BOB], [CAROL], [BOB, CAROL])
+        assert len([c for c in sim_host.calls("systemctl") if "stop" in c.argv]) == 1
+
+
+async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with new_fake() as fake:
+        # The previous bot: it posted the card, was approved, started the run, and died.
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            await bot.command(f"restart {SERVICE}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            audit = bot.runtime.audit
+            assert await audit.transition(record.id, "approved", expect=("pending_approval",))
+            dead = f"{socket.gethostname()}:{2**22 + 17}:1"
+            assert await audit.transition(record.id, "running", expect=("approved",),
+                                          owner=dead)
+            first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
+            await audit.step_finished(first, status="ok", duration_s=0.5)
+            await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            final = await bot.run(record.id)
+            assert final.status == "interrupted"
+            card = await bot.card(record.id)
+            text = blocks_text(card)
+            assert "interrupted" in text and buttons(card) == []
+            assert ":white_check_mark: Preflight" in text
+            assert ":warning: Stop service" in text
+            assert ":heavy_minus_sign: Start service" in text
