@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from bot.approvals import Approvals
 from bot.blocks import code_answer, code_head, tail_answer
+from bot.plan import Plan
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,19 @@ class CommandRequest:
                 log.exception("/vllm %s failed", name)
                 await self.tell(f"`{self.typed}` failed: {exc}")
         self.ops.spawn(guarded(), name=f"cmd-{name}")
+
+
+async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
+    """Ack, then post the plan's approval card (or run a dry run) in the background."""
+    await req.ack()
+
+    async def work() -> None:
+        answer = await req.ops.request(plan, user=req.user, channel=req.channel,
+                                       command=req.typed)
+        if answer:
+            await req.tell(answer)
+
+    req.later(work(), name)
 
 
 async def post_code(ops: Approvals, channel: str, title: str, body: str, *,
