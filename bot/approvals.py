@@ -204,6 +204,14 @@ class Approvals:
                                                 reason=reason)
         return reason
 
+    async def _thread_link(self, run_id: int) -> str:
+        """" Its thread: <link>" for the run holding a lock, when Slack can give one."""
+        holder = await self.runtime.audit.get_run(run_id)
+        if holder.channel is None or holder.message_ts is None:
+            return ""
+        link = await self.poster.permalink(holder.channel, holder.message_ts)
+        return f" Its thread: {link}" if link else ""
+
     async def membership(self) -> Membership:
         return await self.members.resolve(groups_to_resolve(self.policy))
 
@@ -222,7 +230,7 @@ class Approvals:
                                                        channel=channel)
         except LockHeldError as exc:
             return await self.refuse(user=user, channel=channel, command=command,
-                                     reason=f"Refused: {exc}.")
+                                     reason=f"Refused: {exc}.{await self._thread_link(exc.run_id)}")
         if plan.dry_run:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
             await self.runtime.audit.record_decision(record.id, DRY_RUN_APPROVER, "approve")

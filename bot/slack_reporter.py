@@ -125,6 +125,15 @@ class Poster:
                                                   unfurl_media=False)
         return str(resp["ts"])
 
+    async def permalink(self, channel: str, ts: str) -> str | None:
+        """A link to a message, or None when Slack cannot give one right now."""
+        try:
+            resp = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
+        except (SlackApiError, aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        link = resp.get("permalink")
+        return str(link) if link else None
+
     async def update(self, channel: str, ts: str, msg: Message) -> None:
         text, blocks = self.clean(msg)
         await self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)

@@ -328,7 +328,8 @@ async def test_cancel_button_stops_a_running_run_at_a_safe_point(
         # While it runs, the service is locked: a second request is refused and recorded.
         await bot.command(f"restart {SERVICE}", user=CAROL)
         busy = (await bot.ephemerals_for(CAROL))[-1]["text"]
-        assert f"is busy: run #{run_id}" in busy
+        assert f"is busy: run #{run_id}" in busy and "requested by U0ALICE" in busy
+        assert "Its thread: https://" in busy  # a link to the run in progress
         assert (await bot.refusals(1))[0].user == CAROL
         await bot.click("cancel", run_id, user=MALLORY)
         assert "Only the requester or an approver" in (
