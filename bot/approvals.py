@@ -42,10 +42,11 @@ from bot.blocks import (
     StepLine,
     StepStateName,
     initial_steps,
+    message,
     run_card,
+    section,
 )
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
-from bot.owner import owner_alive
 from bot.plan import Plan, PlannedStep, Step
 from bot.policy import (
     counted_approvals,
@@ -54,6 +55,7 @@ from bot.policy import (
     is_requester,
     may_cancel,
 )
+from bot.recovery import recover
 from bot.runtime import Runtime
 from bot.slack_reporter import SLACK_ERRORS, Poster, SlackReporter
 
@@ -188,8 +190,9 @@ class Approvals:
         """After a restart: close runs the last process left behind, expire overdue
         requests and re-arm the expiry timer of every pending one."""
         audit = self.runtime.audit
-        for record in await audit.recover_interrupted(owner_alive):
-            await self._refresh_card(record.id)
+        for item in await recover(audit):
+            await self._refresh_card(item.run.id)
+            await self._tell_thread(item.run, item.message)
         for record in await audit.expire_pending(utcnow()):
             await self._refresh_card(record.id)
         for record in await audit.list_runs(statuses=["pending_approval"], limit=10_000):
@@ -272,6 +275,16 @@ class Approvals:
             notes=notes)
 
     # ---- the card outside a run -----------------------------------------------------------
+
+    async def _tell_thread(self, record: RunRecord, text: str) -> None:
+        """A reply in the run's thread; the audit log already holds the truth."""
+        if record.channel is None or record.message_ts is None:
+            return
+        try:
+            await self.poster.post(record.channel, message(text, [section(text)]),
+                                   thread_ts=record.message_ts)
+        except SLACK_ERRORS as exc:
+            log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
 
     async def _refresh_card(self, run_id: int, membership: Membership | None = None) -> None:
         """Re-render a card from the audit log (pending progress, denied, expired, and

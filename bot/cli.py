@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import logging
 import signal
 import socket
 import sys
@@ -20,8 +21,10 @@ from bot.audit_view import runs_json, runs_table
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.fleet import fleet_gpus, render_fleet, resolve_targets
 from bot.gpu import render_table
+from bot.logging_setup import setup_logging
 from bot.nvml import probe_local
 from bot.plan import STEP_TITLES, Plan
+from bot.redact import Redactor
 from bot.runtime import Runtime, open_runtime
 from bot.settings import Settings, load_settings
 from bot.terminal import TerminalSink
@@ -154,10 +157,15 @@ async def _amain(args: argparse.Namespace) -> int:
         snap = await asyncio.to_thread(probe_local, socket.gethostname())
         print(render_table(snap))
         return 0
-    if args.command in (None, "serve"):
-        from bot.slack_app import serve
-        return await serve(_settings(args))
     settings = _settings(args)
+    # Logs pass through the same redaction as Slack and the audit log. The bot logs its
+    # progress; a terminal command shows only warnings (its output is the progress).
+    serving = args.command in (None, "serve")
+    setup_logging(Redactor(settings.secret_values()),
+                  level=logging.INFO if serving else logging.WARNING)
+    if serving:
+        from bot.slack_app import serve
+        return await serve(settings)
     async with open_runtime(settings) as rt:
         if args.command == "redeploy":
             plan = rt.engine.plan("redeploy", args.service, version=args.version,

@@ -22,7 +22,8 @@ from bot.sim.kit import SERVICE, SimKit, fast_config
 from bot.sim.state import Faults, HostConfig
 from bot.terminal import TerminalSink
 
-FAULTS = tuple(f.name for f in fields(Faults))
+# uv_stalls makes an install hang until the install timeout: a test knob, not a demo.
+FAULTS = tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
 DEMO_VERSION = "0.16.0"
 REQUESTER, APPROVER = "demo:alice", "demo:bob"
 # Real-looking but short timings: the whole demo takes about 20 seconds.

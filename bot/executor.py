@@ -2,8 +2,10 @@
 
 This is the only place where the sequence meets I/O: each action is performed
 over the ``HostTransport`` and its outcome sent back into the generator.  Host
-errors (unreachable, connection lost) become failed command results, so the
-flow's own failure handling (rollback, journal tail) applies to them too.
+errors (unreachable, connection lost) become results with neither an exit
+status nor a signal, which the flow reads as "the result never came back"
+(``bot.sequence.lost``) and handles per step: the drain keeps polling, a cut
+reinstall waits for uv to end before anything else touches the venv.
 """
 
 from __future__ import annotations
@@ -97,12 +99,16 @@ class Executor:
         if isinstance(action, HttpCheck):
             return await self._http(action)
         if isinstance(action, Sleep):
-            if action.seconds > 0:
+            if action.seconds > 0 and not self.cancel.requested:
                 # A cancel request wakes a waiting poll early instead of after the interval.
                 try:
                     await asyncio.wait_for(self.cancel.event.wait(), action.seconds)
                 except TimeoutError:
                     pass
+            elif action.seconds > 0:
+                # Already cancelled: the polls that bring the service back (health gate)
+                # or let an install finish must keep their pace, not spin.
+                await asyncio.sleep(action.seconds)
             return Tick(self.clock(), self.cancel.requested)
         if isinstance(action, Checkpoint):
             return Tick(self.clock(), self.cancel.requested)

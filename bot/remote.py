@@ -7,6 +7,8 @@ that was looked up in the config; the SSH layer then quotes every element.
 
 from __future__ import annotations
 
+import re
+
 from bot.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
 from bot.settings import ServiceSettings
 
@@ -84,6 +86,23 @@ def workers_query() -> Argv:
     return ("pgrep", "-a", "-f", WORKER_PATTERN)
 
 
+def installs_query(svc: ServiceSettings) -> Argv:
+    """Any ``uv pip install`` into the service's venv still running, e.g. one that
+    outlived the SSH connection that started it.  Built from config values only;
+    anchored, so neither this pgrep nor the shell and ``timeout`` around a command
+    can match (their command lines start with another word)."""
+    pattern = f"^{_ere_escape(svc.uv)} pip install --python {_ere_escape(svc.python)}( |$)"
+    return ("pgrep", "-a", "-f", pattern)
+
+
+# Special in POSIX extended regular expressions (pgrep's) and in Python's re alike.
+_ERE_SPECIAL = frozenset(".[]()*+?{}|^$\\")
+
+
+def _ere_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in _ERE_SPECIAL else c for c in text)
+
+
 def _bare_name(package: str) -> str:
     return package.split("[", 1)[0]
 
@@ -102,6 +121,24 @@ def parse_package_version(text: str) -> str | None:
         key, sep, value = line.partition(":")
         if sep and key.strip() == "Version":
             return value.strip() or None
+    return None
+
+
+def _normal_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_resolved_version(text: str, package: str) -> str | None:
+    """The version of ``package`` an install (or its dry run) installs, from uv's
+    `` + name==version`` lines; None when uv did not say."""
+    want = _normal_name(_bare_name(package))
+    for line in text.splitlines():
+        entry = line.strip()
+        if not entry.startswith("+ "):
+            continue
+        name, sep, version = entry[2:].partition("==")
+        if sep and _normal_name(name.strip()) == want and version.strip():
+            return version.strip()
     return None
 
 

@@ -8,8 +8,8 @@ neither knows how a run is executed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from bot import events as ev
@@ -28,10 +28,18 @@ FINAL_STATUSES = frozenset({"succeeded", "failed", "rolled_back", "aborted", "ca
 ACTIVE_STATUSES = ("pending_approval", "approved", "running")
 # Worst outcome first: the run's status is the worst of its hosts'.
 _SEVERITY = ("failed", "rolled_back", "cancelled", "aborted", "succeeded")
+# The per-host state of a host a stopped rollout never touched.
+NOT_STARTED = "not_started"
 
 
 def lock_scopes(plan: Plan) -> list[str]:
     return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
+
+
+def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
+    """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
+    after the other; a read-only status asks every host at once."""
+    return [plan.hosts] if plan.action == "status" else plan.batches()
 
 
 def utcnow() -> datetime:
@@ -93,6 +101,14 @@ class RunResult:
     status: str
     summary: str
     outcomes: dict[str, HostOutcome]
+    # Every planned host in plan order: its outcome's status, or NOT_STARTED for a host
+    # the rollout never reached (what a status card shows per host).
+    host_status: dict[str, str] = field(default_factory=dict)
+
+
+def host_states(hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> dict[str, str]:
+    """Each planned host's state, in plan order; NOT_STARTED where there is no outcome."""
+    return {h: outcomes[h].status if h in outcomes else NOT_STARTED for h in hosts}
 
 
 class Engine:
@@ -158,14 +174,23 @@ class Engine:
         record = await self.audit.get_run(run_id)
         plan = self.plan_of(record)
         if plan.action != "status":
-            await self.audit.acquire_locks(run_id, lock_scopes(plan))
-        token = self.cancels.setdefault(run_id, CancelToken())
+            try:
+                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+            except LockHeldError as exc:
+                await self._refuse_busy(record, exc)
+                raise
+        if not await self.audit.transition(run_id, "running", expect=("approved",),
+                                           owner=process_owner()):
+            current = await self.audit.get_run(run_id)
+            if current.status != "running":
+                # Nobody drives it, so the locks just taken must not outlive this call; a
+                # 'running' one is driven elsewhere and its locks are not ours to drop.
+                await self.audit.release_locks(run_id)
+            return RunResult(run_id, current.status, f"not started: run is {current.status}",
+                             {})
+        token = self.cancels[run_id] = CancelToken()
+        recorder = asyncio.create_task(self._record_cancel(run_id, token))
         try:
-            if not await self.audit.transition(run_id, "running", expect=("approved",),
-                                               owner=process_owner()):
-                current = await self.audit.get_run(run_id)
-                return RunResult(run_id, current.status, f"not started: run is {current.status}",
-                                 {})
             if on_started is not None:
                 on_started()
             # The audit record must be written; a broken chat or terminal sink must not stop
@@ -174,7 +199,27 @@ class Engine:
             return await self._execute(record, plan, sinks, token)
         finally:
             self.cancels.pop(run_id, None)
+            if token.requested:
+                await recorder  # who cancelled is on disk before the call returns
+            else:
+                recorder.cancel()
             await self.audit.release_locks(run_id)
+
+    async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
+        """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""
+        await token.event.wait()
+        assert token.requested_by is not None
+        await self.audit.record_decision(run_id, token.requested_by, "cancel")
+
+    async def _refuse_busy(self, record: RunRecord, exc: LockHeldError) -> None:
+        """Another run took the service or a host after this one was requested (two
+        requests in the same second both pass ``request``): this one ends 'refused',
+        with the refusal recorded, instead of staying 'approved' forever."""
+        await self.audit.transition(record.id, "refused", expect=("approved",),
+                                    summary=f"not started: {exc}")
+        await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
+                                        command=f"{record.action} {record.service}",
+                                        reason=str(exc))
 
     async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
                        token: CancelToken) -> RunResult:
@@ -184,20 +229,34 @@ class Engine:
         flow = FLOWS[plan.action]
         svc = self.settings.services[plan.service]
         outcomes: dict[str, HostOutcome] = {}
-        for batch in plan.batches():
-            async def one(host: str) -> HostOutcome:
+
+        async def one(host: str) -> HostOutcome:
+            try:
                 executor = Executor(run_id, self.pool.get(host), sink, cancel=token)
                 return await executor.drive(flow(plan, svc, host))
-            results = await asyncio.gather(*(one(h) for h in batch), return_exceptions=True)
+            except (HostError, OSError) as e:
+                # The executor turns host errors into failed steps; this is what escapes
+                # it (a host missing from the pool, a dead socket outside a command).
+                reason = e.reason if isinstance(e, HostError) else str(e)
+                outcome = HostOutcome("failed", reason)
+                await sink.handle(ev.HostFinished(run_id, host, outcome.status,
+                                                  outcome.summary))
+                return outcome
+
+        for batch in rollout_batches(plan):
+            # A batch runs to its end even when one of its hosts fails: cutting a
+            # sibling's redeploy in half would leave it in a worse state.
+            results = await asyncio.gather(*map(one, batch), return_exceptions=True)
             for host, res in zip(batch, results, strict=True):
                 if isinstance(res, BaseException):
-                    if not isinstance(res, HostError | OSError):
-                        raise res
-                    res = HostOutcome("failed", f"{host}: {res}")
+                    raise res  # a bug, not a host problem; raised once the batch is done
                 outcomes[host] = res
             if any(o.status != "succeeded" for o in outcomes.values()):
                 break  # the first failure stops the rollout; later hosts stay untouched
         untouched = [h for h in plan.hosts if h not in outcomes]
+        for host in untouched:
+            await sink.handle(ev.HostFinished(run_id, host, NOT_STARTED,
+                                              "not started: the rollout stopped before it"))
         status = overall_status(list(outcomes.values()))
         summary = self._summary(plan, outcomes, untouched)
         first = outcomes.get(plan.hosts[0])
@@ -207,13 +266,21 @@ class Engine:
         await sink.handle(ev.RunFinished(run_id, status, summary,
                                          first.version_before if first else None,
                                          first.version_after if first else None))
-        return RunResult(run_id, status, summary, outcomes)
+        return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
 
     @staticmethod
     def _summary(plan: Plan, outcomes: dict[str, HostOutcome], untouched: list[str]) -> str:
         if len(plan.hosts) == 1 and outcomes:
             return next(iter(outcomes.values())).summary
-        parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()]
+        # Problems first, each with its reason; hosts that succeeded alike share a line,
+        # so a 64-host rollout's summary stays short.
+        parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()
+                 if o.status != "succeeded"]
+        alike: dict[str, list[str]] = {}
+        for h, o in outcomes.items():
+            if o.status == "succeeded":
+                alike.setdefault(o.summary, []).append(h)
+        parts += [f"succeeded ({s}): {', '.join(hosts)}" for s, hosts in alike.items()]
         if untouched:
             parts.append(f"not started: {', '.join(untouched)}")
         return "; ".join(parts)

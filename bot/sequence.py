@@ -8,6 +8,12 @@ returns a ``HostOutcome``; rollouts over several hosts are composed by the calle
 Outcomes sent back per action:
 ``RunCommand`` -> ``CommandResult``; ``HttpCheck`` -> ``HttpResult``;
 ``Sleep`` / ``Checkpoint`` -> ``Tick``; ``Emit`` -> ``None``.
+
+A ``CommandResult`` with neither an exit status nor a signal means the result
+never came back: the host could not be reached, the connection died (keepalive
+lost, link cut) or stopped answering past the local deadline.  What the command
+did on the host is then unknown (``lost``), and each step decides what that
+means for it; see docs/reliability.md for the whole fault matrix.
 """
 
 from __future__ import annotations
@@ -17,9 +23,18 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from bot import remote
 from bot.errors import GpuQueryError
-from bot.gpu import GpuSnapshot, build_snapshot, check_nvidia_smi, drain_verdict, parse_pgrep
+from bot.gpu import (
+    DrainVerdict,
+    GpuSnapshot,
+    build_snapshot,
+    check_nvidia_smi,
+    drain_verdict,
+    parse_pgrep,
+)
 from bot.plan import Plan, Step
 from bot.settings import ServiceSettings
 from bot.transport import CommandResult, HttpResult
@@ -110,6 +125,9 @@ class HostOutcome:
 Flow = Generator[Action, Any, HostOutcome]
 
 HEALTH_REQUEST_TIMEOUT_S = 5.0
+# After an install's timeout the host's `timeout` sends TERM, then KILL after
+# bot.ssh.KILL_AFTER_S (10 s): past this margin no install we started can still run.
+INSTALL_KILL_GRACE_S = 15.0
 
 # ---- small helpers (sub-generators) ----------------------------------------------------
 
@@ -118,12 +136,42 @@ def _cmd(argv: tuple[str, ...]) -> str:
     return shlex.join(argv)
 
 
+def lost(r: CommandResult) -> bool:
+    """No exit status and no signal: the result never came back (see the module doc)."""
+    return r.exit_status is None and r.signal is None
+
+
+class _HostLost(GpuQueryError):
+    """A poll's result never came back; a GpuQueryError so read-only callers treat it
+    like any other failed query, while the drain can tell it apart and retry."""
+
+
+def _same_version(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def _why(r: CommandResult) -> str:
+    if r.timed_out and r.exit_status is None and r.signal is None:
+        return "no answer within the step's timeout: the host or the link is stuck"
     if r.timed_out:
         return "timed out"
     if r.exit_status is None:
         return f"ended by signal {r.signal}" if r.signal else (r.stderr.strip() or "no exit status")
     return f"exit {r.exit_status}"
+
+
+def _failed(what: str, r: CommandResult, timeout_s: float) -> str:
+    """Why a command failed; a timeout (the host's `timeout` ended it with TERM, then
+    KILL) names the limit and the command's last line of output."""
+    if not r.timed_out:
+        return f"{what} failed ({_why(r)})"
+    last = _tail(r.output, 1)
+    return f"{what} timed out after {timeout_s:g}s" + (f" (last output: {last})" if last else "")
 
 
 def _tail(text: str, lines: int = 20) -> str:
@@ -143,12 +191,20 @@ def _tick(seconds: float | None = None) -> Generator[Action, Any, Tick]:
 
 def _snapshot(step: Step, svc: ServiceSettings, host: str
               ) -> Generator[Action, Any, GpuSnapshot]:
-    """Query GPUs and compute apps; raises GpuQueryError when nvidia-smi fails."""
+    """Query GPUs and compute apps; raises GpuQueryError when nvidia-smi fails
+    (``_HostLost`` when its result never came back)."""
     gpus = yield from _run(step, remote.gpu_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, gpus)
     check_nvidia_smi(host, gpus)
     apps = yield from _run(step, remote.apps_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, apps)
     check_nvidia_smi(host, apps)
     return build_snapshot(host, gpus.stdout, apps.stdout)
+
+
+def _check_reached(host: str, r: CommandResult) -> None:
+    if lost(r):
+        raise _HostLost(host, _why(r))
 
 
 def _version(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
@@ -175,56 +231,87 @@ def _check_unit(svc: ServiceSettings, r: CommandResult, props: dict[str, str]) -
 # ---- steps ------------------------------------------------------------------------------
 
 
-def _stop(svc: ServiceSettings) -> Generator[Action, Any, str | None]:
+def _status_hint(service: str) -> str:
+    return f"Check with `/vllm status {service}`"
+
+
+def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | None]:
+    """systemctl stop. None when stopped, else the run's summary."""
     argv = remote.unit_stop(svc)
     yield Emit(BeginStep(Step.STOP, _cmd(argv)))
     r = yield from _run(Step.STOP, argv, svc.stop_timeout_s)
+    if lost(r):
+        # systemd goes on with a stop job whose client went away, if it ever got it.
+        msg = f"connection lost during systemctl stop ({_why(r)})"
+        yield Emit(EndStep(Step.STOP, False, msg, None, _tail(r.output)))
+        return (f"{msg}: the service may be running, stopping or stopped. "
+                f"{_status_hint(service)}.")
     if not r.ok:
-        msg = f"systemctl stop failed ({_why(r)})"
+        msg = _failed("systemctl stop", r, svc.stop_timeout_s)
         yield Emit(EndStep(Step.STOP, False, msg, r.exit_status, _tail(r.output)))
-        return msg
+        return f"{msg}; the service may still be running"
     yield Emit(EndStep(Step.STOP, True, f"{svc.unit} stopped", r.exit_status))
     return None
 
 
+def _drain_poll(svc: ServiceSettings, host: str
+                ) -> Generator[Action, Any, tuple[GpuSnapshot, DrainVerdict]]:
+    """One look at GPU memory, compute apps and surviving workers."""
+    snap = yield from _snapshot(Step.DRAIN, svc, host)
+    w = yield from _run(Step.DRAIN, remote.workers_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, w)
+    # pgrep exits 1 when nothing matches; anything else means we could not tell.
+    if w.exit_status not in (0, 1):
+        raise GpuQueryError(host, f"cannot list vLLM workers ({_why(w)})",
+                            exit_status=w.exit_status, output=w.output)
+    workers = parse_pgrep(w.stdout, host)
+    return snap, drain_verdict(snap, svc.drain_threshold_mib, workers)
+
+
 def _drain(svc: ServiceSettings, host: str) -> Generator[Action, Any, tuple[str, str | None]]:
-    """Poll until GPU memory is released. Returns ('ok'|'failed'|'cancelled', reason)."""
+    """Poll until GPU memory is released. Returns ('ok'|'failed'|'cancelled', reason).
+
+    A poll whose result never came back is no verdict: the next poll reconnects,
+    and only the drain timeout ends the wait."""
     yield Emit(BeginStep(Step.DRAIN, f"poll {_cmd(remote.gpu_query())}, "
                          f"{_cmd(remote.apps_query())}, {_cmd(remote.workers_query())}"))
     start = (yield from _tick(0.0)).now
     polls = 0
+    last: tuple[GpuSnapshot, DrainVerdict] | None = None  # the latest poll that was answered
+    unreachable: str | None = None  # why the latest poll was not
     while True:
         polls += 1
         try:
-            snap = yield from _snapshot(Step.DRAIN, svc, host)
-            w = yield from _run(Step.DRAIN, remote.workers_query(), svc.command_timeout_s,
-                                quiet=True)
-            # pgrep exits 1 when nothing matches; anything else means we could not tell.
-            if w.exit_status not in (0, 1):
-                raise GpuQueryError(host, f"cannot list vLLM workers ({_why(w)})",
-                                    exit_status=w.exit_status, output=w.output)
-            workers = parse_pgrep(w.stdout, host)
+            last = yield from _drain_poll(svc, host)
+            unreachable = None
+        except _HostLost as e:
+            unreachable = e.reason
         except GpuQueryError as e:
             msg = f"cannot tell whether the GPUs are free: {e.reason}"
             yield Emit(EndStep(Step.DRAIN, False, msg, e.exit_status, _tail(e.output)))
             return "failed", msg
-        verdict = drain_verdict(snap, svc.drain_threshold_mib, workers)
         tick = yield from _tick(0.0)
         elapsed = tick.now - start
-        if verdict.drained:
-            yield Emit(Snapshot("after drain", snap))
+        if unreachable is None and last is not None and last[1].drained:
+            yield Emit(Snapshot("after drain", last[0]))
             yield Emit(EndStep(Step.DRAIN, True,
                                f"GPU memory released after {elapsed:.1f}s ({polls} polls)"))
             return "ok", None
         if tick.cancel_requested:
-            yield Emit(Snapshot("drain cancelled", snap))
+            if last is not None:
+                yield Emit(Snapshot("drain cancelled", last[0]))
             yield Emit(EndStep(Step.DRAIN, False, "cancelled while waiting for GPU memory"))
             return "cancelled", None
         if elapsed >= svc.drain_timeout_s:
-            yield Emit(Snapshot("drain timeout", snap))
+            if unreachable is not None or last is None:
+                msg = (f"no answer from the host while waiting for GPU memory ({unreachable}); "
+                       f"could not confirm within {svc.drain_timeout_s:g}s that it was released")
+                yield Emit(EndStep(Step.DRAIN, False, msg))
+                return "failed", msg
+            yield Emit(Snapshot("drain timeout", last[0]))
             msg = (f"GPU memory still held after {svc.drain_timeout_s:g}s: "
-                   f"{verdict.describe()}")
-            yield Emit(EndStep(Step.DRAIN, False, msg, None, verdict.describe()))
+                   f"{last[1].describe()}")
+            yield Emit(EndStep(Step.DRAIN, False, msg, None, last[1].describe()))
             return "failed", msg
         yield Sleep(svc.drain_poll_s)
 
@@ -236,13 +323,19 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     argv = remote.unit_start(svc)
     yield Emit(BeginStep(start_step, _cmd(argv)))
     r = yield from _run(start_step, argv, svc.command_timeout_s)
-    if not r.ok:
+    if lost(r):
+        # systemd carries on with a start job whose client went away; if the command
+        # never arrived, the gate finds the unit inactive and says so.
+        yield Emit(EndStep(start_step, True, f"connection lost while systemctl start ran "
+                           f"({_why(r)}); the health gate decides"))
+    elif not r.ok:
         msg = f"systemctl start failed ({_why(r)})"
         journal = yield from _journal(start_step, svc)
         yield Emit(EndStep(start_step, False, msg, r.exit_status,
                            _tail(r.output) + "\n" + journal))
         return msg
-    yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
+    else:
+        yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
 
     yield Emit(BeginStep(health_step, f"{_cmd(remote.unit_is_active(svc))}; GET {svc.health_url}"))
     start = (yield from _tick(0.0)).now
@@ -278,6 +371,42 @@ def _journal(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str]:
     r = yield from _run(step, remote.journal_tail(svc), svc.command_timeout_s, quiet=True)
     header = f"$ {_cmd(remote.journal_tail(svc))}"
     return f"{header}\n{r.output.rstrip()}" if r.output.strip() else f"{header}\n({_why(r)})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    known: bool  # uv is gone and the installed version was read
+    installed: str | None  # the version installed afterwards (None: missing or unknown)
+    why: str  # when not known: what stood in the way
+
+
+def _settle_install(svc: ServiceSettings, step: Step, started: float
+                    ) -> Generator[Action, Any, _Settled]:
+    """The result of an install never came back.  uv may still be running on the host
+    (OpenSSH does not end a command without a pty when its channel closes; ``timeout``
+    only ends it at the install timeout), and installing anything else meanwhile
+    would corrupt the venv.  So: reconnect, wait until no install into the venv runs,
+    then read what is installed.  Bounded by the time after which ``timeout`` has
+    surely ended that install."""
+    deadline = started + svc.install_timeout_s + INSTALL_KILL_GRACE_S
+    while True:
+        p = yield from _run(step, remote.installs_query(svc), svc.command_timeout_s, quiet=True)
+        if p.exit_status == 1:  # no install running
+            r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s,
+                                quiet=True)
+            if not lost(r):
+                version = remote.parse_package_version(r.stdout) if r.ok else None
+                return _Settled(True, version, "")
+            why = _why(r)
+        elif p.exit_status == 0:
+            why = f"uv is still running: {_tail(p.stdout, 1)}"
+        elif lost(p):
+            why = _why(p)
+        else:
+            return _Settled(False, None, f"cannot tell whether uv still runs ({_why(p)})")
+        tick = yield from _tick(svc.drain_poll_s)
+        if tick.now >= deadline:
+            return _Settled(False, None, why)
 
 
 def _postcheck(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
@@ -317,8 +446,10 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     yield Emit(BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps
                                               if s.step == Step.PREFLIGHT)))
     r, props = yield from _unit_state(Step.PREFLIGHT, svc)
-    refusal = _check_unit(svc, r, props)
+    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
+               else _check_unit(svc, r, props))
     before: str | None = None
+    target: str | None = plan.version
     if refusal is None:
         before = yield from _version(Step.PREFLIGHT, svc)
         if before is None:
@@ -337,6 +468,9 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s)
         if not dry.ok:
             refusal = f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}"
+        elif target is None:
+            # What "latest" means now: after a lost connection, the version to look for.
+            target = remote.parse_resolved_version(dry.output, svc.package)
     if refusal is not None:
         yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
         return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}",
@@ -344,7 +478,8 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
-                       f"{avail:,} MiB free, {plan.spec} resolves"))
+                       f"{avail:,} MiB free, {plan.spec} resolves"
+                       + (f" to {target}" if target and not plan.version else "")))
     if plan.dry_run:
         return HostOutcome("succeeded", f"dry run: preflight passed; would install {plan.spec}",
                            before, None)
@@ -352,9 +487,9 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if (yield from _tick()).cancel_requested:
         return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
 
-    err = yield from _stop(svc)
-    if err is not None:
-        return HostOutcome("failed", f"{err}; the service may still be running", before, None)
+    failure = yield from _stop(svc, plan.service)
+    if failure is not None:
+        return HostOutcome("failed", failure, before, None)
 
     drain, reason = yield from _drain(svc, host)
     if drain == "cancelled":
@@ -365,12 +500,32 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
 
     install = remote.install(svc, plan.spec, plan.index_url)
     yield Emit(BeginStep(Step.REINSTALL, _cmd(install)))
+    started = (yield from _tick(0.0)).now
     r = yield from _run(Step.REINSTALL, install, svc.install_timeout_s)
-    if not r.ok:
-        yield Emit(EndStep(Step.REINSTALL, False, f"reinstall failed ({_why(r)})",
-                           r.exit_status))
-        return (yield from _rollback(plan, svc, host, before, f"reinstall failed ({_why(r)})"))
-    yield Emit(EndStep(Step.REINSTALL, True, f"installed {plan.spec}", r.exit_status))
+    if lost(r):
+        settled = yield from _settle_install(svc, Step.REINSTALL, started)
+        if not settled.known:
+            msg = f"connection lost during the reinstall ({_why(r)}); then {settled.why}"
+            yield Emit(EndStep(Step.REINSTALL, False, msg))
+            return HostOutcome(
+                "failed", f"{msg}. Whether {plan.spec} was installed is unknown, and the "
+                f"service is STOPPED. {_status_hint(plan.service)} once the host answers.",
+                before, None)
+        if not _same_version(settled.installed, target):
+            have = settled.installed or "missing"
+            cause = (f"connection lost during the reinstall ({_why(r)}); once uv had ended, "
+                     f"{svc.package} was {have}, not {target or 'a known version'}")
+            yield Emit(EndStep(Step.REINSTALL, False, cause))
+            return (yield from _rollback(plan, svc, host, before, cause))
+        yield Emit(EndStep(Step.REINSTALL, True,
+                           f"connection lost during the reinstall ({_why(r)}); uv finished "
+                           f"on the host and {svc.package} {settled.installed} is installed"))
+    elif not r.ok:
+        cause = _failed("reinstall", r, svc.install_timeout_s)
+        yield Emit(EndStep(Step.REINSTALL, False, cause, r.exit_status))
+        return (yield from _rollback(plan, svc, host, before, cause))
+    else:
+        yield Emit(EndStep(Step.REINSTALL, True, f"installed {plan.spec}", r.exit_status))
 
     # A reinstall is never interrupted; a cancel that arrived meanwhile takes effect now.
     if (yield from _tick()).cancel_requested:
@@ -389,14 +544,35 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
     assert before is not None  # preflight refuses when the version is unknown
     argv = remote.install_previous(svc, before, plan.index_url)
     yield Emit(BeginStep(Step.ROLLBACK, _cmd(argv)))
+    started = (yield from _tick(0.0)).now
     r = yield from _run(Step.ROLLBACK, argv, svc.install_timeout_s)
-    if not r.ok:
-        yield Emit(EndStep(Step.ROLLBACK, False, f"rollback to {before} failed ({_why(r)})",
+    if lost(r):
+        settled = yield from _settle_install(svc, Step.ROLLBACK, started)
+        if not settled.known:
+            msg = f"connection lost during the rollback ({_why(r)}); then {settled.why}"
+            yield Emit(EndStep(Step.ROLLBACK, False, msg))
+            return HostOutcome(
+                "failed", f"{cause}; {msg}. Which {svc.package} version is installed is "
+                f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
+                "the host answers.", before, None)
+        if not _same_version(settled.installed, before):
+            have = settled.installed or "missing"
+            msg = (f"connection lost during the rollback ({_why(r)}); once uv had ended, "
+                   f"{svc.package} was {have}, not {before}")
+            yield Emit(EndStep(Step.ROLLBACK, False, msg))
+            return HostOutcome("failed", f"{cause}; {msg}. The service is STOPPED.",
+                               before, None)
+        yield Emit(EndStep(Step.ROLLBACK, True,
+                           f"connection lost during the rollback ({_why(r)}); uv finished on "
+                           f"the host and {svc.package} {before} is installed"))
+    elif not r.ok:
+        failure = _failed(f"rollback to {before}", r, svc.install_timeout_s)
+        yield Emit(EndStep(Step.ROLLBACK, False, failure, r.exit_status))
+        return HostOutcome("failed", f"{cause}; {failure} too. The service is STOPPED.",
+                           before, None)
+    else:
+        yield Emit(EndStep(Step.ROLLBACK, True, f"reinstalled {svc.package}=={before}",
                            r.exit_status))
-        return HostOutcome("failed", f"{cause}; rollback to {before} failed too ({_why(r)}). "
-                           "The service is STOPPED.", before, None)
-    yield Emit(EndStep(Step.ROLLBACK, True, f"reinstalled {svc.package}=={before}",
-                       r.exit_status))
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
         return HostOutcome("failed", f"{cause}; rolled back to {before} but {err}. "
@@ -409,7 +585,8 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Stop, drain, start, health: the same gates as a redeploy without the reinstall."""
     yield Emit(BeginStep(Step.PREFLIGHT, _cmd(remote.unit_show(svc))))
     r, props = yield from _unit_state(Step.PREFLIGHT, svc)
-    refusal = _check_unit(svc, r, props)
+    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
+               else _check_unit(svc, r, props))
     if refusal is not None:
         yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
         return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}")
@@ -419,9 +596,9 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
     if (yield from _tick()).cancel_requested:
         return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
-    err = yield from _stop(svc)
-    if err is not None:
-        return HostOutcome("failed", f"{err}; the service may still be running", before, None)
+    failure = yield from _stop(svc, plan.service)
+    if failure is not None:
+        return HostOutcome("failed", failure, before, None)
     drain, reason = yield from _drain(svc, host)
     if drain == "failed":
         return HostOutcome("failed", f"{reason}. The service is STOPPED; free the GPUs, "

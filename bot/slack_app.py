@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 import weakref
@@ -78,9 +77,11 @@ def create_app(runtime: Runtime, *, client: AsyncWebClient | None = None) -> Asy
     poster = Poster(client, runtime.redact, post_interval_s=settings.slack.post_interval_s)
     ops = Approvals(runtime, poster,
                     MembershipCache(client, settings.policy.usergroup_cache_ttl_s))
+    # Every handler acks first and hands slow work to a task, so bolt may answer as soon
+    # as the handler returns instead of polling for the ack every 10 ms.
     app = AsyncApp(client=client,
                    signing_secret=secret.get_secret_value() if secret is not None else "",
-                   name="vllm-chatops")
+                   name="vllm-chatops", process_before_response=True)
 
     async def attach(context: Any, next: Callable[[], Awaitable[None]]) -> None:
         # bolt passes middleware arguments by name: it must be called `next`.
@@ -139,9 +140,6 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
                 err: TextIO | None = None) -> int:
     """Run the bot until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
     err = err or sys.stderr
-    # A long-running service: its warnings (Slack retries, refused updates) go to stderr.
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not _check_credentials(settings, err):
         return EXIT_CONFIG
     client = make_client(settings)

@@ -70,6 +70,9 @@ class Host:
     healthy_after_checks: int = 2
     health_status: int = 200
     cancel_at: Callable[[Any], bool] | None = None
+    # Commands whose result never comes back; the host still runs them (see respond).
+    lose: Callable[[tuple[str, ...]], bool] | None = None
+    uv_running_polls: int = 0  # how many install checks still see uv running
     now: float = 0.0
     polls: int = 0
     health_checks: int = 0
@@ -97,6 +100,12 @@ class Host:
         a = action.argv
         self.calls.append(a)
         self.now += 0.1
+        if self.lose is not None and self.lose(a):
+            self.command(a)  # it ran on the host (or not); only its result is lost
+            return CommandResult(argv=a, exit_status=None, stdout="",
+                                 stderr=f"connection lost while running `{a[0]}`: "
+                                        "Server not responding to keepalive",
+                                 duration_s=0.0)
         return self.command(a)
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
@@ -109,7 +118,10 @@ class Host:
             return ok(a, "Filesystem 1048576-blocks Used Available Capacity Mounted on\n"
                          f"/dev/vda 258020 22298 {self.free_mib} 22% /\n")
         if "--dry-run" in a:
-            return ok(a, stderr="Would install 1 package") if self.dry_run_ok else ok(
+            spec = a[a.index("--force-reinstall") + 1]
+            resolved = spec.split("==")[1] if "==" in spec else self.installed_after
+            return ok(a, stderr=f"Would install 1 package\n + vllm=={resolved}"
+                      ) if self.dry_run_ok else ok(
                 a, stderr="  × No solution found when resolving dependencies", status=1)
         if a[1:3] == ("pip", "install"):
             if self.install_fails > 0:
@@ -141,6 +153,12 @@ class Host:
             if self.stuck:
                 return ok(a, f"48304, VLLM::Worker_TP3, 96000 MiB, {UUIDS[3]}\n")
             return ok(a, "")
+        if a[0] == "pgrep" and a[-1].startswith("^uv pip install"):
+            if self.uv_running_polls > 0:
+                self.uv_running_polls -= 1
+                return ok(a, "5151 uv pip install --python /opt/venvs/vllm/bin/python "
+                             "--force-reinstall vllm\n")
+            return ok(a, status=1)
         if a[0] == "pgrep":
             return ok(a, "48304 VLLM::Worker_TP3\n") if self.stuck else ok(a, status=1)
         raise AssertionError(f"unexpected command {a}")
@@ -155,8 +173,9 @@ def drive(flow: Flow, host: Host) -> HostOutcome:
         return stop.value  # type: ignore[no-any-return]
 
 
-def run(host: Host, action: str = "redeploy", **plan_kw: Any) -> HostOutcome:
-    s = settings()
+def run(host: Host, action: str = "redeploy", svc: dict[str, Any] | None = None,
+        **plan_kw: Any) -> HostOutcome:
+    s = settings(**(svc or {}))
     plan = make_plan(s, action, "kimi", **plan_kw)  # type: ignore[arg-type]
     flow = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}[action]
     return drive(flow(plan, s.services["kimi"], "h1"), host)
@@ -211,7 +230,7 @@ def test_preflight_refusals_leave_the_service_untouched(field: str, value: Any,
                                                         needle: str) -> None:
     h = Host(**{field: value})
     if field == "version":
-        h.command = _no_version(h.command)  # type: ignore[method-assign]
+        h.command = _no_version(h.command)  # type: ignore[method-assign, assignment]
     out = run(h)
     assert out.status == "aborted"
     assert needle in out.summary
@@ -382,3 +401,235 @@ def test_every_begun_step_is_ended() -> None:
         begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
         ended = [n.step for n in h.notices if isinstance(n, EndStep)]
         assert begun == ended
+
+
+# ---- results that never came back (connection lost, host unreachable) -------------------
+
+
+def is_install(a: tuple[str, ...]) -> bool:
+    """The reinstall itself (not its dry run, not the rollback)."""
+    return a[1:3] == ("pip", "install") and "--force-reinstall" in a and "--dry-run" not in a
+
+
+def installs_checks(host: Host) -> list[int]:
+    """Indexes of the pgrep calls looking for a running uv install."""
+    return [i for i, a in enumerate(host.calls)
+            if a[0] == "pgrep" and a[-1].startswith("^uv pip install")]
+
+
+def test_host_unreachable_at_preflight_aborts_untouched() -> None:
+    h = Host(lose=lambda a: True)
+    out = run(h)
+    assert out.status == "aborted"
+    assert "cannot reach h1 over SSH" in out.summary and "keepalive" in out.summary
+    assert verbs(h) == [] and len(h.calls) == 1  # nothing more is tried
+
+
+def test_restart_with_host_unreachable_aborts() -> None:
+    h = Host(lose=lambda a: True)
+    out = run(h, "restart")
+    assert out.status == "aborted" and "cannot reach h1" in out.summary
+
+
+def test_connection_lost_during_stop_says_the_state_is_unknown() -> None:
+    h = Host(lose=lambda a: a[:2] == ("systemctl", "stop"))
+    out = run(h)
+    assert out.status == "failed"
+    assert "connection lost during systemctl stop" in out.summary
+    assert "may be running, stopping or stopped" in out.summary
+    assert "`/vllm status kimi`" in out.summary
+    assert verbs(h) == ["stop"]
+
+
+def test_drain_keeps_polling_through_a_dropped_connection() -> None:
+    dropped = iter([True, True])  # two polls get no answer, then the link is back
+    h = Host(drain_after_polls=1,
+             lose=lambda a: a[0] == "nvidia-smi" and next(dropped, False))
+    out = run(h)
+    assert out.status == "succeeded"
+    assert verbs(h) == ["stop", "install", "start"]
+    assert steps(h)[2] == ("drain", True)
+
+
+def test_drain_with_the_host_gone_fails_at_the_drain_timeout() -> None:
+    stopped = [False]
+
+    def lose(a: tuple[str, ...]) -> bool:
+        if a[:2] == ("systemctl", "stop"):
+            stopped[0] = True
+            return False
+        return stopped[0]
+
+    h = Host(lose=lose)
+    out = run(h)
+    assert out.status == "failed"
+    assert "no answer from the host while waiting for GPU memory" in out.summary
+    assert "STOPPED" in out.summary and "keepalive" in out.summary
+    assert verbs(h) == ["stop"]
+    assert h.now >= 10  # it waited the whole drain timeout, not one failed poll
+
+
+def test_cut_reinstall_waits_for_uv_then_continues_when_the_target_is_installed() -> None:
+    h = Host(lose=is_install, uv_running_polls=3)
+    out = run(h, version="0.16.0")
+    assert out.status == "succeeded", out.summary
+    assert out.version_after == "0.16.0"
+    assert verbs(h) == ["stop", "install", "start"]  # no rollback, no second install
+    checks = installs_checks(h)
+    assert len(checks) == 4  # three saw uv still running, the fourth saw none
+    pip_show_after = [i for i, a in enumerate(h.calls) if a[1:3] == ("pip", "show")
+                      and i > checks[-1]]
+    start_i = next(i for i, a in enumerate(h.calls) if a[:2] == ("systemctl", "start"))
+    assert checks[-1] < pip_show_after[0] < start_i  # version read once uv was gone
+    reinstall = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.REINSTALL)
+    assert reinstall.ok and "uv finished on the host" in reinstall.summary
+
+
+def test_cut_reinstall_of_latest_uses_the_version_the_dry_run_resolved() -> None:
+    h = Host(lose=is_install, installed_after="0.16.1")
+    out = run(h)
+    assert out.status == "succeeded", out.summary
+    assert verbs(h) == ["stop", "install", "start"]
+
+
+def test_cut_reinstall_that_failed_on_the_host_rolls_back_after_uv_ended() -> None:
+    h = Host(lose=is_install, install_fails=1, uv_running_polls=2)
+    out = run(h, version="0.16.0")
+    assert out.status == "rolled_back", out.summary
+    assert "once uv had ended, vllm was 0.16.0rc2.dev313+g662205d34, not 0.16.0" in out.summary
+    assert verbs(h) == ["stop", "install", "rollback", "start"]
+    rollback_i = next(i for i, a in enumerate(h.calls) if "--reinstall-package" in a)
+    assert installs_checks(h)[-1] < rollback_i  # never two installs into the venv at once
+
+
+def test_cut_reinstall_with_the_host_gone_ends_failed_outcome_unknown_service_stopped() -> None:
+    cut = [False]
+
+    def lose(a: tuple[str, ...]) -> bool:
+        cut[0] = cut[0] or is_install(a)
+        return cut[0]
+
+    h = Host(lose=lose)
+    out = run(h, svc={"install_timeout_s": 60}, version="0.16.0")
+    assert out.status == "failed"
+    assert "connection lost during the reinstall" in out.summary
+    assert "Whether vllm==0.16.0 was installed is unknown" in out.summary
+    assert "STOPPED" in out.summary and "`/vllm status kimi`" in out.summary
+    assert verbs(h) == ["stop", "install"]  # neither a rollback nor a start
+    assert h.now >= 60 + 15  # it waited until `timeout` had surely ended uv
+
+
+def test_cut_reinstall_still_running_at_the_deadline_is_unknown() -> None:
+    h = Host(lose=is_install, uv_running_polls=10_000)
+    out = run(h, svc={"install_timeout_s": 30}, version="0.16.0")
+    assert out.status == "failed"
+    assert "uv is still running" in out.summary and "unknown" in out.summary
+    assert verbs(h) == ["stop", "install"]
+
+
+def test_cut_reinstall_when_pgrep_cannot_tell_is_unknown() -> None:
+    def command(inner: Callable[[tuple[str, ...]], CommandResult]
+                ) -> Callable[[tuple[str, ...]], CommandResult]:
+        def run_it(a: tuple[str, ...]) -> CommandResult:
+            if a[0] == "pgrep" and a[-1].startswith("^uv"):
+                return ok(a, stderr="pgrep: not found", status=127)
+            return inner(a)
+        return run_it
+    h = Host(lose=is_install)
+    h.command = command(h.command)  # type: ignore[method-assign, assignment]
+    out = run(h, version="0.16.0")
+    assert out.status == "failed"
+    assert "cannot tell whether uv still runs (exit 127)" in out.summary
+    assert verbs(h) == ["stop", "install"]
+
+
+def test_cut_rollback_waits_too_then_restarts_on_the_old_version() -> None:
+    h = Host(install_fails=1, uv_running_polls=1,
+             lose=lambda a: "--reinstall-package" in a)
+    out = run(h)
+    assert out.status == "rolled_back", out.summary
+    assert out.version_after == "0.16.0rc2.dev313+g662205d34"
+    rollback_i = next(i for i, a in enumerate(h.calls) if "--reinstall-package" in a)
+    start_i = next(i for i, a in enumerate(h.calls) if a[:2] == ("systemctl", "start"))
+    assert rollback_i < installs_checks(h)[0] < installs_checks(h)[-1] < start_i
+
+
+def test_cut_rollback_with_the_host_gone_is_unknown_and_stopped() -> None:
+    cut = [False]
+
+    def lose(a: tuple[str, ...]) -> bool:
+        cut[0] = cut[0] or "--reinstall-package" in a
+        return cut[0]
+
+    h = Host(install_fails=1, lose=lose)
+    out = run(h, svc={"install_timeout_s": 20})
+    assert out.status == "failed"
+    assert "connection lost during the rollback" in out.summary
+    assert "unknown" in out.summary and "STOPPED" in out.summary
+
+
+def test_cut_rollback_that_left_the_package_missing_says_stopped() -> None:
+    h = Host(install_fails=1, lose=lambda a: "--reinstall-package" in a)
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if "--reinstall-package" in a:  # killed between uninstall and install
+            h.version = ""
+            return ok(a, stderr="Uninstalled 1 package", status=143)
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h)
+    assert out.status == "failed"
+    assert "vllm was missing, not 0.16.0rc2.dev313+g662205d34" in out.summary
+    assert "STOPPED" in out.summary
+    assert verbs(h) == ["stop", "install", "rollback"]
+
+
+def test_lost_start_leaves_the_verdict_to_the_health_gate() -> None:
+    h = Host(lose=lambda a: a[:2] == ("systemctl", "start"))
+    out = run(h)
+    assert out.status == "succeeded"
+    start = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.START)
+    assert "the health gate decides" in start.summary
+
+
+def test_cancel_during_a_cut_reinstall_takes_effect_after_uv_ended() -> None:
+    h = Host(lose=is_install, uv_running_polls=2, cancel_at=lambda a: is_install(a.argv)
+             if isinstance(a, RunCommand) else False)
+    out = run(h, version="0.16.0")
+    assert out.status == "cancelled"
+    assert "after the reinstall" in out.summary and out.version_after == "0.16.0"
+    assert verbs(h) == ["stop", "install", "start"]
+    assert len(installs_checks(h)) == 3
+
+
+def test_every_begun_step_is_ended_when_results_are_lost() -> None:
+    for h in (Host(lose=lambda a: True), Host(lose=is_install),
+              Host(lose=lambda a: a[:2] == ("systemctl", "stop")),
+              Host(install_fails=1, lose=lambda a: "--reinstall-package" in a)):
+        run(h, svc={"install_timeout_s": 20})
+        begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
+        ended = [n.step for n in h.notices if isinstance(n, EndStep)]
+        assert begun == ended
+
+
+def test_install_timeout_rolls_back_and_names_the_limit_and_last_output() -> None:
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if is_install(a):  # `timeout` sent TERM: uv is gone, the venv may be half-done
+            return CommandResult(argv=a, exit_status=124, stdout="",
+                                 stderr="Resolved 152 packages in 30ms\n", duration_s=60.0,
+                                 timed_out=True)
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h, svc={"install_timeout_s": 60}, version="0.16.0")
+    assert out.status == "rolled_back"
+    assert out.summary.startswith(
+        "reinstall timed out after 60s (last output: Resolved 152 packages in 30ms); "
+        "rolled back to 0.16.0rc2.dev313+g662205d34")
+    assert verbs(h) == ["stop", "install", "rollback", "start"]
+    assert installs_checks(h) == []  # uv's end is known: nothing to wait for

@@ -374,6 +374,7 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
                                           owner=dead)
             first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
             await audit.step_finished(first, status="ok", duration_s=0.5)
+            await audit.set_step(record.id, "stop")  # as the engine's audit sink does
             await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)
@@ -384,3 +385,9 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             assert ":white_check_mark: Preflight" in text
             assert ":warning: Stop service" in text
             assert ":heavy_minus_sign: Start service" in text
+            # The thread is told what state the service may be in and what to run next.
+            await bot.ops.idle()
+            told = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
+            assert f"Run #{record.id} (restart {SERVICE}) was interrupted" in told
+            assert "during step `stop`" in told and "may be running, stopping or stopped" in told
+            assert f"/vllm status {SERVICE}" in told

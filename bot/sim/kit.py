@@ -7,6 +7,8 @@
         assert [c.argv[:2] for c in kit.calls()] == [...]
 
 ``access="sshd"`` serves the same host through a real OpenSSH sshd instead.
+``link=True`` puts a ``FaultyLink`` (a TCP proxy that can drop, black-hole or
+refuse connections) between the engine and either server: ``kit.link.drop()``.
 Each kit has its own state directory, ports, keys and server, so a fleet is
 just N kits (see ``fleet_fragment``).
 """
@@ -27,6 +29,7 @@ from typing import Any, Literal
 import asyncssh
 
 from bot.sim import procfs
+from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
 from bot.sim.sshd import SshdServer, free_port
 from bot.sim.state import (
@@ -79,7 +82,7 @@ class SimKit:
     def __init__(self, root: Path, *, config: HostConfig | None = None,
                  installed_version: str | None = DEFAULT_VERSION, running: bool = True,
                  access: Access = "embedded", venv_dir: Path | None = None,
-                 service_port: int | None = None) -> None:
+                 service_port: int | None = None, link: bool = False) -> None:
         """Nothing starts until ``start()`` (or ``async with``).
 
         venv_dir: where the service's venv is (default ``<root>/venv``); hosts of one
@@ -87,6 +90,8 @@ class SimKit:
         service_port: the port the host claims to serve on (default: the free port
         its fake server really binds).  Only the embedded server can map a claimed
         port onto the real one, which is what lets hosts of a fleet share one.
+        link: reach the server through a ``FaultyLink`` (``self.link``); ``port`` is
+        then the link's, so settings and known_hosts name the path the engine takes.
         """
         self.root = root.resolve()
         self.config = config if config is not None else HostConfig()
@@ -104,6 +109,8 @@ class SimKit:
         self.service_port = service_port if service_port is not None else self.health_port
         self.store = StateStore(self.state_dir)
         self.port = 0  # the SSH port, once started
+        self._want_link = link
+        self._link: FaultyLink | None = None
         self._installed = installed_version
         self._running = running
         self._server: EmbeddedSshServer | SshdServer | None = None
@@ -124,11 +131,17 @@ class SimKit:
                 authorized_keys=self.authorized_keys,
                 port_map={self.service_port: self.health_port})
         self.port = self._server.port
+        if self._want_link:
+            self._link = await FaultyLink.start(self._server.port)
+            self.port = self._link.port
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self._server.host_public_key}\n")
         return self
 
     async def close(self) -> None:
         """Stop the SSH server and every process this host started. Safe to call twice."""
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
         if self._server is not None:
             await self._server.close()
             self._server = None
@@ -197,6 +210,13 @@ class SimKit:
         conn: asyncssh.SSHClientConnection = await asyncssh.connect(
             "127.0.0.1", self.port, **kwargs)
         return conn
+
+    @property
+    def link(self) -> FaultyLink:
+        """The link in front of the server (only with ``link=True``)."""
+        if self._link is None:
+            raise RuntimeError("this kit has no link: create it with link=True")
+        return self._link
 
     # --- the host's environment and settings ---------------------------------------------
 

@@ -84,6 +84,7 @@ class Faults:
     stuck_worker: bool = False  # after stop, Worker_TP3 survives holding ~96 GB, forever
     uv_fails: bool = False  # the next real install fails (download error), then clears
     uv_fails_always: bool = False  # every real install fails, rollbacks included
+    uv_stalls: bool = False  # real installs stall after resolving while this is set
     resolve_fails: bool = False  # every install and dry run fails to resolve
     health_503: bool = False  # the loaded server answers /health with 503
     start_fails: bool = False  # a start crashes with a traceback shortly after

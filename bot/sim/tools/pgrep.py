@@ -1,4 +1,11 @@
-"""Simulated ``pgrep`` over the host's simulated processes (procps-ng options -a -f -l -c -x).
+"""Simulated ``pgrep`` (procps-ng options -a -f -l -c -x).
+
+It sees the host's simulated processes (the vLLM unit and its workers) and
+the real processes started on this host (those carrying its state directory
+in their environment), such as an install that outlived its SSH connection.
+A simulated tool is shown as the host would show it (``uv pip install ...``,
+not the interpreter running the simulator); the fake vLLM server is left out,
+as the simulated processes already stand for it.
 
 Exit 0 when something matched, 1 when nothing did, 2 on a usage error.
 """
@@ -9,9 +16,25 @@ import re
 import sys
 import time
 
-from bot.sim.state import StateStore, host_view
+from bot.sim import procfs
+from bot.sim.state import STATE_DIR_ENV, StateStore, host_view
+from bot.sim.vllm_server import MODULE as VLLM_SERVER_MODULE
 
 COMM_LEN = 15  # the kernel truncates a process name to 15 characters
+TOOLS_MODULE = "bot.sim.tools"
+
+
+def _real_processes(store: StateStore) -> list[tuple[int, str]]:
+    """(pid, command line as the host shows it) of this host's real processes."""
+    out = []
+    for pid in procfs.with_env(STATE_DIR_ENV, str(store.directory)):
+        argv = procfs.cmdline(pid)
+        if not argv or VLLM_SERVER_MODULE in argv:
+            continue
+        if argv[1:4] == ["-S", "-m", TOOLS_MODULE]:
+            argv = argv[4:]  # bot/sim/bin/<tool> execs the interpreter with these
+        out.append((pid, " ".join(argv)))
+    return out
 
 
 def main(store: StateStore, args: list[str]) -> int:
@@ -36,13 +59,14 @@ def main(store: StateStore, args: list[str]) -> int:
         print(f"pgrep: cannot compile regular expression '{patterns[0]}': {e}", file=sys.stderr)
         return 2
     found = []
-    for p in sorted(host_view(store.read(), time.time())[1], key=lambda p: p.pid):
-        comm = p.cmdline.split(" ", 1)[0].rsplit("/", 1)[-1][:COMM_LEN]
-        subject = p.cmdline if "f" in flags else comm
+    simulated = [(p.pid, p.cmdline) for p in host_view(store.read(), time.time())[1]]
+    for pid, cmdline in sorted(simulated + _real_processes(store)):
+        comm = cmdline.split(" ", 1)[0].rsplit("/", 1)[-1][:COMM_LEN]
+        subject = cmdline if "f" in flags else comm
         hit = rx.fullmatch(subject) if "x" in flags else rx.search(subject)
         if hit:
-            found.append(f"{p.pid} {p.cmdline}" if "a" in flags
-                         else f"{p.pid} {comm}" if "l" in flags else str(p.pid))
+            found.append(f"{pid} {cmdline}" if "a" in flags
+                         else f"{pid} {comm}" if "l" in flags else str(pid))
     if "c" in flags:
         print(len(found))
     elif found:

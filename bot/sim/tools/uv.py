@@ -30,6 +30,7 @@ REQUIRES = (
 NO_VENV = ("error: No virtual environment found; run `uv venv` to create an environment, "
            "or pass `--system` to install into a non-virtual environment")
 OUTPUT_BATCHES = 50
+STALL_POLL_S = 0.05
 
 
 def _elapsed(seconds: float) -> str:
@@ -42,8 +43,18 @@ def _elapsed(seconds: float) -> str:
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    _write(text + "\n")
+
+
+def _write(text: str) -> None:
+    # Once the SSH connection is gone (OpenSSH leaves a command without a pty running),
+    # stderr is a closed pipe.  The simulator then takes the case that is harder for the
+    # bot: the install goes on to the end regardless, still changing the venv.
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 def _python_error(python: str | None) -> str | None:
@@ -220,6 +231,15 @@ def _install(store: StateStore, args: list[str]) -> int:
     return _apply(store, req, target, t0)
 
 
+def _stall(store: StateStore) -> float:
+    """A download that makes no progress while the uv_stalls fault is set: only a
+    signal ends it, with the venv untouched.  Returns the seconds it stalled."""
+    start = time.time()
+    while store.read().faults.uv_stalls:
+        time.sleep(STALL_POLL_S)
+    return time.time() - start
+
+
 def _download_fails(store: StateStore) -> bool:
     """Whether this install hits the download fault; the one-shot fault is used up here."""
     with store.transaction() as tx:
@@ -244,11 +264,11 @@ def _stream_output(n: int, version: str, start: float, end: float) -> None:
     for b in range(batches):
         _sleep_until(start + (end - start) * b / batches)
         chunk = lines[b * n // batches:(b + 1) * n // batches]
-        sys.stderr.write("".join(line + "\n" for line in chunk))
-        sys.stderr.flush()
+        _write("".join(line + "\n" for line in chunk))
 
 
 def _apply(store: StateStore, req: _Request, target: str, t0: float) -> int:
+    t0 += _stall(store)
     st = store.read()
     cfg = st.config
     at = [t0 + f * cfg.install_duration_s for f in (0.1, 0.4, 0.7, 0.8, 1.0)]
