@@ -232,8 +232,8 @@ class Approvals:
             record = await self.runtime.engine.request(plan, requested_by=user, source="slack",
                                                        channel=channel)
         except LockHeldError as exc:
-            return await self.refuse(user=user, channel=channel, command=command,
-                                     reason=f"Refused: {exc}.{await self._thread_link(exc.run_id)}")
+            # The engine has already recorded the request as refused, with its refusal row.
+            return f"Refused: {exc}.{await self._thread_link(exc.run_id)}"
         if plan.dry_run:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
             await self.runtime.audit.record_decision(record.id, DRY_RUN_APPROVER, "approve")

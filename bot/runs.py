@@ -36,6 +36,11 @@ def lock_scopes(plan: Plan) -> list[str]:
     return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
 
 
+def needs_locks(plan: Plan) -> bool:
+    """Status queries and dry runs change nothing, so they never wait behind a job."""
+    return plan.action != "status" and not plan.dry_run
+
+
 def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
     """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
     after the other; a read-only status asks every host at once."""
@@ -126,32 +131,35 @@ class Engine:
         return make_plan(self.settings, action, service, version=version, index=index,  # type: ignore[arg-type]
                          dry_run=dry_run, batch=batch)
 
-    async def busy_with(self, plan: Plan) -> RunRecord | None:
-        """The run that holds the service or one of its hosts, if any."""
-        for scope in lock_scopes(plan):
-            holder = await self.audit.lock_holder(scope)
-            if holder is not None:
-                return holder
-        return None
-
     async def request(self, plan: Plan, *, requested_by: str, source: str,
                       channel: str | None = None) -> RunRecord:
-        """Record a request awaiting approval. Refuses (LockHeldError) while another
-        job holds the service or a host; the caller records the refusal."""
-        if plan.action != "status":
-            holder = await self.busy_with(plan)
-            if holder is not None:
-                raise LockHeldError(
-                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
-                    f"{holder.status}) requested by {holder.requested_by}",
-                    run_id=holder.id, requested_by=holder.requested_by)
+        """Record a request awaiting approval, holding the service's and hosts' locks
+        from now until it ends (expired, denied and refused requests release them).
+
+        While another request or job holds any of them this one is recorded as
+        'refused', with a refusals row, and LockHeldError names the holder. Taking the
+        locks here (atomically, in SQLite) is what makes two requests in the same
+        second end with exactly one card. Read-only runs take no locks.
+        """
         expires = utcnow() + timedelta(seconds=self.settings.policy.approval_ttl_s)
         run_id = await self.audit.create_run(
             service=plan.service, action=plan.action, hosts=list(plan.hosts),
             requested_by=requested_by, source=source, plan=plan.to_json(),
             package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
             channel=channel, expires_at=expires)
-        return await self.audit.get_run(run_id)
+        record = await self.audit.get_run(run_id)
+        if needs_locks(plan):
+            try:
+                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+            except LockHeldError as exc:
+                holder = await self.audit.get_run(exc.run_id)
+                busy = LockHeldError(
+                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
+                    f"{holder.status}) requested by {holder.requested_by}",
+                    run_id=holder.id, requested_by=holder.requested_by)
+                await self._refuse_busy(record, busy, expect=("pending_approval",))
+                raise busy from None
+        return record
 
     def plan_of(self, record: RunRecord) -> Plan:
         # Rebuilt from the current config: the commands always come from the config,
@@ -173,7 +181,7 @@ class Engine:
         """Run an approved run to its end. The run must be in 'approved'."""
         record = await self.audit.get_run(run_id)
         plan = self.plan_of(record)
-        if plan.action != "status":
+        if needs_locks(plan):
             try:
                 await self.audit.acquire_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
@@ -211,11 +219,11 @@ class Engine:
         assert token.requested_by is not None
         await self.audit.record_decision(run_id, token.requested_by, "cancel")
 
-    async def _refuse_busy(self, record: RunRecord, exc: LockHeldError) -> None:
-        """Another run took the service or a host after this one was requested (two
-        requests in the same second both pass ``request``): this one ends 'refused',
-        with the refusal recorded, instead of staying 'approved' forever."""
-        await self.audit.transition(record.id, "refused", expect=("approved",),
+    async def _refuse_busy(self, record: RunRecord, exc: LockHeldError, *,
+                           expect: tuple[str, ...] = ("approved",)) -> None:
+        """The service or a host is held by another run: this one ends 'refused', with
+        the refusal recorded, instead of waiting in a queue nobody can see."""
+        await self.audit.transition(record.id, "refused", expect=expect,
                                     summary=f"not started: {exc}")
         await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
                                         command=f"{record.action} {record.service}",

@@ -24,7 +24,7 @@ import pytest
 from test_cli import write_toml
 
 from bot import events as ev
-from bot.audit import AuditLog
+from bot.audit import AuditLog, RunRecord
 from bot.errors import LockHeldError
 from bot.fleet import fleet_gpus
 from bot.logging_setup import setup_logging
@@ -363,35 +363,54 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
     settings = make_settings(sim_host, tmp_path)
     async with open_runtime(settings) as rt1, open_runtime(settings) as rt2:
         rts = [rt1, rt2] if processes == 2 else [rt1, rt1]
-        # Both requests pass: nothing runs yet when they are made.
-        ids = [await approved(rt, requested_by=user) for rt, user in
-               zip(rts, ("U0ALICE", "U0CAROL"), strict=True)]
 
-        async def execute(rt: Runtime, run_id: int) -> RunResult | LockHeldError:
+        async def request(rt: Runtime, user: str) -> RunRecord | LockHeldError:
             try:
-                return await rt.engine.execute(run_id, Hooks())
+                return await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
+                                               requested_by=user, source="cli")
             except LockHeldError as exc:
                 return exc
 
-        outcomes = await asyncio.gather(*(execute(rt, i) for rt, i in
-                                          zip(rts, ids, strict=True)))
-        ran = [o for o in outcomes if isinstance(o, RunResult)]
-        refused = [o for o in outcomes if isinstance(o, LockHeldError)]
-        assert len(ran) == 1 and len(refused) == 1
-        winner, loser_exc = ran[0], refused[0]
-        assert winner.status == "succeeded"
-        loser_id = next(i for i in ids if i != winner.run_id)
-        winner_by = (await rt1.audit.get_run(winner.run_id)).requested_by
+        outcomes = await asyncio.gather(*(request(rt, user) for rt, user in
+                                          zip(rts, ("U0ALICE", "U0CAROL"), strict=True)))
+        won = [o for o in outcomes if isinstance(o, RunRecord)]
+        lost = [o for o in outcomes if isinstance(o, LockHeldError)]
+        assert len(won) == 1 and len(lost) == 1
+        winner, loser_exc = won[0], lost[0]
         # The answer names the run in progress and who started it.
-        assert (loser_exc.run_id, loser_exc.requested_by) == (winner.run_id, winner_by)
-        assert f"run #{winner.run_id}" in str(loser_exc) and winner_by in str(loser_exc)
-        loser = await rt1.audit.get_run(loser_id)
-        assert loser.status == "refused" and f"run #{winner.run_id}" in (loser.summary or "")
+        assert (loser_exc.run_id, loser_exc.requested_by) == (winner.id, winner.requested_by)
+        assert f"run #{winner.id}" in str(loser_exc) and winner.requested_by in str(loser_exc)
+        # Both requests are recorded: the loser as refused, with its refusal row.
+        [loser] = [r for r in await rt1.audit.list_runs() if r.id != winner.id]
+        assert loser.status == "refused" and f"run #{winner.id}" in (loser.summary or "")
         [refusal] = await rt1.audit.refusals()
-        assert refusal.user == loser.requested_by and f"run #{winner.run_id}" in refusal.reason
-        assert await rt1.audit.list_runs(statuses=["approved", "running"]) == []
+        assert refusal.user == loser.requested_by and f"run #{winner.id}" in refusal.reason
+
+        await rt1.audit.record_decision(winner.id, "U0BOB", "approve")
+        assert await rt1.audit.transition(winner.id, "approved", expect=("pending_approval",))
+        result = await rt1.engine.execute(winner.id, Hooks())
+        assert result.status == "succeeded"
+        assert await rt1.audit.list_runs(statuses=["pending_approval", "approved",
+                                                   "running"]) == []
         assert await rt1.audit.lock_holder(f"service:{SERVICE}") is None
     assert changes(sim_host) == ["dry-run", "stop", "install", "start"]
+
+
+async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    # Belt and braces behind the request-time lock: execute takes the locks again.
+    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+        first = await approved(rt)
+        await rt.audit.release_locks(first)  # as if the lock had been lost
+        holder = await rt.engine.request(rt.engine.plan("restart", SERVICE),
+                                         requested_by="U0CAROL", source="cli")
+        with pytest.raises(LockHeldError) as held:
+            await rt.engine.execute(first, Hooks())
+        assert held.value.run_id == holder.id
+        record = await rt.audit.get_run(first)
+        assert record.status == "refused" and f"run #{holder.id}" in (record.summary or "")
+        assert [r.user for r in await rt.audit.refusals()] == ["U0ALICE"]
+    assert changes(sim_host) == []
 
 
 async def test_a_second_execute_of_a_running_run_leaves_it_alone(

@@ -3,13 +3,16 @@ what Slack does, and the thread must catch up and tell the truth afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 from slack_harness import (
+    ALICE,
     APPROVERS_GROUP,
     BOB,
     CAROL,
+    CHANNEL,
     SERVICE,
     blocks_text,
     new_fake,
@@ -100,3 +103,23 @@ async def test_approval_by_a_user_who_lost_approver_rights(tmp_path: Path,
         await bot.click("approve", record.id, user=CAROL)
         done = await bot.wait_status(record.id, *FINAL, timeout_s=60)
         assert done.status == "succeeded" and done.approved_by == [CAROL]
+
+
+async def test_two_requests_in_the_same_second_through_slack(tmp_path: Path,
+                                                             sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await asyncio.gather(bot.command(f"redeploy {SERVICE}", user=ALICE),
+                             bot.command(f"redeploy {SERVICE}", user=CAROL))
+        await bot.ops.idle()
+        runs = await bot.runtime.audit.list_runs()
+        assert sorted(r.status for r in runs) == ["pending_approval", "refused"]
+        [pending] = [r for r in runs if r.status == "pending_approval"]
+        [refused] = [r for r in runs if r.status == "refused"]
+        answer = (await bot.ephemerals_for(refused.requested_by))[-1]["text"]
+        assert f"is busy: run #{pending.id}" in answer and pending.requested_by in answer
+        [row] = await bot.refusals(1)
+        assert row.user == refused.requested_by
+        # Exactly one approval card was posted, and nothing reached the host.
+        cards = [m for m in bot.fake.top_level(CHANNEL) if "Approve" in str(m.get("blocks"))]
+        assert len(cards) == 1
+        assert sim_host.calls() == []

@@ -223,21 +223,29 @@ async def test_pending_cards_and_approvals_survive_a_restart(tmp_path: Path,
 
 
 async def test_restart_expires_overdue_cards_and_rearms_the_others(
-        tmp_path: Path, sim_host: SimKit) -> None:
+        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    # Two services on two hosts, so two requests can be pending at once (a pending
+    # request holds its service's and hosts' locks).
+    kit_a = await make_sim_host()
+    kit_b = await make_sim_host(config=fast_config(hostname="gpu-node-2"))
+    fleet = {"hosts": {**kit_a.settings_fragment()["hosts"],
+                       **kit_b.settings_fragment()["hosts"]},
+             "services": {SERVICE: kit_a.service_settings(),
+                          "other": kit_b.service_settings()}}
     async with new_fake() as fake:
-        async with slack_bot(tmp_path, sim_host, fake,
+        async with slack_bot(tmp_path, kit_a, fake, **fleet,
                              policy=default_policy(approval_ttl_s=2)) as bot:
             await bot.command(f"restart {SERVICE}")
             soon = await bot.wait_for_run(lambda r: r.message_ts is not None, "card A")
-        async with slack_bot(tmp_path, sim_host, fake,
+        async with slack_bot(tmp_path, kit_a, fake, **fleet,
                              policy=default_policy(approval_ttl_s=3)) as bot:
-            await bot.command(f"redeploy {SERVICE}")
+            await bot.command("redeploy other")
             later = await bot.wait_for_run(lambda r: r.id != soon.id and r.message_ts, "card B")
         # Both bots are gone; wait (on the clock, the real condition) until A is overdue.
         assert soon.expires_at is not None
         deadline = parse_ts(soon.expires_at)
         await eventually(lambda: datetime.now(UTC) > deadline, "A's deadline")
-        async with slack_bot(tmp_path, sim_host, fake,
+        async with slack_bot(tmp_path, kit_a, fake, **fleet,
                              policy=default_policy(approval_ttl_s=3)) as bot:
             # slack_bot ran resume(): the overdue card expired at start.
             assert (await bot.run(soon.id)).status == "expired"
@@ -246,7 +254,9 @@ async def test_restart_expires_overdue_cards_and_rearms_the_others(
             await bot.wait_status(later.id, "expired", timeout_s=10)
             await bot.fake.wait_for(lambda: "expired" in blocks_text(
                 fake.message(CHANNEL, later.message_ts or "")), what="card B expired")
-        assert sim_host.calls() == []
+            # An expired request no longer holds its service: it can be asked for again.
+            assert await bot.runtime.audit.lock_holder("service:other") is None
+        assert kit_a.calls() == [] and kit_b.calls() == []
 
 
 async def test_bad_signatures_are_rejected(tmp_path: Path, sim_host: SimKit) -> None:
