@@ -22,13 +22,15 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import asyncssh
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.runtime import open_runtime  # noqa: E402
-from bot.settings import Settings  # noqa: E402
-from bot.sim.kit import SERVICE, SimKit, fast_config  # noqa: E402
-from bot.ssh import wrap_with_timeout  # noqa: E402
-from bot.terminal import TerminalSink  # noqa: E402
+from bot.runtime import open_runtime
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, TEST_SERVICE_SETTINGS, SimKit, fast_config
+from bot.ssh import wrap_with_timeout
+from bot.terminal import TerminalSink
 
 ZERO_DELAYS = {"release_delay_s": 0.0, "load_delay_s": 0.0, "stop_delay_s": 0.0,
                "install_duration_s": 0.0, "fail_delay_s": 0.0}
@@ -47,13 +49,27 @@ async def engine_redeploy(settings: Settings, version: str) -> float:
     return elapsed
 
 
+async def open_health(conn: asyncssh.SSHClientConnection, kit: SimKit
+                      ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
+    # Only answered requests reach the call log: the engine's refused polls while the
+    # server was still binding do not.  Poll the same way (refused -> wait one
+    # health_poll_s -> again), or the replay races the server's start-up and fails.
+    url = urlsplit(kit.health_url)
+    while True:
+        try:
+            return await conn.open_connection(url.hostname, url.port)
+        except asyncssh.ChannelOpenError as e:
+            if e.code != asyncssh.OPEN_CONNECT_FAILED:
+                raise
+            await asyncio.sleep(TEST_SERVICE_SETTINGS["health_poll_s"])
+
+
 async def replay(kit: SimKit, calls: list[tuple[str, tuple[str, ...]]]) -> float:
     async with await kit.connect() as conn:
         start = time.perf_counter()
         for tool, argv in calls:
             if tool == "http":
-                url = urlsplit(kit.health_url)
-                reader, writer = await conn.open_connection(url.hostname, url.port)
+                reader, writer = await open_health(conn, kit)
                 writer.write(f"GET {argv[1]} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
                              .encode())
                 await reader.read()
