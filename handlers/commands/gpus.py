@@ -1,10 +1,17 @@
-"""``/vllm gpus [host|service]``: GPU memory across hosts, one concurrent fan-out."""
+"""``/vllm gpus [host|service]``: GPU memory across hosts, one concurrent fan-out.
+
+The answer always fits one message: a fleet too big for the per-GPU tables gets a
+summary line and a line per host, with the full tables as a file in the thread.
+"""
 
 from __future__ import annotations
 
-from bot.fleet import fleet_gpus, render_fleet, resolve_targets
+from bot.blocks import code_answer
+from bot.fleet import fleet_gpus, fleet_message, resolve_targets
 from bot.grammar import Gpus
-from handlers.common import CommandRequest, post_code
+from handlers.common import CommandRequest
+
+FILENAME = "gpus.txt"
 
 
 async def handle(req: CommandRequest, cmd: Gpus) -> None:
@@ -14,6 +21,12 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
     async def work() -> None:
         results = await fleet_gpus(req.settings, req.ops.runtime.pool, hosts)
         title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
-        await post_code(req.ops, req.channel, title, render_fleet(results), filename="gpus.txt")
+        answer = fleet_message(results)
+        poster = req.ops.poster
+        ts = await poster.post(req.channel, code_answer(
+            title, answer.text, attached=answer.attachment is not None))
+        if answer.attachment is not None:
+            await poster.upload(req.channel, filename=FILENAME, content=answer.attachment,
+                                title=title, thread_ts=ts)
 
     req.later(work(), "gpus")

@@ -4,6 +4,7 @@ fake Slack, real SQLite and the simulated GPU host."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from slack_harness import (
@@ -17,7 +18,10 @@ from slack_harness import (
 )
 
 from bot.grammar import COMMANDS, usage
-from bot.sim.kit import SimKit
+from bot.sim.kit import SimKit, fast_config
+from bot.sim.sshd import free_port
+
+MakeSimHost = Callable[..., Awaitable[SimKit]]
 
 
 def ack_text(body: str) -> str:
@@ -128,6 +132,29 @@ async def test_gpus_answers_with_a_code_block(tmp_path: Path, sim_host: SimKit) 
         msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "GPUs" in m.get("text", ""))
         text = blocks_text(msg)
         assert "```" in text and "1/1 hosts ok" in text and "total" in text
+
+
+async def test_a_fleet_too_big_for_one_message_gets_a_summary_and_the_full_file(
+        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"))
+            for i in range(1, 5)]
+    hosts = {k.hostname: k.host_settings() for k in kits}
+    # And two hosts that cannot answer: a closed port and an unknown host key.
+    hosts["gpu-node-dead"] = {**kits[0].host_settings(), "port": free_port()}
+    hosts["gpu-node-moved"] = {**kits[1].host_settings(), "known_hosts": str(tmp_path / "kh")}
+    (tmp_path / "kh").write_text("")
+    services = {SERVICE: kits[0].service_settings()}
+    async with slack_bot(tmp_path, kits[0], hosts=hosts, services=services) as bot:
+        await bot.command("gpus")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "GPUs" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert "4/6 hosts ok, 2 unreachable" in text
+        assert "gpu-node-dead" in text and "gpu-node-moved" in text
+        await bot.ops.idle()
+        [log] = [f for f in bot.fake.files if f.text and "gpu-node-4" in f.text]
+        for k in kits:  # every host's full per-GPU table is in the file
+            assert f"{k.hostname}: 8 GPUs" in log.text
+        assert all(c.ok for c in bot.fake.calls())
 
 
 async def test_logs_posts_the_journal_tail(tmp_path: Path, sim_host: SimKit) -> None:
