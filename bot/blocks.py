@@ -266,6 +266,9 @@ class CardView:
     summary: str | None = None
     cancel_requested_by: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # (host, state) once a host is done: its outcome, or "not_started" for a host a
+    # stopped rollout never reached.
+    host_states: tuple[tuple[str, str], ...] = ()
 
 
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
@@ -351,10 +354,13 @@ def _step_line(line: StepLine) -> str:
 
 def _checklist(view: CardView) -> list[Block]:
     hosts = list(dict.fromkeys(s.host for s in view.steps))
+    states = dict(view.host_states)
     lines: list[str] = []
     for host in hosts:
         if len(hosts) > 1:
-            lines.append(f"*{escape(host)}*")
+            state = states.get(host)
+            shown = "not started" if state == "not_started" else state
+            lines.append(f"*{escape(host)}*" + (f" — {escape(shown)}" if shown else ""))
         lines.extend(_step_line(s) for s in view.steps if s.host == host)
     return [section(chunk) for chunk in _pack(lines, MAX_SECTION_TEXT, _MAX_CHECKLIST_SECTIONS)]
 

@@ -244,7 +244,7 @@ class SlackReporter:
             if event.before is not None and self.view.status == "running":
                 self._set(version_now=self.view.version_now or event.before)
         elif isinstance(event, ev.HostFinished):
-            return
+            self._set(host_states=(*self.view.host_states, (event.host, event.status)))
         elif isinstance(event, ev.RunFinished):
             self.conclude(event.status, event.summary, version_after=event.version_after)
             return

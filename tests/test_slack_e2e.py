@@ -29,7 +29,7 @@ from slack_harness import (
 )
 
 from bot.audit import parse_ts
-from bot.sim.kit import SimKit, fast_config
+from bot.sim.kit import SimKit, fast_config, fleet_fragment
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
 
@@ -401,3 +401,29 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             assert f"Run #{record.id} (restart {SERVICE}) was interrupted" in told
             assert "during step `stop`" in told and "may be running, stopping or stopped" in told
             assert f"/vllm status {SERVICE}" in told
+
+
+async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
+        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    venv = tmp_path / "opt-venv"
+    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv,
+                                service_port=8000) for i in (1, 2, 3)]
+    kits[1].set_faults(uv_fails=True)  # the second batch rolls back: the rollout stops
+    fleet = fleet_fragment(kits)
+    async with slack_bot(tmp_path, kits[0], **fleet) as bot:
+        await bot.command(f"redeploy {SERVICE} --version 0.16.0")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        card = blocks_text(await bot.card(record.id))
+        for k in kits:  # one approval covers the rollout, and the plan names every host
+            assert k.hostname in card
+        assert "1 at a time" in card
+        await bot.click("approve", record.id, user=BOB)
+        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
+                                     timeout_s=60)
+        assert done.status == "rolled_back", done.summary
+        await bot.ops.idle()
+        card = blocks_text(await bot.card(record.id))
+        assert "*gpu-node-1* — succeeded" in card
+        assert "*gpu-node-2* — rolled_back" in card
+        assert "*gpu-node-3* — not started" in card
+    assert kits[2].calls() == []  # the host after the failure was never touched
