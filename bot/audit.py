@@ -774,11 +774,13 @@ class AuditLog:
     # -- steps and snapshots -----------------------------------------------------
 
     async def step_started(self, run_id: int, host: str, step: str, command: str) -> int:
+        """Record a step as running and make it the run's current step, in one
+        transaction: one fsync before each remote action instead of two."""
         params = (run_id, self._r(host), self._r(step), self._r(command), "running", _now())
 
         async def body(conn: aiosqlite.Connection) -> int:
             try:
-                return await _insert(
+                step_id = await _insert(
                     conn,
                     "INSERT INTO steps (run_id, host, step, command, status, started_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
@@ -786,6 +788,9 @@ class AuditLog:
                 )
             except sqlite3.IntegrityError as exc:
                 raise _not_found(run_id) from exc
+            await _exec(conn, "UPDATE runs SET current_step = ? WHERE id = ?",
+                        (self._r(step), run_id))
+            return step_id
 
         return await self._tx(body)
 

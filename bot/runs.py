@@ -63,7 +63,7 @@ class AuditSink:
 
     async def handle(self, event: ev.Event) -> None:
         if isinstance(event, ev.StepStarted):
-            await self.audit.set_step(self.run_id, str(event.step))
+            # Also makes it the run's current step (what recovery reports after a crash).
             self._open[(event.host, event.step)] = await self.audit.step_started(
                 self.run_id, event.host, str(event.step), event.command)
         elif isinstance(event, ev.StepFinished):

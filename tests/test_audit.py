@@ -299,7 +299,9 @@ async def test_cancelled_caller_does_not_break_the_connection(log: AuditLog) -> 
 async def test_steps_record_start_finish_and_keep_the_output_tail(log: AuditLog) -> None:
     run_id = await new_run(log)
     first = await log.step_started(run_id, "gpu1", "stop", "systemctl stop vllm")
+    assert (await log.get_run(run_id)).current_step == "stop"  # what recovery reports
     second = await log.step_started(run_id, "gpu1", "install", "uv pip install vllm==0.9.1")
+    assert (await log.get_run(run_id)).current_step == "install"
     output = "x" * 10_000 + "LAST LINE"
     await log.step_finished(first, status="ok", exit_status=0, duration_s=1.25, output_tail="ok\n")
     await log.step_finished(second, status="failed", exit_status=2, duration_s=30.0,

@@ -384,7 +384,6 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
                                           owner=dead)
             first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
             await audit.step_finished(first, status="ok", duration_s=0.5)
-            await audit.set_step(record.id, "stop")  # as the engine's audit sink does
             await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)
