@@ -37,7 +37,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.audit import FINAL_STATUSES, RunRecord, StepRecord, parse_ts
 from bot.blocks import (
     STEP_STATES,
-    SYSTEM_PREFIX,
     CardView,
     StepLine,
     StepStateName,
@@ -47,7 +46,7 @@ from bot.blocks import (
     section,
 )
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
-from bot.plan import Plan, PlannedStep, Step
+from bot.plan import DRY_RUN_APPROVER, Plan, PlannedStep, Step
 from bot.policy import (
     counted_approvals,
     evaluate_approval,
@@ -64,8 +63,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Membership = dict[str, frozenset[str]]
 
-DRY_RUN_APPROVER = f"{SYSTEM_PREFIX}dry-run"
-READ_ONLY_APPROVER = f"{SYSTEM_PREFIX}read-only"
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
 
 
@@ -208,7 +205,7 @@ class Approvals:
         return reason
 
     async def _thread_link(self, run_id: int) -> str:
-        """" Its thread: <link>" for the run holding a lock, when Slack can give one."""
+        """' Its thread: <link>' for the run holding a lock, when Slack can give one."""
         holder = await self.runtime.audit.get_run(run_id)
         if holder.channel is None or holder.message_ts is None:
             return ""
@@ -236,9 +233,7 @@ class Approvals:
             return f"Refused: {exc}.{await self._thread_link(exc.run_id)}"
         if plan.dry_run:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
-            await self.runtime.audit.record_decision(record.id, DRY_RUN_APPROVER, "approve")
-            await self.runtime.audit.transition(record.id, "approved",
-                                                expect=("pending_approval",))
+            await self.runtime.engine.approve(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
         try:
             ts = await self.poster.post(channel, run_card(self._view(record)))
@@ -400,9 +395,11 @@ class Approvals:
                 reason=f"Only the requester or an approver can cancel run #{run_id}.")
         if record.is_final:
             return f"Run #{run_id} has already finished: {record.status}."
-        await audit.record_decision(run_id, user, "cancel")
+        # The 'cancel' decision is recorded only where a cancel really happens (for a
+        # running run the engine records it when its token is set).
         if await audit.transition(run_id, "cancelled", expect=("pending_approval",),
                                   summary=f"cancelled by {user} before approval"):
+            await audit.record_decision(run_id, user, "cancel")
             self._disarm(run_id)
             await self._refresh_card(run_id)
             return f"Run #{run_id} cancelled."
@@ -414,6 +411,7 @@ class Approvals:
         # Approved but not started yet: closing it now means it never starts.
         if await audit.transition(run_id, "cancelled", expect=("approved",),
                                   summary=f"cancelled by {user} before it started"):
+            await audit.record_decision(run_id, user, "cancel")
             return f"Run #{run_id} cancelled before it started."
         current = await audit.get_run(run_id)
         if current.status == "running":
@@ -443,7 +441,8 @@ class Approvals:
         except LockHeldError as exc:
             await self._close(run_id, reporter, "refused", f"not started: {exc}")
         except ChatOpsError as exc:
-            await self._close(run_id, reporter, "failed", f"not started: {exc}")
+            # A run that had started is already 'interrupted' with what that means.
+            await self._close(run_id, reporter, "failed", f"stopped: {exc}")
         except Exception as exc:
             log.exception("run #%d crashed", run_id)
             await self._close(run_id, reporter, "failed", f"internal error: {exc!r}")
@@ -452,7 +451,7 @@ class Approvals:
             await reporter.flush(self.flush_timeout_s)
 
     async def _close(self, run_id: int, reporter: SlackReporter, status: str,
-                               summary: str) -> None:
+                     summary: str) -> None:
         await self.runtime.audit.transition(run_id, status, expect=("approved", "running"),
                                             summary=summary)
         record = await self.runtime.audit.get_run(run_id)

@@ -522,6 +522,11 @@ class AuditLog:
     def _json(self, value: Any) -> str:
         return json.dumps(self._clean(value), ensure_ascii=False)
 
+    def as_stored(self, value: Any) -> Any:
+        """``value`` as it reads back after being stored (redacted, JSON types), so a
+        fresh object can be compared with a stored one."""
+        return json.loads(self._json(value))
+
     # -- runs --------------------------------------------------------------------
 
     async def create_run(
@@ -990,22 +995,40 @@ class AuditLog:
                     )
                 else:
                     summary = "interrupted: the bot stopped before the first step"
-                await _exec(
-                    conn,
-                    "UPDATE runs SET status = 'interrupted', finished_at = ?, summary = ? "
-                    "WHERE id = ?",
-                    (now, self._r(summary), row["id"]),
-                )
-                await _exec(
-                    conn,
-                    "UPDATE steps SET status = 'interrupted', finished_at = ? "
-                    "WHERE run_id = ? AND status = 'running'",
-                    (now, row["id"]),
-                )
-                await _exec(conn, "DELETE FROM locks WHERE run_id = ?", (row["id"],))
+                await self._interrupt(conn, row["id"], summary, now)
             return [await self._run(conn, row["id"]) for row in rows]
 
         return await self._tx(body)
+
+    async def interrupt(self, run_id: int, summary: str) -> bool:
+        """A run whose driver stopped (cancelled at shutdown, or broken) becomes
+        'interrupted', with its running steps, and releases its locks: it must never
+        look as if something still drives it. False if it was not 'running'."""
+        now = _now()
+
+        async def body(conn: aiosqlite.Connection) -> bool:
+            rows = await _rows(conn, "SELECT 1 FROM runs WHERE id = ? AND status = 'running'",
+                               (run_id,))
+            if rows:
+                await self._interrupt(conn, run_id, summary, now)
+            return bool(rows)
+
+        return await self._tx(body)
+
+    async def _interrupt(self, conn: aiosqlite.Connection, run_id: int, summary: str,
+                         now: str) -> None:
+        await _exec(
+            conn,
+            "UPDATE runs SET status = 'interrupted', finished_at = ?, summary = ? WHERE id = ?",
+            (now, self._r(summary), run_id),
+        )
+        await _exec(
+            conn,
+            "UPDATE steps SET status = 'interrupted', finished_at = ? "
+            "WHERE run_id = ? AND status = 'running'",
+            (now, run_id),
+        )
+        await _exec(conn, "DELETE FROM locks WHERE run_id = ?", (run_id,))
 
     async def expire_pending(self, now: datetime) -> list[RunRecord]:
         """Runs still awaiting approval at their ``expires_at`` become 'expired'."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from bot.plan import STEP_TITLES, Plan, Step
+from bot.plan import STEP_TITLES, SYSTEM_PREFIX, Plan, Step
 
 Block = dict[str, Any]
 
@@ -36,8 +36,6 @@ FENCE = "```"
 ACTION_APPROVE = "approve"
 ACTION_DENY = "deny"
 ACTION_CANCEL = "cancel"
-# Decisions the bot records itself (dry runs, status queries) carry this user prefix.
-SYSTEM_PREFIX = "system:"
 
 # A step summary comes from the engine and may quote host output: keep one line short.
 _SUMMARY_CHARS = 300

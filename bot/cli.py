@@ -121,14 +121,14 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
 async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
-    out.write(describe_plan(plan) + "\n")
+    out.write(rt.redact(describe_plan(plan)) + "\n")
     if not (yes or plan.dry_run):
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed (use --yes when not on a terminal)")
     record = await rt.engine.request(plan, requested_by=user, source="cli")
-    # On a terminal the operator's own confirmation is the approval; it is recorded as such.
-    await rt.audit.record_decision(record.id, user, "approve")
-    await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    # On a terminal the operator's own confirmation is the approval and is recorded as
+    # such; a dry run or status query is approved by the system, as in Slack.
+    await rt.engine.approve(record.id, plan.system_approver or user)
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:

@@ -67,8 +67,7 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
             record = await rt.engine.request(plan, requested_by=REQUESTER, source="demo")
             out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
                       "(in Slack the requester alone can never approve)\n\n")
-            await rt.audit.record_decision(record.id, APPROVER, "approve")
-            await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+            await rt.engine.approve(record.id, APPROVER)
             result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
             out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
             out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")

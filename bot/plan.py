@@ -15,6 +15,12 @@ from bot.settings import ServiceSettings, Settings
 
 Action = Literal["redeploy", "restart", "status"]
 
+# Approvals the bot records itself carry this prefix: dry runs and status queries change
+# nothing and need nobody's approval, and the audit log must not credit a person with one.
+SYSTEM_PREFIX = "system:"
+DRY_RUN_APPROVER = f"{SYSTEM_PREFIX}dry-run"
+READ_ONLY_APPROVER = f"{SYSTEM_PREFIX}read-only"
+
 
 class Step(StrEnum):
     PREFLIGHT = "preflight"
@@ -71,6 +77,13 @@ class Plan:
         d["hosts"] = list(self.hosts)
         d["steps"] = [{"step": str(s.step), "command": s.command} for s in self.steps]
         return d
+
+    @property
+    def system_approver(self) -> str | None:
+        """Who approves a run that changes nothing, or None when people must."""
+        if self.action == "status":
+            return READ_ONLY_APPROVER
+        return DRY_RUN_APPROVER if self.dry_run else None
 
     def batches(self) -> list[tuple[str, ...]]:
         n = self.batch_size

@@ -8,7 +8,7 @@ neither knows how a run is executed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -19,13 +19,11 @@ from bot.executor import CancelToken, Executor
 from bot.gpu import GpuSnapshot
 from bot.owner import process_owner
 from bot.plan import Plan, make_plan
+from bot.recovery import interrupted_message
 from bot.sequence import FLOWS, HostOutcome
 from bot.settings import Settings
 from bot.ssh import HostPool
 
-FINAL_STATUSES = frozenset({"succeeded", "failed", "rolled_back", "aborted", "cancelled",
-                            "interrupted", "denied", "expired", "refused"})
-ACTIVE_STATUSES = ("pending_approval", "approved", "running")
 # Worst outcome first: the run's status is the worst of its hosts'.
 _SEVERITY = ("failed", "rolled_back", "cancelled", "aborted", "succeeded")
 # The per-host state of a host a stopped rollout never touched.
@@ -71,7 +69,8 @@ class AuditSink:
             if step_id is not None:
                 await self.audit.step_finished(
                     step_id, status=event.status, exit_status=event.exit_status,
-                    duration_s=round(event.duration_s, 3), output_tail=event.output[-4000:])
+                    # Whole: the audit log redacts before it cuts, so no half secret survives.
+                    duration_s=round(event.duration_s, 3), output_tail=event.output)
         elif isinstance(event, ev.GpuTable):
             await self.audit.add_snapshot(self.run_id, event.host, event.label,
                                           snapshot_json(event.snapshot))
@@ -94,6 +93,9 @@ def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
 
 def overall_status(outcomes: Sequence[HostOutcome]) -> str:
     statuses = {o.status for o in outcomes}
+    if "aborted" in statuses and statuses != {"aborted"}:
+        # "aborted" promises the service was untouched; another host was changed.
+        statuses = (statuses - {"aborted"}) | {"failed"}
     for status in _SEVERITY:
         if status in statuses:
             return status
@@ -176,11 +178,28 @@ class Engine:
         token.request(user)
         return True
 
-    async def execute(self, run_id: int, sink: ev.EventSink,
-                      *, on_started: Callable[[], None] | None = None) -> RunResult:
+    async def approve(self, run_id: int, approver: str) -> bool:
+        """Record ``approver``'s approval and move the run to 'approved' (the terminal's
+        confirmation, or a system approver for dry runs and status queries). The
+        approving process becomes its owner, so a bot starting meanwhile leaves it be."""
+        await self.audit.record_decision(run_id, approver, "approve")
+        return await self.audit.transition(run_id, "approved", expect=("pending_approval",),
+                                           owner=process_owner())
+
+    async def execute(self, run_id: int, sink: ev.EventSink) -> RunResult:
         """Run an approved run to its end. The run must be in 'approved'."""
         record = await self.audit.get_run(run_id)
         plan = self.plan_of(record)
+        if self.audit.as_stored(plan.to_json()) != record.plan:
+            # The config changed since the card was approved: never run what nobody saw.
+            reason = ("the configuration changed since this plan was approved; "
+                      "request it again to see the new plan")
+            await self.audit.transition(run_id, "refused", expect=("approved",),
+                                        summary=f"not started: {reason}")
+            await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
+                                            command=f"{record.action} {record.service}",
+                                            reason=reason)
+            return RunResult(run_id, "refused", f"not started: {reason}", {})
         if needs_locks(plan):
             try:
                 await self.audit.acquire_locks(run_id, lock_scopes(plan))
@@ -199,12 +218,15 @@ class Engine:
         token = self.cancels[run_id] = CancelToken()
         recorder = asyncio.create_task(self._record_cancel(run_id, token))
         try:
-            if on_started is not None:
-                on_started()
             # The audit record must be written; a broken chat or terminal sink must not stop
             # a half-finished maintenance job.
             sinks = ev.FanOut(AuditSink(self.audit, run_id), ev.BestEffort(sink))
             return await self._execute(record, plan, sinks, token)
+        except BaseException:
+            # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
+            # must say so at once, not wait for the next start's recovery.
+            await asyncio.shield(self._interrupt(run_id))
+            raise
         finally:
             self.cancels.pop(run_id, None)
             if token.requested:
@@ -212,6 +234,10 @@ class Engine:
             else:
                 recorder.cancel()
             await self.audit.release_locks(run_id)
+
+    async def _interrupt(self, run_id: int) -> None:
+        record = await self.audit.get_run(run_id)
+        await self.audit.interrupt(run_id, interrupted_message(record))
 
     async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
         """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""

@@ -115,6 +115,11 @@ def _check_credentials(settings: Settings, err: TextIO) -> bool:
         else:
             err.write("error: SLACK_BOT_TOKEN (xoxb-...) is required to run the Slack bot\n")
         return False
+    if settings.services and not settings.policy.approvers:
+        # An empty list would let anyone in the workspace approve stopping a GPU service.
+        err.write("error: [policy].approvers is empty: name the Slack users or user groups "
+                  "who may approve redeploys and restarts\n")
+        return False
     if settings.slack_app_token is None and settings.slack_signing_secret is None:
         err.write("error: HTTP mode needs SLACK_SIGNING_SECRET to verify requests "
                   "(or set SLACK_APP_TOKEN for Socket Mode)\n")

@@ -65,3 +65,14 @@ async def test_socket_mode_takes_commands_and_clicks(tmp_path: Path, sim_host: S
             stop.set()
             assert await asyncio.wait_for(bot, 10) == 0
         assert sim_host.calls() == []
+
+
+async def test_an_empty_approvers_list_is_refused_at_start(tmp_path: Path,
+                                                           sim_host: SimKit) -> None:
+    async with new_fake() as fake:
+        settings = make_settings(tmp_path, sim_host, fake,
+                                 policy={"requesters": [], "approvers": []})
+        err = io.StringIO()
+        assert await serve(settings, err=err) == 2
+        assert "[policy].approvers is empty" in err.getvalue()
+        assert fake.calls() == []  # refused before anything else

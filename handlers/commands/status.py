@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 
 from bot import events as ev
-from bot.approvals import READ_ONLY_APPROVER
 from bot.gpu import render_table
 from bot.grammar import Status
+from bot.plan import READ_ONLY_APPROVER
 from handlers.common import CommandRequest, post_code
 
 
@@ -35,8 +35,7 @@ async def _one(req: CommandRequest, service: str) -> str:
     plan = rt.engine.plan("status", service)
     record = await rt.engine.request(plan, requested_by=req.user, source="slack",
                                      channel=req.channel)
-    await rt.audit.record_decision(record.id, READ_ONLY_APPROVER, "approve")
-    await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    await rt.engine.approve(record.id, READ_ONLY_APPROVER)
     sink = _Collect()
     result = await rt.engine.execute(record.id, sink)
     body = "\n".join(sink.lines) or result.summary

@@ -1,0 +1,101 @@
+"""The engine's own guards: a run is never left looking alive, never runs a plan nobody
+approved, and never reports 'nothing changed' when something did."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot import events as ev
+from bot.plan import Step
+from bot.runs import AuditSink, overall_status
+from bot.runtime import open_runtime
+from bot.sequence import HostOutcome
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit
+
+
+class StopAt:
+    """A sink that lets the test act when a given step starts."""
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.reached = asyncio.Event()
+
+    async def handle(self, event: ev.Event) -> None:
+        if isinstance(event, ev.StepStarted) and event.step == self.step:
+            self.reached.set()
+
+
+def settings_for(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:
+    return Settings(**kit.settings_fragment(**service), db_path=tmp_path / "audit.db")
+
+
+async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host.update_config(install_duration_s=30.0)
+    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
+                                         requested_by="U0ALICE", source="cli")
+        assert await rt.engine.approve(record.id, "U0BOB")
+        sink = StopAt(Step.REINSTALL)
+        task = asyncio.create_task(rt.engine.execute(record.id, sink))
+        await sink.reached.wait()
+        task.cancel()  # what a bot shutdown (or a second Ctrl-C) does to a run's task
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run = await rt.audit.get_run(record.id)
+        assert run.status == "interrupted" and run.finished_at is not None
+        assert "during step `reinstall`" in (run.summary or "")
+        assert "STOPPED" in (run.summary or "")
+        steps = {s.step: s.status for s in await rt.audit.steps(record.id)}
+        assert steps["reinstall"] == "interrupted" and steps["stop"] == "ok"
+        assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
+
+
+async def test_a_plan_changed_by_the_config_after_approval_is_refused(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE, index="nightly"),
+                                         requested_by="U0ALICE", source="slack")
+        assert await rt.engine.approve(record.id, "U0BOB")
+    # The operator edits the config (another index URL) and the bot restarts.
+    changed = settings_for(sim_host, tmp_path,
+                           indexes={"nightly": "https://mirror.example.com/nightly"})
+    async with open_runtime(changed) as rt:
+        result = await rt.engine.execute(record.id, StopAt(Step.STOP))
+        assert result.status == "refused"
+        assert "configuration changed since this plan was approved" in result.summary
+        run = await rt.audit.get_run(record.id)
+        assert run.status == "refused"
+        assert [r.user for r in await rt.audit.refusals()] == ["U0ALICE"]
+    assert sim_host.calls() == []
+
+
+def test_aborted_only_when_no_host_was_changed() -> None:
+    ok, refused = HostOutcome("succeeded", "done"), HostOutcome("aborted", "untouched")
+    assert overall_status([refused]) == "aborted"
+    assert overall_status([refused, refused]) == "aborted"
+    assert overall_status([ok, refused]) == "failed"  # the first host was redeployed
+    assert overall_status([ok, HostOutcome("rolled_back", "x")]) == "rolled_back"
+    assert overall_status([ok, ok]) == "succeeded"
+
+
+async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
+                                                               tmp_path: Path) -> None:
+    body = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAE" * 200  # longer than the stored tail
+    output = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + body +
+              "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package")
+    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
+                                         requested_by="U0ALICE", source="cli")
+        sink = AuditSink(rt.audit, record.id)
+        await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
+        await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, "ok", 0,
+                                          1.0, "installed", output))
+        [step] = await rt.audit.steps(record.id)
+    assert "b3BlbnNzaC1rZXkt" not in step.output_tail
+    assert step.output_tail.endswith("Installed 1 package")
