@@ -299,11 +299,6 @@ class DrainVerdict:
     threshold_mib: int
     holders: tuple[Holder, ...] = ()
 
-    @property
-    def pids(self) -> tuple[int, ...]:
-        """Every PID that still holds a GPU or is a surviving worker, sorted, once each."""
-        return tuple(sorted({h.pid for h in self.holders if h.pid is not None}))
-
     def describe(self) -> str:
         if self.drained:
             return f"drained: no GPU process, every GPU at or below {self.threshold_mib} MiB"
@@ -470,17 +465,3 @@ def render_table(snapshot: GpuSnapshot) -> str:
         out.extend(line(("",) * 5, _process_cell(p, room)) for p in procs[1:])
     out.append(line(total_cells, f"{n_procs} process{'es' if n_procs != 1 else ''}"))
     return "\n".join(out)
-
-
-def render_snapshots(snapshots: Iterable[GpuSnapshot]) -> str:
-    """Tables for several hosts, a blank line apart, plus a grand total for two or more."""
-    shots = tuple(snapshots)
-    if not shots:
-        return "no hosts"
-    parts = [render_table(s) for s in shots]
-    if len(shots) > 1:
-        gpus = sum(len(s.gpus) for s in shots)
-        used = sum(s.used_mib for s in shots)
-        total = sum(s.total_mib for s in shots)
-        parts.append(f"all {len(shots)} hosts: {gpus} GPUs, {used} / {total} MiB used")
-    return "\n\n".join(parts)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from bot.settings import PolicySettings
@@ -64,10 +64,6 @@ def is_approver(user: str, policy: PolicySettings, membership: Membership) -> bo
 def may_cancel(user: str, requester: str, policy: PolicySettings, membership: Membership) -> bool:
     """The requester or any current approver may cancel a run."""
     return user == requester or is_approver(user, policy, membership)
-
-
-def approval_deadline(requested_at: datetime, policy: PolicySettings) -> datetime:
-    return requested_at + timedelta(seconds=policy.approval_ttl_s)
 
 
 def _counts(user: str, requester: str, policy: PolicySettings, membership: Membership) -> bool:

@@ -12,11 +12,8 @@ may be masked at every boundary without care for whether it already was.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar, cast
-
-from bot.settings import Settings
 
 MASK = "***"
 # Values only ever turn into MASK, so a fixpoint comes within a few passes.
@@ -24,13 +21,11 @@ _MAX_PASSES = 8
 # Shorter literals would mask ordinary words (and "***" itself).
 MIN_LITERAL_LEN = 4
 
-T = TypeVar("T")
 
 # A key that names a secret: FOO_TOKEN, token, client_secret, DB_PASSWORD,
 # api_key / apikey / x-api-key, AWS_SECRET_ACCESS_KEY, any *_KEY.  Matched at
 # the end of the key only: the text before it is kept as it is.
 _SENSITIVE_WORDS = r"(?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|_key)"
-_SENSITIVE_KEY = re.compile(rf"(?i){_SENSITIVE_WORDS}\Z")
 
 _PRIVATE_KEY = re.compile(
     r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)"
@@ -134,10 +129,6 @@ class Redactor:
         values = sorted({v for v in literals if len(v) >= MIN_LITERAL_LEN}, key=len, reverse=True)
         self._literals = re.compile("|".join(map(re.escape, values))) if values else None
 
-    @classmethod
-    def for_settings(cls, settings: Settings) -> Redactor:
-        return cls(settings.secret_values())
-
     def __call__(self, text: str) -> str:
         # Rules interact (a masked value can complete another rule's pattern,
         # e.g. a URL's password), so apply them until nothing changes: that is
@@ -162,28 +153,3 @@ class Redactor:
                 # stale copy can cause a needless run but never a missed one.
                 text = rule.pattern.sub(rule.replacement, text)
         return text
-
-    def redact_obj(self, obj: T) -> T:
-        """Mask every string in nested dicts/lists/tuples (e.g. JSON before it is
-        stored).  A value under a key that names a secret (``hf_token``,
-        ``password``…) is masked whole, whatever it is."""
-        return cast(T, self._obj(obj))
-
-    def _obj(self, obj: object) -> object:
-        if isinstance(obj, str):
-            return self(obj)
-        if isinstance(obj, Mapping):
-            out: dict[object, object] = {}
-            for key, value in obj.items():
-                secret = (
-                    isinstance(key, str)
-                    and value is not None
-                    and _SENSITIVE_KEY.search(key) is not None
-                )
-                out[self._obj(key)] = MASK if secret else self._obj(value)
-            return out
-        if isinstance(obj, list):
-            return [self._obj(v) for v in obj]
-        if isinstance(obj, tuple):
-            return tuple(self._obj(v) for v in obj)
-        return obj

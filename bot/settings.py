@@ -237,8 +237,6 @@ class Settings(BaseSettings):
                 out.append(s.get_secret_value())
         return [v for v in out if len(v) >= 4]
 
-    def service(self, name: str) -> ServiceSettings:
-        return self.services[name]
 
 
 def config_path(env: dict[str, str] | None = None) -> Path:

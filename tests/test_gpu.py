@@ -21,7 +21,6 @@ from bot.gpu import (
     parse_apps_csv,
     parse_gpu_csv,
     parse_pgrep,
-    render_snapshots,
     render_table,
     short_gpu_name,
 )
@@ -301,7 +300,7 @@ def test_drained_when_nothing_holds_a_gpu() -> None:
     verdict = drain_verdict(snapshot(gpu_text(8, used=3)), 1024)
     assert verdict.drained
     assert verdict.holders == ()
-    assert verdict.pids == ()
+    assert verdict.holders == ()
     assert verdict.describe() == "drained: no GPU process, every GPU at or below 1024 MiB"
 
 
@@ -319,7 +318,7 @@ def test_a_process_holding_memory_blocks_the_drain() -> None:
                                                                            96000)
     assert holder.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
     assert verdict.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
-    assert verdict.pids == (48304,)
+    assert {h.pid for h in verdict.holders} == {48304}
 
 
 def test_a_small_process_blocks_even_under_the_threshold() -> None:
@@ -368,7 +367,7 @@ def test_surviving_workers_block_unless_already_listed() -> None:
     verdict = drain_verdict(snap, 1024, workers)
     assert [(h.kind, h.pid) for h in verdict.holders] == [("process", 48301), ("worker", 48399)]
     assert verdict.holders[1].describe() == "PID 48399 (VLLM::EngineCore) is still running"
-    assert verdict.pids == (48301, 48399)
+    assert {h.pid for h in verdict.holders} == {48301, 48399}
 
 
 def test_holders_are_ordered_by_gpu_then_unknown_gpu_then_worker() -> None:
@@ -502,22 +501,6 @@ def test_table_neutralises_control_characters_and_backticks() -> None:
 def test_short_gpu_name(name: str, short: str) -> None:
     assert short_gpu_name(name) == short
     assert len(short_gpu_name(name)) <= 25
-
-
-def test_render_snapshots_several_hosts() -> None:
-    one = eight_gpu_snapshot()
-    two = build_snapshot("gpu-b2", gpu_text(2, used=5), "")
-    text = render_snapshots([one, two])
-    blocks = text.split("\n\n")
-    assert blocks[0] == render_table(one)
-    assert blocks[1] == render_table(two)
-    assert blocks[2] == f"all 2 hosts: 10 GPUs, {8 * 97012 + 10} / {10 * 97871} MiB used"
-
-
-def test_render_snapshots_one_or_no_host() -> None:
-    one = eight_gpu_snapshot()
-    assert render_snapshots(iter([one])) == render_table(one)
-    assert render_snapshots([]) == "no hosts"
 
 
 # --------------------------------------------------------------------------- properties

@@ -127,7 +127,7 @@ def test_probe_reads_every_device_and_process() -> None:
     assert snap.processes == (worker,)
     assert fake.calls[0] == "nvmlInit"
     assert fake.calls[-1] == "nvmlShutdown"
-    assert drain_verdict(snap, 1024).pids == (48301,)
+    assert {h.pid for h in drain_verdict(snap, 1024).holders} == {48301}
 
 
 def test_probe_default_host_name_and_no_devices() -> None:

@@ -13,7 +13,6 @@ from bot.policy import (
     Action,
     Decision,
     Membership,
-    approval_deadline,
     counted_approvals,
     evaluate_approval,
     groups_to_resolve,
@@ -95,10 +94,6 @@ def test_may_cancel_is_requester_or_approver() -> None:
     assert may_cancel(DAVE, ALICE, pol, MEMBERS)
     assert not may_cancel(BOB, ALICE, pol, MEMBERS)
     assert may_cancel(BOB, ALICE, policy(), MEMBERS)  # empty approvers: anyone
-
-
-def test_approval_deadline_uses_the_ttl() -> None:
-    assert approval_deadline(T0, policy(approval_ttl_s=60)) == T0 + timedelta(seconds=60)
 
 
 # --- approvals --------------------------------------------------------------------

@@ -116,7 +116,7 @@ async def test_fleet_hosts_share_a_claimed_port(make_sim_host: MakeSimHost,
     config = tmp_path / "chatops.toml"
     config.write_text("")
     settings = load_settings(config, **fleet_fragment(kits))
-    svc = settings.service("kimi-k25")
+    svc = settings.services["kimi-k25"]
     assert svc.hosts == ["gpu-node-1", "gpu-node-2"]
     assert (svc.venv_dir, svc.health_url) == (str(venv), "http://127.0.0.1:8000/health")
     assert {h.port for h in settings.hosts.values()} == {k.port for k in kits}
@@ -129,7 +129,7 @@ async def test_settings_fragment_is_valid(sim_host: SimKit, tmp_path: Path) -> N
     host = settings.hosts["gpu-node-1"]
     assert (host.port, host.known_hosts, host.key_file) == (
         sim_host.port, sim_host.known_hosts, sim_host.client_key)
-    svc = settings.service("kimi-k25")
+    svc = settings.services["kimi-k25"]
     assert (svc.unit, svc.python, svc.drain_poll_s) == (UNIT, str(sim_host.python), 0.1)
     assert sim_host.known_hosts.read_text().startswith(f"[127.0.0.1]:{sim_host.port} ssh-ed25519 ")
 
