@@ -1,9 +1,10 @@
 """Probe the GPUs of the machine the bot runs on through NVML (nvidia-ml-py).
 
-Used by the CLI and the demo when the GPUs are local, so no nvidia-smi process
-or SSH hop is needed.  The NVML module is a parameter: tests pass a small fake
-with the same function names and an ``NVMLError`` of the same shape, and
-production passes nothing and gets the real ``pynvml``.
+Used for hosts configured as ``address = "local"`` (the bot runs on the GPU box)
+and by ``python -m bot gpus --local``, so no nvidia-smi process or SSH hop is
+needed.  The NVML module is a parameter: tests pass a small fake with the same
+function names and an ``NVMLError`` of the same shape, and production passes
+nothing and gets the real ``pynvml``.
 """
 
 from __future__ import annotations

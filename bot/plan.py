@@ -101,34 +101,35 @@ def canonical_version(text: str) -> str:
     return str(v)
 
 
-def _cmd(argv: tuple[str, ...]) -> str:
+def cmd(argv: tuple[str, ...]) -> str:
+    """What an operator would type: the argv, quoted (shared with bot.sequence)."""
     return shlex.join(argv)
 
 
 def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
                    ) -> tuple[PlannedStep, ...]:
     return (
-        PlannedStep(Step.PREFLIGHT, "; ".join(_cmd(a) for a in (
+        PlannedStep(Step.PREFLIGHT, "; ".join(cmd(a) for a in (
             remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
             remote.install_dry_run(svc, spec, index_url)))),
-        PlannedStep(Step.STOP, _cmd(remote.unit_stop(svc))),
+        PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
         PlannedStep(Step.DRAIN, f"poll every {svc.drain_poll_s:g}s up to {svc.drain_timeout_s:g}s: "
-                    f"{_cmd(remote.gpu_query())}; {_cmd(remote.apps_query())}; "
-                    f"{_cmd(remote.workers_query())}"),
-        PlannedStep(Step.REINSTALL, _cmd(remote.install(svc, spec, index_url))),
-        PlannedStep(Step.START, _cmd(remote.unit_start(svc))),
+                    f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}; "
+                    f"{cmd(remote.workers_query())}"),
+        PlannedStep(Step.REINSTALL, cmd(remote.install(svc, spec, index_url))),
+        PlannedStep(Step.START, cmd(remote.unit_start(svc))),
         PlannedStep(Step.HEALTH, f"up to {svc.start_timeout_s:g}s: "
-                    f"{_cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "
+                    f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "
                     "until 200"),
         PlannedStep(Step.POSTCHECK,
-                    f"{_cmd(remote.package_show(svc))}; {_cmd(remote.gpu_query())}"),
+                    f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
     )
 
 
 def restart_steps(svc: ServiceSettings) -> tuple[PlannedStep, ...]:
     full = redeploy_steps(svc, svc.package, None)
     keep = {Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.POSTCHECK}
-    return (PlannedStep(Step.PREFLIGHT, _cmd(remote.unit_show(svc))),
+    return (PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
             *(s for s in full if s.step in keep))
 
 
@@ -164,8 +165,8 @@ def make_plan(
     elif action == "restart":
         steps = restart_steps(svc)
     else:
-        steps = (PlannedStep(Step.STATUS, f"{_cmd(remote.unit_show(svc))}; "
-                             f"{_cmd(remote.package_show(svc))}; {_cmd(remote.gpu_query())}"),)
+        steps = (PlannedStep(Step.STATUS, f"{cmd(remote.unit_show(svc))}; "
+                             f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),)
     return Plan(
         action=action, service=service, hosts=tuple(svc.hosts), unit=svc.unit,
         package=svc.package, version=version, spec=spec, index_name=index,

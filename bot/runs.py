@@ -45,10 +45,6 @@ def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
     return [plan.hosts] if plan.action == "status" else plan.batches()
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
-
-
 class AuditSink:
     """Writes steps, snapshots and versions as they happen (before and after each
     remote action), so a crash leaves every completed step on disk."""
@@ -143,7 +139,7 @@ class Engine:
         locks here (atomically, in SQLite) is what makes two requests in the same
         second end with exactly one card. Read-only runs take no locks.
         """
-        expires = utcnow() + timedelta(seconds=self.settings.policy.approval_ttl_s)
+        expires = datetime.now(UTC) + timedelta(seconds=self.settings.policy.approval_ttl_s)
         run_id = await self.audit.create_run(
             service=plan.service, action=plan.action, hosts=list(plan.hosts),
             requested_by=requested_by, source=source, plan=plan.to_json(),

@@ -18,7 +18,6 @@ means for it; see docs/reliability.md for the whole fault matrix.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from bot.gpu import (
     drain_verdict,
     parse_pgrep,
 )
-from bot.plan import Plan, Step
+from bot.plan import Plan, Step, cmd
 from bot.settings import ServiceSettings
 from bot.transport import CommandResult, HttpResult
 
@@ -130,10 +129,6 @@ HEALTH_REQUEST_TIMEOUT_S = 5.0
 INSTALL_KILL_GRACE_S = 15.0
 
 # ---- small helpers (sub-generators) ----------------------------------------------------
-
-
-def _cmd(argv: tuple[str, ...]) -> str:
-    return shlex.join(argv)
 
 
 def lost(r: CommandResult) -> bool:
@@ -238,7 +233,7 @@ def _status_hint(service: str) -> str:
 def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | None]:
     """systemctl stop. None when stopped, else the run's summary."""
     argv = remote.unit_stop(svc)
-    yield Emit(BeginStep(Step.STOP, _cmd(argv)))
+    yield Emit(BeginStep(Step.STOP, cmd(argv)))
     r = yield from _run(Step.STOP, argv, svc.stop_timeout_s)
     if lost(r):
         # systemd goes on with a stop job whose client went away, if it ever got it.
@@ -273,8 +268,8 @@ def _drain(svc: ServiceSettings, host: str) -> Generator[Action, Any, tuple[str,
 
     A poll whose result never came back is no verdict: the next poll reconnects,
     and only the drain timeout ends the wait."""
-    yield Emit(BeginStep(Step.DRAIN, f"poll {_cmd(remote.gpu_query())}, "
-                         f"{_cmd(remote.apps_query())}, {_cmd(remote.workers_query())}"))
+    yield Emit(BeginStep(Step.DRAIN, f"poll {cmd(remote.gpu_query())}, "
+                         f"{cmd(remote.apps_query())}, {cmd(remote.workers_query())}"))
     start = (yield from _tick(0.0)).now
     polls = 0
     last: tuple[GpuSnapshot, DrainVerdict] | None = None  # the latest poll that was answered
@@ -321,7 +316,7 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     """systemctl start, then wait for the unit to stay up and /health to answer 200.
     Returns None when healthy, else the reason (journal tail in the step's detail)."""
     argv = remote.unit_start(svc)
-    yield Emit(BeginStep(start_step, _cmd(argv)))
+    yield Emit(BeginStep(start_step, cmd(argv)))
     r = yield from _run(start_step, argv, svc.command_timeout_s)
     if lost(r):
         # systemd carries on with a start job whose client went away; if the command
@@ -337,7 +332,7 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     else:
         yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
 
-    yield Emit(BeginStep(health_step, f"{_cmd(remote.unit_is_active(svc))}; GET {svc.health_url}"))
+    yield Emit(BeginStep(health_step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}"))
     start = (yield from _tick(0.0)).now
     last = "no answer yet"
     while True:
@@ -369,7 +364,7 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
 
 def _journal(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str]:
     r = yield from _run(step, remote.journal_tail(svc), svc.command_timeout_s, quiet=True)
-    header = f"$ {_cmd(remote.journal_tail(svc))}"
+    header = f"$ {cmd(remote.journal_tail(svc))}"
     return f"{header}\n{r.output.rstrip()}" if r.output.strip() else f"{header}\n({_why(r)})"
 
 
@@ -410,8 +405,8 @@ def _settle_install(svc: ServiceSettings, step: Step, started: float
 
 
 def _postcheck(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
-    yield Emit(BeginStep(Step.POSTCHECK, f"{_cmd(remote.package_show(svc))}; "
-                         f"{_cmd(remote.gpu_query())}"))
+    yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; "
+                         f"{cmd(remote.gpu_query())}"))
     after = yield from _version(Step.POSTCHECK, svc)
     try:
         snap = yield from _snapshot(Step.POSTCHECK, svc, host)
@@ -499,7 +494,7 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                            "reinstalled; free the GPUs, then restart it.", before, None)
 
     install = remote.install(svc, plan.spec, plan.index_url)
-    yield Emit(BeginStep(Step.REINSTALL, _cmd(install)))
+    yield Emit(BeginStep(Step.REINSTALL, cmd(install)))
     started = (yield from _tick(0.0)).now
     r = yield from _run(Step.REINSTALL, install, svc.install_timeout_s)
     if lost(r):
@@ -543,7 +538,7 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
               cause: str) -> Flow:
     assert before is not None  # preflight refuses when the version is unknown
     argv = remote.install_previous(svc, before, plan.index_url)
-    yield Emit(BeginStep(Step.ROLLBACK, _cmd(argv)))
+    yield Emit(BeginStep(Step.ROLLBACK, cmd(argv)))
     started = (yield from _tick(0.0)).now
     r = yield from _run(Step.ROLLBACK, argv, svc.install_timeout_s)
     if lost(r):
@@ -583,7 +578,7 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
 
 def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Stop, drain, start, health: the same gates as a redeploy without the reinstall."""
-    yield Emit(BeginStep(Step.PREFLIGHT, _cmd(remote.unit_show(svc))))
+    yield Emit(BeginStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))))
     r, props = yield from _unit_state(Step.PREFLIGHT, svc)
     refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
                else _check_unit(svc, r, props))
