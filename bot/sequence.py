@@ -494,33 +494,15 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                            "reinstalled; free the GPUs, then restart it.", before, None)
 
     install = remote.install(svc, plan.spec, plan.index_url)
-    yield Emit(BeginStep(Step.REINSTALL, cmd(install)))
-    started = (yield from _tick(0.0)).now
-    r = yield from _run(Step.REINSTALL, install, svc.install_timeout_s)
-    if lost(r):
-        settled = yield from _settle_install(svc, Step.REINSTALL, started)
-        if not settled.known:
-            msg = f"connection lost during the reinstall ({_why(r)}); then {settled.why}"
-            yield Emit(EndStep(Step.REINSTALL, False, msg))
-            return HostOutcome(
-                "failed", f"{msg}. Whether {plan.spec} was installed is unknown, and the "
-                f"service is STOPPED. {_status_hint(plan.service)} once the host answers.",
-                before, None)
-        if not _same_version(settled.installed, target):
-            have = settled.installed or "missing"
-            cause = (f"connection lost during the reinstall ({_why(r)}); once uv had ended, "
-                     f"{svc.package} was {have}, not {target or 'a known version'}")
-            yield Emit(EndStep(Step.REINSTALL, False, cause))
-            return (yield from _rollback(plan, svc, host, before, cause))
-        yield Emit(EndStep(Step.REINSTALL, True,
-                           f"connection lost during the reinstall ({_why(r)}); uv finished "
-                           f"on the host and {svc.package} {settled.installed} is installed"))
-    elif not r.ok:
-        cause = _failed("reinstall", r, svc.install_timeout_s)
-        yield Emit(EndStep(Step.REINSTALL, False, cause, r.exit_status))
-        return (yield from _rollback(plan, svc, host, before, cause))
-    else:
-        yield Emit(EndStep(Step.REINSTALL, True, f"installed {plan.spec}", r.exit_status))
+    verdict, why = yield from _install(svc, Step.REINSTALL, install, target, "reinstall",
+                                       f"installed {plan.spec}")
+    if verdict == "unknown":
+        return HostOutcome(
+            "failed", f"{why}. Whether {plan.spec} was installed is unknown, and the "
+            f"service is STOPPED. {_status_hint(plan.service)} once the host answers.",
+            before, None)
+    if verdict == "failed":
+        return (yield from _rollback(plan, svc, host, before, why))
 
     # A reinstall is never interrupted; a cancel that arrived meanwhile takes effect now.
     if (yield from _tick()).cancel_requested:
@@ -534,40 +516,53 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     return HostOutcome("succeeded", f"{svc.package} {before} -> {after}, healthy", before, after)
 
 
+def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
+             what: str, done: str) -> Generator[Action, Any, tuple[str, str]]:
+    """Run an install (the reinstall or the rollback): ('ok'|'failed'|'unknown', why).
+
+    A cut connection may leave uv running on the host, and installing anything else
+    meanwhile would corrupt the venv: wait until uv has ended, then judge by the
+    version that is installed (``target``)."""
+    yield Emit(BeginStep(step, cmd(argv)))
+    started = (yield from _tick(0.0)).now
+    r = yield from _run(step, argv, svc.install_timeout_s)
+    if lost(r):
+        cut = f"connection lost during the {what} ({_why(r)})"
+        settled = yield from _settle_install(svc, step, started)
+        if not settled.known:
+            why = f"{cut}; then {settled.why}"
+            yield Emit(EndStep(step, False, why))
+            return "unknown", why
+        if not _same_version(settled.installed, target):
+            why = (f"{cut}; once uv had ended, {svc.package} was "
+                   f"{settled.installed or 'missing'}, not {target or 'a known version'}")
+            yield Emit(EndStep(step, False, why))
+            return "failed", why
+        yield Emit(EndStep(step, True, f"{cut}; uv finished on the host and {svc.package} "
+                           f"{settled.installed} is installed"))
+        return "ok", ""
+    if not r.ok:
+        why = _failed(what, r, svc.install_timeout_s)
+        yield Emit(EndStep(step, False, why, r.exit_status))
+        return "failed", why
+    yield Emit(EndStep(step, True, done, r.exit_status))
+    return "ok", ""
+
+
 def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
               cause: str) -> Flow:
     assert before is not None  # preflight refuses when the version is unknown
     argv = remote.install_previous(svc, before, plan.index_url)
-    yield Emit(BeginStep(Step.ROLLBACK, cmd(argv)))
-    started = (yield from _tick(0.0)).now
-    r = yield from _run(Step.ROLLBACK, argv, svc.install_timeout_s)
-    if lost(r):
-        settled = yield from _settle_install(svc, Step.ROLLBACK, started)
-        if not settled.known:
-            msg = f"connection lost during the rollback ({_why(r)}); then {settled.why}"
-            yield Emit(EndStep(Step.ROLLBACK, False, msg))
-            return HostOutcome(
-                "failed", f"{cause}; {msg}. Which {svc.package} version is installed is "
-                f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
-                "the host answers.", before, None)
-        if not _same_version(settled.installed, before):
-            have = settled.installed or "missing"
-            msg = (f"connection lost during the rollback ({_why(r)}); once uv had ended, "
-                   f"{svc.package} was {have}, not {before}")
-            yield Emit(EndStep(Step.ROLLBACK, False, msg))
-            return HostOutcome("failed", f"{cause}; {msg}. The service is STOPPED.",
-                               before, None)
-        yield Emit(EndStep(Step.ROLLBACK, True,
-                           f"connection lost during the rollback ({_why(r)}); uv finished on "
-                           f"the host and {svc.package} {before} is installed"))
-    elif not r.ok:
-        failure = _failed(f"rollback to {before}", r, svc.install_timeout_s)
-        yield Emit(EndStep(Step.ROLLBACK, False, failure, r.exit_status))
-        return HostOutcome("failed", f"{cause}; {failure} too. The service is STOPPED.",
+    verdict, why = yield from _install(svc, Step.ROLLBACK, argv, before, f"rollback to {before}",
+                                       f"reinstalled {svc.package}=={before}")
+    if verdict == "unknown":
+        return HostOutcome(
+            "failed", f"{cause}; {why}. Which {svc.package} version is installed is "
+            f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
+            "the host answers.", before, None)
+    if verdict == "failed":
+        return HostOutcome("failed", f"{cause}; {why}. The service is STOPPED.",
                            before, None)
-    else:
-        yield Emit(EndStep(Step.ROLLBACK, True, f"reinstalled {svc.package}=={before}",
-                           r.exit_status))
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
         return HostOutcome("failed", f"{cause}; rolled back to {before} but {err}. "
