@@ -9,8 +9,6 @@ the GPU host simulated over SSH: what the Slack front-end tests drive.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes import FakeSlack, PostResult, SlackSigner
+from polling import eventually
 
 from bot.approvals import Approvals
 from bot.audit import RunRecord
@@ -66,19 +65,6 @@ def new_fake(**kwargs: Any) -> FakeSlack:
     kwargs.setdefault("usergroups", {APPROVERS_GROUP: [BOB, CAROL]})
     kwargs.setdefault("post_rate_per_s", FAKE_POST_RATE)
     return FakeSlack(**kwargs)
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout_s: float = 15.0) -> Any:
-    """Poll a real condition (sync or async) until truthy; return its value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 @dataclass

@@ -15,12 +15,12 @@ import os
 import signal
 import sqlite3
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import eventually
 from test_cli import write_toml
 
 from bot import events as ev
@@ -41,7 +41,6 @@ from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
 from bot.terminal import TerminalSink
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
-DEADLINE_S = 30.0
 
 
 # ---- helpers ----------------------------------------------------------------------------
@@ -124,13 +123,6 @@ def uv_processes(kit: SimKit) -> list[int]:
     """Real `uv pip install` processes of this host (as bot/sim/bin/uv runs them)."""
     return [p for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))
             if procfs.cmdline(p)[4:7] == ["uv", "pip", "install"]]
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.02)
 
 
 # ---- SSH connection faults ----------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from polling import eventually
 
 from bot import remote, sequence, ssh
 from bot.audit import AuditLog
@@ -41,13 +42,6 @@ def svc(kit: SimKit) -> ServiceSettings:
     return ServiceSettings(**kit.service_settings())
 
 
-async def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.02)
-
-
 # ---- the link ---------------------------------------------------------------------------
 
 
@@ -63,14 +57,14 @@ async def test_link_faults_reach_the_transport_as_lost_connections(
                        for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir)))
 
         running = asyncio.create_task(t.run(["sleep", "61.25"], timeout_s=120))
-        await wait_for(lambda: on_host("sleep 61.25"), "sleep runs on the host")
+        await eventually(lambda: on_host("sleep 61.25"), "sleep runs on the host")
         kit.link.drop()
         with pytest.raises(HostUnreachableError, match="connection lost while running `sleep`"):
             await running
         assert (await t.run(["echo", "again"], timeout_s=10)).stdout == "again\n"  # reconnects
 
         running = asyncio.create_task(t.run(["sleep", "62.25"], timeout_s=120))
-        await wait_for(lambda: on_host("sleep 62.25"), "sleep runs on the host")
+        await eventually(lambda: on_host("sleep 62.25"), "sleep runs on the host")
         kit.link.blackhole()
         # Nothing comes back and the socket stays open: only the keepalive ends it.
         with pytest.raises(HostUnreachableError, match="not responding to keepalive"):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
+from polling import eventually
 
 from bot.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
 from bot.sim.kit import SimKit
@@ -40,14 +40,6 @@ async def run(kit: SimKit, *argv: str) -> Ran:
 
 def uv(kit: SimKit, *args: str) -> tuple[str, ...]:
     return ("uv", "pip", *args[:1], "--python", str(kit.python), *args[1:])
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str,
-                     timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def health_status(kit: SimKit) -> int | None:
