@@ -35,25 +35,12 @@ async def run(rt: Runtime, action: str, **plan: Any) -> tuple[RunResult, str]:
     return result, out.getvalue()
 
 
-def changes(kit: SimKit) -> list[str]:
-    """State-changing calls that reached the host, in order."""
-    out = []
-    for c in kit.calls():
-        a = c.argv
-        if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
-            out.append(a[1])
-        elif a[:3] == ("uv", "pip", "install"):
-            out.append("dry-run" if "--dry-run" in a else
-                       "rollback" if "--reinstall-package" in a else "install")
-    return out
-
-
 async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     settings = make_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
         result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
         assert result.status == "succeeded", out
-        assert changes(sim_sshd_host) == ["dry-run", "stop", "install", "start"]
+        assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "start"]
         calls = sim_sshd_host.calls()
         tools = [c.argv[0] for c in calls]
         assert tools[:2] == ["systemctl", "uv"]  # preflight reads state before anything else
@@ -89,7 +76,7 @@ async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
     async with open_runtime(settings) as rt:
         result, _out = await run(rt, "redeploy")
     assert result.status == "failed"
-    assert changes(sim_sshd_host) == ["dry-run", "stop"]
+    assert sim_sshd_host.changes() == ["dry-run", "stop"]
     assert "PID 48304 (VLLM::Worker_TP3)" in result.summary
     assert "GPU 3" in result.summary and "STOPPED" in result.summary
     assert sim_sshd_host.installed_version == DEFAULT_VERSION
@@ -101,7 +88,7 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
     async with open_runtime(settings) as rt:
         result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
         assert result.status == "rolled_back", out
-        assert changes(sim_sshd_host) == ["dry-run", "stop", "install", "rollback", "start"]
+        assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "rollback", "start"]
         rollback = next(c.argv for c in sim_sshd_host.calls() if "--reinstall-package" in c.argv)
         assert f"vllm=={DEFAULT_VERSION}" in rollback
         assert sim_sshd_host.installed_version == DEFAULT_VERSION
@@ -121,7 +108,7 @@ async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
         result, _ = await run(rt, "redeploy")
         assert result.status == "failed"
         assert "STOPPED" in result.summary and "rollback" in result.summary
-        assert changes(sim_host) == ["dry-run", "stop", "install", "rollback"]
+        assert sim_host.changes() == ["dry-run", "stop", "install", "rollback"]
         assert sim_host.unit_state() == "inactive"
 
 
@@ -155,7 +142,7 @@ async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
         result, _ = await run(rt, "redeploy", version="0.16.0")
     assert result.status == "aborted"
     assert "dry run failed" in result.summary and "No solution found" in result.summary
-    assert changes(sim_host) == ["dry-run"]
+    assert sim_host.changes() == ["dry-run"]
     assert sim_host.unit_state() == "active"
 
 
@@ -177,13 +164,13 @@ async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None
     async with open_runtime(make_settings(sim_sshd_host, tmp_path)) as rt:
         result, _ = await run(rt, "restart")
         assert result.status == "succeeded"
-        assert changes(sim_sshd_host) == ["stop", "start"]
+        assert sim_sshd_host.changes() == ["stop", "start"]
         status, out = await run(rt, "status")
         assert status.status == "succeeded"
         assert "vllm-kimi-k25: active (running)" in status.summary
         assert f"vllm {DEFAULT_VERSION}" in status.summary
         assert "RTX PRO 6000" in out
-        assert changes(sim_sshd_host) == ["stop", "start"]
+        assert sim_sshd_host.changes() == ["stop", "start"]
 
 
 async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,

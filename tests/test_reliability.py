@@ -101,19 +101,6 @@ async def redeploy(rt: Runtime, hooks: Hooks | None = None, **plan: Any
     return await rt.engine.execute(run_id, sink), out.getvalue()
 
 
-def changes(kit: SimKit) -> list[str]:
-    """State-changing calls that reached the host, in order."""
-    out = []
-    for c in kit.calls():
-        a = c.argv
-        if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
-            out.append(a[1])
-        elif a[:3] == ("uv", "pip", "install"):
-            out.append("dry-run" if "--dry-run" in a else
-                       "rollback" if "--reinstall-package" in a else "install")
-    return out
-
-
 def install_checks(kit: SimKit) -> list[float]:
     """When the engine asked the host whether a uv install still runs."""
     return [c.ts for c in kit.calls("pgrep") if c.argv[-1].startswith("^uv pip install")]
@@ -170,7 +157,7 @@ async def test_dead_connection_fails_the_step_within_the_keepalive_window(
         assert f"`/vllm status {SERVICE}`" in result.summary
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         assert steps["stop"].status == "failed" and "reinstall" not in steps
-    assert changes(kit) == ["dry-run", "stop"]
+    assert kit.changes() == ["dry-run", "stop"]
 
 
 async def test_connection_dropped_mid_drain_reconnects_and_finishes(
@@ -193,7 +180,7 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
             (n, "ok") for n in ("preflight", "stop", "drain", "reinstall", "start", "health",
                                 "postcheck")]
     assert kit.link.accepted >= 2  # the drain went on over a new connection
-    assert changes(kit) == ["dry-run", "stop", "install", "start"]
+    assert kit.changes() == ["dry-run", "stop", "install", "start"]
     assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
 
 
@@ -236,7 +223,7 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
     # The service was started only once uv had ended with the new version in place.
     assert at_start == [("0.16.0", [])]
     assert len(install_checks(kit)) >= 2  # the first look found uv still running
-    assert changes(kit) == ["dry-run", "stop", "install", "start"]
+    assert kit.changes() == ["dry-run", "stop", "install", "start"]
     assert kit.unit_state() == "active"
 
 
@@ -256,7 +243,7 @@ async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_e
         assert "connection lost during the reinstall" in result.summary
         assert f"vllm was {DEFAULT_VERSION}, not 0.16.0" in result.summary
     assert at_rollback == [[]]  # never two installs into one venv
-    assert changes(kit) == ["dry-run", "stop", "install", "rollback", "start"]
+    assert kit.changes() == ["dry-run", "stop", "install", "rollback", "start"]
     assert kit.installed_version == DEFAULT_VERSION and kit.unit_state() == "active"
 
 
@@ -280,7 +267,7 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
         assert "Resolved 152 packages" in reinstall.output_tail  # the step's last output
         assert steps["rollback_health"].status == "ok"
     assert uv_processes(sim_host) == []  # TERM reached the hung uv on the host
-    assert changes(sim_host) == ["dry-run", "stop", "install", "rollback", "start"]
+    assert sim_host.changes() == ["dry-run", "stop", "install", "rollback", "start"]
     assert sim_host.installed_version == DEFAULT_VERSION and sim_host.unit_state() == "active"
 
 
@@ -300,7 +287,7 @@ async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
         assert [(d.user, d.decision) for d in await rt.audit.decisions(result.run_id)] == [
             ("U0BOB", "approve"), ("U0CAROL", "cancel")]
         assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
-    assert changes(sim_host) == ["dry-run"] and sim_host.unit_state() == "active"
+    assert sim_host.changes() == ["dry-run"] and sim_host.unit_state() == "active"
 
 
 async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
@@ -318,7 +305,7 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
         assert "reinstall" not in steps
         decisions = [(d.user, d.decision) for d in await rt.audit.decisions(result.run_id)]
         assert ("U0ALICE", "cancel") in decisions
-    assert changes(sim_host) == ["dry-run", "stop", "start"]
+    assert sim_host.changes() == ["dry-run", "stop", "start"]
     assert sim_host.installed_version == DEFAULT_VERSION and sim_host.unit_state() == "active"
 
 
@@ -341,7 +328,7 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
         assert (record.status, record.version_after) == ("cancelled", "0.16.0")
         assert ("U0BOB", "cancel") in [(d.user, d.decision)
                                        for d in await rt.audit.decisions(result.run_id)]
-    assert changes(sim_host) == ["dry-run", "stop", "install", "start"]
+    assert sim_host.changes() == ["dry-run", "stop", "install", "start"]
     assert sim_host.installed_version == "0.16.0" and sim_host.unit_state() == "active"
 
 
@@ -385,7 +372,7 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
         assert await rt1.audit.list_runs(statuses=["pending_approval", "approved",
                                                    "running"]) == []
         assert await rt1.audit.lock_holder(f"service:{SERVICE}") is None
-    assert changes(sim_host) == ["dry-run", "stop", "install", "start"]
+    assert sim_host.changes() == ["dry-run", "stop", "install", "start"]
 
 
 async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
@@ -402,7 +389,7 @@ async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
         record = await rt.audit.get_run(first)
         assert record.status == "refused" and f"run #{holder.id}" in (record.summary or "")
         assert [r.user for r in await rt.audit.refusals()] == ["U0ALICE"]
-    assert changes(sim_host) == []
+    assert sim_host.changes() == []
 
 
 async def test_a_second_execute_of_a_running_run_leaves_it_alone(

@@ -71,17 +71,6 @@ def healthy_at(kit: SimKit) -> float:
     return first_ts(kit, ("GET", "/health"))
 
 
-def changes(kit: SimKit) -> list[str]:
-    out = []
-    for c in kit.calls():
-        if c.argv[:2] in (("systemctl", "stop"), ("systemctl", "start")):
-            out.append(c.argv[1])
-        elif c.argv[:3] == ("uv", "pip", "install"):
-            out.append("dry-run" if "--dry-run" in c.argv else
-                       "rollback" if "--reinstall-package" in c.argv else "install")
-    return out
-
-
 async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
                                                     tmp_path: Path) -> None:
     kits = await make_fleet(make_sim_host, tmp_path, 4)
@@ -96,7 +85,7 @@ async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
         assert list(result.host_status) == names  # plan order, for the card
 
         for kit in kits:
-            assert changes(kit) == ["dry-run", "stop", "install", "start"]
+            assert kit.changes() == ["dry-run", "stop", "install", "start"]
             assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
         first, second = kits[:2], kits[2:]
         # The next batch starts only when every host of the previous one is healthy...
@@ -140,8 +129,8 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
         assert result.host_status == {names[0]: "succeeded", names[1]: "rolled_back",
                                       names[2]: NOT_STARTED}
         assert set(result.outcomes) == set(names[:2])
-        assert changes(kits[0]) == ["dry-run", "stop", "install", "start"]
-        assert changes(kits[1]) == ["dry-run", "stop", "install", "rollback", "start"]
+        assert kits[0].changes() == ["dry-run", "stop", "install", "start"]
+        assert kits[1].changes() == ["dry-run", "stop", "install", "rollback", "start"]
         assert kits[1].installed_version == DEFAULT_VERSION
         # Untouched: not even a read reached the third host.
         assert kits[2].calls() == []

@@ -308,6 +308,19 @@ class SimKit:
         the fake vLLM server answered)."""
         return [c for c in self.store.calls() if tool is None or c.tool == tool]
 
+    def changes(self) -> list[str]:
+        """The state-changing calls that reached the host, in order: ``stop``, ``start``,
+        ``dry-run``, ``install`` and ``rollback`` (an install of one pinned package)."""
+        out = []
+        for c in self.calls():
+            a = c.argv
+            if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
+                out.append(a[1])
+            elif a[:3] == ("uv", "pip", "install"):
+                out.append("dry-run" if "--dry-run" in a else
+                           "rollback" if "--reinstall-package" in a else "install")
+        return out
+
     def journal(self) -> list[str]:
         """The journal as ``journalctl`` would print it right now."""
         now, host = time.time(), self.hostname
