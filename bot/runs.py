@@ -18,7 +18,7 @@ from bot.errors import HostError, LockHeldError
 from bot.executor import CancelToken, Executor
 from bot.gpu import GpuSnapshot
 from bot.owner import process_owner
-from bot.plan import Plan, make_plan
+from bot.plan import Action, Plan, make_plan
 from bot.recovery import interrupted_message
 from bot.sequence import FLOWS, HostOutcome
 from bot.settings import Settings
@@ -123,10 +123,9 @@ class Engine:
         self.pool = pool
         self.cancels: dict[int, CancelToken] = {}
 
-    def plan(self, action: str, service: str, *, version: str | None = None,
+    def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
-        assert action in FLOWS
-        return make_plan(self.settings, action, service, version=version, index=index,  # type: ignore[arg-type]
+        return make_plan(self.settings, action, service, version=version, index=index,
                          dry_run=dry_run, batch=batch)
 
     async def request(self, plan: Plan, *, requested_by: str, source: str,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bot.errors import HostKeyError, LockHeldError
+from bot.plan import Action
 from bot.runs import RunResult
 from bot.runtime import Runtime, open_runtime
 from bot.settings import Settings
@@ -25,7 +26,7 @@ def make_settings(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:
     return Settings(**kit.settings_fragment(**service), db_path=tmp_path / "audit.db")
 
 
-async def run(rt: Runtime, action: str, **plan: Any) -> tuple[RunResult, str]:
+async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
     out = io.StringIO()
     p = rt.engine.plan(action, SERVICE, **plan)
     record = await rt.engine.request(p, requested_by="U0ALICE", source="cli")
