@@ -72,7 +72,6 @@ class Executor:
         self.sink = sink
         self.cancel = cancel or CancelToken()
         self.clock = clock
-        self._step: Step | None = None
         self._step_started = 0.0
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._lines: asyncio.Queue[ev.OutputLine | None] = asyncio.Queue()
@@ -153,7 +152,7 @@ class Executor:
 
     async def _notice(self, notice: Any) -> None:
         if isinstance(notice, BeginStep):
-            self._step, self._step_started = notice.step, self.clock()
+            self._step_started = self.clock()
             self._tail.clear()
             await self.sink.handle(ev.StepStarted(self.run_id, self.host, notice.step,
                                                   notice.command))
@@ -164,7 +163,6 @@ class Executor:
             await self.sink.handle(ev.StepFinished(
                 self.run_id, self.host, notice.step, "ok" if notice.ok else "failed",
                 notice.exit_status, self.clock() - self._step_started, notice.summary, output))
-            self._step = None
         elif isinstance(notice, Snapshot):
             await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
                                                notice.snapshot))
