@@ -56,6 +56,7 @@ import dataclasses
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -306,6 +307,26 @@ async def _rows(
         return list(await cur.fetchall())
 
 
+async def _enable_wal(conn: aiosqlite.Connection, timeout_s: float) -> str:
+    """Switch a database to WAL (persistent: done once per file) and return the mode.
+
+    Changing the journal mode needs an exclusive lock, and SQLite answers "database
+    is locked" at once, without its busy handler, when another process is opening the
+    same fresh file: retry until the busy timeout, as every other statement waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (mode,) = (await _rows(conn, "PRAGMA journal_mode"))[0]
+        if str(mode).lower() == "wal":
+            return str(mode)
+        try:
+            (mode,) = (await _rows(conn, "PRAGMA journal_mode = WAL"))[0]
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.01)
+
+
 async def _probe_write(conn: aiosqlite.Connection) -> None:
     # SQLite opens a read-only file without complaint; find out now, not at the first write.
     await conn.execute("BEGIN IMMEDIATE")
@@ -392,7 +413,7 @@ class AuditLog:
             raise AuditError(_problem(path, exc)) from exc
         try:
             conn.row_factory = sqlite3.Row
-            (mode,) = (await _rows(conn, "PRAGMA journal_mode = WAL"))[0]
+            mode = await _enable_wal(conn, busy_timeout_s)
             if str(mode).lower() != "wal":
                 raise AuditError(
                     f"audit database {path}: cannot use WAL journal mode (got {mode!r}); "
