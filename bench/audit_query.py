@@ -11,7 +11,7 @@ too).  Steps and snapshots are left out: ``list_runs`` never reads them.
 Measured: ``AuditLog.list_runs(limit=20)`` on an open log (what the Slack bot
 does), the same filtered by service, open + query + close (the CLI's work after
 start-up), and ``python -m bot audit --limit 20`` as a subprocess (what an
-operator waits for), next to the bare start-up of ``python -c 'import bot.cli'``.
+operator waits for), next to the bare start-up of ``python -c 'import bot.cli.main'``.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.audit import AuditLog, format_ts
-from bot.audit_view import runs_table
-from bot.plan import make_plan
+from bot.audit.store import AuditLog, format_ts
+from bot.audit.view import runs_table
+from bot.core.plan import make_plan
 from bot.settings import Settings
 
 SERVICES = [f"svc-{i:02d}" for i in range(20)]
@@ -150,7 +150,7 @@ async def main(args: argparse.Namespace) -> None:
                                args.cli_runs)
         cli_json = subprocess_times([sys.executable, "-m", "bot", "audit", "--limit", "20",
                                      "--json"], env, args.cli_runs)
-        startup = subprocess_times([sys.executable, "-c", "import bot.cli"], env,
+        startup = subprocess_times([sys.executable, "-c", "import bot.cli.main"], env,
                                    args.cli_runs)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
           f"{platform.python_implementation()} {platform.python_version()}, "
@@ -164,7 +164,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"| open + `list_runs(limit=20)` + table + close | {stats(times['open'])} |")
     print(f"| `python -m bot audit --limit 20` (subprocess) | {stats(cli)} |")
     print(f"| `python -m bot audit --limit 20 --json` (subprocess) | {stats(cli_json)} |")
-    print(f"| `python -c 'import bot.cli'` (start-up alone) | {stats(startup)} |")
+    print(f"| `python -c 'import bot.cli.main'` (start-up alone) | {stats(startup)} |")
 
 
 if __name__ == "__main__":

@@ -54,11 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncssh
 
-from bot import remote
-from bot.fleet import fleet_gpus
+from bot.core import remote
+from bot.hosts.fleet import fleet_gpus
+from bot.hosts.pool import HostPool
+from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
 from bot.sim.kit import SimKit, fast_config
-from bot.ssh import HostPool, wrap_with_timeout
 
 ANSIBLE_SPEC = "ansible-core==2.19.*"
 ANSIBLE_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")

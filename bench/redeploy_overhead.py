@@ -26,11 +26,11 @@ import asyncssh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.runtime import open_runtime
+from bot.cli.terminal import TerminalSink
+from bot.engine.runtime import open_runtime
+from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, TEST_SERVICE_SETTINGS, SimKit, fast_config
-from bot.ssh import wrap_with_timeout
-from bot.terminal import TerminalSink
 
 ZERO_DELAYS = {"release_delay_s": 0.0, "load_delay_s": 0.0, "stop_delay_s": 0.0,
                "install_duration_s": 0.0, "fail_delay_s": 0.0}

@@ -1,4 +1,4 @@
-from bot.cli import main
+from bot.cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

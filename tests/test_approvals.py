@@ -5,7 +5,7 @@ from __future__ import annotations
 from fakes import FakeSlack
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.approvals import MembershipCache, plan_from_record
+from bot.slack.front_end import MembershipCache, plan_from_record
 
 
 class Clock:
@@ -40,8 +40,8 @@ async def test_a_failed_lookup_grants_nothing_and_is_not_cached() -> None:
 
 
 def test_the_stored_plan_round_trips() -> None:
-    from bot.audit import RunRecord
-    from bot.plan import Plan, PlannedStep, Step
+    from bot.audit.store import RunRecord
+    from bot.core.plan import Plan, PlannedStep, Step
 
     plan = Plan(action="redeploy", service="s", hosts=("a", "b"), unit="u", package="vllm",
                 version="0.16.0", spec="vllm==0.16.0", index_name="n", index_url="http://i/",

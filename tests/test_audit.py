@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bot.audit import OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts, runs_query
-from bot.audit_view import runs_json, runs_table
+from bot.audit.store import OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts, runs_query
+from bot.audit.view import runs_json, runs_table
 from bot.errors import AuditError, LockHeldError, RunNotFoundError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -504,7 +504,7 @@ async def test_expire_pending(log: AuditLog) -> None:
 KILLED_MID_RUN = """
 import asyncio, os, signal, sys
 from pathlib import Path
-from bot.audit import AuditLog
+from bot.audit.store import AuditLog
 
 async def main():
     log = await AuditLog.open(Path(sys.argv[1]))
@@ -551,7 +551,7 @@ async def test_kill_9_mid_run_keeps_every_committed_write(db: Path) -> None:
 KILLED_WHILE_WRITING = """
 import asyncio, sys
 from pathlib import Path
-from bot.audit import AuditLog
+from bot.audit.store import AuditLog
 
 async def main():
     log = await AuditLog.open(Path(sys.argv[1]))

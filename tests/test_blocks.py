@@ -9,7 +9,8 @@ from fakes import validate_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.blocks import (
+from bot.core.plan import Plan, PlannedStep, Step
+from bot.slack.blocks import (
     MAX_MESSAGE_TEXT,
     MAX_SECTION_TEXT,
     CardView,
@@ -25,7 +26,6 @@ from bot.blocks import (
     step_reply,
     tail_answer,
 )
-from bot.plan import Plan, PlannedStep, Step
 
 STATUSES = ["pending_approval", "approved", "running", "succeeded", "failed", "rolled_back",
             "aborted", "cancelled", "interrupted", "denied", "expired", "refused"]

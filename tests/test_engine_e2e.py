@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
+from bot.cli.terminal import TerminalSink
+from bot.core.plan import Action
+from bot.engine.engine import RunResult
+from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import HostKeyError, LockHeldError
-from bot.plan import Action
-from bot.runs import RunResult
-from bot.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
-from bot.terminal import TerminalSink
 
 
 def make_settings(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from bot import events as ev
-from bot.plan import Step
-from bot.runs import AuditSink, overall_status
-from bot.runtime import open_runtime
-from bot.sequence import HostOutcome
+from bot.core import events as ev
+from bot.core.flows import HostOutcome
+from bot.core.plan import Step
+from bot.engine.engine import AuditSink, overall_status
+from bot.engine.runtime import open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 

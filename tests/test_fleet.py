@@ -20,8 +20,9 @@ from fakes import validate_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.core.gpu import Gpu, GpuProcess, GpuSnapshot
 from bot.errors import InputError
-from bot.fleet import (
+from bot.hosts.fleet import (
     MESSAGE_CHARS,
     HostGpus,
     fleet_gpus,
@@ -31,11 +32,10 @@ from bot.fleet import (
     render_fleet,
     resolve_targets,
 )
-from bot.gpu import Gpu, GpuProcess, GpuSnapshot
+from bot.hosts.pool import HostPool
 from bot.settings import Settings
 from bot.sim.kit import SimKit, fast_config
 from bot.sim.sshd import free_port
-from bot.ssh import HostPool
 
 TIMEOUT_S = 2.0
 

@@ -1,4 +1,4 @@
-"""bot.gpu: nvidia-smi parsers, exit codes, drain verdict and the table."""
+"""bot.core.gpu: nvidia-smi parsers, exit codes, drain verdict and the table."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.errors import GpuQueryError
-from bot.gpu import (
+from bot.core.gpu import (
     APPS_QUERY_ARGV,
     GPU_QUERY_ARGV,
     LINE_LIMIT,
@@ -24,7 +23,8 @@ from bot.gpu import (
     render_table,
     short_gpu_name,
 )
-from bot.transport import CommandResult
+from bot.errors import GpuQueryError
+from bot.hosts.base import CommandResult
 
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 

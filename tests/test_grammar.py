@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from bot.errors import InputError
-from bot.grammar import (
+from bot.settings import Settings
+from bot.slack.grammar import (
     AUDIT_DEFAULT,
     COMMANDS,
     LOGS_DEFAULT,
@@ -31,7 +32,6 @@ from bot.grammar import (
     parse_command,
     usage,
 )
-from bot.settings import Settings
 
 SAFE = re.compile(r"[A-Za-z0-9._+-]+")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from bot.audit import AuditLog
+from bot.audit.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
+from bot.audit.store import AuditLog
 from bot.errors import AuditError
-from bot.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
 
 
 def applied_names(db: Path) -> list[str]:
@@ -126,7 +126,7 @@ async def test_database_from_a_newer_bot_opens_with_a_warning(
     async with AuditLog.open(db, migrations=newer) as log:
         run_id = await add_run(log)
 
-    with caplog.at_level(logging.WARNING, logger="bot.audit"):
+    with caplog.at_level(logging.WARNING, logger="bot.audit.store"):
         async with AuditLog.open(db) as log:
             assert log.unknown_migrations == ("0099_from_the_future",)
             assert (await log.get_run(run_id)).id == run_id

@@ -1,4 +1,4 @@
-"""bot.nvml: the local NVML probe, driven by a fake NVML module at the library boundary."""
+"""bot.hosts.nvml: the local NVML probe, driven by a fake NVML module at the library boundary."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from bot.core.gpu import Gpu, GpuProcess, drain_verdict
 from bot.errors import GpuQueryError
-from bot.gpu import Gpu, GpuProcess, drain_verdict
-from bot.nvml import probe_local
+from bot.hosts.nvml import probe_local
 
 MIB = 1024 * 1024
 NOT_A_PID = 2**31 - 1  # above any pid_max, so /proc/<pid> cannot exist
@@ -44,7 +44,7 @@ class FakeDevice:
 
 
 class FakeNVML:
-    """The subset of pynvml that bot.nvml calls; ``fail`` makes a named call raise a code."""
+    """The subset of pynvml that bot.hosts.nvml calls; ``fail`` makes a named call raise a code."""
 
     NVMLError = FakeNVMLError
     NVMLLibraryMismatchError = FakeMismatchError

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bot.policy import (
+from bot.core.policy import (
     Action,
     Decision,
     Membership,

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from bot.redact import Redactor
+from bot.core.redact import Redactor
 from bot.settings import Settings
 
 R = Redactor(["hunter2hunter2", "s3cr3t.value+x", "wxyz"])

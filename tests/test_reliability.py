@@ -23,22 +23,22 @@ import pytest
 from polling import eventually
 from test_cli import write_toml
 
-from bot import events as ev
-from bot.audit import AuditLog, RunRecord
+from bot.audit.store import AuditLog, RunRecord
+from bot.cli.terminal import TerminalSink
+from bot.core import events as ev
+from bot.core.plan import Step
+from bot.core.redact import Redactor
+from bot.engine.engine import RunResult
+from bot.engine.owner import owner_alive
+from bot.engine.recovery import recover
+from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import LockHeldError
-from bot.fleet import fleet_gpus
+from bot.hosts.fleet import fleet_gpus
 from bot.logging_setup import setup_logging
-from bot.owner import owner_alive
-from bot.plan import Step
-from bot.recovery import recover
-from bot.redact import Redactor
-from bot.runs import RunResult
-from bot.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim import procfs
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
-from bot.terminal import TerminalSink
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
 

@@ -15,17 +15,19 @@ from pathlib import Path
 import pytest
 from polling import eventually
 
-from bot import remote, sequence, ssh
-from bot.audit import AuditLog
+from bot.audit.store import AuditLog
+from bot.core import flows as sequence
+from bot.core import remote
+from bot.core.flows import Flow, HostOutcome, Sleep, Tick
+from bot.engine.executor import CancelToken, Executor
+from bot.engine.recovery import recover
 from bot.errors import HostUnreachableError
-from bot.executor import CancelToken, Executor
-from bot.recovery import recover
-from bot.sequence import Flow, HostOutcome, Sleep, Tick
+from bot.hosts import streams as ssh
+from bot.hosts.ssh import SshTransport
 from bot.settings import HostSettings, ServiceSettings
 from bot.sim import procfs
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
-from bot.ssh import SshTransport
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from bot.plan import Step, make_plan
-from bot.sequence import (
+from bot.core.flows import (
     BeginStep,
     Checkpoint,
     Emit,
@@ -26,8 +25,9 @@ from bot.sequence import (
     restart_flow,
     status_flow,
 )
+from bot.core.plan import Step, make_plan
+from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
-from bot.transport import CommandResult, HttpResult
 
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(8)]
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

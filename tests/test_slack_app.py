@@ -11,7 +11,7 @@ from slack_harness import ALICE, CHANNEL, SERVICE, blocks_text, buttons, make_se
 
 from bot.settings import Settings
 from bot.sim.kit import SimKit
-from bot.slack_app import serve
+from bot.slack.app import serve
 
 
 async def test_without_any_token_it_explains_the_demo_and_the_setup(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from slack_harness import (
     slack_bot,
 )
 
-from bot.audit import parse_ts
+from bot.audit.store import parse_ts
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
@@ -155,8 +155,8 @@ async def test_deny_closes_the_request_without_touching_the_host(
 
 
 def test_deny_button_asks_for_confirmation() -> None:
-    from bot.blocks import CardView, run_card
-    from bot.plan import Plan
+    from bot.core.plan import Plan
+    from bot.slack.blocks import CardView, run_card
 
     plan = Plan(action="restart", service="s", hosts=("h",), unit="u", package="vllm",
                 version=None, spec="vllm", index_name=None, index_url=None, steps=())

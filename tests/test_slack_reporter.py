@@ -15,12 +15,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import events as ev
-from bot.blocks import CardView, Message, initial_steps, section
-from bot.gpu import Gpu, GpuSnapshot
-from bot.plan import Plan, PlannedStep, Step
-from bot.redact import Redactor
-from bot.slack_reporter import Poster, SlackReporter
+from bot.core import events as ev
+from bot.core.gpu import Gpu, GpuSnapshot
+from bot.core.plan import Plan, PlannedStep, Step
+from bot.core.redact import Redactor
+from bot.slack.blocks import CardView, Message, initial_steps, section
+from bot.slack.poster import Poster
+from bot.slack.reporter import SlackReporter
 
 CHANNEL = "C0OPS"
 SECRET = "hunter2-super-secret"

@@ -10,10 +10,11 @@ import asyncssh
 import pytest
 
 from bot.errors import HostKeyError, HostUnreachableError
+from bot.hosts.base import Stream
+from bot.hosts.ssh import SshTransport
+from bot.hosts.streams import wrap_with_timeout
 from bot.settings import HostSettings
 from bot.sim.kit import SimKit
-from bot.ssh import SshTransport, wrap_with_timeout
-from bot.transport import Stream
 
 
 def transport(kit: SimKit, **overrides: object) -> SshTransport:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from bot import events as ev
-from bot.plan import Step
-from bot.redact import Redactor
-from bot.terminal import TerminalSink
+from bot.cli.terminal import TerminalSink
+from bot.core import events as ev
+from bot.core.plan import Step
+from bot.core.redact import Redactor
 
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"
 

@@ -17,9 +17,9 @@ from slack_harness import (
     slack_bot,
 )
 
-from bot.grammar import COMMANDS, usage
 from bot.sim.kit import SimKit, fast_config
 from bot.sim.sshd import free_port
+from bot.slack.grammar import COMMANDS, usage
 
 MakeSimHost = Callable[..., Awaitable[SimKit]]
 

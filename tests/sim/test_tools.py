@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 from polling import eventually
 
-from bot.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
+from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
 from bot.sim.kit import SimKit
 from bot.sim.state import DEFAULT_VERSION
 

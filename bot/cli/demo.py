@@ -1,0 +1,75 @@
+"""`python -m bot demo`: a full redeploy against an embedded simulated GPU host.
+
+No Slack, no GPU, no root: the simulated host is an asyncssh server on 127.0.0.1
+with a throwaway host key, and the engine talks to it exactly as it would to a
+real host (strict host-key checking included).  The audit database is real.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TextIO
+
+from bot.audit.view import runs_table
+from bot.cli.terminal import TerminalSink
+from bot.core.plan import make_plan
+from bot.engine.runtime import open_runtime
+from bot.errors import InputError
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit, fast_config
+from bot.sim.state import Faults, HostConfig
+
+# uv_stalls makes an install hang until the install timeout: a test knob, not a demo.
+FAULTS = tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
+DEMO_VERSION = "0.16.0"
+REQUESTER, APPROVER = "demo:alice", "demo:bob"
+# Real-looking but short timings: the whole demo takes about 20 seconds.
+DEMO_TIMINGS: dict[str, Any] = {
+    "release_delay_s": 3.0, "load_delay_s": 5.0, "install_duration_s": 4.0,
+    "stop_delay_s": 0.5, "fail_delay_s": 1.0}
+DEMO_SERVICE: dict[str, Any] = {
+    "drain_poll_s": 1.0, "drain_timeout_s": 15.0, "health_poll_s": 1.0,
+    "start_timeout_s": 20.0, "min_free_disk_mib": 64}
+
+
+DEFAULT_DIR = Path("demo-run")
+
+
+async def run_demo(*, faults: list[str], keep_dir: Path | None = None, fast: bool = False,
+                   out: TextIO | None = None) -> int:
+    """The audit DB lands in ``keep_dir`` (default ./demo-run) so it can be inspected
+    afterwards; the simulated host lives in a temporary directory."""
+    out = out or sys.stdout
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise InputError(f"unknown fault {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    db_dir = keep_dir if keep_dir is not None else DEFAULT_DIR
+    db_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vllm-chatops-demo-") as tmp:
+        return await _demo(Path(tmp), db_dir / "chatops.db", faults, fast, out)
+
+
+async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO) -> int:
+    config = fast_config() if fast else HostConfig(**DEMO_TIMINGS)
+    async with SimKit(root / "sim-host", config=config) as kit:
+        kit.set_faults(**dict.fromkeys(faults, True))
+        fragment = kit.settings_fragment(**({} if fast else DEMO_SERVICE))
+        settings = Settings(**fragment, db_path=db)
+        out.write(f"simulated GPU host {kit.hostname} on 127.0.0.1:{kit.port} "
+                  f"(8 GPUs, vllm {kit.installed_version} serving)"
+                  + (f", faults: {', '.join(faults)}" if faults else "") + "\n")
+        async with open_runtime(settings) as rt:
+            plan = make_plan(settings, "redeploy", SERVICE, version=DEMO_VERSION,
+                             index="nightly")
+            record = await rt.engine.request(plan, requested_by=REQUESTER, source="demo")
+            out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
+                      "(in Slack the requester alone can never approve)\n\n")
+            await rt.engine.approve(record.id, APPROVER)
+            result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
+            out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
+            out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
+        out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")
+    return 0 if result.status in ("succeeded", "rolled_back") or faults else 1

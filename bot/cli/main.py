@@ -1,0 +1,214 @@
+"""`python -m bot ...`: the engine from a terminal.
+
+Library errors become one clear line on stderr and a documented exit code;
+a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from bot.audit.view import runs_json, runs_table
+from bot.cli.terminal import TerminalSink
+from bot.core.gpu import render_table
+from bot.core.plan import STEP_TITLES, Plan
+from bot.core.redact import Redactor
+from bot.engine.runtime import Runtime, open_runtime
+from bot.errors import ChatOpsError, ConfigError, InputError
+from bot.hosts.fleet import fleet_gpus, render_fleet, resolve_targets
+from bot.hosts.nvml import probe_local
+from bot.logging_setup import setup_logging
+from bot.settings import Settings, load_settings
+
+EXIT_CODES = {"succeeded": 0, "failed": 1, "rolled_back": 3, "aborted": 4, "cancelled": 5,
+              "interrupted": 1}
+EXIT_USAGE = 2
+
+
+def cli_user() -> str:
+    return f"cli:{getpass.getuser()}@{socket.gethostname()}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bot",
+        description="vllm-chatops: redeploy and inspect vLLM services on GPU hosts. "
+                    "With no command, runs the Slack bot.")
+    common = argparse.ArgumentParser(add_help=False)
+    for parser, default in ((p, None), (common, argparse.SUPPRESS)):
+        # Accepted before or after the command; the subcommand's copy must not reset it.
+        parser.add_argument("--config", type=Path, default=default,
+                            help="TOML config (default: $CHATOPS_CONFIG or ./chatops.toml)")
+        parser.add_argument("--db", type=Path, default=default,
+                            help="audit database (default: $CHATOPS_DB or ./chatops.db)")
+    sub = p.add_subparsers(dest="command")
+
+    def command(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    r = command("redeploy", help="stop, drain, reinstall, start and health-check")
+    r.add_argument("service")
+    r.add_argument("--version", help="pin a PEP 440 version (default: latest)")
+    r.add_argument("--index", help="name of a package index from the service's config")
+    r.add_argument("--dry-run", action="store_true", help="preflight only; change nothing")
+    r.add_argument("--batch", type=int, help="hosts at a time (default: max_unavailable)")
+    r.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    rs = command("restart", help="stop, drain, start and health-check")
+    rs.add_argument("service")
+    rs.add_argument("--batch", type=int)
+    rs.add_argument("--yes", "-y", action="store_true")
+
+    st = command("status", help="unit state, installed version and GPU table")
+    st.add_argument("service")
+
+    g = command("gpus", help="GPU memory on all hosts, a host, or a service's hosts")
+    g.add_argument("target", nargs="?")
+    g.add_argument("--local", action="store_true", help="probe this machine's GPUs via NVML")
+    g.add_argument("--timeout", type=float, default=10.0, help="per-host timeout (s)")
+
+    a = command("audit", help="who did what, when, approved by whom")
+    a.add_argument("--service")
+    a.add_argument("--limit", type=int, default=20)
+    a.add_argument("--json", action="store_true")
+
+    d = command("demo", help="full redeploy against an embedded simulated GPU host")
+    d.add_argument("--fault", action="append", default=[],
+                   help="inject a fault (see the README), may repeat")
+    d.add_argument("--dir", type=Path,
+                   help="where the demo keeps its audit DB (default: ./demo-run)")
+    d.add_argument("--fast", action="store_true", help="shorten the simulated delays")
+
+    command("serve", help="run the Slack bot (the default)")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {"CHATOPS_DB": str(args.db)} if args.db else {}
+    return load_settings(args.config, **overrides)
+
+
+def describe_plan(plan: Plan) -> str:
+    lines = [f"{plan.action} {plan.service} on {', '.join(plan.hosts)} "
+             f"(unit {plan.unit}, {plan.spec}"
+             + (f" from index {plan.index_name} = {plan.index_url}" if plan.index_name else "")
+             + ")" + (" [dry run]" if plan.dry_run else "")]
+    if len(plan.hosts) > 1:
+        lines.append(f"in batches of {plan.batch_size}: "
+                     + " | ".join(", ".join(b) for b in plan.batches()))
+    for i, s in enumerate(plan.steps, 1):
+        lines.append(f"  {i}. {STEP_TITLES[s.step]}: {s.command}")
+    return "\n".join(lines)
+
+
+def _confirm(prompt: str, stdin: TextIO) -> bool:
+    if not stdin.isatty():
+        return False
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return stdin.readline().strip().lower() in ("y", "yes")
+
+
+async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
+                     out: TextIO = sys.stdout) -> int:
+    """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
+    out.write(rt.redact(describe_plan(plan)) + "\n")
+    if not (yes or plan.dry_run):
+        if not _confirm("Proceed? [y/N] ", sys.stdin):
+            raise InputError("not confirmed (use --yes when not on a terminal)")
+    record = await rt.engine.request(plan, requested_by=user, source="cli")
+    # On a terminal the operator's own confirmation is the approval and is recorded as
+    # such; a dry run or status query is approved by the system, as in Slack.
+    await rt.engine.approve(record.id, plan.system_approver or user)
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        # First Ctrl-C asks the engine to cancel at its next safe point (a reinstall
+        # is never cut in half); a second one is the default hard stop.
+        if rt.engine.cancel(record.id, user):
+            sys.stderr.write("\ncancel requested: the run stops at its next safe point\n")
+        loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return EXIT_CODES.get(result.status, 1)
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from bot.cli.demo import run_demo
+        return await run_demo(faults=args.fault, keep_dir=args.dir, fast=args.fast)
+    if args.command == "gpus" and args.local:
+        snap = await asyncio.to_thread(probe_local, socket.gethostname())
+        print(render_table(snap))
+        return 0
+    settings = _settings(args)
+    # Logs pass through the same redaction as Slack and the audit log. The bot logs its
+    # progress; a terminal command shows only warnings (its output is the progress).
+    serving = args.command in (None, "serve")
+    setup_logging(Redactor(settings.secret_values()),
+                  level=logging.INFO if serving else logging.WARNING)
+    if serving:
+        from bot.slack.app import serve
+        return await serve(settings)
+    async with open_runtime(settings) as rt:
+        if args.command == "redeploy":
+            plan = rt.engine.plan("redeploy", args.service, version=args.version,
+                                  index=args.index, dry_run=args.dry_run, batch=args.batch)
+            return await run_change(rt, plan, yes=args.yes, user=cli_user())
+        if args.command == "restart":
+            plan = rt.engine.plan("restart", args.service, batch=args.batch)
+            return await run_change(rt, plan, yes=args.yes, user=cli_user())
+        if args.command == "status":
+            plan = rt.engine.plan("status", args.service)
+            return await run_change(rt, plan, yes=True, user=cli_user())
+        if args.command == "gpus":
+            hosts = resolve_targets(settings, args.target)
+            results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)
+            print(render_fleet(results))
+            return 0 if all(r.snapshot is not None for r in results) else 1
+        if args.command == "audit":
+            if not 1 <= args.limit <= 10_000:
+                raise InputError("--limit must be between 1 and 10000")
+            records = await rt.audit.list_runs(service=args.service, limit=args.limit)
+            print(runs_json(records) if args.json else runs_table(records))
+            return 0
+    raise InputError(f"unknown command {args.command}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(_amain(args))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ChatOpsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,74 @@
+"""Live progress of a run in a terminal: one more sink of the engine's events."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from bot.core import events as ev
+from bot.core.gpu import render_table
+from bot.core.plan import STEP_TITLES
+from bot.core.redact import MASK
+
+# Output streams line by line, so a private key's body lines never reach the redactor
+# together with its BEGIN line: the sink masks every line between the two markers.
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+
+
+class TerminalSink:
+    def __init__(self, out: TextIO | None = None, *, show_output: bool = True,
+                 redact: Callable[[str], str] | None = None) -> None:
+        self.out = out or sys.stdout
+        self.show_output = show_output
+        self._redact: Callable[[str], str] = redact or (lambda s: s)
+        self._in_key: set[tuple[str, str]] = set()
+
+    def _print(self, text: str) -> None:
+        self.out.write(self._redact(text) + "\n")
+        self.out.flush()
+
+    async def handle(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RunStarted):
+            p = event.plan
+            what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
+            self._print(f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
+                        f" ({what}) requested by {event.requested_by}"
+                        + (f", approved by {', '.join(event.approved_by)}"
+                           if event.approved_by else ""))
+        elif isinstance(event, ev.StepStarted):
+            self._print(f"[{event.host}] > {STEP_TITLES[event.step]}: {event.command}")
+        elif isinstance(event, ev.OutputLine):
+            if self.show_output:
+                self._print(f"[{event.host}]   | {self._mask_keys(event)}")
+        elif isinstance(event, ev.StepFinished):
+            mark = "ok" if event.status == "ok" else "FAILED"
+            self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
+                        f"{event.summary}")
+            self._in_key.discard((event.host, event.step))
+            if event.status != "ok" and event.output.strip():
+                # Redact the whole output before cutting, so a cut never hides a secret's start.
+                tail = self._redact(event.output).strip().splitlines()[-50:]
+                self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))
+        elif isinstance(event, ev.GpuTable):
+            self._print(f"[{event.host}] GPU memory {event.label}:\n"
+                        f"{render_table(event.snapshot)}")
+        elif isinstance(event, ev.HostFinished):
+            self._print(f"[{event.host}] {event.status}: {event.summary}")
+        elif isinstance(event, ev.RunFinished):
+            versions = ""
+            if event.version_before or event.version_after:
+                versions = f" (version {event.version_before} -> {event.version_after})"
+            self._print(f"run #{event.run_id} {event.status.upper()}{versions}: {event.summary}")
+
+    def _mask_keys(self, event: ev.OutputLine) -> str:
+        where = (event.host, str(event.step))
+        if where in self._in_key:
+            if _KEY_END.search(event.line):
+                self._in_key.discard(where)
+            return MASK
+        if _KEY_BEGIN.search(event.line) and not _KEY_END.search(event.line):
+            self._in_key.add(where)
+        return event.line

@@ -1,0 +1,119 @@
+"""Typed events the engine emits while a run goes on; Slack, the terminal and the
+audit log are sinks of the same stream, so the engine never imports any of them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.core.gpu import GpuSnapshot
+from bot.core.plan import Plan, Step
+from bot.hosts.base import Stream
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    run_id: int
+    plan: Plan
+    requested_by: str
+    approved_by: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted:
+    run_id: int
+    host: str
+    step: Step
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLine:
+    run_id: int
+    host: str
+    step: Step
+    stream: Stream
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepFinished:
+    run_id: int
+    host: str
+    step: Step
+    status: str  # ok | failed | skipped
+    exit_status: int | None
+    duration_s: float
+    summary: str
+    output: str  # everything the step printed (streamed output, then detail)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTable:
+    run_id: int
+    host: str
+    label: str
+    snapshot: GpuSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsKnown:
+    run_id: int
+    host: str
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostFinished:
+    run_id: int
+    host: str
+    status: str
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    run_id: int
+    status: str
+    summary: str
+    version_before: str | None
+    version_after: str | None
+
+
+Event = (RunStarted | StepStarted | OutputLine | StepFinished | GpuTable | VersionsKnown
+         | HostFinished | RunFinished)
+
+
+log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    async def handle(self, event: Event) -> None: ...
+
+
+class FanOut:
+    """Deliver each event to several sinks in order (the audit sink first, so the
+    record is on disk before anything slower runs)."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self.sinks = list(sinks)
+
+    async def handle(self, event: Event) -> None:
+        for sink in self.sinks:
+            await sink.handle(event)
+
+
+class BestEffort:
+    """A sink whose failures are logged, never raised into the engine."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+
+    async def handle(self, event: Event) -> None:
+        try:
+            await self.sink.handle(event)
+        except Exception:
+            log.exception("event sink %s failed on %s", type(self.sink).__name__,
+                          type(event).__name__)

@@ -1,0 +1,625 @@
+"""The maintenance sequences as pure generators: they yield actions and consume outcomes.
+
+No I/O happens here (the httpx ``auth_flow`` pattern): ``bot.engine.executor`` performs
+each action and sends the outcome back, and the tests drive these generators
+with hand-made outcomes to cover every branch.  A flow handles one host and
+returns a ``HostOutcome``; rollouts over several hosts are composed by the caller.
+
+Outcomes sent back per action:
+``RunCommand`` -> ``CommandResult``; ``HttpCheck`` -> ``HttpResult``;
+``Sleep`` / ``Checkpoint`` -> ``Tick``; ``Emit`` -> ``None``.
+
+A ``CommandResult`` with neither an exit status nor a signal means the result
+never came back: the host could not be reached, the connection died (keepalive
+lost, link cut) or stopped answering past the local deadline.  What the command
+did on the host is then unknown (``lost``), and each step decides what that
+means for it; see docs/reliability.md for the whole fault matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from bot.core import remote
+from bot.core.gpu import (
+    DrainVerdict,
+    GpuSnapshot,
+    build_snapshot,
+    check_nvidia_smi,
+    drain_verdict,
+    parse_pgrep,
+)
+from bot.core.plan import Plan, Step, cmd
+from bot.errors import GpuQueryError
+from bot.hosts.base import CommandResult, HttpResult
+from bot.settings import ServiceSettings
+
+# ---- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunCommand:
+    step: Step
+    argv: tuple[str, ...]
+    timeout_s: float
+    # Polls are not streamed line by line; the step's summary reports their result.
+    quiet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCheck:
+    url: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A safe point at which a cancel request may take effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float  # monotonic seconds
+    cancel_requested: bool = False
+
+
+# ---- things the flow tells the world (the executor adds run id, host, timing) -----------
+
+
+@dataclass(frozen=True, slots=True)
+class BeginStep:
+    step: Step
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndStep:
+    step: Step
+    ok: bool
+    summary: str
+    exit_status: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    label: str
+    snapshot: GpuSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    before: str | None
+    after: str | None
+
+
+Notice = BeginStep | EndStep | Snapshot | Versions
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    notice: Notice
+
+
+Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit
+
+
+@dataclass(frozen=True, slots=True)
+class HostOutcome:
+    status: str  # succeeded | failed | rolled_back | aborted | cancelled
+    summary: str
+    version_before: str | None = None
+    version_after: str | None = None
+
+
+Flow = Generator[Action, Any, HostOutcome]
+
+HEALTH_REQUEST_TIMEOUT_S = 5.0
+# After an install's timeout the host's `timeout` sends TERM, then KILL after
+# bot.hosts.ssh.KILL_AFTER_S (10 s): past this margin no install we started can still run.
+INSTALL_KILL_GRACE_S = 15.0
+
+# ---- small helpers (sub-generators) ----------------------------------------------------
+
+
+def lost(r: CommandResult) -> bool:
+    """No exit status and no signal: the result never came back (see the module doc)."""
+    return r.exit_status is None and r.signal is None
+
+
+class _HostLost(GpuQueryError):
+    """A poll's result never came back; a GpuQueryError so read-only callers treat it
+    like any other failed query, while the drain can tell it apart and retry."""
+
+
+def _same_version(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def _why(r: CommandResult) -> str:
+    if r.timed_out and r.exit_status is None and r.signal is None:
+        return "no answer within the step's timeout: the host or the link is stuck"
+    if r.timed_out:
+        return "timed out"
+    if r.exit_status is None:
+        return f"ended by signal {r.signal}" if r.signal else (r.stderr.strip() or "no exit status")
+    return f"exit {r.exit_status}"
+
+
+def _failed(what: str, r: CommandResult, timeout_s: float) -> str:
+    """Why a command failed; a timeout (the host's `timeout` ended it with TERM, then
+    KILL) names the limit and the command's last line of output."""
+    if not r.timed_out:
+        return f"{what} failed ({_why(r)})"
+    last = _tail(r.output, 1)
+    return f"{what} timed out after {timeout_s:g}s" + (f" (last output: {last})" if last else "")
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False
+         ) -> Generator[Action, Any, CommandResult]:
+    result: CommandResult = yield RunCommand(step, argv, timeout, quiet)
+    return result
+
+
+def _tick(seconds: float | None = None) -> Generator[Action, Any, Tick]:
+    tick: Tick = yield (Checkpoint() if seconds is None else Sleep(seconds))
+    return tick
+
+
+def _snapshot(step: Step, svc: ServiceSettings, host: str
+              ) -> Generator[Action, Any, GpuSnapshot]:
+    """Query GPUs and compute apps; raises GpuQueryError when nvidia-smi fails
+    (``_HostLost`` when its result never came back)."""
+    gpus = yield from _run(step, remote.gpu_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, gpus)
+    check_nvidia_smi(host, gpus)
+    apps = yield from _run(step, remote.apps_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, apps)
+    check_nvidia_smi(host, apps)
+    return build_snapshot(host, gpus.stdout, apps.stdout)
+
+
+def _check_reached(host: str, r: CommandResult) -> None:
+    if lost(r):
+        raise _HostLost(host, _why(r))
+
+
+def _version(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
+    r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s, quiet=True)
+    return remote.parse_package_version(r.stdout) if r.ok else None
+
+
+def _unit_state(step: Step, svc: ServiceSettings
+                ) -> Generator[Action, Any, tuple[CommandResult, dict[str, str]]]:
+    r = yield from _run(step, remote.unit_show(svc), svc.command_timeout_s)
+    return r, remote.parse_unit_show(r.stdout)
+
+
+def _check_unit(svc: ServiceSettings, r: CommandResult, props: dict[str, str]) -> str | None:
+    """A reason to refuse, or None when the unit exists."""
+    if not r.ok:
+        return f"cannot read the state of {svc.unit} ({_why(r)}): {_tail(r.output, 3)}"
+    if props.get("LoadState") != "loaded":
+        return (f"unit {svc.unit} is not loaded on this host "
+                f"(LoadState={props.get('LoadState', '?')})")
+    return None
+
+
+# ---- steps ------------------------------------------------------------------------------
+
+
+def _status_hint(service: str) -> str:
+    return f"Check with `/vllm status {service}`"
+
+
+def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | None]:
+    """systemctl stop. None when stopped, else the run's summary."""
+    argv = remote.unit_stop(svc)
+    yield Emit(BeginStep(Step.STOP, cmd(argv)))
+    r = yield from _run(Step.STOP, argv, svc.stop_timeout_s)
+    if lost(r):
+        # systemd goes on with a stop job whose client went away, if it ever got it.
+        msg = f"connection lost during systemctl stop ({_why(r)})"
+        yield Emit(EndStep(Step.STOP, False, msg, None, _tail(r.output)))
+        return (f"{msg}: the service may be running, stopping or stopped. "
+                f"{_status_hint(service)}.")
+    if not r.ok:
+        msg = _failed("systemctl stop", r, svc.stop_timeout_s)
+        yield Emit(EndStep(Step.STOP, False, msg, r.exit_status, _tail(r.output)))
+        return f"{msg}; the service may still be running"
+    yield Emit(EndStep(Step.STOP, True, f"{svc.unit} stopped", r.exit_status))
+    return None
+
+
+def _drain_poll(svc: ServiceSettings, host: str
+                ) -> Generator[Action, Any, tuple[GpuSnapshot, DrainVerdict]]:
+    """One look at GPU memory, compute apps and surviving workers."""
+    snap = yield from _snapshot(Step.DRAIN, svc, host)
+    w = yield from _run(Step.DRAIN, remote.workers_query(), svc.command_timeout_s, quiet=True)
+    _check_reached(host, w)
+    # pgrep exits 1 when nothing matches; anything else means we could not tell.
+    if w.exit_status not in (0, 1):
+        raise GpuQueryError(host, f"cannot list vLLM workers ({_why(w)})",
+                            exit_status=w.exit_status, output=w.output)
+    workers = parse_pgrep(w.stdout, host)
+    return snap, drain_verdict(snap, svc.drain_threshold_mib, workers)
+
+
+def _drain(svc: ServiceSettings, host: str) -> Generator[Action, Any, tuple[str, str | None]]:
+    """Poll until GPU memory is released. Returns ('ok'|'failed'|'cancelled', reason).
+
+    A poll whose result never came back is no verdict: the next poll reconnects,
+    and only the drain timeout ends the wait."""
+    yield Emit(BeginStep(Step.DRAIN, f"poll {cmd(remote.gpu_query())}, "
+                         f"{cmd(remote.apps_query())}, {cmd(remote.workers_query())}"))
+    start = (yield from _tick(0.0)).now
+    polls = 0
+    last: tuple[GpuSnapshot, DrainVerdict] | None = None  # the latest poll that was answered
+    unreachable: str | None = None  # why the latest poll was not
+    while True:
+        polls += 1
+        try:
+            last = yield from _drain_poll(svc, host)
+            unreachable = None
+        except _HostLost as e:
+            unreachable = e.reason
+        except GpuQueryError as e:
+            msg = f"cannot tell whether the GPUs are free: {e.reason}"
+            yield Emit(EndStep(Step.DRAIN, False, msg, e.exit_status, _tail(e.output)))
+            return "failed", msg
+        tick = yield from _tick(0.0)
+        elapsed = tick.now - start
+        if unreachable is None and last is not None and last[1].drained:
+            yield Emit(Snapshot("after drain", last[0]))
+            yield Emit(EndStep(Step.DRAIN, True,
+                               f"GPU memory released after {elapsed:.1f}s ({polls} polls)"))
+            return "ok", None
+        if tick.cancel_requested:
+            if last is not None:
+                yield Emit(Snapshot("drain cancelled", last[0]))
+            yield Emit(EndStep(Step.DRAIN, False, "cancelled while waiting for GPU memory"))
+            return "cancelled", None
+        if elapsed >= svc.drain_timeout_s:
+            if unreachable is not None or last is None:
+                msg = (f"no answer from the host while waiting for GPU memory ({unreachable}); "
+                       f"could not confirm within {svc.drain_timeout_s:g}s that it was released")
+                yield Emit(EndStep(Step.DRAIN, False, msg))
+                return "failed", msg
+            yield Emit(Snapshot("drain timeout", last[0]))
+            msg = (f"GPU memory still held after {svc.drain_timeout_s:g}s: "
+                   f"{last[1].describe()}")
+            yield Emit(EndStep(Step.DRAIN, False, msg, None, last[1].describe()))
+            return "failed", msg
+        yield Sleep(svc.drain_poll_s)
+
+
+def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
+                    ) -> Generator[Action, Any, str | None]:
+    """systemctl start, then wait for the unit to stay up and /health to answer 200.
+    Returns None when healthy, else the reason (journal tail in the step's detail)."""
+    argv = remote.unit_start(svc)
+    yield Emit(BeginStep(start_step, cmd(argv)))
+    r = yield from _run(start_step, argv, svc.command_timeout_s)
+    if lost(r):
+        # systemd carries on with a start job whose client went away; if the command
+        # never arrived, the gate finds the unit inactive and says so.
+        yield Emit(EndStep(start_step, True, f"connection lost while systemctl start ran "
+                           f"({_why(r)}); the health gate decides"))
+    elif not r.ok:
+        msg = f"systemctl start failed ({_why(r)})"
+        journal = yield from _journal(start_step, svc)
+        yield Emit(EndStep(start_step, False, msg, r.exit_status,
+                           _tail(r.output) + "\n" + journal))
+        return msg
+    else:
+        yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
+
+    yield Emit(BeginStep(health_step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}"))
+    start = (yield from _tick(0.0)).now
+    last = "no answer yet"
+    while True:
+        active = yield from _run(health_step, remote.unit_is_active(svc), svc.command_timeout_s,
+                                 quiet=True)
+        state = active.stdout.strip() or _why(active)
+        if state in ("failed", "inactive"):
+            msg = f"{svc.unit} is {state} after start"
+            journal = yield from _journal(health_step, svc)
+            yield Emit(EndStep(health_step, False, msg, active.exit_status, journal))
+            return msg
+        if active.ok:
+            h: HttpResult = yield HttpCheck(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
+            if h.ok:
+                now = (yield from _tick(0.0)).now
+                yield Emit(EndStep(health_step, True,
+                                   f"{svc.health_url} answered 200 after {now - start:.1f}s"))
+                return None
+            last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
+        else:
+            last = f"unit {state}"
+        tick = yield from _tick(svc.health_poll_s)
+        if tick.now - start >= svc.start_timeout_s:
+            msg = f"not healthy after {svc.start_timeout_s:g}s (last: {last})"
+            journal = yield from _journal(health_step, svc)
+            yield Emit(EndStep(health_step, False, msg, None, journal))
+            return msg
+
+
+def _journal(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str]:
+    r = yield from _run(step, remote.journal_tail(svc), svc.command_timeout_s, quiet=True)
+    header = f"$ {cmd(remote.journal_tail(svc))}"
+    return f"{header}\n{r.output.rstrip()}" if r.output.strip() else f"{header}\n({_why(r)})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    known: bool  # uv is gone and the installed version was read
+    installed: str | None  # the version installed afterwards (None: missing or unknown)
+    why: str  # when not known: what stood in the way
+
+
+def _settle_install(svc: ServiceSettings, step: Step, started: float
+                    ) -> Generator[Action, Any, _Settled]:
+    """The result of an install never came back.  uv may still be running on the host
+    (OpenSSH does not end a command without a pty when its channel closes; ``timeout``
+    only ends it at the install timeout), and installing anything else meanwhile
+    would corrupt the venv.  So: reconnect, wait until no install into the venv runs,
+    then read what is installed.  Bounded by the time after which ``timeout`` has
+    surely ended that install."""
+    deadline = started + svc.install_timeout_s + INSTALL_KILL_GRACE_S
+    while True:
+        p = yield from _run(step, remote.installs_query(svc), svc.command_timeout_s, quiet=True)
+        if p.exit_status == 1:  # no install running
+            r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s,
+                                quiet=True)
+            if not lost(r):
+                version = remote.parse_package_version(r.stdout) if r.ok else None
+                return _Settled(True, version, "")
+            why = _why(r)
+        elif p.exit_status == 0:
+            why = f"uv is still running: {_tail(p.stdout, 1)}"
+        elif lost(p):
+            why = _why(p)
+        else:
+            return _Settled(False, None, f"cannot tell whether uv still runs ({_why(p)})")
+        tick = yield from _tick(svc.drain_poll_s)
+        if tick.now >= deadline:
+            return _Settled(False, None, why)
+
+
+def _postcheck(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
+    yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; "
+                         f"{cmd(remote.gpu_query())}"))
+    after = yield from _version(Step.POSTCHECK, svc)
+    try:
+        snap = yield from _snapshot(Step.POSTCHECK, svc, host)
+    except GpuQueryError as e:
+        yield Emit(EndStep(Step.POSTCHECK, True,
+                           f"version {after}; GPU table unavailable: {e.reason}"))
+        return after
+    yield Emit(Snapshot("after restart", snap))
+    yield Emit(EndStep(Step.POSTCHECK, True,
+                       f"version {after}; {snap.used_mib:,} of {snap.total_mib:,} MiB in use"))
+    return after
+
+
+def _recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
+                          what: str) -> Flow:
+    """Cancelled once the service is down: bring it back on what is installed."""
+    err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
+    if err is not None:
+        return HostOutcome("failed", f"cancelled {what}; restarting failed: {err}. "
+                           "The service is DOWN.", before, None)
+    after = yield from _postcheck(svc, host)
+    return HostOutcome("cancelled", f"cancelled {what}; service restarted on {after}",
+                       before, after)
+
+
+# ---- flows ------------------------------------------------------------------------------
+
+
+def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """Preflight, stop, drain, reinstall (rollback on failure), start, health, post-check."""
+    # Preflight: everything that can refuse does so while the service is untouched.
+    yield Emit(BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps
+                                              if s.step == Step.PREFLIGHT)))
+    r, props = yield from _unit_state(Step.PREFLIGHT, svc)
+    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
+               else _check_unit(svc, r, props))
+    before: str | None = None
+    target: str | None = plan.version
+    if refusal is None:
+        before = yield from _version(Step.PREFLIGHT, svc)
+        if before is None:
+            refusal = (f"cannot read the installed {svc.package} version, so a rollback "
+                       "would be impossible")
+    if refusal is None:
+        df = yield from _run(Step.PREFLIGHT, remote.free_disk(svc), svc.command_timeout_s)
+        avail = remote.parse_df_avail_mib(df.stdout) if df.ok else None
+        if avail is None:
+            refusal = f"cannot read free disk space of {svc.venv_dir} ({_why(df)})"
+        elif avail < svc.min_free_disk_mib:
+            refusal = (f"only {avail:,} MiB free on {svc.venv_dir}; "
+                       f"need {svc.min_free_disk_mib:,} MiB")
+    if refusal is None:
+        dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
+        dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s)
+        if not dry.ok:
+            refusal = f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}"
+        elif target is None:
+            # What "latest" means now: after a lost connection, the version to look for.
+            target = remote.parse_resolved_version(dry.output, svc.package)
+    if refusal is not None:
+        yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
+        return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}",
+                           before, None)
+    yield Emit(Versions(before, None))
+    yield Emit(EndStep(Step.PREFLIGHT, True,
+                       f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
+                       f"{avail:,} MiB free, {plan.spec} resolves"
+                       + (f" to {target}" if target and not plan.version else "")))
+    if plan.dry_run:
+        return HostOutcome("succeeded", f"dry run: preflight passed; would install {plan.spec}",
+                           before, None)
+
+    if (yield from _tick()).cancel_requested:
+        return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
+
+    failure = yield from _stop(svc, plan.service)
+    if failure is not None:
+        return HostOutcome("failed", failure, before, None)
+
+    drain, reason = yield from _drain(svc, host)
+    if drain == "cancelled":
+        return (yield from _recover_after_cancel(svc, host, before, "during drain"))
+    if drain == "failed":
+        return HostOutcome("failed", f"{reason}. The service is STOPPED and nothing was "
+                           "reinstalled; free the GPUs, then restart it.", before, None)
+
+    install = remote.install(svc, plan.spec, plan.index_url)
+    verdict, why = yield from _install(svc, Step.REINSTALL, install, target, "reinstall",
+                                       f"installed {plan.spec}")
+    if verdict == "unknown":
+        return HostOutcome(
+            "failed", f"{why}. Whether {plan.spec} was installed is unknown, and the "
+            f"service is STOPPED. {_status_hint(plan.service)} once the host answers.",
+            before, None)
+    if verdict == "failed":
+        return (yield from _rollback(plan, svc, host, before, why))
+
+    # A reinstall is never interrupted; a cancel that arrived meanwhile takes effect now.
+    if (yield from _tick()).cancel_requested:
+        return (yield from _recover_after_cancel(svc, host, before, "after the reinstall"))
+
+    err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
+    if err is not None:
+        return HostOutcome("failed", f"{err}. {plan.spec} is installed; roll back with "
+                           f"`redeploy {plan.service} --version {before}`.", before, None)
+    after = yield from _postcheck(svc, host)
+    return HostOutcome("succeeded", f"{svc.package} {before} -> {after}, healthy", before, after)
+
+
+def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
+             what: str, done: str) -> Generator[Action, Any, tuple[str, str]]:
+    """Run an install (the reinstall or the rollback): ('ok'|'failed'|'unknown', why).
+
+    A cut connection may leave uv running on the host, and installing anything else
+    meanwhile would corrupt the venv: wait until uv has ended, then judge by the
+    version that is installed (``target``)."""
+    yield Emit(BeginStep(step, cmd(argv)))
+    started = (yield from _tick(0.0)).now
+    r = yield from _run(step, argv, svc.install_timeout_s)
+    if lost(r):
+        cut = f"connection lost during the {what} ({_why(r)})"
+        settled = yield from _settle_install(svc, step, started)
+        if not settled.known:
+            why = f"{cut}; then {settled.why}"
+            yield Emit(EndStep(step, False, why))
+            return "unknown", why
+        if not _same_version(settled.installed, target):
+            why = (f"{cut}; once uv had ended, {svc.package} was "
+                   f"{settled.installed or 'missing'}, not {target or 'a known version'}")
+            yield Emit(EndStep(step, False, why))
+            return "failed", why
+        yield Emit(EndStep(step, True, f"{cut}; uv finished on the host and {svc.package} "
+                           f"{settled.installed} is installed"))
+        return "ok", ""
+    if not r.ok:
+        why = _failed(what, r, svc.install_timeout_s)
+        yield Emit(EndStep(step, False, why, r.exit_status))
+        return "failed", why
+    yield Emit(EndStep(step, True, done, r.exit_status))
+    return "ok", ""
+
+
+def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
+              cause: str) -> Flow:
+    assert before is not None  # preflight refuses when the version is unknown
+    argv = remote.install_previous(svc, before, plan.index_url)
+    verdict, why = yield from _install(svc, Step.ROLLBACK, argv, before, f"rollback to {before}",
+                                       f"reinstalled {svc.package}=={before}")
+    if verdict == "unknown":
+        return HostOutcome(
+            "failed", f"{cause}; {why}. Which {svc.package} version is installed is "
+            f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
+            "the host answers.", before, None)
+    if verdict == "failed":
+        return HostOutcome("failed", f"{cause}; {why}. The service is STOPPED.",
+                           before, None)
+    err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
+    if err is not None:
+        return HostOutcome("failed", f"{cause}; rolled back to {before} but {err}. "
+                           "The service is DOWN.", before, None)
+    after = yield from _postcheck(svc, host)
+    return HostOutcome("rolled_back", f"{cause}; rolled back to {after}, healthy", before, after)
+
+
+def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """Stop, drain, start, health: the same gates as a redeploy without the reinstall."""
+    yield Emit(BeginStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))))
+    r, props = yield from _unit_state(Step.PREFLIGHT, svc)
+    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
+               else _check_unit(svc, r, props))
+    if refusal is not None:
+        yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
+        return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}")
+    before = yield from _version(Step.PREFLIGHT, svc)
+    yield Emit(Versions(before, None))
+    yield Emit(EndStep(Step.PREFLIGHT, True,
+                       f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
+    if (yield from _tick()).cancel_requested:
+        return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
+    failure = yield from _stop(svc, plan.service)
+    if failure is not None:
+        return HostOutcome("failed", failure, before, None)
+    drain, reason = yield from _drain(svc, host)
+    if drain == "failed":
+        return HostOutcome("failed", f"{reason}. The service is STOPPED; free the GPUs, "
+                           "then restart it.", before, None)
+    err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
+    if err is not None:
+        return HostOutcome("failed", f"{err}. The service is DOWN.", before, None)
+    after = yield from _postcheck(svc, host)
+    status = "cancelled" if drain == "cancelled" else "succeeded"
+    return HostOutcome(status, f"restarted on {after}, healthy", before, after)
+
+
+def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """Unit state, installed version and the GPU table; changes nothing."""
+    yield Emit(BeginStep(Step.STATUS, plan.steps[0].command))
+    r, props = yield from _unit_state(Step.STATUS, svc)
+    version = yield from _version(Step.STATUS, svc)
+    yield Emit(Versions(version, None))
+    state = (f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')}), "
+             f"MainPID {props.get('MainPID', '?')}") if r.ok else f"unknown ({_why(r)})"
+    try:
+        snap = yield from _snapshot(Step.STATUS, svc, host)
+    except GpuQueryError as e:
+        summary = f"{svc.unit}: {state}; {svc.package} {version}; GPUs: {e.reason}"
+        yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
+        return HostOutcome("failed", summary, version, version)
+    yield Emit(Snapshot("now", snap))
+    summary = (f"{svc.unit}: {state}; {svc.package} {version}; "
+               f"{snap.used_mib:,} of {snap.total_mib:,} MiB GPU memory in use")
+    yield Emit(EndStep(Step.STATUS, True, summary))
+    return HostOutcome("succeeded", summary, version, version)
+
+
+FLOWS = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}

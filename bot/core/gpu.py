@@ -1,0 +1,467 @@
+"""GPU snapshots: parse nvidia-smi, judge a drain, render a fixed-width table.
+
+Pure parsing and rendering; the I/O (running nvidia-smi over SSH, calling NVML)
+happens in the callers.  Every parser is strict: output it does not understand
+raises ``GpuQueryError`` quoting the line, because a drain check that guesses
+could start vLLM on GPUs that are still full.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from bot.errors import GpuQueryError
+from bot.hosts.base import CommandResult
+
+# The exact argv the engine runs; kept here so parsers and commands cannot drift apart.
+GPU_QUERY_ARGV: tuple[str, ...] = (
+    "nvidia-smi",
+    "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
+    "--format=csv,noheader,nounits",
+)
+APPS_QUERY_ARGV: tuple[str, ...] = (
+    "nvidia-smi",
+    "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
+    "--format=csv,noheader",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int | None  # None when the driver reports [N/A] / [Not Supported]
+    gpu_uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilization_pct: int | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    host: str
+    gpus: tuple[Gpu, ...]
+    processes: tuple[GpuProcess, ...] = field(default=())
+
+    @property
+    def used_mib(self) -> int:
+        return sum(g.memory_used_mib or 0 for g in self.gpus)
+
+    @property
+    def total_mib(self) -> int:
+        return sum(g.memory_total_mib or 0 for g in self.gpus)
+
+
+# --------------------------------------------------------------------------- parsing
+
+# nvidia-smi exit codes as documented in its man page (RETURN VALUE).  They mirror
+# NVML's return codes, except that the man page lists 10 as the interrupt issue.
+NVIDIA_SMI_EXIT_CODES: dict[int, str] = {
+    2: "a supplied argument or flag is invalid",
+    3: "the requested operation is not available on the target device",
+    4: "the current user does not have permission to access this device or operation",
+    6: "a query to find an object was unsuccessful",
+    8: "a device's external power cables are not properly attached",
+    9: "the NVIDIA driver is not loaded",
+    10: "the NVIDIA kernel detected an interrupt issue with a GPU",
+    12: "the NVML shared library could not be found or loaded",
+    13: "the local version of NVML does not implement this function",
+    14: "the infoROM is corrupted",
+    15: "a GPU has fallen off the bus or has otherwise become inaccessible",
+    # Not in the man page, but what nvidia-smi returns after a driver upgrade
+    # without a reboot ("Failed to initialize NVML: Driver/library version mismatch").
+    18: "the NVIDIA driver and library versions do not match (reboot or reload the driver)",
+    255: "another error or an internal driver error occurred",
+    # Shell conventions, seen when the command runs through a login shell.
+    126: "nvidia-smi is not executable",
+    127: "nvidia-smi was not found (command not found): is the NVIDIA driver installed?",
+}
+
+_DIGITS = re.compile(r"[0-9]+")
+_APP_MEMORY = re.compile(r"([0-9]+)(?:\s*MiB)?")
+_NO_PROCESSES = "no running processes found"
+_QUOTE_LIMIT = 200
+
+
+def _quote(line: str) -> str:
+    """repr() of a line, cut so one bad line cannot flood a Slack message."""
+    if len(line) > _QUOTE_LIMIT:
+        line = line[:_QUOTE_LIMIT] + "..."
+    return repr(line)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _unavailable(value: str) -> bool:
+    # nvidia-smi writes every missing value in brackets: [N/A], [Not Supported],
+    # [Unknown Error], [Insufficient Permissions], [GPU is lost], ...
+    return (value.startswith("[") and value.endswith("]")) or value == "N/A"
+
+
+class _LineError(Exception):
+    """A field did not parse; turned into a GpuQueryError that quotes the whole line."""
+
+
+def _required_int(value: str, what: str) -> int:
+    if not _DIGITS.fullmatch(value):
+        raise _LineError(f"{what} is not a number: {value!r}")
+    return int(value)
+
+
+def _optional_int(value: str, what: str) -> int | None:
+    if _unavailable(value):
+        return None
+    return _required_int(value, what)
+
+
+def _uuid(value: str) -> str:
+    if not value or any(ch.isspace() for ch in value) or _unavailable(value):
+        raise _LineError(f"not a GPU UUID: {value!r}")
+    return value
+
+
+def _data_lines(text: str) -> Iterable[str]:
+    # splitlines() also takes care of CRLF from Windows-built or PTY-wrapped output.
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line:
+            yield line
+
+
+def parse_gpu_csv(host: str, text: str) -> tuple[Gpu, ...]:
+    """Parse ``GPU_QUERY_ARGV`` output: ``index, uuid, name, used, total, util`` per line.
+
+    The name may contain commas, so index and uuid are taken from the front and
+    the three numbers from the back.  Bracketed values such as ``[N/A]`` become None.
+    """
+    gpus: list[Gpu] = []
+    for line in _data_lines(text):
+        fields = line.split(",")
+        try:
+            if len(fields) < 6:
+                raise _LineError(f"expected 6 fields, got {len(fields)}")
+            name = ",".join(fields[2:-3]).strip()
+            if not name:
+                raise _LineError("the GPU name is empty")
+            used, total, util = (f.strip() for f in fields[-3:])
+            gpu = Gpu(
+                index=_required_int(fields[0].strip(), "the GPU index"),
+                uuid=_uuid(fields[1].strip()),
+                name=name,
+                memory_used_mib=_optional_int(used, "memory.used"),
+                memory_total_mib=_optional_int(total, "memory.total"),
+                utilization_pct=_optional_int(util, "utilization.gpu"),
+            )
+        except _LineError as exc:
+            raise GpuQueryError(
+                host, f"unexpected line from nvidia-smi --query-gpu: {_quote(line)} ({exc})",
+                output=text,
+            ) from None
+        if any(g.index == gpu.index or g.uuid == gpu.uuid for g in gpus):
+            raise GpuQueryError(
+                host, f"nvidia-smi --query-gpu listed GPU {gpu.index} ({gpu.uuid}) twice",
+                output=text,
+            )
+        gpus.append(gpu)
+    return tuple(gpus)
+
+
+def parse_apps_csv(host: str, text: str) -> tuple[GpuProcess, ...]:
+    """Parse ``APPS_QUERY_ARGV`` output: ``pid, process_name, used_memory, gpu_uuid``.
+
+    The memory carries its unit (``96998 MiB``).  The process name may contain
+    commas: pid is first, uuid last, memory second last and the name is the rest.
+    Empty output, or nvidia-smi's "No running processes found", means no processes.
+    """
+    processes: list[GpuProcess] = []
+    for line in _data_lines(text):
+        if line.lower() == _NO_PROCESSES:
+            continue
+        fields = line.split(",")
+        try:
+            if len(fields) < 4:
+                raise _LineError(f"expected 4 fields, got {len(fields)}")
+            memory = fields[-2].strip()
+            used: int | None = None
+            if not _unavailable(memory):
+                match = _APP_MEMORY.fullmatch(memory)
+                if match is None:
+                    raise _LineError(f"used_memory is not a MiB amount: {memory!r}")
+                used = int(match.group(1))
+            process = GpuProcess(
+                pid=_required_int(fields[0].strip(), "the PID"),
+                name=",".join(fields[1:-2]).strip(),
+                used_mib=used,
+                gpu_uuid=_uuid(fields[-1].strip()),
+            )
+        except _LineError as exc:
+            raise GpuQueryError(
+                host,
+                f"unexpected line from nvidia-smi --query-compute-apps: {_quote(line)} ({exc})",
+                output=text,
+            ) from None
+        processes.append(process)
+    return tuple(processes)
+
+
+def check_nvidia_smi(host: str, result: CommandResult) -> None:
+    """Raise ``GpuQueryError`` unless nvidia-smi exited 0 in time.
+
+    The message names the documented meaning of the exit code and quotes the
+    first line nvidia-smi printed (it writes its own error text to stdout).
+    """
+    output = result.output
+    said = _first_line(output)
+    detail = f": {_quote(said)}" if said else ""
+    if result.timed_out:
+        message = (
+            f"nvidia-smi did not finish within {result.duration_s:.0f} s "
+            f"(a hung driver or a GPU in a bad state can cause this){detail}"
+        )
+    elif result.exit_status is None:
+        message = f"nvidia-smi was killed by signal {result.signal or 'unknown'}{detail}"
+    elif result.exit_status == 0:
+        return
+    else:
+        meaning = NVIDIA_SMI_EXIT_CODES.get(result.exit_status, "unknown error")
+        message = f"nvidia-smi failed with exit status {result.exit_status}: {meaning}{detail}"
+    raise GpuQueryError(host, message, exit_status=result.exit_status, output=output)
+
+
+def build_snapshot(host: str, gpu_text: str, apps_text: str) -> GpuSnapshot:
+    """Parse both queries and attach each process to the GPU with its uuid.
+
+    Processes whose uuid matches no GPU (a GPU that vanished between the two
+    queries, or a MIG instance) are kept in ``snapshot.processes`` only.
+    """
+    gpus = parse_gpu_csv(host, gpu_text)
+    processes = parse_apps_csv(host, apps_text)
+    attached = tuple(
+        replace(gpu, processes=tuple(p for p in processes if p.gpu_uuid == gpu.uuid))
+        for gpu in gpus
+    )
+    return GpuSnapshot(host=host, gpus=attached, processes=processes)
+
+
+# --------------------------------------------------------------------------- drain
+
+HolderKind = Literal["process", "memory", "worker"]
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One reason a host is not drained.
+
+    ``process``: a compute app holds memory on a GPU (``gpu_index`` is None when
+    its uuid matches no GPU).  ``memory``: a GPU is above the threshold (or does not
+    report its memory) with no process listed.  ``worker``: a ``VLLM::`` process
+    from pgrep is still alive but nvidia-smi lists it on no GPU.
+    """
+
+    kind: HolderKind
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    pid: int | None = None
+    name: str = ""
+    used_mib: int | None = None
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu_index}" if self.gpu_index is not None else f"GPU {self.gpu_uuid}"
+        if self.kind == "worker":
+            return f"PID {self.pid} ({self.name}) is still running"
+        if self.kind == "memory":
+            if self.used_mib is None:
+                return f"{where}: memory use not reported, cannot confirm it is free"
+            return f"{where}: {self.used_mib} MiB used, no process listed"
+        amount = f"{self.used_mib} MiB" if self.used_mib is not None else "memory"
+        return f"{where}: {amount} held by PID {self.pid} ({self.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainVerdict:
+    drained: bool
+    threshold_mib: int
+    holders: tuple[Holder, ...] = ()
+
+    def describe(self) -> str:
+        if self.drained:
+            return f"drained: no GPU process, every GPU at or below {self.threshold_mib} MiB"
+        # No "not drained" prefix: callers put this after their own "still held: ".
+        return "; ".join(h.describe() for h in self.holders)
+
+
+def drain_verdict(
+    snapshot: GpuSnapshot,
+    threshold_mib: int,
+    workers: Sequence[tuple[int, str]] = (),
+) -> DrainVerdict:
+    """Decide whether the GPUs are free enough to start vLLM again.
+
+    Drained means: no compute app holds memory, every GPU reports its memory and
+    is at or below ``threshold_mib`` (the driver keeps a little per GPU), and no
+    ``VLLM::`` worker from ``parse_pgrep`` survives.  Unknown memory counts as held:
+    starting on a GPU we cannot see is how a redeploy ends in an out-of-memory.
+    """
+    index_of = {g.uuid: g.index for g in snapshot.gpus}
+    holders: list[Holder] = []
+    held_gpus: set[str] = set()
+    listed_pids: set[int] = set()
+    for proc in _all_processes(snapshot):
+        if proc.used_mib == 0:
+            continue
+        holders.append(Holder("process", index_of.get(proc.gpu_uuid), proc.gpu_uuid,
+                              proc.pid, proc.name, proc.used_mib))
+        held_gpus.add(proc.gpu_uuid)
+        listed_pids.add(proc.pid)
+    for gpu in snapshot.gpus:
+        used = gpu.memory_used_mib
+        if gpu.uuid not in held_gpus and (used is None or used > threshold_mib):
+            holders.append(Holder("memory", gpu.index, gpu.uuid, used_mib=used))
+    for pid, command in workers:
+        if pid not in listed_pids:
+            holders.append(Holder("worker", pid=pid, name=command))
+            listed_pids.add(pid)
+    holders.sort(key=_holder_order)
+    return DrainVerdict(drained=not holders, threshold_mib=threshold_mib,
+                        holders=tuple(holders))
+
+
+def _holder_order(h: Holder) -> tuple[int, int, int]:
+    # GPUs in index order, then unknown GPUs, then stray workers: how people read nvidia-smi.
+    rank = 0 if h.gpu_index is not None else (1 if h.kind != "worker" else 2)
+    return (rank, h.gpu_index if h.gpu_index is not None else 0, h.pid or 0)
+
+
+def _all_processes(snapshot: GpuSnapshot) -> tuple[GpuProcess, ...]:
+    """snapshot.processes, plus any attached to a GPU but missing there (hand-built snapshots)."""
+    seen = set(snapshot.processes)
+    extra = tuple(p for g in snapshot.gpus for p in g.processes if p not in seen)
+    return snapshot.processes + extra
+
+
+def parse_pgrep(text: str, host: str = "unknown host") -> tuple[tuple[int, str], ...]:
+    """Parse ``pgrep -a -f ^VLLM::`` output into ``(pid, command line)`` pairs.
+
+    pgrep prints ``PID COMMAND`` per process and nothing (exit 1) when none match.
+    A command line containing a newline continues on the next line, so a line
+    without a leading PID extends the previous entry; one before any entry is garbage.
+    """
+    entries: list[tuple[int, str]] = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        head, _, rest = raw.strip().partition(" ")
+        if _DIGITS.fullmatch(head):
+            entries.append((int(head), rest.strip()))
+        elif entries:
+            pid, command = entries[-1]
+            entries[-1] = (pid, f"{command} {raw.strip()}")
+        else:
+            raise GpuQueryError(
+                host, f"unexpected line from pgrep (no PID): {_quote(raw)}", output=text
+            )
+    return tuple(entries)
+
+
+# --------------------------------------------------------------------------- rendering
+
+LINE_LIMIT = 100
+_NAME_WIDTH = 25
+_GAP = "  "
+_ELLIPSIS = "…"
+_HEADER = ("GPU", "NAME", "USED MiB", "TOTAL MiB", "UTIL", "PROCESSES")
+_RIGHT = (True, False, True, True, True, False)
+# Vendor boilerplate that makes every row wider without telling two GPUs apart.
+_NAME_REWRITES = ((" Server Edition", " SE"), (" Workstation Edition", " WE"))
+
+
+def short_gpu_name(name: str) -> str:
+    """'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> 'RTX PRO 6000 Blackwell SE'."""
+    short = name.removeprefix("NVIDIA ").strip()
+    for long, abbreviation in _NAME_REWRITES:
+        short = short.replace(long, abbreviation)
+    return _fit(short or name.strip(), _NAME_WIDTH)
+
+
+def _fit(text: str, width: int) -> str:
+    text = _printable(text)
+    if len(text) <= width:
+        return text
+    return text[: max(width - 1, 0)] + _ELLIPSIS
+
+
+def _printable(text: str) -> str:
+    # Process names come from the host: a control character could drive a terminal,
+    # and a backtick could close the Slack code block the table is posted in.
+    return "".join(ch if ch.isprintable() and ch != "`" else "?" for ch in text)
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _pct(value: int | None) -> str:
+    return "n/a" if value is None else f"{value}%"
+
+
+def _process_cell(proc: GpuProcess, width: int) -> str:
+    head, tail = str(proc.pid), "n/a" if proc.used_mib is None else f"{proc.used_mib} MiB"
+    name_width = max(width - len(head) - len(tail) - 2, 4)
+    return f"{head} {_fit(proc.name, name_width)} {tail}"
+
+
+def render_table(snapshot: GpuSnapshot) -> str:
+    """A fixed-width table for a Slack code block or a terminal, lines <= ``LINE_LIMIT``.
+
+    One row per GPU (extra processes continue on following rows), processes that
+    match no GPU under ``?``, then a total row.  No trailing spaces.
+    """
+    count = len(snapshot.gpus)
+    header = _fit(f"{snapshot.host}: {count} GPU{'s' if count != 1 else ''}", LINE_LIMIT)
+    if not snapshot.gpus and not snapshot.processes:
+        return f"{header}, nothing reported"
+    known = {g.uuid for g in snapshot.gpus}
+    stray = tuple(p for p in _all_processes(snapshot) if p.gpu_uuid not in known)
+    rows: list[tuple[tuple[str, ...], tuple[GpuProcess, ...]]] = []
+    for gpu in snapshot.gpus:
+        gpu_cells = (str(gpu.index), short_gpu_name(gpu.name), _mib(gpu.memory_used_mib),
+                     _mib(gpu.memory_total_mib), _pct(gpu.utilization_pct))
+        rows.append((gpu_cells, gpu.processes))
+    for proc in stray:
+        rows.append((("?", _fit(proc.gpu_uuid, _NAME_WIDTH), "", "", ""), (proc,)))
+    utils = [g.utilization_pct for g in snapshot.gpus if g.utilization_pct is not None]
+    total_cells = ("", "total", str(snapshot.used_mib), str(snapshot.total_mib),
+                   _pct(sum(utils) // len(utils) if utils else None))
+    n_procs = sum(len(p) for _, p in rows)
+
+    fixed: list[tuple[str, ...]] = [*(cells for cells, _ in rows), total_cells, _HEADER[:5]]
+    widths = [max(len(c[i]) for c in fixed) for i in range(5)]
+
+    def line(cells: Sequence[str], last: str) -> str:
+        padded = (c.rjust(w) if right else c.ljust(w)
+                  for c, w, right in zip(cells, widths, _RIGHT, strict=False))
+        return _GAP.join([*padded, last]).rstrip()
+
+    room = LINE_LIMIT - (sum(widths) + len(_GAP) * 5)
+    out = [header, line(_HEADER[:5], _HEADER[5])]
+    for cells, procs in rows:
+        out.append(line(cells, _process_cell(procs[0], room) if procs else ""))
+        out.extend(line(("",) * 5, _process_cell(p, room)) for p in procs[1:])
+    out.append(line(total_cells, f"{n_procs} process{'es' if n_procs != 1 else ''}"))
+    return "\n".join(out)

@@ -1,0 +1,156 @@
+"""The exact remote argv the engine runs, built only from configuration and validated values.
+
+Nothing a user typed reaches these functions except a service name that was
+looked up in the config, a version that parsed as PEP 440, and an index name
+that was looked up in the config; the SSH layer then quotes every element.
+"""
+
+from __future__ import annotations
+
+import re
+
+from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
+from bot.settings import ServiceSettings
+
+Argv = tuple[str, ...]
+
+# systemctl show prints these as KEY=value lines, in its own order.
+UNIT_PROPERTIES = "LoadState,ActiveState,SubState,MainPID"
+# Anchored so the shell and `timeout` wrapping our own pgrep never match themselves.
+WORKER_PATTERN = "^VLLM::"
+
+
+def package_spec(svc: ServiceSettings, version: str | None) -> str:
+    return svc.package if version is None else f"{svc.package}=={version}"
+
+
+def unit_show(svc: ServiceSettings) -> Argv:
+    return ("systemctl", "show", svc.unit, "-p", UNIT_PROPERTIES)
+
+
+def unit_is_active(svc: ServiceSettings) -> Argv:
+    return ("systemctl", "is-active", svc.unit)
+
+
+def unit_stop(svc: ServiceSettings) -> Argv:
+    return ("systemctl", "stop", svc.unit)
+
+
+def unit_start(svc: ServiceSettings) -> Argv:
+    return ("systemctl", "start", svc.unit)
+
+
+def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
+    n = svc.journal_lines if lines is None else lines
+    return ("journalctl", "-u", svc.unit, "-n", str(n), "--no-pager")
+
+
+def package_show(svc: ServiceSettings) -> Argv:
+    return (svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
+
+
+def free_disk(svc: ServiceSettings) -> Argv:
+    return ("df", "-P", "-B1M", svc.venv_dir)
+
+
+def _index_args(index_url: str | None) -> Argv:
+    return () if index_url is None else ("--extra-index-url", index_url)
+
+
+def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
+    return (svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
+            "--force-reinstall", spec, *_index_args(index_url))
+
+
+def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
+    return (svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall",
+            spec, *_index_args(index_url))
+
+
+def install_previous(svc: ServiceSettings, version: str, index_url: str | None) -> Argv:
+    # Only the one package is reinstalled: the rollback should touch as little as possible.
+    name = _bare_name(svc.package)
+    return (svc.uv, "pip", "install", "--python", svc.python, "--reinstall-package", name,
+            f"{name}=={version}", *_index_args(index_url))
+
+
+def gpu_query() -> Argv:
+    return GPU_QUERY_ARGV
+
+
+def apps_query() -> Argv:
+    return APPS_QUERY_ARGV
+
+
+def workers_query() -> Argv:
+    return ("pgrep", "-a", "-f", WORKER_PATTERN)
+
+
+def installs_query(svc: ServiceSettings) -> Argv:
+    """Any ``uv pip install`` into the service's venv still running, e.g. one that
+    outlived the SSH connection that started it.  Built from config values only;
+    anchored, so neither this pgrep nor the shell and ``timeout`` around a command
+    can match (their command lines start with another word)."""
+    pattern = f"^{_ere_escape(svc.uv)} pip install --python {_ere_escape(svc.python)}( |$)"
+    return ("pgrep", "-a", "-f", pattern)
+
+
+# Special in POSIX extended regular expressions (pgrep's) and in Python's re alike.
+_ERE_SPECIAL = frozenset(".[]()*+?{}|^$\\")
+
+
+def _ere_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in _ERE_SPECIAL else c for c in text)
+
+
+def _bare_name(package: str) -> str:
+    return package.split("[", 1)[0]
+
+
+def parse_unit_show(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_package_version(text: str) -> str | None:
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "Version":
+            return value.strip() or None
+    return None
+
+
+def _normal_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_resolved_version(text: str, package: str) -> str | None:
+    """The version of ``package`` an install (or its dry run) installs, from uv's
+    `` + name==version`` lines; None when uv did not say."""
+    want = _normal_name(_bare_name(package))
+    for line in text.splitlines():
+        entry = line.strip()
+        if not entry.startswith("+ "):
+            continue
+        name, sep, version = entry[2:].partition("==")
+        if sep and _normal_name(name.strip()) == want and version.strip():
+            return version.strip()
+    return None
+
+
+def parse_df_avail_mib(text: str) -> int | None:
+    """``df -P -B1M`` prints a header then ``fs blocks used avail capacity mount``."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) < 2:
+        return None
+    fields = lines[-1].split()
+    if len(fields) < 6:
+        return None
+    try:
+        return int(fields[-3])
+    except ValueError:
+        return None

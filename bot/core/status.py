@@ -1,0 +1,87 @@
+"""The words a run, a step and a host outcome can be in, as types.
+
+Every status the bot stores, compares or shows comes from here: a typo is a type
+error, not a run that silently never matches. They are ``StrEnum`` so the values
+stored in SQLite and printed by ``audit --json`` stay the plain words they always
+were (``RunStatus.RUNNING == "running"``), and a database written by an older bot
+reads back unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life; see ``bot.engine.lifecycle`` for who moves it."""
+
+    PENDING_APPROVAL = "pending_approval"
+    APPROVED = "approved"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"  # stopped before anything on a host changed
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"  # its driver died or was stopped mid-run
+    DENIED = "denied"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+ACTIVE_STATUSES: frozenset[RunStatus] = frozenset(
+    {RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.RUNNING})
+FINAL_STATUSES: frozenset[RunStatus] = frozenset(set(RunStatus) - ACTIVE_STATUSES)
+
+
+class HostStatus(StrEnum):
+    """How one host's flow ended (``HostOutcome.status``), or that it never began."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    CANCELLED = "cancelled"
+    ABORTED = "aborted"
+    NOT_STARTED = "not_started"  # a rollout stopped before it reached this host
+
+
+class StepStatus(StrEnum):
+    """A step as the audit log and the card's checklist know it."""
+
+    PENDING = "pending"  # planned, not begun (cards only; never stored)
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"
+
+
+STORED_STEP_STATUSES: frozenset[StepStatus] = frozenset(set(StepStatus) - {StepStatus.PENDING})
+
+
+class Action(StrEnum):
+    """What a run does to a service."""
+
+    REDEPLOY = "redeploy"
+    RESTART = "restart"
+    STATUS = "status"
+
+
+class Decision(StrEnum):
+    """What a person (or a system approver) decided about a run."""
+
+    APPROVE = "approve"
+    DENY = "deny"
+    CANCEL = "cancel"
+
+
+class Source(StrEnum):
+    """Where a request came from."""
+
+    SLACK = "slack"
+    CLI = "cli"
+    DEMO = "demo"

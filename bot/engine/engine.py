@@ -1,0 +1,316 @@
+"""Runs: create, gate, execute and finish maintenance jobs.
+
+The one place that ties the pure parts (plan, sequence) to the edges (audit
+log, host pool, event sinks).  The Slack handlers and the CLI both call this;
+neither knows how a run is executed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from bot.audit.store import AuditLog, RunRecord
+from bot.core import events as ev
+from bot.core.flows import FLOWS, HostOutcome
+from bot.core.gpu import GpuSnapshot
+from bot.core.plan import Action, Plan, make_plan
+from bot.engine.executor import CancelToken, Executor
+from bot.engine.owner import process_owner
+from bot.engine.recovery import interrupted_message
+from bot.errors import HostError, LockHeldError
+from bot.hosts.pool import HostPool
+from bot.settings import Settings
+
+# Worst outcome first: the run's status is the worst of its hosts'.
+_SEVERITY = ("failed", "rolled_back", "cancelled", "aborted", "succeeded")
+# The per-host state of a host a stopped rollout never touched.
+NOT_STARTED = "not_started"
+
+
+def lock_scopes(plan: Plan) -> list[str]:
+    return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
+
+
+def needs_locks(plan: Plan) -> bool:
+    """Status queries and dry runs change nothing, so they never wait behind a job."""
+    return plan.action != "status" and not plan.dry_run
+
+
+def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
+    """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
+    after the other; a read-only status asks every host at once."""
+    return [plan.hosts] if plan.action == "status" else plan.batches()
+
+
+class AuditSink:
+    """Writes steps, snapshots and versions as they happen (before and after each
+    remote action), so a crash leaves every completed step on disk."""
+
+    def __init__(self, audit: AuditLog, run_id: int) -> None:
+        self.audit = audit
+        self.run_id = run_id
+        self._open: dict[tuple[str, str], int] = {}
+        self._versions_seen = False
+
+    async def handle(self, event: ev.Event) -> None:
+        if isinstance(event, ev.StepStarted):
+            # Also makes it the run's current step (what recovery reports after a crash).
+            self._open[(event.host, event.step)] = await self.audit.step_started(
+                self.run_id, event.host, str(event.step), event.command)
+        elif isinstance(event, ev.StepFinished):
+            step_id = self._open.pop((event.host, event.step), None)
+            if step_id is not None:
+                await self.audit.step_finished(
+                    step_id, status=event.status, exit_status=event.exit_status,
+                    # Whole: the audit log redacts before it cuts, so no half secret survives.
+                    duration_s=round(event.duration_s, 3), output_tail=event.output)
+        elif isinstance(event, ev.GpuTable):
+            await self.audit.add_snapshot(self.run_id, event.host, event.label,
+                                          snapshot_json(event.snapshot))
+        elif isinstance(event, ev.VersionsKnown) and not self._versions_seen:
+            # The first host's versions stand for the run; every host's are in its steps.
+            self._versions_seen = True
+            await self.audit.set_versions(self.run_id, before=event.before, after=event.after)
+
+
+def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
+    return {
+        "host": s.host,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
+                  "memory_used_mib": g.memory_used_mib, "memory_total_mib": g.memory_total_mib,
+                  "utilization_pct": g.utilization_pct} for g in s.gpus],
+        "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
+                       "gpu_uuid": p.gpu_uuid} for p in s.processes],
+    }
+
+
+def overall_status(outcomes: Sequence[HostOutcome]) -> str:
+    statuses = {o.status for o in outcomes}
+    if "aborted" in statuses and statuses != {"aborted"}:
+        # "aborted" promises the service was untouched; another host was changed.
+        statuses = (statuses - {"aborted"}) | {"failed"}
+    for status in _SEVERITY:
+        if status in statuses:
+            return status
+    return "failed"
+
+
+@dataclass
+class RunResult:
+    run_id: int
+    status: str
+    summary: str
+    outcomes: dict[str, HostOutcome]
+    # Every planned host in plan order: its outcome's status, or NOT_STARTED for a host
+    # the rollout never reached (what a status card shows per host).
+    host_status: dict[str, str] = field(default_factory=dict)
+
+
+def host_states(hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> dict[str, str]:
+    """Each planned host's state, in plan order; NOT_STARTED where there is no outcome."""
+    return {h: outcomes[h].status if h in outcomes else NOT_STARTED for h in hosts}
+
+
+class Engine:
+    """Create and execute runs. One instance per process, shared by Slack and the CLI."""
+
+    def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool) -> None:
+        self.settings = settings
+        self.audit = audit
+        self.pool = pool
+        self.cancels: dict[int, CancelToken] = {}
+
+    def plan(self, action: Action, service: str, *, version: str | None = None,
+             index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
+        return make_plan(self.settings, action, service, version=version, index=index,
+                         dry_run=dry_run, batch=batch)
+
+    async def request(self, plan: Plan, *, requested_by: str, source: str,
+                      channel: str | None = None) -> RunRecord:
+        """Record a request awaiting approval, holding the service's and hosts' locks
+        from now until it ends (expired, denied and refused requests release them).
+
+        While another request or job holds any of them this one is recorded as
+        'refused', with a refusals row, and LockHeldError names the holder. Taking the
+        locks here (atomically, in SQLite) is what makes two requests in the same
+        second end with exactly one card. Read-only runs take no locks.
+        """
+        expires = datetime.now(UTC) + timedelta(seconds=self.settings.policy.approval_ttl_s)
+        run_id = await self.audit.create_run(
+            service=plan.service, action=plan.action, hosts=list(plan.hosts),
+            requested_by=requested_by, source=source, plan=plan.to_json(),
+            package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
+            channel=channel, expires_at=expires)
+        record = await self.audit.get_run(run_id)
+        if needs_locks(plan):
+            try:
+                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+            except LockHeldError as exc:
+                holder = await self.audit.get_run(exc.run_id)
+                busy = LockHeldError(
+                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
+                    f"{holder.status}) requested by {holder.requested_by}",
+                    run_id=holder.id, requested_by=holder.requested_by)
+                await self._refuse_busy(record, busy, expect=("pending_approval",))
+                raise busy from None
+        return record
+
+    def plan_of(self, record: RunRecord) -> Plan:
+        # Rebuilt from the current config: the commands always come from the config,
+        # never from what was stored.
+        p = record.plan
+        return make_plan(self.settings, record.action, record.service,  # type: ignore[arg-type]
+                         version=p.get("version"), index=p.get("index_name"),
+                         dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"))
+
+    def cancel(self, run_id: int, user: str) -> bool:
+        token = self.cancels.get(run_id)
+        if token is None:
+            return False
+        token.request(user)
+        return True
+
+    async def approve(self, run_id: int, approver: str) -> bool:
+        """Record ``approver``'s approval and move the run to 'approved' (the terminal's
+        confirmation, or a system approver for dry runs and status queries). The
+        approving process becomes its owner, so a bot starting meanwhile leaves it be."""
+        await self.audit.record_decision(run_id, approver, "approve")
+        return await self.audit.transition(run_id, "approved", expect=("pending_approval",),
+                                           owner=process_owner())
+
+    async def execute(self, run_id: int, sink: ev.EventSink) -> RunResult:
+        """Run an approved run to its end. The run must be in 'approved'."""
+        record = await self.audit.get_run(run_id)
+        plan = self.plan_of(record)
+        if self.audit.as_stored(plan.to_json()) != record.plan:
+            # The config changed since the card was approved: never run what nobody saw.
+            reason = ("the configuration changed since this plan was approved; "
+                      "request it again to see the new plan")
+            await self.audit.transition(run_id, "refused", expect=("approved",),
+                                        summary=f"not started: {reason}")
+            await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
+                                            command=f"{record.action} {record.service}",
+                                            reason=reason)
+            return RunResult(run_id, "refused", f"not started: {reason}", {})
+        if needs_locks(plan):
+            try:
+                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+            except LockHeldError as exc:
+                await self._refuse_busy(record, exc)
+                raise
+        if not await self.audit.transition(run_id, "running", expect=("approved",),
+                                           owner=process_owner()):
+            current = await self.audit.get_run(run_id)
+            if current.status != "running":
+                # Nobody drives it, so the locks just taken must not outlive this call; a
+                # 'running' one is driven elsewhere and its locks are not ours to drop.
+                await self.audit.release_locks(run_id)
+            return RunResult(run_id, current.status, f"not started: run is {current.status}",
+                             {})
+        token = self.cancels[run_id] = CancelToken()
+        recorder = asyncio.create_task(self._record_cancel(run_id, token))
+        try:
+            # The audit record must be written; a broken chat or terminal sink must not stop
+            # a half-finished maintenance job.
+            sinks = ev.FanOut(AuditSink(self.audit, run_id), ev.BestEffort(sink))
+            return await self._execute(record, plan, sinks, token)
+        except BaseException:
+            # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
+            # must say so at once, not wait for the next start's recovery.
+            await asyncio.shield(self._interrupt(run_id))
+            raise
+        finally:
+            self.cancels.pop(run_id, None)
+            if token.requested:
+                await recorder  # who cancelled is on disk before the call returns
+            else:
+                recorder.cancel()
+            await self.audit.release_locks(run_id)
+
+    async def _interrupt(self, run_id: int) -> None:
+        record = await self.audit.get_run(run_id)
+        await self.audit.interrupt(run_id, interrupted_message(record))
+
+    async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
+        """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""
+        await token.event.wait()
+        assert token.requested_by is not None
+        await self.audit.record_decision(run_id, token.requested_by, "cancel")
+
+    async def _refuse_busy(self, record: RunRecord, exc: LockHeldError, *,
+                           expect: tuple[str, ...] = ("approved",)) -> None:
+        """The service or a host is held by another run: this one ends 'refused', with
+        the refusal recorded, instead of waiting in a queue nobody can see."""
+        await self.audit.transition(record.id, "refused", expect=expect,
+                                    summary=f"not started: {exc}")
+        await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
+                                        command=f"{record.action} {record.service}",
+                                        reason=str(exc))
+
+    async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
+                       token: CancelToken) -> RunResult:
+        run_id = record.id
+        await sink.handle(ev.RunStarted(run_id, plan, record.requested_by,
+                                        tuple(record.approved_by)))
+        flow = FLOWS[plan.action]
+        svc = self.settings.services[plan.service]
+        outcomes: dict[str, HostOutcome] = {}
+
+        async def one(host: str) -> HostOutcome:
+            try:
+                executor = Executor(run_id, self.pool.get(host), sink, cancel=token)
+                return await executor.drive(flow(plan, svc, host))
+            except (HostError, OSError) as e:
+                # The executor turns host errors into failed steps; this is what escapes
+                # it (a host missing from the pool, a dead socket outside a command).
+                reason = e.reason if isinstance(e, HostError) else str(e)
+                outcome = HostOutcome("failed", reason)
+                await sink.handle(ev.HostFinished(run_id, host, outcome.status,
+                                                  outcome.summary))
+                return outcome
+
+        for batch in rollout_batches(plan):
+            # A batch runs to its end even when one of its hosts fails: cutting a
+            # sibling's redeploy in half would leave it in a worse state.
+            results = await asyncio.gather(*map(one, batch), return_exceptions=True)
+            for host, res in zip(batch, results, strict=True):
+                if isinstance(res, BaseException):
+                    raise res  # a bug, not a host problem; raised once the batch is done
+                outcomes[host] = res
+            if any(o.status != "succeeded" for o in outcomes.values()):
+                break  # the first failure stops the rollout; later hosts stay untouched
+        untouched = [h for h in plan.hosts if h not in outcomes]
+        for host in untouched:
+            await sink.handle(ev.HostFinished(run_id, host, NOT_STARTED,
+                                              "not started: the rollout stopped before it"))
+        status = overall_status(list(outcomes.values()))
+        summary = self._summary(plan, outcomes, untouched)
+        first = outcomes.get(plan.hosts[0])
+        await self.audit.set_versions(run_id, before=first.version_before if first else None,
+                                      after=first.version_after if first else None)
+        await self.audit.transition(run_id, status, expect=("running",), summary=summary)
+        await sink.handle(ev.RunFinished(run_id, status, summary,
+                                         first.version_before if first else None,
+                                         first.version_after if first else None))
+        return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
+
+    @staticmethod
+    def _summary(plan: Plan, outcomes: dict[str, HostOutcome], untouched: list[str]) -> str:
+        if len(plan.hosts) == 1 and outcomes:
+            return next(iter(outcomes.values())).summary
+        # Problems first, each with its reason; hosts that succeeded alike share a line,
+        # so a 64-host rollout's summary stays short.
+        parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()
+                 if o.status != "succeeded"]
+        alike: dict[str, list[str]] = {}
+        for h, o in outcomes.items():
+            if o.status == "succeeded":
+                alike.setdefault(o.summary, []).append(h)
+        parts += [f"succeeded ({s}): {', '.join(hosts)}" for s, hosts in alike.items()]
+        if untouched:
+            parts.append(f"not started: {', '.join(untouched)}")
+        return "; ".join(parts)
+

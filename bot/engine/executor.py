@@ -1,0 +1,173 @@
+"""Drive a pure flow (bot.core.flows) against a host and turn its notices into events.
+
+This is the only place where the sequence meets I/O: each action is performed
+over the ``HostTransport`` and its outcome sent back into the generator.  Host
+errors (unreachable, connection lost) become results with neither an exit
+status nor a signal, which the flow reads as "the result never came back"
+(``bot.core.flows.lost``) and handles per step: the drain keeps polling, a cut
+reinstall waits for uv to end before anything else touches the venv.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.core import events as ev
+from bot.core.flows import (
+    BeginStep,
+    Checkpoint,
+    Emit,
+    EndStep,
+    Flow,
+    HostOutcome,
+    HttpCheck,
+    RunCommand,
+    Sleep,
+    Snapshot,
+    Tick,
+    Versions,
+)
+from bot.core.plan import Step
+from bot.errors import HostError
+from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream
+
+# The step output kept for the audit row and the thread reply; the full stream
+# goes to the sinks line by line.
+TAIL_LINES = 200
+
+
+@dataclass
+class CancelToken:
+    """Set by a cancel request; the flow reads it only at its safe points."""
+
+    requested_by: str | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def request(self, user: str) -> None:
+        self.requested_by = user
+        self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+
+class Executor:
+    def __init__(
+        self,
+        run_id: int,
+        transport: HostTransport,
+        sink: ev.EventSink,
+        *,
+        cancel: CancelToken | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_id = run_id
+        self.transport = transport
+        self.sink = sink
+        self.cancel = cancel or CancelToken()
+        self.clock = clock
+        self._step_started = 0.0
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._lines: asyncio.Queue[ev.OutputLine | None] = asyncio.Queue()
+
+    @property
+    def host(self) -> str:
+        return self.transport.host
+
+    async def drive(self, flow: Flow) -> HostOutcome:
+        reply: Any = None
+        try:
+            while True:
+                action = flow.send(reply)
+                reply = await self._perform(action)
+        except StopIteration as stop:
+            outcome: HostOutcome = stop.value
+        await self.sink.handle(ev.HostFinished(self.run_id, self.host, outcome.status,
+                                               outcome.summary))
+        return outcome
+
+    async def _perform(self, action: Any) -> Any:
+        if isinstance(action, RunCommand):
+            return await self._run(action)
+        if isinstance(action, HttpCheck):
+            return await self._http(action)
+        if isinstance(action, Sleep):
+            if action.seconds > 0 and not self.cancel.requested:
+                # A cancel request wakes a waiting poll early instead of after the interval.
+                try:
+                    await asyncio.wait_for(self.cancel.event.wait(), action.seconds)
+                except TimeoutError:
+                    pass
+            elif action.seconds > 0:
+                # Already cancelled: the polls that bring the service back (health gate)
+                # or let an install finish must keep their pace, not spin.
+                await asyncio.sleep(action.seconds)
+            return Tick(self.clock(), self.cancel.requested)
+        if isinstance(action, Checkpoint):
+            return Tick(self.clock(), self.cancel.requested)
+        if isinstance(action, Emit):
+            await self._notice(action.notice)
+            return None
+        raise TypeError(f"unknown action {action!r}")
+
+    async def _run(self, action: RunCommand) -> CommandResult:
+        on_line = None if action.quiet else self._collector(action.step)
+        # Lines reach the sinks while the command runs, not after it.
+        pump = asyncio.create_task(self._pump_lines())
+        try:
+            result = await self.transport.run(action.argv, timeout_s=action.timeout_s,
+                                              on_line=on_line)
+        except HostError as e:
+            result = CommandResult(argv=action.argv, exit_status=None, stdout="",
+                                   stderr=e.reason, duration_s=0.0)
+            if on_line is not None:
+                on_line("stderr", f"[bot] {e.reason}")
+        finally:
+            self._lines.put_nowait(None)
+            await pump
+        return result
+
+    async def _http(self, action: HttpCheck) -> HttpResult:
+        try:
+            return await self.transport.http_get(action.url, timeout_s=action.timeout_s)
+        except HostError as e:
+            return HttpResult(action.url, None, error=e.reason)
+
+    def _collector(self, step: Step) -> Callable[[Stream, str], None]:
+        def on_line(stream: Stream, line: str) -> None:
+            # Called synchronously from the reader; delivery to sinks is async.
+            self._tail.append(line)
+            self._lines.put_nowait(ev.OutputLine(self.run_id, self.host, step, stream, line))
+        return on_line
+
+    async def _pump_lines(self) -> None:
+        while (line := await self._lines.get()) is not None:
+            await self.sink.handle(line)
+
+    async def _notice(self, notice: Any) -> None:
+        if isinstance(notice, BeginStep):
+            self._step_started = self.clock()
+            self._tail.clear()
+            await self.sink.handle(ev.StepStarted(self.run_id, self.host, notice.step,
+                                                  notice.command))
+        elif isinstance(notice, EndStep):
+            output = "\n".join(self._tail)
+            if notice.detail:
+                output = f"{output}\n{notice.detail}" if output else notice.detail
+            await self.sink.handle(ev.StepFinished(
+                self.run_id, self.host, notice.step, "ok" if notice.ok else "failed",
+                notice.exit_status, self.clock() - self._step_started, notice.summary, output))
+        elif isinstance(notice, Snapshot):
+            await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
+                                               notice.snapshot))
+        elif isinstance(notice, Versions):
+            await self.sink.handle(ev.VersionsKnown(self.run_id, self.host, notice.before,
+                                                    notice.after))
+        else:
+            raise TypeError(f"unknown notice {notice!r}")

@@ -1,0 +1,77 @@
+"""The seam between the engine and a GPU host.
+
+The engine only ever talks to a host through ``HostTransport``: run an argv
+(never a shell string) with a timeout, streaming lines as they arrive, and make
+an HTTP GET from the host's side (so the model server's port never has to be
+reachable from the bot).  ``bot.hosts.ssh`` implements it over asyncssh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Stream = Literal["stdout", "stderr"]
+LineCallback = Callable[[Stream, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What one remote command did. ``exit_status`` is None when it was killed by a signal."""
+
+    argv: tuple[str, ...]
+    exit_status: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    signal: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, the way an operator would read them."""
+        if self.stdout and self.stderr:
+            return self.stdout.rstrip("\n") + "\n" + self.stderr
+        return self.stdout or self.stderr
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResult:
+    """An HTTP GET made from the host. ``status`` is None when no response came back."""
+
+    url: str
+    status: int | None
+    body: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+class HostTransport(Protocol):
+    """How the engine reaches one host."""
+
+    @property
+    def host(self) -> str: ...
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        on_line: LineCallback | None = None,
+    ) -> CommandResult:
+        """Run argv on the host. A timeout terminates the remote process too
+        (TERM, then KILL) and returns a result with ``timed_out=True``.
+        Raises ``HostUnreachableError``/``HostKeyError`` when the host cannot be reached."""
+        ...
+
+    async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
+        """GET url as seen from the host (through an SSH direct-tcpip channel)."""
+        ...

@@ -1,0 +1,271 @@
+"""GPU status across hosts: one concurrent fan-out, a row per host, never a failed query.
+
+A broken or unreachable host becomes a row saying why; the answer comes back in
+about the time of the slowest host (bounded by the per-host timeout).  Each
+host's two nvidia-smi queries run at once on its pooled SSH connection, so a
+repeat query costs no handshake.
+
+``fleet_message`` shapes the answer for chat: the full per-GPU tables when they
+fit, else a fleet summary with one line per host (problem hosts first) and the
+full tables as an attachment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bot.core import remote
+from bot.core.gpu import Gpu, GpuSnapshot, build_snapshot, check_nvidia_smi, render_table
+from bot.errors import ChatOpsError, HostError, HostKeyError, HostUnreachableError, InputError
+from bot.hosts.base import HostTransport
+from bot.hosts.nvml import probe_local
+from bot.hosts.pool import HostPool
+from bot.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST_TIMEOUT_S = 10.0
+# A GPU with more than this in use (or any compute process) counts as busy.
+BUSY_MIB = 1024
+# Slack caps a section's text at 3000 characters; the rest is room for the code fences.
+MESSAGE_CHARS = 2900
+_MIN_MESSAGE_CHARS = 400
+_ROW_LIMIT = 100
+_HOST_WIDTH = 24
+_GAP = "  "
+
+
+@dataclass(frozen=True, slots=True)
+class HostGpus:
+    host: str
+    snapshot: GpuSnapshot | None
+    error: str | None
+    duration_s: float
+    # No answer at all (connect refused, host key refused, nothing within the timeout),
+    # as opposed to a host that answered but whose GPU query failed.
+    unreachable: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.snapshot is not None
+
+
+def resolve_targets(settings: Settings, target: str | None) -> list[str]:
+    """All hosts, one host, or a service's hosts."""
+    if target is None:
+        return sorted(settings.hosts)
+    if target in settings.hosts:
+        return [target]
+    if target in settings.services:
+        return list(settings.services[target].hosts)
+    hosts = ", ".join(sorted(settings.hosts)) or "none"
+    services = ", ".join(sorted(settings.services)) or "none"
+    raise InputError(f"`{target[:64]}` is neither a host ({hosts}) nor a service ({services})")
+
+
+async def query_transport(transport: HostTransport, timeout_s: float) -> GpuSnapshot:
+    gpus, apps = await asyncio.gather(
+        transport.run(remote.gpu_query(), timeout_s=timeout_s),
+        transport.run(remote.apps_query(), timeout_s=timeout_s))
+    check_nvidia_smi(transport.host, gpus)
+    check_nvidia_smi(transport.host, apps)
+    return build_snapshot(transport.host, gpus.stdout, apps.stdout)
+
+
+async def query_host(settings: Settings, pool: HostPool, host: str,
+                     timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> HostGpus:
+    """One host's snapshot, or a row saying why there is none. Never raises for the host."""
+    start = time.monotonic()
+
+    def row(error: str, *, unreachable: bool) -> HostGpus:
+        return HostGpus(host, None, error, time.monotonic() - start, unreachable)
+
+    if host not in settings.hosts:
+        return row("not a configured host", unreachable=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            if settings.hosts[host].is_local:
+                snap = await asyncio.to_thread(probe_local, host)
+            else:
+                snap = await query_transport(pool.get(host), timeout_s)
+    except TimeoutError:
+        return row(f"no answer within {timeout_s:g}s", unreachable=True)
+    except (HostUnreachableError, HostKeyError) as e:
+        return row(e.reason, unreachable=True)
+    except HostError as e:
+        return row(e.reason, unreachable=False)
+    except ChatOpsError as e:
+        return row(str(e), unreachable=False)
+    except Exception as e:  # a bug must cost one row, not the whole fleet's answer
+        log.exception("GPU query of %s failed unexpectedly", host)
+        return row(f"internal error ({type(e).__name__}), see the bot's log",
+                   unreachable=False)
+    return HostGpus(host, snap, None, time.monotonic() - start)
+
+
+async def fleet_gpus(settings: Settings, pool: HostPool, hosts: Sequence[str],
+                     timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> list[HostGpus]:
+    """Every host at once; the rows come back in the order of ``hosts``."""
+    return list(await asyncio.gather(*(query_host(settings, pool, h, timeout_s)
+                                       for h in hosts)))
+
+
+# --------------------------------------------------------------------------- summary
+
+def is_busy(gpu: Gpu) -> bool:
+    return bool(gpu.processes) or (gpu.memory_used_mib or 0) > BUSY_MIB
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    hosts: int
+    ok: int
+    unreachable: int
+    failed: int  # answered, but the GPU query failed (no driver, bad output)
+    gpus: int
+    busy: int
+    used_mib: int
+    total_mib: int
+
+    @property
+    def idle(self) -> int:
+        return self.gpus - self.busy
+
+
+def fleet_counts(results: Sequence[HostGpus]) -> FleetCounts:
+    snaps = [r.snapshot for r in results if r.snapshot is not None]
+    gpus = [g for s in snaps for g in s.gpus]
+    unreachable = sum(1 for r in results if not r.ok and r.unreachable)
+    return FleetCounts(
+        hosts=len(results), ok=len(snaps), unreachable=unreachable,
+        failed=len(results) - len(snaps) - unreachable, gpus=len(gpus),
+        busy=sum(1 for g in gpus if is_busy(g)), used_mib=sum(s.used_mib for s in snaps),
+        total_mib=sum(s.total_mib for s in snaps))
+
+
+def fleet_summary(results: Sequence[HostGpus]) -> str:
+    """``62/64 hosts ok, 1 unreachable, 1 failed; 496 GPUs: 480 busy, 16 idle; ...``"""
+    c = fleet_counts(results)
+    problems = "".join(f", {n} {what}" for n, what in ((c.unreachable, "unreachable"),
+                                                       (c.failed, "failed")) if n)
+    return (f"{c.ok}/{c.hosts} hosts ok{problems}; {c.gpus} GPUs: {c.busy} busy, "
+            f"{c.idle} idle; {c.used_mib:,} of {c.total_mib:,} MiB in use")
+
+
+def _problem(r: HostGpus) -> str:
+    # UNAVAILABLE: the host answered, its GPUs did not (no driver, a bad nvidia-smi).
+    return f"{'UNREACHABLE' if r.unreachable else 'UNAVAILABLE'}: {r.error}"
+
+
+def render_fleet(results: Sequence[HostGpus]) -> str:
+    """The summary, then every host's full per-GPU table (or why it has none)."""
+    parts = [fleet_summary(results)]
+    for r in results:
+        parts.append(render_table(r.snapshot) if r.snapshot is not None
+                     else f"{r.host}: {_problem(r)}")
+    return "\n\n".join(parts)
+
+
+# --------------------------------------------------------------------------- chat message
+
+def _clean(text: str, width: int) -> str:
+    # Host output ends up in a chat code block: no control characters, no backticks.
+    text = "".join(ch if ch.isprintable() and ch != "`" else " " for ch in text)
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+_HEADER = ("HOST", "GPUS", "BUSY", "UTIL", "USED MiB", "TOTAL MiB", "PROCESSES")
+_RIGHT = (False, True, True, True, True, True)
+
+
+def _cells(s: GpuSnapshot) -> tuple[str, ...]:
+    utils = [g.utilization_pct for g in s.gpus if g.utilization_pct is not None]
+    return (_clean(s.host, _HOST_WIDTH), str(len(s.gpus)),
+            str(sum(1 for g in s.gpus if is_busy(g))),
+            f"{sum(utils) // len(utils)}%" if utils else "n/a",
+            f"{s.used_mib:,}", f"{s.total_mib:,}")
+
+
+def _processes(s: GpuSnapshot) -> str:
+    """``8: VLLM::Worker_TP* x8``: names that differ only in a trailing number count once."""
+    if not s.processes:
+        return "-"
+    groups: dict[str, list[str]] = {}
+    for p in sorted(s.processes, key=lambda p: -(p.used_mib or 0)):
+        groups.setdefault(p.name.rstrip("0123456789") or p.name, []).append(p.name)
+    return f"{len(s.processes)}: {', '.join(_group_label(k, n) for k, n in groups.items())}"
+
+
+def _group_label(key: str, names: list[str]) -> str:
+    if len(set(names)) > 1:
+        return f"{key}* x{len(names)}"
+    return names[0] if len(names) == 1 else f"{names[0]} x{len(names)}"
+
+
+def host_lines(results: Sequence[HostGpus]) -> list[str]:
+    """A header and one line per host (<= 100 characters), in the order given; a host
+    without a snapshot gets the rest of its line for the reason."""
+    cells = [_cells(r.snapshot) for r in results if r.snapshot is not None]
+    widths = [max(len(c[i]) for c in (*cells, _HEADER[:-1])) for i in range(len(_RIGHT))]
+
+    def line(row: Sequence[str], last: str) -> str:
+        fixed = _GAP.join(c.rjust(w) if right else c.ljust(w)
+                          for c, w, right in zip(row, widths, _RIGHT, strict=True))
+        return (fixed + _GAP + _clean(last, max(_ROW_LIMIT - len(fixed) - len(_GAP), 8))
+                ).rstrip()
+
+    lines = [line(_HEADER[:-1], _HEADER[-1])]
+    for r in results:
+        if r.snapshot is not None:
+            lines.append(line(_cells(r.snapshot), _processes(r.snapshot)))
+        else:
+            name = _clean(r.host, _HOST_WIDTH).ljust(widths[0])
+            lines.append(_clean(f"{name}{_GAP}{_problem(r)}", _ROW_LIMIT))
+    return lines
+
+
+class FleetMessage(NamedTuple):
+    text: str  # fits in ``max_chars``: post it (in a code block)
+    attachment: str | None  # the full per-GPU tables, when ``text`` had to leave them out
+
+
+def fleet_message(results: Sequence[HostGpus], *, max_chars: int = MESSAGE_CHARS
+                  ) -> FleetMessage:
+    """What to post for a fleet query within a chat message's size limit.
+
+    The full per-GPU tables when they fit.  Otherwise the summary line and one line
+    per host; and when even that is too long, the hosts with problems first, then as
+    many others as fit, and a last line counting the rest.  Whenever something was
+    left out, ``attachment`` holds the full tables (post it as a file).
+    """
+    if max_chars < _MIN_MESSAGE_CHARS:
+        raise ValueError(f"max_chars must be at least {_MIN_MESSAGE_CHARS}")
+    full = render_fleet(results)
+    if len(full) <= max_chars:
+        return FleetMessage(full, None)
+    header, *rows = host_lines(results)
+    summary = fleet_summary(results)
+    text = "\n".join([summary, header, *rows])
+    if len(text) <= max_chars:
+        return FleetMessage(text, full)
+    # Problem hosts are what a person scans for; the healthy rest fills what room is left.
+    order = sorted(range(len(rows)), key=lambda i: results[i].ok)
+    kept: list[int] = []
+    size = len(summary) + 1 + len(header)
+    for i in order:
+        more = len(rows) - len(kept) - 1
+        tail = f"\n… {more} more host{'s' if more != 1 else ''} in the attached file"
+        if size + 1 + len(rows[i]) + (len(tail) if more else 0) > max_chars:
+            break
+        kept.append(i)
+        size += 1 + len(rows[i])
+    left = len(rows) - len(kept)
+    lines = [summary, header, *(rows[i] for i in kept)]
+    if left:
+        lines.append(f"… {left} more host{'s' if left != 1 else ''} in the attached file")
+    return FleetMessage("\n".join(lines), full)

@@ -1,0 +1,127 @@
+"""Probe the GPUs of the machine the bot runs on through NVML (nvidia-ml-py).
+
+Used for hosts configured as ``address = "local"`` (the bot runs on the GPU box)
+and by ``python -m bot gpus --local``, so no nvidia-smi process or SSH hop is
+needed.  The NVML module is a parameter: tests pass a small fake with the same
+function names and an ``NVMLError`` of the same shape, and production passes
+nothing and gets the real ``pynvml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bot.core.gpu import Gpu, GpuProcess, GpuSnapshot
+from bot.errors import GpuQueryError
+
+_MIB = 1024 * 1024
+_UNKNOWN_NAME = "[unknown]"
+
+# What an operator should do about the NVML return codes that mean "this host is
+# not fit for GPU work"; the rest fall back to pynvml's own text for the code.
+_NVML_HINTS: dict[int, str] = {
+    4: "permission denied (is the bot's user allowed to open /dev/nvidia*?)",
+    9: "the NVIDIA driver is not loaded",
+    12: "the NVML library (libnvidia-ml.so.1) was not found: is the NVIDIA driver installed?",
+    15: "a GPU has fallen off the bus or has otherwise become inaccessible",
+    18: "the NVIDIA driver and NVML versions do not match (reboot or reload the driver)",
+}
+_NOT_SUPPORTED = 3
+
+
+def probe_local(host: str = "local", nvml: Any = None) -> GpuSnapshot:
+    """Read every local GPU, its memory, utilization and compute processes.
+
+    Raises ``GpuQueryError`` when NVML cannot be initialised or a query fails.
+    Utilization is None where the device does not support it (e.g. MIG mode),
+    like nvidia-smi's ``[N/A]``; a process list that cannot be read is an error,
+    because a drain check must not mistake "unknown" for "empty".
+    """
+    lib = nvml if nvml is not None else _import_pynvml()
+    errors: tuple[type[BaseException], ...] = (
+        lib.NVMLError,
+        # pynvml raises this plain Exception when the driver's NVML lacks a function.
+        getattr(lib, "NVMLLibraryMismatchError", lib.NVMLError),
+    )
+    try:
+        lib.nvmlInit()
+    except errors as exc:
+        raise _error(host, "could not initialise NVML", exc) from exc
+    try:
+        gpus = tuple(_read_device(lib, i) for i in range(lib.nvmlDeviceGetCount()))
+    except errors as exc:
+        raise _error(host, "an NVML query failed", exc) from exc
+    finally:
+        try:
+            lib.nvmlShutdown()
+        except errors:
+            # The readings are complete (or already failing); a shutdown error
+            # must neither discard them nor hide the original failure.
+            pass
+    processes = tuple(p for g in gpus for p in g.processes)
+    return GpuSnapshot(host=host, gpus=gpus, processes=processes)
+
+
+def _import_pynvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def _read_device(lib: Any, index: int) -> Gpu:
+    handle = lib.nvmlDeviceGetHandleByIndex(index)
+    uuid = _text(lib.nvmlDeviceGetUUID(handle))
+    memory = lib.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        utilization: int | None = int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except lib.NVMLError as exc:
+        if getattr(exc, "value", None) != _NOT_SUPPORTED:
+            raise
+        utilization = None
+    processes = tuple(
+        GpuProcess(
+            pid=int(info.pid),
+            name=_process_name(lib, int(info.pid)),
+            used_mib=None if info.usedGpuMemory is None else int(info.usedGpuMemory) // _MIB,
+            gpu_uuid=uuid,
+        )
+        for info in lib.nvmlDeviceGetComputeRunningProcesses(handle)
+    )
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        name=_text(lib.nvmlDeviceGetName(handle)),
+        memory_used_mib=int(memory.used) // _MIB,
+        memory_total_mib=int(memory.total) // _MIB,
+        utilization_pct=utilization,
+        processes=processes,
+    )
+
+
+def _process_name(lib: Any, pid: int) -> str:
+    """NVML's name for pid; /proc/<pid>/comm when NVML cannot say (exited, other namespace)."""
+    try:
+        name = _text(lib.nvmlSystemGetProcessName(pid))
+    except lib.NVMLError:
+        name = ""
+    if name:
+        return name
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return _UNKNOWN_NAME
+
+
+def _text(value: str | bytes) -> str:
+    # Current nvidia-ml-py returns str; older releases returned the raw bytes.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _error(host: str, doing: str, exc: BaseException) -> GpuQueryError:
+    code = getattr(exc, "value", None)
+    reason = _NVML_HINTS.get(code, str(exc)) if isinstance(code, int) else str(exc)
+    suffix = f" (NVML error {code})" if isinstance(code, int) else ""
+    return GpuQueryError(host, f"{doing}: {reason}{suffix}", output=str(exc))

@@ -1,0 +1,1 @@
+"""The Slack front end: app, front end, cards, poster and reporter, grammar and listeners."""

@@ -1,0 +1,186 @@
+"""The Slack app: ``create_app`` wires bolt to the engine; ``serve`` runs the bot.
+
+Modes: with ``SLACK_APP_TOKEN`` the bot connects out over Socket Mode (no public
+URL; the default for on-prem); without it, it serves HTTP on ``PORT`` at
+``/slack/events`` and verifies every request with ``SLACK_SIGNING_SECRET``.
+``SLACK_API_URL`` points the Web API client somewhere else (a proxy, a test fake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.app.async_server import AsyncSlackAppServer
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.engine.runtime import Runtime, open_runtime
+from bot.settings import Settings
+from bot.slack import handlers
+from bot.slack.front_end import Approvals, MembershipCache
+from bot.slack.handlers.common import CONTEXT_KEY
+from bot.slack.poster import Poster
+
+EVENTS_PATH = "/slack/events"
+DEFAULT_API_URL = "https://slack.com/api/"
+EXIT_CONFIG = 2
+EXIT_SLACK = 1
+
+NO_TOKENS_HELP = """\
+error: no Slack credentials (SLACK_BOT_TOKEN is not set).
+
+To try the bot without Slack:   python -m bot demo
+To run it in Slack:
+  1. create an app from deploy/slack-manifest.yml (api.slack.com/apps -> From a manifest)
+  2. install it to the workspace and set SLACK_BOT_TOKEN (xoxb-...)
+  3. Socket Mode (no public URL): set SLACK_APP_TOKEN (xapp-..., scope connections:write)
+     HTTP mode: set SLACK_SIGNING_SECRET and expose PORT (default 3000) at /slack/events
+"""
+
+# Which Approvals belongs to which app (for serve and tests); the app holds no slot for it.
+_FRONT_ENDS: weakref.WeakKeyDictionary[AsyncApp, Approvals] = weakref.WeakKeyDictionary()
+
+
+def make_client(settings: Settings) -> AsyncWebClient:
+    """The Web API client: retries 429s (after Retry-After), connection errors and 5xx."""
+    token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
+    base_url = settings.slack_api_url or DEFAULT_API_URL
+    # slack_sdk joins base_url and the method name with urljoin: it must end with '/'.
+    base_url = base_url if base_url.endswith("/") else base_url + "/"
+    return AsyncWebClient(token=token, base_url=base_url, retry_handlers=[
+        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+        AsyncConnectionErrorRetryHandler(max_retry_count=3),
+        AsyncServerErrorRetryHandler(max_retry_count=2),
+    ])
+
+
+def create_app(runtime: Runtime, *, client: AsyncWebClient | None = None) -> AsyncApp:
+    """The bolt app with every handler registered, over ``runtime``'s engine."""
+    settings = runtime.settings
+    client = client if client is not None else make_client(settings)
+    secret = settings.slack_signing_secret
+    poster = Poster(client, runtime.redact, post_interval_s=settings.slack.post_interval_s)
+    ops = Approvals(runtime, poster,
+                    MembershipCache(client, settings.policy.usergroup_cache_ttl_s))
+    # Every handler acks first and hands slow work to a task, so bolt may answer as soon
+    # as the handler returns instead of polling for the ack every 10 ms.
+    app = AsyncApp(client=client,
+                   signing_secret=secret.get_secret_value() if secret is not None else "",
+                   name="vllm-chatops", process_before_response=True)
+
+    async def attach(context: Any, next: Callable[[], Awaitable[None]]) -> None:
+        # bolt passes middleware arguments by name: it must be called `next`.
+        context[CONTEXT_KEY] = ops
+        await next()
+
+    app.middleware(attach)
+    handlers.register(app)
+    _FRONT_ENDS[app] = ops
+    return app
+
+
+def front_end(app: AsyncApp) -> Approvals:
+    """The ``Approvals`` object behind an app made by ``create_app``."""
+    return _FRONT_ENDS[app]
+
+
+async def start_http(app: AsyncApp, *, port: int, host: str = "0.0.0.0") -> web.AppRunner:
+    """Serve ``app`` at ``EVENTS_PATH``; ``runner.addresses`` tells the bound port."""
+    server = AsyncSlackAppServer(port=port, path=EVENTS_PATH, app=app, host=host)
+    runner = web.AppRunner(server.web_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def _check_credentials(settings: Settings, err: TextIO) -> bool:
+    if settings.slack_bot_token is None:
+        if settings.slack_app_token is None and settings.slack_signing_secret is None:
+            err.write(NO_TOKENS_HELP)
+        else:
+            err.write("error: SLACK_BOT_TOKEN (xoxb-...) is required to run the Slack bot\n")
+        return False
+    if settings.services and not settings.policy.approvers:
+        # An empty list would let anyone in the workspace approve stopping a GPU service.
+        err.write("error: [policy].approvers is empty: name the Slack users or user groups "
+                  "who may approve redeploys and restarts\n")
+        return False
+    if settings.slack_app_token is None and settings.slack_signing_secret is None:
+        err.write("error: HTTP mode needs SLACK_SIGNING_SECRET to verify requests "
+                  "(or set SLACK_APP_TOKEN for Socket Mode)\n")
+        return False
+    return True
+
+
+async def _auth_test(client: AsyncWebClient, err: TextIO) -> dict[str, Any] | None:
+    try:
+        resp = await client.auth_test()
+    except SlackApiError as exc:
+        error = exc.response.get("error") if hasattr(exc.response, "get") else exc
+        err.write(f"error: Slack refused SLACK_BOT_TOKEN ({error}); copy the Bot User "
+                  "OAuth Token (xoxb-...) from the app's OAuth & Permissions page\n")
+        return None
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        err.write(f"error: cannot reach the Slack API at {client.base_url}: {exc}\n")
+        return None
+    return dict(resp.data) if isinstance(resp.data, dict) else {}
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
+                err: TextIO | None = None) -> int:
+    """Run the bot until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
+    err = err or sys.stderr
+    if not _check_credentials(settings, err):
+        return EXIT_CONFIG
+    client = make_client(settings)
+    identity = await _auth_test(client, err)
+    if identity is None:
+        return EXIT_SLACK
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with open_runtime(settings) as runtime:
+        app = create_app(runtime, client=client)
+        ops = front_end(app)
+        await ops.resume()
+        who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
+        try:
+            if settings.slack_app_token is not None:
+                handler = AsyncSocketModeHandler(
+                    app, settings.slack_app_token.get_secret_value(), web_client=client)
+                await handler.connect_async()  # type: ignore[no-untyped-call]
+                err.write(f"connected to Slack as {who} (Socket Mode)\n")
+                try:
+                    await stop.wait()
+                finally:
+                    await handler.close_async()  # type: ignore[no-untyped-call]
+            else:
+                runner = await start_http(app, port=settings.port)
+                err.write(f"serving Slack events for {who} on :{settings.port}{EVENTS_PATH}\n")
+                try:
+                    await stop.wait()
+                finally:
+                    await runner.cleanup()
+        finally:
+            await ops.aclose()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+    return 0

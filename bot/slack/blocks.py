@@ -1,0 +1,478 @@
+"""Block Kit builders: pure functions from plain data to Slack messages.
+
+Every builder returns a ``Message`` (fallback ``text`` plus ``blocks``) that is
+within Slack's limits whatever the input: a section's text is cut to 3,000
+characters, a header to 150, the fallback text to 4,000 (``chat.update``'s
+limit, the stricter of the two calls), and a message to 50 blocks.  Text that
+came from a host or a person is escaped for mrkdwn (``&``, ``<``, ``>``), so
+output can never ping ``@channel`` or forge a link; code blocks also lose any
+triple backtick that would close them early.
+
+Action ids of the buttons are module constants: the handlers register on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from bot.core.plan import STEP_TITLES, SYSTEM_PREFIX, Plan, Step
+
+Block = dict[str, Any]
+
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3_000
+MAX_FIELD_TEXT = 2_000
+MAX_FIELDS = 10
+MAX_HEADER_TEXT = 150
+MAX_CONTEXT_ELEMENTS = 10
+MAX_BUTTON_TEXT = 75
+MAX_MESSAGE_TEXT = 4_000
+ELLIPSIS = "…"
+FENCE = "```"
+
+ACTION_APPROVE = "approve"
+ACTION_DENY = "deny"
+ACTION_CANCEL = "cancel"
+
+# A step summary comes from the engine and may quote host output: keep one line short.
+_SUMMARY_CHARS = 300
+# The plan's commands and the checklist may take this many sections each; the
+# rest of the 50 blocks hold the header, facts, outcome and buttons.
+_MAX_COMMAND_SECTIONS = 8
+_MAX_CHECKLIST_SECTIONS = 30
+
+StepStateName = Literal["pending", "running", "ok", "failed", "skipped", "interrupted"]
+STEP_STATES: frozenset[str] = frozenset(get_args(StepStateName))
+
+_STEP_ICONS: dict[str, str] = {
+    "pending": ":white_circle:",
+    "running": ":hourglass_flowing_sand:",
+    "ok": ":white_check_mark:",
+    "failed": ":x:",
+    "skipped": ":heavy_minus_sign:",
+    "interrupted": ":warning:",
+}
+_STATUS_ICONS: dict[str, str] = {
+    "pending_approval": ":raised_hand:",
+    "approved": ":white_check_mark:",
+    "running": ":arrows_counterclockwise:",
+    "succeeded": ":large_green_circle:",
+    "failed": ":red_circle:",
+    "rolled_back": ":leftwards_arrow_with_hook:",
+    "aborted": ":no_entry:",
+    "cancelled": ":no_entry_sign:",
+    "interrupted": ":warning:",
+    "denied": ":no_entry_sign:",
+    "expired": ":hourglass:",
+    "refused": ":no_entry:",
+}
+_STATUS_WORDS: dict[str, str] = {
+    "pending_approval": "awaiting approval",
+    "approved": "approved, starting",
+    "running": "running",
+    "succeeded": "succeeded",
+    "failed": "FAILED",
+    "rolled_back": "rolled back",
+    "aborted": "aborted (nothing changed)",
+    "cancelled": "cancelled",
+    "interrupted": "interrupted",
+    "denied": "denied",
+    "expired": "expired",
+    "refused": "refused",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    text: str
+    blocks: list[Block]
+
+
+# ---- text helpers ------------------------------------------------------------------------
+
+
+def escape(text: str) -> str:
+    """Escape the three characters Slack's mrkdwn gives meaning to."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cut(text: str, limit: int) -> str:
+    """The start of ``text``, at most ``limit`` characters, ending in an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - 1, 0)] + ELLIPSIS
+
+
+def one_line(text: str, limit: int = _SUMMARY_CHARS) -> str:
+    return cut(" ".join(text.split()), limit)
+
+
+def mention(user: str) -> str:
+    """``<@U123>`` for a Slack user id; other requesters (``cli:...``) as plain text."""
+    if user[:1] in ("U", "W") and user.isalnum():
+        return f"<@{user}>"
+    return escape(user)
+
+
+def mentions(users: Iterable[str]) -> str:
+    return ", ".join(mention(u) for u in users) or "nobody yet"
+
+
+def _code_safe(text: str) -> str:
+    # A ``` inside the output would end the code block and let the rest render as mrkdwn.
+    return escape(text.replace(FENCE, "'''"))
+
+
+def code_tail(text: str, limit: int = MAX_SECTION_TEXT) -> tuple[str, bool]:
+    """A code block (fences included) with as much of the end of ``text`` as fits in
+    ``limit`` characters, cut at a line start; and whether anything was left out."""
+    body = _code_safe(text.rstrip("\n")) or " "
+    room = limit - 2 * len(FENCE) - 2
+    if len(body) <= room:
+        return f"{FENCE}\n{body}\n{FENCE}", False
+    marker = f"{ELLIPSIS} (earlier output cut)\n"
+    kept = body[len(body) - (room - len(marker)):]
+    newline = kept.find("\n")
+    if 0 <= newline < len(kept) - 1:
+        kept = kept[newline + 1:]
+    return f"{FENCE}\n{marker}{kept}\n{FENCE}", True
+
+
+def code_head(text: str, limit: int = MAX_SECTION_TEXT) -> tuple[str, bool]:
+    """Like ``code_tail`` but keeps the start (tables, lists read top-down)."""
+    body = _code_safe(text.rstrip("\n")) or " "
+    room = limit - 2 * len(FENCE) - 2
+    if len(body) <= room:
+        return f"{FENCE}\n{body}\n{FENCE}", False
+    marker = f"\n{ELLIPSIS} (cut; the full text is attached)"
+    kept = body[: room - len(marker)]
+    newline = kept.rfind("\n")
+    if newline > 0:
+        kept = kept[:newline]
+    return f"{FENCE}\n{kept}{marker}\n{FENCE}", True
+
+
+def _pack(lines: Sequence[str], limit: int, max_sections: int) -> list[str]:
+    """Join lines into at most ``max_sections`` texts of at most ``limit`` characters."""
+    chunks: list[str] = []
+    current = ""
+    for raw in lines:
+        line = cut(raw, limit)
+        if current and len(current) + 1 + len(line) > limit:
+            chunks.append(current)
+            current = line
+        else:
+            current = f"{current}\n{line}" if current else line
+    if current:
+        chunks.append(current)
+    if len(chunks) > max_sections:
+        dropped = sum(c.count("\n") + 1 for c in chunks[max_sections - 1:])
+        chunks = [*chunks[: max_sections - 1], f"{ELLIPSIS} {dropped} more lines not shown"]
+    return chunks
+
+
+# ---- block helpers -----------------------------------------------------------------------
+
+
+def section(text: str) -> Block:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": cut(text or " ",
+                                                                       MAX_SECTION_TEXT)}}
+
+
+def header(text: str) -> Block:
+    return {"type": "header",
+            "text": {"type": "plain_text", "text": cut(text or " ", MAX_HEADER_TEXT)}}
+
+
+def context(*texts: str) -> Block:
+    elements = [{"type": "mrkdwn", "text": cut(t, MAX_SECTION_TEXT)} for t in texts if t]
+    return {"type": "context", "elements": elements[:MAX_CONTEXT_ELEMENTS] or
+            [{"type": "mrkdwn", "text": " "}]}
+
+
+def fields(pairs: Sequence[tuple[str, str]]) -> Block:
+    return {"type": "section", "fields": [
+        {"type": "mrkdwn", "text": cut(f"*{label}*\n{value}", MAX_FIELD_TEXT)}
+        for label, value in pairs[:MAX_FIELDS]]}
+
+
+def button(text: str, action_id: str, value: str, *, style: str | None = None,
+           confirm: dict[str, Any] | None = None) -> Block:
+    b: Block = {"type": "button", "action_id": action_id, "value": value,
+                "text": {"type": "plain_text", "text": cut(text, MAX_BUTTON_TEXT)}}
+    if style is not None:
+        b["style"] = style
+    if confirm is not None:
+        b["confirm"] = confirm
+    return b
+
+
+def confirm_dialog(title: str, text: str, yes: str, no: str = "Back") -> dict[str, Any]:
+    return {"title": {"type": "plain_text", "text": cut(title, 100)},
+            "text": {"type": "mrkdwn", "text": cut(text, 300)},
+            "confirm": {"type": "plain_text", "text": cut(yes, 30)},
+            "deny": {"type": "plain_text", "text": cut(no, 30)},
+            "style": "danger"}
+
+
+def message(text: str, blocks: Sequence[Block]) -> Message:
+    """Cap the fallback text and the block count; the last kept block says what was cut."""
+    out = list(blocks)
+    if len(out) > MAX_BLOCKS:
+        # Buttons matter more than the middle of a long checklist: keep the last block.
+        tail = out[-1] if out[-1].get("type") == "actions" else None
+        keep = MAX_BLOCKS - 1 - (tail is not None)
+        dropped = len(out) - keep - (tail is not None)
+        out = [*out[:keep], context(f"{ELLIPSIS} {dropped} more blocks not shown")]
+        if tail is not None:
+            out.append(tail)
+    return Message(cut(text or " ", MAX_MESSAGE_TEXT), out)
+
+
+# ---- the run card --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One row of the status card's checklist."""
+
+    host: str
+    step: Step
+    state: StepStateName = "pending"
+    duration_s: float | None = None
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CardView:
+    """Everything the run's card shows; the card is a pure function of it."""
+
+    run_id: int
+    plan: Plan
+    requested_by: str
+    status: str
+    needed: int = 1
+    approvals: tuple[str, ...] = ()
+    denied_by: tuple[str, ...] = ()
+    version_now: str | None = None
+    version_after: str | None = None
+    expires_at: datetime | None = None
+    steps: tuple[StepLine, ...] = ()
+    summary: str | None = None
+    cancel_requested_by: str | None = None
+    notes: tuple[str, ...] = field(default=())
+    # (host, state) once a host is done: its outcome, or "not_started" for a host a
+    # stopped rollout never reached.
+    host_states: tuple[tuple[str, str], ...] = ()
+
+
+def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
+    return tuple(StepLine(host, s.step) for host in plan.hosts for s in plan.steps)
+
+
+def _what(plan: Plan) -> str:
+    what = f"{plan.action} {plan.service}"
+    return what + (" (dry run)" if plan.dry_run else "")
+
+
+def _package(view: CardView) -> str:
+    plan = view.plan
+    now = view.version_now or "unknown until preflight"
+    if plan.action == "redeploy":
+        target = plan.version or "latest"
+        line = f"`{escape(plan.package)}` {escape(now)} → {escape(target)}"
+        if view.version_after:
+            line += f" (now {escape(view.version_after)})"
+        return line
+    return f"`{escape(plan.package)}` {escape(now)} (unchanged)"
+
+
+def _facts(view: CardView) -> Block:
+    plan = view.plan
+    index = (f"`{escape(plan.index_name)}` {escape(plan.index_url or '')}"
+             if plan.index_name else "default")
+    hosts = ", ".join(f"`{escape(h)}`" for h in plan.hosts)
+    if len(plan.hosts) > 1:
+        hosts += f" ({plan.batch_size} at a time)"
+    pairs = [
+        ("Host(s)", hosts),
+        ("Unit", f"`{escape(plan.unit)}`"),
+        ("Package", _package(view)),
+        ("Spec", f"`{escape(plan.spec)}`"),
+        ("Index", index),
+        ("Requested by", mention(view.requested_by)),
+    ]
+    # System decisions (a dry run's, a status query's) are in the audit log, not here.
+    people = tuple(a for a in view.approvals if not a.startswith(SYSTEM_PREFIX))
+    if view.status == "pending_approval" or people:
+        noun = "approval" if view.needed == 1 else "approvals"
+        pairs.append(("Approved by", f"{mentions(people)} "
+                      f"({len(people)} of {view.needed} {noun})"))
+    if view.denied_by:
+        pairs.append(("Denied by", mentions(view.denied_by)))
+    return fields(pairs)
+
+
+def _commands(plan: Plan) -> list[Block]:
+    lines = [f"{i}. {STEP_TITLES[s.step]}: {s.command}" for i, s in enumerate(plan.steps, 1)]
+    body = "\n".join(lines)
+    text, _ = code_head(body)
+    if len(text) < MAX_SECTION_TEXT - 100:
+        return [section(f"*Commands, on each host in order*\n{text}")]
+    # Long commands: one code block per step, each cut to fit.
+    out = [section("*Commands, on each host in order*")]
+    for line in lines[:_MAX_COMMAND_SECTIONS]:
+        out.append(section(code_head(line)[0]))
+    if len(lines) > _MAX_COMMAND_SECTIONS:
+        out.append(context(f"{ELLIPSIS} {len(lines) - _MAX_COMMAND_SECTIONS} more steps"))
+    return out
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f" ({seconds:.1f}s)"
+    minutes, secs = divmod(int(seconds), 60)
+    return f" ({minutes}m{secs:02d}s)"
+
+
+def _step_line(line: StepLine) -> str:
+    title = escape(STEP_TITLES.get(line.step, str(line.step)))
+    if line.state == "running":
+        title = f"*{title}*"
+    text = f"{_STEP_ICONS.get(line.state, '')} {title}{_duration(line.duration_s)}"
+    if line.summary and line.state != "pending":
+        text += f" — {escape(one_line(line.summary))}"
+    return text
+
+
+def _checklist(view: CardView) -> list[Block]:
+    hosts = list(dict.fromkeys(s.host for s in view.steps))
+    states = dict(view.host_states)
+    lines: list[str] = []
+    for host in hosts:
+        if len(hosts) > 1:
+            state = states.get(host)
+            shown = "not started" if state == "not_started" else state
+            lines.append(f"*{escape(host)}*" + (f" — {escape(shown)}" if shown else ""))
+        lines.extend(_step_line(s) for s in view.steps if s.host == host)
+    return [section(chunk) for chunk in _pack(lines, MAX_SECTION_TEXT, _MAX_CHECKLIST_SECTIONS)]
+
+
+def _expiry(view: CardView) -> str:
+    if view.expires_at is None:
+        return ""
+    stamp = int(view.expires_at.timestamp())
+    fallback = view.expires_at.strftime("%Y-%m-%d %H:%M UTC")
+    return f"Expires <!date^{stamp}^{{date_short_pretty}} {{time}}|{fallback}>"
+
+
+def run_card(view: CardView) -> Message:
+    """The approval card while pending; the live status card after; the outcome at the end."""
+    status = view.status
+    icon = _STATUS_ICONS.get(status, "")
+    word = _STATUS_WORDS.get(status, status)
+    title = f"Run #{view.run_id}: {_what(view.plan)} — {word}"
+    blocks: list[Block] = [header(title), _facts(view)]
+    if status == "pending_approval":
+        blocks.extend(_commands(view.plan))
+        blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "
+                              "their own run unless the policy allows it.", _expiry(view)))
+        blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
+            button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
+            button("Deny", ACTION_DENY, str(view.run_id), style="danger",
+                   confirm=confirm_dialog(f"Deny run #{view.run_id}?",
+                                          f"This closes the request to {escape(_what(view.plan))}.",
+                                          "Deny")),
+        ]})
+        text = (f"Approval needed: run #{view.run_id} {_what(view.plan)} ({view.plan.spec}) "
+                f"requested by {mention(view.requested_by)}")
+        return message(text, blocks)
+    if view.steps and status not in ("denied", "expired") and not (
+            status == "cancelled" and all(s.state == "pending" for s in view.steps)):
+        blocks.extend(_checklist(view))
+    else:
+        blocks.extend(_commands(view.plan))
+    outcome = f"{icon} *{escape(word)}*"
+    if view.summary:
+        outcome += f": {escape(cut(view.summary, MAX_SECTION_TEXT - 200))}"
+    blocks.append(section(outcome))
+    notes = [escape(n) for n in view.notes]
+    if view.cancel_requested_by and status in ("approved", "running"):
+        notes.append(f"Cancel requested by {mention(view.cancel_requested_by)}: the run stops "
+                     "at its next safe point.")
+    if notes:
+        blocks.append(context(*notes))
+    if status in ("approved", "running") and view.cancel_requested_by is None:
+        blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
+            button("Cancel", ACTION_CANCEL, str(view.run_id), style="danger",
+                   confirm=confirm_dialog(f"Cancel run #{view.run_id}?",
+                                          "The run stops at its next safe point; a reinstall "
+                                          "in progress is never cut in half.",
+                                          "Cancel the run", "Keep running")),
+        ]})
+    text = f"{icon} Run #{view.run_id} {_what(view.plan)}: {word}"
+    if view.summary:
+        text += f" — {escape(view.summary)}"
+    return message(text, blocks)
+
+
+# ---- thread replies and answers --------------------------------------------------------------
+
+
+def step_reply(line: StepLine, output: str, *, full_log_attached: bool) -> Message:
+    """A thread reply for one finished step: its line, then the end of its output."""
+    title = STEP_TITLES.get(line.step, str(line.step))
+    head = f"`{escape(line.host)}` {_step_line(line)}"
+    blocks = [section(head)]
+    if output.strip():
+        code, truncated = code_tail(output)
+        blocks.append(section(code))
+        if truncated or full_log_attached:
+            blocks.append(context("The full output is attached below."
+                                  if full_log_attached else "Earlier output was cut."))
+    state = "ok" if line.state == "ok" else line.state.upper()
+    return message(f"{line.host}: {title} {state}{_duration(line.duration_s)}", blocks)
+
+
+def code_answer(title: str, body: str, *, attached: bool = False) -> Message:
+    """A title and a code block with the start of ``body`` (tables, lists)."""
+    code, truncated = code_head(body)
+    blocks = [section(f"*{escape(title)}*"), section(code)]
+    if truncated and not attached:
+        blocks.append(context("Cut to fit one message."))
+    return message(title, blocks)
+
+
+def tail_answer(title: str, body: str) -> Message:
+    """A title and a code block with the end of ``body`` (logs)."""
+    code, _ = code_tail(body)
+    return message(title, [section(f"*{escape(title)}*"), section(code)])
+
+
+def fits_code_block(body: str) -> bool:
+    return not code_head(body)[1]
+
+
+def outcome_reply(view: CardView) -> Message:
+    """The thread's last word on a run: status and summary."""
+    word = _STATUS_WORDS.get(view.status, view.status)
+    text = f"{_STATUS_ICONS.get(view.status, '')} Run #{view.run_id} {_what(view.plan)}: {word}"
+    body = f"{_STATUS_ICONS.get(view.status, '')} *Run #{view.run_id} {escape(word)}*"
+    if view.summary:
+        body += f": {escape(cut(view.summary, MAX_SECTION_TEXT - 200))}"
+        text += f" — {escape(view.summary)}"
+    if view.version_now or view.version_after:
+        body += (f"\n`{escape(view.plan.package)}` {escape(view.version_now or '?')} → "
+                 f"{escape(view.version_after or '?')}")
+    return message(text, [section(body)])
+
+
+def cancel_reply(user: str) -> Message:
+    return message(f"Cancel requested by {user}",
+                   [section(f":no_entry_sign: Cancel requested by {mention(user)}: the run stops "
+                            "at its next safe point.")])

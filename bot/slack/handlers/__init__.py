@@ -1,0 +1,15 @@
+"""Slack listeners: thin (parse, authorize, ack, hand the work to a task).
+
+``register(app)`` wires every ``/vllm`` subcommand and every card button.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.slack.handlers import actions, commands
+
+
+def register(app: Any) -> None:
+    commands.register(app)
+    actions.register(app)

@@ -1,0 +1,13 @@
+"""The run card's buttons: Approve, Deny (with a confirm dialog) and Cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.slack.handlers.actions import approve, cancel, deny
+
+
+def register(app: Any) -> None:
+    approve.register(app)
+    deny.register(app)
+    cancel.register(app)

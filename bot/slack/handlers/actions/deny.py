@@ -1,0 +1,19 @@
+"""The Deny button (behind a confirm dialog): one eligible deny closes the request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.slack.blocks import ACTION_DENY
+from bot.slack.handlers.common import Ack, Click, Respond
+
+
+def register(app: Any) -> None:
+    app.action(ACTION_DENY)(on_deny)
+
+
+async def on_deny(ack: Ack, body: dict[str, Any], context: Any, respond: Respond) -> None:
+    await ack()
+    click = Click.of(body, context, respond)
+    click.later(lambda run_id: click.ops.decide(run_id, user=click.user, action="deny",
+                                                channel=click.channel), "deny")

@@ -1,0 +1,65 @@
+"""``/vllm``: one listener that checks the channel, parses the text and dispatches
+to the subcommand's module (one per file).
+
+Whatever the outcome, the ack goes out first: an error or a refusal is the
+ack's ephemeral text (and a refusals row, written after the ack); accepted
+work continues in a task ``Approvals`` keeps.  Nothing here opens an SSH
+connection: bad input never gets past ``parse_command``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bot.errors import InputError
+from bot.slack import grammar
+from bot.slack.grammar import PREFIX, parse_command
+from bot.slack.handlers.commands import audit, cancel, gpus, logs, redeploy, restart, status
+from bot.slack.handlers.commands import help as help_command
+from bot.slack.handlers.common import Ack, CommandRequest, Respond, approvals_of
+
+Handler = Callable[[CommandRequest, Any], Awaitable[None]]
+
+HANDLERS: dict[type, Handler] = {
+    grammar.Help: help_command.handle,
+    grammar.Redeploy: redeploy.handle,
+    grammar.Restart: restart.handle,
+    grammar.Status: status.handle,
+    grammar.Gpus: gpus.handle,
+    grammar.Logs: logs.handle,
+    grammar.Audit: audit.handle,
+    grammar.Cancel: cancel.handle,
+}
+
+
+def register(app: Any) -> None:
+    app.command(PREFIX)(on_command)
+
+
+def _channels(ids: list[str]) -> str:
+    return ", ".join(f"<#{c}>" for c in ids)
+
+
+async def on_command(ack: Ack, command: dict[str, Any], context: Any, respond: Respond) -> None:
+    ops = approvals_of(context)
+    text = str(command.get("text") or "")
+    req = CommandRequest(ops=ops, user=str(command["user_id"]),
+                         channel=str(command["channel_id"]),
+                         typed=f"{PREFIX} {text}".strip(), ack=ack, respond=respond)
+    allowed = req.settings.slack.channels
+    if allowed and req.channel not in allowed:
+        await _refuse(req, f"`{PREFIX}` is only taken in {_channels(allowed)}.")
+        return
+    try:
+        parsed = parse_command(text, req.settings)
+    except InputError as exc:
+        await _refuse(req, str(exc))
+        return
+    await HANDLERS[type(parsed)](req, parsed)
+
+
+async def _refuse(req: CommandRequest, reason: str) -> None:
+    await req.reply_now(reason)
+    req.ops.spawn(req.ops.refuse(user=req.user, channel=req.channel, command=req.typed,
+                                 reason=reason), name="refusal")

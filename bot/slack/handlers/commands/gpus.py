@@ -1,0 +1,32 @@
+"""``/vllm gpus [host|service]``: GPU memory across hosts, one concurrent fan-out.
+
+The answer always fits one message: a fleet too big for the per-GPU tables gets a
+summary line and a line per host, with the full tables as a file in the thread.
+"""
+
+from __future__ import annotations
+
+from bot.hosts.fleet import fleet_gpus, fleet_message, resolve_targets
+from bot.slack.blocks import code_answer
+from bot.slack.grammar import Gpus
+from bot.slack.handlers.common import CommandRequest
+
+FILENAME = "gpus.txt"
+
+
+async def handle(req: CommandRequest, cmd: Gpus) -> None:
+    hosts = resolve_targets(req.settings, cmd.target)
+    await req.ack()
+
+    async def work() -> None:
+        results = await fleet_gpus(req.settings, req.ops.runtime.pool, hosts)
+        title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
+        answer = fleet_message(results)
+        poster = req.ops.poster
+        ts = await poster.post(req.channel, code_answer(
+            title, answer.text, attached=answer.attachment is not None))
+        if answer.attachment is not None:
+            await poster.upload(req.channel, filename=FILENAME, content=answer.attachment,
+                                title=title, thread_ts=ts)
+
+    req.later(work(), "gpus")

@@ -1,0 +1,10 @@
+"""``/vllm restart <service>``: post the plan for approval."""
+
+from __future__ import annotations
+
+from bot.slack.grammar import Restart
+from bot.slack.handlers.common import CommandRequest, ask_for_approval
+
+
+async def handle(req: CommandRequest, cmd: Restart) -> None:
+    await ask_for_approval(req, req.ops.runtime.engine.plan("restart", cmd.service), "restart")

@@ -1,0 +1,57 @@
+"""``/vllm status [service]``: the engine's read-only status action for one service
+(or every service), the answer posted in the channel.
+
+Each service's query is a run in the audit log (action ``status``), moved to
+'approved' with a decision by ``system:read-only``: it changes nothing, so it
+needs no approval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.core import events as ev
+from bot.core.gpu import render_table
+from bot.core.plan import READ_ONLY_APPROVER
+from bot.slack.grammar import Status
+from bot.slack.handlers.common import CommandRequest, post_code
+
+
+class _Collect:
+    """Keeps what a status run reports, for one answer at the end."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    async def handle(self, event: ev.Event) -> None:
+        if isinstance(event, ev.HostFinished):
+            self.lines.append(f"{event.host}: {event.status}: {event.summary}")
+        elif isinstance(event, ev.GpuTable):
+            self.lines.append(render_table(event.snapshot))
+
+
+async def _one(req: CommandRequest, service: str) -> str:
+    rt = req.ops.runtime
+    plan = rt.engine.plan("status", service)
+    record = await rt.engine.request(plan, requested_by=req.user, source="slack",
+                                     channel=req.channel)
+    await rt.engine.approve(record.id, READ_ONLY_APPROVER)
+    sink = _Collect()
+    result = await rt.engine.execute(record.id, sink)
+    body = "\n".join(sink.lines) or result.summary
+    return f"== {service} (run #{record.id}, {result.status})\n{body}"
+
+
+async def handle(req: CommandRequest, cmd: Status) -> None:
+    services = [cmd.service] if cmd.service else sorted(req.settings.services)
+    await req.ack()
+
+    async def work() -> None:
+        if not services:
+            await req.tell("No services are configured.")
+            return
+        parts = await asyncio.gather(*(_one(req, s) for s in services))
+        title = f"Status: {cmd.service}" if cmd.service else "Status: all services"
+        await post_code(req.ops, req.channel, title, "\n\n".join(parts), filename="status.txt")
+
+    req.later(work(), "status")

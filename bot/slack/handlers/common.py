@@ -1,0 +1,131 @@
+"""What every handler shares: the front end from the request context, the typed
+command's context, ephemeral answers, and posting a code block (with the full
+text attached as a file when it does not fit)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, cast
+
+from bot.core.plan import Plan
+from bot.settings import Settings
+from bot.slack.blocks import code_answer, code_head, tail_answer
+from bot.slack.front_end import Approvals
+
+log = logging.getLogger(__name__)
+
+# The key under which create_app's middleware puts the Approvals object in bolt's context.
+CONTEXT_KEY = "chatops"
+
+Ack = Callable[..., Awaitable[None]]
+Respond = Callable[..., Awaitable[Any]]
+
+
+def approvals_of(context: Any) -> Approvals:
+    return cast(Approvals, context[CONTEXT_KEY])
+
+
+async def tell(ops: Approvals, respond: Respond, text: str) -> None:
+    """An ephemeral answer to the person (through the response_url), redacted."""
+    try:
+        await respond(text=ops.poster.redact(text), response_type="ephemeral",
+                      replace_original=False)
+    except Exception:
+        # A lost ephemeral note must not take the work it reports on down with it.
+        log.exception("cannot send an ephemeral reply")
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    """One ``/vllm`` command after the channel check and parsing."""
+
+    ops: Approvals
+    user: str
+    channel: str
+    typed: str
+    ack: Ack
+    respond: Respond
+
+    @property
+    def settings(self) -> Settings:
+        return self.ops.runtime.settings
+
+    async def reply_now(self, text: str) -> None:
+        """The ack itself carries the ephemeral answer (help, errors)."""
+        await self.ack(text=self.ops.poster.redact(text))
+
+    async def tell(self, text: str) -> None:
+        await tell(self.ops, self.respond, text)
+
+    def later(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Continue after the ack; whatever goes wrong, the person hears about it."""
+        async def guarded() -> None:
+            try:
+                await coro
+            except Exception as exc:
+                log.exception("/vllm %s failed", name)
+                await self.tell(f"`{self.typed}` failed: {exc}")
+        self.ops.spawn(guarded(), name=f"cmd-{name}")
+
+
+async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
+    """Ack, then post the plan's approval card (or run a dry run) in the background."""
+    await req.ack()
+
+    async def work() -> None:
+        answer = await req.ops.request(plan, user=req.user, channel=req.channel,
+                                       command=req.typed)
+        if answer:
+            await req.tell(answer)
+
+    req.later(work(), name)
+
+
+async def post_code(ops: Approvals, channel: str, title: str, body: str, *,
+                    filename: str, tail: bool = False) -> str:
+    """Post ``body`` in a code block in the channel; when it does not fit, the full
+    text goes into the message's thread as a file. Returns the message ts."""
+    body = ops.poster.redact(body)
+    fits = not code_head(body)[1]
+    msg = tail_answer(title, body) if tail else code_answer(title, body, attached=not fits)
+    ts = await ops.poster.post(channel, msg)
+    if not fits:
+        await ops.poster.upload(channel, filename=filename, content=body, title=title,
+                                thread_ts=ts)
+    return ts
+
+
+@dataclass(frozen=True)
+class Click:
+    """One button click on a run card: who, where, and which run."""
+
+    ops: Approvals
+    user: str
+    channel: str | None
+    run_id: int | None
+    respond: Respond
+
+    @classmethod
+    def of(cls, body: dict[str, Any], context: Any, respond: Respond) -> Click:
+        actions = body.get("actions") or [{}]
+        value = str(actions[0].get("value") or "")
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(
+            "channel_id")
+        return cls(ops=approvals_of(context), user=str(body["user"]["id"]),
+                   channel=channel, run_id=int(value) if value.isdigit() else None,
+                   respond=respond)
+
+    def later(self, work: Callable[[int], Awaitable[str | None]], name: str) -> None:
+        """Judge the click after the ack; the clicker gets any answer ephemerally."""
+        async def go() -> None:
+            if self.run_id is None:
+                answer: str | None = await self.ops.refuse(
+                    user=self.user, channel=self.channel, command=name,
+                    reason="That button does not name a run.")
+            else:
+                answer = await work(self.run_id)
+            if answer:
+                await tell(self.ops, self.respond, answer)
+        self.ops.spawn(go(), name=f"click-{name}")

@@ -1,0 +1,112 @@
+"""The one way text leaves for Slack: ``Poster`` redacts every string (text and
+blocks) and paces ``chat.postMessage`` per channel; which Slack errors are worth a retry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack.blocks import Message
+
+log = logging.getLogger(__name__)
+
+Redact = Callable[[str], str]
+
+# Slack errors that a later retry can fix; anything else is a bug in what we sent
+# (or a missing permission), so retrying it forever would only block the queue.
+_TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error",
+                               "service_unavailable", "request_timeout"})
+# Redacting a large log takes a while: do it off the event loop.
+_THREAD_REDACT_CHARS = 256 * 1024
+
+
+# What a Slack call can raise when Slack (or the way to it) fails: the API's answer,
+# a failed upload, or the connection.
+SLACK_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, OSError, TimeoutError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed Slack call is worth retrying later."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", 200)
+        error = exc.response.get("error") if hasattr(exc.response, "get") else None
+        return status == 429 or status >= 500 or error in _TRANSIENT_ERRORS
+    # Connection refused/reset, timeouts, a failed upload POST.
+    return isinstance(exc, aiohttp.ClientError | OSError | TimeoutError | SlackRequestError)
+
+
+def _redact_blocks(value: Any, redact: Redact) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_blocks(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_blocks(v, redact) for v in value]
+    return value
+
+
+class Poster:
+    """Redacted, paced Slack Web API calls."""
+
+    def __init__(self, client: AsyncWebClient, redact: Redact, *, post_interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.redact = redact
+        self.post_interval_s = post_interval_s
+        self._clock = clock
+        self._next_slot: dict[str, float] = {}
+
+    async def _pace(self, channel: str) -> None:
+        # Reserve the channel's next slot before sleeping, so concurrent posters queue up.
+        now = self._clock()
+        slot = max(now, self._next_slot.get(channel, 0.0))
+        self._next_slot[channel] = slot + self.post_interval_s
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
+    def clean(self, msg: Message) -> tuple[str, list[dict[str, Any]]]:
+        return self.redact(msg.text), _redact_blocks(msg.blocks, self.redact)
+
+    async def post(self, channel: str, msg: Message, *, thread_ts: str | None = None) -> str:
+        text, blocks = self.clean(msg)
+        await self._pace(channel)
+        resp = await self.client.chat_postMessage(channel=channel, text=text, blocks=blocks,
+                                                  thread_ts=thread_ts, unfurl_links=False,
+                                                  unfurl_media=False)
+        return str(resp["ts"])
+
+    async def permalink(self, channel: str, ts: str) -> str | None:
+        """A link to a message, or None when Slack cannot give one right now."""
+        try:
+            resp = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
+        except (SlackApiError, aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        link = resp.get("permalink")
+        return str(link) if link else None
+
+    async def update(self, channel: str, ts: str, msg: Message) -> None:
+        text, blocks = self.clean(msg)
+        await self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+
+    async def upload(self, channel: str, *, filename: str, content: str, title: str,
+                     thread_ts: str | None = None) -> None:
+        # The share is a message in the channel too: it takes a posting slot.
+        await self._pace(channel)
+        # Off the event loop when large: a 16 MiB log takes about a second to redact.
+        content = await redact_large(self.redact, content)
+        await self.client.files_upload_v2(channel=channel, thread_ts=thread_ts,
+                                          filename=filename, title=self.redact(title),
+                                          content=content)
+
+
+async def redact_large(redact: Redact, text: str) -> str:
+    if len(text) > _THREAD_REDACT_CHARS:
+        return await asyncio.to_thread(redact, text)
+    return redact(text)
