@@ -225,6 +225,34 @@ def test_check_nvidia_smi_explains_each_exit_code(code: int, meaning: str) -> No
     assert "Make sure the driver is installed." in error.output
 
 
+# Quoted from issue 9 (seen on a host where one of two GPUs failed): nvidia-smi still
+# printed the healthy GPU 0 row, then this line, and exited non-zero.  The issue does
+# not record the exit status, so the test holds for any failing one.
+ONE_GPU_FAILED = "Unable to determine the device handle for GPU0000:02:00.0: Unknown Error"
+
+
+@pytest.mark.parametrize("code", [15, 255])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_check_nvidia_smi_quotes_the_failing_gpu_not_the_healthy_row(code: int,
+                                                                     stream: str) -> None:
+    healthy = gpu_text(1).strip()
+    if stream == "stdout":
+        r = result(code, f"{healthy}\n{ONE_GPU_FAILED}\n")
+    else:
+        r = result(code, f"{healthy}\n", f"{ONE_GPU_FAILED}\n")
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("gpu-a1", r)
+    assert str(caught.value).endswith(f": {ONE_GPU_FAILED!r}")
+    assert healthy not in str(caught.value)
+    assert healthy in caught.value.output  # the whole output is still kept
+
+
+def test_check_nvidia_smi_quotes_a_row_when_rows_are_all_it_printed() -> None:
+    with pytest.raises(GpuQueryError) as caught:
+        check_nvidia_smi("h1", result(255, gpu_text(2)))
+    assert str(caught.value).endswith(f": {gpu_text(1).strip()!r}")
+
+
 def test_every_documented_code_is_covered_by_the_table() -> None:
     assert set(NVIDIA_SMI_EXIT_CODES) == set(DOCUMENTED)
 

@@ -101,6 +101,25 @@ def _quote(line: str) -> str:
     return repr(line)
 
 
+# A row of either query: both start with a number (GPU index or PID) and a comma.
+_DATA_ROW = re.compile(r"[0-9]+\s*,")
+
+
+def _explaining_line(result: CommandResult) -> str:
+    """The line that says why nvidia-smi failed.
+
+    When one GPU of several fails, nvidia-smi still prints the healthy GPUs' rows
+    and exits non-zero; the first line is then a healthy row that explains
+    nothing.  So: the first line that is not a data row (stderr before stdout,
+    since an error there is never a row), else the first line at all."""
+    lines = [ln.strip() for text in (result.stderr, result.stdout)
+             for ln in text.splitlines() if ln.strip()]
+    for line in lines:
+        if not _DATA_ROW.match(line):
+            return line
+    return _first_line(result.output)
+
+
 def _first_line(text: str) -> str:
     for line in text.splitlines():
         if line.strip():
@@ -224,10 +243,11 @@ def check_nvidia_smi(host: str, result: CommandResult) -> None:
     """Raise ``GpuQueryError`` unless nvidia-smi exited 0 in time.
 
     The message names the documented meaning of the exit code and quotes the
-    first line nvidia-smi printed (it writes its own error text to stdout).
+    line that explains the failure (nvidia-smi writes its own error text to
+    stdout, between the rows of the GPUs that did answer).
     """
     output = result.output
-    said = _first_line(output)
+    said = _explaining_line(result)
     detail = f": {_quote(said)}" if said else ""
     if result.timed_out:
         message = (
