@@ -633,3 +633,24 @@ def test_install_timeout_rolls_back_and_names_the_limit_and_last_output() -> Non
         "rolled back to 0.16.0rc2.dev313+g662205d34")
     assert verbs(h) == ["stop", "install", "rollback", "start"]
     assert installs_checks(h) == []  # uv's end is known: nothing to wait for
+
+
+def test_preflight_reads_free_disk_on_a_mount_point_with_a_space() -> None:
+    # Real `df -P -B1M` output (GNU coreutils 9.1) for a tmpfs mounted, as root, with
+    # `mount -t tmpfs -o size=64m tmpfs '/tmp/df sample/mnt 1'`.  The old parser took
+    # the third field from the end and refused with "cannot read free disk space".
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "df":
+            return ok(a, "Filesystem     1048576-blocks  Used Available Capacity Mounted on\n"
+                         "tmpfs                      64     0        64       0% "
+                         "/tmp/df sample/mnt 1\n")
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h, svc={"min_free_disk_mib": 10}, dry_run=True)
+    assert out.status == "succeeded", out.summary
+    preflight = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.PREFLIGHT)
+    assert "64 MiB free" in preflight.summary

@@ -142,15 +142,23 @@ def parse_resolved_version(text: str, package: str) -> str | None:
     return None
 
 
+# One data line of ``df -P``: ``fs blocks used avail capacity mount``.  Either end may
+# contain spaces (a tmpfs mounted from "my fs" on "/srv/a b"), so neither splitting
+# from the left nor from the right is safe.  The four number columns followed by a
+# path are what anchors the line: the lazy filesystem name stops at the first place
+# they match, which is the real one unless the name itself holds such a sequence.
+_DF_LINE = re.compile(
+    r"(?P<fs>.+?)[ \t]+(?P<blocks>[0-9]+)[ \t]+(?P<used>[0-9]+)[ \t]+(?P<avail>[0-9]+)"
+    r"[ \t]+(?:[0-9]+%|-)[ \t]+(?P<mount>/.*)"
+)
+
+
 def parse_df_avail_mib(text: str) -> int | None:
-    """``df -P -B1M`` prints a header then ``fs blocks used avail capacity mount``."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if len(lines) < 2:
-        return None
-    fields = lines[-1].split()
-    if len(fields) < 6:
-        return None
-    try:
-        return int(fields[-3])
-    except ValueError:
-        return None
+    """The Available column of ``df -P -B1M PATH``: a header line, then one line
+    ``fs blocks used avail capacity mount`` (POSIX format; ``-P`` never wraps a long
+    filesystem name onto a line of its own).  None when no line has that shape."""
+    for line in text.splitlines()[1:]:
+        match = _DF_LINE.fullmatch(line.strip())
+        if match is not None:
+            return int(match["avail"])
+    return None
