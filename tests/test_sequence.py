@@ -654,3 +654,56 @@ def test_preflight_reads_free_disk_on_a_mount_point_with_a_space() -> None:
     assert out.status == "succeeded", out.summary
     preflight = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.PREFLIGHT)
     assert "64 MiB free" in preflight.summary
+
+
+# Real uv 0.13.9 output (the dev machine of issue 9), captured with
+#   uv pip show --python /opt/venvs/vllm/bin/python vllm      (no such file: exit 2)
+#   uv pip show --python /tmp/fakepy/python vllm              (an empty file: exit 2)
+# stdout was empty both times; this is stderr, as uv wrote it without a terminal.
+UV_NO_PYTHON = ("error: No virtual environment or system Python installation found for path "
+                "`/opt/venvs/vllm/bin/python`; run `uv venv` to create an environment\n")
+UV_NOT_EXECUTABLE = ("error: Failed to inspect Python interpreter from provided path at "
+                     "`/tmp/fakepy/python`\n"
+                     "  cause: Failed to query Python interpreter at `/tmp/fakepy/python`\n"
+                     "  cause: Permission denied (os error 13)\n")
+
+
+@pytest.mark.parametrize("said", [UV_NO_PYTHON, UV_NOT_EXECUTABLE])
+def test_preflight_refusal_for_an_unknown_version_keeps_uvs_reason(said: str) -> None:
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[1:3] == ("pip", "show"):
+            return ok(a, stderr=said, status=2)
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h)
+    assert out.status == "aborted"
+    assert verbs(h) == []
+    last_line = said.strip().splitlines()[-1].strip()
+    # In the summary (card, thread, terminal, runs.summary) ...
+    assert "rollback would be impossible" in out.summary
+    assert "exit 2" in out.summary and last_line in out.summary
+    preflight = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.PREFLIGHT)
+    assert last_line in preflight.summary
+    # ... and whole in the step's output (the query is quiet: nothing else carries it).
+    assert preflight.detail.startswith("$ uv pip show --python /opt/venvs/vllm/bin/python vllm\n")
+    assert said.strip() in preflight.detail
+
+
+def test_preflight_refusal_for_unreadable_free_disk_quotes_df() -> None:
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "df":  # real GNU df 9.1 on a missing path: stdout empty, exit 1
+            return ok(a, stderr="df: /opt/venvs/vllm: No such file or directory\n", status=1)
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h)
+    assert out.status == "aborted"
+    assert out.summary.endswith("cannot read free disk space of /opt/venvs/vllm "
+                                "(exit 1: df: /opt/venvs/vllm: No such file or directory)")

@@ -203,8 +203,35 @@ def _check_reached(host: str, r: CommandResult) -> None:
 
 
 def _version(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
-    r = yield from _run(step, remote.package_show(svc), svc.command_timeout_s, quiet=True)
-    return remote.parse_package_version(r.stdout) if r.ok else None
+    version, _, _ = yield from _read_version(step, svc)
+    return version
+
+
+def _read_version(step: Step, svc: ServiceSettings
+                  ) -> Generator[Action, Any, tuple[str | None, str, str]]:
+    """(version, why it is unknown, the output that says so).  The query is quiet, so
+    its output reaches no one unless the caller keeps it: uv's own words ("No virtual
+    environment or system Python installation found for path ...") are the reason."""
+    argv = remote.package_show(svc)
+    r = yield from _run(step, argv, svc.command_timeout_s, quiet=True)
+    version = remote.parse_package_version(r.stdout) if r.ok else None
+    if version is not None:
+        return version, "", ""
+    return None, f"`{cmd(argv)}`: {_explain(r)}", _evidence(argv, r)
+
+
+def _explain(r: CommandResult) -> str:
+    """Why a command's result is unusable, in its own last words."""
+    said = _tail(r.output, 3)
+    if r.ok:
+        return f"unexpected output: {said}" if said else "no output"
+    return f"{_why(r)}: {said}" if said and not lost(r) else _why(r)
+
+
+def _evidence(argv: tuple[str, ...], r: CommandResult) -> str:
+    """The tail of a quiet command's output, for a failed step's output (which
+    otherwise holds only what was streamed)."""
+    return f"$ {cmd(argv)}\n{_tail(r.output) or '(' + _why(r) + ')'}"
 
 
 def _unit_state(step: Step, svc: ServiceSettings
@@ -445,16 +472,17 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                else _check_unit(svc, r, props))
     before: str | None = None
     target: str | None = plan.version
+    evidence = ""  # a quiet query's output that explains a refusal
     if refusal is None:
-        before = yield from _version(Step.PREFLIGHT, svc)
+        before, why, evidence = yield from _read_version(Step.PREFLIGHT, svc)
         if before is None:
             refusal = (f"cannot read the installed {svc.package} version, so a rollback "
-                       "would be impossible")
+                       f"would be impossible ({why})")
     if refusal is None:
         df = yield from _run(Step.PREFLIGHT, remote.free_disk(svc), svc.command_timeout_s)
         avail = remote.parse_df_avail_mib(df.stdout) if df.ok else None
         if avail is None:
-            refusal = f"cannot read free disk space of {svc.venv_dir} ({_why(df)})"
+            refusal = f"cannot read free disk space of {svc.venv_dir} ({_explain(df)})"
         elif avail < svc.min_free_disk_mib:
             refusal = (f"only {avail:,} MiB free on {svc.venv_dir}; "
                        f"need {svc.min_free_disk_mib:,} MiB")
@@ -467,7 +495,7 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             # What "latest" means now: after a lost connection, the version to look for.
             target = remote.parse_resolved_version(dry.output, svc.package)
     if refusal is not None:
-        yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
+        yield Emit(EndStep(Step.PREFLIGHT, False, refusal, None, evidence))
         return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}",
                            before, None)
     yield Emit(Versions(before, None))
