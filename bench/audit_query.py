@@ -32,8 +32,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bot.audit.store import AuditLog, format_ts
 from bot.audit.view import runs_table
 from bot.core.plan import make_plan

@@ -16,15 +16,12 @@ import asyncio
 import io
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncssh
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bot.cli.terminal import TerminalSink
 from bot.engine.runtime import open_runtime

@@ -17,19 +17,14 @@ import argparse
 import asyncio
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from slack_harness import slack_bot  # noqa: E402
-
-from bot.sim.kit import SimKit, fast_config  # noqa: E402
+from bot.sim.kit import SimKit, fast_config
+from tests.slack_harness import slack_bot
 
 TEXTS = ("gpus", "help", "redeploy kimi-k25 --version 1.0;id")
 

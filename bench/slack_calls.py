@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import platform
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from slack_harness import BOB, SERVICE, slack_bot  # noqa: E402
-
-from bot.sim.kit import SimKit, fast_config  # noqa: E402
+from bot.sim.kit import SimKit, fast_config
+from tests.slack_harness import BOB, SERVICE, slack_bot
 
 SIZES = (100, 1_000, 10_000, 100_000)
 METHODS = ("chat.postMessage", "chat.update", "files.getUploadURLExternal",

@@ -3,30 +3,20 @@
 The simulated GPU host (``bot.sim.kit.SimKit``) with sub-second timings:
 ``sim_host`` over the embedded asyncssh server, ``sim_sshd_host`` over a real
 OpenSSH sshd, and ``make_sim_host`` for custom knobs or several hosts at once.
+``fake``: the fake Slack Web API on 127.0.0.1. Plain helpers are in tests/support/.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.sim.kit import SimKit, fast_config
-from bot.sim.sshd import SSHD
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
-
-
-def require_sshd() -> None:
-    """Skip without OpenSSH's sshd, except in CI, where its absence is a failure."""
-    if SSHD.exists():
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{SSHD} is missing and CI is set: install openssh-server")
-    pytest.skip(f"{SSHD} is not installed (apt-get install openssh-server)")
+from tests.fakes import FakeSlack
+from tests.support.sim import MakeSimHost, require_sshd
 
 
 @pytest.fixture
@@ -56,3 +46,12 @@ async def sim_host(make_sim_host: MakeSimHost) -> SimKit:
 @pytest.fixture
 async def sim_sshd_host(make_sim_host: MakeSimHost) -> SimKit:
     return await make_sim_host(access="sshd")
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    """The fake Slack: two channels, one user group, posts paced well above what a test
+    needs (a test about pacing sets its own rate and clock)."""
+    async with FakeSlack(channels=["C0OPS", "C0OTHER"], usergroups={"S0OPS": ["U0ALICE", "U0BOB"]},
+                         post_rate_per_s=50, post_burst=4) as f:
+        yield f

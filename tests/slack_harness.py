@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fakes import FakeSlack, PostResult, SlackSigner
-from polling import eventually
-
 from bot.audit.store import RunRecord
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SimKit
 from bot.slack.app import EVENTS_PATH, create_app, front_end, start_http
 from bot.slack.front_end import Approvals
+from tests.fakes import FakeSlack, PostResult, SlackSigner
+from tests.polling import eventually
 
 SIGNING_SECRET = "test-signing-secret-0123456789"
 CHANNEL = "C0OPS"

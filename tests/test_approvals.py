@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-from fakes import FakeSlack
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.front_end import MembershipCache, plan_from_record
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeSlack
+from tests.support.clock import ManualClock
 
 
 async def test_members_are_cached_for_the_ttl_then_fetched_again() -> None:
     async with FakeSlack(usergroups={"S0OPS": ["U0BOB"]}) as fake:
-        clock = Clock()
+        clock = ManualClock()
         cache = MembershipCache(AsyncWebClient(token=fake.bot_token, base_url=fake.base_url),
                                 ttl_s=60, clock=clock)
         assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB"})}
         fake.usergroups["S0OPS"].append("U0CAROL")
         assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB"})}
         assert len(fake.calls("usergroups.users.list")) == 1
-        clock.now += 61
+        clock.advance(61)
         assert await cache.resolve(["S0OPS"]) == {"S0OPS": frozenset({"U0BOB", "U0CAROL"})}
         assert len(fake.calls("usergroups.users.list")) == 2
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from fakes import validate_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from bot.slack.blocks import (
     step_reply,
     tail_answer,
 )
+from tests.fakes import validate_blocks
 
 STATUSES = ["pending_approval", "approved", "running", "succeeded", "failed", "rolled_back",
             "aborted", "cancelled", "interrupted", "denied", "expired", "refused"]

@@ -2,53 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any
 
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return json.dumps(str(v))
-
-
-def write_toml(path: Path, data: dict[str, Any]) -> Path:
-    lines: list[str] = []
-
-    def table(prefix: str, d: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
-        lines.append(f"[{prefix}]")
-        lines.extend(f"{k} = {toml_value(v)}" for k, v in scalars.items())
-        for k, v in d.items():
-            if isinstance(v, dict):
-                table(f"{prefix}.{k}", v)
-
-    for section, body in data.items():
-        for name, values in body.items():
-            table(f"{section}.{name}", values)
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *args, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), **(env or {})})
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from tests.support.cli import cli, write_toml
 
 
 def setup(kit: SimKit, tmp_path: Path) -> dict[str, str]:

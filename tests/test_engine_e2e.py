@@ -17,13 +17,9 @@ from bot.core.plan import Action
 from bot.engine.engine import RunResult
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import HostKeyError, LockHeldError
-from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
-
-
-def make_settings(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:
-    return Settings(**kit.settings_fragment(**service), db_path=tmp_path / "audit.db")
+from tests.support.sim import sim_settings
 
 
 async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
@@ -37,7 +33,7 @@ async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]
 
 
 async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:
-    settings = make_settings(sim_sshd_host, tmp_path)
+    settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
         result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
         assert result.status == "succeeded", out
@@ -73,7 +69,7 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
 async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
                                                     tmp_path: Path) -> None:
     sim_sshd_host.set_faults(stuck_worker=True)
-    settings = make_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)
+    settings = sim_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)
     async with open_runtime(settings) as rt:
         result, _out = await run(rt, "redeploy")
     assert result.status == "failed"
@@ -85,7 +81,7 @@ async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
 
 async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     sim_sshd_host.set_faults(uv_fails=True)
-    settings = make_settings(sim_sshd_host, tmp_path)
+    settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
         result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
         assert result.status == "rolled_back", out
@@ -105,7 +101,7 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
 async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(uv_fails_always=True)
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, "redeploy")
         assert result.status == "failed"
         assert "STOPPED" in result.summary and "rollback" in result.summary
@@ -115,7 +111,7 @@ async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
 
 async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     sim_sshd_host.set_faults(health_503=True)
-    settings = make_settings(sim_sshd_host, tmp_path, start_timeout_s=1.5)
+    settings = sim_settings(sim_sshd_host, tmp_path, start_timeout_s=1.5)
     async with open_runtime(settings) as rt:
         result, _out = await run(rt, "redeploy")
         assert result.status == "failed"
@@ -130,7 +126,7 @@ async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path
 
 async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(start_fails=True)
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, "redeploy")
     assert result.status == "failed"
     assert "is failed after start" in result.summary
@@ -139,7 +135,7 @@ async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> Non
 async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
                                                               tmp_path: Path) -> None:
     sim_host.set_faults(resolve_fails=True)
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, "redeploy", version="0.16.0")
     assert result.status == "aborted"
     assert "dry run failed" in result.summary and "No solution found" in result.summary
@@ -151,7 +147,7 @@ async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path
     import asyncssh
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     sim_sshd_host.known_hosts.write_text(f"[127.0.0.1]:{sim_sshd_host.port} {other}\n")
-    async with open_runtime(make_settings(sim_sshd_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, _out = await run(rt, "redeploy")
         assert result.status == "aborted"
         assert "host key is unknown or has changed" in result.summary
@@ -162,7 +158,7 @@ async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path
 
 
 async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None:
-    async with open_runtime(make_settings(sim_sshd_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, _ = await run(rt, "restart")
         assert result.status == "succeeded"
         assert sim_sshd_host.changes() == ["stop", "start"]
@@ -176,7 +172,7 @@ async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None
 
 async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
                                                             tmp_path: Path) -> None:
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         plan = rt.engine.plan("redeploy", SERVICE)
         first = await rt.engine.request(plan, requested_by="U0ALICE", source="cli")
         await rt.audit.acquire_locks(first.id, [f"service:{SERVICE}"])

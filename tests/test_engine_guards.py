@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,8 +13,8 @@ from bot.core.flows import HostOutcome
 from bot.core.plan import Step
 from bot.engine.engine import AuditSink, overall_status
 from bot.engine.runtime import open_runtime
-from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
+from tests.support.sim import sim_settings
 
 
 class StopAt:
@@ -30,14 +29,10 @@ class StopAt:
             self.reached.set()
 
 
-def settings_for(kit: SimKit, tmp_path: Path, **service: Any) -> Settings:
-    return Settings(**kit.settings_fragment(**service), db_path=tmp_path / "audit.db")
-
-
 async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.update_config(install_duration_s=30.0)
-    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
                                          requested_by="U0ALICE", source="cli")
         assert await rt.engine.approve(record.id, "U0BOB")
@@ -58,12 +53,12 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
 
 async def test_a_plan_changed_by_the_config_after_approval_is_refused(
         sim_host: SimKit, tmp_path: Path) -> None:
-    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE, index="nightly"),
                                          requested_by="U0ALICE", source="slack")
         assert await rt.engine.approve(record.id, "U0BOB")
     # The operator edits the config (another index URL) and the bot restarts.
-    changed = settings_for(sim_host, tmp_path,
+    changed = sim_settings(sim_host, tmp_path,
                            indexes={"nightly": "https://mirror.example.com/nightly"})
     async with open_runtime(changed) as rt:
         result = await rt.engine.execute(record.id, StopAt(Step.STOP))
@@ -89,7 +84,7 @@ async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
     body = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAE" * 200  # longer than the stored tail
     output = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + body +
               "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package")
-    async with open_runtime(settings_for(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
                                          requested_by="U0ALICE", source="cli")
         sink = AuditSink(rt.audit, record.id)

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MakeSimHost
-from fakes import validate_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +34,8 @@ from bot.hosts.pool import HostPool
 from bot.settings import Settings
 from bot.sim.kit import SimKit, fast_config
 from bot.sim.sshd import free_port
+from tests.fakes import validate_blocks
+from tests.support.sim import MakeSimHost
 
 TIMEOUT_S = 2.0
 

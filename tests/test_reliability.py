@@ -15,13 +15,11 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from polling import eventually
-from test_cli import write_toml
 
 from bot.audit.store import AuditLog, RunRecord
 from bot.cli.terminal import TerminalSink
@@ -35,22 +33,14 @@ from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import LockHeldError
 from bot.hosts.fleet import fleet_gpus
 from bot.logging_setup import setup_logging
-from bot.settings import Settings
 from bot.sim import procfs
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
-
+from tests.polling import eventually
+from tests.support.cli import write_toml
+from tests.support.sim import MakeSimHost, sim_settings
 
 # ---- helpers ----------------------------------------------------------------------------
-
-
-def make_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = None,
-                  **service: Any) -> Settings:
-    return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
-                    services={SERVICE: kit.service_settings(**service)},
-                    db_path=tmp_path / "audit.db")
 
 
 class Hooks:
@@ -119,7 +109,7 @@ async def test_host_unreachable_at_preflight_aborts_with_the_service_untouched(
         make_sim_host: MakeSimHost, tmp_path: Path) -> None:
     kit = await make_sim_host(link=True)
     kit.link.refuse()
-    async with open_runtime(make_settings(kit, tmp_path)) as rt:
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt)
         assert result.status == "aborted", out
         assert result.summary.startswith("preflight refused; service untouched: cannot reach "
@@ -138,7 +128,7 @@ async def test_dead_connection_fails_the_step_within_the_keepalive_window(
     # only the keepalive can end the step.  Without it the test hits pytest's timeout.
     kit = await make_sim_host(link=True)
     kit.update_config(stop_delay_s=60.0)
-    settings = make_settings(kit, tmp_path, stop_timeout_s=600, command_timeout_s=600,
+    settings = sim_settings(kit, tmp_path, stop_timeout_s=600, command_timeout_s=600,
                              host={"keepalive_interval_s": 0.3, "keepalive_count_max": 2})
 
     async def pull_the_cable() -> None:
@@ -171,7 +161,7 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
         kit.link.drop()
 
     cutter = asyncio.create_task(cut_after_two_polls())
-    async with open_runtime(make_settings(kit, tmp_path)) as rt:
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, version="0.16.0")
         await cutter
         assert result.status == "succeeded", out
@@ -209,7 +199,7 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
     hooks.on_step(Step.START, lambda e: at_start.append((kit.installed_version,
                                                          uv_processes(kit))))
     unstall = asyncio.create_task(unstall_once_looked_for())
-    async with open_runtime(make_settings(kit, tmp_path)) as rt:
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
         await unstall
         assert result.status == "succeeded", out
@@ -237,7 +227,7 @@ async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_e
     hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
              lambda e: kit.link.drop())
     hooks.on_step(Step.ROLLBACK, lambda e: at_rollback.append(uv_processes(kit)))
-    async with open_runtime(make_settings(kit, tmp_path)) as rt:
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "rolled_back", out
         assert "connection lost during the reinstall" in result.summary
@@ -256,7 +246,7 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
     hooks = Hooks()
     hooks.on(lambda e: isinstance(e, ev.StepFinished) and e.step == Step.REINSTALL,
              lambda e: sim_host.set_faults(uv_stalls=False))  # so the rollback can work
-    async with open_runtime(make_settings(sim_host, tmp_path, install_timeout_s=1)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path, install_timeout_s=1)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "rolled_back", out
         assert result.summary.startswith(
@@ -276,7 +266,7 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
 
 async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
         sim_host: SimKit, tmp_path: Path) -> None:
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         hooks = Hooks()
         hooks.on_step(Step.PREFLIGHT, lambda e: rt.engine.cancel(e.run_id, "U0CAROL"))
         result, out = await redeploy(rt, hooks)
@@ -293,7 +283,7 @@ async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
 async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(stuck_worker=True)  # without the cancel the drain waits a minute
-    settings = make_settings(sim_host, tmp_path, drain_timeout_s=60, drain_poll_s=1.0)
+    settings = sim_settings(sim_host, tmp_path, drain_timeout_s=60, drain_poll_s=1.0)
     async with open_runtime(settings) as rt:
         hooks = Hooks()
         hooks.on_step(Step.DRAIN, lambda e: rt.engine.cancel(e.run_id, "U0ALICE"))
@@ -312,7 +302,7 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
 async def test_cancel_during_the_reinstall_takes_effect_after_it(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.update_config(install_duration_s=0.6)
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         hooks = Hooks()
         # uv's first line: the install is under way on the host when the cancel comes.
         hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
@@ -339,7 +329,7 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
 async def test_two_redeploys_in_the_same_second_exactly_one_runs(
         sim_host: SimKit, tmp_path: Path, processes: int) -> None:
     # Two runtimes on one DB file behave like two processes (separate connections).
-    settings = make_settings(sim_host, tmp_path)
+    settings = sim_settings(sim_host, tmp_path)
     async with open_runtime(settings) as rt1, open_runtime(settings) as rt2:
         rts = [rt1, rt2] if processes == 2 else [rt1, rt1]
 
@@ -378,7 +368,7 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
 async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
         sim_host: SimKit, tmp_path: Path) -> None:
     # Belt and braces behind the request-time lock: execute takes the locks again.
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         first = await approved(rt)
         await rt.audit.release_locks(first)  # as if the lock had been lost
         holder = await rt.engine.request(rt.engine.plan("restart", SERVICE),
@@ -394,7 +384,7 @@ async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
 
 async def test_a_second_execute_of_a_running_run_leaves_it_alone(
         sim_host: SimKit, tmp_path: Path) -> None:
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         run_id = await approved(rt)
         started = asyncio.Event()
         hooks = Hooks()
@@ -411,7 +401,7 @@ async def test_a_second_execute_of_a_running_run_leaves_it_alone(
 
 async def test_status_and_gpus_never_wait_behind_a_job(sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(uv_stalls=True)  # the redeploy sits in its reinstall, holding the locks
-    async with open_runtime(make_settings(sim_host, tmp_path)) as rt:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         in_reinstall = asyncio.Event()
         hooks = Hooks()
         hooks.on_step(Step.REINSTALL, lambda e: in_reinstall.set())

@@ -9,11 +9,10 @@ import itertools
 import shutil
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from polling import eventually
 
 from bot.audit.store import AuditLog
 from bot.core import flows as sequence
@@ -28,8 +27,8 @@ from bot.settings import HostSettings, ServiceSettings
 from bot.sim import procfs
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
+from tests.polling import eventually
+from tests.support.sim import MakeSimHost
 
 
 def transport(kit: SimKit, **overrides: object) -> SshTransport:

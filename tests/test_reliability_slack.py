@@ -7,7 +7,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from slack_harness import (
+from bot.sim.kit import SimKit
+from bot.sim.state import DEFAULT_VERSION
+from tests.slack_harness import (
     ALICE,
     APPROVERS_GROUP,
     BOB,
@@ -18,9 +20,6 @@ from slack_harness import (
     new_fake,
     slack_bot,
 )
-
-from bot.sim.kit import SimKit
-from bot.sim.state import DEFAULT_VERSION
 
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
 ALL_STEPS = ("preflight", "stop", "drain", "reinstall", "start", "health", "postcheck")

@@ -12,15 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MakeSimHost
-from test_cli import cli, write_toml
-
 from bot.core import events as ev
 from bot.engine.engine import NOT_STARTED, RunResult
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit, fast_config, fleet_fragment
 from bot.sim.state import DEFAULT_VERSION
+from tests.support.cli import cli, write_toml
+from tests.support.sim import MakeSimHost
 
 
 class Recorder:

@@ -7,11 +7,18 @@ import asyncio
 import io
 from pathlib import Path
 
-from slack_harness import ALICE, CHANNEL, SERVICE, blocks_text, buttons, make_settings, new_fake
-
 from bot.settings import Settings
 from bot.sim.kit import SimKit
 from bot.slack.app import serve
+from tests.slack_harness import (
+    ALICE,
+    CHANNEL,
+    SERVICE,
+    blocks_text,
+    buttons,
+    make_settings,
+    new_fake,
+)
 
 
 async def test_without_any_token_it_explains_the_demo_and_the_setup(tmp_path: Path) -> None:

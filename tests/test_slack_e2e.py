@@ -7,12 +7,13 @@ import asyncio
 import json
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fakes import SlackSigner
-from slack_harness import (
+from bot.audit.store import parse_ts
+from bot.sim.kit import SimKit, fast_config, fleet_fragment
+from tests.fakes import SlackSigner
+from tests.slack_harness import (
     ALICE,
     BOB,
     CAROL,
@@ -27,11 +28,7 @@ from slack_harness import (
     new_fake,
     slack_bot,
 )
-
-from bot.audit.store import parse_ts
-from bot.sim.kit import SimKit, fast_config, fleet_fragment
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
+from tests.support.sim import MakeSimHost
 
 
 def ack_text(body: str) -> str:

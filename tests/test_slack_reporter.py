@@ -4,11 +4,7 @@ depend on output size, catching up after an outage, redaction, pacing."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 
-import pytest
-from fakes import FakeSlack
-from slack_harness import blocks_text, eventually
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -22,6 +18,9 @@ from bot.core.redact import Redactor
 from bot.slack.blocks import CardView, Message, initial_steps, section
 from bot.slack.poster import Poster
 from bot.slack.reporter import SlackReporter
+from tests.fakes import FakeSlack
+from tests.polling import eventually
+from tests.slack_harness import blocks_text
 
 CHANNEL = "C0OPS"
 SECRET = "hunter2-super-secret"
@@ -32,12 +31,6 @@ PLAN = Plan(action="redeploy", service="svc", hosts=("gpu-1",), unit="vllm.servi
                                                               Step.REINSTALL)))
 SNAPSHOT = GpuSnapshot("gpu-1", tuple(Gpu(i, f"GPU-{i}", "NVIDIA H200", 10, 143771, 0)
                                       for i in range(8)))
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack(post_rate_per_s=50, post_burst=4) as f:
-        yield f
 
 
 def client(fake: FakeSlack) -> AsyncWebClient:

@@ -22,19 +22,13 @@ from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
+from tests.support.clock import ManualClock
+
 from .slack_api import FakeSlack
 from .slack_requests import SlackSigner
 
 SIGNING_SECRET = "fake-signing-secret"
 CHANNEL = "C0OPS"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack(
-        channels=[CHANNEL, "C0OTHER"], usergroups={"S0OPS": ["U0ALICE", "U0BOB"]}
-    ) as f:
-        yield f
 
 
 def client_for(fake: FakeSlack, **kwargs: Any) -> AsyncWebClient:
@@ -154,14 +148,6 @@ async def test_threads_updates_ephemerals_and_permalinks(fake: FakeSlack) -> Non
 
     link = await client.chat_getPermalink(channel=CHANNEL, message_ts=r1["ts"])
     assert f"thread_ts={parent['ts']}" in link["permalink"]
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_per_channel_pacing(fake: FakeSlack) -> None:

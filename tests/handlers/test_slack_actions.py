@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slack_harness import BOB, CHANNEL, slack_bot
-
 from bot.sim.kit import SimKit
+from tests.slack_harness import BOB, CHANNEL, slack_bot
 
 
 async def test_clicks_on_nothing_are_refused_and_recorded(tmp_path: Path,

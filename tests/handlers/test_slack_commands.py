@@ -4,10 +4,12 @@ fake Slack, real SQLite and the simulated GPU host."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from slack_harness import (
+from bot.sim.kit import SimKit, fast_config
+from bot.sim.sshd import free_port
+from bot.slack.grammar import COMMANDS, usage
+from tests.slack_harness import (
     ALICE,
     CHANNEL,
     MALLORY,
@@ -16,12 +18,7 @@ from slack_harness import (
     blocks_text,
     slack_bot,
 )
-
-from bot.sim.kit import SimKit, fast_config
-from bot.sim.sshd import free_port
-from bot.slack.grammar import COMMANDS, usage
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
+from tests.support.sim import MakeSimHost
 
 
 def ack_text(body: str) -> str:

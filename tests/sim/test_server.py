@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncssh
 import pytest
-from polling import eventually
 
 from bot.settings import load_settings
 from bot.sim import procfs
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
+from tests.polling import eventually
+from tests.support.sim import MakeSimHost
 
-MakeSimHost = Callable[..., Awaitable[SimKit]]
 UNIT = "vllm-kimi-k25"
 
 

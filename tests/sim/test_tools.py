@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
-from polling import eventually
 
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
 from bot.sim.kit import SimKit
 from bot.sim.state import DEFAULT_VERSION
-
-MakeSimHost = Callable[..., Awaitable[SimKit]]
+from tests.polling import eventually
+from tests.support.sim import MakeSimHost
 
 UNIT = "vllm-kimi-k25"
 SHOW = ("systemctl", "show", UNIT, "-p", "LoadState,ActiveState,SubState,MainPID")

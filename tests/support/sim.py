@@ -1,0 +1,36 @@
+"""The simulated GPU host in tests: the factory fixture's type, the sshd guard, and the
+bot's settings for one simulated host."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit
+from bot.sim.sshd import SSHD
+
+# The type of the ``make_sim_host`` fixture: SimKit's keyword arguments in, a started host out.
+MakeSimHost = Callable[..., Awaitable[SimKit]]
+
+
+def require_sshd() -> None:
+    """Skip without OpenSSH's sshd, except in CI, where its absence is a failure."""
+    if SSHD.exists():
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{SSHD} is missing and CI is set: install openssh-server")
+    pytest.skip(f"{SSHD} is not installed (apt-get install openssh-server)")
+
+
+def sim_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = None,
+                 **service: Any) -> Settings:
+    """One host, the service on it, the audit DB in ``tmp_path``; ``host`` and ``service``
+    override the simulated host's own settings."""
+    return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
+                    services={SERVICE: kit.service_settings(**service)},
+                    db_path=tmp_path / "audit.db")
