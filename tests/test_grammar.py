@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -457,7 +458,8 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
     if name == "redeploy":
         svc = draw(st.sampled_from(services))
         version = draw(st.none() | _VERSIONS)
-        index = draw(st.none() | st.sampled_from(sorted(SETTINGS.services[svc].indexes) or [None]))
+        indexes = sorted(SETTINGS.services[svc].indexes)
+        index = draw(st.none() | st.sampled_from(indexes)) if indexes else None
         dry = draw(st.booleans())
         head.append(svc)
         if version is not None:
@@ -491,7 +493,8 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
     elif name == "gpus":
         target = draw(st.none() | st.sampled_from(sorted({*SETTINGS.hosts, *services})))
         head += [] if target is None else [target]
-        kind = None if target is None else "host" if target in SETTINGS.hosts else "service"
+        kind: Literal["host", "service"] | None = (
+            None if target is None else "host" if target in SETTINGS.hosts else "service")
         expected = Gpus(target, kind)
     elif name == "cancel":
         run_id = draw(st.integers(1, 2**63 - 1))

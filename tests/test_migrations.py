@@ -97,8 +97,8 @@ async def test_migration_added_later_applies_to_an_old_database(tmp_path: Path) 
     assert applied_names(db) == [m.name for m in newer]
 
     # Opening again with the newer list applies nothing.
-    async with aiosqlite.connect(db, isolation_level=None) as conn:
-        assert (await apply_migrations(conn, newer)).applied == []
+    async with aiosqlite.connect(db, isolation_level=None) as aconn:
+        assert (await apply_migrations(aconn, newer)).applied == []
 
 
 async def test_failing_migration_is_rolled_back_and_not_recorded(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def fleet_settings(kits: list[SimKit], tmp_path: Path, **service: Any) -> Settin
 
 async def redeploy(rt: Runtime, **plan: Any) -> tuple[RunResult, Recorder]:
     p = rt.engine.plan("redeploy", SERVICE, **plan)
-    record = await rt.engine.request(p, requested_by="U0ALICE", source="cli")
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
     # One approval for the whole rollout, whatever the number of hosts.
     await rt.audit.record_decision(record.id, "U0BOB", "approve")
     assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
@@ -144,6 +144,7 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
         assert record.status == "rolled_back"
         assert record.plan["batch_size"] == 1
         # The problem first, then who succeeded, then who was never touched.
+        assert record.summary is not None
         assert record.summary.startswith(f"{names[1]}: rolled_back (")
         assert record.summary.endswith(f"; succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, "
                                        f"healthy): {names[0]}; not started: {names[2]}")
@@ -174,7 +175,7 @@ async def test_status_asks_every_host_even_when_one_fails(make_sim_host: MakeSim
     kits[0].set_faults(no_driver=True)  # its GPU query fails: a failed status there
     async with open_runtime(fleet_settings(kits, tmp_path)) as rt:
         p = rt.engine.plan("status", SERVICE)
-        record = await rt.engine.request(p, requested_by="U0ALICE", source="cli")
+        record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
         assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
         result = await rt.engine.execute(record.id, Recorder())
     assert result.host_status[kits[0].hostname] == "failed"

@@ -23,7 +23,7 @@ from tests.slack_harness import (
 
 async def test_without_any_token_it_explains_the_demo_and_the_setup(tmp_path: Path) -> None:
     err = io.StringIO()
-    code = await serve(Settings(CHATOPS_DB=str(tmp_path / "a.db")), err=err)
+    code = await serve(Settings(db_path=tmp_path / "a.db"), err=err)
     assert code == 2
     assert "python -m bot demo" in err.getvalue()
     assert "SLACK_BOT_TOKEN" in err.getvalue() and "slack-manifest.yml" in err.getvalue()
@@ -32,7 +32,7 @@ async def test_without_any_token_it_explains_the_demo_and_the_setup(tmp_path: Pa
 
 async def test_http_mode_needs_the_signing_secret(tmp_path: Path) -> None:
     err = io.StringIO()
-    settings = Settings(SLACK_BOT_TOKEN="xoxb-1234", CHATOPS_DB=str(tmp_path / "a.db"))
+    settings = Settings(slack_bot_token="xoxb-1234", db_path=tmp_path / "a.db")
     assert await serve(settings, err=err) == 2
     assert "SLACK_SIGNING_SECRET" in err.getvalue()
 

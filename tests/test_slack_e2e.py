@@ -13,6 +13,7 @@ from pathlib import Path
 from bot.audit.store import parse_ts
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from tests.fakes import SlackSigner
+from tests.polling import eventually
 from tests.slack_harness import (
     ALICE,
     BOB,
@@ -24,7 +25,6 @@ from tests.slack_harness import (
     blocks_text,
     buttons,
     default_policy,
-    eventually,
     new_fake,
     slack_bot,
 )
@@ -237,7 +237,8 @@ async def test_restart_expires_overdue_cards_and_rearms_the_others(
         async with slack_bot(tmp_path, kit_a, fake, **fleet,
                              policy=default_policy(approval_ttl_s=3)) as bot:
             await bot.command("redeploy other")
-            later = await bot.wait_for_run(lambda r: r.id != soon.id and r.message_ts, "card B")
+            later = await bot.wait_for_run(
+                lambda r: r.id != soon.id and r.message_ts is not None, "card B")
         # Both bots are gone; wait (on the clock, the real condition) until A is overdue.
         assert soon.expires_at is not None
         deadline = parse_ts(soon.expires_at)

@@ -28,7 +28,8 @@ async def http_get(conn: asyncssh.SSHClientConnection, port: int, path: str) -> 
     reader, writer = await conn.open_connection("127.0.0.1", port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
     writer.write_eof()
-    return (await reader.read()).decode()
+    response: bytes = await reader.read()
+    return response.decode()
 
 
 async def test_wrapped_command_runs_with_simulated_tools(sim_host: SimKit) -> None:
@@ -43,7 +44,8 @@ async def test_wrapped_command_runs_with_simulated_tools(sim_host: SimKit) -> No
             5, "", "Failed to stop nope.service: Unit nope.service not loaded.\n")
         # df is the real one: the kit's venv directory exists.
         r = await conn.run(wrapped("df", "-P", "-B1M", str(sim_host.venv_dir)))
-        assert r.exit_status == 0 and r.stdout.startswith("Filesystem")
+        assert r.exit_status == 0 and isinstance(r.stdout, str)
+        assert r.stdout.startswith("Filesystem")
 
 
 async def test_output_streams_before_the_command_ends(sim_host: SimKit) -> None:

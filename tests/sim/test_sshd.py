@@ -48,7 +48,8 @@ async def test_commands_run_through_force_command(sim_sshd_host: SimKit) -> None
         assert (r.exit_status, r.stdout, r.stderr) == (
             0, "MainPID=48213\nLoadState=loaded\nActiveState=active\nSubState=running\n", "")
         r = await conn.run(wrapped("uv", "pip", "show", "--python", "/nope/bin/python", "vllm"))
-        assert r.exit_status == 2 and r.stderr.startswith("error: Failed to inspect Python")
+        assert r.exit_status == 2 and isinstance(r.stderr, str)
+        assert r.stderr.startswith("error: Failed to inspect Python")
         r = await conn.run(wrapped("df", "-P", "-B1M", str(sim_sshd_host.venv_dir)))
         assert r.exit_status == 0
     assert [c.argv[:2] for c in sim_sshd_host.calls()] == [("systemctl", "show"), ("uv", "pip")]
