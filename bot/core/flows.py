@@ -18,9 +18,9 @@ means for it; see docs/reliability.md for the whole fault matrix.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
@@ -34,6 +34,8 @@ from bot.core.gpu import (
     parse_pgrep,
 )
 from bot.core.plan import Plan, Step, cmd
+from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
+from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import ServiceSettings
@@ -115,7 +117,7 @@ Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit
 
 @dataclass(frozen=True, slots=True)
 class HostOutcome:
-    status: str  # succeeded | failed | rolled_back | aborted | cancelled
+    status: HostStatus
     summary: str
     version_before: str | None = None
     version_after: str | None = None
@@ -290,8 +292,14 @@ def _drain_poll(svc: ServiceSettings, host: str
     return snap, drain_verdict(snap, svc.drain_threshold_mib, workers)
 
 
-def _drain(svc: ServiceSettings, host: str) -> Generator[Action, Any, tuple[str, str | None]]:
-    """Poll until GPU memory is released. Returns ('ok'|'failed'|'cancelled', reason).
+# How a drain or an install ended, for the flow to decide what comes next.
+DrainEnd = Literal["ok", "failed", "cancelled"]
+InstallEnd = Literal["ok", "failed", "unknown"]
+
+
+def _drain(svc: ServiceSettings, host: str
+           ) -> Generator[Action, Any, tuple[DrainEnd, str | None]]:
+    """Poll until GPU memory is released. Returns how it ended and why.
 
     A poll whose result never came back is no verdict: the next poll reconnects,
     and only the drain timeout ends the wait."""
@@ -452,82 +460,138 @@ def _recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     """Cancelled once the service is down: bring it back on what is installed."""
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        return HostOutcome("failed", f"cancelled {what}; restarting failed: {err}. "
+        return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: {err}. "
                            "The service is DOWN.", before, None)
     after = yield from _postcheck(svc, host)
-    return HostOutcome("cancelled", f"cancelled {what}; service restarted on {after}",
+    return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
                        before, after)
 
 
 # ---- flows ------------------------------------------------------------------------------
 
 
-def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
-    """Preflight, stop, drain, reinstall (rollback on failure), start, health, post-check."""
-    # Preflight: everything that can refuse does so while the service is untouched.
+class _Refused(Exception):
+    """A preflight check refuses; raised out of the check so the next ones never run."""
+
+    def __init__(self, reason: str, evidence: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.evidence = evidence  # a quiet query's output that explains the refusal
+
+
+@dataclass(frozen=True, slots=True)
+class _Preflight:
+    """What preflight found, for the steps after it."""
+
+    before: str | None  # the installed version: what a rollback reinstalls
+    target: str | None  # the version the install should leave (None: not known)
+    refusal: str | None = None  # why it refused; None when every check passed
+
+
+def _preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action, Any, _Preflight]:
+    """Everything that can refuse does so while the service is untouched: the unit is
+    loaded, the installed version is known (a rollback needs it), the venv's disk has
+    room and the install resolves."""
     yield Emit(BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps
                                               if s.step == Step.PREFLIGHT)))
-    r, props = yield from _unit_state(Step.PREFLIGHT, svc)
-    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
-               else _check_unit(svc, r, props))
     before: str | None = None
-    target: str | None = plan.version
-    evidence = ""  # a quiet query's output that explains a refusal
-    if refusal is None:
-        before, why, evidence = yield from _read_version(Step.PREFLIGHT, svc)
-        if before is None:
-            refusal = (f"cannot read the installed {svc.package} version, so a rollback "
-                       f"would be impossible ({why})")
-    if refusal is None:
-        df = yield from _run(Step.PREFLIGHT, remote.free_disk(svc), svc.command_timeout_s)
-        avail = remote.parse_df_avail_mib(df.stdout) if df.ok else None
-        if avail is None:
-            refusal = f"cannot read free disk space of {svc.venv_dir} ({_explain(df)})"
-        elif avail < svc.min_free_disk_mib:
-            refusal = (f"only {avail:,} MiB free on {svc.venv_dir}; "
-                       f"need {svc.min_free_disk_mib:,} MiB")
-    if refusal is None:
-        dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
-        dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s)
-        if not dry.ok:
-            refusal = f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}"
-        elif target is None:
-            # What "latest" means now: after a lost connection, the version to look for.
-            target = remote.parse_resolved_version(dry.output, svc.package)
-    if refusal is not None:
-        yield Emit(EndStep(Step.PREFLIGHT, False, refusal, None, evidence))
-        return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}",
-                           before, None)
+    try:
+        props = yield from _preflight_unit(svc, host)
+        before = yield from _preflight_version(svc)
+        avail = yield from _preflight_disk(svc)
+        target = yield from _preflight_dry_run(plan, svc)
+    except _Refused as e:
+        yield Emit(EndStep(Step.PREFLIGHT, False, e.reason, None, e.evidence))
+        return _Preflight(before, None, e.reason)
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
                        f"{avail:,} MiB free, {plan.spec} resolves"
                        + (f" to {target}" if target and not plan.version else "")))
+    return _Preflight(before, target)
+
+
+def _preflight_unit(svc: ServiceSettings, host: str) -> Generator[Action, Any, dict[str, str]]:
+    """The unit's properties; refuses when the host is unreachable or the unit not loaded."""
+    r, props = yield from _unit_state(Step.PREFLIGHT, svc)
+    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
+               else _check_unit(svc, r, props))
+    if refusal is not None:
+        raise _Refused(refusal)
+    return props
+
+
+def _preflight_version(svc: ServiceSettings) -> Generator[Action, Any, str]:
+    before, why, evidence = yield from _read_version(Step.PREFLIGHT, svc)
+    if before is None:
+        raise _Refused(f"cannot read the installed {svc.package} version, so a rollback "
+                       f"would be impossible ({why})", evidence)
+    return before
+
+
+def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
+    """Free MiB on the venv's file system; refuses under ``min_free_disk_mib``."""
+    df = yield from _run(Step.PREFLIGHT, remote.free_disk(svc), svc.command_timeout_s)
+    avail = remote.parse_df_avail_mib(df.stdout) if df.ok else None
+    if avail is None:
+        raise _Refused(f"cannot read free disk space of {svc.venv_dir} ({_explain(df)})")
+    if avail < svc.min_free_disk_mib:
+        raise _Refused(f"only {avail:,} MiB free on {svc.venv_dir}; "
+                       f"need {svc.min_free_disk_mib:,} MiB")
+    return avail
+
+
+def _preflight_dry_run(plan: Plan, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
+    """``uv pip install --dry-run``; returns the version the install should leave."""
+    dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
+    dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s)
+    if not dry.ok:
+        raise _Refused(f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}")
+    if plan.version is not None:
+        return plan.version
+    # What "latest" means now: after a lost connection, the version to look for.
+    return remote.parse_resolved_version(dry.output, svc.package)
+
+
+def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """Preflight, stop, drain, reinstall (rollback on failure), start, health, post-check."""
+    pre = yield from _preflight(plan, svc, host)
+    before = pre.before
+    if pre.refusal is not None:
+        return HostOutcome(HostStatus.ABORTED,
+                           f"preflight refused; service untouched: {pre.refusal}", before, None)
     if plan.dry_run:
-        return HostOutcome("succeeded", f"dry run: preflight passed; would install {plan.spec}",
-                           before, None)
+        return HostOutcome(HostStatus.SUCCEEDED,
+                           f"dry run: preflight passed; would install {plan.spec}", before, None)
 
     if (yield from _tick()).cancel_requested:
-        return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
+        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
+                           before, None)
 
     failure = yield from _stop(svc, plan.service)
     if failure is not None:
-        return HostOutcome("failed", failure, before, None)
+        return HostOutcome(HostStatus.FAILED, failure, before, None)
 
     drain, reason = yield from _drain(svc, host)
     if drain == "cancelled":
         return (yield from _recover_after_cancel(svc, host, before, "during drain"))
     if drain == "failed":
-        return HostOutcome("failed", f"{reason}. The service is STOPPED and nothing was "
-                           "reinstalled; free the GPUs, then restart it.", before, None)
+        return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED and nothing "
+                           "was reinstalled; free the GPUs, then restart it.", before, None)
+    return (yield from _reinstall_and_start(plan, svc, host, before, pre.target))
 
+
+def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
+                         target: str | None) -> Flow:
+    """The service is stopped and its GPUs free: reinstall (rolling back on failure),
+    then start, health-gate and post-check."""
     install = remote.install(svc, plan.spec, plan.index_url)
     verdict, why = yield from _install(svc, Step.REINSTALL, install, target, "reinstall",
                                        f"installed {plan.spec}")
     if verdict == "unknown":
         return HostOutcome(
-            "failed", f"{why}. Whether {plan.spec} was installed is unknown, and the "
-            f"service is STOPPED. {_status_hint(plan.service)} once the host answers.",
+            HostStatus.FAILED, f"{why}. Whether {plan.spec} was installed is unknown, and "
+            f"the service is STOPPED. {_status_hint(plan.service)} once the host answers.",
             before, None)
     if verdict == "failed":
         return (yield from _rollback(plan, svc, host, before, why))
@@ -538,15 +602,16 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
 
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        return HostOutcome("failed", f"{err}. {plan.spec} is installed; roll back with "
-                           f"`redeploy {plan.service} --version {before}`.", before, None)
+        return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed; roll back "
+                           f"with `redeploy {plan.service} --version {before}`.", before, None)
     after = yield from _postcheck(svc, host)
-    return HostOutcome("succeeded", f"{svc.package} {before} -> {after}, healthy", before, after)
+    return HostOutcome(HostStatus.SUCCEEDED, f"{svc.package} {before} -> {after}, healthy",
+                       before, after)
 
 
 def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
-             what: str, done: str) -> Generator[Action, Any, tuple[str, str]]:
-    """Run an install (the reinstall or the rollback): ('ok'|'failed'|'unknown', why).
+             what: str, done: str) -> Generator[Action, Any, tuple[InstallEnd, str]]:
+    """Run an install (the reinstall or the rollback): how it ended, and why.
 
     A cut connection may leave uv running on the host, and installing anything else
     meanwhile would corrupt the venv: wait until uv has ended, then judge by the
@@ -585,47 +650,48 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
                                        f"reinstalled {svc.package}=={before}")
     if verdict == "unknown":
         return HostOutcome(
-            "failed", f"{cause}; {why}. Which {svc.package} version is installed is "
+            HostStatus.FAILED, f"{cause}; {why}. Which {svc.package} version is installed is "
             f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
             "the host answers.", before, None)
     if verdict == "failed":
-        return HostOutcome("failed", f"{cause}; {why}. The service is STOPPED.",
+        return HostOutcome(HostStatus.FAILED, f"{cause}; {why}. The service is STOPPED.",
                            before, None)
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
-        return HostOutcome("failed", f"{cause}; rolled back to {before} but {err}. "
+        return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
                            "The service is DOWN.", before, None)
     after = yield from _postcheck(svc, host)
-    return HostOutcome("rolled_back", f"{cause}; rolled back to {after}, healthy", before, after)
+    return HostOutcome(HostStatus.ROLLED_BACK, f"{cause}; rolled back to {after}, healthy",
+                       before, after)
 
 
 def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Stop, drain, start, health: the same gates as a redeploy without the reinstall."""
     yield Emit(BeginStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))))
-    r, props = yield from _unit_state(Step.PREFLIGHT, svc)
-    refusal = (f"cannot reach {host} over SSH: {_why(r)}" if lost(r)
-               else _check_unit(svc, r, props))
-    if refusal is not None:
-        yield Emit(EndStep(Step.PREFLIGHT, False, refusal))
-        return HostOutcome("aborted", f"preflight refused; service untouched: {refusal}")
+    try:
+        props = yield from _preflight_unit(svc, host)
+    except _Refused as e:
+        yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
+        return HostOutcome(HostStatus.ABORTED, f"preflight refused; service untouched: {e.reason}")
     before = yield from _version(Step.PREFLIGHT, svc)
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
     if (yield from _tick()).cancel_requested:
-        return HostOutcome("cancelled", "cancelled before anything was changed", before, None)
+        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
+                           before, None)
     failure = yield from _stop(svc, plan.service)
     if failure is not None:
-        return HostOutcome("failed", failure, before, None)
+        return HostOutcome(HostStatus.FAILED, failure, before, None)
     drain, reason = yield from _drain(svc, host)
     if drain == "failed":
-        return HostOutcome("failed", f"{reason}. The service is STOPPED; free the GPUs, "
+        return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED; free the GPUs, "
                            "then restart it.", before, None)
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        return HostOutcome("failed", f"{err}. The service is DOWN.", before, None)
+        return HostOutcome(HostStatus.FAILED, f"{err}. The service is DOWN.", before, None)
     after = yield from _postcheck(svc, host)
-    status = "cancelled" if drain == "cancelled" else "succeeded"
+    status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     return HostOutcome(status, f"restarted on {after}, healthy", before, after)
 
 
@@ -642,12 +708,14 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     except GpuQueryError as e:
         summary = f"{svc.unit}: {state}; {svc.package} {version}; GPUs: {e.reason}"
         yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
-        return HostOutcome("failed", summary, version, version)
+        return HostOutcome(HostStatus.FAILED, summary, version, version)
     yield Emit(Snapshot("now", snap))
     summary = (f"{svc.unit}: {state}; {svc.package} {version}; "
                f"{snap.used_mib:,} of {snap.total_mib:,} MiB GPU memory in use")
     yield Emit(EndStep(Step.STATUS, True, summary))
-    return HostOutcome("succeeded", summary, version, version)
+    return HostOutcome(HostStatus.SUCCEEDED, summary, version, version)
 
 
-FLOWS = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}
+FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {
+    RunAction.REDEPLOY: redeploy_flow, RunAction.RESTART: restart_flow,
+    RunAction.STATUS: status_flow}

@@ -33,6 +33,7 @@ from bot.core.flows import (
     Versions,
 )
 from bot.core.plan import Step
+from bot.core.status import StepStatus
 from bot.errors import HostError
 from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream
 
@@ -161,7 +162,8 @@ class Executor:
             if notice.detail:
                 output = f"{output}\n{notice.detail}" if output else notice.detail
             await self.sink.handle(ev.StepFinished(
-                self.run_id, self.host, notice.step, "ok" if notice.ok else "failed",
+                self.run_id, self.host, notice.step,
+                StepStatus.OK if notice.ok else StepStatus.FAILED,
                 notice.exit_status, self.clock() - self._step_started, notice.summary, output))
         elif isinstance(notice, Snapshot):
             await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
