@@ -17,8 +17,12 @@ from typing import Any
 
 import pytest
 
-from bot.audit.store import OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts, runs_query
+from bot.audit import OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts
+from bot.audit.db import Database
+from bot.audit.migrations import MIGRATIONS
+from bot.audit.runs import runs_query
 from bot.audit.view import runs_json, runs_table
+from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditError, LockHeldError, RunNotFoundError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,6 +150,57 @@ async def test_create_run_rejects_unknown_values(log: AuditLog) -> None:
     assert await log.list_runs() == []
 
 
+async def test_records_carry_the_enums_and_store_their_plain_words(db: Path,
+                                                                  log: AuditLog) -> None:
+    run_id = await new_run(log, action=Action.RESTART, source=Source.DEMO)
+    assert await log.transition(run_id, RunStatus.RUNNING, expect={RunStatus.PENDING_APPROVAL})
+    await log.record_decision(run_id, "U2", Decision.APPROVE)
+    step = await log.step_started(run_id, "gpu1", "stop", "systemctl stop vllm")
+    await log.step_finished(step, status=StepStatus.SKIPPED)
+    run = await log.get_run(run_id)
+    assert (run.action, run.source, run.status) == (Action.RESTART, Source.DEMO, RunStatus.RUNNING)
+    assert type(run.status) is RunStatus and type(run.action) is Action
+    [decision] = await log.decisions(run_id)
+    assert type(decision.decision) is Decision and decision.decision is Decision.APPROVE
+    [stored_step] = await log.steps(run_id)
+    assert stored_step.status is StepStatus.SKIPPED
+    # Programs reading `audit --json` and older bots reading the file see the plain words.
+    assert json.dumps(run.to_json()["status"]) == '"running"'
+    assert type(stored_step.to_json()["status"]) is str
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT action, source, status FROM runs").fetchone() == (
+            "restart", "demo", "running")
+
+
+async def test_a_stored_word_this_bot_does_not_know_is_an_audit_error(db: Path,
+                                                                      log: AuditLog) -> None:
+    # No CHECK constraint: a newer bot may store a status this one has never heard of.
+    run_id = await new_run(log)
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET status = 'paused' WHERE id = ?", (run_id,))
+    with pytest.raises(AuditError, match="status 'paused'"):
+        await log.get_run(run_id)
+
+
+async def test_a_transaction_runs_only_inside_a_shielded_task(db: Path) -> None:
+    database = await Database.open(db, migrations=MIGRATIONS, busy_timeout_s=1.0)
+    try:
+        with pytest.raises(RuntimeError, match="shielded"):
+            async with database.transaction(write=False):
+                pass
+
+        async def count() -> int:
+            async with database.transaction(write=False) as conn:
+                async with conn.execute("SELECT count(*) FROM runs") as cur:
+                    row = await cur.fetchone()
+            assert row is not None
+            return int(row[0])
+
+        assert await database.shielded(count()) == 0
+    finally:
+        await database.close()
+
+
 async def test_unknown_run_ids_raise_run_not_found(log: AuditLog) -> None:
     with pytest.raises(RunNotFoundError, match="#42"):
         await log.get_run(42)
@@ -153,8 +208,8 @@ async def test_unknown_run_ids_raise_run_not_found(log: AuditLog) -> None:
         log.set_message(42, "C1", "1.2"),
         log.set_step(42, "stop"),
         log.set_versions(42, before="0.9.0"),
-        log.record_decision(42, "U2", "approve"),
-        log.transition(42, "approved"),
+        log.record_decision(42, "U2", Decision.APPROVE),
+        log.transition(42, RunStatus.APPROVED),
         log.step_started(42, "gpu1", "stop", "systemctl stop vllm"),
         log.add_snapshot(42, "gpu1", "before", {}),
         log.acquire_locks(42, ["service:kimi-k25"]),
@@ -181,12 +236,12 @@ async def test_message_step_and_versions(log: AuditLog) -> None:
 
 async def test_list_runs_newest_first_with_filters(log: AuditLog) -> None:
     ids = [await new_run(log, service=f"svc{i % 2}") for i in range(5)]
-    await log.transition(ids[1], "running")
+    await log.transition(ids[1], RunStatus.RUNNING)
     assert [r.id for r in await log.list_runs()] == ids[::-1]
     assert [r.id for r in await log.list_runs(limit=2)] == [ids[4], ids[3]]
     assert [r.id for r in await log.list_runs(service="svc1")] == [ids[3], ids[1]]
-    assert [r.id for r in await log.list_runs(statuses=["running"])] == [ids[1]]
-    assert [r.id for r in await log.list_runs(service="svc0", statuses={"running"})] == []
+    assert [r.id for r in await log.list_runs(statuses=[RunStatus.RUNNING])] == [ids[1]]
+    assert [r.id for r in await log.list_runs(service="svc0", statuses={RunStatus.RUNNING})] == []
     assert await log.list_runs(statuses=[]) == []
     assert await log.list_runs(limit=0) == []
     with pytest.raises(ValueError):
@@ -201,7 +256,7 @@ async def test_list_queries_use_an_index_and_no_sort(db: Path) -> None:
         for service, statuses, index in (
             (None, None, None),
             ("kimi-k25", None, "runs_service_id"),
-            (None, ["running"], "runs_status_id"),
+            (None, [RunStatus.RUNNING], "runs_status_id"),
         ):
             sql, params = runs_query(service=service, statuses=statuses, limit=20)
             plan = " | ".join(r[3] for r in raw.execute("EXPLAIN QUERY PLAN " + sql, params))
@@ -215,13 +270,13 @@ async def test_list_queries_use_an_index_and_no_sort(db: Path) -> None:
 
 async def test_decisions_count_once_and_fill_approved_and_denied(log: AuditLog) -> None:
     run_id = await new_run(log)
-    assert await log.record_decision(run_id, "U2", "approve") is True
-    assert await log.record_decision(run_id, "U2", "approve") is False  # double click
-    assert await log.record_decision(run_id, "U3", "approve") is True
-    assert await log.record_decision(run_id, "U4", "deny") is True
-    assert await log.record_decision(run_id, "U1", "cancel") is True
+    assert await log.record_decision(run_id, "U2", Decision.APPROVE) is True
+    assert await log.record_decision(run_id, "U2", Decision.APPROVE) is False  # double click
+    assert await log.record_decision(run_id, "U3", Decision.APPROVE) is True
+    assert await log.record_decision(run_id, "U4", Decision.DENY) is True
+    assert await log.record_decision(run_id, "U1", Decision.CANCEL) is True
     with pytest.raises(ValueError, match="decision"):
-        await log.record_decision(run_id, "U5", "maybe")
+        await log.record_decision(run_id, "U5", "maybe")  # type: ignore[arg-type]
     decisions = await log.decisions(run_id)
     assert [(d.user, d.decision) for d in decisions] == [
         ("U2", "approve"), ("U3", "approve"), ("U4", "deny"), ("U1", "cancel"),
@@ -235,17 +290,18 @@ async def test_decisions_count_once_and_fill_approved_and_denied(log: AuditLog) 
 
 async def test_transition_is_compare_and_set_and_stamps_times(log: AuditLog) -> None:
     run_id = await new_run(log)
-    assert await log.transition(run_id, "approved", expect={"pending_approval"}) is True
-    assert await log.transition(run_id, "approved", expect={"pending_approval"}) is False
-    assert await log.transition(run_id, "denied", expect=()) is False
+    pending = {RunStatus.PENDING_APPROVAL}
+    assert await log.transition(run_id, RunStatus.APPROVED, expect=pending) is True
+    assert await log.transition(run_id, RunStatus.APPROVED, expect=pending) is False
+    assert await log.transition(run_id, RunStatus.DENIED, expect=()) is False
     assert (await log.get_run(run_id)).status == "approved"
 
-    assert await log.transition(run_id, "running", expect=["approved"]) is True
+    assert await log.transition(run_id, RunStatus.RUNNING, expect=[RunStatus.APPROVED]) is True
     running = await log.get_run(run_id)
     assert running.started_at is not None and TS.match(running.started_at)
     assert running.finished_at is None
 
-    assert await log.transition(run_id, "succeeded", summary="0.9.0 -> 0.9.1 on 2 hosts")
+    assert await log.transition(run_id, RunStatus.SUCCEEDED, summary="0.9.0 -> 0.9.1 on 2 hosts")
     done = await log.get_run(run_id)
     assert done.status == "succeeded" and done.is_final
     assert done.finished_at is not None
@@ -253,20 +309,22 @@ async def test_transition_is_compare_and_set_and_stamps_times(log: AuditLog) -> 
     assert done.started_at == running.started_at
     assert done.summary == "0.9.0 -> 0.9.1 on 2 hosts"
 
+    # What a caller the type checker does not see (or ignores) may still pass.
     with pytest.raises(TypeError):
-        await log.transition(run_id, "failed", expect="running")
+        await log.transition(run_id, RunStatus.FAILED, expect="running")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="status"):
-        await log.transition(run_id, "exploded")
+        await log.transition(run_id, "exploded")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="status"):
-        await log.transition(run_id, "failed", expect={"runing"})
+        await log.transition(run_id, RunStatus.FAILED, expect={"runing"})  # type: ignore[arg-type]
 
 
 async def test_concurrent_transitions_from_two_connections_have_one_winner(db: Path) -> None:
     async with AuditLog.open(db) as a, AuditLog.open(db) as b:
         run_id = await new_run(a)
-        targets = ["approved", "denied", "cancelled", "expired"] * 3
+        targets = [RunStatus.APPROVED, RunStatus.DENIED, RunStatus.CANCELLED,
+                   RunStatus.EXPIRED] * 3
         results = await asyncio.gather(*(
-            (a if i % 2 else b).transition(run_id, to, expect={"pending_approval"})
+            (a if i % 2 else b).transition(run_id, to, expect={RunStatus.PENDING_APPROVAL})
             for i, to in enumerate(targets)
         ))
         assert results.count(True) == 1
@@ -303,8 +361,9 @@ async def test_steps_record_start_finish_and_keep_the_output_tail(log: AuditLog)
     second = await log.step_started(run_id, "gpu1", "install", "uv pip install vllm==0.9.1")
     assert (await log.get_run(run_id)).current_step == "install"
     output = "x" * 10_000 + "LAST LINE"
-    await log.step_finished(first, status="ok", exit_status=0, duration_s=1.25, output_tail="ok\n")
-    await log.step_finished(second, status="failed", exit_status=2, duration_s=30.0,
+    await log.step_finished(first, status=StepStatus.OK, exit_status=0, duration_s=1.25,
+                            output_tail="ok\n")
+    await log.step_finished(second, status=StepStatus.FAILED, exit_status=2, duration_s=30.0,
                             output_tail=output)
     steps = await log.steps(run_id)
     assert [s.id for s in steps] == [first, second]
@@ -320,9 +379,9 @@ async def test_steps_record_start_finish_and_keep_the_output_tail(log: AuditLog)
     assert await log.steps(run_id + 1) == []
 
     with pytest.raises(ValueError, match="step status"):
-        await log.step_finished(first, status="running")
+        await log.step_finished(first, status=StepStatus.RUNNING)
     with pytest.raises(ValueError, match="no step #999"):
-        await log.step_finished(999, status="ok")
+        await log.step_finished(999, status=StepStatus.OK)
 
 
 async def test_snapshots_with_and_without_a_run(log: AuditLog) -> None:
@@ -362,10 +421,10 @@ async def test_every_stored_text_is_redacted(db: Path, log: AuditLog) -> None:
     await log.set_message(run_id, "C1", "1.2")
     await log.set_step(run_id, "install s3cret")
     await log.set_versions(run_id, before="s3cret", after="s3cret")
-    await log.transition(run_id, "failed", summary=f"token {quoted} leaked in s3cret")
+    await log.transition(run_id, RunStatus.FAILED, summary=f"token {quoted} leaked in s3cret")
     step = await log.step_started(run_id, "gpu1", "install", "curl -H 'Bearer s3cret'")
     # A secret straddling the 4000-character cut: cutting before redacting would keep "cret".
-    await log.step_finished(step, status="failed", output_tail="s3cret" + "y" * 3996)
+    await log.step_finished(step, status=StepStatus.FAILED, output_tail="s3cret" + "y" * 3996)
     await log.add_snapshot(run_id, "gpu1", "after", {"note": "s3cret", quoted: quoted})
     await log.record_refusal(user="U2", channel="C1", command="/vllm s3cret", reason="s3cret")
 
@@ -384,7 +443,7 @@ async def test_every_stored_text_is_redacted(db: Path, log: AuditLog) -> None:
 async def test_locks_are_all_or_nothing_and_name_the_holder(log: AuditLog) -> None:
     holder = await new_run(log, requested_by="U1")
     other = await new_run(log, requested_by="U2", service="other")
-    await log.transition(holder, "running")
+    await log.transition(holder, RunStatus.RUNNING)
     await log.acquire_locks(holder, ["service:kimi-k25", "host:gpu1"])
     await log.acquire_locks(holder, ["service:kimi-k25"])  # re-acquiring your own is fine
 
@@ -408,9 +467,9 @@ async def test_locks_are_all_or_nothing_and_name_the_holder(log: AuditLog) -> No
 async def test_a_final_status_releases_the_runs_locks(log: AuditLog) -> None:
     run_id = await new_run(log)
     await log.acquire_locks(run_id, ["service:kimi-k25"])
-    await log.transition(run_id, "running")
+    await log.transition(run_id, RunStatus.RUNNING)
     assert await log.lock_holder("service:kimi-k25") is not None
-    await log.transition(run_id, "failed")
+    await log.transition(run_id, RunStatus.FAILED)
     assert await log.lock_holder("service:kimi-k25") is None
 
 
@@ -452,18 +511,18 @@ async def test_locks_survive_a_restart(db: Path) -> None:
 async def test_recover_interrupted_after_a_restart(db: Path) -> None:
     async with AuditLog.open(db) as log:
         running = await new_run(log)
-        await log.transition(running, "running")
+        await log.transition(running, RunStatus.RUNNING)
         await log.acquire_locks(running, ["service:kimi-k25", "host:gpu1"])
         await log.set_step(running, "drain")
         done_step = await log.step_started(running, "gpu1", "stop", "systemctl stop vllm")
-        await log.step_finished(done_step, status="ok", exit_status=0)
+        await log.step_finished(done_step, status=StepStatus.OK, exit_status=0)
         await log.step_started(running, "gpu1", "drain", "nvidia-smi")
         approved = await new_run(log, service="other", hosts=["gpu5"])
-        await log.transition(approved, "approved")
+        await log.transition(approved, RunStatus.APPROVED)
         await log.acquire_locks(approved, ["service:other"])
         pending = await new_run(log, service="third")
         finished = await new_run(log, service="fourth")
-        await log.transition(finished, "succeeded")
+        await log.transition(finished, RunStatus.SUCCEEDED)
 
     async with AuditLog.open(db) as log:
         recovered = await log.recover_interrupted()
@@ -486,7 +545,7 @@ async def test_expire_pending(log: AuditLog) -> None:
     fresh = await new_run(log, expires_at=now + timedelta(minutes=5))
     forever = await new_run(log)
     approved = await new_run(log, expires_at=now - timedelta(hours=1))
-    await log.transition(approved, "approved")
+    await log.transition(approved, RunStatus.APPROVED)
     await log.acquire_locks(old, ["service:kimi-k25"])
 
     expired = await log.expire_pending(now)
@@ -591,10 +650,10 @@ async def test_kill_9_while_writing_loses_nothing_that_was_acknowledged(db: Path
 
 async def test_runs_table_and_json(log: AuditLog) -> None:
     plain = await new_run(log)
-    await log.record_decision(plain, "U2", "approve")
-    await log.record_decision(plain, "U3", "approve")
+    await log.record_decision(plain, "U2", Decision.APPROVE)
+    await log.record_decision(plain, "U3", Decision.APPROVE)
     await log.set_versions(plain, before="0.9.0", after="0.9.1")
-    await log.transition(plain, "succeeded")
+    await log.transition(plain, RunStatus.SUCCEEDED)
     dry = await new_run(log, service="a-service-with-a-really-long-name", dry_run=True)
     records = await log.list_runs()
 

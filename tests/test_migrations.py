@@ -12,6 +12,7 @@ import pytest
 
 from bot.audit.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
 from bot.audit.store import AuditLog
+from bot.core.status import Action, Source
 from bot.errors import AuditError
 
 
@@ -32,8 +33,8 @@ def columns(db: Path, table: str) -> list[str]:
 
 async def add_run(log: AuditLog) -> int:
     return await log.create_run(
-        service="kimi-k25", action="redeploy", hosts=["gpu1"], requested_by="U1",
-        source="cli", plan={}, package_spec="vllm==0.9.0",
+        service="kimi-k25", action=Action.REDEPLOY, hosts=["gpu1"], requested_by="U1",
+        source=Source.CLI, plan={}, package_spec="vllm==0.9.0",
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bot.audit.store import RunRecord
+from bot.audit.records import RunRecord
 
 # (header, widest a cell may get); long values are cut with an ellipsis so one odd
 # package spec cannot push every other row off a Slack code block.

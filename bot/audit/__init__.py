@@ -1,0 +1,95 @@
+"""The audit log: every run, decision, step, GPU snapshot, refusal and lock, in SQLite.
+
+Modules: ``store`` (``AuditLog``, what the rest of the bot calls), ``records`` (the
+frozen records it returns, the timestamp form), ``db`` (opening the file, the one
+transaction helper), one module of plain SQL functions per table (``runs``, ``steps``,
+``decisions``, ``snapshots``, ``refusals``, ``locks``), ``redaction``, ``migrations``
+(the schema) and ``view`` (tables and JSON for people and programs).
+
+Schema (created by ``bot.audit.migrations``; every timestamp is TEXT
+``YYYY-MM-DDTHH:MM:SSZ`` in UTC, so string order is time order; every ``run_id`` is a
+foreign key to ``runs``, enforced):
+
+``runs``
+    id (AUTOINCREMENT, never reused), service, action (``Action``:
+    redeploy|restart|status), hosts (JSON array), requested_by, source
+    (``Source``: slack|cli|demo), channel, message_ts (the Slack card's ts), plan
+    (JSON object), package_spec, index_name, dry_run (0/1), status (``RunStatus``),
+    current_step, summary, version_before, version_after, created_at, started_at
+    (first entry into ``running``), finished_at (entry into a final status),
+    expires_at (end of the approval window), owner (the process driving the run,
+    ``host:pid:start-time``, see ``bot.engine.owner``; NULL until a process takes
+    it; added by ``0002_run_owner``).
+    Indexes: (service, id DESC), (status, id DESC).
+``decisions``
+    id, run_id, user, decision (``Decision``: approve|deny|cancel), at;
+    UNIQUE(run_id, user, decision) so a double click counts once.
+``steps``
+    id, run_id, host, step, command (as run, e.g. ``shlex.join(argv)``), status
+    (``StepStatus`` less ``pending``: running|ok|failed|skipped|interrupted),
+    exit_status, started_at, finished_at, duration_s, output_tail (last
+    ``OUTPUT_TAIL_CHARS`` characters, redacted before the cut; '' by default).
+    Index: (run_id).
+``gpu_snapshots``
+    id, run_id (NULL for ad-hoc status queries), host, label, taken_at, data (JSON).
+    Index: (run_id).
+``refusals``
+    id, at, user, channel, command (as typed), reason: one row per refused command or
+    click.
+``locks``
+    scope PRIMARY KEY (``service:<name>`` / ``host:<name>``), run_id, acquired_at.
+    Index: (run_id). Held across restarts; a run entering a final status drops its
+    locks in the same transaction, so a finished run can never keep a service locked.
+``_migrations``
+    name PRIMARY KEY, applied_at: the migrations this file has had.
+
+Behaviour worth knowing:
+
+* Durability: WAL with ``synchronous=FULL``; every public write is one transaction,
+  committed before the call returns, so ``kill -9`` at any moment loses at most the
+  call in flight.
+* Concurrency: one connection per ``AuditLog``; an ``asyncio.Lock`` serialises its
+  transactions, and ``BEGIN IMMEDIATE`` plus a busy timeout serialise writers across
+  processes (bot and CLI), which is what makes ``transition`` and ``acquire_locks``
+  race-free. Each call runs in its own task shielded from cancellation, so a caller
+  cancelled mid-write never leaves the connection inside a half-done transaction
+  (``bot.audit.db``).
+* Redaction: every free-text value (and every string inside JSON values) passes
+  through ``redact`` before it is stored. Enumerated values (status, action, source,
+  decision) are checked against the enums of ``bot.core.status`` instead, and lock
+  scopes are stored as given because they are keys.
+* Enumerations are checked in Python, not by CHECK constraints, so a later status
+  needs no table rebuild and an older bot can still open a newer database; a row
+  holding a word this bot does not know reads as an ``AuditError`` naming it.
+* A database written by a newer bot (migration names this code does not know) opens,
+  with a warning logged and the names in ``unknown_migrations``: migrations are kept
+  additive precisely so that this is safe.
+* Record timestamps are the stored ISO strings; ``parse_ts``/``format_ts`` convert.
+"""
+
+from bot.audit.records import (
+    OUTPUT_TAIL_CHARS,
+    DecisionRecord,
+    Refusal,
+    RunRecord,
+    SnapshotRecord,
+    StepRecord,
+    format_ts,
+    parse_ts,
+)
+from bot.audit.store import AuditLog
+from bot.core.status import ACTIVE_STATUSES, FINAL_STATUSES
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "FINAL_STATUSES",
+    "OUTPUT_TAIL_CHARS",
+    "AuditLog",
+    "DecisionRecord",
+    "Refusal",
+    "RunRecord",
+    "SnapshotRecord",
+    "StepRecord",
+    "format_ts",
+    "parse_ts",
+]

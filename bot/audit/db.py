@@ -1,0 +1,259 @@
+"""The audit database's connection: opening it, and the one way to run a transaction.
+
+Opening checks the path, switches the file to WAL (retrying while another process
+opens the same fresh file), sets ``synchronous=FULL`` and foreign keys, applies the
+migrations and probes a write, turning every failure into an ``AuditError`` that names
+the file and the likely cause.
+
+Transactions: ``async with db.transaction(write=...) as conn`` takes this connection's
+``asyncio.Lock`` (one transaction at a time per connection), then ``BEGIN IMMEDIATE``
+for a write (``BEGIN`` for a read), commits when the block ends and rolls back when it
+raises. A transaction may only run inside ``Database.shielded``, which runs the
+caller's work in a task of its own that the caller awaits through ``asyncio.shield``:
+a caller cancelled mid-write leaves that task to commit or roll back by itself, so the
+connection is never left inside a half-done transaction. ``close`` waits for such
+tasks first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Generator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiosqlite
+
+from bot.audit.migrations import Migration, MigrationError, apply_migrations
+from bot.errors import AuditError, RunNotFoundError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def problem(path: Path, exc: BaseException) -> str:
+    """What went wrong with the file, in words an operator can act on."""
+    text = str(exc)
+    low = text.lower()
+    if "not a database" in low or "malformed" in low:
+        reason = "not a database, or the file is corrupt"
+    elif "readonly" in low or "read-only" in low:
+        reason = "read-only: the bot cannot write to it (check file and directory permissions)"
+    elif "unable to open" in low:
+        reason = "cannot open or create the file (does the directory exist and is it writable?)"
+    elif "locked" in low or "busy" in low:
+        reason = "locked by another process for longer than the busy timeout"
+    else:
+        reason = text
+    return f"audit database {path}: {reason}"
+
+
+def _check_path(path: Path) -> None:
+    if path.is_dir():
+        raise AuditError(f"audit database {path}: is a directory")
+    parent = path.parent
+    if not parent.exists():
+        raise AuditError(f"audit database {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise AuditError(f"audit database {path}: {parent} is not a directory")
+
+
+# -- statement helpers the table modules share -------------------------------------
+
+
+def qmarks(values: Collection[Any]) -> str:
+    return ", ".join("?" * len(values))
+
+
+async def execute(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> int:
+    """Run one statement; returns the number of rows it changed."""
+    async with conn.execute(sql, params) as cur:
+        return cur.rowcount
+
+
+async def insert(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> int:
+    """Run one INSERT; returns the new row's id."""
+    async with conn.execute(sql, params) as cur:
+        rowid = cur.lastrowid
+    if rowid is None:
+        raise AuditError(f"insert returned no row id: {sql}")
+    return rowid
+
+
+async def fetch(
+    conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()
+) -> list[sqlite3.Row]:
+    async with conn.execute(sql, params) as cur:
+        return list(await cur.fetchall())
+
+
+def run_not_found(run_id: int) -> RunNotFoundError:
+    return RunNotFoundError(f"there is no run #{run_id} in the audit log")
+
+
+# -- opening -----------------------------------------------------------------------
+
+
+async def _enable_wal(conn: aiosqlite.Connection, timeout_s: float) -> str:
+    """Switch a database to WAL (persistent: done once per file) and return the mode.
+
+    Changing the journal mode needs an exclusive lock, and SQLite answers "database
+    is locked" at once, without its busy handler, when another process is opening the
+    same fresh file: retry until the busy timeout, as every other statement waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (mode,) = (await fetch(conn, "PRAGMA journal_mode"))[0]
+        if str(mode).lower() == "wal":
+            return str(mode)
+        try:
+            (mode,) = (await fetch(conn, "PRAGMA journal_mode = WAL"))[0]
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.01)
+
+
+async def _probe_write(conn: aiosqlite.Connection) -> None:
+    # SQLite opens a read-only file without complaint; find out now, not at the first write.
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        await conn.execute("INSERT INTO _migrations (name, applied_at) VALUES ('probe', '')")
+    finally:
+        await conn.execute("ROLLBACK")
+
+
+class Database:
+    """One SQLite connection and the transactions run on it. Create with ``open``."""
+
+    def __init__(
+        self, conn: aiosqlite.Connection, path: Path, unknown_migrations: tuple[str, ...]
+    ) -> None:
+        self._conn = conn
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self.path = path
+        # Migration names found in the file that this code does not know (a newer bot).
+        self.unknown_migrations = unknown_migrations
+
+    @classmethod
+    async def open(
+        cls, path: Path, *, migrations: Sequence[Migration], busy_timeout_s: float
+    ) -> Database:
+        """Open (creating if needed) and migrate; ``AuditError`` names the path and problem."""
+        _check_path(path)
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_s)
+        except sqlite3.Error as exc:
+            raise AuditError(problem(path, exc)) from exc
+        try:
+            conn.row_factory = sqlite3.Row
+            mode = await _enable_wal(conn, busy_timeout_s)
+            if str(mode).lower() != "wal":
+                raise AuditError(
+                    f"audit database {path}: cannot use WAL journal mode (got {mode!r}); "
+                    "is it on a network file system?"
+                )
+            await conn.execute("PRAGMA synchronous = FULL")
+            await conn.execute("PRAGMA foreign_keys = ON")
+            result = await apply_migrations(conn, migrations)
+            await _probe_write(conn)
+        except BaseException as exc:
+            try:
+                await conn.close()
+            except sqlite3.Error:
+                log.debug("closing %s after a failed open also failed", path, exc_info=True)
+            if isinstance(exc, sqlite3.Error | MigrationError):
+                raise AuditError(problem(path, exc)) from exc
+            raise
+        return cls(conn, path, tuple(result.unknown))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        # Let writes already started (maybe by a caller that was cancelled) finish.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        async with self._lock:
+            self._closed = True
+            try:
+                await self._conn.close()
+            except sqlite3.Error as exc:
+                raise AuditError(problem(self.path, exc)) from exc
+
+    async def shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` (which holds the transactions) in its own task; if our caller is
+        cancelled, the task still commits or rolls back on its own."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+        return await asyncio.shield(task)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here so a cancelled caller's error is not logged twice
+
+    @asynccontextmanager
+    async def transaction(self, *, write: bool) -> AsyncIterator[aiosqlite.Connection]:
+        """One transaction on this connection; see the module docstring."""
+        if asyncio.current_task() not in self._tasks:
+            # Outside a shielded task, cancelling the caller would cut the transaction
+            # in half: refuse, rather than rely on every caller remembering.
+            raise RuntimeError("Database.transaction() must run inside Database.shielded()")
+        async with self._lock:
+            if self._closed:
+                raise AuditError(f"audit database {self.path}: already closed")
+            conn = self._conn
+            try:
+                # IMMEDIATE takes the write lock up front: a read-then-write (CAS, locks)
+                # can then never be overtaken by another process between the two.
+                await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield conn
+                await conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        await conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        log.warning("rollback failed on %s", self.path, exc_info=True)
+                if isinstance(exc, sqlite3.Error):
+                    raise AuditError(problem(self.path, exc)) from exc
+                raise
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+class Opening(Generic[C]):
+    """What an ``open`` returns: await it, or use it with ``async with`` (closed on exit)."""
+
+    def __init__(self, start: Callable[[], Coroutine[Any, Any, C]]) -> None:
+        self._start = start
+        self._opened: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> C:
+        self._opened = await self._start()
+        return self._opened
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._opened is not None:
+            await self._opened.close()

@@ -1,0 +1,49 @@
+"""What the audit log does to every free-text value before it is stored: redact it.
+
+Enumerated values (status, action, source, decision) are checked against their enums
+instead, and lock scopes are stored as given because they are keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Redactor = Callable[[str], str]
+
+
+def identity(text: str) -> str:
+    return text
+
+
+class Redaction:
+    """``redaction(text)`` redacts one string; ``opt`` and ``json`` the other shapes."""
+
+    def __init__(self, redact: Redactor) -> None:
+        self._redact = redact
+
+    def __call__(self, text: str) -> str:
+        return self._redact(text)
+
+    def opt(self, text: str | None) -> str | None:
+        return None if text is None else self._redact(text)
+
+    def json(self, value: Any) -> str:
+        """``value`` as stored JSON text, every string inside it redacted."""
+        return json.dumps(self._clean(value), ensure_ascii=False)
+
+    def as_stored(self, value: Any) -> Any:
+        """``value`` as it reads back after being stored (redacted, JSON types)."""
+        return json.loads(self.json(value))
+
+    def _clean(self, value: Any) -> Any:
+        # Redact the strings inside the structure, not the dumped JSON: a secret with a
+        # quote or backslash in it would be escaped in the dump and slip past.
+        if isinstance(value, str):
+            return self._redact(value)
+        if isinstance(value, Mapping):
+            return {self._clean(k): self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._clean(v) for v in value]
+        return value

@@ -1,0 +1,28 @@
+"""The ``refusals`` table: one row per refused command or click, with the reason."""
+
+from __future__ import annotations
+
+import aiosqlite
+
+from bot.audit.db import fetch, insert
+from bot.audit.records import Refusal
+
+
+async def add(
+    conn: aiosqlite.Connection, *, at: str, user: str, channel: str | None, command: str,
+    reason: str,
+) -> int:
+    return await insert(
+        conn,
+        "INSERT INTO refusals (at, user, channel, command, reason) VALUES (?, ?, ?, ?, ?)",
+        (at, user, channel, command, reason),
+    )
+
+
+async def newest(conn: aiosqlite.Connection, limit: int) -> list[Refusal]:
+    rows = await fetch(
+        conn,
+        "SELECT id, at, user, channel, command, reason FROM refusals ORDER BY id DESC LIMIT ?",
+        (limit,),
+    )
+    return [Refusal(*row) for row in rows]

@@ -1,0 +1,243 @@
+"""The ``runs`` table: one row per request, its status and its life's timestamps.
+
+A status change and what must go with it happen in the caller's one transaction:
+entering a final status releases the run's locks, and interrupting a run also
+interrupts its running steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from bot.audit import decisions, locks, steps
+from bot.audit.db import execute, fetch, insert, qmarks, run_not_found
+from bot.audit.records import RunRecord, stored
+from bot.core.status import Action, RunStatus, Source
+
+_COLUMNS = (
+    "id, service, action, hosts, requested_by, source, status, current_step, summary, "
+    "version_before, version_after, created_at, started_at, finished_at, expires_at, "
+    "channel, message_ts, plan, package_spec, index_name, dry_run"
+)
+
+
+def runs_query(
+    *, service: str | None, statuses: Collection[RunStatus] | None, limit: int
+) -> tuple[str, list[Any]]:
+    """The SQL behind ``AuditLog.list_runs``; public so a test can check its plan uses
+    an index."""
+    where: list[str] = []
+    params: list[Any] = []
+    if service is not None:
+        where.append("service = ?")
+        params.append(service)
+    if statuses is not None:
+        where.append(f"status IN ({qmarks(statuses)})")
+        params.extend(statuses)
+    sql = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608 - only our column names; values bound
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id DESC LIMIT ?"
+    params.append(limit)
+    return sql, params
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A request as it is inserted: already validated and redacted."""
+
+    service: str
+    action: Action
+    hosts_json: str
+    requested_by: str
+    source: Source
+    channel: str | None
+    plan_json: str
+    package_spec: str | None
+    index_name: str | None
+    dry_run: bool
+    status: RunStatus
+    expires_at: str | None
+
+
+async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
+    return await insert(
+        conn,
+        "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
+        "package_spec, index_name, dry_run, status, created_at, started_at, "
+        "finished_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            new.service, new.action, new.hosts_json, new.requested_by, new.source,
+            new.channel, new.plan_json, new.package_spec, new.index_name, int(new.dry_run),
+            new.status, now,
+            now if new.status is RunStatus.RUNNING else None,
+            now if new.status.is_final else None,
+            new.expires_at,
+        ),
+    )
+
+
+async def update(conn: aiosqlite.Connection, run_id: int, sets: Mapping[str, Any]) -> None:
+    """Set columns (names from our code, never from input) of one run."""
+    assignments = ", ".join(f"{column} = ?" for column in sets)
+    changed = await execute(
+        conn,
+        f"UPDATE runs SET {assignments} WHERE id = ?",  # noqa: S608 - our column names
+        [*sets.values(), run_id],
+    )
+    if not changed:
+        raise run_not_found(run_id)
+
+
+async def transition(
+    conn: aiosqlite.Connection,
+    run_id: int,
+    to: RunStatus,
+    *,
+    expect: Collection[RunStatus] | None,
+    summary: str | None,
+    owner: str | None,
+    now: str,
+) -> bool:
+    """Compare-and-set the status; see ``AuditLog.transition``."""
+    sets = ["status = ?"]
+    params: list[Any] = [to]
+    if to is RunStatus.RUNNING:
+        sets.append("started_at = COALESCE(started_at, ?)")
+        params.append(now)
+    if to.is_final:
+        sets.append("finished_at = ?")
+        params.append(now)
+    if summary is not None:
+        sets.append("summary = ?")
+        params.append(summary)
+    if owner is not None:
+        sets.append("owner = ?")
+        params.append(owner)
+    sql = f"UPDATE runs SET {', '.join(sets)} WHERE id = ?"  # noqa: S608 - values bound
+    params.append(run_id)
+    if expect is not None:
+        sql += f" AND status IN ({qmarks(expect)})"
+        params.extend(expect)
+    if not await execute(conn, sql, params):
+        if not await fetch(conn, "SELECT 1 FROM runs WHERE id = ?", (run_id,)):
+            raise run_not_found(run_id)
+        return False
+    if to.is_final:
+        await locks.release(conn, run_id)
+    return True
+
+
+async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: str) -> None:
+    """The run, and its running steps, become 'interrupted'; its locks are released."""
+    await execute(
+        conn,
+        "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
+        (RunStatus.INTERRUPTED, now, summary, run_id),
+    )
+    await steps.interrupt_running(conn, run_id, now)
+    await locks.release(conn, run_id)
+
+
+def interrupted_summary(status: str, current_step: str | None) -> str:
+    """What an interrupted run's summary says, from where its driver stopped."""
+    if status == RunStatus.APPROVED:
+        return "interrupted: the bot restarted after approval, before the run began"
+    if current_step:
+        return (f"interrupted: the bot stopped during step {current_step!r}; "
+                "check the hosts before retrying")
+    return "interrupted: the bot stopped before the first step"
+
+
+async def expire_due(conn: aiosqlite.Connection, now: str) -> list[int]:
+    """Runs awaiting approval whose window closed by ``now`` become 'expired' and release
+    their locks; returns their ids, oldest first."""
+    rows = await fetch(
+        conn,
+        "SELECT id FROM runs WHERE status = ? "
+        "AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY id",
+        (RunStatus.PENDING_APPROVAL, now),
+    )
+    for row in rows:
+        await execute(
+            conn,
+            "UPDATE runs SET status = ?, finished_at = ?, "
+            "summary = 'approval window expired' WHERE id = ?",
+            (RunStatus.EXPIRED, now, row["id"]),
+        )
+        await locks.release(conn, row["id"])
+    return [int(row["id"]) for row in rows]
+
+
+async def with_status(
+    conn: aiosqlite.Connection, statuses: Collection[RunStatus]
+) -> list[sqlite3.Row]:
+    """``id, status, current_step, owner`` of the runs in ``statuses``, oldest first."""
+    where = f"status IN ({qmarks(statuses)})"
+    sql = f"SELECT id, status, current_step, owner FROM runs WHERE {where} ORDER BY id"  # noqa: S608
+    return await fetch(conn, sql, list(statuses))
+
+
+async def has_status(conn: aiosqlite.Connection, run_id: int, status: RunStatus) -> bool:
+    return bool(await fetch(conn, "SELECT 1 FROM runs WHERE id = ? AND status = ?",
+                            (run_id, status)))
+
+
+async def get(conn: aiosqlite.Connection, run_id: int) -> RunRecord:
+    sql = f"SELECT {_COLUMNS} FROM runs WHERE id = ?"  # noqa: S608 - constant columns
+    rows = await fetch(conn, sql, (run_id,))
+    if not rows:
+        raise run_not_found(run_id)
+    return (await _records(conn, rows))[0]
+
+
+async def listed(
+    conn: aiosqlite.Connection,
+    *,
+    service: str | None,
+    statuses: Collection[RunStatus] | None,
+    limit: int,
+) -> list[RunRecord]:
+    """Newest first."""
+    sql, params = runs_query(service=service, statuses=statuses, limit=limit)
+    return await _records(conn, await fetch(conn, sql, params))
+
+
+async def _records(
+    conn: aiosqlite.Connection, rows: Sequence[sqlite3.Row]
+) -> list[RunRecord]:
+    approved, denied = await decisions.approvers_and_deniers(conn, [row["id"] for row in rows])
+    return [
+        RunRecord(
+            id=row["id"],
+            service=row["service"],
+            action=stored(Action, row["action"], "action"),
+            hosts=json.loads(row["hosts"]),
+            requested_by=row["requested_by"],
+            source=stored(Source, row["source"], "source"),
+            status=stored(RunStatus, row["status"], "status"),
+            current_step=row["current_step"],
+            summary=row["summary"],
+            version_before=row["version_before"],
+            version_after=row["version_after"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            expires_at=row["expires_at"],
+            channel=row["channel"],
+            message_ts=row["message_ts"],
+            plan=json.loads(row["plan"]),
+            package_spec=row["package_spec"],
+            index_name=row["index_name"],
+            dry_run=bool(row["dry_run"]),
+            approved_by=approved.get(row["id"], []),
+            denied_by=denied.get(row["id"], []),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,40 @@
+"""The ``gpu_snapshots`` table: GPU tables taken during a run or for a status query."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import aiosqlite
+
+from bot.audit.db import fetch, insert, run_not_found
+from bot.audit.records import SnapshotRecord
+
+
+async def add(
+    conn: aiosqlite.Connection, run_id: int | None, host: str, label: str, data_json: str,
+    now: str,
+) -> int:
+    try:
+        return await insert(
+            conn,
+            "INSERT INTO gpu_snapshots (run_id, host, label, taken_at, data) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (run_id, host, label, now, data_json),
+        )
+    except sqlite3.IntegrityError as exc:
+        raise run_not_found(run_id or 0) from exc
+
+
+async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[SnapshotRecord]:
+    rows = await fetch(
+        conn,
+        "SELECT id, run_id, host, label, taken_at, data FROM gpu_snapshots "
+        "WHERE run_id = ? ORDER BY id",
+        (run_id,),
+    )
+    return [
+        SnapshotRecord(r["id"], r["run_id"], r["host"], r["label"], r["taken_at"],
+                       json.loads(r["data"]))
+        for r in rows
+    ]
