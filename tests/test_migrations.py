@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sqlite3
 from pathlib import Path
 
 import aiosqlite
 import pytest
 
+import bot.audit
 from bot.audit.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
 from bot.audit.store import AuditLog
 from bot.core.status import Action, Source
@@ -60,6 +62,33 @@ async def test_fresh_database_gets_every_migration_once(tmp_path: Path) -> None:
         assert log.unknown_migrations == ()
     assert applied_names(db) == [m.name for m in MIGRATIONS]
     assert {"runs", "decisions", "steps", "gpu_snapshots", "refusals", "locks"} <= tables(db)
+
+
+async def test_the_package_docstring_describes_the_schema_the_migrations_create(
+    tmp_path: Path,
+) -> None:
+    # The schema description in bot/audit/__init__.py drifted once (the runs.owner column
+    # was missing): every table, column and index the migrations create must be in it.
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db):
+        pass
+    doc = bot.audit.__doc__ or ""
+    sections = dict(re.findall(r"^``(\w+)``\n((?:    .*\n)+)", doc, re.MULTILINE))
+    with sqlite3.connect(db) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'")]
+        assert sorted(sections) == sorted(names)
+        for table in names:
+            text = " ".join(sections[table].split())
+            for column in columns(db, table):
+                # As an item of the column list, not inside some other word or name.
+                assert re.search(rf"(?:^|, ){column}(?:[ ,;:.]|$)", text), (table, column)
+            indexes = [r[1] for r in conn.execute(f"PRAGMA index_list({table})")
+                       if not r[1].startswith("sqlite_autoindex")]
+            for index in indexes:
+                keys = [f"{r[2]} DESC" if r[3] else r[2]
+                        for r in conn.execute(f"PRAGMA index_xinfo({index})") if r[5]]
+                assert f"({', '.join(keys)})" in text, (table, index, keys)
 
 
 async def test_reopening_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
