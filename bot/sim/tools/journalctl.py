@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from bot.sim.state import HostState, StateStore, format_journal
 from bot.sim.tools import unit
@@ -24,42 +26,71 @@ def lines(store: StateStore, st: HostState, n: int | None, *, cat: bool = False)
     return [e.msg if cat else format_journal(e, host) for e in entries]
 
 
-def main(store: StateStore, args: list[str]) -> int:
-    units: list[str] = []
+class _Unrecognized(Exception):
+    """An option journalctl does not know (the option is the message)."""
+
+
+# The options that take a value, by their short and long names.
+_VALUE_OPTIONS = {"-u": "unit", "--unit": "unit", "-n": "lines", "--lines": "lines",
+                  "-o": "output", "--output": "output"}
+_IGNORED = frozenset({"--no-pager", "-b", "--boot", "-e", "--pager-end", "-x", "--catalog"})
+
+
+def _option(a: str, it: Iterator[str]) -> tuple[str, str]:
+    """(name, value) of one option (name "" for one that changes nothing here); raises
+    StopIteration when its value is missing, _Unrecognized when it is unknown."""
+    key, eq, val = a.partition("=")
+    if key.startswith("--") and eq and key in _VALUE_OPTIONS:
+        return _VALUE_OPTIONS[key], val
+    if a in _VALUE_OPTIONS:
+        return _VALUE_OPTIONS[a], next(it)
+    if a.startswith("-n"):
+        return "lines", a[2:]
+    if a in ("-q", "--quiet"):
+        return "quiet", ""
+    if a in _IGNORED:
+        return "", ""
+    raise _Unrecognized(a)
+
+
+@dataclass
+class _Args:
+    units: list[str] = field(default_factory=list)
     n: int | None = None
-    cat = quiet = False
+    cat: bool = False
+    quiet: bool = False
+
+
+def _parse(args: list[str]) -> _Args:
+    parsed = _Args()
     it = iter(args)
+    for a in it:
+        name, value = _option(a, it)
+        if name == "unit":
+            parsed.units.append(value)
+        elif name == "lines":
+            parsed.n = int(value)
+        elif name == "output":
+            parsed.cat = value == "cat"
+        elif name == "quiet":
+            parsed.quiet = True
+    return parsed
+
+
+def main(store: StateStore, args: list[str]) -> int:
     try:
-        for a in it:
-            if a in ("-u", "--unit"):
-                units.append(next(it))
-            elif a.startswith("--unit="):
-                units.append(a.split("=", 1)[1])
-            elif a in ("-n", "--lines"):
-                n = int(next(it))
-            elif a.startswith("--lines="):
-                n = int(a.split("=", 1)[1])
-            elif a.startswith("-n"):
-                n = int(a[2:])
-            elif a in ("-o", "--output"):
-                cat = next(it) == "cat"
-            elif a.startswith("--output="):
-                cat = a.split("=", 1)[1] == "cat"
-            elif a in ("-q", "--quiet"):
-                quiet = True
-            elif a in ("--no-pager", "-b", "--boot", "-e", "--pager-end", "-x", "--catalog"):
-                pass
-            else:
-                print(f"journalctl: unrecognized option '{a}'", file=sys.stderr)
-                return 1
+        a = _parse(args)
+    except _Unrecognized as e:
+        print(f"journalctl: unrecognized option '{e}'", file=sys.stderr)
+        return 1
     except (StopIteration, ValueError):
         print("journalctl: option requires a valid argument", file=sys.stderr)
         return 1
     st = store.read()
-    ours = not units or any(unit.is_ours(st, u) for u in units)
-    out = lines(store, st, n, cat=cat) if ours else []
+    ours = not a.units or any(unit.is_ours(st, u) for u in a.units)
+    out = lines(store, st, a.n, cat=a.cat) if ours else []
     if out:
         sys.stdout.write("\n".join(out) + "\n")
-    elif not quiet:
+    elif not a.quiet:
         print(NO_ENTRIES)
     return 0

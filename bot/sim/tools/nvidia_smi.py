@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
 
@@ -156,62 +157,88 @@ def _table(gpus: list[SimGpu], procs: list[SimProcess]) -> str:
     return "\n".join(out) + "\n"
 
 
+class _BadArgs(Exception):
+    """A command line nvidia-smi rejects: it prints the message on stdout and exits 2."""
+
+    def __init__(self, message: str = BAD_ARGS) -> None:
+        super().__init__(message)
+
+
+@dataclass
+class _Args:
+    query_gpu: list[str] | None = None
+    query_apps: list[str] | None = None
+    fmt: list[str] | None = None
+    ids: set[int] | None = None
+    list_gpus: bool = False
+
+
+_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i")
+
+
+def _parse(args: list[str]) -> _Args:
+    parsed = _Args()
+    it = iter(args)
+    for a in it:
+        key, eq, val = a.partition("=")
+        if key in _TAKES_VALUE and not eq:
+            val = next(it, "")
+        if key == "--query-gpu":
+            parsed.query_gpu = val.split(",")
+        elif key == "--query-compute-apps":
+            parsed.query_apps = val.split(",")
+        elif key == "--format":
+            parsed.fmt = val.split(",")
+        elif key in ("--id", "-i") and all(v.isdigit() for v in val.split(",")):
+            parsed.ids = {int(v) for v in val.split(",")}
+        elif a in ("-L", "--list-gpus"):
+            parsed.list_gpus = True
+        else:
+            raise _BadArgs
+    if parsed.query_gpu is not None and parsed.query_apps is not None:
+        raise _BadArgs
+    return parsed
+
+
+def _csv(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
+    """``--query-gpu`` or ``--query-compute-apps`` output, as ``--format`` asks."""
+    fmt = a.fmt
+    if fmt is None or fmt[0] != "csv" or not set(fmt[1:]) <= {"noheader", "nounits"}:
+        raise _BadArgs
+    header, nounits = "noheader" not in fmt, "nounits" in fmt
+    names = a.query_gpu if a.query_gpu is not None else a.query_apps
+    assert names is not None
+    known = _GPU_FIELDS if a.query_gpu is not None else _APP_FIELDS
+    for n in names:
+        if n not in known:
+            raise _BadArgs(f'Field "{n}" is not a valid field to query.\n')
+    if a.query_gpu is not None:
+        return _query_gpu(gpus, a.query_gpu, header, nounits)
+    return _query_apps(gpus, procs, names, header, nounits)
+
+
+def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
+    if a.query_gpu is not None or a.query_apps is not None:
+        return _csv(a, gpus, procs)
+    if a.fmt is not None:
+        raise _BadArgs
+    if a.list_gpus:
+        return "".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus)
+    return _table(gpus, procs)
+
+
 def main(store: StateStore, args: list[str]) -> int:
     st = store.read()
     if st.faults.no_driver:
         print(NO_DRIVER)
         return NO_DRIVER_EXIT
-    query_gpu: list[str] | None = None
-    query_apps: list[str] | None = None
-    fmt: list[str] | None = None
-    ids: set[int] | None = None
-    list_gpus = False
-    it = iter(args)
-    for a in it:
-        key, eq, val = a.partition("=")
-        if key in ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i") and not eq:
-            val = next(it, "")
-        if key == "--query-gpu":
-            query_gpu = val.split(",")
-        elif key == "--query-compute-apps":
-            query_apps = val.split(",")
-        elif key == "--format":
-            fmt = val.split(",")
-        elif key in ("--id", "-i") and all(v.isdigit() for v in val.split(",")):
-            ids = {int(v) for v in val.split(",")}
-        elif a in ("-L", "--list-gpus"):
-            list_gpus = True
-        else:
-            print(BAD_ARGS)
-            return 2
-    gpus, procs = host_view(st, time.time())
-    if ids is not None:
-        gpus = [g for g in gpus if g.index in ids]
-    if query_gpu is not None and query_apps is not None:
-        print(BAD_ARGS)
+    try:
+        a = _parse(args)
+        gpus, procs = host_view(st, time.time())
+        if a.ids is not None:
+            gpus = [g for g in gpus if g.index in a.ids]
+        sys.stdout.write(_output(a, gpus, procs))
+    except _BadArgs as e:
+        print(e)
         return 2
-    if query_gpu is None and query_apps is None:
-        if fmt is not None:
-            print(BAD_ARGS)
-            return 2
-        if list_gpus:
-            sys.stdout.write("".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus))
-        else:
-            sys.stdout.write(_table(gpus, procs))
-        return 0
-    if fmt is None or fmt[0] != "csv" or not set(fmt[1:]) <= {"noheader", "nounits"}:
-        print(BAD_ARGS)
-        return 2
-    header, nounits = "noheader" not in fmt, "nounits" in fmt
-    names = query_gpu if query_gpu is not None else query_apps
-    assert names is not None
-    known = _GPU_FIELDS if query_gpu is not None else _APP_FIELDS
-    for n in names:
-        if n not in known:
-            print(f'Field "{n}" is not a valid field to query.\n')
-            return 2
-    if query_gpu is not None:
-        sys.stdout.write(_query_gpu(gpus, query_gpu, header, nounits))
-    else:
-        sys.stdout.write(_query_apps(gpus, procs, names, header, nounits))
     return 0

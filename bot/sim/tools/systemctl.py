@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from bot.sim.state import HostState, StateStore, host_view, main_pid, unit_state
 from bot.sim.tools import journalctl, unit
@@ -120,57 +121,91 @@ def _each(store: StateStore, st: HostState, units: list[str], what: str,
     return 0
 
 
-def main(store: StateStore, args: list[str]) -> int:
-    props: list[str] = []
+class _Usage(Exception):
+    """A command line systemctl itself rejects (exit 1, the message on stderr)."""
+
+
+@dataclass
+class _Args:
+    verb: str = ""
+    units: list[str] = field(default_factory=list)
+    props: list[str] = field(default_factory=list)
+    value_only: bool = False
+    quiet: bool = False
+    lines: int = 10
+
+
+_IGNORED = frozenset({"--no-pager", "--no-block", "--no-legend", "--full", "-l", "--plain"})
+
+
+def _property_option(a: str, it: Iterator[str]) -> list[str] | None:
+    """The properties a -p/--property option names, or None when ``a`` is not one."""
+    if a in ("-p", "--property"):
+        return next(it, "").split(",")
+    if a.startswith("--property="):
+        return a.split("=", 1)[1].split(",")
+    if a.startswith("-p") and len(a) > 2 and not a.startswith("--"):
+        return a[2:].split(",")
+    return None
+
+
+def _lines_option(a: str, it: Iterator[str]) -> int:
+    value = a.split("=", 1)[1] if "=" in a else next(it, "")
+    if not value.isdigit():
+        raise _Usage(f"Failed to parse lines '{value}'")
+    return int(value)
+
+
+def _parse(args: list[str]) -> _Args:
+    parsed = _Args()
     positional: list[str] = []
-    value_only = quiet = False
-    lines = 10
     it = iter(args)
     for a in it:
-        if a in ("-p", "--property"):
-            props += next(it, "").split(",")
-        elif a.startswith("--property="):
-            props += a.split("=", 1)[1].split(",")
-        elif a.startswith("-p") and len(a) > 2 and not a.startswith("--"):
-            props += a[2:].split(",")
+        props = _property_option(a, it)
+        if props is not None:
+            parsed.props += props
         elif a in ("-n", "--lines") or a.startswith("--lines="):
-            value = a.split("=", 1)[1] if "=" in a else next(it, "")
-            if not value.isdigit():
-                print(f"Failed to parse lines '{value}'", file=sys.stderr)
-                return 1
-            lines = int(value)
+            parsed.lines = _lines_option(a, it)
         elif a == "--value":
-            value_only = True
+            parsed.value_only = True
         elif a in ("-q", "--quiet"):
-            quiet = True
-        elif a in ("--no-pager", "--no-block", "--no-legend", "--full", "-l", "--plain"):
-            pass
-        elif a.startswith("-"):
-            print(f"systemctl: unrecognized option '{a}'", file=sys.stderr)
-            return 1
-        else:
+            parsed.quiet = True
+        elif a.startswith("-") and a not in _IGNORED:
+            raise _Usage(f"systemctl: unrecognized option '{a}'")
+        elif not a.startswith("-"):
             positional.append(a)
     if not positional:
-        print("Too few arguments.", file=sys.stderr)
-        return 1
-    verb, units = positional[0], positional[1:]
-    if verb in _NEEDS_UNIT and not units:
-        print("Too few arguments.", file=sys.stderr)
+        raise _Usage("Too few arguments.")
+    parsed.verb, parsed.units = positional[0], positional[1:]
+    if parsed.verb in _NEEDS_UNIT and not parsed.units:
+        raise _Usage("Too few arguments.")
+    return parsed
+
+
+def _is_active(st: HostState, units: list[str], quiet: bool) -> int:
+    states = [unit_state(st.run, time.time())[0] if unit.is_ours(st, u) else "inactive"
+              for u in units]
+    if not quiet:
+        sys.stdout.write("".join(s + "\n" for s in states))
+    return 0 if "active" in states else 3
+
+
+def main(store: StateStore, args: list[str]) -> int:
+    try:
+        a = _parse(args)
+    except _Usage as e:
+        print(e, file=sys.stderr)
         return 1
     st = store.read()
-    if verb == "show":
-        return _show(st, units, props, value_only)
-    if verb == "status":
-        return max(_status(store, st, u, lines) for u in units) if units else 0
-    if verb == "is-active":
-        states = [unit_state(st.run, time.time())[0] if unit.is_ours(st, u) else "inactive"
-                  for u in units]
-        if not quiet:
-            sys.stdout.write("".join(s + "\n" for s in states))
-        return 0 if "active" in states else 3
-    if verb == "reset-failed":
-        return _each(store, st, units, "reset failed state of unit", unit.reset_failed)
-    if verb in _JOBS:
-        return _each(store, st, units, verb, _JOBS[verb])
-    print(f"Unknown command verb '{verb}'.", file=sys.stderr)
+    if a.verb == "show":
+        return _show(st, a.units, a.props, a.value_only)
+    if a.verb == "status":
+        return max(_status(store, st, u, a.lines) for u in a.units) if a.units else 0
+    if a.verb == "is-active":
+        return _is_active(st, a.units, a.quiet)
+    if a.verb == "reset-failed":
+        return _each(store, st, a.units, "reset failed state of unit", unit.reset_failed)
+    if a.verb in _JOBS:
+        return _each(store, st, a.units, a.verb, _JOBS[a.verb])
+    print(f"Unknown command verb '{a.verb}'.", file=sys.stderr)
     return 1
