@@ -19,10 +19,14 @@ foreign key to ``runs``, enforced):
     (first entry into ``running``), finished_at (entry into a final status),
     expires_at (end of the approval window), owner (the process driving the run,
     ``host:pid:start-time``, see ``bot.engine.owner``; NULL until a process takes
-    it; added by ``0002_run_owner``).
+    it; added by ``0002_run_owner``), lease_until (until when that process vouches
+    for the run: its heartbeat renews it every few seconds, see
+    ``bot.engine.heartbeat``; how an owner on another machine is judged; added by
+    ``0003_run_lease``).
     Indexes: (service, id DESC), (status, id DESC).
 ``decisions``
-    id, run_id, user, decision (``Decision``: approve|deny|cancel), at;
+    id, run_id, user, decision (``Decision``: approve|deny|cancel|recover; recover:
+    who marked the run of a dead driver interrupted), at;
     UNIQUE(run_id, user, decision) so a double click counts once.
 ``steps``
     id, run_id, host, step, command (as run, e.g. ``shlex.join(argv)``), status

@@ -52,3 +52,12 @@ async def holder(conn: aiosqlite.Connection, scope: str) -> int | None:
     """The id of the run holding ``scope``, or None."""
     rows = await fetch(conn, "SELECT run_id FROM locks WHERE scope = ?", (scope,))
     return int(rows[0]["run_id"]) if rows else None
+
+
+async def held(conn: aiosqlite.Connection) -> dict[int, list[str]]:
+    """Every held scope, by the run holding it (scopes in name order)."""
+    rows = await fetch(conn, "SELECT run_id, scope FROM locks ORDER BY scope")
+    out: dict[int, list[str]] = {}
+    for row in rows:
+        out.setdefault(int(row["run_id"]), []).append(row["scope"])
+    return out

@@ -135,9 +135,14 @@ CREATE INDEX locks_run ON locks(run_id);
 # interrupts runs whose process is really gone (the CLI and the bot share the DB).
 _RUN_OWNER = "ALTER TABLE runs ADD COLUMN owner TEXT;"
 
+# Until when the driving process vouches for its run (it renews this every few seconds;
+# see bot.engine.heartbeat): the only evidence of life for an owner on another machine.
+_RUN_LEASE = "ALTER TABLE runs ADD COLUMN lease_until TEXT;"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
+    Migration("0003_run_lease", _RUN_LEASE),
 )
 
 

@@ -95,6 +95,10 @@ class RunRecord:
     dry_run: bool
     approved_by: list[str]
     denied_by: list[str]
+    # The process driving the run (``host:pid:start-time``) and until when its heartbeat
+    # vouches for it; see ``bot.engine.owner``. Defaults keep older callers building one.
+    owner: str | None = None
+    lease_until: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -126,6 +130,8 @@ class RunRecord:
             "package_spec": self.package_spec,
             "index_name": self.index_name,
             "dry_run": self.dry_run,
+            "owner": self.owner,
+            "lease_until": self.lease_until,
             "plan": self.plan,
         }
 

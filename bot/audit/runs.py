@@ -23,7 +23,7 @@ from bot.core.status import Action, RunStatus, Source
 _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
-    "channel, message_ts, plan, package_spec, index_name, dry_run"
+    "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until"
 )
 
 
@@ -104,6 +104,7 @@ async def transition(
     summary: str | None,
     owner: str | None,
     now: str,
+    lease_until: str | None = None,
 ) -> bool:
     """Compare-and-set the status; see ``AuditLog.transition``."""
     sets = ["status = ?"]
@@ -120,6 +121,9 @@ async def transition(
     if owner is not None:
         sets.append("owner = ?")
         params.append(owner)
+    if lease_until is not None:
+        sets.append("lease_until = ?")
+        params.append(lease_until)
     sql = f"UPDATE runs SET {', '.join(sets)} WHERE id = ?"  # noqa: S608 - values bound
     params.append(run_id)
     if expect is not None:
@@ -132,6 +136,14 @@ async def transition(
     if to.is_final:
         await locks.release(conn, run_id)
     return True
+
+
+async def renew_lease(conn: aiosqlite.Connection, run_id: int, owner: str, until: str) -> bool:
+    """Extend the lease of a run still 'running' under ``owner``; False when it is not
+    (it ended, or was recovered meanwhile): then there is nothing left to vouch for."""
+    return bool(await execute(
+        conn, "UPDATE runs SET lease_until = ? WHERE id = ? AND status = ? AND owner = ?",
+        (until, run_id, RunStatus.RUNNING, owner)))
 
 
 async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: str) -> None:
@@ -178,9 +190,11 @@ async def expire_due(conn: aiosqlite.Connection, now: str) -> list[int]:
 async def with_status(
     conn: aiosqlite.Connection, statuses: Collection[RunStatus]
 ) -> list[sqlite3.Row]:
-    """``id, status, current_step, owner`` of the runs in ``statuses``, oldest first."""
+    """``id, status, current_step, owner, lease_until`` of the runs in ``statuses``,
+    oldest first."""
     where = f"status IN ({qmarks(statuses)})"
-    sql = f"SELECT id, status, current_step, owner FROM runs WHERE {where} ORDER BY id"  # noqa: S608
+    sql = (f"SELECT id, status, current_step, owner, lease_until FROM runs "  # noqa: S608
+           f"WHERE {where} ORDER BY id")
     return await fetch(conn, sql, list(statuses))
 
 
@@ -238,6 +252,8 @@ async def _records(
             dry_run=bool(row["dry_run"]),
             approved_by=approved.get(row["id"], []),
             denied_by=denied.get(row["id"], []),
+            owner=row["owner"],
+            lease_until=row["lease_until"],
         )
         for row in rows
     ]

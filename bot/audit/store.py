@@ -188,10 +188,12 @@ class AuditLog:
     async def transition(
         self, run_id: int, to: RunStatus, *, expect: Collection[RunStatus] | None = None,
         summary: str | None = None, owner: str | None = None,
+        lease_until: datetime | None = None,
     ) -> bool:
         """Compare-and-set the status: False (nothing changed) if it is not in ``expect``.
 
-        ``owner`` records the process that drives the run from here on.
+        ``owner`` records the process that drives the run from here on, and
+        ``lease_until`` until when it vouches for it (see ``renew_lease``).
 
         Entering ``running`` stamps started_at (first time only); entering a final
         status stamps finished_at and releases the run's locks, in the same transaction.
@@ -203,8 +205,18 @@ class AuditLog:
         summary = self._r.opt(summary)
         now = now_ts()
         async with self._db.transaction(write=True) as conn:
-            return await runs_sql.transition(conn, run_id, to, expect=expected, summary=summary,
-                                             owner=owner, now=now)
+            return await runs_sql.transition(
+                conn, run_id, to, expect=expected, summary=summary, owner=owner, now=now,
+                lease_until=None if lease_until is None else format_ts(lease_until))
+
+    @_shielded
+    async def renew_lease(self, run_id: int, owner: str, until: datetime) -> bool:
+        """The heartbeat of the process driving a run: its lease now ends at ``until``.
+        False when the run is no longer 'running' under ``owner`` (it ended, or was
+        recovered): there is nothing left to vouch for."""
+        stamp = format_ts(until)
+        async with self._db.transaction(write=True) as conn:
+            return await runs_sql.renew_lease(conn, run_id, owner, stamp)
 
     @_shielded
     async def get_run(self, run_id: int) -> RunRecord:
@@ -338,6 +350,12 @@ class AuditLog:
             await locks_sql.release(conn, run_id)
 
     @_shielded
+    async def locks_held(self) -> dict[int, list[str]]:
+        """Every held lock scope, by the id of the run holding it."""
+        async with self._db.transaction(write=False) as conn:
+            return await locks_sql.held(conn)
+
+    @_shielded
     async def lock_holder(self, scope: str) -> RunRecord | None:
         async with self._db.transaction(write=False) as conn:
             holder_id = await locks_sql.holder(conn, scope)
@@ -345,28 +363,55 @@ class AuditLog:
 
     # -- start-up housekeeping -----------------------------------------------------
 
-    @_shielded
     async def recover_interrupted(
         self, alive: Callable[[str | None], bool] | None = None
     ) -> list[RunRecord]:
         """After a restart: runs the old process was driving become 'interrupted'.
 
         ``alive(owner)`` says whether the owning process still runs (another bot or
-        CLI on the same DB); such runs are left alone.
+        CLI on the same DB); such runs are left alone. (``bot.engine.recovery`` judges
+        by the lease too, through ``recover_dead``.)
 
         That is every 'running' run, and every 'approved' one too: nothing in a fresh
         process will ever start it, and it may hold locks. Their 'running' steps become
         'interrupted' and their locks are released. Returns the runs, for Slack.
         """
+        return await self.recover_dead(
+            (lambda run: True) if alive is None else (lambda run: not alive(run.owner)),
+            summary=lambda run: runs_sql.interrupted_summary(run.status, run.current_step))
+
+    @_shielded
+    async def recover_dead(
+        self, dead: Callable[[RunRecord], bool], *, summary: Callable[[RunRecord], str],
+        run_ids: Collection[int] | None = None, by: str | None = None,
+    ) -> list[RunRecord]:
+        """Runs left 'running' or 'approved' by a driver ``dead(run)`` says is gone become
+        'interrupted' (their running steps too) with ``summary(run)``, and release their
+        locks; ``by`` (who recovered them) is recorded as a 'recover' decision.
+
+        One write transaction: the verdict is passed on the run as it is at that moment,
+        so a run that finished, or was recovered by another process, meanwhile is left
+        alone. ``run_ids`` limits it to those runs. Returns the recovered runs, oldest
+        first.
+        """
+        if isinstance(run_ids, int):
+            raise TypeError("run_ids must be a collection of ids")
         now = now_ts()
+        by = None if by is None else self._r(by)
+        recovered: list[RunRecord] = []
         async with self._db.transaction(write=True) as conn:
             rows = await runs_sql.with_status(conn, (RunStatus.RUNNING, RunStatus.APPROVED))
-            if alive is not None:
-                rows = [row for row in rows if not alive(row["owner"])]
             for row in rows:
-                summary = runs_sql.interrupted_summary(row["status"], row["current_step"])
-                await runs_sql.interrupt(conn, row["id"], self._r(summary), now)
-            return [await runs_sql.get(conn, row["id"]) for row in rows]
+                if run_ids is not None and row["id"] not in run_ids:
+                    continue
+                run = await runs_sql.get(conn, row["id"])
+                if not dead(run):
+                    continue
+                await runs_sql.interrupt(conn, run.id, self._r(summary(run)), now)
+                if by is not None:
+                    await decisions_sql.record(conn, run.id, by, Decision.RECOVER, now)
+                recovered.append(await runs_sql.get(conn, run.id))
+        return recovered
 
     @_shielded
     async def interrupt(self, run_id: int, summary: str) -> bool:

@@ -77,6 +77,7 @@ class Decision(StrEnum):
     APPROVE = "approve"
     DENY = "deny"
     CANCEL = "cancel"
+    RECOVER = "recover"  # marked a run of a dead driver interrupted (bot.engine.recovery)
 
 
 class Source(StrEnum):
