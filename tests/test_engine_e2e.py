@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bot.cli.terminal import TerminalSink
-from bot.core.plan import Action
+from bot.core.status import Action
 from bot.engine.engine import RunResult
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import HostKeyError, LockHeldError
@@ -25,7 +25,7 @@ from tests.support.sim import sim_settings
 async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
     out = io.StringIO()
     p = rt.engine.plan(action, SERVICE, **plan)
-    record = await rt.engine.request(p, requested_by="U0ALICE", source="cli")
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
     await rt.audit.record_decision(record.id, "U0BOB", "approve")
     assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
     result = await rt.engine.execute(record.id, TerminalSink(out))
@@ -174,9 +174,9 @@ async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
                                                             tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         plan = rt.engine.plan("redeploy", SERVICE)
-        first = await rt.engine.request(plan, requested_by="U0ALICE", source="cli")
+        first = await rt.lifecycle.request(plan, requested_by="U0ALICE", source="cli")
         await rt.audit.acquire_locks(first.id, [f"service:{SERVICE}"])
         with pytest.raises(LockHeldError) as held:
-            await rt.engine.request(plan, requested_by="U0CAROL", source="cli")
+            await rt.lifecycle.request(plan, requested_by="U0CAROL", source="cli")
         assert held.value.run_id == first.id
         assert f"run #{first.id}" in str(held.value) and "U0ALICE" in str(held.value)

@@ -33,9 +33,9 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.update_config(install_duration_s=30.0)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
-                                         requested_by="U0ALICE", source="cli")
-        assert await rt.engine.approve(record.id, "U0BOB")
+        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
+                                            requested_by="U0ALICE", source="cli")
+        assert await rt.lifecycle.confirm(record.id, "U0BOB")
         sink = StopAt(Step.REINSTALL)
         task = asyncio.create_task(rt.engine.execute(record.id, sink))
         await sink.reached.wait()
@@ -54,9 +54,9 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
 async def test_a_plan_changed_by_the_config_after_approval_is_refused(
         sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE, index="nightly"),
-                                         requested_by="U0ALICE", source="slack")
-        assert await rt.engine.approve(record.id, "U0BOB")
+        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE, index="nightly"),
+                                            requested_by="U0ALICE", source="slack")
+        assert await rt.lifecycle.confirm(record.id, "U0BOB")
     # The operator edits the config (another index URL) and the bot restarts.
     changed = sim_settings(sim_host, tmp_path,
                            indexes={"nightly": "https://mirror.example.com/nightly"})
@@ -85,8 +85,8 @@ async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
     output = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + body +
               "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package")
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
-                                         requested_by="U0ALICE", source="cli")
+        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
+                                            requested_by="U0ALICE", source="cli")
         sink = AuditSink(rt.audit, record.id)
         await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
         await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, "ok", 0,

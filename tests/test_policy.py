@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from bot.core.policy import (
-    Action,
-    Decision,
     Membership,
+    Verdict,
     counted_approvals,
     evaluate_approval,
     groups_to_resolve,
@@ -20,6 +19,7 @@ from bot.core.policy import (
     is_requester,
     may_cancel,
 )
+from bot.core.status import Decision, RunStatus
 from bot.settings import PolicySettings
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -38,14 +38,14 @@ def policy(**kw: Any) -> PolicySettings:
 def click(
     pol: PolicySettings,
     clicker: str,
-    action: Action = "approve",
+    action: Decision = Decision.APPROVE,
     *,
     requester: str = ALICE,
     approvals: Sequence[str] = (),
     denials: Sequence[str] = (),
     now: datetime = T0,
     membership: Membership = MEMBERS,
-) -> Decision:
+) -> Verdict:
     return evaluate_approval(
         policy=pol,
         membership=membership,
@@ -101,30 +101,31 @@ def test_may_cancel_is_requester_or_approver() -> None:
 
 def test_single_approval_approves() -> None:
     d = click(policy(approvers=[SRE]), BOB)
-    assert (d.accepted, d.state, d.reason, d.approvers) == (True, "approved", "", (BOB,))
+    assert (d.accepted, d.state, d.reason, d.approvers) == (True, RunStatus.APPROVED, "", (BOB,))
     assert d.progress == "1 of 1 approval"
 
 
 def test_n_of_m_with_groups() -> None:
     pol = policy(approvers=[SRE, LEADS], min_approvals=3)
     d1 = click(pol, BOB)
-    assert (d1.accepted, d1.state, d1.progress) == (True, "pending", "1 of 3 approvals")
+    assert (d1.accepted, d1.state, d1.progress) == (
+        True, RunStatus.PENDING_APPROVAL, "1 of 3 approvals")
     d2 = click(pol, DAVE, approvals=[BOB])
-    assert (d2.accepted, d2.state, d2.approvers) == (True, "pending", (BOB, DAVE))
+    assert (d2.accepted, d2.state, d2.approvers) == (True, RunStatus.PENDING_APPROVAL, (BOB, DAVE))
     assert d2.progress == "2 of 3 approvals"
     d3 = click(pol, CAROL, approvals=[BOB, DAVE])
-    assert (d3.accepted, d3.state, d3.approvers) == (True, "approved", (BOB, DAVE, CAROL))
+    assert (d3.accepted, d3.state, d3.approvers) == (True, RunStatus.APPROVED, (BOB, DAVE, CAROL))
 
 
 def test_double_click_counts_once() -> None:
     pol = policy(approvers=[SRE, LEADS], min_approvals=2)
     d = click(pol, BOB, approvals=[BOB, BOB])
     assert not d.accepted
-    assert d.state == "pending"
+    assert d.state == RunStatus.PENDING_APPROVAL
     assert d.reason == "You have already approved this (1 of 2 approvals so far)."
     # Duplicates in the record never inflate the count.
     d = click(pol, DAVE, approvals=[BOB, BOB, BOB])
-    assert d.state == "approved"
+    assert d.state == RunStatus.APPROVED
     assert d.approvers == (BOB, DAVE)
 
 
@@ -138,7 +139,7 @@ def test_duplicates_alone_never_reach_n() -> None:
 def test_non_approver_is_refused() -> None:
     d = click(policy(approvers=[LEADS]), BOB)
     assert not d.accepted
-    assert d.state == "pending"
+    assert d.state == RunStatus.PENDING_APPROVAL
     assert "not on the approvers list" in d.reason
     assert d.approvers == ()
 
@@ -151,15 +152,15 @@ def test_self_approval_refused_by_default() -> None:
     # Even an approval by the requester already on record does not count.
     d = click(pol, BOB, requester=ALICE, approvals=[ALICE])
     assert d.approvers == (BOB,)
-    assert d.state == "approved"
+    assert d.state == RunStatus.APPROVED
 
 
 def test_self_approval_allowed_when_configured() -> None:
     pol = policy(approvers=[SRE], min_approvals=2, allow_self_approval=True)
     d = click(pol, ALICE, requester=ALICE)
-    assert (d.accepted, d.state, d.approvers) == (True, "pending", (ALICE,))
+    assert (d.accepted, d.state, d.approvers) == (True, RunStatus.PENDING_APPROVAL, (ALICE,))
     d = click(pol, BOB, requester=ALICE, approvals=[ALICE])
-    assert (d.accepted, d.state) == (True, "approved")
+    assert (d.accepted, d.state) == (True, RunStatus.APPROVED)
 
 
 def test_self_approval_still_requires_being_an_approver() -> None:
@@ -171,7 +172,7 @@ def test_self_approval_still_requires_being_an_approver() -> None:
 
 def test_empty_approvers_lets_anyone_but_the_requester_approve() -> None:
     d = click(policy(), EVE)
-    assert (d.accepted, d.state) == (True, "approved")
+    assert (d.accepted, d.state) == (True, RunStatus.APPROVED)
     assert not click(policy(), ALICE, requester=ALICE).accepted
 
 
@@ -180,7 +181,7 @@ def test_removed_approver_cannot_approve_and_no_longer_counts() -> None:
     bob_left = {SRE: frozenset({ALICE, CAROL})}
     # Bob approved while in the group; he has since been removed.
     d = click(pol, CAROL, approvals=[BOB], membership=bob_left)
-    assert (d.accepted, d.state, d.approvers) == (True, "pending", (CAROL,))
+    assert (d.accepted, d.state, d.approvers) == (True, RunStatus.PENDING_APPROVAL, (CAROL,))
     # And he cannot approve again now.
     d = click(pol, BOB, approvals=[BOB], membership=bob_left)
     assert not d.accepted
@@ -189,9 +190,9 @@ def test_removed_approver_cannot_approve_and_no_longer_counts() -> None:
 
 def test_policy_change_raising_n_is_applied_at_click_time() -> None:
     d = click(policy(approvers=[SRE], min_approvals=2), CAROL, approvals=[BOB])
-    assert d.state == "approved"
+    assert d.state == RunStatus.APPROVED
     d = click(policy(approvers=[SRE], min_approvals=3), CAROL, approvals=[BOB])
-    assert d.state == "pending"
+    assert d.state == RunStatus.PENDING_APPROVAL
 
 
 # --- denials ------------------------------------------------------------------------
@@ -199,57 +200,57 @@ def test_policy_change_raising_n_is_applied_at_click_time() -> None:
 
 def test_approver_deny_closes_the_request() -> None:
     pol = policy(approvers=[SRE, LEADS], min_approvals=2)
-    d = click(pol, DAVE, "deny", approvals=[BOB])
-    assert (d.accepted, d.state, d.reason) == (True, "denied", "")
+    d = click(pol, DAVE, Decision.DENY, approvals=[BOB])
+    assert (d.accepted, d.state, d.reason) == (True, RunStatus.DENIED, "")
     assert d.approvers == (BOB,)
 
 
 def test_requester_may_withdraw() -> None:
     # Alice is not an approver, but it is her request.
-    d = click(policy(approvers=[LEADS]), ALICE, "deny", requester=ALICE)
-    assert (d.accepted, d.state) == (True, "denied")
+    d = click(policy(approvers=[LEADS]), ALICE, Decision.DENY, requester=ALICE)
+    assert (d.accepted, d.state) == (True, RunStatus.DENIED)
 
 
 def test_non_approver_cannot_deny() -> None:
-    d = click(policy(approvers=[LEADS]), BOB, "deny")
-    assert (d.accepted, d.state) == (False, "pending")
+    d = click(policy(approvers=[LEADS]), BOB, Decision.DENY)
+    assert (d.accepted, d.state) == (False, RunStatus.PENDING_APPROVAL)
     assert d.reason == "You are not on the approvers list, so you cannot deny this."
 
 
 def test_clicks_after_denial_are_refused() -> None:
     pol = policy(approvers=[SRE])
-    for action in ("approve", "deny"):
+    for action in (Decision.APPROVE, Decision.DENY):
         d = click(pol, BOB, action, denials=[CAROL])
-        assert (d.accepted, d.state) == (False, "denied")
+        assert (d.accepted, d.state) == (False, RunStatus.DENIED)
         assert d.reason == "This request has already been denied."
 
 
 def test_clicks_after_approval_are_refused() -> None:
     pol = policy(approvers=[SRE])
-    for action in ("approve", "deny"):
+    for action in (Decision.APPROVE, Decision.DENY):
         d = click(pol, CAROL, action, approvals=[BOB])
-        assert (d.accepted, d.state) == (False, "approved")
+        assert (d.accepted, d.state) == (False, RunStatus.APPROVED)
         assert d.reason == "This request has already been approved."
 
 
 # --- expiry --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("action", ["approve", "deny"])
-def test_expiry_boundary(action: Action) -> None:
+@pytest.mark.parametrize("action", [Decision.APPROVE, Decision.DENY])
+def test_expiry_boundary(action: Decision) -> None:
     pol = policy(approvers=[SRE])
     just_before = click(pol, BOB, action, now=EXPIRES - timedelta(microseconds=1))
     assert just_before.accepted
     at = click(pol, BOB, action, now=EXPIRES)
-    assert (at.accepted, at.state) == (False, "expired")
+    assert (at.accepted, at.state) == (False, RunStatus.EXPIRED)
     assert at.reason == "This request has expired; ask for it again."
     after = click(pol, BOB, action, now=EXPIRES + timedelta(days=1))
-    assert (after.accepted, after.state) == (False, "expired")
+    assert (after.accepted, after.state) == (False, RunStatus.EXPIRED)
 
 
 def test_expired_request_keeps_its_recorded_progress() -> None:
     d = click(policy(approvers=[SRE], min_approvals=2), CAROL, approvals=[BOB], now=EXPIRES)
-    assert d.state == "expired"
+    assert d.state == RunStatus.EXPIRED
     assert d.progress == "1 of 2 approvals"
 
 

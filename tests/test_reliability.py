@@ -77,7 +77,7 @@ class Tee:
 
 async def approved(rt: Runtime, requested_by: str = "U0ALICE", **plan: Any) -> int:
     p = rt.engine.plan("redeploy", SERVICE, **plan)
-    record = await rt.engine.request(p, requested_by=requested_by, source="cli")
+    record = await rt.lifecycle.request(p, requested_by=requested_by, source="cli")
     await rt.audit.record_decision(record.id, "U0BOB", "approve")
     assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
     return record.id
@@ -268,7 +268,7 @@ async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
         sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         hooks = Hooks()
-        hooks.on_step(Step.PREFLIGHT, lambda e: rt.engine.cancel(e.run_id, "U0CAROL"))
+        hooks.on_step(Step.PREFLIGHT, lambda e: rt.lifecycle.request_cancel(e.run_id, "U0CAROL"))
         result, out = await redeploy(rt, hooks)
         assert result.status == "cancelled", out
         assert result.summary == "cancelled before anything was changed"
@@ -286,7 +286,7 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
     settings = sim_settings(sim_host, tmp_path, drain_timeout_s=60, drain_poll_s=1.0)
     async with open_runtime(settings) as rt:
         hooks = Hooks()
-        hooks.on_step(Step.DRAIN, lambda e: rt.engine.cancel(e.run_id, "U0ALICE"))
+        hooks.on_step(Step.DRAIN, lambda e: rt.lifecycle.request_cancel(e.run_id, "U0ALICE"))
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "cancelled", out
         assert result.summary == f"cancelled during drain; service restarted on {DEFAULT_VERSION}"
@@ -306,7 +306,7 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
         hooks = Hooks()
         # uv's first line: the install is under way on the host when the cancel comes.
         hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
-                 lambda e: rt.engine.cancel(e.run_id, "U0BOB"))
+                 lambda e: rt.lifecycle.request_cancel(e.run_id, "U0BOB"))
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "cancelled", out
         assert result.summary == "cancelled after the reinstall; service restarted on 0.16.0"
@@ -335,8 +335,8 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
 
         async def request(rt: Runtime, user: str) -> RunRecord | LockHeldError:
             try:
-                return await rt.engine.request(rt.engine.plan("redeploy", SERVICE),
-                                               requested_by=user, source="cli")
+                return await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
+                                                  requested_by=user, source="cli")
             except LockHeldError as exc:
                 return exc
 
@@ -371,8 +371,8 @@ async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         first = await approved(rt)
         await rt.audit.release_locks(first)  # as if the lock had been lost
-        holder = await rt.engine.request(rt.engine.plan("restart", SERVICE),
-                                         requested_by="U0CAROL", source="cli")
+        holder = await rt.lifecycle.request(rt.engine.plan("restart", SERVICE),
+                                            requested_by="U0CAROL", source="cli")
         with pytest.raises(LockHeldError) as held:
             await rt.engine.execute(first, Hooks())
         assert held.value.run_id == holder.id
@@ -395,7 +395,7 @@ async def test_a_second_execute_of_a_running_run_leaves_it_alone(
         assert (second.status, second.summary) == ("running", "not started: run is running")
         holder = await rt.audit.lock_holder(f"service:{SERVICE}")
         assert holder is not None and holder.id == run_id  # its locks were not dropped
-        assert rt.engine.cancel(run_id, "U0BOB")  # and it can still be cancelled
+        assert rt.lifecycle.request_cancel(run_id, "U0BOB")  # and it can still be cancelled
         assert (await first).status == "cancelled"
 
 
@@ -411,7 +411,7 @@ async def test_status_and_gpus_never_wait_behind_a_job(sim_host: SimKit, tmp_pat
         assert holder is not None and holder.status == "running"
 
         p = rt.engine.plan("status", SERVICE)
-        record = await rt.engine.request(p, requested_by="U0CAROL", source="cli")
+        record = await rt.lifecycle.request(p, requested_by="U0CAROL", source="cli")
         assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
         status = await rt.engine.execute(record.id, Hooks())
         assert status.status == "succeeded" and "vllm-kimi-k25: inactive" in status.summary

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from bot.audit.view import runs_table
 from bot.cli.terminal import TerminalSink
 from bot.core.plan import make_plan
+from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.errors import InputError
 from bot.settings import Settings
@@ -62,14 +63,15 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
                   f"(8 GPUs, vllm {kit.installed_version} serving)"
                   + (f", faults: {', '.join(faults)}" if faults else "") + "\n")
         async with open_runtime(settings) as rt:
-            plan = make_plan(settings, "redeploy", SERVICE, version=DEMO_VERSION,
+            plan = make_plan(settings, Action.REDEPLOY, SERVICE, version=DEMO_VERSION,
                              index="nightly")
-            record = await rt.engine.request(plan, requested_by=REQUESTER, source="demo")
+            record = await rt.lifecycle.request(plan, requested_by=REQUESTER,
+                                                source=Source.DEMO)
             out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
                       "(in Slack the requester alone can never approve)\n\n")
-            await rt.engine.approve(record.id, APPROVER)
+            await rt.lifecycle.confirm(record.id, APPROVER)
             result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
             out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
             out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
         out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")
-    return 0 if result.status in ("succeeded", "rolled_back") or faults else 1
+    return 0 if result.status in (RunStatus.SUCCEEDED, RunStatus.ROLLED_BACK) or faults else 1

@@ -22,6 +22,7 @@ from bot.cli.terminal import TerminalSink
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
+from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, render_fleet, resolve_targets
@@ -29,8 +30,8 @@ from bot.hosts.nvml import probe_local
 from bot.logging_setup import setup_logging
 from bot.settings import Settings, load_settings
 
-EXIT_CODES = {"succeeded": 0, "failed": 1, "rolled_back": 3, "aborted": 4, "cancelled": 5,
-              "interrupted": 1}
+EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.ROLLED_BACK: 3,
+              RunStatus.ABORTED: 4, RunStatus.CANCELLED: 5, RunStatus.INTERRUPTED: 1}
 EXIT_USAGE = 2
 
 
@@ -125,16 +126,16 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     if not (yes or plan.dry_run):
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed (use --yes when not on a terminal)")
-    record = await rt.engine.request(plan, requested_by=user, source="cli")
+    record = await rt.lifecycle.request(plan, requested_by=user, source=Source.CLI)
     # On a terminal the operator's own confirmation is the approval and is recorded as
     # such; a dry run or status query is approved by the system, as in Slack.
-    await rt.engine.approve(record.id, plan.system_approver or user)
+    await rt.lifecycle.confirm(record.id, plan.system_approver or user)
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:
         # First Ctrl-C asks the engine to cancel at its next safe point (a reinstall
         # is never cut in half); a second one is the default hard stop.
-        if rt.engine.cancel(record.id, user):
+        if rt.lifecycle.request_cancel(record.id, user):
             sys.stderr.write("\ncancel requested: the run stops at its next safe point\n")
         loop.remove_signal_handler(signal.SIGINT)
 
@@ -168,14 +169,14 @@ async def _amain(args: argparse.Namespace) -> int:
         return await serve(settings)
     async with open_runtime(settings) as rt:
         if args.command == "redeploy":
-            plan = rt.engine.plan("redeploy", args.service, version=args.version,
+            plan = rt.engine.plan(Action.REDEPLOY, args.service, version=args.version,
                                   index=args.index, dry_run=args.dry_run, batch=args.batch)
             return await run_change(rt, plan, yes=args.yes, user=cli_user())
         if args.command == "restart":
-            plan = rt.engine.plan("restart", args.service, batch=args.batch)
+            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch)
             return await run_change(rt, plan, yes=args.yes, user=cli_user())
         if args.command == "status":
-            plan = rt.engine.plan("status", args.service)
+            plan = rt.engine.plan(Action.STATUS, args.service)
             return await run_change(rt, plan, yes=True, user=cli_user())
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from bot.core import remote
+from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import ServiceSettings, Settings
-
-Action = Literal["redeploy", "restart", "status"]
 
 # Approvals the bot records itself carry this prefix: dry runs and status queries change
 # nothing and need nobody's approval, and the audit log must not credit a person with one.
@@ -81,7 +80,7 @@ class Plan:
     @property
     def system_approver(self) -> str | None:
         """Who approves a run that changes nothing, or None when people must."""
-        if self.action == "status":
+        if self.action == Action.STATUS:
             return READ_ONLY_APPROVER
         return DRY_RUN_APPROVER if self.dry_run else None
 
@@ -148,7 +147,8 @@ def make_plan(
         known = ", ".join(sorted(settings.services)) or "none configured"
         raise InputError(f"unknown service `{service[:64]}`; configured services: {known}")
     svc = settings.services[service]
-    if action != "redeploy" and (version is not None or index is not None):
+    action = Action(action)  # the enum even when a caller passed its plain word
+    if action != Action.REDEPLOY and (version is not None or index is not None):
         raise InputError("--version and --index only apply to redeploy")
     version = None if version is None else canonical_version(version)
     index_url: str | None = None
@@ -160,9 +160,9 @@ def make_plan(
     spec = remote.package_spec(svc, version)
     if batch is not None and batch < 1:
         raise InputError("--batch must be at least 1")
-    if action == "redeploy":
+    if action == Action.REDEPLOY:
         steps = redeploy_steps(svc, spec, index_url)
-    elif action == "restart":
+    elif action == Action.RESTART:
         steps = restart_steps(svc)
     else:
         steps = (PlannedStep(Step.STATUS, f"{cmd(remote.unit_show(svc))}; "

@@ -28,13 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
+from bot.core.status import Decision, RunStatus
 from bot.settings import PolicySettings
 
 Membership = Mapping[str, frozenset[str]]
-Action = Literal["approve", "deny"]
-State = Literal["pending", "approved", "denied", "expired"]
 
 
 def _is_group(entry: str) -> bool:
@@ -84,18 +82,18 @@ def counted_approvals(
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Verdict:
     """The outcome of one click.
 
     ``accepted`` says whether to record the click; ``reason`` is the sentence
     to show the clicker when it was refused (empty when accepted); ``state`` is
-    the request's state after the click, and ``approvers`` the approvals that
-    count towards ``needed`` (including this click when it was an accepted
-    approve).
+    the request's status after the click (pending approval, approved, denied or
+    expired), and ``approvers`` the approvals that count towards ``needed``
+    (including this click when it was an accepted approve).
     """
 
     accepted: bool
-    state: State
+    state: RunStatus
     reason: str
     approvers: tuple[str, ...]
     needed: int
@@ -115,10 +113,10 @@ def evaluate_approval(
     approvals: Sequence[str],
     denials: Sequence[str],
     clicker: str,
-    action: Action,
+    action: Decision,
     now: datetime,
     expires_at: datetime,
-) -> Decision:
+) -> Verdict:
     """Judge one Approve/Deny click on a pending request.
 
     ``approvals`` and ``denials`` are the clicks recorded so far (approvals in
@@ -129,27 +127,30 @@ def evaluate_approval(
         approvals, requester=requester, policy=policy, membership=membership
     )
 
-    def refuse(state: State, reason: str) -> Decision:
-        return Decision(False, state, reason, counted, needed)
+    pending = RunStatus.PENDING_APPROVAL
+
+    def refuse(state: RunStatus, reason: str) -> Verdict:
+        return Verdict(False, state, reason, counted, needed)
 
     if denials:
-        return refuse("denied", "This request has already been denied.")
+        return refuse(RunStatus.DENIED, "This request has already been denied.")
     if len(counted) >= needed:
-        return refuse("approved", "This request has already been approved.")
+        return refuse(RunStatus.APPROVED, "This request has already been approved.")
     if now >= expires_at:
-        return refuse("expired", "This request has expired; ask for it again.")
+        return refuse(RunStatus.EXPIRED, "This request has expired; ask for it again.")
 
-    if action == "deny":
+    if action == Decision.DENY:
         if clicker == requester or is_approver(clicker, policy, membership):
-            return Decision(True, "denied", "", counted, needed)
-        return refuse("pending", "You are not on the approvers list, so you cannot deny this.")
+            return Verdict(True, RunStatus.DENIED, "", counted, needed)
+        return refuse(pending, "You are not on the approvers list, so you cannot deny this.")
 
     if clicker == requester and not policy.allow_self_approval:
-        return refuse("pending", "You cannot approve your own request; another approver must.")
+        return refuse(pending, "You cannot approve your own request; another approver must.")
     if not is_approver(clicker, policy, membership):
-        return refuse("pending", "You are not on the approvers list, so you cannot approve this.")
+        return refuse(pending, "You are not on the approvers list, so you cannot approve this.")
     if clicker in counted:
-        already = refuse("pending", "")
-        return refuse("pending", f"You have already approved this ({already.progress} so far).")
+        already = refuse(pending, "")
+        return refuse(pending, f"You have already approved this ({already.progress} so far).")
     after = (*counted, clicker)
-    return Decision(True, "approved" if len(after) >= needed else "pending", "", after, needed)
+    return Verdict(True, RunStatus.APPROVED if len(after) >= needed else pending, "", after,
+                   needed)

@@ -1,8 +1,9 @@
-"""Runs: create, gate, execute and finish maintenance jobs.
+"""Runs: plan and execute maintenance jobs.
 
-The one place that ties the pure parts (plan, sequence) to the edges (audit
-log, host pool, event sinks).  The Slack handlers and the CLI both call this;
-neither knows how a run is executed.
+The one place that ties the pure parts (plan, flows) to the edges (audit log,
+host pool, event sinks).  The Slack handlers and the CLI both call this; neither
+knows how a run is executed.  Every status change of a run (request, approval,
+start, finish, interrupt) goes through ``bot.engine.lifecycle``.
 """
 
 from __future__ import annotations
@@ -10,39 +11,35 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
 from bot.core.gpu import GpuSnapshot
-from bot.core.plan import Action, Plan, make_plan
+from bot.core.plan import Plan, make_plan
+from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 from bot.engine.executor import CancelToken, Executor
-from bot.engine.owner import process_owner
-from bot.engine.recovery import interrupted_message
+from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import HostError, LockHeldError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
 # Worst outcome first: the run's status is the worst of its hosts'.
-_SEVERITY = ("failed", "rolled_back", "cancelled", "aborted", "succeeded")
+_SEVERITY: tuple[tuple[HostStatus, RunStatus], ...] = (
+    (HostStatus.FAILED, RunStatus.FAILED),
+    (HostStatus.ROLLED_BACK, RunStatus.ROLLED_BACK),
+    (HostStatus.CANCELLED, RunStatus.CANCELLED),
+    (HostStatus.ABORTED, RunStatus.ABORTED),
+    (HostStatus.SUCCEEDED, RunStatus.SUCCEEDED),
+)
 # The per-host state of a host a stopped rollout never touched.
-NOT_STARTED = "not_started"
-
-
-def lock_scopes(plan: Plan) -> list[str]:
-    return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
-
-
-def needs_locks(plan: Plan) -> bool:
-    """Status queries and dry runs change nothing, so they never wait behind a job."""
-    return plan.action != "status" and not plan.dry_run
+NOT_STARTED = HostStatus.NOT_STARTED
 
 
 def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
     """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
     after the other; a read-only status asks every host at once."""
-    return [plan.hosts] if plan.action == "status" else plan.batches()
+    return [plan.hosts] if plan.action == Action.STATUS else plan.batches()
 
 
 class AuditSink:
@@ -64,7 +61,7 @@ class AuditSink:
             step_id = self._open.pop((event.host, event.step), None)
             if step_id is not None:
                 await self.audit.step_finished(
-                    step_id, status=event.status, exit_status=event.exit_status,
+                    step_id, status=StepStatus(event.status), exit_status=event.exit_status,
                     # Whole: the audit log redacts before it cuts, so no half secret survives.
                     duration_s=round(event.duration_s, 3), output_tail=event.output)
         elif isinstance(event, ev.GpuTable):
@@ -87,131 +84,83 @@ def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
     }
 
 
-def overall_status(outcomes: Sequence[HostOutcome]) -> str:
-    statuses = {o.status for o in outcomes}
-    if "aborted" in statuses and statuses != {"aborted"}:
+def overall_status(outcomes: Sequence[HostOutcome]) -> RunStatus:
+    statuses = {HostStatus(o.status) for o in outcomes}
+    if HostStatus.ABORTED in statuses and statuses != {HostStatus.ABORTED}:
         # "aborted" promises the service was untouched; another host was changed.
-        statuses = (statuses - {"aborted"}) | {"failed"}
-    for status in _SEVERITY:
-        if status in statuses:
-            return status
-    return "failed"
+        statuses = (statuses - {HostStatus.ABORTED}) | {HostStatus.FAILED}
+    for host_status, run_status in _SEVERITY:
+        if host_status in statuses:
+            return run_status
+    return RunStatus.FAILED
 
 
 @dataclass
 class RunResult:
     run_id: int
-    status: str
+    status: RunStatus
     summary: str
     outcomes: dict[str, HostOutcome]
     # Every planned host in plan order: its outcome's status, or NOT_STARTED for a host
     # the rollout never reached (what a status card shows per host).
-    host_status: dict[str, str] = field(default_factory=dict)
+    host_status: dict[str, HostStatus] = field(default_factory=dict)
 
 
-def host_states(hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> dict[str, str]:
+def host_states(hosts: Sequence[str],
+                outcomes: Mapping[str, HostOutcome]) -> dict[str, HostStatus]:
     """Each planned host's state, in plan order; NOT_STARTED where there is no outcome."""
-    return {h: outcomes[h].status if h in outcomes else NOT_STARTED for h in hosts}
+    return {h: HostStatus(outcomes[h].status) if h in outcomes else NOT_STARTED for h in hosts}
 
 
 class Engine:
-    """Create and execute runs. One instance per process, shared by Slack and the CLI."""
+    """Plan and execute runs. One instance per process, shared by Slack and the CLI;
+    their status changes are the ``lifecycle``'s."""
 
-    def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool) -> None:
+    def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool,
+                 lifecycle: RunLifecycle | None = None) -> None:
         self.settings = settings
         self.audit = audit
         self.pool = pool
-        self.cancels: dict[int, CancelToken] = {}
+        self.lifecycle = lifecycle if lifecycle is not None else RunLifecycle(settings, audit)
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
         return make_plan(self.settings, action, service, version=version, index=index,
                          dry_run=dry_run, batch=batch)
 
-    async def request(self, plan: Plan, *, requested_by: str, source: str,
-                      channel: str | None = None) -> RunRecord:
-        """Record a request awaiting approval, holding the service's and hosts' locks
-        from now until it ends (expired, denied and refused requests release them).
-
-        While another request or job holds any of them this one is recorded as
-        'refused', with a refusals row, and LockHeldError names the holder. Taking the
-        locks here (atomically, in SQLite) is what makes two requests in the same
-        second end with exactly one card. Read-only runs take no locks.
-        """
-        expires = datetime.now(UTC) + timedelta(seconds=self.settings.policy.approval_ttl_s)
-        run_id = await self.audit.create_run(
-            service=plan.service, action=plan.action, hosts=list(plan.hosts),
-            requested_by=requested_by, source=source, plan=plan.to_json(),
-            package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
-            channel=channel, expires_at=expires)
-        record = await self.audit.get_run(run_id)
-        if needs_locks(plan):
-            try:
-                await self.audit.acquire_locks(run_id, lock_scopes(plan))
-            except LockHeldError as exc:
-                holder = await self.audit.get_run(exc.run_id)
-                busy = LockHeldError(
-                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
-                    f"{holder.status}) requested by {holder.requested_by}",
-                    run_id=holder.id, requested_by=holder.requested_by)
-                await self._refuse_busy(record, busy, expect=("pending_approval",))
-                raise busy from None
-        return record
-
     def plan_of(self, record: RunRecord) -> Plan:
         # Rebuilt from the current config: the commands always come from the config,
         # never from what was stored.
         p = record.plan
-        return make_plan(self.settings, record.action, record.service,  # type: ignore[arg-type]
+        return make_plan(self.settings, Action(record.action), record.service,
                          version=p.get("version"), index=p.get("index_name"),
                          dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"))
 
-    def cancel(self, run_id: int, user: str) -> bool:
-        token = self.cancels.get(run_id)
-        if token is None:
-            return False
-        token.request(user)
-        return True
-
-    async def approve(self, run_id: int, approver: str) -> bool:
-        """Record ``approver``'s approval and move the run to 'approved' (the terminal's
-        confirmation, or a system approver for dry runs and status queries). The
-        approving process becomes its owner, so a bot starting meanwhile leaves it be."""
-        await self.audit.record_decision(run_id, approver, "approve")
-        return await self.audit.transition(run_id, "approved", expect=("pending_approval",),
-                                           owner=process_owner())
-
     async def execute(self, run_id: int, sink: ev.EventSink) -> RunResult:
         """Run an approved run to its end. The run must be in 'approved'."""
+        life = self.lifecycle
         record = await self.audit.get_run(run_id)
         plan = self.plan_of(record)
         if self.audit.as_stored(plan.to_json()) != record.plan:
             # The config changed since the card was approved: never run what nobody saw.
             reason = ("the configuration changed since this plan was approved; "
                       "request it again to see the new plan")
-            await self.audit.transition(run_id, "refused", expect=("approved",),
-                                        summary=f"not started: {reason}")
-            await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
-                                            command=f"{record.action} {record.service}",
-                                            reason=reason)
-            return RunResult(run_id, "refused", f"not started: {reason}", {})
+            await life.refuse(record, reason)
+            return RunResult(run_id, RunStatus.REFUSED, f"not started: {reason}", {})
         if needs_locks(plan):
             try:
                 await self.audit.acquire_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
-                await self._refuse_busy(record, exc)
+                await life.refuse(record, str(exc))
                 raise
-        if not await self.audit.transition(run_id, "running", expect=("approved",),
-                                           owner=process_owner()):
-            current = await self.audit.get_run(run_id)
-            if current.status != "running":
+        token = await life.start(run_id)
+        if token is None:
+            current = (await self.audit.get_run(run_id)).status
+            if current != RunStatus.RUNNING:
                 # Nobody drives it, so the locks just taken must not outlive this call; a
                 # 'running' one is driven elsewhere and its locks are not ours to drop.
                 await self.audit.release_locks(run_id)
-            return RunResult(run_id, current.status, f"not started: run is {current.status}",
-                             {})
-        token = self.cancels[run_id] = CancelToken()
-        recorder = asyncio.create_task(self._record_cancel(run_id, token))
+            return RunResult(run_id, current, f"not started: run is {current}", {})
         try:
             # The audit record must be written; a broken chat or terminal sink must not stop
             # a half-finished maintenance job.
@@ -220,35 +169,11 @@ class Engine:
         except BaseException:
             # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
             # must say so at once, not wait for the next start's recovery.
-            await asyncio.shield(self._interrupt(run_id))
+            await asyncio.shield(life.interrupt(run_id))
             raise
         finally:
-            self.cancels.pop(run_id, None)
-            if token.requested:
-                await recorder  # who cancelled is on disk before the call returns
-            else:
-                recorder.cancel()
+            await life.released(run_id)  # who cancelled is on disk before this returns
             await self.audit.release_locks(run_id)
-
-    async def _interrupt(self, run_id: int) -> None:
-        record = await self.audit.get_run(run_id)
-        await self.audit.interrupt(run_id, interrupted_message(record))
-
-    async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
-        """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""
-        await token.event.wait()
-        assert token.requested_by is not None
-        await self.audit.record_decision(run_id, token.requested_by, "cancel")
-
-    async def _refuse_busy(self, record: RunRecord, exc: LockHeldError, *,
-                           expect: tuple[str, ...] = ("approved",)) -> None:
-        """The service or a host is held by another run: this one ends 'refused', with
-        the refusal recorded, instead of waiting in a queue nobody can see."""
-        await self.audit.transition(record.id, "refused", expect=expect,
-                                    summary=f"not started: {exc}")
-        await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
-                                        command=f"{record.action} {record.service}",
-                                        reason=str(exc))
 
     async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
                        token: CancelToken) -> RunResult:
@@ -267,7 +192,7 @@ class Engine:
                 # The executor turns host errors into failed steps; this is what escapes
                 # it (a host missing from the pool, a dead socket outside a command).
                 reason = e.reason if isinstance(e, HostError) else str(e)
-                outcome = HostOutcome("failed", reason)
+                outcome = HostOutcome(HostStatus.FAILED, reason)
                 await sink.handle(ev.HostFinished(run_id, host, outcome.status,
                                                   outcome.summary))
                 return outcome
@@ -280,7 +205,7 @@ class Engine:
                 if isinstance(res, BaseException):
                     raise res  # a bug, not a host problem; raised once the batch is done
                 outcomes[host] = res
-            if any(o.status != "succeeded" for o in outcomes.values()):
+            if any(o.status != HostStatus.SUCCEEDED for o in outcomes.values()):
                 break  # the first failure stops the rollout; later hosts stay untouched
         untouched = [h for h in plan.hosts if h not in outcomes]
         for host in untouched:
@@ -291,7 +216,7 @@ class Engine:
         first = outcomes.get(plan.hosts[0])
         await self.audit.set_versions(run_id, before=first.version_before if first else None,
                                       after=first.version_after if first else None)
-        await self.audit.transition(run_id, status, expect=("running",), summary=summary)
+        await self.lifecycle.finish(run_id, status, summary)
         await sink.handle(ev.RunFinished(run_id, status, summary,
                                          first.version_before if first else None,
                                          first.version_after if first else None))
@@ -304,10 +229,10 @@ class Engine:
         # Problems first, each with its reason; hosts that succeeded alike share a line,
         # so a 64-host rollout's summary stays short.
         parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()
-                 if o.status != "succeeded"]
+                 if o.status != HostStatus.SUCCEEDED]
         alike: dict[str, list[str]] = {}
         for h, o in outcomes.items():
-            if o.status == "succeeded":
+            if o.status == HostStatus.SUCCEEDED:
                 alike.setdefault(o.summary, []).append(h)
         parts += [f"succeeded ({s}): {', '.join(hosts)}" for s, hosts in alike.items()]
         if untouched:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from bot.audit.store import AuditLog
 from bot.core.redact import Redactor
 from bot.engine.engine import Engine
+from bot.engine.lifecycle import Clock, RunLifecycle, utc_now
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -21,15 +22,19 @@ class Runtime:
     pool: HostPool
     engine: Engine
     redact: Redactor
+    lifecycle: RunLifecycle  # every status change of a run, for the engine and front ends
 
 
 @asynccontextmanager
-async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
+async def open_runtime(settings: Settings, *, clock: Clock = utc_now) -> AsyncIterator[Runtime]:
+    """``clock`` is the wall clock the run life cycle decides expiry by (tests move it)."""
     redact = Redactor(settings.secret_values())
     audit = await AuditLog.open(settings.db_path, redact=redact)
     pool = HostPool(settings)
+    lifecycle = RunLifecycle(settings, audit, clock=clock)
     try:
-        yield Runtime(settings, audit, pool, Engine(settings, audit, pool), redact)
+        yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle), redact,
+                      lifecycle)
     finally:
         await pool.close()
         await audit.close()

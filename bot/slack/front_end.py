@@ -1,11 +1,9 @@
 """The Slack side of a run's life: request, approval, expiry, cancel, execution.
 
-``Approvals`` applies the pure policy (``bot.core.policy``) to clicks, with user-group
-membership looked up through ``usergroups.users.list`` and cached for
-``usergroup_cache_ttl_s``.  Every change of a run's status is a compare-and-set
-in the audit log, so double clicks, concurrent clicks by different approvers, an
-approval racing a deny or the expiry timer: exactly one wins, and a click counts
-once (the decisions table is unique per run, user and decision).
+Every change of a run's status is the run life cycle's (``bot.engine.lifecycle``),
+which applies the pure policy to clicks; this module resolves user-group membership
+through ``usergroups.users.list`` (cached for ``usergroup_cache_ttl_s``), arms the
+expiry timers, keeps the cards in step with the audit log and runs approved runs.
 
 State lives in SQLite only (the run row and its decisions), so pending cards
 survive a restart: ``resume()`` expires the overdue ones and re-arms a timer for
@@ -29,23 +27,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar, cast
+from datetime import datetime
+from typing import Any, TypeVar, cast
 
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.audit.store import FINAL_STATUSES, RunRecord, StepRecord, parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan, PlannedStep, Step
-from bot.core.policy import (
-    counted_approvals,
-    evaluate_approval,
-    groups_to_resolve,
-    is_requester,
-    may_cancel,
-)
-from bot.engine.recovery import recover
+from bot.core.policy import counted_approvals, groups_to_resolve, is_requester
+from bot.core.status import Decision, RunStatus, Source
+from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.runtime import Runtime
-from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
+from bot.errors import ChatOpsError, LockHeldError
 from bot.slack.blocks import (
     STEP_STATES,
     CardView,
@@ -65,10 +58,6 @@ T = TypeVar("T")
 Membership = dict[str, frozenset[str]]
 
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class MembershipCache:
@@ -152,6 +141,7 @@ class Approvals:
         self.members = members
         self.flush_timeout_s = flush_timeout_s
         self.policy = runtime.settings.policy
+        self.lifecycle = runtime.lifecycle
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: dict[int, asyncio.Task[None]] = {}
         self._reporters: dict[int, SlackReporter] = {}
@@ -187,13 +177,12 @@ class Approvals:
     async def resume(self) -> None:
         """After a restart: close runs the last process left behind, expire overdue
         requests and re-arm the expiry timer of every pending one."""
-        audit = self.runtime.audit
-        for item in await recover(audit):
+        for item in await self.lifecycle.recover():
             await self._refresh_card(item.run.id)
             await self._tell_thread(item.run, item.message)
-        for record in await audit.expire_pending(utcnow()):
+        for record in await self.lifecycle.expire_overdue():
             await self._refresh_card(record.id)
-        for record in await audit.list_runs(statuses=["pending_approval"], limit=10_000):
+        for record in await self.lifecycle.pending():
             if record.expires_at is not None and record.message_ts is not None:
                 self.arm(record.id, parse_ts(record.expires_at))
 
@@ -227,22 +216,21 @@ class Approvals:
                 reason="You are not on the requesters list, so you cannot ask for a "
                        f"{plan.action}. Ask someone who is, or an admin to add you.")
         try:
-            record = await self.runtime.engine.request(plan, requested_by=user, source="slack",
-                                                       channel=channel)
+            record = await self.lifecycle.request(plan, requested_by=user, source=Source.SLACK,
+                                                  channel=channel)
         except LockHeldError as exc:
             # The engine has already recorded the request as refused, with its refusal row.
             return f"Refused: {exc}.{await self._thread_link(exc.run_id)}"
         if plan.dry_run:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
-            await self.runtime.engine.approve(record.id, DRY_RUN_APPROVER)
+            await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
         try:
             ts = await self.poster.post(channel, run_card(self._view(record)))
         except SLACK_ERRORS as exc:
             # Without a card nobody can approve it: close it rather than leave it pending.
-            await self.runtime.audit.transition(
-                record.id, "cancelled", expect=("pending_approval", "approved"),
-                summary=f"could not post the card to Slack: {exc}")
+            await self.lifecycle.withdraw(record.id,
+                                          f"could not post the card to Slack: {exc}")
             return f"Could not post the approval card for run #{record.id}; nothing was run."
         await self.runtime.audit.set_message(record.id, channel, ts)
         if plan.dry_run:
@@ -314,111 +302,62 @@ class Approvals:
             timer.cancel()
 
     async def _expire_at(self, run_id: int, expires_at: datetime) -> None:
-        await asyncio.sleep(max((expires_at - utcnow()).total_seconds(), 0.0))
+        await asyncio.sleep(max((expires_at - self.lifecycle.clock()).total_seconds(), 0.0))
         await self.expire(run_id)
 
     async def expire(self, run_id: int) -> bool:
         """Close a request nobody approved in time; False if it was decided first."""
         self._disarm(run_id)
-        if not await self.runtime.audit.transition(run_id, "expired",
-                                                   expect=("pending_approval",),
-                                                   summary="approval window expired"):
+        if not await self.lifecycle.expire(run_id):
             return False
         await self._refresh_card(run_id)
         return True
 
     # ---- clicks -----------------------------------------------------------------------------
 
-    async def decide(self, run_id: int, *, user: str, action: Literal["approve", "deny"],
+    async def decide(self, run_id: int, *, user: str, action: Decision,
                      channel: str | None) -> str | None:
         """One Approve or Deny click. Returns an ephemeral sentence for the clicker."""
-        audit = self.runtime.audit
-        command = f"{action} run #{run_id}"
-        try:
-            record = await audit.get_run(run_id)
-        except RunNotFoundError as exc:
-            return await self.refuse(user=user, channel=channel, command=command, reason=str(exc))
-        if record.status != "pending_approval":
-            return await self.refuse(user=user, channel=channel, command=command,
-                                     reason=f"Run #{run_id} is already {record.status}.")
         membership = await self.membership()
-        expires_at = parse_ts(record.expires_at) if record.expires_at else utcnow()
-        verdict = evaluate_approval(
-            policy=self.policy, membership=membership, requester=record.requested_by,
-            approvals=record.approved_by, denials=record.denied_by, clicker=user,
-            action=action, now=utcnow(), expires_at=expires_at)
-        if not verdict.accepted:
-            if verdict.state == "expired":
-                await self.expire(run_id)
-            return await self.refuse(user=user, channel=channel, command=command,
-                                     reason=verdict.reason)
-        if not await audit.record_decision(run_id, user, action):
-            return f"Your {action} of run #{run_id} was already counted."
-        if action == "deny":
-            if not await audit.transition(run_id, "denied", expect=("pending_approval",),
-                                          summary=f"denied by {user}"):
-                return f"Too late: run #{run_id} is already {(await audit.get_run(run_id)).status}."
-            self._disarm(run_id)
-            await self._refresh_card(run_id)
-            return None
-        record = await audit.get_run(run_id)
-        counted = counted_approvals(record.approved_by, requester=record.requested_by,
-                                    policy=self.policy, membership=membership)
-        if len(counted) < self.policy.min_approvals:
-            await self._refresh_card(run_id, membership)
-            return (f"Approval recorded: {len(counted)} of {self.policy.min_approvals} "
-                    f"for run #{run_id}.")
-        # Of concurrent final approvals (or an approval racing a deny or the expiry)
-        # exactly one compare-and-set wins; only the winner starts the run.
-        if await audit.transition(run_id, "approved", expect=("pending_approval",)):
+        if action == Decision.DENY:
+            denied = await self.lifecycle.deny(run_id, user=user, membership=membership,
+                                               channel=channel)
+            if isinstance(denied, Denied):
+                self._disarm(run_id)
+                await self._refresh_card(run_id)
+            elif isinstance(denied, Refused) and denied.expired:
+                await self._closed(run_id)
+            return denied.text
+        approved = await self.lifecycle.approve(run_id, user=user, membership=membership,
+                                                channel=channel)
+        if isinstance(approved, Approved) and approved.start:
             self._disarm(run_id)
             self.start_run(run_id)
-            return None
-        current = await audit.get_run(run_id)
-        if current.status in ("approved", "running"):
-            return None
-        return f"Too late: run #{run_id} is already {current.status}."
+        elif isinstance(approved, Counted):
+            await self._refresh_card(run_id, membership)
+        elif isinstance(approved, Refused) and approved.expired:
+            await self._closed(run_id)
+        return approved.text
+
+    async def _closed(self, run_id: int) -> None:
+        """The life cycle closed a pending request: its timer and buttons go."""
+        self._disarm(run_id)
+        await self._refresh_card(run_id)
 
     # ---- cancel -----------------------------------------------------------------------------
 
     async def cancel(self, run_id: int, *, user: str, channel: str | None) -> str:
         """Cancel by the requester or an approver: a pending request closes at once,
         a running one stops at its next safe point."""
-        audit = self.runtime.audit
-        command = f"cancel run #{run_id}"
-        try:
-            record = await audit.get_run(run_id)
-        except RunNotFoundError as exc:
-            return await self.refuse(user=user, channel=channel, command=command, reason=str(exc))
-        if not may_cancel(user, record.requested_by, self.policy, await self.membership()):
-            return await self.refuse(
-                user=user, channel=channel, command=command,
-                reason=f"Only the requester or an approver can cancel run #{run_id}.")
-        if record.is_final:
-            return f"Run #{run_id} has already finished: {record.status}."
-        # The 'cancel' decision is recorded only where a cancel really happens (for a
-        # running run the engine records it when its token is set).
-        if await audit.transition(run_id, "cancelled", expect=("pending_approval",),
-                                  summary=f"cancelled by {user} before approval"):
-            await audit.record_decision(run_id, user, "cancel")
-            self._disarm(run_id)
-            await self._refresh_card(run_id)
-            return f"Run #{run_id} cancelled."
-        if self.runtime.engine.cancel(run_id, user):
+        result = await self.lifecycle.cancel(run_id, user=user, membership=await self.membership(),
+                                             channel=channel)
+        if isinstance(result, Cancelled) and result.was == RunStatus.PENDING_APPROVAL:
+            await self._closed(run_id)
+        elif isinstance(result, CancelRequested):
             reporter = self._reporters.get(run_id)
             if reporter is not None:
                 reporter.request_cancel(user)
-            return f"Cancel requested: run #{run_id} stops at its next safe point."
-        # Approved but not started yet: closing it now means it never starts.
-        if await audit.transition(run_id, "cancelled", expect=("approved",),
-                                  summary=f"cancelled by {user} before it started"):
-            await audit.record_decision(run_id, user, "cancel")
-            return f"Run #{run_id} cancelled before it started."
-        current = await audit.get_run(run_id)
-        if current.status == "running":
-            return (f"Run #{run_id} is driven by another process (the CLI or another bot); "
-                    "cancel it there.")
-        return f"Run #{run_id} is {current.status}; nothing to cancel."
+        return result.text
 
     # ---- execution --------------------------------------------------------------------------
 
@@ -440,21 +379,20 @@ class Approvals:
             result = await self.runtime.engine.execute(run_id, reporter)
             reporter.conclude(result.status, result.summary)
         except LockHeldError as exc:
-            await self._close(run_id, reporter, "refused", f"not started: {exc}")
+            await self._close(run_id, reporter, RunStatus.REFUSED, f"not started: {exc}")
         except ChatOpsError as exc:
             # A run that had started is already 'interrupted' with what that means.
-            await self._close(run_id, reporter, "failed", f"stopped: {exc}")
+            await self._close(run_id, reporter, RunStatus.FAILED, f"stopped: {exc}")
         except Exception as exc:
             log.exception("run #%d crashed", run_id)
-            await self._close(run_id, reporter, "failed", f"internal error: {exc!r}")
+            await self._close(run_id, reporter, RunStatus.FAILED, f"internal error: {exc!r}")
         finally:
             self._reporters.pop(run_id, None)
             await reporter.flush(self.flush_timeout_s)
 
-    async def _close(self, run_id: int, reporter: SlackReporter, status: str,
+    async def _close(self, run_id: int, reporter: SlackReporter, status: RunStatus,
                      summary: str) -> None:
-        await self.runtime.audit.transition(run_id, status, expect=("approved", "running"),
-                                            summary=summary)
+        await self.lifecycle.abandon(run_id, status, summary)
         record = await self.runtime.audit.get_run(run_id)
         reporter.conclude(record.status, record.summary or summary)
 

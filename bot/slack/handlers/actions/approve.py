@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.core.status import Decision
 from bot.slack.blocks import ACTION_APPROVE
 from bot.slack.handlers.common import Ack, Click, Respond
 
@@ -15,5 +16,5 @@ def register(app: Any) -> None:
 async def on_approve(ack: Ack, body: dict[str, Any], context: Any, respond: Respond) -> None:
     await ack()
     click = Click.of(body, context, respond)
-    click.later(lambda run_id: click.ops.decide(run_id, user=click.user, action="approve",
+    click.later(lambda run_id: click.ops.decide(run_id, user=click.user, action=Decision.APPROVE,
                                                 channel=click.channel), "approve")

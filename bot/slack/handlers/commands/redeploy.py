@@ -3,11 +3,12 @@ for approval (a dry run starts its preflight at once)."""
 
 from __future__ import annotations
 
+from bot.core.status import Action
 from bot.slack.grammar import Redeploy
 from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Redeploy) -> None:
-    plan = req.ops.runtime.engine.plan("redeploy", cmd.service, version=cmd.version,
+    plan = req.ops.runtime.engine.plan(Action.REDEPLOY, cmd.service, version=cmd.version,
                                        index=cmd.index, dry_run=cmd.dry_run)
-    await ask_for_approval(req, plan, "redeploy")
+    await ask_for_approval(req, plan, Action.REDEPLOY)

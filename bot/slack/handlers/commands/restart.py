@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from bot.core.status import Action
 from bot.slack.grammar import Restart
 from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Restart) -> None:
-    await ask_for_approval(req, req.ops.runtime.engine.plan("restart", cmd.service), "restart")
+    await ask_for_approval(req, req.ops.runtime.engine.plan(Action.RESTART, cmd.service),
+                           Action.RESTART)

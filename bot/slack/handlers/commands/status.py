@@ -13,6 +13,7 @@ import asyncio
 from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import READ_ONLY_APPROVER
+from bot.core.status import Action, Source
 from bot.slack.grammar import Status
 from bot.slack.handlers.common import CommandRequest, post_code
 
@@ -32,10 +33,10 @@ class _Collect:
 
 async def _one(req: CommandRequest, service: str) -> str:
     rt = req.ops.runtime
-    plan = rt.engine.plan("status", service)
-    record = await rt.engine.request(plan, requested_by=req.user, source="slack",
-                                     channel=req.channel)
-    await rt.engine.approve(record.id, READ_ONLY_APPROVER)
+    plan = rt.engine.plan(Action.STATUS, service)
+    record = await rt.lifecycle.request(plan, requested_by=req.user, source=Source.SLACK,
+                                        channel=req.channel)
+    await rt.lifecycle.confirm(record.id, READ_ONLY_APPROVER)
     sink = _Collect()
     result = await rt.engine.execute(record.id, sink)
     body = "\n".join(sink.lines) or result.summary

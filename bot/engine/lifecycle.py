@@ -1,0 +1,450 @@
+"""A run's life, in one place: every change of a run's status goes through here.
+
+    request ─> pending_approval ─approve (N of M)─> approved ─start─> running ─finish─> …
+                  │ └─deny──> denied               │                  └─interrupt─> interrupted
+                  │ └─expire─> expired             └─cancel─> cancelled
+                  └─cancel─> cancelled   (busy, or the plan drifted: refused)
+
+The Slack front end and the CLI call the same methods, so a deny, an expiry or a
+cancel means the same thing whichever front end it came from. Each status change is
+a compare-and-set in the audit log (``AuditLog.transition``): of a double click,
+concurrent approvers, an approval racing a deny or the expiry timer, exactly one
+wins, and a click counts once (the decisions table is unique per run, user and
+decision).
+
+Who may approve, deny or cancel is the pure policy (``bot.core.policy``) judged at
+the moment of the click; the caller resolves user groups into a ``Membership`` (in
+Slack, through ``usergroups.users.list``). The outcome of a click is a typed result
+(``Approved``, ``Counted``, ``Refused``, …), not a sentence to parse; each carries
+``text``, the sentence for the person, and the front end decides what else to do
+(start the run, re-render the card).
+
+Choices:
+
+* Every approval that moves a run to 'approved', and every start, records the owner
+  (``bot.engine.owner.process_owner``): the process that will drive it. A bot
+  starting meanwhile leaves a run with a live owner alone.
+* Dry runs and status queries are approved by a system approver
+  (``system:dry-run``/``system:read-only``), and on a terminal the operator's own
+  confirmation is the approval (``confirm``): the audit log never credits a person
+  with an approval they did not give.
+* Refused clicks and cancels are written to the refusals table here; the other
+  refusals (wrong channel, bad input) are the front end's.
+* Time comes from the injected ``clock``, so expiry is tested without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from bot.audit.store import AuditLog, RunRecord, parse_ts
+from bot.core.plan import Plan
+from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.executor import CancelToken
+from bot.engine.owner import process_owner
+from bot.engine.recovery import Interrupted, interrupted_message, recover
+from bot.errors import LockHeldError, RunNotFoundError
+from bot.settings import Settings
+
+Clock = Callable[[], datetime]
+
+EXPIRED_SUMMARY = "approval window expired"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def lock_scopes(plan: Plan) -> list[str]:
+    return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
+
+
+def needs_locks(plan: Plan) -> bool:
+    """Status queries and dry runs change nothing, so they never wait behind a job."""
+    return plan.action != Action.STATUS and not plan.dry_run
+
+
+# ---- what a click or a cancel came to ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Approved:
+    """The run is approved. ``start``: this call's approval completed N of M, so its
+    caller starts the run now; False when a concurrent click got there first."""
+
+    run_id: int
+    start: bool
+
+    @property
+    def text(self) -> None:
+        return None  # the card (or the terminal) shows it
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The approval counts, and more are needed."""
+
+    run_id: int
+    count: int
+    needed: int
+
+    @property
+    def text(self) -> str:
+        return f"Approval recorded: {self.count} of {self.needed} for run #{self.run_id}."
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    run_id: int
+
+    @property
+    def text(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyCounted:
+    """A second identical click: not a refusal, just a note."""
+
+    run_id: int
+    decision: Decision
+
+    @property
+    def text(self) -> str:
+        return f"Your {self.decision} of run #{self.run_id} was already counted."
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Not allowed, with the reason (also recorded as a refusal). ``expired``: the
+    request's window had passed, and this click closed it as 'expired'."""
+
+    reason: str
+    expired: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True, slots=True)
+class TooLate:
+    """Another decision won the race; the run is now ``status``."""
+
+    run_id: int
+    status: RunStatus
+
+    @property
+    def text(self) -> str:
+        return f"Too late: run #{self.run_id} is already {self.status}."
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """Closed before it ran: ``was`` pending approval, or approved but not started."""
+
+    run_id: int
+    was: RunStatus
+
+    @property
+    def text(self) -> str:
+        if self.was == RunStatus.PENDING_APPROVAL:
+            return f"Run #{self.run_id} cancelled."
+        return f"Run #{self.run_id} cancelled before it started."
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """The run is driven here: it stops at its next safe point."""
+
+    run_id: int
+
+    @property
+    def text(self) -> str:
+        return f"Cancel requested: run #{self.run_id} stops at its next safe point."
+
+
+@dataclass(frozen=True, slots=True)
+class NotCancellable:
+    """Nothing to cancel here: finished, or driven by another process."""
+
+    run_id: int
+    status: RunStatus
+
+    @property
+    def text(self) -> str:
+        if self.status.is_final:
+            return f"Run #{self.run_id} has already finished: {self.status}."
+        if self.status == RunStatus.RUNNING:
+            return (f"Run #{self.run_id} is driven by another process (the CLI or another "
+                    "bot); cancel it there.")
+        return f"Run #{self.run_id} is {self.status}; nothing to cancel."
+
+
+ApproveResult = Approved | Counted | AlreadyCounted | Refused | TooLate
+DenyResult = Denied | AlreadyCounted | Refused | TooLate
+CancelResult = Cancelled | CancelRequested | NotCancellable | Refused
+
+
+class RunLifecycle:
+    """Every transition of a run. One instance per process, shared by the engine and
+    the front ends (it also holds the cancel tokens of the runs this process drives)."""
+
+    def __init__(self, settings: Settings, audit: AuditLog, *, clock: Clock = utc_now,
+                 owner: Callable[[], str] = process_owner) -> None:
+        self.settings = settings
+        self.audit = audit
+        self.clock = clock
+        self._owner = owner
+        self._cancels: dict[int, CancelToken] = {}
+        self._recorders: dict[int, asyncio.Task[None]] = {}
+
+    # ---- request ------------------------------------------------------------------------
+
+    async def request(self, plan: Plan, *, requested_by: str, source: Source,
+                      channel: str | None = None) -> RunRecord:
+        """Record a request awaiting approval, holding the service's and hosts' locks
+        from now until it ends (expired, denied and refused requests release them).
+
+        While another request or job holds any of them this one is recorded as
+        'refused', with a refusals row, and LockHeldError names the holder. Taking the
+        locks here (atomically, in SQLite) is what makes two requests in the same
+        second end with exactly one card. Read-only runs take no locks.
+        """
+        expires = self.clock() + timedelta(seconds=self.settings.policy.approval_ttl_s)
+        run_id = await self.audit.create_run(
+            service=plan.service, action=plan.action, hosts=list(plan.hosts),
+            requested_by=requested_by, source=source, plan=plan.to_json(),
+            package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
+            channel=channel, expires_at=expires)
+        record = await self.audit.get_run(run_id)
+        if needs_locks(plan):
+            try:
+                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+            except LockHeldError as exc:
+                holder = await self.audit.get_run(exc.run_id)
+                busy = LockHeldError(
+                    f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
+                    f"{holder.status}) requested by {holder.requested_by}",
+                    run_id=holder.id, requested_by=holder.requested_by)
+                await self.refuse(record, str(busy), expect=(RunStatus.PENDING_APPROVAL,))
+                raise busy from None
+        return record
+
+    async def refuse(self, record: RunRecord, reason: str, *,
+                     expect: Sequence[RunStatus] = (RunStatus.APPROVED,)) -> bool:
+        """The run will not start (a busy service, a plan that drifted since approval):
+        it ends 'refused', with the refusal recorded, instead of waiting in a queue
+        nobody can see."""
+        moved = await self.audit.transition(record.id, RunStatus.REFUSED, expect=expect,
+                                            summary=f"not started: {reason}")
+        await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
+                                        command=f"{record.action} {record.service}",
+                                        reason=reason)
+        return moved
+
+    # ---- approve, deny ------------------------------------------------------------------
+
+    async def confirm(self, run_id: int, approver: str) -> bool:
+        """Approve without a vote: the terminal operator's confirmation, or a system
+        approver for dry runs and status queries. False if it was not pending."""
+        await self.audit.record_decision(run_id, approver, Decision.APPROVE)
+        return await self._approved(run_id)
+
+    async def _approved(self, run_id: int) -> bool:
+        # The one way into 'approved': the approving process is the one that will drive
+        # the run, so it becomes the owner now and a bot starting meanwhile leaves it be.
+        return await self.audit.transition(run_id, RunStatus.APPROVED,
+                                           expect=(RunStatus.PENDING_APPROVAL,),
+                                           owner=self._owner())
+
+    async def approve(self, run_id: int, *, user: str, membership: Membership,
+                      channel: str | None = None) -> ApproveResult:
+        """One Approve click, judged by the policy now; the N-th distinct eligible
+        approval moves the run to 'approved'."""
+        judged = await self._judge(run_id, user, Decision.APPROVE, membership, channel)
+        if not isinstance(judged, RunRecord):
+            return judged
+        record = await self.audit.get_run(run_id)
+        counted = counted_approvals(record.approved_by, requester=record.requested_by,
+                                    policy=self.settings.policy, membership=membership)
+        needed = self.settings.policy.min_approvals
+        if len(counted) < needed:
+            return Counted(run_id, len(counted), needed)
+        # Of concurrent final approvals (or an approval racing a deny or the expiry)
+        # exactly one compare-and-set wins; only the winner starts the run.
+        if await self._approved(run_id):
+            return Approved(run_id, start=True)
+        current = await self.audit.get_run(run_id)
+        if current.status in (RunStatus.APPROVED, RunStatus.RUNNING):
+            return Approved(run_id, start=False)
+        return TooLate(run_id, current.status)
+
+    async def deny(self, run_id: int, *, user: str, membership: Membership,
+                   channel: str | None = None) -> DenyResult:
+        """One Deny click: one eligible deny (or the requester's withdrawal) closes it."""
+        judged = await self._judge(run_id, user, Decision.DENY, membership, channel)
+        if not isinstance(judged, RunRecord):
+            return judged
+        if not await self.audit.transition(run_id, RunStatus.DENIED,
+                                           expect=(RunStatus.PENDING_APPROVAL,),
+                                           summary=f"denied by {user}"):
+            return TooLate(run_id, (await self.audit.get_run(run_id)).status)
+        return Denied(run_id)
+
+    async def _judge(self, run_id: int, user: str, decision: Decision,
+                     membership: Membership,
+                     channel: str | None) -> RunRecord | Refused | AlreadyCounted:
+        """The policy's verdict on a click; the run when the click was recorded."""
+        command = f"{decision} run #{run_id}"
+        try:
+            record = await self.audit.get_run(run_id)
+        except RunNotFoundError as exc:
+            return await self._refused(user, channel, command, str(exc))
+        if record.status != RunStatus.PENDING_APPROVAL:
+            return await self._refused(user, channel, command,
+                                       f"Run #{run_id} is already {record.status}.")
+        now = self.clock()
+        verdict = evaluate_approval(
+            policy=self.settings.policy, membership=membership,
+            requester=record.requested_by, approvals=record.approved_by,
+            denials=record.denied_by, clicker=user, action=decision, now=now,
+            expires_at=parse_ts(record.expires_at) if record.expires_at else now)
+        if not verdict.accepted:
+            expired = verdict.state == RunStatus.EXPIRED and await self.expire(run_id)
+            return await self._refused(user, channel, command, verdict.reason,
+                                       expired=expired)
+        if not await self.audit.record_decision(run_id, user, decision):
+            return AlreadyCounted(run_id, decision)
+        return record
+
+    async def _refused(self, user: str, channel: str | None, command: str, reason: str, *,
+                       expired: bool = False) -> Refused:
+        await self.audit.record_refusal(user=user, channel=channel, command=command,
+                                        reason=reason)
+        return Refused(reason, expired=expired)
+
+    # ---- expire -------------------------------------------------------------------------
+
+    async def expire(self, run_id: int) -> bool:
+        """Close a request nobody approved in time; False if it was decided first."""
+        return await self.audit.transition(run_id, RunStatus.EXPIRED,
+                                           expect=(RunStatus.PENDING_APPROVAL,),
+                                           summary=EXPIRED_SUMMARY)
+
+    async def expire_overdue(self) -> list[RunRecord]:
+        """Every request still pending past its window (after a restart) becomes 'expired'."""
+        return await self.audit.expire_pending(self.clock())
+
+    async def pending(self) -> list[RunRecord]:
+        """The requests awaiting approval, newest first."""
+        return await self.audit.list_runs(statuses=[RunStatus.PENDING_APPROVAL], limit=10_000)
+
+    # ---- cancel -------------------------------------------------------------------------
+
+    async def cancel(self, run_id: int, *, user: str, membership: Membership,
+                     channel: str | None = None) -> CancelResult:
+        """Cancel by the requester or an approver: a pending or approved-not-started run
+        closes at once; one this process drives stops at its next safe point."""
+        command = f"{Decision.CANCEL} run #{run_id}"
+        try:
+            record = await self.audit.get_run(run_id)
+        except RunNotFoundError as exc:
+            return await self._refused(user, channel, command, str(exc))
+        if not may_cancel(user, record.requested_by, self.settings.policy, membership):
+            return await self._refused(
+                user, channel, command,
+                f"Only the requester or an approver can cancel run #{run_id}.")
+        if record.is_final:
+            return NotCancellable(run_id, record.status)
+        # The 'cancel' decision is recorded only where a cancel really happens (for a
+        # running run when its token is set, see start()).
+        if await self._close_unstarted(run_id, RunStatus.PENDING_APPROVAL,
+                                       f"cancelled by {user} before approval"):
+            await self.audit.record_decision(run_id, user, Decision.CANCEL)
+            return Cancelled(run_id, RunStatus.PENDING_APPROVAL)
+        if self.request_cancel(run_id, user):
+            return CancelRequested(run_id)
+        # Approved but not started yet: closing it now means it never starts.
+        if await self._close_unstarted(run_id, RunStatus.APPROVED,
+                                       f"cancelled by {user} before it started"):
+            await self.audit.record_decision(run_id, user, Decision.CANCEL)
+            return Cancelled(run_id, RunStatus.APPROVED)
+        return NotCancellable(run_id, (await self.audit.get_run(run_id)).status)
+
+    async def _close_unstarted(self, run_id: int, was: RunStatus, summary: str) -> bool:
+        return await self.audit.transition(run_id, RunStatus.CANCELLED, expect=(was,),
+                                           summary=summary)
+
+    def request_cancel(self, run_id: int, user: str) -> bool:
+        """Ask a run this process drives to stop at its next safe point (synchronous, so
+        a signal handler can call it). False when no run here has that id."""
+        token = self._cancels.get(run_id)
+        if token is None:
+            return False
+        token.request(user)
+        return True
+
+    async def withdraw(self, run_id: int, reason: str) -> bool:
+        """Nobody can see the request (its card could not be posted): close it rather
+        than leave it pending."""
+        return await self.audit.transition(
+            run_id, RunStatus.CANCELLED,
+            expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED), summary=reason)
+
+    # ---- start, finish, interrupt -------------------------------------------------------
+
+    async def start(self, run_id: int) -> CancelToken | None:
+        """approved -> running, recording this process as the owner. Returns the run's
+        cancel token, or None when the run was not 'approved' (nothing started)."""
+        if not await self.audit.transition(run_id, RunStatus.RUNNING,
+                                           expect=(RunStatus.APPROVED,), owner=self._owner()):
+            return None
+        token = self._cancels[run_id] = CancelToken()
+        self._recorders[run_id] = asyncio.create_task(self._record_cancel(run_id, token),
+                                                      name=f"cancel-recorder-{run_id}")
+        return token
+
+    async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
+        """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""
+        await token.event.wait()
+        assert token.requested_by is not None
+        await self.audit.record_decision(run_id, token.requested_by, Decision.CANCEL)
+
+    async def released(self, run_id: int) -> None:
+        """The driver is done with the run (whatever its end): no more cancels, and who
+        cancelled it is on disk before this returns."""
+        token = self._cancels.pop(run_id, None)
+        recorder = self._recorders.pop(run_id, None)
+        if recorder is None:
+            return
+        if token is not None and token.requested:
+            await recorder
+        else:
+            recorder.cancel()
+
+    async def finish(self, run_id: int, status: RunStatus, summary: str) -> bool:
+        """running -> its final status (the worst of its hosts')."""
+        return await self.audit.transition(run_id, status, expect=(RunStatus.RUNNING,),
+                                           summary=summary)
+
+    async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
+        """The driver could not carry the run out (its locks were taken meanwhile, the
+        config no longer has the service, a bug): it ends ``status`` with why."""
+        return await self.audit.transition(run_id, status,
+                                           expect=(RunStatus.APPROVED, RunStatus.RUNNING),
+                                           summary=summary)
+
+    async def interrupt(self, run_id: int) -> bool:
+        """Its driver stopped mid-run (cancelled at shutdown, broken): the run becomes
+        'interrupted' with what that means for the service, at once."""
+        record = await self.audit.get_run(run_id)
+        return await self.audit.interrupt(run_id, interrupted_message(record))
+
+    async def recover(self) -> list[Interrupted]:
+        """After a restart: the runs of dead processes become 'interrupted'."""
+        return await recover(self.audit)
