@@ -3,6 +3,11 @@ idempotence, and nested objects."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
@@ -216,3 +221,140 @@ def test_literals_never_survive(text: str, literals: list[str]) -> None:
     out = Redactor(literals)(text)
     for secret in literals:
         assert secret not in out
+
+
+# --- private keys whose BEGIN line is cut off ------------------------------------
+# Real keys, generated per test run: by OpenSSH's ssh-keygen (the tool the issue
+# names) where it is installed, and always by asyncssh, which writes the same formats.
+# OpenSSH's format has 70-character lines, PEM's 64; the last line is shorter.
+
+def _ssh_keygen(tmp: Path, kind: str, *extra: str) -> str:
+    path = tmp / kind
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "issue9", "-f", str(path),
+                    *extra], check=True, capture_output=True)
+    return path.read_text()
+
+
+@pytest.fixture(scope="module")
+def private_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    import asyncssh
+    keys = {
+        "asyncssh ed25519 openssh":
+            asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode(),
+        "asyncssh rsa pkcs1-pem": asyncssh.generate_private_key(
+            "ssh-rsa", key_size=2048).export_private_key("pkcs1-pem").decode(),
+        "asyncssh rsa pkcs8-pem": asyncssh.generate_private_key(
+            "ssh-rsa", key_size=2048).export_private_key("pkcs8-pem").decode(),
+    }
+    if shutil.which("ssh-keygen"):
+        tmp = tmp_path_factory.mktemp("keys")
+        keys["ssh-keygen -t ed25519"] = _ssh_keygen(tmp, "ed25519")
+        keys["ssh-keygen -t rsa"] = _ssh_keygen(tmp, "rsa", "-b", "2048")
+        (tmp / "rsa").unlink()
+        keys["ssh-keygen -t rsa -m PEM"] = _ssh_keygen(tmp, "rsa", "-b", "2048", "-m", "PEM")
+    return keys
+
+
+def _body(key: str) -> list[str]:
+    lines = key.strip().splitlines()
+    assert "PRIVATE KEY-----" in lines[0] and "PRIVATE KEY-----" in lines[-1]
+    return lines[1:-1]
+
+
+def _leaks(out: str, key: str) -> list[str]:
+    """Runs of 8+ base64 characters in ``out`` that are part of the key's body."""
+    body = _body(key)
+    return [run for run in re.findall(r"[A-Za-z0-9+/=]{8,}", out)
+            if any(run in line for line in body)]
+
+
+JOURNAL = "Nov 30 13:12:{:02d} gpu-node-01 python3[4242]: "
+
+
+def _cuts(key: str) -> list[tuple[str, str]]:
+    """The key's text cut at every line and in the middle of each line, raw and as
+    journald prints it, always ending with the END line."""
+    lines = key.strip().splitlines()
+    out: list[tuple[str, str]] = []
+    for start in range(1, len(lines) - 1):
+        tail = lines[start:]
+        out.append((f"from line {start}", "\n".join(tail)))
+        out.append((f"mid line {start}", "\n".join([tail[0][len(tail[0]) // 2:], *tail[1:]])))
+        logged = [JOURNAL.format(i) + line for i, line in enumerate(tail)]
+        out.append((f"journal from line {start}", "\n".join(logged)))
+        out.append((f"journal cut inside the prefix at {start}", "\n".join(
+            [logged[0][7:], *logged[1:]])))
+    return out
+
+
+def test_a_key_without_its_begin_line_is_masked_at_every_cut(
+        private_keys: dict[str, str]) -> None:
+    for name, key in private_keys.items():
+        end = key.strip().splitlines()[-1]
+        for cut, text in _cuts(key):
+            out = R(f"$ journalctl -u vllm -n 5\n{text}\nafter")
+            assert not _leaks(out, key), (name, cut, out)
+            assert end in out and out.endswith("\nafter"), (name, cut, out)
+            assert out.startswith("$ journalctl -u vllm -n 5\n"), (name, cut, out)
+            assert R(out) == out  # idempotent
+
+
+def test_vllm_logs_tail_ending_in_a_key(private_keys: dict[str, str]) -> None:
+    # The issue's case: `/vllm logs -n 5` on a journal whose last lines end a key.
+    key = private_keys["asyncssh ed25519 openssh"]
+    journal = [JOURNAL.format(i) + line for i, line in enumerate(key.strip().splitlines())]
+    out = R("\n".join(journal[-5:]))
+    assert not _leaks(out, key)
+    assert out == (JOURNAL.format(len(journal) - 5) + "***\n" + journal[-1])
+
+
+def test_a_key_cut_at_both_ends_is_masked(private_keys: dict[str, str]) -> None:
+    for name, key in private_keys.items():
+        body = _body(key)
+        full = [i for i, line in enumerate(body) if len(line) in (64, 70)]
+        for start in full:
+            for stop in range(start + 1, len(body) + 1):
+                text = "\n".join(body[start:stop])
+                out = R(f"before\n{text}\nafter")
+                assert not _leaks(out, key), (name, start, stop, out)
+                assert out == "before\n***\nafter", (name, start, stop, out)
+                # One line at a time, as the terminal prints streamed output.
+                for line in body[start:stop]:
+                    if len(line) in (64, 70):
+                        assert R(line) == "***"
+
+
+def test_a_dry_run_refusal_ending_in_a_key_is_masked_in_the_summary(
+        private_keys: dict[str, str]) -> None:
+    # The refusal quotes the last 4 lines of the dry run's output; it becomes the card's
+    # text and runs.summary, both of which pass through the Redactor.
+    key = private_keys["asyncssh rsa pkcs1-pem"]
+    tail = "\n".join(key.strip().splitlines()[-4:])
+    summary = f"preflight refused; service untouched: install dry run failed (exit 2): {tail}"
+    out = R(summary)
+    assert not _leaks(out, key)
+    assert out == ("preflight refused; service untouched: install dry run failed (exit 2): "
+                   "***\n-----END RSA PRIVATE KEY-----")
+
+
+def test_certificates_and_hex_digests_are_not_keys() -> None:
+    # The body of a public PEM block keeps its lines; so do 64-digit hex digests.
+    cert_line = "MIIDdzCCAl+gAwIBAgIEAgAAuTANBgkqhkiG9w0BAQUFADBaMQswCQYDVQQGEwJJ"
+    cert = f"-----BEGIN CERTIFICATE-----\n{cert_line}\n{cert_line}\n-----END CERTIFICATE-----"
+    assert R(cert) == cert
+    digests = "\n".join(["3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a"] * 3)
+    assert R(digests) == digests
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # Issue 9: masked only up to the ";".
+    ("DB_PASSWORD=hunter2;rest", "DB_PASSWORD=***"),
+    ("export DB_PASSWORD=a&b,c;d next", "export DB_PASSWORD=*** next"),
+    # In a URL query or a connection string, ";" and "&" start the next parameter.
+    ("GET /x?token=abc;page=2", "GET /x?token=***;page=2"),
+    ("Server=db;Password=p;Database=app", "Server=db;Password=***;Database=app"),
+    ("/y?api_key=k1&password=p2&x=1", "/y?api_key=***&password=***&x=1"),
+])
+def test_a_secret_value_is_masked_whole(text: str, expected: str) -> None:
+    assert R(text) == expected
+    assert R(expected) == expected

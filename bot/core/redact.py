@@ -3,16 +3,18 @@
 ``Redactor`` knows the literal secrets from the settings and a fixed set of
 shapes secrets take in command output: Slack/HF/GitHub tokens, credentials in
 URLs, Authorization headers, ``KEY=value`` assignments whose key names a
-secret, AWS access key IDs and PEM private key blocks.  Masking keeps the key
-name and replaces the value with ``***``, so the reader still sees *which*
-secret was there.  Applying it twice changes nothing more (idempotent), so text
-may be masked at every boundary without care for whether it already was.
+secret, AWS access key IDs and private keys: whole PEM/OpenSSH blocks, and the
+key lines of a block whose BEGIN line was cut off (a log tail that starts
+mid-key).  Masking keeps the key name and replaces the value with ``***``, so
+the reader still sees *which* secret was there.  Applying it twice changes
+nothing more (idempotent), so text may be masked at every boundary without care
+for whether it already was.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MASK = "***"
@@ -35,15 +37,174 @@ _PRIVATE_KEY = re.compile(
     re.DOTALL,
 )
 
+# Key material without its BEGIN line.  Every line of a key's body is one base64
+# token (after a log prefix such as journald's "Nov 30 13:12:01 h1 python3[42]: "):
+# 70 characters in OpenSSH's format, 64 in PEM's, the last line shorter.
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+_BASE64_TOKEN = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_FULL_KEY_LINE = re.compile(r"[A-Za-z0-9+/]{64}(?:[A-Za-z0-9+/]{6})?")
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]+")
+_NOT_A_SECRET_BLOCK = re.compile(r"-----BEGIN (?![A-Z0-9 ]*PRIVATE)[A-Z0-9 ]+-----")
+
+
+def _split_token(line: str) -> tuple[str, str]:
+    """(log prefix, last token): a base64 token holds no blank and no colon."""
+    body = line.rstrip("\r")
+    cut = max(body.rfind(" "), body.rfind("\t"), body.rfind(":")) + 1
+    return body[:cut], body[cut:]
+
+
+def _shape(prefix: str) -> str:
+    # Log prefixes of neighbouring lines differ only in their numbers (time, PID).
+    return re.sub(r"[0-9]", "0", prefix)
+
+
+def _full_key_token(token: str) -> bool:
+    # Base64 of that length mixes upper and lower case; a hex digest does not.  (Not
+    # every key line holds a digit: OpenSSH's have long runs of "A".)
+    return (_FULL_KEY_LINE.fullmatch(token) is not None
+            and token.lower() != token and token.upper() != token)
+
+
+def _random_looking(token: str) -> bool:
+    """A piece of base64 rather than a word ("after", "Started") next to key lines."""
+    if any(c in "0123456789+/=" for c in token):
+        return True
+    return any(c.isupper() for c in token[1:]) and any(c.islower() for c in token)
+
+
+def _ends_in_full_key_token(line: str) -> bool:
+    # A plain loop with this quick test first is several times faster than a regex
+    # scan of the whole text: most text has no 64 base64 characters at a line's end.
+    body = line.rstrip("\r")
+    if len(body) < 64 or _BASE64_RUN.fullmatch(body, len(body) - 64) is None:
+        return False
+    return _full_key_token(_split_token(body)[1])
+
+
+def _headless_keys(text: str) -> str:
+    """Mask the lines of private keys whose BEGIN line is not in ``text``: those before
+    an END line, and runs of full-length key lines (a tail cut at both ends, or one
+    line at a time).  Each run of key lines becomes one line: its log prefix, then MASK."""
+    headless_end = "-----END" in text and _KEY_END.search(text) is not None
+    lines = text.split("\n")
+    full = [_ends_in_full_key_token(line) for line in lines]
+    if not headless_end and not any(full):
+        return text
+    found = _KeyLines(lines, full)
+    if headless_end:
+        found.before_ends()
+    found.runs()
+    return found.masked_text(text)
+
+
+class _KeyLines:
+    """Which lines of a text are key material (see ``_headless_keys``)."""
+
+    def __init__(self, lines: list[str], full: list[bool]) -> None:
+        self.lines = lines
+        self.full = full
+        self.parts = [_split_token(line) for line in lines]
+        self.masked = [False] * len(lines)
+
+    def key_line(self, i: int, shape: str, *, first: bool = False, sure: bool = False) -> bool:
+        """Line i holds a piece of key after a prefix of the given shape.  The first
+        (topmost) line may start anywhere in its prefix: the text was cut there.
+        Unless ``sure`` (the lines above an END line), a short piece must look random."""
+        if self.masked[i]:
+            return False
+        prefix, token = self.parts[i]
+        if not (self.full[i] or (_BASE64_TOKEN.fullmatch(token)
+                                 and (sure or _random_looking(token)))):
+            return False
+        own = _shape(prefix)
+        return own == shape or (first and shape.endswith(own))
+
+    def before_ends(self) -> None:
+        """The lines above each END line, as far up as they are key lines."""
+        for i, line in enumerate(self.lines):
+            end = _KEY_END.search(line)
+            if end is None:
+                continue
+            shape = _shape(line[:end.start()])
+            j = i - 1
+            while j >= 0 and self.key_line(j, shape, sure=True):
+                self.masked[j] = True
+                j -= 1
+            if j >= 0 and self.key_line(j, shape, first=True, sure=True):
+                self.masked[j] = True
+
+    def runs(self) -> None:
+        """Runs of full-length key lines, with a cut first and a short last line."""
+        n, i = len(self.lines), 0
+        while i < n:
+            if self.masked[i] or not self.full[i]:
+                i += 1
+                continue
+            shape = _shape(self.parts[i][0])
+            start = i
+            while i < n and self.full[i] and _shape(self.parts[i][0]) == shape:
+                i += 1
+            if start > 0 and self.key_line(start - 1, shape, first=True):
+                start -= 1
+            if i < n and self.key_line(i, shape):
+                i += 1
+            if start > 0 and _NOT_A_SECRET_BLOCK.search(self.lines[start - 1]):
+                continue  # the body of a certificate or a public key
+            self.masked[start:i] = [True] * (i - start)
+
+    def masked_text(self, text: str) -> str:
+        if not any(self.masked):
+            return text
+        out: list[str] = []
+        for i, line in enumerate(self.lines):
+            if not self.masked[i]:
+                out.append(line)
+            elif i == 0 or not self.masked[i - 1]:
+                out.append(self.parts[i][0] + MASK)
+        return "\n".join(out)
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     pattern: re.Pattern[str]
     # Replacements keep everything but the value.
-    replacement: str
+    replacement: str | Callable[[re.Match[str]], str]
     # The rule only runs when one of these occurs in the text (lower-cased text
     # when ``fold``): a substring test is ~100x cheaper than a regex scan.
     triggers: tuple[str, ...]
     fold: bool = False
+
+
+_ASSIGNMENT = re.compile(
+    rf"(?i)({_SENSITIVE_WORDS}(?![A-Za-z0-9])['\"]?[ \t]*[=:][ \t]*)"
+    # A quoted value to its closing quote; else one word (a stray opening
+    # quote is kept, so a cut-off value is still masked).
+    r"(?:(['\"])[^'\"\r\n]+\2|(['\"]?)(?!(?:None|null)\b)([^\s'\"]+))"
+)
+# Characters of a parameter name, and what separates parameters in a URL query
+# (or a connection string: "Server=db;Password=x;Database=y").
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_PARAM_SEPARATORS = "&,;#"
+
+
+def _assignment(m: re.Match[str]) -> str:
+    """A secret's value masked whole: up to the blank or closing quote that ends it
+    (``DB_PASSWORD=hunter2;rest`` holds ``;rest`` too), except in a URL query or a
+    connection string, where ``&``/``;`` start the next parameter."""
+    head, quote, stray, value = m.group(1), m.group(2), m.group(3), m.group(4)
+    if quote:
+        return f"{head}{quote}{MASK}{quote}"
+    rest = ""
+    i = m.start()
+    while i > 0 and m.string[i - 1] in _NAME_CHARS:
+        i -= 1
+    if i > 0 and m.string[i - 1] in "?&;":
+        cut = min((value.find(c) for c in _PARAM_SEPARATORS if c in value), default=-1)
+        if cut > 0:
+            # The next parameters may hold secrets of their own.
+            rest = _ASSIGNMENT.sub(_assignment, value[cut:])
+    return f"{head}{stray}{MASK}{rest}"
 
 
 _RULES: tuple[_Rule, ...] = (
@@ -70,13 +231,8 @@ _RULES: tuple[_Rule, ...] = (
     # KEY=value, key: value, "key": "value", 'key': 'value' where the key names a secret.
     # None/null are left alone: vLLM prints every unset argument that way.
     _Rule(
-        re.compile(
-            rf"(?i)({_SENSITIVE_WORDS}(?![A-Za-z0-9])['\"]?[ \t]*[=:][ \t]*)"
-            # A quoted value to its closing quote; else one word (a stray opening
-            # quote is kept, so a cut-off value is still masked).
-            r"(?:(['\"])[^'\"\r\n]+\2|(['\"]?)(?!(?:None|null)\b)[^\s'\"&,;]+)"
-        ),
-        rf"\g<1>\g<2>\g<3>{MASK}\g<2>",
+        _ASSIGNMENT,
+        lambda m: _assignment(m),
         ("token", "secret", "passw", "api", "access", "_key"),
         fold=True,
     ),
@@ -143,6 +299,7 @@ class Redactor:
     def _pass(self, text: str) -> str:
         if "PRIVATE KEY-----" in text:
             text = _PRIVATE_KEY.sub(_private_key, text)
+        text = _headless_keys(text)
         if self._literals is not None:
             text = self._literals.sub(MASK, text)
         lowered = text.lower()
