@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.core.plan import Plan, PlannedStep, Step
+from bot.core.status import Action, RunStatus, StepStatus
 from bot.slack.blocks import (
     MAX_MESSAGE_TEXT,
     MAX_SECTION_TEXT,
@@ -27,15 +28,14 @@ from bot.slack.blocks import (
 )
 from tests.fakes import validate_blocks
 
-STATUSES = ["pending_approval", "approved", "running", "succeeded", "failed", "rolled_back",
-            "aborted", "cancelled", "interrupted", "denied", "expired", "refused"]
+STATUSES = list(RunStatus)  # every status a card can show, a new one included
 
 
 def plan(*, hosts: int = 1, command: str = "systemctl stop vllm", name: str = "svc") -> Plan:
     steps = tuple(PlannedStep(s, command) for s in (Step.PREFLIGHT, Step.STOP, Step.DRAIN,
                                                     Step.REINSTALL, Step.START, Step.HEALTH,
                                                     Step.POSTCHECK))
-    return Plan(action="redeploy", service=name, hosts=tuple(f"gpu-{i}" for i in range(hosts)),
+    return Plan(action=Action.REDEPLOY, service=name, hosts=tuple(f"gpu-{i}" for i in range(hosts)),
                 unit="vllm.service", package="vllm", version="0.16.0", spec="vllm==0.16.0",
                 index_name="nightly", index_url="https://wheels.example/nightly", steps=steps)
 
@@ -48,9 +48,9 @@ def assert_within_limits(msg: Message) -> None:
             assert len(block["text"]["text"]) <= MAX_SECTION_TEXT
 
 
-def huge_view(status: str) -> CardView:
+def huge_view(status: RunStatus) -> CardView:
     p = plan(hosts=40, command="x" * 20_000)
-    steps = tuple(StepLine(line.host, line.step, state="failed", duration_s=12345.6,
+    steps = tuple(StepLine(line.host, line.step, state=StepStatus.FAILED, duration_s=12345.6,
                            summary="<!channel> " + "y" * 10_000)
                   for line in initial_steps(p))
     return CardView(run_id=7, plan=p, requested_by="U0ALICE", status=status, needed=3,
@@ -62,14 +62,14 @@ def huge_view(status: str) -> CardView:
 
 
 @pytest.mark.parametrize("status", STATUSES)
-def test_cards_with_huge_inputs_stay_within_limits(status: str) -> None:
+def test_cards_with_huge_inputs_stay_within_limits(status: RunStatus) -> None:
     assert_within_limits(run_card(huge_view(status)))
     assert_within_limits(outcome_reply(huge_view(status)))
 
 
 def test_pending_card_shows_the_plan_and_the_buttons() -> None:
-    view = CardView(run_id=3, plan=plan(), requested_by="U0ALICE", status="pending_approval",
-                    needed=2, approvals=("U0BOB",),
+    view = CardView(run_id=3, plan=plan(), requested_by="U0ALICE",
+                    status=RunStatus.PENDING_APPROVAL, needed=2, approvals=("U0BOB",),
                     expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
     msg = run_card(view)
     assert_within_limits(msg)
@@ -86,16 +86,17 @@ def test_pending_card_shows_the_plan_and_the_buttons() -> None:
 def test_status_card_has_a_checklist_and_cancel_until_the_end() -> None:
     p = plan(hosts=2)
     steps = list(initial_steps(p))
-    steps[0] = StepLine("gpu-0", Step.PREFLIGHT, "ok", 1.5, "fine")
-    steps[1] = StepLine("gpu-0", Step.STOP, "running")
-    running = CardView(run_id=3, plan=p, requested_by="U0ALICE", status="running",
+    steps[0] = StepLine("gpu-0", Step.PREFLIGHT, StepStatus.OK, 1.5, "fine")
+    steps[1] = StepLine("gpu-0", Step.STOP, StepStatus.RUNNING)
+    running = CardView(run_id=3, plan=p, requested_by="U0ALICE", status=RunStatus.RUNNING,
                        approvals=("U0BOB",), steps=tuple(steps))
     msg = run_card(running)
     text = str(msg.blocks)
     assert ":white_check_mark: Preflight" in text and "(1.5s) — fine" in text
     assert ":hourglass_flowing_sand: *Stop service*" in text and "*gpu-1*" in text
     assert msg.blocks[-1]["elements"][0]["text"]["text"] == "Cancel"
-    done = run_card(CardView(run_id=3, plan=p, requested_by="U0ALICE", status="succeeded",
+    done = run_card(CardView(run_id=3, plan=p, requested_by="U0ALICE",
+                             status=RunStatus.SUCCEEDED,
                              steps=tuple(steps), summary="vllm 0.15.1 -> 0.16.0, healthy"))
     assert all(b["type"] != "actions" for b in done.blocks)
     assert "vllm 0.15.1 -&gt; 0.16.0, healthy" in str(done.blocks)
@@ -105,7 +106,7 @@ def test_host_text_cannot_ping_or_close_the_code_block() -> None:
     code, _ = code_tail("ok\n<!channel> ``` *bold* <@U123>")
     assert "<!channel>" not in code and "<@U123>" not in code
     assert code.count("```") == 2
-    line = StepLine("h", Step.STOP, "failed", 1.0, "<!here> & <https://evil|x>")
+    line = StepLine("h", Step.STOP, StepStatus.FAILED, 1.0, "<!here> & <https://evil|x>")
     assert "<!here>" not in str(step_reply(line, "", full_log_attached=False).blocks)
     assert escape("a<b>&c") == "a&lt;b&gt;&amp;c"
 
@@ -124,7 +125,7 @@ def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=20_000), st.text(max_size=400))
 def test_answers_stay_within_limits_for_any_text(body: str, title: str) -> None:
-    line = StepLine(title or "h", Step.REINSTALL, "ok", 0.1, title)
+    line = StepLine(title or "h", Step.REINSTALL, StepStatus.OK, 0.1, title)
     for msg in (code_answer(title, body), tail_answer(title, body),
                 step_reply(line, body, full_log_attached=True)):
         assert_within_limits(msg)

@@ -11,6 +11,7 @@ from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES
 from bot.core.redact import MASK
+from bot.core.status import StepStatus
 
 # Output streams line by line, so a private key's body lines never reach the redactor
 # together with its BEGIN line: the sink masks every line between the two markers.
@@ -44,11 +45,11 @@ class TerminalSink:
             if self.show_output:
                 self._print(f"[{event.host}]   | {self._mask_keys(event)}")
         elif isinstance(event, ev.StepFinished):
-            mark = "ok" if event.status == "ok" else "FAILED"
+            mark = event.status if event.status == StepStatus.OK else "FAILED"
             self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
                         f"{event.summary}")
             self._in_key.discard((event.host, event.step))
-            if event.status != "ok" and event.output.strip():
+            if event.status != StepStatus.OK and event.output.strip():
                 # Redact the whole output before cutting, so a cut never hides a secret's start.
                 tail = self._redact(event.output).strip().splitlines()[-50:]
                 self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any
 
 from bot.core.plan import STEP_TITLES, SYSTEM_PREFIX, Plan, Step
+from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 
 Block = dict[str, Any]
 
@@ -44,45 +45,35 @@ _SUMMARY_CHARS = 300
 _MAX_COMMAND_SECTIONS = 8
 _MAX_CHECKLIST_SECTIONS = 30
 
-StepStateName = Literal["pending", "running", "ok", "failed", "skipped", "interrupted"]
-STEP_STATES: frozenset[str] = frozenset(get_args(StepStateName))
-
-_STEP_ICONS: dict[str, str] = {
-    "pending": ":white_circle:",
-    "running": ":hourglass_flowing_sand:",
-    "ok": ":white_check_mark:",
-    "failed": ":x:",
-    "skipped": ":heavy_minus_sign:",
-    "interrupted": ":warning:",
+_STEP_ICONS: dict[StepStatus, str] = {
+    StepStatus.PENDING: ":white_circle:",
+    StepStatus.RUNNING: ":hourglass_flowing_sand:",
+    StepStatus.OK: ":white_check_mark:",
+    StepStatus.FAILED: ":x:",
+    StepStatus.SKIPPED: ":heavy_minus_sign:",
+    StepStatus.INTERRUPTED: ":warning:",
 }
-_STATUS_ICONS: dict[str, str] = {
-    "pending_approval": ":raised_hand:",
-    "approved": ":white_check_mark:",
-    "running": ":arrows_counterclockwise:",
-    "succeeded": ":large_green_circle:",
-    "failed": ":red_circle:",
-    "rolled_back": ":leftwards_arrow_with_hook:",
-    "aborted": ":no_entry:",
-    "cancelled": ":no_entry_sign:",
-    "interrupted": ":warning:",
-    "denied": ":no_entry_sign:",
-    "expired": ":hourglass:",
-    "refused": ":no_entry:",
+_STATUS_ICONS: dict[RunStatus, str] = {
+    RunStatus.PENDING_APPROVAL: ":raised_hand:",
+    RunStatus.APPROVED: ":white_check_mark:",
+    RunStatus.RUNNING: ":arrows_counterclockwise:",
+    RunStatus.SUCCEEDED: ":large_green_circle:",
+    RunStatus.FAILED: ":red_circle:",
+    RunStatus.ROLLED_BACK: ":leftwards_arrow_with_hook:",
+    RunStatus.ABORTED: ":no_entry:",
+    RunStatus.CANCELLED: ":no_entry_sign:",
+    RunStatus.INTERRUPTED: ":warning:",
+    RunStatus.DENIED: ":no_entry_sign:",
+    RunStatus.EXPIRED: ":hourglass:",
+    RunStatus.REFUSED: ":no_entry:",
 }
-_STATUS_WORDS: dict[str, str] = {
-    "pending_approval": "awaiting approval",
-    "approved": "approved, starting",
-    "running": "running",
-    "succeeded": "succeeded",
-    "failed": "FAILED",
-    "rolled_back": "rolled back",
-    "aborted": "aborted (nothing changed)",
-    "cancelled": "cancelled",
-    "interrupted": "interrupted",
-    "denied": "denied",
-    "expired": "expired",
-    "refused": "refused",
-}
+_STATUS_WORDS: dict[RunStatus, str] = {
+    RunStatus.PENDING_APPROVAL: "awaiting approval",
+    RunStatus.APPROVED: "approved, starting",
+    RunStatus.FAILED: "FAILED",
+    RunStatus.ROLLED_BACK: "rolled back",
+    RunStatus.ABORTED: "aborted (nothing changed)",
+}  # the others read as their own word
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +232,7 @@ class StepLine:
 
     host: str
     step: Step
-    state: StepStateName = "pending"
+    state: StepStatus = StepStatus.PENDING
     duration_s: float | None = None
     summary: str = ""
 
@@ -253,7 +244,7 @@ class CardView:
     run_id: int
     plan: Plan
     requested_by: str
-    status: str
+    status: RunStatus
     needed: int = 1
     approvals: tuple[str, ...] = ()
     denied_by: tuple[str, ...] = ()
@@ -264,9 +255,9 @@ class CardView:
     summary: str | None = None
     cancel_requested_by: str | None = None
     notes: tuple[str, ...] = field(default=())
-    # (host, state) once a host is done: its outcome, or "not_started" for a host a
+    # (host, state) once a host is done: its outcome, or NOT_STARTED for a host a
     # stopped rollout never reached.
-    host_states: tuple[tuple[str, str], ...] = ()
+    host_states: tuple[tuple[str, HostStatus], ...] = ()
 
 
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
@@ -281,7 +272,7 @@ def _what(plan: Plan) -> str:
 def _package(view: CardView) -> str:
     plan = view.plan
     now = view.version_now or "unknown until preflight"
-    if plan.action == "redeploy":
+    if plan.action == Action.REDEPLOY:
         target = plan.version or "latest"
         line = f"`{escape(plan.package)}` {escape(now)} → {escape(target)}"
         if view.version_after:
@@ -307,7 +298,7 @@ def _facts(view: CardView) -> Block:
     ]
     # System decisions (a dry run's, a status query's) are in the audit log, not here.
     people = tuple(a for a in view.approvals if not a.startswith(SYSTEM_PREFIX))
-    if view.status == "pending_approval" or people:
+    if view.status == RunStatus.PENDING_APPROVAL or people:
         noun = "approval" if view.needed == 1 else "approvals"
         pairs.append(("Approved by", f"{mentions(people)} "
                       f"({len(people)} of {view.needed} {noun})"))
@@ -342,10 +333,10 @@ def _duration(seconds: float | None) -> str:
 
 def _step_line(line: StepLine) -> str:
     title = escape(STEP_TITLES.get(line.step, str(line.step)))
-    if line.state == "running":
+    if line.state == StepStatus.RUNNING:
         title = f"*{title}*"
     text = f"{_STEP_ICONS.get(line.state, '')} {title}{_duration(line.duration_s)}"
-    if line.summary and line.state != "pending":
+    if line.summary and line.state != StepStatus.PENDING:
         text += f" — {escape(one_line(line.summary))}"
     return text
 
@@ -357,7 +348,7 @@ def _checklist(view: CardView) -> list[Block]:
     for host in hosts:
         if len(hosts) > 1:
             state = states.get(host)
-            shown = "not started" if state == "not_started" else state
+            shown = "not started" if state == HostStatus.NOT_STARTED else state
             lines.append(f"*{escape(host)}*" + (f" — {escape(shown)}" if shown else ""))
         lines.extend(_step_line(s) for s in view.steps if s.host == host)
     return [section(chunk) for chunk in _pack(lines, MAX_SECTION_TEXT, _MAX_CHECKLIST_SECTIONS)]
@@ -378,7 +369,7 @@ def run_card(view: CardView) -> Message:
     word = _STATUS_WORDS.get(status, status)
     title = f"Run #{view.run_id}: {_what(view.plan)} — {word}"
     blocks: list[Block] = [header(title), _facts(view)]
-    if status == "pending_approval":
+    if status == RunStatus.PENDING_APPROVAL:
         blocks.extend(_commands(view.plan))
         blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "
                               "their own run unless the policy allows it.", _expiry(view)))
@@ -392,8 +383,9 @@ def run_card(view: CardView) -> Message:
         text = (f"Approval needed: run #{view.run_id} {_what(view.plan)} ({view.plan.spec}) "
                 f"requested by {mention(view.requested_by)}")
         return message(text, blocks)
-    if view.steps and status not in ("denied", "expired") and not (
-            status == "cancelled" and all(s.state == "pending" for s in view.steps)):
+    if view.steps and status not in (RunStatus.DENIED, RunStatus.EXPIRED) and not (
+            status == RunStatus.CANCELLED
+            and all(s.state == StepStatus.PENDING for s in view.steps)):
         blocks.extend(_checklist(view))
     else:
         blocks.extend(_commands(view.plan))
@@ -402,12 +394,12 @@ def run_card(view: CardView) -> Message:
         outcome += f": {escape(cut(view.summary, MAX_SECTION_TEXT - 200))}"
     blocks.append(section(outcome))
     notes = [escape(n) for n in view.notes]
-    if view.cancel_requested_by and status in ("approved", "running"):
+    if view.cancel_requested_by and status in (RunStatus.APPROVED, RunStatus.RUNNING):
         notes.append(f"Cancel requested by {mention(view.cancel_requested_by)}: the run stops "
                      "at its next safe point.")
     if notes:
         blocks.append(context(*notes))
-    if status in ("approved", "running") and view.cancel_requested_by is None:
+    if status in (RunStatus.APPROVED, RunStatus.RUNNING) and view.cancel_requested_by is None:
         blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
             button("Cancel", ACTION_CANCEL, str(view.run_id), style="danger",
                    confirm=confirm_dialog(f"Cancel run #{view.run_id}?",
@@ -435,7 +427,7 @@ def step_reply(line: StepLine, output: str, *, full_log_attached: bool) -> Messa
         if truncated or full_log_attached:
             blocks.append(context("The full output is attached below."
                                   if full_log_attached else "Earlier output was cut."))
-    state = "ok" if line.state == "ok" else line.state.upper()
+    state = line.state if line.state == StepStatus.OK else line.state.upper()
     return message(f"{line.host}: {title} {state}{_duration(line.duration_s)}", blocks)
 
 

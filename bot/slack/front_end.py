@@ -28,22 +28,20 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.audit.store import FINAL_STATUSES, RunRecord, StepRecord, parse_ts
+from bot.audit.store import RunRecord, StepRecord, parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan, PlannedStep, Step
 from bot.core.policy import counted_approvals, groups_to_resolve, is_requester
-from bot.core.status import Decision, RunStatus, Source
+from bot.core.status import FINAL_STATUSES, Action, Decision, RunStatus, Source, StepStatus
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError
 from bot.slack.blocks import (
-    STEP_STATES,
     CardView,
     StepLine,
-    StepStateName,
     initial_steps,
     message,
     run_card,
@@ -105,7 +103,8 @@ def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView
     shown as skipped once the run is over."""
     lines = list(view.steps)
     for rec in steps:
-        state = cast(StepStateName, rec.status if rec.status in STEP_STATES else "failed")
+        # A status this bot does not know (a newer bot wrote it) shows as a failure.
+        state = rec.status if rec.status in StepStatus else StepStatus.FAILED
         line = StepLine(rec.host, Step(rec.step), state, rec.duration_s)
         index = next((i for i, s in enumerate(lines)
                       if (s.host, s.step) == (line.host, line.step)), None)
@@ -114,7 +113,8 @@ def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView
         else:
             lines[index] = line
     if view.status in FINAL_STATUSES:
-        lines = [dataclasses.replace(s, state="skipped") if s.state == "pending" else s
+        lines = [dataclasses.replace(s, state=StepStatus.SKIPPED)
+                 if s.state == StepStatus.PENDING else s
                  for s in lines]
     return dataclasses.replace(view, steps=tuple(lines))
 
@@ -123,7 +123,7 @@ def plan_from_record(record: RunRecord) -> Plan:
     """The plan as it was requested and shown on the card (stored with the run)."""
     p = record.plan
     return Plan(
-        action=p["action"], service=p["service"], hosts=tuple(p["hosts"]), unit=p["unit"],
+        action=Action(p["action"]), service=p["service"], hosts=tuple(p["hosts"]), unit=p["unit"],
         package=p["package"], version=p.get("version"), spec=p["spec"],
         index_name=p.get("index_name"), index_url=p.get("index_url"),
         steps=tuple(PlannedStep(Step(s["step"]), s["command"]) for s in p["steps"]),
@@ -395,4 +395,3 @@ class Approvals:
         await self.lifecycle.abandon(run_id, status, summary)
         record = await self.runtime.audit.get_run(run_id)
         reporter.conclude(record.status, record.summary or summary)
-

@@ -37,6 +37,7 @@ from typing import Any
 from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import Step
+from bot.core.status import HostStatus, RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
 from bot.slack.blocks import (
     CardView,
@@ -132,28 +133,31 @@ class SlackReporter:
             self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
             return  # output alone never changes the card
         if isinstance(event, ev.RunStarted):
-            self._set(status="running", approvals=tuple(event.approved_by) or
+            self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
                       self.view.approvals)
         elif isinstance(event, ev.StepStarted):
             self._logs[(event.host, event.step)] = _Log()
-            self._step(event.host, event.step, state="running", duration_s=None, summary="")
+            self._step(event.host, event.step, state=StepStatus.RUNNING, duration_s=None,
+                       summary="")
         elif isinstance(event, ev.StepFinished):
-            line = self._step(event.host, event.step, state=event.status,
+            line = self._step(event.host, event.step, state=StepStatus(event.status),
                               duration_s=event.duration_s, summary=event.summary)
             collected = self._logs.pop((event.host, event.step), _Log())
             output = collected.full_output(event.output)
-            if output.strip() or event.status != "ok":
+            if output.strip() or event.status != StepStatus.OK:
                 self._replies.append(_Reply(line=line, output=output))
         elif isinstance(event, ev.GpuTable):
             self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
                                         table=render_table(event.snapshot)))
         elif isinstance(event, ev.VersionsKnown):
-            if event.before is not None and self.view.status == "running":
+            if event.before is not None and self.view.status == RunStatus.RUNNING:
                 self._set(version_now=self.view.version_now or event.before)
         elif isinstance(event, ev.HostFinished):
-            self._set(host_states=(*self.view.host_states, (event.host, event.status)))
+            self._set(host_states=(*self.view.host_states,
+                                   (event.host, HostStatus(event.status))))
         elif isinstance(event, ev.RunFinished):
-            self.conclude(event.status, event.summary, version_after=event.version_after)
+            self.conclude(RunStatus(event.status), event.summary,
+                          version_after=event.version_after)
             return
         self._touch()
 
@@ -188,14 +192,17 @@ class SlackReporter:
         self._replies.append(_Reply(msg=cancel_reply(user)))
         self._touch()
 
-    def conclude(self, status: str, summary: str, *, version_after: str | None = None) -> None:
+    def conclude(self, status: RunStatus, summary: str, *,
+                 version_after: str | None = None) -> None:
         """The run's final state; steps that never ran are shown as skipped."""
         if self._concluded:
             return
         self._concluded = True
-        steps = tuple(dataclasses.replace(s, state="skipped") if s.state == "pending" else
-                      dataclasses.replace(s, state="interrupted") if s.state == "running" else s
-                      for s in self.view.steps)
+        steps = tuple(
+            dataclasses.replace(s, state=StepStatus.SKIPPED) if s.state == StepStatus.PENDING
+            else dataclasses.replace(s, state=StepStatus.INTERRUPTED)
+            if s.state == StepStatus.RUNNING else s
+            for s in self.view.steps)
         self._set(status=status, summary=summary, steps=steps,
                   version_after=version_after or self.view.version_after)
         self._replies.append(_Reply(msg=outcome_reply(self.view)))
@@ -303,4 +310,3 @@ class SlackReporter:
             name, content, title = reply.file
             await self.poster.upload(self.channel, filename=name, content=content, title=title,
                                      thread_ts=self.ts)
-
