@@ -152,6 +152,10 @@ class ServiceSettings(_Section):
     def _unit(cls, v: str) -> str:
         if not UNIT_RE.match(v):
             raise ValueError(f"{v!r} is not a systemd unit name")
+        if v.startswith("-"):
+            # systemctl and journalctl would read it as an option.
+            raise ValueError(f"unit {v!r} starts with '-': name the service's own unit "
+                             "(e.g. vllm-kimi.service)")
         return v
 
     @field_validator("python", "uv")

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from bot.core.remote import parse_df_avail_mib
+from bot.core.remote import (
+    UNIT_PROPERTIES,
+    journal_tail,
+    parse_df_avail_mib,
+    unit_is_active,
+    unit_show,
+    unit_start,
+    unit_stop,
+)
+from bot.settings import ServiceSettings
 
 HEADER = "Filesystem     1048576-blocks  Used Available Capacity Mounted on\n"
 
@@ -39,3 +48,20 @@ def test_df_avail_is_read_whatever_spaces_the_names_hold(line: str, avail: int) 
 ])
 def test_df_output_of_another_shape_is_unknown(text: str) -> None:
     assert parse_df_avail_mib(text) is None
+
+
+def _service(unit: str) -> ServiceSettings:
+    return ServiceSettings(hosts=["h1"], unit=unit, python="/opt/venvs/vllm/bin/python")
+
+
+def test_systemctl_reads_the_unit_after_the_end_of_options() -> None:
+    # "--" ends getopt's options, so even a unit that reached here starting with "-"
+    # would be a unit (systemd 252: `systemctl stop -- --now.service` is accepted).
+    svc = _service("vllm-kimi-k25")
+    assert unit_show(svc) == ("systemctl", "show", "-p", UNIT_PROPERTIES, "--",
+                              "vllm-kimi-k25")
+    assert unit_is_active(svc) == ("systemctl", "is-active", "--", "vllm-kimi-k25")
+    assert unit_stop(svc) == ("systemctl", "stop", "--", "vllm-kimi-k25")
+    assert unit_start(svc) == ("systemctl", "start", "--", "vllm-kimi-k25")
+    # journalctl takes the unit as the value of -u, whatever it starts with.
+    assert journal_tail(svc, 5) == ("journalctl", "-u", "vllm-kimi-k25", "-n", "5", "--no-pager")

@@ -24,23 +24,29 @@ def package_spec(svc: ServiceSettings, version: str | None) -> str:
     return svc.package if version is None else f"{svc.package}=={version}"
 
 
+# "--" ends systemctl's options (getopt): a unit name is then never read as one, even
+# if the settings' check that no name starts with "-" were ever bypassed.  Without it,
+# systemd 252 reads `systemctl stop --now.service` as "unrecognized option".
 def unit_show(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "show", svc.unit, "-p", UNIT_PROPERTIES)
+    return ("systemctl", "show", "-p", UNIT_PROPERTIES, "--", svc.unit)
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "is-active", svc.unit)
+    return ("systemctl", "is-active", "--", svc.unit)
 
 
 def unit_stop(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "stop", svc.unit)
+    return ("systemctl", "stop", "--", svc.unit)
 
 
 def unit_start(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "start", svc.unit)
+    return ("systemctl", "start", "--", svc.unit)
 
 
 def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
+    # No "--": the unit is not an operand but the value of -u, which getopt takes
+    # whatever it starts with (`journalctl -u --foo` looks for unit "--foo"); operands
+    # after "--" would be journal matches.
     n = svc.journal_lines if lines is None else lines
     return ("journalctl", "-u", svc.unit, "-n", str(n), "--no-pager")
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from bot.core import remote
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
-from bot.sim.kit import SimKit
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
 from tests.polling import eventually
 from tests.support.sim import MakeSimHost
@@ -301,3 +303,33 @@ async def test_call_log_keeps_order(sim_host: SimKit) -> None:
 async def test_usage_errors_exit_nonzero(sim_host: SimKit, argv: tuple[str, ...]) -> None:
     r = await run(sim_host, *argv)
     assert r.status in (1, 2) and r.stderr
+
+
+async def test_systemctl_and_journalctl_accept_the_argv_the_bot_builds(sim_host: SimKit) -> None:
+    # The builders put "--" before systemctl's operands, as systemd 252 accepts it.
+    svc = Settings(**sim_host.settings_fragment()).services[SERVICE]
+    show = await run(sim_host, *remote.unit_show(svc))
+    assert (show.status, show.stderr) == (0, "")
+    assert "LoadState=loaded\nActiveState=active\n" in show.stdout
+    assert await run(sim_host, *remote.unit_is_active(svc)) == Ran(0, "active\n", "")
+    assert (await run(sim_host, *remote.unit_stop(svc))).status == 0
+    assert await run(sim_host, *remote.unit_is_active(svc)) == Ran(3, "inactive\n", "")
+    assert (await run(sim_host, *remote.unit_start(svc))).status == 0
+    journal = await run(sim_host, *remote.journal_tail(svc, 3))
+    assert journal.status == 0 and len(journal.stdout.splitlines()) == 3
+    assert sim_host.changes() == ["stop", "start"]
+
+
+async def test_after_the_end_of_options_a_dash_is_a_unit_name(sim_host: SimKit) -> None:
+    # Like systemd 252: an operand after "--" is a unit, never an option.
+    r = await run(sim_host, "systemctl", "stop", "--", "--now.service")
+    assert (r.status, r.stderr) == (
+        5, "Failed to stop --now.service: Unit --now.service not loaded.\n")
+    r = await run(sim_host, "systemctl", "stop", "--now.service")
+    assert (r.status, r.stderr) == (1, "systemctl: unrecognized option '--now.service'\n")
+    assert sim_host.unit_state() == "active"
+    # journalctl's operands after "--" are matches: "foo" is not one (systemd 252's words).
+    r = await run(sim_host, "journalctl", "-u", UNIT, "--no-pager", "--", "foo")
+    assert r == Ran(1, "", "Failed to add match 'foo': Invalid argument\n")
+    r = await run(sim_host, "journalctl", "-u", UNIT, "-n", "1", "--no-pager", "--")
+    assert r.status == 0 and len(r.stdout.splitlines()) == 1

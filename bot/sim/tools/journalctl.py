@@ -1,4 +1,4 @@
-"""Simulated ``journalctl``: ``-u UNIT``, ``-n N``, ``-o short|cat``, ``--no-pager``.
+"""Simulated ``journalctl``: ``-u UNIT``, ``-n N``, ``-o short|cat``, ``--no-pager``, ``--``.
 
 The whole journal of the simulated host is its one unit's; lines planned for
 the future (a model still loading) are not shown until their time comes.
@@ -61,10 +61,19 @@ class _Args:
     quiet: bool = False
 
 
+class _Match(Exception):
+    """An operand: a journal match, which the simulator does not implement."""
+
+
 def _parse(args: list[str]) -> _Args:
     parsed = _Args()
     it = iter(args)
     for a in it:
+        if a == "--":  # getopt: the rest are operands (journal matches)
+            matches = list(it)
+            if matches:
+                raise _Match(matches[0])
+            break
         name, value = _option(a, it)
         if name == "unit":
             parsed.units.append(value)
@@ -82,6 +91,13 @@ def main(store: StateStore, args: list[str]) -> int:
         a = _parse(args)
     except _Unrecognized as e:
         print(f"journalctl: unrecognized option '{e}'", file=sys.stderr)
+        return 1
+    except _Match as e:
+        if "=" not in str(e):  # what systemd 252's journalctl says of it
+            print(f"Failed to add match '{e}': Invalid argument", file=sys.stderr)
+        else:
+            print(f"journalctl (simulated): matches are not implemented: '{e}'",
+                  file=sys.stderr)
         return 1
     except (StopIteration, ValueError):
         print("journalctl: option requires a valid argument", file=sys.stderr)

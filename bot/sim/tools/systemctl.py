@@ -161,6 +161,9 @@ def _parse(args: list[str]) -> _Args:
     positional: list[str] = []
     it = iter(args)
     for a in it:
+        if a == "--":  # getopt: the rest are operands, even those that start with "-"
+            positional += it
+            break
         props = _property_option(a, it)
         if props is not None:
             parsed.props += props
