@@ -355,6 +355,20 @@ def test_cancel_during_drain_restarts_on_installed_version() -> None:
     assert out.version_after == "0.16.0rc2.dev313+g662205d34"
 
 
+def test_cancel_that_meets_a_finished_drain_restarts_without_reinstalling() -> None:
+    # The cancel arrives with the stop's end (the audit log went away right after
+    # `systemctl stop`); the first drain poll already finds the GPUs free. The cancel
+    # must still win: the service comes back on what was installed, nothing reinstalled.
+    def stop_ended(a: Any) -> bool:
+        return isinstance(a, Emit) and isinstance(a.notice, EndStep) and a.notice.step == "stop"
+    h = Host(drain_after_polls=0, cancel_at=stop_ended)
+    out = run(h)
+    assert out.status == "cancelled"
+    assert verbs(h) == ["stop", "start"]
+    assert out.summary == "cancelled during drain; service restarted on 0.16.0rc2.dev313+g662205d34"
+    assert ("drain", False) in steps(h)
+
+
 def test_cancel_during_reinstall_takes_effect_after_it() -> None:
     def during_install(a: Any) -> bool:
         return isinstance(a, RunCommand) and a.step == Step.REINSTALL

@@ -322,16 +322,20 @@ def _drain(svc: ServiceSettings, host: str
             return "failed", msg
         tick = yield from _tick(0.0)
         elapsed = tick.now - start
-        if unreachable is None and last is not None and last[1].drained:
+        drained = unreachable is None and last is not None and last[1].drained
+        # A cancel wins over a drain that just ended: once the drain says "ok" the
+        # reinstall starts, and a cancel can then only take effect after it.
+        if tick.cancel_requested:
+            if last is not None:
+                yield Emit(Snapshot("drain cancelled", last[0]))
+            yield Emit(EndStep(Step.DRAIN, False, "cancelled once the GPU memory was released"
+                               if drained else "cancelled while waiting for GPU memory"))
+            return "cancelled", None
+        if drained and last is not None:
             yield Emit(Snapshot("after drain", last[0]))
             yield Emit(EndStep(Step.DRAIN, True,
                                f"GPU memory released after {elapsed:.1f}s ({polls} polls)"))
             return "ok", None
-        if tick.cancel_requested:
-            if last is not None:
-                yield Emit(Snapshot("drain cancelled", last[0]))
-            yield Emit(EndStep(Step.DRAIN, False, "cancelled while waiting for GPU memory"))
-            return "cancelled", None
         if elapsed >= svc.drain_timeout_s:
             if unreachable is not None or last is None:
                 msg = (f"no answer from the host while waiting for GPU memory ({unreachable}); "
