@@ -31,6 +31,7 @@ from bot.slack.grammar import (
     Restart,
     Status,
     parse_command,
+    run_id_of,
     usage,
 )
 
@@ -514,3 +515,49 @@ def test_fuzz_valid_commands_parse_exactly(case: tuple[str, Command]) -> None:
     cmd = parse(text)
     assert cmd == expected
     assert_safe(cmd)
+
+
+# --- run ids in button values ------------------------------------------------------
+# A button's value is the run id the bot put there, but Slack delivers whatever a
+# signed request says.  Issue 9: a 30-digit value raised OverflowError (from SQLite)
+# and the click got no reply; Unicode digits pass str.isdigit().
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("12", 12),
+    ("1", 1),
+    ("9223372036854775807", 2**63 - 1),
+    ("007", 7),
+])
+def test_run_id_of_reads_a_run_id(value: str, expected: int) -> None:
+    assert run_id_of(value) == expected
+
+
+@pytest.mark.parametrize("value", [
+    "1" * 30,  # the 30-digit value of the issue
+    "9223372036854775808",  # one past SQLite's largest INTEGER
+    "0" * 20 + "1",  # short in value, long in text
+    "0",
+    "",
+    "-1",
+    "+1",
+    " 12",
+    "12\n",
+    "1_000",
+    "#12",
+    "\u0661\u0662",  # ARABIC-INDIC DIGITS ONE, TWO: "١٢".isdigit() is True
+    "\u00b2",  # SUPERSCRIPT TWO: "²".isdigit() is True, int("²") raises ValueError
+    "\uff11\uff12",  # FULLWIDTH DIGITS: "１２".isdigit() is True
+])
+def test_run_id_of_refuses_anything_else(value: str) -> None:
+    assert run_id_of(value) is None
+
+
+def test_cancel_takes_the_same_run_ids() -> None:
+    settings = make_settings()
+    assert parse_command("cancel #9223372036854775807", settings) == Cancel(2**63 - 1)
+    with pytest.raises(InputError, match="is not a run id"):
+        parse_command(f"cancel {'1' * 30}", settings)
+    # Typed text meets the character check first.
+    with pytest.raises(InputError, match="not allowed"):
+        parse_command("cancel \u0661\u0662", settings)

@@ -276,11 +276,22 @@ def _parse_gpus(args: _Args, settings: Settings) -> Gpus:
     )
 
 
+def run_id_of(text: str) -> int | None:
+    """The run id ``text`` names (a button's value, or what follows "#"), or None.
+
+    ASCII digits only (``str.isdigit`` also takes "١٢" and "²"), and within what
+    SQLite can store: a larger number made the query raise OverflowError.  The
+    length is checked before ``int()`` so a huge value costs nothing."""
+    if len(text) > len(str(MAX_RUN_ID)) or not _DIGITS.fullmatch(text):
+        return None
+    run_id = int(text)
+    return run_id if 1 <= run_id <= MAX_RUN_ID else None
+
+
 def _parse_cancel(args: _Args) -> Cancel:
     raw = args.required("run id (for example #12)")
-    digits = raw.removeprefix("#")
-    run_id = int(digits) if _DIGITS.fullmatch(digits) and len(digits) <= 19 else 0
-    if not 1 <= run_id <= MAX_RUN_ID:
+    run_id = run_id_of(raw.removeprefix("#"))
+    if run_id is None:
         args.fail(f"{_show(raw)} is not a run id; a run id is a positive number like 12 or #12.")
     return Cancel(run_id=run_id)
 

@@ -13,6 +13,7 @@ from bot.core.plan import Plan
 from bot.settings import Settings
 from bot.slack.blocks import code_answer, code_head, tail_answer
 from bot.slack.front_end import Approvals
+from bot.slack.grammar import run_id_of
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Click:
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(
             "channel_id")
         return cls(ops=approvals_of(context), user=str(body["user"]["id"]),
-                   channel=channel, run_id=int(value) if value.isdigit() else None,
+                   channel=channel, run_id=run_id_of(value),
                    respond=respond)
 
     def later(self, work: Callable[[int], Awaitable[str | None]], name: str) -> None:
