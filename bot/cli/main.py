@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.audit.view import runs_json, runs_table
+from bot.cli import operator
 from bot.cli.terminal import TerminalSink
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
 from bot.core.status import Action, RunStatus, Source
+from bot.engine.recovery import Interrupted
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, render_fleet, resolve_targets
@@ -82,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--limit", type=int, default=20)
     a.add_argument("--json", action="store_true")
 
+    ru = command("runs", help="runs with their owners, leases and the locks they hold")
+    ru.add_argument("--active", action="store_true",
+                    help="every run awaiting approval, approved or running")
+    ru.add_argument("--limit", type=int, default=20)
+    ru.add_argument("--json", action="store_true")
+
+    rc = command("recover", help="mark a run whose driver died interrupted; release its locks")
+    rc.add_argument("run_id", type=int)
+    rc.add_argument("--force", action="store_true",
+                    help="even though its owner looks alive")
+    rc.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
     d = command("demo", help="full redeploy against an embedded simulated GPU host")
     d.add_argument("--fault", action="append", default=[],
                    help="inject a fault (see the README), may repeat")
@@ -123,6 +137,13 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
     out.write(rt.redact(describe_plan(plan)) + "\n")
+
+    async def told(item: Interrupted) -> None:
+        # A dead process's run was holding the lock: recovered before ours is taken.
+        out.write(rt.redact(f"recovered: {item.message}") + "\n")
+        out.flush()
+
+    rt.lifecycle.recovered.append(told)
     if not (yes or plan.dry_run):
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed (use --yes when not on a terminal)")
@@ -148,6 +169,18 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     return EXIT_CODES.get(result.status, 1)
+
+
+async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
+    """``runs`` and ``recover``: the operator's view of owners and locks, and way out."""
+    if args.command == "runs":
+        if not 1 <= args.limit <= 10_000:
+            raise InputError("--limit must be between 1 and 10000")
+        return await operator.list_runs(rt, active=args.active, limit=args.limit,
+                                        as_json=args.json)
+    return await operator.recover_run(rt, args.run_id, force=args.force, yes=args.yes,
+                                      user=cli_user(),
+                                      confirm=lambda prompt: _confirm(prompt, sys.stdin))
 
 
 async def _amain(args: argparse.Namespace) -> int:
@@ -189,6 +222,8 @@ async def _amain(args: argparse.Namespace) -> int:
             records = await rt.audit.list_runs(service=args.service, limit=args.limit)
             print(runs_json(records) if args.json else runs_table(records))
             return 0
+        if args.command in ("runs", "recover"):
+            return await _operator_command(rt, args)
     raise InputError(f"unknown command {args.command}")
 
 

@@ -149,7 +149,8 @@ class Engine:
             return RunResult(run_id, RunStatus.REFUSED, f"not started: {reason}", {})
         if needs_locks(plan):
             try:
-                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+                # A holder whose driver died is recovered here, as at request time.
+                await life.take_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
                 await life.refuse(record, str(exc))
                 raise

@@ -36,7 +36,8 @@ Choices:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -45,12 +46,23 @@ from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.executor import CancelToken
+from bot.engine.heartbeat import LEASE_S, Heartbeat
 from bot.engine.owner import process_owner
-from bot.engine.recovery import Interrupted, interrupted_message, recover
+from bot.engine.recovery import (
+    RECOVERY_ACTOR,
+    Interrupted,
+    Tell,
+    interrupted_message,
+    judged_by,
+    recover,
+    take_locks,
+)
 from bot.errors import LockHeldError, RunNotFoundError
 from bot.settings import Settings
 
 Clock = Callable[[], datetime]
+
+log = logging.getLogger(__name__)
 
 EXPIRED_SUMMARY = "approval window expired"
 
@@ -195,13 +207,19 @@ class RunLifecycle:
     the front ends (it also holds the cancel tokens of the runs this process drives)."""
 
     def __init__(self, settings: Settings, audit: AuditLog, *, clock: Clock = utc_now,
-                 owner: Callable[[], str] = process_owner) -> None:
+                 owner: Callable[[], str] = process_owner,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.settings = settings
         self.audit = audit
         self.clock = clock
         self._owner = owner
+        self._sleep = sleep  # between heartbeats (tests pass the clock's)
         self._cancels: dict[int, CancelToken] = {}
         self._recorders: dict[int, asyncio.Task[None]] = {}
+        self._heartbeats: dict[int, Heartbeat] = {}
+        # Told of each run this process recovers on meeting its lock (bot.engine.recovery):
+        # the Slack front end posts in its thread, the CLI prints it.
+        self.recovered: list[Tell] = []
 
     # ---- request ------------------------------------------------------------------------
 
@@ -224,7 +242,7 @@ class RunLifecycle:
         record = await self.audit.get_run(run_id)
         if needs_locks(plan):
             try:
-                await self.audit.acquire_locks(run_id, lock_scopes(plan))
+                await self.take_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
                 holder = await self.audit.get_run(exc.run_id)
                 busy = LockHeldError(
@@ -260,7 +278,7 @@ class RunLifecycle:
         # the run, so it becomes the owner now and a bot starting meanwhile leaves it be.
         return await self.audit.transition(run_id, RunStatus.APPROVED,
                                            expect=(RunStatus.PENDING_APPROVAL,),
-                                           owner=self._owner())
+                                           owner=self._owner(), lease_until=self._lease_end())
 
     async def approve(self, run_id: int, *, user: str, membership: Membership,
                       channel: str | None = None) -> ApproveResult:
@@ -402,9 +420,14 @@ class RunLifecycle:
         """approved -> running, recording this process as the owner. Returns the run's
         cancel token, or None when the run was not 'approved' (nothing started)."""
         if not await self.audit.transition(run_id, RunStatus.RUNNING,
-                                           expect=(RunStatus.APPROVED,), owner=self._owner()):
+                                           expect=(RunStatus.APPROVED,), owner=self._owner(),
+                                           lease_until=self._lease_end()):
             return None
         token = self._cancels[run_id] = CancelToken()
+        # Renewed while this process drives the run: how another machine tells it is alive.
+        self._heartbeats[run_id] = Heartbeat(
+            self.audit, run_id, self._owner(), clock=self.clock, sleep=self._sleep,
+            lost=lambda: token.request(RECOVERY_ACTOR)).start()
         self._recorders[run_id] = asyncio.create_task(self._record_cancel(run_id, token),
                                                       name=f"cancel-recorder-{run_id}")
         return token
@@ -418,6 +441,9 @@ class RunLifecycle:
     async def released(self, run_id: int) -> None:
         """The driver is done with the run (whatever its end): no more cancels, and who
         cancelled it is on disk before this returns."""
+        heartbeat = self._heartbeats.pop(run_id, None)
+        if heartbeat is not None:
+            await heartbeat.stop()
         token = self._cancels.pop(run_id, None)
         recorder = self._recorders.pop(run_id, None)
         if recorder is None:
@@ -446,5 +472,25 @@ class RunLifecycle:
         return await self.audit.interrupt(run_id, interrupted_message(record))
 
     async def recover(self) -> list[Interrupted]:
-        """After a restart: the runs of dead processes become 'interrupted'."""
-        return await recover(self.audit)
+        """The runs of dead processes become 'interrupted' (at start, and the bot's sweep)."""
+        return await recover(self.audit, clock=self.clock)
+
+    # ---- locks and dead holders -----------------------------------------------------------
+
+    def _lease_end(self) -> datetime:
+        return self.clock() + timedelta(seconds=LEASE_S)
+
+    async def take_locks(self, run_id: int, scopes: Sequence[str]) -> None:
+        """Take the locks; a holder whose driver is dead is recovered on the spot (and
+        ``recovered`` told), a live one raises ``LockHeldError``."""
+        await take_locks(self.audit, run_id, scopes, alive=judged_by(self.clock),
+                         tell=self._tell)
+
+    async def _tell(self, item: Interrupted) -> None:
+        for listener in list(self.recovered):
+            try:
+                await listener(item)
+            except Exception:
+                # The audit log has the truth; a thread that cannot be told is no reason
+                # to refuse the request that found the dead run.
+                log.exception("cannot report the recovery of run #%d", item.run.id)

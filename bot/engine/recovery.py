@@ -1,26 +1,59 @@
-"""After a restart: close the runs a dead process left behind, and say what that means.
+"""Close the runs a dead process left behind, and say what that means.
 
-``recover`` marks every run whose owning process is gone ``interrupted`` (with
-the step it was in; see ``AuditLog.recover_interrupted``) and returns, per run,
-the sentence to post in its Slack thread: what state the service may be in
-after stopping at that step, and what to run next.  Runs owned by a live
-process (another bot or a CLI on the same database) are left alone.
+A run is 'running' or 'approved' under an owner, the process that drives it (see
+``bot.engine.owner``). When that process is gone (killed, a zombie nobody reaped yet,
+a container rescheduled elsewhere whose lease ran out), nothing will ever finish the
+run or release its locks, so it is recovered: marked ``interrupted`` (with the step it
+was in; its running steps too), its locks released, a 'recover' decision recording who
+did it, and a message for its thread and the terminal saying what state the service
+may be in after stopping at that step, and what to run next.
+
+Recovery is not only a start-up event. It happens:
+
+* when a request or an approved run meets a lock (``take_locks``): the holder is
+  judged and, if dead, recovered on the spot before the lock is taken (the same code
+  for the Slack bot and the CLI);
+* at the bot's start, and every minute or so after (``recover``, the sweep in
+  ``bot.slack.front_end``);
+* by hand (``recover_by_hand``, ``python -m bot recover RUN_ID``), which refuses a live
+  owner unless forced.
+
+Runs owned by a live process (another bot or a CLI on the same database) are left
+alone; the verdict is passed inside the write transaction that interrupts the run
+(``AuditLog.recover_dead``), so two processes recovering at once recover it once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from bot.audit.store import AuditLog, RunRecord
+from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Step
+from bot.core.status import RunStatus, Source
 from bot.engine.owner import owner_alive
+from bot.errors import LockHeldError
+
+Clock = Callable[[], datetime]
+# Whether a run's driver may still be driving it (then it is left alone).
+Alive = Callable[[RunRecord], bool]
+# Who is recorded as having recovered a run that a process found dead by itself.
+RECOVERY_ACTOR = "system:recovery"
+# The statuses a driver holds a run in; only these can be recovered.
+DRIVEN = (RunStatus.RUNNING, RunStatus.APPROVED)
+# How often the Slack bot looks for runs whose driver died while nobody asked: a dead
+# run's thread hears of it within a minute (plus LEASE_S for an owner elsewhere).
+SWEEP_EVERY_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class Interrupted:
     run: RunRecord
     message: str  # for the run's thread (and the terminal)
+
+
+Tell = Callable[[Interrupted], Awaitable[None]]
 
 
 # What the service may look like when the bot stopped during each step.
@@ -47,24 +80,122 @@ _STATE_AFTER: dict[str, str] = {
 }
 
 
+def _driver(run: RunRecord) -> str:
+    return "the command line (`python -m bot`)" if run.source == Source.CLI else "the bot"
+
+
 def interrupted_message(run: RunRecord) -> str:
     """The sentence for an interrupted run's thread: where it stopped, what the service
     may look like, what to run next."""
     if run.started_at is None:
-        return (f"Run #{run.id} ({run.action} {run.service}) was approved, but the bot "
-                "restarted before it began; nothing was changed. Request it again if it is "
-                "still needed.")
+        return (f"Run #{run.id} ({run.action} {run.service}) was approved, but "
+                f"{_driver(run)} stopped before it began; nothing was changed. Request it "
+                "again if it is still needed.")
     step = run.current_step
     where = f"during step `{step}`" if step else "before its first step"
     state = _STATE_AFTER.get(step or Step.PREFLIGHT,
                              "The state of the service is unknown.")
-    return (f"Run #{run.id} ({run.action} {run.service}) was interrupted: the bot stopped "
-            f"{where}. {state} Check with `/vllm status {run.service}` before doing "
+    return (f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
+            f"stopped {where}. {state} Check with `/vllm status {run.service}` before doing "
             "anything else.")
 
 
-async def recover(audit: AuditLog,
-                  alive: Callable[[str | None], bool] = owner_alive) -> list[Interrupted]:
-    """Mark the runs of dead processes interrupted; one message per run, oldest first."""
-    return [Interrupted(run, interrupted_message(run))
-            for run in await audit.recover_interrupted(alive)]
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def driver_alive(run: RunRecord, now: datetime) -> bool:
+    """The run's owner judged at ``now``: its process on this machine, its lease elsewhere."""
+    lease = parse_ts(run.lease_until) if run.lease_until else None
+    return owner_alive(run.owner, lease_until=lease, now=now)
+
+
+def judged_by(clock: Clock) -> Alive:
+    """``driver_alive`` at the moment each run is judged, by ``clock``."""
+    return lambda run: driver_alive(run, clock())
+
+
+async def _recover(audit: AuditLog, dead: Callable[[RunRecord], bool], *, by: str,
+                   run_ids: Sequence[int] | None = None) -> list[Interrupted]:
+    runs = await audit.recover_dead(dead, summary=interrupted_message, run_ids=run_ids, by=by)
+    return [Interrupted(run, interrupted_message(run)) for run in runs]
+
+
+async def recover(audit: AuditLog, alive: Alive | None = None, *, clock: Clock = utc_now,
+                  by: str = RECOVERY_ACTOR) -> list[Interrupted]:
+    """Mark the runs of dead drivers interrupted; one message per run, oldest first.
+
+    ``alive`` judges a run's driver (default: ``driver_alive`` at ``clock()``)."""
+    judge = alive if alive is not None else judged_by(clock)
+    return await _recover(audit, lambda run: not judge(run), by=by)
+
+
+async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, alive: Alive,
+                     tell: Tell, by: str = RECOVERY_ACTOR) -> None:
+    """Take every scope for ``run_id``. A holder whose driver is dead is recovered on the
+    spot (``tell`` hears of it, to post in its thread or print) and the lock is taken;
+    a live holder, or a request still awaiting approval, raises ``LockHeldError``.
+
+    Each pass either takes the locks or recovers one more holder, which then holds
+    nothing, so this ends."""
+    while True:
+        try:
+            await audit.acquire_locks(run_id, scopes)
+            return
+        except LockHeldError as exc:
+            found = await _recover(audit, lambda run: not alive(run), by=by,
+                                   run_ids=[exc.run_id])
+            if not found:
+                raise
+            for item in found:
+                await tell(item)
+
+
+# ---- by hand -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    item: Interrupted
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerAlive:
+    """Refused: its driver may still be driving it."""
+
+    run: RunRecord
+
+    @property
+    def reason(self) -> str:
+        lease = f", lease until {self.run.lease_until}" if self.run.lease_until else ""
+        return (f"run #{self.run.id} is {self.run.status} and its owner {self.run.owner} "
+                f"is alive{lease}; stop that process, or use --force if you are sure it "
+                "no longer drives the run")
+
+
+@dataclass(frozen=True, slots=True)
+class NotDriven:
+    """Refused: nothing drives it, so there is nothing to recover."""
+
+    run: RunRecord
+
+    @property
+    def reason(self) -> str:
+        return (f"run #{self.run.id} is {self.run.status}; only a running or approved run "
+                "can be recovered")
+
+
+ByHand = Recovered | OwnerAlive | NotDriven
+
+
+async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, force: bool = False,
+                          alive: Alive | None = None, clock: Clock = utc_now) -> ByHand:
+    """An operator's recovery of one run: refused while its owner is alive unless
+    ``force``; ``by`` is recorded as who recovered it. Raises ``RunNotFoundError``."""
+    judge = alive if alive is not None else judged_by(clock)
+    found = await _recover(audit, lambda run: force or not judge(run), by=by,
+                           run_ids=[run_id])
+    if found:
+        return Recovered(found[0])
+    run = await audit.get_run(run_id)
+    return OwnerAlive(run) if run.status in DRIVEN else NotDriven(run)
