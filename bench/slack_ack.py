@@ -53,7 +53,7 @@ async def main(requests: int, rounds: int) -> None:
                     return time.perf_counter() - start
 
                 latencies += await asyncio.gather(*(one(r) for r in signed))
-                await bot.ops.idle()
+                await bot.front_end.idle()
     ms = [x * 1000 for x in latencies]
     print(f"machine: {platform.machine()}, CPython {platform.python_version()}, "
           f"{platform.system()}")

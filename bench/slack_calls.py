@@ -43,7 +43,7 @@ async def main() -> None:
                 done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
                                              timeout_s=300)
                 assert done.status == "succeeded", done.summary
-                await bot.ops.idle()
+                await bot.front_end.idle()
                 calls = bot.fake.calls()[start:]
                 rows.append((lines, Counter(c.method for c in calls), time.perf_counter() - t0))
     print(f"machine: {platform.machine()}, CPython {platform.python_version()}, "

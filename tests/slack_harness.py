@@ -19,8 +19,8 @@ from bot.audit.store import RunRecord
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SimKit
-from bot.slack.app import EVENTS_PATH, create_app, front_end, start_http
-from bot.slack.front_end import Approvals
+from bot.slack.app import EVENTS_PATH, create_app, make_front_end, start_http
+from bot.slack.front_end import SlackFrontEnd
 from tests.fakes import FakeSlack, PostResult, SlackSigner
 from tests.polling import eventually
 
@@ -71,7 +71,7 @@ class SlackBot:
     fake: FakeSlack
     kit: SimKit
     runtime: Runtime
-    ops: Approvals
+    front_end: SlackFrontEnd
     url: str
     signer: SlackSigner
 
@@ -168,18 +168,18 @@ async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, 
     try:
         settings = make_settings(tmp_path, kit, fake, policy=policy, **settings_extra)
         async with open_runtime(settings) as runtime:
-            app = create_app(runtime)
-            ops = front_end(app)
-            await ops.resume()
+            front_end = make_front_end(runtime)
+            app = create_app(front_end)
+            await front_end.resume()
             runner = await start_http(app, port=0, host="127.0.0.1")
             port = runner.addresses[0][1]
             try:
-                yield SlackBot(fake, kit, runtime, ops, f"http://127.0.0.1:{port}{EVENTS_PATH}",
+                yield SlackBot(fake, kit, runtime, front_end, f"http://127.0.0.1:{port}{EVENTS_PATH}",
                                SlackSigner(SIGNING_SECRET))
-                await ops.idle()
+                await front_end.idle()
             finally:
                 await runner.cleanup()
-                await ops.aclose()
+                await front_end.aclose()
     finally:
         if own_fake:
             await fake.stop()

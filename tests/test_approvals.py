@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.front_end import MembershipCache, plan_from_record
+from bot.slack.cards import plan_from_record
+from bot.slack.membership import MembershipCache
 from tests.fakes import FakeSlack
 from tests.support.clock import ManualClock
 

@@ -53,7 +53,7 @@ async def test_slack_429_for_every_call_for_30s_during_a_run(tmp_path: Path,
         assert [(s.step, s.status) for s in await bot.runtime.audit.steps(record.id)] == [
             (s, "ok") for s in ALL_STEPS]
         assert (done.version_before, done.version_after) == (DEFAULT_VERSION, "0.16.0")
-        await bot.ops.idle()
+        await bot.front_end.idle()
         storm = fake.calls()[storm_start:]
         assert any(c.status == 429 for c in storm)
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
@@ -76,7 +76,7 @@ async def test_slack_unreachable_during_a_run(tmp_path: Path, sim_host: SimKit) 
         assert [s.status for s in await bot.runtime.audit.steps(record.id)] == ["ok"] * 7
         assert sim_host.installed_version == "0.16.0"
         await fake.up()
-        await bot.ops.idle()
+        await bot.front_end.idle()
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
         assert f"Run #{record.id} succeeded" in thread and "Reinstall package" in thread
         assert "succeeded" in blocks_text(await bot.card(record.id))
@@ -109,7 +109,7 @@ async def test_two_requests_in_the_same_second_through_slack(tmp_path: Path,
     async with slack_bot(tmp_path, sim_host) as bot:
         await asyncio.gather(bot.command(f"redeploy {SERVICE}", user=ALICE),
                              bot.command(f"redeploy {SERVICE}", user=CAROL))
-        await bot.ops.idle()
+        await bot.front_end.idle()
         runs = await bot.runtime.audit.list_runs()
         assert sorted(r.status for r in runs) == ["pending_approval", "refused"]
         [pending] = [r for r in runs if r.status == "pending_approval"]

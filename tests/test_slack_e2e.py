@@ -62,7 +62,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         await bot.click("approve", record.id, user=BOB)
         done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back", "aborted")
         assert done.status == "succeeded", done.summary
-        await bot.ops.idle()
+        await bot.front_end.idle()
 
         final = await bot.run(record.id)
         assert final.requested_by == ALICE and final.approved_by == [BOB]
@@ -107,7 +107,7 @@ async def test_n_of_m_needs_distinct_approvers_and_double_clicks_count_once(
         first = await bot.click("approve", record.id, user=BOB)
         second = await bot.click("approve", record.id, user=BOB)
         assert first.status == second.status == 200
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert (await bot.run(record.id)).approved_by == [BOB]
         assert (await bot.run(record.id)).status == "pending_approval"
         assert "1 of 2" in blocks_text(await bot.card(record.id))
@@ -142,7 +142,7 @@ async def test_deny_closes_the_request_without_touching_the_host(
         await bot.click("deny", record.id, user=CAROL)
         denied = await bot.wait_status(record.id, "denied")
         assert denied.denied_by == [CAROL]
-        await bot.ops.idle()
+        await bot.front_end.idle()
         card = await bot.card(record.id)
         assert buttons(card) == [] and "denied" in blocks_text(card)
         # Deny has a confirm dialog on the card.
@@ -172,7 +172,7 @@ async def test_dry_run_shows_plan_and_preflight_without_approval(
         done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
         assert done.status == "succeeded", done.summary
         assert done.dry_run and done.approved_by == ["system:dry-run"]
-        await bot.ops.idle()
+        await bot.front_end.idle()
         card_text = blocks_text(await bot.card(record.id))
         assert "dry run" in card_text and "Preflight" in card_text
         assert "system:" not in card_text
@@ -197,7 +197,7 @@ async def test_cancel_a_pending_request_by_command(tmp_path: Path, sim_host: Sim
         assert "cancelled by U0ALICE" in (cancelled.summary or "")
         decisions = await bot.runtime.audit.decisions(record.id)
         assert [(d.user, d.decision) for d in decisions] == [(ALICE, "cancel")]
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert buttons(await bot.card(record.id)) == []
         assert sim_host.calls() == []
 
@@ -292,7 +292,7 @@ async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
             (s, "ok") for s in ("preflight", "stop", "drain", "reinstall", "start", "health",
                                 "postcheck")]
         assert (await bot.runtime.audit.snapshots(run_id))
-        await bot.ops.idle()  # the thread catches up after the storm
+        await bot.front_end.idle()  # the thread catches up after the storm
         assert any(c.status == 429 for c in bot.fake.calls())
         thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
         for part in ("GPU memory after drain", "GPU memory after restart", "Reinstall package",
@@ -313,7 +313,7 @@ async def test_slack_calls_per_redeploy_do_not_grow_with_output(
             done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back",
                                          timeout_s=60)
             assert done.status == "succeeded", done.summary
-            await bot.ops.idle()
+            await bot.front_end.idle()
             counts.append(Counter(c.method for c in bot.fake.calls()[start:]))
         small, large = counts
         for method in ("chat.postMessage", "files.getUploadURLExternal",
@@ -347,7 +347,7 @@ async def test_cancel_button_stops_a_running_run_at_a_safe_point(
         assert done.status == "cancelled", done.summary
         assert [(d.user, d.decision) for d in await bot.runtime.audit.decisions(run_id)
                 if d.decision == "cancel"] == [(ALICE, "cancel")]
-        await bot.ops.idle()
+        await bot.front_end.idle()
         thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
         assert "Cancel requested by <@U0ALICE>" in thread
         assert not [c for c in kit.calls() if "install" in c.argv and "--dry-run" not in c.argv]
@@ -363,7 +363,7 @@ async def test_concurrent_clicks_start_the_run_exactly_once(tmp_path: Path,
         assert {r.status for r in results} == {200}
         done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
         assert done.status == "succeeded", done.summary
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert sorted(done.approved_by) in ([BOB], [CAROL], [BOB, CAROL])
         assert len([c for c in sim_host.calls("systemctl") if "stop" in c.argv]) == 1
 
@@ -393,7 +393,7 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             assert ":warning: Stop service" in text
             assert ":heavy_minus_sign: Start service" in text
             # The thread is told what state the service may be in and what to run next.
-            await bot.ops.idle()
+            await bot.front_end.idle()
             told = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
             assert f"Run #{record.id} (restart {SERVICE}) was interrupted" in told
             assert "during step `stop`" in told and "may be running, stopping or stopped" in told
@@ -418,7 +418,7 @@ async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
         done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
                                      timeout_s=60)
         assert done.status == "rolled_back", done.summary
-        await bot.ops.idle()
+        await bot.front_end.idle()
         card = blocks_text(await bot.card(record.id))
         assert "*gpu-node-1* — succeeded" in card
         assert "*gpu-node-2* — rolled_back" in card

@@ -1,4 +1,5 @@
-"""The Slack app: ``create_app`` wires bolt to the engine; ``serve`` runs the bot.
+"""The Slack app: ``make_front_end`` puts the Slack front end over a runtime,
+``create_app`` wires bolt's listeners to it, ``serve`` runs the bot.
 
 Modes: with ``SLACK_APP_TOKEN`` the bot connects out over Socket Mode (no public
 URL; the default for on-prem); without it, it serves HTTP on ``PORT`` at
@@ -12,7 +13,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
@@ -32,8 +32,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.slack import handlers
-from bot.slack.front_end import Approvals, MembershipCache
+from bot.slack.expiry import Sleep
+from bot.slack.front_end import SlackFrontEnd
 from bot.slack.handlers.common import CONTEXT_KEY
+from bot.slack.membership import MembershipCache
 from bot.slack.poster import Poster
 
 EVENTS_PATH = "/slack/events"
@@ -52,10 +54,6 @@ To run it in Slack:
      HTTP mode: set SLACK_SIGNING_SECRET and expose PORT (default 3000) at /slack/events
 """
 
-# Which Approvals belongs to which app (for serve and tests); the app holds no slot for it.
-_FRONT_ENDS: weakref.WeakKeyDictionary[AsyncApp, Approvals] = weakref.WeakKeyDictionary()
-
-
 def make_client(settings: Settings) -> AsyncWebClient:
     """The Web API client: retries 429s (after Retry-After), connection errors and 5xx."""
     token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
@@ -69,34 +67,35 @@ def make_client(settings: Settings) -> AsyncWebClient:
     ])
 
 
-def create_app(runtime: Runtime, *, client: AsyncWebClient | None = None) -> AsyncApp:
-    """The bolt app with every handler registered, over ``runtime``'s engine."""
+def make_front_end(runtime: Runtime, *, client: AsyncWebClient | None = None,
+                   sleep: Sleep = asyncio.sleep) -> SlackFrontEnd:
+    """The Slack front end over ``runtime``'s engine (``sleep``: what its expiry timers
+    wait with; tests pass their manual clock's)."""
     settings = runtime.settings
     client = client if client is not None else make_client(settings)
-    secret = settings.slack_signing_secret
     poster = Poster(client, runtime.redact, post_interval_s=settings.slack.post_interval_s)
-    ops = Approvals(runtime, poster,
-                    MembershipCache(client, settings.policy.usergroup_cache_ttl_s))
+    return SlackFrontEnd(runtime, poster,
+                         MembershipCache(client, settings.policy.usergroup_cache_ttl_s),
+                         sleep=sleep)
+
+
+def create_app(front_end: SlackFrontEnd) -> AsyncApp:
+    """The bolt app with every listener registered, handing its work to ``front_end``."""
+    secret = front_end.runtime.settings.slack_signing_secret
     # Every handler acks first and hands slow work to a task, so bolt may answer as soon
     # as the handler returns instead of polling for the ack every 10 ms.
-    app = AsyncApp(client=client,
+    app = AsyncApp(client=front_end.poster.client,
                    signing_secret=secret.get_secret_value() if secret is not None else "",
                    name="vllm-chatops", process_before_response=True)
 
     async def attach(context: Any, next: Callable[[], Awaitable[None]]) -> None:
         # bolt passes middleware arguments by name: it must be called `next`.
-        context[CONTEXT_KEY] = ops
+        context[CONTEXT_KEY] = front_end
         await next()
 
     app.middleware(attach)
     handlers.register(app)
-    _FRONT_ENDS[app] = ops
     return app
-
-
-def front_end(app: AsyncApp) -> Approvals:
-    """The ``Approvals`` object behind an app made by ``create_app``."""
-    return _FRONT_ENDS[app]
 
 
 async def start_http(app: AsyncApp, *, port: int, host: str = "0.0.0.0") -> web.AppRunner:
@@ -157,9 +156,9 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     async with open_runtime(settings) as runtime:
-        app = create_app(runtime, client=client)
-        ops = front_end(app)
-        await ops.resume()
+        front_end = make_front_end(runtime, client=client)
+        app = create_app(front_end)
+        await front_end.resume()
         who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
         try:
             if settings.slack_app_token is not None:
@@ -179,7 +178,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
                 finally:
                     await runner.cleanup()
         finally:
-            await ops.aclose()
+            await front_end.aclose()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)

@@ -1,9 +1,9 @@
-"""The Slack side of a run's life: request, approval, expiry, cancel, execution.
+"""The Slack front end (``SlackFrontEnd``): request, approval, expiry, cancel, execution.
 
 Every change of a run's status is the run life cycle's (``bot.engine.lifecycle``),
-which applies the pure policy to clicks; this module resolves user-group membership
-through ``usergroups.users.list`` (cached for ``usergroup_cache_ttl_s``), arms the
-expiry timers, keeps the cards in step with the audit log and runs approved runs.
+which applies the pure policy to clicks; the front end resolves user-group membership
+(``bot.slack.membership``), arms the expiry timers (``bot.slack.expiry``), keeps the
+cards (``bot.slack.cards``) in step with the audit log and runs approved runs.
 
 State lives in SQLite only (the run row and its decisions), so pending cards
 survive a restart: ``resume()`` expires the overdue ones and re-arms a timer for
@@ -23,127 +23,47 @@ Choices:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
-from collections.abc import Callable, Coroutine, Iterable
-from datetime import datetime
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from slack_sdk.web.async_client import AsyncWebClient
-
-from bot.audit.store import RunRecord, StepRecord, parse_ts
-from bot.core.plan import DRY_RUN_APPROVER, Plan, PlannedStep, Step
-from bot.core.policy import counted_approvals, groups_to_resolve, is_requester
-from bot.core.status import FINAL_STATUSES, Action, Decision, RunStatus, Source, StepStatus
+from bot.audit.store import RunRecord, parse_ts
+from bot.core.plan import DRY_RUN_APPROVER, Plan
+from bot.core.policy import groups_to_resolve, is_requester
+from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError
-from bot.slack.blocks import (
-    CardView,
-    StepLine,
-    initial_steps,
-    message,
-    run_card,
-    section,
-)
+from bot.slack.blocks import message, run_card, section
+from bot.slack.cards import card_view, with_recorded_steps
+from bot.slack.expiry import ExpiryTimers, Sleep
+from bot.slack.membership import Membership, MembershipCache
 from bot.slack.poster import SLACK_ERRORS, Poster
 from bot.slack.reporter import SlackReporter
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Membership = dict[str, frozenset[str]]
 
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
 
 
-class MembershipCache:
-    """User-group members, fetched with ``usergroups.users.list`` and kept ``ttl_s``.
+class SlackFrontEnd:
+    """Requests, clicks, cancels and run tasks: what the Slack listeners hand work to.
 
-    A group whose lookup fails is left out of the answer (and not cached), so it
-    grants nothing: the policy fails closed.
-    """
-
-    def __init__(self, client: AsyncWebClient, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.client = client
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    async def resolve(self, groups: Iterable[str]) -> Membership:
-        out: Membership = {}
-        for group in sorted(set(groups)):
-            members = await self._members(group)
-            if members is not None:
-                out[group] = members
-        return out
-
-    async def _members(self, group: str) -> frozenset[str] | None:
-        # One lookup per group at a time: a burst of clicks shares the answer.
-        async with self._locks.setdefault(group, asyncio.Lock()):
-            hit = self._cache.get(group)
-            if hit is not None and self._clock() < hit[0]:
-                return hit[1]
-            try:
-                resp = await self.client.usergroups_users_list(usergroup=group)
-            except SLACK_ERRORS as exc:
-                log.warning("cannot list members of user group %s (it grants nothing): %s",
-                            group, exc)
-                return None
-            members = frozenset(str(u) for u in resp.get("users") or ())
-            self._cache[group] = (self._clock() + self.ttl_s, members)
-            return members
-
-
-def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView:
-    """The checklist as the audit log recorded it; planned steps that never ran are
-    shown as skipped once the run is over."""
-    lines = list(view.steps)
-    for rec in steps:
-        # A status this bot does not know (a newer bot wrote it) shows as a failure.
-        state = rec.status if rec.status in StepStatus else StepStatus.FAILED
-        line = StepLine(rec.host, Step(rec.step), state, rec.duration_s)
-        index = next((i for i, s in enumerate(lines)
-                      if (s.host, s.step) == (line.host, line.step)), None)
-        if index is None:
-            lines.append(line)
-        else:
-            lines[index] = line
-    if view.status in FINAL_STATUSES:
-        lines = [dataclasses.replace(s, state=StepStatus.SKIPPED)
-                 if s.state == StepStatus.PENDING else s
-                 for s in lines]
-    return dataclasses.replace(view, steps=tuple(lines))
-
-
-def plan_from_record(record: RunRecord) -> Plan:
-    """The plan as it was requested and shown on the card (stored with the run)."""
-    p = record.plan
-    return Plan(
-        action=Action(p["action"]), service=p["service"], hosts=tuple(p["hosts"]), unit=p["unit"],
-        package=p["package"], version=p.get("version"), spec=p["spec"],
-        index_name=p.get("index_name"), index_url=p.get("index_url"),
-        steps=tuple(PlannedStep(Step(s["step"]), s["command"]) for s in p["steps"]),
-        dry_run=bool(p.get("dry_run")), batch_size=int(p.get("batch_size") or 1),
-    )
-
-
-class Approvals:
-    """Requests, clicks, cancels and run tasks for the Slack front end."""
+    ``sleep`` is what the expiry timers wait with (tests pass their manual clock's)."""
 
     def __init__(self, runtime: Runtime, poster: Poster, members: MembershipCache, *,
-                 flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S) -> None:
+                 flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self.runtime = runtime
         self.poster = poster
         self.members = members
         self.flush_timeout_s = flush_timeout_s
         self.policy = runtime.settings.policy
         self.lifecycle = runtime.lifecycle
+        self.timers = ExpiryTimers(self.expire, clock=runtime.lifecycle.clock, sleep=sleep)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timers: dict[int, asyncio.Task[None]] = {}
         self._reporters: dict[int, SlackReporter] = {}
         self._card_locks: dict[int, asyncio.Lock] = {}
 
@@ -167,10 +87,10 @@ class Approvals:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def aclose(self) -> None:
-        for task in [*self._timers.values(), *self._tasks]:
+        await self.timers.aclose()
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._timers.values(), *self._tasks, return_exceptions=True)
-        self._timers.clear()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -184,7 +104,7 @@ class Approvals:
             await self._refresh_card(record.id)
         for record in await self.lifecycle.pending():
             if record.expires_at is not None and record.message_ts is not None:
-                self.arm(record.id, parse_ts(record.expires_at))
+                self.timers.arm(record.id, parse_ts(record.expires_at))
 
     # ---- refusals ---------------------------------------------------------------------------
 
@@ -226,7 +146,7 @@ class Approvals:
             await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
         try:
-            ts = await self.poster.post(channel, run_card(self._view(record)))
+            ts = await self.poster.post(channel, run_card(card_view(record, self.policy)))
         except SLACK_ERRORS as exc:
             # Without a card nobody can approve it: close it rather than leave it pending.
             await self.lifecycle.withdraw(record.id,
@@ -236,27 +156,8 @@ class Approvals:
         if plan.dry_run:
             self.start_run(record.id)
         elif record.expires_at is not None:
-            self.arm(record.id, parse_ts(record.expires_at))
+            self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
-
-    def _view(self, record: RunRecord, membership: Membership | None = None) -> CardView:
-        plan = plan_from_record(record)
-        approvals = tuple(record.approved_by)
-        if membership is not None:
-            approvals = counted_approvals(approvals, requester=record.requested_by,
-                                          policy=self.policy, membership=membership)
-        notes: tuple[str, ...] = ()
-        if plan.dry_run:
-            notes = ("Dry run: preflight only, nothing on the host changes; "
-                     "no approval needed.",)
-        return CardView(
-            run_id=record.id, plan=plan, requested_by=record.requested_by,
-            status=record.status, needed=self.policy.min_approvals, approvals=approvals,
-            denied_by=tuple(record.denied_by), version_now=record.version_before,
-            version_after=record.version_after,
-            expires_at=parse_ts(record.expires_at) if record.expires_at else None,
-            steps=initial_steps(plan), summary=record.summary if record.is_final else None,
-            notes=notes)
 
     # ---- the card outside a run -----------------------------------------------------------
 
@@ -278,7 +179,7 @@ class Approvals:
             record = await audit.get_run(run_id)
             if record.channel is None or record.message_ts is None:
                 return
-            view = self._view(record, membership)
+            view = card_view(record, self.policy, membership)
             if record.started_at is not None:
                 view = with_recorded_steps(view, await audit.steps(run_id))
             try:
@@ -289,25 +190,10 @@ class Approvals:
 
     # ---- expiry -----------------------------------------------------------------------------
 
-    def arm(self, run_id: int, expires_at: datetime) -> None:
-        old = self._timers.pop(run_id, None)
-        if old is not None:
-            old.cancel()
-        self._timers[run_id] = asyncio.create_task(self._expire_at(run_id, expires_at),
-                                                   name=f"expiry-{run_id}")
-
-    def _disarm(self, run_id: int) -> None:
-        timer = self._timers.pop(run_id, None)
-        if timer is not None and timer is not asyncio.current_task():
-            timer.cancel()
-
-    async def _expire_at(self, run_id: int, expires_at: datetime) -> None:
-        await asyncio.sleep(max((expires_at - self.lifecycle.clock()).total_seconds(), 0.0))
-        await self.expire(run_id)
-
     async def expire(self, run_id: int) -> bool:
-        """Close a request nobody approved in time; False if it was decided first."""
-        self._disarm(run_id)
+        """Its timer is due: close a request nobody approved in time; False if it was
+        decided first."""
+        self.timers.disarm(run_id)
         if not await self.lifecycle.expire(run_id):
             return False
         await self._refresh_card(run_id)
@@ -323,7 +209,7 @@ class Approvals:
             denied = await self.lifecycle.deny(run_id, user=user, membership=membership,
                                                channel=channel)
             if isinstance(denied, Denied):
-                self._disarm(run_id)
+                self.timers.disarm(run_id)
                 await self._refresh_card(run_id)
             elif isinstance(denied, Refused) and denied.expired:
                 await self._closed(run_id)
@@ -331,7 +217,7 @@ class Approvals:
         approved = await self.lifecycle.approve(run_id, user=user, membership=membership,
                                                 channel=channel)
         if isinstance(approved, Approved) and approved.start:
-            self._disarm(run_id)
+            self.timers.disarm(run_id)
             self.start_run(run_id)
         elif isinstance(approved, Counted):
             await self._refresh_card(run_id, membership)
@@ -341,7 +227,7 @@ class Approvals:
 
     async def _closed(self, run_id: int) -> None:
         """The life cycle closed a pending request: its timer and buttons go."""
-        self._disarm(run_id)
+        self.timers.disarm(run_id)
         await self._refresh_card(run_id)
 
     # ---- cancel -----------------------------------------------------------------------------
@@ -370,7 +256,7 @@ class Approvals:
         assert record.channel is not None and record.message_ts is not None
         settings = self.runtime.settings
         reporter = SlackReporter(self.poster, channel=record.channel, ts=record.message_ts,
-                                 view=self._view(record),
+                                 view=card_view(record, self.policy),
                                  update_interval_s=settings.slack.update_interval_s)
         self._reporters[run_id] = reporter
         reporter.start()

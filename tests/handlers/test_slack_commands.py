@@ -53,7 +53,7 @@ async def test_bad_input_is_refused_ephemerally_recorded_and_never_reaches_a_hos
             assert "in_channel" not in res.text  # Slack shows an ack's text only to its sender
             rows = await bot.refusals(n)
             assert rows[0].command == f"/vllm {text}" and rows[0].user == ALICE
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert bot.fake.calls("chat.postMessage") == []
         assert await bot.runtime.audit.list_runs() == []
         assert sim_host.calls() == []
@@ -66,7 +66,7 @@ async def test_commands_from_other_channels_are_refused(tmp_path: Path,
         assert f"<#{CHANNEL}>" in ack_text(res.text)
         rows = await bot.refusals(1)
         assert rows[0].channel == OTHER_CHANNEL
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert await bot.runtime.audit.list_runs() == []
         assert sim_host.calls() == []
 
@@ -80,7 +80,7 @@ async def test_requesters_outside_the_policy_are_refused(tmp_path: Path,
         assert "not on the requesters list" in notes[-1]["text"]
         rows = await bot.refusals(1)
         assert rows[0].user == MALLORY
-        await bot.ops.idle()
+        await bot.front_end.idle()
         assert await bot.runtime.audit.list_runs() == []
         assert sim_host.calls() == []
 
@@ -117,7 +117,7 @@ async def test_status_runs_the_read_only_action_and_posts_the_answer(
         record = (await bot.runtime.audit.list_runs())[0]
         assert (record.action, record.status) == ("status", "succeeded")
         assert record.approved_by == ["system:read-only"]
-        await bot.ops.idle()
+        await bot.front_end.idle()
         tools = {c.tool for c in sim_host.calls()}
         assert "systemctl" in tools
         assert not [c for c in sim_host.calls() if "stop" in c.argv or "install" in c.argv]
@@ -147,7 +147,7 @@ async def test_a_fleet_too_big_for_one_message_gets_a_summary_and_the_full_file(
         text = blocks_text(msg)
         assert "4/6 hosts ok, 2 unreachable" in text
         assert "gpu-node-dead" in text and "gpu-node-moved" in text
-        await bot.ops.idle()
+        await bot.front_end.idle()
         [log] = [f for f in bot.fake.files if f.text and "gpu-node-4" in f.text]
         for k in kits:  # every host's full per-GPU table is in the file
             assert f"{k.hostname}: 8 GPUs" in log.text

@@ -12,26 +12,26 @@ from typing import Any, cast
 from bot.core.plan import Plan
 from bot.settings import Settings
 from bot.slack.blocks import code_answer, code_head, tail_answer
-from bot.slack.front_end import Approvals
+from bot.slack.front_end import SlackFrontEnd
 from bot.slack.grammar import run_id_of
 
 log = logging.getLogger(__name__)
 
-# The key under which create_app's middleware puts the Approvals object in bolt's context.
+# The key under which create_app's middleware puts the SlackFrontEnd in bolt's context.
 CONTEXT_KEY = "chatops"
 
 Ack = Callable[..., Awaitable[None]]
 Respond = Callable[..., Awaitable[Any]]
 
 
-def approvals_of(context: Any) -> Approvals:
-    return cast(Approvals, context[CONTEXT_KEY])
+def front_end_of(context: Any) -> SlackFrontEnd:
+    return cast(SlackFrontEnd, context[CONTEXT_KEY])
 
 
-async def tell(ops: Approvals, respond: Respond, text: str) -> None:
+async def tell(front_end: SlackFrontEnd, respond: Respond, text: str) -> None:
     """An ephemeral answer to the person (through the response_url), redacted."""
     try:
-        await respond(text=ops.poster.redact(text), response_type="ephemeral",
+        await respond(text=front_end.poster.redact(text), response_type="ephemeral",
                       replace_original=False)
     except Exception:
         # A lost ephemeral note must not take the work it reports on down with it.
@@ -42,7 +42,7 @@ async def tell(ops: Approvals, respond: Respond, text: str) -> None:
 class CommandRequest:
     """One ``/vllm`` command after the channel check and parsing."""
 
-    ops: Approvals
+    front_end: SlackFrontEnd
     user: str
     channel: str
     typed: str
@@ -51,14 +51,14 @@ class CommandRequest:
 
     @property
     def settings(self) -> Settings:
-        return self.ops.runtime.settings
+        return self.front_end.runtime.settings
 
     async def reply_now(self, text: str) -> None:
         """The ack itself carries the ephemeral answer (help, errors)."""
-        await self.ack(text=self.ops.poster.redact(text))
+        await self.ack(text=self.front_end.poster.redact(text))
 
     async def tell(self, text: str) -> None:
-        await tell(self.ops, self.respond, text)
+        await tell(self.front_end, self.respond, text)
 
     def later(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Continue after the ack; whatever goes wrong, the person hears about it."""
@@ -68,7 +68,7 @@ class CommandRequest:
             except Exception as exc:
                 log.exception("/vllm %s failed", name)
                 await self.tell(f"`{self.typed}` failed: {exc}")
-        self.ops.spawn(guarded(), name=f"cmd-{name}")
+        self.front_end.spawn(guarded(), name=f"cmd-{name}")
 
 
 async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
@@ -76,7 +76,7 @@ async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
     await req.ack()
 
     async def work() -> None:
-        answer = await req.ops.request(plan, user=req.user, channel=req.channel,
+        answer = await req.front_end.request(plan, user=req.user, channel=req.channel,
                                        command=req.typed)
         if answer:
             await req.tell(answer)
@@ -84,16 +84,16 @@ async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
     req.later(work(), name)
 
 
-async def post_code(ops: Approvals, channel: str, title: str, body: str, *,
+async def post_code(front_end: SlackFrontEnd, channel: str, title: str, body: str, *,
                     filename: str, tail: bool = False) -> str:
     """Post ``body`` in a code block in the channel; when it does not fit, the full
     text goes into the message's thread as a file. Returns the message ts."""
-    body = ops.poster.redact(body)
+    body = front_end.poster.redact(body)
     fits = not code_head(body)[1]
     msg = tail_answer(title, body) if tail else code_answer(title, body, attached=not fits)
-    ts = await ops.poster.post(channel, msg)
+    ts = await front_end.poster.post(channel, msg)
     if not fits:
-        await ops.poster.upload(channel, filename=filename, content=body, title=title,
+        await front_end.poster.upload(channel, filename=filename, content=body, title=title,
                                 thread_ts=ts)
     return ts
 
@@ -102,7 +102,7 @@ async def post_code(ops: Approvals, channel: str, title: str, body: str, *,
 class Click:
     """One button click on a run card: who, where, and which run."""
 
-    ops: Approvals
+    front_end: SlackFrontEnd
     user: str
     channel: str | None
     run_id: int | None
@@ -114,7 +114,7 @@ class Click:
         value = str(actions[0].get("value") or "")
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(
             "channel_id")
-        return cls(ops=approvals_of(context), user=str(body["user"]["id"]),
+        return cls(front_end=front_end_of(context), user=str(body["user"]["id"]),
                    channel=channel, run_id=run_id_of(value),
                    respond=respond)
 
@@ -122,11 +122,11 @@ class Click:
         """Judge the click after the ack; the clicker gets any answer ephemerally."""
         async def go() -> None:
             if self.run_id is None:
-                answer: str | None = await self.ops.refuse(
+                answer: str | None = await self.front_end.refuse(
                     user=self.user, channel=self.channel, command=name,
                     reason="That button does not name a run.")
             else:
                 answer = await work(self.run_id)
             if answer:
-                await tell(self.ops, self.respond, answer)
-        self.ops.spawn(go(), name=f"click-{name}")
+                await tell(self.front_end, self.respond, answer)
+        self.front_end.spawn(go(), name=f"click-{name}")

@@ -15,5 +15,5 @@ def register(app: Any) -> None:
 async def on_cancel(ack: Ack, body: dict[str, Any], context: Any, respond: Respond) -> None:
     await ack()
     click = Click.of(body, context, respond)
-    click.later(lambda run_id: click.ops.cancel(run_id, user=click.user,
-                                                channel=click.channel), "cancel")
+    click.later(lambda run_id: click.front_end.cancel(run_id, user=click.user,
+                                                      channel=click.channel), "cancel")

@@ -16,5 +16,5 @@ def register(app: Any) -> None:
 async def on_deny(ack: Ack, body: dict[str, Any], context: Any, respond: Respond) -> None:
     await ack()
     click = Click.of(body, context, respond)
-    click.later(lambda run_id: click.ops.decide(run_id, user=click.user, action=Decision.DENY,
-                                                channel=click.channel), "deny")
+    click.later(lambda run_id: click.front_end.decide(
+        run_id, user=click.user, action=Decision.DENY, channel=click.channel), "deny")

@@ -3,7 +3,7 @@ to the subcommand's module (one per file).
 
 Whatever the outcome, the ack goes out first: an error or a refusal is the
 ack's ephemeral text (and a refusals row, written after the ack); accepted
-work continues in a task ``Approvals`` keeps.  Nothing here opens an SSH
+work continues in a task the ``SlackFrontEnd`` keeps.  Nothing here opens an SSH
 connection: bad input never gets past ``parse_command``.
 """
 
@@ -17,7 +17,7 @@ from bot.slack import grammar
 from bot.slack.grammar import PREFIX, parse_command
 from bot.slack.handlers.commands import audit, cancel, gpus, logs, redeploy, restart, status
 from bot.slack.handlers.commands import help as help_command
-from bot.slack.handlers.common import Ack, CommandRequest, Respond, approvals_of
+from bot.slack.handlers.common import Ack, CommandRequest, Respond, front_end_of
 
 Handler = Callable[[CommandRequest, Any], Awaitable[None]]
 
@@ -42,9 +42,9 @@ def _channels(ids: list[str]) -> str:
 
 
 async def on_command(ack: Ack, command: dict[str, Any], context: Any, respond: Respond) -> None:
-    ops = approvals_of(context)
+    front_end = front_end_of(context)
     text = str(command.get("text") or "")
-    req = CommandRequest(ops=ops, user=str(command["user_id"]),
+    req = CommandRequest(front_end=front_end, user=str(command["user_id"]),
                          channel=str(command["channel_id"]),
                          typed=f"{PREFIX} {text}".strip(), ack=ack, respond=respond)
     allowed = req.settings.slack.channels
@@ -61,5 +61,5 @@ async def on_command(ack: Ack, command: dict[str, Any], context: Any, respond: R
 
 async def _refuse(req: CommandRequest, reason: str) -> None:
     await req.reply_now(reason)
-    req.ops.spawn(req.ops.refuse(user=req.user, channel=req.channel, command=req.typed,
+    req.front_end.spawn(req.front_end.refuse(user=req.user, channel=req.channel, command=req.typed,
                                  reason=reason), name="refusal")

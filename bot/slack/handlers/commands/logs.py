@@ -17,7 +17,7 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
 
     async def one(host: str) -> str:
         try:
-            result = await req.ops.runtime.pool.get(host).run(argv,
+            result = await req.front_end.runtime.pool.get(host).run(argv,
                                                               timeout_s=svc.command_timeout_s)
         except HostError as exc:
             return f"== {host}: unreachable: {exc.reason}"
@@ -26,7 +26,7 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
 
     async def work() -> None:
         parts = await asyncio.gather(*(one(h) for h in svc.hosts))
-        await post_code(req.ops, req.channel,
+        await post_code(req.front_end, req.channel,
                         f"journalctl -u {svc.unit} -n {cmd.lines}: {cmd.service}",
                         "\n\n".join(parts), filename=f"{cmd.service}-journal.log", tail=True)
 

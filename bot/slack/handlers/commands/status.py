@@ -32,7 +32,7 @@ class _Collect:
 
 
 async def _one(req: CommandRequest, service: str) -> str:
-    rt = req.ops.runtime
+    rt = req.front_end.runtime
     plan = rt.engine.plan(Action.STATUS, service)
     record = await rt.lifecycle.request(plan, requested_by=req.user, source=Source.SLACK,
                                         channel=req.channel)
@@ -53,6 +53,7 @@ async def handle(req: CommandRequest, cmd: Status) -> None:
             return
         parts = await asyncio.gather(*(_one(req, s) for s in services))
         title = f"Status: {cmd.service}" if cmd.service else "Status: all services"
-        await post_code(req.ops, req.channel, title, "\n\n".join(parts), filename="status.txt")
+        await post_code(req.front_end, req.channel, title, "\n\n".join(parts),
+                        filename="status.txt")
 
     req.later(work(), "status")
