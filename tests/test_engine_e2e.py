@@ -180,3 +180,22 @@ async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
             await rt.lifecycle.request(plan, requested_by="U0CAROL", source="cli")
         assert held.value.run_id == first.id
         assert f"run #{first.id}" in str(held.value) and "U0ALICE" in str(held.value)
+
+
+async def test_preflight_refusal_keeps_uvs_reason_in_terminal_and_audit(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    # Issue 9: a wrong `python`, and uv's reason appeared nowhere.  The simulated uv
+    # answers `uv pip show` with a missing interpreter as uv does (exit 2, its reason on
+    # stderr); the query is quiet, so only the refusal can carry that reason.
+    wrong = str(tmp_path / "no-venv" / "bin" / "python")
+    async with open_runtime(sim_settings(sim_host, tmp_path, python=wrong)) as rt:
+        result, out = await run(rt, "redeploy")
+        assert result.status == "aborted"
+        reason = f"Failed to inspect Python interpreter from provided path at `{wrong}`"
+        assert "rollback would be impossible" in result.summary and reason in result.summary
+        assert reason in out  # the terminal
+        record = await rt.audit.get_run(result.run_id)
+        assert reason in (record.summary or "")  # runs.summary
+        [preflight] = await rt.audit.steps(result.run_id)
+        assert preflight.status == "failed" and reason in preflight.output_tail
+    assert sim_host.changes() == []
