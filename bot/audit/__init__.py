@@ -44,6 +44,12 @@ foreign key to ``runs``, enforced):
     scope PRIMARY KEY (``service:<name>`` / ``host:<name>``), run_id, acquired_at.
     Index: (run_id). Held across restarts; a run entering a final status drops its
     locks in the same transaction, so a finished run can never keep a service locked.
+``journal_applied``
+    id (a fallback-journal record's id, PRIMARY KEY), row_id (the row it created: a
+    step's id, or NULL), applied_at, rejected (NULL, or the record and why the
+    database refused it, as JSON): the records a merge of the fallback journal has
+    written, so a journal replayed twice is applied once (``bot.audit.replay``; added
+    by ``0004_journal_applied``).
 ``_migrations``
     name PRIMARY KEY, applied_at: the migrations this file has had.
 

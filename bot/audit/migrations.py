@@ -139,10 +139,22 @@ _RUN_OWNER = "ALTER TABLE runs ADD COLUMN owner TEXT;"
 # see bot.engine.heartbeat): the only evidence of life for an owner on another machine.
 _RUN_LEASE = "ALTER TABLE runs ADD COLUMN lease_until TEXT;"
 
+# Which fallback-journal records a merge has written (bot.audit.replay), so a journal
+# replayed twice is applied once; a record the database refused is kept here whole.
+_JOURNAL_APPLIED = """
+CREATE TABLE journal_applied (
+    id         TEXT PRIMARY KEY,
+    row_id     INTEGER,
+    applied_at TEXT NOT NULL,
+    rejected   TEXT
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
     Migration("0003_run_lease", _RUN_LEASE),
+    Migration("0004_journal_applied", _JOURNAL_APPLIED),
 )
 
 

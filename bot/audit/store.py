@@ -19,10 +19,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from bot.audit import decisions as decisions_sql
 from bot.audit import locks as locks_sql
 from bot.audit import refusals as refusals_sql
+from bot.audit import replay as replay_sql
 from bot.audit import runs as runs_sql
 from bot.audit import snapshots as snapshots_sql
 from bot.audit import steps as steps_sql
 from bot.audit.db import Database, Opening, fetch
+from bot.audit.journal import JournalRecord
 from bot.audit.migrations import MIGRATIONS, Migration
 from bot.audit.records import (
     OUTPUT_TAIL_CHARS,
@@ -127,6 +129,12 @@ class AuditLog:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
+
+    @property
+    def redaction(self) -> Redaction:
+        """What every free-text value passes through before it is stored (the fallback
+        journal stores its records the same way)."""
+        return self._r
 
     def as_stored(self, value: Any) -> Any:
         """``value`` as it reads back after being stored (redacted, JSON types), so a
@@ -298,6 +306,24 @@ class AuditLog:
     async def snapshots(self, run_id: int) -> list[SnapshotRecord]:
         async with self._db.transaction(write=False) as conn:
             return await snapshots_sql.of_run(conn, run_id)
+
+    # -- records of the fallback journal -----------------------------------------
+
+    @_shielded
+    async def write_records(self, records: Sequence[JournalRecord], *,
+                            merge: bool) -> replay_sql.Applied:
+        """Write records made by ``bot.audit.resilient`` (already redacted) in one
+        transaction: one on its direct path (``merge=False``), or the fallback journal
+        being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""
+        now = now_ts()
+        async with self._db.transaction(write=True) as conn:
+            return await replay_sql.apply(conn, list(records), merge=merge, now=now)
+
+    @_shielded
+    async def journal_rejects(self) -> list[tuple[str, str]]:
+        """The journal records a merge could not apply: (record id, record and reason)."""
+        async with self._db.transaction(write=False) as conn:
+            return await replay_sql.rejected(conn)
 
     # -- refusals ----------------------------------------------------------------
 

@@ -1,0 +1,332 @@
+"""Audit writes that ride out a database that cannot be written for a while.
+
+A running job's audit writes (its steps, GPU snapshots, versions, who cancelled it,
+its end) go through ``AuditWriter``. Each is tried on the database and, while the
+database is locked or full, retried with exponential back-off (``first_delay_s``,
+doubling) for up to ``retry_s`` in all. A write that still fails goes to the fallback
+journal (``bot.audit.journal``) and the writer is *down*:
+
+* every later write goes straight to the journal, behind it: nothing may overtake
+  what waits there, and a stopped service must not wait a retry window per record;
+* a background task merges the journal into the database, with the same back-off
+  capped at ``retry_s``; the first merge that empties the journal brings the writer
+  back up, and writes go to the database again.
+
+The caller learns of the fall from the ``Written`` it gets back (``journaled``): the
+engine's audit sink (``bot.engine.audit_sink``) then brings the service back rather
+than carry on with a maintenance job nobody can audit.
+
+The journal is merged at start-up too (``start``, from ``open_runtime``, before the
+runs are recovered) and once more at ``close``; what is still waiting then is merged
+at the next start. If neither journal file can be written (both disks full), the
+records are held in memory, in order, and written at the next chance; the log says
+that a restart before then would lose them.
+
+Only a database that cannot be written *for now* counts (locked, busy, full, an I/O
+error, read-only: ``unavailable``); any other error (a bug, a run that does not
+exist) is raised as before. Time is injected (``clock``, ``sleep``), so the back-off is
+tested without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bot.audit.journal import Journal, JournalRecord
+from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
+from bot.audit.store import AuditLog
+from bot.core.status import STORED_STEP_STATUSES, Decision, RunStatus, StepStatus
+from bot.errors import AuditError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A step's id in the database, or (started while the database was away) the id of the
+# journal record that started it.
+StepRef = int | str
+
+_STEP_ENDS = STORED_STEP_STATUSES - {StepStatus.RUNNING}
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether an error means the audit database cannot be written for now (locked,
+    busy, full, an I/O error, read-only), as opposed to a bug or a refusal."""
+    if not isinstance(exc, AuditError):
+        return False
+    cause = exc.__cause__
+    return isinstance(cause, sqlite3.OperationalError) or type(cause) is sqlite3.DatabaseError
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where a write went."""
+
+    row_id: int | None = None  # the row a direct ``step_started`` made
+    journaled: bool = False  # kept in the fallback journal: the database could not take it
+    reason: str | None = None  # why not, when journaled
+
+
+class AuditWriter:
+    """The resilient writes of the runs this process drives; one per process."""
+
+    def __init__(self, audit: AuditLog, journal: Journal, *, retry_s: float = 15.0,
+                 first_delay_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 background: bool = True) -> None:
+        """``background``: merge the journal in a task of its own while down (tests that
+        drive ``merge`` by hand turn it off)."""
+        self.audit = audit
+        self.journal = journal
+        self.retry_s = retry_s
+        self.first_delay_s = first_delay_s
+        self._clock = clock
+        self._sleep = sleep
+        self._background = background
+        # Unique per writer (a pid may be reused after a restart): groups its records.
+        self._proc = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._seq = itertools.count(1)
+        self._lock = asyncio.Lock()  # one write (or journal clean-up) at a time
+        self._merging = asyncio.Lock()  # one merge at a time
+        self._held: list[JournalRecord] = []  # records no journal file could take
+        self._row_ids: dict[str, int] = {}  # journal record id -> the row it made
+        self._merger: asyncio.Task[None] | None = None
+        self.down: str | None = None  # why the database is not being written, when it is not
+        self.waiting = 0  # records written to the journal and not merged yet
+        self.where: str | None = None  # where the latest journaled record went
+
+    # ---- records (redacted as the database stores them) ---------------------------------
+
+    def _record(self, op: str, **fields: Any) -> JournalRecord:
+        seq = next(self._seq)
+        return JournalRecord(id=f"{self._proc}/{seq}", proc=self._proc, seq=seq, at=now_ts(),
+                             op=op, fields=fields)
+
+    async def step_started(self, run_id: int, host: str, step: str, command: str
+                           ) -> tuple[StepRef, Written]:
+        r = self.audit.redaction
+        record = self._record("step_started", run_id=run_id, host=r(host), step=r(step),
+                              command=r(command))
+        written = await self.write(record)
+        return (written.row_id if written.row_id is not None else record.id), written
+
+    async def step_finished(self, step: StepRef, *, status: StepStatus,
+                            exit_status: int | None, duration_s: float | None,
+                            output_tail: str) -> Written:
+        status = checked(StepStatus, status, "step status")
+        if status not in _STEP_ENDS:
+            raise ValueError(f"a step cannot end with step status {status.value!r}")
+        if isinstance(step, str) and step in self._row_ids:
+            step = self._row_ids[step]  # merged since: its row id is known
+        which = {"step_id": step} if isinstance(step, int) else {"step_ref": step}
+        # Redact before cutting, as the database does: a cut could hide half a secret.
+        tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
+        return await self.write(self._record(
+            "step_finished", **which, status=str(status), exit_status=exit_status,
+            duration_s=duration_s, output_tail=tail))
+
+    async def add_snapshot(self, run_id: int, host: str, label: str,
+                           data: Mapping[str, Any]) -> Written:
+        r = self.audit.redaction
+        return await self.write(self._record("snapshot", run_id=run_id, host=r(host),
+                                             label=r(label), data=r.json(data)))
+
+    async def set_versions(self, run_id: int, *, before: str | None,
+                           after: str | None) -> Written:
+        r = self.audit.redaction
+        return await self.write(self._record("versions", run_id=run_id, before=r.opt(before),
+                                             after=r.opt(after)))
+
+    async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
+        decision = checked(Decision, decision, "decision")
+        return await self.write(self._record("decision", run_id=run_id,
+                                             user=self.audit.redaction(user),
+                                             decision=str(decision)))
+
+    async def finish(self, run_id: int, status: RunStatus, summary: str,
+                     direct: Callable[[], Awaitable[object]]) -> Written:
+        """The run's end: ``direct`` (the life cycle's own transition) when the database
+        takes it; in the journal, a transition from 'running' that a merge applies even
+        over an 'interrupted' that a recovery guessed meanwhile (see
+        ``bot.audit.replay``)."""
+        status = checked(RunStatus, status, "status")
+        record = self._record("finish", run_id=run_id, status=str(status),
+                              summary=self.audit.redaction(summary),
+                              expect=[RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value])
+        return await self.write(record, direct=direct)
+
+    async def interrupt(self, run_id: int, summary: str,
+                        direct: Callable[[], Awaitable[object]]) -> Written:
+        record = self._record("interrupt", run_id=run_id,
+                              summary=self.audit.redaction(summary))
+        return await self.write(record, direct=direct)
+
+    async def release_locks(self, run_id: int) -> Written:
+        return await self.write(self._record("release_locks", run_id=run_id))
+
+    # ---- writing ------------------------------------------------------------------------
+
+    async def write(self, record: JournalRecord,
+                    direct: Callable[[], Awaitable[object]] | None = None) -> Written:
+        """``record`` into the database (through ``direct`` when given), retried; else into
+        the journal."""
+        async with self._lock:
+            if self.down is None:
+                try:
+                    if direct is not None:
+                        await self._retrying(direct)
+                        return Written()
+                    return Written(row_id=await self._retrying(lambda: self._direct(record)))
+                except AuditError as exc:
+                    if not unavailable(exc):
+                        raise
+                    self.down = str(exc)
+                    log.error("%s; keeping the audit records in the fallback journal (%s) "
+                              "until it can be written", exc,
+                              ", ".join(map(str, self.journal.paths)))
+            await self._keep(record)
+            self._start_merger()
+            return Written(journaled=True, reason=self.down)
+
+    async def _direct(self, record: JournalRecord) -> int | None:
+        applied = await self.audit.write_records([record], merge=False)
+        return applied.row_ids.get(record.id)
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt`` until it succeeds, retrying while the database is unavailable:
+        back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all."""
+        started = self._clock()
+        delay = self.first_delay_s
+        while True:
+            try:
+                return await attempt()
+            except AuditError as exc:
+                if not unavailable(exc) or self._clock() - started + delay > self.retry_s:
+                    raise
+                log.warning("%s; retrying in %.2fs", exc, delay)
+            await self._sleep(delay)
+            delay *= 2
+
+    async def _keep(self, record: JournalRecord) -> None:
+        """Append to the journal, behind anything held in memory."""
+        self._held.append(record)
+        self.waiting += 1
+        try:
+            where = await asyncio.to_thread(self.journal.append, list(self._held))
+        except OSError as exc:
+            self.where = "memory"
+            log.error("cannot write the audit journal either (%s): %d audit record(s) are "
+                      "held in memory only; a restart now would lose them", exc,
+                      len(self._held))
+            return
+        self._held.clear()
+        self.where = str(where)
+
+    # ---- merging ------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """At start-up: merge what an earlier outage left in the journal. Returns how many
+        records were merged; if the database cannot take them yet, a background task
+        keeps trying (the bot starts anyway)."""
+        waiting = await asyncio.to_thread(self.journal.read)
+        if not waiting:
+            return 0
+        log.warning("%d audit record(s) from an earlier outage wait in the fallback journal; "
+                    "merging them", len(waiting))
+        async with self._lock:
+            self.down = self.down or "records of an earlier outage wait in the journal"
+            self.waiting += len(waiting)
+        try:
+            return await self.merge()
+        except AuditError as exc:
+            if not unavailable(exc):
+                raise
+            log.error("cannot merge the fallback journal yet: %s", exc)
+            self._start_merger()
+            return 0
+
+    async def merge(self) -> int:
+        """Merge the journal into the database; returns how many records were merged now.
+        Raises ``AuditError`` while the database cannot be written. When the journal is
+        empty afterwards, the writer is up again."""
+        merged = 0
+        async with self._merging:
+            while True:
+                async with self._lock:
+                    records = await asyncio.to_thread(self.journal.read)
+                    records += [r for r in self._held if r.id not in {x.id for x in records}]
+                    if not records:
+                        if self.down is not None:
+                            log.warning("the audit database takes writes again; the fallback "
+                                        "journal is merged")
+                        self.down, self.waiting, self.where = None, 0, None
+                        return merged
+                # Outside the write lock: a run's records go on into the journal meanwhile
+                # (behind these), instead of waiting for a database that may be locked.
+                applied = await self.audit.write_records(records, merge=True)
+                for record, reason in applied.rejected:
+                    log.error("the audit database refused journal record %s (%s %s): %s; it "
+                              "is kept in journal_applied", record.id, record.op,
+                              dict(record.fields), reason)
+                done = {*applied.merged, *applied.skipped,
+                        *(r.id for r, _ in applied.rejected)}
+                async with self._lock:
+                    self._row_ids.update(applied.row_ids)
+                    self._held = [r for r in self._held if r.id not in done]
+                    self.waiting = max(0, self.waiting - len(applied.merged))
+                    try:
+                        await asyncio.to_thread(self.journal.drop, done)
+                    except OSError as exc:
+                        # They are in journal_applied: a later merge skips them.
+                        log.warning("cannot clean the merged records out of the journal: %s",
+                                    exc)
+                        return merged + len(applied.merged)
+                merged += len(applied.merged)
+
+    def _start_merger(self) -> None:
+        if self._background and (self._merger is None or self._merger.done()):
+            self._merger = asyncio.create_task(self._merge_until_done(),
+                                               name="audit-journal-merge")
+
+    async def _merge_until_done(self) -> None:
+        delay = self.first_delay_s
+        while self.down is not None:
+            await self._sleep(delay)
+            delay = min(delay * 2, max(self.retry_s, self.first_delay_s))
+            try:
+                await self.merge()
+            except AuditError as exc:
+                if not unavailable(exc):
+                    log.exception("merging the fallback journal failed")
+            except OSError:
+                log.exception("reading the fallback journal failed")
+
+    async def close(self) -> None:
+        """Stop the background merge; one last try; say what is left for the next start."""
+        merger, self._merger = self._merger, None
+        if merger is not None:
+            merger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await merger
+        if self.down is None:
+            return
+        with contextlib.suppress(AuditError, OSError):
+            await self.merge()
+        if self.down is not None:
+            where = self.where if self.where is not None else " or ".join(
+                map(str, self.journal.paths))
+            log.error("the audit database still cannot be written: %d audit record(s) wait in "
+                      "%s and are merged at the next start%s", self.waiting,
+                      where or "memory",
+                      f"; {len(self._held)} held in memory are LOST" if self._held else "")
