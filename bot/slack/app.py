@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.app.async_server import AsyncSlackAppServer
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
@@ -88,7 +88,7 @@ def create_app(front_end: SlackFrontEnd) -> AsyncApp:
                    signing_secret=secret.get_secret_value() if secret is not None else "",
                    name="vllm-chatops", process_before_response=True)
 
-    async def attach(context: Any, next: Callable[[], Awaitable[None]]) -> None:
+    async def attach(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         # bolt passes middleware arguments by name: it must be called `next`.
         context[CONTEXT_KEY] = front_end
         await next()

@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from slack_bolt.async_app import AsyncApp
 
 from bot.slack.handlers import actions, commands
 
 
-def register(app: Any) -> None:
+def register(app: AsyncApp) -> None:
     commands.register(app)
     actions.register(app)

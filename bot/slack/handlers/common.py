@@ -1,6 +1,6 @@
-"""What every handler shares: the front end from the request context, the typed
-command's context, ephemeral answers, and posting a code block (with the full
-text attached as a file when it does not fit)."""
+"""What every listener shares: the front end from bolt's context, the typed command's
+context, ephemeral answers, and posting a code block (with the full text attached as a
+file when it does not fit)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,31 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncRespond
+
+from bot.audit.store import AuditLog
 from bot.core.plan import Plan
+from bot.core.status import Action
+from bot.engine.engine import Engine
+from bot.engine.lifecycle import RunLifecycle
+from bot.hosts.pool import HostPool
 from bot.settings import Settings
 from bot.slack.blocks import code_answer, code_head, tail_answer
 from bot.slack.front_end import SlackFrontEnd
 from bot.slack.grammar import run_id_of
+from bot.slack.poster import Poster
 
 log = logging.getLogger(__name__)
 
 # The key under which create_app's middleware puts the SlackFrontEnd in bolt's context.
 CONTEXT_KEY = "chatops"
 
-Ack = Callable[..., Awaitable[None]]
-Respond = Callable[..., Awaitable[Any]]
 
-
-def front_end_of(context: Any) -> SlackFrontEnd:
+def front_end_of(context: AsyncBoltContext) -> SlackFrontEnd:
     return cast(SlackFrontEnd, context[CONTEXT_KEY])
 
 
-async def tell(front_end: SlackFrontEnd, respond: Respond, text: str) -> None:
+async def tell(front_end: SlackFrontEnd, respond: AsyncRespond, text: str) -> None:
     """An ephemeral answer to the person (through the response_url), redacted."""
     try:
         await respond(text=front_end.poster.redact(text), response_type="ephemeral",
@@ -40,22 +45,48 @@ async def tell(front_end: SlackFrontEnd, respond: Respond, text: str) -> None:
 
 @dataclass(frozen=True)
 class CommandRequest:
-    """One ``/vllm`` command after the channel check and parsing."""
+    """One ``/vllm`` command after the channel check and parsing, with what its
+    listener needs at hand (settings, engine, life cycle, audit log, hosts, poster)."""
 
     front_end: SlackFrontEnd
     user: str
     channel: str
     typed: str
-    ack: Ack
-    respond: Respond
+    ack: AsyncAck
+    respond: AsyncRespond
 
     @property
     def settings(self) -> Settings:
         return self.front_end.runtime.settings
 
+    @property
+    def engine(self) -> Engine:
+        return self.front_end.runtime.engine
+
+    @property
+    def lifecycle(self) -> RunLifecycle:
+        return self.front_end.lifecycle
+
+    @property
+    def audit(self) -> AuditLog:
+        return self.front_end.runtime.audit
+
+    @property
+    def pool(self) -> HostPool:
+        return self.front_end.runtime.pool
+
+    @property
+    def poster(self) -> Poster:
+        return self.front_end.poster
+
+    def plan(self, action: Action, service: str, *, version: str | None = None,
+             index: str | None = None, dry_run: bool = False) -> Plan:
+        return self.engine.plan(action, service, version=version, index=index,
+                                dry_run=dry_run)
+
     async def reply_now(self, text: str) -> None:
         """The ack itself carries the ephemeral answer (help, errors)."""
-        await self.ack(text=self.front_end.poster.redact(text))
+        await self.ack(text=self.poster.redact(text))
 
     async def tell(self, text: str) -> None:
         await tell(self.front_end, self.respond, text)
@@ -77,24 +108,25 @@ async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
 
     async def work() -> None:
         answer = await req.front_end.request(plan, user=req.user, channel=req.channel,
-                                       command=req.typed)
+                                             command=req.typed)
         if answer:
             await req.tell(answer)
 
     req.later(work(), name)
 
 
-async def post_code(front_end: SlackFrontEnd, channel: str, title: str, body: str, *,
-                    filename: str, tail: bool = False) -> str:
-    """Post ``body`` in a code block in the channel; when it does not fit, the full
-    text goes into the message's thread as a file. Returns the message ts."""
-    body = front_end.poster.redact(body)
+async def post_code(req: CommandRequest, title: str, body: str, *, filename: str,
+                    tail: bool = False) -> str:
+    """Post ``body`` in a code block in the request's channel; when it does not fit, the
+    full text goes into the message's thread as a file. Returns the message ts."""
+    poster = req.poster
+    body = poster.redact(body)
     fits = not code_head(body)[1]
     msg = tail_answer(title, body) if tail else code_answer(title, body, attached=not fits)
-    ts = await front_end.poster.post(channel, msg)
+    ts = await poster.post(req.channel, msg)
     if not fits:
-        await front_end.poster.upload(channel, filename=filename, content=body, title=title,
-                                thread_ts=ts)
+        await poster.upload(req.channel, filename=filename, content=body, title=title,
+                            thread_ts=ts)
     return ts
 
 
@@ -106,10 +138,11 @@ class Click:
     user: str
     channel: str | None
     run_id: int | None
-    respond: Respond
+    respond: AsyncRespond
 
     @classmethod
-    def of(cls, body: dict[str, Any], context: Any, respond: Respond) -> Click:
+    def of(cls, body: dict[str, Any], context: AsyncBoltContext,
+           respond: AsyncRespond) -> Click:
         actions = body.get("actions") or [{}]
         value = str(actions[0].get("value") or "")
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(

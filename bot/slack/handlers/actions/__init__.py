@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from slack_bolt.async_app import AsyncApp
 
 from bot.slack.handlers.actions import approve, cancel, deny
 
 
-def register(app: Any) -> None:
+def register(app: AsyncApp) -> None:
     approve.register(app)
     deny.register(app)
     cancel.register(app)

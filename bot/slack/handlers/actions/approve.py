@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
+
 from bot.core.status import Decision
 from bot.slack.blocks import ACTION_APPROVE
-from bot.slack.handlers.common import Ack, Click, Respond
+from bot.slack.handlers.common import Click
 
 
-def register(app: Any) -> None:
+def register(app: AsyncApp) -> None:
     app.action(ACTION_APPROVE)(on_approve)
 
 
-async def on_approve(ack: Ack, body: dict[str, Any], context: Any, respond: Respond) -> None:
+async def on_approve(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext,
+             respond: AsyncRespond) -> None:
     await ack()
     click = Click.of(body, context, respond)
     click.later(lambda run_id: click.front_end.decide(

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
+
 from bot.errors import InputError
 from bot.slack import grammar
 from bot.slack.grammar import PREFIX, parse_command
 from bot.slack.handlers.commands import audit, cancel, gpus, logs, redeploy, restart, status
 from bot.slack.handlers.commands import help as help_command
-from bot.slack.handlers.common import Ack, CommandRequest, Respond, front_end_of
+from bot.slack.handlers.common import CommandRequest, front_end_of
 
 Handler = Callable[[CommandRequest, Any], Awaitable[None]]
 
@@ -33,7 +35,7 @@ HANDLERS: dict[type, Handler] = {
 }
 
 
-def register(app: Any) -> None:
+def register(app: AsyncApp) -> None:
     app.command(PREFIX)(on_command)
 
 
@@ -41,10 +43,10 @@ def _channels(ids: list[str]) -> str:
     return ", ".join(f"<#{c}>" for c in ids)
 
 
-async def on_command(ack: Ack, command: dict[str, Any], context: Any, respond: Respond) -> None:
-    front_end = front_end_of(context)
+async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext,
+                     respond: AsyncRespond) -> None:
     text = str(command.get("text") or "")
-    req = CommandRequest(front_end=front_end, user=str(command["user_id"]),
+    req = CommandRequest(front_end=front_end_of(context), user=str(command["user_id"]),
                          channel=str(command["channel_id"]),
                          typed=f"{PREFIX} {text}".strip(), ack=ack, respond=respond)
     allowed = req.settings.slack.channels
@@ -61,5 +63,6 @@ async def on_command(ack: Ack, command: dict[str, Any], context: Any, respond: R
 
 async def _refuse(req: CommandRequest, reason: str) -> None:
     await req.reply_now(reason)
-    req.front_end.spawn(req.front_end.refuse(user=req.user, channel=req.channel, command=req.typed,
-                                 reason=reason), name="refusal")
+    req.front_end.spawn(req.front_end.refuse(user=req.user, channel=req.channel,
+                                             command=req.typed, reason=reason),
+                        name="refusal")

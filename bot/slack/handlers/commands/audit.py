@@ -11,9 +11,9 @@ async def handle(req: CommandRequest, cmd: Audit) -> None:
     await req.ack()
 
     async def work() -> None:
-        records = await req.front_end.runtime.audit.list_runs(service=cmd.service, limit=cmd.limit)
+        records = await req.audit.list_runs(service=cmd.service, limit=cmd.limit)
         scope = cmd.service or "all services"
-        await post_code(req.front_end, req.channel, f"Audit log: {scope}, last {cmd.limit} runs",
+        await post_code(req, f"Audit log: {scope}, last {cmd.limit} runs",
                         runs_table(records), filename="audit.txt")
 
     req.later(work(), "audit")

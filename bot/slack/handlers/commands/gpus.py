@@ -19,10 +19,10 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
     await req.ack()
 
     async def work() -> None:
-        results = await fleet_gpus(req.settings, req.front_end.runtime.pool, hosts)
+        results = await fleet_gpus(req.settings, req.pool, hosts)
         title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
         answer = fleet_message(results)
-        poster = req.front_end.poster
+        poster = req.poster
         ts = await poster.post(req.channel, code_answer(
             title, answer.text, attached=answer.attachment is not None))
         if answer.attachment is not None:

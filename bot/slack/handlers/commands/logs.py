@@ -17,8 +17,7 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
 
     async def one(host: str) -> str:
         try:
-            result = await req.front_end.runtime.pool.get(host).run(argv,
-                                                              timeout_s=svc.command_timeout_s)
+            result = await req.pool.get(host).run(argv, timeout_s=svc.command_timeout_s)
         except HostError as exc:
             return f"== {host}: unreachable: {exc.reason}"
         status = "" if result.ok else f" (exit {result.exit_status})"
@@ -26,8 +25,7 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
 
     async def work() -> None:
         parts = await asyncio.gather(*(one(h) for h in svc.hosts))
-        await post_code(req.front_end, req.channel,
-                        f"journalctl -u {svc.unit} -n {cmd.lines}: {cmd.service}",
+        await post_code(req, f"journalctl -u {svc.unit} -n {cmd.lines}: {cmd.service}",
                         "\n\n".join(parts), filename=f"{cmd.service}-journal.log", tail=True)
 
     req.later(work(), "logs")

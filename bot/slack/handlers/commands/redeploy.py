@@ -9,6 +9,6 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Redeploy) -> None:
-    plan = req.front_end.runtime.engine.plan(Action.REDEPLOY, cmd.service, version=cmd.version,
-                                       index=cmd.index, dry_run=cmd.dry_run)
+    plan = req.plan(Action.REDEPLOY, cmd.service, version=cmd.version, index=cmd.index,
+                    dry_run=cmd.dry_run)
     await ask_for_approval(req, plan, Action.REDEPLOY)

@@ -32,13 +32,12 @@ class _Collect:
 
 
 async def _one(req: CommandRequest, service: str) -> str:
-    rt = req.front_end.runtime
-    plan = rt.engine.plan(Action.STATUS, service)
-    record = await rt.lifecycle.request(plan, requested_by=req.user, source=Source.SLACK,
-                                        channel=req.channel)
-    await rt.lifecycle.confirm(record.id, READ_ONLY_APPROVER)
+    plan = req.plan(Action.STATUS, service)
+    record = await req.lifecycle.request(plan, requested_by=req.user, source=Source.SLACK,
+                                         channel=req.channel)
+    await req.lifecycle.confirm(record.id, READ_ONLY_APPROVER)
     sink = _Collect()
-    result = await rt.engine.execute(record.id, sink)
+    result = await req.engine.execute(record.id, sink)
     body = "\n".join(sink.lines) or result.summary
     return f"== {service} (run #{record.id}, {result.status})\n{body}"
 
@@ -53,7 +52,6 @@ async def handle(req: CommandRequest, cmd: Status) -> None:
             return
         parts = await asyncio.gather(*(_one(req, s) for s in services))
         title = f"Status: {cmd.service}" if cmd.service else "Status: all services"
-        await post_code(req.front_end, req.channel, title, "\n\n".join(parts),
-                        filename="status.txt")
+        await post_code(req, title, "\n\n".join(parts), filename="status.txt")
 
     req.later(work(), "status")
