@@ -35,7 +35,7 @@ from bot.core.flows import (
 from bot.core.plan import Step
 from bot.core.status import StepStatus
 from bot.errors import HostError
-from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream
+from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream, cut_line
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -142,7 +142,10 @@ class Executor:
 
     def _collector(self, step: Step) -> Callable[[Stream, str], None]:
         def on_line(stream: Stream, line: str) -> None:
-            # Called synchronously from the reader; delivery to sinks is async.
+            # Called synchronously from the reader; delivery to sinks is async.  The
+            # transports bound a line already; cutting here holds every sink to the same
+            # bound whatever transport fed it (the tail keeps TAIL_LINES of them).
+            line = cut_line(line)
             self._tail.append(line)
             self._lines.put_nowait(ev.OutputLine(self.run_id, self.host, step, stream, line))
         return on_line

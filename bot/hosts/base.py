@@ -15,6 +15,29 @@ from typing import Literal, Protocol
 Stream = Literal["stdout", "stderr"]
 LineCallback = Callable[[Stream, str], None]
 
+# The longest line a transport hands to ``on_line`` or keeps in a result, marker
+# included: a host that prints without newlines (a runaway progress bar, binary junk
+# from `tr '\0' C </dev/zero`) must not grow the bot's memory with it.  vLLM's longest
+# real lines (its engine config at start-up) are a few thousand characters.
+MAX_LINE_CHARS = 16 * 1024
+# Room kept for the marker at the end of a cut line, so a cut line is within the limit too.
+_MARKER_ROOM = 64
+
+
+def cut_marker(dropped: int) -> str:
+    return f"… [line cut: {dropped:,} more characters]"
+
+
+def cut_line(kept: str, total: int | None = None, limit: int = MAX_LINE_CHARS) -> str:
+    """A line of ``total`` characters (default ``len(kept)``) of which ``kept`` is the
+    start: whole when it fits in ``limit``, else its head and a marker that says how
+    much is missing.  Never longer than ``limit``; a cut line is left as it is."""
+    total = len(kept) if total is None else total
+    if total <= limit:
+        return kept
+    head = kept[:limit - _MARKER_ROOM]
+    return head + cut_marker(total - len(head))
+
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
@@ -69,6 +92,8 @@ class HostTransport(Protocol):
     ) -> CommandResult:
         """Run argv on the host. A timeout terminates the remote process too
         (TERM, then KILL) and returns a result with ``timed_out=True``.
+        Lines (to ``on_line`` and in the result) are at most ``MAX_LINE_CHARS`` long:
+        a longer one is cut with ``cut_marker``, whatever the host prints.
         Raises ``HostUnreachableError``/``HostKeyError`` when the host cannot be reached."""
         ...
 

@@ -55,6 +55,8 @@ class HostConfig:
     install_duration_s: float = 4.0
     # Extra `Downloading`/build-log lines an install prints (benchmarks use 100..100,000).
     install_output_lines: int = 0
+    # With uv_floods: the length of the one line without a newline an install prints.
+    flood_chars: int = 300 * 1024 * 1024
     available_versions: tuple[str, ...] = ("0.15.1", "0.16.0", DEFAULT_VERSION)
     latest_version: str = "0.16.0"
 
@@ -66,7 +68,7 @@ class HostConfig:
         if not 0 <= self.stuck_worker_mib <= self.gpu_total_mib:
             raise ValueError("stuck_worker_mib must be between 0 and gpu_total_mib")
         for name in ("release_delay_s", "load_delay_s", "fail_delay_s", "stop_delay_s",
-                     "install_duration_s", "install_output_lines"):
+                     "install_duration_s", "install_output_lines", "flood_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.latest_version not in self.available_versions:
@@ -85,6 +87,9 @@ class Faults:
     uv_fails: bool = False  # the next real install fails (download error), then clears
     uv_fails_always: bool = False  # every real install fails, rollbacks included
     uv_stalls: bool = False  # real installs stall after resolving while this is set
+    # Real installs first print one line of flood_chars characters (a runaway progress
+    # bar, `tr '\0' C </dev/zero`), then go on as usual.
+    uv_floods: bool = False
     resolve_fails: bool = False  # every install and dry run fails to resolve
     health_503: bool = False  # the loaded server answers /health with 503
     start_fails: bool = False  # a start crashes with a traceback shortly after

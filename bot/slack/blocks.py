@@ -468,3 +468,12 @@ def cancel_reply(user: str) -> Message:
     return message(f"Cancel requested by {user}",
                    [section(f":no_entry_sign: Cancel requested by {mention(user)}: the run stops "
                             "at its next safe point.")])
+
+
+def attachment_refused(title: str, chars: int, *, too_large: bool) -> Message:
+    """Follows a reply that promised an attached file Slack then refused: only the end of
+    the output, already in that reply, is in the thread."""
+    why = "as too large" if too_large else "for good"
+    text = (f":warning: The full {escape(title)} ({chars:,} characters) could not be "
+            f"attached: Slack refused the file {why}. Only its end, above, is in the thread.")
+    return message(f"{title}: not attached", [section(text)])

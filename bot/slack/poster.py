@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,14 +33,49 @@ _THREAD_REDACT_CHARS = 256 * 1024
 SLACK_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, OSError, TimeoutError)
 
 
+# slack_sdk reports a failed POST to the upload URL only in the message of a SlackRequestError.
+_UPLOAD_STATUS = re.compile(r"Failed to upload a file \(status: (\d+)")
+# What Slack answers when a message or file is too big: a retry sends the same bytes again.
+_TOO_LARGE_ERRORS = frozenset({"request_too_large", "file_too_large", "msg_too_long"})
+
+
+def _http_status(exc: BaseException) -> int | None:
+    if isinstance(exc, SlackApiError):
+        # An AsyncSlackResponse has status_code; a body that was not JSON leaves aiohttp's own.
+        status = getattr(exc.response, "status_code", None) or getattr(exc.response, "status",
+                                                                      None)
+        return status if isinstance(status, int) else None
+    if isinstance(exc, SlackRequestError):
+        match = _UPLOAD_STATUS.search(str(exc))
+        return int(match[1]) if match else None
+    return None
+
+
+def _api_error(exc: BaseException) -> str | None:
+    if isinstance(exc, SlackApiError) and hasattr(exc.response, "get"):
+        error = exc.response.get("error")
+        return error if isinstance(error, str) else None
+    return None
+
+
+def too_large(exc: BaseException) -> bool:
+    """Whether Slack refused what was sent for its size (HTTP 413 or an error saying so)."""
+    return _http_status(exc) == 413 or _api_error(exc) in _TOO_LARGE_ERRORS
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed Slack call is worth retrying later."""
+    if too_large(exc):
+        return False
+    status = _http_status(exc)
     if isinstance(exc, SlackApiError):
-        status = getattr(exc.response, "status_code", 200)
-        error = exc.response.get("error") if hasattr(exc.response, "get") else None
-        return status == 429 or status >= 500 or error in _TRANSIENT_ERRORS
-    # Connection refused/reset, timeouts, a failed upload POST.
-    return isinstance(exc, aiohttp.ClientError | OSError | TimeoutError | SlackRequestError)
+        return status in (408, 429) or (status or 0) >= 500 or _api_error(exc) in _TRANSIENT_ERRORS
+    if isinstance(exc, SlackRequestError):
+        # A failed upload POST is worth a retry only for the statuses that mean "later";
+        # slack_sdk's other request errors are arguments it refused, which a retry repeats.
+        return status is not None and (status in (408, 429) or status >= 500)
+    # Connection refused/reset, timeouts.
+    return isinstance(exc, aiohttp.ClientError | OSError | TimeoutError)
 
 
 def _redact_blocks(value: Any, redact: Redact) -> Any:

@@ -39,10 +39,12 @@ from bot.core.gpu import render_table
 from bot.core.plan import Step
 from bot.core.status import HostStatus, RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
+from bot.hosts.base import cut_line
 from bot.slack.blocks import (
     CardView,
     Message,
     StepLine,
+    attachment_refused,
     cancel_reply,
     code_answer,
     code_tail,
@@ -51,7 +53,7 @@ from bot.slack.blocks import (
     run_card,
     step_reply,
 )
-from bot.slack.poster import Poster, is_transient, redact_large
+from bot.slack.poster import Poster, is_transient, redact_large, too_large
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ class _Log:
         self.dropped = 0
 
     def add(self, line: str) -> None:
+        # Lines come cut by the engine; cutting again keeps this bound whoever sends them,
+        # since the loop below always keeps the newest line, however long.
+        line = cut_line(line)
         self.lines.append(line)
         self.chars += len(line) + 1
         while self.chars > MAX_LOG_CHARS and len(self.lines) > 1:
@@ -261,7 +266,12 @@ class SlackReporter:
                     if card:
                         self._dirty = False
                     else:
-                        self._replies.popleft()
+                        refused = self._replies.popleft()
+                        if refused.posted and refused.file is not None:
+                            # The reply already out says a file follows: correct it.
+                            self._replies.appendleft(_Reply(msg=attachment_refused(
+                                refused.file[2], len(refused.file[1]),
+                                too_large=too_large(exc))))
                     continue
                 backoff = min(max(backoff * 2, 1.0), _MAX_BACKOFF_S)
                 log.warning("Slack thread %s/%s: %s; retrying in %.0fs", self.channel,

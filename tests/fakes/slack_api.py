@@ -322,6 +322,9 @@ class FakeSlack:
         self.post_rate_per_s = post_rate_per_s
         self.post_burst = post_burst
         self.clock = clock
+        # A POST to an upload URL larger than this answers 413, as files.slack.com does past
+        # its limit (1 GB there; tests set a small one). None: only aiohttp's 64 MiB cap.
+        self.max_upload_bytes: int | None = None
 
         self.signal = ChangeSignal()
         self.socket_mode = FakeSocketMode(app_id=app_id, signal=self.signal)
@@ -692,6 +695,10 @@ class FakeSlack:
             upload.content = part.encode() if isinstance(part, str) else _form_bytes(part)
         else:
             upload.content = await request.read()
+        if self.max_upload_bytes is not None and len(upload.content) > self.max_upload_bytes:
+            upload.content = None
+            return web.Response(status=413, text="Request Entity Too Large",
+                                content_type="text/plain")
         self.signal.notify()
         return web.Response(text=f"OK - {len(upload.content)}", content_type="text/plain")
 

@@ -30,6 +30,7 @@ REQUIRES = (
 NO_VENV = ("error: No virtual environment found; run `uv venv` to create an environment, "
            "or pass `--system` to install into a non-virtual environment")
 OUTPUT_BATCHES = 50
+FLOOD_BLOCK = 1024 * 1024
 STALL_POLL_S = 0.05
 
 
@@ -267,10 +268,21 @@ def _stream_output(n: int, version: str, start: float, end: float) -> None:
         _write("".join(line + "\n" for line in chunk))
 
 
+def _flood(chars: int) -> None:
+    """One line of ``chars`` characters, written as fast as the reader takes it."""
+    block = "C" * FLOOD_BLOCK
+    for start in range(0, chars, FLOOD_BLOCK):
+        _write(block[:min(FLOOD_BLOCK, chars - start)])
+    _write("\n")
+
+
 def _apply(store: StateStore, req: _Request, target: str, t0: float) -> int:
     t0 += _stall(store)
     st = store.read()
     cfg = st.config
+    if st.faults.uv_floods:
+        _flood(cfg.flood_chars)
+        t0 = time.time()  # the install's own timeline starts after the flood
     at = [t0 + f * cfg.install_duration_s for f in (0.1, 0.4, 0.7, 0.8, 1.0)]
     if _download_fails(store):
         _sleep_until(at[1])
