@@ -159,6 +159,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
         front_end = make_front_end(runtime, client=client)
         app = create_app(front_end)
         await front_end.resume()
+        front_end.start_sweep()
         who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
         try:
             if settings.slack_app_token is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bot.audit.store import RunRecord, parse_ts
@@ -32,6 +32,7 @@ from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
+from bot.engine.recovery import SWEEP_EVERY_S, Interrupted
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError
 from bot.slack.blocks import message, run_card, section
@@ -66,6 +67,9 @@ class SlackFrontEnd:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reporters: dict[int, SlackReporter] = {}
         self._card_locks: dict[int, asyncio.Lock] = {}
+        self._sweep: asyncio.Task[None] | None = None
+        # A run recovered because a request met its lock is told in its thread too.
+        self.lifecycle.recovered.append(self.tell_recovered)
 
     # ---- tasks ----------------------------------------------------------------------------
 
@@ -87,6 +91,10 @@ class SlackFrontEnd:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def aclose(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            await asyncio.gather(self._sweep, return_exceptions=True)
+            self._sweep = None
         await self.timers.aclose()
         for task in self._tasks:
             task.cancel()
@@ -98,13 +106,36 @@ class SlackFrontEnd:
         """After a restart: close runs the last process left behind, expire overdue
         requests and re-arm the expiry timer of every pending one."""
         for item in await self.lifecycle.recover():
-            await self._refresh_card(item.run.id)
-            await self._tell_thread(item.run, item.message)
+            await self.tell_recovered(item)
         for record in await self.lifecycle.expire_overdue():
             await self._refresh_card(record.id)
         for record in await self.lifecycle.pending():
             if record.expires_at is not None and record.message_ts is not None:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
+
+    async def tell_recovered(self, item: Interrupted) -> None:
+        """A run whose driver died was marked interrupted: its card and thread say so."""
+        await self._refresh_card(item.run.id)
+        await self._tell_thread(item.run, item.message)
+
+    def start_sweep(self, *, every_s: float = SWEEP_EVERY_S,
+                    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """Every ``every_s``, recover the runs whose driver died while nobody asked (a
+        CLI killed with no request after it), and tell their threads."""
+        if self._sweep is None:
+            self._sweep = asyncio.create_task(self._sweep_every(every_s, sleep),
+                                              name="recovery-sweep")
+
+    async def _sweep_every(self, every_s: float,
+                           sleep: Callable[[float], Awaitable[None]]) -> None:
+        while True:
+            await sleep(every_s)
+            try:
+                for item in await self.lifecycle.recover():
+                    await self.tell_recovered(item)
+            except Exception:
+                # A locked database now is no reason to stop looking next time.
+                log.exception("the recovery sweep failed; trying again in %.0f s", every_s)
 
     # ---- refusals ---------------------------------------------------------------------------
 

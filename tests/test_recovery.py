@@ -1,0 +1,298 @@
+"""Recovery of runs whose driver died (issue 9): the heartbeat lease judged by an injected
+clock, recovery on the spot when a request meets a dead run's lock, the operator's
+``runs``/``recover`` commands, and the Slack bot's periodic sweep."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.audit import AuditLog, RunRecord, format_ts
+from bot.core.plan import Plan, make_plan
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
+from bot.engine.lifecycle import RunLifecycle
+from bot.engine.owner import process_owner, read_stat
+from bot.engine.recovery import (
+    RECOVERY_ACTOR,
+    Interrupted,
+    NotDriven,
+    OwnerAlive,
+    Recovered,
+    recover_by_hand,
+)
+from bot.errors import LockHeldError
+from bot.settings import LOCAL, Settings
+from bot.sim.kit import SimKit
+from tests.polling import eventually
+from tests.slack_harness import SERVICE, blocks_text, slack_bot
+from tests.support.cli import cli
+from tests.support.wall_clock import ManualWallClock
+
+ALICE, BOB = "U0ALICE", "U0BOB"
+# A process on another machine (a rescheduled container): only its lease speaks for it.
+ELSEWHERE = "rescheduled-pod-7f9c:4242:777"
+LOCKS = ["host:gpu1", "service:svc"]
+
+
+def dead_local_owner() -> str:
+    """The owner string of a process of this machine that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = read_stat(child.pid)
+    child.wait()
+    return f"{socket.gethostname()}:{child.pid}:{stat.start_time if stat else '1'}"
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        hosts={"gpu1": {"address": LOCAL}},
+        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"}},
+        policy={"approvers": [BOB], "min_approvals": 1, "approval_ttl_s": 600},
+        db_path=tmp_path / "audit.db")
+
+
+@dataclass
+class World:
+    settings: Settings
+    audit: AuditLog
+    clock: ManualWallClock
+    told: list[Interrupted]
+    started: list[tuple[RunLifecycle, int]]
+
+    def plan(self) -> Plan:
+        return make_plan(self.settings, Action.RESTART, "svc")
+
+    def process(self, owner: str | None = None) -> RunLifecycle:
+        """One process's life cycle on the shared database and clock; what it recovers
+        on meeting a lock is collected in ``told``."""
+        life = RunLifecycle(self.settings, self.audit, clock=self.clock,
+                            owner=(lambda: owner) if owner else process_owner,
+                            sleep=self.clock.sleep)
+
+        async def tell(item: Interrupted) -> None:
+            self.told.append(item)
+
+        life.recovered.append(tell)
+        return life
+
+    async def beat(self, sleepers: int = 1) -> None:
+        """Move the clock one heartbeat period on, once ``sleepers`` heartbeats wait on it."""
+        await eventually(lambda: self.clock.sleepers >= sleepers, "the heartbeat to wait", 5)
+        self.clock.advance(RENEW_EVERY_S)
+
+    async def running(self, life: RunLifecycle) -> RunRecord:
+        """A run ``life`` requested, approved and started."""
+        record = await life.request(self.plan(), requested_by=ALICE, source=Source.CLI)
+        assert await life.confirm(record.id, ALICE)
+        assert await life.start(record.id) is not None
+        self.started.append((life, record.id))
+        return await self.audit.get_run(record.id)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    s = settings(tmp_path)
+    async with AuditLog.open(s.db_path) as audit:
+        w = World(s, audit, ManualWallClock(), [], [])
+        yield w
+        for life, run_id in w.started:
+            await life.released(run_id)  # stops its heartbeat
+
+
+# ---- the lease ---------------------------------------------------------------------------
+
+
+async def test_an_owner_elsewhere_lives_while_its_heartbeat_renews_and_dies_when_it_stops(
+        world: World) -> None:
+    elsewhere = world.process(owner=ELSEWHERE)
+    run = await world.running(elsewhere)
+    start = world.clock()
+    assert run.lease_until == format_ts(start + timedelta(seconds=LEASE_S))
+    here = world.process()
+    assert await here.recover() == []
+
+    # Each beat moves the lease on: after two periods it ends LEASE_S after the second.
+    for beat in (1, 2):
+        await world.beat()
+        until = format_ts(start + timedelta(seconds=beat * RENEW_EVERY_S + LEASE_S))
+
+        async def renewed(until: str = until) -> bool:
+            return (await world.audit.get_run(run.id)).lease_until == until
+
+        await eventually(renewed, f"heartbeat {beat}", timeout_s=5)
+    last = start + timedelta(seconds=2 * RENEW_EVERY_S)
+
+    # Its process dies: nothing renews the lease any more (released stops the heartbeat).
+    await elsewhere.released(run.id)
+    world.clock.now = last + timedelta(seconds=LEASE_S - 1)
+    assert await here.recover() == []  # the lease still vouches for it
+    with pytest.raises(LockHeldError, match=f"busy: run #{run.id}"):
+        await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    assert world.told == []
+
+    world.clock.now = last + timedelta(seconds=LEASE_S)  # the lease has ended
+    record = await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    [item] = world.told
+    assert item.run.id == run.id and item.run.status == RunStatus.INTERRUPTED
+    assert f"Run #{run.id} (restart svc) was interrupted: the command line" in item.message
+    assert (await world.audit.lock_holder("service:svc")) == await world.audit.get_run(record.id)
+
+
+async def test_a_request_meeting_a_dead_owners_lock_recovers_the_run_and_proceeds(
+        world: World) -> None:
+    dead = world.process(owner=dead_local_owner())
+    run = await world.running(dead)
+    await world.audit.step_started(run.id, "gpu1", "drain", "nvidia-smi")
+    await dead.released(run.id)
+
+    here = world.process()
+    record = await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
+
+    [item] = world.told
+    assert item.run.id == run.id
+    assert "during step `drain`" in item.message and "STOPPED" in item.message
+    recovered = await world.audit.get_run(run.id)
+    assert recovered.status == RunStatus.INTERRUPTED and recovered.summary == item.message
+    assert [s.status for s in await world.audit.steps(run.id)] == ["interrupted"]
+    assert (RECOVERY_ACTOR, Decision.RECOVER) in [
+        (d.user, d.decision) for d in await world.audit.decisions(run.id)]
+    assert (await world.audit.locks_held()) == {record.id: LOCKS}
+
+
+async def test_a_live_owner_or_a_pending_request_keeps_its_lock(world: World) -> None:
+    live = world.process()  # this test's own process: alive
+    run = await world.running(live)
+    other = world.process()
+    with pytest.raises(LockHeldError):
+        await other.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
+    assert await live.finish(run.id, RunStatus.SUCCEEDED, "done")
+    await live.released(run.id)
+
+    pending = await live.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
+    with pytest.raises(LockHeldError):  # awaiting approval: its expiry closes it, not this
+        await other.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    assert (await world.audit.get_run(pending.id)).status == RunStatus.PENDING_APPROVAL
+    assert world.told == []
+
+
+async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: World) -> None:
+    run = await world.running(world.process(owner=ELSEWHERE))
+    lost: list[bool] = []
+    beat = Heartbeat(world.audit, run.id, ELSEWHERE, clock=world.clock,
+                     sleep=world.clock.sleep, lost=lambda: lost.append(True)).start()
+    try:
+        await world.beat(sleepers=2)  # the run's own heartbeat, and this one
+        await eventually(lambda: beat.renewals == 1, "a renewal", timeout_s=5)
+        result = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
+                                       clock=world.clock)
+        assert isinstance(result, Recovered)
+        await world.beat(sleepers=2)  # both beat again; this one finds the run gone
+        await eventually(lambda: lost, "the heartbeat to notice", timeout_s=5)
+        assert beat.renewals == 1
+    finally:
+        await beat.stop()
+
+
+# ---- by hand -------------------------------------------------------------------------------
+
+
+async def test_recover_by_hand_refuses_a_live_owner_unless_forced(world: World) -> None:
+    run = await world.running(world.process())  # owned by this (live) process
+    refused = await recover_by_hand(world.audit, run.id, by="cli:op@host", clock=world.clock)
+    assert isinstance(refused, OwnerAlive) and "--force" in refused.reason
+    assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
+    assert (await world.audit.locks_held()) == {run.id: LOCKS}
+
+    forced = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
+                                   clock=world.clock)
+    assert isinstance(forced, Recovered)
+    assert forced.item.run.status == RunStatus.INTERRUPTED
+    assert (await world.audit.locks_held()) == {}
+    assert ("cli:op@host", Decision.RECOVER) in [
+        (d.user, d.decision) for d in await world.audit.decisions(run.id)]
+
+    again = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
+                                  clock=world.clock)
+    assert isinstance(again, NotDriven) and "is interrupted" in again.reason
+
+
+def _runs(out: str) -> dict[int, dict[str, object]]:
+    return {row["id"]: row for row in json.loads(out)}
+
+
+async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Path) -> None:
+    finished = await world.running(world.process())
+    assert await world.process().finish(finished.id, RunStatus.SUCCEEDED, "done")
+    live = await world.running(world.process())  # this process owns it: alive
+    db = ["--db", str(world.settings.db_path)]
+
+    code, out, err = await cli("runs", "--active", "--json", *db, cwd=tmp_path)
+    assert code == 0, err
+    [row] = _runs(out).values()
+    assert (row["id"], row["status"], row["owner"], row["owner_alive"]) == (
+        live.id, "running", process_owner(), True)
+    assert row["locks"] == LOCKS and row["lease_until"] == live.lease_until
+    code, out, err = await cli("runs", *db, cwd=tmp_path)
+    assert code == 0 and "OWNER" in out and process_owner() in out and "LEASE UNTIL" in out
+
+    # A live owner: refused (and recorded) before anyone is asked to confirm.
+    code, out, err = await cli("recover", str(live.id), *db, cwd=tmp_path)
+    assert code == 1 and "refused" in err and "--force" in err
+    assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
+    [refusal] = await world.audit.refusals(1)
+    assert refusal.user.startswith("cli:") and refusal.command == f"recover run #{live.id}"
+    code, _, err = await cli("recover", str(live.id), "--force", *db, cwd=tmp_path)
+    assert code == 2 and "not confirmed" in err  # off a terminal, only --yes confirms
+    assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
+
+    code, out, err = await cli("recover", str(live.id), "--force", "--yes", *db, cwd=tmp_path)
+    assert code == 0, err
+    assert f"Run #{live.id} (restart svc) was interrupted" in out and "/vllm status svc" in out
+    record = await world.audit.get_run(live.id)
+    assert record.status == RunStatus.INTERRUPTED and (record.summary or "?") in out
+    assert (await world.audit.locks_held()) == {}
+    [decision] = [d for d in await world.audit.decisions(live.id)
+                  if d.decision == Decision.RECOVER]
+    assert decision.user == refusal.user  # cli:<user>@<host>
+
+    code, out, err = await cli("recover", str(live.id), "--yes", *db, cwd=tmp_path)
+    assert code == 1 and "only a running or approved run" in err
+
+
+# ---- the Slack bot's sweep -------------------------------------------------------------------
+
+
+async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    clock = ManualWallClock()
+    async with slack_bot(tmp_path, sim_host) as bot:
+        bot.front_end.start_sweep(every_s=60, sleep=clock.sleep)
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        # A CLI (or another bot) took the run and died while nobody asked for the service.
+        audit = bot.runtime.audit
+        assert await audit.transition(record.id, RunStatus.APPROVED,
+                                      expect=(RunStatus.PENDING_APPROVAL,))
+        assert await audit.transition(record.id, RunStatus.RUNNING, owner=dead_local_owner(),
+                                      expect=(RunStatus.APPROVED,))
+        await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
+        await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
+        assert (await bot.run(record.id)).status == RunStatus.RUNNING
+
+        clock.advance(60)
+        await bot.wait_status(record.id, "interrupted", timeout_s=5)
+        told = await eventually(
+            lambda: [m for m in bot.fake.thread("C0OPS", record.message_ts or "")[1:]
+                     if "was interrupted" in blocks_text(m)], "the thread to be told", 5)
+        assert "during step `stop`" in blocks_text(told[0])
+        assert "interrupted" in blocks_text(await bot.card(record.id))
+        assert await audit.locks_held() == {}
