@@ -296,3 +296,33 @@ async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
         assert "during step `stop`" in blocks_text(told[0])
         assert "interrupted" in blocks_text(await bot.card(record.id))
         assert await audit.locks_held() == {}
+
+
+async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    clock = ManualWallClock()
+    async with slack_bot(tmp_path, sim_host) as bot:
+        bot.front_end.start_sweep(every_s=60, sleep=clock.sleep)
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        audit = bot.runtime.audit
+        assert await audit.transition(record.id, RunStatus.APPROVED,
+                                      expect=(RunStatus.PENDING_APPROVAL,))
+        assert await audit.transition(record.id, RunStatus.RUNNING, owner=dead_local_owner(),
+                                      expect=(RunStatus.APPROVED,))
+        # A CLI met the dead run's lock and recovered it; a CLI cannot post to Slack.
+        assert isinstance(await recover_by_hand(audit, record.id, by="cli:op@host"),
+                          Recovered)
+        ts = record.message_ts or ""
+
+        def told() -> list[str]:
+            return [blocks_text(m) for m in bot.fake.thread("C0OPS", ts)[1:]
+                    if "was interrupted" in blocks_text(m)]
+
+        for _ in range(2):  # told at the first sweep, and not again at the next
+            await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
+            clock.advance(60)
+            await eventually(told, "the thread to be told", timeout_s=5)
+        await eventually(lambda: clock.sleepers, "the sweep to wait again", timeout_s=5)
+        assert len(told()) == 1
+        assert "interrupted" in blocks_text(await bot.card(record.id))

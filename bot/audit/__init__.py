@@ -22,7 +22,9 @@ foreign key to ``runs``, enforced):
     it; added by ``0002_run_owner``), lease_until (until when that process vouches
     for the run: its heartbeat renews it every few seconds, see
     ``bot.engine.heartbeat``; how an owner on another machine is judged; added by
-    ``0003_run_lease``).
+    ``0003_run_lease``), recovery_told_at (when the Slack thread of a run recovered
+    from a dead driver was told, so it is told once, even when a CLI recovered it;
+    added by ``0005_recovery_told``).
     Indexes: (service, id DESC), (status, id DESC).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover; recover:

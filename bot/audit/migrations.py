@@ -150,11 +150,16 @@ CREATE TABLE journal_applied (
 );
 """
 
+# When a recovered run's Slack thread was told: a run recovered by a CLI (which cannot
+# post) is told by the next bot that sweeps, and only once however many bots there are.
+_RECOVERY_TOLD = "ALTER TABLE runs ADD COLUMN recovery_told_at TEXT;"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
     Migration("0003_run_lease", _RUN_LEASE),
     Migration("0004_journal_applied", _JOURNAL_APPLIED),
+    Migration("0005_recovery_told", _RECOVERY_TOLD),
 )
 
 

@@ -18,7 +18,7 @@ import aiosqlite
 from bot.audit import decisions, locks, steps
 from bot.audit.db import execute, fetch, insert, qmarks, run_not_found
 from bot.audit.records import RunRecord, stored
-from bot.core.status import Action, RunStatus, Source
+from bot.core.status import Action, Decision, RunStatus, Source
 
 _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
@@ -155,6 +155,25 @@ async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: 
     )
     await steps.interrupt_running(conn, run_id, now)
     await locks.release(conn, run_id)
+
+
+async def untold_recoveries(conn: aiosqlite.Connection) -> list[int]:
+    """Runs recovered from a dead driver (a 'recover' decision) whose Slack thread has
+    not been told yet, oldest first."""
+    rows = await fetch(
+        conn,
+        "SELECT id FROM runs WHERE status = ? AND recovery_told_at IS NULL "
+        "AND channel IS NOT NULL AND message_ts IS NOT NULL "
+        "AND id IN (SELECT run_id FROM decisions WHERE decision = ?) ORDER BY id",
+        (RunStatus.INTERRUPTED, Decision.RECOVER))
+    return [int(row["id"]) for row in rows]
+
+
+async def mark_told(conn: aiosqlite.Connection, run_id: int, now: str) -> bool:
+    """Claim the telling of a recovered run's thread: True for the one caller that may."""
+    return bool(await execute(
+        conn, "UPDATE runs SET recovery_told_at = ? WHERE id = ? AND recovery_told_at IS NULL",
+        (now, run_id)))
 
 
 def interrupted_summary(status: str, current_step: str | None) -> str:

@@ -440,6 +440,22 @@ class AuditLog:
         return recovered
 
     @_shielded
+    async def untold_recoveries(self) -> list[RunRecord]:
+        """Runs recovered from a dead driver whose Slack thread has not been told (a CLI
+        recovered them, or the bot died before it could post), oldest first."""
+        async with self._db.transaction(write=False) as conn:
+            return [await runs_sql.get(conn, run_id)
+                    for run_id in await runs_sql.untold_recoveries(conn)]
+
+    @_shielded
+    async def claim_telling(self, run_id: int) -> bool:
+        """Whether this caller tells the recovered run's thread: True once per run, so
+        two bots sweeping the same database do not both post."""
+        now = now_ts()
+        async with self._db.transaction(write=True) as conn:
+            return await runs_sql.mark_told(conn, run_id, now)
+
+    @_shielded
     async def interrupt(self, run_id: int, summary: str) -> bool:
         """A run whose driver stopped (cancelled at shutdown, or broken) becomes
         'interrupted', with its running steps, and releases its locks: it must never

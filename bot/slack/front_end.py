@@ -32,7 +32,7 @@ from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
-from bot.engine.recovery import SWEEP_EVERY_S, Interrupted
+from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError
 from bot.slack.blocks import message, run_card, section
@@ -107,6 +107,7 @@ class SlackFrontEnd:
         requests and re-arm the expiry timer of every pending one."""
         for item in await self.lifecycle.recover():
             await self.tell_recovered(item)
+        await self._tell_untold()
         for record in await self.lifecycle.expire_overdue():
             await self._refresh_card(record.id)
         for record in await self.lifecycle.pending():
@@ -114,9 +115,20 @@ class SlackFrontEnd:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
 
     async def tell_recovered(self, item: Interrupted) -> None:
-        """A run whose driver died was marked interrupted: its card and thread say so."""
+        """A run whose driver died was marked interrupted: its card and thread say so,
+        once (claimed in the audit log, so two bots on one database do not both post)."""
+        if item.run.message_ts is None:
+            return  # no card: a CLI run, told on its terminal
+        if not await self.runtime.audit.claim_telling(item.run.id):
+            return
         await self._refresh_card(item.run.id)
         await self._tell_thread(item.run, item.message)
+
+    async def _tell_untold(self) -> None:
+        """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
+        died before it did) are told now."""
+        for run in await self.runtime.audit.untold_recoveries():
+            await self.tell_recovered(Interrupted(run, interrupted_message(run)))
 
     def start_sweep(self, *, every_s: float = SWEEP_EVERY_S,
                     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
@@ -133,6 +145,7 @@ class SlackFrontEnd:
             try:
                 for item in await self.lifecycle.recover():
                     await self.tell_recovered(item)
+                await self._tell_untold()
             except Exception:
                 # A locked database now is no reason to stop looking next time.
                 log.exception("the recovery sweep failed; trying again in %.0f s", every_s)
