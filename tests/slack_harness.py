@@ -9,6 +9,7 @@ the GPU host simulated over SSH: what the Slack front-end tests drive.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.audit.store import RunRecord
+from bot.engine.lifecycle import utc_now
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SimKit
@@ -23,6 +25,7 @@ from bot.slack.app import EVENTS_PATH, create_app, make_front_end, start_http
 from bot.slack.front_end import SlackFrontEnd
 from tests.fakes import FakeSlack, PostResult, SlackSigner
 from tests.polling import eventually
+from tests.support.wall_clock import ManualWallClock
 
 SIGNING_SECRET = "test-signing-secret-0123456789"
 CHANNEL = "C0OPS"
@@ -158,24 +161,28 @@ def buttons(message: dict[str, Any]) -> list[str]:
 
 @asynccontextmanager
 async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, *,
-                    policy: dict[str, Any] | None = None,
+                    policy: dict[str, Any] | None = None, clock: ManualWallClock | None = None,
                     **settings_extra: Any) -> AsyncIterator[SlackBot]:
-    """The bot in HTTP mode on 127.0.0.1 (a free port), over a fresh or given fake."""
+    """The bot in HTTP mode on 127.0.0.1 (a free port), over a fresh or given fake.
+
+    With ``clock`` the approval window passes only when the test moves that clock (the
+    life cycle decides by it and the expiry timers sleep on it), never in real seconds."""
     own_fake = fake is None
     fake = fake if fake is not None else new_fake()
     if own_fake:
         await fake.start()
     try:
         settings = make_settings(tmp_path, kit, fake, policy=policy, **settings_extra)
-        async with open_runtime(settings) as runtime:
-            front_end = make_front_end(runtime)
+        async with open_runtime(settings, clock=clock or utc_now) as runtime:
+            front_end = make_front_end(runtime,
+                                       sleep=clock.sleep if clock is not None else asyncio.sleep)
             app = create_app(front_end)
             await front_end.resume()
             runner = await start_http(app, port=0, host="127.0.0.1")
             port = runner.addresses[0][1]
             try:
-                yield SlackBot(fake, kit, runtime, front_end, f"http://127.0.0.1:{port}{EVENTS_PATH}",
-                               SlackSigner(SIGNING_SECRET))
+                yield SlackBot(fake, kit, runtime, front_end,
+                               f"http://127.0.0.1:{port}{EVENTS_PATH}", SlackSigner(SIGNING_SECRET))
                 await front_end.idle()
             finally:
                 await runner.cleanup()

@@ -7,10 +7,11 @@ import asyncio
 import json
 import socket
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bot.audit.store import parse_ts
+from bot.core.status import Action, RunStatus, StepStatus
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from tests.fakes import SlackSigner
 from tests.polling import eventually
@@ -29,6 +30,7 @@ from tests.slack_harness import (
     slack_bot,
 )
 from tests.support.sim import MakeSimHost
+from tests.support.wall_clock import ManualWallClock
 
 
 def ack_text(body: str) -> str:
@@ -46,7 +48,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         card = await bot.card(record.id)
         text = blocks_text(card)
         for expected in ("gpu-node-1", "vllm-kimi-k25", "vllm==0.16.0", "<@U0ALICE>",
-                         "systemctl stop vllm-kimi-k25", "--force-reinstall"):
+                         "systemctl stop -- vllm-kimi-k25", "--force-reinstall"):
             assert expected in text, expected
         assert buttons(card) == ["Approve", "Deny"]
         assert sim_host.calls() == []  # nothing touches the host before approval
@@ -119,10 +121,16 @@ async def test_n_of_m_needs_distinct_approvers_and_double_clicks_count_once(
 
 async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
         tmp_path: Path, sim_host: SimKit) -> None:
-    async with slack_bot(tmp_path, sim_host, policy=default_policy(approval_ttl_s=1)) as bot:
+    clock = ManualWallClock()
+    async with slack_bot(tmp_path, sim_host, policy=default_policy(approval_ttl_s=600),
+                         clock=clock) as bot:
         await bot.command(f"redeploy {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-        expired = await bot.wait_status(record.id, "expired", timeout_s=10)
+        await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
+        clock.advance(599)
+        assert (await bot.run(record.id)).status == RunStatus.PENDING_APPROVAL
+        clock.advance(1)  # the deadline itself is late
+        expired = await bot.wait_status(record.id, RunStatus.EXPIRED, timeout_s=10)
         assert expired.summary == "approval window expired"
         await bot.fake.wait_for(lambda: not buttons(bot.fake.message(CHANNEL, expired.message_ts
                                                                      or "")), what="no buttons")
@@ -155,10 +163,10 @@ def test_deny_button_asks_for_confirmation() -> None:
     from bot.core.plan import Plan
     from bot.slack.blocks import CardView, run_card
 
-    plan = Plan(action="restart", service="s", hosts=("h",), unit="u", package="vllm",
+    plan = Plan(action=Action.RESTART, service="s", hosts=("h",), unit="u", package="vllm",
                 version=None, spec="vllm", index_name=None, index_url=None, steps=())
     card = run_card(CardView(run_id=1, plan=plan, requested_by=ALICE,
-                             status="pending_approval"))
+                             status=RunStatus.PENDING_APPROVAL))
     actions = next(b for b in card.blocks if b["type"] == "actions")
     deny = next(e for e in actions["elements"] if e["text"]["text"] == "Deny")
     assert deny["confirm"]["confirm"]["text"] == "Deny"
@@ -225,30 +233,33 @@ async def test_restart_expires_overdue_cards_and_rearms_the_others(
     # request holds its service's and hosts' locks).
     kit_a = await make_sim_host()
     kit_b = await make_sim_host(config=fast_config(hostname="gpu-node-2"))
-    fleet = {"hosts": {**kit_a.settings_fragment()["hosts"],
+    fleet: dict[str, Any] = {"hosts": {**kit_a.settings_fragment()["hosts"],
                        **kit_b.settings_fragment()["hosts"]},
              "services": {SERVICE: kit_a.service_settings(),
                           "other": kit_b.service_settings()}}
+    clock = ManualWallClock()  # every bot in this test lives on the same manual time
     async with new_fake() as fake:
-        async with slack_bot(tmp_path, kit_a, fake, **fleet,
+        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
                              policy=default_policy(approval_ttl_s=2)) as bot:
             await bot.command(f"restart {SERVICE}")
             soon = await bot.wait_for_run(lambda r: r.message_ts is not None, "card A")
-        async with slack_bot(tmp_path, kit_a, fake, **fleet,
+        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
                              policy=default_policy(approval_ttl_s=3)) as bot:
             await bot.command("redeploy other")
             later = await bot.wait_for_run(
                 lambda r: r.id != soon.id and r.message_ts is not None, "card B")
-        # Both bots are gone; wait (on the clock, the real condition) until A is overdue.
-        assert soon.expires_at is not None
-        deadline = parse_ts(soon.expires_at)
-        await eventually(lambda: datetime.now(UTC) > deadline, "A's deadline")
-        async with slack_bot(tmp_path, kit_a, fake, **fleet,
+        # Both bots are gone; A's window passes while no bot runs, B's not yet.
+        assert soon.expires_at is not None and later.expires_at is not None
+        clock.advance(2)
+        assert parse_ts(soon.expires_at) <= clock() < parse_ts(later.expires_at)
+        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
                              policy=default_policy(approval_ttl_s=3)) as bot:
             # slack_bot ran resume(): the overdue card expired at start.
             assert (await bot.run(soon.id)).status == "expired"
             assert buttons(await bot.card(soon.id)) == []
             assert (await bot.run(later.id)).status == "pending_approval"
+            await eventually(lambda: bot.front_end.timers.armed(later.id), "B's timer re-armed")
+            clock.advance(1)
             await bot.wait_status(later.id, "expired", timeout_s=10)
             await bot.fake.wait_for(lambda: "expired" in blocks_text(
                 fake.message(CHANNEL, later.message_ts or "")), what="card B expired")
@@ -376,12 +387,13 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             await bot.command(f"restart {SERVICE}")
             record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
             audit = bot.runtime.audit
-            assert await audit.transition(record.id, "approved", expect=("pending_approval",))
+            assert await audit.transition(record.id, RunStatus.APPROVED,
+                                          expect=(RunStatus.PENDING_APPROVAL,))
             dead = f"{socket.gethostname()}:{2**22 + 17}:1"
-            assert await audit.transition(record.id, "running", expect=("approved",),
-                                          owner=dead)
+            assert await audit.transition(record.id, RunStatus.RUNNING,
+                                          expect=(RunStatus.APPROVED,), owner=dead)
             first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
-            await audit.step_finished(first, status="ok", duration_s=0.5)
+            await audit.step_finished(first, status=StepStatus.OK, duration_s=0.5)
             await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)

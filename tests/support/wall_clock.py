@@ -40,5 +40,6 @@ class ManualWallClock:
 
     @property
     def sleepers(self) -> int:
-        """How many sleeps are waiting for the clock (a test can wait for a timer to arm)."""
-        return len(self._sleepers)
+        """How many sleeps the clock has not woken yet (a test can wait for a timer to
+        arm, and see that moving the clock short of a deadline woke nothing)."""
+        return sum(not waiter.done() for _, waiter in self._sleepers)
