@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from bot.audit.store import RunRecord, parse_ts
+from bot.audit.store import parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
@@ -35,12 +35,14 @@ from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, 
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError
-from bot.slack.blocks import message, run_card, section
-from bot.slack.cards import card_view, with_recorded_steps
+from bot.slack.blocks import run_card
+from bot.slack.card_updates import CardUpdates
+from bot.slack.cards import card_view
 from bot.slack.expiry import ExpiryTimers, Sleep
 from bot.slack.membership import Membership, MembershipCache
 from bot.slack.poster import SLACK_ERRORS, Poster
 from bot.slack.reporter import SlackReporter
+from bot.slack.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,9 @@ class SlackFrontEnd:
         self.policy = runtime.settings.policy
         self.lifecycle = runtime.lifecycle
         self.timers = ExpiryTimers(self.expire, clock=runtime.lifecycle.clock, sleep=sleep)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = BackgroundTasks()
+        self.cards = CardUpdates(poster, runtime.audit, self.policy)
         self._reporters: dict[int, SlackReporter] = {}
-        self._card_locks: dict[int, asyncio.Lock] = {}
         self._sweep: asyncio.Task[None] | None = None
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.tell_recovered)
@@ -74,21 +76,12 @@ class SlackFrontEnd:
     # ---- tasks ----------------------------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
-        """Run ``coro`` after the ack; the reference kept here stops it being collected."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+        """Run ``coro`` after the ack, as a kept background task."""
+        return self.tasks.spawn(coro, name=name)
 
     async def idle(self) -> None:
         """Wait until every background task (not the expiry timers) has finished."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.tasks.idle()
 
     async def aclose(self) -> None:
         if self._sweep is not None:
@@ -96,9 +89,7 @@ class SlackFrontEnd:
             await asyncio.gather(self._sweep, return_exceptions=True)
             self._sweep = None
         await self.timers.aclose()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.aclose()
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -109,7 +100,7 @@ class SlackFrontEnd:
             await self.tell_recovered(item)
         await self._tell_untold()
         for record in await self.lifecycle.expire_overdue():
-            await self._refresh_card(record.id)
+            await self.cards.refresh(record.id)
         for record in await self.lifecycle.pending():
             if record.expires_at is not None and record.message_ts is not None:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
@@ -121,8 +112,8 @@ class SlackFrontEnd:
             return  # no card: a CLI run, told on its terminal
         if not await self.runtime.audit.claim_telling(item.run.id):
             return
-        await self._refresh_card(item.run.id)
-        await self._tell_thread(item.run, item.message)
+        await self.cards.refresh(item.run.id)
+        await self.cards.tell_thread(item.run, item.message)
 
     async def _tell_untold(self) -> None:
         """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
@@ -158,14 +149,6 @@ class SlackFrontEnd:
                                                 reason=reason)
         return reason
 
-    async def _thread_link(self, run_id: int) -> str:
-        """' Its thread: <link>' for the run holding a lock, when Slack can give one."""
-        holder = await self.runtime.audit.get_run(run_id)
-        if holder.channel is None or holder.message_ts is None:
-            return ""
-        link = await self.poster.permalink(holder.channel, holder.message_ts)
-        return f" Its thread: {link}" if link else ""
-
     async def membership(self) -> Membership:
         return await self.members.resolve(groups_to_resolve(self.policy))
 
@@ -184,7 +167,7 @@ class SlackFrontEnd:
                                                   channel=channel)
         except LockHeldError as exc:
             # The engine has already recorded the request as refused, with its refusal row.
-            return f"Refused: {exc}.{await self._thread_link(exc.run_id)}"
+            return f"Refused: {exc}.{await self.cards.thread_link(exc.run_id)}"
         if plan.dry_run:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
             await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
@@ -203,35 +186,6 @@ class SlackFrontEnd:
             self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
 
-    # ---- the card outside a run -----------------------------------------------------------
-
-    async def _tell_thread(self, record: RunRecord, text: str) -> None:
-        """A reply in the run's thread; the audit log already holds the truth."""
-        if record.channel is None or record.message_ts is None:
-            return
-        try:
-            await self.poster.post(record.channel, message(text, [section(text)]),
-                                   thread_ts=record.message_ts)
-        except SLACK_ERRORS as exc:
-            log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
-
-    async def _refresh_card(self, run_id: int, membership: Membership | None = None) -> None:
-        """Re-render a card from the audit log (pending progress, denied, expired, and
-        runs a restart found interrupted: their checklist comes from the steps table)."""
-        audit = self.runtime.audit
-        async with self._card_locks.setdefault(run_id, asyncio.Lock()):
-            record = await audit.get_run(run_id)
-            if record.channel is None or record.message_ts is None:
-                return
-            view = card_view(record, self.policy, membership)
-            if record.started_at is not None:
-                view = with_recorded_steps(view, await audit.steps(run_id))
-            try:
-                await self.poster.update(record.channel, record.message_ts, run_card(view))
-            except SLACK_ERRORS as exc:
-                # The audit log has the truth; the card is only a view of it.
-                log.warning("cannot update the card of run #%d: %s", run_id, exc)
-
     # ---- expiry -----------------------------------------------------------------------------
 
     async def expire(self, run_id: int) -> bool:
@@ -240,7 +194,7 @@ class SlackFrontEnd:
         self.timers.disarm(run_id)
         if not await self.lifecycle.expire(run_id):
             return False
-        await self._refresh_card(run_id)
+        await self.cards.refresh(run_id)
         return True
 
     # ---- clicks -----------------------------------------------------------------------------
@@ -254,7 +208,7 @@ class SlackFrontEnd:
                                                channel=channel)
             if isinstance(denied, Denied):
                 self.timers.disarm(run_id)
-                await self._refresh_card(run_id)
+                await self.cards.refresh(run_id)
             elif isinstance(denied, Refused) and denied.expired:
                 await self._closed(run_id)
             return denied.text
@@ -264,7 +218,7 @@ class SlackFrontEnd:
             self.timers.disarm(run_id)
             self.start_run(run_id)
         elif isinstance(approved, Counted):
-            await self._refresh_card(run_id, membership)
+            await self.cards.refresh(run_id, membership)
         elif isinstance(approved, Refused) and approved.expired:
             await self._closed(run_id)
         return approved.text
@@ -272,7 +226,7 @@ class SlackFrontEnd:
     async def _closed(self, run_id: int) -> None:
         """The life cycle closed a pending request: its timer and buttons go."""
         self.timers.disarm(run_id)
-        await self._refresh_card(run_id)
+        await self.cards.refresh(run_id)
 
     # ---- cancel -----------------------------------------------------------------------------
 
