@@ -60,7 +60,10 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
                                 "postcheck")]
         reinstall = next(s for s in steps if s.step == "reinstall")
         assert reinstall.exit_status == 0 and "+ vllm==0.16.0" in reinstall.output_tail
-        assert "--force-reinstall vllm==0.16.0 --extra-index-url" in reinstall.command
+        # The index went to uv on stdin: the recorded command names where, not the URL.
+        assert reinstall.command.startswith("UV_EXTRA_INDEX_URL=<index URL, on stdin> uv ")
+        assert reinstall.command.endswith("--force-reinstall vllm==0.16.0")
+        assert "wheels.vllm.ai" not in reinstall.command
         labels = [s.label for s in await rt.audit.snapshots(result.run_id)]
         assert labels == ["after drain", "after restart"]
         assert await rt.audit.lock_holder(f"service:{SERVICE}") is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bot.core import remote
 from bot.core.flows import (
     BeginStep,
     Checkpoint,
@@ -77,6 +78,8 @@ class Host:
     polls: int = 0
     health_checks: int = 0
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    # (uv's argv, the index URL it got in its environment) for each install given one
+    index_env: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
     notices: list[Any] = field(default_factory=list)
     cancelled: bool = False
 
@@ -98,6 +101,12 @@ class Host:
             return HttpResult(action.url, self.health_status)
         assert isinstance(action, RunCommand)
         a = action.argv
+        wrapper = remote.INDEX_FROM_STDIN
+        if a[:len(wrapper)] == wrapper:
+            # What the host's sh does with it: the URL on stdin goes to uv's environment.
+            assert action.stdin is not None and action.stdin.endswith(b"\n")
+            a = a[len(wrapper):]
+            self.index_env.append((a, action.stdin.decode().rstrip("\n")))
         self.calls.append(a)
         self.now += 0.1
         if self.lose is not None and self.lose(a):
@@ -128,9 +137,6 @@ class Host:
                 self.install_fails -= 1
                 return ok(a, stderr="error: Failed to download `vllm`", status=2)
             self.version = a[-1].split("==")[-1] if "==" in a[-1] else self.installed_after
-            if "--extra-index-url" in a:
-                spec = a[a.index("--extra-index-url") - 1]
-                self.version = spec.split("==")[-1] if "==" in spec else self.installed_after
             return ok(a, stderr=f" + vllm=={self.version}")
         if a[:2] == ("systemctl", "stop"):
             return ok(a) if self.stop_ok else ok(a, stderr="Failed to stop", status=5)
@@ -206,7 +212,10 @@ def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
                          "postcheck")]
     assert verbs(h) == ["stop", "install", "start"]
     install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
-    assert install[-3:] == ("vllm==0.16.0", "--extra-index-url", "https://wheels.vllm.ai/nightly")
+    # The index reaches uv through its environment, never its argv (which `ps` shows).
+    assert install[-1] == "vllm==0.16.0" and not any("wheels" in x for x in install)
+    assert (install, "https://wheels.vllm.ai/nightly") in h.index_env
+    assert len(h.index_env) == 2  # the dry run and the install
     assert "--force-reinstall" in install
     labels = [n.label for n in h.notices if isinstance(n, Snapshot)]
     assert labels == ["after drain", "after restart"]
@@ -289,8 +298,8 @@ def test_reinstall_failure_rolls_back_to_the_recorded_version() -> None:
     assert out.version_after == "0.16.0rc2.dev313+g662205d34"
     assert verbs(h) == ["stop", "install", "rollback", "start"]
     rb = next(a for a in h.calls if "--reinstall-package" in a)
-    assert rb[-3:] == ("vllm==0.16.0rc2.dev313+g662205d34", "--extra-index-url",
-                       "https://wheels.vllm.ai/nightly")
+    assert rb[-1] == "vllm==0.16.0rc2.dev313+g662205d34"
+    assert (rb, "https://wheels.vllm.ai/nightly") in h.index_env
     assert ("reinstall", False) in steps(h) and ("rollback_health", True) in steps(h)
 
 

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from bot.audit.view import runs_json, runs_table
 from bot.cli import operator
 from bot.cli.terminal import TerminalSink
+from bot.core import remote
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
@@ -115,7 +116,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 def describe_plan(plan: Plan) -> str:
     lines = [f"{plan.action} {plan.service} on {', '.join(plan.hosts)} "
              f"(unit {plan.unit}, {plan.spec}"
-             + (f" from index {plan.index_name} = {plan.index_url}" if plan.index_name else "")
+             + (f" from index {plan.index_name} ({remote.index_host(plan.index_url or '')})"
+                if plan.index_name else "")
              + ")" + (" [dry run]" if plan.dry_run else "")]
     if len(plan.hosts) > 1:
         lines.append(f"in batches of {plan.batch_size}: "

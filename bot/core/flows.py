@@ -19,7 +19,7 @@ means for it; see docs/reliability.md for the whole fault matrix.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -50,6 +50,9 @@ class RunCommand:
     timeout_s: float
     # Polls are not streamed line by line; the step's summary reports their result.
     quiet: bool = False
+    # What the command reads on stdin: an index URL, which may hold credentials, so it
+    # stays out of reprs and logs (see bot.core.remote.INDEX_FROM_STDIN).
+    stdin: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +178,9 @@ def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False
-         ) -> Generator[Action, Any, CommandResult]:
-    result: CommandResult = yield RunCommand(step, argv, timeout, quiet)
+def _run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False,
+         stdin: bytes | None = None) -> Generator[Action, Any, CommandResult]:
+    result: CommandResult = yield RunCommand(step, argv, timeout, quiet, stdin)
     return result
 
 
@@ -548,7 +551,8 @@ def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
 def _preflight_dry_run(plan: Plan, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
     """``uv pip install --dry-run``; returns the version the install should leave."""
     dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
-    dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s)
+    dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s,
+                          stdin=remote.index_input(plan.index_url))
     if not dry.ok:
         raise _Refused(f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}")
     if plan.version is not None:
@@ -591,7 +595,8 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
     then start, health-gate and post-check."""
     install = remote.install(svc, plan.spec, plan.index_url)
     verdict, why = yield from _install(svc, Step.REINSTALL, install, target, "reinstall",
-                                       f"installed {plan.spec}")
+                                       f"installed {plan.spec}",
+                                       remote.index_input(plan.index_url))
     if verdict == "unknown":
         return HostOutcome(
             HostStatus.FAILED, f"{why}. Whether {plan.spec} was installed is unknown, and "
@@ -614,7 +619,8 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
 
 
 def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
-             what: str, done: str) -> Generator[Action, Any, tuple[InstallEnd, str]]:
+             what: str, done: str, stdin: bytes | None
+             ) -> Generator[Action, Any, tuple[InstallEnd, str]]:
     """Run an install (the reinstall or the rollback): how it ended, and why.
 
     A cut connection may leave uv running on the host, and installing anything else
@@ -622,7 +628,7 @@ def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: st
     version that is installed (``target``)."""
     yield Emit(BeginStep(step, cmd(argv)))
     started = (yield from _tick(0.0)).now
-    r = yield from _run(step, argv, svc.install_timeout_s)
+    r = yield from _run(step, argv, svc.install_timeout_s, stdin=stdin)
     if lost(r):
         cut = f"connection lost during the {what} ({_why(r)})"
         settled = yield from _settle_install(svc, step, started)
@@ -651,7 +657,8 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
     assert before is not None  # preflight refuses when the version is unknown
     argv = remote.install_previous(svc, before, plan.index_url)
     verdict, why = yield from _install(svc, Step.ROLLBACK, argv, before, f"rollback to {before}",
-                                       f"reinstalled {svc.package}=={before}")
+                                       f"reinstalled {svc.package}=={before}",
+                                       remote.index_input(plan.index_url))
     if verdict == "unknown":
         return HostOutcome(
             HostStatus.FAILED, f"{cause}; {why}. Which {svc.package} version is installed is "

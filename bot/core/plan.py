@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -101,8 +100,9 @@ def canonical_version(text: str) -> str:
 
 
 def cmd(argv: tuple[str, ...]) -> str:
-    """What an operator would type: the argv, quoted (shared with bot.core.flows)."""
-    return shlex.join(argv)
+    """What an operator would type: the argv, quoted (shared with bot.core.flows); an
+    index URL is never part of it (``remote.shown``)."""
+    return remote.shown(argv)
 
 
 def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None

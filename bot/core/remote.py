@@ -8,6 +8,8 @@ that was looked up in the config; the SSH layer then quotes every element.
 from __future__ import annotations
 
 import re
+import shlex
+from urllib.parse import urlsplit
 
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
 from bot.settings import ServiceSettings
@@ -59,25 +61,63 @@ def free_disk(svc: ServiceSettings) -> Argv:
     return ("df", "-P", "-B1M", svc.venv_dir)
 
 
-def _index_args(index_url: str | None) -> Argv:
-    return () if index_url is None else ("--extra-index-url", index_url)
+# An index URL may carry credentials (https://user:token@host/simple, or a token in its
+# path or query), and every user of a GPU host can read any process's argv (`ps`).  So
+# the URL never goes into an argv: uv reads --extra-index-url from this variable too
+# (`uv pip install --help`: "[env: UV_EXTRA_INDEX_URL]", uv 0.9 and 0.13), and a fixed
+# script reads it from stdin, exports it and execs uv, whose argv then shows no index.
+# No text from a user or the config is part of the script (uv's argv follows as "$@");
+# the environment of a process is readable only by its owner (/proc/PID/environ, 0400).
+# It applies to every install with an index, not only URLs that look like they hold a
+# secret: which part of a URL is secret cannot be told from the URL.
+INDEX_ENV = "UV_EXTRA_INDEX_URL"
+INDEX_FROM_STDIN: Argv = ("sh", "-c", f'IFS= read -r {INDEX_ENV} && export {INDEX_ENV} && '
+                          'exec "$@"', "sh")
+
+
+def _with_index(argv: Argv, index_url: str | None) -> Argv:
+    return argv if index_url is None else (*INDEX_FROM_STDIN, *argv)
+
+
+def index_input(index_url: str | None) -> bytes | None:
+    """What an install built with ``index_url`` reads on its stdin (None: nothing)."""
+    return None if index_url is None else f"{index_url}\n".encode()
+
+
+def shown(argv: Argv) -> str:
+    """What an operator would type: the argv, quoted.  An install reading its index from
+    stdin shows as ``UV_EXTRA_INDEX_URL=<index URL, on stdin> uv pip install ...``, so
+    neither the card nor the audit log holds the URL."""
+    n = len(INDEX_FROM_STDIN)
+    if argv[:n] == INDEX_FROM_STDIN:
+        return f"{INDEX_ENV}=<index URL, on stdin> {shlex.join(argv[n:])}"
+    return shlex.join(argv)
+
+
+def index_host(index_url: str) -> str:
+    """Where an index is, for the card and the terminal: its host only.  The rest of the
+    URL (user, password, path, query) may hold a token, and Slack keeps what it is sent."""
+    try:
+        return urlsplit(index_url).hostname or "?"
+    except ValueError:
+        return "?"
 
 
 def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return (svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
-            "--force-reinstall", spec, *_index_args(index_url))
+    return _with_index((svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
+                        "--force-reinstall", spec), index_url)
 
 
 def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return (svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall",
-            spec, *_index_args(index_url))
+    return _with_index((svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall",
+                        spec), index_url)
 
 
 def install_previous(svc: ServiceSettings, version: str, index_url: str | None) -> Argv:
     # Only the one package is reinstalled: the rollback should touch as little as possible.
     name = _bare_name(svc.package)
-    return (svc.uv, "pip", "install", "--python", svc.python, "--reinstall-package", name,
-            f"{name}=={version}", *_index_args(index_url))
+    return _with_index((svc.uv, "pip", "install", "--python", svc.python,
+                        "--reinstall-package", name, f"{name}=={version}"), index_url)
 
 
 def gpu_query() -> Argv:

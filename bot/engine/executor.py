@@ -123,7 +123,7 @@ class Executor:
         pump = asyncio.create_task(self._pump_lines())
         try:
             result = await self.transport.run(action.argv, timeout_s=action.timeout_s,
-                                              on_line=on_line)
+                                              on_line=on_line, stdin=action.stdin)
         except HostError as e:
             result = CommandResult(argv=action.argv, exit_status=None, stdout="",
                                    stderr=e.reason, duration_s=0.0)

@@ -89,11 +89,14 @@ class HostTransport(Protocol):
         *,
         timeout_s: float,
         on_line: LineCallback | None = None,
+        stdin: bytes | None = None,
     ) -> CommandResult:
         """Run argv on the host. A timeout terminates the remote process too
         (TERM, then KILL) and returns a result with ``timed_out=True``.
         Lines (to ``on_line`` and in the result) are at most ``MAX_LINE_CHARS`` long:
         a longer one is cut with ``cut_marker``, whatever the host prints.
+        ``stdin``: bytes the command reads on its standard input, then end of file; a
+        secret goes this way, never in argv, which every user of the host can read.
         Raises ``HostUnreachableError``/``HostKeyError`` when the host cannot be reached."""
         ...
 

@@ -24,19 +24,25 @@ class LocalTransport:
         return self._name
 
     async def run(self, argv: Sequence[str], *, timeout_s: float,
-                  on_line: LineCallback | None = None) -> CommandResult:
+                  on_line: LineCallback | None = None,
+                  stdin: bytes | None = None) -> CommandResult:
         seconds = str(max(1, math.ceil(timeout_s)))
         full = ("timeout", f"--kill-after={KILL_AFTER_S}s", f"{seconds}s", *argv)
         start = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *full, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *full, stdin=asyncio.subprocess.DEVNULL if stdin is None else
+                asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
         except OSError as e:
             raise HostUnreachableError(self._name, f"cannot run `{argv[0]}`: {reason(e)}"
                                        ) from None
         out, err = Capture(), Capture()
         assert proc.stdout is not None and proc.stderr is not None
+        if stdin is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(stdin)
+            proc.stdin.close()  # a few bytes: the pipe takes them without waiting
         await asyncio.gather(pump(proc.stdout, "stdout", out, on_line),
                              pump(proc.stderr, "stderr", err, on_line))
         status = await proc.wait()

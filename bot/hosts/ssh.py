@@ -101,7 +101,8 @@ class SshTransport:
             self._conn = None
 
     async def run(self, argv: Sequence[str], *, timeout_s: float,
-                  on_line: LineCallback | None = None) -> CommandResult:
+                  on_line: LineCallback | None = None,
+                  stdin: bytes | None = None) -> CommandResult:
         command = wrap_with_timeout(argv, timeout_s)
         conn = await self._connection()
         out, err = Capture(), Capture()
@@ -115,6 +116,9 @@ class SshTransport:
                                            ) from None
             local_timeout = False
             try:
+                if stdin is not None:
+                    proc.stdin.write(stdin.decode("utf-8", "replace"))
+                    proc.stdin.write_eof()
                 async with asyncio.timeout(timeout_s + KILL_AFTER_S + LOCAL_GRACE_S):
                     await asyncio.gather(pump(proc.stdout, "stdout", out, on_line),
                                          pump(proc.stderr, "stderr", err, on_line))

@@ -59,6 +59,10 @@ class HostConfig:
     flood_chars: int = 300 * 1024 * 1024
     available_versions: tuple[str, ...] = ("0.15.1", "0.16.0", DEFAULT_VERSION)
     latest_version: str = "0.16.0"
+    # A private index (credentials in its URL) and the versions only it has: uv finds
+    # them only when given exactly this URL (flag or UV_INDEX_URL / UV_EXTRA_INDEX_URL).
+    index_url: str = ""
+    index_versions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -73,6 +77,8 @@ class HostConfig:
                 raise ValueError(f"{name} must not be negative")
         if self.latest_version not in self.available_versions:
             raise ValueError("latest_version must be one of available_versions")
+        if self.index_versions and not self.index_url:
+            raise ValueError("index_versions need an index_url")
 
     @property
     def stuck_gpu(self) -> int:
@@ -132,6 +138,7 @@ class HostState:
     def from_json(cls, data: Mapping[str, Any]) -> HostState:
         cfg = dict(data["config"])
         cfg["available_versions"] = tuple(cfg["available_versions"])
+        cfg["index_versions"] = tuple(cfg.get("index_versions", ()))
         return cls(
             config=HostConfig(**cfg),
             faults=Faults(**data["faults"]),

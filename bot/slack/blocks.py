@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.core import remote
 from bot.core.plan import STEP_TITLES, SYSTEM_PREFIX, Plan, Step
 from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 
@@ -283,7 +284,8 @@ def _package(view: CardView) -> str:
 
 def _facts(view: CardView) -> Block:
     plan = view.plan
-    index = (f"`{escape(plan.index_name)}` {escape(plan.index_url or '')}"
+    # By name and host: the URL may hold credentials (bot.core.remote.index_host).
+    index = (f"`{escape(plan.index_name)}` ({escape(remote.index_host(plan.index_url or ''))})"
              if plan.index_name else "default")
     hosts = ", ".join(f"`{escape(h)}`" for h in plan.hosts)
     if len(plan.hosts) > 1:

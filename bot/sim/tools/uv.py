@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit, urlunsplit
 
 from bot.sim.state import HostState, StateStore
 
@@ -131,8 +133,10 @@ _VALUE_OPTIONS = ("--python", "-p", "--reinstall-package", "--extra-index-url", 
                   "-i")
 
 
-def _parse_install(args: list[str]) -> _Request | str:
+def _parse_install(args: list[str], env: Mapping[str, str] = os.environ
+                   ) -> _Request | str:
     req = _Request()
+    extra_flag = index_flag = False
     it = iter(args)
     for a in it:
         key, eq, val = a.partition("=")
@@ -144,6 +148,8 @@ def _parse_install(args: list[str]) -> _Request | str:
             req.reinstall.add(val.lower())
         elif key in ("--extra-index-url", "--index-url", "-i"):
             req.indexes.append(val)
+            extra_flag |= key == "--extra-index-url"
+            index_flag |= key != "--extra-index-url"
         elif a == "--dry-run":
             req.dry_run = True
         elif a in ("--force-reinstall", "--reinstall"):
@@ -152,6 +158,12 @@ def _parse_install(args: list[str]) -> _Request | str:
             return a
         else:
             req.specs.append(a)
+    # As uv's clap options do: the variable stands in for its flag when the flag is absent
+    # (UV_EXTRA_INDEX_URL holds space-separated URLs).
+    if not extra_flag:
+        req.indexes.extend(env.get("UV_EXTRA_INDEX_URL", "").split())
+    if not index_flag and env.get("UV_INDEX_URL"):
+        req.indexes.append(env["UV_INDEX_URL"])
     return req
 
 
@@ -160,7 +172,7 @@ def _no_solution(reason: str) -> int:
     return 1
 
 
-def _resolve(st: HostState, spec: str) -> str | int:
+def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
     """The version `spec` resolves to, or the exit status after uv's resolver error."""
     name, _, version = spec.partition("==")
     name = name.strip().lower()
@@ -173,7 +185,10 @@ def _resolve(st: HostState, spec: str) -> str | int:
                             f"require {name}, we can conclude that your requirements are "
                             "unsatisfiable.")
     target = version or st.config.latest_version
-    if target not in st.config.available_versions:
+    versions = st.config.available_versions
+    if st.config.index_url and st.config.index_url in indexes:
+        versions += st.config.index_versions
+    if target not in versions:
         return _no_solution(f"Because there is no version of {spec} and you require {spec}, "
                             "we can conclude that your requirements are unsatisfiable.")
     if st.faults.resolve_fails:
@@ -212,7 +227,7 @@ def _install(store: StateStore, args: list[str]) -> int:
         return 2
     duration = st.config.install_duration_s
     _sleep_until(t0 + 0.1 * duration)
-    target = _resolve(st, req.specs[0])
+    target = _resolve(st, req.specs[0], req.indexes)
     if isinstance(target, int):
         return target
     _err(f"Resolved {RESOLVED} packages in {_elapsed(time.time() - t0)}")
@@ -251,8 +266,19 @@ def _download_fails(store: StateStore) -> bool:
 
 
 def _wheel_url(req: _Request, version: str) -> str:
-    base = req.indexes[0].rstrip("/") if req.indexes else "https://files.pythonhosted.org/packages"
+    base = (_without_credentials(req.indexes[0]).rstrip("/") if req.indexes
+            else "https://files.pythonhosted.org/packages")
     return f"{base}/{PACKAGE}-{version.replace('+', '%2B')}-cp38-abi3-manylinux_2_31_x86_64.whl"
+
+
+def _without_credentials(url: str) -> str:
+    """As uv 0.13 prints an index URL in its errors: user and password left out
+    (`error sending request for url (http://127.0.0.1:9/simple/...)` for an index given
+    as http://alice:secret@127.0.0.1:9/simple)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _stream_output(n: int, version: str, start: float, end: float) -> None:
