@@ -190,6 +190,25 @@ class SecuritySettings(_Section):
     redact: list[SecretStr] = Field(default_factory=list)
 
 
+class AuditSettings(_Section):
+    """How the audit log rides out a database that cannot be written for a while
+    (locked by another process, disk full); see ``bot.audit.resilient``."""
+
+    # SQLite's own wait for another process's write lock, per attempt.
+    busy_timeout_s: float = Field(10.0, gt=0)
+    # How long a running job's write is retried (with back-off) before it goes to the
+    # fallback journal and the job is brought back to a safe state.
+    retry_s: float = Field(15.0, ge=0)
+    # Where the fallback journal goes when the database's own directory cannot take it
+    # (the disk is full): default, the system's temporary directory.
+    journal_fallback_dir: Path | None = None
+
+    @field_validator("journal_fallback_dir")
+    @classmethod
+    def _expand_dir(cls, v: Path | None) -> Path | None:
+        return None if v is None else _expand(v)
+
+
 class Settings(BaseSettings):
     """Everything the bot is configured with. Immutable once loaded."""
 
@@ -198,6 +217,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     slack: SlackSettings = SlackSettings()
     security: SecuritySettings = SecuritySettings()
+    audit: AuditSettings = AuditSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)
     services: dict[Name, ServiceSettings] = Field(default_factory=dict)
 
