@@ -63,6 +63,8 @@ class TerminalSink:
             if event.version_before or event.version_after:
                 versions = f" (version {event.version_before} -> {event.version_after})"
             self._print(f"run #{event.run_id} {event.status.upper()}{versions}: {event.summary}")
+        elif isinstance(event, ev.Notice):
+            self._print(f"run #{event.run_id}: ! {event.text}")
 
     def _mask_keys(self, event: ev.OutputLine) -> str:
         where = (event.host, str(event.step))

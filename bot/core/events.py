@@ -82,8 +82,18 @@ class RunFinished:
     version_after: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the people following a run must know that is no step of it (the audit
+    log cannot be written, and what the run does about it): a line on the terminal, a
+    reply in the thread."""
+
+    run_id: int
+    text: str
+
+
 Event = (RunStarted | StepStarted | OutputLine | StepFinished | GpuTable | VersionsKnown
-         | HostFinished | RunFinished)
+         | HostFinished | RunFinished | Notice)
 
 
 log = logging.getLogger(__name__)
