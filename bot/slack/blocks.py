@@ -466,6 +466,11 @@ def outcome_reply(view: CardView) -> Message:
     return message(text, [section(body)])
 
 
+def notice_reply(text: str) -> Message:
+    """Something about the run that is no step of it (``events.Notice``)."""
+    return message(one_line(text, MAX_MESSAGE_TEXT), [section(f":warning: {escape(text)}")])
+
+
 def cancel_reply(user: str) -> Message:
     return message(f"Cancel requested by {user}",
                    [section(f":no_entry_sign: Cancel requested by {mention(user)}: the run stops "

@@ -49,6 +49,7 @@ from bot.slack.blocks import (
     code_answer,
     code_tail,
     fits_code_block,
+    notice_reply,
     outcome_reply,
     run_card,
     step_reply,
@@ -164,6 +165,8 @@ class SlackReporter:
             self.conclude(RunStatus(event.status), event.summary,
                           version_after=event.version_after)
             return
+        elif isinstance(event, ev.Notice):
+            self._replies.append(_Reply(msg=notice_reply(event.text)))
         self._touch()
 
     def _set(self, **changes: Any) -> None:

@@ -16,9 +16,10 @@ from bot.core.plan import Plan
 from bot.core.status import Action
 from bot.engine.engine import Engine
 from bot.engine.lifecycle import RunLifecycle
+from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
-from bot.slack.blocks import code_answer, code_head, tail_answer
+from bot.slack.blocks import code_answer, code_head, escape, tail_answer
 from bot.slack.front_end import SlackFrontEnd
 from bot.slack.grammar import run_id_of
 from bot.slack.poster import Poster
@@ -162,4 +163,14 @@ class Click:
                 answer = await work(self.run_id)
             if answer:
                 await tell(self.front_end, self.respond, answer)
-        self.front_end.spawn(go(), name=f"click-{name}")
+        self.front_end.spawn(self._answered(go()), name=f"click-{name}")
+
+    async def _answered(self, work: Coroutine[Any, Any, None]) -> None:
+        """A click the audit database cannot record still gets its clicker an answer."""
+        try:
+            await work
+        except AuditError as exc:
+            log.warning("click on run #%s not carried out: %s", self.run_id, exc)
+            await tell(self.front_end, self.respond,
+                       f"The audit log cannot be written right now ({escape(str(exc))}), so "
+                       "this click did nothing: the run is as it was. Try again in a minute.")
