@@ -11,7 +11,9 @@ import pytest
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
 from bot.core.plan import Step
-from bot.engine.engine import AuditSink, overall_status
+from bot.engine.audit_sink import RunAudit
+from bot.engine.engine import overall_status
+from bot.engine.executor import CancelToken
 from bot.engine.runtime import open_runtime
 from bot.sim.kit import SERVICE, SimKit
 from tests.support.sim import sim_settings
@@ -87,7 +89,7 @@ async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
                                             requested_by="U0ALICE", source="cli")
-        sink = AuditSink(rt.audit, record.id)
+        sink = RunAudit(rt.engine.writer, record.id, CancelToken(), ev.FanOut())
         await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
         await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, "ok", 0,
                                           1.0, "installed", output))

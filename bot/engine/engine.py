@@ -12,12 +12,13 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bot.audit.resilient import AuditWriter
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
-from bot.core.gpu import GpuSnapshot
 from bot.core.plan import Plan, make_plan
-from bot.core.status import Action, HostStatus, RunStatus, StepStatus
+from bot.core.status import Action, HostStatus, RunStatus
+from bot.engine.audit_sink import RunAudit, audit_writer
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import HostError, LockHeldError
@@ -40,48 +41,6 @@ def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
     """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
     after the other; a read-only status asks every host at once."""
     return [plan.hosts] if plan.action == Action.STATUS else plan.batches()
-
-
-class AuditSink:
-    """Writes steps, snapshots and versions as they happen (before and after each
-    remote action), so a crash leaves every completed step on disk."""
-
-    def __init__(self, audit: AuditLog, run_id: int) -> None:
-        self.audit = audit
-        self.run_id = run_id
-        self._open: dict[tuple[str, str], int] = {}
-        self._versions_seen = False
-
-    async def handle(self, event: ev.Event) -> None:
-        if isinstance(event, ev.StepStarted):
-            # Also makes it the run's current step (what recovery reports after a crash).
-            self._open[(event.host, event.step)] = await self.audit.step_started(
-                self.run_id, event.host, str(event.step), event.command)
-        elif isinstance(event, ev.StepFinished):
-            step_id = self._open.pop((event.host, event.step), None)
-            if step_id is not None:
-                await self.audit.step_finished(
-                    step_id, status=StepStatus(event.status), exit_status=event.exit_status,
-                    # Whole: the audit log redacts before it cuts, so no half secret survives.
-                    duration_s=round(event.duration_s, 3), output_tail=event.output)
-        elif isinstance(event, ev.GpuTable):
-            await self.audit.add_snapshot(self.run_id, event.host, event.label,
-                                          snapshot_json(event.snapshot))
-        elif isinstance(event, ev.VersionsKnown) and not self._versions_seen:
-            # The first host's versions stand for the run; every host's are in its steps.
-            self._versions_seen = True
-            await self.audit.set_versions(self.run_id, before=event.before, after=event.after)
-
-
-def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
-    return {
-        "host": s.host,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
-                  "memory_used_mib": g.memory_used_mib, "memory_total_mib": g.memory_total_mib,
-                  "utilization_pct": g.utilization_pct} for g in s.gpus],
-        "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
-                       "gpu_uuid": p.gpu_uuid} for p in s.processes],
-    }
 
 
 def overall_status(outcomes: Sequence[HostOutcome]) -> RunStatus:
@@ -117,11 +76,14 @@ class Engine:
     their status changes are the ``lifecycle``'s."""
 
     def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool,
-                 lifecycle: RunLifecycle | None = None) -> None:
+                 lifecycle: RunLifecycle | None = None,
+                 writer: AuditWriter | None = None) -> None:
         self.settings = settings
         self.audit = audit
         self.pool = pool
         self.lifecycle = lifecycle if lifecycle is not None else RunLifecycle(settings, audit)
+        # A run's audit records: retried, or kept in the fallback journal (audit_sink).
+        self.writer = writer if writer is not None else audit_writer(audit, settings)
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
@@ -162,22 +124,24 @@ class Engine:
                 # 'running' one is driven elsewhere and its locks are not ours to drop.
                 await self.audit.release_locks(run_id)
             return RunResult(run_id, current, f"not started: run is {current}", {})
+        # The audit record must be written (or kept in the fallback journal, and then the
+        # service is brought back: see audit_sink); a broken chat or terminal sink must not
+        # stop a half-finished maintenance job.
+        notify = ev.BestEffort(sink)
+        audit = RunAudit(self.writer, run_id, token, notify)
         try:
-            # The audit record must be written; a broken chat or terminal sink must not stop
-            # a half-finished maintenance job.
-            sinks = ev.FanOut(AuditSink(self.audit, run_id), ev.BestEffort(sink))
-            return await self._execute(record, plan, sinks, token)
+            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit)
         except BaseException:
             # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
             # must say so at once, not wait for the next start's recovery.
-            await asyncio.shield(life.interrupt(run_id))
+            await asyncio.shield(audit.interrupt(lambda: life.interrupt(run_id)))
             raise
         finally:
-            await life.released(run_id)  # who cancelled is on disk before this returns
-            await self.audit.release_locks(run_id)
+            # Who cancelled is on disk (or in the journal) before this returns; locks go.
+            await audit.released(life.released)
 
     async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
-                       token: CancelToken) -> RunResult:
+                       token: CancelToken, audit: RunAudit) -> RunResult:
         run_id = record.id
         await sink.handle(ev.RunStarted(run_id, plan, record.requested_by,
                                         tuple(record.approved_by)))
@@ -215,9 +179,9 @@ class Engine:
         status = overall_status(list(outcomes.values()))
         summary = self._summary(plan, outcomes, untouched)
         first = outcomes.get(plan.hosts[0])
-        await self.audit.set_versions(run_id, before=first.version_before if first else None,
-                                      after=first.version_after if first else None)
-        await self.lifecycle.finish(run_id, status, summary)
+        await audit.set_versions(before=first.version_before if first else None,
+                                 after=first.version_after if first else None)
+        await audit.finish(status, summary, lambda: self.lifecycle.finish(run_id, status, summary))
         await sink.handle(ev.RunFinished(run_id, status, summary,
                                          first.version_before if first else None,
                                          first.version_after if first else None))

@@ -379,6 +379,11 @@ class RunLifecycle:
                 f"Only the requester or an approver can cancel run #{run_id}.")
         if record.is_final:
             return NotCancellable(run_id, record.status)
+        # A run driven here stops through its token, with no write first: the cancel
+        # must work while the audit database cannot be written (who asked is recorded,
+        # or kept in the fallback journal, by the run's driver).
+        if record.status == RunStatus.RUNNING and self.request_cancel(run_id, user):
+            return CancelRequested(run_id)
         # The 'cancel' decision is recorded only where a cancel really happens (for a
         # running run when its token is set, see start()).
         if await self._close_unstarted(run_id, RunStatus.PENDING_APPROVAL,

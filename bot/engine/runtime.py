@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from bot.audit.store import AuditLog
 from bot.core.redact import Redactor
+from bot.engine.audit_sink import audit_writer
 from bot.engine.engine import Engine
 from bot.engine.lifecycle import Clock, RunLifecycle, utc_now
 from bot.hosts.pool import HostPool
@@ -29,12 +30,19 @@ class Runtime:
 async def open_runtime(settings: Settings, *, clock: Clock = utc_now) -> AsyncIterator[Runtime]:
     """``clock`` is the wall clock the run life cycle decides expiry by (tests move it)."""
     redact = Redactor(settings.secret_values())
-    audit = await AuditLog.open(settings.db_path, redact=redact)
+    audit = await AuditLog.open(settings.db_path, redact=redact,
+                                busy_timeout_s=settings.audit.busy_timeout_s)
+    # Records an audit outage left in the fallback journal are merged before anything
+    # (recovery included) reads the runs; if the database still cannot take them, a
+    # background task keeps trying.
+    writer = audit_writer(audit, settings)
+    await writer.start()
     pool = HostPool(settings)
     lifecycle = RunLifecycle(settings, audit, clock=clock)
     try:
-        yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle), redact,
-                      lifecycle)
+        yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle, writer),
+                      redact, lifecycle)
     finally:
         await pool.close()
+        await writer.close()
         await audit.close()
