@@ -276,7 +276,8 @@ async def test_the_background_merge_brings_the_writer_back_up(
 async def test_with_no_journal_file_writable_records_are_held_in_memory_then_merged(
         audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
     run_id = await new_run(audit)
-    nowhere = tmp_path / "missing-dir"  # ENOENT for both files
+    nowhere = tmp_path / "not-a-dir"
+    nowhere.write_text("")  # both files would be inside a plain file: ENOTDIR
     w = AuditWriter(audit, Journal(nowhere / "a.jsonl", nowhere / "b.jsonl"),
                     retry_s=0.0, sleep=FakeTime().sleep, background=False)
     lock(locker)

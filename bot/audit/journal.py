@@ -35,7 +35,6 @@ one open the new one.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -195,7 +194,12 @@ def append_to(path: Path, data: bytes) -> None:
     """Append ``data`` (whole lines) to ``path`` and fsync it; on failure the file is cut
     back to where it was, so no half record is left behind. Raises ``OSError``."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            # The fallback directory is made on first use (only the login user reads it).
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if not _same_file(fd, path):
@@ -222,7 +226,7 @@ def append_to(path: Path, data: bytes) -> None:
 def read_file(path: Path) -> list[JournalRecord]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -241,7 +245,7 @@ def drop_from(path: Path, ids: Iterable[str]) -> None:
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -271,6 +275,8 @@ class Journal:
 
     primary: Path
     fallback: Path | None = None
+    # The files whose last append failed: their failure is logged once, not per record.
+    _failing: set[Path] = field(default_factory=set, repr=False)
 
     @classmethod
     def for_db(cls, db_path: Path, fallback_dir: Path | None = None) -> Journal:
@@ -289,13 +295,18 @@ class Journal:
         for path in self.paths:
             try:
                 append_to(path, data)
-                return path
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
-                                     errno.EACCES, errno.EPERM, errno.ENOENT, errno.EFBIG):
-                    raise
-                log.warning("cannot append to the audit journal %s: %s", path, exc)
+                # Whatever the reason (full, read-only, gone, not a directory), the next
+                # place may take it; the caller holds the records when none does.
+                if path not in self._failing:
+                    self._failing.add(path)
+                    log.warning("cannot append to the audit journal %s: %s", path, exc)
                 error = exc
+                continue
+            if path in self._failing:
+                self._failing.discard(path)
+                log.warning("the audit journal %s takes records again", path)
+            return path
         assert error is not None
         raise error
 

@@ -225,10 +225,11 @@ class AuditWriter:
         try:
             where = await asyncio.to_thread(self.journal.append, list(self._held))
         except OSError as exc:
+            if self.where != "memory":
+                log.error("cannot write the audit journal either (%s): audit records are "
+                          "held in memory only until it can be; a restart before then "
+                          "would lose them", exc)
             self.where = "memory"
-            log.error("cannot write the audit journal either (%s): %d audit record(s) are "
-                      "held in memory only; a restart now would lose them", exc,
-                      len(self._held))
             return
         self._held.clear()
         self.where = str(where)
@@ -239,7 +240,14 @@ class AuditWriter:
         """At start-up: merge what an earlier outage left in the journal. Returns how many
         records were merged; if the database cannot take them yet, a background task
         keeps trying (the bot starts anyway)."""
-        waiting = await asyncio.to_thread(self.journal.read)
+        try:
+            waiting = await asyncio.to_thread(self.journal.read)
+        except OSError as exc:
+            # The bot starts anyway; the background merge keeps trying to read it.
+            log.error("cannot read the fallback journal %s: %s", self.journal.paths, exc)
+            self.down = f"the fallback journal cannot be read: {exc}"
+            self._start_merger()
+            return 0
         if not waiting:
             return 0
         log.warning("%d audit record(s) from an earlier outage wait in the fallback journal; "
