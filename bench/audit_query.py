@@ -35,6 +35,7 @@ from typing import Any
 from bot.audit.store import AuditLog, format_ts
 from bot.audit.view import runs_table
 from bot.core.plan import make_plan
+from bot.core.status import Action
 from bot.settings import Settings
 
 SERVICES = [f"svc-{i:02d}" for i in range(20)]
@@ -50,7 +51,7 @@ def plans() -> dict[tuple[str, str], str]:
                        "indexes": {"nightly": "https://wheels.vllm.ai/nightly"}}
                 for i, name in enumerate(SERVICES)}
     settings = Settings(hosts=hosts, services=services, db_path=Path("unused.db"))
-    return {(s, a): json.dumps(make_plan(settings, a, s).to_json())
+    return {(s, a): json.dumps(make_plan(settings, Action(a), s).to_json())
             for s in SERVICES for a in ("redeploy", "restart", "status")}
 
 

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import asyncssh
 
 from bot.cli.terminal import TerminalSink
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
@@ -35,11 +36,12 @@ ZERO_DELAYS = {"release_delay_s": 0.0, "load_delay_s": 0.0, "stop_delay_s": 0.0,
 
 async def engine_redeploy(settings: Settings, version: str) -> float:
     async with open_runtime(settings) as rt:
-        plan = rt.engine.plan("redeploy", SERVICE, version=version, index="nightly")
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=version, index="nightly")
         start = time.perf_counter()
-        record = await rt.lifecycle.request(plan, requested_by="bench", source="cli")
-        await rt.audit.record_decision(record.id, "bench-approver", "approve")
-        await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+        record = await rt.lifecycle.request(plan, requested_by="bench", source=Source.CLI)
+        await rt.audit.record_decision(record.id, "bench-approver", Decision.APPROVE)
+        await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                  expect=(RunStatus.PENDING_APPROVAL,))
         result = await rt.engine.execute(record.id, TerminalSink(io.StringIO()))
         elapsed = time.perf_counter() - start
     assert result.status == "succeeded", result.summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.core.status import Action, RunStatus, Source
 from bot.slack.cards import plan_from_record
 from bot.slack.membership import MembershipCache
 from tests.fakes import FakeSlack
@@ -37,13 +38,13 @@ def test_the_stored_plan_round_trips() -> None:
     from bot.audit.store import RunRecord
     from bot.core.plan import Plan, PlannedStep, Step
 
-    plan = Plan(action="redeploy", service="s", hosts=("a", "b"), unit="u", package="vllm",
+    plan = Plan(action=Action.REDEPLOY, service="s", hosts=("a", "b"), unit="u", package="vllm",
                 version="0.16.0", spec="vllm==0.16.0", index_name="n", index_url="http://i/",
                 steps=(PlannedStep(Step.STOP, "systemctl stop u"),), dry_run=True,
                 batch_size=2)
     record = RunRecord(
-        id=1, service="s", action="redeploy", hosts=["a", "b"], requested_by="U1",
-        source="slack", status="pending_approval", current_step=None, summary=None,
+        id=1, service="s", action=Action.REDEPLOY, hosts=["a", "b"], requested_by="U1",
+        source=Source.SLACK, status=RunStatus.PENDING_APPROVAL, current_step=None, summary=None,
         version_before=None, version_after=None, created_at="", started_at=None,
         finished_at=None, expires_at=None, channel=None, message_ts=None, plan=plan.to_json(),
         package_spec=plan.spec, index_name="n", dry_run=True, approved_by=[], denied_by=[])

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bot.cli.terminal import TerminalSink
-from bot.core.status import Action
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.engine import RunResult
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import HostKeyError, LockHeldError
@@ -25,9 +25,10 @@ from tests.support.sim import sim_settings
 async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
     out = io.StringIO()
     p = rt.engine.plan(action, SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
-    await rt.audit.record_decision(record.id, "U0BOB", "approve")
-    assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                     expect=(RunStatus.PENDING_APPROVAL,))
     result = await rt.engine.execute(record.id, TerminalSink(out))
     return result, out.getvalue()
 
@@ -35,7 +36,7 @@ async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]
 async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
-        result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
+        result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
         assert result.status == "succeeded", out
         assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "start"]
         calls = sim_sshd_host.calls()
@@ -74,7 +75,7 @@ async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
     sim_sshd_host.set_faults(stuck_worker=True)
     settings = sim_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)
     async with open_runtime(settings) as rt:
-        result, _out = await run(rt, "redeploy")
+        result, _out = await run(rt, Action.REDEPLOY)
     assert result.status == "failed"
     assert sim_sshd_host.changes() == ["dry-run", "stop"]
     assert "PID 48304 (VLLM::Worker_TP3)" in result.summary
@@ -86,7 +87,7 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
     sim_sshd_host.set_faults(uv_fails=True)
     settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
-        result, out = await run(rt, "redeploy", version="0.16.0", index="nightly")
+        result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
         assert result.status == "rolled_back", out
         assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "rollback", "start"]
         rollback = next(c.argv for c in sim_sshd_host.calls() if "--reinstall-package" in c.argv)
@@ -105,7 +106,7 @@ async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(uv_fails_always=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        result, _ = await run(rt, "redeploy")
+        result, _ = await run(rt, Action.REDEPLOY)
         assert result.status == "failed"
         assert "STOPPED" in result.summary and "rollback" in result.summary
         assert sim_host.changes() == ["dry-run", "stop", "install", "rollback"]
@@ -116,7 +117,7 @@ async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path
     sim_sshd_host.set_faults(health_503=True)
     settings = sim_settings(sim_sshd_host, tmp_path, start_timeout_s=1.5)
     async with open_runtime(settings) as rt:
-        result, _out = await run(rt, "redeploy")
+        result, _out = await run(rt, Action.REDEPLOY)
         assert result.status == "failed"
         assert "HTTP 503" in result.summary
         health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
@@ -130,7 +131,7 @@ async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path
 async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(start_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        result, _ = await run(rt, "redeploy")
+        result, _ = await run(rt, Action.REDEPLOY)
     assert result.status == "failed"
     assert "is failed after start" in result.summary
 
@@ -139,7 +140,7 @@ async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
                                                               tmp_path: Path) -> None:
     sim_host.set_faults(resolve_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        result, _ = await run(rt, "redeploy", version="0.16.0")
+        result, _ = await run(rt, Action.REDEPLOY, version="0.16.0")
     assert result.status == "aborted"
     assert "dry run failed" in result.summary and "No solution found" in result.summary
     assert sim_host.changes() == ["dry-run"]
@@ -151,7 +152,7 @@ async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     sim_sshd_host.known_hosts.write_text(f"[127.0.0.1]:{sim_sshd_host.port} {other}\n")
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
-        result, _out = await run(rt, "redeploy")
+        result, _out = await run(rt, Action.REDEPLOY)
         assert result.status == "aborted"
         assert "host key is unknown or has changed" in result.summary
         assert str(sim_sshd_host.known_hosts) not in result.summary  # paths stay private
@@ -162,10 +163,10 @@ async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path
 
 async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
-        result, _ = await run(rt, "restart")
+        result, _ = await run(rt, Action.RESTART)
         assert result.status == "succeeded"
         assert sim_sshd_host.changes() == ["stop", "start"]
-        status, out = await run(rt, "status")
+        status, out = await run(rt, Action.STATUS)
         assert status.status == "succeeded"
         assert "vllm-kimi-k25: active (running)" in status.summary
         assert f"vllm {DEFAULT_VERSION}" in status.summary
@@ -176,11 +177,11 @@ async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None
 async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
                                                             tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        plan = rt.engine.plan("redeploy", SERVICE)
-        first = await rt.lifecycle.request(plan, requested_by="U0ALICE", source="cli")
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE)
+        first = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
         await rt.audit.acquire_locks(first.id, [f"service:{SERVICE}"])
         with pytest.raises(LockHeldError) as held:
-            await rt.lifecycle.request(plan, requested_by="U0CAROL", source="cli")
+            await rt.lifecycle.request(plan, requested_by="U0CAROL", source=Source.CLI)
         assert held.value.run_id == first.id
         assert f"run #{first.id}" in str(held.value) and "U0ALICE" in str(held.value)
 
@@ -192,7 +193,7 @@ async def test_preflight_refusal_keeps_uvs_reason_in_terminal_and_audit(
     # stderr); the query is quiet, so only the refusal can carry that reason.
     wrong = str(tmp_path / "no-venv" / "bin" / "python")
     async with open_runtime(sim_settings(sim_host, tmp_path, python=wrong)) as rt:
-        result, out = await run(rt, "redeploy")
+        result, out = await run(rt, Action.REDEPLOY)
         assert result.status == "aborted"
         reason = f"Failed to inspect Python interpreter from provided path at `{wrong}`"
         assert "rollback would be impossible" in result.summary and reason in result.summary

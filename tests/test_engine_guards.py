@@ -11,6 +11,7 @@ import pytest
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
 from bot.core.plan import Step
+from bot.core.status import Action, HostStatus, Source
 from bot.engine.audit_sink import RunAudit
 from bot.engine.engine import overall_status
 from bot.engine.executor import CancelToken
@@ -35,8 +36,8 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.update_config(install_duration_s=30.0)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
-                                            requested_by="U0ALICE", source="cli")
+        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
+                                            requested_by="U0ALICE", source=Source.CLI)
         assert await rt.lifecycle.confirm(record.id, "U0BOB")
         sink = StopAt(Step.REINSTALL)
         task = asyncio.create_task(rt.engine.execute(record.id, sink))
@@ -56,8 +57,9 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
 async def test_a_plan_changed_by_the_config_after_approval_is_refused(
         sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE, index="nightly"),
-                                            requested_by="U0ALICE", source="slack")
+        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE,
+                                                           index="nightly"),
+                                            requested_by="U0ALICE", source=Source.SLACK)
         assert await rt.lifecycle.confirm(record.id, "U0BOB")
     # The operator edits the config (another index URL) and the bot restarts.
     changed = sim_settings(sim_host, tmp_path,
@@ -73,11 +75,12 @@ async def test_a_plan_changed_by_the_config_after_approval_is_refused(
 
 
 def test_aborted_only_when_no_host_was_changed() -> None:
-    ok, refused = HostOutcome("succeeded", "done"), HostOutcome("aborted", "untouched")
+    ok = HostOutcome(HostStatus.SUCCEEDED, "done")
+    refused = HostOutcome(HostStatus.ABORTED, "untouched")
     assert overall_status([refused]) == "aborted"
     assert overall_status([refused, refused]) == "aborted"
     assert overall_status([ok, refused]) == "failed"  # the first host was redeployed
-    assert overall_status([ok, HostOutcome("rolled_back", "x")]) == "rolled_back"
+    assert overall_status([ok, HostOutcome(HostStatus.ROLLED_BACK, "x")]) == "rolled_back"
     assert overall_status([ok, ok]) == "succeeded"
 
 
@@ -87,8 +90,8 @@ async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
     output = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + body +
               "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package")
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
-                                            requested_by="U0ALICE", source="cli")
+        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
+                                            requested_by="U0ALICE", source=Source.CLI)
         sink = RunAudit(rt.engine.writer, record.id, CancelToken(), ev.FanOut())
         await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
         await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, "ok", 0,

@@ -26,6 +26,7 @@ from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.plan import Step
 from bot.core.redact import Redactor
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.engine import RunResult
 from bot.engine.recovery import recover
 from bot.engine.runtime import Runtime, open_runtime
@@ -75,10 +76,11 @@ class Tee:
 
 
 async def approved(rt: Runtime, requested_by: str = "U0ALICE", **plan: Any) -> int:
-    p = rt.engine.plan("redeploy", SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by=requested_by, source="cli")
-    await rt.audit.record_decision(record.id, "U0BOB", "approve")
-    assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    p = rt.engine.plan(Action.REDEPLOY, SERVICE, **plan)
+    record = await rt.lifecycle.request(p, requested_by=requested_by, source=Source.CLI)
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                     expect=(RunStatus.PENDING_APPROVAL,))
     return record.id
 
 
@@ -334,8 +336,8 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
 
         async def request(rt: Runtime, user: str) -> RunRecord | LockHeldError:
             try:
-                return await rt.lifecycle.request(rt.engine.plan("redeploy", SERVICE),
-                                                  requested_by=user, source="cli")
+                return await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
+                                                  requested_by=user, source=Source.CLI)
             except LockHeldError as exc:
                 return exc
 
@@ -354,12 +356,14 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
         [refusal] = await rt1.audit.refusals()
         assert refusal.user == loser.requested_by and f"run #{winner.id}" in refusal.reason
 
-        await rt1.audit.record_decision(winner.id, "U0BOB", "approve")
-        assert await rt1.audit.transition(winner.id, "approved", expect=("pending_approval",))
+        await rt1.audit.record_decision(winner.id, "U0BOB", Decision.APPROVE)
+        assert await rt1.audit.transition(winner.id, RunStatus.APPROVED,
+                                          expect=(RunStatus.PENDING_APPROVAL,))
         result = await rt1.engine.execute(winner.id, Hooks())
         assert result.status == "succeeded"
-        assert await rt1.audit.list_runs(statuses=["pending_approval", "approved",
-                                                   "running"]) == []
+        assert await rt1.audit.list_runs(statuses=[RunStatus.PENDING_APPROVAL,
+                                                   RunStatus.APPROVED,
+                                                   RunStatus.RUNNING]) == []
         assert await rt1.audit.lock_holder(f"service:{SERVICE}") is None
     assert sim_host.changes() == ["dry-run", "stop", "install", "start"]
 
@@ -370,8 +374,8 @@ async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         first = await approved(rt)
         await rt.audit.release_locks(first)  # as if the lock had been lost
-        holder = await rt.lifecycle.request(rt.engine.plan("restart", SERVICE),
-                                            requested_by="U0CAROL", source="cli")
+        holder = await rt.lifecycle.request(rt.engine.plan(Action.RESTART, SERVICE),
+                                            requested_by="U0CAROL", source=Source.CLI)
         with pytest.raises(LockHeldError) as held:
             await rt.engine.execute(first, Hooks())
         assert held.value.run_id == holder.id
@@ -409,9 +413,10 @@ async def test_status_and_gpus_never_wait_behind_a_job(sim_host: SimKit, tmp_pat
         holder = await rt.audit.lock_holder(f"service:{SERVICE}")
         assert holder is not None and holder.status == "running"
 
-        p = rt.engine.plan("status", SERVICE)
-        record = await rt.lifecycle.request(p, requested_by="U0CAROL", source="cli")
-        assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+        p = rt.engine.plan(Action.STATUS, SERVICE)
+        record = await rt.lifecycle.request(p, requested_by="U0CAROL", source=Source.CLI)
+        assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                         expect=(RunStatus.PENDING_APPROVAL,))
         status = await rt.engine.execute(record.id, Hooks())
         assert status.status == "succeeded" and "vllm-kimi-k25: inactive" in status.summary
         [gpus] = await fleet_gpus(rt.settings, rt.pool, [sim_host.hostname], 10)

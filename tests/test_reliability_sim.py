@@ -18,6 +18,7 @@ from bot.audit.store import AuditLog
 from bot.core import flows as sequence
 from bot.core import remote
 from bot.core.flows import Flow, HostOutcome, Sleep, Tick
+from bot.core.status import Action, HostStatus, RunStatus, Source
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.recovery import recover
 from bot.errors import HostUnreachableError
@@ -147,7 +148,7 @@ async def test_polls_after_a_cancel_keep_their_pace() -> None:
     def flow() -> Flow:
         for _ in range(3):
             ticks.append((yield Sleep(0.05)))
-        return HostOutcome("cancelled", "done")
+        return HostOutcome(HostStatus.CANCELLED, "done")
 
     loop = asyncio.get_running_loop()
     executor = Executor(1, _NoHost(), _Discard(), cancel=token,  # type: ignore[arg-type]
@@ -224,16 +225,16 @@ def test_installs_query_matches_only_installs_into_the_venv(
 async def test_recovery_says_what_state_the_service_may_be_in(
         tmp_path: Path, step: str | None, needles: tuple[str, ...]) -> None:
     async with AuditLog.open(tmp_path / "audit.db") as audit:
-        run_id = await audit.create_run(service=SERVICE, action="redeploy", hosts=["h"],
-                                        requested_by="U0ALICE", source="slack", plan={},
+        run_id = await audit.create_run(service=SERVICE, action=Action.REDEPLOY, hosts=["h"],
+                                        requested_by="U0ALICE", source=Source.SLACK, plan={},
                                         package_spec="vllm")
-        await audit.transition(run_id, "approved")
-        await audit.transition(run_id, "running", owner="elsewhere:1:1")
+        await audit.transition(run_id, RunStatus.APPROVED)
+        await audit.transition(run_id, RunStatus.RUNNING, owner="elsewhere:1:1")
         if step is not None:
             await audit.set_step(run_id, step)
-        approved = await audit.create_run(service="other", action="restart", hosts=["h"],
-                                          requested_by="U0BOB", source="slack", plan={},
-                                          package_spec=None, status="approved")
+        approved = await audit.create_run(service="other", action=Action.RESTART, hosts=["h"],
+                                          requested_by="U0BOB", source=Source.SLACK, plan={},
+                                          package_spec=None, status=RunStatus.APPROVED)
         [first, second] = await recover(audit, alive=lambda owner: False)
     assert first.run.id == run_id and first.run.status == "interrupted"
     for needle in needles:

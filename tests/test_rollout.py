@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core import events as ev
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.engine import NOT_STARTED, RunResult
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
@@ -47,11 +48,12 @@ def fleet_settings(kits: list[SimKit], tmp_path: Path, **service: Any) -> Settin
 
 
 async def redeploy(rt: Runtime, **plan: Any) -> tuple[RunResult, Recorder]:
-    p = rt.engine.plan("redeploy", SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
+    p = rt.engine.plan(Action.REDEPLOY, SERVICE, **plan)
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
     # One approval for the whole rollout, whatever the number of hosts.
-    await rt.audit.record_decision(record.id, "U0BOB", "approve")
-    assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                     expect=(RunStatus.PENDING_APPROVAL,))
     sink = Recorder()
     return await rt.engine.execute(record.id, sink), sink
 
@@ -75,7 +77,7 @@ async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
     kits = await make_fleet(make_sim_host, tmp_path, 4)
     names = [k.hostname for k in kits]
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
-        plan = rt.engine.plan("redeploy", SERVICE, version="0.16.0")
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version="0.16.0")
         assert plan.hosts == tuple(names)
         assert plan.batches() == [tuple(names[:2]), tuple(names[2:])]
         result, sink = await redeploy(rt, version="0.16.0")
@@ -174,9 +176,10 @@ async def test_status_asks_every_host_even_when_one_fails(make_sim_host: MakeSim
     kits = await make_fleet(make_sim_host, tmp_path, 3)
     kits[0].set_faults(no_driver=True)  # its GPU query fails: a failed status there
     async with open_runtime(fleet_settings(kits, tmp_path)) as rt:
-        p = rt.engine.plan("status", SERVICE)
-        record = await rt.lifecycle.request(p, requested_by="U0ALICE", source="cli")
-        assert await rt.audit.transition(record.id, "approved", expect=("pending_approval",))
+        p = rt.engine.plan(Action.STATUS, SERVICE)
+        record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
+        assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                         expect=(RunStatus.PENDING_APPROVAL,))
         result = await rt.engine.execute(record.id, Recorder())
     assert result.host_status[kits[0].hostname] == "failed"
     assert [result.host_status[k.hostname] for k in kits[1:]] == ["succeeded", "succeeded"]

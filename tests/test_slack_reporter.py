@@ -15,6 +15,7 @@ from bot.core import events as ev
 from bot.core.gpu import Gpu, GpuSnapshot
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
+from bot.core.status import Action, RunStatus
 from bot.slack.blocks import CardView, Message, initial_steps, section
 from bot.slack.poster import Poster
 from bot.slack.reporter import SlackReporter
@@ -24,7 +25,7 @@ from tests.slack_harness import blocks_text
 
 CHANNEL = "C0OPS"
 SECRET = "hunter2-super-secret"
-PLAN = Plan(action="redeploy", service="svc", hosts=("gpu-1",), unit="vllm.service",
+PLAN = Plan(action=Action.REDEPLOY, service="svc", hosts=("gpu-1",), unit="vllm.service",
             package="vllm", version="0.16.0", spec="vllm==0.16.0", index_name=None,
             index_url=None,
             steps=tuple(PlannedStep(s, f"cmd {s}") for s in (Step.PREFLIGHT, Step.STOP,
@@ -41,7 +42,7 @@ def client(fake: FakeSlack) -> AsyncWebClient:
 
 async def reporter_for(fake: FakeSlack, *, interval: float = 0.0) -> SlackReporter:
     poster = Poster(client(fake), Redactor([SECRET]), post_interval_s=0.03)
-    view = CardView(run_id=1, plan=PLAN, requested_by="U0ALICE", status="approved",
+    view = CardView(run_id=1, plan=PLAN, requested_by="U0ALICE", status=RunStatus.APPROVED,
                     steps=initial_steps(PLAN))
     ts = await poster.post(CHANNEL, Message("card", [section("card")]))
     return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view, update_interval_s=interval)
