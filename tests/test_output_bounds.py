@@ -18,11 +18,13 @@ from slack_sdk.errors import SlackRequestError
 
 from bot.core import events as ev
 from bot.core.plan import Step
-from bot.hosts.base import MAX_LINE_CHARS, cut_line, cut_marker
+from bot.core.status import StepStatus
+from bot.hosts.base import LINE_OVERHEAD, MAX_LINE_CHARS, cut_line, cut_marker
 from bot.hosts.local import LocalTransport
-from bot.hosts.streams import Capture, LineSplitter, pump
+from bot.hosts.streams import MAX_CAPTURE_CHARS, Capture, LineSplitter, pump
 from bot.sim.kit import SimKit
 from bot.slack.poster import is_transient
+from bot.slack.reporter import MAX_LOG_CHARS
 from tests.fakes import FakeSlack
 from tests.slack_harness import blocks_text
 from tests.support.cli import REPO_ROOT, write_toml
@@ -235,7 +237,7 @@ async def test_a_file_slack_refuses_as_too_large_is_not_retried(fake: FakeSlack)
     await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
     for line in lines:
         await reporter.handle(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stderr", line))
-    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, "failed", 1, 2.0,
+    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.FAILED, 1, 2.0,
                                           "reinstall failed", "\n".join(lines[-200:])))
     reporter.start()
     started = time.monotonic()
@@ -261,3 +263,34 @@ def test_upload_statuses_from_slack_sdk_are_sorted_by_what_a_retry_can_fix() -> 
     assert not is_transient(upload_error(400))
     assert is_transient(upload_error(503)) and is_transient(upload_error(429))
     assert not is_transient(SlackRequestError("Either file or url must be provided."))
+
+
+async def test_a_flood_of_short_lines_keeps_the_threads_log_within_its_budget(
+        fake: FakeSlack) -> None:
+    # `seq 1 1000000000`: each line is a few characters but a whole Python object.
+    reporter = await reporter_for(fake)
+    await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
+    printed = [str(i) for i in range(1_000_000, 1_300_000)]
+    for line in printed:
+        reporter.apply(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stdout", line))
+    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.OK, 0, 1.0, "done",
+                                          "\n".join(printed[-200:])))
+    reporter.start()
+    assert await reporter.flush(30)
+    [log] = fake.files
+    head, *kept = log.text.rstrip().splitlines()
+    assert "earlier lines not kept" in head and kept[-1] == "1299999"
+    # What those lines held in memory (a str each, and its slot in the deque) stayed
+    # within the budget; all 300,000 kept would have been about 19 MB.
+    held = sum(sys.getsizeof(line) + 8 for line in kept)
+    assert held <= MAX_LOG_CHARS, f"{held / MIB:.1f} MiB in {len(kept):,} lines"
+    assert len(kept) == MAX_LOG_CHARS // (7 + LINE_OVERHEAD)
+
+
+def test_a_capture_counts_what_each_line_costs() -> None:
+    capture = Capture()
+    for i in range(1_000_000, 1_300_000):
+        capture.add(f"{i}\n")
+    kept = capture.text().splitlines()
+    assert kept[-1] == "1299999"
+    assert len(kept) <= MAX_CAPTURE_CHARS // (8 + LINE_OVERHEAD) + 1

@@ -22,6 +22,10 @@ LineCallback = Callable[[Stream, str], None]
 MAX_LINE_CHARS = 16 * 1024
 # Room kept for the marker at the end of a cut line, so a cut line is within the limit too.
 _MARKER_ROOM = 64
+# What CPython spends on a line beyond its characters (a short str is ~50 bytes, plus its
+# slot in a deque): buffers of lines count it, or a flood of short lines (`seq 1 1e9`)
+# would hold 20 times their budget.
+LINE_OVERHEAD = 64
 
 
 def cut_marker(dropped: int) -> str:

@@ -18,12 +18,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from bot.hosts.base import MAX_LINE_CHARS, LineCallback, Stream, cut_line
+from bot.hosts.base import LINE_OVERHEAD, MAX_LINE_CHARS, LineCallback, Stream, cut_line
 
 # Seconds between the remote TERM and KILL, and the extra local grace on top of it.
 KILL_AFTER_S = 10
 LOCAL_GRACE_S = 15
-# Keep at most this much of each stream in the result; the full text is streamed.
+# Keep at most this much of each stream in the result (characters, and LINE_OVERHEAD
+# per line); the full text is streamed.
 MAX_CAPTURE_CHARS = 1_000_000
 # The most one read may return.  Each read must empty the reader: asyncssh (2.24)
 # re-opens the SSH window when it moves data from the channel to the stream, not when
@@ -54,9 +55,9 @@ class Capture:
 
     def add(self, line: str) -> None:
         self.parts.append(line)
-        self.size += len(line)
+        self.size += len(line) + LINE_OVERHEAD
         while self.size > MAX_CAPTURE_CHARS and len(self.parts) > 1:
-            self.size -= len(self.parts.popleft())
+            self.size -= len(self.parts.popleft()) + LINE_OVERHEAD
 
     def text(self) -> str:
         return "".join(self.parts)

@@ -39,7 +39,7 @@ from bot.core.gpu import render_table
 from bot.core.plan import Step
 from bot.core.status import HostStatus, RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
-from bot.hosts.base import cut_line
+from bot.hosts.base import LINE_OVERHEAD, cut_line
 from bot.slack.blocks import (
     CardView,
     Message,
@@ -59,7 +59,8 @@ from bot.slack.poster import Poster, is_transient, redact_large, too_large
 log = logging.getLogger(__name__)
 
 
-# A step's output kept for the attached file; beyond it the oldest lines go.
+# A step's output kept for the attached file (characters, and LINE_OVERHEAD per line);
+# beyond it the oldest lines go.
 MAX_LOG_CHARS = 16 * 1024 * 1024
 _MAX_BACKOFF_S = 30.0
 
@@ -77,9 +78,9 @@ class _Log:
         # since the loop below always keeps the newest line, however long.
         line = cut_line(line)
         self.lines.append(line)
-        self.chars += len(line) + 1
+        self.chars += len(line) + LINE_OVERHEAD
         while self.chars > MAX_LOG_CHARS and len(self.lines) > 1:
-            self.chars -= len(self.lines.popleft()) + 1
+            self.chars -= len(self.lines.popleft()) + LINE_OVERHEAD
             self.dropped += 1
 
     def full_output(self, event_output: str) -> str:
