@@ -11,7 +11,7 @@ import pytest
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
 from bot.core.plan import Step
-from bot.core.status import Action, HostStatus, Source
+from bot.core.status import Action, HostStatus, Source, StepStatus
 from bot.engine.audit_sink import RunAudit
 from bot.engine.engine import overall_status
 from bot.engine.executor import CancelToken
@@ -94,7 +94,7 @@ async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
                                             requested_by="U0ALICE", source=Source.CLI)
         sink = RunAudit(rt.engine.writer, record.id, CancelToken(), ev.FanOut())
         await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
-        await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, "ok", 0,
+        await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, StepStatus.OK, 0,
                                           1.0, "installed", output))
         [step] = await rt.audit.steps(record.id)
     assert "b3BlbnNzaC1rZXkt" not in step.output_tail

@@ -514,7 +514,7 @@ async def test_logged_exceptions_and_args_are_redacted() -> None:
     handler = setup_logging(Redactor([literal]), stream=stream)
     try:
         sink = ev.BestEffort(_Broken(f"Slack said invalid_auth for {token} ({literal})"))
-        await sink.handle(ev.RunFinished(1, "succeeded", "done", None, None))
+        await sink.handle(ev.RunFinished(1, RunStatus.SUCCEEDED, "done", None, None))
         logging.getLogger("bot.test").warning("retrying with %s", literal)
         quiet.info("Opening SSH connection")  # chatty at INFO: kept out
     finally:

@@ -15,7 +15,7 @@ from bot.core import events as ev
 from bot.core.gpu import Gpu, GpuSnapshot
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
-from bot.core.status import Action, RunStatus
+from bot.core.status import Action, RunStatus, StepStatus
 from bot.slack.blocks import CardView, Message, initial_steps, section
 from bot.slack.poster import Poster
 from bot.slack.reporter import SlackReporter
@@ -55,11 +55,11 @@ def run_events(lines: int) -> list[ev.Event]:
         n = lines if step == Step.REINSTALL else 3
         printed = [f"{step} line {i} building CUDA object paged_attention.cu.o" for i in range(n)]
         out += [ev.OutputLine(1, "gpu-1", step, "stderr", line) for line in printed]
-        out.append(ev.StepFinished(1, "gpu-1", step, "ok", 0, 1.25, f"{step} done",
+        out.append(ev.StepFinished(1, "gpu-1", step, StepStatus.OK, 0, 1.25, f"{step} done",
                                    "\n".join(printed[-200:])))
         if step == Step.STOP:
             out.append(ev.GpuTable(1, "gpu-1", "after drain", SNAPSHOT))
-    out.append(ev.RunFinished(1, "succeeded", "vllm 0.15.1 -> 0.16.0, healthy", "0.15.1",
+    out.append(ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0, healthy", "0.15.1",
                               "0.16.0"))
     return out
 
@@ -150,7 +150,7 @@ async def test_secrets_never_reach_slack(fake: FakeSlack) -> None:
     await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
     for line in lines:
         await reporter.handle(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stdout", line))
-    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, "failed", 1, 2.0,
+    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.FAILED, 1, 2.0,
                                           f"failed near {SECRET}", "\n".join(lines)))
     assert await reporter.flush(30)
     assert fake.files and all(SECRET not in f.text for f in fake.files)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.plan import Plan, Step
+from bot.core.status import HostStatus, RunStatus, StepStatus
 from bot.hosts.base import Stream
 
 
@@ -42,7 +43,7 @@ class StepFinished:
     run_id: int
     host: str
     step: Step
-    status: str  # ok | failed | skipped
+    status: StepStatus  # ok | failed | skipped
     exit_status: int | None
     duration_s: float
     summary: str
@@ -69,14 +70,14 @@ class VersionsKnown:
 class HostFinished:
     run_id: int
     host: str
-    status: str
+    status: HostStatus
     summary: str
 
 
 @dataclass(frozen=True, slots=True)
 class RunFinished:
     run_id: int
-    status: str
+    status: RunStatus
     summary: str
     version_before: str | None
     version_after: str | None

@@ -37,7 +37,7 @@ from typing import Any
 from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import Step
-from bot.core.status import HostStatus, RunStatus, StepStatus
+from bot.core.status import RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
 from bot.hosts.base import LINE_OVERHEAD, cut_line
 from bot.slack.blocks import (
@@ -147,7 +147,7 @@ class SlackReporter:
             self._step(event.host, event.step, state=StepStatus.RUNNING, duration_s=None,
                        summary="")
         elif isinstance(event, ev.StepFinished):
-            line = self._step(event.host, event.step, state=StepStatus(event.status),
+            line = self._step(event.host, event.step, state=event.status,
                               duration_s=event.duration_s, summary=event.summary)
             collected = self._logs.pop((event.host, event.step), _Log())
             output = collected.full_output(event.output)
@@ -160,11 +160,9 @@ class SlackReporter:
             if event.before is not None and self.view.status == RunStatus.RUNNING:
                 self._set(version_now=self.view.version_now or event.before)
         elif isinstance(event, ev.HostFinished):
-            self._set(host_states=(*self.view.host_states,
-                                   (event.host, HostStatus(event.status))))
+            self._set(host_states=(*self.view.host_states, (event.host, event.status)))
         elif isinstance(event, ev.RunFinished):
-            self.conclude(RunStatus(event.status), event.summary,
-                          version_after=event.version_after)
+            self.conclude(event.status, event.summary, version_after=event.version_after)
             return
         elif isinstance(event, ev.Notice):
             self._replies.append(_Reply(msg=notice_reply(event.text)))
