@@ -18,6 +18,14 @@ Choices:
 * Read-only status runs are recorded the same way, for ``system:read-only``.
 * Every refused command or click gets an ephemeral answer and a refusals row
   (``refuse``); a second click by the same person is not a refusal, just a note.
+* A click decides only the run whose card it was on (``off_card``): the run id in the
+  button's value, and the channel and message ts of the click, must be the run's
+  recorded card, in an allowed channel. Anyone can sign a request naming any run, so
+  the value alone proves nothing.
+* Who may approve, deny or cancel is judged on user-group members read from Slack at
+  the click (``MembershipCache.fresh``), never on the cache: someone removed from the
+  approvers' group loses the right at once. When Slack cannot say, the click is
+  refused (fails closed). The cache still serves what only shows (a card's progress).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bot.audit.store import parse_ts
@@ -34,7 +43,7 @@ from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
-from bot.errors import ChatOpsError, LockHeldError
+from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
 from bot.slack.blocks import run_card
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
@@ -49,6 +58,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_FLUSH_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class CardRef:
+    """Where a button was clicked, from the click's own payload: the channel and the ts
+    of the message the button was on (``container.message_ts``/``message.ts``)."""
+
+    channel: str | None
+    message_ts: str | None
 
 
 class SlackFrontEnd:
@@ -150,7 +168,56 @@ class SlackFrontEnd:
         return reason
 
     async def membership(self) -> Membership:
+        """User-group members as cached: for what only shows, or who may ask."""
         return await self.members.resolve(groups_to_resolve(self.policy))
+
+    async def _judging(self, user: str, channel: str | None, command: str
+                       ) -> Membership | str:
+        """Members read from Slack now, for a decision; or, when Slack cannot say, the
+        refusal's sentence (recorded): judging on a stale or partial answer could let in
+        someone just removed from the approvers' group."""
+        groups = groups_to_resolve(self.policy)
+        fresh = await self.members.fresh(groups)
+        if fresh is not None:
+            return fresh
+        return await self.refuse(
+            user=user, channel=channel, command=command,
+            reason="Slack did not answer who is in the user group(s) "
+                   f"{', '.join(sorted(groups))} just now, so this click cannot be judged "
+                   "and nothing was recorded. Try again in a moment.")
+
+    # ---- which card a click was on ------------------------------------------------------
+
+    async def off_card(self, run_id: int, *, user: str, card: CardRef,
+                       command: str) -> str | None:
+        """Why a click cannot decide run ``run_id`` (recorded as a refusal), or None when
+        it was on that run's own card in an allowed channel.
+
+        A run that does not exist is left to the life cycle (which says so)."""
+        allowed = self.runtime.settings.slack.channels
+        if allowed and card.channel not in allowed:
+            where = ", ".join(f"<#{c}>" for c in allowed)
+            return await self.refuse(
+                user=user, channel=card.channel, command=command,
+                reason=f"Buttons of this bot only work on its cards in {where}; nothing "
+                       f"was recorded for run #{run_id}.")
+        try:
+            record = await self.runtime.audit.get_run(run_id)
+        except RunNotFoundError:
+            return None
+        if record.message_ts is None:
+            # The card is recorded only once it is complete (request()).
+            reason = (f"Run #{run_id}'s card is not complete yet (its full plan is still "
+                      "being posted in its thread), so it cannot be decided yet. Try again "
+                      "in a moment.")
+        elif (record.channel, record.message_ts) != (card.channel, card.message_ts):
+            reason = (f"That button is not on run #{run_id}'s card, so it cannot decide "
+                      f"run #{run_id}; nothing was recorded. Use the buttons on the run's "
+                      "own card.")
+        else:
+            return None
+        return await self.refuse(user=user, channel=card.channel, command=command,
+                                 reason=reason)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -202,7 +269,9 @@ class SlackFrontEnd:
     async def decide(self, run_id: int, *, user: str, action: Decision,
                      channel: str | None) -> str | None:
         """One Approve or Deny click. Returns an ephemeral sentence for the clicker."""
-        membership = await self.membership()
+        membership = await self._judging(user, channel, f"{action} run #{run_id}")
+        if isinstance(membership, str):
+            return membership
         if action == Decision.DENY:
             denied = await self.lifecycle.deny(run_id, user=user, membership=membership,
                                                channel=channel)
@@ -233,7 +302,10 @@ class SlackFrontEnd:
     async def cancel(self, run_id: int, *, user: str, channel: str | None) -> str:
         """Cancel by the requester or an approver: a pending request closes at once,
         a running one stops at its next safe point."""
-        result = await self.lifecycle.cancel(run_id, user=user, membership=await self.membership(),
+        membership = await self._judging(user, channel, f"{Decision.CANCEL} run #{run_id}")
+        if isinstance(membership, str):
+            return membership
+        result = await self.lifecycle.cancel(run_id, user=user, membership=membership,
                                              channel=channel)
         if isinstance(result, Cancelled) and result.was == RunStatus.PENDING_APPROVAL:
             await self._closed(run_id)

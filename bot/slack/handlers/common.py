@@ -20,7 +20,7 @@ from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 from bot.slack.blocks import code_answer, code_head, escape, tail_answer
-from bot.slack.front_end import SlackFrontEnd
+from bot.slack.front_end import CardRef, SlackFrontEnd
 from bot.slack.grammar import run_id_of
 from bot.slack.poster import Poster
 
@@ -131,26 +131,36 @@ async def post_code(req: CommandRequest, title: str, body: str, *, filename: str
     return ts
 
 
+def _agreed(*values: Any) -> str | None:
+    """The one value the payload's places for it give, or None when it gives none or
+    two different ones (a hand-made payload; Slack's own agree)."""
+    given = {str(v) for v in values if v}
+    return given.pop() if len(given) == 1 else None
+
+
 @dataclass(frozen=True)
 class Click:
-    """One button click on a run card: who, where, and which run."""
+    """One button click on a run card: who, where (the channel and the message the
+    button was on), and which run its value names."""
 
     front_end: SlackFrontEnd
     user: str
     channel: str | None
     run_id: int | None
     respond: AsyncRespond
+    message_ts: str | None = None
 
     @classmethod
     def of(cls, body: dict[str, Any], context: AsyncBoltContext,
            respond: AsyncRespond) -> Click:
         actions = body.get("actions") or [{}]
         value = str(actions[0].get("value") or "")
-        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(
-            "channel_id")
+        container = body.get("container") or {}
+        channel = _agreed((body.get("channel") or {}).get("id"), container.get("channel_id"))
+        message_ts = _agreed(container.get("message_ts"), (body.get("message") or {}).get("ts"))
         return cls(front_end=front_end_of(context), user=str(body["user"]["id"]),
-                   channel=channel, run_id=run_id_of(value),
-                   respond=respond)
+                   channel=channel, run_id=run_id_of(value), respond=respond,
+                   message_ts=message_ts)
 
     def later(self, work: Callable[[int], Awaitable[str | None]], name: str) -> None:
         """Judge the click after the ack; the clicker gets any answer ephemerally."""
@@ -160,7 +170,12 @@ class Click:
                     user=self.user, channel=self.channel, command=name,
                     reason="That button does not name a run.")
             else:
-                answer = await work(self.run_id)
+                # The value names a run; only the card it was on may decide that run.
+                answer = await self.front_end.off_card(
+                    self.run_id, user=self.user, card=CardRef(self.channel, self.message_ts),
+                    command=f"{name} run #{self.run_id}")
+                if answer is None:
+                    answer = await work(self.run_id)
             if answer:
                 await tell(self.front_end, self.respond, answer)
         self.front_end.spawn(self._answered(go()), name=f"click-{name}")
