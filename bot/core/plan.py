@@ -13,7 +13,7 @@ from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import ServiceSettings, Settings
 
-# Approvals the bot records itself carry this prefix: dry runs and status queries change
+# Approval decisions the bot records itself carry this prefix: dry runs and status queries change
 # nothing and need nobody's approval, and the audit log must not credit a person with one.
 SYSTEM_PREFIX = "system:"
 DRY_RUN_APPROVER = f"{SYSTEM_PREFIX}dry-run"
