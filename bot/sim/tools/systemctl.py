@@ -177,12 +177,14 @@ def _parse(args: list[str]) -> _Args:
             raise _Usage(f"systemctl: unrecognized option '{a}'")
         elif not a.startswith("-"):
             positional.append(a)
-    if not positional:
-        raise _Usage("Too few arguments.")
-    parsed.verb, parsed.units = positional[0], positional[1:]
-    if parsed.verb in _NEEDS_UNIT and not parsed.units:
-        raise _Usage("Too few arguments.")
+    parsed.verb, parsed.units = _verb_and_units(positional)
     return parsed
+
+
+def _verb_and_units(operands: list[str]) -> tuple[str, list[str]]:
+    if not operands or (operands[0] in _NEEDS_UNIT and len(operands) < 2):
+        raise _Usage("Too few arguments.")
+    return operands[0], operands[1:]
 
 
 def _is_active(st: HostState, units: list[str], quiet: bool) -> int:
