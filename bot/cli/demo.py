@@ -15,7 +15,6 @@ from typing import Any, TextIO
 
 from bot.audit.view import runs_table
 from bot.cli.terminal import TerminalSink
-from bot.core.plan import make_plan
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.errors import InputError
@@ -63,8 +62,9 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
                   f"(8 GPUs, vllm {kit.installed_version} serving)"
                   + (f", faults: {', '.join(faults)}" if faults else "") + "\n")
         async with open_runtime(settings) as rt:
-            plan = make_plan(settings, Action.REDEPLOY, SERVICE, version=DEMO_VERSION,
-                             index="nightly")
+            # Through the engine: it binds the host key, as execute() checks it again.
+            plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=DEMO_VERSION,
+                                  index="nightly")
             record = await rt.lifecycle.request(plan, requested_by=REQUESTER,
                                                 source=Source.DEMO)
             out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -11,7 +12,13 @@ from packaging.version import InvalidVersion, Version
 from bot.core import remote
 from bot.core.status import Action
 from bot.errors import InputError
-from bot.settings import ServiceSettings, Settings
+from bot.settings import LOCAL, ServiceSettings, Settings
+
+# The host key of a host whose known_hosts file has no entry for it (or cannot be read):
+# bound as such, so adding the key later is a change the approvers must see too.
+UNKNOWN_HOST_KEY = "unknown"
+# A host the bot runs commands on directly (``address = "local"``) has no host key.
+LOCAL_HOST_KEY = "none (local)"
 
 # Approval decisions the bot records itself carry this prefix: dry runs and status queries change
 # nothing and need nobody's approval, and the audit log must not credit a person with one.
@@ -56,6 +63,27 @@ class PlannedStep:
 
 
 @dataclass(frozen=True, slots=True)
+class HostTarget:
+    """Where one host's commands go, as approved: the approval covers this machine, not
+    only its name. The engine rebuilds it from the config at execute and refuses the run
+    when any of it changed (re-pointed address, port, user or key, or another host key)."""
+
+    host: str
+    address: str
+    port: int
+    user: str
+    key_file: str | None
+    # SHA256 fingerprint(s) of the host's key in the configured known_hosts file, as
+    # ``ssh-keygen -lf`` prints them (comma-separated when several), or UNKNOWN_HOST_KEY.
+    host_key: str
+
+    @property
+    def endpoint(self) -> str:
+        """``user@address:port`` (or ``local``), as the card shows it."""
+        return LOCAL if self.address == LOCAL else f"{self.user}@{self.address}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     action: Action
     service: str
@@ -69,11 +97,14 @@ class Plan:
     steps: tuple[PlannedStep, ...]
     dry_run: bool = False
     batch_size: int = 1
+    # One per host, in ``hosts`` order (empty only for plans built without config).
+    targets: tuple[HostTarget, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["hosts"] = list(self.hosts)
         d["steps"] = [{"step": str(s.step), "command": s.command} for s in self.steps]
+        d["targets"] = [asdict(t) for t in self.targets]
         return d
 
     @property
@@ -132,6 +163,24 @@ def restart_steps(svc: ServiceSettings) -> tuple[PlannedStep, ...]:
             *(s for s in full if s.step in keep))
 
 
+def host_targets(settings: Settings, hosts: tuple[str, ...],
+                 host_keys: Mapping[str, str]) -> tuple[HostTarget, ...]:
+    """What each host name stands for in the config now. ``host_keys``: each host's key
+    fingerprint(s) as read from its known_hosts file (``bot.hosts.known_hosts``);
+    a host missing from it binds UNKNOWN_HOST_KEY."""
+    out = []
+    for name in hosts:
+        cfg = settings.hosts.get(name)
+        if cfg is None:
+            # Settings refuse a service on an unconfigured host; bind that it was none.
+            out.append(HostTarget(name, "", 0, "", None, UNKNOWN_HOST_KEY))
+            continue
+        key = LOCAL_HOST_KEY if cfg.is_local else host_keys.get(name, UNKNOWN_HOST_KEY)
+        out.append(HostTarget(name, cfg.address, cfg.port, cfg.user,
+                              str(cfg.key_file) if cfg.key_file is not None else None, key))
+    return tuple(out)
+
+
 def make_plan(
     settings: Settings,
     action: Action,
@@ -141,8 +190,13 @@ def make_plan(
     index: str | None = None,
     dry_run: bool = False,
     batch: int | None = None,
+    host_keys: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Build the plan from config and validated input; raise InputError for anything else."""
+    """Build the plan from config and validated input; raise InputError for anything else.
+
+    ``host_keys``: each host's key fingerprint(s), read by the caller (this module does
+    no I/O); without them every remote host binds UNKNOWN_HOST_KEY, which a plan built
+    with them differs from, so the engine builds both its plans with them."""
     if service not in settings.services:
         known = ", ".join(sorted(settings.services)) or "none configured"
         raise InputError(f"unknown service `{service[:64]}`; configured services: {known}")
@@ -172,4 +226,46 @@ def make_plan(
         package=svc.package, version=version, spec=spec, index_name=index,
         index_url=index_url, steps=steps, dry_run=dry_run,
         batch_size=batch if batch is not None else svc.max_unavailable,
+        targets=host_targets(settings, tuple(svc.hosts), host_keys or {}),
     )
+
+
+_TARGET_FIELDS = ("address", "port", "user", "key_file", "host_key")
+# Fields whose old and new values the refusal may quote; others (an index URL may hold
+# credentials, commands are long) are named only.
+_QUOTED_FIELDS = frozenset({"action", "service", "unit", "package", "version", "spec",
+                            "index_name", "dry_run", "batch_size"})
+
+
+def _shown(value: Any) -> str:
+    text = "none" if value is None else str(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def drift(approved: Mapping[str, Any], now: Mapping[str, Any], *, limit: int = 3) -> str:
+    """What differs between the plan as approved and as the config gives it now (both as
+    stored), for the refusal: "gpu-node-1 port: 2222 → 2223", "gpu-node-1 host key:
+    SHA256:… → SHA256:…", "steps". At most ``limit`` items, then how many more."""
+    changes: list[str] = []
+    before = {t.get("host"): t for t in approved.get("targets") or ()}
+    after = {t.get("host"): t for t in now.get("targets") or ()}
+    for host in dict.fromkeys([*before, *after]):
+        old, new = before.get(host), after.get(host)
+        if old is None or new is None:
+            changes.append(f"host {host} {'added' if old is None else 'removed'}")
+            continue
+        changes += [f"{host} {name.replace('_', ' ')}: {_shown(old.get(name))} → "
+                    f"{_shown(new.get(name))}"
+                    for name in _TARGET_FIELDS if old.get(name) != new.get(name)]
+    for key in sorted((set(approved) | set(now)) - {"targets"}):
+        old, new = approved.get(key), now.get(key)
+        if old == new:
+            continue
+        if key in _QUOTED_FIELDS:
+            changes.append(f"{key.replace('_', ' ')}: {_shown(old)} → {_shown(new)}")
+        else:
+            changes.append(key.replace("_", " "))
+    if not changes:
+        return "no difference found"
+    more = len(changes) - limit
+    return "; ".join(changes[:limit]) + (f"; and {more} more" if more > 0 else "")

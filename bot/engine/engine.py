@@ -16,12 +16,13 @@ from bot.audit.resilient import AuditWriter
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
-from bot.core.plan import Plan, make_plan
+from bot.core.plan import Plan, drift, make_plan
 from bot.core.status import Action, HostStatus, RunStatus
 from bot.engine.audit_sink import RunAudit, audit_writer
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import HostError, LockHeldError
+from bot.hosts.known_hosts import host_keys
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -88,7 +89,7 @@ class Engine:
     def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
         return make_plan(self.settings, action, service, version=version, index=index,
-                         dry_run=dry_run, batch=batch)
+                         dry_run=dry_run, batch=batch, host_keys=self._host_keys(service))
 
     def plan_of(self, record: RunRecord) -> Plan:
         # Rebuilt from the current config: the commands always come from the config,
@@ -96,7 +97,14 @@ class Engine:
         p = record.plan
         return make_plan(self.settings, Action(record.action), record.service,
                          version=p.get("version"), index=p.get("index_name"),
-                         dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"))
+                         dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"),
+                         host_keys=self._host_keys(record.service))
+
+    def _host_keys(self, service: str) -> dict[str, str]:
+        # Read now, at request and again at execute: a key swapped in known_hosts between
+        # the two is a changed plan (bot.core.plan.HostTarget).
+        svc = self.settings.services.get(service)
+        return host_keys(self.settings, svc.hosts) if svc is not None else {}
 
     async def execute(self, run_id: int, sink: ev.EventSink) -> RunResult:
         """Run an approved run to its end. The run must be in 'approved'."""
@@ -105,7 +113,8 @@ class Engine:
         plan = self.plan_of(record)
         if self.audit.as_stored(plan.to_json()) != record.plan:
             # The config changed since the card was approved: never run what nobody saw.
-            reason = ("the configuration changed since this plan was approved; "
+            reason = (f"the configuration changed since this plan was approved "
+                      f"({drift(record.plan, self.audit.as_stored(plan.to_json()))}); "
                       "request it again to see the new plan")
             await life.refuse(record, reason)
             return RunResult(run_id, RunStatus.REFUSED, f"not started: {reason}", {})

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from bot.audit.store import RunRecord, StepRecord, parse_ts
-from bot.core.plan import Plan, PlannedStep, Step
+from bot.core.plan import HostTarget, Plan, PlannedStep, Step
 from bot.core.policy import Membership, counted_approvals
 from bot.core.status import FINAL_STATUSES, Action, StepStatus
 from bot.settings import PolicySettings
@@ -25,6 +25,8 @@ def plan_from_record(record: RunRecord) -> Plan:
         index_name=p.get("index_name"), index_url=p.get("index_url"),
         steps=tuple(PlannedStep(Step(s["step"]), s["command"]) for s in p["steps"]),
         dry_run=bool(p.get("dry_run")), batch_size=int(p.get("batch_size") or 1),
+        # A run recorded before plans bound their hosts has none: the card shows names only.
+        targets=tuple(HostTarget(**t) for t in p.get("targets") or ()),
     )
 
 
