@@ -178,7 +178,8 @@ async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, 
                                        sleep=clock.sleep if clock is not None else asyncio.sleep)
             app = create_app(front_end)
             await front_end.resume()
-            runner = await start_http(app, port=0, host="127.0.0.1")
+            runner = await start_http(app, port=0, host="127.0.0.1",
+                                      signing_secret=SIGNING_SECRET)
             port = runner.addresses[0][1]
             try:
                 yield SlackBot(fake, kit, runtime, front_end,
