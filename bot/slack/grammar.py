@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from bot.errors import InputError
 from bot.settings import Settings
+from bot.slack.blocks import escape
 
 PREFIX = "/vllm"
 MAX_TEXT_LEN = 500
@@ -113,10 +114,13 @@ def usage(name: str) -> str:
 
 
 def _show(text: str) -> str:
-    """Quote user text for an error message: control and non-ASCII characters
-    escaped (so they cannot corrupt the reply), long text cut short."""
+    """Quote user text for an error message, which Slack shows as mrkdwn: control and
+    non-ASCII characters escaped (so they cannot corrupt the reply), ``& < >`` escaped
+    (so ``<!channel>`` or ``<https://evil|click>`` stays text, never a mention or a
+    link), long text cut short."""
     shown = text if len(text) <= _SHOW_MAX else text[:_SHOW_MAX] + "..."
-    return "'" + shown.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+    return escape("'" + shown.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+                  + "'")
 
 
 def _check_chars(token: str, position: int) -> None:
@@ -186,7 +190,7 @@ class _Args:
             self.values[flag] = value
 
     def fail(self, message: str) -> NoReturn:
-        raise InputError(f"{message} Usage: `{usage(self.name)}`")
+        raise InputError(f"{message} Usage: `{escape(usage(self.name))}`")
 
     def positional(self) -> str | None:
         """The single optional positional word; more than one is an error."""

@@ -99,7 +99,7 @@ class CommandRequest:
                 await coro
             except Exception as exc:
                 log.exception("/vllm %s failed", name)
-                await self.tell(f"`{self.typed}` failed: {exc}")
+                await self.tell(f"`{escape(self.typed)}` failed: {escape(str(exc))}")
         self.front_end.spawn(guarded(), name=f"cmd-{name}")
 
 
