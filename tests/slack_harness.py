@@ -10,6 +10,7 @@ the GPU host simulated over SSH: what the Slack front-end tests drive.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -162,11 +163,14 @@ def buttons(message: dict[str, Any]) -> list[str]:
 @asynccontextmanager
 async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, *,
                     policy: dict[str, Any] | None = None, clock: ManualWallClock | None = None,
+                    rate_clock: Callable[[], float] = time.monotonic,
                     **settings_extra: Any) -> AsyncIterator[SlackBot]:
     """The bot in HTTP mode on 127.0.0.1 (a free port), over a fresh or given fake.
 
     With ``clock`` the approval window passes only when the test moves that clock (the
-    life cycle decides by it and the expiry timers sleep on it), never in real seconds."""
+    life cycle decides by it and the expiry timers sleep on it), never in real seconds;
+    with ``rate_clock`` the per-user limit on read-only commands refills only when the
+    test moves it."""
     own_fake = fake is None
     fake = fake if fake is not None else new_fake()
     if own_fake:
@@ -176,7 +180,7 @@ async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, 
         async with open_runtime(settings, clock=clock or utc_now) as runtime:
             front_end = make_front_end(runtime,
                                        sleep=clock.sleep if clock is not None else asyncio.sleep)
-            app = create_app(front_end)
+            app = create_app(front_end, rate_clock=rate_clock)
             await front_end.resume()
             runner = await start_http(app, port=0, host="127.0.0.1",
                                       signing_secret=SIGNING_SECRET)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
@@ -34,6 +35,7 @@ from bot.slack import edge, handlers
 from bot.slack.expiry import Sleep
 from bot.slack.front_end import SlackFrontEnd
 from bot.slack.handlers.common import CONTEXT_KEY
+from bot.slack.limits import LIMIT_KEY, UserRateLimit
 from bot.slack.membership import MembershipCache
 from bot.slack.poster import Poster
 
@@ -78,8 +80,12 @@ def make_front_end(runtime: Runtime, *, client: AsyncWebClient | None = None,
                          sleep=sleep)
 
 
-def create_app(front_end: SlackFrontEnd) -> AsyncApp:
-    """The bolt app with every listener registered, handing its work to ``front_end``."""
+def create_app(front_end: SlackFrontEnd, *,
+               rate_clock: Callable[[], float] = time.monotonic) -> AsyncApp:
+    """The bolt app with every listener registered, handing its work to ``front_end``
+    (``rate_clock``: what refills each person's allowance of read-only commands; tests
+    pass a manual clock)."""
+    read_only_limit = UserRateLimit(clock=rate_clock)
     secret = front_end.runtime.settings.slack_signing_secret
     # Every handler acks first and hands slow work to a task, so bolt may answer as soon
     # as the handler returns instead of polling for the ack every 10 ms.
@@ -94,6 +100,7 @@ def create_app(front_end: SlackFrontEnd) -> AsyncApp:
     async def attach(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         # bolt passes middleware arguments by name: it must be called `next`.
         context[CONTEXT_KEY] = front_end
+        context[LIMIT_KEY] = read_only_limit
         await next()
 
     app.middleware(attach)

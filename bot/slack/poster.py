@@ -4,10 +4,14 @@ blocks) and paces ``chat.postMessage`` per channel; which Slack errors are worth
 from __future__ import annotations
 
 import asyncio
+import copy
+import heapq
+import itertools
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from enum import IntEnum
 from typing import Any
 
 import aiohttp
@@ -88,24 +92,82 @@ def _redact_blocks(value: Any, redact: Redact) -> Any:
     return value
 
 
+class Priority(IntEnum):
+    """Who goes first when posts queue for a channel's next slot (lower first)."""
+
+    # Approval cards, run thread replies and their files: what people wait on to act.
+    RUN = 0
+    # Answers to read-only commands (gpus, status, logs, audit): anyone in the channel
+    # can ask for them, so a flood of them must never hold a card back.
+    ANSWER = 1
+
+
+class _Lane:
+    """One channel's queue: who waits for its next posting slot, and when that is."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[int, int]] = []  # a heap of (priority, arrival)
+        self.next_slot = 0.0
+        self.changed = asyncio.Event()
+
+    def notify(self) -> None:
+        # Wake everyone waiting on the current event; later waiters take a fresh one.
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
 class Poster:
-    """Redacted, paced Slack Web API calls."""
+    """Redacted, paced Slack Web API calls.
+
+    Posts to a channel go out at most one per ``post_interval_s``; when several wait,
+    the slot goes to the most urgent (``Priority``), first come first served within a
+    priority.  ``answers()`` is the same poster for read-only answers."""
 
     def __init__(self, client: AsyncWebClient, redact: Redact, *, post_interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.client = client
         self.redact = redact
         self.post_interval_s = post_interval_s
+        self.priority = Priority.RUN
         self._clock = clock
-        self._next_slot: dict[str, float] = {}
+        self._sleep = sleep
+        self._lanes: dict[str, _Lane] = {}
+        self._arrivals = itertools.count()
+
+    def answers(self) -> Poster:
+        """This poster (same client, same channel queues) for read-only answers: they
+        take a channel's slot only when no card or run update waits for it."""
+        view = copy.copy(self)
+        view.priority = Priority.ANSWER
+        return view
+
+    def waiting(self, channel: str) -> int:
+        """How many posts wait for ``channel``'s next slot."""
+        lane = self._lanes.get(channel)
+        return len(lane.waiting) if lane is not None else 0
 
     async def _pace(self, channel: str) -> None:
-        # Reserve the channel's next slot before sleeping, so concurrent posters queue up.
-        now = self._clock()
-        slot = max(now, self._next_slot.get(channel, 0.0))
-        self._next_slot[channel] = slot + self.post_interval_s
-        if slot > now:
-            await asyncio.sleep(slot - now)
+        lane = self._lanes.setdefault(channel, _Lane())
+        me = (int(self.priority), next(self._arrivals))
+        heapq.heappush(lane.waiting, me)
+        try:
+            while True:
+                changed = lane.changed
+                if lane.waiting[0] == me:
+                    now = self._clock()
+                    if now >= lane.next_slot:
+                        lane.next_slot = now + self.post_interval_s
+                        return
+                    # Checked again after the sleep: a more urgent post may have come.
+                    await self._sleep(lane.next_slot - now)
+                else:
+                    await changed.wait()
+        finally:
+            # Served, or cancelled while waiting: either way the next one may go.
+            lane.waiting.remove(me)
+            heapq.heapify(lane.waiting)
+            lane.notify()
 
     def clean(self, msg: Message) -> tuple[str, list[dict[str, Any]]]:
         return self.redact(msg.text), _redact_blocks(msg.blocks, self.redact)

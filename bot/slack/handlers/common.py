@@ -78,7 +78,9 @@ class CommandRequest:
 
     @property
     def poster(self) -> Poster:
-        return self.front_end.poster
+        # What a command posts itself is a read-only answer (cards go through the front
+        # end): it waits behind any card or run update queued for the channel.
+        return self.front_end.poster.answers()
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False) -> Plan:

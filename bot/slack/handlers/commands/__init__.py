@@ -10,7 +10,7 @@ connection: bad input never gets past ``parse_command``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
 
@@ -20,6 +20,7 @@ from bot.slack.grammar import PREFIX, parse_command
 from bot.slack.handlers.commands import audit, cancel, gpus, logs, redeploy, restart, status
 from bot.slack.handlers.commands import help as help_command
 from bot.slack.handlers.common import CommandRequest, front_end_of
+from bot.slack.limits import LIMIT_KEY, UserRateLimit
 
 Handler = Callable[[CommandRequest, Any], Awaitable[None]]
 
@@ -33,6 +34,11 @@ HANDLERS: dict[type, Handler] = {
     grammar.Audit: audit.handle,
     grammar.Cancel: cancel.handle,
 }
+
+
+# They need no approval and each posts an answer in the channel: a person may send only
+# so many a minute (``bot.slack.limits``), so nobody can keep the channel's queue full.
+READ_ONLY = (grammar.Status, grammar.Gpus, grammar.Logs, grammar.Audit)
 
 
 def register(app: AsyncApp) -> None:
@@ -58,6 +64,14 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
     except InputError as exc:
         await _refuse(req, str(exc))
         return
+    if isinstance(parsed, READ_ONLY):
+        limit = cast(UserRateLimit, context[LIMIT_KEY])
+        wait_s = limit.take(req.user)
+        if wait_s is not None:
+            await _refuse(req, f"Slow down: each person may send {limit.per_minute} "
+                               f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
+                               f"`audit`) a minute. Try again in {wait_s} s.")
+            return
     await HANDLERS[type(parsed)](req, parsed)
 
 
