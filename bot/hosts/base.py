@@ -69,12 +69,15 @@ class CommandResult:
 
 @dataclass(frozen=True, slots=True)
 class HttpResult:
-    """An HTTP GET made from the host. ``status`` is None when no response came back."""
+    """An HTTP request made from the host. ``status`` is None when no response came back.
+    ``body`` is at most ``bot.hosts.http.MAX_BODY_BYTES`` (decoded); ``truncated`` when
+    the server sent more, which was not read."""
 
     url: str
     status: int | None
     body: str = ""
     error: str | None = None
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -106,4 +109,11 @@ class HostTransport(Protocol):
 
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
         """GET url as seen from the host (through an SSH direct-tcpip channel)."""
+        ...
+
+    async def http_request(self, method: str, url: str, *, timeout_s: float,
+                           body: bytes | None = None, content_type: str | None = None
+                           ) -> HttpResult:
+        """Any request to url as seen from the host, its answer read with bounds
+        (``bot.hosts.http``): the model server may send without end."""
         ...

@@ -6,10 +6,10 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 from bot.errors import HostUnreachableError
 from bot.hosts.base import CommandResult, HttpResult, LineCallback
+from bot.hosts.http import HttpProtocolError, read_response, request_bytes, split_url
 from bot.hosts.streams import KILL_AFTER_S, KILLED_EXIT, TIMEOUT_EXIT, Capture, pump, reason
 
 
@@ -53,26 +53,31 @@ class LocalTransport:
                              timed_out=status in (TIMEOUT_EXIT, KILLED_EXIT))
 
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
-        parts = urlsplit(url)
+        return await self.http_request("GET", url, timeout_s=timeout_s)
+
+    async def http_request(self, method: str, url: str, *, timeout_s: float,
+                           body: bytes | None = None, content_type: str | None = None
+                           ) -> HttpResult:
+        host, port, path = split_url(url)
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+                reader, writer = await asyncio.open_connection(host, port)
                 try:
-                    writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                                 "Connection: close\r\n\r\n".encode())
-                    head = await reader.readuntil(b"\r\n\r\n")
+                    writer.write(request_bytes(method, host, port, path, body=body,
+                                               content_type=content_type))
+                    response = await read_response(reader, method=method)
                 finally:
                     writer.close()
         except ConnectionRefusedError:
             return HttpResult(url, None, error="connection refused")
         except TimeoutError:
             return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
+        except HttpProtocolError as e:
+            return HttpResult(url, None, error=str(e))
         except (OSError, asyncio.IncompleteReadError) as e:
             return HttpResult(url, None, error=f"connection closed: {reason(e)}")
-        try:
-            return HttpResult(url, int(head.split(b"\r\n", 1)[0].split()[1]))
-        except (IndexError, ValueError):
-            return HttpResult(url, None, error="not an HTTP response")
+        return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
+                          truncated=response.truncated)
 
     async def close(self) -> None:
         return None

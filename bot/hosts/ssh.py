@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 import asyncssh
 
 from bot.errors import HostKeyError, HostUnreachableError
 from bot.hosts.base import CommandResult, HttpResult, LineCallback
+from bot.hosts.http import HttpProtocolError, read_response, request_bytes, split_url
 from bot.hosts.streams import (
     KILL_AFTER_S,
     KILLED_EXIT,
@@ -148,23 +148,23 @@ class SshTransport:
                              signal=sig[0] if sig else None, timed_out=timed_out)
 
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
-        parts = urlsplit(url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or 80
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
+        return await self.http_request("GET", url, timeout_s=timeout_s)
+
+    async def http_request(self, method: str, url: str, *, timeout_s: float,
+                           body: bytes | None = None, content_type: str | None = None
+                           ) -> HttpResult:
+        host, port, path = split_url(url)
         conn = await self._connection()
         async with self._sessions:
             try:
                 async with asyncio.timeout(timeout_s):
                     reader, writer = await conn.open_connection(host, port)
                     try:
-                        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                                     "Connection: close\r\nUser-Agent: vllm-chatops\r\n\r\n"
-                                     .encode())
-                        head = await reader.readuntil(b"\r\n\r\n")
-                        body = await reader.read(4096)
+                        writer.write(request_bytes(method, host, port, path, body=body,
+                                                   content_type=content_type))
+                        # Bounded whatever the server sends (bot.hosts.http); what is
+                        # left unread goes when the channel closes.
+                        response = await read_response(reader, method=method)
                     finally:
                         writer.close()
             except asyncssh.ChannelOpenError as e:
@@ -174,6 +174,8 @@ class SshTransport:
                                   else f"channel refused: {e.reason}")
             except TimeoutError:
                 return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
+            except HttpProtocolError as e:
+                return HttpResult(url, None, error=str(e))
             except (asyncio.IncompleteReadError, ConnectionError, asyncssh.ChannelListenError
                     ) as e:
                 return HttpResult(url, None, error=f"connection closed: {reason(e)}")
@@ -181,12 +183,8 @@ class SshTransport:
                 self._drop()
                 raise HostUnreachableError(self._name, f"connection lost: {reason(e)}"
                                            ) from None
-        status_line = head.decode("latin-1").split("\r\n", 1)[0].split()
-        try:
-            code = int(status_line[1])
-        except (IndexError, ValueError):
-            return HttpResult(url, None, error=f"not an HTTP response: {status_line[:3]}")
-        return HttpResult(url, code, body=body.decode("utf-8", "replace"))
+        return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
+                          truncated=response.truncated)
 
     async def close(self) -> None:
         if self._conn is not None:
