@@ -146,6 +146,23 @@ class ServiceSettings(_Section):
     min_free_disk_mib: int = Field(10240, ge=0)
     journal_lines: int = Field(50, ge=1, le=10000)
     max_unavailable: int = Field(1, ge=1)
+    # Model-level readiness after /health (bot.core.readiness): the model id /v1/models
+    # must list, and a smoke completion whose text must match smoke_expect (a regex;
+    # any non-empty text when unset). The API is health_url's scheme://host:port
+    # unless api_url is set.
+    served_model: str | None = Field(None, min_length=1, max_length=500)
+    smoke_prompt: str | None = Field(None, min_length=1, max_length=4000)
+    smoke_expect: str | None = Field(None, min_length=1, max_length=500)
+    smoke_max_tokens: int = Field(16, ge=1, le=4096)
+    smoke_timeout_s: float = Field(60, gt=0)
+    api_url: HealthUrl | None = None
+    # Before the stop, wait this long for running and waiting requests to finish
+    # (0: do not wait); past it the run ends with the service untouched, unless --force.
+    request_drain_timeout_s: float = Field(300, ge=0)
+    # While the server starts: the journal lines read per poll at most, and how often
+    # the status card's elapsed time is refreshed when the phase does not change.
+    journal_follow_lines: int = Field(1000, ge=10, le=100000)
+    progress_interval_s: float = Field(10.0, gt=0)
 
     @field_validator("unit")
     @classmethod
@@ -177,6 +194,16 @@ class ServiceSettings(_Section):
     def _package(cls, v: str) -> str:
         if not PACKAGE_RE.match(v):
             raise ValueError(f"{v!r} is not a package name (pin versions per run)")
+        return v
+
+    @field_validator("smoke_expect")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"{v!r} is not a regular expression: {e}") from None
         return v
 
     @property

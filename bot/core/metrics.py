@@ -1,0 +1,72 @@
+"""The load of a vLLM server, from its Prometheus ``/metrics`` text: pure.
+
+vLLM publishes its metrics with ``prometheus_client``; they are read here with the
+same library's text parser rather than by hand. A server with several engines (data
+parallel) labels each engine's gauge with ``engine="N"``: the counts are summed, the
+KV-cache usage is the highest engine's. vLLM renamed ``vllm:gpu_cache_usage_perc`` to
+``vllm:kv_cache_usage_perc``; either is read. A metric that is absent stays unknown
+(None), never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    running: int | None
+    waiting: int | None
+    kv_cache_usage: float | None = None  # 0..1
+
+    @property
+    def known(self) -> bool:
+        return self.running is not None or self.waiting is not None
+
+    @property
+    def idle(self) -> bool:
+        """No request runs or waits (an unknown count does not count)."""
+        return not (self.running or self.waiting)
+
+    def describe(self) -> str:
+        """"3 running, 1 waiting requests, KV cache 42 % used"."""
+        def n(v: int | None) -> str:
+            return "?" if v is None else str(v)
+        text = f"{n(self.running)} running, {n(self.waiting)} waiting requests"
+        if self.kv_cache_usage is not None:
+            text += f", KV cache {self.kv_cache_usage * 100:.0f} % used"
+        return text
+
+
+class MetricsError(ValueError):
+    """The text is not Prometheus exposition format."""
+
+
+def parse_load(text: str, *, truncated: bool = False) -> Load:
+    """The load in ``text`` (``GET /metrics``'s body). A body cut at the transport's
+    bound is parsed up to its last whole line. Raises MetricsError for text that is not
+    Prometheus format."""
+    if truncated:
+        text = text[:text.rfind("\n") + 1]
+    sums: dict[str, float] = {}
+    kv: float | None = None
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in (RUNNING, WAITING):
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                elif sample.name in KV_USAGE:
+                    kv = sample.value if kv is None else max(kv, sample.value)
+    except ValueError as e:
+        raise MetricsError(f"not Prometheus text: {str(e)[:120]}") from None
+
+    def count(name: str) -> int | None:
+        return round(sums[name]) if name in sums else None
+
+    return Load(count(RUNNING), count(WAITING), kv)
