@@ -44,7 +44,14 @@ from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, 
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
-from bot.slack.blocks import run_card
+from bot.slack.blocks import (
+    CardView,
+    card_hides_plan,
+    full_plan,
+    full_plan_message,
+    full_plan_note,
+    run_card,
+)
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
 from bot.slack.expiry import ExpiryTimers, Sleep
@@ -120,7 +127,10 @@ class SlackFrontEnd:
         for record in await self.lifecycle.expire_overdue():
             await self.cards.refresh(record.id)
         for record in await self.lifecycle.pending():
-            if record.expires_at is not None and record.message_ts is not None:
+            # Also a request whose card was posted but not yet recorded (the bot died
+            # while its full plan went to the thread): nobody can approve it, and its
+            # locks must not outlive its window.
+            if record.expires_at is not None:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
 
     async def tell_recovered(self, item: Interrupted) -> None:
@@ -206,7 +216,7 @@ class SlackFrontEnd:
         except RunNotFoundError:
             return None
         if record.message_ts is None:
-            # The card is recorded only once it is complete (request()).
+            # The card is recorded only once its full plan is in its thread (request()).
             reason = (f"Run #{run_id}'s card is not complete yet (its full plan is still "
                       "being posted in its thread), so it cannot be decided yet. Try again "
                       "in a moment.")
@@ -239,19 +249,49 @@ class SlackFrontEnd:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
             await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
+        view = card_view(record, self.policy)
         try:
-            ts = await self.poster.post(channel, run_card(card_view(record, self.policy)))
+            ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
             # Without a card nobody can approve it: close it rather than leave it pending.
             await self.lifecycle.withdraw(record.id,
                                           f"could not post the card to Slack: {exc}")
             return f"Could not post the approval card for run #{record.id}; nothing was run."
+        if card_hides_plan(view):
+            # The card summarises the plan, so the whole of it goes in the thread first.
+            # Its buttons are on the card already, but a click counts only on the card
+            # recorded below (off_card), so none can approve before the plan is there.
+            # (Rendering the card without buttons and adding them after would cost a
+            # chat.update per card, and a failed update would leave a card nobody can
+            # approve with no word why.)
+            try:
+                await self._post_full_plan(view, channel, ts)
+            except SLACK_ERRORS as exc:
+                await self.lifecycle.withdraw(
+                    record.id, f"could not post the complete plan in the card's thread: {exc}")
+                await self.runtime.audit.set_message(record.id, channel, ts)
+                await self.cards.refresh(record.id)  # closed: its buttons go
+                return (f"Could not post the complete plan of run #{record.id} in its card's "
+                        "thread, so nobody could see what they would approve; it was closed "
+                        "and nothing was run.")
         await self.runtime.audit.set_message(record.id, channel, ts)
         if plan.dry_run:
             self.start_run(record.id)
         elif record.expires_at is not None:
             self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
+
+    async def _post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
+        """Every host and command of the plan, whole, in the card's thread: one message
+        of code blocks, or a file (with a note) when that does not fit."""
+        msg = full_plan_message(view.run_id, view.plan)
+        if msg is not None:
+            await self.poster.post(channel, msg, thread_ts=ts)
+            return
+        await self.poster.upload(channel, filename=f"run-{view.run_id}-plan.txt",
+                                 content=full_plan(view.run_id, view.plan),
+                                 title=f"Run #{view.run_id}: the complete plan", thread_ts=ts)
+        await self.poster.post(channel, full_plan_note(view.run_id), thread_ts=ts)
 
     # ---- expiry -----------------------------------------------------------------------------
 
