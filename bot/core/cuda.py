@@ -1,0 +1,121 @@
+"""The import gate between install and start: what the new venv imports, and whether the
+driver can run the CUDA build of torch it holds.
+
+Pure. The gate runs the service's own interpreter on ``GATE_CODE`` (a constant: nothing
+from a user or the config is in it), which imports vllm and torch and prints one line
+``chatops-gate {"vllm": ..., "torch": ..., "cuda": ...}`` (``torch.version.cuda`` is
+None for a CPU build). Importing is what a failed model load would show minutes later;
+the import takes seconds.
+
+The driver's CUDA version is the highest CUDA it supports, from the header of plain
+``nvidia-smi``: ``| NVIDIA-SMI 570.124.06  Driver Version: 570.124.06  CUDA Version: 12.8 |``
+(drivers up to R580), or ``... KMD Version: 610.43.02  CUDA UMD Version: 13.3 |``
+(R610 on). A torch built for a newer CUDA than that cannot initialise CUDA on this
+driver (vllm-project/vllm#14608: CUDA 12 wheels on an older driver).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+GATE_MARK = "chatops-gate "
+# Runs as `python -c GATE_CODE`. The traceback of a failed import goes to stderr (the
+# step's output); exit 3 says the import failed, as opposed to Python not starting.
+GATE_CODE = (
+    "import json, sys\n"
+    "try:\n"
+    "    import vllm, torch\n"
+    "except BaseException:\n"
+    "    import traceback; traceback.print_exc(); sys.exit(3)\n"
+    f"print({GATE_MARK!r} + json.dumps({{'vllm': getattr(vllm, '__version__', None), "
+    "'torch': getattr(torch, '__version__', None), "
+    "'cuda': getattr(getattr(torch, 'version', None), 'cuda', None)}), flush=True)\n"
+)
+IMPORT_FAILED_EXIT = 3
+
+_DRIVER_CUDA = re.compile(r"CUDA (?:UMD )?Version:\s*(?P<v>[0-9]+(?:\.[0-9]+)*)")
+
+
+@dataclass(frozen=True, slots=True)
+class GateReport:
+    """What the venv's interpreter said it imports."""
+
+    vllm: str | None
+    torch: str | None
+    cuda: str | None  # torch.version.cuda; None: a CPU build (or not said)
+
+
+def parse_gate_output(stdout: str) -> GateReport | None:
+    """The gate's line, or None when the interpreter printed none (it failed first)."""
+    for line in reversed(stdout.splitlines()):
+        if not line.startswith(GATE_MARK):
+            continue
+        try:
+            data = json.loads(line[len(GATE_MARK):])
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        vllm, torch, cuda = (None if data.get(k) is None else str(data[k])
+                             for k in ("vllm", "torch", "cuda"))
+        return GateReport(vllm, torch, cuda)
+    return None
+
+
+def parse_driver_cuda(nvidia_smi: str) -> str | None:
+    """The CUDA version the driver supports, from plain ``nvidia-smi``'s header; None
+    when the output has no such field (unknown stays unknown)."""
+    m = _DRIVER_CUDA.search(nvidia_smi)
+    return m["v"] if m is not None else None
+
+
+def _major_minor(text: str) -> tuple[int, int] | None:
+    try:
+        release = Version(text).release
+    except InvalidVersion:
+        return None
+    return release[0], release[1] if len(release) > 1 else 0
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+@dataclass(frozen=True, slots=True)
+class GateVerdict:
+    ok: bool
+    check: str  # which check decided: "import", "vllm version", "CUDA", or "all"
+    reason: str
+
+
+def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: str | None,
+                 package: str = "vllm") -> GateVerdict:
+    """Whether the new venv may start: it imports, holds the target vLLM, and its torch's
+    CUDA build is not newer than the driver supports. An unknown target or driver
+    version is not compared (and the reason says so), never taken for a match."""
+    if report is None or report.vllm is None or report.torch is None:
+        return GateVerdict(False, "import", "import vllm, torch failed")
+    if target is not None and not _same_version(report.vllm, target):
+        return GateVerdict(False, f"{package} version",
+                           f"{package} {report.vllm} is installed, not {target}")
+    if report.cuda is None:
+        return GateVerdict(False, "CUDA", f"torch {report.torch} is a CPU build "
+                           "(torch.version.cuda is None): vLLM would not find a GPU")
+    found = f"{package} {report.vllm}, torch {report.torch} (CUDA {report.cuda})"
+    if driver_cuda is None:
+        return GateVerdict(True, "all", f"{found}; the driver's CUDA version is unknown, "
+                           "not compared")
+    built, supported = _major_minor(report.cuda), _major_minor(driver_cuda)
+    if built is None or supported is None:
+        return GateVerdict(True, "all", f"{found}; driver CUDA {driver_cuda} not comparable")
+    if built > supported:
+        return GateVerdict(False, "CUDA", f"torch {report.torch} is built for CUDA "
+                           f"{report.cuda}, newer than the {driver_cuda} the driver supports")
+    return GateVerdict(True, "all", f"{found}; driver supports CUDA {driver_cuda}")

@@ -1,0 +1,108 @@
+"""bot.core.cuda: the import gate's code, its output, the driver's CUDA version, the verdict.
+
+The gate code is run here by a real Python interpreter on stand-in ``vllm`` and ``torch``
+packages (what the simulated venv does too), so the parser reads what the code really
+prints, tracebacks included. The test machine has no GPU and no NVIDIA driver (see
+tests/samples/SOURCES.md), so no ``nvidia-smi`` header could be captured here; the header
+lines below follow the two layouts as published in public nvidia-smi output:
+``NVIDIA-SMI 550.135  Driver Version: 550.135  CUDA Version: 12.4`` (drivers up to R580,
+e.g. slackr31337/wyoming-piper-gpu#20, rossumai/nvgpu#15) and ``NVIDIA-SMI 610.43.02
+KMD Version: 610.43.02  CUDA UMD Version: 13.3`` (R610, sgl-project/sglang#27487).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.core.cuda import (
+    GATE_CODE,
+    IMPORT_FAILED_EXIT,
+    GateReport,
+    gate_verdict,
+    parse_driver_cuda,
+    parse_gate_output,
+)
+
+
+def run_gate(tmp_path: Path, vllm: str | None, torch: str | None,
+             cuda: str | None) -> subprocess.CompletedProcess[str]:
+    """GATE_CODE in a real interpreter that finds only the stand-in packages."""
+    if vllm is not None:
+        (tmp_path / "vllm").mkdir()
+        (tmp_path / "vllm" / "__init__.py").write_text(vllm)
+    if torch is not None:
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch" / "__init__.py").write_text(
+            f"__version__ = {torch!r}\nfrom torch import version\n")
+        (tmp_path / "torch" / "version.py").write_text(f"cuda = {cuda!r}\n")
+    return subprocess.run([sys.executable, "-S", "-c", GATE_CODE], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(tmp_path)}, check=False)
+
+
+def test_gate_prints_versions_and_cuda(tmp_path: Path) -> None:
+    r = run_gate(tmp_path, "__version__ = '0.16.0'\n", "2.10.0", "13.0")
+    assert r.returncode == 0, r.stderr
+    assert parse_gate_output(r.stdout) == GateReport("0.16.0", "2.10.0", "13.0")
+
+
+def test_gate_reports_a_cpu_torch_as_no_cuda(tmp_path: Path) -> None:
+    r = run_gate(tmp_path, "__version__ = '0.16.0'\n", "2.10.0+cpu", None)
+    assert parse_gate_output(r.stdout) == GateReport("0.16.0", "2.10.0+cpu", None)
+
+
+def test_an_import_error_exits_3_with_the_traceback_on_stderr(tmp_path: Path) -> None:
+    r = run_gate(tmp_path, "raise ImportError('vllm/_C.abi3.so: undefined symbol: x')\n",
+                 "2.10.0", "13.0")
+    assert r.returncode == IMPORT_FAILED_EXIT
+    assert parse_gate_output(r.stdout) is None
+    assert r.stderr.startswith("Traceback (most recent call last):")
+    assert r.stderr.rstrip().endswith("ImportError: vllm/_C.abi3.so: undefined symbol: x")
+
+
+def test_a_missing_torch_is_an_import_error_too(tmp_path: Path) -> None:
+    r = run_gate(tmp_path, "__version__ = '0.16.0'\n", None, None)
+    assert r.returncode == IMPORT_FAILED_EXIT
+    assert "ModuleNotFoundError: No module named 'torch'" in r.stderr
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("| NVIDIA-SMI 550.135                Driver Version: 550.135        CUDA Version: 12.4     |",
+     "12.4"),
+    ("| NVIDIA-SMI 450.57       Driver Version: 450.57       CUDA Version: 11.0     |", "11.0"),
+    ("| NVIDIA-SMI 610.43.02              KMD Version: 610.43.02     CUDA UMD Version: 13.3     |",
+     "13.3"),
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", None),
+    ("", None),
+])
+def test_driver_cuda_from_the_nvidia_smi_header(header: str, expected: str | None) -> None:
+    text = f"Sun Jan 12 16:15:58 2025\n+{'-' * 20}+\n{header}\n+{'-' * 20}+\n"
+    assert parse_driver_cuda(text) == expected
+
+
+def test_the_simulated_nvidia_smi_header_parses_too() -> None:
+    from bot.sim.tools.nvidia_smi import _table
+    assert parse_driver_cuda(_table([], [], "12.8")) == "12.8"
+
+
+@pytest.mark.parametrize(("report", "target", "driver", "ok", "check", "says"), [
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.1", True, "all",
+     "driver supports CUDA 13.1"),
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.0", True, "all", "13.0"),
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "12.8", False, "CUDA",
+     "built for CUDA 13.0, newer than the 12.8 the driver supports"),
+    (GateReport("0.16.0", "2.10.0", "12.10"), "0.16.0", "12.9", False, "CUDA", "12.10"),
+    (GateReport("0.15.1", "2.9.1", "12.8"), "0.16.0", "13.1", False, "vllm version",
+     "vllm 0.15.1 is installed, not 0.16.0"),
+    (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
+    (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
+    (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),
+])
+def test_verdict(report: GateReport | None, target: str | None, driver: str | None, ok: bool,
+                 check: str, says: str) -> None:
+    v = gate_verdict(report, target=target, driver_cuda=driver)
+    assert (v.ok, v.check) == (ok, check)
+    assert says in v.reason
