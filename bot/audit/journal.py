@@ -56,6 +56,7 @@ OPS: dict[str, frozenset[str]] = {
     "step_started": frozenset({"run_id", "host", "step", "command"}),
     "step_finished": frozenset({"status", "exit_status", "duration_s", "output_tail"}),
     "snapshot": frozenset({"run_id", "host", "label", "data"}),
+    "environment": frozenset({"run_id", "host", "kind", "data"}),
     "versions": frozenset({"run_id"}),
     "decision": frozenset({"run_id", "user", "decision"}),
     "finish": frozenset({"run_id", "status", "summary"}),

@@ -154,12 +154,30 @@ CREATE TABLE journal_applied (
 # post) is told by the next bot that sweeps, and only once however many bots there are.
 _RECOVERY_TOLD = "ALTER TABLE runs ADD COLUMN recovery_told_at TEXT;"
 
+# Issue 10: what each run did to the whole environment, per host: the dry run's change
+# shown on the card ('preview') and at preflight ('planned'), the freeze before anything
+# changed ('snapshot', with where the host keeps it), what the install really changed
+# ('installed') and, after a rollback, how the freeze compares with the snapshot
+# ('restored'). ``data`` is JSON (see bot.audit.environments).
+_ENVIRONMENTS = """
+CREATE TABLE environments (
+    id       INTEGER PRIMARY KEY,
+    run_id   INTEGER NOT NULL REFERENCES runs(id),
+    host     TEXT NOT NULL,
+    kind     TEXT NOT NULL,
+    taken_at TEXT NOT NULL,
+    data     TEXT NOT NULL
+);
+CREATE INDEX environments_run ON environments(run_id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
     Migration("0003_run_lease", _RUN_LEASE),
     Migration("0004_journal_applied", _JOURNAL_APPLIED),
     Migration("0005_recovery_told", _RECOVERY_TOLD),
+    Migration("0006_environments", _ENVIRONMENTS),
 )
 
 

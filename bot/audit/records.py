@@ -165,6 +165,20 @@ class SnapshotRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvironmentRecord:
+    """A package set of one host's run (``bot.core.packages.EnvKind``); ``data`` holds
+    ``changes`` ([{name, before, after}]), ``unchanged``, and for a snapshot ``freeze``
+    and ``lock`` (its file on the host)."""
+
+    id: int
+    run_id: int
+    host: str
+    kind: str
+    taken_at: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     id: int
     at: str

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiosqlite
 
-from bot.audit import decisions, locks, runs, snapshots, steps
+from bot.audit import decisions, environments, locks, runs, snapshots, steps
 from bot.audit.db import execute, fetch
 from bot.audit.journal import JournalRecord
 from bot.core.status import Decision, RunStatus, StepStatus
@@ -97,6 +97,15 @@ async def _step_id(conn: aiosqlite.Connection, record: JournalRecord,
     raise Rejected(f"the step it finishes (journal record {ref}) was never recorded")
 
 
+async def _add_record(conn: aiosqlite.Connection, record: JournalRecord) -> None:
+    """A GPU table or a package set: rows that are only ever added."""
+    f, at = record.fields, record.at
+    if record.op == "snapshot":
+        await snapshots.add(conn, f["run_id"], f["host"], f["label"], f["data"], at)
+    else:
+        await environments.add(conn, int(f["run_id"]), f["host"], f["kind"], f["data"], at)
+
+
 async def _apply_one(conn: aiosqlite.Connection, record: JournalRecord,
                      row_ids: dict[str, int]) -> int | None:
     """The statements of one record; the new row's id for a ``step_started``."""
@@ -111,8 +120,8 @@ async def _apply_one(conn: aiosqlite.Connection, record: JournalRecord,
         await steps.finish(conn, await _step_id(conn, record, row_ids),
                            status=StepStatus(f["status"]), exit_status=f["exit_status"],
                            duration_s=f["duration_s"], output_tail=f["output_tail"], now=at)
-    elif op == "snapshot":
-        await snapshots.add(conn, f["run_id"], f["host"], f["label"], f["data"], at)
+    elif op in ("snapshot", "environment"):
+        await _add_record(conn, record)
     elif op == "versions":
         sets = {column: f[key] for key, column in (("before", "version_before"),
                                                    ("after", "version_after"))

@@ -148,6 +148,12 @@ class AuditWriter:
         return await self.write(self._record("versions", run_id=run_id, before=r.opt(before),
                                              after=r.opt(after)))
 
+    async def add_environment(self, run_id: int, host: str, kind: str,
+                              data: Mapping[str, Any]) -> Written:
+        r = self.audit.redaction
+        return await self.write(self._record("environment", run_id=run_id, host=r(host),
+                                             kind=r(kind), data=r.json(data)))
+
     async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
         decision = checked(Decision, decision, "decision")
         return await self.write(self._record("decision", run_id=run_id,

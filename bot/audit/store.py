@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from bot.audit import decisions as decisions_sql
+from bot.audit import environments as environments_sql
 from bot.audit import locks as locks_sql
 from bot.audit import refusals as refusals_sql
 from bot.audit import replay as replay_sql
@@ -29,6 +30,7 @@ from bot.audit.migrations import MIGRATIONS, Migration
 from bot.audit.records import (
     OUTPUT_TAIL_CHARS,
     DecisionRecord,
+    EnvironmentRecord,
     Refusal,
     RunRecord,
     SnapshotRecord,
@@ -316,6 +318,32 @@ class AuditLog:
         transaction: one on its direct path (``merge=False``), or the fallback journal
         being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""
         now = now_ts()
+    # -- environments (issue 10) -------------------------------------------------
+
+    @_shielded
+    async def add_environment(self, run_id: int, host: str, kind: str,
+                              data: Mapping[str, Any]) -> int:
+        """A package set of one host's run (``bot.core.packages.EnvKind``), as JSON."""
+        host, kind, data_json, now = self._r(host), self._r(kind), self._r.json(data), now_ts()
+        async with self._db.transaction(write=True) as conn:
+            return await environments_sql.add(conn, run_id, host, kind, data_json, now)
+
+    @_shielded
+    async def environments(self, run_id: int) -> list[EnvironmentRecord]:
+        async with self._db.transaction(write=False) as conn:
+            return await environments_sql.of_run(conn, run_id)
+
+    @_shielded
+    async def packages_changed(self, run_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+        """What the install of each run really changed, from its first host's 'installed'
+        record: ``[{name, before, after}]``; runs that installed nothing are missing."""
+        async with self._db.transaction(write=False) as conn:
+            records = await environments_sql.of_kind(conn, list(run_ids), "installed")
+        out: dict[int, list[dict[str, Any]]] = {}
+        for rec in records:
+            out.setdefault(rec.run_id, list(rec.data.get("changes") or []))
+        return out
+
         async with self._db.transaction(write=True) as conn:
             return await replay_sql.apply(conn, list(records), merge=merge, now=now)
 

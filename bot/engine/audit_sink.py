@@ -59,6 +59,15 @@ def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
     }
 
 
+def environment_json(e: ev.PackagesKnown) -> dict[str, object]:
+    """What the ``environments`` table keeps of a package set (bot.audit.environments)."""
+    data: dict[str, object] = e.diff.to_json() if e.diff is not None else {}
+    for key, value in (("freeze", e.freeze), ("lock", e.lock), ("note", e.note)):
+        if value:
+            data[key] = value
+    return data
+
+
 class RunAudit:
     """Writes one run's steps, snapshots and versions as they happen, and its end; see
     the module doc for what happens when they cannot reach the database.
@@ -94,6 +103,9 @@ class RunAudit:
         elif isinstance(event, ev.GpuTable):
             written = await w.add_snapshot(run_id, event.host, event.label,
                                            snapshot_json(event.snapshot))
+        elif isinstance(event, ev.PackagesKnown):
+            written = await w.add_environment(run_id, event.host, str(event.kind),
+                                              environment_json(event))
         elif isinstance(event, ev.VersionsKnown) and not self._versions_seen:
             # The first host's versions stand for the run; every host's are in its steps.
             self._versions_seen = True
