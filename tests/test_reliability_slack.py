@@ -22,7 +22,8 @@ from tests.slack_harness import (
 )
 
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
-ALL_STEPS = ("preflight", "stop", "drain", "reinstall", "start", "health", "postcheck")
+ALL_STEPS = ("preflight", "requests", "stop", "drain", "reinstall", "start", "health",
+             "readiness", "postcheck")
 
 
 class FastClock:

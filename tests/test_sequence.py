@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,6 +18,7 @@ from bot.core.flows import (
     Flow,
     HostOutcome,
     HttpCheck,
+    Progress,
     RunCommand,
     Sleep,
     Snapshot,
@@ -70,6 +72,16 @@ class Host:
     unit_dies: bool = False
     healthy_after_checks: int = 2
     health_status: int = 200
+    # The API beside /health: /metrics bodies in turn (the last one repeats), /v1/models,
+    # /version and the smoke completion, as (status, body).
+    metrics: list[str] = field(default_factory=lambda: [""])
+    models: tuple[int, str] = (200, '{"object":"list","data":[{"id":"kimi-k2.5"}]}')
+    version_answer: tuple[int, str] = (404, '{"detail":"Not Found"}')
+    completion: tuple[int, str] = (200, '{"choices":[{"index":0,"text":" Paris."}]}')
+    # What each journal follow prints (in turn, then nothing new).
+    journal: list[str] = field(default_factory=list)
+    requests: list[HttpCheck] = field(default_factory=list)
+    progress: list[Progress] = field(default_factory=list)
     cancel_at: Callable[[Any], bool] | None = None
     # Commands whose result never comes back; the host still runs them (see respond).
     lose: Callable[[tuple[str, ...]], bool] | None = None
@@ -94,11 +106,11 @@ class Host:
             return Tick(self.now, self.cancelled)
         if isinstance(action, Checkpoint):
             return Tick(self.now, self.cancelled)
+        if isinstance(action, Progress):
+            self.progress.append(action)
+            return None
         if isinstance(action, HttpCheck):
-            self.health_checks += 1
-            if self.health_checks < self.healthy_after_checks:
-                return HttpResult(action.url, None, error="connection refused")
-            return HttpResult(action.url, self.health_status)
+            return self.http(action)
         assert isinstance(action, RunCommand)
         a = action.argv
         wrapper = remote.INDEX_FROM_STDIN
@@ -116,6 +128,21 @@ class Host:
                                         "Server not responding to keepalive",
                                  duration_s=0.0)
         return self.command(a)
+
+    def http(self, action: HttpCheck) -> HttpResult:
+        path = urlsplit(action.url).path
+        if path != "/health":
+            self.requests.append(action)
+            if path == "/metrics":
+                body = self.metrics.pop(0) if len(self.metrics) > 1 else self.metrics[0]
+                return HttpResult(action.url, 200, body)
+            status, body = {"/v1/models": self.models, "/version": self.version_answer,
+                            "/v1/completions": self.completion}[path]
+            return HttpResult(action.url, status, body)
+        self.health_checks += 1
+        if self.health_checks < self.healthy_after_checks:
+            return HttpResult(action.url, None, error="connection refused")
+        return HttpResult(action.url, self.health_status)
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
         if a[:2] == ("systemctl", "show"):
@@ -144,6 +171,8 @@ class Host:
             return ok(a) if self.start_ok else ok(a, stderr="Job failed", status=1)
         if a[:2] == ("systemctl", "is-active"):
             return ok(a, "failed\n", status=3) if self.unit_dies else ok(a, "active\n")
+        if a[0] == "journalctl" and "--show-cursor" in a:
+            return ok(a, self.journal.pop(0) if self.journal else "")
         if a[0] == "journalctl":
             return ok(a, "Nov 30 13:12:01 h1 python3[4242]: RuntimeError: CUDA out of memory\n")
         if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu"):
@@ -208,8 +237,8 @@ def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
     assert out.status == "succeeded"
     assert (out.version_before, out.version_after) == ("0.16.0rc2.dev313+g662205d34", "0.16.0")
     assert steps(h) == [(s, True) for s in
-                        ("preflight", "stop", "drain", "reinstall", "start", "health",
-                         "postcheck")]
+                        ("preflight", "requests", "stop", "drain", "reinstall", "start",
+                         "health", "readiness", "postcheck")]
     assert verbs(h) == ["stop", "install", "start"]
     install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
     # The index reaches uv through its environment, never its argv (which `ps` shows).
@@ -394,8 +423,8 @@ def test_restart_flow_skips_reinstall() -> None:
     out = run(h, "restart")
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "start"]
-    assert [s for s, _ in steps(h)] == ["preflight", "stop", "drain", "start", "health",
-                                         "postcheck"]
+    assert [s for s, _ in steps(h)] == ["preflight", "requests", "stop", "drain", "start",
+                                         "health", "readiness", "postcheck"]
 
 
 def test_restart_refuses_unknown_unit() -> None:
@@ -471,7 +500,7 @@ def test_drain_keeps_polling_through_a_dropped_connection() -> None:
     out = run(h)
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "install", "start"]
-    assert steps(h)[2] == ("drain", True)
+    assert steps(h)[3] == ("drain", True)  # after preflight, requests and stop
 
 
 def test_drain_with_the_host_gone_fails_at_the_drain_timeout() -> None:

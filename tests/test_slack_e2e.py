@@ -300,8 +300,8 @@ async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
         assert done.status == "succeeded", done.summary
         steps = await bot.runtime.audit.steps(run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (s, "ok") for s in ("preflight", "stop", "drain", "reinstall", "start", "health",
-                                "postcheck")]
+            (s, "ok") for s in ("preflight", "requests", "stop", "drain", "reinstall", "start",
+                                "health", "readiness", "postcheck")]
         assert (await bot.runtime.audit.snapshots(run_id))
         await bot.front_end.idle()  # the thread catches up after the storm
         assert any(c.status == 429 for c in bot.fake.calls())

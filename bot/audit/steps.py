@@ -8,7 +8,7 @@ import aiosqlite
 
 from bot.audit.db import execute, fetch, insert, run_not_found
 from bot.audit.records import StepRecord, stored
-from bot.core.status import StepStatus
+from bot.core.status import RunStatus, StepStatus
 
 _COLUMNS = (
     "id, run_id, host, step, command, status, exit_status, started_at, finished_at, "
@@ -58,6 +58,20 @@ async def interrupt_running(conn: aiosqlite.Connection, run_id: int, now: str) -
         "UPDATE steps SET status = ?, finished_at = ? WHERE run_id = ? AND status = ?",
         (StepStatus.INTERRUPTED, now, run_id, StepStatus.RUNNING),
     )
+
+
+async def start_durations(conn: aiosqlite.Connection, service: str, limit: int
+                          ) -> list[float]:
+    """How long the health gate of this service's last successful runs took (from
+    ``systemctl start`` to /health answering 200), newest first."""
+    rows = await fetch(
+        conn,
+        "SELECT s.duration_s FROM steps s JOIN runs r ON r.id = s.run_id "
+        "WHERE r.service = ? AND r.status = ? AND s.step = ? AND s.status = ? "
+        "AND s.duration_s IS NOT NULL ORDER BY s.id DESC LIMIT ?",
+        (service, RunStatus.SUCCEEDED, "health", StepStatus.OK, limit),
+    )
+    return [float(r["duration_s"]) for r in rows]
 
 
 async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[StepRecord]:

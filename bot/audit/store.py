@@ -41,6 +41,7 @@ from bot.audit.records import (
     parse_ts,
 )
 from bot.audit.redaction import Redaction, Redactor, identity
+from bot.core.startup import StartHistory
 from bot.core.status import (
     FINAL_STATUSES,
     STORED_STEP_STATUSES,
@@ -295,6 +296,14 @@ class AuditLog:
     async def steps(self, run_id: int) -> list[StepRecord]:
         async with self._db.transaction(write=False) as conn:
             return await steps_sql.of_run(conn, run_id)
+
+    @_shielded
+    async def start_history(self, service: str, limit: int = 20) -> StartHistory:
+        """This service's last successful starts (``bot.core.startup.StartHistory``): what
+        a start's progress compares with, and what ``status`` shows."""
+        async with self._db.transaction(write=False) as conn:
+            durations = await steps_sql.start_durations(conn, self._r(service), limit)
+        return StartHistory(tuple(durations))
 
     @_shielded
     async def add_snapshot(

@@ -41,18 +41,14 @@ class TerminalSink:
                            if event.approved_by else ""))
         elif isinstance(event, ev.StepStarted):
             self._print(f"[{event.host}] > {STEP_TITLES[event.step]}: {event.command}")
+        elif isinstance(event, ev.StepProgress):
+            # The flow sends progress when it changes, and at most every few seconds.
+            self._print(f"[{event.host}]   ~ {event.shown()}")
         elif isinstance(event, ev.OutputLine):
             if self.show_output:
                 self._print(f"[{event.host}]   | {self._mask_keys(event)}")
         elif isinstance(event, ev.StepFinished):
-            mark = event.status if event.status == StepStatus.OK else "FAILED"
-            self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
-                        f"{event.summary}")
-            self._in_key.discard((event.host, event.step))
-            if event.status != StepStatus.OK and event.output.strip():
-                # Redact the whole output before cutting, so a cut never hides a secret's start.
-                tail = self._redact(event.output).strip().splitlines()[-50:]
-                self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))
+            self._finished(event)
         elif isinstance(event, ev.GpuTable):
             self._print(f"[{event.host}] GPU memory {event.label}:\n"
                         f"{render_table(event.snapshot)}")
@@ -65,6 +61,16 @@ class TerminalSink:
             self._print(f"run #{event.run_id} {event.status.upper()}{versions}: {event.summary}")
         elif isinstance(event, ev.Notice):
             self._print(f"run #{event.run_id}: ! {event.text}")
+
+    def _finished(self, event: ev.StepFinished) -> None:
+        mark = event.status if event.status == StepStatus.OK else "FAILED"
+        self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
+                    f"{event.summary}")
+        self._in_key.discard((event.host, event.step))
+        if event.status != StepStatus.OK and event.output.strip():
+            # Redact the whole output before cutting, so a cut never hides a secret's start.
+            tail = self._redact(event.output).strip().splitlines()[-50:]
+            self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))
 
     def _mask_keys(self, event: ev.OutputLine) -> str:
         where = (event.host, str(event.step))

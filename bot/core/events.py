@@ -9,6 +9,7 @@ from typing import Protocol
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.plan import Plan, Step
+from bot.core.startup import StartHistory, progress_text
 from bot.core.status import HostStatus, RunStatus, StepStatus
 from bot.hosts.base import Stream
 
@@ -27,6 +28,23 @@ class StepStarted:
     host: str
     step: Step
     command: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress:
+    """What a running step is doing now ("loading weights 60 %", "3 running, 0 waiting
+    requests"); a card shows the latest in place. Not recorded in the audit log."""
+
+    run_id: int
+    host: str
+    step: Step
+    text: str
+    elapsed_s: float | None = None
+    # For a start-up wait: how long this service's previous starts took.
+    history: StartHistory | None = None
+
+    def shown(self) -> str:
+        return progress_text(self.text, self.elapsed_s, self.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +111,8 @@ class Notice:
     text: str
 
 
-Event = (RunStarted | StepStarted | OutputLine | StepFinished | GpuTable | VersionsKnown
+Event = (RunStarted | StepStarted | StepProgress | OutputLine | StepFinished | GpuTable
+         | VersionsKnown
          | HostFinished | RunFinished | Notice)
 
 

@@ -7,7 +7,7 @@ returns a ``HostOutcome``; rollouts over several hosts are composed by the calle
 
 Outcomes sent back per action:
 ``RunCommand`` -> ``CommandResult``; ``HttpCheck`` -> ``HttpResult``;
-``Sleep`` / ``Checkpoint`` -> ``Tick``; ``Emit`` -> ``None``.
+``Sleep`` / ``Checkpoint`` -> ``Tick``; ``Emit`` / ``Progress`` -> ``None``.
 
 A ``CommandResult`` with neither an exit status nor a signal means the result
 never came back: the host could not be reached, the connection died (keepalive
@@ -18,6 +18,7 @@ means for it; see docs/reliability.md for the whole fault matrix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,7 +34,18 @@ from bot.core.gpu import (
     drain_verdict,
     parse_pgrep,
 )
-from bot.core.plan import Plan, Step, cmd
+from bot.core.metrics import Load, MetricsError, parse_load
+from bot.core.plan import Plan, Step, cmd, readiness_command, requests_command
+from bot.core.readiness import (
+    api_base,
+    completion_body,
+    completion_text,
+    error_message,
+    metrics_url,
+    model_ids,
+    reported_version,
+)
+from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
@@ -59,6 +71,9 @@ class RunCommand:
 class HttpCheck:
     url: str
     timeout_s: float
+    method: str = "GET"
+    body: bytes | None = field(default=None, repr=False)
+    content_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +130,19 @@ class Emit:
     notice: Notice
 
 
-Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a running step is doing now, shown in place on the status card (the
+    executor adds the run, the host and, for a start-up wait, this service's usual
+    start time). Not recorded: the step's end is."""
+
+    step: Step
+    text: str
+    elapsed_s: float | None = None
+    start_up: bool = False
+
+
+Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit | Progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,10 +382,29 @@ def _drain(svc: ServiceSettings, host: str
 
 def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
                     ) -> Generator[Action, Any, str | None]:
-    """systemctl start, then wait for the unit to stay up and /health to answer 200.
-    Returns None when healthy, else the reason (journal tail in the step's detail)."""
+    """systemctl start, then wait for the unit to stay up and /health to answer 200
+    (following the journal meanwhile), then the readiness checks. Returns None when
+    ready, else the reason (journal tail in the failed step's detail)."""
+    started, cursor = yield from _start_unit(svc, start_step)
+    if started is not None:
+        return started
+    unhealthy = yield from _health_wait(svc, health_step, cursor)
+    if unhealthy is not None:
+        return unhealthy
+    return (yield from _readiness(svc, READINESS_OF[health_step]))
+
+
+def _start_unit(svc: ServiceSettings, start_step: Step
+                ) -> Generator[Action, Any, tuple[str | None, str | None]]:
+    """systemctl start. (None, the journal's cursor before the start) when started (or
+    the connection was lost: systemd carries on, the health gate decides); else why not."""
     argv = remote.unit_start(svc)
     yield Emit(BeginStep(start_step, cmd(argv)))
+    # Where the unit's journal is now: following the start reads only what comes after,
+    # so an old run's traceback never ends this one's wait.
+    c = yield from _run(start_step, remote.journal_cursor(svc), svc.command_timeout_s,
+                        quiet=True)
+    cursor = new_lines(c.stdout)[1] if c.ok else None
     r = yield from _run(start_step, argv, svc.command_timeout_s)
     if lost(r):
         # systemd carries on with a start job whose client went away; if the command
@@ -370,28 +416,66 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
         journal = yield from _journal(start_step, svc)
         yield Emit(EndStep(start_step, False, msg, r.exit_status,
                            _tail(r.output) + "\n" + journal))
-        return msg
+        return msg, None
     else:
         yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
+    return None, cursor
 
-    yield Emit(BeginStep(health_step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}"))
+
+@dataclass
+class _Follow:
+    """Following a start's journal: where it is, what it showed, and when."""
+
+    cursor: str | None
+    watch: StartupWatch = field(default_factory=StartupWatch)
+    shown: str = ""
+    shown_at: float = float("-inf")
+
+
+def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
+            now: float) -> Generator[Action, Any, None]:
+    """Read the journal's new lines (at most ``journal_follow_lines``) and show the
+    phase: at once when it changes, else every ``progress_interval_s`` (the elapsed
+    time), so the card's updates do not grow with the log."""
+    r = yield from _run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
+                        quiet=True)
+    if r.ok:
+        lines, cursor = new_lines(r.stdout)
+        follow.watch.feed(lines)
+        follow.cursor = cursor or follow.cursor
+    text = follow.watch.text()
+    if text != follow.shown or now - follow.shown_at >= svc.progress_interval_s:
+        follow.shown, follow.shown_at = text, now
+        yield Progress(step, text, now - started, start_up=True)
+
+
+def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
+                 ) -> Generator[Action, Any, str | None]:
+    """Until the unit stays up and /health answers 200; a failure line in the journal
+    (``bot.core.startup``) or the unit failing ends the wait at once."""
+    yield Emit(BeginStep(step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}; "
+                         f"{cmd(remote.journal_follow(svc, '<cursor>'))}"))
     start = (yield from _tick(0.0)).now
+    follow = _Follow(cursor)
     last = "no answer yet"
     while True:
-        active = yield from _run(health_step, remote.unit_is_active(svc), svc.command_timeout_s,
+        yield from _follow(svc, step, follow, start, (yield from _tick(0.0)).now)
+        if follow.watch.failure is not None:
+            return (yield from _failed_start(svc, step, follow))
+        active = yield from _run(step, remote.unit_is_active(svc), svc.command_timeout_s,
                                  quiet=True)
         state = active.stdout.strip() or _why(active)
         if state in ("failed", "inactive"):
             msg = f"{svc.unit} is {state} after start"
-            journal = yield from _journal(health_step, svc)
-            yield Emit(EndStep(health_step, False, msg, active.exit_status, journal))
+            journal = yield from _journal(step, svc)
+            yield Emit(EndStep(step, False, msg, active.exit_status, journal))
             return msg
         if active.ok:
             h: HttpResult = yield HttpCheck(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
             if h.ok:
                 now = (yield from _tick(0.0)).now
-                yield Emit(EndStep(health_step, True,
-                                   f"{svc.health_url} answered 200 after {now - start:.1f}s"))
+                yield Emit(EndStep(step, True, f"{svc.health_url} answered 200 after "
+                                   f"{now - start:.1f}s (last phase: {follow.watch.text()})"))
                 return None
             last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
         else:
@@ -399,9 +483,210 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
         tick = yield from _tick(svc.health_poll_s)
         if tick.now - start >= svc.start_timeout_s:
             msg = f"not healthy after {svc.start_timeout_s:g}s (last: {last})"
-            journal = yield from _journal(health_step, svc)
-            yield Emit(EndStep(health_step, False, msg, None, journal))
+            journal = yield from _journal(step, svc)
+            yield Emit(EndStep(step, False, msg, None, journal))
             return msg
+
+
+def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
+                  ) -> Generator[Action, Any, str]:
+    """A journal line said the start failed: read once more (the rest of a traceback
+    names its cause), then end with those lines and the journal's tail."""
+    r = yield from _run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
+                        quiet=True)
+    if r.ok:
+        follow.watch.feed(new_lines(r.stdout)[0])
+    failure = follow.watch.failure
+    assert failure is not None
+    msg = f"start-up failed: {describe_failure(failure)}"
+    journal = yield from _journal(step, svc)
+    yield Emit(EndStep(step, False, msg, None, f"{failure_block(failure)}\n\n{journal}"))
+    return msg
+
+
+# ---- readiness: the right model, a correct answer, the installed version ------------------
+
+READINESS_OF: dict[Step, Step] = {Step.HEALTH: Step.READINESS,
+                                  Step.ROLLBACK_HEALTH: Step.ROLLBACK_READINESS}
+
+
+class _NotReady(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _http_why(h: HttpResult) -> str:
+    if h.status is None:
+        return h.error or "no response"
+    return f"HTTP {h.status}: {error_message(h.body)}"
+
+
+def _readiness(svc: ServiceSettings, step: Step) -> Generator[Action, Any, str | None]:
+    """``/health`` says the process is alive; this says it serves the configured model,
+    answers the smoke prompt correctly and is the installed version. Each check's
+    result goes in the step's output (the thread and the audit log). None when ready;
+    else why not, handled like an unhealthy start."""
+    yield Emit(BeginStep(step, readiness_command(svc)))
+    checks: list[str] = []
+    try:
+        model = yield from _check_models(svc, checks)
+        if svc.smoke_prompt is not None and model is not None:
+            yield from _check_smoke(svc, svc.smoke_prompt, model, checks)
+        yield from _check_version(svc, step, checks)
+    except _NotReady as e:
+        checks.append(f"FAILED: {e.reason}")
+        journal = yield from _journal(step, svc)
+        yield Emit(EndStep(step, False, e.reason, None, "\n".join(checks) + "\n\n" + journal))
+        return f"not ready: {e.reason}"
+    yield Emit(EndStep(step, True, f"{len(checks)} check(s) passed: "
+                       + "; ".join(c.split(": ", 1)[1] for c in checks), None,
+                       "\n".join(checks)))
+    return None
+
+
+def _check_models(svc: ServiceSettings, checks: list[str]
+                  ) -> Generator[Action, Any, str | None]:
+    """``GET /v1/models`` lists ``served_model``; returns the model the smoke test asks
+    (``served_model``, or the first listed), None when neither check is configured."""
+    if svc.served_model is None and svc.smoke_prompt is None:
+        return None
+    url = f"{api_base(svc)}/v1/models"
+    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    ids = model_ids(h.body) if h.ok else None
+    if ids is None:
+        raise _NotReady(f"GET {url}: {_http_why(h) if not h.ok else 'not a model list'}")
+    if svc.served_model is None:
+        if not ids:
+            raise _NotReady(f"GET {url} lists no model")
+        return ids[0]
+    if svc.served_model not in ids:
+        raise _NotReady(f"GET {url} lists {', '.join(ids) or 'no model'}, not "
+                        f"{svc.served_model}")
+    checks.append(f"ok: GET {url} lists {svc.served_model}")
+    return svc.served_model
+
+
+def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str]
+                 ) -> Generator[Action, Any, None]:
+    url = f"{api_base(svc)}/v1/completions"
+    h: HttpResult = yield HttpCheck(url, svc.smoke_timeout_s, "POST",
+                                    completion_body(model, prompt, svc.smoke_max_tokens),
+                                    "application/json")
+    if h.status != 200:
+        raise _NotReady(f"POST {url} (model {model}): {_http_why(h)}")
+    text = completion_text(h.body)
+    if text is None:
+        raise _NotReady(f"POST {url} answered 200 without a completion: "
+                        f"{error_message(h.body)}")
+    shown = repr(text[:120])
+    if svc.smoke_expect is not None and not re.search(svc.smoke_expect, text):
+        raise _NotReady(f"the smoke completion {shown} does not match {svc.smoke_expect!r}")
+    if not text.strip():
+        raise _NotReady(f"POST {url} answered an empty completion")
+    matched = f", matches {svc.smoke_expect!r}" if svc.smoke_expect else ""
+    checks.append(f"ok: POST {url} answered {shown}{matched}")
+
+
+def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
+                   ) -> Generator[Action, Any, None]:
+    url = f"{api_base(svc)}/version"
+    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    reported = reported_version(h.body) if h.ok else None
+    if reported is None:
+        checks.append(f"skipped: GET {url} reports no version "
+                      f"({_http_why(h) if not h.ok else 'no version in the answer'})")
+        return
+    installed, why, _ = yield from _read_version(step, svc)
+    if installed is None:
+        checks.append(f"skipped: GET {url} reports {reported}; the installed version is "
+                      f"unknown ({why})")
+        return
+    if not _same_version(reported, installed):
+        raise _NotReady(f"the server reports version {reported}, but {svc.package} "
+                        f"{installed} is installed")
+    checks.append(f"ok: GET {url} reports {reported}, the installed version")
+
+
+# ---- in-flight requests, before the stop ------------------------------------------------------
+
+
+def _read_load(svc: ServiceSettings) -> Generator[Action, Any, tuple[Load | None, str]]:
+    """The server's load from /metrics, or None and why it is unknown."""
+    url = metrics_url(svc)
+    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    if not h.ok:
+        return None, f"{url} did not answer with metrics ({_http_why(h)})"
+    try:
+        load = parse_load(h.body, truncated=h.truncated)
+    except MetricsError as e:
+        return None, f"{url}: {e}"
+    if not load.known:
+        return None, f"{url} has no vllm:num_requests_running or vllm:num_requests_waiting"
+    return load, ""
+
+
+def _requests_verdict(plan: Plan, svc: ServiceSettings, load: Load, first: Load,
+                      elapsed: float) -> tuple[bool, str] | None:
+    """Whether to stop now (True) or give up (False), and the step's summary; None to
+    wait on."""
+    if load.idle:
+        return True, ("no request in flight" if first.idle else
+                      f"in-flight requests finished after {elapsed:.1f}s "
+                      f"(there were {first.describe()})")
+    if plan.force:
+        return True, f"--force: stopping with {load.describe()}, which are interrupted"
+    if svc.request_drain_timeout_s == 0:
+        return True, (f"not waiting (request_drain_timeout_s = 0): {load.describe()} "
+                      "are interrupted")
+    if elapsed >= svc.request_drain_timeout_s:
+        return False, f"{load.describe()} still in flight after {svc.request_drain_timeout_s:g}s"
+    return None
+
+
+def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
+                    ) -> Generator[Action, Any, HostOutcome | None]:
+    """Before the stop: wait until no request runs or waits on the server (vLLM aborts
+    them at a stop), showing the counts live. None to go on with the stop; else the
+    run's outcome, with the service untouched. A server that does not answer /metrics
+    counts as idle, with a note."""
+    yield Emit(BeginStep(Step.REQUESTS, requests_command(svc)))
+    start = (yield from _tick(0.0)).now
+    first: Load | None = None
+    while True:
+        load, why = yield from _read_load(svc)
+        elapsed = (yield from _tick(0.0)).now - start
+        if load is None:
+            yield Emit(EndStep(Step.REQUESTS, True, f"counted as idle: {why}"))
+            return None
+        first = first or load
+        yield Progress(Step.REQUESTS, load.describe(), elapsed)
+        verdict = _requests_verdict(plan, svc, load, first, elapsed)
+        if verdict is not None:
+            go, summary = verdict
+            yield Emit(EndStep(Step.REQUESTS, go, summary))
+            if go:
+                return None
+            return HostOutcome(HostStatus.ABORTED, f"{summary}; service untouched. Try again "
+                               "later, or with --force to interrupt them.", before, None)
+        if (yield from _tick(svc.drain_poll_s)).cancel_requested:
+            yield Emit(EndStep(Step.REQUESTS, False, "cancelled while waiting for in-flight "
+                               f"requests ({load.describe()})"))
+            return HostOutcome(HostStatus.CANCELLED, "cancelled while waiting for in-flight "
+                               "requests; nothing was changed", before, None)
+
+
+def _serving(svc: ServiceSettings, props: dict[str, str]) -> Generator[Action, Any, str]:
+    """For status: the model(s) served and the load, from the API (when the unit runs)."""
+    if props.get("ActiveState") != "active":
+        return "API: unit not active"
+    url = f"{api_base(svc)}/v1/models"
+    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    ids = model_ids(h.body) if h.ok else None
+    models = (f"serving {', '.join(ids) or 'no model'}" if ids is not None
+              else f"models unknown ({_http_why(h) if not h.ok else 'not a model list'})")
+    load, why = yield from _read_load(svc)
+    return f"{models}; {load.describe() if load is not None else f'load unknown: {why}'}"
 
 
 def _journal(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str]:
@@ -576,6 +861,9 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
                            before, None)
 
+    held = yield from _drain_requests(plan, svc, before)
+    if held is not None:
+        return held
     failure = yield from _stop(svc, plan.service)
     if failure is not None:
         return HostOutcome(HostStatus.FAILED, failure, before, None)
@@ -691,6 +979,9 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if (yield from _tick()).cancel_requested:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
                            before, None)
+    held = yield from _drain_requests(plan, svc, before)
+    if held is not None:
+        return held
     failure = yield from _stop(svc, plan.service)
     if failure is not None:
         return HostOutcome(HostStatus.FAILED, failure, before, None)
@@ -714,14 +1005,15 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     yield Emit(Versions(version, None))
     state = (f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')}), "
              f"MainPID {props.get('MainPID', '?')}") if r.ok else f"unknown ({_why(r)})"
+    api = yield from _serving(svc, props)
     try:
         snap = yield from _snapshot(Step.STATUS, svc, host)
     except GpuQueryError as e:
-        summary = f"{svc.unit}: {state}; {svc.package} {version}; GPUs: {e.reason}"
+        summary = f"{svc.unit}: {state}; {svc.package} {version}; {api}; GPUs: {e.reason}"
         yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
         return HostOutcome(HostStatus.FAILED, summary, version, version)
     yield Emit(Snapshot("now", snap))
-    summary = (f"{svc.unit}: {state}; {svc.package} {version}; "
+    summary = (f"{svc.unit}: {state}; {svc.package} {version}; {api}; "
                f"{snap.used_mib:,} of {snap.total_mib:,} MiB GPU memory in use")
     yield Emit(EndStep(Step.STATUS, True, summary))
     return HostOutcome(HostStatus.SUCCEEDED, summary, version, version)

@@ -10,6 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from bot.core import remote
+from bot.core.readiness import api_base, metrics_url
 from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import LOCAL, ServiceSettings, Settings
@@ -29,29 +30,35 @@ READ_ONLY_APPROVER = f"{SYSTEM_PREFIX}read-only"
 
 class Step(StrEnum):
     PREFLIGHT = "preflight"
+    REQUESTS = "requests"
     STOP = "stop"
     DRAIN = "drain"
     REINSTALL = "reinstall"
     START = "start"
     HEALTH = "health"
+    READINESS = "readiness"
     POSTCHECK = "postcheck"
     ROLLBACK = "rollback"
     ROLLBACK_START = "rollback_start"
     ROLLBACK_HEALTH = "rollback_health"
+    ROLLBACK_READINESS = "rollback_readiness"
     STATUS = "status"
 
 
 STEP_TITLES: dict[Step, str] = {
     Step.PREFLIGHT: "Preflight (unit, version, disk, install dry run)",
+    Step.REQUESTS: "Drain in-flight requests",
     Step.STOP: "Stop service",
     Step.DRAIN: "Verify GPU memory drained",
     Step.REINSTALL: "Reinstall package",
     Step.START: "Start service",
     Step.HEALTH: "Health gate",
+    Step.READINESS: "Readiness (model, smoke test, version)",
     Step.POSTCHECK: "Post-check (version, GPUs)",
     Step.ROLLBACK: "Rollback: reinstall previous version",
     Step.ROLLBACK_START: "Rollback: start service",
     Step.ROLLBACK_HEALTH: "Rollback: health gate",
+    Step.ROLLBACK_READINESS: "Rollback: readiness",
     Step.STATUS: "Status",
 }
 
@@ -99,12 +106,16 @@ class Plan:
     batch_size: int = 1
     # One per host, in ``hosts`` order (empty only for plans built without config).
     targets: tuple[HostTarget, ...] = ()
+    # --force: stop without waiting for in-flight requests (the card says how many).
+    force: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["hosts"] = list(self.hosts)
         d["steps"] = [{"step": str(s.step), "command": s.command} for s in self.steps]
         d["targets"] = [asdict(t) for t in self.targets]
+        if not self.force:
+            del d["force"]  # so plans stored before --force existed still compare equal
         return d
 
     @property
@@ -142,6 +153,7 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
         PlannedStep(Step.PREFLIGHT, "; ".join(cmd(a) for a in (
             remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
             remote.install_dry_run(svc, spec, index_url)))),
+        PlannedStep(Step.REQUESTS, requests_command(svc)),
         PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
         PlannedStep(Step.DRAIN, f"poll every {svc.drain_poll_s:g}s up to {svc.drain_timeout_s:g}s: "
                     f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}; "
@@ -151,14 +163,37 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
         PlannedStep(Step.HEALTH, f"up to {svc.start_timeout_s:g}s: "
                     f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "
                     "until 200"),
+        PlannedStep(Step.READINESS, readiness_command(svc)),
         PlannedStep(Step.POSTCHECK,
                     f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
     )
 
 
+def requests_command(svc: ServiceSettings) -> str:
+    if svc.request_drain_timeout_s == 0:
+        return f"GET {metrics_url(svc)} once (request_drain_timeout_s = 0: no wait)"
+    return (f"GET {metrics_url(svc)} every {svc.drain_poll_s:g}s up to "
+            f"{svc.request_drain_timeout_s:g}s, until no request runs or waits "
+            "(--force: no wait)")
+
+
+def readiness_command(svc: ServiceSettings) -> str:
+    base = api_base(svc)
+    checks = []
+    if svc.served_model:
+        checks.append(f"GET {base}/v1/models lists {svc.served_model}")
+    if svc.smoke_prompt:
+        expect = f"matching {svc.smoke_expect!r}" if svc.smoke_expect else "non-empty"
+        checks.append(f"POST {base}/v1/completions (temperature 0, {svc.smoke_max_tokens} "
+                      f"tokens) answers 200 with text {expect}")
+    checks.append(f"GET {base}/version equals the installed version (when offered)")
+    return "; ".join(checks)
+
+
 def restart_steps(svc: ServiceSettings) -> tuple[PlannedStep, ...]:
     full = redeploy_steps(svc, svc.package, None)
-    keep = {Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.POSTCHECK}
+    keep = {Step.REQUESTS, Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.READINESS,
+            Step.POSTCHECK}
     return (PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
             *(s for s in full if s.step in keep))
 
@@ -191,6 +226,7 @@ def make_plan(
     dry_run: bool = False,
     batch: int | None = None,
     host_keys: Mapping[str, str] | None = None,
+    force: bool = False,
 ) -> Plan:
     """Build the plan from config and validated input; raise InputError for anything else.
 
@@ -214,19 +250,23 @@ def make_plan(
     spec = remote.package_spec(svc, version)
     if batch is not None and batch < 1:
         raise InputError("--batch must be at least 1")
+    if force and (action == Action.STATUS or dry_run):
+        raise InputError("--force only applies to a redeploy or restart that stops the service")
     if action == Action.REDEPLOY:
         steps = redeploy_steps(svc, spec, index_url)
     elif action == Action.RESTART:
         steps = restart_steps(svc)
     else:
         steps = (PlannedStep(Step.STATUS, f"{cmd(remote.unit_show(svc))}; "
-                             f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),)
+                             f"{cmd(remote.package_show(svc))}; GET {api_base(svc)}/v1/models, "
+                             f"{metrics_url(svc)}; {cmd(remote.gpu_query())}"),)
     return Plan(
         action=action, service=service, hosts=tuple(svc.hosts), unit=svc.unit,
         package=svc.package, version=version, spec=spec, index_name=index,
         index_url=index_url, steps=steps, dry_run=dry_run,
         batch_size=batch if batch is not None else svc.max_unavailable,
         targets=host_targets(settings, tuple(svc.hosts), host_keys or {}),
+        force=force,
     )
 
 
@@ -234,7 +274,7 @@ _TARGET_FIELDS = ("address", "port", "user", "key_file", "host_key")
 # Fields whose old and new values the refusal may quote; others (an index URL may hold
 # credentials, commands are long) are named only.
 _QUOTED_FIELDS = frozenset({"action", "service", "unit", "package", "version", "spec",
-                            "index_name", "dry_run", "batch_size"})
+                            "index_name", "dry_run", "batch_size", "force"})
 
 
 def _shown(value: Any) -> str:

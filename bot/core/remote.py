@@ -53,6 +53,23 @@ def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
     return ("journalctl", "-u", svc.unit, "-n", str(n), "--no-pager")
 
 
+# Following a start: entries as their message only (``-o cat``), each poll only those
+# after the cursor the previous one printed (``--show-cursor``), and never more than
+# ``journal_follow_lines`` of them, however much the server logs.
+def journal_cursor(svc: ServiceSettings) -> Argv:
+    """The unit's latest entry and its cursor: where following a start begins."""
+    return ("journalctl", "-u", svc.unit, "-n", "1", "--show-cursor", "-o", "cat", "-q",
+            "--no-pager")
+
+
+def journal_follow(svc: ServiceSettings, cursor: str | None) -> Argv:
+    """The unit's entries after ``cursor`` (all of them, within the bound, without one:
+    the unit had none before the start)."""
+    after = (f"--after-cursor={cursor}",) if cursor else ()
+    return ("journalctl", "-u", svc.unit, *after, "-n", str(svc.journal_follow_lines),
+            "--show-cursor", "-o", "cat", "-q", "--no-pager")
+
+
 def package_show(svc: ServiceSettings) -> Argv:
     return (svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
 

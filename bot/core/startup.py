@@ -249,13 +249,18 @@ def progress_text(text: str, elapsed_s: float | None = None,
     return " · ".join(parts)
 
 
+_CURSOR = re.compile(r"[A-Za-z0-9=;_.+-]{1,500}")
+
+
 def new_lines(output: str, cursor_prefix: str = "-- cursor: ") -> tuple[list[str], str | None]:
     """``journalctl --show-cursor`` output split into its entries and the cursor after
     the last one (None when it printed none: no new entries)."""
     lines = output.splitlines()
     cursor = None
     if lines and lines[-1].startswith(cursor_prefix):
-        cursor = lines.pop()[len(cursor_prefix):].strip() or None
+        cursor = lines.pop()[len(cursor_prefix):].strip()
+        # Passed back in the next argv: only what a cursor is made of (s=..;i=..;b=..).
+        cursor = cursor if _CURSOR.fullmatch(cursor) else None
     entries = [ln for ln in lines if ln != "-- No entries --"]
     return entries, cursor
 

@@ -17,11 +17,12 @@ from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
 from bot.core.plan import Plan, drift, make_plan
+from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
 from bot.engine.audit_sink import RunAudit, audit_writer
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
-from bot.errors import HostError, LockHeldError
+from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.known_hosts import host_keys
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
@@ -87,9 +88,11 @@ class Engine:
         self.writer = writer if writer is not None else audit_writer(audit, settings)
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
-             index: str | None = None, dry_run: bool = False, batch: int | None = None) -> Plan:
+             index: str | None = None, dry_run: bool = False, batch: int | None = None,
+             force: bool = False) -> Plan:
         return make_plan(self.settings, action, service, version=version, index=index,
-                         dry_run=dry_run, batch=batch, host_keys=self._host_keys(service))
+                         dry_run=dry_run, batch=batch, host_keys=self._host_keys(service),
+                         force=force)
 
     def plan_of(self, record: RunRecord) -> Plan:
         # Rebuilt from the current config: the commands always come from the config,
@@ -98,7 +101,8 @@ class Engine:
         return make_plan(self.settings, Action(record.action), record.service,
                          version=p.get("version"), index=p.get("index_name"),
                          dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"),
-                         host_keys=self._host_keys(record.service))
+                         host_keys=self._host_keys(record.service),
+                         force=bool(p.get("force")))
 
     def _host_keys(self, service: str) -> dict[str, str]:
         # Read now, at request and again at execute: a key swapped in known_hosts between
@@ -157,10 +161,12 @@ class Engine:
         flow = FLOWS[plan.action]
         svc = self.settings.services[plan.service]
         outcomes: dict[str, HostOutcome] = {}
+        history = await self._start_history(plan)
 
         async def one(host: str) -> HostOutcome:
             try:
-                executor = Executor(run_id, self.pool.get(host), sink, cancel=token)
+                executor = Executor(run_id, self.pool.get(host), sink, cancel=token,
+                                    history=history)
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
                 # The executor turns host errors into failed steps; this is what escapes
@@ -195,6 +201,16 @@ class Engine:
                                          first.version_before if first else None,
                                          first.version_after if first else None))
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
+
+    async def _start_history(self, plan: Plan) -> StartHistory | None:
+        """This service's previous start times, for the progress of this run's starts;
+        a database that cannot answer now costs only the estimate."""
+        if plan.action == Action.STATUS:
+            return None
+        try:
+            return await self.audit.start_history(plan.service)
+        except AuditError:
+            return None
 
     @staticmethod
     def _summary(plan: Plan, outcomes: dict[str, HostOutcome], untouched: list[str]) -> str:

@@ -26,6 +26,7 @@ from bot.core.flows import (
     Flow,
     HostOutcome,
     HttpCheck,
+    Progress,
     RunCommand,
     Sleep,
     Snapshot,
@@ -33,6 +34,7 @@ from bot.core.flows import (
     Versions,
 )
 from bot.core.plan import Step
+from bot.core.startup import StartHistory
 from bot.core.status import StepStatus
 from bot.errors import HostError
 from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream, cut_line
@@ -67,8 +69,11 @@ class Executor:
         *,
         cancel: CancelToken | None = None,
         clock: Callable[[], float] = time.monotonic,
+        history: StartHistory | None = None,
     ) -> None:
         self.run_id = run_id
+        # This service's previous start times: a start-up wait's progress shows their median.
+        self.history = history
         self.transport = transport
         self.sink = sink
         self.cancel = cancel or CancelToken()
@@ -115,6 +120,11 @@ class Executor:
         if isinstance(action, Emit):
             await self._notice(action.notice)
             return None
+        if isinstance(action, Progress):
+            await self.sink.handle(ev.StepProgress(
+                self.run_id, self.host, action.step, action.text, action.elapsed_s,
+                self.history if action.start_up else None))
+            return None
         raise TypeError(f"unknown action {action!r}")
 
     async def _run(self, action: RunCommand) -> CommandResult:
@@ -136,7 +146,10 @@ class Executor:
 
     async def _http(self, action: HttpCheck) -> HttpResult:
         try:
-            return await self.transport.http_get(action.url, timeout_s=action.timeout_s)
+            return await self.transport.http_request(action.method, action.url,
+                                                     timeout_s=action.timeout_s,
+                                                     body=action.body,
+                                                     content_type=action.content_type)
         except HostError as e:
             return HttpResult(action.url, None, error=e.reason)
 

@@ -295,6 +295,8 @@ class StepLine:
     state: StepStatus = StepStatus.PENDING
     duration_s: float | None = None
     summary: str = ""
+    # While it runs: what it does now ("loading weights 60 % · 4m10s elapsed").
+    progress: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,6 +532,8 @@ def _step_line(line: StepLine) -> str:
     text = f"{_STEP_ICONS.get(line.state, '')} {title}{_duration(line.duration_s)}"
     if line.summary and line.state != StepStatus.PENDING:
         text += f" — {escape(one_line(line.summary))}"
+    elif line.progress and line.state == StepStatus.RUNNING:
+        text += f" — {escape(one_line(line.progress))}"
     return text
 
 

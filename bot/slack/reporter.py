@@ -145,14 +145,12 @@ class SlackReporter:
         elif isinstance(event, ev.StepStarted):
             self._logs[(event.host, event.step)] = _Log()
             self._step(event.host, event.step, state=StepStatus.RUNNING, duration_s=None,
-                       summary="")
+                       summary="", progress="")
+        elif isinstance(event, ev.StepProgress):
+            # In place on the card, coalesced with every other change (update_interval_s).
+            self._step(event.host, event.step, progress=event.shown())
         elif isinstance(event, ev.StepFinished):
-            line = self._step(event.host, event.step, state=event.status,
-                              duration_s=event.duration_s, summary=event.summary)
-            collected = self._logs.pop((event.host, event.step), _Log())
-            output = collected.full_output(event.output)
-            if output.strip() or event.status != StepStatus.OK:
-                self._replies.append(_Reply(line=line, output=output))
+            self._finished(event)
         elif isinstance(event, ev.GpuTable):
             self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
                                         table=render_table(event.snapshot)))
@@ -167,6 +165,14 @@ class SlackReporter:
         elif isinstance(event, ev.Notice):
             self._replies.append(_Reply(msg=notice_reply(event.text)))
         self._touch()
+
+    def _finished(self, event: ev.StepFinished) -> None:
+        line = self._step(event.host, event.step, state=event.status,
+                          duration_s=event.duration_s, summary=event.summary, progress="")
+        collected = self._logs.pop((event.host, event.step), _Log())
+        output = collected.full_output(event.output)
+        if output.strip() or event.status != StepStatus.OK:
+            self._replies.append(_Reply(line=line, output=output))
 
     def _set(self, **changes: Any) -> None:
         self.view = dataclasses.replace(self.view, **changes)

@@ -1,0 +1,236 @@
+"""The flows' new gates, driven by hand-made outcomes (no I/O): in-flight requests
+drained before the stop, start-up progress from the journal, and model-level
+readiness after /health. The host model is tests/test_sequence.py's ``Host``."""
+
+from __future__ import annotations
+
+from bot.core.flows import EndStep, Progress
+from bot.core.plan import Step
+from tests.test_metrics_readiness import vllm_metrics
+from tests.test_sequence import Host, run, steps, verbs
+from tests.test_startup import ENGINE, FAILURES, START_UP
+
+READY = {"served_model": "kimi-k2.5", "smoke_prompt": "The capital of France is",
+         "smoke_expect": "Paris"}
+
+
+def end(h: Host, step: Step) -> EndStep:
+    return next(n for n in h.notices if isinstance(n, EndStep) and n.step == step)
+
+
+def follow(*lines: str, cursor: str = "s=1;i=1") -> str:
+    """What one ``journalctl --show-cursor -o cat`` poll prints."""
+    return "".join(f"{ln}\n" for ln in lines) + f"-- cursor: {cursor}\n"
+
+
+# ---- readiness ------------------------------------------------------------------------------
+
+
+def test_a_ready_server_passes_each_check_and_says_so() -> None:
+    h = Host(version_answer=(200, '{"version":"0.16.0"}'))
+    out = run(h, svc=READY, version="0.16.0")
+    assert out.status == "succeeded", out.summary
+    ready = end(h, Step.READINESS)
+    assert ready.ok
+    assert ready.detail.splitlines() == [
+        "ok: GET http://127.0.0.1:8000/v1/models lists kimi-k2.5",
+        "ok: POST http://127.0.0.1:8000/v1/completions answered ' Paris.', matches 'Paris'",
+        "ok: GET http://127.0.0.1:8000/version reports 0.16.0, the installed version"]
+    smoke = next(r for r in h.requests if r.url.endswith("/v1/completions"))
+    assert smoke.method == "POST" and smoke.content_type == "application/json"
+    assert smoke.body is not None and b'"temperature": 0' in smoke.body
+    assert b'"model": "kimi-k2.5"' in smoke.body
+
+
+def test_the_wrong_model_is_a_failed_start_with_the_journal() -> None:
+    h = Host(models=(200, '{"object":"list","data":[{"id":"Kimi-K2-Instruct"}]}'))
+    out = run(h, svc=READY)
+    assert out.status == "failed"
+    assert "lists Kimi-K2-Instruct, not kimi-k2.5" in out.summary
+    ready = end(h, Step.READINESS)
+    assert not ready.ok and "journalctl -u vllm-kimi-k25 -n 50" in ready.detail
+    assert not any(r.url.endswith("/v1/completions") for r in h.requests)
+    assert ("postcheck", True) not in steps(h)
+
+
+def test_smoke_failures_fail_the_start() -> None:
+    cases: list[tuple[tuple[int, str], str]] = [
+        ((500, '{"object":"error","message":"EngineCore died","code":500}'),
+         "HTTP 500: EngineCore died"),
+        ((200, '{"choices":[{"index":0,"text":""}]}'), "does not match 'Paris'"),
+        ((200, '{"choices":[{"index":0,"text":" Lyon."}]}'), "' Lyon.' does not match 'Paris'"),
+        ((200, '{"detail":"Not Found"}'), "without a completion"),
+    ]
+    for completion, says in cases:
+        h = Host(completion=completion)
+        out = run(h, svc=READY)
+        assert out.status == "failed", completion
+        assert says in out.summary, (says, out.summary)
+
+
+def test_without_an_expectation_any_non_empty_text_passes_but_empty_fails() -> None:
+    svc = {"smoke_prompt": "Hello"}
+    h = Host(models=(200, '{"object":"list","data":[{"id":"a"},{"id":"b"}]}'))
+    assert run(h, svc=svc).status == "succeeded"
+    # Without served_model, the smoke test asks the first model listed.
+    smoke = next(r for r in h.requests if r.url.endswith("/v1/completions"))
+    assert smoke.body is not None and b'"model": "a"' in smoke.body
+    h = Host(completion=(200, '{"choices":[{"index":0,"text":"  "}]}'))
+    out = run(h, svc=svc)
+    assert out.status == "failed" and "empty completion" in out.summary
+
+
+def test_a_version_the_server_reports_must_be_the_installed_one() -> None:
+    h = Host(version_answer=(200, '{"version":"0.15.1"}'))
+    out = run(h, version="0.16.0")
+    assert out.status == "failed"
+    assert "the server reports version 0.15.1, but vllm 0.16.0 is installed" in out.summary
+    h = Host()  # /version answers 404: nothing to compare
+    assert run(h).status == "succeeded"
+    assert end(h, Step.READINESS).detail.startswith(
+        "skipped: GET http://127.0.0.1:8000/version reports no version (HTTP 404: ")
+
+
+def test_a_rollback_start_is_gated_on_readiness_too() -> None:
+    h = Host(install_fails=1, models=(200, '{"object":"list","data":[]}'))
+    out = run(h, svc=READY)
+    assert out.status == "failed"
+    assert ("rollback_readiness", False) in steps(h)
+
+
+# ---- in-flight requests ------------------------------------------------------------------------
+
+
+def busy(running: int, waiting: int = 0) -> str:
+    return vllm_metrics({"0": running}, {"0": waiting}, {"0": 0.3})
+
+
+def test_the_stop_waits_until_no_request_runs_or_waits() -> None:
+    h = Host(metrics=[busy(3, 1), busy(2), busy(1), busy(0)])
+    out = run(h)
+    assert out.status == "succeeded"
+    shown = [p.text for p in h.progress if p.step == Step.REQUESTS]
+    assert shown == ["3 running, 1 waiting requests, KV cache 30 % used",
+                     "2 running, 0 waiting requests, KV cache 30 % used",
+                     "1 running, 0 waiting requests, KV cache 30 % used",
+                     "0 running, 0 waiting requests, KV cache 30 % used"]
+    assert end(h, Step.REQUESTS).summary.startswith("in-flight requests finished after 3.0s")
+    # Every /metrics read came before the stop.
+    assert verbs(h) == ["stop", "install", "start"]
+
+
+def test_requests_still_running_at_the_deadline_abort_with_the_service_untouched() -> None:
+    h = Host(metrics=[busy(2)])
+    out = run(h, svc={"request_drain_timeout_s": 5})
+    assert out.status == "aborted"
+    assert out.summary.startswith("2 running, 0 waiting requests, KV cache 30 % used still in "
+                                  "flight after 5s; service untouched")
+    assert "--force" in out.summary
+    assert verbs(h) == []
+
+
+def test_force_stops_at_once_and_says_what_it_interrupts() -> None:
+    h = Host(metrics=[busy(2, 1)])
+    out = run(h, force=True)
+    assert out.status == "succeeded"
+    assert end(h, Step.REQUESTS).summary == (
+        "--force: stopping with 2 running, 1 waiting requests, KV cache 30 % used, which are "
+        "interrupted")
+    assert len([r for r in h.requests if r.url.endswith("/metrics")]) == 1
+
+
+def test_zero_disables_the_wait() -> None:
+    h = Host(metrics=[busy(4)])
+    assert run(h, "restart", svc={"request_drain_timeout_s": 0}).status == "succeeded"
+    assert end(h, Step.REQUESTS).summary.startswith("not waiting (request_drain_timeout_s = 0)")
+
+
+def test_a_server_without_metrics_counts_as_idle_with_a_note() -> None:
+    h = Host(metrics=["<html>not found</html> {{"])
+    assert run(h).status == "succeeded"
+    assert end(h, Step.REQUESTS).summary.startswith(
+        "counted as idle: http://127.0.0.1:8000/metrics: not Prometheus text")
+    h = Host(metrics=[""])
+    assert run(h).status == "succeeded"
+    assert "has no vllm:num_requests_running" in end(h, Step.REQUESTS).summary
+
+
+def test_a_cancel_while_requests_drain_changes_nothing() -> None:
+    h = Host(metrics=[busy(2)], cancel_at=lambda a: isinstance(a, Progress))
+    out = run(h)
+    assert out.status == "cancelled" and "nothing was changed" in out.summary
+    assert verbs(h) == []
+
+
+# ---- start-up progress ---------------------------------------------------------------------------
+
+
+def test_the_phase_is_followed_from_the_journal_during_the_health_wait() -> None:
+    lines = [ln for ln, _, _, _ in START_UP]
+    h = Host(healthy_after_checks=6,
+             journal=[follow("the last line of the previous run"), follow(*lines[:4]),
+                      follow(*lines[4:6]), follow(*lines[6:11]), follow(*lines[11:14]),
+                      follow(*lines[14:])])
+    assert run(h).status == "succeeded"
+    shown = [p.text for p in h.progress if p.step == Step.HEALTH]
+    assert shown[:5] == ["loading weights", "loading weights 59 % (38/64)", "sizing the KV cache",
+                         "engine initialised", "API server up"]
+    assert all(p.start_up and p.elapsed_s is not None for p in h.progress
+               if p.step == Step.HEALTH)
+    # Each poll after the first asks for what follows the cursor the last one printed.
+    follows = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
+    assert any("--after-cursor=s=1;i=1" in a for a in follows)
+    assert "last phase: API server up" in end(h, Step.HEALTH).summary
+
+
+def test_progress_without_a_new_phase_is_shown_only_every_progress_interval() -> None:
+    h = Host(healthy_after_checks=60)  # 2 s polls: about two minutes of nothing new
+    assert run(h, svc={"start_timeout_s": 600, "progress_interval_s": 30}).status == "succeeded"
+    times = [p.elapsed_s for p in h.progress if p.step == Step.HEALTH]
+    assert len(times) <= 1 + 120 // 30 + 1, times
+    assert all(p.text == "waiting for the first log line" for p in h.progress
+               if p.step == Step.HEALTH)
+
+
+def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
+    tb = [ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
+          ENGINE + "Traceback (most recent call last):"]
+    h = Host(healthy_after_checks=10**6, journal=[follow(), follow(START_UP[5][0]), follow(*tb),
+                                                  follow(FAILURES[0][0])])
+    out = run(h, svc={"start_timeout_s": 1800})
+    assert out.status == "failed"
+    assert out.summary.startswith("start-up failed: CUDA out of memory: (EngineCore_DP0 "
+                                  "pid=48253) torch.OutOfMemoryError: CUDA out of memory.")
+    health = end(h, Step.HEALTH)
+    assert "EngineCore failed to start." in health.detail and FAILURES[0][0] in health.detail
+    assert "journalctl -u vllm-kimi-k25 -n 50 --no-pager" in health.detail
+    assert h.now < 30  # seconds of the flow's clock, not start_timeout_s
+
+
+def test_the_shm_broadcast_warning_does_not_end_the_wait() -> None:
+    shm = (ENGINE + "INFO 11-30 13:10:31 [shm_broadcast.py:501] No available shared memory "
+           "broadcast block found in 60 seconds. This typically happens when some processes "
+           "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+           "quantization).")
+    h = Host(healthy_after_checks=4, journal=[follow(shm), follow(shm)])
+    assert run(h).status == "succeeded"
+
+
+def test_following_starts_after_the_cursor_read_before_the_start() -> None:
+    h = Host()
+    h.journal = [follow("an old line", cursor="s=9;i=41")]  # answers the pre-start read
+    run(h)
+    reads = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
+    assert "-n" in reads[0] and reads[0][reads[0].index("-n") + 1] == "1"
+    assert "--after-cursor=s=9;i=41" in reads[1]
+
+
+# ---- status ---------------------------------------------------------------------------------
+
+
+def test_status_shows_the_served_model_and_the_load() -> None:
+    h = Host(metrics=[busy(3, 2)])
+    out = run(h, "status")
+    assert out.status == "succeeded"
+    assert ("serving kimi-k2.5; 3 running, 2 waiting requests, KV cache 30 % used"
+            in out.summary)
