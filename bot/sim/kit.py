@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import asyncssh
 
+from bot.sim import packages as sim_packages
 from bot.sim import procfs
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
@@ -50,6 +51,7 @@ from bot.sim.tools import TOOLS, unit
 
 Access = Literal["embedded", "sshd"]
 BIN_DIR = Path(__file__).resolve().parent / "bin"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "kimi-k25"
 INDEXES = {"nightly": "https://wheels.vllm.ai/nightly"}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -170,9 +172,13 @@ class SimKit:
         self.root.mkdir(parents=True, exist_ok=True)
         self.python.parent.mkdir(parents=True, exist_ok=True)
         if not self.python.exists():
-            # `df` on the venv is real, so the directory must be; the interpreter never runs.
-            self.python.write_text("#!/bin/sh\necho 'simulated venv: no interpreter' >&2\n"
-                                   "exit 127\n")
+            # `df` on the venv is real, so the directory must be. The interpreter runs the
+            # simulated one (bot.sim.tools.python) of whichever host's state the caller's
+            # environment names, so hosts of a fleet can share this file.
+            self.python.write_text(
+                "#!/bin/sh\n# Simulated venv interpreter (bot/sim/tools/python.py).\n"
+                f'PYTHONPATH="{REPO_ROOT}" exec "${{SIM_PYTHON:-python3}}" -S -m '
+                'bot.sim.tools python "$@"\n')
             self.python.chmod(0o755)
         key = asyncssh.generate_private_key("ssh-ed25519", comment="sim-client")
         # Created 0600 from the start: ssh refuses a private key others can read.
@@ -185,7 +191,12 @@ class SimKit:
         self.store.create(HostState(
             config=self.config, venv=str(self.venv_dir), health_port=self.health_port,
             service_port=self.service_port, owner_pid=os.getpid(),
-            installed_version=self._installed))
+            installed_version=self._installed, packages=env, cache=tuple(cached),
+            boot_version=self._installed))
+        env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
+        # The venv was installed with uv on this host: its wheels are in uv's cache.
+        cached = [*(sim_packages.pin(n, v) for n, v in env.items()),
+                  *([sim_packages.pin("vllm", self._installed)] if self._installed else [])]
 
     async def _wait_listening(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -310,7 +321,9 @@ class SimKit:
 
     def changes(self) -> list[str]:
         """The state-changing calls that reached the host, in order: ``stop``, ``start``,
-        ``dry-run``, ``install`` and ``rollback`` (an install of one pinned package)."""
+        ``dry-run``, ``prefetch`` (an install into a throwaway venv: only uv's cache
+        changes), ``install`` and ``rollback`` (``uv pip sync`` of a snapshot, or an
+        install of one pinned package)."""
         out = []
         for c in self.calls():
             a = c.argv
@@ -320,11 +333,22 @@ class SimKit:
                 out.append("dry-run" if "--dry-run" in a else
                            "rollback" if "--reinstall-package" in a else "install")
         return out
+            elif a[:3] == ("uv", "pip", "sync"):
+                out.append("rollback")
 
     def journal(self) -> list[str]:
+                           "prefetch" if str(self.python) not in a else
         """The journal as ``journalctl`` would print it right now."""
         now, host = time.time(), self.hostname
         return [format_journal(e, host) for e in self.store.journal() if e.ts <= now]
+    def environment(self) -> dict[str, str]:
+        """Every installed package and its version, vllm included (what a freeze lists)."""
+        return sim_packages.environment(self.state())
+
+    def cached(self) -> set[str]:
+        """The wheels in uv's cache, as ``name==version``."""
+        return set(self.state().cache)
+
 
 
 def fleet_fragment(kits: Sequence[SimKit], *, service: str = SERVICE,

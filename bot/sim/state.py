@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,14 @@ class HostConfig:
     # them only when given exactly this URL (flag or UV_INDEX_URL / UV_EXTRA_INDEX_URL).
     index_url: str = ""
     index_versions: tuple[str, ...] = ()
+    # The highest CUDA the driver supports (nvidia-smi's header), and what it says with
+    # the torch_cuda_mismatch fault: an older driver than the new torch needs.
+    driver_cuda: str = "13.1"
+    old_driver_cuda: str = "12.8"
+    # What a wheel not in uv's cache costs to fetch: MiB per second (0: no cost) and a
+    # fixed delay per wheel (connection, redirect, index page).
+    download_mib_per_s: float = 0.0
+    download_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -72,7 +80,8 @@ class HostConfig:
         if not 0 <= self.stuck_worker_mib <= self.gpu_total_mib:
             raise ValueError("stuck_worker_mib must be between 0 and gpu_total_mib")
         for name in ("release_delay_s", "load_delay_s", "fail_delay_s", "stop_delay_s",
-                     "install_duration_s", "install_output_lines", "flood_chars"):
+                     "install_duration_s", "install_output_lines", "flood_chars",
+                     "download_mib_per_s", "download_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.latest_version not in self.available_versions:
@@ -100,6 +109,18 @@ class Faults:
     health_503: bool = False  # the loaded server answers /health with 503
     start_fails: bool = False  # a start crashes with a traceback shortly after
     no_driver: bool = False  # nvidia-smi cannot talk to the driver
+    # Issue 10. The driver supports only old_driver_cuda, older than the CUDA the new
+    # release's torch is built for: that torch cannot start on this host.
+    torch_cuda_mismatch: bool = False
+    # `import vllm` fails for any vllm but the one the host booted with (a wheel built
+    # against another torch: undefined symbol in vllm/_C.abi3.so).
+    import_error: bool = False
+    # The index serves only the newest release's wheels: older builds (a nightly dev
+    # build, the previous torch) are gone, and only uv's cache still has them.
+    index_drops_old: bool = False
+    # The next real install moves the dependencies (torch...) and then fails writing
+    # vllm (disk full), leaving a mixed environment; then clears.
+    uv_fails_midway: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +147,12 @@ class HostState:
     faults: Faults = Faults()
     run: Run = Run()
     next_pid: int = FIRST_PID
+    # Every installed package but vllm (which is installed_version): name -> version.
+    packages: dict[str, str] = field(default_factory=dict)
+    # The wheels in uv's cache, as "name==version".
+    cache: tuple[str, ...] = ()
+    # The vllm the host booted with (import_error spares it).
+    boot_version: str | None = None
 
     @property
     def python(self) -> str:
@@ -143,8 +170,9 @@ class HostState:
             config=HostConfig(**cfg),
             faults=Faults(**data["faults"]),
             run=Run(**data["run"]),
+            cache=tuple(data.get("cache", ())),
             **{f.name: data[f.name] for f in fields(cls)
-               if f.name not in ("config", "faults", "run")},
+               if f.name not in ("config", "faults", "run", "cache") and f.name in data},
         )
 
 

@@ -20,10 +20,14 @@ TOOLS = {
     "journalctl": "journalctl",
     "pgrep": "pgrep",
 }
+# Tools that are no command on PATH: the venv's interpreter (SimKit writes
+# <venv>/bin/python to run it).
+VENV_TOOLS = {"python": "python"}
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in TOOLS:
+    modules = {**TOOLS, **VENV_TOOLS}
+    if not argv or argv[0] not in modules:
         print(f"usage: python -m bot.sim.tools {{{','.join(TOOLS)}}} [ARGS...]", file=sys.stderr)
         return 2
     tool, args = argv[0], argv[1:]
@@ -33,6 +37,6 @@ def main(argv: list[str]) -> int:
         print(f"{tool}: {e}", file=sys.stderr)
         return 127
     store.log_call(tool, argv)
-    module = importlib.import_module(f"bot.sim.tools.{TOOLS[tool]}")
+    module = importlib.import_module(f"bot.sim.tools.{modules[tool]}")
     run: Callable[[StateStore, list[str]], int] = module.main
     return run(store, args)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bot.sim.packages import driver_cuda
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
 
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -117,12 +118,12 @@ def _wide(text: str) -> str:
     return f"| {text:<{_WIDE - 2}} |"
 
 
-def _table(gpus: list[SimGpu], procs: list[SimProcess]) -> str:
+def _table(gpus: list[SimGpu], procs: list[SimProcess], cuda: str = CUDA_VERSION) -> str:
     """An approximation of the default nvidia-smi screen."""
     full = "+" + "-" * _WIDE + "+"
     out = [time.strftime("%a %b %d %H:%M:%S %Y"), full,
            _wide(f"NVIDIA-SMI {DRIVER_VERSION}             Driver Version: {DRIVER_VERSION}"
-                 f"     CUDA Version: {CUDA_VERSION}"),
+                 f"     CUDA Version: {cuda}"),
            _rule(),
            _row("GPU  Name                 Persistence-M", "Bus-Id          Disp.A",
                 "Volatile Uncorr. ECC"),
@@ -217,14 +218,15 @@ def _csv(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
     return _query_apps(gpus, procs, names, header, nounits)
 
 
-def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
+def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess],
+            cuda: str = CUDA_VERSION) -> str:
     if a.query_gpu is not None or a.query_apps is not None:
         return _csv(a, gpus, procs)
     if a.fmt is not None:
         raise _BadArgs
     if a.list_gpus:
         return "".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus)
-    return _table(gpus, procs)
+    return _table(gpus, procs, cuda)
 
 
 def main(store: StateStore, args: list[str]) -> int:
@@ -237,7 +239,7 @@ def main(store: StateStore, args: list[str]) -> int:
         gpus, procs = host_view(st, time.time())
         if a.ids is not None:
             gpus = [g for g in gpus if g.index in a.ids]
-        sys.stdout.write(_output(a, gpus, procs))
+        sys.stdout.write(_output(a, gpus, procs, driver_cuda(st)))
     except _BadArgs as e:
         print(e)
         return 2

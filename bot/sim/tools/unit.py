@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 from bot.sim import vllm_server
+from bot.sim.packages import cuda_problem, import_problem
 from bot.sim.state import (
     ENGINE_PID_OFFSET,
     WORKER_PID_OFFSET,
@@ -118,7 +119,9 @@ def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
 def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list[JournalEntry]]:
     cfg = st.config
     version = st.installed_version
-    fails = may_fail and (version is None or st.faults.start_fails)
+    # A venv that cannot import vllm, or a torch the driver is too old for, crashes too.
+    broken = import_problem(st) is not None or cuda_problem(st) is not None
+    fails = may_fail and (version is None or st.faults.start_fails or broken)
     run = Run(generation=st.run.generation + 1, main_pid=st.next_pid, version=version,
               started_at=t0, ready_at=t0 + cfg.load_delay_s,
               fail_at=t0 + cfg.fail_delay_s if fails else None)

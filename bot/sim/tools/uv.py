@@ -1,9 +1,16 @@
-"""Simulated ``uv``: ``uv pip show`` and ``uv pip install`` of the one package that moves, vllm.
+"""Simulated ``uv``: ``pip show``, ``pip freeze``, ``pip install`` (and its dry run),
+``pip sync`` and ``venv``, over the host's whole environment (``bot.sim.packages``).
 
-Like uv 0.9, everything but ``pip show`` reports on stderr.  A real install
-streams its progress over ``install_duration_s``; the old version is gone from
-the "Uninstalled" line until the "Installed" one, so an install killed in
-between leaves vllm missing, as it would on a real host.
+Like uv 0.13, everything but ``pip show`` and ``pip freeze`` reports on stderr. A vllm
+version pulls in its release's packages (torch, the CUDA wheels...); an install changes
+every one that moves and never removes one (as uv pip install does), ``pip sync`` makes
+the environment exactly its file. Wheels come from uv's cache when it holds them; any
+other is downloaded (``download_mib_per_s``, ``download_delay_s``) and then cached, and
+``--offline`` finds only what is cached. A real install streams its progress over
+``install_duration_s`` plus its downloads; vllm is gone from the "Uninstalled" line until
+the "Installed" one, so an install killed in between leaves vllm missing, as it would on
+a real host. An install into another venv made by ``uv venv`` (the bot's prefetch)
+changes nothing but the cache.
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from bot.sim import packages as pk
 from bot.sim.state import HostState, StateStore
 
-UV_VERSION = "uv 0.9.5"
-PACKAGE = "vllm"
-RESOLVED = 152
+UV_VERSION = "uv 0.13.9"
+PACKAGE = pk.PACKAGE
 REQUIRES = (
     "aiohttp, blake3, cachetools, cloudpickle, compressed-tensors, depyf, einops, fastapi, "
     "filelock, gguf, lark, llguidance, lm-format-enforcer, mistral-common, msgspec, ninja, "
@@ -34,6 +42,8 @@ NO_VENV = ("error: No virtual environment found; run `uv venv` to create an envi
 OUTPUT_BATCHES = 50
 FLOOD_BLOCK = 1024 * 1024
 STALL_POLL_S = 0.05
+# Written into a venv `uv venv` makes, so an install into it is known for a throwaway.
+VENV_MARK = "# simulated by bot.sim.tools.uv\n"
 
 
 def _elapsed(seconds: float) -> str:
@@ -43,6 +53,10 @@ def _elapsed(seconds: float) -> str:
     if seconds >= 1:
         return f"{int(seconds)}.{int(seconds * 100) % 100:02d}s"
     return f"{int(seconds * 1000)}ms"
+
+
+def _plural(n: int, noun: str = "package") -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _err(text: str) -> None:
@@ -74,9 +88,25 @@ def _ours(st: HostState, python: str) -> bool:
     return os.path.realpath(python) == os.path.realpath(st.python)
 
 
+def _throwaway(python: str) -> bool:
+    """A venv `uv venv` made (the bot's prefetch): only the cache changes."""
+    cfg = Path(python).parent.parent / "pyvenv.cfg"
+    try:
+        return cfg.read_text().endswith(VENV_MARK)
+    except OSError:
+        return False
+
+
 def _unexpected(arg: str, sub: str) -> int:
     _err(f"error: unexpected argument '{arg}' found\n\n"
          f"Usage: uv pip {sub} [OPTIONS] <PACKAGE>\n\nFor more information, try '--help'.")
+    return 2
+
+
+def _externally_managed(python: str) -> int:
+    _err(f"error: The interpreter at {os.path.dirname(os.path.dirname(python))} is "
+         "externally managed, and indicates the following:\n\n"
+         "  To install Python packages system-wide, try apt install python3-xyz")
     return 2
 
 
@@ -120,9 +150,12 @@ class _Request:
     python: str | None = None
     dry_run: bool = False
     reinstall_all: bool = False
+    offline: bool = False
+    no_deps: bool = False
     reinstall: set[str] = field(default_factory=set)
     indexes: list[str] = field(default_factory=list)
     specs: list[str] = field(default_factory=list)
+    requirements: list[str] = field(default_factory=list)  # -r files
 
     @property
     def reinstalls(self) -> bool:
@@ -130,7 +163,9 @@ class _Request:
 
 
 _VALUE_OPTIONS = ("--python", "-p", "--reinstall-package", "--extra-index-url", "--index-url",
-                  "-i")
+                  "-i", "-r", "--requirement")
+_FLAGS = {"--dry-run": "dry_run", "--force-reinstall": "reinstall_all",
+          "--reinstall": "reinstall_all", "--offline": "offline", "--no-deps": "no_deps"}
 
 
 def _parse_install(args: list[str], env: Mapping[str, str] = os.environ
@@ -146,24 +181,33 @@ def _parse_install(args: list[str], env: Mapping[str, str] = os.environ
             req.python = val
         elif key == "--reinstall-package":
             req.reinstall.add(val.lower())
+        elif key in ("-r", "--requirement"):
+            req.requirements.append(val)
         elif key in ("--extra-index-url", "--index-url", "-i"):
             req.indexes.append(val)
             extra_flag |= key == "--extra-index-url"
             index_flag |= key != "--extra-index-url"
-        elif a == "--dry-run":
-            req.dry_run = True
-        elif a in ("--force-reinstall", "--reinstall"):
-            req.reinstall_all = True
+        elif a in _FLAGS:
+            setattr(req, _FLAGS[a], True)
+        elif a in ("--quiet", "-q"):
+            pass
         elif a.startswith("-"):
             return a
         else:
             req.specs.append(a)
+    return _from_env(req, env, extra_flag=extra_flag, index_flag=index_flag)
+
+
+def _from_env(req: _Request, env: Mapping[str, str], *, extra_flag: bool,
+              index_flag: bool) -> _Request:
     # As uv's clap options do: the variable stands in for its flag when the flag is absent
     # (UV_EXTRA_INDEX_URL holds space-separated URLs).
     if not extra_flag:
         req.indexes.extend(env.get("UV_EXTRA_INDEX_URL", "").split())
     if not index_flag and env.get("UV_INDEX_URL"):
         req.indexes.append(env["UV_INDEX_URL"])
+    if env.get("UV_OFFLINE", "").lower() in ("1", "true"):
+        req.offline = True
     return req
 
 
@@ -185,10 +229,7 @@ def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
                             f"require {name}, we can conclude that your requirements are "
                             "unsatisfiable.")
     target = version or st.config.latest_version
-    versions = st.config.available_versions
-    if st.config.index_url and st.config.index_url in indexes:
-        versions += st.config.index_versions
-    if target not in versions:
+    if not pk.served(st, PACKAGE, target, indexes):
         return _no_solution(f"Because there is no version of {spec} and you require {spec}, "
                             "we can conclude that your requirements are unsatisfiable.")
     if st.faults.resolve_fails:
@@ -205,6 +246,77 @@ def _sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
 
+def _read_requirements(paths: list[str]) -> dict[str, str] | str:
+    """name -> version of the ``name==version`` lines of -r files (/dev/stdin too)."""
+    pins: dict[str, str] = {}
+    for path in paths:
+        try:
+            text = sys.stdin.read() if path in ("-", "/dev/stdin") else Path(path).read_text()
+        except OSError as e:
+            return f"error: File not found: `{path}` ({e.strerror})"
+        for line in text.splitlines():
+            name, sep, version = line.strip().partition("==")
+            if sep:
+                pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def _changes(old: Mapping[str, str], new: Mapping[str, str], reinstall: bool) -> list[str]:
+    """uv's ` - `/` + `/` ~ ` lines, by name."""
+    lines = []
+    for name in sorted(set(new) | set(old)):
+        before, after = old.get(name), new.get(name)
+        if after is None:
+            continue  # uv pip install never removes; sync passes its own "old"
+        if before == after:
+            if reinstall:
+                lines.append(f" ~ {pk.pin(name, after)}")
+            continue
+        if before is not None:
+            lines.append(f" - {pk.pin(name, before)}")
+        lines.append(f" + {pk.pin(name, after)}")
+    return lines
+
+
+def _missing(st: HostState, wanted: Mapping[str, str], req: _Request) -> list[str] | int:
+    """The pins to download; or the exit status after uv's error for one it cannot get.
+    Online, every wanted pin must be on the index (uv looks each up there, cached wheel
+    or not); offline, only the cache counts."""
+    cache = set(st.cache)
+    for name, version in sorted(wanted.items()):
+        p = pk.pin(name, version)
+        if req.offline and p not in cache:
+            _err(f"error: Failed to download `{p}`\n  Caused by: Network connectivity is "
+                 "disabled, but the requested data wasn't found in the cache for: "
+                 f"`{_wheel_url(req, name, version)}`")
+            return 2
+        if not req.offline and not pk.served(st, name, version, req.indexes):
+            return _no_solution(f"Because there is no version of {p} and you require {p}, "
+                                "we can conclude that your requirements are unsatisfiable.")
+    return [pk.pin(n, v) for n, v in sorted(wanted.items()) if pk.pin(n, v) not in cache]
+
+
+def _download(store: StateStore, need: list[str], t0: float) -> float:
+    """Fetch the wheels into the cache, one after the other; returns when it ended."""
+    cfg = store.read().config
+    for p in need:
+        name = p.partition("==")[0]
+        if pk.size_mib(name) >= 1:
+            _err(f"Downloading {name} ({pk.size_mib(name):.1f}MiB)")
+    t = t0
+    for p in need:
+        name = p.partition("==")[0]
+        t += cfg.download_delay_s + (pk.size_mib(name) / cfg.download_mib_per_s
+                                     if cfg.download_mib_per_s > 0 else 0.0)
+        _sleep_until(t)
+        with store.transaction() as tx:
+            if p not in tx.state.cache:
+                tx.state = replace(tx.state, cache=(*tx.state.cache, p))
+        if pk.size_mib(name) >= 1:
+            _err(f" Downloaded {name}")
+    return max(t, time.time())
+
+
 def _install(store: StateStore, args: list[str]) -> int:
     req = _parse_install(args)
     if isinstance(req, str):
@@ -216,11 +328,10 @@ def _install(store: StateStore, args: list[str]) -> int:
         _err(problem)
         return 2
     assert req.python is not None
+    if _throwaway(req.python):
+        return _prefetch(store, req, t0)
     if not _ours(st, req.python):
-        _err(f"error: The interpreter at {os.path.dirname(os.path.dirname(req.python))} is "
-             "externally managed, and indicates the following:\n\n"
-             "  To install Python packages system-wide, try apt install python3-xyz")
-        return 2
+        return _externally_managed(req.python)
     if len(req.specs) != 1:
         _err("error: the following required arguments were not provided:\n  <PACKAGE>"
              if not req.specs else "error: the simulator installs one package spec at a time")
@@ -230,21 +341,50 @@ def _install(store: StateStore, args: list[str]) -> int:
     target = _resolve(st, req.specs[0], req.indexes)
     if isinstance(target, int):
         return target
-    _err(f"Resolved {RESOLVED} packages in {_elapsed(time.time() - t0)}")
-    old = st.installed_version
-    if old == target and not req.reinstalls:
-        _err("Would make no changes" if req.dry_run else "Audited 1 package in 2ms")
+    wanted = {**pk.deps_of(target), PACKAGE: target}
+    old = pk.environment(st)
+    moved = {n: v for n, v in wanted.items() if old.get(n) != v}
+    _err(f"Resolved {len(wanted)} packages in {_elapsed(time.time() - t0)}")
+    if not moved and not req.reinstalls:
+        _err("Would make no changes" if req.dry_run else f"Audited {len(wanted)} packages in 2ms")
         return 0
+    # What is installed: every moved package, or all of them for a full reinstall.
+    fetch = wanted if req.reinstall_all else (
+        {**moved, PACKAGE: target} if req.reinstalls else moved)
+    need = _missing(st, fetch, req)
+    if isinstance(need, int):
+        return need
+    reinstall = req.reinstall_all or req.reinstalls
+    lines = _changes(old, fetch if reinstall else moved, reinstall)
     if req.dry_run:
-        _err("Would download 1 package")
-        if old is not None:
-            _err("Would uninstall 1 package")
-        _err("Would install 1 package")
-        if old is not None:
-            _err(f" - {PACKAGE}=={old}")
-        _err(f" + {PACKAGE}=={target}")
+        removed = sum(1 for n in fetch if n in old)
+        _err(f"Would download {_plural(len(need))}")
+        if removed:
+            _err(f"Would uninstall {_plural(removed)}")
+        _err(f"Would install {_plural(len(fetch))}\n" + "\n".join(lines))
         return 0
-    return _apply(store, req, target, t0)
+    return _apply(store, req, target, fetch, need, lines, t0)
+
+
+def _prefetch(store: StateStore, req: _Request, t0: float) -> int:
+    """An install into a throwaway venv: the wheels reach the cache, nothing else changes."""
+    pins = _read_requirements(req.requirements)
+    if isinstance(pins, str):
+        _err(pins)
+        return 2
+    wanted = {**pins, **{n: v for n, _, v in (s.partition("==") for s in req.specs) if v}}
+    st = store.read()
+    _err(f"Resolved {_plural(len(wanted))} in {_elapsed(time.time() - t0)}")
+    need = _missing(st, wanted, req)
+    if isinstance(need, int):
+        return need
+    if _download_fails(store):
+        return _download_error(req, need[0] if need else pk.pin(PACKAGE, "?"))
+    done = _download(store, need, time.time())
+    _err(f"Prepared {_plural(len(wanted))} in {_elapsed(done - t0)}")
+    _err(f"Installed {_plural(len(wanted))} in 41ms")
+    _err("\n".join(f" + {pk.pin(n, v)}" for n, v in sorted(wanted.items())))
+    return 0
 
 
 def _stall(store: StateStore) -> float:
@@ -265,10 +405,28 @@ def _download_fails(store: StateStore) -> bool:
         return faults.uv_fails or faults.uv_fails_always
 
 
-def _wheel_url(req: _Request, version: str) -> str:
+def _fails_midway(store: StateStore) -> bool:
+    with store.transaction() as tx:
+        faults = tx.state.faults
+        if faults.uv_fails_midway:
+            tx.state = replace(tx.state, faults=replace(faults, uv_fails_midway=False))
+        return faults.uv_fails_midway
+
+
+def _download_error(req: _Request, pinned: str) -> int:
+    name, _, version = pinned.partition("==")
+    _err(f"error: Failed to download `{pinned}`\n"
+         "  Caused by: Request failed after 3 retries\n"
+         f"  Caused by: error sending request for url ({_wheel_url(req, name, version)})\n"
+         "  Caused by: client error (Connect)\n"
+         "  Caused by: tcp connect error: Connection timed out (os error 110)")
+    return 2
+
+
+def _wheel_url(req: _Request, name: str, version: str) -> str:
     base = (_without_credentials(req.indexes[0]).rstrip("/") if req.indexes
             else "https://files.pythonhosted.org/packages")
-    return f"{base}/{PACKAGE}-{version.replace('+', '%2B')}-cp38-abi3-manylinux_2_31_x86_64.whl"
+    return f"{base}/{name}-{version.replace('+', '%2B')}-cp38-abi3-manylinux_2_31_x86_64.whl"
 
 
 def _without_credentials(url: str) -> str:
@@ -302,38 +460,141 @@ def _flood(chars: int) -> None:
     _write("\n")
 
 
-def _apply(store: StateStore, req: _Request, target: str, t0: float) -> int:
+def _set_env(tx_state: HostState, env: Mapping[str, str]) -> HostState:
+    """The state with exactly ``env`` installed (vllm in installed_version)."""
+    others = {n: v for n, v in env.items() if n != PACKAGE}
+    return replace(tx_state, packages=others, installed_version=env.get(PACKAGE))
+
+
+def _apply(store: StateStore, req: _Request, target: str, fetch: Mapping[str, str],
+           need: list[str], lines: list[str], t0: float) -> int:
     t0 += _stall(store)
     st = store.read()
     cfg = st.config
     if st.faults.uv_floods:
         _flood(cfg.flood_chars)
         t0 = time.time()  # the install's own timeline starts after the flood
-    at = [t0 + f * cfg.install_duration_s for f in (0.1, 0.4, 0.7, 0.8, 1.0)]
     if _download_fails(store):
-        _sleep_until(at[1])
-        _err(f"error: Failed to download `{PACKAGE}=={target}`\n"
-             "  Caused by: Request failed after 3 retries\n"
-             f"  Caused by: error sending request for url ({_wheel_url(req, target)})\n"
-             "  Caused by: client error (Connect)\n"
-             "  Caused by: tcp connect error: Connection timed out (os error 110)")
-        return 2
+        _sleep_until(t0 + 0.4 * cfg.install_duration_s)
+        return _download_error(req, pk.pin(PACKAGE, target))
+    # The downloads come between resolving and preparing; the rest keeps its pace.
+    shift = _download(store, need, time.time()) - time.time()
+    at = [t0 + shift + f * cfg.install_duration_s for f in (0.1, 0.4, 0.7, 0.8, 1.0)]
     if cfg.install_output_lines:
         _stream_output(cfg.install_output_lines, target, at[0], at[2])
     _sleep_until(at[2])
-    _err(f"Prepared 1 package in {_elapsed(time.time() - at[0])}")
+    _err(f"Prepared {_plural(len(fetch))} in {_elapsed(time.time() - at[0])}")
     _sleep_until(at[3])
     with store.transaction() as tx:
-        old = tx.state.installed_version
+        old = pk.environment(tx.state)
+        # vllm goes first; its dependencies move with the "Installed" line.
         tx.state = replace(tx.state, installed_version=None)
-    if old is not None:
-        _err(f"Uninstalled 1 package in {_elapsed(time.time() - at[2])}")
+    removed = sum(1 for n in fetch if n in old)
+    if removed:
+        _err(f"Uninstalled {_plural(removed)} in {_elapsed(time.time() - at[2])}")
     _sleep_until(at[4])
+    midway = _fails_midway(store)
     with store.transaction() as tx:
-        tx.state = replace(tx.state, installed_version=target)
-    _err(f"Installed 1 package in {_elapsed(time.time() - at[3])}")
-    _err(f" ~ {PACKAGE}=={target}" if old == target
-         else (f" - {PACKAGE}=={old}\n" if old else "") + f" + {PACKAGE}=={target}")
+        new = {**old, **fetch}
+        if midway:
+            del new[PACKAGE]
+        tx.state = _set_env(tx.state, new)
+    if midway:
+        _err(f"error: Failed to install: {PACKAGE}-{target}-cp38-abi3-manylinux_2_31_x86_64."
+             f"whl ({PACKAGE}=={target})\n  Caused by: failed to write to file `{st.venv}/lib/"
+             "python3.12/site-packages/vllm/_C.abi3.so`: No space left on device (os error 28)")
+        return 2
+    _err(f"Installed {_plural(len(fetch))} in {_elapsed(time.time() - at[3])}")
+    _err("\n".join(lines))
+    return 0
+
+
+def _freeze(store: StateStore, args: list[str]) -> int:
+    req = _parse_install(args)
+    if isinstance(req, str) or req.specs:
+        return _unexpected(req if isinstance(req, str) else req.specs[0], "freeze")
+    st = store.read()
+    problem = _python_error(req.python)
+    if problem:
+        _err(problem)
+        return 2
+    assert req.python is not None
+    env = pk.environment(st) if _ours(st, req.python) else {}
+    _err(f"Using Python 3.12.3 environment at: {os.path.dirname(os.path.dirname(req.python))}")
+    sys.stdout.write("".join(f"{pk.pin(n, v)}\n" for n, v in sorted(env.items())))
+    return 0
+
+
+def _sync(store: StateStore, args: list[str]) -> int:
+    """Make the environment exactly the file's pins (every other package removed)."""
+    req = _parse_install(args)
+    if isinstance(req, str):
+        return _unexpected(req, "sync")
+    t0 = time.time()
+    st = store.read()
+    problem = _python_error(req.python)
+    if problem or not req.specs:
+        _err(problem or "error: the following required arguments were not provided:\n"
+             "  <SRC_FILE>...")
+        return 2
+    assert req.python is not None
+    if not _ours(st, req.python):
+        return _externally_managed(req.python)
+    wanted = _read_requirements(req.specs)
+    if isinstance(wanted, str):
+        _err(wanted)
+        return 2
+    _sleep_until(t0 + 0.1 * st.config.install_duration_s)
+    _err(f"Resolved {_plural(len(wanted))} in {_elapsed(time.time() - t0)}")
+    old = pk.environment(st)
+    moved = {n: v for n, v in wanted.items() if old.get(n) != v}
+    gone = {n: v for n, v in old.items() if n not in wanted}
+    if not moved and not gone:
+        _err(f"Checked {_plural(len(wanted))} in 3ms")
+        return 0
+    need = _missing(st, moved, req)
+    if isinstance(need, int):
+        return need
+    if _download_fails(store):
+        return _download_error(req, need[0] if need else pk.pin(*next(iter(moved.items()))))
+    done = _download(store, need, time.time())
+    _sleep_until(done + 0.5 * st.config.install_duration_s)
+    with store.transaction() as tx:
+        tx.state = _set_env(tx.state, wanted)
+    if gone or any(n in old for n in moved):
+        _err(f"Uninstalled {_plural(len(gone) + sum(1 for n in moved if n in old))} in 12ms")
+    if moved:
+        _err(f"Installed {_plural(len(moved))} in 30ms")
+    lines = [f" - {pk.pin(n, v)}" for n, v in sorted(gone.items())]
+    lines += _changes(old, moved, False)
+    _err("\n".join(sorted(lines, key=lambda x: (x[3:].split("==")[0], x[1] == "+"))))
+    return 0
+
+
+def _venv(args: list[str]) -> int:
+    """``uv venv [--quiet] [--python P] PATH``: a venv whose installs only fill the cache."""
+    path: str | None = None
+    quiet = False
+    it = iter(args)
+    for a in it:
+        if a in ("--python", "-p"):
+            next(it, "")
+        elif a in ("--quiet", "-q"):
+            quiet = True
+        elif a.startswith("-"):
+            _err(f"error: unexpected argument '{a}' found")
+            return 2
+        else:
+            path = a
+    if path is None:
+        path = ".venv"
+    venv = Path(path)
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 127\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n" + VENV_MARK)
+    if not quiet:
+        _err(f"Using CPython 3.12.3\nCreating virtual environment at: {path}\n"
+             f"Activate with: source {path}/bin/activate")
     return 0
 
 
@@ -341,8 +602,11 @@ def main(store: StateStore, args: list[str]) -> int:
     if args in (["--version"], ["-V"], ["version"]):
         print(UV_VERSION)
         return 0
-    if len(args) >= 2 and args[0] == "pip" and args[1] in ("show", "install"):
-        return _show(store, args[2:]) if args[1] == "show" else _install(store, args[2:])
+    if args[:1] == ["venv"]:
+        return _venv(args[1:])
+    subs = {"install": _install, "freeze": _freeze, "sync": _sync}
+    if len(args) >= 2 and args[0] == "pip" and (args[1] in subs or args[1] == "show"):
+        return _show(store, args[2:]) if args[1] == "show" else subs[args[1]](store, args[2:])
     sub = " ".join(args[:2]) or "(none)"
     _err(f"error: unrecognized subcommand '{sub}'\n\nUsage: uv [OPTIONS] <COMMAND>\n\n"
          "For more information, try '--help'.")
