@@ -163,6 +163,12 @@ class ServiceSettings(_Section):
     # the status card's elapsed time is refreshed when the phase does not change.
     journal_follow_lines: int = Field(1000, ge=10, le=100000)
     progress_interval_s: float = Field(10.0, gt=0)
+    # A new version that starts but never turns healthy: restore the environment snapshot
+    # and start the old one (true), or stop there and say how to roll back (false).
+    rollback_on_unhealthy: bool = True
+    # The import gate (`python -c "import vllm, torch"`): importing a large vLLM takes a
+    # while on a cold page cache.
+    gate_timeout_s: float = Field(300, gt=0)
 
     @field_validator("unit")
     @classmethod

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bot.core import remote
+from bot.core.cuda import GATE_CODE
 from bot.core.flows import (
     BeginStep,
     Checkpoint,
@@ -60,6 +61,14 @@ class Host:
 
     version: str = "0.16.0rc2.dev313+g662205d34"
     installed_after: str = "0.16.0"
+    torch: str = "2.9.1"  # moves to 2.10.0 with any install, as a real vLLM upgrade does
+    freeze_ok: bool = True
+    save_ok: bool = True
+    prefetch_ok: bool = True
+    gate_stdout: str | None = None  # None: the gate's line for what is installed
+    gate_exit: int = 0
+    driver_cuda: str = "13.1"
+    sync_fails: int = 0  # how many rollback syncs fail before one succeeds
     load_state: str = "loaded"
     free_mib: int = 80_000
     dry_run_ok: bool = True
@@ -150,13 +159,18 @@ class Host:
                          "MainPID=4242\n")
         if a[1:3] == ("pip", "show"):
             return ok(a, f"Name: vllm\nVersion: {self.version}\n")
+        environment = self._environment(a)
+        if environment is not None:
+            return environment
         if a[0] == "df":
             return ok(a, "Filesystem 1048576-blocks Used Available Capacity Mounted on\n"
                          f"/dev/vda 258020 22298 {self.free_mib} 22% /\n")
         if "--dry-run" in a:
             spec = a[a.index("--force-reinstall") + 1]
             resolved = spec.split("==")[1] if "==" in spec else self.installed_after
-            return ok(a, stderr=f"Would install 1 package\n + vllm=={resolved}"
+            return ok(a, stderr=f"Would install 2 packages\n - torch=={self.torch}\n"
+                                " + torch==2.10.0\n ~ numpy==2.2.6\n"
+                                f" - vllm=={self.version}\n + vllm=={resolved}"
                       ) if self.dry_run_ok else ok(
                 a, stderr="  × No solution found when resolving dependencies", status=1)
         if a[1:3] == ("pip", "install"):
@@ -164,6 +178,7 @@ class Host:
                 self.install_fails -= 1
                 return ok(a, stderr="error: Failed to download `vllm`", status=2)
             self.version = a[-1].split("==")[-1] if "==" in a[-1] else self.installed_after
+            self.torch = "2.10.0"
             return ok(a, stderr=f" + vllm=={self.version}")
         if a[:2] == ("systemctl", "stop"):
             return ok(a) if self.stop_ok else ok(a, stderr="Failed to stop", status=5)
@@ -175,6 +190,9 @@ class Host:
             return ok(a, self.journal.pop(0) if self.journal else "")
         if a[0] == "journalctl":
             return ok(a, "Nov 30 13:12:01 h1 python3[4242]: RuntimeError: CUDA out of memory\n")
+        if a == ("nvidia-smi",):
+            return ok(a, "| NVIDIA-SMI 590.44.01   Driver Version: 590.44.01   "
+                         f"CUDA Version: {self.driver_cuda}     |\n")
         if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu"):
             if self.smi_exit:
                 return ok(a, "NVIDIA-SMI has failed because it couldn't communicate with the "
@@ -188,7 +206,7 @@ class Host:
             if self.stuck:
                 return ok(a, f"48304, VLLM::Worker_TP3, 96000 MiB, {UUIDS[3]}\n")
             return ok(a, "")
-        if a[0] == "pgrep" and a[-1].startswith("^uv pip install"):
+        if a[0] == "pgrep" and a[-1].startswith(UV_PATTERN):
             if self.uv_running_polls > 0:
                 self.uv_running_polls -= 1
                 return ok(a, "5151 uv pip install --python /opt/venvs/vllm/bin/python "
@@ -197,6 +215,37 @@ class Host:
         if a[0] == "pgrep":
             return ok(a, "48304 VLLM::Worker_TP3\n") if self.stuck else ok(a, status=1)
         raise AssertionError(f"unexpected command {a}")
+
+    def _environment(self, a: tuple[str, ...]) -> CommandResult | None:
+        """The commands of issue 10: freeze, keep the snapshot, prefetch, gate, sync."""
+        if a[1:3] == ("pip", "freeze"):
+            return ok(a, f"numpy==2.2.6\ntorch=={self.torch}\nvllm=={self.version}\n"
+                      ) if self.freeze_ok else ok(a, stderr="error: broken venv", status=2)
+        if a[:3] == ("sh", "-c", remote.SAVE_FROM_STDIN):
+            return ok(a) if self.save_ok else ok(
+                a, stderr="sh: 1: cannot create /opt/venvs/.chatops/x: Read-only file system",
+                status=2)
+        if a[:3] == ("sh", "-c", remote.PREFETCH_SCRIPT):
+            return ok(a, stderr="Downloading torch (880.0MiB)\n Downloaded torch\n"
+                      ) if self.prefetch_ok else ok(
+                a, stderr="error: Failed to download `torch==2.10.0`", status=2)
+        if a[1:] == ("-c", GATE_CODE):
+            line = self.gate_stdout if self.gate_stdout is not None else (
+                f'chatops-gate {{"vllm": "{self.version}", "torch": "{self.torch}", '
+                f'"cuda": "{TORCH_CUDA[self.torch]}"}}\n')
+            return ok(a, line, "Traceback (most recent call last):\nImportError: boom"
+                      if self.gate_exit else "", status=self.gate_exit)
+        if a[1:3] == ("pip", "sync"):
+            if self.sync_fails > 0:
+                self.sync_fails -= 1
+                return ok(a, stderr="error: Failed to download `torch==2.9.1`", status=2)
+            self.version, self.torch = "0.16.0rc2.dev313+g662205d34", "2.9.1"
+            return ok(a, stderr=" - torch==2.10.0\n + torch==2.9.1")
+        return None
+
+
+UV_PATTERN = "^uv pip (install|sync)"
+TORCH_CUDA = {"2.9.1": "12.8", "2.10.0": "13.0"}
 
 
 def drive(flow: Flow, host: Host) -> HostOutcome:
@@ -227,8 +276,15 @@ def verbs(host: Host) -> list[str]:
         if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
             out.append(a[1])
         elif a[1:3] == ("pip", "install") and "--dry-run" not in a:
-            out.append("rollback" if "--reinstall-package" in a else "install")
+            out.append("rollback" if is_rollback(a) else "install")
+        elif is_rollback(a):
+            out.append("rollback")
     return out
+
+
+def is_rollback(a: tuple[str, ...]) -> bool:
+    """A rollback: ``uv pip sync`` of the environment snapshot."""
+    return a[1:3] == ("pip", "sync")
 
 
 def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
@@ -237,14 +293,14 @@ def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
     assert out.status == "succeeded"
     assert (out.version_before, out.version_after) == ("0.16.0rc2.dev313+g662205d34", "0.16.0")
     assert steps(h) == [(s, True) for s in
-                        ("preflight", "requests", "stop", "drain", "reinstall", "start",
-                         "health", "readiness", "postcheck")]
+                        ("preflight", "prefetch", "requests", "stop", "drain", "reinstall",
+                         "gate", "start", "health", "readiness", "postcheck")]
     assert verbs(h) == ["stop", "install", "start"]
     install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
     # The index reaches uv through its environment, never its argv (which `ps` shows).
     assert install[-1] == "vllm==0.16.0" and not any("wheels" in x for x in install)
     assert (install, "https://wheels.vllm.ai/nightly") in h.index_env
-    assert len(h.index_env) == 2  # the dry run and the install
+    assert len(h.index_env) == 3  # the dry run, the prefetch and the install
     assert "--force-reinstall" in install
     labels = [n.label for n in h.notices if isinstance(n, Snapshot)]
     assert labels == ["after drain", "after restart"]
@@ -326,18 +382,24 @@ def test_reinstall_failure_rolls_back_to_the_recorded_version() -> None:
     assert out.status == "rolled_back"
     assert out.version_after == "0.16.0rc2.dev313+g662205d34"
     assert verbs(h) == ["stop", "install", "rollback", "start"]
-    rb = next(a for a in h.calls if "--reinstall-package" in a)
-    assert rb[-1] == "vllm==0.16.0rc2.dev313+g662205d34"
-    assert (rb, "https://wheels.vllm.ai/nightly") in h.index_env
+    rb = next(a for a in h.calls if is_rollback(a))
+    # The whole environment goes back: a sync of the snapshot kept on the host, from
+    # uv's cache first (no index needed).
+    assert "--offline" in rb and rb[-1].startswith("/opt/venvs/.chatops/vllm-")
+    assert rb[-1].endswith(".freeze.txt")
     assert ("reinstall", False) in steps(h) and ("rollback_health", True) in steps(h)
 
 
 def test_reinstall_and_rollback_failure_says_the_service_is_stopped() -> None:
-    h = Host(install_fails=2)
+    h = Host(install_fails=1, sync_fails=2)
     out = run(h)
     assert out.status == "failed"
-    assert "rollback" in out.summary and "STOPPED" in out.summary
-    assert verbs(h) == ["stop", "install", "rollback"]
+    assert "rollback from the index failed" in out.summary and "STOPPED" in out.summary
+    # The exact command to restore the snapshot by hand.
+    assert "restore the snapshot with `uv pip sync --python /opt/venvs/vllm/bin/python " \
+           "--offline /opt/venvs/.chatops/vllm-" in out.summary
+    # From uv's cache first, then from the index: two tries, no start.
+    assert verbs(h) == ["stop", "install", "rollback", "rollback"]
 
 
 def test_rollback_then_unhealthy_is_failed() -> None:
@@ -448,7 +510,9 @@ def test_status_with_broken_driver_reports_failure() -> None:
 
 
 def test_every_begun_step_is_ended() -> None:
-    for h in (Host(), Host(stuck=True), Host(install_fails=2), Host(health_status=503)):
+    for h in (Host(), Host(stuck=True), Host(install_fails=1, sync_fails=2),
+              Host(health_status=503), Host(gate_exit=3), Host(driver_cuda="12.8"),
+              Host(prefetch_ok=False), Host(save_ok=False)):
         run(h)
         begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
         ended = [n.step for n in h.notices if isinstance(n, EndStep)]
@@ -466,7 +530,7 @@ def is_install(a: tuple[str, ...]) -> bool:
 def installs_checks(host: Host) -> list[int]:
     """Indexes of the pgrep calls looking for a running uv install."""
     return [i for i, a in enumerate(host.calls)
-            if a[0] == "pgrep" and a[-1].startswith("^uv pip install")]
+            if a[0] == "pgrep" and a[-1].startswith(UV_PATTERN)]
 
 
 def test_host_unreachable_at_preflight_aborts_untouched() -> None:
@@ -500,7 +564,7 @@ def test_drain_keeps_polling_through_a_dropped_connection() -> None:
     out = run(h)
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "install", "start"]
-    assert steps(h)[3] == ("drain", True)  # after preflight, requests and stop
+    assert steps(h)[4] == ("drain", True)  # after preflight, prefetch, requests and stop
 
 
 def test_drain_with_the_host_gone_fails_at_the_drain_timeout() -> None:
@@ -550,7 +614,7 @@ def test_cut_reinstall_that_failed_on_the_host_rolls_back_after_uv_ended() -> No
     assert out.status == "rolled_back", out.summary
     assert "once uv had ended, vllm was 0.16.0rc2.dev313+g662205d34, not 0.16.0" in out.summary
     assert verbs(h) == ["stop", "install", "rollback", "start"]
-    rollback_i = next(i for i, a in enumerate(h.calls) if "--reinstall-package" in a)
+    rollback_i = next(i for i, a in enumerate(h.calls) if is_rollback(a))
     assert installs_checks(h)[-1] < rollback_i  # never two installs into the venv at once
 
 
@@ -597,11 +661,11 @@ def test_cut_reinstall_when_pgrep_cannot_tell_is_unknown() -> None:
 
 def test_cut_rollback_waits_too_then_restarts_on_the_old_version() -> None:
     h = Host(install_fails=1, uv_running_polls=1,
-             lose=lambda a: "--reinstall-package" in a)
+             lose=lambda a: is_rollback(a))
     out = run(h)
     assert out.status == "rolled_back", out.summary
     assert out.version_after == "0.16.0rc2.dev313+g662205d34"
-    rollback_i = next(i for i, a in enumerate(h.calls) if "--reinstall-package" in a)
+    rollback_i = next(i for i, a in enumerate(h.calls) if is_rollback(a))
     start_i = next(i for i, a in enumerate(h.calls) if a[:2] == ("systemctl", "start"))
     assert rollback_i < installs_checks(h)[0] < installs_checks(h)[-1] < start_i
 
@@ -610,7 +674,7 @@ def test_cut_rollback_with_the_host_gone_is_unknown_and_stopped() -> None:
     cut = [False]
 
     def lose(a: tuple[str, ...]) -> bool:
-        cut[0] = cut[0] or "--reinstall-package" in a
+        cut[0] = cut[0] or is_rollback(a)
         return cut[0]
 
     h = Host(install_fails=1, lose=lose)
@@ -621,11 +685,11 @@ def test_cut_rollback_with_the_host_gone_is_unknown_and_stopped() -> None:
 
 
 def test_cut_rollback_that_left_the_package_missing_says_stopped() -> None:
-    h = Host(install_fails=1, lose=lambda a: "--reinstall-package" in a)
+    h = Host(install_fails=1, lose=lambda a: is_rollback(a))
     inner = h.command
 
     def command(a: tuple[str, ...]) -> CommandResult:
-        if "--reinstall-package" in a:  # killed between uninstall and install
+        if is_rollback(a):  # killed between uninstall and install
             h.version = ""
             return ok(a, stderr="Uninstalled 1 package", status=143)
         return inner(a)
@@ -635,7 +699,8 @@ def test_cut_rollback_that_left_the_package_missing_says_stopped() -> None:
     assert out.status == "failed"
     assert "vllm was missing, not 0.16.0rc2.dev313+g662205d34" in out.summary
     assert "STOPPED" in out.summary
-    assert verbs(h) == ["stop", "install", "rollback"]
+    # Once uv had ended, the sync from the cache had failed: the index is tried too.
+    assert verbs(h) == ["stop", "install", "rollback", "rollback"]
 
 
 def test_lost_start_leaves_the_verdict_to_the_health_gate() -> None:
@@ -659,7 +724,7 @@ def test_cancel_during_a_cut_reinstall_takes_effect_after_uv_ended() -> None:
 def test_every_begun_step_is_ended_when_results_are_lost() -> None:
     for h in (Host(lose=lambda a: True), Host(lose=is_install),
               Host(lose=lambda a: a[:2] == ("systemctl", "stop")),
-              Host(install_fails=1, lose=lambda a: "--reinstall-package" in a)):
+              Host(install_fails=1, lose=lambda a: is_rollback(a))):
         run(h, svc={"install_timeout_s": 20})
         begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
         ended = [n.step for n in h.notices if isinstance(n, EndStep)]

@@ -318,15 +318,6 @@ class AuditLog:
         async with self._db.transaction(write=False) as conn:
             return await snapshots_sql.of_run(conn, run_id)
 
-    # -- records of the fallback journal -----------------------------------------
-
-    @_shielded
-    async def write_records(self, records: Sequence[JournalRecord], *,
-                            merge: bool) -> replay_sql.Applied:
-        """Write records made by ``bot.audit.resilient`` (already redacted) in one
-        transaction: one on its direct path (``merge=False``), or the fallback journal
-        being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""
-        now = now_ts()
     # -- environments (issue 10) -------------------------------------------------
 
     @_shielded
@@ -353,6 +344,15 @@ class AuditLog:
             out.setdefault(rec.run_id, list(rec.data.get("changes") or []))
         return out
 
+    # -- records of the fallback journal -----------------------------------------
+
+    @_shielded
+    async def write_records(self, records: Sequence[JournalRecord], *,
+                            merge: bool) -> replay_sql.Applied:
+        """Write records made by ``bot.audit.resilient`` (already redacted) in one
+        transaction: one on its direct path (``merge=False``), or the fallback journal
+        being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""
+        now = now_ts()
         async with self._db.transaction(write=True) as conn:
             return await replay_sql.apply(conn, list(records), merge=merge, now=now)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bot.core.gpu import GpuSnapshot
+from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, Step
 from bot.core.startup import StartHistory, progress_text
 from bot.core.status import HostStatus, RunStatus, StepStatus
@@ -85,6 +86,20 @@ class VersionsKnown:
 
 
 @dataclass(frozen=True, slots=True)
+class PackagesKnown:
+    """A package set a host's run learned (``bot.core.flows.Packages``): the planned or
+    the actual change, the snapshot a rollback restores, or the restored environment."""
+
+    run_id: int
+    host: str
+    kind: EnvKind
+    diff: PackageDiff | None
+    freeze: str | None = None  # the snapshot's text (kind SNAPSHOT)
+    lock: str | None = None  # where the snapshot is kept on the host
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class HostFinished:
     run_id: int
     host: str
@@ -113,7 +128,7 @@ class Notice:
 
 Event = (RunStarted | StepStarted | StepProgress | OutputLine | StepFinished | GpuTable
          | VersionsKnown
-         | HostFinished | RunFinished | Notice)
+         | PackagesKnown | HostFinished | RunFinished | Notice)
 
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 
 from bot.core import remote
+from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.gpu import (
     DrainVerdict,
     GpuSnapshot,
@@ -35,6 +36,17 @@ from bot.core.gpu import (
     parse_pgrep,
 )
 from bot.core.metrics import Load, MetricsError, parse_load
+from bot.core.packages import (
+    Change,
+    EnvKind,
+    Freeze,
+    PackageDiff,
+    diff_freezes,
+    downloaded_bytes,
+    parse_freeze,
+    parse_install_changes,
+    planned_diff,
+)
 from bot.core.plan import Plan, Step, cmd, readiness_command, requests_command
 from bot.core.readiness import (
     api_base,
@@ -122,7 +134,19 @@ class Versions:
     after: str | None
 
 
-Notice = BeginStep | EndStep | Snapshot | Versions
+@dataclass(frozen=True, slots=True)
+class Packages:
+    """A package set the run learned (``EnvKind``): a change (``diff``), or the whole
+    environment before anything changed (``freeze``, kept on the host at ``lock``)."""
+
+    kind: EnvKind
+    diff: PackageDiff | None = None
+    freeze: str | None = None
+    lock: str | None = None
+    note: str = ""  # why a diff is missing, or what it was compared with
+
+
+Notice = BeginStep | EndStep | Snapshot | Versions | Packages
 
 
 @dataclass(frozen=True, slots=True)
@@ -778,6 +802,7 @@ class _Preflight:
     before: str | None  # the installed version: what a rollback reinstalls
     target: str | None  # the version the install should leave (None: not known)
     refusal: str | None = None  # why it refused; None when every check passed
+    env: _Env | None = None  # the environment snapshot a rollback restores
 
 
 def _preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action, Any, _Preflight]:
@@ -791,7 +816,8 @@ def _preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action,
         props = yield from _preflight_unit(svc, host)
         before = yield from _preflight_version(svc)
         avail = yield from _preflight_disk(svc)
-        target = yield from _preflight_dry_run(plan, svc)
+        target, changes = yield from _preflight_dry_run(plan, svc)
+        env = yield from _preflight_snapshot(plan, svc, changes)
     except _Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason, None, e.evidence))
         return _Preflight(before, None, e.reason)
@@ -799,8 +825,11 @@ def _preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action,
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
                        f"{avail:,} MiB free, {plan.spec} resolves"
-                       + (f" to {target}" if target and not plan.version else "")))
-    return _Preflight(before, target)
+                       + (f" to {target}" if target and not plan.version else "")
+                       + f"; changes: {env.planned.headline()}; snapshot of "
+                       f"{env.freeze.count} packages"
+                       + ("" if plan.dry_run else f" kept as {env.lock}")))
+    return _Preflight(before, target, env=env)
 
 
 def _preflight_unit(svc: ServiceSettings, host: str) -> Generator[Action, Any, dict[str, str]]:
@@ -833,17 +862,224 @@ def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
     return avail
 
 
-def _preflight_dry_run(plan: Plan, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
-    """``uv pip install --dry-run``; returns the version the install should leave."""
+def _preflight_dry_run(plan: Plan, svc: ServiceSettings
+                       ) -> Generator[Action, Any, tuple[str | None, tuple[Change, ...]]]:
+    """``uv pip install --dry-run``; returns the version the install should leave, and
+    every package whose version it changes (uv's `` - ``/`` + `` lines, on stderr)."""
     dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
     dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s,
                           stdin=remote.index_input(plan.index_url))
     if not dry.ok:
         raise _Refused(f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}")
+    changes = parse_install_changes(dry.output)
     if plan.version is not None:
-        return plan.version
+        return plan.version, changes
     # What "latest" means now: after a lost connection, the version to look for.
-    return remote.parse_resolved_version(dry.output, svc.package)
+    return remote.parse_resolved_version(dry.output, svc.package), changes
+
+
+# ---- the whole environment: snapshot, prefetch, import gate, rollback (issue 10) -------
+
+
+@dataclass(frozen=True, slots=True)
+class _Env:
+    """The environment before anything changed, and what the install should change."""
+
+    freeze: Freeze  # the snapshot (``uv pip freeze``)
+    lock: str  # where the snapshot is kept on the host: what a rollback syncs to
+    planned: PackageDiff  # the dry run's changes
+
+
+def _preflight_snapshot(plan: Plan, svc: ServiceSettings, changes: tuple[Change, ...]
+                        ) -> Generator[Action, Any, _Env]:
+    """``uv pip freeze`` of the venv, kept on the host next to it (so a rollback never
+    depends on the bot) and recorded in the audit log. A snapshot that cannot be taken
+    or saved refuses the run: without it no rollback could restore what was there."""
+    argv = remote.freeze(svc)
+    r = yield from _run(Step.PREFLIGHT, argv, svc.command_timeout_s, quiet=True)
+    if not r.ok:
+        raise _Refused(f"cannot take the environment snapshot, so a rollback could not "
+                       f"restore it (`{cmd(argv)}`: {_explain(r)})", _evidence(argv, r))
+    snapshot = parse_freeze(r.stdout)
+    if not snapshot.versions:
+        raise _Refused(f"the environment snapshot is empty (`{cmd(argv)}` listed no "
+                       "package), so a rollback could not restore it", _evidence(argv, r))
+    lock = remote.lock_path(svc, snapshot.digest)
+    if not plan.dry_run:  # a dry run writes nothing on the host
+        save = remote.save_lock(svc, lock)
+        s = yield from _run(Step.PREFLIGHT, save, svc.command_timeout_s, quiet=True,
+                            stdin=snapshot.text.encode())
+        if not s.ok:
+            raise _Refused(f"cannot save the environment snapshot on the host as {lock} "
+                           f"({_explain(s)})", _evidence(save, s))
+    env = _Env(snapshot, lock, planned_diff(snapshot, changes))
+    yield Emit(Packages(EnvKind.SNAPSHOT, None, snapshot.text, None if plan.dry_run else lock))
+    yield Emit(Packages(EnvKind.PLANNED, env.planned))
+    return env
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "nothing downloaded"
+    return f"{n / 1024**3:.1f} GiB downloaded" if n >= 1024**3 else (
+        f"{n / 1024**2:.1f} MiB downloaded")
+
+
+def _prefetch(plan: Plan, svc: ServiceSettings, env: _Env) -> Generator[Action, Any, str | None]:
+    """Before the stop, fetch every wheel the install needs into uv's cache (the pinned
+    set the dry run leaves, installed into a throwaway venv that is removed), so the
+    outage holds no download. None when done, else why not (the service is untouched)."""
+    argv = remote.prefetch(svc, plan.index_url)
+    yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
+    pinned = env.freeze.applied(env.planned.changes)
+    stdin = (remote.index_input(plan.index_url) or b"") + pinned.requirements().encode()
+    started = (yield from _tick(0.0)).now
+    r = yield from _run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
+    took = (yield from _tick(0.0)).now - started
+    if not r.ok:
+        why = ("connection lost during the prefetch" if lost(r)
+               else _failed("prefetch", r, svc.install_timeout_s))
+        yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
+        return f"{why}: {_tail(r.output, 3)}" if not r.timed_out and not lost(r) else why
+    yield Emit(EndStep(Step.PREFETCH, True,
+                       f"{len(pinned.versions)} packages in uv's cache, "
+                       f"{_size(downloaded_bytes(r.output))} in {took:.1f}s", r.exit_status))
+    return None
+
+
+def _gate(svc: ServiceSettings, env: _Env, target: str | None
+          ) -> Generator[Action, Any, str | None]:
+    """Between install and start: record what the install really changed, then let the
+    venv's own interpreter import vllm and torch and compare torch's CUDA build with what
+    the driver supports. None when the new environment may start, else which check
+    failed and why (the step's output holds the interpreter's words)."""
+    yield Emit(BeginStep(Step.GATE, f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
+                         f"{svc.python} -c 'import vllm, torch'"))
+    yield from _record_change(svc, env, EnvKind.INSTALLED)
+    smi = yield from _run(Step.GATE, remote.driver_info(), svc.command_timeout_s, quiet=True)
+    driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
+    g = yield from _run(Step.GATE, remote.import_gate(svc), svc.gate_timeout_s)
+    report = parse_gate_output(g.stdout) if g.ok else None
+    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda,
+                           package=svc.package)
+    if verdict.ok:
+        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status))
+        return None
+    said = _tail(g.output, 1) if report is None else ""
+    why = verdict.reason + (f": {said}" if said else f" ({_why(g)})" if not g.ok else "")
+    yield Emit(EndStep(Step.GATE, False, f"{verdict.check} check failed: {why}",
+                       g.exit_status))
+    return f"the import gate refused the start ({verdict.check} check failed: {why})"
+
+
+def _record_change(svc: ServiceSettings, env: _Env, kind: EnvKind
+                   ) -> Generator[Action, Any, PackageDiff | None]:
+    """The freeze now, compared with the snapshot, recorded as ``kind``; None (and a
+    note saying why) when the freeze cannot be read."""
+    r = yield from _run(Step.GATE if kind == EnvKind.INSTALLED else Step.POSTCHECK,
+                        remote.freeze(svc), svc.command_timeout_s, quiet=True)
+    if not r.ok:
+        yield Emit(Packages(kind, None, note=f"`{cmd(remote.freeze(svc))}`: {_explain(r)}"))
+        return None
+    diff = diff_freezes(env.freeze, parse_freeze(r.stdout))
+    yield Emit(Packages(kind, diff))
+    return diff
+
+
+def _restore(plan: Plan, svc: ServiceSettings, before: str | None, env: _Env
+             ) -> Generator[Action, Any, tuple[InstallEnd, str]]:
+    """``uv pip sync`` of the snapshot: from uv's cache first (no network: a build the
+    index no longer serves comes back too), then from the index."""
+    offline = remote.sync_lock(svc, env.lock, offline=True)
+    verdict, why = yield from _install(svc, Step.ROLLBACK, offline, before,
+                                       "rollback from uv's cache",
+                                       f"restored the snapshot from uv's cache ({env.lock})",
+                                       None)
+    if verdict != "failed":
+        return verdict, why
+    online = remote.sync_lock(svc, env.lock, offline=False, index_url=plan.index_url)
+    return (yield from _install(svc, Step.ROLLBACK, online, before, "rollback from the index",
+                                f"restored the snapshot from the index ({env.lock})",
+                                remote.index_input(plan.index_url)))
+
+
+def rollback_command(svc: ServiceSettings, lock: str) -> str:
+    """What an operator types to restore the snapshot by hand."""
+    return (f"{cmd(remote.unit_stop(svc))} && {cmd(remote.sync_lock(svc, lock, offline=True))}"
+            f" && {cmd(remote.unit_start(svc))}")
+
+
+def _rollback_stop(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
+    """Stop the new version that never turned healthy and wait for its GPU memory, so
+    the snapshot can be restored under a stopped service. None when stopped and free."""
+    argv = remote.unit_stop(svc)
+    yield Emit(BeginStep(Step.ROLLBACK_STOP, f"{cmd(argv)}; poll GPU memory until released"))
+    r = yield from _run(Step.ROLLBACK_STOP, argv, svc.stop_timeout_s)
+    if not r.ok:
+        msg = _failed("systemctl stop", r, svc.stop_timeout_s)
+        yield Emit(EndStep(Step.ROLLBACK_STOP, False, msg, r.exit_status))
+        return msg
+    start = (yield from _tick(0.0)).now
+    why = "no answer yet"
+    while (yield from _tick(0.0)).now - start < svc.drain_timeout_s:
+        try:
+            _, verdict = yield from _drain_poll(svc, host)
+        except GpuQueryError as e:
+            why = e.reason
+        else:
+            if verdict.drained:
+                yield Emit(EndStep(Step.ROLLBACK_STOP, True, f"{svc.unit} stopped, GPU "
+                                   "memory released"))
+                return None
+            why = verdict.describe()
+        yield Sleep(svc.drain_poll_s)
+    msg = f"GPU memory still held {svc.drain_timeout_s:g}s after the stop: {why}"
+    yield Emit(EndStep(Step.ROLLBACK_STOP, False, msg))
+    return msg
+
+
+def _unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, err: str,
+               env: _Env) -> Flow:
+    """The new version started but never turned healthy: roll back (``rollback_on_unhealthy``,
+    the default) or stop there with the exact command to roll back."""
+    if not svc.rollback_on_unhealthy:
+        return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed and not "
+                           "healthy; rollback_on_unhealthy is off, so nothing was rolled "
+                           f"back. Roll back with: `{rollback_command(svc, env.lock)}`",
+                           before, None)
+    stopped = yield from _rollback_stop(svc, host)
+    if stopped is not None:
+        return HostOutcome(HostStatus.FAILED, f"{err}; stopping it to roll back failed: "
+                           f"{stopped}. Nothing was rolled back. Roll back with: "
+                           f"`{rollback_command(svc, env.lock)}`", before, None)
+    return (yield from _rollback(plan, svc, host, before, err, env))
+
+
+def _postcheck_restored(svc: ServiceSettings, host: str, env: _Env
+                        ) -> Generator[Action, Any, tuple[str | None, str | None]]:
+    """The post-check after a rollback: the version, the GPUs, and whether the freeze is
+    the snapshot again. Returns (version, how it differs from the snapshot or None)."""
+    yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.freeze(svc))}; "
+                         f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"))
+    diff = yield from _record_change(svc, env, EnvKind.RESTORED)
+    after = yield from _version(Step.POSTCHECK, svc)
+    if diff is None:
+        differs: str | None = ("the environment cannot be read, so it is not known to be "
+                               "the snapshot")
+    elif diff.changes:
+        differs = f"the environment DIFFERS from the snapshot: {diff.headline()}"
+    else:
+        differs = None
+    env_text = differs or f"environment equals the snapshot ({env.freeze.count} packages)"
+    try:
+        snap = yield from _snapshot(Step.POSTCHECK, svc, host)
+    except GpuQueryError as e:
+        gpus = f"GPU table unavailable: {e.reason}"
+    else:
+        yield Emit(Snapshot("after restart", snap))
+        gpus = f"{snap.used_mib:,} of {snap.total_mib:,} MiB in use"
+    yield Emit(EndStep(Step.POSTCHECK, differs is None, f"version {after}; {env_text}; {gpus}"))
+    return after, differs
 
 
 def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -853,9 +1089,15 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if pre.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {pre.refusal}", before, None)
+    assert pre.env is not None  # preflight refuses without a snapshot
     if plan.dry_run:
-        return HostOutcome(HostStatus.SUCCEEDED,
-                           f"dry run: preflight passed; would install {plan.spec}", before, None)
+        return HostOutcome(HostStatus.SUCCEEDED, f"dry run: preflight passed; would install "
+                           f"{plan.spec}, changing {pre.env.planned.headline()}", before, None)
+
+    fetch_failed = yield from _prefetch(plan, svc, pre.env)
+    if fetch_failed is not None:
+        return HostOutcome(HostStatus.ABORTED, f"prefetch failed; service untouched: "
+                           f"{fetch_failed}", before, None)
 
     if (yield from _tick()).cancel_requested:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
@@ -874,13 +1116,14 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if drain == "failed":
         return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED and nothing "
                            "was reinstalled; free the GPUs, then restart it.", before, None)
-    return (yield from _reinstall_and_start(plan, svc, host, before, pre.target))
+    return (yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env))
 
 
 def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
-                         target: str | None) -> Flow:
-    """The service is stopped and its GPUs free: reinstall (rolling back on failure),
-    then start, health-gate and post-check."""
+                         target: str | None, env: _Env) -> Flow:
+    """The service is stopped and its GPUs free: reinstall, import-gate, start,
+    health-gate and post-check; a failed reinstall, gate or health gate restores the
+    environment snapshot."""
     install = remote.install(svc, plan.spec, plan.index_url)
     verdict, why = yield from _install(svc, Step.REINSTALL, install, target, "reinstall",
                                        f"installed {plan.spec}",
@@ -891,7 +1134,12 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
             f"the service is STOPPED. {_status_hint(plan.service)} once the host answers.",
             before, None)
     if verdict == "failed":
-        return (yield from _rollback(plan, svc, host, before, why))
+        yield from _record_change(svc, env, EnvKind.INSTALLED)  # what the failure left
+        return (yield from _rollback(plan, svc, host, before, why, env))
+
+    refused = yield from _gate(svc, env, target)
+    if refused is not None:
+        return (yield from _rollback(plan, svc, host, before, refused, env))
 
     # A reinstall is never interrupted; a cancel that arrived meanwhile takes effect now.
     if (yield from _tick()).cancel_requested:
@@ -899,8 +1147,7 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
 
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed; roll back "
-                           f"with `redeploy {plan.service} --version {before}`.", before, None)
+        return (yield from _unhealthy(plan, svc, host, before, err, env))
     after = yield from _postcheck(svc, host)
     return HostOutcome(HostStatus.SUCCEEDED, f"{svc.package} {before} -> {after}, healthy",
                        before, after)
@@ -941,26 +1188,29 @@ def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: st
 
 
 def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
-              cause: str) -> Flow:
-    assert before is not None  # preflight refuses when the version is unknown
-    argv = remote.install_previous(svc, before, plan.index_url)
-    verdict, why = yield from _install(svc, Step.ROLLBACK, argv, before, f"rollback to {before}",
-                                       f"reinstalled {svc.package}=={before}",
-                                       remote.index_input(plan.index_url))
+              cause: str, env: _Env) -> Flow:
+    """Restore the whole environment snapshot (every package at its version), start it,
+    health-gate it, and check that the freeze is the snapshot again."""
+    verdict, why = yield from _restore(plan, svc, before, env)
+    by_hand = f"`{cmd(remote.sync_lock(svc, env.lock, offline=True))}`"
     if verdict == "unknown":
         return HostOutcome(
-            HostStatus.FAILED, f"{cause}; {why}. Which {svc.package} version is installed is "
-            f"unknown, and the service is STOPPED. {_status_hint(plan.service)} once "
-            "the host answers.", before, None)
+            HostStatus.FAILED, f"{cause}; {why}. Which packages are installed is unknown, and "
+            f"the service is STOPPED. {_status_hint(plan.service)} once the host answers; "
+            f"restore the snapshot with {by_hand}.", before, None)
     if verdict == "failed":
-        return HostOutcome(HostStatus.FAILED, f"{cause}; {why}. The service is STOPPED.",
-                           before, None)
+        return HostOutcome(HostStatus.FAILED, f"{cause}; {why}. The service is STOPPED; "
+                           f"restore the snapshot with {by_hand}.", before, None)
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
                            "The service is DOWN.", before, None)
-    after = yield from _postcheck(svc, host)
-    return HostOutcome(HostStatus.ROLLED_BACK, f"{cause}; rolled back to {after}, healthy",
+    after, differs = yield from _postcheck_restored(svc, host, env)
+    if differs is not None:
+        return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back and healthy on {after}, "
+                           f"but {differs}", before, after)
+    return HostOutcome(HostStatus.ROLLED_BACK, f"{cause}; rolled back to {after} (the whole "
+                       f"environment, {env.freeze.count} packages, as before), healthy",
                        before, after)
 
 

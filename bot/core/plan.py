@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -42,20 +43,27 @@ class Step(StrEnum):
     ROLLBACK_START = "rollback_start"
     ROLLBACK_HEALTH = "rollback_health"
     ROLLBACK_READINESS = "rollback_readiness"
+    # Issue 10: the whole environment.
+    PREFETCH = "prefetch"
+    GATE = "gate"
+    ROLLBACK_STOP = "rollback_stop"
     STATUS = "status"
 
 
 STEP_TITLES: dict[Step, str] = {
-    Step.PREFLIGHT: "Preflight (unit, version, disk, install dry run)",
+    Step.PREFLIGHT: "Preflight (unit, version, disk, install dry run, environment snapshot)",
+    Step.PREFETCH: "Prefetch packages into uv's cache (before the stop)",
     Step.REQUESTS: "Drain in-flight requests",
     Step.STOP: "Stop service",
     Step.DRAIN: "Verify GPU memory drained",
     Step.REINSTALL: "Reinstall package",
+    Step.GATE: "Import gate (vllm, torch, CUDA vs driver)",
     Step.START: "Start service",
     Step.HEALTH: "Health gate",
     Step.READINESS: "Readiness (model, smoke test, version)",
     Step.POSTCHECK: "Post-check (version, GPUs)",
-    Step.ROLLBACK: "Rollback: reinstall previous version",
+    Step.ROLLBACK_STOP: "Rollback: stop the unhealthy service",
+    Step.ROLLBACK: "Rollback: restore the environment snapshot",
     Step.ROLLBACK_START: "Rollback: start service",
     Step.ROLLBACK_HEALTH: "Rollback: health gate",
     Step.ROLLBACK_READINESS: "Rollback: readiness",
@@ -152,13 +160,19 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
     return (
         PlannedStep(Step.PREFLIGHT, "; ".join(cmd(a) for a in (
             remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
-            remote.install_dry_run(svc, spec, index_url)))),
+            remote.install_dry_run(svc, spec, index_url), remote.freeze(svc)))
+            + f"; save the freeze as {remote.lock_path(svc, '<sha256>')}"),
+        PlannedStep(Step.PREFETCH, remote.prefetch_shown(svc, index_url)),
         PlannedStep(Step.REQUESTS, requests_command(svc)),
         PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
         PlannedStep(Step.DRAIN, f"poll every {svc.drain_poll_s:g}s up to {svc.drain_timeout_s:g}s: "
                     f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}; "
                     f"{cmd(remote.workers_query())}"),
         PlannedStep(Step.REINSTALL, cmd(remote.install(svc, spec, index_url))),
+        PlannedStep(Step.GATE, f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
+                    f"{shlex.quote(svc.python)} -c 'import vllm, torch' (print their versions "
+                    "and torch.version.cuda); any failure: restore the snapshot, start the "
+                    "old environment"),
         PlannedStep(Step.START, cmd(remote.unit_start(svc))),
         PlannedStep(Step.HEALTH, f"up to {svc.start_timeout_s:g}s: "
                     f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
+from bot.core.cuda import GATE_CODE
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
 from bot.settings import ServiceSettings
 
@@ -137,6 +139,89 @@ def install_previous(svc: ServiceSettings, version: str, index_url: str | None) 
                         "--reinstall-package", name, f"{name}=={version}"), index_url)
 
 
+# ---- the whole environment: snapshot, prefetch, gate, rollback (issue 10) ---------------
+
+def freeze(svc: ServiceSettings) -> Argv:
+    """The venv's every package, pinned, on stdout (its ``Using Python`` line on stderr)."""
+    return (svc.uv, "pip", "freeze", "--python", svc.python)
+
+
+def state_dir(svc: ServiceSettings) -> str:
+    """Where the bot keeps its files on the host: next to the venv, on its file system
+    (``/opt/venvs/vllm`` -> ``/opt/venvs/.chatops``)."""
+    return str(PurePosixPath(svc.venv_dir).parent / ".chatops")
+
+
+def _venv_name(svc: ServiceSettings) -> str:
+    return PurePosixPath(svc.venv_dir).name or "venv"
+
+
+def lock_path(svc: ServiceSettings, digest: str) -> str:
+    """The snapshot's file on the host, named by the SHA-256 of its text: a rollback
+    syncs to exactly it, and the same environment always gets the same name."""
+    return f"{state_dir(svc)}/{_venv_name(svc)}-{digest[:16]}.freeze.txt"
+
+
+# Writes stdin to "$2" (in directory "$1"), atomically, readable by its owner only (a
+# freeze may hold a URL with a token): a fixed script, the paths come as arguments.
+SAVE_FROM_STDIN = ('umask 077 && mkdir -p -- "$1" && cat > "$2.tmp.$$" && '
+                   'mv -f -- "$2.tmp.$$" "$2"')
+
+
+def save_lock(svc: ServiceSettings, path: str) -> Argv:
+    """Keep the snapshot (given on stdin) at ``path``."""
+    return ("sh", "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
+
+
+def prefetch_dir(svc: ServiceSettings) -> str:
+    return f"{state_dir(svc)}/prefetch-{_venv_name(svc)}"
+
+
+# Installs the pinned set read on stdin into a throwaway venv, then removes it: every
+# wheel the install will need is then in uv's cache, so the install during the outage
+# downloads nothing. --no-deps: the set is complete and pinned, nothing to resolve. The
+# venv's name carries the shell's PID, so two prefetches never share one; a signal
+# (the step's timeout) still removes it.
+PREFETCH_SCRIPT = ('set -e; t="$1.$$"; uv=$2; py=$3; '
+                   "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
+                   '"$uv" venv --quiet --python "$py" "$t"; '
+                   '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin')
+
+
+def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
+    """Fetch the pinned set (on stdin, after the index URL when there is one)."""
+    return _with_index(("sh", "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
+                        svc.python), index_url)
+
+
+def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
+    """The prefetch as an operator would type it (the plan and the card)."""
+    t = prefetch_dir(svc)
+    index = f"{INDEX_ENV}=<index URL, on stdin> " if index_url else ""
+    return (f"{shlex.join((svc.uv, 'venv', '--python', svc.python, t))} && {index}"
+            f"{shlex.join((svc.uv, 'pip', 'install', '--python', t + '/bin/python'))} "
+            f"--no-deps -r <the dry run's pinned set>; rm -rf {shlex.quote(t)}")
+
+
+def sync_lock(svc: ServiceSettings, path: str, *, offline: bool,
+              index_url: str | None = None) -> Argv:
+    """Make the venv exactly the snapshot: every package at its version, new ones removed.
+    ``offline``: from uv's cache only (a build the index no longer serves can still come
+    back); else from the index too."""
+    argv = (svc.uv, "pip", "sync", "--python", svc.python, *(("--offline",) if offline else ()),
+            path)
+    return argv if offline else _with_index(argv, index_url)
+
+
+def import_gate(svc: ServiceSettings) -> Argv:
+    return (svc.python, "-c", GATE_CODE)
+
+
+def driver_info() -> Argv:
+    """Plain ``nvidia-smi``: its header names the CUDA version the driver supports."""
+    return ("nvidia-smi",)
+
+
 def gpu_query() -> Argv:
     return GPU_QUERY_ARGV
 
@@ -150,11 +235,13 @@ def workers_query() -> Argv:
 
 
 def installs_query(svc: ServiceSettings) -> Argv:
-    """Any ``uv pip install`` into the service's venv still running, e.g. one that
-    outlived the SSH connection that started it.  Built from config values only;
-    anchored, so neither this pgrep nor the shell and ``timeout`` around a command
-    can match (their command lines start with another word)."""
-    pattern = f"^{_ere_escape(svc.uv)} pip install --python {_ere_escape(svc.python)}( |$)"
+    """Any ``uv pip install`` (or a rollback's ``uv pip sync``) into the service's venv
+    still running, e.g. one that outlived the SSH connection that started it.  Built
+    from config values only; anchored, so neither this pgrep nor the shell and
+    ``timeout`` around a command can match (their command lines start with another
+    word)."""
+    pattern = (f"^{_ere_escape(svc.uv)} pip (install|sync) --python "
+               f"{_ere_escape(svc.python)}( |$)")
     return ("pgrep", "-a", "-f", pattern)
 
 

@@ -26,6 +26,7 @@ from bot.core.flows import (
     Flow,
     HostOutcome,
     HttpCheck,
+    Packages,
     Progress,
     RunCommand,
     Sleep,
@@ -187,5 +188,9 @@ class Executor:
         elif isinstance(notice, Versions):
             await self.sink.handle(ev.VersionsKnown(self.run_id, self.host, notice.before,
                                                     notice.after))
+        elif isinstance(notice, Packages):
+            await self.sink.handle(ev.PackagesKnown(self.run_id, self.host, notice.kind,
+                                                    notice.diff, notice.freeze, notice.lock,
+                                                    notice.note))
         else:
             raise TypeError(f"unknown notice {notice!r}")

@@ -67,14 +67,23 @@ _STATE_AFTER: dict[str, str] = {
                 "STOPPED.",
     Step.REINSTALL: "The service is STOPPED, and the reinstall may have completed, failed "
                     "or still be running on the host (a bot restart does not stop `uv`).",
-    Step.ROLLBACK: "The service is STOPPED, and the rollback may have completed, failed or "
-                   "still be running on the host (a bot restart does not stop `uv`).",
+    Step.ROLLBACK: "The service is STOPPED, and the rollback (`uv pip sync` of the "
+                   "environment snapshot kept next to the venv in `.chatops/`) may have "
+                   "completed, failed or still be running on the host (a bot restart does "
+                   "not stop `uv`).",
+    Step.PREFETCH: "Nothing was changed: the bot stopped while fetching packages into uv's "
+                   "cache, before stopping the service, so it should still be running.",
+    Step.GATE: "The service is STOPPED and the new version is installed but had not passed "
+               "the import gate; the environment snapshot to restore is in `.chatops/` next "
+               "to the venv.",
+    Step.ROLLBACK_STOP: "The new version had started but was not healthy; it may be running, "
+                        "stopping or stopped, and nothing was rolled back yet.",
     Step.START: "The service may be starting, running or failed: `systemctl start` may have "
                 "been sent.",
-    Step.ROLLBACK_START: "The previous version was reinstalled; the service may be starting, "
+    Step.ROLLBACK_START: "The previous environment was restored; the service may be starting, "
                         "running or failed.",
     Step.HEALTH: "The service was started but had not yet passed the health gate.",
-    Step.ROLLBACK_HEALTH: "The previous version was reinstalled and started but had not yet "
+    Step.ROLLBACK_HEALTH: "The previous environment was restored and started but had not yet "
                           "passed the health gate.",
     Step.POSTCHECK: "The service had passed the health gate; only the post-check was left.",
 }

@@ -188,15 +188,15 @@ class SimKit:
         public = key.export_public_key("openssh")
         self.client_key.with_suffix(".pub").write_bytes(public)
         self.authorized_keys.write_bytes(public)
+        env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
+        # The venv was installed with uv on this host: its wheels are in uv's cache.
+        cached = [*(sim_packages.pin(n, v) for n, v in env.items()),
+                  *([sim_packages.pin("vllm", self._installed)] if self._installed else [])]
         self.store.create(HostState(
             config=self.config, venv=str(self.venv_dir), health_port=self.health_port,
             service_port=self.service_port, owner_pid=os.getpid(),
             installed_version=self._installed, packages=env, cache=tuple(cached),
             boot_version=self._installed))
-        env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
-        # The venv was installed with uv on this host: its wheels are in uv's cache.
-        cached = [*(sim_packages.pin(n, v) for n, v in env.items()),
-                  *([sim_packages.pin("vllm", self._installed)] if self._installed else [])]
 
     async def _wait_listening(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -329,18 +329,19 @@ class SimKit:
             a = c.argv
             if a[:2] in (("systemctl", "stop"), ("systemctl", "start")):
                 out.append(a[1])
-            elif a[:3] == ("uv", "pip", "install"):
-                out.append("dry-run" if "--dry-run" in a else
-                           "rollback" if "--reinstall-package" in a else "install")
-        return out
             elif a[:3] == ("uv", "pip", "sync"):
                 out.append("rollback")
+            elif a[:3] == ("uv", "pip", "install"):
+                out.append("dry-run" if "--dry-run" in a else
+                           "prefetch" if str(self.python) not in a else
+                           "rollback" if "--reinstall-package" in a else "install")
+        return out
 
     def journal(self) -> list[str]:
-                           "prefetch" if str(self.python) not in a else
         """The journal as ``journalctl`` would print it right now."""
         now, host = time.time(), self.hostname
         return [format_journal(e, host) for e in self.store.journal() if e.ts <= now]
+
     def environment(self) -> dict[str, str]:
         """Every installed package and its version, vllm included (what a freeze lists)."""
         return sim_packages.environment(self.state())

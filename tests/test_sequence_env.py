@@ -1,0 +1,223 @@
+"""Issue 10's steps of the redeploy flow, driven by hand-made outcomes (no I/O): the
+environment snapshot, the prefetch before the stop, the import gate before the start,
+and the rollback of the whole environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.core.flows import EndStep, Packages
+from bot.core.packages import Change, EnvKind
+from bot.core.plan import Step
+from bot.hosts.base import CommandResult
+from tests.test_sequence import Host, is_rollback, ok, run, steps, verbs
+
+OLD = "0.16.0rc2.dev313+g662205d34"
+
+
+def packages(h: Host, kind: EnvKind) -> list[Packages]:
+    return [n for n in h.notices if isinstance(n, Packages) and n.kind == kind]
+
+
+def ended(h: Host, step: Step) -> EndStep:
+    return next(n for n in h.notices if isinstance(n, EndStep) and n.step == step)
+
+
+def start_after_rollback_only(h: Host) -> bool:
+    """No `systemctl start` before the rollback: the new environment never started."""
+    starts = [i for i, a in enumerate(h.calls) if a[:2] == ("systemctl", "start")]
+    rollbacks = [i for i, a in enumerate(h.calls) if is_rollback(a)]
+    return bool(starts) and bool(rollbacks) and min(starts) > max(rollbacks)
+
+
+def test_preflight_records_the_snapshot_and_the_planned_change() -> None:
+    h = Host()
+    assert run(h, version="0.16.0").status == "succeeded"
+    [snap] = packages(h, EnvKind.SNAPSHOT)
+    assert snap.freeze == f"numpy==2.2.6\ntorch==2.9.1\nvllm=={OLD}\n"
+    assert snap.lock is not None and snap.lock.startswith("/opt/venvs/.chatops/vllm-")
+    save = next(a for a in h.calls if a[:2] == ("sh", "-c") and a[-1] == snap.lock)
+    assert save[-2] == "/opt/venvs/.chatops"
+    [planned] = packages(h, EnvKind.PLANNED)
+    assert planned.diff is not None
+    assert planned.diff.changes == (Change("torch", "2.9.1", "2.10.0"),
+                                    Change("vllm", OLD, "0.16.0"))
+    assert planned.diff.unchanged == 1  # numpy, reinstalled as it was (`~`)
+    assert "changes: torch 2.9.1 → 2.10.0, vllm" in ended(h, Step.PREFLIGHT).summary
+    [installed] = packages(h, EnvKind.INSTALLED)
+    assert installed.diff is not None and installed.diff.changes == planned.diff.changes
+
+
+def test_a_dry_run_reports_the_change_and_writes_nothing() -> None:
+    h = Host()
+    out = run(h, version="0.16.0", dry_run=True)
+    assert out.status == "succeeded"
+    assert "torch 2.9.1 → 2.10.0" in out.summary
+    assert not any(a[:2] == ("sh", "-c") for a in h.calls)  # no snapshot saved, no prefetch
+    assert packages(h, EnvKind.SNAPSHOT)[0].lock is None
+
+
+def _refuses(h: Host, needle: str) -> None:
+    out = run(h)
+    assert out.status == "aborted", out.summary
+    assert needle in out.summary and "service untouched" in out.summary
+    assert verbs(h) == [] and not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
+def test_a_snapshot_that_cannot_be_taken_refuses_before_the_stop() -> None:
+    h = Host(freeze_ok=False)
+    _refuses(h, "cannot take the environment snapshot")
+    assert steps(h) == [("preflight", False)]
+
+
+def test_a_snapshot_that_cannot_be_saved_refuses_before_the_stop() -> None:
+    h = Host(save_ok=False)
+    _refuses(h, "cannot save the environment snapshot on the host")
+    assert "Read-only file system" in run(Host(save_ok=False)).summary
+
+
+def test_an_empty_snapshot_refuses() -> None:
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        return ok(a, "") if a[1:3] == ("pip", "freeze") else inner(a)
+    h.command = command  # type: ignore[method-assign]
+    _refuses(h, "the environment snapshot is empty")
+
+
+def test_prefetch_runs_before_the_stop_with_the_pinned_set_on_stdin() -> None:
+    h = Host()
+    assert run(h, version="0.16.0", index="nightly").status == "succeeded"
+    names = [str(n.step) for n in h.notices if isinstance(n, EndStep)]
+    assert names.index("prefetch") < names.index("stop")
+    fetched = ended(h, Step.PREFETCH)
+    assert fetched.ok and "3 packages in uv's cache, 880.0 MiB downloaded" in fetched.summary
+    prefetch = next(a for a, _ in h.index_env if a[:2] == ("sh", "-c") and "venv" in a[2])
+    assert prefetch[-3:] == ("/opt/venvs/.chatops/prefetch-vllm", "uv",
+                             "/opt/venvs/vllm/bin/python")
+
+
+def test_prefetch_stdin_is_the_index_then_the_pins() -> None:
+    seen: list[bytes] = []
+    h = Host()
+    respond = h.respond
+
+    def spy(action: Any) -> Any:
+        if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
+            seen.append(action.stdin)
+        return respond(action)
+    h.respond = spy  # type: ignore[method-assign]
+    run(h, version="0.16.0", index="nightly")
+    assert seen == [b"https://wheels.vllm.ai/nightly\nnumpy==2.2.6\ntorch==2.10.0\n"
+                    b"vllm==0.16.0\n"]
+
+
+def test_a_failed_prefetch_refuses_with_the_service_untouched() -> None:
+    h = Host(prefetch_ok=False)
+    out = run(h)
+    assert out.status == "aborted"
+    assert out.summary.startswith("prefetch failed; service untouched: prefetch failed (exit 2)")
+    assert "Failed to download `torch==2.10.0`" in out.summary
+    assert verbs(h) == []
+
+
+def _gate_refuses(h: Host, check: str) -> str:
+    out = run(h, version="0.16.0")
+    assert out.status == "rolled_back", out.summary
+    assert verbs(h) == ["stop", "install", "rollback", "start"]
+    assert start_after_rollback_only(h)
+    gate = ended(h, Step.GATE)
+    assert not gate.ok and gate.summary.startswith(f"{check} check failed")
+    assert f"the import gate refused the start ({check} check failed" in out.summary
+    assert "rolled back to 0.16.0rc2.dev313+g662205d34 (the whole environment, 3 packages" \
+        in out.summary
+    return out.summary
+
+
+def test_an_import_error_never_starts_the_new_version() -> None:
+    summary = _gate_refuses(Host(gate_exit=3, gate_stdout=""), "import")
+    assert "ImportError: boom" in summary
+
+
+def test_a_torch_built_for_a_newer_cuda_than_the_driver_never_starts() -> None:
+    summary = _gate_refuses(Host(driver_cuda="12.8"), "CUDA")
+    assert "torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 the driver supports" \
+        in summary
+
+
+def test_another_vllm_than_the_target_never_starts() -> None:
+    summary = _gate_refuses(Host(gate_stdout='chatops-gate {"vllm": "0.15.1", "torch": '
+                                              '"2.10.0", "cuda": "13.0"}\n'), "vllm version")
+    assert "vllm 0.15.1 is installed, not 0.16.0" in summary
+
+
+def test_rollback_tries_the_cache_first_then_the_index() -> None:
+    h = Host(install_fails=1, sync_fails=1)
+    out = run(h, version="0.16.0", index="nightly")
+    assert out.status == "rolled_back", out.summary
+    syncs = [a for a in h.calls if is_rollback(a)]
+    assert len(syncs) == 2 and "--offline" in syncs[0] and "--offline" not in syncs[1]
+    assert syncs[0][-1] == syncs[1][-1]  # the same snapshot
+    assert (syncs[1], "https://wheels.vllm.ai/nightly") in h.index_env
+    rollbacks = [n for n in h.notices if isinstance(n, EndStep) and n.step == Step.ROLLBACK]
+    assert [r.ok for r in rollbacks] == [False, True]
+    assert "from the index" in rollbacks[1].summary
+
+
+def test_post_check_after_a_rollback_compares_the_freeze_with_the_snapshot() -> None:
+    h = Host(install_fails=1)
+    assert run(h).status == "rolled_back"
+    post = ended(h, Step.POSTCHECK)
+    assert post.ok and "environment equals the snapshot (3 packages)" in post.summary
+    [restored] = packages(h, EnvKind.RESTORED)
+    assert restored.diff is not None and restored.diff.changes == ()
+
+
+def test_a_restored_environment_that_differs_is_a_failure_that_says_how() -> None:
+    h = Host(install_fails=1)
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        r = inner(a)
+        if is_rollback(a):
+            h.torch = "2.10.0"  # uv left torch behind (it never does; the check must tell)
+        return r
+    h.command = command  # type: ignore[method-assign]
+    out = run(h)
+    assert out.status == "failed"
+    assert "the environment DIFFERS from the snapshot: torch 2.9.1 → 2.10.0" in out.summary
+    assert not ended(h, Step.POSTCHECK).ok
+
+
+def _unhealthy_until_rollback(h: Host) -> Host:
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if is_rollback(a):
+            h.health_status = 200
+        return inner(a)
+    h.command = command  # type: ignore[method-assign]
+    return h
+
+
+def test_an_unhealthy_start_stops_and_restores_the_snapshot() -> None:
+    h = _unhealthy_until_rollback(Host(health_status=503, drain_after_polls=0))
+    out = run(h, version="0.16.0")
+    assert out.status == "rolled_back", out.summary
+    assert "not healthy after 30s (last: HTTP 503)" in out.summary
+    assert verbs(h) == ["stop", "install", "start", "stop", "rollback", "start"]
+    names = [str(n.step) for n in h.notices if isinstance(n, EndStep)]
+    after = names[names.index("health"):]
+    assert after[:5] == ["health", "rollback_stop", "rollback", "rollback_start",
+                         "rollback_health"] and after[-1] == "postcheck"
+
+
+def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:
+    h = Host(health_status=503)
+    out = run(h, svc={"rollback_on_unhealthy": False}, version="0.16.0")
+    assert out.status == "failed"
+    assert "rollback_on_unhealthy is off" in out.summary
+    assert ("Roll back with: `systemctl stop -- vllm-kimi-k25 && uv pip sync --python "
+            "/opt/venvs/vllm/bin/python --offline /opt/venvs/.chatops/vllm-") in out.summary
+    assert verbs(h) == ["stop", "install", "start"]
