@@ -33,6 +33,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
 PACKAGE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?$")
 SLACK_ID_RE = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,}$")
 LOCAL = "local"
 
 
@@ -146,6 +147,13 @@ class ServiceSettings(_Section):
     min_free_disk_mib: int = Field(10240, ge=0)
     journal_lines: int = Field(50, ge=1, le=10000)
     max_unavailable: int = Field(1, ge=1)
+    # The GPUs this service runs on (indexes as nvidia-smi numbers them, or UUIDs); unset:
+    # every GPU of the host. The drain, the GPU tables and the health check consider only
+    # these; what runs on the others is shown and never blocks.
+    gpus: list[int | str] | None = None
+    # Leftover processes an approver lets the bot terminate: how long each of SIGTERM and
+    # SIGKILL is given to end them before the next step (then: a GPU reset or reboot).
+    kill_grace_s: float = Field(10.0, gt=0)
     # Model-level readiness after /health (bot.core.readiness): the model id /v1/models
     # must list, and a smoke completion whose text must match smoke_expect (a regex;
     # any non-empty text when unset). The API is health_url's scheme://host:port
@@ -169,6 +177,22 @@ class ServiceSettings(_Section):
     # The import gate (`python -c "import vllm, torch"`): importing a large vLLM takes a
     # while on a cold page cache.
     gate_timeout_s: float = Field(300, gt=0)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[int | str] | None) -> list[int | str] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("name at least one GPU, or leave gpus unset for all of them")
+        for g in v:
+            if isinstance(g, int) and g < 0:
+                raise ValueError(f"{g} is not a GPU index")
+            if isinstance(g, str) and not GPU_UUID_RE.match(g):
+                raise ValueError(f"{g!r} is neither a GPU index nor a GPU UUID (GPU-...)")
+        if len(set(v)) != len(v):
+            raise ValueError("a GPU is listed twice")
+        return v
 
     @field_validator("unit")
     @classmethod

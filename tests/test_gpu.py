@@ -379,9 +379,18 @@ def test_memory_above_threshold_without_a_process() -> None:
     assert holder.describe() == "GPU 1: 60000 MiB used, no process listed"
 
 
-def test_memory_not_reported_counts_as_held() -> None:
-    (holder,) = drain_verdict(snapshot(f"0, {uuid(0)}, H200, [N/A], 143771, 0"), 1024).holders
+def test_memory_that_cannot_be_read_counts_as_held() -> None:
+    text = f"0, {uuid(0)}, H200, [Unknown Error], 143771, 0"
+    (holder,) = drain_verdict(snapshot(text), 1024).holders
     assert holder.describe() == "GPU 0: memory use not reported, cannot confirm it is free"
+
+
+def test_memory_not_reported_by_design_is_judged_by_processes() -> None:
+    # Issue 12: a unified-memory GPU (GB10) prints [N/A] for memory.used: the drain then
+    # decides by its processes, and says so (tests/test_gpu_service.py has the rest).
+    verdict = drain_verdict(snapshot(f"0, {uuid(0)}, NVIDIA GB10, [N/A], [N/A], 0"), 1024)
+    assert verdict.drained and verdict.by_processes == (0,)
+    assert "judged by processes alone" in verdict.describe()
 
 
 def test_a_gpu_with_a_process_is_not_listed_twice() -> None:
@@ -495,7 +504,8 @@ def test_table_lists_processes_on_unknown_gpus_and_missing_values() -> None:
     lines = render_table(build_snapshot("h", gpus, "5, ghost, [N/A], MIG-1234\n")).split("\n")
     assert lines[2].split() == ["0", "H200", "n/a", "n/a", "n/a"]
     assert lines[3].split() == ["?", "MIG-1234", "5", "ghost", "n/a"]
-    assert lines[4].split() == ["total", "0", "0", "n/a", "1", "process"]
+    # A total over values nobody reported is unknown, never 0 (issue 12).
+    assert lines[4].split() == ["total", "n/a", "n/a", "n/a", "1", "process"]
 
 
 def test_table_for_one_gpu_and_for_none() -> None:
@@ -547,7 +557,8 @@ def cell(value: int | None) -> str:
 @settings(max_examples=60, deadline=None)
 def test_gpu_rows_round_trip(rows: list[tuple[str, int | None, int | None, int | None]],
                              crlf: bool) -> None:
-    gpus = tuple(Gpu(i, uuid(i), name, used, total, util)
+    gpus = tuple(Gpu(i, uuid(i), name, used, total, util,
+                     memory_note="" if used is not None else cell(used))
                  for i, (name, used, total, util) in enumerate(rows))
     end = "\r\n" if crlf else "\n"
     text = end.join(f"{g.index}, {g.uuid}, {g.name}, {cell(g.memory_used_mib)}, "

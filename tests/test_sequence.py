@@ -29,6 +29,7 @@ from bot.core.flows import (
     restart_flow,
     status_flow,
 )
+from bot.core.leftovers import Approval, AskApproval
 from bot.core.plan import Step, make_plan
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
@@ -103,6 +104,12 @@ class Host:
     index_env: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
     notices: list[Any] = field(default_factory=list)
     cancelled: bool = False
+    # Issue 12: the unit was stopped (polls count from then); the GPU driver fails only
+    # from the stop on; what an approver answers to terminating leftover processes.
+    stopped: bool = False
+    smi_fails_from_stop: bool = False
+    approval: Approval = field(default_factory=lambda: Approval(None, "nobody asked"))
+    asked: list[AskApproval] = field(default_factory=list)
 
     def respond(self, action: Any) -> Any:
         if self.cancel_at is not None and self.cancel_at(action):
@@ -120,6 +127,9 @@ class Host:
             return None
         if isinstance(action, HttpCheck):
             return self.http(action)
+        if isinstance(action, AskApproval):
+            self.asked.append(action)
+            return self.approval
         assert isinstance(action, RunCommand)
         a = action.argv
         wrapper = remote.INDEX_FROM_STDIN
@@ -154,6 +164,9 @@ class Host:
         return HttpResult(action.url, self.health_status)
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
+        gpu = self._gpu_health(a)
+        if gpu is not None:
+            return gpu
         if a[:2] == ("systemctl", "show"):
             return ok(a, f"LoadState={self.load_state}\nActiveState=active\nSubState=running\n"
                          "MainPID=4242\n")
@@ -181,6 +194,7 @@ class Host:
             self.torch = "2.10.0"
             return ok(a, stderr=f" + vllm=={self.version}")
         if a[:2] == ("systemctl", "stop"):
+            self.stopped = self.stopped or self.stop_ok
             return ok(a) if self.stop_ok else ok(a, stderr="Failed to stop", status=5)
         if a[:2] == ("systemctl", "start"):
             return ok(a) if self.start_ok else ok(a, stderr="Job failed", status=1)
@@ -194,11 +208,11 @@ class Host:
             return ok(a, "| NVIDIA-SMI 590.44.01   Driver Version: 590.44.01   "
                          f"CUDA Version: {self.driver_cuda}     |\n")
         if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu"):
-            if self.smi_exit:
+            if self.smi_exit and (self.stopped or not self.smi_fails_from_stop):
                 return ok(a, "NVIDIA-SMI has failed because it couldn't communicate with the "
                              "NVIDIA driver.", status=self.smi_exit)
-            self.polls += 1
-            used = 0 if self.polls > self.drain_after_polls else 97000
+            self.polls += self.stopped  # the GPU check before the stop is no drain poll
+            used = 0 if self.stopped and self.polls > self.drain_after_polls else 97000
             lines = [f"{i}, {UUIDS[i]}, {NAME}, "
                      f"{96000 if (self.stuck and i == 3) else used}, 97871, 0" for i in range(8)]
             return ok(a, "\n".join(lines) + "\n")
@@ -215,6 +229,21 @@ class Host:
         if a[0] == "pgrep":
             return ok(a, "48304 VLLM::Worker_TP3\n") if self.stuck else ok(a, status=1)
         raise AssertionError(f"unexpected command {a}")
+
+    def _gpu_health(self, a: tuple[str, ...]) -> CommandResult | None:
+        """Issue 12's commands: nvidia-smi -q (nothing to judge), the kernel log (no Xid),
+        the unit's user, and ps of the stuck worker (the unit's own)."""
+        if a == ("nvidia-smi", "-q"):
+            return ok(a, "") if not self.smi_exit else None
+        if a[:2] == ("journalctl", "-k"):
+            return ok(a, "-- No entries --\n")
+        if a[:4] == ("systemctl", "show", "-p", "User"):
+            return ok(a, "vllm\n")
+        if a[:3] == ("env", "LC_ALL=C", "ps"):
+            return ok(a, "48304 Sl vllm Mon Nov 30 13:00:00 2026 "
+                         "0::/system.slice/vllm-kimi-k25.service\n") if self.stuck else ok(
+                a, status=1)
+        return None
 
     def _environment(self, a: tuple[str, ...]) -> CommandResult | None:
         """The commands of issue 10: freeze, keep the snapshot, prefetch, gate, sync."""
@@ -293,8 +322,9 @@ def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
     assert out.status == "succeeded"
     assert (out.version_before, out.version_after) == ("0.16.0rc2.dev313+g662205d34", "0.16.0")
     assert steps(h) == [(s, True) for s in
-                        ("preflight", "prefetch", "requests", "stop", "drain", "reinstall",
-                         "gate", "start", "health", "readiness", "postcheck")]
+                        ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
+                         "reinstall", "gate", "start", "health", "readiness", "postcheck",
+                         "gpu_recheck")]
     assert verbs(h) == ["stop", "install", "start"]
     install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
     # The index reaches uv through its environment, never its argv (which `ps` shows).
@@ -361,7 +391,7 @@ def test_drain_timeout_aborts_before_reinstall_and_names_the_pid() -> None:
 
 
 def test_nvidia_smi_failure_during_drain_fails_clearly() -> None:
-    h = Host(smi_exit=9)
+    h = Host(smi_exit=9, smi_fails_from_stop=True)
     out = run(h)
     assert out.status == "failed"
     assert "driver" in out.summary.lower()
@@ -485,8 +515,9 @@ def test_restart_flow_skips_reinstall() -> None:
     out = run(h, "restart")
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "start"]
-    assert [s for s, _ in steps(h)] == ["preflight", "requests", "stop", "drain", "start",
-                                         "health", "readiness", "postcheck"]
+    assert [s for s, _ in steps(h)] == ["preflight", "gpu_check", "requests", "stop", "drain",
+                                         "start", "health", "readiness", "postcheck",
+                                         "gpu_recheck"]
 
 
 def test_restart_refuses_unknown_unit() -> None:
@@ -559,12 +590,13 @@ def test_connection_lost_during_stop_says_the_state_is_unknown() -> None:
 
 def test_drain_keeps_polling_through_a_dropped_connection() -> None:
     dropped = iter([True, True])  # two polls get no answer, then the link is back
-    h = Host(drain_after_polls=1,
-             lose=lambda a: a[0] == "nvidia-smi" and next(dropped, False))
+    h = Host(drain_after_polls=1)
+    h.lose = lambda a: h.stopped and a[0] == "nvidia-smi" and next(dropped, False)
     out = run(h)
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "install", "start"]
-    assert steps(h)[4] == ("drain", True)  # after preflight, prefetch, requests and stop
+    # after preflight, the GPU check, prefetch, requests and stop
+    assert steps(h)[5] == ("drain", True)
 
 
 def test_drain_with_the_host_gone_fails_at_the_drain_timeout() -> None:

@@ -29,11 +29,42 @@ from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.gpu import (
     DrainVerdict,
+    Gpu,
     GpuSnapshot,
     build_snapshot,
     check_nvidia_smi,
     drain_verdict,
+    memory_summary,
     parse_pgrep,
+    scoped,
+    select_gpus,
+)
+from bot.core.health import (
+    HEALTH_QUERY_ARGV,
+    XID_JOURNAL_ARGV,
+    HostHealth,
+    Level,
+    details,
+    health_reads,
+    judge,
+    new_xids,
+)
+from bot.core.leftovers import (
+    Approval,
+    AskApproval,
+    Leftover,
+    Owner,
+    ProcFacts,
+    candidates,
+    classify,
+    facts_query,
+    memory_without_process,
+    parse_facts,
+    prompt,
+    service_name,
+    shown_signal,
+    signal_command,
+    unit_user_query,
 )
 from bot.core.metrics import Load, MetricsError, parse_load
 from bot.core.packages import (
@@ -47,7 +78,14 @@ from bot.core.packages import (
     parse_install_changes,
     planned_diff,
 )
-from bot.core.plan import Plan, Step, cmd, readiness_command, requests_command
+from bot.core.plan import (
+    Plan,
+    Step,
+    cmd,
+    gpu_check_command,
+    readiness_command,
+    requests_command,
+)
 from bot.core.readiness import (
     api_base,
     completion_body,
@@ -166,7 +204,7 @@ class Progress:
     start_up: bool = False
 
 
-Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit | Progress
+Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit | Progress | AskApproval
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +288,7 @@ def _snapshot(step: Step, svc: ServiceSettings, host: str
     apps = yield from _run(step, remote.apps_query(), svc.command_timeout_s, quiet=True)
     _check_reached(host, apps)
     check_nvidia_smi(host, apps)
-    return build_snapshot(host, gpus.stdout, apps.stdout)
+    return _in_scope(svc, build_snapshot(host, gpus.stdout, apps.stdout))
 
 
 def _check_reached(host: str, r: CommandResult) -> None:
@@ -342,7 +380,7 @@ def _drain_poll(svc: ServiceSettings, host: str
     if w.exit_status not in (0, 1):
         raise GpuQueryError(host, f"cannot list vLLM workers ({_why(w)})",
                             exit_status=w.exit_status, output=w.output)
-    workers = parse_pgrep(w.stdout, host)
+    workers = yield from _service_workers(svc, host, snap, parse_pgrep(w.stdout, host))
     return snap, drain_verdict(snap, svc.drain_threshold_mib, workers)
 
 
@@ -767,7 +805,7 @@ def _postcheck(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | 
         return after
     yield Emit(Snapshot("after restart", snap))
     yield Emit(EndStep(Step.POSTCHECK, True,
-                       f"version {after}; {snap.used_mib:,} of {snap.total_mib:,} MiB in use"))
+                       f"version {after}; {memory_summary(snap)}"))
     return after
 
 
@@ -781,6 +819,237 @@ def _recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     after = yield from _postcheck(svc, host)
     return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
                        before, after)
+
+
+# ---- GPU check, per-service GPUs, leftover workers (issue 12) --------------------------
+
+
+def _in_scope(svc: ServiceSettings, snap: GpuSnapshot) -> GpuSnapshot:
+    """The snapshot scoped to the service's GPUs (its ``gpus`` setting; all when unset)."""
+    if svc.gpus is None:
+        return snap
+    return scoped(snap, select_gpus(snap.gpus, svc.gpus))
+
+
+def _service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
+                     workers: tuple[tuple[int, str], ...]
+                     ) -> Generator[Action, Any, tuple[tuple[int, str], ...]]:
+    """The ``VLLM::`` processes that may be this service's. On a host the service has to
+    itself (``gpus`` unset) every one counts, as it always did. With ``gpus`` set another
+    service runs beside it: a worker nvidia-smi lists on another GPU, or one in another
+    unit's cgroup, is that service's and never blocks this drain."""
+    listed = {p.pid for p in snap.processes}
+    unlisted = [w for w in workers if w[0] not in listed]
+    if svc.gpus is None or not unlisted:
+        return workers
+    r = yield from _run(Step.DRAIN, facts_query(p for p, _ in unlisted), svc.command_timeout_s,
+                        quiet=True)
+    _check_reached(host, r)
+    if r.exit_status not in (0, 1):
+        return workers  # cannot tell whose they are: each still counts
+    facts = parse_facts(r.stdout)
+    ours = service_name(svc.unit)
+    keep = {p for p, _ in unlisted
+            if p in facts and not facts[p].zombie
+            and (ours in facts[p].units() or not facts[p].units())}
+    return tuple(w for w in workers if w[0] in listed or w[0] in keep)
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuCheck:
+    """What the GPU check before the stop found."""
+
+    refusal: str | None  # why the run must not go on here; None: it may
+    health: HostHealth | None = None  # the baseline the post-run recheck compares with
+    scope: frozenset[str] | None = None  # the service's GPU uuids (None: all)
+
+
+def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...]
+                 ) -> Generator[Action, Any, HostHealth]:
+    """``nvidia-smi -q`` and the kernel's Xid lines, judged per GPU (bot.core.health)."""
+    reads = health_reads(host, gpus)
+    result: CommandResult | None = None
+    try:
+        while True:
+            argv = reads.send(result)  # type: ignore[arg-type]  # None only to start it
+            result = yield from _run(step, argv, svc.command_timeout_s, quiet=True)
+    except StopIteration as stop:
+        health: HostHealth = stop.value
+        return health
+
+
+def _gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, _GpuCheck]:
+    """Before anything changes: the host lists every GPU the service needs (a host with
+    none, or fewer, is never drained) and none of them is critical (ECC, row remap,
+    recovery action, Xid errors); warnings go on the card. Refusing leaves the service
+    untouched."""
+    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc)))
+    listed: tuple[Gpu, ...] = ()
+    failure: str | None = None
+    try:
+        listed = (yield from _snapshot(Step.GPU_CHECK, svc, host)).gpus
+    except _HostLost as e:
+        msg = f"cannot reach {host} to check its GPUs ({e.reason})"
+        yield Emit(EndStep(Step.GPU_CHECK, False, msg))
+        return _GpuCheck(msg)
+    except GpuQueryError as e:
+        failure = f"cannot read the GPUs: {e.reason}"
+    selection = select_gpus(listed, svc.gpus)
+    scope = selection.uuids if svc.gpus is not None else None
+    health = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
+    critical = health.problems(Level.CRITICAL, scope)
+    reasons = [r for r in (failure or selection.refusal(host, listed),) if r]
+    if critical:
+        reasons.append(f"not fit to run on: {'; '.join(critical)}")
+    evidence = details(health, scope)
+    if reasons:
+        refusal = "; ".join(reasons)
+        yield Emit(EndStep(Step.GPU_CHECK, False, refusal, None, evidence))
+        return _GpuCheck(refusal, health, scope)
+    warned = bool(health.problems(Level.WARN, scope))
+    yield Emit(EndStep(Step.GPU_CHECK, True, f"{selection.wanted} listed; "
+                       f"{health.summary(scope)}", None, evidence if warned else ""))
+    return _GpuCheck(None, health, scope)
+
+
+def _gpu_recheck(svc: ServiceSettings, host: str, check: _GpuCheck,
+                 outcome: HostOutcome) -> Flow:
+    """After a run that left the service up: the GPU check again, and the Xid errors
+    that appeared during the run. They do not undo the run (the service passed its
+    gates); they are named in its summary, with NVIDIA's action."""
+    if check.health is None or outcome.status not in (HostStatus.SUCCEEDED,
+                                                      HostStatus.ROLLED_BACK):
+        return outcome
+    yield Emit(BeginStep(Step.GPU_RECHECK, f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)}"))
+    try:
+        gpus = (yield from _snapshot(Step.GPU_RECHECK, svc, host)).gpus
+    except GpuQueryError:
+        gpus = ()
+    health = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus)
+    new = new_xids(check.health.xids, health.xids)
+    critical = health.problems(Level.CRITICAL, check.scope)
+    if not new and not critical:
+        yield Emit(EndStep(Step.GPU_RECHECK, True, f"no new Xid error during the run; "
+                           f"{health.summary(check.scope)}"))
+        return outcome
+    news = judge(host, gpus, (), new).problems(Level.CRITICAL) + \
+        judge(host, gpus, (), new).problems(Level.WARN)
+    said = (f"{len(new)} NEW Xid error(s) during the run: {'; '.join(news)}" if new
+            else "no new Xid error")
+    said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
+    yield Emit(EndStep(Step.GPU_RECHECK, False, said, None,
+                       details(health, check.scope)))
+    return HostOutcome(outcome.status, f"{outcome.summary}; {said}", outcome.version_before,
+                       outcome.version_after)
+
+
+LeftoverEnd = Literal["cleaned", "failed", "cancelled"]
+
+
+def _drain_clean(svc: ServiceSettings, host: str
+                 ) -> Generator[Action, Any, tuple[DrainEnd, str | None]]:
+    """The drain; when it times out on processes of the service itself (workers that
+    outlived the unit), an approver may have them terminated, and the drain resumes."""
+    end, reason = yield from _drain(svc, host)
+    if end != "failed":
+        return end, reason
+    try:
+        _, verdict = yield from _drain_poll(svc, host)
+    except GpuQueryError:
+        return end, reason  # the host did not answer or nvidia-smi failed: nothing to judge
+    if not verdict.drained:
+        cleaned, why = yield from _leftovers(svc, host, verdict, reason or "")
+        if cleaned == "cancelled":
+            return "cancelled", None
+        if cleaned == "failed":
+            return "failed", why
+    return (yield from _drain(svc, host))  # terminated, or released meanwhile
+
+
+def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out: str
+               ) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+    """Whose processes still hold the service's GPUs; only when every one is the
+    service's own, an approver's go, then SIGTERM and SIGKILL to exactly those."""
+    found = candidates(verdict)
+    if found.missing or not (found.processes or found.memory_only):
+        return "failed", timed_out
+    if not found.processes:
+        return "failed", (f"{timed_out}. It needs a GPU reset or a reboot: "
+                          f"{memory_without_process(host, found.memory_only)}")
+    pids = [p for p, *_ in found.processes]
+    r = yield from _run(Step.DRAIN, facts_query(pids), svc.command_timeout_s, quiet=True)
+    u = yield from _run(Step.DRAIN, unit_user_query(svc.unit), svc.command_timeout_s,
+                        quiet=True)
+    if r.exit_status not in (0, 1) or not u.ok:
+        bad = r if r.exit_status not in (0, 1) else u
+        return "failed", f"{timed_out}; whose processes they are is unknown ({_explain(bad)})"
+    leftovers = classify(found, parse_facts(r.stdout), svc.unit, u.stdout.strip() or "root")
+    others = [x.describe() for x in leftovers if x.owner == Owner.OTHER]
+    if others:
+        return "failed", (f"{timed_out}. Processes that are not {svc.unit}'s hold its GPUs; "
+                          f"they were not signalled: {'; '.join(others)}")
+    ours = [x for x in leftovers if x.owner == Owner.SERVICE]
+    stuck = [x for x in ours if x.facts is not None and x.facts.uninterruptible]
+    if stuck:
+        return "failed", (f"{timed_out}. It needs a GPU reset or a reboot: "
+                          + "; ".join(f"{x.describe()}, in uninterruptible sleep (state "
+                                      f"{x.facts.state if x.facts else '?'}): no signal "
+                                      "reaches it" for x in stuck))
+    if not ours:
+        return "cleaned", ""  # they all exited meanwhile
+    answer: Approval = yield AskApproval(prompt(host, svc.unit, ours), tuple(x.pid for x in ours))
+    if (yield from _tick()).cancel_requested:
+        return "cancelled", ""
+    if answer.approved_by is None:
+        return "failed", (f"{timed_out}. The leftover processes were not terminated: "
+                          f"{answer.reason}")
+    return (yield from _terminate(svc, host, ours, answer.approved_by, timed_out))
+
+
+def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_by: str,
+               timed_out: str) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+    """SIGTERM, wait, SIGKILL to those that remain, wait: each signal only to a PID whose
+    start time is unchanged. One that survives SIGKILL needs a GPU reset or a reboot."""
+    targets = [x.facts for x in ours if x.facts is not None]
+    yield Emit(BeginStep(Step.LEFTOVERS, f"approved by {approved_by}: "
+                         f"{shown_signal('TERM', targets)}; after up to {svc.kill_grace_s:g}s "
+                         "SIGKILL to any that remain"))
+    remaining = targets
+    for sig in ("TERM", "KILL"):
+        if not remaining:
+            break
+        yield from _run(Step.LEFTOVERS, signal_command(sig, remaining), svc.command_timeout_s)
+        remaining = yield from _still_running(svc, host, remaining)
+    if remaining:
+        states = "; ".join(f"PID {t.pid} state {t.state}" for t in remaining)
+        msg = (f"{len(remaining)} process(es) survived SIGKILL ({states}): it needs a GPU reset "
+               "or a reboot")
+        yield Emit(EndStep(Step.LEFTOVERS, False, msg))
+        return "failed", f"{timed_out}. {msg}"
+    yield Emit(EndStep(Step.LEFTOVERS, True, f"{len(targets)} leftover process(es) ended "
+                       f"({', '.join(str(t.pid) for t in targets)}), approved by {approved_by}"))
+    return "cleaned", ""
+
+
+def _still_running(svc: ServiceSettings, host: str, targets: list[ProcFacts]
+                   ) -> Generator[Action, Any, list[ProcFacts]]:
+    """Poll until every target has exited (or is a zombie, holding nothing), at most
+    ``kill_grace_s``; the targets still running then, with their state now."""
+    start = (yield from _tick(0.0)).now
+    remaining = targets
+    while True:
+        r = yield from _run(Step.LEFTOVERS, facts_query(t.pid for t in remaining),
+                            svc.command_timeout_s, quiet=True)
+        if r.exit_status in (0, 1):
+            now = parse_facts(r.stdout)
+            remaining = [now[t.pid] for t in remaining
+                         if t.pid in now and now[t.pid].started == t.started
+                         and not now[t.pid].zombie]
+        if not remaining:
+            return []
+        tick = yield from _tick(svc.drain_poll_s)
+        if tick.now - start >= svc.kill_grace_s:
+            return remaining
 
 
 # ---- flows ------------------------------------------------------------------------------
@@ -1077,7 +1346,7 @@ def _postcheck_restored(svc: ServiceSettings, host: str, env: _Env
         gpus = f"GPU table unavailable: {e.reason}"
     else:
         yield Emit(Snapshot("after restart", snap))
-        gpus = f"{snap.used_mib:,} of {snap.total_mib:,} MiB in use"
+        gpus = memory_summary(snap)
     yield Emit(EndStep(Step.POSTCHECK, differs is None, f"version {after}; {env_text}; {gpus}"))
     return after, differs
 
@@ -1090,6 +1359,10 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {pre.refusal}", before, None)
     assert pre.env is not None  # preflight refuses without a snapshot
+    check = yield from _gpu_check(svc, host)
+    if check.refusal is not None:
+        return HostOutcome(HostStatus.ABORTED,
+                           f"preflight refused; service untouched: {check.refusal}", before, None)
     if plan.dry_run:
         return HostOutcome(HostStatus.SUCCEEDED, f"dry run: preflight passed; would install "
                            f"{plan.spec}, changing {pre.env.planned.headline()}", before, None)
@@ -1110,13 +1383,14 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if failure is not None:
         return HostOutcome(HostStatus.FAILED, failure, before, None)
 
-    drain, reason = yield from _drain(svc, host)
+    drain, reason = yield from _drain_clean(svc, host)
     if drain == "cancelled":
         return (yield from _recover_after_cancel(svc, host, before, "during drain"))
     if drain == "failed":
         return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED and nothing "
                            "was reinstalled; free the GPUs, then restart it.", before, None)
-    return (yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env))
+    outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
+    return (yield from _gpu_recheck(svc, host, check, outcome))
 
 
 def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
@@ -1226,6 +1500,10 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
+    check = yield from _gpu_check(svc, host)
+    if check.refusal is not None:
+        return HostOutcome(HostStatus.ABORTED,
+                           f"preflight refused; service untouched: {check.refusal}", before, None)
     if (yield from _tick()).cancel_requested:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
                            before, None)
@@ -1235,7 +1513,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     failure = yield from _stop(svc, plan.service)
     if failure is not None:
         return HostOutcome(HostStatus.FAILED, failure, before, None)
-    drain, reason = yield from _drain(svc, host)
+    drain, reason = yield from _drain_clean(svc, host)
     if drain == "failed":
         return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED; free the GPUs, "
                            "then restart it.", before, None)
@@ -1244,7 +1522,8 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.FAILED, f"{err}. The service is DOWN.", before, None)
     after = yield from _postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
-    return HostOutcome(status, f"restarted on {after}, healthy", before, after)
+    return (yield from _gpu_recheck(svc, host, check, HostOutcome(
+        status, f"restarted on {after}, healthy", before, after)))
 
 
 def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -1264,7 +1543,7 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.FAILED, summary, version, version)
     yield Emit(Snapshot("now", snap))
     summary = (f"{svc.unit}: {state}; {svc.package} {version}; {api}; "
-               f"{snap.used_mib:,} of {snap.total_mib:,} MiB GPU memory in use")
+               f"{memory_summary(snap, 'GPU memory')}")
     yield Emit(EndStep(Step.STATUS, True, summary))
     return HostOutcome(HostStatus.SUCCEEDED, summary, version, version)
 

@@ -9,7 +9,7 @@ could start vLLM on GPUs that are still full.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -46,6 +46,19 @@ class Gpu:
     memory_total_mib: int | None
     utilization_pct: int | None
     processes: tuple[GpuProcess, ...] = ()
+    # What nvidia-smi printed for memory.used when it gave no number ("[N/A]" on a
+    # unified-memory GPU such as GB10, "[Unknown Error]" on a GPU in trouble).
+    memory_note: str = ""
+
+    @property
+    def memory_not_reported(self) -> bool:
+        """The GPU reports no memory figure by design (unified memory: the driver prints
+        ``[N/A]`` or ``[Not Supported]``), as opposed to one it failed to read."""
+        return self.memory_used_mib is None and self.memory_note in _NOT_REPORTED
+
+
+# What nvidia-smi prints for a value a GPU does not have, as opposed to an error reading it.
+_NOT_REPORTED = frozenset({"[N/A]", "N/A", "[Not Supported]"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +66,99 @@ class GpuSnapshot:
     host: str
     gpus: tuple[Gpu, ...]
     processes: tuple[GpuProcess, ...] = field(default=())
+    # The uuids of the GPUs a service uses (its ``gpus`` setting); None: all of them.
+    # The drain, the totals and the health verdict look at those only; the others are
+    # shown, and what runs on them never blocks the drain.
+    scope: frozenset[str] | None = None
+
+    def in_scope(self, gpu: Gpu) -> bool:
+        return self.scope is None or gpu.uuid in self.scope
 
     @property
-    def used_mib(self) -> int:
-        return sum(g.memory_used_mib or 0 for g in self.gpus)
+    def scoped_gpus(self) -> tuple[Gpu, ...]:
+        return tuple(g for g in self.gpus if self.in_scope(g))
 
     @property
-    def total_mib(self) -> int:
-        return sum(g.memory_total_mib or 0 for g in self.gpus)
+    def used_mib(self) -> int | None:
+        """Memory in use on the GPUs in scope; None when any of them does not say (a sum
+        that leaves a GPU out would read as that GPU being empty)."""
+        return _total(g.memory_used_mib for g in self.scoped_gpus)
+
+    @property
+    def total_mib(self) -> int | None:
+        return _total(g.memory_total_mib for g in self.scoped_gpus)
+
+
+def _total(values: Iterable[int | None]) -> int | None:
+    known = list(values)
+    if not known or any(v is None for v in known):
+        return None
+    return sum(v for v in known if v is not None)
+
+
+def memory_summary(snapshot: GpuSnapshot, noun: str = "") -> str:
+    """``12,345 of 783,000 MiB [noun ]in use``, or why there is no such figure (never 0)."""
+    used, total = snapshot.used_mib, snapshot.total_mib
+    if not snapshot.scoped_gpus:
+        return "no GPU listed"
+    if used is not None and total is not None:
+        return f"{used:,} of {total:,} MiB {noun + ' ' if noun else ''}in use"
+    if all(g.memory_not_reported for g in snapshot.scoped_gpus):
+        return "GPU memory not reported (unified memory): n/a"
+    return "GPU memory in use: n/a (not every GPU reports it)"
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The GPUs of a service on one host, from its ``gpus`` setting."""
+
+    gpus: tuple[Gpu, ...]  # found, in the host's order
+    missing: tuple[str, ...]  # wanted but not listed ("GPU 5", "GPU-3f…")
+    wanted: str  # what the setting asks for, for messages ("GPUs 0, 1, 2, 3", "all GPUs")
+
+    @property
+    def uuids(self) -> frozenset[str]:
+        return frozenset(g.uuid for g in self.gpus)
+
+    def refusal(self, host: str, listed: Sequence[Gpu]) -> str | None:
+        """Why a run must not go on here (None: every wanted GPU is listed). A host that
+        lists fewer GPUs than the service needs, or none, is never drained: a drain over
+        no GPU would pass at once."""
+        if not listed:
+            return (f"nvidia-smi on {host} lists no GPU (it printed no row), but the service "
+                    f"needs {self.wanted}: the driver may have lost them")
+        if self.missing:
+            found = ", ".join(str(g.index) for g in listed)
+            return (f"the service needs {self.wanted}, but {host} lists {len(listed)} GPU"
+                    f"{'s' if len(listed) != 1 else ''} ({found}): {', '.join(self.missing)} "
+                    "missing")
+        return None
+
+
+def select_gpus(gpus: Sequence[Gpu], wanted: Sequence[int | str] | None) -> Selection:
+    """The GPUs ``wanted`` names (indexes or uuids; None: all the host lists)."""
+    if wanted is None:
+        return Selection(tuple(gpus), () if gpus else ("any GPU",), "all GPUs")
+    found: list[Gpu] = []
+    missing: list[str] = []
+    for w in wanted:
+        gpu = next((g for g in gpus if (g.index == w if isinstance(w, int) else g.uuid == w)),
+                   None)
+        if gpu is None:
+            missing.append(f"GPU {w}")
+        elif gpu not in found:
+            found.append(gpu)
+    found.sort(key=lambda g: g.index)
+    label = ", ".join(str(w) for w in wanted)
+    return Selection(tuple(found), tuple(missing),
+                     f"GPU{'s' if len(wanted) != 1 else ''} {label}")
+
+
+def scoped(snapshot: GpuSnapshot, selection: Selection | None) -> GpuSnapshot:
+    """The snapshot with its scope set to a service's GPUs (None: all, as built)."""
+    if selection is None:
+        return snapshot
+    return replace(snapshot, scope=selection.uuids)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -186,6 +284,7 @@ def parse_gpu_csv(host: str, text: str) -> tuple[Gpu, ...]:
                 memory_used_mib=_optional_int(used, "memory.used"),
                 memory_total_mib=_optional_int(total, "memory.total"),
                 utilization_pct=_optional_int(util, "utilization.gpu"),
+                memory_note=used if _unavailable(used) else "",
             )
         except _LineError as exc:
             raise GpuQueryError(
@@ -281,7 +380,7 @@ def build_snapshot(host: str, gpu_text: str, apps_text: str) -> GpuSnapshot:
 
 # --------------------------------------------------------------------------- drain
 
-HolderKind = Literal["process", "memory", "worker"]
+HolderKind = Literal["process", "memory", "worker", "missing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +390,8 @@ class Holder:
     ``process``: a compute app holds memory on a GPU (``gpu_index`` is None when
     its uuid matches no GPU).  ``memory``: a GPU is above the threshold (or does not
     report its memory) with no process listed.  ``worker``: a ``VLLM::`` process
-    from pgrep is still alive but nvidia-smi lists it on no GPU.
+    from pgrep is still alive but nvidia-smi lists it on no GPU.  ``missing``: nvidia-smi
+    lists none of the GPUs in scope (a drain over no GPU must never pass).
     """
 
     kind: HolderKind
@@ -305,6 +405,8 @@ class Holder:
         where = f"GPU {self.gpu_index}" if self.gpu_index is not None else f"GPU {self.gpu_uuid}"
         if self.kind == "worker":
             return f"PID {self.pid} ({self.name}) is still running"
+        if self.kind == "missing":
+            return "nvidia-smi lists no GPU of this service, so none can be confirmed free"
         if self.kind == "memory":
             if self.used_mib is None:
                 return f"{where}: memory use not reported, cannot confirm it is free"
@@ -318,8 +420,15 @@ class DrainVerdict:
     drained: bool
     threshold_mib: int
     holders: tuple[Holder, ...] = ()
+    # GPUs judged by their processes alone (they report no memory figure: unified memory).
+    by_processes: tuple[int, ...] = ()
 
     def describe(self) -> str:
+        if self.drained and self.by_processes:
+            gpus = ", ".join(str(i) for i in self.by_processes)
+            return (f"drained: no compute process and no vLLM worker of the service; GPU"
+                    f"{'s' if len(self.by_processes) != 1 else ''} {gpus} report no memory "
+                    "figure (unified memory), so the drain was judged by processes alone")
         if self.drained:
             return f"drained: no GPU process, every GPU at or below {self.threshold_mib} MiB"
         # No "not drained" prefix: callers put this after their own "still held: ".
@@ -331,40 +440,54 @@ def drain_verdict(
     threshold_mib: int,
     workers: Sequence[tuple[int, str]] = (),
 ) -> DrainVerdict:
-    """Decide whether the GPUs are free enough to start vLLM again.
+    """Decide whether the GPUs in the snapshot's scope are free enough to start vLLM.
 
-    Drained means: no compute app holds memory, every GPU reports its memory and
-    is at or below ``threshold_mib`` (the driver keeps a little per GPU), and no
-    ``VLLM::`` worker from ``parse_pgrep`` survives.  Unknown memory counts as held:
-    starting on a GPU we cannot see is how a redeploy ends in an out-of-memory.
+    Drained means: no compute app holds memory on them, every one of them is at or
+    below ``threshold_mib`` (the driver keeps a little per GPU), and none of
+    ``workers`` (the service's ``VLLM::`` processes, from ``parse_pgrep``) survives.
+    Memory that cannot be read counts as held: starting on a GPU we cannot see is how
+    a redeploy ends in an out-of-memory. A GPU that reports no memory figure by
+    design (unified memory) is judged by its processes alone, and the verdict says so.
+    Processes on GPUs outside the scope never block; a scope with no GPU never drains.
     """
+    gpus = snapshot.scoped_gpus
     index_of = {g.uuid: g.index for g in snapshot.gpus}
     holders: list[Holder] = []
     held_gpus: set[str] = set()
     listed_pids: set[int] = set()
     for proc in _all_processes(snapshot):
+        if proc.gpu_uuid in index_of and proc.gpu_uuid not in {g.uuid for g in gpus}:
+            listed_pids.add(proc.pid)  # another service's GPU: shown, never blocking
+            continue
         if proc.used_mib == 0:
             continue
         holders.append(Holder("process", index_of.get(proc.gpu_uuid), proc.gpu_uuid,
                               proc.pid, proc.name, proc.used_mib))
         held_gpus.add(proc.gpu_uuid)
         listed_pids.add(proc.pid)
-    for gpu in snapshot.gpus:
+    by_processes = []
+    for gpu in gpus:
         used = gpu.memory_used_mib
-        if gpu.uuid not in held_gpus and (used is None or used > threshold_mib):
+        if gpu.uuid in held_gpus:
+            continue
+        if gpu.memory_not_reported:
+            by_processes.append(gpu.index)
+        elif used is None or used > threshold_mib:
             holders.append(Holder("memory", gpu.index, gpu.uuid, used_mib=used))
     for pid, command in workers:
         if pid not in listed_pids:
             holders.append(Holder("worker", pid=pid, name=command))
             listed_pids.add(pid)
+    if not gpus:
+        holders.append(Holder("missing"))
     holders.sort(key=_holder_order)
     return DrainVerdict(drained=not holders, threshold_mib=threshold_mib,
-                        holders=tuple(holders))
+                        holders=tuple(holders), by_processes=tuple(by_processes))
 
 
 def _holder_order(h: Holder) -> tuple[int, int, int]:
     # GPUs in index order, then unknown GPUs, then stray workers: how people read nvidia-smi.
-    rank = 0 if h.gpu_index is not None else (1 if h.kind != "worker" else 2)
+    rank = 0 if h.gpu_index is not None else (1 if h.kind not in ("worker", "missing") else 2)
     return (rank, h.gpu_index if h.gpu_index is not None else 0, h.pid or 0)
 
 
@@ -446,11 +569,20 @@ def _process_cell(proc: GpuProcess, width: int) -> str:
     return f"{head} {_fit(proc.name, name_width)} {tail}"
 
 
-def render_table(snapshot: GpuSnapshot) -> str:
+def _gpu_label(snapshot: GpuSnapshot, gpu: Gpu, health: Mapping[str, str] | None) -> str:
+    label = str(gpu.index) if snapshot.in_scope(gpu) else f"({gpu.index})"
+    mark = (health or {}).get(gpu.uuid, "")
+    return f"{label} {mark}" if mark else label
+
+
+def render_table(snapshot: GpuSnapshot, health: Mapping[str, str] | None = None) -> str:
     """A fixed-width table for a Slack code block or a terminal, lines <= ``LINE_LIMIT``.
 
     One row per GPU (extra processes continue on following rows), processes that
-    match no GPU under ``?``, then a total row.  No trailing spaces.
+    match no GPU under ``?``, then a total row over the GPUs in scope.  A GPU outside
+    the snapshot's scope (another service's) shows its index in parentheses and counts
+    in no total.  ``health``: a short mark per GPU uuid ("warn", "CRIT") shown after
+    its index.  A value nobody reported reads ``n/a``, never 0.  No trailing spaces.
     """
     count = len(snapshot.gpus)
     header = _fit(f"{snapshot.host}: {count} GPU{'s' if count != 1 else ''}", LINE_LIMIT)
@@ -460,13 +592,14 @@ def render_table(snapshot: GpuSnapshot) -> str:
     stray = tuple(p for p in _all_processes(snapshot) if p.gpu_uuid not in known)
     rows: list[tuple[tuple[str, ...], tuple[GpuProcess, ...]]] = []
     for gpu in snapshot.gpus:
-        gpu_cells = (str(gpu.index), short_gpu_name(gpu.name), _mib(gpu.memory_used_mib),
-                     _mib(gpu.memory_total_mib), _pct(gpu.utilization_pct))
+        gpu_cells = (_gpu_label(snapshot, gpu, health), short_gpu_name(gpu.name),
+                     _mib(gpu.memory_used_mib), _mib(gpu.memory_total_mib),
+                     _pct(gpu.utilization_pct))
         rows.append((gpu_cells, gpu.processes))
     for proc in stray:
         rows.append((("?", _fit(proc.gpu_uuid, _NAME_WIDTH), "", "", ""), (proc,)))
-    utils = [g.utilization_pct for g in snapshot.gpus if g.utilization_pct is not None]
-    total_cells = ("", "total", str(snapshot.used_mib), str(snapshot.total_mib),
+    utils = [g.utilization_pct for g in snapshot.scoped_gpus if g.utilization_pct is not None]
+    total_cells = ("", "total", _mib(snapshot.used_mib), _mib(snapshot.total_mib),
                    _pct(sum(utils) // len(utils) if utils else None))
     n_procs = sum(len(p) for _, p in rows)
 
@@ -484,4 +617,7 @@ def render_table(snapshot: GpuSnapshot) -> str:
         out.append(line(cells, _process_cell(procs[0], room) if procs else ""))
         out.extend(line(("",) * 5, _process_cell(p, room)) for p in procs[1:])
     out.append(line(total_cells, f"{n_procs} process{'es' if n_procs != 1 else ''}"))
+    if any(not snapshot.in_scope(g) for g in snapshot.gpus):
+        out.append("(n): another service's GPU, outside the total; what runs there never "
+                   "blocks this drain")
     return "\n".join(out)

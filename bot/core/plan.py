@@ -11,6 +11,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from bot.core import remote
+from bot.core.health import HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV
 from bot.core.readiness import api_base, metrics_url
 from bot.core.status import Action
 from bot.errors import InputError
@@ -47,6 +48,10 @@ class Step(StrEnum):
     PREFETCH = "prefetch"
     GATE = "gate"
     ROLLBACK_STOP = "rollback_stop"
+    # Issue 12: GPU hardware health, per-service GPUs, leftover workers.
+    GPU_CHECK = "gpu_check"
+    LEFTOVERS = "leftovers"
+    GPU_RECHECK = "gpu_recheck"
     STATUS = "status"
 
 
@@ -68,6 +73,9 @@ STEP_TITLES: dict[Step, str] = {
     Step.ROLLBACK_HEALTH: "Rollback: health gate",
     Step.ROLLBACK_READINESS: "Rollback: readiness",
     Step.STATUS: "Status",
+    Step.GPU_CHECK: "GPU check (count, ECC, row remaps, Xid errors)",
+    Step.LEFTOVERS: "Terminate leftover processes (approved)",
+    Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
 }
 
 
@@ -162,6 +170,7 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
             remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
             remote.install_dry_run(svc, spec, index_url), remote.freeze(svc)))
             + f"; save the freeze as {remote.lock_path(svc, '<sha256>')}"),
+        PlannedStep(Step.GPU_CHECK, gpu_check_command(svc)),
         PlannedStep(Step.PREFETCH, remote.prefetch_shown(svc, index_url)),
         PlannedStep(Step.REQUESTS, requests_command(svc)),
         PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
@@ -180,7 +189,18 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
         PlannedStep(Step.READINESS, readiness_command(svc)),
         PlannedStep(Step.POSTCHECK,
                     f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
+        PlannedStep(Step.GPU_RECHECK, f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)}: "
+                    "report Xid errors that appeared during the run"),
     )
+
+
+def gpu_check_command(svc: ServiceSettings) -> str:
+    """The GPU check before the stop (bot.core.health): the service's GPUs are listed,
+    none is critical."""
+    which = "all GPUs" if svc.gpus is None else "GPUs " + ", ".join(str(g) for g in svc.gpus)
+    return (f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}: {which} listed; "
+            f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)} (else dmesg): refuse on a "
+            "critical GPU")
 
 
 def requests_command(svc: ServiceSettings) -> str:
@@ -207,7 +227,7 @@ def readiness_command(svc: ServiceSettings) -> str:
 def restart_steps(svc: ServiceSettings) -> tuple[PlannedStep, ...]:
     full = redeploy_steps(svc, svc.package, None)
     keep = {Step.REQUESTS, Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.READINESS,
-            Step.POSTCHECK}
+            Step.POSTCHECK, Step.GPU_CHECK, Step.GPU_RECHECK}
     return (PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
             *(s for s in full if s.step in keep))
 

@@ -78,6 +78,8 @@ class Decision(StrEnum):
     DENY = "deny"
     CANCEL = "cancel"
     RECOVER = "recover"  # marked a run of a dead driver interrupted (bot.engine.recovery)
+    # Let a running run terminate the processes that outlived its service's stop.
+    TERMINATE = "terminate"
 
 
 class Source(StrEnum):

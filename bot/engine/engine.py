@@ -21,6 +21,7 @@ from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
 from bot.engine.audit_sink import RunAudit, audit_writer
 from bot.engine.executor import CancelToken, Executor
+from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.known_hosts import host_keys
@@ -110,8 +111,10 @@ class Engine:
         svc = self.settings.services.get(service)
         return host_keys(self.settings, svc.hosts) if svc is not None else {}
 
-    async def execute(self, run_id: int, sink: ev.EventSink) -> RunResult:
-        """Run an approved run to its end. The run must be in 'approved'."""
+    async def execute(self, run_id: int, sink: ev.EventSink,
+                      gate: LeftoverGate | None = None) -> RunResult:
+        """Run an approved run to its end. The run must be in 'approved'. ``gate``: who
+        may let it terminate processes that outlived the stop (bot.engine.leftover_gate)."""
         life = self.lifecycle
         record = await self.audit.get_run(run_id)
         plan = self.plan_of(record)
@@ -143,7 +146,8 @@ class Engine:
         notify = ev.BestEffort(sink)
         audit = RunAudit(self.writer, run_id, token, notify)
         try:
-            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit)
+            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit,
+                                       gate)
         except BaseException:
             # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
             # must say so at once, not wait for the next start's recovery.
@@ -154,7 +158,8 @@ class Engine:
             await audit.released(life.released)
 
     async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
-                       token: CancelToken, audit: RunAudit) -> RunResult:
+                       token: CancelToken, audit: RunAudit,
+                       gate: LeftoverGate | None = None) -> RunResult:
         run_id = record.id
         await sink.handle(ev.RunStarted(run_id, plan, record.requested_by,
                                         tuple(record.approved_by)))
@@ -166,6 +171,8 @@ class Engine:
         async def one(host: str) -> HostOutcome:
             try:
                 executor = Executor(run_id, self.pool.get(host), sink, cancel=token,
+                                    gate=gate,
+                                    ask_timeout_s=self.settings.policy.approval_ttl_s,
                                     history=history)
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
@@ -228,4 +235,3 @@ class Engine:
         if untouched:
             parts.append(f"not started: {', '.join(untouched)}")
         return "; ".join(parts)
-

@@ -34,9 +34,11 @@ from bot.core.flows import (
     Tick,
     Versions,
 )
+from bot.core.leftovers import AskApproval
 from bot.core.plan import Step
 from bot.core.startup import StartHistory
 from bot.core.status import StepStatus
+from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
 from bot.errors import HostError
 from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream, cut_line
 
@@ -70,11 +72,16 @@ class Executor:
         *,
         cancel: CancelToken | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gate: LeftoverGate | None = None,
+        ask_timeout_s: float = 900.0,
         history: StartHistory | None = None,
     ) -> None:
         self.run_id = run_id
         # This service's previous start times: a start-up wait's progress shows their median.
         self.history = history
+        # Who may let the run terminate leftover processes, and how long it waits for them.
+        self.gate: LeftoverGate = gate if gate is not None else NoGate()
+        self.ask_timeout_s = ask_timeout_s
         self.transport = transport
         self.sink = sink
         self.cancel = cancel or CancelToken()
@@ -104,6 +111,10 @@ class Executor:
             return await self._run(action)
         if isinstance(action, HttpCheck):
             return await self._http(action)
+        if isinstance(action, AskApproval):
+            return await ask_bounded(
+                self.gate, LeftoverRequest(self.run_id, self.host, action.question, action.pids),
+                timeout_s=self.ask_timeout_s, cancelled=self.cancel.event)
         if isinstance(action, Sleep):
             if action.seconds > 0 and not self.cancel.requested:
                 # A cancel request wakes a waiting poll early instead of after the interval.

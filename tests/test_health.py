@@ -1,0 +1,283 @@
+"""bot.core.health: ``nvidia-smi -q`` and kernel Xid lines, judged per GPU.
+
+The ``nvidia-smi -q`` texts and Xid lines below are WRITTEN TO NVIDIA's documented
+formats (the ``nvidia-smi -q`` layout: indented ``Key : value`` lines under section
+headers ``ECC Errors`` / ``Volatile`` / ``Aggregate`` / ``DRAM Uncorrectable``,
+``Retired Pages`` / ``Pending Page Blacklist``, ``Remapped Rows`` / ``Pending`` /
+``Remapping Failure Occurred``; the kernel's ``NVRM: Xid (PCI:0000:3b:00): 79, ...``
+line), NOT captured from a GPU: no captured nvidia-smi -q output or driver log is
+committed (tests/samples/SOURCES.md: third-party text is not copied). The project's
+development machine has no GPU; a capture from a real host should replace them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.core.gpu import Gpu
+from bot.core.health import (
+    GpuReading,
+    Level,
+    XidEvent,
+    judge,
+    kernel_log_unreadable,
+    new_xids,
+    normal_pci,
+    parse_health_query,
+    parse_xid_lines,
+)
+from bot.errors import GpuQueryError
+
+UUID0 = "GPU-6f1c0000-1a2b-3c4d-5e6f-0123456789ab"
+UUID1 = "GPU-6f1c0001-1a2b-3c4d-5e6f-0123456789ab"
+
+
+def section(bus: str, uuid: str, *, volatile_dram: str = "0", aggregate_dram: str = "0",
+            pending_page: str = "No", remap_pending: str = "No", remap_failure: str = "No",
+            recovery: str | None = "None") -> str:
+    """One GPU's section in the documented layout (current drivers: SRAM/DRAM counters)."""
+    lines = [f"GPU {bus}",
+             "    Product Name                          : NVIDIA H200",
+             f"    GPU UUID                              : {uuid}"]
+    if recovery is not None:
+        lines.append(f"    GPU Recovery Action                   : {recovery}")
+    lines += [
+        "    PCI",
+        "        Bus                               : 0x3B",
+        f"        Bus Id                            : {bus}",
+        "    ECC Mode",
+        "        Current                           : Enabled",
+        "        Pending                           : Enabled",
+        "    ECC Errors",
+        "        Volatile",
+        "            SRAM Correctable              : 0",
+        "            SRAM Uncorrectable Parity     : 0",
+        "            SRAM Uncorrectable SEC-DED    : 0",
+        "            DRAM Correctable              : 12",
+        f"            DRAM Uncorrectable            : {volatile_dram}",
+        "        Aggregate",
+        "            SRAM Correctable              : 0",
+        "            SRAM Uncorrectable Parity     : 0",
+        "            SRAM Uncorrectable SEC-DED    : 0",
+        "            DRAM Correctable              : 40",
+        f"            DRAM Uncorrectable            : {aggregate_dram}",
+        "            SRAM Threshold Exceeded       : No",
+        "    Retired Pages",
+        "        Single Bit ECC                    : N/A",
+        "        Double Bit ECC                    : N/A",
+        f"        Pending Page Blacklist            : {pending_page}",
+        "    Remapped Rows",
+        "        Correctable Error                 : 0",
+        "        Uncorrectable Error               : 0",
+        f"        Pending                           : {remap_pending}",
+        f"        Remapping Failure Occurred        : {remap_failure}",
+        "        Bank Remap Availability Histogram",
+        "            Max                           : 2560 bank(s)",
+        "            High                          : 0 bank(s)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+HEADER = ("\n==============NVSMI LOG==============\n\n"
+          "Timestamp                                 : Mon Nov 30 23:00:00 2026\n"
+          "Driver Version                            : 590.44.01\n"
+          "CUDA Version                              : 13.1\n\n"
+          "Attached GPUs                             : 2\n")
+
+
+def query(*sections: str) -> str:
+    return HEADER + "".join(sections)
+
+
+def gpus() -> tuple[Gpu, ...]:
+    return (Gpu(0, UUID0, "NVIDIA H200", 0, 143771, 0), Gpu(1, UUID1, "NVIDIA H200", 0, 143771, 0))
+
+
+def xid(code: int, text: str, pci: str = "0000:3b:00", stamp: str = "Nov 30 22:01:02") -> str:
+    return f"{stamp} gpu-node-1 kernel: NVRM: Xid (PCI:{pci}): {code}, {text}"
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_a_healthy_gpu_reads_as_clean() -> None:
+    (r,) = parse_health_query("h", query(section("00000000:3B:00.0", UUID0)))
+    assert r == GpuReading(UUID0, "0000:3b:00", 0, 0, False, False, False, "None")
+
+
+def test_each_field_the_verdict_needs_is_read() -> None:
+    text = query(section("00000000:3B:00.0", UUID0, volatile_dram="2", aggregate_dram="5",
+                         pending_page="Yes", remap_pending="Yes", remap_failure="Yes",
+                         recovery="Reset"),
+                 section("00000000:5D:00.0", UUID1, recovery=None))
+    first, second = parse_health_query("h", text)
+    assert (first.volatile_uncorrectable, first.aggregate_uncorrectable) == (2, 5)
+    assert (first.retired_pending, first.remap_pending, first.remap_failure) == (True,) * 3
+    assert first.recovery_action == "Reset"
+    assert (second.uuid, second.pci, second.recovery_action) == (UUID1, "0000:5d:00", None)
+
+
+def test_older_drivers_double_bit_total_is_read() -> None:
+    # Older drivers print Single Bit / Double Bit counters with a Total per kind.
+    text = "\n".join([
+        "GPU 00000000:3B:00.0",
+        f"    GPU UUID                              : {UUID0}",
+        "    ECC Errors",
+        "        Volatile",
+        "            Single Bit",
+        "                Device Memory             : 3",
+        "                Total                     : 3",
+        "            Double Bit",
+        "                Device Memory             : 1",
+        "                Total                     : 1",
+        "        Aggregate",
+        "            Double Bit",
+        "                Total                     : 4",
+        "    Retired Pages",
+        "        Pending                           : No",
+        "    Remapped Rows                         : N/A",
+    ])
+    (r,) = parse_health_query("h", text)
+    assert (r.volatile_uncorrectable, r.aggregate_uncorrectable) == (1, 4)
+    assert r.remap_pending is None and r.remap_failure is None and r.retired_pending is None
+
+
+def test_not_available_values_stay_unknown() -> None:
+    text = query(section("00000000:3B:00.0", UUID0, volatile_dram="N/A", aggregate_dram="N/A",
+                         pending_page="N/A", remap_pending="N/A", remap_failure="N/A",
+                         recovery="N/A"))
+    (r,) = parse_health_query("h", text)
+    assert r == GpuReading(UUID0, "0000:3b:00")
+
+
+def test_a_section_without_uuid_is_an_error() -> None:
+    with pytest.raises(GpuQueryError, match="has no GPU UUID"):
+        parse_health_query("h", "GPU 00000000:3B:00.0\n    Product Name : NVIDIA H200\n")
+
+
+def test_no_gpu_section_reads_as_no_reading() -> None:
+    assert parse_health_query("h", HEADER.replace(": 2", ": 0")) == ()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("00000000:3B:00.0", "0000:3b:00"), ("PCI:0000:3b:00", "0000:3b:00"),
+    ("0000:3B:00", "0000:3b:00"), ("3b:00", None), ("", None)])
+def test_pci_addresses_normalise_alike(text: str, expected: str | None) -> None:
+    assert normal_pci(text) == expected
+
+
+def test_xid_lines_from_journalctl_and_dmesg() -> None:
+    text = "\n".join([
+        "-- No entries --",
+        xid(79, "pid=1234, name=python3, GPU has fallen off the bus."),
+        "[ 7201.123456] NVRM: Xid (PCI:0000:5d:00): 13, Graphics Exception: ESR 0x404490",
+        "Nov 30 22:01:03 gpu-node-1 kernel: NVRM: GPU at PCI:0000:3b:00: GPU-abc",
+    ])
+    first, second = parse_xid_lines(text)
+    assert (first.pci, first.code) == ("0000:3b:00", 79)
+    assert first.text == "pid=1234, name=python3, GPU has fallen off the bus."
+    assert (second.pci, second.code) == ("0000:5d:00", 13)
+    assert second.line.startswith("[ 7201.123456]")
+
+
+def test_new_xids_are_the_lines_added_counting_repeats() -> None:
+    a = parse_xid_lines(xid(13, "x") + "\n" + xid(13, "x"))
+    b = parse_xid_lines("\n".join([xid(13, "x")] * 3 + [xid(79, "y", stamp="Nov 30 23:00:00")]))
+    assert [e.code for e in new_xids(a, b)] == [13, 79]
+    assert new_xids(b, b) == ()
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "status", "readable"), [
+    ("Nov 30 h kernel: NVRM: Xid ...", "", 0, True),
+    ("-- No entries --\n", "", 0, True),
+    ("", "", 1, True),  # some versions exit 1 when --grep matched nothing
+    ("", "Hint: You are currently not seeing messages from other users and the system.\n"
+         "      Users in groups 'adm', 'systemd-journal' can see all messages.", 0, False),
+    ("", "No journal files were opened due to insufficient permissions.", 1, False),
+    ("", "Compiled without pattern matching support", 1, False),
+    ("", "Failed to open journal", 1, False),
+])
+def test_a_kernel_log_the_user_cannot_read_is_not_read_as_clean(
+        stdout: str, stderr: str, status: int, readable: bool) -> None:
+    assert (kernel_log_unreadable(stdout, stderr, status) is None) == readable
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+def readings(**first: object) -> tuple[GpuReading, ...]:
+    base = GpuReading(UUID0, "0000:3b:00", 0, 0, False, False, False, "None")
+    return (GpuReading(**{**{f: getattr(base, f) for f in base.__slots__}, **first}),
+            GpuReading(UUID1, "0000:5d:00", 0, 0, False, False, False, "None"))
+
+
+@pytest.mark.parametrize(("state", "needle"), [
+    ({"remap_pending": True}, "row remap is pending"),
+    ({"remap_failure": True}, "row remap failed"),
+    ({"retired_pending": True}, "retired page is pending"),
+    ({"volatile_uncorrectable": 2}, "2 uncorrectable ECC error(s) since the last reset"),
+    ({"recovery_action": "Reboot"}, "recovery action: Reboot"),
+])
+def test_a_state_that_needs_a_reset_is_critical(state: dict[str, object], needle: str) -> None:
+    h = judge("h", gpus(), readings(**state), ())
+    assert h.gpus[0].level == Level.CRITICAL and h.gpus[1].level == Level.OK
+    (problem,) = h.problems(Level.CRITICAL)
+    assert problem.startswith("GPU 0: ") and needle in problem
+    assert h.level({UUID1}) == Level.OK  # another service's GPU is not this one's
+
+
+def test_uncorrectable_errors_only_in_the_past_are_a_warning() -> None:
+    h = judge("h", gpus(), readings(aggregate_uncorrectable=3), ())
+    assert h.level() == Level.WARN
+    assert "3 uncorrectable ECC error(s) over the GPU's life" in h.summary()
+
+
+@pytest.mark.parametrize(("code", "level"), [
+    (79, Level.CRITICAL), (48, Level.CRITICAL), (95, Level.CRITICAL), (119, Level.CRITICAL),
+    (120, Level.CRITICAL), (64, Level.CRITICAL), (13, Level.WARN), (31, Level.WARN),
+    (43, Level.WARN), (94, Level.WARN), (63, Level.WARN), (999, Level.WARN)])
+def test_each_xid_has_its_level_and_action(code: int, level: Level) -> None:
+    event = XidEvent("0000:3b:00", code, "text", xid(code, "text"))
+    h = judge("h", gpus(), (GpuReading(UUID0, "0000:3b:00"), GpuReading(UUID1, "0000:5d:00")),
+              (event,))
+    assert h.gpus[0].level == level
+    (finding,) = h.gpus[0].findings
+    assert finding.action and f"Xid {code}" in finding.what and "Nov 30 22:01:02" in finding.what
+
+
+def test_an_xid_whose_cause_the_state_shows_gone_is_a_warning() -> None:
+    # Xid 48 is in this boot's log, but the volatile count is 0: the GPU was reset since.
+    event = parse_xid_lines(xid(48, "DBE"))
+    reset_since = (GpuReading(UUID0, "0000:3b:00", volatile_uncorrectable=0),)
+    assert judge("h", gpus(), reset_since, event).gpus[0].level == Level.WARN
+    still = (GpuReading(UUID0, "0000:3b:00", volatile_uncorrectable=1),)
+    assert judge("h", gpus(), still, event).gpus[0].level == Level.CRITICAL
+    unknown = (GpuReading(UUID0, "0000:3b:00"),)
+    assert judge("h", gpus(), unknown, event).gpus[0].level == Level.CRITICAL
+
+
+def test_xid_79_stays_critical_whatever_the_driver_says_now() -> None:
+    event = parse_xid_lines(xid(79, "GPU has fallen off the bus."))
+    clean = (GpuReading(UUID0, "0000:3b:00", 0, 0, False, False, False, "None"),)
+    assert judge("h", gpus(), clean, event).gpus[0].level == Level.CRITICAL
+
+
+def test_an_xid_at_an_address_no_gpu_answers_is_critical_for_every_service() -> None:
+    event = parse_xid_lines(xid(79, "GPU has fallen off the bus.", pci="0000:61:00"))
+    h = judge("h", gpus(), readings(), event)
+    assert [g.level for g in h.gpus] == [Level.OK, Level.OK]
+    assert h.level({UUID1}) == Level.CRITICAL
+    assert "PCI 0000:61:00 (no GPU answers there now)" in h.problems(Level.CRITICAL)[0]
+
+
+def test_a_flood_of_one_xid_is_one_finding_with_a_count() -> None:
+    events = parse_xid_lines("\n".join(xid(13, f"n{i}", stamp=f"Nov 30 22:01:{i:02d}")
+                                       for i in range(50)))
+    h = judge("h", gpus(), readings(), events)
+    (finding,) = h.gpus[0].findings
+    assert "Xid 13 x50" in finding.what and "last at Nov 30 22:01:49" in finding.what
+
+
+def test_a_healthy_host_says_so() -> None:
+    assert judge("h", gpus(), readings(), ()).summary() == "2 GPUs healthy"
