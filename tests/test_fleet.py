@@ -160,7 +160,8 @@ async def test_warm_repeat_reuses_the_pooled_connections(fleet: Fleet) -> None:
         for kit in fleet.kits[:3]:
             assert len(conns[kit.hostname]) == 1  # both queries shared one connection
             assert client_ports(kit.port) == conns[kit.hostname]  # and the repeat too
-            assert len(smi_calls(kit)) == 4  # two queries per host, each time
+            # Two GPU queries and the health report (nvidia-smi -q) per host, each time.
+            assert len(smi_calls(kit)) == 6
     finally:
         await pool.close()
 
@@ -205,15 +206,15 @@ def test_64_hosts_fit_slack_with_the_full_table_attached() -> None:
     assert lines[0].startswith("61/64 hosts ok, 2 unreachable, 1 failed; 488 GPUs: "
                                "472 busy, 16 idle; ")
     assert lines[1].split() == ["HOST", "GPUS", "BUSY", "UTIL", "USED", "MiB", "TOTAL", "MiB",
-                                "PROCESSES"]
+                                "HEALTH", "PROCESSES"]
     # Problem hosts come first, with their reason, cut to the line width.
     assert lines[2].startswith("gpu-node-17") and "UNREACHABLE: cannot connect" in lines[2]
     assert lines[3].startswith("gpu-node-40")
     assert lines[4] == ("gpu-node-63  UNAVAILABLE: nvidia-smi failed with exit status 9: the "
                         "NVIDIA driver is not loaded")
-    assert lines[5].split() == ["gpu-node-01", "8", "8", "87%", "776,000", "1,150,168",
+    assert lines[5].split() == ["gpu-node-01", "8", "8", "87%", "776,000", "1,150,168", "?",
                                 "8:", "VLLM::Worker_TP*", "x8"]
-    assert lines[9].split() == ["gpu-node-05", "8", "0", "0%", "0", "1,150,168", "-"]
+    assert lines[9].split() == ["gpu-node-05", "8", "0", "0%", "0", "1,150,168", "?", "-"]
     assert all(len(line) <= 100 for line in lines[1:])  # the table rows
     shown = len(lines) - 3
     assert lines[-1] == f"… {64 - shown} more hosts in the attached file"
@@ -259,5 +260,6 @@ def test_host_line_groups_numbered_process_names() -> None:
         (4, "python3", 400), (5, "ray::IDLE", 10)))
     snap = GpuSnapshot("h1", (Gpu(0, u, "NVIDIA H200", 180910, 143771, None, procs),), procs)
     [_, line] = host_lines([HostGpus("h1", snap, None, 0.1)])
-    assert line.split(None, 6) == ["h1", "1", "1", "n/a", "180,910", "143,771",
+    # "?": this row's health was not read.
+    assert line.split(None, 7) == ["h1", "1", "1", "n/a", "180,910", "143,771", "?",
                                    "5: VLLM::Worker_TP* x2, python3 x2, ray::IDLE"]

@@ -8,22 +8,29 @@ repeat query costs no handshake.
 ``fleet_message`` shapes the answer for chat: the full per-GPU tables when they
 fit, else a fleet summary with one line per host (problem hosts first) and the
 full tables as an attachment.
+
+Each host's GPU health is read with its GPUs (``bot.core.health``: ``nvidia-smi -q``,
+or NVML on the bot's own machine, and the kernel's Xid lines): a HEALTH column per
+host, a mark per GPU in its table, ``health_details`` for ``--health``. A health read
+that fails costs its mark, never the row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from bot.core import remote
 from bot.core.gpu import Gpu, GpuSnapshot, build_snapshot, check_nvidia_smi, render_table
+from bot.core.health import HostHealth, Level, details, health_reads, marks
 from bot.errors import ChatOpsError, HostError, HostKeyError, HostUnreachableError, InputError
-from bot.hosts.base import HostTransport
-from bot.hosts.nvml import probe_local
+from bot.hosts.base import CommandResult, HostTransport
+from bot.hosts.nvml import probe_local, probe_local_health
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -49,6 +56,9 @@ class HostGpus:
     # No answer at all (connect refused, host key refused, nothing within the timeout),
     # as opposed to a host that answered but whose GPU query failed.
     unreachable: bool = False
+    # The GPUs' hardware health (None: it could not be read; ``health_error`` says why).
+    health: HostHealth | None = None
+    health_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -75,6 +85,44 @@ async def query_transport(transport: HostTransport, timeout_s: float) -> GpuSnap
     check_nvidia_smi(transport.host, gpus)
     check_nvidia_smi(transport.host, apps)
     return build_snapshot(transport.host, gpus.stdout, apps.stdout)
+
+
+async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s: float, *,
+                       local: bool = False) -> HostHealth:
+    """Drive ``bot.core.health.health_reads`` over the transport (NVML for the state of
+    the bot's own GPUs when ``local``)."""
+    readings = await asyncio.to_thread(probe_local_health) if local else None
+    reads = health_reads(transport.host, gpus, readings)
+    result: CommandResult | None = None
+    try:
+        while True:
+            argv = reads.send(result)  # type: ignore[arg-type]  # None only to start it
+            try:
+                result = await transport.run(argv, timeout_s=timeout_s)
+            except HostError as e:
+                result = CommandResult(argv=argv, exit_status=None, stdout="", stderr=e.reason,
+                                       duration_s=0.0)
+    except StopIteration as stop:
+        health: HostHealth = stop.value
+        return health
+
+
+async def _with_health(row: HostGpus, pool: HostPool, local: bool,
+                       timeout_s: float) -> HostGpus:
+    """The row with its GPUs' health, or with why that could not be read."""
+    assert row.snapshot is not None
+    try:
+        async with asyncio.timeout(timeout_s):
+            health = await query_health(pool.get(row.host), row.snapshot.gpus, timeout_s,
+                                        local=local)
+    except TimeoutError:
+        return dataclasses.replace(row, health_error=f"no answer within {timeout_s:g}s")
+    except ChatOpsError as e:
+        return dataclasses.replace(row, health_error=str(e))
+    except Exception as e:  # a bug must cost the mark, not the row
+        log.exception("GPU health of %s failed unexpectedly", row.host)
+        return dataclasses.replace(row, health_error=f"internal error ({type(e).__name__})")
+    return dataclasses.replace(row, health=health)
 
 
 async def query_host(settings: Settings, pool: HostPool, host: str,
@@ -105,7 +153,10 @@ async def query_host(settings: Settings, pool: HostPool, host: str,
         log.exception("GPU query of %s failed unexpectedly", host)
         return row(f"internal error ({type(e).__name__}), see the bot's log",
                    unreachable=False)
-    return HostGpus(host, snap, None, time.monotonic() - start)
+    got = HostGpus(host, snap, None, time.monotonic() - start)
+    left = max(timeout_s - got.duration_s, 1.0)
+    with_health = await _with_health(got, pool, settings.hosts[host].is_local, left)
+    return dataclasses.replace(with_health, duration_s=time.monotonic() - start)
 
 
 async def fleet_gpus(settings: Settings, pool: HostPool, hosts: Sequence[str],
@@ -129,8 +180,10 @@ class FleetCounts:
     failed: int  # answered, but the GPU query failed (no driver, bad output)
     gpus: int
     busy: int
-    used_mib: int
-    total_mib: int
+    used_mib: int | None  # None: a host or GPU did not report it
+    total_mib: int | None
+    critical: int = 0  # hosts with a critical GPU
+    warn: int = 0  # hosts with a warning and no critical GPU
 
     @property
     def idle(self) -> int:
@@ -141,11 +194,22 @@ def fleet_counts(results: Sequence[HostGpus]) -> FleetCounts:
     snaps = [r.snapshot for r in results if r.snapshot is not None]
     gpus = [g for s in snaps for g in s.gpus]
     unreachable = sum(1 for r in results if not r.ok and r.unreachable)
+    levels = [r.health.level() for r in results if r.health is not None]
     return FleetCounts(
         hosts=len(results), ok=len(snaps), unreachable=unreachable,
         failed=len(results) - len(snaps) - unreachable, gpus=len(gpus),
-        busy=sum(1 for g in gpus if is_busy(g)), used_mib=sum(s.used_mib for s in snaps),
-        total_mib=sum(s.total_mib for s in snaps))
+        busy=sum(1 for g in gpus if is_busy(g)), used_mib=_sum(s.used_mib for s in snaps),
+        total_mib=_sum(s.total_mib for s in snaps),
+        critical=levels.count(Level.CRITICAL), warn=levels.count(Level.WARN))
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    known = list(values)
+    return None if not known or None in known else sum(v for v in known if v is not None)
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
 
 
 def fleet_summary(results: Sequence[HostGpus]) -> str:
@@ -153,8 +217,10 @@ def fleet_summary(results: Sequence[HostGpus]) -> str:
     c = fleet_counts(results)
     problems = "".join(f", {n} {what}" for n, what in ((c.unreachable, "unreachable"),
                                                        (c.failed, "failed")) if n)
-    return (f"{c.ok}/{c.hosts} hosts ok{problems}; {c.gpus} GPUs: {c.busy} busy, "
-            f"{c.idle} idle; {c.used_mib:,} of {c.total_mib:,} MiB in use")
+    health = "".join(f", {n} {what}" for n, what in ((c.critical, "CRITICAL"),
+                                                      (c.warn, "with warnings")) if n)
+    return (f"{c.ok}/{c.hosts} hosts ok{problems}{health}; {c.gpus} GPUs: {c.busy} busy, "
+            f"{c.idle} idle; {_mib(c.used_mib)} of {_mib(c.total_mib)} MiB in use")
 
 
 def _problem(r: HostGpus) -> str:
@@ -166,8 +232,30 @@ def render_fleet(results: Sequence[HostGpus]) -> str:
     """The summary, then every host's full per-GPU table (or why it has none)."""
     parts = [fleet_summary(results)]
     for r in results:
-        parts.append(render_table(r.snapshot) if r.snapshot is not None
-                     else f"{r.host}: {_problem(r)}")
+        if r.snapshot is None:
+            parts.append(f"{r.host}: {_problem(r)}")
+            continue
+        table = render_table(r.snapshot, marks(r.health) if r.health is not None else None)
+        parts.append(f"{table}\nhealth: {_health_line(r)}")
+    return "\n\n".join(parts)
+
+
+def _health_line(r: HostGpus) -> str:
+    if r.health is None:
+        return f"unknown ({r.health_error or 'not read'})"
+    return r.health.summary()
+
+
+def health_details(results: Sequence[HostGpus]) -> str:
+    """``/vllm gpus <host> --health``: each GPU's verdict, findings and NVIDIA's action,
+    and this boot's Xid lines."""
+    parts = []
+    for r in results:
+        if r.health is not None:
+            parts.append(details(r.health))
+        else:
+            why = _problem(r) if r.snapshot is None else f"health unknown: {r.health_error}"
+            parts.append(f"{r.host}: {why}")
     return "\n\n".join(parts)
 
 
@@ -179,16 +267,27 @@ def _clean(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
 
 
-_HEADER = ("HOST", "GPUS", "BUSY", "UTIL", "USED MiB", "TOTAL MiB", "PROCESSES")
-_RIGHT = (False, True, True, True, True, True)
+_HEADER = ("HOST", "GPUS", "BUSY", "UTIL", "USED MiB", "TOTAL MiB", "HEALTH", "PROCESSES")
+_RIGHT = (False, True, True, True, True, True, False)
 
 
-def _cells(s: GpuSnapshot) -> tuple[str, ...]:
+def _health_cell(r: HostGpus) -> str:
+    if r.health is None:
+        return "?"
+    level = r.health.level()
+    bad = [g.label.removeprefix("GPU ") for g in r.health.gpus if g.level == level]
+    where = f" {','.join(bad)}" if bad and level != Level.OK else ""
+    return {Level.OK: "ok", Level.WARN: "warn", Level.CRITICAL: "CRIT"}[level] + where
+
+
+def _cells(r: HostGpus) -> tuple[str, ...]:
+    s = r.snapshot
+    assert s is not None
     utils = [g.utilization_pct for g in s.gpus if g.utilization_pct is not None]
     return (_clean(s.host, _HOST_WIDTH), str(len(s.gpus)),
             str(sum(1 for g in s.gpus if is_busy(g))),
             f"{sum(utils) // len(utils)}%" if utils else "n/a",
-            f"{s.used_mib:,}", f"{s.total_mib:,}")
+            _mib(s.used_mib), _mib(s.total_mib), _clean(_health_cell(r), 12))
 
 
 def _processes(s: GpuSnapshot) -> str:
@@ -210,7 +309,7 @@ def _group_label(key: str, names: list[str]) -> str:
 def host_lines(results: Sequence[HostGpus]) -> list[str]:
     """A header and one line per host (<= 100 characters), in the order given; a host
     without a snapshot gets the rest of its line for the reason."""
-    cells = [_cells(r.snapshot) for r in results if r.snapshot is not None]
+    cells = [_cells(r) for r in results if r.snapshot is not None]
     widths = [max(len(c[i]) for c in (*cells, _HEADER[:-1])) for i in range(len(_RIGHT))]
 
     def line(row: Sequence[str], last: str) -> str:
@@ -222,7 +321,7 @@ def host_lines(results: Sequence[HostGpus]) -> list[str]:
     lines = [line(_HEADER[:-1], _HEADER[-1])]
     for r in results:
         if r.snapshot is not None:
-            lines.append(line(_cells(r.snapshot), _processes(r.snapshot)))
+            lines.append(line(_cells(r), _processes(r.snapshot)))
         else:
             name = _clean(r.host, _HOST_WIDTH).ljust(widths[0])
             lines.append(_clean(f"{name}{_GAP}{_problem(r)}", _ROW_LIMIT))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.gpu import Gpu, GpuProcess, GpuSnapshot
+from bot.core.health import GpuReading, normal_pci
 from bot.errors import GpuQueryError
 
 _MIB = 1024 * 1024
@@ -72,7 +73,8 @@ def _import_pynvml() -> Any:
 def _read_device(lib: Any, index: int) -> Gpu:
     handle = lib.nvmlDeviceGetHandleByIndex(index)
     uuid = _text(lib.nvmlDeviceGetUUID(handle))
-    memory = lib.nvmlDeviceGetMemoryInfo(handle)
+    # A unified-memory GPU (GB10) has no memory of its own to report: unknown, never 0.
+    memory = _optional(lib, lib.nvmlDeviceGetMemoryInfo, handle)
     try:
         utilization: int | None = int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
     except lib.NVMLError as exc:
@@ -92,10 +94,11 @@ def _read_device(lib: Any, index: int) -> Gpu:
         index=index,
         uuid=uuid,
         name=_text(lib.nvmlDeviceGetName(handle)),
-        memory_used_mib=int(memory.used) // _MIB,
-        memory_total_mib=int(memory.total) // _MIB,
+        memory_used_mib=None if memory is None else int(memory.used) // _MIB,
+        memory_total_mib=None if memory is None else int(memory.total) // _MIB,
         utilization_pct=utilization,
         processes=processes,
+        memory_note="[N/A]" if memory is None else "",
     )
 
 
@@ -125,3 +128,71 @@ def _error(host: str, doing: str, exc: BaseException) -> GpuQueryError:
     reason = _NVML_HINTS.get(code, str(exc)) if isinstance(code, int) else str(exc)
     suffix = f" (NVML error {code})" if isinstance(code, int) else ""
     return GpuQueryError(host, f"{doing}: {reason}{suffix}", output=str(exc))
+
+
+# ---- hardware health (issue 12): the same fields nvidia-smi -q prints ------------------------
+
+# NVML's nvmlDeviceGpuRecoveryAction_t, as nvidia-smi -q words them.
+_RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset",
+                     5: "Recover IMEX Domain", 6: "Bus Reset", 7: "Reboot"}
+
+
+def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
+    """Each local GPU's ECC counts, pending page retirement, row remaps and recovery
+    action, through NVML. A query the device does not support leaves that field unknown
+    (None), as nvidia-smi's ``N/A``; any other failure raises ``GpuQueryError``."""
+    lib = nvml if nvml is not None else _import_pynvml()
+    try:
+        lib.nvmlInit()
+    except lib.NVMLError as exc:
+        raise _error("local", "could not initialise NVML", exc) from exc
+    try:
+        return tuple(_read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
+                     for i in range(lib.nvmlDeviceGetCount()))
+    except lib.NVMLError as exc:
+        raise _error("local", "an NVML health query failed", exc) from exc
+    finally:
+        try:
+            lib.nvmlShutdown()
+        except lib.NVMLError:
+            pass
+
+
+def _optional(lib: Any, call: Any, *args: Any) -> Any:
+    """``call(*args)``, or None where the device does not support it."""
+    try:
+        return call(*args)
+    except lib.NVMLError as exc:
+        if getattr(exc, "value", None) == _NOT_SUPPORTED:
+            return None
+        raise
+
+
+def _read_health(lib: Any, handle: Any) -> GpuReading:
+    uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = _optional(lib, lib.nvmlDeviceGetTotalEccErrors, handle, uncorrected,
+                         getattr(lib, "NVML_VOLATILE_ECC", 0))
+    aggregate = _optional(lib, lib.nvmlDeviceGetTotalEccErrors, handle, uncorrected,
+                          getattr(lib, "NVML_AGGREGATE_ECC", 1))
+    pending_pages = _optional(lib, lib.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    rows = _optional(lib, lib.nvmlDeviceGetRemappedRows, handle)
+    pci = _optional(lib, lib.nvmlDeviceGetPciInfo, handle)
+    return GpuReading(
+        uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+        pci=normal_pci(_text(pci.busId)) if pci is not None else None,
+        volatile_uncorrectable=None if volatile is None else int(volatile),
+        aggregate_uncorrectable=None if aggregate is None else int(aggregate),
+        retired_pending=None if pending_pages is None else bool(pending_pages),
+        remap_pending=None if rows is None else bool(rows[2]),
+        remap_failure=None if rows is None else bool(rows[3]),
+        recovery_action=_recovery_action(lib, handle))
+
+
+def _recovery_action(lib: Any, handle: Any) -> str | None:
+    field_id = getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is None:
+        return None  # an nvidia-ml-py older than the field
+    values = _optional(lib, lib.nvmlDeviceGetFieldValues, handle, [field_id])
+    if not values or getattr(values[0], "nvmlReturn", 1) != 0:
+        return None  # a driver that does not report it
+    return _RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {values[0].value.uiVal}")
