@@ -29,7 +29,7 @@ from typing import Any, Literal
 import asyncssh
 
 from bot.sim import packages as sim_packages
-from bot.sim import procfs
+from bot.sim import kernel, procfs
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
 from bot.sim.sshd import SshdServer, free_port
@@ -272,6 +272,10 @@ class SimKit:
 
     def set_faults(self, **flags: bool) -> Faults:
         """Flip fault switches (names as in ``Faults``); takes effect on the next tool call."""
+        # A hardware fault logs the Xid a real driver logs for it (bot.sim.kernel).
+        before = self.state()
+        kernel.on_faults(self.store, before.config, before.faults,
+                         replace(before.faults, **flags))
         with self.store.transaction() as tx:
             tx.state = replace(tx.state, faults=replace(tx.state.faults, **flags))
             return tx.state.faults
@@ -336,6 +340,23 @@ class SimKit:
                            "prefetch" if str(self.python) not in a else
                            "rollback" if "--reinstall-package" in a else "install")
         return out
+
+    def kernel_message(self, text: str) -> None:
+        """Add a line to the kernel log (``journalctl -k``), stamped now."""
+        kernel.append(self.store, text)
+
+    def signalled(self) -> list[tuple[str, int]]:
+        """Every signal sent to a process of this host, oldest first: (signal, PID)."""
+        out = []
+        for c in self.calls("kill"):
+            a = list(c.argv[1:])
+            sig = a[1] if a[:1] == ["-s"] else a[0].lstrip("-") if a else ""
+            out += [(sig, int(p)) for p in a if p.isdigit() and p != sig]
+        return out
+
+    def dead(self) -> set[int]:
+        """The simulated PIDs a signal ended."""
+        return set(self.state().dead)
 
     def journal(self) -> list[str]:
         """The journal as ``journalctl`` would print it right now."""

@@ -71,6 +71,13 @@ class HostConfig:
     # fixed delay per wheel (connection, redirect, index page).
     download_mib_per_s: float = 0.0
     download_delay_s: float = 0.0
+    # Issue 12. The account the unit runs as (systemctl show -p User).
+    unit_user: str = "vllm"
+    # A second vLLM service on this host, on these GPUs (the unit's are the others):
+    # always serving, never touched by the unit's start or stop. Empty: none.
+    neighbour_unit: str = ""
+    neighbour_gpus: tuple[int, ...] = ()
+    neighbour_used_mib: int = 90000
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -121,6 +128,15 @@ class Faults:
     # The next real install moves the dependencies (torch...) and then fails writing
     # vllm (disk full), leaving a mixed environment; then clears.
     uv_fails_midway: bool = False
+    # Issue 12: GPU hardware and what a stop leaves behind.
+    xid_79: bool = False  # GPU stuck_gpu fell off the bus: nvidia-smi exits 15 (kernel: Xid 79)
+    pending_remap: bool = False  # GPU stuck_gpu has a row remap pending (kernel: Xid 63)
+    ecc_uncorrected: bool = False  # GPU stuck_gpu: an uncorrectable ECC error (kernel: Xid 48)
+    unified_memory: bool = False  # every memory figure is [N/A], as on a GB10 (DGX Spark)
+    no_gpus: bool = False  # nvidia-smi lists no GPU and exits 0
+    orphan_workers: bool = False  # the unit's workers ignore its stop; SIGTERM ends them
+    d_state_worker: bool = False  # after a stop Worker_TP<stuck_gpu> hangs in D state: no
+    # signal ends it
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +169,8 @@ class HostState:
     cache: tuple[str, ...] = ()
     # The vllm the host booted with (import_error spares it).
     boot_version: str | None = None
+    # Simulated PIDs a signal ended (bot.sim.tools.kill).
+    dead: tuple[int, ...] = ()
 
     @property
     def python(self) -> str:
@@ -301,6 +319,10 @@ class SimGpu:
     used_mib: int
     total_mib: int
     util_pct: int
+    memory_reported: bool = True  # False: nvidia-smi prints [N/A] (unified memory)
+    lost: bool = False  # fell off the bus: nvidia-smi cannot reach it
+    remap_pending: bool = False  # nvidia-smi -q: Remapped Rows / Pending: Yes
+    ecc_uncorrected: int = 0  # nvidia-smi -q: DRAM Uncorrectable (volatile and aggregate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +331,11 @@ class SimProcess:
     cmdline: str
     gpu: int | None  # the GPU it holds memory on, if any
     used_mib: int
+    # What ps shows (issue 12): its state, account, start and unit (cgroup).
+    state: str = "Sl"
+    user: str = "vllm"
+    started: float = 0.0
+    unit: str = ""
 
 
 def unit_state(run: Run, now: float) -> tuple[str, str]:
@@ -350,32 +377,104 @@ def _loaded_mib(st: HostState, run: Run, at: float) -> int:
     return round(st.config.service_used_mib * frac)
 
 
-def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]]:
+def unit_gpus(cfg: HostConfig) -> list[int]:
+    """The GPUs the unit runs on: all but the neighbour's."""
+    return [i for i in range(cfg.gpus) if i not in cfg.neighbour_gpus]
+
+
+NEIGHBOUR_PID = 30001
+NEIGHBOUR_STARTED = 1_764_000_000.0  # when the neighbour service started (a fixed past day)
+
+
+def _lingers(st: HostState, pid: int, gpu: int) -> str | None:
+    """The state of a worker that outlived its unit's stop (None: it exited)."""
+    f = st.faults
+    if pid in st.dead:
+        return None
+    if gpu == st.config.stuck_gpu and f.d_state_worker:
+        return "D"
+    if gpu == st.config.stuck_gpu and f.stuck_worker:
+        return "Sl"
+    return "Sl" if f.orphan_workers else None
+
+
+def _unit_procs(st: HostState, now: float) -> tuple[list[SimProcess], dict[int, int]]:
+    """The unit's processes now, and the memory each GPU's worker holds."""
     cfg, run = st.config, st.run
     end = ended_at(run, now)
     alive = run.started_at is not None and (end is None or now < end + cfg.release_delay_s)
-    stuck = st.faults.stuck_worker and end is not None and not alive
+    started, unit = run.started_at or 0.0, cfg.unit
     level = _loaded_mib(st, run, now if end is None else end) if alive else 0
-    serving = end is None and is_serving(run, now)
     procs: list[SimProcess] = []
+    held: dict[int, int] = {}
+    mine = unit_gpus(cfg)
     if alive and end is None:
         procs.append(SimProcess(
             run.main_pid,
             f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve {cfg.model} "
-            f"--tensor-parallel-size {cfg.gpus} --port {st.service_port}", None, 0))
-        procs.append(SimProcess(run.main_pid + ENGINE_PID_OFFSET, "VLLM::EngineCore", None, 0))
+            f"--tensor-parallel-size {len(mine)} --port {st.service_port}", None, 0,
+            started=started, unit=unit, user=cfg.unit_user))
+    engine = run.main_pid + ENGINE_PID_OFFSET
+    if (alive and end is None) or (end is not None and st.faults.orphan_workers
+                                   and engine not in st.dead):
+        procs.append(SimProcess(engine, "VLLM::EngineCore", None, 0, started=started,
+                                unit=unit, user=cfg.unit_user))
+    for tp, i in enumerate(mine):
+        pid = run.main_pid + WORKER_PID_OFFSET + tp
+        state = "Sl" if alive else (_lingers(st, pid, i) if end is not None else None)
+        if state is None:
+            continue
+        used = level if alive else (cfg.stuck_worker_mib if (
+            i == cfg.stuck_gpu and (st.faults.stuck_worker or st.faults.d_state_worker))
+            else _loaded_mib(st, run, end or now))
+        held[i] = used
+        procs.append(SimProcess(pid, f"VLLM::Worker_TP{tp}", i, max(used - CONTEXT_MIB, 0),
+                                state=state, started=started, unit=unit, user=cfg.unit_user))
+    return procs, held
+
+
+def _neighbour_procs(st: HostState) -> list[SimProcess]:
+    cfg = st.config
+    if not cfg.neighbour_unit:
+        return []
+    up, unit = NEIGHBOUR_STARTED, cfg.neighbour_unit
+    procs = [SimProcess(NEIGHBOUR_PID, f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve "
+                        f"/models/neighbour --tensor-parallel-size {len(cfg.neighbour_gpus)}",
+                        None, 0, started=up, unit=unit, user=cfg.unit_user),
+             SimProcess(NEIGHBOUR_PID + ENGINE_PID_OFFSET, "VLLM::EngineCore", None, 0,
+                        started=up, unit=unit, user=cfg.unit_user)]
+    for tp, i in enumerate(cfg.neighbour_gpus):
+        pid = NEIGHBOUR_PID + WORKER_PID_OFFSET + tp
+        if pid not in st.dead:
+            procs.append(SimProcess(pid, f"VLLM::Worker_TP{tp}", i,
+                                    cfg.neighbour_used_mib - CONTEXT_MIB, started=up,
+                                    unit=unit, user=cfg.unit_user))
+    return [p for p in procs if p.pid not in st.dead]
+
+
+def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]]:
+    cfg, run = st.config, st.run
+    procs, held = _unit_procs(st, now)
+    neighbours = _neighbour_procs(st)
+    procs += neighbours
+    serving = ended_at(run, now) is None and is_serving(run, now)
     gpus = []
     for i in range(cfg.gpus):
-        used = level
-        if stuck and i == cfg.stuck_gpu:
-            used = cfg.stuck_worker_mib
-        if alive or (stuck and i == cfg.stuck_gpu):
-            procs.append(SimProcess(run.main_pid + WORKER_PID_OFFSET + i,
-                                    f"VLLM::Worker_TP{i}", i, max(used - CONTEXT_MIB, 0)))
+        used = held.get(i, 0)
+        if i in cfg.neighbour_gpus:
+            used = max((p.used_mib + CONTEXT_MIB for p in neighbours if p.gpu == i), default=0)
         # A serving model keeps the GPUs busy in bursts; the number only has to move.
-        util = (int(now * 2) * 7919 + i * 104729) % 36 if serving else 0
+        busy = serving or i in cfg.neighbour_gpus
+        util = (int(now * 2) * 7919 + i * 104729) % 36 if busy else 0
+        sick = i == cfg.stuck_gpu
         gpus.append(SimGpu(i, gpu_uuid(cfg.hostname, i), cfg.gpu_name, used,
-                           cfg.gpu_total_mib, util))
+                           cfg.gpu_total_mib, util,
+                           memory_reported=not st.faults.unified_memory,
+                           lost=st.faults.xid_79 and sick,
+                           remap_pending=st.faults.pending_remap and sick,
+                           ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0))
+    if st.faults.no_gpus:
+        gpus = []
     return gpus, procs
 
 

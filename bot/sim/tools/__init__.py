@@ -19,6 +19,8 @@ TOOLS = {
     "uv": "uv",
     "journalctl": "journalctl",
     "pgrep": "pgrep",
+    "ps": "ps",
+    "kill": "kill",
 }
 # Tools that are no command on PATH: the venv's interpreter (SimKit writes
 # <venv>/bin/python to run it).

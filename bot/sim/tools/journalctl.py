@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from bot.sim import kernel
 from bot.sim.state import HostState, StateStore, format_journal
 from bot.sim.tools import unit
 
@@ -32,7 +33,7 @@ class _Unrecognized(Exception):
 
 # The options that take a value, by their short and long names.
 _VALUE_OPTIONS = {"-u": "unit", "--unit": "unit", "-n": "lines", "--lines": "lines",
-                  "-o": "output", "--output": "output"}
+                  "-o": "output", "--output": "output", "-g": "grep", "--grep": "grep"}
 _IGNORED = frozenset({"--no-pager", "-b", "--boot", "-e", "--pager-end", "-x", "--catalog"})
 
 
@@ -48,6 +49,8 @@ def _option(a: str, it: Iterator[str]) -> tuple[str, str]:
         return "lines", a[2:]
     if a in ("-q", "--quiet"):
         return "quiet", ""
+    if a in ("-k", "--dmesg"):
+        return "kernel", ""
     if a in _IGNORED:
         return "", ""
     raise _Unrecognized(a)
@@ -59,6 +62,8 @@ class _Args:
     n: int | None = None
     cat: bool = False
     quiet: bool = False
+    kernel: bool = False  # -k: the kernel's messages (bot.sim.kernel)
+    grep: str | None = None
 
 
 class _Match(Exception):
@@ -83,6 +88,8 @@ def _parse(args: list[str]) -> _Args:
             parsed.cat = value == "cat"
         elif name == "quiet":
             parsed.quiet = True
+        elif name in ("kernel", "grep"):
+            setattr(parsed, name, value if name == "grep" else True)
     return parsed
 
 
@@ -105,6 +112,8 @@ def main(store: StateStore, args: list[str]) -> int:
     st = store.read()
     ours = not a.units or any(unit.is_ours(st, u) for u in a.units)
     out = lines(store, st, a.n, cat=a.cat) if ours else []
+    if a.kernel:
+        out = kernel.lines(store, st.config.hostname, a.grep)
     if out:
         sys.stdout.write("\n".join(out) + "\n")
     elif not a.quiet:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from bot.sim.packages import driver_cuda
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
+from bot.sim.tools import nvidia_smi_q
 
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.")
@@ -40,9 +41,9 @@ _GPU_FIELDS: dict[str, _GpuField] = {
     "index": ("", lambda g: str(g.index)),
     "uuid": ("", lambda g: g.uuid),
     "name": ("", lambda g: g.name),
-    "memory.used": ("MiB", lambda g: str(g.used_mib)),
-    "memory.total": ("MiB", lambda g: str(g.total_mib)),
-    "memory.free": ("MiB", lambda g: str(g.total_mib - g.used_mib)),
+    "memory.used": ("MiB", lambda g: _memory(g, g.used_mib)),
+    "memory.total": ("MiB", lambda g: _memory(g, g.total_mib)),
+    "memory.free": ("MiB", lambda g: _memory(g, g.total_mib - g.used_mib)),
     "utilization.gpu": ("%", lambda g: str(g.util_pct)),
     "utilization.memory": ("%", lambda g: str(g.util_pct // 2)),
     "temperature.gpu": ("", lambda g: str(34 + g.util_pct // 2)),
@@ -60,7 +61,7 @@ _AppField = tuple[str, str, Callable[[SimProcess, SimGpu], str]]  # header name,
 _APP_FIELDS: dict[str, _AppField] = {
     "pid": ("pid", "", lambda p, g: str(p.pid)),
     "process_name": ("process_name", "", lambda p, g: p.cmdline),
-    "used_memory": ("used_gpu_memory", "MiB", lambda p, g: str(p.used_mib)),
+    "used_memory": ("used_gpu_memory", "MiB", lambda p, g: _memory(g, p.used_mib)),
     "gpu_uuid": ("gpu_uuid", "", lambda p, g: g.uuid),
     "gpu_bus_id": ("gpu_bus_id", "", lambda p, g: _bus_id(g.index)),
     "gpu_name": ("gpu_name", "", lambda p, g: g.name),
@@ -69,8 +70,23 @@ _APP_FIELDS |= {"name": _APP_FIELDS["process_name"],
                 "used_gpu_memory": _APP_FIELDS["used_memory"]}
 
 
+def _memory(g: SimGpu, mib: int) -> str:
+    # A unified-memory GPU (GB10) reports no memory figure at all.
+    return str(mib) if g.memory_reported else "[N/A]"
+
+
 def _cell(value: str, unit: str, nounits: bool) -> str:
-    return value if nounits or not unit else f"{value} {unit}"
+    # A missing value carries no unit: "[N/A]", never "[N/A] MiB".
+    return value if nounits or not unit or value.startswith("[") else f"{value} {unit}"
+
+
+# What nvidia-smi says of a GPU that has fallen off the bus, and its exit status then.
+LOST_EXIT = 15
+
+
+def _lost_line(g: SimGpu) -> str:
+    return (f"Unable to determine the device handle for GPU{_bus_id(g.index)[4:]}: "
+            "Unknown Error")
 
 
 def _header(name: str, unit: str) -> str:
@@ -172,9 +188,11 @@ class _Args:
     fmt: list[str] | None = None
     ids: set[int] | None = None
     list_gpus: bool = False
+    query_all: bool = False  # -q: the full report (bot.sim.tools.nvidia_smi_q)
 
 
-_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i")
+_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i", "-d",
+                "--display")
 
 
 def _parse(args: list[str]) -> _Args:
@@ -194,6 +212,10 @@ def _parse(args: list[str]) -> _Args:
             parsed.ids = {int(v) for v in val.split(",")}
         elif a in ("-L", "--list-gpus"):
             parsed.list_gpus = True
+        elif a in ("-q", "--query"):
+            parsed.query_all = True
+        elif key in ("-d", "--display"):
+            pass  # which sections: the simulated report always has the health ones
         else:
             raise _BadArgs
     if parsed.query_gpu is not None and parsed.query_apps is not None:
@@ -226,6 +248,8 @@ def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess],
         raise _BadArgs
     if a.list_gpus:
         return "".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus)
+    if a.query_all:
+        return nvidia_smi_q.render(gpus, len(gpus), cuda)
     return _table(gpus, procs, cuda)
 
 
@@ -239,8 +263,11 @@ def main(store: StateStore, args: list[str]) -> int:
         gpus, procs = host_view(st, time.time())
         if a.ids is not None:
             gpus = [g for g in gpus if g.index in a.ids]
-        sys.stdout.write(_output(a, gpus, procs, driver_cuda(st)))
+        lost = [g for g in gpus if g.lost]
+        sys.stdout.write(_output(a, [g for g in gpus if not g.lost], procs, driver_cuda(st)))
     except _BadArgs as e:
         print(e)
         return 2
-    return 0
+    for g in lost:
+        print(_lost_line(g))
+    return LOST_EXIT if lost else 0

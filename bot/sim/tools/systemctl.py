@@ -21,7 +21,7 @@ _ORDER = (
     "Type", "Restart", "MainPID", "ExecMainStartTimestamp", "ExecMainPID", "Result",
     "NRestarts", "Id", "Names", "Description", "LoadState", "ActiveState", "SubState",
     "FragmentPath", "UnitFileState", "ActiveEnterTimestamp", "InactiveEnterTimestamp",
-    "LoadError",
+    "LoadError", "User",
 )
 _NEEDS_UNIT = ("start", "stop", "restart", "is-active", "reset-failed")
 
@@ -49,6 +49,7 @@ def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
         "FragmentPath": f"/etc/systemd/system/{svc}", "UnitFileState": "enabled",
         "ActiveEnterTimestamp": _stamp(run.started_at),
         "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
+        "User": st.config.unit_user,
     }
 
 
