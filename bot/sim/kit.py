@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import asyncssh
 
-from bot.sim import packages as sim_packages
 from bot.sim import kernel, procfs
+from bot.sim import packages as sim_packages
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
 from bot.sim.sshd import SshdServer, free_port
