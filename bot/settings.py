@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -34,6 +34,11 @@ UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
 PACKAGE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?$")
 SLACK_ID_RE = re.compile(r"^[UWS][A-Z0-9]{2,}$")
 GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,}$")
+# A POSIX account name (useradd's default rule).
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# What a sudoers rule can name exactly: an absolute path with nothing sudoers or its
+# wildcards would read as syntax.
+SUDO_PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]+$")
 LOCAL = "local"
 
 
@@ -109,6 +114,11 @@ class HostSettings(_Section):
     keepalive_interval_s: float = Field(5.0, gt=0)
     keepalive_count_max: int = Field(3, ge=1)
     max_sessions: int = Field(8, ge=1, le=64)
+    # "sudo": `user` is an ordinary account, and what needs rights runs as
+    # `sudo -n <exact argv>` (bot.core.sudoers; print the rules with `python -m bot
+    # sudoers`). "none": every command runs as `user` itself (root, or an account that
+    # owns the unit and the venv).
+    become: Literal["none", "sudo"] = "none"
 
     @field_validator("key_file", "known_hosts")
     @classmethod
@@ -134,6 +144,12 @@ class ServiceSettings(_Section):
     python: str
     package: str = "vllm"
     uv: str = "uv"
+    # Under `become = "sudo"` these must be absolute: the sudoers rules name them.
+    systemctl: str = "systemctl"
+    journalctl: str = "journalctl"
+    # The account that owns the venv: installs run as `sudo -n -u <venv_user>` on hosts
+    # with `become = "sudo"`. None: the login user installs (it owns the venv).
+    venv_user: str | None = None
     health_url: HealthUrl = "http://127.0.0.1:8000/health"
     indexes: dict[Name, HttpUrlStr] = Field(default_factory=dict)
     drain_threshold_mib: int = Field(1024, ge=0)
@@ -205,7 +221,14 @@ class ServiceSettings(_Section):
                              "(e.g. vllm-kimi.service)")
         return v
 
-    @field_validator("python", "uv")
+    @field_validator("venv_user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not USER_RE.match(v):
+            raise ValueError(f"{v!r} is not an account name")
+        return v
+
+    @field_validator("python", "uv", "systemctl", "journalctl")
     @classmethod
     def _path(cls, v: str) -> str:
         if not v or any(c.isspace() for c in v) or v.startswith("-"):
@@ -295,6 +318,8 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"services.{name}.hosts names unknown host {h!r} (hosts: {known})"
                     )
+                if self.hosts[h].become == "sudo":
+                    _check_sudo_paths(name, svc, h)
         return self
 
     @classmethod
@@ -318,6 +343,18 @@ class Settings(BaseSettings):
                 out.append(s.get_secret_value())
         return [v for v in out if len(v) >= 4]
 
+
+
+def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
+    """A sudoers rule names a command by its absolute path, and the bot must run exactly
+    that path (sudo's own search path is not ours to rely on)."""
+    for key in ("uv", "systemctl", "journalctl", "python"):
+        value = getattr(svc, key)
+        if not SUDO_PATH_RE.match(value):
+            raise ValueError(
+                f"services.{name}.{key} = {value!r}: host {host} uses become = \"sudo\", so "
+                "it must be an absolute path of letters, digits and . _ + - / @ "
+                f"(the sudoers rules name it exactly; find it with `command -v {key}`)")
 
 
 def config_path(env: dict[str, str] | None = None) -> Path:

@@ -86,6 +86,7 @@ from bot.core.plan import (
     readiness_command,
     requests_command,
 )
+from bot.core.privilege import Privilege, run_as_of
 from bot.core.readiness import (
     api_base,
     completion_body,
@@ -115,6 +116,9 @@ class RunCommand:
     # What the command reads on stdin: an index URL, which may hold credentials, so it
     # stays out of reprs and logs (see bot.core.remote.INDEX_FROM_STDIN).
     stdin: bytes | None = field(default=None, repr=False)
+    # The account it needs, as its builder in bot.core.remote said; the executor turns
+    # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.sudoers.become).
+    run_as: Privilege = Privilege.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +249,8 @@ def _same_version(a: str | None, b: str | None) -> bool:
 
 
 def _why(r: CommandResult) -> str:
+    if r.refused is not None:
+        return r.refused  # sudo did not run it: the rule the host lacks
     if r.timed_out and r.exit_status is None and r.signal is None:
         return "no answer within the step's timeout: the host or the link is stuck"
     if r.timed_out:
@@ -269,7 +275,7 @@ def _tail(text: str, lines: int = 20) -> str:
 
 def _run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False,
          stdin: bytes | None = None) -> Generator[Action, Any, CommandResult]:
-    result: CommandResult = yield RunCommand(step, argv, timeout, quiet, stdin)
+    result: CommandResult = yield RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
     return result
 
 
@@ -365,6 +371,8 @@ def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | No
     if not r.ok:
         msg = _failed("systemctl stop", r, svc.stop_timeout_s)
         yield Emit(EndStep(Step.STOP, False, msg, r.exit_status, _tail(r.output)))
+        if r.refused is not None:
+            return f"{msg}. The stop never ran: the service was not touched"
         return f"{msg}; the service may still be running"
     yield Emit(EndStep(Step.STOP, True, f"{svc.unit} stopped", r.exit_status))
     return None

@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Literal
 
 from bot.core.gpu import DrainVerdict, Holder
+from bot.core.privilege import Command, Privilege
 
 Argv = tuple[str, ...]
 Signal = Literal["TERM", "KILL"]
@@ -79,7 +80,8 @@ def signal_command(sig: Signal, targets: Sequence[ProcFacts]) -> Argv:
         if not _LSTART.fullmatch(t.started):
             raise ValueError(f"not a start time: {t.started!r}")
         specs.append(f"{_pid(t.pid)}:{t.started}")
-    return ("sh", "-c", SIGNAL_SCRIPT, "sh", sig, *specs)
+    # As root (bot.core.privilege): the workers run as the unit's account, not the bot's.
+    return Command(("sh", "-c", SIGNAL_SCRIPT, "sh", sig, *specs), Privilege.ROOT)
 
 
 def shown_signal(sig: Signal, targets: Sequence[ProcFacts]) -> str:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from bot.core.cuda import GATE_CODE
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
+from bot.core.privilege import Command, Privilege, run_as_of
 from bot.settings import ServiceSettings
 
 Argv = tuple[str, ...]
@@ -31,20 +32,23 @@ def package_spec(svc: ServiceSettings, version: str | None) -> str:
 # "--" ends systemctl's options (getopt): a unit name is then never read as one, even
 # if the settings' check that no name starts with "-" were ever bypassed.  Without it,
 # systemd 252 reads `systemctl stop --now.service` as "unrecognized option".
+# Every command on the unit runs as root (``bot.core.privilege``): under `become = "sudo"`
+# the sudoers rules name each of these lines exactly.
 def unit_show(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "show", "-p", UNIT_PROPERTIES, "--", svc.unit)
+    return Command((svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--", svc.unit),
+                   Privilege.ROOT)
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "is-active", "--", svc.unit)
+    return Command((svc.systemctl, "is-active", "--", svc.unit), Privilege.ROOT)
 
 
 def unit_stop(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "stop", "--", svc.unit)
+    return Command((svc.systemctl, "stop", "--", svc.unit), Privilege.ROOT)
 
 
 def unit_start(svc: ServiceSettings) -> Argv:
-    return ("systemctl", "start", "--", svc.unit)
+    return Command((svc.systemctl, "start", "--", svc.unit), Privilege.ROOT)
 
 
 def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
@@ -52,7 +56,8 @@ def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
     # whatever it starts with (`journalctl -u --foo` looks for unit "--foo"); operands
     # after "--" would be journal matches.
     n = svc.journal_lines if lines is None else lines
-    return ("journalctl", "-u", svc.unit, "-n", str(n), "--no-pager")
+    return Command((svc.journalctl, "-u", svc.unit, "-n", str(n), "--no-pager"),
+                   Privilege.ROOT)
 
 
 # Following a start: entries as their message only (``-o cat``), each poll only those
@@ -60,16 +65,16 @@ def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
 # ``journal_follow_lines`` of them, however much the server logs.
 def journal_cursor(svc: ServiceSettings) -> Argv:
     """The unit's latest entry and its cursor: where following a start begins."""
-    return ("journalctl", "-u", svc.unit, "-n", "1", "--show-cursor", "-o", "cat", "-q",
-            "--no-pager")
+    return Command((svc.journalctl, "-u", svc.unit, "-n", "1", "--show-cursor", "-o", "cat",
+                    "-q", "--no-pager"), Privilege.ROOT)
 
 
 def journal_follow(svc: ServiceSettings, cursor: str | None) -> Argv:
     """The unit's entries after ``cursor`` (all of them, within the bound, without one:
     the unit had none before the start)."""
     after = (f"--after-cursor={cursor}",) if cursor else ()
-    return ("journalctl", "-u", svc.unit, *after, "-n", str(svc.journal_follow_lines),
-            "--show-cursor", "-o", "cat", "-q", "--no-pager")
+    return Command((svc.journalctl, "-u", svc.unit, *after, "-n", str(svc.journal_follow_lines),
+                    "--show-cursor", "-o", "cat", "-q", "--no-pager"), Privilege.ROOT)
 
 
 def package_show(svc: ServiceSettings) -> Argv:
@@ -95,7 +100,8 @@ INDEX_FROM_STDIN: Argv = ("sh", "-c", f'IFS= read -r {INDEX_ENV} && export {INDE
 
 
 def _with_index(argv: Argv, index_url: str | None) -> Argv:
-    return argv if index_url is None else (*INDEX_FROM_STDIN, *argv)
+    # The wrapper itself needs no rights: the command it execs keeps its own.
+    return argv if index_url is None else Command((*INDEX_FROM_STDIN, *argv), run_as_of(argv))
 
 
 def index_input(index_url: str | None) -> bytes | None:
@@ -122,21 +128,27 @@ def index_host(index_url: str) -> str:
         return "?"
 
 
+def _as_owner(*argv: str) -> Command:
+    """What writes the venv runs as its owner (``venv_user``).  The dry run too: uv
+    locks the venv, and it fills the cache the install then reads."""
+    return Command(argv, Privilege.VENV_OWNER)
+
+
 def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index((svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
-                        "--force-reinstall", spec), index_url)
+    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
+                                 "--force-reinstall", spec), index_url)
 
 
 def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index((svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall",
-                        spec), index_url)
+    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python,
+                                 "--force-reinstall", spec), index_url)
 
 
 def install_previous(svc: ServiceSettings, version: str, index_url: str | None) -> Argv:
     # Only the one package is reinstalled: the rollback should touch as little as possible.
     name = _bare_name(svc.package)
-    return _with_index((svc.uv, "pip", "install", "--python", svc.python,
-                        "--reinstall-package", name, f"{name}=={version}"), index_url)
+    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python,
+                                 "--reinstall-package", name, f"{name}=={version}"), index_url)
 
 
 # ---- the whole environment: snapshot, prefetch, gate, rollback (issue 10) ---------------
@@ -170,7 +182,7 @@ SAVE_FROM_STDIN = ('umask 077 && mkdir -p -- "$1" && cat > "$2.tmp.$$" && '
 
 def save_lock(svc: ServiceSettings, path: str) -> Argv:
     """Keep the snapshot (given on stdin) at ``path``."""
-    return ("sh", "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
+    return _as_owner("sh", "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
 
 
 def prefetch_dir(svc: ServiceSettings) -> str:
@@ -190,8 +202,8 @@ PREFETCH_SCRIPT = ('set -e; t="$1.$$"; uv=$2; py=$3; '
 
 def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
     """Fetch the pinned set (on stdin, after the index URL when there is one)."""
-    return _with_index(("sh", "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
-                        svc.python), index_url)
+    return _with_index(_as_owner("sh", "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
+                                 svc.python), index_url)
 
 
 def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
@@ -208,8 +220,8 @@ def sync_lock(svc: ServiceSettings, path: str, *, offline: bool,
     """Make the venv exactly the snapshot: every package at its version, new ones removed.
     ``offline``: from uv's cache only (a build the index no longer serves can still come
     back); else from the index too."""
-    argv = (svc.uv, "pip", "sync", "--python", svc.python, *(("--offline",) if offline else ()),
-            path)
+    argv = _as_owner(svc.uv, "pip", "sync", "--python", svc.python,
+                     *(("--offline",) if offline else ()), path)
     return argv if offline else _with_index(argv, index_url)
 
 

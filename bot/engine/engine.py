@@ -19,6 +19,7 @@ from bot.core.flows import FLOWS, HostOutcome
 from bot.core.plan import Plan, drift, make_plan
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
+from bot.core.sudoers import become_for
 from bot.engine.audit_sink import RunAudit, audit_writer
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.leftover_gate import LeftoverGate
@@ -173,7 +174,8 @@ class Engine:
                 executor = Executor(run_id, self.pool.get(host), sink, cancel=token,
                                     gate=gate,
                                     ask_timeout_s=self.settings.policy.approval_ttl_s,
-                                    history=history)
+                                    history=history,
+                                    become=become_for(self.settings, host, plan.service))
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
                 # The executor turns host errors into failed steps; this is what escapes

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.core import events as ev
@@ -36,11 +36,20 @@ from bot.core.flows import (
 )
 from bot.core.leftovers import AskApproval
 from bot.core.plan import Step
+from bot.core.privilege import Privilege
 from bot.core.startup import StartHistory
 from bot.core.status import StepStatus
+from bot.core.sudoers import Become
 from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
 from bot.errors import HostError
-from bot.hosts.base import CommandResult, HostTransport, HttpResult, Stream, cut_line
+from bot.hosts.base import (
+    CommandResult,
+    HostTransport,
+    HttpResult,
+    LineCallback,
+    Stream,
+    cut_line,
+)
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -63,6 +72,21 @@ class CancelToken:
         return self.event.is_set()
 
 
+async def run_command(transport: HostTransport, become: Become | None, argv: tuple[str, ...],
+                      run_as: Privilege, *, timeout_s: float,
+                      on_line: LineCallback | None = None,
+                      stdin: bytes | None = None) -> CommandResult:
+    """Run ``argv`` on the host as ``run_as`` needs (``become``: the host's sudo prefix,
+    or None to run it as it is).  A sudo refusal comes back with ``refused`` set, naming
+    the rule the host lacks: the command never ran.  Every command with rights goes
+    through here (the executor, ``/vllm logs``, ``doctor``)."""
+    wrapped = argv if become is None else become.argv(argv, run_as)
+    result = await transport.run(wrapped, timeout_s=timeout_s, on_line=on_line, stdin=stdin)
+    refused = None if become is None else become.refused(argv, run_as, result.exit_status,
+                                                          result.stderr)
+    return result if refused is None else replace(result, refused=refused)
+
+
 class Executor:
     def __init__(
         self,
@@ -75,8 +99,11 @@ class Executor:
         gate: LeftoverGate | None = None,
         ask_timeout_s: float = 900.0,
         history: StartHistory | None = None,
+        become: Become | None = None,
     ) -> None:
         self.run_id = run_id
+        # How this host runs a command that needs an account (sudo, or as it is).
+        self.become = become
         # This service's previous start times: a start-up wait's progress shows their median.
         self.history = history
         # Who may let the run terminate leftover processes, and how long it waits for them.
@@ -144,8 +171,9 @@ class Executor:
         # Lines reach the sinks while the command runs, not after it.
         pump = asyncio.create_task(self._pump_lines())
         try:
-            result = await self.transport.run(action.argv, timeout_s=action.timeout_s,
-                                              on_line=on_line, stdin=action.stdin)
+            result = await run_command(self.transport, self.become, action.argv,
+                                       action.run_as, timeout_s=action.timeout_s,
+                                       on_line=on_line, stdin=action.stdin)
         except HostError as e:
             result = CommandResult(argv=action.argv, exit_status=None, stdout="",
                                    stderr=e.reason, duration_s=0.0)

@@ -54,6 +54,9 @@ class CommandResult:
     duration_s: float
     signal: str | None = None
     timed_out: bool = False
+    # Set when sudo refused to run it (the command never ran): why, naming the missing
+    # rule (bot.core.sudoers.Become.refused).
+    refused: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -68,6 +68,19 @@ def host_key_of(cfg: HostSettings, known: asyncssh.SSHKnownHosts | None = None) 
     return ",".join(prints) or UNKNOWN_HOST_KEY
 
 
+def trusted_algorithms(cfg: HostSettings) -> list[str]:
+    """The key types ``cfg``'s known_hosts trusts for it (``ssh-ed25519``...): what to ask
+    the server for when checking its key (``doctor``); empty when it trusts none."""
+    if cfg.is_local or cfg.known_hosts is None:
+        return []
+    known = _read(cfg.known_hosts)
+    if known is None:
+        return []
+    port = cfg.port if cfg.port != DEFAULT_SSH_PORT else None
+    host_keys, *_ = known.match(cfg.address, _ip_or_empty(cfg.address), port)
+    return sorted({k.get_algorithm() for k in host_keys})
+
+
 def host_keys(settings: Settings, hosts: Iterable[str]) -> dict[str, str]:
     """``host_key_of`` for each configured host among ``hosts``, each known_hosts file
     read once (a fleet usually shares one): small local files, read while the plan is

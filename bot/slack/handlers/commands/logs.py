@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from bot.core import remote
+from bot.core.privilege import run_as_of
+from bot.core.sudoers import become_for
+from bot.engine.executor import run_command
 from bot.errors import HostError
 from bot.slack.grammar import Logs
 from bot.slack.handlers.common import CommandRequest, post_code
@@ -17,10 +20,14 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
 
     async def one(host: str) -> str:
         try:
-            result = await req.pool.get(host).run(argv, timeout_s=svc.command_timeout_s)
+            # As root under sudo on a non-root host: the same rule as the health gate's tail.
+            result = await run_command(req.pool.get(host),
+                                       become_for(req.settings, host, cmd.service), argv,
+                                       run_as_of(argv), timeout_s=svc.command_timeout_s)
         except HostError as exc:
             return f"== {host}: unreachable: {exc.reason}"
-        status = "" if result.ok else f" (exit {result.exit_status})"
+        status = ("" if result.ok else f" ({result.refused})" if result.refused
+                  else f" (exit {result.exit_status})")
         return f"== {host}{status}\n{result.output.rstrip()}"
 
     async def work() -> None:

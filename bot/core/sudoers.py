@@ -1,0 +1,419 @@
+"""Running as a non-root user: the sudo prefix, the sudoers rules, and sudo's refusals.
+
+A host with ``become = "sudo"`` is reached as an ordinary account.  Each remote command
+says which account it needs (``bot.core.privilege``); ``become`` is the one place that
+turns that into ``sudo -n -- <argv>`` (root) or ``sudo -n -u <venv_user> -- <argv>``
+(the venv's owner).  ``grants`` lists every command line the bot may run under sudo
+for a service, built by the same argv builders the flows use, so the rules ``render``
+prints (``python -m bot sudoers``) always match what the bot runs, and ``doctor``
+checks each one with ``sudo -n -l``.
+
+Why the venv owner and not root for installs: sudoers matches arguments literally or
+with shell wildcards, and a wildcard (``*``) also matches spaces, so a rule that lets
+the version vary (``vllm==*``) would let extra arguments through too (another index,
+another package).  Run as root, that would be root for whoever holds the bot's key.
+Run as the venv's owner, it is only what that account can already do: write its own
+venv.  The rules for the unit (root) have no wildcard at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bot.core import remote
+from bot.core.leftovers import ProcFacts, Signal, signal_command
+from bot.core.privilege import Privilege, run_as_of, sudo_refusal
+from bot.settings import HostSettings, ServiceSettings, Settings
+
+Argv = tuple[str, ...]
+
+# The most lines `/vllm logs -n N` asks for (bot.slack.grammar.LOGS_MAX; a test keeps
+# them equal): sudoers has no number ranges, so N is matched digit by digit.
+LOGS_MAX = 1000
+_LOG_COUNTS = ("[1-9]", "[1-9][0-9]", "[1-9][0-9][0-9]", "1000")
+# sudoers matches a command by its absolute path; `sh` is where POSIX puts it.
+SH = "/bin/sh"
+_ROOT_PREFIX: Argv = ("sudo", "-n", "--")
+
+
+@dataclass(frozen=True, slots=True)
+class Wild:
+    """One argument that varies per run: ``head`` and ``tail`` literal, ``glob`` a sudoers
+    wildcard pattern (``*``, or ``[1-9]`` for one digit)."""
+
+    head: str
+    glob: str
+    tail: str = ""
+
+    def sudoers(self) -> str:
+        return _escape(self.head) + self.glob + _escape(self.tail)
+
+    def regex(self) -> str:
+        return re.escape(self.head) + _glob_regex(self.glob) + re.escape(self.tail)
+
+
+Part = str | Wild
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One command line the bot may run under sudo: ``pattern`` as the sudoers rule
+    writes it, ``sample`` a concrete argv it allows (what ``doctor`` asks ``sudo -n -l``
+    about), ``why`` the comment above it."""
+
+    run_as: Privilege
+    pattern: tuple[Part, ...]
+    sample: Argv
+    why: str
+
+    def line(self) -> str:
+        """The rule's text in sudoers syntax."""
+        return " ".join(p.sudoers() if isinstance(p, Wild) else _escape(p)
+                        for p in self.pattern)
+
+    def matches(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` is one of the command lines this grant allows, the way sudo
+        decides it: the arguments joined by spaces, matched as one string (so a ``*``
+        matches across arguments)."""
+        if not argv or not _same_tool(argv[0], self.pattern[0]):
+            return False
+        regex = " ".join(p.regex() if isinstance(p, Wild) else re.escape(p)
+                         for p in self.pattern[1:])
+        return re.fullmatch(regex, " ".join(argv[1:]), re.DOTALL) is not None
+
+
+def _same_tool(argv0: str, rule0: Part) -> bool:
+    # `sh` reaches sudo as itself and sudo resolves it; every other tool is absolute.
+    return argv0 == rule0 or (rule0 == SH and argv0 == "sh")
+
+
+def _glob_regex(pattern: str) -> str:
+    """A sudoers (fnmatch) pattern as a regex: ``*`` any text, spaces included."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            end = pattern.index("]", i)
+            out.append(pattern[i:end + 1])
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+# In a sudoers command's arguments ",", ":", "=" and "\" must be escaped, "#" too (it
+# would start a comment), and so must a wildcard character meant literally (checked
+# against Debian 12's sudo 1.9.13p3 with visudo and `sudo -n -l`: `vllm\[x\]\=\=*`
+# allows `vllm[x]==1.0`, `a\#b` allows `a#b`).
+_SUDOERS_SPECIAL = re.compile(r'([\\,:=*?\[\]!#])')
+
+
+def _escape(text: str) -> str:
+    return _SUDOERS_SPECIAL.sub(r"\\\1", text)
+
+
+def _bare(package: str) -> str:
+    return package.split("[", 1)[0]
+
+
+# ---- what the bot runs under sudo, per service -------------------------------------------
+
+
+def _exact(argv: Argv, why: str) -> Grant:
+    return Grant(run_as_of(argv), _absolute(argv), argv, why)
+
+
+def _absolute(argv: Sequence[str]) -> Argv:
+    return (SH, *argv[1:]) if argv[:1] == ("sh",) else tuple(argv)
+
+
+def _with_glob(argv: Argv, sample: str, glob: str, why: str, at: int | None = None) -> Grant:
+    """``argv``, built with ``sample`` in one argument (``at``, or the only one holding
+    it): the rule has ``glob`` in its place, the rest of that argument literal."""
+    rule = _absolute(argv)
+    if at is None:
+        holding = [i for i, a in enumerate(rule) if sample in a]
+        assert len(holding) == 1, (sample, rule)
+        at = holding[0]
+    head, _, tail = rule[at].partition(sample)
+    pattern: tuple[Part, ...] = (*rule[:at], Wild(head, glob, tail), *rule[at + 1:])
+    return Grant(run_as_of(argv), pattern, argv, why)
+
+
+def _root_grants(svc: ServiceSettings) -> list[Grant]:
+    grants = [
+        _exact(remote.unit_show(svc), "read the unit's state (preflight, status, doctor)"),
+        _exact(remote.unit_is_active(svc), "is the unit still active (the health gate)"),
+        _exact(remote.unit_stop(svc), "stop the unit"),
+        _exact(remote.unit_start(svc), "start the unit"),
+    ]
+    # Following a start's journal: where it is now, and its entries when it had none.
+    # After a cursor (`--after-cursor=<cursor>`) there is no rule: the cursor changes
+    # every time, and journalctl run as root with a wildcard there would take any option
+    # (--vacuum-size deletes journals). So on these hosts the start-up progress shows no
+    # journal lines; the health gate decides as ever.
+    grants += [_exact(remote.journal_cursor(svc), "where the unit's journal is before a start"),
+               _exact(remote.journal_follow(svc, None), "the start's journal lines, when the "
+                      "unit had none before it")]
+    # Ending leftover workers once an approver said so (bot.core.leftovers): the PIDs
+    # (and their start times) vary, so the rule has a wildcard after the signal's name.
+    signals: tuple[Signal, ...] = ("TERM", "KILL")
+    for sig in signals:
+        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC]), _SAMPLE_SPEC, "*",
+                                 f"send {sig} to leftover workers "
+                                 "an approver named (each only while its start time is the "
+                                 "one the bot read)"))
+    if svc.journal_lines > LOGS_MAX:
+        grants.append(_exact(remote.journal_tail(svc),
+                             "its journal tail after a failed health gate (journal_lines)"))
+    for counts in _LOG_COUNTS:
+        sample = counts.replace("[1-9]", "1").replace("[0-9]", "0")
+        argv = remote.journal_tail(svc, int(sample))
+        if "[" not in counts:
+            grants.append(_exact(argv, f"its journal tail, {counts} lines (/vllm logs -n N)"))
+            continue
+        digits = counts.count("[")
+        grants.append(_with_glob(argv, sample, counts, f"its journal tail, {digits}-digit "
+                                 "line counts (/vllm logs -n N, the tail after a failed "
+                                 "health gate)", at=argv.index("-n") + 1))
+    return grants
+
+
+# A leftover worker as the signal's sample (its spec is what the rule's wildcard covers).
+_SAMPLE_PROC = ProcFacts(pid=4242, state="S", user="vllm", started="Mon Jan 1 00:00:00 2024",
+                         cgroup="0::/system.slice/sample.service")
+_SAMPLE_SPEC = "4242:Mon Jan 1 00:00:00 2024"
+
+# Where a version or a file name goes in a rule, and the sample used in its place.
+_VERSION_SAMPLE = "0.0.0.dev0"
+_DIGEST_SAMPLE = "0123456789abcdef"
+
+
+def _owner_grants(svc: ServiceSettings) -> list[Grant]:
+    name = _bare(svc.package)
+    pinned = f"{svc.package}=={_VERSION_SAMPLE}"
+    lock = remote.lock_path(svc, _DIGEST_SAMPLE)
+    return [
+        _exact(remote.install_dry_run(svc, svc.package, None),
+               "the install's dry run, latest version (preflight)"),
+        _with_glob(remote.install_dry_run(svc, pinned, None), _VERSION_SAMPLE, "*",
+                   "the install's dry run, a pinned version (preflight)"),
+        _exact(remote.install(svc, svc.package, None), "reinstall, latest version"),
+        _with_glob(remote.install(svc, pinned, None), _VERSION_SAMPLE, "*",
+                   "reinstall, a pinned version"),
+        _with_glob(remote.install_previous(svc, _VERSION_SAMPLE, None), _VERSION_SAMPLE, "*",
+                   f"rollback: reinstall {name} at the version preflight recorded"),
+        _with_glob(remote.save_lock(svc, lock), _DIGEST_SAMPLE, "*",
+                   "keep the environment snapshot (a freeze) next to the venv"),
+        _exact(remote.prefetch(svc, None),
+               "prefetch the new packages into uv's cache, through a throwaway venv"),
+        _with_glob(remote.sync_lock(svc, lock, offline=True), _DIGEST_SAMPLE, "*",
+                   "rollback: make the venv exactly the snapshot, from uv's cache"),
+        _with_glob(remote.sync_lock(svc, lock, offline=False), _DIGEST_SAMPLE, "*",
+                   "rollback: the same, from the index when the cache lacks a wheel"),
+    ]
+
+
+def grants(svc: ServiceSettings) -> list[Grant]:
+    """Every command line the bot may run under sudo for ``svc``: as root (the unit), then
+    as its ``venv_user`` (none when it has none: the login user installs itself)."""
+    owner = _owner_grants(svc) if svc.venv_user else []
+    return _root_grants(svc) + owner
+
+
+def rule_for(argv: Sequence[str], svc: ServiceSettings) -> Grant | None:
+    """The grant that allows ``argv`` (as the builders made it, before ``become``)."""
+    return next((g for g in grants(svc) if g.matches(_absolute(tuple(argv)))), None)
+
+
+# ---- the prefix ------------------------------------------------------------------------
+
+
+def become(argv: Argv, run_as: Privilege, host: HostSettings,
+           svc: ServiceSettings | None) -> Argv:
+    """``argv`` as the host must run it: unchanged unless the host says ``become =
+    "sudo"`` and the command needs an account (``run_as``).  An install that reads its
+    index URL on stdin keeps that wrapper outside sudo: the URL reaches uv through the
+    environment, which sudo passes on for these commands only (``env_keep`` in the
+    rules); the command under sudo is then exactly the rule's."""
+    if host.become != "sudo" or run_as == Privilege.NONE:
+        return argv
+    if run_as == Privilege.ROOT:
+        prefix = _ROOT_PREFIX
+    elif svc is not None and svc.venv_user:
+        prefix = ("sudo", "-n", "-u", svc.venv_user, "--")
+    else:
+        return argv  # no venv owner: the login user owns the venv
+    n = len(remote.INDEX_FROM_STDIN)
+    if argv[:n] == remote.INDEX_FROM_STDIN:
+        return (*argv[:n], *prefix, *argv[n:])
+    return (*prefix, *argv)
+
+
+def _account(run_as: Privilege, svc: ServiceSettings | None) -> str:
+    if run_as == Privilege.ROOT:
+        return "root"
+    return svc.venv_user if svc is not None and svc.venv_user else "the login user"
+
+
+def _core(argv: Argv) -> Argv:
+    n = len(remote.INDEX_FROM_STDIN)
+    return argv[n:] if argv[:n] == remote.INDEX_FROM_STDIN else argv
+
+
+@dataclass(frozen=True, slots=True)
+class Become:
+    """``become`` and the explanation of a refusal for one host and (maybe) service."""
+
+    service: str | None
+    host: HostSettings
+    svc: ServiceSettings | None
+
+    def argv(self, argv: Argv, run_as: Privilege) -> Argv:
+        return become(argv, run_as, self.host, self.svc)
+
+    def refused(self, argv: Argv, run_as: Privilege, exit_status: int | None,
+                stderr: str) -> str | None:
+        """Why sudo refused ``argv`` (as built, before ``become``), naming the rule the
+        host lacks; None when sudo ran it or it did not go through sudo."""
+        if self.argv(argv, run_as) == argv:
+            return None
+        why = sudo_refusal(exit_status, stderr)
+        if why is None:
+            return None
+        return f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self.svc)}: " \
+               f"{why}. {self.missing_rule(argv, run_as)}"
+
+    def missing_rule(self, argv: Argv, run_as: Privilege) -> str:
+        svc, core = self.svc, _core(argv)
+        grant = rule_for(core, svc) if svc is not None else None
+        if grant is None or self.service is None:
+            return ("No rule in `python -m bot sudoers` covers this command: the bot's "
+                    "sudoers drop-in must be generated again.")
+        return (f"The host's sudoers drop-in lacks the rule `{grant.line()}` (Cmnd_Alias "
+                f"{alias(self.service, run_as)}, {grant.why}); install the output of "
+                f"`python -m bot sudoers` on it (README: non-root hosts).")
+
+
+def become_for(settings: Settings, host: str, service: str | None = None) -> Become | None:
+    """How ``host`` runs ``service``'s commands that need rights; None when it runs them
+    as they are (``become = "none"``, or a host not configured)."""
+    cfg = settings.hosts.get(host)
+    if cfg is None or cfg.become != "sudo":
+        return None
+    return Become(service, cfg, settings.services.get(service) if service else None)
+
+
+def alias(service: str, run_as: Privilege) -> str:
+    """The Cmnd_Alias of ``service``'s rules for ``run_as``: KIMI_K25_ROOT, KIMI_K25_VENV."""
+    base = re.sub(r"[^A-Z0-9]", "_", service.upper())
+    if not base[:1].isalpha():
+        base = "S_" + base
+    return f"{base}_{'ROOT' if run_as == Privilege.ROOT else 'VENV'}"
+
+
+# ---- the drop-in file ------------------------------------------------------------------
+
+
+def login_users(settings: Settings, hosts: Iterable[str] | None = None) -> list[str]:
+    """The accounts the bot logs in as on hosts with ``become = "sudo"``."""
+    names = settings.hosts if hosts is None else hosts
+    return sorted({settings.hosts[h].user for h in names
+                   if h in settings.hosts and settings.hosts[h].become == "sudo"})
+
+
+def services_on(settings: Settings, hosts: Iterable[str] | None) -> list[str]:
+    """Services with a host among ``hosts`` (all when None) that uses sudo."""
+    wanted = set(settings.hosts if hosts is None else hosts)
+    return [name for name, svc in settings.services.items()
+            if any(h in wanted and settings.hosts[h].become == "sudo" for h in svc.hosts)]
+
+
+_HEADER = """\
+# vllm-chatops: the sudo rules for the bot's SSH account `{user}` (hosts with become = "sudo").
+# Generated by `python -m bot sudoers --user {user}`; generate it again after changing a
+# service's unit, venv, venv_user, tool paths or journal_lines.
+#
+# Install on each GPU host as root, checked before it is live (the installed name must
+# have no "." in it: sudo skips such files in /etc/sudoers.d):
+#   visudo -c -f vllm-chatops.sudoers && \\
+#     install -o root -g root -m 0440 vllm-chatops.sudoers /etc/sudoers.d/vllm-chatops
+# Then `python -m bot doctor` checks every rule below with `sudo -n -l`.
+#
+# The bot runs each command below as `sudo -n -- <command>` (or `sudo -n -u <venv owner>
+# -- <command>`): -n means sudo never asks for a password, so a missing rule fails the
+# step at once with its name. A command with arguments in a rule allows exactly those
+# arguments. Everything else the bot runs needs no rights and runs as {user} itself:
+# nvidia-smi, pgrep, df, uv pip show and uv pip freeze, the import check, the health
+# URL (fetched through the SSH connection).
+"""
+
+_ROOT_NOTE = """\
+# As root: only the commands on the unit, each exact (no wildcard, so no argument can
+# name another unit or add an option), and the fixed script that ends leftover workers
+# after an approver said so. Its wildcard takes the PIDs and their start times, so any
+# process could be named; it only signals (TERM or KILL, never anything else) and skips a
+# PID whose start time changed. The line counts of the journal tail are matched
+# digit by digit ([1-9] is one digit), as sudoers has no number ranges. Reading the
+# journal after a cursor (the start-up progress) has no rule: the cursor changes each
+# time, and a wildcard would let journalctl take any option as root; without it the
+# progress shows no journal lines, and the health gate decides as ever."""
+
+_VENV_NOTE = """\
+# As {owner}, the venv's owner: what writes the venv. The version (and the snapshot's
+# file name) changes per run, and a sudoers wildcard (*) also matches spaces, so these
+# rules cannot stop extra arguments (another index or package) after the *. That is why
+# they run as {owner} and not as root: {user} gets no more than {owner} can already do,
+# write its own venv. Keep {owner} an account that owns the venv, its uv cache and
+# {state} and nothing else (no sudo rights, no group that reaches other data).{index}"""
+
+_INDEX_NOTE = """
+# The index URL reaches uv in UV_EXTRA_INDEX_URL (never in an argv, where any user of
+# the host could read its credentials): sudo keeps that variable for these commands."""
+
+
+def render(settings: Settings, user: str, hosts: Iterable[str] | None = None,
+           omit: Iterable[str] = ()) -> str:
+    """The sudoers drop-in for ``user`` on ``hosts`` (all configured hosts by default).
+    ``omit``: rule lines (``Grant.line``) to leave out, for tests of a missing rule."""
+    left_out = set(omit)
+    out = [_HEADER.format(user=user)]
+    for name in services_on(settings, hosts):
+        svc = settings.services[name]
+        out.append(f"\n# ==== service {name}: unit {svc.unit}, venv {svc.venv_dir}, "
+                   f"hosts {', '.join(svc.hosts)}")
+        root = [g for g in grants(svc) if g.run_as == Privilege.ROOT]
+        out.append(_section(_ROOT_NOTE, alias(name, Privilege.ROOT), "root", user, root,
+                            left_out))
+        if not svc.venv_user:
+            out.append(f"# No venv_user: {user} installs into {svc.venv_dir} itself, so it "
+                       "must own that venv.")
+            continue
+        owner = [g for g in grants(svc) if g.run_as == Privilege.VENV_OWNER]
+        note = _VENV_NOTE.format(owner=svc.venv_user, user=user, state=remote.state_dir(svc),
+                                 index=_INDEX_NOTE if svc.indexes else "")
+        venv_alias = alias(name, Privilege.VENV_OWNER)
+        out.append("\n" + _section(note, venv_alias, svc.venv_user, user, owner, left_out))
+        if svc.indexes:
+            out.append(f'Defaults!{venv_alias} env_keep += "{remote.INDEX_ENV}"')
+    return "\n".join(out) + "\n"
+
+
+def _section(note: str, name: str, runas: str, user: str, rules: list[Grant],
+             left_out: set[str]) -> str:
+    kept = [g for g in rules if g.line() not in left_out]
+    lines = [note, f"# {name}, one command line each:"]
+    lines += [f"#   {i}. {g.why}" for i, g in enumerate(kept, 1)]
+    if not kept:
+        return "\n".join(lines[:1])
+    body = ", \\\n    ".join(g.line() for g in kept)
+    lines.append(f"Cmnd_Alias {name} = \\\n    {body}")
+    lines.append(f"{user} ALL = ({runas}) NOPASSWD: {name}")
+    return "\n".join(lines)
