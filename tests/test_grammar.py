@@ -25,6 +25,7 @@ from bot.slack.grammar import (
     Audit,
     Cancel,
     Command,
+    Doctor,
     Gpus,
     Help,
     Logs,
@@ -162,6 +163,7 @@ def test_usage_covers_every_command_in_order() -> None:
         "logs": "logs kimi-k25",
         "audit": "audit",
         "cancel": "cancel 1",
+        "doctor": "doctor",
     }
     assert set(accepted) == set(COMMANDS)
     for text in accepted.values():
@@ -402,7 +404,7 @@ def assert_safe(cmd: Command) -> None:
             assert s in configured_services
         case Status(service=s) | Audit(service=s):
             assert s is None or s in configured_services
-        case Gpus(target=t, kind=k):
+        case Gpus(target=t, kind=k) | Doctor(target=t, kind=k):
             assert (t, k) == (None, None) or (k == "host" and t in SETTINGS.hosts) or (
                 k == "service" and t in configured_services
             )
@@ -494,12 +496,12 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
             if limit is not None:
                 flags.append(_flag(draw, "--limit", str(limit)))
             expected = Audit(opt, AUDIT_DEFAULT if limit is None else limit)
-    elif name == "gpus":
+    elif name in ("gpus", "doctor"):
         target = draw(st.none() | st.sampled_from(sorted({*SETTINGS.hosts, *services})))
         head += [] if target is None else [target]
         kind: Literal["host", "service"] | None = (
             None if target is None else "host" if target in SETTINGS.hosts else "service")
-        expected = Gpus(target, kind)
+        expected = Gpus(target, kind) if name == "gpus" else Doctor(target, kind)
     elif name == "cancel":
         run_id = draw(st.integers(1, 2**63 - 1))
         head.append(draw(st.sampled_from(["", "#"])) + str(run_id))

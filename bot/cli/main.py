@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import logging
 import signal
 import socket
@@ -20,18 +21,22 @@ from typing import Any, TextIO
 from bot.audit.view import runs_json, runs_table
 from bot.cli import operator
 from bot.cli.terminal import TerminalSink
-from bot.core import remote
+from bot.core import remote, sudoers
+from bot.core.doctor import passed
+from bot.core.doctor import render as render_checks
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
 from bot.core.status import Action, RunStatus, Source
+from bot.engine.doctor import run_doctor
 from bot.engine.recovery import Interrupted
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, render_fleet, resolve_targets
 from bot.hosts.nvml import probe_local
+from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
-from bot.settings import Settings, load_settings
+from bot.settings import USER_RE, Settings, load_settings
 
 EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.ROLLED_BACK: 3,
               RunStatus.ABORTED: 4, RunStatus.CANCELLED: 5, RunStatus.INTERRUPTED: 1}
@@ -104,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the demo keeps its audit DB (default: ./demo-run)")
     d.add_argument("--fast", action="store_true", help="shorten the simulated delays")
 
+    su = command("sudoers", help="print the sudoers drop-in for hosts with become = \"sudo\"")
+    su.add_argument("--user", help="the bot's SSH account (default: the hosts' user)")
+    su.add_argument("--host", action="append", default=None,
+                    help="only the services on this host (may repeat)")
+
+    dr = command("doctor", help="check each host and service end to end; changes nothing")
+    dr.add_argument("target", nargs="?", help="a host or a service (default: everything)")
+    dr.add_argument("--json", action="store_true")
+
     command("serve", help="run the Slack bot (the default)")
     return p
 
@@ -173,6 +187,42 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     return EXIT_CODES.get(result.status, 1)
 
 
+async def print_sudoers(settings: Settings, args: argparse.Namespace) -> int:
+    hosts = args.host
+    for h in hosts or ():
+        if h not in settings.hosts:
+            raise InputError(f"unknown host {h!r} (hosts: {', '.join(sorted(settings.hosts))})")
+    if not sudoers.services_on(settings, hosts):
+        raise InputError('no service runs on a host with become = "sudo": nothing needs rules')
+    user = args.user
+    if user is None:
+        users = sudoers.login_users(settings, hosts)
+        if len(users) != 1:
+            raise InputError(f"the hosts log in as {', '.join(users)}: name one with --user")
+        user = users[0]
+    if not USER_RE.match(user):
+        raise InputError(f"{user!r} is not an account name")
+    print(sudoers.render(settings, user, hosts), end="")
+    return 0
+
+
+async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> int:
+    """Exit 0 only when every check passed."""
+    hosts = resolve_targets(settings, target)
+    service = target if target in settings.services and target not in settings.hosts else None
+    pool = HostPool(settings)
+    try:
+        checks = await run_doctor(settings, pool, hosts, service)
+    finally:
+        await pool.close()
+    redact = Redactor(settings.secret_values())
+    if as_json:
+        print(redact(json.dumps([c.to_json() for c in checks], indent=1)))
+    else:
+        print(redact(render_checks(checks)))
+    return 0 if passed(checks) else 1
+
+
 async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
     """``runs`` and ``recover``: the operator's view of owners and locks, and way out."""
     if args.command == "runs":
@@ -202,6 +252,10 @@ async def _amain(args: argparse.Namespace) -> int:
     if serving:
         from bot.slack.app import serve
         return await serve(settings)
+    if args.command in ("sudoers", "doctor"):
+        # Neither opens the audit database: doctor changes nothing anywhere.
+        return await (print_sudoers(settings, args) if args.command == "sudoers"
+                      else doctor(settings, args.target, as_json=args.json))
     async with open_runtime(settings) as rt:
         if args.command == "redeploy":
             plan = rt.engine.plan(Action.REDEPLOY, args.service, version=args.version,
@@ -249,4 +303,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -37,6 +37,7 @@ COMMANDS: tuple[str, ...] = (
     "logs",
     "audit",
     "cancel",
+    "doctor",
 )
 USAGE: dict[str, str] = {
     "help": "help",
@@ -47,6 +48,7 @@ USAGE: dict[str, str] = {
     "logs": "logs <service> [-n N]",
     "audit": "audit [service] [--limit N]",
     "cancel": "cancel <run-id>",
+    "doctor": "doctor [host|service]",
 }
 
 # Split on spaces and tabs only; newlines and every other control character are
@@ -105,7 +107,13 @@ class Cancel:
     run_id: int
 
 
-Command = Help | Redeploy | Restart | Status | Gpus | Logs | Audit | Cancel
+@dataclass(frozen=True, slots=True)
+class Doctor:
+    target: str | None = None
+    kind: Literal["host", "service"] | None = None
+
+
+Command = Help | Redeploy | Restart | Status | Gpus | Logs | Audit | Cancel | Doctor
 
 
 def usage(name: str) -> str:
@@ -324,7 +332,13 @@ _PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
     "audit": ({"--limit": True}, lambda a, s: Audit(
         _optional_service(a, s), a.integer("--limit", AUDIT_DEFAULT, AUDIT_MAX))),
     "cancel": ({}, lambda a, s: _parse_cancel(a)),
+    # The same targets as gpus: everything, a host, or a service's hosts.
+    "doctor": ({}, lambda a, s: Doctor(*_target(_parse_gpus(a, s)))),
 }
+
+
+def _target(g: Gpus) -> tuple[str | None, Literal["host", "service"] | None]:
+    return g.target, g.kind
 
 
 def parse_command(text: str, settings: Settings) -> Command:

@@ -171,3 +171,19 @@ async def test_audit_posts_the_table(tmp_path: Path, sim_host: SimKit) -> None:
         msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "Audit log" in m.get("text", ""))
         text = blocks_text(msg)
         assert "REQUESTED BY" in text and "pending_approval" in text and ALICE in text
+
+
+async def test_doctor_is_for_requesters_and_posts_its_table(tmp_path: Path,
+                                                           sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        refused = ack_text((await bot.command("doctor", user=MALLORY)).text)
+        assert "cannot run doctor" in refused
+        assert (await bot.refusals(1))[0].user == MALLORY
+        await bot.command(f"doctor {SERVICE}", user=ALICE)
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "doctor" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert "doctor: service kimi-k25" in text
+        assert "nvidia-smi" in text and "vllm-kimi-k25: active (running)" in text
+        await bot.front_end.idle()
+        # It read the host and changed nothing there.
+        assert sim_host.calls("nvidia-smi") and sim_host.changes() == []

@@ -17,7 +17,16 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncResp
 from bot.errors import InputError
 from bot.slack import grammar
 from bot.slack.grammar import PREFIX, parse_command
-from bot.slack.handlers.commands import audit, cancel, gpus, logs, redeploy, restart, status
+from bot.slack.handlers.commands import (
+    audit,
+    cancel,
+    doctor,
+    gpus,
+    logs,
+    redeploy,
+    restart,
+    status,
+)
 from bot.slack.handlers.commands import help as help_command
 from bot.slack.handlers.common import CommandRequest, front_end_of
 from bot.slack.limits import LIMIT_KEY, UserRateLimit
@@ -33,12 +42,13 @@ HANDLERS: dict[type, Handler] = {
     grammar.Logs: logs.handle,
     grammar.Audit: audit.handle,
     grammar.Cancel: cancel.handle,
+    grammar.Doctor: doctor.handle,
 }
 
 
 # They need no approval and each posts an answer in the channel: a person may send only
 # so many a minute (``bot.slack.limits``), so nobody can keep the channel's queue full.
-READ_ONLY = (grammar.Status, grammar.Gpus, grammar.Logs, grammar.Audit)
+READ_ONLY = (grammar.Status, grammar.Gpus, grammar.Logs, grammar.Audit, grammar.Doctor)
 
 
 def register(app: AsyncApp) -> None:
@@ -70,7 +80,7 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
         if wait_s is not None:
             await _refuse(req, f"Slow down: each person may send {limit.per_minute} "
                                f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
-                               f"`audit`) a minute. Try again in {wait_s} s.")
+                               f"`audit`, `doctor`) a minute. Try again in {wait_s} s.")
             return
     await HANDLERS[type(parsed)](req, parsed)
 

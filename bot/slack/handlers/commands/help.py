@@ -16,6 +16,8 @@ DESCRIPTIONS: dict[str, str] = {
     "logs": "the service's journal tail",
     "audit": "recent runs: who asked, who approved, what happened",
     "cancel": "cancel a pending or running run (requester or approvers)",
+    "doctor": "check hosts and services end to end: SSH, host key, sudo rules, uv, GPUs, "
+              "unit, venv, health URL, disk (read-only; requesters)",
 }
 
 

@@ -1,0 +1,414 @@
+"""``doctor``: what to check on each host and service, and what each answer means.
+
+``probes`` lists the checks for the configured hosts and services (pure); the edge
+(``bot.engine.doctor``) performs each one and hands back an ``Answer``; ``judge`` turns
+that into a ``Check``: ok, warn or fail, with what to do about it.  Every probe only
+reads: a TCP connect, the host key the server presents, ``id -un``, ``sudo -n -l``,
+``uv --version``, ``nvidia-smi``, ``systemctl show``, ``test -x``, ``uv pip show``,
+``df`` and a GET of the health URL through the SSH connection.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from bot.core import remote
+from bot.core.gpu import parse_gpu_csv
+from bot.core.privilege import Privilege
+from bot.core.sudoers import Grant, alias, grants
+from bot.errors import GpuQueryError
+from bot.hosts.base import CommandResult, HttpResult
+from bot.settings import HostSettings, ServiceSettings, Settings
+
+Argv = tuple[str, ...]
+HOST_TIMEOUT_S = 10.0
+SUDOERS_FIX = ("install the output of `python -m bot sudoers --user {user}` on the host as "
+               "/etc/sudoers.d/vllm-chatops (README: non-root hosts)")
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    WARN = "warn"  # works, but the setup gives more than the bot needs
+    FAIL = "fail"
+    SKIP = "skip"  # not checked: a check it depends on failed
+
+
+class Kind(StrEnum):
+    CONFIG = "config"  # judged from the settings alone
+    TCP = "tcp"
+    HOST_KEY = "host key"
+    COMMANDS = "commands"  # run ``commands`` on the host, in order
+    HTTP = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    host: str
+    service: str | None
+    name: str
+    kind: Kind
+    # (argv, the account it needs): run through the host's sudo prefix like the flows'.
+    commands: tuple[tuple[Argv, Privilege], ...] = ()
+    url: str = ""
+    timeout_s: float = HOST_TIMEOUT_S
+    # A failure here leaves the host's later checks unchecked (SKIP).
+    gate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the edge found. ``error``: it could not ask at all (the reason)."""
+
+    error: str | None = None
+    results: tuple[CommandResult, ...] = ()
+    http: HttpResult | None = None
+    key: str | None = None  # the SHA256 fingerprint the server presented
+    trusted: str = ""  # what known_hosts trusts for the host (bot.hosts.known_hosts)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    host: str
+    service: str | None
+    name: str
+    outcome: Outcome
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "service": self.service, "check": self.name,
+                "result": str(self.outcome), "detail": self.detail, "fix": self.fix}
+
+
+def skipped(probe: Probe, because: str) -> Check:
+    return Check(probe.host, probe.service, probe.name, Outcome.SKIP,
+                 f"not checked: {because}")
+
+
+# ---- what to check ---------------------------------------------------------------------
+
+
+def _host_probes(name: str, cfg: HostSettings) -> list[Probe]:
+    out = [Probe(name, None, "login account", Kind.CONFIG)]
+    if not cfg.is_local:
+        out += [Probe(name, None, "tcp", Kind.TCP, timeout_s=cfg.connect_timeout_s, gate=True),
+                Probe(name, None, "host key", Kind.HOST_KEY, timeout_s=cfg.connect_timeout_s,
+                      gate=True)]
+    out.append(Probe(name, None, "ssh login", Kind.COMMANDS, ((("id", "-un"),
+                                                               Privilege.NONE),), gate=True))
+    if cfg.become == "sudo":
+        out.append(Probe(name, None, "sudo -l", Kind.COMMANDS,
+                         ((("sudo", "-n", "-l"), Privilege.NONE),)))
+    out.append(Probe(name, None, "nvidia-smi", Kind.COMMANDS,
+                     ((remote.gpu_query(), Privilege.NONE),)))
+    return out
+
+
+def _sudo_check(g: Grant, svc: ServiceSettings) -> Argv:
+    who = ("-u", svc.venv_user) if g.run_as == Privilege.VENV_OWNER and svc.venv_user else ()
+    return ("sudo", "-n", "-l", *who, "--", *g.sample)
+
+
+def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSettings
+                    ) -> list[Probe]:
+    t = svc.command_timeout_s
+    out = []
+    if cfg.become == "sudo":
+        out.append(Probe(host, name, "sudo rules", Kind.COMMANDS, tuple(
+            (_sudo_check(g, svc), Privilege.NONE) for g in grants(svc)), timeout_s=t))
+    out += [
+        Probe(host, name, "uv", Kind.COMMANDS, (((svc.uv, "--version"), Privilege.NONE),),
+              timeout_s=t),
+        Probe(host, name, "unit", Kind.COMMANDS, ((remote.unit_show(svc), Privilege.ROOT),),
+              timeout_s=t),
+        Probe(host, name, "venv", Kind.COMMANDS, ((("test", "-x", svc.python), Privilege.NONE),
+                                                  (remote.package_show(svc), Privilege.NONE)),
+              timeout_s=t),
+        Probe(host, name, "health", Kind.HTTP, url=svc.health_url, timeout_s=t),
+        Probe(host, name, "disk", Kind.COMMANDS, ((remote.free_disk(svc), Privilege.NONE),),
+              timeout_s=t),
+    ]
+    return out
+
+
+def probes(settings: Settings, hosts: Sequence[str], service: str | None = None) -> list[Probe]:
+    """The checks for ``hosts`` and the services on them (only ``service`` when given),
+    host by host, each host's own checks first."""
+    out: list[Probe] = []
+    for host in hosts:
+        cfg = settings.hosts[host]
+        out += _host_probes(host, cfg)
+        for name, svc in settings.services.items():
+            if host in svc.hosts and service in (None, name):
+                out += _service_probes(host, cfg, name, svc)
+    return out
+
+
+# ---- what the answers mean -------------------------------------------------------------
+
+
+def _check(p: Probe, outcome: Outcome, detail: str, fix: str = "") -> Check:
+    return Check(p.host, p.service, p.name, outcome, detail, fix)
+
+
+def _said(r: CommandResult) -> str:
+    if r.refused:
+        return r.refused
+    text = " ".join(r.output.strip().splitlines()[-2:])
+    status = "no exit status" if r.exit_status is None else f"exit {r.exit_status}"
+    return f"{status}: {text}" if text else status
+
+
+def _failed(p: Probe, a: Answer) -> CommandResult | None:
+    return next((r for r in a.results if not r.ok), None)
+
+
+def _login_account(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    if cfg.is_local:
+        return _check(p, Outcome.OK, "local: commands run as the bot's own account")
+    if cfg.user == "root":
+        return _check(p, Outcome.WARN, "logs in as root: whoever holds the bot's key owns "
+                      "this host", "log in as an ordinary account with become = \"sudo\" "
+                      "(README: non-root hosts)")
+    how = ("sudo for what needs rights" if cfg.become == "sudo" else
+           "no sudo: the account must own the unit and the venv")
+    return _check(p, Outcome.OK, f"logs in as {cfg.user}, {how}")
+
+
+def _tcp(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    if a.error:
+        return _check(p, Outcome.FAIL, f"{cfg.address}:{cfg.port}: {a.error}",
+                      f"check hosts.{p.host}.address and port, the network path, and that "
+                      "sshd runs on the host")
+    return _check(p, Outcome.OK, f"{cfg.address}:{cfg.port} accepts connections")
+
+
+def _host_key(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    scan = (f"verify the key out of band, then add it: `ssh-keyscan -p {cfg.port} "
+            f"{cfg.address} >> {cfg.known_hosts}` (compare `ssh-keygen -lf` with the host)")
+    if a.error or a.key is None:
+        return _check(p, Outcome.FAIL, f"no host key read: {a.error}", scan)
+    trusted = [t for t in a.trusted.split(",") if t.startswith("SHA256:")]
+    if a.trusted.startswith("cert-authority") and not trusted:
+        return _check(p, Outcome.OK, f"{a.key}, signed by a trusted authority (checked at login)")
+    if not trusted:
+        return _check(p, Outcome.FAIL, f"{cfg.known_hosts} has no entry for "
+                      f"[{cfg.address}]:{cfg.port} (the host presents {a.key})", scan)
+    if a.key not in trusted:
+        return _check(p, Outcome.FAIL, f"the host presents {a.key}, but {cfg.known_hosts} "
+                      f"trusts {', '.join(trusted)}: changed, or not the host you meant",
+                      "find out why the key changed before trusting the new one; then "
+                      f"replace the entry (`ssh-keygen -R '[{cfg.address}]:{cfg.port}' -f "
+                      f"{cfg.known_hosts}`, then add the verified key)")
+    return _check(p, Outcome.OK, f"{a.key} matches {cfg.known_hosts}")
+
+
+def _ssh_login(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    r = a.results[0] if a.results else None
+    if a.error or r is None or not r.ok:
+        why = a.error or (_said(r) if r else "no answer")
+        return _check(p, Outcome.FAIL, why, f"put the bot's public key ({cfg.key_file}.pub) "
+                      f"in ~{cfg.user}/.ssh/authorized_keys on the host, restricted (README)")
+    return _check(p, Outcome.OK, f"key accepted for {r.stdout.strip() or cfg.user}")
+
+
+_ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s+(?:[A-Z_]+:\s*)*(?P<cmds>.*)")
+
+
+def parse_sudo_list(text: str) -> list[tuple[str, str]]:
+    """(run-as, command) for each command ``sudo -l`` lists, as sudoers writes it.  Entries
+    start 4 spaces in; sudo wraps long ones onto lines 8 spaces in, at a space."""
+    entries: list[str] = []
+    listing = False
+    for line in text.splitlines():
+        if " may run the following commands on " in line:
+            listing = True
+        elif listing and line.startswith("        ") and entries:
+            entries[-1] += " " + line.strip()
+        elif listing and line.startswith("    "):
+            entries.append(line.strip())
+        elif listing and line.strip():
+            listing = False
+    out = []
+    for entry in entries:
+        m = _ENTRY.fullmatch(entry)
+        if m:
+            out += [(m["runas"].strip(), c.strip()) for c in re.split(r"(?<!\\), ", m["cmds"])]
+    return out
+
+
+def _ours(s: Settings) -> set[tuple[str, str]]:
+    return {("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
+            for svc in s.services.values() for g in grants(svc)}
+
+
+def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    r = a.results[0] if a.results else None
+    if a.error or r is None or not r.ok:
+        why = a.error or (_said(r) if r else "no answer")
+        return _check(p, Outcome.FAIL, f"`sudo -n -l` failed: {why}",
+                      SUDOERS_FIX.format(user=cfg.user))
+    listed = parse_sudo_list(r.stdout)
+    broad = [f"({who}) {cmd}" for who, cmd in listed if cmd == "ALL"]
+    if broad:
+        return _check(p, Outcome.WARN, f"{cfg.user} may run any command: {'; '.join(broad)}",
+                      f"remove {cfg.user} from admin groups (sudo, wheel) and rules with ALL; "
+                      "the bot needs only the rules `python -m bot sudoers` prints")
+    extra = [f"({who}) {cmd}" for who, cmd in listed if (who, cmd) not in _ours(s)]
+    if extra:
+        return _check(p, Outcome.WARN, f"{len(extra)} rule(s) beyond what the bot needs: "
+                      + "; ".join(extra), "remove them, or check they are meant for this account")
+    return _check(p, Outcome.OK, f"{len(listed)} rules, none beyond what the bot needs")
+
+
+def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
+    assert p.service is not None
+    svc = s.services[p.service]
+    if a.error:
+        return _check(p, Outcome.FAIL, a.error)
+    missing = [f"{alias(p.service, g.run_as)}: `{g.line()}` ({g.why})"
+               for g, r in zip(grants(svc), a.results, strict=False) if not r.ok]
+    if missing:
+        return _check(p, Outcome.FAIL, f"missing {len(missing)} of {len(a.results)} rules: "
+                      + "; ".join(missing), SUDOERS_FIX.format(user=s.hosts[p.host].user))
+    return _check(p, Outcome.OK, f"all {len(a.results)} rules the bot needs are granted")
+
+
+def _uv(p: Probe, a: Answer, s: Settings) -> Check:
+    assert p.service is not None
+    r = _failed(p, a) if a.results else None
+    if a.error or r is not None or not a.results:
+        return _check(p, Outcome.FAIL, a.error or (_said(r) if r else "no answer"),
+                      f"install uv on the host, or set services.{p.service}.uv to its path")
+    return _check(p, Outcome.OK, a.results[0].stdout.strip() or "uv answers")
+
+
+def _nvidia_smi(p: Probe, a: Answer, s: Settings) -> Check:
+    r = a.results[0] if a.results else None
+    fix = "check the NVIDIA driver: `nvidia-smi` on the host must list the GPUs"
+    if a.error or r is None or not r.ok:
+        return _check(p, Outcome.FAIL, a.error or (_said(r) if r else "no answer"), fix)
+    try:
+        gpus = parse_gpu_csv(p.host, r.stdout)
+    except GpuQueryError as e:
+        return _check(p, Outcome.FAIL, e.reason, fix)
+    return _check(p, Outcome.OK, f"{len(gpus)} GPU(s)" + (f": {gpus[0].name}" if gpus else ""))
+
+
+def _unit(p: Probe, a: Answer, s: Settings) -> Check:
+    assert p.service is not None
+    svc = s.services[p.service]
+    r = a.results[0] if a.results else None
+    if a.error or r is None or not r.ok:
+        return _check(p, Outcome.FAIL, a.error or (_said(r) if r else "no answer"),
+                      "" if r is None or not r.refused else
+                      SUDOERS_FIX.format(user=s.hosts[p.host].user))
+    props = remote.parse_unit_show(r.stdout)
+    if props.get("LoadState") != "loaded":
+        return _check(p, Outcome.FAIL, f"{svc.unit}: LoadState={props.get('LoadState', '?')}",
+                      f"check services.{p.service}.unit against `systemctl list-units "
+                      "--all 'vllm*'` on the host")
+    return _check(p, Outcome.OK, f"{svc.unit}: {props.get('ActiveState', '?')} "
+                  f"({props.get('SubState', '?')})")
+
+
+def _venv(p: Probe, a: Answer, s: Settings) -> Check:
+    assert p.service is not None
+    svc = s.services[p.service]
+    if a.error or len(a.results) < 2:
+        return _check(p, Outcome.FAIL, a.error or "no answer")
+    exists, show = a.results
+    if not exists.ok:
+        return _check(p, Outcome.FAIL, f"no interpreter at {svc.python}",
+                      f"set services.{p.service}.python to the venv's bin/python")
+    version = remote.parse_package_version(show.stdout) if show.ok else None
+    if version is None:
+        return _check(p, Outcome.FAIL, f"{svc.package} is not installed in {svc.venv_dir} "
+                      f"({_said(show)})", f"install {svc.package} into the venv once by hand")
+    return _check(p, Outcome.OK, f"{svc.python}: {svc.package} {version}")
+
+
+def _health(p: Probe, a: Answer, s: Settings) -> Check:
+    h = a.http
+    if a.error or h is None or not h.ok:
+        why = a.error or (h.error or f"HTTP {h.status}" if h else "no answer")
+        return _check(p, Outcome.FAIL, f"{p.url}: {why}",
+                      f"check services.{p.service}.health_url (fetched on the host) and "
+                      "that the service runs")
+    return _check(p, Outcome.OK, f"{p.url}: HTTP 200")
+
+
+def _disk(p: Probe, a: Answer, s: Settings) -> Check:
+    assert p.service is not None
+    svc = s.services[p.service]
+    r = a.results[0] if a.results else None
+    avail = remote.parse_df_avail_mib(r.stdout) if r is not None and r.ok else None
+    if a.error or avail is None:
+        return _check(p, Outcome.FAIL, a.error or f"cannot read free space of {svc.venv_dir}"
+                      + (f" ({_said(r)})" if r else ""))
+    if avail < svc.min_free_disk_mib:
+        return _check(p, Outcome.FAIL, f"{avail:,} MiB free on {svc.venv_dir}, below "
+                      f"min_free_disk_mib ({svc.min_free_disk_mib:,})",
+                      "free space on the venv's file system (uv's cache is a usual suspect)")
+    return _check(p, Outcome.OK, f"{avail:,} MiB free (min {svc.min_free_disk_mib:,})")
+
+
+_JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
+    "login account": _login_account, "tcp": _tcp, "host key": _host_key,
+    "ssh login": _ssh_login, "sudo -l": _sudo_list, "nvidia-smi": _nvidia_smi,
+    "sudo rules": _sudo_rules, "uv": _uv, "unit": _unit, "venv": _venv, "health": _health,
+    "disk": _disk,
+}
+
+
+def judge(probe: Probe, answer: Answer, settings: Settings) -> Check:
+    return _JUDGES[probe.name](probe, answer, settings)
+
+
+def passed(checks: Sequence[Check]) -> bool:
+    """Everything passed (a warning is no failure; a skip follows one)."""
+    return all(c.outcome in (Outcome.OK, Outcome.WARN) for c in checks)
+
+
+# ---- the report ------------------------------------------------------------------------
+
+
+_MARK = {Outcome.OK: "ok", Outcome.WARN: "WARN", Outcome.FAIL: "FAIL", Outcome.SKIP: "skip"}
+
+
+@dataclass
+class _Table:
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+
+    def text(self) -> str:
+        widths = [max(len(r[i]) for r in self.rows) for i in range(4)]
+        out = []
+        for r in self.rows:
+            out.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))
+                       + "  " + r[4])
+            if len(r) > 5 and r[5]:
+                out.append(" " * (sum(widths) + 8) + "  fix: " + r[5])
+        return "\n".join(out).rstrip()
+
+
+def render(checks: Sequence[Check]) -> str:
+    """One table: host, service, check, result, detail (and the fix under a failure)."""
+    t = _Table([("HOST", "SERVICE", "CHECK", "RESULT", "DETAIL")])
+    for c in checks:
+        t.rows.append((c.host, c.service or "-", c.name, _MARK[c.outcome], c.detail,
+                       c.fix if c.outcome in (Outcome.FAIL, Outcome.WARN) else ""))
+    fails = sum(c.outcome == Outcome.FAIL for c in checks)
+    warns = sum(c.outcome == Outcome.WARN for c in checks)
+    verdict = ("all checks passed" if passed(checks) and not warns else
+               f"all checks passed, {warns} warning(s)" if passed(checks) else
+               f"{fails} check(s) failed, {warns} warning(s)")
+    return f"{t.text()}\n\n{verdict}"

@@ -1,0 +1,39 @@
+"""``/vllm doctor [host|service]``: the setup checks of ``python -m bot doctor``, posted as
+one table (the full table as a file when it does not fit).
+
+Read-only, but it tells whoever asks how the hosts are set up (accounts, sudo rules,
+paths), so it is open to requesters only, not to everyone in the channel.
+"""
+
+from __future__ import annotations
+
+from bot.core.doctor import passed, render
+from bot.core.policy import is_requester
+from bot.engine.doctor import run_doctor
+from bot.hosts.fleet import resolve_targets
+from bot.slack.grammar import Doctor
+from bot.slack.handlers.common import CommandRequest, post_code
+
+FILENAME = "doctor.txt"
+
+
+async def handle(req: CommandRequest, cmd: Doctor) -> None:
+    front_end = req.front_end
+    if not is_requester(req.user, req.settings.policy, await front_end.membership()):
+        reason = ("You are not on the requesters list, so you cannot run doctor (it shows how "
+                  "the hosts are set up). Ask someone who is, or an admin to add you.")
+        await req.reply_now(reason)
+        front_end.spawn(front_end.refuse(user=req.user, channel=req.channel,
+                                         command=req.typed, reason=reason), name="refusal")
+        return
+    hosts = resolve_targets(req.settings, cmd.target)
+    service = cmd.target if cmd.kind == "service" else None
+    await req.ack()
+
+    async def work() -> None:
+        checks = await run_doctor(req.settings, req.pool, hosts, service)
+        verdict = "all checks passed" if passed(checks) else "checks FAILED"
+        title = f"doctor: {cmd.kind} {cmd.target}" if cmd.target else "doctor: all hosts"
+        await post_code(req, f"{title}: {verdict}", render(checks), filename=FILENAME)
+
+    req.later(work(), "doctor")
