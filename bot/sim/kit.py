@@ -84,7 +84,8 @@ class SimKit:
     def __init__(self, root: Path, *, config: HostConfig | None = None,
                  installed_version: str | None = DEFAULT_VERSION, running: bool = True,
                  access: Access = "embedded", venv_dir: Path | None = None,
-                 service_port: int | None = None, link: bool = False) -> None:
+                 service_port: int | None = None, link: bool = False,
+                 user: str | None = None) -> None:
         """Nothing starts until ``start()`` (or ``async with``).
 
         venv_dir: where the service's venv is (default ``<root>/venv``); hosts of one
@@ -104,7 +105,9 @@ class SimKit:
         self.client_key = self.root / "client_key"
         self.authorized_keys = self.root / "authorized_keys"
         self.known_hosts = self.root / "known_hosts"
-        self.user = getpass.getuser()
+        # The account the bot logs in as: another than this process's only behind a real
+        # sshd started as root (tests of a non-root host).
+        self.user = user or getpass.getuser()
         self.health_port = free_port()
         if access == "sshd" and service_port not in (None, self.health_port):
             raise ValueError("sshd forwards to real ports: service_port cannot be remapped")
@@ -126,7 +129,8 @@ class SimKit:
             await self._wait_listening()
         if self.access == "sshd":
             self._server = await SshdServer.start(
-                self.root / "sshd", authorized_keys=self.authorized_keys, env=self.env())
+                self.root / "sshd", authorized_keys=self.authorized_keys, env=self.env(),
+                user=self.user)
         else:
             self._server = await EmbeddedSshServer.start(
                 env=self.env(), cwd=Path.home(), user=self.user,

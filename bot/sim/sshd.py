@@ -110,13 +110,15 @@ class SshdServer:
 
     @classmethod
     async def start(cls, workdir: Path, *, authorized_keys: Path,
-                    env: Mapping[str, str]) -> SshdServer:
+                    env: Mapping[str, str], user: str | None = None) -> SshdServer:
+        """``user``: the one account that may log in (default: this process's); another
+        one needs this process to be root, as sshd must switch to it."""
         host_key, public, command = await asyncio.to_thread(_prepare, workdir, env)
         config = workdir / "sshd_config"
         log: deque[str] = deque(maxlen=200)
         for _ in range(PORT_ATTEMPTS):
             port = free_port()
-            text = _config(port, host_key, authorized_keys, command, getpass.getuser())
+            text = _config(port, host_key, authorized_keys, command, user or getpass.getuser())
             await asyncio.to_thread(config.write_text, text)
             proc = await asyncio.create_subprocess_exec(
                 str(SSHD), "-D", "-e", "-f", str(config), stdin=asyncio.subprocess.DEVNULL,

@@ -1,0 +1,230 @@
+"""A simulated GPU host reached as a non-root account, with the real sudo in front of its
+tools: what the tests of ``become = "sudo"`` run against.
+
+- Two accounts are created for each host (``useradd``, removed after): the login the
+  bot uses, and the venv's owner. Creating them needs root, which CI has; locally a
+  test without root is skipped with that reason.
+- The real OpenSSH sshd logs the login account in; the real ``sudo`` (Debian's
+  package) decides with a drop-in in /etc/sudoers.d written from
+  ``bot.core.sudoers.render`` (checked with ``visudo -cf``, removed after).
+- The simulated tools behind it run from a copy of ``bot/sim`` any account can read,
+  through wrappers at absolute paths (what sudoers rules name) that hold the host's
+  state directory themselves (sudo clears the environment). The wrappers refuse what a
+  real host refuses an ordinary account: ``systemctl stop|start`` unless root (polkit's
+  "Access denied"), the journal unless root, and writing the venv (``uv pip
+  install|sync``) unless its owner. Without that, a test could pass with no sudo at all.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.sim.kit import BIN_DIR, SYSTEM_PATH, SimKit
+from bot.sim.tools import TOOLS
+from tests.support.sim import require_sshd
+
+SUDOERS_D = Path("/etc/sudoers.d")
+REPO_ROOT = BIN_DIR.parents[2]
+
+# What each simulated tool refuses an ordinary account, as the real one on a host does.
+_GUARDS = {
+    # systemd 252 through polkit, for a user with no rule for the unit.
+    "systemctl": ('case "$1" in stop|start) if [ "$(id -u)" != 0 ]; then '
+                  'echo "Failed to $1 $3.service: Access denied" >&2; '
+                  'echo "See system logs and \'systemctl status $3.service\' for details." >&2; '
+                  "exit 4; fi;; esac\n"),
+    # journalctl 252 for a user outside the adm and systemd-journal groups.
+    "journalctl": ('if [ "$(id -u)" != 0 ]; then echo "Hint: You are currently not seeing '
+                   "messages from other users and the system. Users in groups 'adm', "
+                   "'systemd-journal' can see all messages. Pass -q to turn off this "
+                   'notice." >&2; echo "-- No entries --"; exit 0; fi\n'),
+    # uv writing a venv its account cannot write (uv 0.13: os error 13).
+    "uv": ('case "$1 $2" in "pip install"|"pip sync") case " $* " in *" --dry-run "*) ;; '
+           '*) if [ "$(id -un)" != "{owner}" ]; then echo "error: failed to remove file '
+           '\\`{venv}/lib/python3.12/site-packages/vllm/__init__.py\\`: Permission denied '
+           '(os error 13)" >&2; exit 2; fi;; esac;; esac\n'),
+}
+
+
+def require_root_and_sudo() -> None:
+    """Skip without root (locally), fail in CI; likewise without sudo."""
+    require_sshd()
+    ci = bool(os.environ.get("CI"))
+    if os.geteuid() != 0:
+        if ci:
+            pytest.fail("the non-root host tests need root (useradd, /etc/sudoers.d) in CI")
+        pytest.skip("needs root: creates accounts and a sudoers drop-in")
+    for tool in ("sudo", "visudo", "useradd", "runuser"):
+        if shutil.which(tool) is None:
+            if ci:
+                pytest.fail(f"{tool} is missing and CI is set: install sudo (.ci/run)")
+            pytest.skip(f"{tool} is not installed (apt-get install sudo)")
+
+
+@dataclass(frozen=True)
+class Accounts:
+    login: str  # the account the bot logs in as
+    owner: str  # the venv's owner
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+def _checked(*argv: str) -> None:
+    r = _run(*argv)
+    if r.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+
+
+@contextmanager
+def accounts(base: Path) -> Iterator[Accounts]:
+    """A login and a venv owner with unique names, homes under ``base``; removed after."""
+    tag = secrets.token_hex(3)
+    made = Accounts(login=f"vct{tag}", owner=f"vvt{tag}")
+    created: list[str] = []
+    try:
+        for name in (made.login, made.owner):
+            _checked("useradd", "-m", "-d", str(base / "home" / name), "-s", "/bin/sh", name)
+            created.append(name)
+        # Not locked ("*", no password): sshd without PAM refuses a locked account ("!").
+        _checked("usermod", "-p", "*", made.login)
+        yield made
+    finally:
+        for name in created:
+            _run("userdel", "-f", "-r", name)
+
+
+def usable_python(user: str) -> str:
+    """A Python 3.11+ that ``user`` can run (the test's own may live under /root)."""
+    candidates = ["/usr/bin/python3", shutil.which("python3"), os.path.realpath(sys.executable)]
+    probe = "import sys; sys.exit(sys.version_info < (3, 11))"
+    for python in dict.fromkeys(c for c in candidates if c):
+        if _run("runuser", "-u", user, "--", python, "-S", "-c", probe).returncode == 0:
+            return python
+    pytest.fail(f"no Python 3.11+ that {user} can run: install python3")
+
+
+def copy_sim(dest: Path) -> Path:
+    """``bot/__init__.py`` and ``bot/sim`` (all the tools import) where anyone can read."""
+    (dest / "bot").mkdir(parents=True)
+    shutil.copy2(REPO_ROOT / "bot" / "__init__.py", dest / "bot" / "__init__.py")
+    shutil.copytree(REPO_ROOT / "bot" / "sim", dest / "bot" / "sim",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+class NonRootKit(SimKit):
+    """A SimKit behind the real sshd, logged into as ``accounts.login``; its tools at
+    ``tool(name)`` (absolute paths, for the settings and the sudoers rules)."""
+
+    def __init__(self, root: Path, *, who: Accounts, python: str, tree: Path,
+                 **kwargs: Any) -> None:
+        super().__init__(root, access="sshd", user=who.login, **kwargs)
+        self.who = who
+        self.sim_python = python
+        self.tree = tree
+        self.tools = self.root / "tools"
+        self.home = root.parent / "home" / who.login
+
+    def tool(self, name: str) -> str:
+        return str(self.tools / name)
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env.update(PATH=f"{self.tools}:{SYSTEM_PATH}", SIM_PYTHON=self.sim_python,
+                   HOME=str(self.home))
+        return env
+
+    def _wrappers(self) -> None:
+        self.tools.mkdir(parents=True, exist_ok=True)
+        for name in TOOLS:
+            guard = _GUARDS.get(name, "").format(owner=self.who.owner, venv=self.venv_dir)
+            text = ("#!/bin/sh\n" + guard + "umask 000\n"  # every account shares the state
+                    f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
+                    f"SIM_PYTHON={shlex.quote(self.sim_python)}; "
+                    f"PYTHONPATH={shlex.quote(str(self.tree))}; "
+                    "export SIM_STATE_DIR SIM_PYTHON PYTHONPATH\n"
+                    f'exec "$SIM_PYTHON" -S -m bot.sim.tools {name} "$@"\n')
+            path = self.tools / name
+            path.write_text(text)
+            path.chmod(0o755)
+        # The venv's interpreter (the import gate runs it as the login user).
+        self.python.parent.mkdir(parents=True, exist_ok=True)
+        self.python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(self.tree))} exec "
+                               f'{shlex.quote(self.sim_python)} -S -m bot.sim.tools python "$@"\n')
+        self.python.chmod(0o755)
+
+    async def start(self) -> NonRootKit:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        self._wrappers()
+        await super().start()
+        # The host's shared state: written by root (systemctl under sudo), the venv owner
+        # (uv) and the login (nvidia-smi, pgrep) alike.
+        self.state_dir.chmod(0o777)
+        for p in self.state_dir.iterdir():
+            p.chmod(0o666)
+        # The venv and the bot's files beside it (snapshots, prefetch) are the owner's.
+        beside = self.venv_dir.parent / ".chatops"
+        beside.mkdir(exist_ok=True)
+        for p in (self.venv_dir, beside):
+            _checked("chown", "-R", f"{self.who.owner}:{self.who.owner}", str(p))
+        # The key as the README installs it: no pty, no forwarding but to the model
+        # server's port, only from the bot's address (sshd reads it at each login).
+        key = self.authorized_keys.read_text().strip()
+        self.authorized_keys.write_text(
+            f'restrict,port-forwarding,permitopen="127.0.0.1:{self.service_port}",'
+            f'from="127.0.0.1" {key}\n')
+        return self
+
+    def service_settings(self, hosts: Any = None, **overrides: Any) -> dict[str, Any]:
+        return super().service_settings(hosts, **{
+            "uv": self.tool("uv"), "systemctl": self.tool("systemctl"),
+            "journalctl": self.tool("journalctl"), "venv_user": self.who.owner, **overrides})
+
+    def host_settings(self, **overrides: Any) -> dict[str, Any]:
+        return super().host_settings(**{"become": "sudo", **overrides})
+
+
+@contextmanager
+def sudoers_installed(text: str) -> Iterator[Path]:
+    """``text`` live in /etc/sudoers.d (a unique name without "."), after ``visudo -cf``
+    accepted it; removed after."""
+    path = SUDOERS_D / f"vllm_chatops_test_{secrets.token_hex(4)}"
+    with tempfile.NamedTemporaryFile("w", suffix=".sudoers", delete=False) as f:
+        f.write(text)
+    try:
+        check = _run("visudo", "-c", "-f", f.name)
+        assert check.returncode == 0, f"visudo refused the rules:\n{check.stdout}{check.stderr}"
+        os.chmod(f.name, 0o440)
+        shutil.move(f.name, path)
+        yield path
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def workspace() -> Iterator[Path]:
+    """A directory every account can traverse (pytest's tmp_path is root's only)."""
+    base = Path(tempfile.mkdtemp(prefix="chatops-nonroot-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

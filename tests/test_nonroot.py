@@ -1,0 +1,276 @@
+"""A host reached as an ordinary account (``become = "sudo"``), end to end: the real
+OpenSSH sshd logs a non-root account in, the real sudo decides with the drop-in that
+``python -m bot sudoers`` prints, and the simulated tools refuse what a real host
+refuses an ordinary account (tests/support/nonroot.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from bot.cli.main import doctor
+from bot.cli.terminal import TerminalSink
+from bot.core import remote
+from bot.core.privilege import Privilege
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.sudoers import grants, render
+from bot.engine.engine import RunResult
+from bot.engine.runtime import Runtime, open_runtime
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, fast_config
+from bot.sim.sshd import free_port
+from bot.sim.state import DEFAULT_VERSION
+from tests.support.nonroot import (
+    NonRootKit,
+    accounts,
+    copy_sim,
+    require_root_and_sudo,
+    sudoers_installed,
+    usable_python,
+    workspace,
+)
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[NonRootKit]:
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
+                         tree=copy_sim(base / "sim"), config=fast_config())
+        try:
+            yield await kit.start()
+        finally:
+            await kit.close()
+
+
+def settings_of(kit: NonRootKit, tmp_path: Path, *, host: dict[str, Any] | None = None,
+                **service: Any) -> Settings:
+    return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
+                    services={SERVICE: kit.service_settings(**service)},
+                    db_path=tmp_path / "audit.db")
+
+
+async def doctor_json(settings: Settings, capsys: pytest.CaptureFixture[str],
+                      target: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """``python -m bot doctor [target] --json``: its exit code and its checks."""
+    capsys.readouterr()
+    code = await doctor(settings, target, as_json=True)
+    checks: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    return code, checks
+
+
+def only(checks: list[dict[str, Any]], name: str, service: str | None = SERVICE,
+         host: str | None = None) -> dict[str, Any]:
+    found = [c for c in checks if c["check"] == name and c["service"] == service
+             and host in (None, c["host"])]
+    assert len(found) == 1, (name, checks)
+    return found[0]
+
+
+async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
+    out = io.StringIO()
+    p = rt.engine.plan(action, SERVICE, **plan)
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                     expect=(RunStatus.PENDING_APPROVAL,))
+    result = await rt.engine.execute(record.id, TerminalSink(out))
+    return result, out.getvalue()
+
+
+async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
+        host: NonRootKit, tmp_path: Path) -> None:
+    settings = settings_of(host, tmp_path)
+    with sudoers_installed(render(settings, host.who.login)):
+        async with open_runtime(settings) as rt:
+            # The new vllm cannot be imported: the snapshot is restored (as the venv's
+            # owner) and the old version started again (as root).
+            host.set_faults(import_error=True)
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+            assert result.status == RunStatus.ROLLED_BACK, out
+            assert host.installed_version == DEFAULT_VERSION
+            assert host.unit_state() == "active"
+
+            host.clear_faults()
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+            assert result.status == RunStatus.SUCCEEDED, out
+            assert host.installed_version == "0.16.0"
+            assert host.unit_state() == "active"
+            assert host.changes()[-4:] == ["prefetch", "stop", "install", "start"]
+    # The snapshot the rollback restored was written by the venv's owner, not the login.
+    snapshots = list((host.venv_dir.parent / ".chatops").glob("*.freeze.txt"))
+    assert snapshots and all(p.owner() == host.who.owner for p in snapshots)
+
+
+async def test_without_sudo_the_login_cannot_stop_the_unit(host: NonRootKit,
+                                                          tmp_path: Path) -> None:
+    # The guard that makes the other tests mean something: as the login itself (become
+    # = "none"), the host refuses the stop as a real one would.
+    settings = settings_of(host, tmp_path, host={"become": "none"})
+    async with open_runtime(settings) as rt:
+        result, out = await run(rt, Action.RESTART)
+    assert result.status == RunStatus.FAILED
+    assert "Access denied" in out
+    assert host.unit_state() == "active"
+
+
+async def test_a_missing_rule_fails_the_first_step_that_needs_it_naming_the_rule(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_of(host, tmp_path)
+    svc = settings.services[SERVICE]
+    stop_rule = next(g for g in grants(svc) if tuple(g.sample) == remote.unit_stop(svc))
+    with sudoers_installed(render(settings, host.who.login, omit=[stop_rule.line()])):
+        # doctor names the rule before anything runs...
+        code, checks = await doctor_json(settings, capsys)
+        assert code == 1
+        rules = only(checks, "sudo rules")
+        assert rules["result"] == "fail" and stop_rule.line() in rules["detail"]
+        assert "python -m bot sudoers" in rules["fix"]
+        # ...and the redeploy stops at the first step that needs it, naming it too.
+        async with open_runtime(settings) as rt:
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+    assert result.status == RunStatus.FAILED, out
+    assert stop_rule.line() in result.summary
+    assert "KIMI_K25_ROOT" in result.summary
+    assert "the service was not touched" in result.summary
+    # Truthfully: still running the version it had, the stop never reached systemd.
+    assert host.unit_state() == "active"
+    assert host.installed_version == DEFAULT_VERSION
+    assert "stop" not in host.changes()
+
+
+async def test_doctor_passes_a_correct_non_root_setup(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_of(host, tmp_path)
+    with sudoers_installed(render(settings, host.who.login)):
+        code, checks = await doctor_json(settings, capsys)
+        assert code == 0, checks
+        assert {c["result"] for c in checks} == {"ok"}, checks
+        assert only(checks, "nvidia-smi", None)["detail"].startswith("8 GPU(s)")
+        assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running)"
+        assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
+        assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
+        # The table form, as a person reads it.
+        assert await doctor(settings, SERVICE, as_json=False) == 0
+        assert "all checks passed" in capsys.readouterr().out
+    # It changed nothing: no stop, start or install reached the host.
+    assert host.changes() == []
+
+
+async def test_doctor_reports_each_broken_piece_with_its_fix(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = settings_of(host, tmp_path)
+    wrong_keys = tmp_path / "known_hosts.other"
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode()
+    wrong_keys.write_text(f"[127.0.0.1]:{host.port} {other}")
+    closed = f"http://127.0.0.1:{free_port()}/health"
+    svc = good.services[SERVICE].model_dump()
+    settings = Settings(
+        hosts={host.hostname: good.hosts[host.hostname],
+               "impostor": {**host.host_settings(), "known_hosts": str(wrong_keys)}},
+        services={
+            SERVICE: svc,
+            "wrong-unit": {**svc, "unit": "vllm-no-such-unit"},
+            "no-venv": {**svc, "python": f"{host.root}/missing/bin/python"},
+            "no-health": {**svc, "health_url": closed},
+            "on-impostor": {**svc, "hosts": ["impostor"]},
+        },
+        db_path=tmp_path / "audit.db")
+    stop_rule = next(g for g in grants(settings.services[SERVICE])
+                     if tuple(g.sample) == remote.unit_stop(settings.services[SERVICE]))
+    with sudoers_installed(render(settings, host.who.login, omit=[stop_rule.line()])):
+        code, checks = await doctor_json(settings, capsys)
+    assert code == 1
+    key = only(checks, "host key", None, "impostor")
+    assert key["result"] == "fail" and "trusts SHA256:" in key["detail"]
+    assert "ssh-keygen -R" in key["fix"]
+    # Nothing more is asked of a host whose key is wrong.
+    assert only(checks, "unit", "on-impostor")["result"] == "skip"
+    unit = only(checks, "unit", "wrong-unit")
+    assert unit["result"] == "fail" and "LoadState=not-found" in unit["detail"]
+    assert "services.wrong-unit.unit" in unit["fix"]
+    venv = only(checks, "venv", "no-venv")
+    assert venv["result"] == "fail" and "no interpreter at" in venv["detail"]
+    assert "services.no-venv.python" in venv["fix"]
+    rules = only(checks, "sudo rules")
+    assert rules["result"] == "fail" and stop_rule.line() in rules["detail"]
+    health = only(checks, "health", "no-health")
+    assert health["result"] == "fail" and closed in health["detail"]
+    assert "services.no-health.health_url" in health["fix"]
+    # What is right on the same host still reads ok.
+    assert only(checks, "unit")["result"] == "ok"
+    assert only(checks, "health")["result"] == "ok"
+    assert host.changes() == []
+
+
+def sudo_allows(login: str, argv: Sequence[str], as_user: str | None = None) -> bool:
+    """Whether the real sudo lets ``login`` run ``argv`` (as root, or ``as_user``)."""
+    who = ["-u", as_user] if as_user else []
+    r = subprocess.run(["runuser", "-u", login, "--", "sudo", "-n", "-l", *who, "--", *argv],
+                       capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    return r.returncode == 0
+
+
+async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
+                                                         tmp_path: Path) -> None:
+    settings = settings_of(host, tmp_path)
+    svc = settings.services[SERVICE]
+    login, owner = host.who.login, host.who.owner
+    with sudoers_installed(render(settings, login)):
+        for g in grants(svc):
+            runas = owner if g.run_as == Privilege.VENV_OWNER else None
+            assert sudo_allows(login, g.sample, runas), g.line()
+        unit, ctl, jctl, uv = svc.unit, svc.systemctl, svc.journalctl, svc.uv
+        for argv in ([ctl, "stop", "--", "ssh"], [ctl, "stop", "--", unit, "ssh"],
+                     [ctl, "--now", "stop", "--", unit], [ctl, "edit", "--", unit],
+                     [ctl, "stop", "--", f"{unit} ssh"],
+                     [jctl, "-u", unit, "-n", "1001", "--no-pager"],
+                     [jctl, "-u", unit, "-n", "5", "-u", "ssh", "--no-pager"],
+                     ["/bin/sh", "-c", "id"], ["/usr/bin/id"]):
+            assert not sudo_allows(login, argv), argv
+        # As the owner, only uv's pip install and sync into this venv: not uv run.
+        assert not sudo_allows(login, [uv, "run", "sh"], owner)
+        assert not sudo_allows(login, [uv, "pip", "install", "--python", "/usr/bin/python3",
+                                       "vllm"], owner)
+        install = remote.install(svc, "vllm==0.16.0", None)
+        assert sudo_allows(login, install, owner)
+        # What the venv owner may run, root may not, and nor may any other account.
+        assert not sudo_allows(login, install)
+        assert not sudo_allows(login, install, login)
+        assert not sudo_allows(login, remote.unit_stop(svc), owner)
+
+
+async def test_an_index_url_reaches_uv_under_sudo_through_its_environment_only(
+        host: NonRootKit, tmp_path: Path) -> None:
+    token = "tok-5e4d3c2b1a"
+    private = f"https://ci-bot:{token}@pypi.private.example/simple"
+    only_there = "0.17.0rc1.dev5+g1a2b3c4"
+    host.update_config(index_url=private, index_versions=(only_there,))
+    settings = settings_of(host, tmp_path, indexes={"private": private})
+    with sudoers_installed(render(settings, host.who.login)) as path:
+        assert token not in path.read_text()
+        async with open_runtime(settings) as rt:
+            result, out = await run(rt, Action.REDEPLOY, version=only_there, index="private")
+    # uv found the version only the private index has: sudo passed UV_EXTRA_INDEX_URL on.
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert host.installed_version == only_there
+    assert all(token not in " ".join(c.argv) for c in host.calls())
+
+
+async def test_doctor_warns_about_rights_beyond_the_rules(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_of(host, tmp_path)
+    rules = render(settings, host.who.login) + f"{host.who.login} ALL = (ALL) NOPASSWD: ALL\n"
+    with sudoers_installed(rules):
+        code, checks = await doctor_json(settings, capsys)
+    listing = only(checks, "sudo -l", None)
+    assert listing["result"] == "warn" and "may run any command" in listing["detail"]
+    assert code == 0  # a warning is no failure: the bot works, with more than it needs

@@ -1,0 +1,366 @@
+"""Non-root hosts, the pure parts: which account each remote command needs, the sudo
+prefix, the sudoers rules, and sudo's refusals read from its real words.
+
+The refusal texts were captured from Debian 12's sudo 1.9.13p3 (bookworm, the package
+.ci/run installs), run as `sudo -n ...` by an ordinary account with and without a rule;
+tests/test_nonroot.py gets them from the live sudo again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.cli.main import main
+from bot.core import remote
+from bot.core.doctor import Answer, Kind, Outcome, Probe, judge, parse_sudo_list, passed, probes
+from bot.core.privilege import Command, Privilege, run_as_of, sudo_refusal
+from bot.core.sudoers import (
+    LOGS_MAX,
+    Become,
+    Wild,
+    alias,
+    become,
+    grants,
+    render,
+    rule_for,
+)
+from bot.errors import ConfigError
+from bot.hosts.base import CommandResult
+from bot.settings import HostSettings, ServiceSettings, Settings, load_settings
+from bot.slack import grammar
+
+SVC: dict[str, Any] = {
+    "hosts": ["gpu-node-1"], "unit": "vllm-kimi-k25", "python": "/opt/venvs/vllm/bin/python",
+    "uv": "/usr/local/bin/uv", "systemctl": "/usr/bin/systemctl",
+    "journalctl": "/usr/bin/journalctl", "venv_user": "vllm",
+    "indexes": {"nightly": "https://user:tok3n@wheels.example.com/simple"},
+}
+HOST: dict[str, Any] = {"address": "10.0.0.5", "user": "chatops", "become": "sudo",
+                        "known_hosts": "/dev/null"}
+
+
+def settings(**svc: Any) -> Settings:
+    return Settings(hosts={"gpu-node-1": HOST}, services={"kimi-k25": {**SVC, **svc}},
+                    db_path=Path("/nonexistent/audit.db"))
+
+
+def service(**overrides: Any) -> ServiceSettings:
+    return settings(**overrides).services["kimi-k25"]
+
+
+# ---- sudo's refusals (captured, see the module doc) ------------------------------------
+
+CAPTURED = {
+    # No rule matches and the account has no NOPASSWD rule for it: what -n says.
+    "password": (1, "sudo: a password is required\n"),
+    # The same with `Defaults:vcexp1 !authenticate` (sudo may then tell):
+    "not allowed": (1, "Sorry, user vcexp1 is not allowed to execute '/usr/bin/true a c' as "
+                       "root on vm.\n"),
+    # sudo -n -u nosuchuser -- /usr/bin/id
+    "unknown user": (1, "sudo: unknown user nosuchuser\n"
+                        "sudo: error initializing audit plugin sudoers_audit\n"),
+    # A rule for a path that does not exist on the host.
+    "not found": (1, "sudo: /nonexist/x: command not found\n"),
+    # No sudo at all: dash says so (exit 127).
+    "no sudo": (127, "/bin/sh: 1: sudo: not found\n"),
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("password", "no NOPASSWD rule matches"),
+    ("not allowed", "does not allow vcexp1 to run this command line as root"),
+    ("unknown user", "the account nosuchuser does not exist"),
+    ("not found", "/nonexist/x does not exist on this host"),
+    ("no sudo", "sudo is not installed"),
+])
+def test_each_captured_refusal_is_recognised(case: str, expected: str) -> None:
+    status, stderr = CAPTURED[case]
+    why = sudo_refusal(status, stderr)
+    assert why is not None and expected in why
+
+
+def test_a_commands_own_failure_is_not_a_refusal() -> None:
+    # systemctl is-active says "inactive" with exit 3; uv fails with exit 1 or 2.
+    assert sudo_refusal(3, "") is None
+    assert sudo_refusal(1, "error: Failed to download `vllm==9.9`\n") is None
+    assert sudo_refusal(2, "sudo: a password is required\n") is None
+    assert sudo_refusal(0, "") is None
+
+
+# ---- which account each command needs --------------------------------------------------
+
+
+def test_the_unit_and_its_journal_need_root_the_venv_its_owner_and_queries_nothing() -> None:
+    svc = service()
+    for argv in (remote.unit_show(svc), remote.unit_is_active(svc), remote.unit_stop(svc),
+                 remote.unit_start(svc), remote.journal_tail(svc, 10)):
+        assert run_as_of(argv) == Privilege.ROOT, argv
+    for argv in (remote.install_dry_run(svc, "vllm", None), remote.install(svc, "vllm", None),
+                 remote.install(svc, "vllm==1.0", "https://x/simple"),
+                 remote.install_previous(svc, "1.0", None),
+                 remote.sync_lock(svc, "/x.txt", offline=True)):
+        assert run_as_of(argv) == Privilege.VENV_OWNER, argv
+    for argv in (remote.package_show(svc), remote.free_disk(svc), remote.gpu_query(),
+                 remote.apps_query(), remote.workers_query(), remote.installs_query(svc),
+                 remote.freeze(svc)):
+        assert run_as_of(argv) == Privilege.NONE, argv
+
+
+def test_a_command_equals_its_plain_argv() -> None:
+    argv = Command(("systemctl", "stop", "--", "u"), Privilege.ROOT)
+    assert argv == ("systemctl", "stop", "--", "u") and argv[:2] == ("systemctl", "stop")
+    assert run_as_of(("systemctl", "stop")) == Privilege.NONE
+
+
+# ---- the prefix ------------------------------------------------------------------------
+
+
+def test_become_prefixes_sudo_only_where_the_host_says_so() -> None:
+    s = settings()
+    svc, host = s.services["kimi-k25"], s.hosts["gpu-node-1"]
+    stop = remote.unit_stop(svc)
+    assert become(stop, Privilege.ROOT, host, svc) == ("sudo", "-n", "--", *stop)
+    install = remote.install(svc, "vllm==1.0", None)
+    assert become(install, Privilege.VENV_OWNER, host, svc) == (
+        "sudo", "-n", "-u", "vllm", "--", *install)
+    assert become(remote.gpu_query(), Privilege.NONE, host, svc) == remote.gpu_query()
+    as_root = HostSettings(**{**HOST, "become": "none", "user": "root"})
+    assert become(stop, Privilege.ROOT, as_root, svc) == stop
+    # No venv owner: the login user installs itself.
+    own = service(venv_user=None)
+    assert become(install, Privilege.VENV_OWNER, host, own) == install
+
+
+def test_the_index_stays_outside_sudo_and_off_the_argv() -> None:
+    svc = service()
+    url = svc.indexes["nightly"]
+    argv = remote.install(svc, "vllm==1.0", url)
+    wrapped = become(argv, run_as_of(argv), settings().hosts["gpu-node-1"], svc)
+    n = len(remote.INDEX_FROM_STDIN)
+    assert wrapped[:n] == remote.INDEX_FROM_STDIN
+    assert wrapped[n:n + 5] == ("sudo", "-n", "-u", "vllm", "--")
+    assert not any("tok3n" in a for a in wrapped)
+    assert remote.shown(wrapped).startswith("UV_EXTRA_INDEX_URL=<index URL, on stdin> sudo ")
+
+
+def test_a_refusal_names_the_rule_the_host_lacks() -> None:
+    svc = service()
+    b = Become("kimi-k25", settings().hosts["gpu-node-1"], svc)
+    stop = remote.unit_stop(svc)
+    why = b.refused(stop, Privilege.ROOT, 1, "sudo: a password is required\n")
+    assert why is not None
+    assert "/usr/bin/systemctl stop -- vllm-kimi-k25" in why
+    assert "KIMI_K25_ROOT" in why and "python -m bot sudoers" in why
+    pinned = remote.install(svc, "vllm==0.16.0", None)
+    why = b.refused(pinned, Privilege.VENV_OWNER, 1, "sudo: a password is required\n")
+    assert why is not None and "vllm\\=\\=*" in why and "KIMI_K25_VENV" in why
+    # The command ran and failed on its own: no refusal.
+    assert b.refused(stop, Privilege.ROOT, 1, "Failed to stop: Unit not loaded\n") is None
+    # A command that needs nothing never went through sudo.
+    assert b.refused(remote.gpu_query(), Privilege.NONE, 1,
+                     "sudo: a password is required\n") is None
+
+
+# ---- the rules -------------------------------------------------------------------------
+
+
+def test_every_command_the_flows_run_under_sudo_has_a_rule() -> None:
+    svc = service()
+    for argv in (remote.unit_show(svc), remote.unit_is_active(svc), remote.unit_stop(svc),
+                 remote.unit_start(svc), remote.journal_tail(svc),
+                 remote.journal_tail(svc, 1), remote.journal_tail(svc, LOGS_MAX),
+                 remote.install_dry_run(svc, "vllm", None),
+                 remote.install_dry_run(svc, "vllm==0.16.0rc2.dev313+g662205d34", None),
+                 remote.install(svc, "vllm", None), remote.install(svc, "vllm==0.16.0", None),
+                 remote.install_previous(svc, "0.15.1", None),
+                 remote.save_lock(svc, remote.lock_path(svc, "ab" * 32)),
+                 remote.prefetch(svc, None),
+                 remote.sync_lock(svc, remote.lock_path(svc, "cd" * 32), offline=True),
+                 remote.sync_lock(svc, remote.lock_path(svc, "cd" * 32), offline=False),
+                 remote.journal_cursor(svc), remote.journal_follow(svc, None)):
+        assert rule_for(argv, svc) is not None, argv
+    # Reading after a cursor would need a wildcard for root: no rule (see sudoers.py).
+    cursor = "s=0b1c;i=1a2;b=9f8e;m=3c4d;t=5e6f;x=7a8b"
+    assert rule_for(remote.journal_follow(svc, cursor), svc) is None
+    for g in grants(svc):
+        assert g.matches(g.sample), g.line()
+
+
+@pytest.mark.parametrize("argv", [
+    ("/usr/bin/systemctl", "stop", "--", "sshd"),  # another unit
+    ("/usr/bin/systemctl", "stop", "--", "vllm-kimi-k25", "sshd"),  # one more
+    ("/usr/bin/systemctl", "--now", "stop", "--", "vllm-kimi-k25"),  # an option
+    ("/usr/bin/systemctl", "edit", "--", "vllm-kimi-k25"),
+    ("/usr/bin/journalctl", "-u", "vllm-kimi-k25", "-n", "1001", "--no-pager"),
+    ("/usr/bin/journalctl", "-u", "vllm-kimi-k25", "-n", "0", "--no-pager"),
+    ("/usr/bin/journalctl", "-u", "vllm-kimi-k25", "-n", "5", "-u", "sshd", "--no-pager"),
+    ("/usr/bin/journalctl", "-u", "vllm-kimi-k25", "-n", "5", "--no-pager", "-o", "export"),
+    ("/usr/local/bin/uv", "pip", "install", "--python", "/usr/bin/python3", "vllm"),
+    ("/usr/local/bin/uv", "run", "sh"),
+    ("/bin/sh", "-c", "id"),
+])
+def test_no_rule_allows_another_unit_option_or_command(argv: tuple[str, ...]) -> None:
+    svc = service()
+    assert not any(g.matches(argv) for g in grants(svc)), argv
+
+
+def test_root_rules_have_no_wildcard_and_venv_rules_say_why_they_do() -> None:
+    svc = service()
+    text = render(settings(), "chatops")
+    for g in grants(svc):
+        assert g.line() in text
+        wild = [p for p in g.pattern if isinstance(p, Wild)]
+        if g.run_as == Privilege.ROOT and g.sample[:2] != ("sh", "-c"):
+            # The unit's commands: no "*" anywhere, digits only for the journal's -n.
+            assert all(set(p.glob) <= set("[]-0123456789") for p in wild), g.line()
+        elif g.run_as == Privilege.ROOT:
+            # The leftover signal: one "*", the last argument, after the fixed script.
+            assert [p.glob for p in wild] == ["*"] and g.pattern[-1] == wild[0], g.line()
+    assert "chatops ALL = (root) NOPASSWD: KIMI_K25_ROOT" in text
+    assert "chatops ALL = (vllm) NOPASSWD: KIMI_K25_VENV" in text
+    assert 'Defaults!KIMI_K25_VENV env_keep += "UV_EXTRA_INDEX_URL"' in text
+    assert "also matches spaces" in text  # the comment that explains the choice
+    assert "tok3n" not in text and "wheels.example.com" not in text
+    assert alias("9-lives.a", Privilege.ROOT) == "S_9_LIVES_A_ROOT"
+
+
+def test_a_missing_venv_owner_means_no_venv_rules() -> None:
+    text = render(settings(venv_user=None), "chatops")
+    assert "KIMI_K25_VENV" not in text and "must own that venv" in text
+
+
+@pytest.mark.skipif(shutil.which("visudo") is None, reason="visudo is not installed "
+                    "(apt-get install sudo)")
+def test_visudo_accepts_the_rules(tmp_path: Path) -> None:
+    path = tmp_path / "rules"
+    path.write_text(render(settings(package="vllm[audio]"), "chatops"))
+    r = subprocess.run(["visudo", "-c", "-f", str(path)], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_logs_max_matches_the_grammar() -> None:
+    assert grammar.LOGS_MAX == LOGS_MAX
+
+
+# ---- settings ----------------------------------------------------------------------------
+
+
+def test_sudo_hosts_need_absolute_tool_paths(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[hosts.h]\naddress = "10.0.0.1"\nuser = "chatops"\nbecome = "sudo"\n'
+                   'known_hosts = "/dev/null"\n[services.s]\nhosts = ["h"]\nunit = "u"\n'
+                   'python = "/opt/v/bin/python"\nuv = "/usr/bin/uv"\n')
+    with pytest.raises(ConfigError, match=r"services\.s\.systemctl = 'systemctl'"):
+        load_settings(cfg)
+    cfg.write_text(cfg.read_text().replace('become = "sudo"', 'become = "none"'))
+    assert load_settings(cfg).hosts["h"].become == "none"
+    cfg.write_text(cfg.read_text().replace('become = "none"', 'become = "doas"'))
+    with pytest.raises(ConfigError, match=r"hosts\.h\.become"):
+        load_settings(cfg)
+
+
+# ---- doctor's reading of `sudo -n -l` ------------------------------------------------------
+
+# `sudo -n -l` by vcexp1 on Debian 12's sudo 1.9.13p3, with rules naming a Cmnd_Alias, an
+# escaped comma, a long command sudo wrapped, another run-as account and one rule without
+# NOPASSWD (see the module doc).
+SUDO_LIST = """\
+Matching Defaults entries for vcexp1 on vm:
+    env_reset, mail_badpass,
+    secure_path=/usr/local/sbin\\:/usr/local/bin\\:/usr/sbin\\:/usr/bin\\:/sbin\\:/bin,
+    use_pty
+
+User vcexp1 may run the following commands on vm:
+    (root) NOPASSWD: /usr/bin/true a b, /usr/bin/echo x\\,y -- z, /usr/bin/echo
+        ^hello [0-9]+$
+    (vcexp2) NOPASSWD: /usr/bin/id
+    (root) /usr/bin/false
+"""
+
+
+def test_sudo_list_is_read_entry_by_entry() -> None:
+    assert parse_sudo_list(SUDO_LIST) == [
+        ("root", "/usr/bin/true a b"), ("root", "/usr/bin/echo x\\,y -- z"),
+        ("root", "/usr/bin/echo ^hello [0-9]+$"), ("vcexp2", "/usr/bin/id"),
+        ("root", "/usr/bin/false")]
+    # What an account in the sudo group gets on Debian (`%sudo ALL=(ALL:ALL) ALL`).
+    admin = ("User chatops may run the following commands on gpu-node-1:\n"
+             "    (ALL : ALL) ALL\n")
+    assert parse_sudo_list(admin) == [("ALL : ALL", "ALL")]
+
+
+def test_doctor_judges_the_listing_and_the_rules() -> None:
+    s = settings()
+    svc = s.services["kimi-k25"]
+    listing = Probe("gpu-node-1", None, "sudo -l", Kind.COMMANDS)
+    ours = "User chatops may run the following commands on h:\n" + "".join(
+        f"    ({'root' if g.run_as == Privilege.ROOT else 'vllm'}) NOPASSWD: {g.line()}\n"
+        for g in grants(svc))
+    assert judge(listing, answer(ours), s).outcome == Outcome.OK
+    broad = judge(listing, answer(ours + "    (ALL : ALL) ALL\n"), s)
+    assert broad.outcome == Outcome.WARN and "may run any command" in broad.detail
+    extra = judge(listing, answer(ours + "    (root) NOPASSWD: /usr/bin/vim\n"), s)
+    assert extra.outcome == Outcome.WARN and "/usr/bin/vim" in extra.detail
+    no_rules = judge(listing, answer("", 1, "sudo: a password is required\n"), s)
+    assert no_rules.outcome == Outcome.FAIL and "python -m bot sudoers" in no_rules.fix
+
+    rules = Probe("gpu-node-1", "kimi-k25", "sudo rules", Kind.COMMANDS)
+    stop = next(i for i, g in enumerate(grants(svc)) if "stop" in g.sample)
+    results = [result("") if i != stop else result("", 1, "sudo: a password is required\n")
+               for i in range(len(grants(svc)))]
+    check = judge(rules, Answer(results=tuple(results)), s)
+    assert check.outcome == Outcome.FAIL
+    assert "KIMI_K25_ROOT: `/usr/bin/systemctl stop -- vllm-kimi-k25`" in check.detail
+    assert passed([check]) is False
+
+
+def result(stdout: str, status: int = 0, stderr: str = "") -> CommandResult:
+    return CommandResult(argv=("x",), exit_status=status, stdout=stdout, stderr=stderr,
+                         duration_s=0.0)
+
+
+def answer(stdout: str, status: int = 0, stderr: str = "") -> Answer:
+    return Answer(results=(result(stdout, status, stderr),))
+
+
+def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
+    s = settings()
+    names = [(p.service, p.name) for p in probes(s, ["gpu-node-1"])]
+    assert names == [(None, "login account"), (None, "tcp"), (None, "host key"),
+                     (None, "ssh login"), (None, "sudo -l"), (None, "nvidia-smi"),
+                     ("kimi-k25", "sudo rules"), ("kimi-k25", "uv"), ("kimi-k25", "unit"),
+                     ("kimi-k25", "venv"), ("kimi-k25", "health"), ("kimi-k25", "disk")]
+    # Only reading commands: nothing that stops, starts, installs or writes.
+    for p in probes(s, ["gpu-node-1"]):
+        for argv, _ in p.commands:
+            text = " ".join(argv)
+            assert not any(w in argv for w in ("stop", "start", "install", "sync")) or \
+                text.startswith("sudo -n -l"), text
+    root = Settings(hosts={"h": {**HOST, "user": "root", "become": "none"}},
+                    db_path=Path("/nonexistent"))
+    login = judge(Probe("h", None, "login account", Kind.CONFIG), Answer(), root)
+    assert login.outcome == Outcome.WARN and "owns this host" in login.detail
+
+
+# ---- the command line --------------------------------------------------------------------
+
+
+def test_sudoers_command_prints_the_rules_and_refuses_without_sudo_hosts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "chatops.toml"
+    cfg.write_text((Path(__file__).parents[1] / "deploy" / "chatops.example.toml").read_text())
+    assert main(["sudoers", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "chatops ALL = (root) NOPASSWD: KIMI_K25_ROOT" in out
+    assert "/usr/bin/systemctl stop -- vllm-kimi-k25" in out
+    assert main(["sudoers", "--config", str(cfg), "--user", "bot2"]) == 0
+    assert "bot2 ALL = (vllm) NOPASSWD: KIMI_K25_VENV" in capsys.readouterr().out
+    cfg.write_text(cfg.read_text().replace('become = "sudo"', 'become = "none"'))
+    assert main(["sudoers", "--config", str(cfg)]) == 2
+    assert "nothing needs rules" in capsys.readouterr().err
