@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.audit.view import runs_table
+from bot.cli.leftovers import TerminalGate
 from bot.cli.terminal import TerminalSink
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
@@ -70,7 +71,11 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
             out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
                       "(in Slack the requester alone can never approve)\n\n")
             await rt.lifecycle.confirm(record.id, APPROVER)
-            result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
+            # With --fault orphan_workers the demo's approver lets the run end the workers
+            # that outlived the stop (in Slack: the card's Terminate button).
+            gate = TerminalGate(rt, APPROVER, approve=True, ask=None, out=out)
+            result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact),
+                                             gate=gate)
             out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
             out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
         out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")

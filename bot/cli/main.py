@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from bot.audit.view import runs_json, runs_table
 from bot.cli import operator
+from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink
 from bot.core import remote, sudoers
 from bot.core.doctor import passed
@@ -32,7 +33,7 @@ from bot.engine.doctor import run_doctor
 from bot.engine.recovery import Interrupted
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
-from bot.hosts.fleet import fleet_gpus, render_fleet, resolve_targets
+from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
 from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
@@ -71,11 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="preflight only; change nothing")
     r.add_argument("--batch", type=int, help="hosts at a time (default: max_unavailable)")
     r.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    r.add_argument("--kill-leftovers", action="store_true",
+                   help="if the service's own processes outlive its stop, terminate them "
+                        "(SIGTERM, then SIGKILL) without asking")
 
     rs = command("restart", help="stop, drain, start and health-check")
     rs.add_argument("service")
     rs.add_argument("--batch", type=int)
     rs.add_argument("--yes", "-y", action="store_true")
+    rs.add_argument("--kill-leftovers", action="store_true",
+                    help="terminate the service's own processes that outlive its stop")
 
     st = command("status", help="unit state, installed version and GPU table")
     st.add_argument("service")
@@ -84,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("target", nargs="?")
     g.add_argument("--local", action="store_true", help="probe this machine's GPUs via NVML")
     g.add_argument("--timeout", type=float, default=10.0, help="per-host timeout (s)")
+    g.add_argument("--health", action="store_true",
+                   help="each GPU's health verdict, findings, NVIDIA's action and Xid lines")
 
     a = command("audit", help="who did what, when, approved by whom")
     a.add_argument("--service")
@@ -150,7 +158,7 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
 
 
 async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
-                     out: TextIO = sys.stdout) -> int:
+                     out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
     out.write(rt.redact(describe_plan(plan)) + "\n")
 
@@ -181,7 +189,10 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     except (NotImplementedError, RuntimeError):
         pass
     try:
-        result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact))
+        gate = TerminalGate(rt, user, approve=kill_leftovers,
+                            ask=ask_terminal if sys.stdin.isatty() else None, out=out)
+        result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact),
+                                         gate=gate)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     return EXIT_CODES.get(result.status, 1)
@@ -260,17 +271,19 @@ async def _amain(args: argparse.Namespace) -> int:
         if args.command == "redeploy":
             plan = rt.engine.plan(Action.REDEPLOY, args.service, version=args.version,
                                   index=args.index, dry_run=args.dry_run, batch=args.batch)
-            return await run_change(rt, plan, yes=args.yes, user=cli_user())
+            return await run_change(rt, plan, yes=args.yes, user=cli_user(),
+                                    kill_leftovers=args.kill_leftovers)
         if args.command == "restart":
             plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch)
-            return await run_change(rt, plan, yes=args.yes, user=cli_user())
+            return await run_change(rt, plan, yes=args.yes, user=cli_user(),
+                                    kill_leftovers=args.kill_leftovers)
         if args.command == "status":
             plan = rt.engine.plan(Action.STATUS, args.service)
             return await run_change(rt, plan, yes=True, user=cli_user())
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)
-            print(render_fleet(results))
+            print(health_details(results) if args.health else render_fleet(results))
             return 0 if all(r.snapshot is not None for r in results) else 1
         if args.command == "audit":
             if not 1 <= args.limit <= 10_000:

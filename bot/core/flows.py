@@ -1060,6 +1060,237 @@ def _still_running(svc: ServiceSettings, host: str, targets: list[ProcFacts]
             return remaining
 
 
+# ---- GPU check, per-service GPUs, leftover workers (issue 12) --------------------------
+
+
+def _in_scope(svc: ServiceSettings, snap: GpuSnapshot) -> GpuSnapshot:
+    """The snapshot scoped to the service's GPUs (its ``gpus`` setting; all when unset)."""
+    if svc.gpus is None:
+        return snap
+    return scoped(snap, select_gpus(snap.gpus, svc.gpus))
+
+
+def _service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
+                     workers: tuple[tuple[int, str], ...]
+                     ) -> Generator[Action, Any, tuple[tuple[int, str], ...]]:
+    """The ``VLLM::`` processes that may be this service's. On a host the service has to
+    itself (``gpus`` unset) every one counts, as it always did. With ``gpus`` set another
+    service runs beside it: a worker nvidia-smi lists on another GPU, or one in another
+    unit's cgroup, is that service's and never blocks this drain."""
+    listed = {p.pid for p in snap.processes}
+    unlisted = [w for w in workers if w[0] not in listed]
+    if svc.gpus is None or not unlisted:
+        return workers
+    r = yield from _run(Step.DRAIN, facts_query(p for p, _ in unlisted), svc.command_timeout_s,
+                        quiet=True)
+    _check_reached(host, r)
+    if r.exit_status not in (0, 1):
+        return workers  # cannot tell whose they are: each still counts
+    facts = parse_facts(r.stdout)
+    ours = service_name(svc.unit)
+    keep = {p for p, _ in unlisted
+            if p in facts and not facts[p].zombie
+            and (ours in facts[p].units() or not facts[p].units())}
+    return tuple(w for w in workers if w[0] in listed or w[0] in keep)
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuCheck:
+    """What the GPU check before the stop found."""
+
+    refusal: str | None  # why the run must not go on here; None: it may
+    health: HostHealth | None = None  # the baseline the post-run recheck compares with
+    scope: frozenset[str] | None = None  # the service's GPU uuids (None: all)
+
+
+def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...]
+                 ) -> Generator[Action, Any, HostHealth]:
+    """``nvidia-smi -q`` and the kernel's Xid lines, judged per GPU (bot.core.health)."""
+    reads = health_reads(host, gpus)
+    result: CommandResult | None = None
+    try:
+        while True:
+            argv = reads.send(result)  # type: ignore[arg-type]  # None only to start it
+            result = yield from _run(step, argv, svc.command_timeout_s, quiet=True)
+    except StopIteration as stop:
+        health: HostHealth = stop.value
+        return health
+
+
+def _gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, _GpuCheck]:
+    """Before anything changes: the host lists every GPU the service needs (a host with
+    none, or fewer, is never drained) and none of them is critical (ECC, row remap,
+    recovery action, Xid errors); warnings go on the card. Refusing leaves the service
+    untouched."""
+    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc)))
+    listed: tuple[Gpu, ...] = ()
+    failure: str | None = None
+    try:
+        listed = (yield from _snapshot(Step.GPU_CHECK, svc, host)).gpus
+    except _HostLost as e:
+        msg = f"cannot reach {host} to check its GPUs ({e.reason})"
+        yield Emit(EndStep(Step.GPU_CHECK, False, msg))
+        return _GpuCheck(msg)
+    except GpuQueryError as e:
+        failure = f"cannot read the GPUs: {e.reason}"
+    selection = select_gpus(listed, svc.gpus)
+    scope = selection.uuids if svc.gpus is not None else None
+    health = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
+    critical = health.problems(Level.CRITICAL, scope)
+    reasons = [r for r in (failure or selection.refusal(host, listed),) if r]
+    if critical:
+        reasons.append(f"not fit to run on: {'; '.join(critical)}")
+    evidence = details(health, scope)
+    if reasons:
+        refusal = "; ".join(reasons)
+        yield Emit(EndStep(Step.GPU_CHECK, False, refusal, None, evidence))
+        return _GpuCheck(refusal, health, scope)
+    warned = bool(health.problems(Level.WARN, scope))
+    yield Emit(EndStep(Step.GPU_CHECK, True, f"{selection.wanted} listed; "
+                       f"{health.summary(scope)}", None, evidence if warned else ""))
+    return _GpuCheck(None, health, scope)
+
+
+def _gpu_recheck(svc: ServiceSettings, host: str, check: _GpuCheck,
+                 outcome: HostOutcome) -> Flow:
+    """After a run that left the service up: the GPU check again, and the Xid errors
+    that appeared during the run. They do not undo the run (the service passed its
+    gates); they are named in its summary, with NVIDIA's action."""
+    if check.health is None or outcome.status not in (HostStatus.SUCCEEDED,
+                                                      HostStatus.ROLLED_BACK):
+        return outcome
+    yield Emit(BeginStep(Step.GPU_RECHECK, f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)}"))
+    try:
+        gpus = (yield from _snapshot(Step.GPU_RECHECK, svc, host)).gpus
+    except GpuQueryError:
+        gpus = ()
+    health = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus)
+    new = new_xids(check.health.xids, health.xids)
+    critical = health.problems(Level.CRITICAL, check.scope)
+    if not new and not critical:
+        yield Emit(EndStep(Step.GPU_RECHECK, True, f"no new Xid error during the run; "
+                           f"{health.summary(check.scope)}"))
+        return outcome
+    news = judge(host, gpus, health.readings, new).problems(Level.CRITICAL) + \
+        judge(host, gpus, health.readings, new).problems(Level.WARN)
+    said = (f"{len(new)} NEW Xid error(s) during the run: {'; '.join(news)}" if new
+            else "no new Xid error")
+    said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
+    yield Emit(EndStep(Step.GPU_RECHECK, False, said, None,
+                       details(health, check.scope)))
+    return HostOutcome(outcome.status, f"{outcome.summary}; {said}", outcome.version_before,
+                       outcome.version_after)
+
+
+LeftoverEnd = Literal["cleaned", "failed", "cancelled"]
+
+
+def _drain_clean(svc: ServiceSettings, host: str
+                 ) -> Generator[Action, Any, tuple[DrainEnd, str | None]]:
+    """The drain; when it times out on processes of the service itself (workers that
+    outlived the unit), an approver may have them terminated, and the drain resumes."""
+    end, reason = yield from _drain(svc, host)
+    if end != "failed":
+        return end, reason
+    try:
+        _, verdict = yield from _drain_poll(svc, host)
+    except GpuQueryError:
+        return end, reason  # the host did not answer or nvidia-smi failed: nothing to judge
+    if not verdict.drained:
+        cleaned, why = yield from _leftovers(svc, host, verdict, reason or "")
+        if cleaned == "cancelled":
+            return "cancelled", None
+        if cleaned == "failed":
+            return "failed", why
+    return (yield from _drain(svc, host))  # terminated, or released meanwhile
+
+
+def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out: str
+               ) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+    """Whose processes still hold the service's GPUs; only when every one is the
+    service's own, an approver's go, then SIGTERM and SIGKILL to exactly those."""
+    found = candidates(verdict)
+    if found.missing or not (found.processes or found.memory_only):
+        return "failed", timed_out
+    if not found.processes:
+        return "failed", (f"{timed_out}. It needs a GPU reset or a reboot: "
+                          f"{memory_without_process(host, found.memory_only)}")
+    pids = [p for p, *_ in found.processes]
+    r = yield from _run(Step.DRAIN, facts_query(pids), svc.command_timeout_s, quiet=True)
+    u = yield from _run(Step.DRAIN, unit_user_query(svc.unit), svc.command_timeout_s,
+                        quiet=True)
+    if r.exit_status not in (0, 1) or not u.ok:
+        bad = r if r.exit_status not in (0, 1) else u
+        return "failed", f"{timed_out}; whose processes they are is unknown ({_explain(bad)})"
+    leftovers = classify(found, parse_facts(r.stdout), svc.unit, u.stdout.strip() or "root")
+    others = [x.describe() for x in leftovers if x.owner == Owner.OTHER]
+    if others:
+        return "failed", (f"{timed_out}. Processes that are not {svc.unit}'s hold its GPUs; "
+                          f"they were not signalled: {'; '.join(others)}")
+    ours = [x for x in leftovers if x.owner == Owner.SERVICE]
+    stuck = [x for x in ours if x.facts is not None and x.facts.uninterruptible]
+    if stuck:
+        return "failed", (f"{timed_out}. It needs a GPU reset or a reboot: "
+                          + "; ".join(f"{x.describe()}, in uninterruptible sleep (state "
+                                      f"{x.facts.state if x.facts else '?'}): no signal "
+                                      "reaches it" for x in stuck))
+    if not ours:
+        return "cleaned", ""  # they all exited meanwhile
+    answer: Approval = yield AskApproval(prompt(host, svc.unit, ours), tuple(x.pid for x in ours))
+    if (yield from _tick()).cancel_requested:
+        return "cancelled", ""
+    if answer.approved_by is None:
+        return "failed", (f"{timed_out}. The leftover processes were not terminated: "
+                          f"{answer.reason}")
+    return (yield from _terminate(svc, host, ours, answer.approved_by, timed_out))
+
+
+def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_by: str,
+               timed_out: str) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+    """SIGTERM, wait, SIGKILL to those that remain, wait: each signal only to a PID whose
+    start time is unchanged. One that survives SIGKILL needs a GPU reset or a reboot."""
+    targets = [x.facts for x in ours if x.facts is not None]
+    yield Emit(BeginStep(Step.LEFTOVERS, f"approved by {approved_by}: "
+                         f"{shown_signal('TERM', targets)}; after up to {svc.kill_grace_s:g}s "
+                         "SIGKILL to any that remain"))
+    remaining = targets
+    for sig in ("TERM", "KILL"):
+        if not remaining:
+            break
+        yield from _run(Step.LEFTOVERS, signal_command(sig, remaining), svc.command_timeout_s)
+        remaining = yield from _still_running(svc, host, remaining)
+    if remaining:
+        states = "; ".join(f"PID {t.pid} state {t.state}" for t in remaining)
+        msg = (f"{len(remaining)} process(es) survived SIGKILL ({states}): it needs a GPU reset "
+               "or a reboot")
+        yield Emit(EndStep(Step.LEFTOVERS, False, msg))
+        return "failed", f"{timed_out}. {msg}"
+    yield Emit(EndStep(Step.LEFTOVERS, True, f"{len(targets)} leftover process(es) ended "
+                       f"({', '.join(str(t.pid) for t in targets)}), approved by {approved_by}"))
+    return "cleaned", ""
+
+
+def _still_running(svc: ServiceSettings, host: str, targets: list[ProcFacts]
+                   ) -> Generator[Action, Any, list[ProcFacts]]:
+    """Poll until every target has exited (or is a zombie, holding nothing), at most
+    ``kill_grace_s``; the targets still running then, with their state now."""
+    start = (yield from _tick(0.0)).now
+    remaining = targets
+    while True:
+        r = yield from _run(Step.LEFTOVERS, facts_query(t.pid for t in remaining),
+                            svc.command_timeout_s, quiet=True)
+        if r.exit_status in (0, 1):
+            now = parse_facts(r.stdout)
+            remaining = [now[t.pid] for t in remaining
+                         if t.pid in now and now[t.pid].started == t.started
+                         and not now[t.pid].zombie]
+        if not remaining:
+            return []
+        tick = yield from _tick(svc.drain_poll_s)
+        if tick.now - start >= svc.kill_grace_s:
+            return remaining
+
+
 # ---- flows ------------------------------------------------------------------------------
 
 

@@ -123,6 +123,7 @@ class HostHealth:
     # off the bus), a kernel log that could not be read, a health query that failed.
     host_findings: tuple[Finding, ...] = ()
     xids: tuple[XidEvent, ...] = field(default=())
+    readings: tuple[GpuReading, ...] = ()  # what the verdict was judged on
 
     def scoped(self, uuids: Iterable[str] | None) -> tuple[GpuHealth, ...]:
         """The GPUs of a service (by uuid), or every GPU (None)."""
@@ -464,7 +465,8 @@ def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
             host_findings.append(Finding(finding.level, f"PCI {pci} (no GPU answers "
                                          f"there now): {finding.what}", finding.action))
     return HostHealth(host, tuple(GpuHealth(index_of.get(u), u, tuple(findings[u]))
-                                  for u in uuids), tuple(host_findings), tuple(xids))
+                                  for u in uuids), tuple(host_findings), tuple(xids),
+                      tuple(readings))
 
 
 # --------------------------------------------------------------------------- reading a host

@@ -53,6 +53,8 @@ FENCE = "```"
 ACTION_APPROVE = "approve"
 ACTION_DENY = "deny"
 ACTION_CANCEL = "cancel"
+# Issue 12: let a running run terminate the processes that outlived its service's stop.
+ACTION_TERMINATE = "terminate_leftovers"
 
 # A step summary comes from the engine and may quote host output: keep one line short.
 _SUMMARY_CHARS = 300
@@ -320,6 +322,9 @@ class CardView:
     # (host, state) once a host is done: its outcome, or NOT_STARTED for a host a
     # stopped rollout never reached.
     host_states: tuple[tuple[str, HostStatus], ...] = ()
+    # While a run waits for an approver to let it terminate leftover processes: the
+    # list the approver sees (PIDs, names, memory, why they are the service's).
+    leftovers: str | None = None
 
 
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
@@ -596,7 +601,9 @@ def run_card(view: CardView) -> Message:
     if notes:
         blocks.append(context(*notes))
     if status in (RunStatus.APPROVED, RunStatus.RUNNING) and view.cancel_requested_by is None:
+        blocks.extend(_leftovers(view))
         blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
+            *_terminate_button(view),
             button("Cancel", ACTION_CANCEL, str(view.run_id), style="danger",
                    confirm=confirm_dialog(f"Cancel run #{view.run_id}?",
                                           "The run stops at its next safe point; a reinstall "
@@ -658,6 +665,35 @@ def outcome_reply(view: CardView) -> Message:
         body += (f"\n`{escape(view.plan.package)}` {escape(view.version_now or '?')} → "
                  f"{escape(view.version_after or '?')}")
     return message(text, [section(body)])
+
+
+def _leftovers(view: CardView) -> list[Block]:
+    """The processes a running run asks to terminate, above its buttons."""
+    if not view.leftovers or view.status != RunStatus.RUNNING:
+        return []
+    code, _ = code_head(view.leftovers)
+    return [section(":warning: *Leftover processes hold the service's GPUs.* An approver "
+                    "may terminate them; the run then goes on. Nobody pressing in time ends "
+                    "the run with the service stopped."), section(code)]
+
+
+def _terminate_button(view: CardView) -> list[Block]:
+    if not view.leftovers or view.status != RunStatus.RUNNING:
+        return []
+    return [button("Terminate leftover processes", ACTION_TERMINATE, str(view.run_id),
+                   style="primary",
+                   confirm=confirm_dialog(f"Terminate run #{view.run_id}'s leftover processes?",
+                                          "SIGTERM, then SIGKILL to those that remain: only "
+                                          "the processes listed on the card, each only if it "
+                                          "is still the same process.", "Terminate"))]
+
+
+def leftovers_reply(text: str) -> Message:
+    """The thread's copy of what an approver is asked to terminate."""
+    code, _ = code_head(text)
+    return message(one_line(text, MAX_MESSAGE_TEXT),
+                   [section(":warning: *Waiting for an approver:* press *Terminate leftover "
+                            "processes* on the card to end these, or Cancel."), section(code)])
 
 
 def notice_reply(text: str) -> Message:

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from bot.audit.store import parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan
-from bot.core.policy import groups_to_resolve, is_requester
+from bot.core.policy import groups_to_resolve, is_approver, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
@@ -55,6 +55,7 @@ from bot.slack.blocks import (
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
 from bot.slack.expiry import ExpiryTimers, Sleep
+from bot.slack.leftovers import LeftoverDesk
 from bot.slack.membership import Membership, MembershipCache
 from bot.slack.poster import SLACK_ERRORS, Poster
 from bot.slack.reporter import SlackReporter
@@ -94,6 +95,8 @@ class SlackFrontEnd:
         self.tasks = BackgroundTasks()
         self.cards = CardUpdates(poster, runtime.audit, self.policy)
         self._reporters: dict[int, SlackReporter] = {}
+        # Runs waiting for an approver to let them terminate leftover processes.
+        self.leftovers = LeftoverDesk()
         self._sweep: asyncio.Task[None] | None = None
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.tell_recovered)
@@ -355,6 +358,31 @@ class SlackFrontEnd:
                 reporter.request_cancel(user)
         return result.text
 
+    # ---- leftover processes (issue 12) ------------------------------------------------------
+
+    async def terminate(self, run_id: int, *, user: str, channel: str | None) -> str:
+        """The card's Terminate leftover processes button: only an approver (judged now,
+        the requester only where self-approval is allowed) lets the run signal them; the
+        press is recorded, and a refused one too."""
+        command = f"{Decision.TERMINATE} leftovers of run #{run_id}"
+        membership = await self._judging(user, channel, command)
+        if isinstance(membership, str):
+            return membership
+        if not self.leftovers.waiting(run_id):
+            return (f"Run #{run_id} is not waiting to terminate leftover processes (any more); "
+                    "nothing was done.")
+        record = await self.runtime.audit.get_run(run_id)
+        if (not is_approver(user, self.policy, membership)
+                or (user == record.requested_by and not self.policy.allow_self_approval)):
+            return await self.refuse(
+                user=user, channel=channel, command=command,
+                reason=f"Only an approver (not the requester) may terminate run #{run_id}'s "
+                       "leftover processes; nothing was signalled.")
+        await self.runtime.audit.record_decision(run_id, user, Decision.TERMINATE)
+        if not self.leftovers.answer(run_id, user):
+            return f"Too late: run #{run_id} stopped waiting; nothing was signalled."
+        return f"Terminating run #{run_id}'s leftover processes; the run goes on."
+
     # ---- execution --------------------------------------------------------------------------
 
     def start_run(self, run_id: int) -> asyncio.Task[None]:
@@ -372,7 +400,8 @@ class SlackFrontEnd:
         reporter.start()
         reporter.refresh()
         try:
-            result = await self.runtime.engine.execute(run_id, reporter)
+            result = await self.runtime.engine.execute(run_id, reporter,
+                                                        gate=self.leftovers.gate(reporter))
             reporter.conclude(result.status, result.summary)
         except LockHeldError as exc:
             await self._close(run_id, reporter, RunStatus.REFUSED, f"not started: {exc}")

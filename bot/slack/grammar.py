@@ -44,7 +44,7 @@ USAGE: dict[str, str] = {
     "redeploy": "redeploy <service> [--version V] [--index NAME] [--dry-run]",
     "restart": "restart <service>",
     "status": "status [service]",
-    "gpus": "gpus [host|service]",
+    "gpus": "gpus [host|service] [--health]",
     "logs": "logs <service> [-n N]",
     "audit": "audit [service] [--limit N]",
     "cancel": "cancel <run-id>",
@@ -88,6 +88,7 @@ class Status:
 class Gpus:
     target: str | None = None
     kind: Literal["host", "service"] | None = None
+    health: bool = False  # --health: each GPU's health verdict, findings and Xid lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,13 +275,14 @@ def _parse_redeploy(args: _Args, settings: Settings) -> Redeploy:
 
 def _parse_gpus(args: _Args, settings: Settings) -> Gpus:
     target = args.positional()
+    health = "--health" in args.values
     if target is None:
-        return Gpus()
+        return Gpus(health=health)
     # A name that is both a host and a service means the host: the narrower view.
     if target in settings.hosts:
-        return Gpus(target=target, kind="host")
+        return Gpus(target=target, kind="host", health=health)
     if target in settings.services:
-        return Gpus(target=target, kind="service")
+        return Gpus(target=target, kind="service", health=health)
     raise InputError(
         f"Unknown host or service {_show(target)}. "
         f"Hosts: {_known('hosts', list(settings.hosts))}. "
@@ -326,7 +328,7 @@ _PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
     "redeploy": ({"--version": True, "--index": True, "--dry-run": False}, _parse_redeploy),
     "restart": ({}, lambda a, s: Restart(_service(a.required("service name"), s))),
     "status": ({}, lambda a, s: Status(_optional_service(a, s))),
-    "gpus": ({}, _parse_gpus),
+    "gpus": ({"--health": False}, _parse_gpus),
     "logs": ({"-n": True}, lambda a, s: Logs(
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX))),
     "audit": ({"--limit": True}, lambda a, s: Audit(

@@ -49,6 +49,7 @@ from bot.slack.blocks import (
     code_answer,
     code_tail,
     fits_code_block,
+    leftovers_reply,
     notice_reply,
     outcome_reply,
     run_card,
@@ -195,6 +196,22 @@ class SlackReporter:
 
     def refresh(self) -> None:
         """Re-render the card soon (e.g. it still shows the approval buttons)."""
+        self._touch()
+
+    def offer_leftovers(self, text: str) -> None:
+        """The run waits for an approver to let it terminate leftover processes: the list
+        and the button on the card, the list in the thread."""
+        self._set(leftovers=text)
+        self._replies.append(_Reply(msg=leftovers_reply(text)))
+        self._touch()
+
+    def close_leftovers(self, note: str) -> None:
+        """The wait is over (pressed, timed out, cancelled): the button goes; ``note``
+        says how it ended."""
+        if self.view.leftovers is None:
+            return
+        self._set(leftovers=None)
+        self._replies.append(_Reply(msg=notice_reply(note)))
         self._touch()
 
     def request_cancel(self, user: str) -> None:

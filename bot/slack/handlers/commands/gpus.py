@@ -1,13 +1,15 @@
-"""``/vllm gpus [host|service]``: GPU memory across hosts, one concurrent fan-out.
+"""``/vllm gpus [host|service] [--health]``: GPU memory and health across hosts, one
+concurrent fan-out.
 
 The answer always fits one message: a fleet too big for the per-GPU tables gets a
 summary line and a line per host, with the full tables as a file in the thread.
+``--health``: each GPU's verdict, findings and NVIDIA's action, and the Xid lines.
 """
 
 from __future__ import annotations
 
-from bot.hosts.fleet import fleet_gpus, fleet_message, resolve_targets
-from bot.slack.blocks import code_answer
+from bot.hosts.fleet import fleet_gpus, fleet_message, health_details, resolve_targets
+from bot.slack.blocks import code_answer, code_head
 from bot.slack.grammar import Gpus
 from bot.slack.handlers.common import CommandRequest
 
@@ -23,6 +25,15 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
         title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
         answer = fleet_message(results)
         poster = req.poster
+        if cmd.health:
+            text = health_details(results)
+            attach = code_head(text)[1]
+            ts = await poster.post(req.channel, code_answer(f"GPU health: {cmd.target or 'all'}",
+                                                            text, attached=attach))
+            if attach:
+                await poster.upload(req.channel, filename="gpu-health.txt", content=text,
+                                    title="GPU health", thread_ts=ts)
+            return
         ts = await poster.post(req.channel, code_answer(
             title, answer.text, attached=answer.attachment is not None))
         if answer.attachment is not None:
