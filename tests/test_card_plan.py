@@ -41,6 +41,7 @@ from tests.slack_harness import (
     slack_bot,
 )
 from tests.support.host_keys import keygen_fingerprint, other_key_line
+from tests.support.sim import touched
 
 FLEET = tuple(f"gpu-node-{i:02d}.dc1.example.internal" for i in range(1, 65))
 KEY = "SHA256:evCCyaxPp92vVpg/Xy3FJa40tiBneE93F9sSxVVKB20"
@@ -230,7 +231,7 @@ async def test_a_64_host_request_posts_a_true_summary_and_the_full_list_first(
         assert all(c.ok for c in bot.fake.calls()), [c for c in bot.fake.calls() if not c.ok]
         await bot.click("deny", run_id, user=CAROL)
         await bot.wait_status(run_id, "denied")
-    assert sim_host.calls() == []
+    assert touched(sim_host) == []
 
 
 async def test_a_plan_too_long_for_a_message_goes_to_the_thread_as_a_file(
@@ -264,7 +265,7 @@ async def test_a_card_whose_full_plan_cannot_be_posted_is_closed_not_approvable(
         assert "already cancelled" in (await bot.ephemerals_for(BOB))[-1]["text"]
         assert (await bot.run(closed.id)).approved_by == []
         assert await bot.runtime.audit.lock_holder(f"service:{SERVICE}") is None
-    assert sim_host.calls() == []
+    assert touched(sim_host) == []
 
 
 async def test_the_card_shows_each_hosts_endpoint_and_key_and_a_swapped_key_refuses(
@@ -284,4 +285,4 @@ async def test_the_card_shows_each_hosts_endpoint_and_key_and_a_swapped_key_refu
         await bot.front_end.idle()
         assert "configuration changed" in blocks_text(await bot.card(record.id))
         assert len(await bot.refusals(1)) == 1
-    assert sim_host.calls() == []
+    assert touched(sim_host) == []

@@ -20,7 +20,7 @@ from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.errors import InputError
 from bot.settings import Settings
-from bot.sim.kit import SERVICE, SimKit, fast_config
+from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
 from bot.sim.state import Faults, HostConfig
 
 # uv_stalls makes an install hang until the install timeout: a test knob, not a demo.
@@ -57,7 +57,8 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
     config = fast_config() if fast else HostConfig(**DEMO_TIMINGS)
     async with SimKit(root / "sim-host", config=config) as kit:
         kit.set_faults(**dict.fromkeys(faults, True))
-        fragment = kit.settings_fragment(**({} if fast else DEMO_SERVICE))
+        # The readiness checks run too: the model served, a smoke completion, /version.
+        fragment = kit.settings_fragment(**READY_SETTINGS, **({} if fast else DEMO_SERVICE))
         settings = Settings(**fragment, db_path=db)
         out.write(f"simulated GPU host {kit.hostname} on 127.0.0.1:{kit.port} "
                   f"(8 GPUs, vllm {kit.installed_version} serving)"

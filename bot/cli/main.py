@@ -28,8 +28,10 @@ from bot.core.doctor import render as render_checks
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
+from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.doctor import run_doctor
+from bot.engine.load import load_note, read_load
 from bot.engine.recovery import Interrupted
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--index", help="name of a package index from the service's config")
     r.add_argument("--dry-run", action="store_true", help="preflight only; change nothing")
     r.add_argument("--batch", type=int, help="hosts at a time (default: max_unavailable)")
+    r.add_argument("--force", action="store_true",
+                   help="stop without waiting for in-flight requests (they are interrupted)")
     r.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     r.add_argument("--kill-leftovers", action="store_true",
                    help="if the service's own processes outlive its stop, terminate them "
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs = command("restart", help="stop, drain, start and health-check")
     rs.add_argument("service")
     rs.add_argument("--batch", type=int)
+    rs.add_argument("--force", action="store_true",
+                    help="stop without waiting for in-flight requests")
     rs.add_argument("--yes", "-y", action="store_true")
     rs.add_argument("--kill-leftovers", action="store_true",
                     help="terminate the service's own processes that outlive its stop")
@@ -161,6 +167,11 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
     out.write(rt.redact(describe_plan(plan)) + "\n")
+    if not (yes or plan.dry_run) and sys.stdin.isatty():
+        # Whoever confirms sees what the stop would wait for (or --force interrupt).
+        svc = rt.settings.services[plan.service]
+        readings = await read_load(rt.pool, svc, plan.hosts)
+        out.write(rt.redact(load_note(plan, svc, readings)) + "\n")
 
     async def told(item: Interrupted) -> None:
         # A dead process's run was holding the lock: recovered before ours is taken.
@@ -270,16 +281,20 @@ async def _amain(args: argparse.Namespace) -> int:
     async with open_runtime(settings) as rt:
         if args.command == "redeploy":
             plan = rt.engine.plan(Action.REDEPLOY, args.service, version=args.version,
-                                  index=args.index, dry_run=args.dry_run, batch=args.batch)
+                                  index=args.index, dry_run=args.dry_run, batch=args.batch,
+                                  force=args.force)
             return await run_change(rt, plan, yes=args.yes, user=cli_user(),
                                     kill_leftovers=args.kill_leftovers)
         if args.command == "restart":
-            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch)
+            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch,
+                                  force=args.force)
             return await run_change(rt, plan, yes=args.yes, user=cli_user(),
                                     kill_leftovers=args.kill_leftovers)
         if args.command == "status":
             plan = rt.engine.plan(Action.STATUS, args.service)
-            return await run_change(rt, plan, yes=True, user=cli_user())
+            code = await run_change(rt, plan, yes=True, user=cli_user())
+            print(history_line(await rt.audit.start_history(args.service)))
+            return code
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)

@@ -19,6 +19,7 @@ means for it; see docs/reliability.md for the whole fault matrix.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -570,7 +571,9 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
     assert failure is not None
     msg = f"start-up failed: {describe_failure(failure)}"
     journal = yield from _journal(step, svc)
-    yield Emit(EndStep(step, False, msg, None, f"{failure_block(failure)}\n\n{journal}"))
+    # The lines that said so last: a tail (the thread's code block, the audit log's
+    # output_tail) keeps them.
+    yield Emit(EndStep(step, False, msg, None, f"{journal}\n\n{failure_block(failure)}"))
     return msg
 
 
@@ -607,7 +610,8 @@ def _readiness(svc: ServiceSettings, step: Step) -> Generator[Action, Any, str |
     except _NotReady as e:
         checks.append(f"FAILED: {e.reason}")
         journal = yield from _journal(step, svc)
-        yield Emit(EndStep(step, False, e.reason, None, "\n".join(checks) + "\n\n" + journal))
+        # The checks last, so that a tail (the thread's, the audit log's) keeps them.
+        yield Emit(EndStep(step, False, e.reason, None, journal + "\n\n" + "\n".join(checks)))
         return f"not ready: {e.reason}"
     yield Emit(EndStep(step, True, f"{len(checks)} check(s) passed: "
                        + "; ".join(c.split(": ", 1)[1] for c in checks), None,
@@ -723,18 +727,22 @@ def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
     yield Emit(BeginStep(Step.REQUESTS, requests_command(svc)))
     start = (yield from _tick(0.0)).now
     first: Load | None = None
+    seen: deque[str] = deque(maxlen=50)  # each change of the counts, for the record
     while True:
         load, why = yield from _read_load(svc)
         elapsed = (yield from _tick(0.0)).now - start
         if load is None:
-            yield Emit(EndStep(Step.REQUESTS, True, f"counted as idle: {why}"))
+            yield Emit(EndStep(Step.REQUESTS, True, f"counted as idle: {why}", None,
+                               f"counted as idle: {why}"))
             return None
         first = first or load
+        if not seen or not seen[-1].endswith(load.describe()):
+            seen.append(f"{elapsed:7.1f}s  {load.describe()}")
         yield Progress(Step.REQUESTS, load.describe(), elapsed)
         verdict = _requests_verdict(plan, svc, load, first, elapsed)
         if verdict is not None:
             go, summary = verdict
-            yield Emit(EndStep(Step.REQUESTS, go, summary))
+            yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
             if go:
                 return None
             return HostOutcome(HostStatus.ABORTED, f"{summary}; service untouched. Try again "

@@ -224,6 +224,15 @@ class StartHistory:
         return self.durations_s[0] if self.durations_s else None
 
 
+def history_line(history: StartHistory) -> str:
+    """What ``status`` says of this service's starts."""
+    if history.last_s is None or history.estimate_s is None:
+        return "last start: no successful start recorded yet"
+    n = len(history.durations_s)
+    return (f"last start: ready {duration(history.last_s)} after systemctl start "
+            f"(median of the last {n}: {duration(history.estimate_s)})")
+
+
 def duration(seconds: float) -> str:
     """``42s``, ``6m05s``, ``1h02m``."""
     s = max(round(seconds), 0)

@@ -68,6 +68,10 @@ TEST_SERVICE_SETTINGS: dict[str, Any] = {
     "start_timeout_s": 10.0, "health_poll_s": 0.1, "stop_timeout_s": 10.0,
     "install_timeout_s": 30.0, "command_timeout_s": 10.0, "min_free_disk_mib": 64,
 }
+# The readiness keys for the simulated server: its model, and a smoke test it passes.
+READY_SETTINGS: dict[str, Any] = {
+    "served_model": "kimi-k2.5", "smoke_prompt": "The capital of France is",
+    "smoke_expect": "Paris"}
 TEST_HOST_SETTINGS: dict[str, Any] = {
     "connect_timeout_s": 5.0, "keepalive_interval_s": 1.0, "keepalive_count_max": 3,
 }
@@ -281,7 +285,10 @@ class SimKit:
         kernel.on_faults(self.store, before.config, before.faults,
                          replace(before.faults, **flags))
         with self.store.transaction() as tx:
-            tx.state = replace(tx.state, faults=replace(tx.state.faults, **flags))
+            st = replace(tx.state, faults=replace(tx.state.faults, **flags))
+            if flags.get("busy") and not tx.state.faults.busy:
+                st = replace(st, busy_since=time.time())  # its requests start now
+            tx.state = st
             return tx.state.faults
 
     def clear_faults(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import time
 import uuid
@@ -63,6 +64,19 @@ class HostConfig:
     # them only when given exactly this URL (flag or UV_INDEX_URL / UV_EXTRA_INDEX_URL).
     index_url: str = ""
     index_versions: tuple[str, ...] = ()
+    # The API: the model id /v1/models lists, and what a completion answers.
+    served_model: str = "kimi-k2.5"
+    completion_text: str = " Paris. It is also the largest city in France."
+    # busy: requests in flight when the fault is set, all finished busy_drain_s later.
+    busy_running: int = 4
+    busy_waiting: int = 2
+    busy_drain_s: float = 3.0
+    # oom_at_start: the CUDA OOM traceback comes at this fraction of load_delay_s, and the
+    # process exits oom_exit_delay_s after it (the API server waits for its engine).
+    oom_at: float = 0.4
+    oom_exit_delay_s: float = 30.0
+    # Extra journal lines a start logs while loading (a verbose start-up).
+    startup_log_lines: int = 0
     # The highest CUDA the driver supports (nvidia-smi's header), and what it says with
     # the torch_cuda_mismatch fault: an older driver than the new torch needs.
     driver_cuda: str = "13.1"
@@ -116,6 +130,13 @@ class Faults:
     health_503: bool = False  # the loaded server answers /health with 503
     start_fails: bool = False  # a start crashes with a traceback shortly after
     no_driver: bool = False  # nvidia-smi cannot talk to the driver
+    wrong_model: bool = False  # /v1/models lists another model than served_model
+    smoke_fail: bool = False  # /v1/completions answers 500 with vLLM's error JSON
+    # Requests in flight (busy_running + busy_waiting), finishing over busy_drain_s from
+    # when the fault is set.
+    busy: bool = False
+    # A start logs a CUDA OOM traceback while loading, then exits oom_exit_delay_s later.
+    oom_at_start: bool = False
     # Issue 10. The driver supports only old_driver_cuda, older than the CUDA the new
     # release's torch is built for: that torch cannot start on this host.
     torch_cuda_mismatch: bool = False
@@ -163,6 +184,7 @@ class HostState:
     faults: Faults = Faults()
     run: Run = Run()
     next_pid: int = FIRST_PID
+    busy_since: float | None = None  # when the busy fault was set
     # Every installed package but vllm (which is installed_version): name -> version.
     packages: dict[str, str] = field(default_factory=dict)
     # The wheels in uv's cache, as "name==version".
@@ -476,6 +498,17 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
     if st.faults.no_gpus:
         gpus = []
     return gpus, procs
+
+
+def in_flight(st: HostState, now: float) -> tuple[int, int]:
+    """(running, waiting) requests at ``now``: with the busy fault, they finish evenly
+    over busy_drain_s, the waiting ones first."""
+    cfg = st.config
+    if not st.faults.busy or st.busy_since is None:
+        return 0, 0
+    left = 1.0 - (now - st.busy_since) / cfg.busy_drain_s if cfg.busy_drain_s > 0 else 0.0
+    total = math.ceil(max(left, 0.0) * (cfg.busy_running + cfg.busy_waiting))
+    return min(total, cfg.busy_running), max(total - cfg.busy_running, 0)
 
 
 def format_journal(entry: JournalEntry, hostname: str) -> str:

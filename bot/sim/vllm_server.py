@@ -3,7 +3,9 @@
 ``systemctl start`` spawns it detached (its own session, like a process systemd
 owns).  It binds nothing until the model is "loaded", so a health check while
 loading gets a real connection refused; then it answers ``/health`` (200, or
-503 with the health_503 fault), ``/version`` and ``/v1/models``.  It exits by
+503 with the health_503 fault), ``/version``, ``/v1/models``, ``/metrics`` and
+``POST /v1/completions`` in vLLM's formats (faults ``wrong_model``, ``smoke_fail``,
+``busy``).  It exits by
 itself as soon as its run is stopped, crashes or is replaced, or the kit that
 owns the host is gone, so a crashed test leaves nothing listening.
 
@@ -19,6 +21,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 from bot.sim import procfs
 from bot.sim.state import (
@@ -26,6 +29,7 @@ from bot.sim.state import (
     HostState,
     JournalEntry,
     StateStore,
+    in_flight,
     replace_run,
     unit_state,
     vllm_line,
@@ -97,28 +101,119 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.store.read()
         path = self.path.split("?", 1)[0]
         body = b""
+        kind = "application/json"
         if path == "/health":
             status = 503 if st.faults.health_503 else 200
         elif path == "/version":
             status, body = 200, json.dumps({"version": st.run.version}).encode()
         elif path == "/v1/models":
-            status = 200
-            body = json.dumps({"object": "list", "data": [
-                {"id": st.config.model, "object": "model", "owned_by": "vllm"}]}).encode()
+            status, body = 200, json.dumps(_models(st)).encode()
+        elif path == "/metrics":
+            status, body = 200, metrics_text(st, time.time()).encode()
+            kind = "text/plain; version=0.0.4; charset=utf-8"
         else:
             status, body = 404, b'{"detail":"Not Found"}'
+        self._answer("GET", path, status, body, kind, st)
+
+    def do_POST(self) -> None:
+        st = self.store.read()
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("content-length") or 0)
+        request = _json_object(self.rfile.read(min(length, 1 << 20)))
+        if path == "/v1/completions":
+            status, answer = _completion(st, request)
+        else:
+            status, answer = 404, {"detail": "Not Found"}
+        self._answer("POST", path, status, json.dumps(answer).encode(), "application/json", st)
+
+    def _answer(self, method: str, path: str, status: int, body: bytes, kind: str,
+                st: HostState) -> None:
         self.send_response(status)
         if body:
-            self.send_header("content-type", "application/json")
+            self.send_header("content-type", kind)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        self.store.log_call("http", ["GET", path])
+        self.store.log_call("http", [method, path])
         host, port = self.client_address[:2]
         reason = self.responses[status][0]
-        line = f'INFO:     {host}:{port} - "GET {path} HTTP/1.1" {status} {reason}'
+        line = f'INFO:     {host}:{port} - "{method} {path} HTTP/1.1" {status} {reason}'
         with self.store.transaction() as tx:
             tx.journal_add([JournalEntry(time.time(), "python3", st.run.main_pid, line)])
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _models(st: HostState) -> dict[str, Any]:
+    """vLLM's ModelList (vllm/entrypoints/openai/protocol.py)."""
+    cfg = st.config
+    served = "Kimi-K2-Instruct" if st.faults.wrong_model else cfg.served_model
+    started = int(st.run.started_at or 0)
+    return {"object": "list", "data": [{
+        "id": served, "object": "model", "created": started, "owned_by": "vllm",
+        "root": cfg.model, "parent": None, "max_model_len": 262144, "permission": [{
+            "id": f"modelperm-{st.run.generation:08x}", "object": "model_permission",
+            "created": started, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}]}]}
+
+
+def _error(message: str, kind: str, code: int) -> tuple[int, dict[str, Any]]:
+    """vLLM's ErrorResponse."""
+    return code, {"object": "error", "message": message, "type": kind, "param": None,
+                  "code": code}
+
+
+def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """vLLM's CompletionResponse: the configured text, cut to max_tokens words."""
+    cfg = st.config
+    served = _models(st)["data"][0]["id"]
+    if request.get("model") != served:
+        return _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError",
+                      404)
+    if st.faults.smoke_fail:
+        return _error("EngineCore encountered an issue. See stack trace (above) for the root "
+                      "cause.", "InternalServerError", 500)
+    words = cfg.completion_text.split(" ")
+    max_tokens = int(request.get("max_tokens") or 16)
+    text = " ".join(words[:max_tokens + 1])
+    prompt = str(request.get("prompt", ""))
+    n_prompt, n_out = len(prompt.split()), min(len(words), max_tokens)
+    now = int(time.time())
+    return 200, {
+        "id": f"cmpl-{now:x}", "object": "text_completion", "created": now, "model": served,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                     "stop_reason": None, "prompt_logprobs": None}],
+        "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
+                  "completion_tokens": n_out}}
+
+
+def metrics_text(st: HostState, now: float) -> str:
+    """What vLLM's /metrics answers, in the Prometheus text format prometheus_client
+    writes (vLLM publishes with it): the scheduler gauges and the KV-cache usage of
+    engine 0, labelled as vLLM labels them (vllm/v1/metrics/loggers.py). Written by
+    hand because this server runs without site-packages (``python -S``)."""
+    running, waiting = in_flight(st, now)
+    labels = f'engine="0",model_name="{st.config.served_model}"'
+    kv = min(0.05 * (running + waiting), 1.0)
+    gauges = [
+        ("vllm:num_requests_running", "Number of requests in model execution batches.",
+         running),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv),
+    ]
+    out = []
+    for name, doc, value in gauges:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge",
+                f"{name}{{{labels}}} {float(value)!r}"]
+    return "\n".join(out) + "\n"
 
 
 def _bind_failed(store: StateStore, generation: int, err: OSError) -> int:

@@ -573,7 +573,8 @@ def run_card(view: CardView) -> Message:
     if status == RunStatus.PENDING_APPROVAL:
         blocks.extend(_commands(view.plan))
         blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "
-                              "their own run unless the policy allows it.", _expiry(view)))
+                              "their own run unless the policy allows it.", _expiry(view),
+                              *(escape(n) for n in view.notes)))
         blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
             button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
             button("Deny", ACTION_DENY, str(view.run_id), style="danger",

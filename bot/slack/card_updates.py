@@ -8,9 +8,11 @@ logged and never undoes a decision."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from bot.audit.store import AuditLog, RunRecord
+from bot.core.status import RunStatus
 from bot.settings import PolicySettings
 from bot.slack.blocks import message, run_card, section
 from bot.slack.cards import card_view, with_recorded_steps
@@ -26,6 +28,8 @@ class CardUpdates:
         self.audit = audit
         self.policy = policy
         self._locks: dict[int, asyncio.Lock] = {}
+        # What a pending card shows beyond its record (the load read at the request).
+        self.notes: dict[int, tuple[str, ...]] = {}
 
     async def refresh(self, run_id: int, membership: Membership | None = None) -> None:
         """Re-render a card from the audit log (pending progress, denied, expired, and
@@ -35,6 +39,11 @@ class CardUpdates:
             if record.channel is None or record.message_ts is None:
                 return
             view = card_view(record, self.policy, membership)
+            if record.status == RunStatus.PENDING_APPROVAL:
+                view = dataclasses.replace(view, notes=(*view.notes,
+                                                        *self.notes.get(run_id, ())))
+            else:
+                self.notes.pop(run_id, None)
             if record.started_at is not None:
                 view = with_recorded_steps(view, await self.audit.steps(run_id))
             try:

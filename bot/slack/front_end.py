@@ -31,6 +31,7 @@ Choices:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_approver, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
+from bot.engine.load import load_note, read_load
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
@@ -253,6 +255,11 @@ class SlackFrontEnd:
             await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
         view = card_view(record, self.policy)
+        if not plan.dry_run:
+            # The load now: what the stop would wait for, or --force would interrupt.
+            notes = (await self._load_note(plan),)
+            self.cards.notes[record.id] = notes
+            view = dataclasses.replace(view, notes=(*view.notes, *notes))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
@@ -283,6 +290,11 @@ class SlackFrontEnd:
         elif record.expires_at is not None:
             self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
+
+    async def _load_note(self, plan: Plan) -> str:
+        svc = self.runtime.settings.services[plan.service]
+        readings = await read_load(self.runtime.pool, svc, plan.hosts)
+        return load_note(plan, svc, readings)
 
     async def _post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
         """Every host and command of the plan, whole, in the card's thread: one message

@@ -41,8 +41,8 @@ COMMANDS: tuple[str, ...] = (
 )
 USAGE: dict[str, str] = {
     "help": "help",
-    "redeploy": "redeploy <service> [--version V] [--index NAME] [--dry-run]",
-    "restart": "restart <service>",
+    "redeploy": "redeploy <service> [--version V] [--index NAME] [--dry-run] [--force]",
+    "restart": "restart <service> [--force]",
     "status": "status [service]",
     "gpus": "gpus [host|service] [--health]",
     "logs": "logs <service> [-n N]",
@@ -72,11 +72,13 @@ class Redeploy:
     version: str | None = None
     index: str | None = None
     dry_run: bool = False
+    force: bool = False  # stop without waiting for in-flight requests
 
 
 @dataclass(frozen=True, slots=True)
 class Restart:
     service: str
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +272,7 @@ def _parse_redeploy(args: _Args, settings: Settings) -> Redeploy:
         version=None if version is None else _version(version),
         index=None if index is None else _index(service, index, settings),
         dry_run="--dry-run" in args.values,
+        force="--force" in args.values,
     )
 
 
@@ -325,8 +328,10 @@ def _optional_service(args: _Args, settings: Settings) -> str | None:
 _Parser = Callable[[_Args, Settings], Command]
 _PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
     "help": ({}, _parse_help),
-    "redeploy": ({"--version": True, "--index": True, "--dry-run": False}, _parse_redeploy),
-    "restart": ({}, lambda a, s: Restart(_service(a.required("service name"), s))),
+    "redeploy": ({"--version": True, "--index": True, "--dry-run": False, "--force": False},
+                 _parse_redeploy),
+    "restart": ({"--force": False}, lambda a, s: Restart(_service(a.required("service name"), s),
+                                                        force="--force" in a.values)),
     "status": ({}, lambda a, s: Status(_optional_service(a, s))),
     "gpus": ({"--health": False}, _parse_gpus),
     "logs": ({"-n": True}, lambda a, s: Logs(

@@ -13,6 +13,7 @@ import pytest
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.sshd import SSHD
+from bot.sim.state import Call
 
 # The type of the ``make_sim_host`` fixture: SimKit's keyword arguments in, a started host out.
 MakeSimHost = Callable[..., Awaitable[SimKit]]
@@ -34,3 +35,9 @@ def sim_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = N
     return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
                     services={SERVICE: kit.service_settings(**service)},
                     db_path=tmp_path / "audit.db")
+
+
+def touched(kit: SimKit) -> list[Call]:
+    """What reached the host beyond the one read-only ``GET /metrics`` an approval card
+    makes to show the load (``bot.engine.load``): before approval, this must be empty."""
+    return [c for c in kit.calls() if (c.tool, c.argv) != ("http", ("GET", "/metrics"))]

@@ -1,4 +1,5 @@
-"""Simulated ``journalctl``: ``-u UNIT``, ``-n N``, ``-o short|cat``, ``--no-pager``, ``--``.
+"""Simulated ``journalctl``: ``-u UNIT``, ``-n N``, ``-o short|cat``, ``--no-pager``, ``--``,
+``--show-cursor`` and ``--after-cursor=CURSOR``.
 
 The whole journal of the simulated host is its one unit's; lines planned for
 the future (a model still loading) are not shown until their time comes.
@@ -19,12 +20,37 @@ NO_ENTRIES = "-- No entries --"
 
 
 def lines(store: StateStore, st: HostState, n: int | None, *, cat: bool = False) -> list[str]:
+    return entries(store, st, n, cat=cat)[0]
+
+
+def _cursor(ts: float, index: int) -> str:
+    """A cursor like journald's (``s=…;i=…;t=…``): this entry's place in time order."""
+    return f"s=sim;i={index:x};t={ts!r}"
+
+
+def _place(cursor: str) -> tuple[float, int] | None:
+    fields_ = dict(p.partition("=")[::2] for p in cursor.split(";"))
+    try:
+        return float(fields_["t"]), int(fields_["i"], 16)
+    except (KeyError, ValueError):
+        return None
+
+
+def entries(store: StateStore, st: HostState, n: int | None, *, cat: bool = False,
+            after: str | None = None) -> tuple[list[str], str | None]:
+    """The entries up to now in time order (as journald interleaves them), after the
+    cursor ``after`` when given, the last ``n``; and the cursor of the last one shown."""
     now = time.time()
-    entries = [e for e in store.journal() if e.ts <= now]
+    shown = sorted(((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now),
+                   key=lambda x: (x[0], x[1]))
+    if after is not None:
+        place = _place(after)
+        shown = [x for x in shown if place is None or (x[0], x[1]) > place]
     if n is not None:
-        entries = entries[-n:] if n > 0 else []
+        shown = shown[-n:] if n > 0 else []
     host = st.config.hostname
-    return [e.msg if cat else format_journal(e, host) for e in entries]
+    cursor = _cursor(shown[-1][0], shown[-1][1]) if shown else None
+    return [e.msg if cat else format_journal(e, host) for _, _, e in shown], cursor
 
 
 class _Unrecognized(Exception):
@@ -34,6 +60,7 @@ class _Unrecognized(Exception):
 # The options that take a value, by their short and long names.
 _VALUE_OPTIONS = {"-u": "unit", "--unit": "unit", "-n": "lines", "--lines": "lines",
                   "-o": "output", "--output": "output", "-g": "grep", "--grep": "grep"}
+_VALUE_OPTIONS["--after-cursor"] = "after"  # following a start from where it was
 _IGNORED = frozenset({"--no-pager", "-b", "--boot", "-e", "--pager-end", "-x", "--catalog"})
 
 
@@ -49,6 +76,8 @@ def _option(a: str, it: Iterator[str]) -> tuple[str, str]:
         return "lines", a[2:]
     if a in ("-q", "--quiet"):
         return "quiet", ""
+    if a == "--show-cursor":
+        return "show_cursor", ""
     if a in ("-k", "--dmesg"):
         return "kernel", ""
     if a in _IGNORED:
@@ -62,6 +91,8 @@ class _Args:
     n: int | None = None
     cat: bool = False
     quiet: bool = False
+    after: str | None = None
+    show_cursor: bool = False
     kernel: bool = False  # -k: the kernel's messages (bot.sim.kernel)
     grep: str | None = None
 
@@ -88,6 +119,10 @@ def _parse(args: list[str]) -> _Args:
             parsed.cat = value == "cat"
         elif name == "quiet":
             parsed.quiet = True
+        elif name == "after":
+            parsed.after = value
+        elif name == "show_cursor":
+            parsed.show_cursor = True
         elif name in ("kernel", "grep"):
             setattr(parsed, name, value if name == "grep" else True)
     return parsed
@@ -111,11 +146,13 @@ def main(store: StateStore, args: list[str]) -> int:
         return 1
     st = store.read()
     ours = not a.units or any(unit.is_ours(st, u) for u in a.units)
-    out = lines(store, st, a.n, cat=a.cat) if ours else []
+    out, cursor = entries(store, st, a.n, cat=a.cat, after=a.after) if ours else ([], None)
     if a.kernel:
         out = kernel.lines(store, st.config.hostname, a.grep)
     if out:
         sys.stdout.write("\n".join(out) + "\n")
     elif not a.quiet:
         print(NO_ENTRIES)
+    if a.show_cursor and cursor is not None:
+        print(f"-- cursor: {cursor}")
     return 0

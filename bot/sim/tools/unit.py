@@ -61,17 +61,24 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     for k in range(1, 5):
         f = 0.2 + 0.15 * k
         done = SHARDS * k // 4
-        out.append(JournalEntry(t0 + f * cfg.load_delay_s, "python3", pid,
+        # vllm/model_executor/model_loader/weight_utils.py's _BAR_FORMAT.
+        spent = f * cfg.load_delay_s
+        out.append(JournalEntry(t0 + spent, "python3", pid,
                                 f"{worker}Loading safetensors checkpoint shards: "
-                                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS}"))
+                                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
+                                f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
+                                f"{done / max(spent, 1e-3):6.2f}it/s]"))
+    out += _verbose(st, run, t0)
     t_ready = t0 + cfg.load_delay_s
     out += [
         JournalEntry(t0 + 0.85 * cfg.load_delay_s, "python3", pid, worker + vllm_line(
             t0 + 0.85 * cfg.load_delay_s, "INFO", "gpu_model_runner.py:2707",
             f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB")),
+        *_warm_up(st, run, t0),
         JournalEntry(t0 + 0.95 * cfg.load_delay_s, "python3", pid, engine + vllm_line(
             t0 + 0.95 * cfg.load_delay_s, "INFO", "kv_cache_utils.py:1087",
             "GPU KV cache size: 1,017,856 tokens")),
+        *_graphs(st, run, t0),
         JournalEntry(t_ready, "python3", pid, vllm_line(
             t_ready, "INFO", "api_server.py:1024",
             f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}")),
@@ -80,6 +87,93 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
         JournalEntry(t_ready, "python3", pid, "INFO:     Application startup complete."),
     ]
     return out
+
+
+def _clock(seconds: float) -> str:
+    """tqdm's elapsed/remaining: ``MM:SS``."""
+    s = int(seconds)
+    return f"{s // 60:02d}:{s % 60:02d}"
+
+
+def _at(st: HostState, run: Run, t0: float, f: float, prefix: str, source: str,
+        text: str) -> JournalEntry:
+    ts = t0 + f * st.config.load_delay_s
+    return JournalEntry(ts, "python3", run.main_pid, prefix + vllm_line(ts, "INFO", source, text))
+
+
+def _warm_up(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
+    """torch.compile, between the weights and the KV cache (vllm/compilation/backends.py,
+    vllm/compilation/monitor.py)."""
+    engine = f"(EngineCore_DP0 pid={run.main_pid + ENGINE_PID_OFFSET}) "
+    load = st.config.load_delay_s
+    return [
+        _at(st, run, t0, 0.87, engine, "backends.py:559",
+            f"Dynamo bytecode transform time: {0.02 * load:.2f} s"),
+        _at(st, run, t0, 0.90, engine, "monitor.py:34",
+            f"torch.compile takes {0.05 * load:.2f} s in total"),
+    ]
+
+
+def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
+    """CUDA graph capture (vllm/v1/worker/gpu_model_runner.py: a tqdm bar in its default
+    format, then "Graph capturing finished"), and the engine's init time (core.py)."""
+    engine = f"(EngineCore_DP0 pid={run.main_pid + ENGINE_PID_OFFSET}) "
+    load, pid = st.config.load_delay_s, run.main_pid
+    out = []
+    for k, f in enumerate((0.96, 0.97, 0.98), 1):
+        done = 67 * k // 3
+        bar = ("█" * (10 * k // 3)).ljust(10)
+        out.append(JournalEntry(t0 + f * load, "python3", pid,
+                                f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+                                f"{100 * k // 3:3d}%|{bar}| {done}/67 "
+                                f"[{_clock(0.01 * k * load)}<{_clock(0.01 * (3 - k) * load)}, "
+                                " 5.43it/s]"))
+    out += [_at(st, run, t0, 0.985, engine, "gpu_model_runner.py:3480",
+                f"Graph capturing finished in {max(round(0.03 * load), 1)} secs, took 0.53 GiB"),
+            _at(st, run, t0, 0.99, engine, "core.py:210", "init engine (profile, create kv "
+                f"cache, warmup model) took {0.99 * load:.2f} seconds")]
+    return out
+
+
+def _verbose(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
+    """startup_log_lines more lines while the weights load, as a verbose start logs."""
+    n = st.config.startup_log_lines
+    worker = f"(Worker_TP1 pid={run.main_pid + WORKER_PID_OFFSET + 1}) "
+    return [_at(st, run, t0, 0.3 + 0.5 * i / max(n, 1), worker, "custom_all_reduce.py:203",
+                f"Registering {i} cuda graph addresses") for i in range(n)]
+
+
+def _oom(st: HostState, run: Run, plan: list[JournalEntry]
+         ) -> tuple[Run, list[JournalEntry]]:
+    """oom_at_start: the engine runs out of GPU memory while loading and logs the
+    traceback; the API server exits oom_exit_delay_s later, and never serves."""
+    cfg = st.config
+    assert run.started_at is not None
+    at = run.started_at + cfg.oom_at * cfg.load_delay_s
+    exit_at = at + cfg.oom_exit_delay_s
+    pid, site = run.main_pid, f"{st.venv}/lib/python3.12/site-packages"
+    engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
+    svc = service_name(cfg.unit)
+    lines = [
+        engine + vllm_line(at, "ERROR", "core.py:708", "EngineCore failed to start."),
+        engine + "Traceback (most recent call last):",
+        f'{engine}  File "{site}/vllm/v1/engine/core.py", line 699, in run_engine_core',
+        f"{engine}    engine_core = EngineCoreProc(*args, **kwargs)",
+        f'{engine}  File "{site}/vllm/v1/worker/gpu_model_runner.py", line 2635, in load_model',
+        f"{engine}    self.model = model_loader.load_model(",
+        f"{engine}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
+        f"GPU {cfg.stuck_gpu} has a total capacity of 95.58 GiB of which 312.00 MiB is free. "
+        "Including non-PyTorch memory, this process has 95.26 GiB memory in use.",
+    ]
+    crash = [JournalEntry(at, "python3", pid, line) for line in lines] + [
+        JournalEntry(exit_at, "python3", pid, "RuntimeError: Engine core initialization "
+                     "failed. See root cause above. Failed core proc(s): {}"),
+        _systemd(exit_at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
+        _systemd(exit_at, f"{svc}: Failed with result 'exit-code'."),
+    ]
+    # It never serves: the port would open only after the exit.
+    run = replace(run, fail_at=exit_at, ready_at=exit_at + 1.0)
+    return run, [e for e in plan if e.ts < at] + crash
 
 
 def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
@@ -129,6 +223,8 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     plan += _load_plan(st, run, t0)
     if run.fail_at is not None:
         plan = [e for e in plan if e.ts < run.fail_at] + _crash_plan(st, run, run.fail_at)
+    elif may_fail and st.faults.oom_at_start:
+        run, plan = _oom(st, run, plan)
     return replace(st, run=run, next_pid=st.next_pid + PID_STEP), plan
 
 

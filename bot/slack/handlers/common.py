@@ -83,9 +83,9 @@ class CommandRequest:
         return self.front_end.poster.answers()
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
-             index: str | None = None, dry_run: bool = False) -> Plan:
+             index: str | None = None, dry_run: bool = False, force: bool = False) -> Plan:
         return self.engine.plan(action, service, version=version, index=index,
-                                dry_run=dry_run)
+                                dry_run=dry_run, force=force)
 
     async def reply_now(self, text: str) -> None:
         """The ack itself carries the ephemeral answer (help, errors)."""

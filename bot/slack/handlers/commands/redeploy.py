@@ -1,5 +1,5 @@
-"""``/vllm redeploy <service> [--version V] [--index NAME] [--dry-run]``: post the plan
-for approval (a dry run starts its preflight at once)."""
+"""``/vllm redeploy <service> [--version V] [--index NAME] [--dry-run] [--force]``: post
+the plan for approval (a dry run starts its preflight at once)."""
 
 from __future__ import annotations
 
@@ -10,5 +10,5 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 async def handle(req: CommandRequest, cmd: Redeploy) -> None:
     plan = req.plan(Action.REDEPLOY, cmd.service, version=cmd.version, index=cmd.index,
-                    dry_run=cmd.dry_run)
+                    dry_run=cmd.dry_run, force=cmd.force)
     await ask_for_approval(req, plan, Action.REDEPLOY)

@@ -1,4 +1,4 @@
-"""``/vllm restart <service>``: post the plan for approval."""
+"""``/vllm restart <service> [--force]``: post the plan for approval."""
 
 from __future__ import annotations
 
@@ -8,4 +8,5 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Restart) -> None:
-    await ask_for_approval(req, req.plan(Action.RESTART, cmd.service), Action.RESTART)
+    await ask_for_approval(req, req.plan(Action.RESTART, cmd.service, force=cmd.force),
+                           Action.RESTART)

@@ -13,6 +13,7 @@ import asyncio
 from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import READ_ONLY_APPROVER
+from bot.core.startup import history_line
 from bot.core.status import Action, Source
 from bot.slack.grammar import Status
 from bot.slack.handlers.common import CommandRequest, post_code
@@ -39,7 +40,8 @@ async def _one(req: CommandRequest, service: str) -> str:
     sink = _Collect()
     result = await req.engine.execute(record.id, sink)
     body = "\n".join(sink.lines) or result.summary
-    return f"== {service} (run #{record.id}, {result.status})\n{body}"
+    history = history_line(await req.audit.start_history(service))
+    return f"== {service} (run #{record.id}, {result.status})\n{body}\n{history}"
 
 
 async def handle(req: CommandRequest, cmd: Status) -> None:
