@@ -27,8 +27,9 @@ foreign key to ``runs``, enforced):
     added by ``0005_recovery_told``).
     Indexes: (service, id DESC), (status, id DESC).
 ``decisions``
-    id, run_id, user, decision (``Decision``: approve|deny|cancel|recover; recover:
-    who marked the run of a dead driver interrupted), at;
+    id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;
+    recover: who marked the run of a dead driver interrupted; terminate: the approver who
+    let a running run end its leftover processes), at;
     UNIQUE(run_id, user, decision) so a double click counts once.
 ``steps``
     id, run_id, host, step, command (as run, e.g. ``shlex.join(argv)``), status

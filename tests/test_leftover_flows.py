@@ -1,0 +1,143 @@
+"""The leftover-process branches of the flows driven by hand-made outcomes (the pure host
+model of tests/test_sequence.py), and the bounded wait for an approver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from bot.core.leftovers import Approval
+from bot.engine.leftover_gate import LeftoverRequest, ask_bounded
+from bot.hosts.base import CommandResult
+from tests.test_sequence import Host, ok, run, steps, verbs
+
+OURS = "0::/system.slice/vllm-kimi-k25.service"
+
+
+class Leftover(Host):
+    """The stuck worker (PID 48304, GPU 3) with what ps says of it, and what signals do."""
+
+    def __init__(self, *, cgroup: str = OURS, user: str = "vllm", state: str = "Sl",
+                 dies_on: tuple[str, ...] = ("TERM", "KILL"), memory_only: bool = False,
+                 **kw: object) -> None:
+        super().__init__(stuck=True, approval=Approval("U0BOB"), **kw)  # type: ignore[arg-type]
+        self.cgroup, self.user, self.state = cgroup, user, state
+        self.dies_on, self.memory_only = dies_on, memory_only
+        self.alive = True
+        self.signals: list[tuple[str, ...]] = []
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[:2] == ("sh", "-c") and a[4:5] in (("TERM",), ("KILL",)):
+            self.signals.append(a[4:])
+            self.alive = self.alive and a[4] not in self.dies_on
+            return ok(a, "48304 sent\n")
+        if a[:3] == ("env", "LC_ALL=C", "ps"):
+            if not self.alive:
+                return ok(a, status=1)
+            return ok(a, f"48304 {self.state} {self.user} Mon Nov 30 13:00:00 2026 "
+                         f"{self.cgroup}\n")
+        if a[0] == "nvidia-smi" and not a[1].startswith("--query-gpu") and a[1] != "-q":
+            if self.memory_only:
+                return ok(a, "")  # 96 GB used on GPU 3, and no process listed
+            return ok(a, "48304, VLLM::Worker_TP3, 96000 MiB, GPU-00000003-aaaa-bbbb-cccc"
+                         "-000000000003\n" if self.alive else "")
+        if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu") and not self.alive:
+            self.stuck = False  # its memory went with it
+        if a[0] == "pgrep" and not self.alive:
+            return ok(a, status=1)
+        return super().command(a)
+
+
+def test_the_services_own_worker_is_terminated_with_an_approvers_go() -> None:
+    h = Leftover()
+    out = run(h, "restart")
+    assert out.status == "succeeded", out.summary
+    assert [a.pids for a in h.asked] == [(48304,)]
+    assert h.signals == [("TERM", "48304:Mon Nov 30 13:00:00 2026")]
+    assert ("leftovers", True) in steps(h) and verbs(h) == ["stop", "start"]
+
+
+def test_one_that_ignores_sigterm_gets_sigkill() -> None:
+    h = Leftover(dies_on=("KILL",))
+    assert run(h, "restart").status == "succeeded"
+    assert [s[0] for s in h.signals] == ["TERM", "KILL"]
+
+
+def test_one_that_survives_sigkill_needs_a_reset_or_a_reboot() -> None:
+    h = Leftover(dies_on=())
+    out = run(h, "restart")
+    assert out.status == "failed"
+    assert "survived SIGKILL (PID 48304 state Sl): it needs a GPU reset or a reboot" in \
+        out.summary
+    assert "STOPPED" in out.summary and verbs(h) == ["stop"]
+
+
+def test_a_process_not_the_services_is_named_and_never_signalled() -> None:
+    h = Leftover(cgroup="0::/user.slice/user-1000.slice/session-3.scope", user="alice")
+    out = run(h, "restart")
+    assert out.status == "failed"
+    assert "Processes that are not vllm-kimi-k25's hold its GPUs; they were not signalled" in \
+        out.summary
+    assert "user alice, cgroup 0::/user.slice/user-1000.slice/session-3.scope" in out.summary
+    assert h.asked == [] and h.signals == []
+
+
+def test_memory_with_no_process_needs_a_reset_or_a_reboot() -> None:
+    h = Leftover(memory_only=True)
+    h.command = _no_workers(h.command)  # type: ignore[method-assign, assignment]
+    out = run(h, "restart")
+    assert out.status == "failed"
+    assert "needs a GPU reset or a reboot" in out.summary
+    assert "GPU 3: 96000 MiB used, no process listed" in out.summary
+    assert h.asked == [] and h.signals == []
+
+
+def test_no_approval_ends_the_run_with_the_reason_and_no_signal() -> None:
+    h = Leftover()
+    h.approval = Approval(None, "nobody approved within 900s (the approval window)")
+    out = run(h, "restart")
+    assert out.status == "failed"
+    assert "not terminated: nobody approved within 900s" in out.summary
+    assert h.signals == [] and verbs(h) == ["stop"]
+
+
+def _no_workers(inner: Callable[[tuple[str, ...]], CommandResult]
+                ) -> Callable[[tuple[str, ...]], CommandResult]:
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "pgrep" and "VLLM" in a[-1]:
+            return ok(a, status=1)
+        return inner(a)
+    return command
+
+
+# --------------------------------------------------------------------------- the wait
+
+
+class Never:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def ask(self, request: LeftoverRequest) -> Approval:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True  # the front end takes its button back here
+            raise
+        raise AssertionError("unreachable")
+
+
+REQUEST = LeftoverRequest(7, "gpu-node-1", "?", (48304,))
+
+
+async def test_the_wait_ends_with_the_window_and_takes_the_question_back() -> None:
+    gate = Never()
+    answer = await ask_bounded(gate, REQUEST, timeout_s=0.05, cancelled=asyncio.Event())
+    assert answer == Approval(None, "nobody approved within 0.05s (the approval window)")
+    assert gate.cancelled
+
+
+async def test_a_cancel_ends_the_wait_at_once() -> None:
+    gate, cancel = Never(), asyncio.Event()
+    cancel.set()
+    answer = await ask_bounded(gate, REQUEST, timeout_s=3600, cancelled=cancel)
+    assert answer.approved_by is None and "cancelled" in answer.reason
