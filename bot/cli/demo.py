@@ -30,7 +30,9 @@ REQUESTER, APPROVER = "demo:alice", "demo:bob"
 # Real-looking but short timings: the whole demo takes about 20 seconds.
 DEMO_TIMINGS: dict[str, Any] = {
     "release_delay_s": 3.0, "load_delay_s": 5.0, "install_duration_s": 4.0,
-    "stop_delay_s": 0.5, "fail_delay_s": 1.0}
+    "stop_delay_s": 0.5, "fail_delay_s": 1.0,
+    # --fault busy: requests the stop waits for, long enough to see their counts go down.
+    "busy_drain_s": 10.0}
 DEMO_SERVICE: dict[str, Any] = {
     "drain_poll_s": 1.0, "drain_timeout_s": 15.0, "health_poll_s": 1.0,
     "start_timeout_s": 20.0, "min_free_disk_mib": 64}
