@@ -19,9 +19,9 @@ from typing import Any
 from bot.core import remote
 from bot.core.gpu import parse_gpu_csv
 from bot.core.privilege import Privilege
+from bot.core.results import CommandResult, HttpResult
 from bot.core.sudoers import Grant, alias, grants
 from bot.errors import GpuQueryError
-from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import HostSettings, ServiceSettings, Settings
 
 Argv = tuple[str, ...]

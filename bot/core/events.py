@@ -10,9 +10,9 @@ from typing import Protocol
 from bot.core.gpu import GpuSnapshot
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, Step
+from bot.core.results import Stream
 from bot.core.startup import StartHistory, progress_text
 from bot.core.status import HostStatus, RunStatus, StepStatus
-from bot.hosts.base import Stream
 
 
 @dataclass(frozen=True, slots=True)

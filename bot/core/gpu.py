@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from bot.core.results import CommandResult
 from bot.errors import GpuQueryError
-from bot.hosts.base import CommandResult
 
 # The exact argv the engine runs; kept here so parsers and commands cannot drift apart.
 GPU_QUERY_ARGV: tuple[str, ...] = (

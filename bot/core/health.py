@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bot.core.gpu import Gpu
+from bot.core.results import CommandResult
 from bot.errors import GpuQueryError
-from bot.hosts.base import CommandResult
 
 # The exact commands; kept here so the parsers and the commands cannot drift apart.
 HEALTH_QUERY_ARGV: tuple[str, ...] = ("nvidia-smi", "-q")
