@@ -57,9 +57,9 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
         assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.16.0")
         steps = await rt.audit.steps(result.run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (n, "ok") for n in ("preflight", "prefetch", "requests", "stop", "drain",
+            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
                                 "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck")]
+                                "postcheck", "gpu_recheck")]
         reinstall = next(s for s in steps if s.step == "reinstall")
         assert reinstall.exit_status == 0 and "+ vllm==0.16.0" in reinstall.output_tail
         # The index went to uv on stdin: the recorded command names where, not the URL.

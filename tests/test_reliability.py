@@ -168,9 +168,9 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
         assert result.status == "succeeded", out
         steps = await rt.audit.steps(result.run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (n, "ok") for n in ("preflight", "prefetch", "requests", "stop", "drain",
+            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
                                 "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck")]
+                                "postcheck", "gpu_recheck")]
     assert kit.link.accepted >= 2  # the drain went on over a new connection
     assert kit.changes() == ["dry-run", "stop", "install", "start"]
     assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"

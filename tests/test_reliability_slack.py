@@ -22,8 +22,8 @@ from tests.slack_harness import (
 )
 
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
-ALL_STEPS = ("preflight", "prefetch", "requests", "stop", "drain", "reinstall", "gate", "start",
-             "health", "readiness", "postcheck")
+ALL_STEPS = ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain", "reinstall",
+             "gate", "start", "health", "readiness", "postcheck", "gpu_recheck")
 
 
 class FastClock:

@@ -111,9 +111,9 @@ async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
         steps = await rt.audit.steps(result.run_id)
         for name in names:
             assert [(s.step, s.status) for s in steps if s.host == name] == [
-                (n, "ok") for n in ("preflight", "prefetch", "requests", "stop", "drain",
-                                    "reinstall", "gate", "start", "health", "readiness",
-                                    "postcheck")]
+                (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop",
+                                    "drain", "reinstall", "gate", "start", "health",
+                                    "readiness", "postcheck", "gpu_recheck")]
         assert record.summary == (f"succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, healthy): "
                                   + ", ".join(names))
         assert await rt.audit.lock_holder(f"host:{names[3]}") is None

@@ -301,9 +301,9 @@ async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
         assert done.status == "succeeded", done.summary
         steps = await bot.runtime.audit.steps(run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (s, "ok") for s in ("preflight", "prefetch", "requests", "stop", "drain",
+            (s, "ok") for s in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
                                 "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck")]
+                                "postcheck", "gpu_recheck")]
         assert (await bot.runtime.audit.snapshots(run_id))
         await bot.front_end.idle()  # the thread catches up after the storm
         assert any(c.status == 429 for c in bot.fake.calls())
