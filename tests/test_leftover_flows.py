@@ -6,8 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
+from bot.audit.records import RunRecord
 from bot.core.leftovers import Approval
+from bot.core.status import Action, RunStatus, Source
 from bot.engine.leftover_gate import LeftoverRequest, ask_bounded
+from bot.engine.recovery import interrupted_message
 from bot.hosts.base import CommandResult
 from tests.test_sequence import Host, ok, run, steps, verbs
 
@@ -141,3 +146,17 @@ async def test_a_cancel_ends_the_wait_at_once() -> None:
     cancel.set()
     answer = await ask_bounded(gate, REQUEST, timeout_s=3600, cancelled=cancel)
     assert answer.approved_by is None and "cancelled" in answer.reason
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+@pytest.mark.parametrize(("step", "needle"), [
+    ("gpu_check", "Nothing was changed"), ("leftovers", "The service is STOPPED"),
+    ("gpu_recheck", "only the GPU recheck was left")])
+def test_a_run_interrupted_in_a_gpu_step_says_what_the_service_may_be(step: str,
+                                                                      needle: str) -> None:
+    run_ = RunRecord(7, "kimi-k25", Action.REDEPLOY, ["gpu-node-1"], "U0ALICE", Source.CLI,
+                     RunStatus.INTERRUPTED, step, None, None, None, "t", "t", None, None, None,
+                     None, {}, None, None, False, [], [])
+    assert needle in interrupted_message(run_)

@@ -994,8 +994,8 @@ def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out
                           f"{memory_without_process(host, found.memory_only)}")
     pids = [p for p, *_ in found.processes]
     r = yield from _run(Step.DRAIN, facts_query(pids), svc.command_timeout_s, quiet=True)
-    u = yield from _run(Step.DRAIN, unit_user_query(svc.unit), svc.command_timeout_s,
-                        quiet=True)
+    u = yield from _run(Step.DRAIN, unit_user_query(svc.unit, svc.systemctl),
+                        svc.command_timeout_s, quiet=True)
     if r.exit_status not in (0, 1) or not u.ok:
         bad = r if r.exit_status not in (0, 1) else u
         return "failed", f"{timed_out}; whose processes they are is unknown ({_explain(bad)})"

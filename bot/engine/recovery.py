@@ -86,6 +86,12 @@ _STATE_AFTER: dict[str, str] = {
     Step.ROLLBACK_HEALTH: "The previous environment was restored and started but had not yet "
                           "passed the health gate.",
     Step.POSTCHECK: "The service had passed the health gate; only the post-check was left.",
+    Step.GPU_CHECK: "Nothing was changed: the bot stopped while checking the GPUs, before "
+                    "stopping the service, so it should still be running.",
+    Step.LEFTOVERS: "The service is STOPPED, and leftover processes an approver let the bot "
+                    "end were being signalled; some may still hold its GPUs (see the "
+                    "thread's list of PIDs).",
+    Step.GPU_RECHECK: "The service had passed its gates; only the GPU recheck was left.",
 }
 
 
