@@ -58,3 +58,25 @@ async def test_only_an_approver_can_let_the_run_terminate_its_leftovers(
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
         assert "Waiting for an approver" in thread and "approved by U0BOB" in thread
         assert "Terminate leftover processes (approved)" in thread
+
+
+async def test_gpus_shows_a_health_column_and_health_gives_the_details(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    sim_host.set_faults(pending_remap=True)
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command("gpus")
+        await bot.fake.wait_for(lambda: any("GPUs: all hosts" in blocks_text(m)
+                                            for m in bot.fake.messages(CHANNEL)),
+                                what="the gpus answer", timeout=30)
+        await bot.command("gpus gpu-node-1 --health")
+        await bot.fake.wait_for(lambda: any("GPU health" in blocks_text(m)
+                                            for m in bot.fake.messages(CHANNEL)),
+                                what="the health answer", timeout=30)
+        texts = [blocks_text(m) for m in bot.fake.messages(CHANNEL)]
+        table = next(t for t in texts if "GPUs: all hosts" in t)
+        assert "3 CRIT" in table and "health: CRITICAL: GPU 3: a row remap is pending" in table
+        details = next(t for t in texts if "GPU health" in t)
+        assert "gpu-node-1: critical" in details
+        assert "critical: a row remap is pending" in details
+        assert "action: reset the GPU (nvidia-smi -r) while it is idle to apply it" in details
+        assert "NVRM: Xid (PCI:0000:61:00): 63" in details
