@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -257,7 +257,17 @@ async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
                                       confirm=lambda prompt: _confirm(prompt, sys.stdin))
 
 
-async def _amain(args: argparse.Namespace) -> int:
+# Runs the Slack bot. Injected by ``bot.__main__``: the terminal front end never imports
+# the Slack one (each is a front end of the engine), and a CLI command never pays for
+# importing slack_bolt.
+Serve = Callable[[Settings], Awaitable[int]]
+
+
+async def _no_slack(settings: Settings) -> int:
+    raise ConfigError("this entry point cannot run the Slack bot; use `python -m bot`")
+
+
+async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     if args.command == "demo":
         from bot.cli.demo import run_demo
         return await run_demo(faults=args.fault, keep_dir=args.dir, fast=args.fast)
@@ -272,7 +282,6 @@ async def _amain(args: argparse.Namespace) -> int:
     setup_logging(Redactor(settings.secret_values()),
                   level=logging.INFO if serving else logging.WARNING)
     if serving:
-        from bot.slack.app import serve
         return await serve(settings)
     if args.command in ("sudoers", "doctor"):
         # Neither opens the audit database: doctor changes nothing anywhere.
@@ -311,10 +320,10 @@ async def _amain(args: argparse.Namespace) -> int:
     raise InputError(f"unknown command {args.command}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return asyncio.run(_amain(args))
+        return asyncio.run(_amain(args, serve))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
