@@ -38,13 +38,14 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
         assert result.status == "succeeded", out
-        assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "start"]
+        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         calls = sim_sshd_host.calls()
         tools = [c.argv[0] for c in calls]
         assert tools[:2] == ["systemctl", "uv"]  # preflight reads state before anything else
         stop_i = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
         install_i = next(i for i, c in enumerate(calls)
-                         if c.argv[:3] == ("uv", "pip", "install") and "--dry-run" not in c.argv)
+                         if c.argv[:3] == ("uv", "pip", "install") and "--dry-run" not in c.argv
+                         and str(sim_sshd_host.python) in c.argv)  # not the prefetch
         # The drain polls nvidia-smi and pgrep between the stop and the install.
         assert "nvidia-smi" in tools[stop_i:install_i] and "pgrep" in tools[stop_i:install_i]
         assert any(c.tool == "http" for c in sim_sshd_host.calls())
@@ -78,7 +79,7 @@ async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
     async with open_runtime(settings) as rt:
         result, _out = await run(rt, Action.REDEPLOY)
     assert result.status == "failed"
-    assert sim_sshd_host.changes() == ["dry-run", "stop"]
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop"]
     assert "PID 48304 (VLLM::Worker_TP3)" in result.summary
     assert "GPU 3" in result.summary and "STOPPED" in result.summary
     assert sim_sshd_host.installed_version == DEFAULT_VERSION
@@ -90,9 +91,12 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
         assert result.status == "rolled_back", out
-        assert sim_sshd_host.changes() == ["dry-run", "stop", "install", "rollback", "start"]
-        rollback = next(c.argv for c in sim_sshd_host.calls() if "--reinstall-package" in c.argv)
-        assert f"vllm=={DEFAULT_VERSION}" in rollback
+        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
+                                           "rollback", "start"]
+        # The whole environment goes back: a sync of the snapshot, from uv's cache.
+        rollback = next(c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip",
+                                                                                 "sync"))
+        assert "--offline" in rollback and rollback[-1].endswith(".freeze.txt")
         assert sim_sshd_host.installed_version == DEFAULT_VERSION
         assert sim_sshd_host.unit_state() == "active"
         record = await rt.audit.get_run(result.run_id)
@@ -103,15 +107,18 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
         assert steps["rollback_health"].status == "ok"
 
 
-async def test_uv_and_rollback_failure_leaves_service_stopped_and_says_so(
+async def test_an_install_that_always_fails_is_rolled_back_without_the_network(
         sim_host: SimKit, tmp_path: Path) -> None:
+    # Every download fails, rollbacks included; but the failed install changed nothing,
+    # so restoring the snapshot needs no download and the old version starts again.
+    # (A rollback that cannot restore: tests/test_environment_e2e.py.)
     sim_host.set_faults(uv_fails_always=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, Action.REDEPLOY)
-        assert result.status == "failed"
-        assert "STOPPED" in result.summary and "rollback" in result.summary
-        assert sim_host.changes() == ["dry-run", "stop", "install", "rollback"]
-        assert sim_host.unit_state() == "inactive"
+        assert result.status == "rolled_back", result.summary
+        assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "rollback",
+                                      "start"]
+        assert sim_host.unit_state() == "active"
 
 
 async def test_health_failure_posts_journal_tail(sim_sshd_host: SimKit, tmp_path: Path) -> None:
@@ -134,7 +141,10 @@ async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> Non
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, Action.REDEPLOY)
     assert result.status == "failed"
-    assert "is failed after start" in result.summary
+    # The new version never came up: the snapshot was restored, and the old one fails
+    # to start too (start_fails stays set), so the service is DOWN, said as such.
+    assert "The service is DOWN" in result.summary
+    assert sim_host.changes()[-3:] == ["stop", "rollback", "start"]
 
 
 async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,

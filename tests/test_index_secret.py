@@ -121,7 +121,7 @@ async def test_no_process_on_the_host_shows_the_token_and_uv_still_uses_the_inde
         assert result.status == "succeeded", out
         # Only the private index has this version: the install did use it.
         assert kit.installed_version == ONLY_ON_PRIVATE
-        assert kit.changes() == ["dry-run", "stop", "install", "start"]
+        assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         assert all(TOKEN not in " ".join(c.argv) for c in kit.calls())
         assert TOKEN not in out
         steps = await rt.audit.steps(result.run_id)

@@ -19,6 +19,7 @@ from bot.core.packages import (
     highlighted,
     parse_freeze,
     parse_install_changes,
+    parse_install_set,
     planned_diff,
 )
 
@@ -135,13 +136,14 @@ def test_highlights_and_lines_for_the_card() -> None:
         "flashinfer-python", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "torch", "torchvision",
         "triton", "vllm"]
     lines = diff.lines()
-    assert lines[0] == "! flashinfer-python 0.7.0.post1 → 0.7.2.post1"
-    assert "! torch 2.13.0 → 2.14.0" in lines and "  orjson (new) 3.13.0" in lines
+    # torch and vllm first, then the rest of the CUDA stack, then everything else.
+    assert lines[:3] == ["! torch 2.13.0 → 2.14.0", "! vllm 0.32.0 → 0.33.0",
+                         "! flashinfer-python 0.7.0.post1 → 0.7.2.post1"]
+    assert "  orjson (new) 3.13.0" in lines and lines.index("  orjson (new) 3.13.0") > 6
     assert lines[-1] == "  188 other packages unchanged"
     assert diff.lines(limit=2)[2] == "  … and 8 more"
-    assert diff.headline() == ("flashinfer-python 0.7.0.post1 → 0.7.2.post1, nvidia-cudnn-cu13 "
-                               "9.20.0.48 → 9.24.0.43, nvidia-nccl-cu13 2.29.7 → 2.30.7 and "
-                               "7 more")
+    assert diff.headline() == ("torch 2.13.0 → 2.14.0, vllm 0.32.0 → 0.33.0, "
+                               "flashinfer-python 0.7.0.post1 → 0.7.2.post1 and 7 more")
     assert PackageDiff.from_json(diff.to_json()) == diff
 
 
@@ -151,3 +153,11 @@ def test_highlights_and_lines_for_the_card() -> None:
     ("cupy-cuda12x", True), ("numpy", False), ("orjson", False), ("fastapi", False)])
 def test_what_is_highlighted(name: str, expected: bool) -> None:
     assert highlighted(name) is expected
+
+
+def test_what_the_install_installs_is_every_plus_and_tilde_line() -> None:
+    # uv_dry_run_torch_change.txt: without --force-reinstall, only the ten moved ones.
+    installs = parse_install_set(sample("uv_dry_run_torch_change.txt"))
+    assert installs == {c.name: c.after for c in TORCH_CHANGE}
+    assert parse_install_set(" ~ numpy==2.2.6\n - torch==2.9.1\n + torch==2.10.0\n") == {
+        "numpy": "2.2.6", "torch": "2.10.0"}

@@ -94,7 +94,7 @@ async def redeploy(rt: Runtime, hooks: Hooks | None = None, **plan: Any
 
 def install_checks(kit: SimKit) -> list[float]:
     """When the engine asked the host whether a uv install still runs."""
-    return [c.ts for c in kit.calls("pgrep") if c.argv[-1].startswith("^uv pip install")]
+    return [c.ts for c in kit.calls("pgrep") if c.argv[-1].startswith("^uv pip (install|sync)")]
 
 
 def uv_processes(kit: SimKit) -> list[int]:
@@ -148,7 +148,7 @@ async def test_dead_connection_fails_the_step_within_the_keepalive_window(
         assert f"`/vllm status {SERVICE}`" in result.summary
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         assert steps["stop"].status == "failed" and "reinstall" not in steps
-    assert kit.changes() == ["dry-run", "stop"]
+    assert kit.changes() == ["dry-run", "prefetch", "stop"]
 
 
 async def test_connection_dropped_mid_drain_reconnects_and_finishes(
@@ -172,7 +172,7 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
                                 "reinstall", "gate", "start", "health", "readiness",
                                 "postcheck", "gpu_recheck")]
     assert kit.link.accepted >= 2  # the drain went on over a new connection
-    assert kit.changes() == ["dry-run", "stop", "install", "start"]
+    assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
 
 
@@ -215,7 +215,7 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
     # The service was started only once uv had ended with the new version in place.
     assert at_start == [("0.16.0", [])]
     assert len(install_checks(kit)) >= 2  # the first look found uv still running
-    assert kit.changes() == ["dry-run", "stop", "install", "start"]
+    assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert kit.unit_state() == "active"
 
 
@@ -235,7 +235,7 @@ async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_e
         assert "connection lost during the reinstall" in result.summary
         assert f"vllm was {DEFAULT_VERSION}, not 0.16.0" in result.summary
     assert at_rollback == [[]]  # never two installs into one venv
-    assert kit.changes() == ["dry-run", "stop", "install", "rollback", "start"]
+    assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "rollback", "start"]
     assert kit.installed_version == DEFAULT_VERSION and kit.unit_state() == "active"
 
 
@@ -252,14 +252,14 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "rolled_back", out
         assert result.summary.startswith(
-            "reinstall timed out after 1s (last output: Resolved 152 packages in ")
+            "reinstall timed out after 1s (last output: Resolved 44 packages in ")
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         reinstall = steps["reinstall"]
         assert (reinstall.status, reinstall.exit_status) == ("failed", 124)
-        assert "Resolved 152 packages" in reinstall.output_tail  # the step's last output
+        assert "Resolved 44 packages" in reinstall.output_tail  # the step's last output
         assert steps["rollback_health"].status == "ok"
     assert uv_processes(sim_host) == []  # TERM reached the hung uv on the host
-    assert sim_host.changes() == ["dry-run", "stop", "install", "rollback", "start"]
+    assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "rollback", "start"]
     assert sim_host.installed_version == DEFAULT_VERSION and sim_host.unit_state() == "active"
 
 
@@ -297,7 +297,7 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
         assert "reinstall" not in steps
         decisions = [(d.user, d.decision) for d in await rt.audit.decisions(result.run_id)]
         assert ("U0ALICE", "cancel") in decisions
-    assert sim_host.changes() == ["dry-run", "stop", "start"]
+    assert sim_host.changes() == ["dry-run", "prefetch", "stop", "start"]
     assert sim_host.installed_version == DEFAULT_VERSION and sim_host.unit_state() == "active"
 
 
@@ -320,7 +320,7 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
         assert (record.status, record.version_after) == ("cancelled", "0.16.0")
         assert ("U0BOB", "cancel") in [(d.user, d.decision)
                                        for d in await rt.audit.decisions(result.run_id)]
-    assert sim_host.changes() == ["dry-run", "stop", "install", "start"]
+    assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert sim_host.installed_version == "0.16.0" and sim_host.unit_state() == "active"
 
 
@@ -366,7 +366,7 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
                                                    RunStatus.APPROVED,
                                                    RunStatus.RUNNING]) == []
         assert await rt1.audit.lock_holder(f"service:{SERVICE}") is None
-    assert sim_host.changes() == ["dry-run", "stop", "install", "start"]
+    assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
 
 
 async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(

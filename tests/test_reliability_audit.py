@@ -146,7 +146,7 @@ async def test_audit_db_locked_right_after_the_stop_brings_the_service_back(
         # by the reinstall that never ran.
         assert result.status == RunStatus.CANCELLED, out
         assert result.summary == f"cancelled during drain; service restarted on {DEFAULT_VERSION}"
-        assert kit.changes() == ["dry-run", "stop", "start"]
+        assert kit.changes() == ["dry-run", "prefetch", "stop", "start"]
         assert kit.unit_state() == "active" and kit.installed_version == DEFAULT_VERSION
         # Down for the retry window, one drain poll and the start (measured 2.9 s on an
         # idle machine); the bound only catches a wait that is not bounded at all.
@@ -184,7 +184,7 @@ async def test_a_lock_shorter_than_the_retry_window_changes_nothing(
         result, out = await redeploy(rt, Hooks(stop_sent, lock_briefly))
         assert result.status == RunStatus.SUCCEEDED, out
         assert "audit log" not in out
-        assert kit.changes() == ["dry-run", "stop", "install", "start"]
+        assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         assert [s.status for s in await rt.audit.steps(result.run_id)] == ["ok"] * 7
         assert not rt.engine.writer.journal.primary.exists()
 
@@ -231,7 +231,7 @@ async def test_audit_db_disk_full_right_after_the_stop_brings_the_service_back(
         journal = rt.engine.writer.journal
         result, out = await redeploy(rt, Hooks(stop_sent, lambda: fill(filler)))
         assert result.status == RunStatus.CANCELLED, out
-        assert kit.changes() == ["dry-run", "stop", "start"]
+        assert kit.changes() == ["dry-run", "prefetch", "stop", "start"]
         assert kit.unit_state() == "active" and kit.installed_version == DEFAULT_VERSION
         assert stop_to_start_s(kit) < RETRY_S + 15
         assert "The audit log cannot be written" in out and "full" in out
@@ -304,7 +304,7 @@ async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
             await bot.click("cancel", record.id, user=ALICE)
             [cancel] = await bot.ephemerals_for(ALICE)
             assert "stops at its next safe point" in cancel["text"]
-            await eventually(lambda: kit.changes() == ["dry-run", "stop", "start"]
+            await eventually(lambda: kit.changes() == ["dry-run", "prefetch", "stop", "start"]
                              and kit.unit_state() == "active", "the service started again")
             await bot.front_end.idle()
             thread = await the_thread()

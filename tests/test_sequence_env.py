@@ -210,7 +210,7 @@ def test_an_unhealthy_start_stops_and_restores_the_snapshot() -> None:
     names = [str(n.step) for n in h.notices if isinstance(n, EndStep)]
     after = names[names.index("health"):]
     assert after[:5] == ["health", "rollback_stop", "rollback", "rollback_start",
-                         "rollback_health"] and after[-1] == "postcheck"
+                         "rollback_health"] and "postcheck" in after
 
 
 def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:

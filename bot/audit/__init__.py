@@ -40,6 +40,13 @@ foreign key to ``runs``, enforced):
 ``gpu_snapshots``
     id, run_id (NULL for ad-hoc status queries), host, label, taken_at, data (JSON).
     Index: (run_id).
+``environments``
+    id, run_id, host, kind (``bot.core.packages.EnvKind``: preview|planned|snapshot|
+    installed|restored), taken_at, data (JSON: ``changes`` [{name, before, after}] and
+    ``unchanged`` for a change; for a snapshot ``freeze`` {name: version}, ``others``,
+    ``sha256`` and ``lock``, the file on the host a rollback syncs to; ``note`` when a
+    set could not be read): what each run did to a host's whole Python environment
+    (issue 10; added by ``0006_environments``). Index: (run_id).
 ``refusals``
     id, at, user, channel, command (as typed), reason: one row per refused command or
     click.

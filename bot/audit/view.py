@@ -6,9 +6,11 @@ Pure functions: the CLI prints them, the Slack handlers wrap the table in a code
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from bot.audit.records import RunRecord
+from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
+from bot.core.packages import PackageDiff
 
 # (header, widest a cell may get); long values are cut with an ellipsis so one odd
 # package spec cannot push every other row off a Slack code block.
@@ -68,6 +70,61 @@ def runs_table(records: Sequence[RunRecord]) -> str:
     return "\n".join([line(headers), *(line(row) for row in rows)])
 
 
-def runs_json(records: Sequence[RunRecord]) -> str:
-    """A pretty JSON array of ``RunRecord.to_json()`` objects."""
-    return json.dumps([r.to_json() for r in records], indent=2, ensure_ascii=False)
+def runs_json(records: Sequence[RunRecord],
+              packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None) -> str:
+    """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
+    ``packages_changed``: what the run's install really changed on its first host
+    (``[{name, before, after}]``), or null when it installed nothing."""
+    changed = packages_changed or {}
+    return json.dumps([{**r.to_json(), "packages_changed": (
+        list(changed[r.id]) if r.id in changed else None)} for r in records],
+        indent=2, ensure_ascii=False)
+
+
+_ENV_TITLES = {
+    "preview": "Package changes shown on the card (dry run at request time)",
+    "planned": "Package changes planned at preflight (dry run)",
+    "installed": "Package changes the install made",
+    "restored": "After the rollback, compared with the snapshot",
+}
+
+
+def _env_lines(env: EnvironmentRecord) -> list[str]:
+    data = env.data
+    if env.kind == "snapshot":
+        n = len(data.get("freeze") or {}) + len(data.get("others") or [])
+        where = data.get("lock")
+        return [f"{env.host}: environment snapshot of {n} packages"
+                + (f", kept on the host as {where}" if where else " (dry run: not kept)")]
+    title = _ENV_TITLES.get(env.kind, env.kind)
+    if "changes" not in data:
+        return [f"{env.host}: {title}: unknown ({data.get('note') or 'not read'})"]
+    diff = PackageDiff.from_json(data)
+    if env.kind == "restored":
+        state = ("equals the snapshot" if not diff.changes
+                 else "DIFFERS from the snapshot:")
+        return [f"{env.host}: {title}: {state}",
+                *(f"    {line}" for line in diff.lines() if diff.changes)]
+    return [f"{env.host}: {title}:", *(f"    {line}" for line in diff.lines())]
+
+
+def run_view(record: RunRecord, steps: Sequence[StepRecord],
+             environments: Sequence[EnvironmentRecord]) -> str:
+    """One run for people: who, what, how it ended, each step, and what it did to the
+    environment (``python -m bot audit --run N``, ``/vllm audit <run-id>``)."""
+    lines = [f"run #{record.id}: {record.action}{' (dry run)' if record.dry_run else ''} "
+             f"{record.service} on {', '.join(record.hosts)}: {record.status}",
+             f"requested by {record.requested_by} at {record.created_at}; approved by "
+             f"{', '.join(record.approved_by) or '-'}",
+             f"{record.package_spec or '-'}; version {_version(record)}"]
+    if record.summary:
+        lines.append(f"summary: {record.summary}")
+    if steps:
+        lines.append("steps:")
+        for s in steps:
+            took = f"{s.duration_s:.1f}s" if s.duration_s is not None else "-"
+            code = f" exit {s.exit_status}" if s.exit_status is not None else ""
+            lines.append(f"  {s.host} {s.step}: {s.status} ({took}{code})")
+    for env in environments:
+        lines += _env_lines(env)
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
+from bot.core.packages import change_report
 from bot.core.plan import STEP_TITLES
 from bot.core.redact import MASK
 from bot.core.status import StepStatus
@@ -31,7 +32,27 @@ class TerminalSink:
         self.out.write(self._redact(text) + "\n")
         self.out.flush()
 
+    def _packages(self, event: ev.PackagesKnown) -> None:
+        report = change_report(event.kind, event.diff, event.note)
+        if report is not None:
+            self._print("\n".join(f"[{event.host}] {line}" for line in report.splitlines()))
+
+    def _gpu_table(self, event: ev.GpuTable) -> None:
+        self._print(f"[{event.host}] GPU memory {event.label}:\n{render_table(event.snapshot)}")
+
+    def _whole(self, event: ev.Event) -> bool:
+        """Tables and package lists, printed whole; False for any other event."""
+        if isinstance(event, ev.PackagesKnown):
+            self._packages(event)
+        elif isinstance(event, ev.GpuTable):
+            self._gpu_table(event)
+        else:
+            return False
+        return True
+
     async def handle(self, event: ev.Event) -> None:
+        if self._whole(event):
+            return
         if isinstance(event, ev.RunStarted):
             p = event.plan
             what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
@@ -49,9 +70,6 @@ class TerminalSink:
                 self._print(f"[{event.host}]   | {self._mask_keys(event)}")
         elif isinstance(event, ev.StepFinished):
             self._finished(event)
-        elif isinstance(event, ev.GpuTable):
-            self._print(f"[{event.host}] GPU memory {event.label}:\n"
-                        f"{render_table(event.snapshot)}")
         elif isinstance(event, ev.HostFinished):
             self._print(f"[{event.host}] {event.status}: {event.summary}")
         elif isinstance(event, ev.RunFinished):

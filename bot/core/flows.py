@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,7 +69,6 @@ from bot.core.leftovers import (
 )
 from bot.core.metrics import Load, MetricsError, parse_load
 from bot.core.packages import (
-    Change,
     EnvKind,
     Freeze,
     PackageDiff,
@@ -77,6 +76,7 @@ from bot.core.packages import (
     downloaded_bytes,
     parse_freeze,
     parse_install_changes,
+    parse_install_set,
     planned_diff,
 )
 from bot.core.plan import (
@@ -1101,8 +1101,8 @@ def _preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action,
         props = yield from _preflight_unit(svc, host)
         before = yield from _preflight_version(svc)
         avail = yield from _preflight_disk(svc)
-        target, changes = yield from _preflight_dry_run(plan, svc)
-        env = yield from _preflight_snapshot(plan, svc, changes)
+        target, dry_output = yield from _preflight_dry_run(plan, svc)
+        env = yield from _preflight_snapshot(plan, svc, dry_output)
     except _Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason, None, e.evidence))
         return _Preflight(before, None, e.reason)
@@ -1148,19 +1148,18 @@ def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
 
 
 def _preflight_dry_run(plan: Plan, svc: ServiceSettings
-                       ) -> Generator[Action, Any, tuple[str | None, tuple[Change, ...]]]:
+                       ) -> Generator[Action, Any, tuple[str | None, str]]:
     """``uv pip install --dry-run``; returns the version the install should leave, and
-    every package whose version it changes (uv's `` - ``/`` + `` lines, on stderr)."""
+    uv's report (its `` - ``/`` + ``/`` ~ `` lines, on stderr)."""
     dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
     dry = yield from _run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s,
                           stdin=remote.index_input(plan.index_url))
     if not dry.ok:
         raise _Refused(f"install dry run failed ({_why(dry)}): {_tail(dry.output, 4)}")
-    changes = parse_install_changes(dry.output)
     if plan.version is not None:
-        return plan.version, changes
+        return plan.version, dry.output
     # What "latest" means now: after a lost connection, the version to look for.
-    return remote.parse_resolved_version(dry.output, svc.package), changes
+    return remote.parse_resolved_version(dry.output, svc.package), dry.output
 
 
 # ---- the whole environment: snapshot, prefetch, import gate, rollback (issue 10) -------
@@ -1173,9 +1172,13 @@ class _Env:
     freeze: Freeze  # the snapshot (``uv pip freeze``)
     lock: str  # where the snapshot is kept on the host: what a rollback syncs to
     planned: PackageDiff  # the dry run's changes
+    # Everything the install installs (the dry run's `+` and `~` lines): what the prefetch
+    # puts in uv's cache. Not the whole snapshot: what the install leaves alone (a CUDA 12
+    # wheel a CUDA 13 release no longer needs) may be gone from the index already.
+    installs: Mapping[str, str] = field(default_factory=dict)
 
 
-def _preflight_snapshot(plan: Plan, svc: ServiceSettings, changes: tuple[Change, ...]
+def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
                         ) -> Generator[Action, Any, _Env]:
     """``uv pip freeze`` of the venv, kept on the host next to it (so a rollback never
     depends on the bot) and recorded in the audit log. A snapshot that cannot be taken
@@ -1197,7 +1200,9 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, changes: tuple[Change,
         if not s.ok:
             raise _Refused(f"cannot save the environment snapshot on the host as {lock} "
                            f"({_explain(s)})", _evidence(save, s))
-    env = _Env(snapshot, lock, planned_diff(snapshot, changes))
+    changes = parse_install_changes(dry_output)
+    env = _Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output)
+               or {c.name: c.after for c in changes if c.after is not None})
     yield Emit(Packages(EnvKind.SNAPSHOT, None, snapshot.text, None if plan.dry_run else lock))
     yield Emit(Packages(EnvKind.PLANNED, env.planned))
     return env
@@ -1211,13 +1216,14 @@ def _size(n: int | None) -> str:
 
 
 def _prefetch(plan: Plan, svc: ServiceSettings, env: _Env) -> Generator[Action, Any, str | None]:
-    """Before the stop, fetch every wheel the install needs into uv's cache (the pinned
-    set the dry run leaves, installed into a throwaway venv that is removed), so the
-    outage holds no download. None when done, else why not (the service is untouched)."""
+    """Before the stop, fetch every wheel the install needs into uv's cache (what the
+    dry run says the install installs, pinned, installed into a throwaway venv that is
+    removed), so the outage holds no download. None when done, else why not (the
+    service is untouched)."""
     argv = remote.prefetch(svc, plan.index_url)
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
-    pinned = env.freeze.applied(env.planned.changes)
-    stdin = (remote.index_input(plan.index_url) or b"") + pinned.requirements().encode()
+    pins = "".join(f"{n}=={v}\n" for n, v in sorted(env.installs.items()))
+    stdin = (remote.index_input(plan.index_url) or b"") + pins.encode()
     started = (yield from _tick(0.0)).now
     r = yield from _run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
     took = (yield from _tick(0.0)).now - started
@@ -1227,7 +1233,7 @@ def _prefetch(plan: Plan, svc: ServiceSettings, env: _Env) -> Generator[Action, 
         yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
         return f"{why}: {_tail(r.output, 3)}" if not r.timed_out and not lost(r) else why
     yield Emit(EndStep(Step.PREFETCH, True,
-                       f"{len(pinned.versions)} packages in uv's cache, "
+                       f"{len(env.installs)} packages in uv's cache, "
                        f"{_size(downloaded_bytes(r.output))} in {took:.1f}s", r.exit_status))
     return None
 
@@ -1286,6 +1292,27 @@ def _restore(plan: Plan, svc: ServiceSettings, before: str | None, env: _Env
     return (yield from _install(svc, Step.ROLLBACK, online, before, "rollback from the index",
                                 f"restored the snapshot from the index ({env.lock})",
                                 remote.index_input(plan.index_url)))
+
+
+def preview_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """What a redeploy would change, read when it is requested (before anyone approves):
+    the freeze and the install's dry run, compared. Changes nothing on the host; the
+    change is emitted as a ``Packages(PREVIEW)`` notice, and the outcome says why not
+    when it cannot be read."""
+    frozen = yield from _run(Step.PREFLIGHT, remote.freeze(svc), svc.command_timeout_s,
+                             quiet=True)
+    if not frozen.ok:
+        return HostOutcome(HostStatus.FAILED, f"cannot read the environment "
+                           f"(`{cmd(remote.freeze(svc))}`: {_explain(frozen)})")
+    dry = yield from _run(Step.PREFLIGHT, remote.install_dry_run(svc, plan.spec, plan.index_url),
+                          svc.install_timeout_s, quiet=True,
+                          stdin=remote.index_input(plan.index_url))
+    if not dry.ok:
+        return HostOutcome(HostStatus.FAILED, f"install dry run failed ({_why(dry)}): "
+                           f"{_tail(dry.output, 3)}")
+    diff = planned_diff(parse_freeze(frozen.stdout), parse_install_changes(dry.output))
+    yield Emit(Packages(EnvKind.PREVIEW, diff))
+    return HostOutcome(HostStatus.SUCCEEDED, diff.headline())
 
 
 def rollback_command(svc: ServiceSettings, lock: str) -> str:
@@ -1362,7 +1389,7 @@ def _postcheck_restored(svc: ServiceSettings, host: str, env: _Env
         gpus = f"GPU table unavailable: {e.reason}"
     else:
         yield Emit(Snapshot("after restart", snap))
-        gpus = memory_summary(snap)
+        gpus = f"{snap.used_mib:,} of {snap.total_mib:,} MiB in use"
     yield Emit(EndStep(Step.POSTCHECK, differs is None, f"version {after}; {env_text}; {gpus}"))
     return after, differs
 
@@ -1383,6 +1410,10 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.SUCCEEDED, f"dry run: preflight passed; would install "
                            f"{plan.spec}, changing {pre.env.planned.headline()}", before, None)
 
+    # A cancel that came during the preflight takes effect before the prefetch's downloads.
+    if (yield from _tick()).cancel_requested:
+        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
+                           before, None)
     fetch_failed = yield from _prefetch(plan, svc, pre.env)
     if fetch_failed is not None:
         return HostOutcome(HostStatus.ABORTED, f"prefetch failed; service untouched: "

@@ -49,6 +49,13 @@ _DOWNLOADING = re.compile(r"^Downloading (?P<name>\S+) \((?P<size>[0-9.]+)(?P<un
 _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
 
 
+def rank(name: str) -> int:
+    """Where a change is listed: torch and vllm first, the rest of the CUDA stack next,
+    everything else after (0, 1, 2)."""
+    n = canonicalize_name(name)
+    return 0 if n in ("torch", "vllm") else 1 if highlighted(n) else 2
+
+
 def highlighted(name: str) -> bool:
     """Whether a change of this package changes the CUDA/torch stack under vLLM."""
     n = canonicalize_name(name)
@@ -101,7 +108,7 @@ class PackageDiff:
     def lines(self, limit: int | None = None) -> list[str]:
         """One line per change, highlighted ones first (marked ``!``), then the count of
         unchanged packages; at most ``limit`` change lines, then how many more."""
-        ordered = sorted(self.changes, key=lambda c: (not c.highlighted, c.name))
+        ordered = sorted(self.changes, key=lambda c: (rank(c.name), c.name))
         shown = ordered if limit is None else ordered[:limit]
         out = [f"{'!' if c.highlighted else ' '} {c.describe()}" for c in shown]
         if len(ordered) > len(shown):
@@ -117,7 +124,8 @@ class PackageDiff:
         """A short sentence: ``torch 2.13.0 → 2.14.0, vllm 0.32.0 → 0.33.0 and 8 more``."""
         if not self.changes:
             return "no package changes version"
-        first = [c.describe() for c in (self.highlights or self.changes)[:3]]
+        ordered = sorted(self.highlights or self.changes, key=lambda c: (rank(c.name), c.name))
+        first = [c.describe() for c in ordered[:3]]
         more = len(self.changes) - len(first)
         return ", ".join(first) + (f" and {more} more" if more > 0 else "")
 
@@ -143,6 +151,19 @@ def _pinned(requirement: str) -> tuple[str, str] | None:
     if req.url is not None or len(specs) != 1 or specs[0].operator not in ("==", "==="):
         return None
     return canonicalize_name(req.name), specs[0].version
+
+
+def parse_install_set(text: str) -> dict[str, str]:
+    """Every package an install (or its dry run) installs, at the version it installs:
+    its `` + `` and `` ~ `` lines (with ``--force-reinstall``, the whole resolution). What
+    a prefetch must have in the cache for the install to download nothing."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CHANGE_LINE.match(line.rstrip())
+        pinned = _pinned(m["req"]) if m is not None and m.group(1) in "+~" else None
+        if pinned is not None:
+            out[pinned[0]] = pinned[1]
+    return out
 
 
 def parse_install_changes(text: str) -> tuple[Change, ...]:
@@ -275,3 +296,27 @@ def planned_diff(before: Freeze, changes: Iterable[Change]) -> PackageDiff:
     names = {canonicalize_name(c.name) for c in moved}
     return PackageDiff(moved, sum(1 for n in before.versions if n not in names)
                        + len(before.others))
+
+
+_REPORT_TITLES = {
+    EnvKind.PREVIEW: "Package changes (dry run at request time)",
+    EnvKind.PLANNED: "Package changes planned (dry run at preflight)",
+    EnvKind.INSTALLED: "Package changes the install made",
+    EnvKind.RESTORED: "Environment after the rollback",
+}
+
+
+def change_report(kind: EnvKind, diff: PackageDiff | None, note: str = "",
+                  limit: int | None = None) -> str | None:
+    """A package set as the thread and the terminal show it; None for a snapshot (the
+    whole freeze: kept in the audit log and on the host, not posted)."""
+    title = _REPORT_TITLES.get(kind)
+    if title is None:
+        return None
+    if diff is None:
+        return f"{title}: unknown ({note or 'not read'})"
+    if kind == EnvKind.RESTORED:
+        if not diff.changes:
+            return f"{title}: equals the snapshot, every package as it was"
+        return "\n".join([f"{title}: DIFFERS from the snapshot:", *diff.lines(limit)])
+    return "\n".join([f"{title}:", *diff.lines(limit)])

@@ -29,6 +29,7 @@ from bot.audit.resilient import AuditWriter, StepRef, Written, unavailable
 from bot.audit.store import AuditLog
 from bot.core import events as ev
 from bot.core.gpu import GpuSnapshot
+from bot.core.packages import parse_freeze
 from bot.core.status import Decision, RunStatus, StepStatus
 from bot.engine.executor import CancelToken
 from bot.engine.recovery import interrupted_message
@@ -60,9 +61,17 @@ def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
 
 
 def environment_json(e: ev.PackagesKnown) -> dict[str, object]:
-    """What the ``environments`` table keeps of a package set (bot.audit.environments)."""
+    """What the ``environments`` table keeps of a package set (bot.audit.environments).
+    A snapshot is kept as ``{name: version}`` (and its other lines), not as the freeze's
+    text: every string is redacted on its way in, and a pin such as ``tiktoken==0.12.0``
+    reads like a ``token=`` secret as one line, never as a name and a version apart. The
+    text itself, byte for byte, is the host's file (``lock``; ``sha256`` names it)."""
     data: dict[str, object] = e.diff.to_json() if e.diff is not None else {}
-    for key, value in (("freeze", e.freeze), ("lock", e.lock), ("note", e.note)):
+    if e.freeze is not None:
+        frozen = parse_freeze(e.freeze)
+        data.update(freeze=dict(frozen.versions), others=list(frozen.others),
+                    sha256=frozen.digest)
+    for key, value in (("lock", e.lock), ("note", e.note)):
         if value:
             data[key] = value
     return data

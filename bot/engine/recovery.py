@@ -67,10 +67,10 @@ _STATE_AFTER: dict[str, str] = {
                 "STOPPED.",
     Step.REINSTALL: "The service is STOPPED, and the reinstall may have completed, failed "
                     "or still be running on the host (a bot restart does not stop `uv`).",
-    Step.ROLLBACK: "The service is STOPPED, and the rollback (`uv pip sync` of the "
-                   "environment snapshot kept next to the venv in `.chatops/`) may have "
-                   "completed, failed or still be running on the host (a bot restart does "
-                   "not stop `uv`).",
+    Step.ROLLBACK: "The service is STOPPED, and the rollback may have completed, failed or "
+                   "still be running on the host (a bot restart does not stop `uv`); it "
+                   "restores the environment snapshot kept in `.chatops/` next to the venv "
+                   "(`uv pip sync`).",
     Step.PREFETCH: "Nothing was changed: the bot stopped while fetching packages into uv's "
                    "cache, before stopping the service, so it should still be running.",
     Step.GATE: "The service is STOPPED and the new version is installed but had not passed "

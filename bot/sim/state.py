@@ -120,8 +120,11 @@ class Faults:
     """Fault switches; tests flip them at any time through ``SimKit.set_faults``."""
 
     stuck_worker: bool = False  # after stop, Worker_TP3 survives holding ~96 GB, forever
-    uv_fails: bool = False  # the next real install fails (download error), then clears
+    # The next real install into the venv fails (download error), then clears. The bot's
+    # prefetch (an install into a throwaway venv) is spared: see prefetch_fails.
+    uv_fails: bool = False
     uv_fails_always: bool = False  # every real install fails, rollbacks included
+    prefetch_fails: bool = False  # the next prefetch fails downloading, then clears
     uv_stalls: bool = False  # real installs stall after resolving while this is set
     # Real installs first print one line of flood_chars characters (a runaway progress
     # bar, `tr '\0' C </dev/zero`), then go on as usual.

@@ -325,6 +325,23 @@ class CardView:
     # While a run waits for an approver to let it terminate leftover processes: the
     # list the approver sees (PIDs, names, memory, why they are the service's).
     leftovers: str | None = None
+    # What the redeploy changes besides vLLM, from the dry run at request time
+    # (bot.engine.preview.preview_lines): "! torch 2.9.1 → 2.10.0" lines (! = highlighted).
+    packages: tuple[str, ...] = ()
+
+
+def _packages(view: CardView) -> list[Block]:
+    """The package change, so approvers see torch and the CUDA wheels move before they
+    approve: the highlighted changes in a sentence, then every change in a code block."""
+    if not view.packages:
+        return []
+    marked = [line[2:] for line in view.packages if line.startswith("! ")]
+    head = "*Package changes (dry run at request)*"
+    if marked:
+        head += "\n:warning: Also changes " + ", ".join(f"*{escape(m)}*" for m in marked[:6])
+        head += f" and {len(marked) - 6} more highlighted" if len(marked) > 6 else ""
+    code, _ = code_head("\n".join(view.packages))
+    return [section(head), section(code)]
 
 
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
@@ -571,6 +588,7 @@ def run_card(view: CardView) -> Message:
     title = f"Run #{view.run_id}: {_what(view.plan)} — {word}"
     blocks: list[Block] = [header(title), _facts(view)]
     if status == RunStatus.PENDING_APPROVAL:
+        blocks.extend(_packages(view))
         blocks.extend(_commands(view.plan))
         blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "
                               "their own run unless the policy allows it.", _expiry(view),

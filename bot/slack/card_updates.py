@@ -13,6 +13,7 @@ import logging
 
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.status import RunStatus
+from bot.engine.preview import CARD_LIMIT, preview_lines, previews_of
 from bot.settings import PolicySettings
 from bot.slack.blocks import message, run_card, section
 from bot.slack.cards import card_view, with_recorded_steps
@@ -40,8 +41,12 @@ class CardUpdates:
                 return
             view = card_view(record, self.policy, membership)
             if record.status == RunStatus.PENDING_APPROVAL:
+                # The package change shown at the request, as recorded with the run.
+                previews = previews_of(await self.audit.environments(run_id))
                 view = dataclasses.replace(view, notes=(*view.notes,
-                                                        *self.notes.get(run_id, ())))
+                                                        *self.notes.get(run_id, ())),
+                                           packages=tuple(preview_lines(previews,
+                                                                        limit=CARD_LIMIT)))
             else:
                 self.notes.pop(run_id, None)
             if record.started_at is not None:

@@ -43,6 +43,7 @@ from bot.core.policy import groups_to_resolve, is_approver, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.load import load_note, read_load
+from bot.engine.preview import CARD_LIMIT, preview, preview_lines, record_previews
 from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
@@ -260,6 +261,12 @@ class SlackFrontEnd:
             notes = (await self._load_note(plan),)
             self.cards.notes[record.id] = notes
             view = dataclasses.replace(view, notes=(*view.notes, *notes))
+        # What the redeploy changes besides vLLM (torch, CUDA wheels...), before anyone
+        # approves: dry-run now, kept with the run, shown on its card (issue 10).
+        previews = await preview(self.runtime.settings, self.runtime.pool, plan)
+        await record_previews(self.runtime.audit, record.id, previews)
+        view = dataclasses.replace(view, packages=tuple(preview_lines(previews,
+                                                                      limit=CARD_LIMIT)))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
@@ -432,3 +439,4 @@ class SlackFrontEnd:
         await self.lifecycle.abandon(run_id, status, summary)
         record = await self.runtime.audit.get_run(run_id)
         reporter.conclude(record.status, record.summary or summary)
+

@@ -46,7 +46,7 @@ USAGE: dict[str, str] = {
     "status": "status [service]",
     "gpus": "gpus [host|service] [--health]",
     "logs": "logs <service> [-n N]",
-    "audit": "audit [service] [--limit N]",
+    "audit": "audit [service|run-id] [--limit N]",
     "cancel": "cancel <run-id>",
     "doctor": "doctor [host|service]",
 }
@@ -103,6 +103,7 @@ class Logs:
 class Audit:
     service: str | None = None
     limit: int = AUDIT_DEFAULT
+    run_id: int | None = None  # one run: its steps and its package changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +320,19 @@ def _parse_help(args: _Args, settings: Settings) -> Help:
     return Help()
 
 
+def _parse_audit(args: _Args, settings: Settings) -> Audit:
+    """``audit [service|run-id]``: ``#12`` is a run; so is ``12`` unless a service has
+    that name."""
+    limit = args.integer("--limit", AUDIT_DEFAULT, AUDIT_MAX)
+    name = args.positional()
+    if name is None:
+        return Audit(None, limit)
+    run_id = run_id_of(name.removeprefix("#"))
+    if run_id is not None and (name.startswith("#") or name not in settings.services):
+        return Audit(None, limit, run_id)
+    return Audit(_service(name, settings), limit)
+
+
 def _optional_service(args: _Args, settings: Settings) -> str | None:
     name = args.positional()
     return None if name is None else _service(name, settings)
@@ -336,8 +350,7 @@ _PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
     "gpus": ({"--health": False}, _parse_gpus),
     "logs": ({"-n": True}, lambda a, s: Logs(
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX))),
-    "audit": ({"--limit": True}, lambda a, s: Audit(
-        _optional_service(a, s), a.integer("--limit", AUDIT_DEFAULT, AUDIT_MAX))),
+    "audit": ({"--limit": True}, lambda a, s: _parse_audit(a, s)),
     "cancel": ({}, lambda a, s: _parse_cancel(a)),
     # The same targets as gpus: everything, a host, or a service's hosts.
     "doctor": ({}, lambda a, s: Doctor(*_target(_parse_gpus(a, s)))),

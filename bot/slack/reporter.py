@@ -36,6 +36,7 @@ from typing import Any
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
+from bot.core.packages import change_report
 from bot.core.plan import Step
 from bot.core.status import RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
@@ -152,9 +153,8 @@ class SlackReporter:
             self._step(event.host, event.step, progress=event.shown())
         elif isinstance(event, ev.StepFinished):
             self._finished(event)
-        elif isinstance(event, ev.GpuTable):
-            self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
-                                        table=render_table(event.snapshot)))
+        elif isinstance(event, ev.GpuTable | ev.PackagesKnown):
+            self._table(event)
         elif isinstance(event, ev.VersionsKnown):
             if event.before is not None and self.view.status == RunStatus.RUNNING:
                 self._set(version_now=self.view.version_now or event.before)
@@ -166,6 +166,19 @@ class SlackReporter:
         elif isinstance(event, ev.Notice):
             self._replies.append(_Reply(msg=notice_reply(event.text)))
         self._touch()
+
+    def _table(self, event: ev.GpuTable | ev.PackagesKnown) -> None:
+        """A GPU table, or a package change (planned, made, or how the restored
+        environment compares with the snapshot), as a code block in the thread."""
+        if isinstance(event, ev.GpuTable):
+            self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
+                                        table=render_table(event.snapshot)))
+            return
+        report = change_report(event.kind, event.diff, event.note)
+        if report is not None:
+            title, _, body = report.partition("\n")
+            self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
+                                        table=body or title))
 
     def _finished(self, event: ev.StepFinished) -> None:
         line = self._step(event.host, event.step, state=event.status,
@@ -345,3 +358,4 @@ class SlackReporter:
             name, content, title = reply.file
             await self.poster.upload(self.channel, filename=name, content=content, title=title,
                                      thread_ts=self.ts)
+

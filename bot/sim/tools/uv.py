@@ -378,7 +378,7 @@ def _prefetch(store: StateStore, req: _Request, t0: float) -> int:
     need = _missing(st, wanted, req)
     if isinstance(need, int):
         return need
-    if _download_fails(store):
+    if _prefetch_fails(store):
         return _download_error(req, need[0] if need else pk.pin(PACKAGE, "?"))
     done = _download(store, need, time.time())
     _err(f"Prepared {_plural(len(wanted))} in {_elapsed(done - t0)}")
@@ -403,6 +403,14 @@ def _download_fails(store: StateStore) -> bool:
         if faults.uv_fails and not faults.uv_fails_always:
             tx.state = replace(tx.state, faults=replace(faults, uv_fails=False))
         return faults.uv_fails or faults.uv_fails_always
+
+
+def _prefetch_fails(store: StateStore) -> bool:
+    with store.transaction() as tx:
+        faults = tx.state.faults
+        if faults.prefetch_fails:
+            tx.state = replace(tx.state, faults=replace(faults, prefetch_fails=False))
+        return faults.prefetch_fails
 
 
 def _fails_midway(store: StateStore) -> bool:

@@ -1,0 +1,250 @@
+"""Issue 10 end to end: the engine against the simulated host behind a real OpenSSH sshd,
+with the real audit database. What reached the host is read from its own call log
+(``SimKit.changes()``), and what its environment is from its own state, not from what
+the engine meant to do."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any
+
+from bot.cli.terminal import TerminalSink
+from bot.core import events as ev
+from bot.core.packages import parse_freeze
+from bot.core.plan import Step
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.engine import RunResult
+from bot.engine.preview import preview, preview_lines, previews_of, record_previews
+from bot.engine.runtime import Runtime, open_runtime
+from bot.sim.kit import SERVICE, SimKit
+from bot.sim.state import DEFAULT_VERSION
+from bot.slack.blocks import run_card
+from bot.slack.cards import card_view
+from tests.support.sim import sim_settings
+
+NEW = "0.16.0"
+
+
+class Tap:
+    """The terminal's view (shown when a test fails) and hooks on step starts."""
+
+    def __init__(self, out: io.StringIO) -> None:
+        self.terminal = TerminalSink(out)
+        self.on_start: dict[Step, Any] = {}
+
+    async def handle(self, event: ev.Event) -> None:
+        await self.terminal.handle(event)
+        if isinstance(event, ev.StepStarted) and event.step in self.on_start:
+            self.on_start.pop(event.step)()
+
+
+async def redeploy(rt: Runtime, tap: Tap | None = None, **plan: Any
+                   ) -> tuple[RunResult, str]:
+    out = io.StringIO()
+    tap = tap or Tap(out)
+    tap.terminal.out = out
+    p = rt.engine.plan(Action.REDEPLOY, SERVICE, **plan)
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
+                                     expect=(RunStatus.PENDING_APPROVAL,))
+    return await rt.engine.execute(record.id, tap), out.getvalue()
+
+
+def starts_after_rollback_only(kit: SimKit) -> bool:
+    """Every `systemctl start` came after the rollback: the new environment never ran."""
+    changes = kit.changes()
+    return "rollback" in changes and "start" not in changes[:changes.index("rollback")]
+
+
+async def test_the_card_lists_the_torch_change_before_approval(sim_sshd_host: SimKit,
+                                                               tmp_path: Path) -> None:
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=NEW, index="nightly")
+        previews = await preview(rt.settings, rt.pool, plan)
+        record = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.SLACK)
+        await record_previews(rt.audit, record.id, previews)
+        # The card is rendered from what the audit log kept, as a refreshed card is.
+        stored = previews_of(await rt.audit.environments(record.id))
+        view = card_view(await rt.audit.get_run(record.id), rt.settings.policy)
+        view = dataclasses.replace(view, packages=tuple(preview_lines(stored)))
+        card = str(run_card(view).blocks)
+    assert stored == previews and previews[0].diff is not None
+    assert "Also changes *torch 2.9.1 → 2.10.0*, *vllm" in card  # in the sentence
+    assert "! torch 2.9.1 → 2.10.0" in card and "! nvidia-cudnn-cu13 (new) 9.15.1.9" in card
+    assert "36 other packages unchanged" in card
+    # Reading it changed nothing on the host.
+    assert sim_sshd_host.changes() == ["dry-run"]
+    assert sim_sshd_host.environment()["torch"] == "2.9.1"
+
+
+async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    before = sim_sshd_host.environment()
+    sim_sshd_host.set_faults(uv_fails_midway=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        assert result.status == RunStatus.ROLLED_BACK, out
+        assert "the whole environment, 43 packages, as before" in result.summary
+        assert sim_sshd_host.environment() == before  # every package, not only vllm
+        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
+                                           "rollback", "start"]
+        sync = next(c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip", "sync"))
+        assert "--offline" in sync
+        kinds = {e.kind: e for e in await rt.audit.environments(result.run_id)}
+        # What the failure left behind is on record: torch moved, vllm gone.
+        left = {c["name"]: c for c in kinds["installed"].data["changes"]}
+        assert left["torch"]["after"] == "2.10.0" and left["vllm"]["after"] is None
+        assert kinds["restored"].data["changes"] == []
+        snapshot = kinds["snapshot"].data
+        lock = Path(snapshot["lock"])
+        kept = parse_freeze(lock.read_text())
+        assert kept.versions == snapshot["freeze"] == before
+        assert kept.digest == snapshot["sha256"] and snapshot["sha256"][:16] in lock.name
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+        assert "No space left on device" in steps["reinstall"].output_tail
+        assert steps["postcheck"].status == "ok"
+    assert "environment equals the snapshot (43 packages)" in out
+
+
+async def test_the_rollback_comes_from_the_cache_when_the_index_dropped_the_old_build(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    before = sim_sshd_host.environment()
+    sim_sshd_host.set_faults(uv_fails_midway=True, index_drops_old=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+    assert result.status == RunStatus.ROLLED_BACK, out
+    assert sim_sshd_host.environment() == before
+    assert before["vllm"] == DEFAULT_VERSION  # the nightly dev build the index no longer has
+    syncs = [c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip", "sync")]
+    assert len(syncs) == 1 and "--offline" in syncs[0]
+
+
+async def test_without_the_old_build_anywhere_the_run_says_how_to_restore(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(uv_fails_midway=True, index_drops_old=True)
+    with sim_sshd_host.store.transaction() as tx:  # `uv cache prune` ran meanwhile
+        tx.state = dataclasses.replace(tx.state, cache=tuple(c for c in tx.state.cache
+                                                 if not c.startswith("torch==")))
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+    assert result.status == RunStatus.FAILED, out
+    assert "The service is STOPPED; restore the snapshot with `uv pip sync --python" in \
+        result.summary
+    assert sim_sshd_host.changes()[-2:] == ["rollback", "rollback"]  # cache, then index
+    assert sim_sshd_host.unit_state() == "inactive"
+
+
+async def test_torch_cuda_mismatch_never_starts_the_new_version(sim_sshd_host: SimKit,
+                                                                tmp_path: Path) -> None:
+    before = sim_sshd_host.environment()
+    sim_sshd_host.set_faults(torch_cuda_mismatch=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        assert result.status == RunStatus.ROLLED_BACK, out
+        assert ("CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
+                "the driver supports") in result.summary
+        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
+                                           "rollback", "start"]
+        assert starts_after_rollback_only(sim_sshd_host)
+        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
+        assert gate.status == "failed" and 'chatops-gate {"vllm": "0.16.0"' in gate.output_tail
+    assert sim_sshd_host.environment() == before
+    assert sim_sshd_host.unit_state() == "active"
+
+
+async def test_an_import_error_never_starts_the_new_version(sim_sshd_host: SimKit,
+                                                            tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(import_error=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        assert result.status == RunStatus.ROLLED_BACK, out
+        assert "import check failed: import vllm, torch failed: ImportError:" in result.summary
+        assert starts_after_rollback_only(sim_sshd_host)
+        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
+        assert "undefined symbol: _ZN3c104cuda9SetDeviceEab" in gate.output_tail
+    assert sim_sshd_host.installed_version == DEFAULT_VERSION
+
+
+async def test_an_unhealthy_start_rolls_back_the_whole_environment(sim_sshd_host: SimKit,
+                                                                  tmp_path: Path) -> None:
+    before = sim_sshd_host.environment()
+    sim_sshd_host.set_faults(health_503=True)
+    tap = Tap(io.StringIO())
+    # The new version answers 503; the old one, once restored, is healthy again.
+    tap.on_start[Step.ROLLBACK] = lambda: sim_sshd_host.set_faults(health_503=False)
+    settings = sim_settings(sim_sshd_host, tmp_path, start_timeout_s=1.5)
+    async with open_runtime(settings) as rt:
+        result, out = await redeploy(rt, tap, version=NEW, index="nightly")
+    assert result.status == RunStatus.ROLLED_BACK, out
+    assert "HTTP 503" in result.summary
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start",
+                                       "stop", "rollback", "start"]
+    assert sim_sshd_host.environment() == before
+
+
+async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # 13 changed wheels at 0.25 s each: 3.25 s of downloads, all before the stop.
+    sim_sshd_host.update_config(download_delay_s=0.25)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert "Downloading torch (880.0MiB)" in steps["prefetch"].output_tail
+    assert "Downloading" not in steps["reinstall"].output_tail
+    # The install in the outage took less than the downloads alone: it fetched nothing.
+    took = steps["reinstall"].duration_s
+    assert took is not None and took < 13 * 0.25
+    fetched = steps["prefetch"].duration_s
+    assert fetched is not None and fetched >= 13 * 0.25
+    calls = sim_sshd_host.calls()
+    stop = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
+    prefetch = next(i for i, c in enumerate(calls) if c.argv[:3] == ("uv", "pip", "install")
+                    and str(sim_sshd_host.python) not in c.argv)
+    assert prefetch < stop
+
+
+async def test_a_snapshot_that_cannot_be_saved_refuses_before_the_stop(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # Where the snapshot goes is taken by a file: `mkdir -p` fails on the host.
+    (sim_sshd_host.venv_dir.parent / ".chatops").write_text("not a directory\n")
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW)
+    assert result.status == RunStatus.ABORTED, out
+    assert "cannot save the environment snapshot on the host" in result.summary
+    assert "File exists" in result.summary or "Not a directory" in result.summary
+    assert sim_sshd_host.changes() == ["dry-run"]
+    assert sim_sshd_host.unit_state() == "active"
+
+
+async def test_audit_json_and_run_view_show_the_change(sim_sshd_host: SimKit,
+                                                       tmp_path: Path) -> None:
+    from bot.audit.view import run_view, runs_json
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        assert result.status == RunStatus.SUCCEEDED, out
+        records = await rt.audit.list_runs()
+        text = runs_json(records, await rt.audit.packages_changed([r.id for r in records]))
+        view = run_view(records[0], await rt.audit.steps(result.run_id),
+                        await rt.audit.environments(result.run_id))
+    assert '"name": "torch",\n        "before": "2.9.1",\n        "after": "2.10.0"' in text
+    assert "Package changes the install made:" in view and "! torch 2.9.1 → 2.10.0" in view
+    assert "environment snapshot of 43 packages, kept on the host as" in view
+
+
+async def test_a_download_that_fails_before_the_stop_leaves_the_service_untouched(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host.set_faults(prefetch_fails=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert result.status == RunStatus.ABORTED, out
+    assert result.summary.startswith("prefetch failed; service untouched: prefetch failed "
+                                     "(exit 2)")
+    assert steps["prefetch"].status == "failed"
+    assert "Failed to download" in steps["prefetch"].output_tail
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
+    assert sim_sshd_host.unit_state() == "active"
+    assert sim_sshd_host.environment()["torch"] == "2.9.1"
