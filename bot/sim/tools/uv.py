@@ -486,7 +486,8 @@ def _apply(store: StateStore, req: _Request, target: str, fetch: Mapping[str, st
         _sleep_until(t0 + 0.4 * cfg.install_duration_s)
         return _download_error(req, pk.pin(PACKAGE, target))
     # The downloads come between resolving and preparing; the rest keeps its pace.
-    shift = _download(store, need, time.time()) - time.time()
+    began = time.time()
+    shift = _download(store, need, began) - began
     at = [t0 + shift + f * cfg.install_duration_s for f in (0.1, 0.4, 0.7, 0.8, 1.0)]
     if cfg.install_output_lines:
         _stream_output(cfg.install_output_lines, target, at[0], at[2])
