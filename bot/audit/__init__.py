@@ -1,10 +1,12 @@
 """The audit log: every run, decision, step, GPU snapshot, refusal and lock, in SQLite.
 
-Modules: ``store`` (``AuditLog``, what the rest of the bot calls), ``records`` (the
-frozen records it returns, the timestamp form), ``db`` (opening the file, the one
-transaction helper), one module of plain SQL functions per table (``runs``, ``steps``,
-``decisions``, ``snapshots``, ``refusals``, ``locks``), ``redaction``, ``migrations``
-(the schema) and ``view`` (tables and JSON for people and programs).
+Modules: ``store`` (``AuditLog``, what the rest of the bot calls, joined from the parts
+``run_store``, ``evidence_store`` and ``coordination_store`` over ``store_base``),
+``records`` (the frozen records it returns, the timestamp form), ``db`` (opening the
+file, the one transaction helper), one module of plain SQL functions per table
+(``runs``, ``steps``, ``decisions``, ``snapshots``, ``refusals``, ``locks``),
+``redaction``, ``migrations`` (the schema) and ``view`` (tables and JSON for people and
+programs).
 
 Schema (created by ``bot.audit.migrations``; every timestamp is TEXT
 ``YYYY-MM-DDTHH:MM:SSZ`` in UTC, so string order is time order; every ``run_id`` is a
