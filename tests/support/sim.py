@@ -38,6 +38,10 @@ def sim_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = N
 
 
 def touched(kit: SimKit) -> list[Call]:
-    """What reached the host beyond the one read-only ``GET /metrics`` an approval card
-    makes to show the load (``bot.engine.load``): before approval, this must be empty."""
-    return [c for c in kit.calls() if (c.tool, c.argv) != ("http", ("GET", "/metrics"))]
+    """What reached the host beyond the read-only reads an approval card makes: the one
+    ``GET /metrics`` that shows the load (``bot.engine.load``), and the ``uv pip freeze``
+    and install dry run that show the package change (``bot.engine.preview``). Before
+    approval, this must be empty."""
+    return [c for c in kit.calls() if (c.tool, c.argv) != ("http", ("GET", "/metrics"))
+            and c.argv[:3] != ("uv", "pip", "freeze")
+            and not (c.argv[:3] == ("uv", "pip", "install") and "--dry-run" in c.argv)]
