@@ -156,9 +156,13 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
     kit = await make_sim_host(link=True)
     kit.update_config(release_delay_s=0.6)  # the drain polls for over half a second
 
+    def drain_polls() -> int:
+        # The GPU check runs nvidia-smi before the stop: count only the calls after it.
+        stops = [c.ts for c in kit.calls("systemctl") if c.argv[1] == "stop"]
+        return len([c for c in kit.calls("nvidia-smi") if stops and c.ts > stops[0]])
+
     async def cut_after_two_polls() -> None:
-        await eventually(lambda: len([c for c in kit.calls("nvidia-smi")]) >= 2,
-                         "the drain polled twice")
+        await eventually(lambda: drain_polls() >= 2, "the drain polled twice")
         kit.link.drop()
 
     cutter = asyncio.create_task(cut_after_two_polls())
@@ -476,9 +480,11 @@ async def test_sigkill_mid_reinstall_leaves_a_clean_db_and_restart_interrupts_th
         [run] = await audit.list_runs()
         steps = await audit.steps(run.id)
         assert [(s.step, s.status) for s in steps] == [
-            ("preflight", "ok"), ("stop", "ok"), ("drain", "ok"), ("reinstall", "running")]
-        assert all(s.finished_at and s.duration_s is not None for s in steps[:3])
-        assert steps[1].exit_status == 0  # systemctl stop's, as the host returned it
+            ("preflight", "ok"), ("gpu_check", "ok"), ("prefetch", "ok"), ("requests", "ok"),
+            ("stop", "ok"), ("drain", "ok"), ("reinstall", "running")]
+        assert all(s.finished_at and s.duration_s is not None for s in steps[:-1])
+        stop = next(s for s in steps if s.step == "stop")
+        assert stop.exit_status == 0  # systemctl stop's, as the host returned it
         assert [s.label for s in await audit.snapshots(run.id)] == ["after drain"]
         assert run.version_before == DEFAULT_VERSION
 
