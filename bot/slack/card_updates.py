@@ -1,6 +1,6 @@
 """A run's card and thread kept in step with the audit log, outside a run (a run's own
-card is its ``SlackReporter``'s): re-rendering a card, a reply in its thread, and the
-link to a run's thread.
+card is its ``SlackReporter``'s): re-rendering a card, the full plan and replies in its
+thread (telling a recovered run's thread once), and the link to a run's thread.
 
 The audit log holds the truth; the card is a view of it, so a Slack error here is
 logged and never undoes a decision."""
@@ -14,8 +14,17 @@ import logging
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.status import RunStatus
 from bot.engine.preview import CARD_LIMIT, preview_lines, previews_of
+from bot.engine.recovery import Interrupted, interrupted_message
 from bot.settings import PolicySettings
-from bot.slack.blocks import message, run_card, section
+from bot.slack.blocks import (
+    CardView,
+    full_plan,
+    full_plan_message,
+    full_plan_note,
+    message,
+    run_card,
+    section,
+)
 from bot.slack.cards import card_view, with_recorded_steps
 from bot.slack.membership import Membership
 from bot.slack.poster import SLACK_ERRORS, Poster
@@ -65,6 +74,35 @@ class CardUpdates:
                                    thread_ts=record.message_ts)
         except SLACK_ERRORS as exc:
             log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
+
+    async def post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
+        """Every host and command of the plan, whole, in the card's thread: one message
+        of code blocks, or a file (with a note) when that does not fit. Slack errors are
+        the caller's: a pending card whose plan is not in its thread must be closed."""
+        msg = full_plan_message(view.run_id, view.plan)
+        if msg is not None:
+            await self.poster.post(channel, msg, thread_ts=ts)
+            return
+        await self.poster.upload(channel, filename=f"run-{view.run_id}-plan.txt",
+                                 content=full_plan(view.run_id, view.plan),
+                                 title=f"Run #{view.run_id}: the complete plan", thread_ts=ts)
+        await self.poster.post(channel, full_plan_note(view.run_id), thread_ts=ts)
+
+    async def tell_recovered(self, item: Interrupted) -> None:
+        """A run whose driver died was marked interrupted: its card and thread say so,
+        once (claimed in the audit log, so two bots on one database do not both post)."""
+        if item.run.message_ts is None:
+            return  # no card: a CLI run, told on its terminal
+        if not await self.audit.claim_telling(item.run.id):
+            return
+        await self.refresh(item.run.id)
+        await self.tell_thread(item.run, item.message)
+
+    async def tell_untold(self) -> None:
+        """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
+        died before it did) are told now."""
+        for run in await self.audit.untold_recoveries():
+            await self.tell_recovered(Interrupted(run, interrupted_message(run)))
 
     async def thread_link(self, run_id: int) -> str:
         """' Its thread: <link>' for the run holding a lock, when Slack can give one."""

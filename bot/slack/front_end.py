@@ -39,28 +39,22 @@ from typing import Any, TypeVar
 
 from bot.audit.store import parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan
-from bot.core.policy import groups_to_resolve, is_approver, is_requester
+from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.load import load_note, read_load
 from bot.engine.preview import CARD_LIMIT, preview, preview_lines, record_previews
-from bot.engine.recovery import SWEEP_EVERY_S, Interrupted, interrupted_message
+from bot.engine.recovery import SWEEP_EVERY_S
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
-from bot.slack.blocks import (
-    CardView,
-    card_hides_plan,
-    full_plan,
-    full_plan_message,
-    full_plan_note,
-    run_card,
-)
+from bot.slack.blocks import card_hides_plan, run_card
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
 from bot.slack.expiry import ExpiryTimers, Sleep
 from bot.slack.leftovers import LeftoverDesk
 from bot.slack.membership import Membership, MembershipCache
 from bot.slack.poster import SLACK_ERRORS, Poster
+from bot.slack.recovery_sweep import RecoverySweep
 from bot.slack.reporter import SlackReporter
 from bot.slack.tasks import BackgroundTasks
 
@@ -99,10 +93,10 @@ class SlackFrontEnd:
         self.cards = CardUpdates(poster, runtime.audit, self.policy)
         self._reporters: dict[int, SlackReporter] = {}
         # Runs waiting for an approver to let them terminate leftover processes.
-        self.leftovers = LeftoverDesk()
-        self._sweep: asyncio.Task[None] | None = None
+        self.leftovers = LeftoverDesk(runtime.audit, self.policy)
+        self.sweep = RecoverySweep(self.lifecycle, self.cards)
         # A run recovered because a request met its lock is told in its thread too.
-        self.lifecycle.recovered.append(self.tell_recovered)
+        self.lifecycle.recovered.append(self.cards.tell_recovered)
 
     # ---- tasks ----------------------------------------------------------------------------
 
@@ -115,10 +109,7 @@ class SlackFrontEnd:
         await self.tasks.idle()
 
     async def aclose(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            await asyncio.gather(self._sweep, return_exceptions=True)
-            self._sweep = None
+        await self.sweep.aclose()
         await self.timers.aclose()
         await self.tasks.aclose()
 
@@ -127,9 +118,7 @@ class SlackFrontEnd:
     async def resume(self) -> None:
         """After a restart: close runs the last process left behind, expire overdue
         requests and re-arm the expiry timer of every pending one."""
-        for item in await self.lifecycle.recover():
-            await self.tell_recovered(item)
-        await self._tell_untold()
+        await self.sweep.once()
         for record in await self.lifecycle.expire_overdue():
             await self.cards.refresh(record.id)
         for record in await self.lifecycle.pending():
@@ -139,41 +128,11 @@ class SlackFrontEnd:
             if record.expires_at is not None:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
 
-    async def tell_recovered(self, item: Interrupted) -> None:
-        """A run whose driver died was marked interrupted: its card and thread say so,
-        once (claimed in the audit log, so two bots on one database do not both post)."""
-        if item.run.message_ts is None:
-            return  # no card: a CLI run, told on its terminal
-        if not await self.runtime.audit.claim_telling(item.run.id):
-            return
-        await self.cards.refresh(item.run.id)
-        await self.cards.tell_thread(item.run, item.message)
-
-    async def _tell_untold(self) -> None:
-        """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
-        died before it did) are told now."""
-        for run in await self.runtime.audit.untold_recoveries():
-            await self.tell_recovered(Interrupted(run, interrupted_message(run)))
-
     def start_sweep(self, *, every_s: float = SWEEP_EVERY_S,
                     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         """Every ``every_s``, recover the runs whose driver died while nobody asked (a
         CLI killed with no request after it), and tell their threads."""
-        if self._sweep is None:
-            self._sweep = asyncio.create_task(self._sweep_every(every_s, sleep),
-                                              name="recovery-sweep")
-
-    async def _sweep_every(self, every_s: float,
-                           sleep: Callable[[float], Awaitable[None]]) -> None:
-        while True:
-            await sleep(every_s)
-            try:
-                for item in await self.lifecycle.recover():
-                    await self.tell_recovered(item)
-                await self._tell_untold()
-            except Exception:
-                # A locked database now is no reason to stop looking next time.
-                log.exception("the recovery sweep failed; trying again in %.0f s", every_s)
+        self.sweep.start(every_s=every_s, sleep=sleep)
 
     # ---- refusals ---------------------------------------------------------------------------
 
@@ -282,7 +241,7 @@ class SlackFrontEnd:
             # chat.update per card, and a failed update would leave a card nobody can
             # approve with no word why.)
             try:
-                await self._post_full_plan(view, channel, ts)
+                await self.cards.post_full_plan(view, channel, ts)
             except SLACK_ERRORS as exc:
                 await self.lifecycle.withdraw(
                     record.id, f"could not post the complete plan in the card's thread: {exc}")
@@ -302,18 +261,6 @@ class SlackFrontEnd:
         svc = self.runtime.settings.services[plan.service]
         readings = await read_load(self.runtime.pool, svc, plan.hosts)
         return load_note(plan, svc, readings)
-
-    async def _post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
-        """Every host and command of the plan, whole, in the card's thread: one message
-        of code blocks, or a file (with a note) when that does not fit."""
-        msg = full_plan_message(view.run_id, view.plan)
-        if msg is not None:
-            await self.poster.post(channel, msg, thread_ts=ts)
-            return
-        await self.poster.upload(channel, filename=f"run-{view.run_id}-plan.txt",
-                                 content=full_plan(view.run_id, view.plan),
-                                 title=f"Run #{view.run_id}: the complete plan", thread_ts=ts)
-        await self.poster.post(channel, full_plan_note(view.run_id), thread_ts=ts)
 
     # ---- expiry -----------------------------------------------------------------------------
 
@@ -380,27 +327,14 @@ class SlackFrontEnd:
     # ---- leftover processes (issue 12) ------------------------------------------------------
 
     async def terminate(self, run_id: int, *, user: str, channel: str | None) -> str:
-        """The card's Terminate leftover processes button: only an approver (judged now,
-        the requester only where self-approval is allowed) lets the run signal them; the
-        press is recorded, and a refused one too."""
+        """The card's Terminate leftover processes button: who is an approver is read
+        from Slack now, and the desk decides on the press (``LeftoverDesk.press``)."""
         command = f"{Decision.TERMINATE} leftovers of run #{run_id}"
         membership = await self._judging(user, channel, command)
         if isinstance(membership, str):
             return membership
-        if not self.leftovers.waiting(run_id):
-            return (f"Run #{run_id} is not waiting to terminate leftover processes (any more); "
-                    "nothing was done.")
-        record = await self.runtime.audit.get_run(run_id)
-        if (not is_approver(user, self.policy, membership)
-                or (user == record.requested_by and not self.policy.allow_self_approval)):
-            return await self.refuse(
-                user=user, channel=channel, command=command,
-                reason=f"Only an approver (not the requester) may terminate run #{run_id}'s "
-                       "leftover processes; nothing was signalled.")
-        await self.runtime.audit.record_decision(run_id, user, Decision.TERMINATE)
-        if not self.leftovers.answer(run_id, user):
-            return f"Too late: run #{run_id} stopped waiting; nothing was signalled."
-        return f"Terminating run #{run_id}'s leftover processes; the run goes on."
+        return await self.leftovers.press(run_id, user=user, membership=membership,
+                                          channel=channel, command=command)
 
     # ---- execution --------------------------------------------------------------------------
 
