@@ -304,7 +304,9 @@ async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
             await bot.click("cancel", record.id, user=ALICE)
             [cancel] = await bot.ephemerals_for(ALICE)
             assert "stops at its next safe point" in cancel["text"]
-            await eventually(lambda: kit.changes() == ["dry-run", "prefetch", "stop", "start"]
+            # The card's package preview dry-runs too (read-only), then the preflight.
+            await eventually(lambda: kit.changes() == ["dry-run", "dry-run", "prefetch", "stop",
+                                                       "start"]
                              and kit.unit_state() == "active", "the service started again")
             await bot.front_end.idle()
             thread = await the_thread()

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from bot.audit.view import runs_json, runs_table
+from bot.audit.view import run_view, runs_json, runs_table
 from bot.cli import operator
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink
@@ -32,6 +32,7 @@ from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.doctor import run_doctor
 from bot.engine.load import load_note, read_load
+from bot.engine.preview import preview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--service")
     a.add_argument("--limit", type=int, default=20)
     a.add_argument("--json", action="store_true")
+    a.add_argument("--run", type=int, metavar="N",
+                   help="one run: its steps and what it did to the environment")
 
     ru = command("runs", help="runs with their owners, leases and the locks they hold")
     ru.add_argument("--active", action="store_true",
@@ -178,11 +181,22 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
         out.write(rt.redact(f"recovered: {item.message}") + "\n")
         out.flush()
 
+    asks = not (yes or plan.dry_run)
+    if asks and not sys.stdin.isatty():
+        # Nobody could confirm: refused before anything reads the host.
+        raise InputError("not confirmed (use --yes when not on a terminal)")
+    # What the redeploy would change besides vLLM (torch, CUDA wheels...), read now: the
+    # operator confirms having seen it, as approvers do on the card.
+    previews = await preview(rt.settings, rt.pool, plan)
+    if previews:
+        out.write(rt.redact("\n".join(["package changes (dry run now):",
+                                       *preview_lines(previews)])) + "\n")
     rt.lifecycle.recovered.append(told)
-    if not (yes or plan.dry_run):
+    if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed (use --yes when not on a terminal)")
     record = await rt.lifecycle.request(plan, requested_by=user, source=Source.CLI)
+    await record_previews(rt.audit, record.id, previews)
     # On a terminal the operator's own confirmation is the approval and is recorded as
     # such; a dry run or status query is approved by the system, as in Slack.
     await rt.lifecycle.confirm(record.id, plan.system_approver or user)
@@ -310,14 +324,26 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
             print(health_details(results) if args.health else render_fleet(results))
             return 0 if all(r.snapshot is not None for r in results) else 1
         if args.command == "audit":
-            if not 1 <= args.limit <= 10_000:
-                raise InputError("--limit must be between 1 and 10000")
-            records = await rt.audit.list_runs(service=args.service, limit=args.limit)
-            print(runs_json(records) if args.json else runs_table(records))
-            return 0
+            return await _audit(rt, args)
         if args.command in ("runs", "recover"):
             return await _operator_command(rt, args)
     raise InputError(f"unknown command {args.command}")
+
+
+async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
+    """``audit``: the newest runs (with what each install changed, in JSON), or one run
+    with its steps and its package changes (``--run N``)."""
+    if not 1 <= args.limit <= 10_000:
+        raise InputError("--limit must be between 1 and 10000")
+    if args.run is not None:
+        record = await rt.audit.get_run(args.run)
+        print(run_view(record, await rt.audit.steps(record.id),
+                       await rt.audit.environments(record.id)))
+        return 0
+    records = await rt.audit.list_runs(service=args.service, limit=args.limit)
+    changed = await rt.audit.packages_changed([r.id for r in records])
+    print(runs_json(records, changed) if args.json else runs_table(records))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
@@ -340,3 +366,4 @@ def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
