@@ -24,6 +24,7 @@ from bot.core.flows import preview_flow
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan
 from bot.core.status import Action, HostStatus
+from bot.core.sudoers import become_for
 from bot.engine.executor import Executor
 from bot.errors import HostError
 from bot.hosts.pool import HostPool
@@ -63,7 +64,10 @@ async def preview(settings: Settings, pool: HostPool, plan: Plan) -> tuple[HostP
         sink = _Collect()
         async with limit:
             try:
-                outcome = await Executor(NO_RUN, pool.get(host), sink).drive(
+                # The dry run as the venv's owner, through sudo where the host says so,
+                # exactly as the preflight runs it.
+                become = become_for(settings, host, plan.service)
+                outcome = await Executor(NO_RUN, pool.get(host), sink, become=become).drive(
                     preview_flow(plan, svc, host))
             except (HostError, OSError) as e:
                 return HostPreview(host, None, e.reason if isinstance(e, HostError) else str(e))
