@@ -113,8 +113,9 @@ async def assert_everything_merged(rt: Runtime, run_id: int, journal: Journal) -
     assert (run.version_before, run.version_after) == (DEFAULT_VERSION, DEFAULT_VERSION)
     assert run.finished_at is not None and run.current_step == "postcheck"
     steps = [(s.step, s.status) for s in await rt.audit.steps(run_id)]
-    assert steps == [("preflight", "ok"), ("stop", "ok"), ("drain", "failed"),
-                     ("start", "ok"), ("health", "ok"), ("postcheck", "ok")]
+    assert steps == [("preflight", "ok"), ("gpu_check", "ok"), ("prefetch", "ok"),
+                     ("requests", "ok"), ("stop", "ok"), ("drain", "failed"), ("start", "ok"),
+                     ("health", "ok"), ("readiness", "ok"), ("postcheck", "ok")]
     assert [s.label for s in await rt.audit.snapshots(run_id)] == ["drain cancelled",
                                                                    "after restart"]
     assert (AUDIT_UNAVAILABLE, "cancel") in [(d.user, d.decision)
@@ -159,7 +160,8 @@ async def test_audit_db_locked_right_after_the_stop_brings_the_service_back(
         assert len(notices) == 2
         # Meanwhile the database knows only what it took before the lock.
         assert (await rt.audit.get_run(result.run_id)).status == RunStatus.RUNNING
-        assert [s.step for s in await rt.audit.steps(result.run_id)] == ["preflight", "stop"]
+        assert [s.step for s in await rt.audit.steps(result.run_id)] == [
+            "preflight", "gpu_check", "prefetch", "requests", "stop"]
         waiting = await asyncio.to_thread(rt.engine.writer.journal.read)
         assert [r.op for r in waiting][:2] == ["step_finished", "decision"]
         assert waiting[-1].op == "release_locks"
@@ -185,7 +187,10 @@ async def test_a_lock_shorter_than_the_retry_window_changes_nothing(
         assert result.status == RunStatus.SUCCEEDED, out
         assert "audit log" not in out
         assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
-        assert [s.status for s in await rt.audit.steps(result.run_id)] == ["ok"] * 7
+        assert [(s.step, s.status) for s in await rt.audit.steps(result.run_id)] == [
+            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
+                                "reinstall", "gate", "start", "health", "readiness",
+                                "postcheck", "gpu_recheck")]
         assert not rt.engine.writer.journal.primary.exists()
 
 
