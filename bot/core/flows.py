@@ -97,11 +97,11 @@ from bot.core.readiness import (
     model_ids,
     reported_version,
 )
+from bot.core.results import CommandResult, HttpResult
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
-from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import ServiceSettings
 
 # ---- actions ---------------------------------------------------------------------------
@@ -1389,7 +1389,7 @@ def _postcheck_restored(svc: ServiceSettings, host: str, env: _Env
         gpus = f"GPU table unavailable: {e.reason}"
     else:
         yield Emit(Snapshot("after restart", snap))
-        gpus = f"{snap.used_mib:,} of {snap.total_mib:,} MiB in use"
+        gpus = memory_summary(snap)
     yield Emit(EndStep(Step.POSTCHECK, differs is None, f"version {after}; {env_text}; {gpus}"))
     return after, differs
 

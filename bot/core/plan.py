@@ -44,6 +44,7 @@ class Step(StrEnum):
     ROLLBACK_START = "rollback_start"
     ROLLBACK_HEALTH = "rollback_health"
     ROLLBACK_READINESS = "rollback_readiness"
+    STATUS = "status"
     # Issue 10: the whole environment.
     PREFETCH = "prefetch"
     GATE = "gate"
@@ -52,7 +53,6 @@ class Step(StrEnum):
     GPU_CHECK = "gpu_check"
     LEFTOVERS = "leftovers"
     GPU_RECHECK = "gpu_recheck"
-    STATUS = "status"
 
 
 STEP_TITLES: dict[Step, str] = {

@@ -352,6 +352,14 @@ class SimKit:
                            "rollback" if "--reinstall-package" in a else "install")
         return out
 
+    def environment(self) -> dict[str, str]:
+        """Every installed package and its version, vllm included (what a freeze lists)."""
+        return sim_packages.environment(self.state())
+
+    def cached(self) -> set[str]:
+        """The wheels in uv's cache, as ``name==version``."""
+        return set(self.state().cache)
+
     def kernel_message(self, text: str) -> None:
         """Add a line to the kernel log (``journalctl -k``), stamped now."""
         kernel.append(self.store, text)
@@ -373,15 +381,6 @@ class SimKit:
         """The journal as ``journalctl`` would print it right now."""
         now, host = time.time(), self.hostname
         return [format_journal(e, host) for e in self.store.journal() if e.ts <= now]
-
-    def environment(self) -> dict[str, str]:
-        """Every installed package and its version, vllm included (what a freeze lists)."""
-        return sim_packages.environment(self.state())
-
-    def cached(self) -> set[str]:
-        """The wheels in uv's cache, as ``name==version``."""
-        return set(self.state().cache)
-
 
 
 def fleet_fragment(kits: Sequence[SimKit], *, service: str = SERVICE,
