@@ -14,6 +14,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from slack_sdk.errors import SlackRequestError
 
 from bot.core import events as ev
@@ -205,6 +206,7 @@ def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss
 
 
+@pytest.mark.alone
 async def test_a_256_mib_line_over_sshd_keeps_the_bot_under_200_mib(
         sim_sshd_host: SimKit, tmp_path: Path) -> None:
     flood = 256 * MIB
