@@ -6,31 +6,17 @@ tests check what really reached the host, not what the engine meant to send.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bot.cli.terminal import TerminalSink
-from bot.core.status import Action, Decision, RunStatus, Source
-from bot.engine.engine import RunResult
-from bot.engine.runtime import Runtime, open_runtime
+from bot.core.status import Action, Source
+from bot.engine.runtime import open_runtime
 from bot.errors import HostKeyError, LockHeldError
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
+from tests.support.runs import run
 from tests.support.sim import sim_settings
-
-
-async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
-    out = io.StringIO()
-    p = rt.engine.plan(action, SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
-    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
-    result = await rt.engine.execute(record.id, TerminalSink(out))
-    return result, out.getvalue()
 
 
 async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:

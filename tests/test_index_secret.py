@@ -21,8 +21,8 @@ from bot.sim.kit import SimKit
 from bot.sim.state import STATE_DIR_ENV
 from bot.slack.blocks import CardView, initial_steps, run_card
 from tests.polling import eventually
+from tests.support.runs import run
 from tests.support.sim import sim_settings
-from tests.test_engine_e2e import run
 
 TOKEN = "tok-9f8e7d6c5b4a"
 PRIVATE = f"https://ci-bot:{TOKEN}@pypi.private.example/simple"

@@ -6,7 +6,6 @@ refuses an ordinary account (tests/support/nonroot.py).
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 from collections.abc import AsyncIterator, Sequence
@@ -17,13 +16,11 @@ import asyncssh
 import pytest
 
 from bot.cli.main import doctor
-from bot.cli.terminal import TerminalSink
 from bot.core import remote
 from bot.core.privilege import Privilege
-from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.status import Action, RunStatus
 from bot.core.sudoers import grants, render
-from bot.engine.engine import RunResult
-from bot.engine.runtime import Runtime, open_runtime
+from bot.engine.runtime import open_runtime
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, fast_config
 from bot.sim.sshd import free_port
@@ -37,6 +34,7 @@ from tests.support.nonroot import (
     usable_python,
     workspace,
 )
+from tests.support.runs import run
 
 
 @pytest.fixture
@@ -75,15 +73,6 @@ def only(checks: list[dict[str, Any]], name: str, service: str | None = SERVICE,
     return found[0]
 
 
-async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
-    out = io.StringIO()
-    p = rt.engine.plan(action, SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
-    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
-    result = await rt.engine.execute(record.id, TerminalSink(out))
-    return result, out.getvalue()
 
 
 async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(

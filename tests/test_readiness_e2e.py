@@ -4,34 +4,23 @@ the real bolt app over the fake Slack."""
 
 from __future__ import annotations
 
-import io
 import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bot.cli.terminal import TerminalSink
 from bot.core.plan import STEP_TITLES, Step
-from bot.core.status import Action, Decision, RunStatus, Source
-from bot.engine.engine import RunResult
-from bot.engine.runtime import Runtime, open_runtime
+from bot.core.status import Action, RunStatus
+from bot.engine.runtime import open_runtime
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
 from tests.slack_harness import BOB, CHANNEL, SlackBot, blocks_text, slack_bot
+from tests.support.runs import run
 from tests.support.sim import MakeSimHost, sim_settings
 
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
 
 
-async def run(rt: Runtime, action: Action, **plan: Any) -> tuple[RunResult, str]:
-    out = io.StringIO()
-    p = rt.engine.plan(action, SERVICE, **plan)
-    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
-    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
-    result = await rt.engine.execute(record.id, TerminalSink(out))
-    return result, out.getvalue()
 
 
 async def test_the_wrong_model_never_ends_succeeded(make_sim_host: MakeSimHost,
