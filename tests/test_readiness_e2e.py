@@ -174,9 +174,16 @@ async def test_the_card_shows_the_start_up_phases_in_place(tmp_path: Path,
     phases = ("loading weights", "weights loaded", "torch.compile", "sizing the KV cache",
               "capturing CUDA graphs", "engine initialised", "starting the API server",
               "API server up", "initialising the engine")
-    seen = [p for p in phases if any(p in card_line(v, Step.HEALTH) for v in versions)]
-    assert len(seen) >= 3, [card_line(v, Step.HEALTH) for v in versions]
-    assert any("elapsed" in card_line(v, Step.HEALTH) for v in versions)
+    lines = [card_line(v, Step.HEALTH) for v in versions]
+    # How many phases a poll catches depends on the machine's load (the last ones come
+    # within half a second); that each phase change is shown is tested on the pure flow
+    # (test_flow_gates). Here: the weights load for seconds, so the card shows at least
+    # that phase, in place on the same line, between "waiting" and the final result.
+    seen = [p for p in phases if any(p in line for line in lines)]
+    assert seen, lines
+    assert any("elapsed" in line for line in lines)
+    assert len(dict.fromkeys(lines)) >= 3, lines
+    assert lines[-1].startswith(":white_check_mark:"), lines[-1]
 
 
 async def test_slack_calls_stay_flat_as_the_start_up_log_grows(tmp_path: Path,
