@@ -64,6 +64,10 @@ PermitTTY no
 PermitUserEnvironment no
 PrintMotd no
 PrintLastLog no
+# bash sources ~/.bashrc in every command sshd starts when SHLVL says it is the first
+# shell (bash's SSH_SOURCE_BASHRC); a root ~/.bashrc that runs `pyenv init` then costs
+# 150 ms and 30 processes per command. The session wrapper sets its own environment.
+SetEnv SHLVL=1
 MaxSessions 64
 MaxStartups 200
 LogLevel INFO
