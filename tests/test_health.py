@@ -16,9 +16,11 @@ import pytest
 
 from bot.core.gpu import Gpu
 from bot.core.health import (
+    GpuCheck,
     GpuReading,
     Level,
     XidEvent,
+    health_note,
     judge,
     kernel_log_unreadable,
     new_xids,
@@ -281,3 +283,45 @@ def test_a_flood_of_one_xid_is_one_finding_with_a_count() -> None:
 
 def test_a_healthy_host_says_so() -> None:
     assert judge("h", gpus(), readings(), ()).summary() == "2 GPUs healthy"
+
+
+# --------------------------------------------------------------------------- the card's note
+
+
+def test_a_healthy_service_has_no_note_for_the_card() -> None:
+    check = GpuCheck(None, judge("h", gpus(), readings(), ()), frozenset({UUID0, UUID1}))
+    assert check.level == Level.OK and health_note("h", check) is None
+
+
+def test_the_cards_note_names_each_finding_of_the_services_gpus_only() -> None:
+    # GPU 0 is critical but belongs to another service; this one's GPU 1 only warns.
+    second = GpuReading(UUID1, "0000:5d:00", 0, 3, False, False, False, "None")
+    h = judge("h", gpus(), (readings(remap_pending=True)[0], second), ())
+    note = health_note("h", GpuCheck(None, h, frozenset({UUID1})))
+    assert note is not None and note.level == Level.WARN
+    assert note.text == ("h: GPU 1 warn: 3 uncorrectable ECC error(s) over the GPU's life, "
+                         "none since the last reset (none now; watch for more)")
+
+
+def test_the_cards_note_says_the_preflight_will_refuse_a_critical_gpu() -> None:
+    h = judge("h", gpus(), readings(remap_pending=True), ())
+    note = health_note("h", GpuCheck("not fit to run on: ...", h, None, "all GPUs"))
+    assert note is not None and note.level == Level.CRITICAL
+    assert note.text.startswith("h: GPU 0 critical: a row remap is pending (reset the GPU "
+                                "(nvidia-smi -r) while it is idle to apply it). The preflight "
+                                "will refuse the run on h before anything changes")
+    # Fewer GPUs than the service needs refuses too, whatever their health.
+    why = "the service needs GPUs 0, 5, but h lists 2 GPUs (0, 1): GPU 5 missing"
+    missing = GpuCheck(why, judge("h", gpus(), readings(), ()), None, "GPUs 0, 5", why)
+    note = health_note("h", missing)
+    assert note is not None and note.level == Level.CRITICAL
+    assert note.text.startswith(f"h: {why}. The preflight will refuse the run on h")
+
+
+def test_a_host_that_cannot_be_read_is_unknown_never_ok() -> None:
+    lost = health_note("h", GpuCheck("cannot reach h to check its GPUs (timed out)"))
+    failed = health_note("h", None, "connection refused")
+    assert lost is not None and lost.level is None
+    assert lost.text.startswith("h: unknown (cannot reach h to check its GPUs (timed out))")
+    assert failed is not None and failed.level is None
+    assert failed.text.startswith("h: unknown (connection refused); the preflight reads it")

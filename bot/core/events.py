@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bot.core.gpu import GpuSnapshot
+from bot.core.health import GpuCheck
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, Step
 from bot.core.results import Stream
@@ -100,6 +101,16 @@ class PackagesKnown:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuHealthKnown:
+    """A host's GPU check verdict read at the request, for the approval card
+    (``bot.core.flows.gpu_health_flow``); a run's own check is its step."""
+
+    run_id: int
+    host: str
+    check: GpuCheck
+
+
+@dataclass(frozen=True, slots=True)
 class HostFinished:
     run_id: int
     host: str
@@ -128,7 +139,7 @@ class Notice:
 
 Event = (RunStarted | StepStarted | StepProgress | OutputLine | StepFinished | GpuTable
          | VersionsKnown
-         | PackagesKnown | HostFinished | RunFinished | Notice)
+         | PackagesKnown | GpuHealthKnown | HostFinished | RunFinished | Notice)
 
 
 log = logging.getLogger(__name__)

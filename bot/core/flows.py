@@ -43,6 +43,7 @@ from bot.core.gpu import (
 from bot.core.health import (
     HEALTH_QUERY_ARGV,
     XID_JOURNAL_ARGV,
+    GpuCheck,
     HostHealth,
     Level,
     details,
@@ -189,7 +190,14 @@ class Packages:
     note: str = ""  # why a diff is missing, or what it was compared with
 
 
-Notice = BeginStep | EndStep | Snapshot | Versions | Packages
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The GPU check's verdict on a host, read at the request for the approval card."""
+
+    check: GpuCheck
+
+
+Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health
 
 
 @dataclass(frozen=True, slots=True)
@@ -871,15 +879,6 @@ def _service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
     return tuple(w for w in workers if w[0] in listed or w[0] in keep)
 
 
-@dataclass(frozen=True, slots=True)
-class _GpuCheck:
-    """What the GPU check before the stop found."""
-
-    refusal: str | None  # why the run must not go on here; None: it may
-    health: HostHealth | None = None  # the baseline the post-run recheck compares with
-    scope: frozenset[str] | None = None  # the service's GPU uuids (None: all)
-
-
 def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...]
                  ) -> Generator[Action, Any, HostHealth]:
     """``nvidia-smi -q`` and the kernel's Xid lines, judged per GPU (bot.core.health)."""
@@ -894,41 +893,63 @@ def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, .
         return health
 
 
-def _gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, _GpuCheck]:
-    """Before anything changes: the host lists every GPU the service needs (a host with
-    none, or fewer, is never drained) and none of them is critical (ECC, row remap,
-    recovery action, Xid errors); warnings go on the card. Refusing leaves the service
-    untouched."""
-    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc)))
+def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, GpuCheck]:
+    """The GPU check's reads and verdict, without its step: the host lists every GPU the
+    service needs, and none of them is critical. Read-only; the run's check before the
+    stop and the approval card's read at the request (``gpu_health_flow``) share it, so
+    both judge alike."""
     listed: tuple[Gpu, ...] = ()
     failure: str | None = None
     try:
         listed = (yield from _snapshot(Step.GPU_CHECK, svc, host)).gpus
     except _HostLost as e:
-        msg = f"cannot reach {host} to check its GPUs ({e.reason})"
-        yield Emit(EndStep(Step.GPU_CHECK, False, msg))
-        return _GpuCheck(msg)
+        return GpuCheck(f"cannot reach {host} to check its GPUs ({e.reason})")
     except GpuQueryError as e:
         failure = f"cannot read the GPUs: {e.reason}"
     selection = select_gpus(listed, svc.gpus)
     scope = selection.uuids if svc.gpus is not None else None
     health = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
     critical = health.problems(Level.CRITICAL, scope)
-    reasons = [r for r in (failure or selection.refusal(host, listed),) if r]
+    listing = failure or selection.refusal(host, listed)
+    reasons = [listing] if listing else []
     if critical:
         reasons.append(f"not fit to run on: {'; '.join(critical)}")
+    return GpuCheck("; ".join(reasons) or None, health, scope, selection.wanted, listing)
+
+
+def _gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, GpuCheck]:
+    """Before anything changes: the host lists every GPU the service needs (a host with
+    none, or fewer, is never drained) and none of them is critical (ECC, row remap,
+    recovery action, Xid errors); warnings go on the card. Refusing leaves the service
+    untouched."""
+    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc)))
+    check = yield from _read_gpu_check(svc, host)
+    health, scope = check.health, check.scope
+    if health is None:
+        yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal or "not reached"))
+        return check
     evidence = details(health, scope)
-    if reasons:
-        refusal = "; ".join(reasons)
-        yield Emit(EndStep(Step.GPU_CHECK, False, refusal, None, evidence))
-        return _GpuCheck(refusal, health, scope)
+    if check.refusal is not None:
+        yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal, None, evidence))
+        return check
     warned = bool(health.problems(Level.WARN, scope))
-    yield Emit(EndStep(Step.GPU_CHECK, True, f"{selection.wanted} listed; "
+    yield Emit(EndStep(Step.GPU_CHECK, True, f"{check.wanted} listed; "
                        f"{health.summary(scope)}", None, evidence if warned else ""))
-    return _GpuCheck(None, health, scope)
+    return check
 
 
-def _gpu_recheck(svc: ServiceSettings, host: str, check: _GpuCheck,
+def gpu_health_flow(svc: ServiceSettings, host: str) -> Flow:
+    """The service's GPUs' health read when a run is requested (before anyone approves),
+    for the approval card: the GPU check's own reads and verdict, without its step.
+    Changes nothing on the host; the verdict is emitted as a ``Health`` notice."""
+    check = yield from _read_gpu_check(svc, host)
+    yield Emit(Health(check))
+    if check.health is None:
+        return HostOutcome(HostStatus.FAILED, check.refusal or "not reached")
+    return HostOutcome(HostStatus.SUCCEEDED, check.refusal or check.health.summary(check.scope))
+
+
+def _gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
                  outcome: HostOutcome) -> Flow:
     """After a run that left the service up: the GPU check again, and the Xid errors
     that appeared during the run. They do not undo the run (the service passed its

@@ -153,6 +153,70 @@ class HostHealth:
         return "; ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuCheck:
+    """What the GPU check found on one host: the run's step before the stop, and the
+    same reads at the request, for the approval card (``bot.core.flows``)."""
+
+    refusal: str | None  # why a run must not go on here; None: it may
+    health: HostHealth | None = None  # None: the host was not reached (``refusal`` says so)
+    scope: frozenset[str] | None = None  # the service's GPU uuids (None: all)
+    wanted: str = ""  # what the service's ``gpus`` asks for ("GPUs 0, 1", "all GPUs")
+    # Why the service cannot run on these GPUs, health aside: none listed, fewer than it
+    # needs, or the GPU query failed (part of ``refusal``).
+    listing: str | None = None
+
+    @property
+    def level(self) -> Level | None:
+        """Critical whenever the run would be refused here; None: unknown (not reached)."""
+        if self.health is None:
+            return None
+        if self.refusal is not None:
+            return Level.CRITICAL
+        return self.health.level(self.scope)
+
+    def findings(self) -> list[str]:
+        """What is not ok, critical first: ``GPU 3 critical: what (NVIDIA's action)``, a
+        finding of no GPU's as ``warn: what (action)``."""
+        if self.health is None:
+            return []
+        out = [self.listing] if self.listing else []
+        for level in (Level.CRITICAL, Level.WARN):
+            out += [f"{g.label} {level}: {f.describe()}" for g in self.health.scoped(self.scope)
+                    for f in g.findings if f.level == level]
+            out += [f"{level}: {f.describe()}" for f in self.health.host_findings
+                    if f.level == level]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class HealthNote:
+    """One host's GPU health as the approval card and the terminal show it at the request."""
+
+    host: str
+    level: Level | None  # WARN or CRITICAL; None: could not be read (unknown, never ok)
+    text: str
+
+
+def health_note(host: str, check: GpuCheck | None, error: str | None = None
+                ) -> HealthNote | None:
+    """The line for a host whose GPUs are not all ok (None when they are): each finding
+    with NVIDIA's action, and when the preflight will refuse, that it will. ``check``
+    None: the read itself failed (``error`` says why)."""
+    if check is None or check.health is None:
+        why = error if check is None else check.refusal
+        return HealthNote(host, None, f"{host}: unknown ({why or 'not read'}); the preflight "
+                          "reads it again before anything changes")
+    level = check.level
+    if level is None or level == Level.OK:
+        return None
+    text = f"{host}: {'; '.join(check.findings())}"
+    if level == Level.CRITICAL:
+        text += (f". The preflight will refuse the run on {host} before anything changes "
+                 "(service untouched)")
+    return HealthNote(host, level, text)
+
+
 # --------------------------------------------------------------------------- nvidia-smi -q
 
 _GPU_HEADER = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.[0-9A-Fa-f]")

@@ -24,6 +24,7 @@ from bot.core.flows import (
     Emit,
     EndStep,
     Flow,
+    Health,
     HostOutcome,
     HttpCheck,
     Packages,
@@ -231,5 +232,7 @@ class Executor:
             await self.sink.handle(ev.PackagesKnown(self.run_id, self.host, notice.kind,
                                                     notice.diff, notice.freeze, notice.lock,
                                                     notice.note))
+        elif isinstance(notice, Health):
+            await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host, notice.check))
         else:
             raise TypeError(f"unknown notice {notice!r}")
