@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.core.health import HealthNote, Level
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.status import Action, RunStatus, StepStatus
 from bot.slack.blocks import (
@@ -20,6 +21,7 @@ from bot.slack.blocks import (
     code_head,
     code_tail,
     escape,
+    gpu_health_blocks,
     initial_steps,
     outcome_reply,
     run_card,
@@ -58,7 +60,10 @@ def huge_view(status: RunStatus) -> CardView:
                     denied_by=("U0BOB",), version_now="z" * 5000, version_after="w" * 5000,
                     expires_at=datetime(2026, 1, 1, tzinfo=UTC), steps=steps,
                     summary="s" * 50_000, cancel_requested_by="U0CAROL",
-                    notes=("n" * 9000,) * 20)
+                    notes=("n" * 9000,) * 20,
+                    gpu_health=tuple(HealthNote(f"gpu-{i}", Level.CRITICAL,
+                                                "<!channel> " + "c" * 5000)
+                                     for i in range(200)))
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -81,6 +86,42 @@ def test_pending_card_shows_the_plan_and_the_buttons() -> None:
     actions = msg.blocks[-1]
     assert [e["text"]["text"] for e in actions["elements"]] == ["Approve", "Deny"]
     assert {e["value"] for e in actions["elements"]} == {"3"}
+
+
+def test_the_pending_card_shows_a_line_per_host_whose_gpus_are_not_all_ok() -> None:
+    notes = (HealthNote("gpu-0", Level.CRITICAL, "gpu-0: GPU 3 critical: a row remap is "
+                        "pending (reset the GPU). The preflight will refuse the run on gpu-0"),
+             HealthNote("gpu-1", None, "gpu-1: unknown (<no answer>)"),
+             HealthNote("gpu-2", Level.WARN, "gpu-2: GPU 1 warn: Xid 13 (restart the "
+                        "application)"))
+    view = CardView(run_id=3, plan=plan(hosts=3), requested_by="U0ALICE",
+                    status=RunStatus.PENDING_APPROVAL, gpu_health=notes)
+    msg = run_card(view)
+    assert_within_limits(msg)
+    (health,) = [b for b in msg.blocks if "GPU health:" in str(b)]
+    assert health["text"]["text"] == (
+        ":no_entry: GPU health: gpu-0: GPU 3 critical: a row remap is pending (reset the "
+        "GPU). The preflight will refuse the run on gpu-0\n"
+        ":grey_question: GPU health: gpu-1: unknown (&lt;no answer&gt;)\n"
+        ":warning: GPU health: gpu-2: GPU 1 warn: Xid 13 (restart the application)")
+    # Above the commands, where an approver reads first.
+    assert msg.blocks.index(health) < next(i for i, b in enumerate(msg.blocks)
+                                           if "Commands, on each host" in str(b))
+    # Read at the request, for the approval: the running card has its GPU check step.
+    running = run_card(CardView(run_id=3, plan=plan(hosts=3), requested_by="U0ALICE",
+                                status=RunStatus.RUNNING, gpu_health=notes))
+    assert "GPU health:" not in str(running.blocks)
+    assert gpu_health_blocks(()) == []
+
+
+def test_gpu_health_of_a_large_fleet_stays_within_its_sections() -> None:
+    notes = [HealthNote(f"gpu-{i}", Level.WARN, f"gpu-{i}: GPU 0 warn: " + "w" * 400)
+             for i in range(100)]
+    blocks = gpu_health_blocks(notes)
+    assert 1 < len(blocks) <= 3
+    assert all(len(b["text"]["text"]) <= MAX_SECTION_TEXT for b in blocks)
+    assert blocks[0]["text"]["text"].startswith(":warning: GPU health: gpu-0: GPU 0 warn: ")
+    assert "more lines not shown" in blocks[-1]["text"]["text"]
 
 
 def test_status_card_has_a_checklist_and_cancel_until_the_end() -> None:

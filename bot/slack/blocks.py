@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.core import remote
+from bot.core.health import HealthNote, Level
 from bot.core.plan import (
     LOCAL_HOST_KEY,
     STEP_TITLES,
@@ -328,6 +329,25 @@ class CardView:
     # What the redeploy changes besides vLLM, from the dry run at request time
     # (bot.engine.preview.preview_lines): "! torch 2.9.1 → 2.10.0" lines (! = highlighted).
     packages: tuple[str, ...] = ()
+    # The service's GPUs on hosts where they are not all ok, read at the request
+    # (bot.engine.gpu_health): critical ones, the preflight will refuse.
+    gpu_health: tuple[HealthNote, ...] = ()
+
+
+_HEALTH_ICONS: dict[Level | None, str] = {Level.CRITICAL: ":no_entry:", Level.WARN: ":warning:",
+                                          None: ":grey_question:"}
+# A host's line is shown up to this long; the GPU check's step has every finding.
+_HEALTH_LINE_CHARS = 1_500
+_MAX_HEALTH_SECTIONS = 3
+
+
+def gpu_health_blocks(notes: Sequence[HealthNote]) -> list[Block]:
+    """A line per host whose GPUs are not all ok at the request (critical first), so
+    approvers see a warning, a refusal to come, or a host nobody could read, before they
+    approve: ``:warning: GPU health: gpu-node-1: GPU 3 warn: what (action)``."""
+    lines = [f"{_HEALTH_ICONS.get(n.level, ':grey_question:')} GPU health: "
+             f"{escape(one_line(n.text, _HEALTH_LINE_CHARS))}" for n in notes]
+    return [section(c) for c in _pack(lines, MAX_SECTION_TEXT, _MAX_HEALTH_SECTIONS)]
 
 
 def _packages(view: CardView) -> list[Block]:
@@ -588,6 +608,7 @@ def run_card(view: CardView) -> Message:
     title = f"Run #{view.run_id}: {_what(view.plan)} — {word}"
     blocks: list[Block] = [header(title), _facts(view)]
     if status == RunStatus.PENDING_APPROVAL:
+        blocks.extend(gpu_health_blocks(view.gpu_health))
         blocks.extend(_packages(view))
         blocks.extend(_commands(view.plan))
         blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 
 from bot.audit.store import AuditLog, RunRecord
+from bot.core.health import HealthNote
 from bot.core.status import RunStatus
 from bot.engine.preview import CARD_LIMIT, preview_lines, previews_of
 from bot.engine.recovery import Interrupted, interrupted_message
@@ -40,6 +41,8 @@ class CardUpdates:
         self._locks: dict[int, asyncio.Lock] = {}
         # What a pending card shows beyond its record (the load read at the request).
         self.notes: dict[int, tuple[str, ...]] = {}
+        # The GPU health read at the request (hosts not all ok), kept like the load.
+        self.gpu_health: dict[int, tuple[HealthNote, ...]] = {}
 
     async def refresh(self, run_id: int, membership: Membership | None = None) -> None:
         """Re-render a card from the audit log (pending progress, denied, expired, and
@@ -55,9 +58,11 @@ class CardUpdates:
                 view = dataclasses.replace(view, notes=(*view.notes,
                                                         *self.notes.get(run_id, ())),
                                            packages=tuple(preview_lines(previews,
-                                                                        limit=CARD_LIMIT)))
+                                                                        limit=CARD_LIMIT)),
+                                           gpu_health=self.gpu_health.get(run_id, ()))
             else:
                 self.notes.pop(run_id, None)
+                self.gpu_health.pop(run_id, None)
             if record.started_at is not None:
                 view = with_recorded_steps(view, await self.audit.steps(run_id))
             try:

@@ -41,13 +41,14 @@ from bot.audit.store import parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
+from bot.engine.gpu_health import read_gpu_health
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
 from bot.engine.load import load_note, read_load
 from bot.engine.preview import CARD_LIMIT, preview, preview_lines, record_previews
 from bot.engine.recovery import SWEEP_EVERY_S
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
-from bot.slack.blocks import card_hides_plan, run_card
+from bot.slack.blocks import CardView, card_hides_plan, run_card
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
 from bot.slack.expiry import ExpiryTimers, Sleep
@@ -72,6 +73,29 @@ class CardRef:
 
     channel: str | None
     message_ts: str | None
+
+
+async def read_for_card(runtime: Runtime, cards: CardUpdates, plan: Plan,
+                        view: CardView) -> CardView:
+    """What a request's card shows beyond its record, read on the hosts now (read-only),
+    kept for the card's later renders (``cards``) and, the package change, with the run."""
+    settings, pool, run_id = runtime.settings, runtime.pool, view.run_id
+    if not plan.dry_run:
+        # The load now: what the stop would wait for, or --force would interrupt.
+        svc = settings.services[plan.service]
+        notes = (load_note(plan, svc, await read_load(pool, svc, plan.hosts)),)
+        cards.notes[run_id] = notes
+        view = dataclasses.replace(view, notes=(*view.notes, *notes))
+    # What the redeploy changes besides vLLM (torch, CUDA wheels...), before anyone
+    # approves: dry-run now, kept with the run, shown on its card (issue 10). And the
+    # service's GPUs' health, read as the run's GPU check reads it (issue 12): a warning,
+    # a refusal to come, or a host nobody could read is seen before the approval.
+    previews, health = await asyncio.gather(preview(settings, pool, plan),
+                                            read_gpu_health(settings, pool, plan))
+    await record_previews(runtime.audit, run_id, previews)
+    cards.gpu_health[run_id] = health
+    return dataclasses.replace(view, packages=tuple(preview_lines(previews, limit=CARD_LIMIT)),
+                               gpu_health=health)
 
 
 class SlackFrontEnd:
@@ -214,18 +238,8 @@ class SlackFrontEnd:
             # Nothing changes on the host, so it needs nobody's approval (see module doc).
             await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
             record = await self.runtime.audit.get_run(record.id)
-        view = card_view(record, self.policy)
-        if not plan.dry_run:
-            # The load now: what the stop would wait for, or --force would interrupt.
-            notes = (await self._load_note(plan),)
-            self.cards.notes[record.id] = notes
-            view = dataclasses.replace(view, notes=(*view.notes, *notes))
-        # What the redeploy changes besides vLLM (torch, CUDA wheels...), before anyone
-        # approves: dry-run now, kept with the run, shown on its card (issue 10).
-        previews = await preview(self.runtime.settings, self.runtime.pool, plan)
-        await record_previews(self.runtime.audit, record.id, previews)
-        view = dataclasses.replace(view, packages=tuple(preview_lines(previews,
-                                                                      limit=CARD_LIMIT)))
+        view = await read_for_card(self.runtime, self.cards, plan,
+                                   card_view(record, self.policy))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
@@ -256,11 +270,6 @@ class SlackFrontEnd:
         elif record.expires_at is not None:
             self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
-
-    async def _load_note(self, plan: Plan) -> str:
-        svc = self.runtime.settings.services[plan.service]
-        readings = await read_load(self.runtime.pool, svc, plan.hosts)
-        return load_note(plan, svc, readings)
 
     # ---- expiry -----------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
+from bot.core.health import HEALTH_QUERY_ARGV, XID_DMESG_ARGV, XID_JOURNAL_ARGV
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.sshd import SSHD
@@ -37,11 +39,21 @@ def sim_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = N
                     db_path=tmp_path / "audit.db")
 
 
+# The GPU check's reads, exactly as the card's GPU health read (``bot.engine.gpu_health``)
+# runs them: the GPU and compute-app queries, ``nvidia-smi -q`` and this boot's Xid lines
+# of the kernel log (dmesg is its fallback). Every one only reads.
+_GPU_HEALTH_READS = {GPU_QUERY_ARGV, APPS_QUERY_ARGV, HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV,
+                     XID_DMESG_ARGV}
+
+
 def touched(kit: SimKit) -> list[Call]:
     """What reached the host beyond the read-only reads an approval card makes: the one
-    ``GET /metrics`` that shows the load (``bot.engine.load``), and the ``uv pip freeze``
-    and install dry run that show the package change (``bot.engine.preview``). Before
-    approval, this must be empty."""
+    ``GET /metrics`` that shows the load (``bot.engine.load``), the ``uv pip freeze``
+    and install dry run that show the package change (``bot.engine.preview``), and the
+    GPU check's reads that show the GPUs' health (``bot.engine.gpu_health``; these
+    exact commands only, so a ``nvidia-smi -r`` would still count). Before approval,
+    this must be empty."""
     return [c for c in kit.calls() if (c.tool, c.argv) != ("http", ("GET", "/metrics"))
             and c.argv[:3] != ("uv", "pip", "freeze")
-            and not (c.argv[:3] == ("uv", "pip", "install") and "--dry-run" in c.argv)]
+            and not (c.argv[:3] == ("uv", "pip", "install") and "--dry-run" in c.argv)
+            and c.argv not in _GPU_HEALTH_READS]
