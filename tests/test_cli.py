@@ -54,6 +54,20 @@ async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:
     assert code == 3 and "ROLLED_BACK" in out
 
 
+async def test_a_critical_gpu_is_printed_before_the_run_and_the_run_refused(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host.set_faults(pending_remap=True)
+    code, out, err = await cli("restart", SERVICE, "--yes", cwd=tmp_path,
+                               env=setup(sim_host, tmp_path))
+    shown = "GPU health: gpu-node-1: GPU 3 critical: a row remap is pending"
+    assert shown in out, err + out
+    assert "The preflight will refuse the run on gpu-node-1" in out
+    # Read before the run is recorded, as the card reads it before anyone approves.
+    assert out.index(shown) < out.index("run #1: restart")
+    assert code != 0 and "preflight refused; service untouched" in out
+    assert "stop" not in sim_host.changes()
+
+
 async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
     code, _, err = await cli("redeploy", SERVICE, "--version", "1.0; rm -rf /", "--yes",

@@ -31,6 +31,7 @@ from bot.core.redact import Redactor
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.doctor import run_doctor
+from bot.engine.gpu_health import health_lines, read_gpu_health
 from bot.engine.load import load_note, read_load
 from bot.engine.preview import preview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted
@@ -187,10 +188,14 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
         raise InputError("not confirmed (use --yes when not on a terminal)")
     # What the redeploy would change besides vLLM (torch, CUDA wheels...), read now: the
     # operator confirms having seen it, as approvers do on the card.
-    previews = await preview(rt.settings, rt.pool, plan)
+    previews, health = await asyncio.gather(preview(rt.settings, rt.pool, plan),
+                                            read_gpu_health(rt.settings, rt.pool, plan))
     if previews:
         out.write(rt.redact("\n".join(["package changes (dry run now):",
                                        *preview_lines(previews)])) + "\n")
+    # The service's GPUs where they are not all ok, read as the run's GPU check reads them.
+    if health:
+        out.write(rt.redact("\n".join(health_lines(health))) + "\n")
     rt.lifecycle.recovered.append(told)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
