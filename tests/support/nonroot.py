@@ -17,6 +17,7 @@ tools: what the tests of ``become = "sudo"`` run against.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shlex
@@ -37,6 +38,7 @@ from bot.sim.tools import TOOLS
 from tests.support.sim import require_sshd
 
 SUDOERS_D = Path("/etc/sudoers.d")
+SUDOERS_LOCK = Path(tempfile.gettempdir()) / "vllm_chatops_test_sudoers.lock"
 REPO_ROOT = BIN_DIR.parents[2]
 
 # What each simulated tool refuses an ordinary account, as the real one on a host does.
@@ -206,17 +208,27 @@ def sudoers_installed(text: str) -> Iterator[Path]:
     """``text`` live in /etc/sudoers.d (a unique name without "."), after ``visudo -cf``
     accepted it; removed after."""
     path = SUDOERS_D / f"vllm_chatops_test_{secrets.token_hex(4)}"
-    with tempfile.NamedTemporaryFile("w", suffix=".sudoers", delete=False) as f:
+    # One test's drop-in at a time across xdist workers: each defines the same Cmnd_Alias
+    # names (KIMI_K25_ROOT, ...), and with two drop-ins live sudo uses one definition for
+    # both, so the other test's commands match no rule (the password prompt).
+    lock = open(SUDOERS_LOCK, "a")  # held for the drop-in's whole life
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    # Written beside it under a name sudo skips (it has a "."), then renamed: a test running
+    # sudo meanwhile never reads half a file (a copy from /tmp, on another file system,
+    # would be written in place, and sudo refuses every command while a drop-in is broken).
+    staging = path.with_name(f".{path.name}.new")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
     try:
-        check = _run("visudo", "-c", "-f", f.name)
+        check = _run("visudo", "-c", "-f", str(staging))
         assert check.returncode == 0, f"visudo refused the rules:\n{check.stdout}{check.stderr}"
-        os.chmod(f.name, 0o440)
-        shutil.move(f.name, path)
+        os.rename(staging, path)
         yield path
     finally:
-        Path(f.name).unlink(missing_ok=True)
+        staging.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
+        lock.close()  # releases the lock
 
 
 @contextmanager
