@@ -95,10 +95,11 @@ async def test_no_process_on_the_host_shows_the_token_and_uv_still_uses_the_inde
 
     def stalled_install() -> int | None:
         for pid in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir)):
-            # The simulated uv is `python -S -m bot.sim.tools uv pip install ...` (what the
-            # wrapper's exec became); `timeout` around it has the same argv after its own.
-            argv = procfs.cmdline(pid)
-            if "bot.sim.tools" in argv and argv[-1:] == [f"vllm=={ONLY_ON_PRIVATE}"] \
+            # The simulated uv is `python -S .../bot/sim/forkclient.py uv pip install ...`
+            # (what the wrapper's exec became: the process that stands for uv, the one a
+            # user of the host sees); `timeout` around it has the same argv after its own.
+            argv = procfs.tool_argv(procfs.cmdline(pid)) or []
+            if argv[:3] == ["uv", "pip", "install"] and argv[-1:] == [f"vllm=={ONLY_ON_PRIVATE}"] \
                     and "--dry-run" not in argv:
                 return pid
         return None

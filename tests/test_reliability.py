@@ -100,7 +100,7 @@ def install_checks(kit: SimKit) -> list[float]:
 def uv_processes(kit: SimKit) -> list[int]:
     """Real `uv pip install` processes of this host (as bot/sim/bin/uv runs them)."""
     return [p for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))
-            if procfs.cmdline(p)[4:7] == ["uv", "pip", "install"]]
+            if (procfs.tool_argv(procfs.cmdline(p)) or [])[:3] == ["uv", "pip", "install"]]
 
 
 # ---- SSH connection faults ----------------------------------------------------------------

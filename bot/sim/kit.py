@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from bot.sim import kernel, procfs
+from bot.sim import forkclient, forkserver, kernel, procfs
 from bot.sim import packages as sim_packages
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
@@ -51,6 +51,7 @@ from bot.sim.tools import TOOLS, unit
 
 Access = Literal["embedded", "sshd"]
 BIN_DIR = Path(__file__).resolve().parent / "bin"
+CLIENT = Path(forkclient.__file__).resolve()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "kimi-k25"
 INDEXES = {"nightly": "https://wheels.vllm.ai/nightly"}
@@ -185,8 +186,8 @@ class SimKit:
             # environment names, so hosts of a fleet can share this file.
             self.python.write_text(
                 "#!/bin/sh\n# Simulated venv interpreter (bot/sim/tools/python.py).\n"
-                f'PYTHONPATH="{REPO_ROOT}" exec "${{SIM_PYTHON:-python3}}" -S -m '
-                'bot.sim.tools python "$@"\n')
+                f'PYTHONPATH="{REPO_ROOT}" exec "${{SIM_PYTHON:-python3}}" -S '
+                f'"{CLIENT}" python "$@"\n')
             self.python.chmod(0o755)
         key = asyncssh.generate_private_key("ssh-ed25519", comment="sim-client")
         # Created 0600 from the start: ssh refuses a private key others can read.
@@ -245,6 +246,9 @@ class SimKit:
             "PATH": f"{BIN_DIR}:{SYSTEM_PATH}", STATE_DIR_ENV: str(self.state_dir),
             "SIM_PYTHON": sys.executable, "HOME": str(Path.home()), "USER": self.user,
             "LOGNAME": self.user, "SHELL": "/bin/sh", "LANG": "C.UTF-8",
+            # Each tool call is a fork of a server that has the simulator imported
+            # (bot.sim.forkserver): a fresh interpreter per call was most of a test's CPU.
+            forkclient.SOCKET_ENV: str(forkserver.shared_socket()),
         }
         if "TZ" in os.environ:
             env["TZ"] = os.environ["TZ"]

@@ -40,6 +40,22 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+TOOLS_MODULE = "bot.sim.tools"
+CLIENT = "/bot/sim/forkclient.py"
+
+
+def tool_argv(argv: list[str]) -> list[str] | None:
+    """The simulated tool call a real process stands for (``["uv", "pip", ...]``), or None.
+
+    ``bot/sim/bin/<tool>`` execs ``python -S .../bot/sim/forkclient.py <tool> ARGS``; a
+    tool run by the interpreter itself is ``python -S -m bot.sim.tools <tool> ARGS``."""
+    if argv[1:2] == ["-S"] and argv[2:3] and os.path.normpath(argv[2]).endswith(CLIENT):
+        return argv[3:]
+    if argv[1:4] == ["-S", "-m", TOOLS_MODULE]:
+        return argv[4:]
+    return None
+
+
 def alive(pid: int) -> bool:
     """Running and not a zombie waiting to be reaped."""
     try:
@@ -68,21 +84,35 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+# The process a tool run by the fork server stands for (its client): the tool itself, as
+# far as the host's process list goes.
+_stands_for: int | None = None
+
+
+def stand_for(pid: int) -> None:
+    global _stands_for
+    _stands_for = pid
+
+
+def _me() -> set[int]:
+    return {os.getpid(), *([_stands_for] if _stands_for is not None else [])}
+
+
 def matching(predicate: Callable[[list[str]], bool]) -> list[int]:
-    me = os.getpid()
-    return [p for p in _pids() if p != me and predicate(cmdline(p))]
+    me = _me()
+    return [p for p in _pids() if p not in me and predicate(cmdline(p))]
 
 
 def with_env(name: str, value: str) -> list[int]:
     """Processes whose environment has name=value (those of other users are skipped)."""
     entry = f"{name}={value}".encode()
-    me, out = os.getpid(), []
+    me, out = _me(), []
     for p in _pids():
         try:
             environ = (PROC / str(p) / "environ").read_bytes()
         except OSError:
             continue
-        if p != me and entry in environ.split(b"\0"):
+        if p not in me and entry in environ.split(b"\0"):
             out.append(p)
     return out
 

@@ -155,9 +155,10 @@ async def test_close_leaves_nothing_running(make_sim_host: MakeSimHost) -> None:
                                       "--force-reinstall", "vllm==0.15.1", seconds=60))
     # The channel opens before the server has spawned the command: wait until it runs,
     # or close() could find nothing to end and the test pass without checking anything.
-    await eventually(lambda: any(procfs.cmdline(p)[4:7] == ["uv", "pip", "install"]
-                                 for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))),
-                     "the install to run on the host")
+    await eventually(lambda: any(
+        (procfs.tool_argv(procfs.cmdline(p)) or [])[:3] == ["uv", "pip", "install"]
+        for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))),
+        "the install to run on the host")
     await kit.close()
     assert procfs.with_env(STATE_DIR_ENV, str(kit.state_dir)) == []
     with pytest.raises(OSError):

@@ -21,7 +21,6 @@ from bot.sim.state import STATE_DIR_ENV, StateStore, host_view
 from bot.sim.vllm_server import MODULE as VLLM_SERVER_MODULE
 
 COMM_LEN = 15  # the kernel truncates a process name to 15 characters
-TOOLS_MODULE = "bot.sim.tools"
 
 
 def _real_processes(store: StateStore) -> list[tuple[int, str]]:
@@ -31,8 +30,7 @@ def _real_processes(store: StateStore) -> list[tuple[int, str]]:
         argv = procfs.cmdline(pid)
         if not argv or VLLM_SERVER_MODULE in argv:
             continue
-        if argv[1:4] == ["-S", "-m", TOOLS_MODULE]:
-            argv = argv[4:]  # bot/sim/bin/<tool> execs the interpreter with these
+        argv = procfs.tool_argv(argv) or argv  # shown as the host would show the tool
         out.append((pid, " ".join(argv)))
     return out
 
