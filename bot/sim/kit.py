@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from bot.sim import forkclient, forkserver, kernel, procfs
+from bot.sim import forkclient, forkserver, kernel, procfs, vllm_server
 from bot.sim import packages as sim_packages
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
@@ -162,6 +162,8 @@ class SimKit:
         # Commands a real sshd left running after their channel closed, and the fake
         # servers, all carry the host's state directory in their environment.
         procfs.terminate(procfs.with_env(STATE_DIR_ENV, str(self.state_dir)))
+        # Model servers forked by the fork server carry its environment, not the host's.
+        vllm_server.stop_all(self.state_dir)
 
     async def __aenter__(self) -> SimKit:
         try:

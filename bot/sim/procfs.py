@@ -28,6 +28,16 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(rest[1]), int(rest[3])
 
 
+def start_time(pid: int) -> int | None:
+    """When a live process started (clock ticks since boot): with its pid, an identity
+    that a reused pid does not share."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(raw[raw.rindex(")") + 2:].split()[19])
+
+
 def _pids() -> list[int]:
     return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
 
@@ -92,6 +102,11 @@ _stands_for: int | None = None
 def stand_for(pid: int) -> None:
     global _stands_for
     _stands_for = pid
+
+
+def standing_for() -> int | None:
+    """The client this process runs a tool for, when the fork server forked it."""
+    return _stands_for
 
 
 def _me() -> set[int]:
