@@ -174,6 +174,9 @@ class NonRootKit(SimKit):
     async def start(self) -> NonRootKit:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
+        # Bytecode beside the copy, by the interpreter the tools run: the accounts cannot
+        # write __pycache__ there, so each tool call would compile every module it imports.
+        _checked(self.sim_python, "-m", "compileall", "-q", str(self.tree))
         self._wrappers()
         await super().start()
         # The host's shared state: written by root (systemctl under sudo), the venv owner
