@@ -33,6 +33,7 @@ from enum import StrEnum
 
 from bot.core.gpu import Gpu
 from bot.core.results import CommandResult
+from bot.core.status import HealthSource
 from bot.errors import GpuQueryError
 
 # The exact commands; kept here so the parsers and the commands cannot drift apart.
@@ -165,6 +166,7 @@ class GpuCheck:
     # Why the service cannot run on these GPUs, health aside: none listed, fewer than it
     # needs, or the GPU query failed (part of ``refusal``).
     listing: str | None = None
+    read_with: str = ""  # what the GPUs' state was read with (``GpuStateRead.said``)
 
     @property
     def level(self) -> Level | None:
@@ -549,26 +551,59 @@ def _said(r: CommandResult) -> str:
     return f"exit {r.exit_status}" + (f": {tail}" if tail else "")
 
 
+def state_findings(host: str, q: CommandResult
+                   ) -> tuple[tuple[GpuReading, ...], tuple[Finding, ...]]:
+    """``nvidia-smi -q``'s result as readings, and what a failed or unreadable one says
+    about the host (a lost GPU's exit status is critical)."""
+    if q.exit_status == 0:
+        try:
+            return parse_health_query(host, q.stdout), ()
+        except GpuQueryError as e:
+            return (), (Finding(Level.WARN, f"nvidia-smi -q: {e.reason}", "check the driver"),)
+    lost_gpu = q.exit_status == LOST_GPU_EXIT
+    return (), (Finding(Level.CRITICAL if lost_gpu else Level.WARN,
+                        f"nvidia-smi -q failed ({_said(q)})",
+                        "reboot the node" if lost_gpu else "check the driver"),)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStateRead:
+    """How the GPUs' state was read on a host: NVML's readings, or ``nvidia-smi -q``'s
+    result (with why NVML was not used, where the host is the bot's own)."""
+
+    source: HealthSource
+    readings: tuple[GpuReading, ...] = ()  # NVML's
+    result: CommandResult | None = None  # nvidia-smi -q's
+    nvml_error: str | None = None  # NVML failed on the bot's own host: why
+
+    def judged(self, host: str) -> tuple[tuple[GpuReading, ...], tuple[Finding, ...]]:
+        """The readings and the host findings, the same whichever source."""
+        if self.source == HealthSource.NVML or self.result is None:
+            return self.readings, ()
+        return state_findings(host, self.result)
+
+    def said(self) -> str:
+        """Which source, for the step's output."""
+        if self.source == HealthSource.NVML:
+            return "GPU health from NVML"
+        if self.nvml_error is not None:
+            return f"GPU health from nvidia-smi -q (NVML failed: {self.nvml_error})"
+        return "GPU health from nvidia-smi -q"
+
+
 def health_reads(host: str, gpus: Sequence[Gpu],
-                 readings: Sequence[GpuReading] | None = None) -> Reads:
+                 readings: Sequence[GpuReading] | None = None,
+                 notes: Sequence[Finding] = ()) -> Reads:
     """What to run on a host to judge its GPUs' health, as a generator: it yields each
     argv and is sent its ``CommandResult``; it returns the verdict. Flows drive it with
     their RunCommand, ``/vllm gpus`` with the transport. ``readings``: the GPUs' state
-    read already (NVML on the bot's own machine), so ``nvidia-smi -q`` is not needed."""
-    notes: list[Finding] = []
+    read already (NVML on the bot's own machine, or ``GpuStateRead.judged`` with
+    ``notes``), so ``nvidia-smi -q`` is not run here."""
+    found: list[Finding] = list(notes)
     if readings is None:
-        readings = ()
         q = yield HEALTH_QUERY_ARGV
-        if q.exit_status == 0:
-            try:
-                readings = parse_health_query(host, q.stdout)
-            except GpuQueryError as e:
-                notes.append(Finding(Level.WARN, f"nvidia-smi -q: {e.reason}", "check the driver"))
-        else:
-            lost_gpu = q.exit_status == LOST_GPU_EXIT
-            notes.append(Finding(Level.CRITICAL if lost_gpu else Level.WARN,
-                                 f"nvidia-smi -q failed ({_said(q)})",
-                                 "reboot the node" if lost_gpu else "check the driver"))
+        readings, said = state_findings(host, q)
+        found += said
     xids: tuple[XidEvent, ...] = ()
     j = yield XID_JOURNAL_ARGV
     why = _said(j) if _lost(j) else kernel_log_unreadable(j.stdout, j.stderr, j.exit_status)
@@ -579,11 +614,11 @@ def health_reads(host: str, gpus: Sequence[Gpu],
         if d.exit_status == 0:
             xids = parse_xid_lines(d.stdout)
         else:
-            notes.append(Finding(Level.WARN, f"the kernel log cannot be read, so Xid errors are "
+            found.append(Finding(Level.WARN, f"the kernel log cannot be read, so Xid errors are "
                                  f"unknown ({why}; dmesg: {_said(d)})",
                                  "let the bot's user read the kernel log (group adm or "
                                  "systemd-journal)"))
-    return judge(host, gpus, readings, xids, notes=notes)
+    return judge(host, gpus, readings, xids, notes=found)
 
 
 def marks(health: HostHealth) -> dict[str, str]:

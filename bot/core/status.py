@@ -88,3 +88,12 @@ class Source(StrEnum):
     SLACK = "slack"
     CLI = "cli"
     DEMO = "demo"
+
+
+class HealthSource(StrEnum):
+    """What a GPU check read the GPUs' state with (ECC, pending pages and row remaps,
+    recovery action): NVML on a host the bot runs on, ``nvidia-smi -q`` otherwise and
+    where NVML cannot be used."""
+
+    NVML = "NVML"
+    NVIDIA_SMI = "nvidia-smi -q"
