@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from bot.audit.store import AuditLog
 from bot.core.redact import Redactor
@@ -27,8 +28,10 @@ class Runtime:
 
 
 @asynccontextmanager
-async def open_runtime(settings: Settings, *, clock: Clock = utc_now) -> AsyncIterator[Runtime]:
-    """``clock`` is the wall clock the run life cycle decides expiry by (tests move it)."""
+async def open_runtime(settings: Settings, *, clock: Clock = utc_now,
+                       nvml: Any = None) -> AsyncIterator[Runtime]:
+    """``clock`` is the wall clock the run life cycle decides expiry by (tests move it);
+    ``nvml`` the NVML module a host the bot runs on is read with (None: pynvml)."""
     redact = Redactor(settings.secret_values())
     audit = await AuditLog.open(settings.db_path, redact=redact,
                                 busy_timeout_s=settings.audit.busy_timeout_s)
@@ -37,7 +40,7 @@ async def open_runtime(settings: Settings, *, clock: Clock = utc_now) -> AsyncIt
     # background task keeps trying.
     writer = audit_writer(audit, settings)
     await writer.start()
-    pool = HostPool(settings)
+    pool = HostPool(settings, nvml=nvml)
     lifecycle = RunLifecycle(settings, audit, clock=clock)
     try:
         yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle, writer),

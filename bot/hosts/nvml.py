@@ -9,6 +9,7 @@ nothing and gets the real ``pynvml``.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -142,20 +143,35 @@ def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
     action, through NVML. A query the device does not support leaves that field unknown
     (None), as nvidia-smi's ``N/A``; any other failure raises ``GpuQueryError``."""
     lib = nvml if nvml is not None else _import_pynvml()
+    errors: tuple[type[BaseException], ...] = (
+        lib.NVMLError, getattr(lib, "NVMLLibraryMismatchError", lib.NVMLError))
     try:
         lib.nvmlInit()
-    except lib.NVMLError as exc:
+    except errors as exc:
         raise _error("local", "could not initialise NVML", exc) from exc
     try:
         return tuple(_read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
                      for i in range(lib.nvmlDeviceGetCount()))
-    except lib.NVMLError as exc:
+    except errors as exc:
         raise _error("local", "an NVML health query failed", exc) from exc
     finally:
         try:
             lib.nvmlShutdown()
-        except lib.NVMLError:
+        except errors:
             pass
+
+
+class LocalGpuHealth:
+    """The health reads of the GPUs of the machine the bot runs on, for a run's GPU
+    check (``bot.engine.executor``): NVML, off the event loop. ``nvml``: the module
+    (None: the real ``pynvml``; tests pass a fake at the library boundary)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml
+
+    async def read(self) -> tuple[GpuReading, ...]:
+        """As ``probe_local_health``; raises ``GpuQueryError`` when NVML cannot be used."""
+        return await asyncio.to_thread(probe_local_health, self._nvml)
 
 
 def _optional(lib: Any, call: Any, *args: Any) -> Any:
