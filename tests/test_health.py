@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from bot.core.flows import EndStep
 from bot.core.gpu import Gpu
 from bot.core.health import (
     GpuCheck,
@@ -28,7 +29,10 @@ from bot.core.health import (
     parse_health_query,
     parse_xid_lines,
 )
+from bot.core.plan import Step
+from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
+from tests import test_sequence as seq
 
 UUID0 = "GPU-6f1c0000-1a2b-3c4d-5e6f-0123456789ab"
 UUID1 = "GPU-6f1c0001-1a2b-3c4d-5e6f-0123456789ab"
@@ -325,3 +329,26 @@ def test_a_host_that_cannot_be_read_is_unknown_never_ok() -> None:
     assert lost.text.startswith("h: unknown (cannot reach h to check its GPUs (timed out))")
     assert failed is not None and failed.level is None
     assert failed.text.startswith("h: unknown (connection refused); the preflight reads it")
+
+
+@pytest.mark.parametrize("state", [{"remap_pending": "Yes"}, {"volatile_dram": "2"}, {}])
+def test_the_verdict_is_the_same_whichever_source_read_the_state(
+        state: dict[str, str]) -> None:
+    """A run's GPU check judges NVML's readings (the bot's own host) exactly as the same
+    state read by nvidia-smi -q; only the step's output says which it was."""
+    text = section("00000000:61:00.0", seq.UUIDS[3], **state)
+    smi, nvml = seq.Host(health_q=text), seq.Host(nvml=parse_health_query("h1", text))
+    by_smi, by_nvml = seq.run(smi, "restart"), seq.run(nvml, "restart")
+    assert by_smi == by_nvml
+    assert by_smi.status == (HostStatus.SUCCEEDED if not state else HostStatus.ABORTED)
+
+    def check(host: seq.Host) -> EndStep:
+        return next(n for n in host.notices
+                    if isinstance(n, EndStep) and n.step == Step.GPU_CHECK)
+
+    assert check(smi).summary == check(nvml).summary
+    said_smi, _, rest_smi = check(smi).detail.partition("\n")
+    said_nvml, _, rest_nvml = check(nvml).detail.partition("\n")
+    assert (said_smi, said_nvml) == ("GPU health from nvidia-smi -q", "GPU health from NVML")
+    assert rest_smi == rest_nvml
+    assert ("nvidia-smi", "-q") in smi.calls and ("nvidia-smi", "-q") not in nvml.calls

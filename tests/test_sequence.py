@@ -20,6 +20,7 @@ from bot.core.flows import (
     HostOutcome,
     HttpCheck,
     Progress,
+    ReadGpuState,
     RunCommand,
     Sleep,
     Snapshot,
@@ -29,8 +30,10 @@ from bot.core.flows import (
     restart_flow,
     status_flow,
 )
+from bot.core.health import GpuReading, GpuStateRead
 from bot.core.leftovers import Approval, AskApproval
 from bot.core.plan import Step, make_plan
+from bot.core.status import HealthSource
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
 
@@ -110,6 +113,10 @@ class Host:
     smi_fails_from_stop: bool = False
     approval: Approval = field(default_factory=lambda: Approval(None, "nobody asked"))
     asked: list[AskApproval] = field(default_factory=list)
+    # What nvidia-smi -q prints; NVML's readings where the bot runs on the host (None:
+    # a remote host, or NVML failing: the executor runs nvidia-smi -q instead).
+    health_q: str = ""
+    nvml: tuple[GpuReading, ...] | None = None
 
     def respond(self, action: Any) -> Any:
         if self.cancel_at is not None and self.cancel_at(action):
@@ -130,6 +137,11 @@ class Host:
         if isinstance(action, AskApproval):
             self.asked.append(action)
             return self.approval
+        if isinstance(action, ReadGpuState):
+            if self.nvml is not None:
+                return GpuStateRead(HealthSource.NVML, self.nvml)
+            # A remote host: the GPUs' state is nvidia-smi -q's, run as any command.
+            return GpuStateRead(HealthSource.NVIDIA_SMI, result=self.respond(action.fallback))
         assert isinstance(action, RunCommand)
         a = action.argv
         wrapper = remote.INDEX_FROM_STDIN
@@ -234,7 +246,7 @@ class Host:
         """Issue 12's commands: nvidia-smi -q (nothing to judge), the kernel log (no Xid),
         the unit's user, and ps of the stuck worker (the unit's own)."""
         if a == ("nvidia-smi", "-q"):
-            return ok(a, "") if not self.smi_exit else None
+            return ok(a, self.health_q) if not self.smi_exit else None
         if a[:2] == ("journalctl", "-k"):
             return ok(a, "-- No entries --\n")
         if a[:4] == ("systemctl", "show", "-p", "User"):

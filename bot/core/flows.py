@@ -7,6 +7,7 @@ returns a ``HostOutcome``; rollouts over several hosts are composed by the calle
 
 Outcomes sent back per action:
 ``RunCommand`` -> ``CommandResult``; ``HttpCheck`` -> ``HttpResult``;
+``ReadGpuState`` -> ``GpuStateRead``;
 ``Sleep`` / ``Checkpoint`` -> ``Tick``; ``Emit`` / ``Progress`` -> ``None``.
 
 A ``CommandResult`` with neither an exit status nor a signal means the result
@@ -42,8 +43,8 @@ from bot.core.gpu import (
 )
 from bot.core.health import (
     HEALTH_QUERY_ARGV,
-    XID_JOURNAL_ARGV,
     GpuCheck,
+    GpuStateRead,
     HostHealth,
     Level,
     details,
@@ -85,6 +86,7 @@ from bot.core.plan import (
     Step,
     cmd,
     gpu_check_command,
+    gpu_recheck_command,
     readiness_command,
     requests_command,
 )
@@ -121,6 +123,15 @@ class RunCommand:
     # The account it needs, as its builder in bot.core.remote said; the executor turns
     # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.sudoers.become).
     run_as: Privilege = Privilege.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class ReadGpuState:
+    """Read the GPUs' state (ECC, pending pages and row remaps, recovery action): through
+    NVML where the bot runs on the host, else by running ``fallback`` (``nvidia-smi -q``),
+    also where NVML fails. NVML has no Xid history: the kernel log stays a command."""
+
+    fallback: RunCommand
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +228,8 @@ class Progress:
     start_up: bool = False
 
 
-Action = RunCommand | HttpCheck | Sleep | Checkpoint | Emit | Progress | AskApproval
+Action = (RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Progress
+          | AskApproval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -880,9 +892,14 @@ def _service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
 
 
 def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...]
-                 ) -> Generator[Action, Any, HostHealth]:
-    """``nvidia-smi -q`` and the kernel's Xid lines, judged per GPU (bot.core.health)."""
-    reads = health_reads(host, gpus)
+                 ) -> Generator[Action, Any, tuple[HostHealth, GpuStateRead]]:
+    """The GPUs' state (NVML or ``nvidia-smi -q``, as the executor can) and the kernel's
+    Xid lines, judged per GPU (bot.core.health): the same verdict whichever source."""
+    fallback = RunCommand(step, HEALTH_QUERY_ARGV, svc.command_timeout_s, True,
+                          run_as=run_as_of(HEALTH_QUERY_ARGV))
+    state: GpuStateRead = yield ReadGpuState(fallback)
+    readings, notes = state.judged(host)
+    reads = health_reads(host, gpus, readings, notes)
     result: CommandResult | None = None
     try:
         while True:
@@ -890,7 +907,7 @@ def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, .
             result = yield from _run(step, argv, svc.command_timeout_s, quiet=True)
     except StopIteration as stop:
         health: HostHealth = stop.value
-        return health
+        return health, state
 
 
 def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, GpuCheck]:
@@ -908,33 +925,37 @@ def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, G
         failure = f"cannot read the GPUs: {e.reason}"
     selection = select_gpus(listed, svc.gpus)
     scope = selection.uuids if svc.gpus is not None else None
-    health = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
+    health, state = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
     critical = health.problems(Level.CRITICAL, scope)
     listing = failure or selection.refusal(host, listed)
     reasons = [listing] if listing else []
     if critical:
         reasons.append(f"not fit to run on: {'; '.join(critical)}")
-    return GpuCheck("; ".join(reasons) or None, health, scope, selection.wanted, listing)
+    return GpuCheck("; ".join(reasons) or None, health, scope, selection.wanted, listing,
+                    state.said())
 
 
-def _gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, GpuCheck]:
+def _gpu_check(svc: ServiceSettings, host: str, local: bool
+               ) -> Generator[Action, Any, GpuCheck]:
     """Before anything changes: the host lists every GPU the service needs (a host with
     none, or fewer, is never drained) and none of them is critical (ECC, row remap,
     recovery action, Xid errors); warnings go on the card. Refusing leaves the service
-    untouched."""
-    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc)))
+    untouched. ``local``: the bot runs on the host, so NVML reads the GPUs' state."""
+    yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc, local)))
     check = yield from _read_gpu_check(svc, host)
     health, scope = check.health, check.scope
     if health is None:
         yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal or "not reached"))
         return check
-    evidence = details(health, scope)
+    # The output always says what the state was read with; the findings when any.
+    evidence = f"{check.read_with}\n{details(health, scope)}"
     if check.refusal is not None:
         yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal, None, evidence))
         return check
     warned = bool(health.problems(Level.WARN, scope))
     yield Emit(EndStep(Step.GPU_CHECK, True, f"{check.wanted} listed; "
-                       f"{health.summary(scope)}", None, evidence if warned else ""))
+                       f"{health.summary(scope)}", None,
+                       evidence if warned else check.read_with))
     return check
 
 
@@ -950,24 +971,24 @@ def gpu_health_flow(svc: ServiceSettings, host: str) -> Flow:
 
 
 def _gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
-                 outcome: HostOutcome) -> Flow:
+                 outcome: HostOutcome, local: bool) -> Flow:
     """After a run that left the service up: the GPU check again, and the Xid errors
     that appeared during the run. They do not undo the run (the service passed its
     gates); they are named in its summary, with NVIDIA's action."""
     if check.health is None or outcome.status not in (HostStatus.SUCCEEDED,
                                                       HostStatus.ROLLED_BACK):
         return outcome
-    yield Emit(BeginStep(Step.GPU_RECHECK, f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)}"))
+    yield Emit(BeginStep(Step.GPU_RECHECK, gpu_recheck_command(local)))
     try:
         gpus = (yield from _snapshot(Step.GPU_RECHECK, svc, host)).gpus
     except GpuQueryError:
         gpus = ()
-    health = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus)
+    health, state = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus)
     new = new_xids(check.health.xids, health.xids)
     critical = health.problems(Level.CRITICAL, check.scope)
     if not new and not critical:
         yield Emit(EndStep(Step.GPU_RECHECK, True, f"no new Xid error during the run; "
-                           f"{health.summary(check.scope)}"))
+                           f"{health.summary(check.scope)}", None, state.said()))
         return outcome
     news = judge(host, gpus, health.readings, new).problems(Level.CRITICAL) + \
         judge(host, gpus, health.readings, new).problems(Level.WARN)
@@ -975,7 +996,7 @@ def _gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
             else "no new Xid error")
     said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
     yield Emit(EndStep(Step.GPU_RECHECK, False, said, None,
-                       details(health, check.scope)))
+                       f"{state.said()}\n{details(health, check.scope)}"))
     return HostOutcome(outcome.status, f"{outcome.summary}; {said}", outcome.version_before,
                        outcome.version_after)
 
@@ -1423,7 +1444,7 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {pre.refusal}", before, None)
     assert pre.env is not None  # preflight refuses without a snapshot
-    check = yield from _gpu_check(svc, host)
+    check = yield from _gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {check.refusal}", before, None)
@@ -1458,7 +1479,7 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED and nothing "
                            "was reinstalled; free the GPUs, then restart it.", before, None)
     outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
-    return (yield from _gpu_recheck(svc, host, check, outcome))
+    return (yield from _gpu_recheck(svc, host, check, outcome, plan.is_local(host)))
 
 
 def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
@@ -1568,7 +1589,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
-    check = yield from _gpu_check(svc, host)
+    check = yield from _gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {check.refusal}", before, None)
@@ -1591,7 +1612,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     after = yield from _postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     return (yield from _gpu_recheck(svc, host, check, HostOutcome(
-        status, f"restarted on {after}, healthy", before, after)))
+        status, f"restarted on {after}, healthy", before, after), plan.is_local(host)))
 
 
 def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:

@@ -105,6 +105,11 @@ class HostTarget:
         """``user@address:port`` (or ``local``), as the card shows it."""
         return LOCAL if self.address == LOCAL else f"{self.user}@{self.address}:{self.port}"
 
+    @property
+    def local(self) -> bool:
+        """The bot runs on this host: NVML reads its GPUs' state."""
+        return self.address == LOCAL
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -133,6 +138,10 @@ class Plan:
         if not self.force:
             del d["force"]  # so plans stored before --force existed still compare equal
         return d
+
+    def is_local(self, host: str) -> bool:
+        """Whether the bot runs on ``host`` (``address = "local"``), as approved."""
+        return any(t.host == host and t.local for t in self.targets)
 
     @property
     def system_approver(self) -> str | None:
@@ -163,14 +172,15 @@ def cmd(argv: tuple[str, ...]) -> str:
     return remote.shown(argv)
 
 
-def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
-                   ) -> tuple[PlannedStep, ...]:
+def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None,
+                   local: bool | None = False) -> tuple[PlannedStep, ...]:
+    """``local``: the bot runs on the hosts (None: on some), so NVML reads their GPUs."""
     return (
         PlannedStep(Step.PREFLIGHT, "; ".join(cmd(a) for a in (
             remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
             remote.install_dry_run(svc, spec, index_url), remote.freeze(svc)))
             + f"; save the freeze as {remote.lock_path(svc, '<sha256>')}"),
-        PlannedStep(Step.GPU_CHECK, gpu_check_command(svc)),
+        PlannedStep(Step.GPU_CHECK, gpu_check_command(svc, local)),
         PlannedStep(Step.PREFETCH, remote.prefetch_shown(svc, index_url)),
         PlannedStep(Step.REQUESTS, requests_command(svc)),
         PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
@@ -189,18 +199,34 @@ def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None
         PlannedStep(Step.READINESS, readiness_command(svc)),
         PlannedStep(Step.POSTCHECK,
                     f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
-        PlannedStep(Step.GPU_RECHECK, f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)}: "
+        PlannedStep(Step.GPU_RECHECK, f"{gpu_recheck_command(local)}: "
                     "report Xid errors that appeared during the run"),
     )
 
 
-def gpu_check_command(svc: ServiceSettings) -> str:
+def gpu_state_read(local: bool | None) -> str:
+    """What the GPUs' state is read with: NVML where the bot runs on the host (``local``
+    True; None: on some of the plan's hosts), ``nvidia-smi -q`` elsewhere and where NVML
+    fails."""
+    smi = cmd(HEALTH_QUERY_ARGV)
+    if local is False:
+        return smi
+    nvml = f"NVML (else {smi})"
+    return nvml if local else f"{nvml} on the host the bot runs on, {smi} on the others"
+
+
+def gpu_check_command(svc: ServiceSettings, local: bool | None = False) -> str:
     """The GPU check before the stop (bot.core.health): the service's GPUs are listed,
     none is critical."""
     which = "all GPUs" if svc.gpus is None else "GPUs " + ", ".join(str(g) for g in svc.gpus)
     return (f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}: {which} listed; "
-            f"{cmd(HEALTH_QUERY_ARGV)}; {cmd(XID_JOURNAL_ARGV)} (else dmesg): refuse on a "
+            f"{gpu_state_read(local)}; {cmd(XID_JOURNAL_ARGV)} (else dmesg): refuse on a "
             "critical GPU")
+
+
+def gpu_recheck_command(local: bool | None = False) -> str:
+    """The GPU check after the run (the GPU query's reads are not shown, as before)."""
+    return f"{gpu_state_read(local)}; {cmd(XID_JOURNAL_ARGV)}"
 
 
 def requests_command(svc: ServiceSettings) -> str:
@@ -224,8 +250,9 @@ def readiness_command(svc: ServiceSettings) -> str:
     return "; ".join(checks)
 
 
-def restart_steps(svc: ServiceSettings) -> tuple[PlannedStep, ...]:
-    full = redeploy_steps(svc, svc.package, None)
+def restart_steps(svc: ServiceSettings, local: bool | None = False
+                  ) -> tuple[PlannedStep, ...]:
+    full = redeploy_steps(svc, svc.package, None, local)
     keep = {Step.REQUESTS, Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.READINESS,
             Step.POSTCHECK, Step.GPU_CHECK, Step.GPU_RECHECK}
     return (PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
@@ -286,10 +313,14 @@ def make_plan(
         raise InputError("--batch must be at least 1")
     if force and (action == Action.STATUS or dry_run):
         raise InputError("--force only applies to a redeploy or restart that stops the service")
+    targets = host_targets(settings, tuple(svc.hosts), host_keys or {})
+    # True: the bot runs on every host, so NVML reads their GPUs; None: on some of them.
+    kinds = {t.local for t in targets}
+    local = None if len(kinds) > 1 else kinds == {True}
     if action == Action.REDEPLOY:
-        steps = redeploy_steps(svc, spec, index_url)
+        steps = redeploy_steps(svc, spec, index_url, local)
     elif action == Action.RESTART:
-        steps = restart_steps(svc)
+        steps = restart_steps(svc, local)
     else:
         steps = (PlannedStep(Step.STATUS, f"{cmd(remote.unit_show(svc))}; "
                              f"{cmd(remote.package_show(svc))}; GET {api_base(svc)}/v1/models, "
@@ -299,8 +330,7 @@ def make_plan(
         package=svc.package, version=version, spec=spec, index_name=index,
         index_url=index_url, steps=steps, dry_run=dry_run,
         batch_size=batch if batch is not None else svc.max_unavailable,
-        targets=host_targets(settings, tuple(svc.hosts), host_keys or {}),
-        force=force,
+        targets=targets, force=force,
     )
 
 

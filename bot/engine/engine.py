@@ -175,7 +175,8 @@ class Engine:
                                     gate=gate,
                                     ask_timeout_s=self.settings.policy.approval_ttl_s,
                                     history=history,
-                                    become=become_for(self.settings, host, plan.service))
+                                    become=become_for(self.settings, host, plan.service),
+                                    gpu_health=self.pool.gpu_health(host))
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
                 # The executor turns host errors into failed steps; this is what escapes

@@ -29,20 +29,22 @@ from bot.core.flows import (
     HttpCheck,
     Packages,
     Progress,
+    ReadGpuState,
     RunCommand,
     Sleep,
     Snapshot,
     Tick,
     Versions,
 )
+from bot.core.health import GpuStateRead
 from bot.core.leftovers import AskApproval
 from bot.core.plan import Step
 from bot.core.privilege import Privilege
 from bot.core.startup import StartHistory
-from bot.core.status import StepStatus
+from bot.core.status import HealthSource, StepStatus
 from bot.core.sudoers import Become
 from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
-from bot.errors import HostError
+from bot.errors import GpuQueryError, HostError
 from bot.hosts.base import (
     CommandResult,
     HostTransport,
@@ -51,6 +53,7 @@ from bot.hosts.base import (
     Stream,
     cut_line,
 )
+from bot.hosts.nvml import LocalGpuHealth
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -101,8 +104,12 @@ class Executor:
         ask_timeout_s: float = 900.0,
         history: StartHistory | None = None,
         become: Become | None = None,
+        gpu_health: LocalGpuHealth | None = None,
     ) -> None:
         self.run_id = run_id
+        # NVML's reads of the GPUs' state where the bot runs on the host; None: the host
+        # is remote, and ``nvidia-smi -q`` reads them.
+        self.gpu_health = gpu_health
         # How this host runs a command that needs an account (sudo, or as it is).
         self.become = become
         # This service's previous start times: a start-up wait's progress shows their median.
@@ -139,6 +146,8 @@ class Executor:
             return await self._run(action)
         if isinstance(action, HttpCheck):
             return await self._http(action)
+        if isinstance(action, ReadGpuState):
+            return await self._gpu_state(action)
         if isinstance(action, AskApproval):
             return await ask_bounded(
                 self.gate, LeftoverRequest(self.run_id, self.host, action.question, action.pids),
@@ -184,6 +193,18 @@ class Executor:
             self._lines.put_nowait(None)
             await pump
         return result
+
+    async def _gpu_state(self, action: ReadGpuState) -> GpuStateRead:
+        """NVML where the bot runs on the host; its command (``nvidia-smi -q``) on a remote
+        host, and where NVML fails (the read says why)."""
+        failed = None
+        if self.gpu_health is not None:
+            try:
+                return GpuStateRead(HealthSource.NVML, await self.gpu_health.read())
+            except GpuQueryError as e:
+                failed = e.reason
+        result = await self._run(action.fallback)
+        return GpuStateRead(HealthSource.NVIDIA_SMI, result=result, nvml_error=failed)
 
     async def _http(self, action: HttpCheck) -> HttpResult:
         try:

@@ -3,9 +3,10 @@
 The run's GPU check refuses a critical GPU before the stop, but approvers should know
 before they approve: a warning is theirs to weigh, and a critical GPU means the run will
 be refused anyway. So at request time each host of the plan is read with the GPU check's
-own reads and verdict (``bot.core.flows.gpu_health_flow``: the GPU query, ``nvidia-smi
--q``, the kernel's Xid lines; read-only, only the service's GPUs), driven by the same
-executor as a run, with no run and no audit record of its own. The front end shows a
+own reads and verdict (``bot.core.flows.gpu_health_flow``: the GPU query, the GPUs'
+state (NVML where the bot runs on the host, else ``nvidia-smi -q``), the kernel's Xid
+lines; read-only, only the service's GPUs), driven by the same executor as a run, with
+no run and no audit record of its own. The front end shows a
 line per host whose GPUs are not all ok; the terminal prints them before confirming.
 
 A host that cannot be read says so (unknown, never ok): the preflight reads it again
@@ -61,7 +62,8 @@ async def read_gpu_health(settings: Settings, pool: HostPool, plan: Plan
             try:
                 # Through sudo where the host says so, exactly as the run's check runs.
                 become = become_for(settings, host, plan.service)
-                await Executor(NO_RUN, pool.get(host), sink, become=become).drive(
+                await Executor(NO_RUN, pool.get(host), sink, become=become,
+                               gpu_health=pool.gpu_health(host)).drive(
                     gpu_health_flow(svc, host))
             except (HostError, OSError) as e:
                 return health_note(host, None, e.reason if isinstance(e, HostError) else str(e))
