@@ -358,3 +358,13 @@ def test_certificates_and_hex_digests_are_not_keys() -> None:
 def test_a_secret_value_is_masked_whole(text: str, expected: str) -> None:
     assert R(text) == expected
     assert R(expected) == expected
+
+
+@pytest.mark.parametrize("sample", ["uv_pip_install_vllm_fresh.txt",
+                                    "uv_pip_freeze_vllm_0.33.0.txt"])
+def test_real_uv_output_passes_unchanged(sample: str) -> None:
+    # Captured from the real uv installing vllm (tests/samples/SOURCES.md). It lists
+    # tiktoken==0.14.0, whose name ends in "token": a pin ("==") is no assignment.
+    text = (Path(__file__).parent / "samples" / sample).read_text()
+    assert "tiktoken==" in text
+    assert Redactor()(text) == text

@@ -177,7 +177,8 @@ class _Rule:
 
 
 _ASSIGNMENT = re.compile(
-    rf"(?i)({_SENSITIVE_WORDS}(?![A-Za-z0-9])['\"]?[ \t]*[=:][ \t]*)"
+    # "==" is a pin, not an assignment: tiktoken==0.12.0 in a package list stays.
+    rf"(?i)({_SENSITIVE_WORDS}(?![A-Za-z0-9])['\"]?[ \t]*(?:=(?!=)|:)[ \t]*)"
     # A quoted value to its closing quote; else one word (a stray opening
     # quote is kept, so a cut-off value is still masked).
     r"(?:(['\"])[^'\"\r\n]+\2|(['\"]?)(?!(?:None|null)\b)([^\s'\"]+))"
