@@ -193,10 +193,9 @@ async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: 
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.SUCCEEDED, out
     assert "Downloading torch (880.0MiB)" in steps["prefetch"].output_tail
+    # The install in the outage fetched nothing (its duration is not asserted: on a loaded
+    # machine it says more about the machine than about the install).
     assert "Downloading" not in steps["reinstall"].output_tail
-    # The install in the outage took less than the downloads alone: it fetched nothing.
-    took = steps["reinstall"].duration_s
-    assert took is not None and took < 13 * 0.25
     fetched = steps["prefetch"].duration_s
     assert fetched is not None and fetched >= 13 * 0.25
     calls = sim_sshd_host.calls()
