@@ -3,6 +3,7 @@ depend on output size, catching up after an outage, redaction, pacing."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -22,6 +23,7 @@ from bot.slack.reporter import SlackReporter
 from tests.fakes import FakeSlack
 from tests.polling import eventually
 from tests.slack_harness import blocks_text
+from tests.support.clock import ManualClock
 
 CHANNEL = "C0OPS"
 SECRET = "hunter2-super-secret"
@@ -160,8 +162,19 @@ async def test_secrets_never_reach_slack(fake: FakeSlack) -> None:
 
 
 async def test_poster_paces_posts_under_the_channel_limit() -> None:
-    async with FakeSlack(post_rate_per_s=10, post_burst=1) as fake:
-        poster = Poster(client(fake), Redactor(), post_interval_s=0.11)
+    # One clock for the poster's pacing and the fake's limit, moved only by the poster's
+    # waits: on wall time a loaded machine could deliver two posts closer than paced.
+    clock = ManualClock()
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+        await asyncio.sleep(0)
+
+    async with FakeSlack(post_rate_per_s=10, post_burst=1, clock=clock) as fake:
+        poster = Poster(client(fake), Redactor(), post_interval_s=0.11, clock=clock,
+                        sleep=sleep)
+        started = clock()
         for i in range(6):
             await poster.post(CHANNEL, Message(f"m{i}", [section(f"m{i}")]))
         assert [c.status for c in fake.calls("chat.postMessage")] == [200] * 6
+        assert clock() - started >= 5 * 0.11 - 1e-9  # it waited between posts
