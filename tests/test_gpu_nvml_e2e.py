@@ -18,12 +18,13 @@ from bot.core.health import Level
 from bot.core.status import Action, RunStatus
 from bot.engine.gpu_health import read_gpu_health
 from bot.engine.runtime import open_runtime
+from bot.hosts.fleet import fleet_gpus
 from bot.settings import Settings
 from bot.sim.forkclient import SOCKET_ENV
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import STATE_DIR_ENV, gpu_uuid
 from tests.test_gpu_e2e import run
-from tests.test_nvml import FakeNVMLError, h200
+from tests.test_nvml import FakeDevice, FakeNVMLError, h200
 from tests.test_nvml_health import Health, HealthNVML
 
 SICK = 3  # the simulated host's GPU the faults hit (its stuck_gpu)
@@ -39,7 +40,15 @@ def local_settings(kit: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
                     services={SERVICE: kit.service_settings()}, db_path=tmp_path / "audit.db")
 
 
-def nvml_of(kit: SimKit, sick: Health | None = None) -> HealthNVML:
+class RemapsUnreadable(HealthNVML):
+    """NVML that lists the GPUs but fails a health query (NVML_ERROR_UNKNOWN)."""
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeDevice) -> tuple[int, int, int, int]:
+        raise FakeNVMLError(999)
+
+
+def nvml_of(kit: SimKit, sick: Health | None = None,
+            cls: type[HealthNVML] = HealthNVML) -> HealthNVML:
     """NVML for the simulated host's GPUs (same uuids): all clean but ``sick`` on GPU 3."""
     gpus = kit.state().config.gpus
     devices = [h200(i) for i in range(gpus)]
@@ -49,7 +58,7 @@ def nvml_of(kit: SimKit, sick: Health | None = None) -> HealthNVML:
               for i, d in enumerate(devices)}
     if sick is not None:
         health[gpu_uuid(kit.hostname, SICK)] = sick
-    return HealthNVML(devices, health)
+    return cls(devices, health)
 
 
 def health_queries(kit: SimKit) -> int:
@@ -131,3 +140,20 @@ async def test_the_approval_cards_read_at_the_request_is_nvmls_too(
                                                                           SERVICE))
     assert note.level == Level.CRITICAL and "GPU 3 critical: a row remap is pending" in note.text
     assert health_queries(kit) == 0 and kit.changes() == []
+
+
+async def test_vllm_gpus_reads_nvml_and_falls_back_to_nvidia_smi_q_keeping_the_mark(
+        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kit = sim_host
+    kit.set_faults(pending_remap=True)  # what nvidia-smi -q shows; the fake NVML does not
+    settings = local_settings(kit, tmp_path, monkeypatch)
+    levels = []
+    for nvml in (nvml_of(kit), nvml_of(kit, cls=RemapsUnreadable)):
+        before = health_queries(kit)
+        async with open_runtime(settings, nvml=nvml) as rt:
+            (row,) = await fleet_gpus(settings, rt.pool, [kit.hostname])
+        assert row.snapshot is not None and row.health is not None, row.health_error
+        levels.append((row.health.level(), health_queries(kit) - before))
+    # NVML read: no remap pends (the kernel log's Xid 63 is a warning), no nvidia-smi -q.
+    # NVML failing: nvidia-smi -q read the pending remap; the host kept its mark.
+    assert levels == [(Level.WARN, 0), (Level.CRITICAL, 1)]

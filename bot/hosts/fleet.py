@@ -28,9 +28,16 @@ from typing import NamedTuple
 from bot.core import remote
 from bot.core.gpu import Gpu, GpuSnapshot, build_snapshot, check_nvidia_smi, render_table
 from bot.core.health import HostHealth, Level, details, health_reads, marks
-from bot.errors import ChatOpsError, HostError, HostKeyError, HostUnreachableError, InputError
+from bot.errors import (
+    ChatOpsError,
+    GpuQueryError,
+    HostError,
+    HostKeyError,
+    HostUnreachableError,
+    InputError,
+)
 from bot.hosts.base import CommandResult, HostTransport
-from bot.hosts.nvml import probe_local, probe_local_health
+from bot.hosts.nvml import LocalGpuHealth, probe_local
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -88,10 +95,16 @@ async def query_transport(transport: HostTransport, timeout_s: float) -> GpuSnap
 
 
 async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s: float, *,
-                       local: bool = False) -> HostHealth:
-    """Drive ``bot.core.health.health_reads`` over the transport (NVML for the state of
-    the bot's own GPUs when ``local``)."""
-    readings = await asyncio.to_thread(probe_local_health) if local else None
+                       nvml: LocalGpuHealth | None = None) -> HostHealth:
+    """Drive ``bot.core.health.health_reads`` over the transport. ``nvml``: the bot's own
+    GPUs' state through NVML; where NVML fails, ``nvidia-smi -q`` reads it instead, as a
+    run's GPU check does, so the host keeps its health mark."""
+    readings = None
+    if nvml is not None:
+        try:
+            readings = await nvml.read()
+        except GpuQueryError as e:
+            log.warning("NVML health read failed, reading nvidia-smi -q: %s", e.reason)
     reads = health_reads(transport.host, gpus, readings)
     result: CommandResult | None = None
     try:
@@ -107,14 +120,13 @@ async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s:
         return health
 
 
-async def _with_health(row: HostGpus, pool: HostPool, local: bool,
-                       timeout_s: float) -> HostGpus:
+async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostGpus:
     """The row with its GPUs' health, or with why that could not be read."""
     assert row.snapshot is not None
     try:
         async with asyncio.timeout(timeout_s):
             health = await query_health(pool.get(row.host), row.snapshot.gpus, timeout_s,
-                                        local=local)
+                                        nvml=pool.gpu_health(row.host))
     except TimeoutError:
         return dataclasses.replace(row, health_error=f"no answer within {timeout_s:g}s")
     except ChatOpsError as e:
@@ -138,7 +150,7 @@ async def query_host(settings: Settings, pool: HostPool, host: str,
     try:
         async with asyncio.timeout(timeout_s):
             if settings.hosts[host].is_local:
-                snap = await asyncio.to_thread(probe_local, host)
+                snap = await asyncio.to_thread(probe_local, host, pool.nvml)
             else:
                 snap = await query_transport(pool.get(host), timeout_s)
     except TimeoutError:
@@ -155,7 +167,7 @@ async def query_host(settings: Settings, pool: HostPool, host: str,
                    unreachable=False)
     got = HostGpus(host, snap, None, time.monotonic() - start)
     left = max(timeout_s - got.duration_s, 1.0)
-    with_health = await _with_health(got, pool, settings.hosts[host].is_local, left)
+    with_health = await _with_health(got, pool, left)
     return dataclasses.replace(with_health, duration_s=time.monotonic() - start)
 
 

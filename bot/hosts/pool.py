@@ -33,6 +33,11 @@ class HostPool:
             self._transports[name] = t
         return t
 
+    @property
+    def nvml(self) -> Any:
+        """The NVML module for the bot's own GPUs (None: the real ``pynvml``)."""
+        return self._nvml
+
     def gpu_health(self, name: str) -> LocalGpuHealth | None:
         """NVML's health reads where the bot runs on ``name`` (``address = "local"``);
         None for a remote host, whose GPU check runs ``nvidia-smi -q`` over SSH."""
