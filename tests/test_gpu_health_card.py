@@ -55,8 +55,12 @@ async def test_a_critical_gpu_is_on_the_card_before_approval_and_the_run_is_then
         assert kit.changes() == []
 
         # What the card said is what the run does.
+        assert record.id in bot.front_end.cards.gpu_health
         await bot.click("approve", record.id, user=BOB)
         done = await bot.wait_status(record.id, *FINAL, timeout_s=60)
+        # The pending card's lines are dropped once it runs: a long-lived bot keeps none.
+        assert record.id not in bot.front_end.cards.gpu_health
+        assert record.id not in bot.front_end.cards.notes
     assert done.status == "aborted", done.summary
     assert "preflight refused; service untouched" in (done.summary or "")
     assert "stop" not in kit.changes() and kit.unit_state() == "active"

@@ -44,6 +44,11 @@ class CardUpdates:
         # The GPU health read at the request (hosts not all ok), kept like the load.
         self.gpu_health: dict[int, tuple[HealthNote, ...]] = {}
 
+    def forget(self, run_id: int) -> None:
+        """Drop what only the pending card shows (its load and GPU health lines)."""
+        self.notes.pop(run_id, None)
+        self.gpu_health.pop(run_id, None)
+
     async def refresh(self, run_id: int, membership: Membership | None = None) -> None:
         """Re-render a card from the audit log (pending progress, denied, expired, and
         runs a restart found interrupted: their checklist comes from the steps table)."""
@@ -61,8 +66,7 @@ class CardUpdates:
                                                                         limit=CARD_LIMIT)),
                                            gpu_health=self.gpu_health.get(run_id, ()))
             else:
-                self.notes.pop(run_id, None)
-                self.gpu_health.pop(run_id, None)
+                self.forget(run_id)
             if record.started_at is not None:
                 view = with_recorded_steps(view, await self.audit.steps(run_id))
             try:

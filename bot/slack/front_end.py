@@ -354,6 +354,9 @@ class SlackFrontEnd:
         audit = self.runtime.audit
         record = await audit.get_run(run_id)
         assert record.channel is not None and record.message_ts is not None
+        # The request-time notes are the pending card's only: drop them, or every run a
+        # long-lived bot approved would keep its lines in memory.
+        self.cards.forget(run_id)
         settings = self.runtime.settings
         reporter = SlackReporter(self.poster, channel=record.channel, ts=record.message_ts,
                                  view=card_view(record, self.policy),
