@@ -199,8 +199,10 @@ class _Server:
                     self._from_client(key.data)
 
     def _open_fds(self) -> list[int]:
+        # A call whose client vanished keeps its entry until its child is reaped, with its
+        # connection closed already (fileno -1): the child must not try to close that.
         return [self.listener.fileno(), self.wake_r, self.wake_w,
-                *(c.conn.fileno() for c in self.calls.values())]
+                *(fd for c in self.calls.values() if (fd := c.conn.fileno()) >= 0)]
 
     def _accept(self) -> None:
         try:
@@ -236,9 +238,10 @@ class _Server:
         except OSError:
             data = b""
         if not data:
-            # The client died without being told (SIGKILL): so does its tool.
+            # The client died without being told (SIGKILL): so does its tool. Its entry
+            # stays until the child is reaped, so that a reused pid is never signalled.
             self._signal(call.pid, signal.SIGKILL)
-            self._forget(call)
+            self._hang_up(call)
             return
         for signo in data:
             self._signal(call.pid, signo)
@@ -263,33 +266,22 @@ class _Server:
                 return
             if pid == 0:
                 return
-            call = self.calls.get(pid)
+            call = self.calls.pop(pid, None)
             if call is None:
                 continue
             how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit {os.waitstatus_to_exitcode(status)}")
-            try:
-                call.conn.sendall(f"{how}\n".encode())
-            except OSError:
-                pass
-            self._forget(call)
+            if call.conn.fileno() >= 0:
+                try:
+                    call.conn.sendall(f"{how}\n".encode())
+                except OSError:
+                    pass
+            self._hang_up(call)
 
-    def _forget(self, call: _Call) -> None:
+    def _hang_up(self, call: _Call) -> None:
         if call.conn.fileno() >= 0:
             self.sel.unregister(call.conn)
             call.conn.close()
-        # The pid stays known until it is reaped, so that it is never signalled once
-        # reused; a forgotten call's child is reaped above and then dropped.
-        if not _alive_child(call.pid):
-            self.calls.pop(call.pid, None)
-
-
-def _alive_child(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return False
-    return done == 0
 
 
 def preload() -> None:

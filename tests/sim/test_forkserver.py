@@ -80,6 +80,9 @@ async def test_a_client_killed_outright_takes_its_tool_with_it(sim_host: SimKit)
     proc = await stalled_install(sim_host)
     proc.kill()  # SIGKILL cannot be forwarded: the server sees the connection close
     assert await proc.wait() == -signal.SIGKILL
+    # The next call is served at once, whether or not that child was reaped yet.
+    assert (await ran(sim_host, "systemctl", "is-active", "vllm-kimi-k25", fork=True))[:2] == (
+        0, b"active\n")
     await eventually(lambda: server_children() == [], "the tool ended with its client")
 
 
