@@ -738,6 +738,28 @@ def _requests_verdict(plan: Plan, svc: ServiceSettings, load: Load, first: Load,
     return None
 
 
+def _cancelled_before_change(before: str | None
+                             ) -> Generator[Action, Any, HostOutcome | None]:
+    """A cancel point before the first change: the outcome that ends the run, or None."""
+    if (yield from _tick()).cancel_requested:
+        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
+                           before, None)
+    return None
+
+
+def _quiesce_and_stop(plan: Plan, svc: ServiceSettings, before: str | None
+                      ) -> Generator[Action, Any, HostOutcome | None]:
+    """Wait for in-flight requests (``--force``: not), then stop the unit. None once it
+    is stopped; else the outcome that ends the run."""
+    held = yield from _drain_requests(plan, svc, before)
+    if held is not None:
+        return held
+    failure = yield from _stop(svc, plan.service)
+    if failure is not None:
+        return HostOutcome(HostStatus.FAILED, failure, before, None)
+    return None
+
+
 def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
                     ) -> Generator[Action, Any, HostOutcome | None]:
     """Before the stop: wait until no request runs or waits on the server (vLLM aborts
@@ -1453,24 +1475,17 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                            f"{plan.spec}, changing {pre.env.planned.headline()}", before, None)
 
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
-    if (yield from _tick()).cancel_requested:
-        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
-                           before, None)
+    if (ended := (yield from _cancelled_before_change(before))) is not None:
+        return ended
     fetch_failed = yield from _prefetch(plan, svc, pre.env)
     if fetch_failed is not None:
         return HostOutcome(HostStatus.ABORTED, f"prefetch failed; service untouched: "
                            f"{fetch_failed}", before, None)
 
-    if (yield from _tick()).cancel_requested:
-        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
-                           before, None)
-
-    held = yield from _drain_requests(plan, svc, before)
-    if held is not None:
-        return held
-    failure = yield from _stop(svc, plan.service)
-    if failure is not None:
-        return HostOutcome(HostStatus.FAILED, failure, before, None)
+    if (ended := (yield from _cancelled_before_change(before))) is not None:
+        return ended
+    if (ended := (yield from _quiesce_and_stop(plan, svc, before))) is not None:
+        return ended
 
     drain, reason = yield from _drain_clean(svc, host)
     if drain == "cancelled":
@@ -1593,15 +1608,10 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if check.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
                            f"preflight refused; service untouched: {check.refusal}", before, None)
-    if (yield from _tick()).cancel_requested:
-        return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
-                           before, None)
-    held = yield from _drain_requests(plan, svc, before)
-    if held is not None:
-        return held
-    failure = yield from _stop(svc, plan.service)
-    if failure is not None:
-        return HostOutcome(HostStatus.FAILED, failure, before, None)
+    if (ended := (yield from _cancelled_before_change(before))) is not None:
+        return ended
+    if (ended := (yield from _quiesce_and_stop(plan, svc, before))) is not None:
+        return ended
     drain, reason = yield from _drain_clean(svc, host)
     if drain == "failed":
         return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED; free the GPUs, "
