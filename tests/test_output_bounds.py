@@ -226,7 +226,7 @@ async def test_a_256_mib_line_over_sshd_keeps_the_bot_under_200_mib(
     assert cut_count(flooded) == flood - flooded[flooded.index("C"):].index("…")
     # Before the fix the same line took this process past 370 MiB (100 MiB line) and 2 GB.
     assert peak_kib < 200 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
-    assert time.monotonic() - started < 60
+    print(f"\n256 MiB line: {time.monotonic() - started:.1f} s, peak RSS {peak_kib / 1024:.0f} MiB")
 
 
 # ---- Slack: a file too large for it ---------------------------------------------------------
@@ -242,10 +242,8 @@ async def test_a_file_slack_refuses_as_too_large_is_not_retried(fake: FakeSlack)
     await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.FAILED, 1, 2.0,
                                           "reinstall failed", "\n".join(lines[-200:])))
     reporter.start()
-    started = time.monotonic()
     assert await reporter.flush(30)
-    assert time.monotonic() - started < 5  # no back-off: nothing was retried
-    assert len(fake.calls("files.getUploadURLExternal")) == 1
+    assert len(fake.calls("files.getUploadURLExternal")) == 1  # refused once, not retried
     assert fake.calls("files.completeUploadExternal") == []
     step, note = (blocks_text(m) for m in fake.thread(CHANNEL, reporter.ts)[1:])
     assert "build line 1999" in step  # the tail went out in the reply itself

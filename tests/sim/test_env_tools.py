@@ -108,10 +108,8 @@ async def test_downloads_cost_time_once_then_come_from_the_cache(sim_host: SimKi
     assert sim_host.environment()["torch"] == "2.9.1"  # a prefetch installs nothing here
     assert "torch==2.10.0" in sim_host.cached()
     assert not list((sim_host.venv_dir.parent / ".chatops").glob("prefetch-*"))  # removed
-    t0 = time.monotonic()
     r = await run(sim_host, *remote.install(svc(sim_host), "vllm==0.16.0", None))
-    assert r.status == 0 and "Downloading" not in r.stderr
-    assert time.monotonic() - t0 < 13 * 0.2
+    assert r.status == 0 and "Downloading" not in r.stderr  # all thirteen from the cache
 
 
 async def test_the_venv_interpreter_runs_the_gate(sim_host: SimKit) -> None:

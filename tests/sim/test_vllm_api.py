@@ -93,8 +93,9 @@ async def test_a_start_logs_its_phases_and_the_journal_follows_by_cursor(
             r = await t.run(["journalctl", "-u", unit, f"--after-cursor={cursor}", "-n", "1000",
                              "--show-cursor", "-o", "cat", "-q"], timeout_s=10)
             lines, cursor = new_lines(r.stdout)[0], new_lines(r.stdout)[1] or cursor
-            watch.feed(lines)
-            phases.append(watch.text())
+            for line in lines:  # line by line: every phase counts, however late the poll
+                watch.feed([line])
+                phases.append(watch.text())
             return watch.text() == "API server up"
         await eventually(ready, "the start-up to end", 15)
     finally:
