@@ -29,12 +29,16 @@ class Leftover(Host):
         self.cgroup, self.user, self.state = cgroup, user, state
         self.dies_on, self.memory_only = dies_on, memory_only
         self.alive = True
+        self.host_refuses = False
         self.signals: list[tuple[str, ...]] = []
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
-        if a[:2] == ("sh", "-c") and a[4:5] in (("TERM",), ("KILL",)):
-            self.signals.append(a[4:])
-            self.alive = self.alive and a[4] not in self.dies_on
+        if a[:2] == ("sh", "-c") and a[6:7] in (("TERM",), ("KILL",)):
+            assert a[4:6] == ("systemctl", "vllm-kimi-k25.service")  # what the rule fixes
+            if self.host_refuses:  # the host's own judgement of the PID differs
+                return ok(a, "48304 refused\n")
+            self.signals.append(a[6:])
+            self.alive = self.alive and a[6] not in self.dies_on
             return ok(a, "48304 sent\n")
         if a[:3] == ("env", "LC_ALL=C", "ps"):
             if not self.alive:
@@ -60,6 +64,16 @@ def test_the_services_own_worker_is_terminated_with_an_approvers_go() -> None:
     assert [a.pids for a in h.asked] == [(48304,)]
     assert h.signals == [("TERM", "48304:Mon Nov 30 13:00:00 2026")]
     assert ("leftovers", True) in steps(h) and verbs(h) == ["stop", "start"]
+
+
+def test_a_pid_the_host_refuses_to_signal_fails_the_run_with_no_further_signal() -> None:
+    h = Leftover()
+    h.host_refuses = True
+    out = run(h, "restart")
+    assert out.status == "failed"
+    assert ("the host refused to signal PID(s) 48304: not in vllm-kimi-k25.service's cgroup, "
+            "nor a VLLM:: process of its user") in out.summary
+    assert h.signals == [] and ("leftovers", False) in steps(h) and verbs(h) == ["stop"]
 
 
 def test_one_that_ignores_sigterm_gets_sigkill() -> None:

@@ -8,10 +8,12 @@ script really signals (or skips) a real PID.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -74,23 +76,80 @@ def test_ps_of_pids_that_do_not_exist_exits_1_with_nothing() -> None:
     assert (r.returncode, parse_facts(r.stdout)) == (1, {})
 
 
+@pytest.fixture
+def worker() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process that looks like a vLLM worker: ``VLLM::Worker_TP0`` in ``ps``."""
+    sleep = shutil.which("sleep")
+    if shutil.which("ps") is None or sleep is None:
+        pytest.skip("ps (procps) is not installed")
+    proc = subprocess.Popen(["VLLM::Worker_TP0", "60"], executable=sleep,
+                            start_new_session=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def systemctl_saying(tmp_path: Path, user: str) -> str:
+    """A systemctl whose ``show -p User --value`` answers ``user`` (no systemd here)."""
+    path = tmp_path / "systemctl"
+    path.write_text(f"#!/bin/sh\necho {shlex.quote(user)}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def unit_holding(f: ProcFacts) -> str:
+    """The unit whose cgroup holds the test's processes (under systemd), else one that
+    does not exist: the script then judges by user and name, as for a worker in no unit."""
+    return f.units()[-1] if f.units() else "vllm-kimi-k25"
+
+
 def test_the_signal_script_signals_a_pid_only_with_its_start_time(
-        sleeper: subprocess.Popen[bytes]) -> None:
-    me = parse_facts(run(facts_query([sleeper.pid])).stdout)[sleeper.pid]
+        worker: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    me = parse_facts(run(facts_query([worker.pid])).stdout)[worker.pid]
+    systemctl = systemctl_saying(tmp_path, me.user)
     other_start = ProcFacts(me.pid, me.state, me.user, "Thu Jan 1 00:00:00 1970", me.cgroup)
     # A start time that is not the process's own: a reused PID, never signalled.
-    r = run(signal_command("TERM", [other_start]))
-    assert parse_signalled(r.stdout) == {sleeper.pid: "reused"}
-    assert sleeper.poll() is None
-    r = run(signal_command("TERM", [me, facts(pid=2_000_000_000)]))
-    assert parse_signalled(r.stdout) == {sleeper.pid: "sent", 2_000_000_000: "gone"}
-    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    r = run(signal_command("TERM", [other_start], unit_holding(me), systemctl))
+    assert parse_signalled(r.stdout) == {worker.pid: "reused"}
+    assert worker.poll() is None
+    r = run(signal_command("TERM", [me, facts(pid=2_000_000_000)], unit_holding(me), systemctl))
+    assert parse_signalled(r.stdout) == {worker.pid: "sent", 2_000_000_000: "gone"}, r.stderr
+    assert worker.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_the_signal_script_refuses_a_process_that_is_not_the_units(
+        sleeper: subprocess.Popen[bytes], worker: subprocess.Popen[bytes],
+        tmp_path: Path) -> None:
+    # Under sudo the PIDs are the rule's wildcard: whoever holds the bot's key can name
+    # any process. The script judges again on the host, so only the unit's can be hit.
+    facts_now = parse_facts(run(facts_query([sleeper.pid, worker.pid])).stdout)
+    plain, vllm = facts_now[sleeper.pid], facts_now[worker.pid]
+    elsewhere = "vllm-elsewhere"  # no process of this test is in its cgroup
+    # Not named VLLM:: (sshd, a shell, another team's job), though of the unit's user:
+    r = run(signal_command("KILL", [plain], elsewhere, systemctl_saying(tmp_path, plain.user)))
+    assert parse_signalled(r.stdout) == {sleeper.pid: "refused"}
+    # A VLLM:: process of another user than the unit's (another team's vLLM):
+    r = run(signal_command("KILL", [vllm], elsewhere, systemctl_saying(tmp_path, "nobody")))
+    assert parse_signalled(r.stdout) == {worker.pid: "refused"}
+    # A unit that runs as root (User= empty) owns no VLLM:: process outside its cgroup:
+    r = run(signal_command("KILL", [vllm], elsewhere, systemctl_saying(tmp_path, "")))
+    assert parse_signalled(r.stdout) == {worker.pid: "refused"}
+    # What the bot never sends but a caller of the sudo rule could: PID 1, text, a signal
+    # other than TERM or KILL.
+    systemctl = systemctl_saying(tmp_path, vllm.user)
+    script = signal_command("KILL", [vllm], elsewhere, systemctl)
+    r = run((*script[:7], "1:x", "-1:x", "$(id):x"))
+    assert r.stdout.splitlines() == ["1 refused", "-1 refused", "$(id) refused"]
+    r = run((*script[:6], "HUP", f"{worker.pid}:{vllm.started}"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert sleeper.poll() is None and worker.poll() is None
 
 
 @pytest.mark.parametrize("bad", [
-    lambda: signal_command("HUP", [facts()]),  # type: ignore[arg-type]
-    lambda: signal_command("TERM", [facts(pid=1)]),
-    lambda: signal_command("TERM", [ProcFacts(48304, "S", "vllm", "$(reboot)", OURS)]),
+    lambda: signal_command("HUP", [facts()], UNIT),  # type: ignore[arg-type]
+    lambda: signal_command("TERM", [facts(pid=1)], UNIT),
+    lambda: signal_command("TERM", [ProcFacts(48304, "S", "vllm", "$(reboot)", OURS)], UNIT),
     lambda: facts_query([0]),
 ])
 def test_nothing_but_validated_pids_and_start_times_reach_the_script(bad: object) -> None:
@@ -99,9 +158,11 @@ def test_nothing_but_validated_pids_and_start_times_reach_the_script(bad: object
 
 
 def test_the_script_is_fixed_and_the_targets_are_arguments() -> None:
-    argv = signal_command("KILL", [facts(), facts(pid=48305)])
-    assert argv[:3] == ("sh", "-c", signal_command("TERM", [facts()])[2])
-    assert argv[3:] == ("sh", "KILL", f"48304:{STARTED}", f"48305:{STARTED}")
+    argv = signal_command("KILL", [facts(), facts(pid=48305)], UNIT, "/usr/bin/systemctl")
+    assert argv[:3] == ("sh", "-c", signal_command("TERM", [facts()], "other")[2])
+    # What the sudoers rule fixes (systemctl, the unit, the signal), then the targets.
+    assert argv[3:] == ("sh", "/usr/bin/systemctl", f"{UNIT}.service", "KILL",
+                        f"48304:{STARTED}", f"48305:{STARTED}")
 
 
 # --------------------------------------------------------------------------- whose

@@ -17,6 +17,7 @@ import pytest
 
 from bot.cli.main import doctor
 from bot.core import remote
+from bot.core.leftovers import facts_query, parse_facts, parse_signalled, signal_command
 from bot.core.privilege import Privilege
 from bot.core.status import Action, RunStatus
 from bot.core.sudoers import grants, render
@@ -235,6 +236,30 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
         assert not sudo_allows(login, install)
         assert not sudo_allows(login, install, login)
         assert not sudo_allows(login, remote.unit_stop(svc), owner)
+
+
+async def test_the_signal_rule_cannot_reach_a_process_outside_the_unit(
+        host: NonRootKit, tmp_path: Path) -> None:
+    # The rule's wildcard takes any PID: whoever holds the bot's key could name sshd. The
+    # fixed script re-judges on the host, as root, and refuses what is not the unit's.
+    settings = settings_of(host, tmp_path)
+    svc = settings.services[SERVICE]
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)  # root's, no unit
+    try:
+        (facts,) = parse_facts(subprocess.run(facts_query([victim.pid]), capture_output=True,
+                                              text=True, check=True).stdout).values()
+        with sudoers_installed(render(settings, host.who.login)):
+            script = signal_command("KILL", [facts], svc.unit, svc.systemctl)
+            assert sudo_allows(host.who.login, script)  # the rule lets the call through
+            r = subprocess.run(["runuser", "-u", host.who.login, "--", "sudo", "-n", "--",
+                                *script], capture_output=True, text=True, check=False,
+                               stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        assert parse_signalled(r.stdout) == {victim.pid: "refused"}
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 async def test_an_index_url_reaches_uv_under_sudo_through_its_environment_only(

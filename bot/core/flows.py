@@ -63,6 +63,7 @@ from bot.core.leftovers import (
     facts_query,
     memory_without_process,
     parse_facts,
+    parse_signalled,
     prompt,
     service_name,
     shown_signal,
@@ -1098,7 +1099,17 @@ def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_b
     for sig in ("TERM", "KILL"):
         if not remaining:
             break
-        yield from _run(Step.LEFTOVERS, signal_command(sig, remaining), svc.command_timeout_s)
+        r = yield from _run(Step.LEFTOVERS, signal_command(sig, remaining, svc.unit,
+                                                           svc.systemctl),
+                            svc.command_timeout_s)
+        refused = sorted(p for p, what in parse_signalled(r.stdout).items() if what == "refused")
+        if refused:
+            # The host's own check disagreed with ours (the process changed owner since
+            # the approver saw it): nothing more is signalled.
+            msg = (f"the host refused to signal PID(s) {', '.join(map(str, refused))}: not in "
+                   f"{service_name(svc.unit)}'s cgroup, nor a VLLM:: process of its user")
+            yield Emit(EndStep(Step.LEFTOVERS, False, msg))
+            return "failed", f"{timed_out}. {msg}"
         remaining = yield from _still_running(svc, host, remaining)
     if remaining:
         states = "; ".join(f"PID {t.pid} state {t.state}" for t in remaining)

@@ -39,15 +39,29 @@ Signal = Literal["TERM", "KILL"]
 PS_FORMAT = "pid=,stat=,user:32=,lstart=,cgroup="
 _LSTART = re.compile(r"[A-Z][a-z]{2} [A-Z][a-z]{2} [0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2} "
                      r"[0-9]{4}")
-_SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|failed)")
+_SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|refused|failed)")
 
 # Signals each "<pid>:<lstart>" given, in order, only if the PID's start time is still
-# the one given; prints "<pid> sent|gone|reused|failed" per target. A fixed script: the
-# signal is "$1" (TERM or KILL, checked before it is built), the targets follow.
+# the one given and the process is the unit's by the same rules as ``judge_owner``, read
+# again on the host: prints "<pid> sent|gone|reused|refused|failed" per target. A fixed
+# script: systemctl's path, the unit and the signal come first and are fixed in the
+# sudoers rule; only the targets vary. So the bot's key can never signal a process
+# outside the unit under sudo, whatever PIDs it names (sshd, another unit's workers).
 SIGNAL_SCRIPT = (
-    'sig=$1; shift; for spec do pid=${spec%%:*}; want=${spec#*:}; '
+    'systemctl=$1; unit=$2; sig=$3; shift 3; '
+    'case $sig in TERM|KILL) ;; *) echo "not a signal this script sends: $sig" >&2; exit 2;; '
+    'esac; owner=$("$systemctl" show -p User --value -- "$unit" 2>/dev/null); '
+    'owner=$(echo $owner); for spec do pid=${spec%%:*}; want=${spec#*:}; '
+    'case $pid in ""|*[!0-9]*|0|1) echo "$pid refused"; continue;; esac; '
     'now=$(LC_ALL=C ps -o lstart= -p "$pid" 2>/dev/null) || { echo "$pid gone"; continue; }; '
     'now=$(echo $now); if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
+    'cg="$(ps -ww -o cgroup= -p "$pid" 2>/dev/null),"; case $cg in '
+    '*"/$unit,"*|*"/$unit/"*) ;; '
+    '*.service,*|*.service/*) echo "$pid refused"; continue;; '
+    '*) u=$(ps -o user:32= -p "$pid" 2>/dev/null); u=$(echo $u); '
+    'a=$(ps -ww -o args= -p "$pid" 2>/dev/null); '
+    'if [ -z "$owner" ] || [ "$u" != "$owner" ]; then echo "$pid refused"; continue; fi; '
+    'case $a in VLLM::*) ;; *) echo "$pid refused"; continue;; esac;; esac; '
     'if env kill -s "$sig" "$pid" 2>/dev/null; then echo "$pid sent"; '
     'else echo "$pid failed"; fi; done'
 )
@@ -71,8 +85,10 @@ def unit_user_query(unit: str, systemctl: str = "systemctl") -> Argv:
     return (systemctl, "show", "-p", "User", "--value", "--", unit)
 
 
-def signal_command(sig: Signal, targets: Sequence[ProcFacts]) -> Argv:
-    """The fixed script that signals exactly ``targets`` (re-checked by start time)."""
+def signal_command(sig: Signal, targets: Sequence[ProcFacts], unit: str,
+                   systemctl: str = "systemctl") -> Command:
+    """The fixed script that signals exactly ``targets`` (re-checked on the host by start
+    time and by owner: ``unit``'s cgroup, or a ``VLLM::`` process of its user in no unit)."""
     if sig not in ("TERM", "KILL"):
         raise ValueError(f"not a signal this bot sends: {sig!r}")
     specs = []
@@ -81,7 +97,8 @@ def signal_command(sig: Signal, targets: Sequence[ProcFacts]) -> Argv:
             raise ValueError(f"not a start time: {t.started!r}")
         specs.append(f"{_pid(t.pid)}:{t.started}")
     # As root (bot.core.privilege): the workers run as the unit's account, not the bot's.
-    return Command(("sh", "-c", SIGNAL_SCRIPT, "sh", sig, *specs), Privilege.ROOT)
+    return Command(("sh", "-c", SIGNAL_SCRIPT, "sh", systemctl, service_name(unit), sig,
+                    *specs), Privilege.ROOT)
 
 
 def shown_signal(sig: Signal, targets: Sequence[ProcFacts]) -> str:
@@ -142,7 +159,7 @@ def parse_facts(text: str) -> dict[int, ProcFacts]:
 
 
 def parse_signalled(text: str) -> dict[int, str]:
-    """``SIGNAL_SCRIPT`` output: pid -> sent | gone | reused | failed."""
+    """``SIGNAL_SCRIPT`` output: pid -> sent | gone | reused | refused | failed."""
     out: dict[int, str] = {}
     for raw in text.splitlines():
         m = _SIGNAL_LINE.fullmatch(raw.strip())

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bot.core import remote
-from bot.core.leftovers import ProcFacts, Signal, signal_command
+from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
 from bot.core.privilege import Privilege, run_as_of, sudo_refusal
 from bot.settings import HostSettings, ServiceSettings, Settings
 
@@ -166,10 +166,12 @@ def _root_grants(svc: ServiceSettings) -> list[Grant]:
     # (and their start times) vary, so the rule has a wildcard after the signal's name.
     signals: tuple[Signal, ...] = ("TERM", "KILL")
     for sig in signals:
-        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC]), _SAMPLE_SPEC, "*",
-                                 f"send {sig} to leftover workers "
-                                 "an approver named (each only while its start time is the "
-                                 "one the bot read)"))
+        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC], svc.unit, svc.systemctl),
+                                 _SAMPLE_SPEC, "*",
+                                 f"send {sig} to leftover workers an approver named (each "
+                                 f"only while its start time is the one the bot read, and "
+                                 f"only if it is in {service_name(svc.unit)}'s cgroup or a "
+                                 f"VLLM:: process of its user in no unit)"))
     if svc.journal_lines > LOGS_MAX:
         grants.append(_exact(remote.journal_tail(svc),
                              "its journal tail after a failed health gate (journal_lines)"))
@@ -358,13 +360,16 @@ _HEADER = """\
 _ROOT_NOTE = """\
 # As root: only the commands on the unit, each exact (no wildcard, so no argument can
 # name another unit or add an option), and the fixed script that ends leftover workers
-# after an approver said so. Its wildcard takes the PIDs and their start times, so any
-# process could be named; it only signals (TERM or KILL, never anything else) and skips a
-# PID whose start time changed. The line counts of the journal tail are matched
-# digit by digit ([1-9] is one digit), as sudoers has no number ranges. Reading the
-# journal after a cursor (the start-up progress) has no rule: the cursor changes each
-# time, and a wildcard would let journalctl take any option as root; without it the
-# progress shows no journal lines, and the health gate decides as ever."""
+# after an approver said so. Its wildcard takes the PIDs and their start times; the
+# script itself (fixed in the rule, with the unit's name before the wildcard) signals a
+# named PID only if the host says it is the unit's: in its cgroup, or a VLLM:: process
+# of the unit's user in no unit. It only signals (TERM or KILL, never anything else) and
+# skips a PID whose start time changed, so no PID outside the unit can be hit. The line
+# counts of the journal tail are matched digit by digit ([1-9] is one digit), as sudoers
+# has no number ranges. Reading the journal after a cursor (the start-up progress) has
+# no rule: the cursor changes each time, and a wildcard would let journalctl take any
+# option as root; without it the progress shows no journal lines, and the health gate
+# decides as ever."""
 
 _VENV_NOTE = """\
 # As {owner}, the venv's owner: what writes the venv. The version (and the snapshot's

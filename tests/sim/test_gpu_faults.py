@@ -90,7 +90,8 @@ async def test_orphan_workers_outlive_the_stop_and_end_on_sigterm(sim_host: SimK
     assert len(workers) == 9  # EngineCore and the 8 workers, holding their memory
     assert all(g.used_mib > 90000 for g in sim_host.gpus())
     facts = parse_facts((await run(sim_host, *facts_query(p.pid for p in workers))).stdout)
-    out = await run(sim_host, "sh", "-c", shlex.join(signal_command("TERM", [*facts.values()])))
+    term = signal_command("TERM", [*facts.values()], "vllm-kimi-k25")
+    out = await run(sim_host, "sh", "-c", shlex.join(term))
     assert set(parse_signalled(out.stdout).values()) == {"sent"}
     assert sim_host.processes() == [] and all(g.used_mib == 0 for g in sim_host.gpus())
     assert sorted(p for _, p in sim_host.signalled()) == sorted(p.pid for p in workers)
@@ -102,7 +103,7 @@ async def test_a_d_state_worker_survives_sigkill(sim_host: SimKit) -> None:
     await eventually(lambda: [p.pid for p in sim_host.processes()] == [STUCK], "only TP3 left")
     (f,) = parse_facts((await run(sim_host, *facts_query([STUCK]))).stdout).values()
     assert f.uninterruptible
-    await run(sim_host, "sh", "-c", shlex.join(signal_command("KILL", [f])))
+    await run(sim_host, "sh", "-c", shlex.join(signal_command("KILL", [f], "vllm-kimi-k25")))
     assert [p.pid for p in sim_host.processes()] == [STUCK]
 
 
@@ -116,3 +117,8 @@ async def test_a_neighbour_service_runs_on_its_own_gpus(make_sim_host: MakeSimHo
     assert f"{NEIGHBOUR_PID + 88} VLLM::Worker_TP0" in workers
     (f,) = parse_facts((await run(kit, *facts_query([NEIGHBOUR_PID + 88]))).stdout).values()
     assert f.units() == ("vllm-other.service",)
+    # Named to the signal script of vllm-kimi-k25 (as a caller of its sudo rule could):
+    # the host's own check sees another unit's cgroup and refuses.
+    out = await run(kit, "sh", "-c", shlex.join(signal_command("KILL", [f], "vllm-kimi-k25")))
+    assert parse_signalled(out.stdout) == {f.pid: "refused"}
+    assert f.pid in [p.pid for p in kit.processes()] and kit.signalled() == []
