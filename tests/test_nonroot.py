@@ -145,7 +145,7 @@ async def test_doctor_passes_a_correct_non_root_setup(
         assert code == 0, checks
         assert {c["result"] for c in checks} == {"ok"}, checks
         assert only(checks, "nvidia-smi", None)["detail"].startswith("8 GPU(s)")
-        assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running)"
+        assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running), runs as vllm"
         assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
         assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
         # The table form, as a person reads it.

@@ -320,6 +320,23 @@ def test_doctor_judges_the_listing_and_the_rules() -> None:
     assert passed([check]) is False
 
 
+def test_doctor_warns_when_the_unit_runs_as_root_and_the_venv_owner_writes_its_code() -> None:
+    # The venv owner's rules let the key write the venv; a unit running as root then
+    # runs that code as root. The unit's User= decides what the key can reach.
+    s = settings()
+    unit = Probe("gpu-node-1", "kimi-k25", "unit", Kind.COMMANDS)
+    show = result("LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=4242\n")
+    as_vllm = judge(unit, Answer(results=(show, result("vllm\n"))), s)
+    assert (as_vllm.outcome, as_vllm.detail) == (
+        Outcome.OK, "vllm-kimi-k25: active (running), runs as vllm")
+    as_root = judge(unit, Answer(results=(show, result("\n"))), s)  # no User=: root
+    assert as_root.outcome == Outcome.WARN and "reaches root" in as_root.detail
+    assert "User=" in as_root.fix
+    # Without a venv owner the key writes the venv itself: nothing more to warn about here.
+    alone = judge(unit, Answer(results=(show, result("\n"))), settings(venv_user=None))
+    assert alone.outcome == Outcome.OK
+
+
 def result(stdout: str, status: int = 0, stderr: str = "") -> CommandResult:
     return CommandResult(argv=("x",), exit_status=status, stdout=stdout, stderr=stderr,
                          duration_s=0.0)

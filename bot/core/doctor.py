@@ -18,6 +18,7 @@ from typing import Any
 
 from bot.core import remote
 from bot.core.gpu import parse_gpu_csv
+from bot.core.leftovers import unit_user_query
 from bot.core.privilege import Privilege
 from bot.core.results import CommandResult, HttpResult
 from bot.core.sudoers import Grant, alias, grants
@@ -123,8 +124,9 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
     out += [
         Probe(host, name, "uv", Kind.COMMANDS, (((svc.uv, "--version"), Privilege.NONE),),
               timeout_s=t),
-        Probe(host, name, "unit", Kind.COMMANDS, ((remote.unit_show(svc), Privilege.ROOT),),
-              timeout_s=t),
+        Probe(host, name, "unit", Kind.COMMANDS, ((remote.unit_show(svc), Privilege.ROOT),
+                                                  (unit_user_query(svc.unit, svc.systemctl),
+                                                   Privilege.NONE)), timeout_s=t),
         Probe(host, name, "venv", Kind.COMMANDS, ((("test", "-x", svc.python), Privilege.NONE),
                                                   (remote.package_show(svc), Privilege.NONE)),
               timeout_s=t),
@@ -317,8 +319,17 @@ def _unit(p: Probe, a: Answer, s: Settings) -> Check:
         return _check(p, Outcome.FAIL, f"{svc.unit}: LoadState={props.get('LoadState', '?')}",
                       f"check services.{p.service}.unit against `systemctl list-units "
                       "--all 'vllm*'` on the host")
-    return _check(p, Outcome.OK, f"{svc.unit}: {props.get('ActiveState', '?')} "
-                  f"({props.get('SubState', '?')})")
+    state = f"{svc.unit}: {props.get('ActiveState', '?')} ({props.get('SubState', '?')})"
+    user = a.results[1].stdout.strip() if len(a.results) > 1 and a.results[1].ok else None
+    if (s.hosts[p.host].become == "sudo" and svc.venv_user and user is not None
+            and user in ("", "root")):
+        # The venv's owner writes the code the unit runs: with the unit as root, the
+        # owner's rules (and so the bot's key) reach root through the venv.
+        return _check(p, Outcome.WARN, f"{state}, runs as root (no User=): {svc.venv_user} "
+                      "writes the venv it runs, so the bot's key reaches root through it",
+                      f"set User= in {svc.unit} to an account other than root (the venv's "
+                      "owner may read it; it must not be an admin)")
+    return _check(p, Outcome.OK, state + (f", runs as {user}" if user else ""))
 
 
 def _venv(p: Probe, a: Answer, s: Settings) -> Check:
@@ -342,8 +353,9 @@ def _health(p: Probe, a: Answer, s: Settings) -> Check:
     if a.error or h is None or not h.ok:
         why = a.error or (h.error or f"HTTP {h.status}" if h else "no answer")
         return _check(p, Outcome.FAIL, f"{p.url}: {why}",
-                      f"check services.{p.service}.health_url (fetched on the host) and "
-                      "that the service runs")
+                      f"check services.{p.service}.health_url (fetched on the host), that "
+                      "the service runs, and that the key's permitopen= in authorized_keys "
+                      "names its host:port exactly")
     return _check(p, Outcome.OK, f"{p.url}: HTTP 200")
 
 
