@@ -137,6 +137,22 @@ async def test_a_missing_rule_fails_the_first_step_that_needs_it_naming_the_rule
     assert "stop" not in host.changes()
 
 
+async def test_a_missing_start_rule_after_the_stop_says_the_service_is_down(
+        host: NonRootKit, tmp_path: Path) -> None:
+    # The stop is allowed, the start is not: the worst place for a rule to be missing.
+    settings = settings_of(host, tmp_path)
+    svc = settings.services[SERVICE]
+    start_rule = next(g for g in grants(svc) if tuple(g.sample) == remote.unit_start(svc))
+    with sudoers_installed(render(settings, host.who.login, omit=[start_rule.line()])):
+        async with open_runtime(settings) as rt:
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+    assert result.status == RunStatus.FAILED, out
+    assert start_rule.line() in result.summary and "KIMI_K25_ROOT" in result.summary
+    assert "rolled back to 0.16.0rc2.dev313" in result.summary  # the venv is back...
+    assert result.summary.endswith("The service is DOWN."), result.summary  # ...not running
+    assert host.unit_state() == "inactive"  # truthfully: stopped, and said so
+
+
 async def test_doctor_passes_a_correct_non_root_setup(
         host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings = settings_of(host, tmp_path)
