@@ -34,6 +34,17 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
     assert (row["service"], row["action"], row["status"]) == (SERVICE, "redeploy", "succeeded")
     assert row["requested_by"].startswith("cli:") and row["approved_by"] == [row["requested_by"]]
     assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.16.0")
+    # What the install really changed, read back from the host's own uv output: torch
+    # moved with vLLM (the simulated 0.16.0 release pulls in the CUDA 13 build).
+    changed = {c["name"]: (c["before"], c["after"]) for c in row["packages_changed"]}
+    assert changed["torch"] == ("2.9.1", "2.10.0")
+    assert changed["vllm"] == (DEFAULT_VERSION, "0.16.0")
+    assert sim_host.environment()["torch"] == "2.10.0"
+
+    code, out, err = await cli("audit", "--run", str(row["id"]), cwd=tmp_path, env=env)
+    assert code == 0, err
+    made = out.split("Package changes the install made:\n", 1)[1].splitlines()
+    assert "    ! torch 2.9.1 → 2.10.0" in made, out
 
     code, out, _ = await cli("audit", "--service", SERVICE, cwd=tmp_path, env=env)
     assert code == 0 and "succeeded" in out and "redeploy" in out

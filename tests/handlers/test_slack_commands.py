@@ -11,6 +11,7 @@ from bot.sim.sshd import free_port
 from bot.slack.grammar import COMMANDS, usage
 from tests.slack_harness import (
     ALICE,
+    BOB,
     CHANNEL,
     MALLORY,
     OTHER_CHANNEL,
@@ -171,6 +172,30 @@ async def test_audit_posts_the_table(tmp_path: Path, sim_host: SimKit) -> None:
         msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "Audit log" in m.get("text", ""))
         text = blocks_text(msg)
         assert "REQUESTED BY" in text and "pending_approval" in text and ALICE in text
+
+
+async def test_audit_of_one_run_posts_its_view_with_the_package_change(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:
+        await bot.command(f"redeploy {SERVICE} --version 0.16.0 --index nightly")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.click("approve", record.id, user=BOB)
+        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
+                                     "aborted", timeout_s=60)
+        assert done.status == "succeeded", done.summary
+
+        await bot.command(f"audit #{record.id}")
+        msg = await bot.fake.wait_for_message(
+            CHANNEL, lambda m: m.get("text", "") == f"Run #{record.id}")
+        text = blocks_text(msg)
+        assert f"run #{record.id}: redeploy {SERVICE} on gpu-node-1: succeeded" in text
+        # The install's own change (torch moved with vLLM), not only the dry run's plan.
+        made = text.split("Package changes the install made:\n", 1)[1]
+        assert "! torch 2.9.1 → 2.10.0" in made, text
+
+        await bot.command(f"audit #{record.id + 1}")
+        notes = await bot.ephemerals_for(ALICE)
+        assert notes[-1]["text"] == f"There is no run #{record.id + 1} in the audit log."
 
 
 async def test_doctor_is_for_requesters_and_posts_its_table(tmp_path: Path,
