@@ -8,6 +8,8 @@ import asyncio
 import itertools
 import os
 import re
+import signal
+import sqlite3
 import sys
 import textwrap
 import time
@@ -26,9 +28,20 @@ from bot.hosts.streams import MAX_CAPTURE_CHARS, Capture, LineSplitter, pump
 from bot.sim.kit import SimKit
 from bot.slack.poster import is_transient
 from bot.slack.reporter import MAX_LOG_CHARS
-from tests.fakes import FakeSlack
+from tests.fakes import FakeSlack, SlackSigner
+from tests.polling import eventually
 from tests.slack_harness import blocks_text
 from tests.support.cli import REPO_ROOT, write_toml
+from tests.test_reliability_zombie import (  # the bot-as-a-process harness
+    ALICE,
+    BOB,
+    SIGNING_SECRET,
+    BotClient,
+    bot_env,
+    free_port,
+    run_status,
+)
+from tests.test_reliability_zombie import CHANNEL as BOT_CHANNEL
 from tests.test_slack_reporter import CHANNEL, reporter_for
 
 MIB = 1024 * 1024
@@ -294,3 +307,67 @@ def test_a_capture_counts_what_each_line_costs() -> None:
     kept = capture.text().splitlines()
     assert kept[-1] == "1299999"
     assert len(kept) <= MAX_CAPTURE_CHARS // (8 + LINE_OVERHEAD) + 1
+
+
+# ---- end to end: the whole Slack bot's memory while a host prints a 256 MiB line --------
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> int:
+    """Start argv with stdout+stderr to ``out``; reaped by ``os.wait4`` (its peak RSS)."""
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, str(out), os.O_WRONLY | os.O_CREAT, 0o600),
+               (os.POSIX_SPAWN_DUP2, 1, 2)]
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    finally:
+        os.chdir(before)
+
+
+@pytest.mark.alone
+async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_mib(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # The bot as it runs in production (`python -m bot`, HTTP mode): engine, Slack reporter
+    # (thread, card, the step's output as a file) and the audit sink, all in one process.
+    flood = 256 * MIB
+    sim_sshd_host.update_config(flood_chars=flood)
+    sim_sshd_host.set_faults(uv_floods=True)
+    async with FakeSlack(channels=[BOT_CHANNEL], usergroups={"S0APPROVERS": [BOB]},
+                         post_rate_per_s=20) as fake:
+        port = free_port()
+        env = bot_env(tmp_path, sim_sshd_host, fake, port)
+        db = tmp_path / "audit.db"
+        log = tmp_path / "bot.log"
+        pid = _spawn([sys.executable, "-m", "bot"], env, tmp_path, log)
+        reaped = False
+        try:
+            await eventually(lambda: "serving Slack events" in log.read_text(),
+                             "the bot to serve HTTP", 60)
+            bot = BotClient(fake, f"http://127.0.0.1:{port}/slack/events", db,
+                            SlackSigner(SIGNING_SECRET))
+            await bot.command("redeploy kimi-k25 --version 0.16.0", ALICE)
+            card = await eventually(lambda: bot.card_of(1), "the card", 30)
+            await bot.click("approve", 1, card, BOB)
+            await eventually(lambda: run_status(db, 1) in ("succeeded", "failed",
+                                                           "rolled_back"),
+                             "the run to end", 240)
+            assert run_status(db, 1) == "succeeded", log.read_text()[-3000:]
+            await eventually(lambda: "succeeded" in str(fake.message(BOT_CHANNEL, card)),
+                             "the card to say so", 30)
+            os.kill(pid, signal.SIGTERM)
+            _, status, usage = await asyncio.to_thread(os.wait4, pid, 0)
+            reaped = True
+        finally:
+            if not reaped:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    peak_kib = usage.ru_maxrss
+    print(f"\nthe Slack bot through a 256 MiB line: peak RSS {peak_kib / 1024:.0f} MiB")
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-3000:]
+    assert sim_sshd_host.installed_version == "0.16.0"
+    # The flood reached the bot and was cut, saying so.
+    row = sqlite3.connect(db).execute(
+        "SELECT output_tail FROM steps WHERE run_id = 1 AND step = 'reinstall'").fetchone()
+    assert row is not None and "line cut:" in row[0]
+    assert peak_kib < 200 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
