@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
@@ -27,3 +33,77 @@ async def test_a_private_key_streamed_line_by_line_is_masked() -> None:
     assert "Resolved 152 packages" in text and "Installed 1 package" in text
     # Output after the block shows again.
     assert text.count("Installed 1 package") == 2
+
+
+def _real_keys(tmp: Path) -> dict[str, str]:
+    """Keys made by the tools an operator uses, so line lengths and last lines are real."""
+    if not (shutil.which("ssh-keygen") and shutil.which("openssl")):
+        pytest.skip("needs ssh-keygen and openssl")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "issue9",
+                    "-f", str(tmp / "ed25519")], check=True, capture_output=True)
+    rsa = subprocess.run(["openssl", "genrsa", "-traditional", "2048"], check=True,
+                         capture_output=True, text=True).stdout
+    return {"ssh-keygen ed25519": (tmp / "ed25519").read_text(), "openssl rsa pkcs1": rsa}
+
+
+JOURNAL = "Nov 30 13:12:{:02d} gpu-node-01 python3[4242]: "
+
+
+async def _stream(lines: list[str]) -> str:
+    """What the terminal shows for a step that printed ``lines``, one event per line."""
+    out = io.StringIO()
+    sink = TerminalSink(out, redact=Redactor())
+    for line in lines:
+        await sink.handle(ev.OutputLine(1, "gpu-node-1", Step.REINSTALL, "stderr", line))
+    await sink.handle(ev.StepFinished(1, "gpu-node-1", Step.REINSTALL, StepStatus.OK, 0, 1.0,
+                                      "reinstalled", ""))
+    return out.getvalue()
+
+
+async def test_a_key_streamed_without_its_begin_line_is_masked_at_every_cut(
+        tmp_path: Path) -> None:
+    # A tailed output starts anywhere in a key: the full-width lines are masked one by
+    # one, and the short last line before END used to be printed in clear.
+    for name, key in _real_keys(tmp_path).items():
+        lines = key.strip().splitlines()
+        body = lines[1:-1]
+        for start in range(1, len(lines) - 1):
+            tail = lines[start:]
+            cases = {"raw": tail,
+                     "journal": [JOURNAL.format(i) + line for i, line in enumerate(tail)]}
+            if start < len(lines) - 3:
+                # Cut mid-line (a byte-bounded tail), when a full-width line follows it:
+                # before the last two lines, telling a piece from a word would take two
+                # lines held back.
+                cases["mid line"] = [tail[0][len(tail[0]) // 2:], *tail[1:]]
+            if start < len(lines) - 2:
+                # Cut before END too (the step ended there): the last line follows key lines.
+                cases["no end"] = tail[:-1]
+            for case, cut in cases.items():
+                text = await _stream(["Resolved 152 packages", *cut, "Installed 1 package"])
+                leaks = [run for run in re.findall(r"[A-Za-z0-9+/=]{8,}", text)
+                         if any(run in line for line in body)]
+                assert not leaks, (name, start, case, text)
+                assert "Resolved 152 packages" in text and "Installed 1 package" in text
+                assert (lines[-1] in text) == (case != "no end"), (name, start, case, text)
+                text = await _stream(cut)  # nothing follows: the step ends there
+                assert not [run for run in re.findall(r"[A-Za-z0-9+/=]{8,}", text)
+                            if any(run in line for line in body)], (name, start, case, text)
+
+
+async def test_ordinary_output_is_held_back_one_line_at_most() -> None:
+    # A line that could end a key waits for the next one; nothing waits longer, and the
+    # end of the step lets the last one out.
+    out = io.StringIO()
+    sink = TerminalSink(out, redact=Redactor())
+    lines = ["Resolved 152 packages in 1.2s", "Prepared 3 packages in 2m10s",
+             "Built vllm-0.6.3 sha256 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c1",
+             "Uninstalled 3 packages in 120ms", "Installed 3 packages"]
+    for i, line in enumerate(lines):
+        await sink.handle(ev.OutputLine(1, "gpu-node-1", Step.REINSTALL, "stdout", line))
+        assert all(earlier in out.getvalue() for earlier in lines[:i]), (i, out.getvalue())
+    await sink.handle(ev.StepFinished(1, "gpu-node-1", Step.REINSTALL, StepStatus.OK, 0, 1.0,
+                                      "reinstalled", ""))
+    text = out.getvalue()
+    assert [text.index(line) for line in lines] == sorted(text.index(line) for line in lines)
+    assert "***" not in text

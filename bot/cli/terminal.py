@@ -5,19 +5,53 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.packages import change_report
 from bot.core.plan import STEP_TITLES
-from bot.core.redact import MASK
+from bot.core.redact import (
+    _BASE64_TOKEN,
+    MASK,
+    _ends_in_full_key_token,
+    _random_looking,
+    _shape,
+    _split_token,
+)
 from bot.core.status import StepStatus
 
 # Output streams line by line, so a private key's body lines never reach the redactor
-# together with its BEGIN line: the sink masks every line between the two markers.
+# together with its BEGIN line: the sink masks every line between the two markers.  (The
+# Redactor's own tests of a key line are imported, so the two agree on what one is.)
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+# Without its BEGIN line (a tailed output), a key's full-width body lines are masked one
+# by one, but its short last line looks like any word until the next line comes: such a
+# line is held back until then.  Shorter random-looking pieces are too short to matter.
+_MIN_LONE_PIECE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """An output line that may be the last line of a key, waiting for the next one."""
+    where: tuple[str, str]
+    host: str
+    prefix: str
+    token: str
+    line: str
+    after_key: bool  # it follows a key body line in its stream
+
+    def is_key(self, following: str | None) -> bool:
+        """``following``: the next line of its stream; None when the stream ended (or
+        another stream's line came, since one line at most is held)."""
+        if following is None:
+            return self.after_key
+        if _KEY_END.search(following) or _ends_in_full_key_token(following):
+            return True
+        # What the Redactor masks in a whole text: a random piece right after key lines.
+        return self.after_key and _random_looking(self.token)
 
 
 class TerminalSink:
@@ -27,6 +61,9 @@ class TerminalSink:
         self.show_output = show_output
         self._redact: Callable[[str], str] = redact or (lambda s: s)
         self._in_key: set[tuple[str, str]] = set()
+        # Streams whose last line was a key body line: the shape of its log prefix.
+        self._key_line: dict[tuple[str, str], str] = {}
+        self._held: _Held | None = None
 
     def _print(self, text: str) -> None:
         self.out.write(self._redact(text) + "\n")
@@ -51,6 +88,7 @@ class TerminalSink:
         return True
 
     async def handle(self, event: ev.Event) -> None:
+        self._streams_end(event)
         if self._whole(event):
             return
         if isinstance(event, ev.RunStarted):
@@ -67,7 +105,7 @@ class TerminalSink:
             self._print(f"[{event.host}]   ~ {event.shown()}")
         elif isinstance(event, ev.OutputLine):
             if self.show_output:
-                self._print(f"[{event.host}]   | {self._mask_keys(event)}")
+                self._output(event)
         elif isinstance(event, ev.StepFinished):
             self._finished(event)
         elif isinstance(event, ev.HostFinished):
@@ -85,12 +123,36 @@ class TerminalSink:
         self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
                     f"{event.summary}")
         self._in_key.discard((event.host, event.step))
+        self._key_line.pop((event.host, event.step), None)
         if event.status != StepStatus.OK and event.output.strip():
             # Redact the whole output before cutting, so a cut never hides a secret's start.
             tail = self._redact(event.output).strip().splitlines()[-50:]
             self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))
 
-    def _mask_keys(self, event: ev.OutputLine) -> str:
+    def _output(self, event: ev.OutputLine) -> None:
+        self._settle(event)
+        shown = self._mask_keys(event)
+        if shown is not None:
+            self._print(f"[{event.host}]   | {shown}")
+
+    def _streams_end(self, event: ev.Event) -> None:
+        # A held line waits through progress lines, not past the end of its step.
+        if isinstance(event, ev.StepStarted | ev.StepFinished | ev.HostFinished
+                      | ev.RunFinished):
+            self._settle(None)
+
+    def _settle(self, following: ev.OutputLine | None) -> None:
+        """Print the held line, masked if what follows it makes it a key's line."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        line = (following.line if following is not None
+                and (following.host, str(following.step)) == held.where else None)
+        self._print(f"[{held.host}]   | "
+                    + (held.prefix + MASK if held.is_key(line) else held.line))
+
+    def _mask_keys(self, event: ev.OutputLine) -> str | None:
+        """The line as shown, or None when it is held back (see ``_Held``)."""
         where = (event.host, str(event.step))
         if where in self._in_key:
             if _KEY_END.search(event.line):
@@ -98,4 +160,14 @@ class TerminalSink:
             return MASK
         if _KEY_BEGIN.search(event.line) and not _KEY_END.search(event.line):
             self._in_key.add(where)
+            return event.line
+        prefix, token = _split_token(event.line)
+        if _ends_in_full_key_token(event.line):
+            self._key_line[where] = _shape(prefix)
+            return prefix + MASK
+        after_key = self._key_line.pop(where, None) == _shape(prefix)
+        if _BASE64_TOKEN.fullmatch(token) and (after_key or (
+                len(token) >= _MIN_LONE_PIECE and _random_looking(token))):
+            self._held = _Held(where, event.host, prefix, token, event.line, after_key)
+            return None
         return event.line
