@@ -98,6 +98,25 @@ def test_a_rollback_start_is_gated_on_readiness_too() -> None:
     assert ("rollback_readiness", False) in steps(h)
 
 
+def test_a_running_unit_that_is_not_ready_is_never_called_down() -> None:
+    # The rollback serves the wrong model too: the unit is up, so "DOWN" would be false.
+    wrong = (200, '{"object":"list","data":[{"id":"Kimi-K2-Instruct"}]}')
+    h = Host(models=wrong)
+    out = run(h, svc=READY)
+    assert out.status == "failed"
+    assert ("rollback_readiness", False) in steps(h)
+    assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
+    assert "DOWN" not in out.summary
+    # A restart the same, and the state is read after the gate, not assumed.
+    h = Host(models=wrong)
+    out = run(h, "restart", svc=READY)
+    assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
+    assert h.calls[-1] == ("systemctl", "is-active", "--", "vllm-kimi-k25")
+    h = Host(unit_dies=True)
+    out = run(h, "restart")
+    assert out.summary.endswith("is failed after start. The service is DOWN."), out.summary
+
+
 # ---- in-flight requests ------------------------------------------------------------------------
 
 

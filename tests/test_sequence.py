@@ -448,7 +448,16 @@ def test_rollback_then_unhealthy_is_failed() -> None:
     h = Host(install_fails=1, health_status=503)
     out = run(h)
     assert out.status == "failed"
-    assert "DOWN" in out.summary
+    # The unit runs (answering 503): not DOWN, as systemctl is-active said after the gate.
+    assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
+    assert "DOWN" not in out.summary
+
+
+def test_rollback_then_dead_unit_says_down() -> None:
+    h = Host(install_fails=1, unit_dies=True)
+    out = run(h)
+    assert out.status == "failed"
+    assert out.summary.endswith("The service is DOWN."), out.summary
 
 
 def test_health_503_forever_fails_with_journal_tail() -> None:

@@ -486,6 +486,21 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     return (yield from _readiness(svc, READINESS_OF[health_step]))
 
 
+def _left_as(svc: ServiceSettings, step: Step) -> Generator[Action, Any, str]:
+    """What a failed start left, as systemd says now: DOWN only for a unit that does not
+    run. A unit that runs but failed /health or readiness (another model, a failing
+    smoke test) still holds the GPUs and may answer clients: say so."""
+    r = yield from _run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
+    state = r.stdout.strip()
+    if lost(r) or not state:
+        return f"Whether the service runs is unknown ({_why(r)})."
+    if state in ("inactive", "failed"):
+        return "The service is DOWN."
+    if state in ("active", "activating", "reloading"):
+        return f"The service is UP but NOT READY (unit {state})."
+    return f"The service's unit is {state}."
+
+
 def _start_unit(svc: ServiceSettings, start_step: Step
                 ) -> Generator[Action, Any, tuple[str | None, str | None]]:
     """systemctl start. (None, the journal's cursor before the start) when started (or
@@ -873,8 +888,9 @@ def _recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     """Cancelled once the service is down: bring it back on what is installed."""
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
+        left = yield from _left_as(svc, Step.HEALTH)
         return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: {err}. "
-                           "The service is DOWN.", before, None)
+                           f"{left}", before, None)
     after = yield from _postcheck(svc, host)
     return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
                        before, after)
@@ -1592,8 +1608,9 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
                            f"restore the snapshot with {by_hand}.", before, None)
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
+        left = yield from _left_as(svc, Step.ROLLBACK_HEALTH)
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
-                           "The service is DOWN.", before, None)
+                           f"{left}", before, None)
     after, differs = yield from _postcheck_restored(svc, host, env)
     if differs is not None:
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back and healthy on {after}, "
@@ -1629,7 +1646,8 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                            "then restart it.", before, None)
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        return HostOutcome(HostStatus.FAILED, f"{err}. The service is DOWN.", before, None)
+        left = yield from _left_as(svc, Step.HEALTH)
+        return HostOutcome(HostStatus.FAILED, f"{err}. {left}", before, None)
     after = yield from _postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     return (yield from _gpu_recheck(svc, host, check, HostOutcome(

@@ -13,7 +13,8 @@ cancel, as ``system:audit-unavailable``, and the flow's own cancel path
 is changed; from the drain on it is started again on what is installed, through the
 health gate; a cancel that meets a reinstall takes effect after it (an install is never
 cut), so the service starts on the new version; a rollback or a start already under way
-runs to its end. If the restart fails, the outcome says the service is DOWN. The thread
+runs to its end. If the restart fails, the outcome says what systemd says of the unit
+then: DOWN, or UP but NOT READY. The thread
 and the terminal are told when it happens and, if the records still wait in the
 journal, at the end; the run's end, who cancelled it and the release of its locks go
 to the journal too, so the database tells the whole story once the journal is merged.
