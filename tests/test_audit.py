@@ -681,7 +681,8 @@ async def test_runs_table_and_json(log: AuditLog) -> None:
     assert parsed[1]["approved_by"] == ["U2", "U3"]
     assert parsed[1]["plan"] == records[1].plan
     # Each run also says what its install changed: null when it installed nothing.
-    assert parsed == [{**r.to_json(), "packages_changed": None} for r in records]
+    assert parsed == [{**r.to_json(), "packages_changed": None,
+                       "environment_after_rollback": None} for r in records]
     changed = [{"name": "torch", "before": "2.9.1", "after": "2.10.0"}]
     assert json.loads(runs_json(records, {plain: changed}))[1]["packages_changed"] == changed
     assert isinstance(records[0], RunRecord)

@@ -65,6 +65,29 @@ async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:
     assert code == 3 and "ROLLED_BACK" in out
 
 
+async def test_a_rolled_back_run_says_its_package_changes_were_undone(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    before = sim_host.environment()
+    sim_host.set_faults(uv_fails_midway=True)  # torch moves, then the install fails
+    env = setup(sim_host, tmp_path)
+    code, out, _ = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
+                             "nightly", "--yes", cwd=tmp_path, env=env)
+    assert code == 3 and "ROLLED_BACK" in out
+    assert sim_host.environment() == before
+
+    code, out, err = await cli("audit", "--json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    [row] = json.loads(out)
+    # What the failed install did is kept, and said to be undone, not what the host has.
+    assert {"name": "torch", "before": "2.9.1", "after": "2.10.0"} in row["packages_changed"]
+    assert row["environment_after_rollback"] == "equals_snapshot"
+
+    code, out, err = await cli("audit", "--run", str(row["id"]), cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert ("Package changes the install made (undone: the rollback restored the "
+            "snapshot):") in out, out
+
+
 async def test_a_critical_gpu_is_printed_before_the_run_and_the_run_refused(
         sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(pending_remap=True)

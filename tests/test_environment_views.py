@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,14 @@ import pytest
 
 from bot.audit.records import EnvironmentRecord, RunRecord
 from bot.audit.store import AuditLog
-from bot.audit.view import run_view
+from bot.audit.view import run_view, runs_json
 from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.packages import (
+    Change,
     EnvKind,
     PackageDiff,
+    Restoration,
     change_report,
     parse_freeze,
     parse_install_changes,
@@ -38,6 +41,7 @@ SAMPLES = Path(__file__).parent / "samples"
 BEFORE = parse_freeze((SAMPLES / "uv_pip_freeze_vllm_0.32.0.txt").read_text())
 DIFF = planned_diff(BEFORE, parse_install_changes(
     (SAMPLES / "uv_dry_run_torch_change.txt").read_text()))
+NONE = PackageDiff((), 197).to_json()  # the freeze equals the snapshot again
 
 
 def settings(**services: Any) -> Settings:
@@ -114,6 +118,41 @@ async def test_the_audit_keeps_a_snapshot_whole_through_redaction(tmp_path: Path
     assert kept.data["sha256"] == parse_freeze(text).digest and kept.data["lock"] == "/l"
 
 
+async def test_restorations_judge_the_host_whose_install_packages_changed_reports(
+        tmp_path: Path) -> None:
+    from bot.core.redact import Redactor
+    moved = PackageDiff((Change("torch", "2.13.0", "2.14.0"),), 197).to_json()
+    async with AuditLog.open(tmp_path / "a.db", redact=Redactor([])) as audit:
+        plan = make_plan(settings(), Action.REDEPLOY, "qwen3")
+
+        async def run(*records: tuple[str, str, dict[str, Any]]) -> int:
+            run_id = await audit.create_run(
+                service="qwen3", action=Action.REDEPLOY, hosts=["h1", "h2"],
+                requested_by="U1", source=Source.CLI, plan=plan.to_json(),
+                package_spec=plan.spec)
+            for host, kind, data in records:
+                await audit.add_environment(run_id, host, kind, data)
+            return run_id
+        undone = await run(("h1", "installed", moved), ("h1", "restored", NONE))
+        # h1's upgrade stayed; only h2 rolled back: what packages_changed shows still holds.
+        other_host = await run(("h1", "installed", moved), ("h2", "installed", moved),
+                               ("h2", "restored", NONE))
+        still = await run(("h1", "installed", moved), ("h1", "restored", moved))
+        unread = await run(("h1", "installed", moved), ("h1", "restored", {"note": "exit 2"}))
+        kept = await run(("h1", "installed", moved))
+        ids = [undone, other_host, still, unread, kept]
+        found = await audit.restorations(ids)
+        records = await audit.list_runs()
+        rows = {r["id"]: r for r in json.loads(
+            runs_json(records, await audit.packages_changed(ids), found))}
+    assert found == {undone: Restoration.EQUALS_SNAPSHOT,
+                     still: Restoration.DIFFERS_FROM_SNAPSHOT, unread: Restoration.UNKNOWN}
+    assert rows[undone]["environment_after_rollback"] == "equals_snapshot"
+    assert rows[undone]["packages_changed"] == moved["changes"]  # kept, and said undone
+    assert rows[other_host]["environment_after_rollback"] is None
+    assert rows[kept]["environment_after_rollback"] is None
+
+
 def test_run_view_prints_the_change_and_the_snapshot() -> None:
     record = RunRecord(
         id=12, service="qwen3", action=Action.REDEPLOY, hosts=["h1"], requested_by="U1",
@@ -130,8 +169,14 @@ def test_run_view_prints_the_change_and_the_snapshot() -> None:
     text = run_view(record, [], envs)
     assert text.splitlines()[0] == "run #12: redeploy qwen3 on h1: rolled_back"
     assert "h1: environment snapshot of 2 packages, kept on the host as /opt/.chatops/x" in text
-    assert "h1: Package changes the install made:\n    ! torch 2.13.0 → 2.14.0" in text
+    # The install's change is read with what became of it: the rollback undid it.
+    assert ("h1: Package changes the install made (undone: the rollback restored the "
+            "snapshot):\n    ! torch 2.13.0 → 2.14.0") in text
     assert "h1: After the rollback, compared with the snapshot: equals the snapshot" in text
+    # A rollback that left a package moved says so where the install's change is read.
+    envs[2] = EnvironmentRecord(3, 12, "h1", "restored", "t", DIFF.to_json())
+    assert ("h1: Package changes the install made (a rollback ran, but the environment "
+            "still DIFFERS from the snapshot):") in run_view(record, [], envs)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

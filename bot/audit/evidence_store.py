@@ -22,6 +22,7 @@ from bot.audit.records import (
     now_ts,
 )
 from bot.audit.store_base import StoreBase, shielded
+from bot.core.packages import Restoration
 from bot.core.startup import StartHistory
 from bot.core.status import STORED_STEP_STATUSES, StepStatus
 
@@ -111,6 +112,20 @@ class EvidenceStore(StoreBase):
         for rec in records:
             out.setdefault(rec.run_id, list(rec.data.get("changes") or []))
         return out
+
+    @shielded
+    async def restorations(self, run_ids: Sequence[int]) -> dict[int, Restoration]:
+        """Whether a rollback undid what ``packages_changed`` reports: after the last
+        rollback on the host of that 'installed' record, how its environment compares
+        with the snapshot; runs with no rollback on that host are missing."""
+        async with self._db.transaction(write=False) as conn:
+            installed = await environments_sql.of_kind(conn, list(run_ids), "installed")
+            restored = await environments_sql.of_kind(conn, list(run_ids), "restored")
+        host: dict[int, str] = {}
+        for rec in installed:
+            host.setdefault(rec.run_id, rec.host)
+        return {rec.run_id: Restoration.of(rec.data) for rec in restored
+                if host.get(rec.run_id) == rec.host}  # oldest first: the last one stays
 
     # -- refusals ----------------------------------------------------------------
 

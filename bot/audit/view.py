@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
-from bot.core.packages import PackageDiff
+from bot.core.packages import PackageDiff, Restoration
 
 # (header, widest a cell may get); long values are cut with an ellipsis so one odd
 # package spec cannot push every other row off a Slack code block.
@@ -71,13 +71,18 @@ def runs_table(records: Sequence[RunRecord]) -> str:
 
 
 def runs_json(records: Sequence[RunRecord],
-              packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None) -> str:
+              packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+              restorations: Mapping[int, Restoration] | None = None) -> str:
     """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
     ``packages_changed``: what the run's install really changed on its first host
-    (``[{name, before, after}]``), or null when it installed nothing."""
-    changed = packages_changed or {}
+    (``[{name, before, after}]``), or null when it installed nothing; and
+    ``environment_after_rollback``: on that host, after a rollback, ``equals_snapshot``
+    (those changes were undone), ``differs_from_snapshot`` or ``unknown``; null when no
+    rollback ran there (the changes are what the host has)."""
+    changed, restored = packages_changed or {}, restorations or {}
     return json.dumps([{**r.to_json(), "packages_changed": (
-        list(changed[r.id]) if r.id in changed else None)} for r in records],
+        list(changed[r.id]) if r.id in changed else None),
+        "environment_after_rollback": restored.get(r.id)} for r in records],
         indent=2, ensure_ascii=False)
 
 
@@ -89,7 +94,16 @@ _ENV_TITLES = {
 }
 
 
-def _env_lines(env: EnvironmentRecord) -> list[str]:
+# After the install's changes, what a rollback on that host then did to them.
+_UNDONE = {
+    Restoration.EQUALS_SNAPSHOT: " (undone: the rollback restored the snapshot)",
+    Restoration.DIFFERS_FROM_SNAPSHOT: " (a rollback ran, but the environment still "
+                                       "DIFFERS from the snapshot)",
+    Restoration.UNKNOWN: " (a rollback ran; whether it restored the snapshot is unknown)",
+}
+
+
+def _env_lines(env: EnvironmentRecord, restored: Restoration | None = None) -> list[str]:
     data = env.data
     if env.kind == "snapshot":
         n = len(data.get("freeze") or {}) + len(data.get("others") or [])
@@ -105,7 +119,8 @@ def _env_lines(env: EnvironmentRecord) -> list[str]:
                  else "DIFFERS from the snapshot:")
         return [f"{env.host}: {title}: {state}",
                 *(f"    {line}" for line in diff.lines() if diff.changes)]
-    return [f"{env.host}: {title}:", *(f"    {line}" for line in diff.lines())]
+    undone = _UNDONE[restored] if env.kind == "installed" and restored is not None else ""
+    return [f"{env.host}: {title}{undone}:", *(f"    {line}" for line in diff.lines())]
 
 
 def run_view(record: RunRecord, steps: Sequence[StepRecord],
@@ -125,6 +140,8 @@ def run_view(record: RunRecord, steps: Sequence[StepRecord],
             took = f"{s.duration_s:.1f}s" if s.duration_s is not None else "-"
             code = f" exit {s.exit_status}" if s.exit_status is not None else ""
             lines.append(f"  {s.host} {s.step}: {s.status} ({took}{code})")
+    # The last rollback on each host says whether its install's changes still hold.
+    restored = {e.host: Restoration.of(e.data) for e in environments if e.kind == "restored"}
     for env in environments:
-        lines += _env_lines(env)
+        lines += _env_lines(env, restored.get(env.host))
     return "\n".join(lines)

@@ -346,8 +346,9 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
                        await rt.audit.environments(record.id)))
         return 0
     records = await rt.audit.list_runs(service=args.service, limit=args.limit)
-    changed = await rt.audit.packages_changed([r.id for r in records])
-    print(runs_json(records, changed) if args.json else runs_table(records))
+    ids = [r.id for r in records]
+    print(runs_json(records, await rt.audit.packages_changed(ids),
+                    await rt.audit.restorations(ids)) if args.json else runs_table(records))
     return 0
 
 

@@ -38,6 +38,23 @@ class EnvKind(StrEnum):
     RESTORED = "restored"  # after a rollback: how the freeze compares with the snapshot
 
 
+class Restoration(StrEnum):
+    """After a rollback, how a host's environment compares with the snapshot taken before
+    the run (a ``restored`` record): whether the install's changes were undone."""
+
+    EQUALS_SNAPSHOT = "equals_snapshot"  # every package as it was: the changes are undone
+    DIFFERS_FROM_SNAPSHOT = "differs_from_snapshot"
+    UNKNOWN = "unknown"  # the freeze could not be read after the rollback
+
+    @classmethod
+    def of(cls, data: Mapping[str, object]) -> Restoration:
+        """From a ``restored`` record's data: a ``PackageDiff`` against the snapshot, or
+        only a note when the freeze could not be read."""
+        if "changes" not in data:
+            return cls.UNKNOWN
+        return cls.DIFFERS_FROM_SNAPSHOT if data["changes"] else cls.EQUALS_SNAPSHOT
+
+
 # Names whose change approvers must not miss (canonical names; prefixes end with "-"
 # or match the start of the name).
 _HIGHLIGHT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "transformers",
