@@ -13,12 +13,12 @@ from bot.core.gpu import render_table
 from bot.core.packages import change_report
 from bot.core.plan import STEP_TITLES
 from bot.core.redact import (
-    _BASE64_TOKEN,
+    BASE64_TOKEN,
     MASK,
-    _ends_in_full_key_token,
-    _random_looking,
-    _shape,
-    _split_token,
+    ends_in_full_key_token,
+    random_looking,
+    split_token,
+    token_shape,
 )
 from bot.core.status import StepStatus
 
@@ -48,10 +48,10 @@ class _Held:
         another stream's line came, since one line at most is held)."""
         if following is None:
             return self.after_key
-        if _KEY_END.search(following) or _ends_in_full_key_token(following):
+        if _KEY_END.search(following) or ends_in_full_key_token(following):
             return True
         # What the Redactor masks in a whole text: a random piece right after key lines.
-        return self.after_key and _random_looking(self.token)
+        return self.after_key and random_looking(self.token)
 
 
 class TerminalSink:
@@ -161,13 +161,13 @@ class TerminalSink:
         if _KEY_BEGIN.search(event.line) and not _KEY_END.search(event.line):
             self._in_key.add(where)
             return event.line
-        prefix, token = _split_token(event.line)
-        if _ends_in_full_key_token(event.line):
-            self._key_line[where] = _shape(prefix)
+        prefix, token = split_token(event.line)
+        if ends_in_full_key_token(event.line):
+            self._key_line[where] = token_shape(prefix)
             return prefix + MASK
-        after_key = self._key_line.pop(where, None) == _shape(prefix)
-        if _BASE64_TOKEN.fullmatch(token) and (after_key or (
-                len(token) >= _MIN_LONE_PIECE and _random_looking(token))):
+        after_key = self._key_line.pop(where, None) == token_shape(prefix)
+        if BASE64_TOKEN.fullmatch(token) and (after_key or (
+                len(token) >= _MIN_LONE_PIECE and random_looking(token))):
             self._held = _Held(where, event.host, prefix, token, event.line, after_key)
             return None
         return event.line

@@ -41,20 +41,20 @@ _PRIVATE_KEY = re.compile(
 # token (after a log prefix such as journald's "Nov 30 13:12:01 h1 python3[42]: "):
 # 70 characters in OpenSSH's format, 64 in PEM's, the last line shorter.
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
-_BASE64_TOKEN = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+BASE64_TOKEN = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _FULL_KEY_LINE = re.compile(r"[A-Za-z0-9+/]{64}(?:[A-Za-z0-9+/]{6})?")
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/]+")
 _NOT_A_SECRET_BLOCK = re.compile(r"-----BEGIN (?![A-Z0-9 ]*PRIVATE)[A-Z0-9 ]+-----")
 
 
-def _split_token(line: str) -> tuple[str, str]:
+def split_token(line: str) -> tuple[str, str]:
     """(log prefix, last token): a base64 token holds no blank and no colon."""
     body = line.rstrip("\r")
     cut = max(body.rfind(" "), body.rfind("\t"), body.rfind(":")) + 1
     return body[:cut], body[cut:]
 
 
-def _shape(prefix: str) -> str:
+def token_shape(prefix: str) -> str:
     # Log prefixes of neighbouring lines differ only in their numbers (time, PID).
     return re.sub(r"[0-9]", "0", prefix)
 
@@ -66,20 +66,20 @@ def _full_key_token(token: str) -> bool:
             and token.lower() != token and token.upper() != token)
 
 
-def _random_looking(token: str) -> bool:
+def random_looking(token: str) -> bool:
     """A piece of base64 rather than a word ("after", "Started") next to key lines."""
     if any(c in "0123456789+/=" for c in token):
         return True
     return any(c.isupper() for c in token[1:]) and any(c.islower() for c in token)
 
 
-def _ends_in_full_key_token(line: str) -> bool:
+def ends_in_full_key_token(line: str) -> bool:
     # A plain loop with this quick test first is several times faster than a regex
     # scan of the whole text: most text has no 64 base64 characters at a line's end.
     body = line.rstrip("\r")
     if len(body) < 64 or _BASE64_RUN.fullmatch(body, len(body) - 64) is None:
         return False
-    return _full_key_token(_split_token(body)[1])
+    return _full_key_token(split_token(body)[1])
 
 
 def _headless_keys(text: str) -> str:
@@ -88,7 +88,7 @@ def _headless_keys(text: str) -> str:
     line at a time).  Each run of key lines becomes one line: its log prefix, then MASK."""
     headless_end = "-----END" in text and _KEY_END.search(text) is not None
     lines = text.split("\n")
-    full = [_ends_in_full_key_token(line) for line in lines]
+    full = [ends_in_full_key_token(line) for line in lines]
     if not headless_end and not any(full):
         return text
     found = _KeyLines(lines, full)
@@ -104,7 +104,7 @@ class _KeyLines:
     def __init__(self, lines: list[str], full: list[bool]) -> None:
         self.lines = lines
         self.full = full
-        self.parts = [_split_token(line) for line in lines]
+        self.parts = [split_token(line) for line in lines]
         self.masked = [False] * len(lines)
 
     def key_line(self, i: int, shape: str, *, first: bool = False, sure: bool = False) -> bool:
@@ -114,10 +114,10 @@ class _KeyLines:
         if self.masked[i]:
             return False
         prefix, token = self.parts[i]
-        if not (self.full[i] or (_BASE64_TOKEN.fullmatch(token)
-                                 and (sure or _random_looking(token)))):
+        if not (self.full[i] or (BASE64_TOKEN.fullmatch(token)
+                                 and (sure or random_looking(token)))):
             return False
-        own = _shape(prefix)
+        own = token_shape(prefix)
         return own == shape or (first and shape.endswith(own))
 
     def before_ends(self) -> None:
@@ -126,7 +126,7 @@ class _KeyLines:
             end = _KEY_END.search(line)
             if end is None:
                 continue
-            shape = _shape(line[:end.start()])
+            shape = token_shape(line[:end.start()])
             j = i - 1
             while j >= 0 and self.key_line(j, shape, sure=True):
                 self.masked[j] = True
@@ -141,9 +141,9 @@ class _KeyLines:
             if self.masked[i] or not self.full[i]:
                 i += 1
                 continue
-            shape = _shape(self.parts[i][0])
+            shape = token_shape(self.parts[i][0])
             start = i
-            while i < n and self.full[i] and _shape(self.parts[i][0]) == shape:
+            while i < n and self.full[i] and token_shape(self.parts[i][0]) == shape:
                 i += 1
             if start > 0 and self.key_line(start - 1, shape, first=True):
                 start -= 1
