@@ -15,7 +15,6 @@ from bot.core.plan import DRY_RUN_APPROVER, Plan, make_plan
 from bot.core.policy import Membership
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.lifecycle import (
-    EXPIRED_SUMMARY,
     AlreadyCounted,
     Approved,
     Cancelled,
@@ -27,6 +26,7 @@ from bot.engine.lifecycle import (
     RunLifecycle,
     TooLate,
 )
+from bot.engine.recovery import EXPIRED_SUMMARY
 from bot.errors import LockHeldError
 from bot.settings import LOCAL, Settings
 from tests.support.wall_clock import ManualWallClock
@@ -194,8 +194,9 @@ async def test_overdue_requests_expire_by_the_clock_and_a_decided_one_does_not(
     assert [r.id for r in await world.life.expire_overdue()] == [overdue.id]
     assert await world.life.expire(decided.id) is False
     assert await world.status(decided.id) == RunStatus.DENIED
+    # Closed as expired before this click: its card may still have buttons to remove.
     assert await world.life.deny(overdue.id, user=BOB, membership=MEMBERS) == Refused(
-        f"Run #{overdue.id} is already expired.")
+        f"Run #{overdue.id} is already expired.", expired=True)
 
 
 async def test_a_deny_that_loses_the_race_is_too_late(world: World) -> None:

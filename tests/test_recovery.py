@@ -22,7 +22,9 @@ from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
 from bot.engine.lifecycle import RunLifecycle
 from bot.engine.owner import process_owner, read_stat
 from bot.engine.recovery import (
+    EXPIRED_SUMMARY,
     RECOVERY_ACTOR,
+    Expired,
     Interrupted,
     NotDriven,
     OwnerAlive,
@@ -33,7 +35,7 @@ from bot.errors import LockHeldError
 from bot.settings import LOCAL, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
-from tests.slack_harness import SERVICE, blocks_text, slack_bot
+from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
 from tests.support.cli import cli
 from tests.support.wall_clock import ManualWallClock
 
@@ -200,6 +202,129 @@ async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: W
         assert beat.renewals == 1
     finally:
         await beat.stop()
+
+
+# ---- a request nobody approved in time -------------------------------------------------------
+
+
+async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(
+        world: World) -> None:
+    # A Slack request, and no bot running to expire it when its window closes.
+    slack = world.process()
+    pending = await slack.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
+    cli_process = world.process()
+    closed: list[RunRecord] = []
+
+    async def on_closed(run: RunRecord) -> None:
+        closed.append(run)
+
+    cli_process.expired.append(on_closed)
+    world.clock.advance(599)  # its window is 600 s: still open
+    with pytest.raises(LockHeldError, match=f"busy: run #{pending.id}"):
+        await cli_process.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    waiting = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
+                                    clock=world.clock)
+    assert isinstance(waiting, NotDriven)
+    assert f"awaiting approval until {pending.expires_at}" in waiting.reason
+    assert (await world.audit.get_run(pending.id)).status == RunStatus.PENDING_APPROVAL
+
+    world.clock.advance(1)  # the deadline itself is late, as for a click
+    record = await cli_process.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    expired = await world.audit.get_run(pending.id)
+    # Recorded as a timer's expiry is: the status and summary, no 'recover' decision.
+    assert (expired.status, expired.summary) == (RunStatus.EXPIRED, EXPIRED_SUMMARY)
+    assert await world.audit.decisions(pending.id) == []
+    assert [r.id for r in closed] == [pending.id] and world.told == []
+    assert (await world.audit.locks_held()) == {record.id: LOCKS}
+
+
+async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
+    pending = await world.process().request(world.plan(), requested_by=ALICE,
+                                            source=Source.SLACK)
+    world.clock.advance(600)
+    result = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
+                                   clock=world.clock)
+    assert isinstance(result, Expired) and result.run.status == RunStatus.EXPIRED
+    assert f"window closed at {pending.expires_at}: it is now expired" in result.message
+    assert (await world.audit.get_run(pending.id)).summary == EXPIRED_SUMMARY
+    assert (await world.audit.locks_held()) == {}
+
+
+async def test_recover_from_the_command_line_expires_an_overdue_request(
+        world: World, tmp_path: Path) -> None:
+    db = ["--db", str(world.settings.db_path)]
+    life = world.process()
+    # The command line judges by the wall clock: one request made an hour ago (its window
+    # of 600 s is over), one made now.
+    now = world.clock.now
+    world.clock.now = now - timedelta(hours=1)
+    old = await life.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
+    world.clock.now = now
+    code, out, err = await cli("recover", str(old.id), *db, cwd=tmp_path)
+    assert code == 0, err
+    assert f"Run #{old.id} (restart svc), requested by {ALICE}, was still awaiting" in out
+    assert (await world.audit.get_run(old.id)).status == RunStatus.EXPIRED
+    assert (await world.audit.locks_held()) == {}
+
+    new = await life.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
+    code, out, err = await cli("recover", str(new.id), "--yes", *db, cwd=tmp_path)
+    assert code == 1 and f"awaiting approval until {new.expires_at}" in err
+    assert (await world.audit.get_run(new.id)).status == RunStatus.PENDING_APPROVAL
+
+
+async def test_the_bot_closes_the_card_of_an_overdue_request_it_or_a_cli_expired(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    clock = ManualWallClock()
+    async with slack_bot(tmp_path, sim_host, clock=clock) as bot:
+        await bot.command(f"restart {SERVICE}")
+        first = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await eventually(lambda: bot.front_end.timers.armed(first.id), "the expiry timer")
+        # Its timer has not fired yet when a request meets the lock after the deadline.
+        bot.front_end.timers.disarm(first.id)
+        clock.advance(600)
+        await bot.command(f"restart {SERVICE}")
+        second = await bot.wait_for_run(
+            lambda r: r.id != first.id and r.message_ts is not None, "the second card")
+        assert (await bot.run(first.id)).status == RunStatus.EXPIRED
+        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
+            CHANNEL, first.message_ts or "")), what="the first card to lose its buttons")
+        assert "Approve" in buttons(await bot.card(second.id))
+
+        # A CLI with no bot watching the deadline expired it: the card still offers
+        # Approve until someone clicks it, then it says what happened.
+        cli_process = RunLifecycle(bot.runtime.settings, bot.runtime.audit,
+                                   clock=lambda: clock() + timedelta(seconds=600))
+        bot.front_end.timers.disarm(second.id)
+        await cli_process.request(make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
+                                  requested_by="cli:op@host", source=Source.CLI)
+        assert (await bot.run(second.id)).status == RunStatus.EXPIRED
+        assert "Approve" in buttons(await bot.card(second.id))
+        await bot.click("approve", second.id, user=BOB)
+        notes = await bot.ephemerals_for(BOB)
+        assert "already expired" in notes[-1]["text"]
+        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
+            CHANNEL, second.message_ts or "")), what="the second card to lose its buttons")
+        assert "expired" in blocks_text(await bot.card(second.id))
+
+
+async def test_an_expiry_timer_that_finds_a_cli_expired_its_request_closes_the_card(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    clock = ManualWallClock()
+    async with slack_bot(tmp_path, sim_host, clock=clock) as bot:
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
+        # A CLI whose clock is past the deadline before the bot's timer fires.
+        cli_process = RunLifecycle(bot.runtime.settings, bot.runtime.audit,
+                                   clock=lambda: clock() + timedelta(seconds=600))
+        await cli_process.request(make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
+                                  requested_by="cli:op@host", source=Source.CLI)
+        assert (await bot.run(record.id)).status == RunStatus.EXPIRED
+        assert "Approve" in buttons(await bot.card(record.id))
+        clock.advance(600)
+        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
+            CHANNEL, record.message_ts or "")), what="the card to lose its buttons")
+        assert "expired" in blocks_text(await bot.card(record.id))
 
 
 # ---- by hand -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
 from bot.cli import operator
 from bot.cli.leftovers import TerminalGate, ask_terminal
@@ -34,7 +35,7 @@ from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines, read_gpu_health
 from bot.engine.load import load_note, read_load
 from bot.engine.preview import preview, preview_lines, record_previews
-from bot.engine.recovery import Interrupted
+from bot.engine.recovery import Interrupted, expired_message
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
@@ -182,6 +183,11 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
         out.write(rt.redact(f"recovered: {item.message}") + "\n")
         out.flush()
 
+    async def closed(run: RunRecord) -> None:
+        # A request left awaiting approval past its window (no bot expired it) held it.
+        out.write(rt.redact(f"expired: {expired_message(run)}") + "\n")
+        out.flush()
+
     asks = not (yes or plan.dry_run)
     if asks and not sys.stdin.isatty():
         # Nobody could confirm: refused before anything reads the host.
@@ -197,6 +203,7 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     if health:
         out.write(rt.redact("\n".join(health_lines(health))) + "\n")
     rt.lifecycle.recovered.append(told)
+    rt.lifecycle.expired.append(closed)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed (use --yes when not on a terminal)")

@@ -6,6 +6,7 @@ busy. ``recover`` marks a run whose driver is gone ``interrupted`` and releases 
 locks, after confirmation, refusing while the owner is alive unless ``--force``; who
 did it is a 'recover' decision in the audit log (a refusal is a refusals row), and the
 message printed says what state the service may be in, as a recovered run's thread does.
+A request awaiting approval past its window (no bot expired it) is expired at once.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from bot.audit.records import RunRecord
 from bot.core.status import ACTIVE_STATUSES
 from bot.engine.recovery import (
     DRIVEN,
+    ByHand,
+    Expired,
     NotDriven,
     OwnerAlive,
     Recovered,
     driver_alive,
+    overdue,
     recover_by_hand,
 )
 from bot.engine.runtime import Runtime
@@ -91,6 +95,10 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
     out.write(runs_text([_row(run, alive, locks)]) + "\n")
     command = f"recover run #{run_id}" + (" --force" if force else "")
     if alive is None:
+        if overdue(run, rt.lifecycle.clock()):
+            # Expired without asking: its window closed it already, nobody can approve it.
+            return await _report(rt, user, command, out, await recover_by_hand(
+                rt.audit, run_id, by=user, clock=rt.lifecycle.clock))
         return await _refuse(rt, user, command, NotDriven(run).reason)
     if alive and not force:
         return await _refuse(rt, user, command, OwnerAlive(run).reason)
@@ -99,10 +107,16 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
         if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} "
                        "[y/N] "):
             raise InputError("not confirmed (use --yes when not on a terminal)")
-    result = await recover_by_hand(rt.audit, run_id, by=user, force=force,
-                                   clock=rt.lifecycle.clock)
+    return await _report(rt, user, command, out, await recover_by_hand(
+        rt.audit, run_id, by=user, force=force, clock=rt.lifecycle.clock))
+
+
+async def _report(rt: Runtime, user: str, command: str, out: TextIO, result: ByHand) -> int:
     if isinstance(result, Recovered):
         out.write(rt.redact(result.item.message) + "\n")
+        return EXIT_RECOVERED
+    if isinstance(result, Expired):
+        out.write(rt.redact(result.message) + "\n")
         return EXIT_RECOVERED
     # It changed between the look and the recovery (it finished, or its owner came back).
     return await _refuse(rt, user, command, result.reason)

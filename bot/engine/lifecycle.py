@@ -49,7 +49,9 @@ from bot.engine.executor import CancelToken
 from bot.engine.heartbeat import LEASE_S, Heartbeat
 from bot.engine.owner import process_owner
 from bot.engine.recovery import (
+    EXPIRED_SUMMARY,
     RECOVERY_ACTOR,
+    Closed,
     Interrupted,
     Tell,
     interrupted_message,
@@ -63,8 +65,6 @@ from bot.settings import Settings
 Clock = Callable[[], datetime]
 
 log = logging.getLogger(__name__)
-
-EXPIRED_SUMMARY = "approval window expired"
 
 
 def utc_now() -> datetime:
@@ -133,7 +133,9 @@ class AlreadyCounted:
 @dataclass(frozen=True, slots=True)
 class Refused:
     """Not allowed, with the reason (also recorded as a refusal). ``expired``: the
-    request's window had passed, and this click closed it as 'expired'."""
+    request is closed as 'expired', by this click (its window had passed) or before it,
+    maybe by a process that could not update its card (a CLI meeting its lock): the card
+    should lose its buttons."""
 
     reason: str
     expired: bool = False
@@ -220,6 +222,9 @@ class RunLifecycle:
         # Told of each run this process recovers on meeting its lock (bot.engine.recovery):
         # the Slack front end posts in its thread, the CLI prints it.
         self.recovered: list[Tell] = []
+        # Told of each overdue request this process expires on meeting its lock (a CLI, or
+        # a bot that was down at its deadline): the Slack front end closes its card.
+        self.expired: list[Closed] = []
 
     # ---- request ------------------------------------------------------------------------
 
@@ -325,7 +330,8 @@ class RunLifecycle:
             return await self._refused(user, channel, command, str(exc))
         if record.status != RunStatus.PENDING_APPROVAL:
             return await self._refused(user, channel, command,
-                                       f"Run #{run_id} is already {record.status}.")
+                                       f"Run #{run_id} is already {record.status}.",
+                                       expired=record.status == RunStatus.EXPIRED)
         now = self.clock()
         verdict = evaluate_approval(
             policy=self.settings.policy, membership=membership,
@@ -487,9 +493,17 @@ class RunLifecycle:
 
     async def take_locks(self, run_id: int, scopes: Sequence[str]) -> None:
         """Take the locks; a holder whose driver is dead is recovered on the spot (and
-        ``recovered`` told), a live one raises ``LockHeldError``."""
+        ``recovered`` told), an overdue request expired (and ``expired`` told), a live
+        one raises ``LockHeldError``."""
         await take_locks(self.audit, run_id, scopes, alive=judged_by(self.clock),
-                         tell=self._tell)
+                         tell=self._tell, clock=self.clock, closed=self._closed)
+
+    async def _closed(self, run: RunRecord) -> None:
+        for listener in list(self.expired):
+            try:
+                await listener(run)
+            except Exception:
+                log.exception("cannot report the expiry of run #%d", run.id)
 
     async def _tell(self, item: Interrupted) -> None:
         for listener in list(self.recovered):

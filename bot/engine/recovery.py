@@ -18,6 +18,12 @@ Recovery is not only a start-up event. It happens:
 * by hand (``recover_by_hand``, ``python -m bot recover RUN_ID``), which refuses a live
   owner unless forced.
 
+A request still awaiting approval past its window holds its locks until something
+expires it, and only the Slack bot has expiry timers: with no bot running (or one that
+was down at the deadline) it would lock the service for good. So a lock held by such a
+request is freed the same way: ``take_locks`` and ``recover_by_hand`` expire it
+(``expire_if_overdue``: 'expired', with the summary a timer's expiry writes).
+
 Runs owned by a live process (another bot or a CLI on the same database) are left
 alone; the verdict is passed inside the write transaction that interrupts the run
 (``AuditLog.recover_dead``), so two processes recovering at once recover it once.
@@ -38,6 +44,9 @@ from bot.errors import LockHeldError
 Clock = Callable[[], datetime]
 # Whether a run's driver may still be driving it (then it is left alone).
 Alive = Callable[[RunRecord], bool]
+# Told of a request this process expired because it was overdue (the Slack bot closes
+# its card).
+Closed = Callable[[RunRecord], Awaitable[None]]
 # Who is recorded as having recovered a run that a process found dead by itself.
 RECOVERY_ACTOR = "system:recovery"
 # The statuses a driver holds a run in; only these can be recovered.
@@ -45,6 +54,8 @@ DRIVEN = (RunStatus.RUNNING, RunStatus.APPROVED)
 # How often the Slack bot looks for runs whose driver died while nobody asked: a dead
 # run's thread hears of it within a minute (plus LEASE_S for an owner elsewhere).
 SWEEP_EVERY_S = 60.0
+# The summary of a request nobody approved in time, whoever expired it.
+EXPIRED_SUMMARY = "approval window expired"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +156,54 @@ async def recover(audit: AuditLog, alive: Alive | None = None, *, clock: Clock =
     return await _recover(audit, lambda run: not judge(run), by=by)
 
 
-async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, alive: Alive,
-                     tell: Tell, by: str = RECOVERY_ACTOR) -> None:
-    """Take every scope for ``run_id``. A holder whose driver is dead is recovered on the
-    spot (``tell`` hears of it, to post in its thread or print) and the lock is taken;
-    a live holder, or a request still awaiting approval, raises ``LockHeldError``.
+def overdue(run: RunRecord, now: datetime) -> bool:
+    """Still awaiting approval at or after the end of its window (a click at
+    ``expires_at`` is already late, ``bot.core.policy``)."""
+    return (run.status == RunStatus.PENDING_APPROVAL and run.expires_at is not None
+            and parse_ts(run.expires_at) <= now)
 
-    Each pass either takes the locks or recovers one more holder, which then holds
+
+async def expire_if_overdue(audit: AuditLog, run_id: int, now: datetime) -> RunRecord | None:
+    """Close request ``run_id`` as 'expired' (releasing its locks) if it is overdue at
+    ``now``, as its expiry timer does in the Slack bot; the run, or None when it is not
+    overdue or a click decided it first (a compare-and-set)."""
+    run = await audit.get_run(run_id)
+    if not overdue(run, now):
+        return None
+    if not await audit.transition(run_id, RunStatus.EXPIRED,
+                                  expect=(RunStatus.PENDING_APPROVAL,), summary=EXPIRED_SUMMARY):
+        return None
+    return await audit.get_run(run_id)
+
+
+def expired_message(run: RunRecord) -> str:
+    """What a process that expired an overdue request on meeting its lock says."""
+    return (f"Run #{run.id} ({run.action} {run.service}), requested by {run.requested_by}, "
+            f"was still awaiting approval after its window closed at {run.expires_at}: it "
+            "is now expired and holds no locks.")
+
+
+async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, alive: Alive,
+                     tell: Tell, by: str = RECOVERY_ACTOR, clock: Clock = utc_now,
+                     closed: Closed | None = None) -> None:
+    """Take every scope for ``run_id``. A holder whose driver is dead is recovered on the
+    spot (``tell`` hears of it, to post in its thread or print), and a request awaiting
+    approval past its window (at ``clock()``) is expired (``closed`` hears of it), and
+    the lock is taken; a live holder, or a request still in its window, raises
+    ``LockHeldError``.
+
+    Each pass either takes the locks or ends one more holder, which then holds
     nothing, so this ends."""
     while True:
         try:
             await audit.acquire_locks(run_id, scopes)
             return
         except LockHeldError as exc:
+            expired = await expire_if_overdue(audit, exc.run_id, clock())
+            if expired is not None:
+                if closed is not None:
+                    await closed(expired)
+                continue
             found = await _recover(audit, lambda run: not alive(run), by=by,
                                    run_ids=[exc.run_id])
             if not found:
@@ -189,6 +235,17 @@ class OwnerAlive:
 
 
 @dataclass(frozen=True, slots=True)
+class Expired:
+    """A request awaiting approval past its window, expired (nobody can approve it)."""
+
+    run: RunRecord
+
+    @property
+    def message(self) -> str:
+        return expired_message(self.run)
+
+
+@dataclass(frozen=True, slots=True)
 class NotDriven:
     """Refused: nothing drives it, so there is nothing to recover."""
 
@@ -196,17 +253,27 @@ class NotDriven:
 
     @property
     def reason(self) -> str:
+        if self.run.status == RunStatus.PENDING_APPROVAL:
+            until = f" until {self.run.expires_at}" if self.run.expires_at else ""
+            return (f"run #{self.run.id} is awaiting approval{until}, when it expires and "
+                    "releases its locks (after that, `recover` expires it at once); before "
+                    "then its requester or an approver can deny or cancel it on its card")
         return (f"run #{self.run.id} is {self.run.status}; only a running or approved run "
                 "can be recovered")
 
 
-ByHand = Recovered | OwnerAlive | NotDriven
+ByHand = Recovered | Expired | OwnerAlive | NotDriven
 
 
 async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, force: bool = False,
                           alive: Alive | None = None, clock: Clock = utc_now) -> ByHand:
     """An operator's recovery of one run: refused while its owner is alive unless
-    ``force``; ``by`` is recorded as who recovered it. Raises ``RunNotFoundError``."""
+    ``force``; ``by`` is recorded as who recovered it. A request awaiting approval past
+    its window is expired instead (it holds locks nobody can use). Raises
+    ``RunNotFoundError``."""
+    expired = await expire_if_overdue(audit, run_id, clock())
+    if expired is not None:
+        return Expired(expired)
     judge = alive if alive is not None else judged_by(clock)
     found = await _recover(audit, lambda run: force or not judge(run), by=by,
                            run_ids=[run_id])

@@ -121,6 +121,8 @@ class SlackFrontEnd:
         self.sweep = RecoverySweep(self.lifecycle, self.cards)
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.cards.tell_recovered)
+        # An overdue request expired because a request met its lock loses its buttons.
+        self.lifecycle.expired.append(lambda run: self._closed(run.id))
 
     # ---- tasks ----------------------------------------------------------------------------
 
@@ -278,6 +280,9 @@ class SlackFrontEnd:
         decided first."""
         self.timers.disarm(run_id)
         if not await self.lifecycle.expire(run_id):
+            if (await self.runtime.audit.get_run(run_id)).status == RunStatus.EXPIRED:
+                # Another process (a CLI meeting its lock) expired it: the card says so.
+                await self.cards.refresh(run_id)
             return False
         await self.cards.refresh(run_id)
         return True
