@@ -186,18 +186,20 @@ async def test_an_unhealthy_start_rolls_back_the_whole_environment(sim_sshd_host
 
 
 async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: Path) -> None:
-    # 13 changed wheels at 0.25 s each: 3.25 s of downloads, all before the stop.
-    sim_sshd_host.update_config(download_delay_s=0.25)
+    cached = sim_sshd_host.cached()
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.SUCCEEDED, out
-    assert "Downloading torch (880.0MiB)" in steps["prefetch"].output_tail
-    # The install in the outage fetched nothing (its duration is not asserted: on a loaded
-    # machine it says more about the machine than about the install).
+    # Judged by what uv printed, not by durations (a loaded machine says more about itself
+    # than about the install): the prefetch, before the stop, fetched the 13 changed
+    # wheels (uv announces the 12 of 1 MiB or more; orjson is 0.9 MiB) ...
+    announced = [line for line in steps["prefetch"].output_tail.splitlines()
+                 if line.startswith("Downloading ")]
+    assert len(announced) == 12 and "Downloading torch (880.0MiB)" in announced
+    assert len(sim_sshd_host.cached() - cached) == 13
+    # ... and the install in the outage fetched nothing.
     assert "Downloading" not in steps["reinstall"].output_tail
-    fetched = steps["prefetch"].duration_s
-    assert fetched is not None and fetched >= 13 * 0.25
     calls = sim_sshd_host.calls()
     stop = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
     prefetch = next(i for i, c in enumerate(calls) if c.argv[:3] == ("uv", "pip", "install")

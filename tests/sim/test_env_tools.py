@@ -6,7 +6,6 @@ the bot builds (bot.core.remote)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,20 +90,25 @@ async def test_offline_finds_only_what_is_cached(sim_host: SimKit) -> None:
     assert r.status == 0 and sim_host.installed_version == DEFAULT_VERSION
 
 
-async def test_downloads_cost_time_once_then_come_from_the_cache(sim_host: SimKit) -> None:
-    sim_host.update_config(download_delay_s=0.2, install_duration_s=0.1)
+async def test_downloads_happen_once_then_come_from_the_cache(sim_host: SimKit) -> None:
+    sim_host.update_config(install_duration_s=0.1)
     argv = remote.install_dry_run(svc(sim_host), "vllm==0.16.0", None)
     dry = await run(sim_host, *argv)
     wanted = parse_install_changes(dry.stderr)
     assert "Would download 13 packages" in dry.stderr and len(wanted) == 13
     pinned = parse_freeze((await run(sim_host, *remote.freeze(svc(sim_host)))).stdout)
     stdin = pinned.applied(wanted).requirements().encode()
-    t0 = time.monotonic()
+    cached = sim_host.cached()
     fetched = await run_in(sim_host, remote.prefetch(svc(sim_host), None), stdin)
-    took = time.monotonic() - t0
     assert fetched.status == 0, fetched.stderr
-    assert took >= 13 * 0.2  # thirteen wheels were not in the cache
-    assert "Downloading torch (880.0MiB)" in fetched.stderr
+    # Judged by what uv did, not by how long it took: the thirteen wheels not in the
+    # cache were fetched into it, each announced by a Downloading line but orjson (uv
+    # announces no wheel under 1 MiB; it is 0.9 MiB).
+    assert sim_host.cached() - cached == {f"{c.name}=={c.after}" for c in wanted}
+    announced = [line.split()[1] for line in fetched.stderr.splitlines()
+                 if line.startswith("Downloading ")]
+    assert sorted(announced) == sorted(c.name for c in wanted if c.name != "orjson")
+    assert len(announced) == 12 and "Downloading torch (880.0MiB)" in fetched.stderr
     assert sim_host.environment()["torch"] == "2.9.1"  # a prefetch installs nothing here
     assert "torch==2.10.0" in sim_host.cached()
     assert not list((sim_host.venv_dir.parent / ".chatops").glob("prefetch-*"))  # removed
