@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bot.audit import AuditLog, RunRecord, format_ts
+from bot.audit.view import run_view
 from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
@@ -166,6 +167,8 @@ async def test_a_request_meeting_a_dead_owners_lock_recovers_the_run_and_proceed
     assert [s.status for s in await world.audit.steps(run.id)] == ["interrupted"]
     assert (RECOVERY_ACTOR, Decision.RECOVER) in [
         (d.user, d.decision) for d in await world.audit.decisions(run.id)]
+    assert recovered.recovered_by == [RECOVERY_ACTOR] and recovered.approved_by == [ALICE]
+    assert f"; recovered by {RECOVERY_ACTOR}\n" in run_view(recovered, [], [])
     assert (await world.audit.locks_held()) == {record.id: LOCKS}
 
 
@@ -388,6 +391,13 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     [decision] = [d for d in await world.audit.decisions(live.id)
                   if d.decision == Decision.RECOVER]
     assert decision.user == refusal.user  # cli:<user>@<host>
+    # Who recovered it shows in the audit log's views, beside who approved it.
+    code, out, err = await cli("audit", "--run", str(live.id), *db, cwd=tmp_path)
+    assert code == 0 and f"; recovered by {refusal.user}\n" in out, err
+    code, out, err = await cli("audit", "--json", *db, cwd=tmp_path)
+    assert code == 0, err
+    assert _runs(out)[live.id]["recovered_by"] == [refusal.user]
+    assert _runs(out)[finished.id]["recovered_by"] == []
 
     code, out, err = await cli("recover", str(live.id), "--yes", *db, cwd=tmp_path)
     assert code == 1 and "only a running or approved run" in err

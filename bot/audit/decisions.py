@@ -1,4 +1,4 @@
-"""The ``decisions`` table: who approved, denied or cancelled which run."""
+"""The ``decisions`` table: who approved, denied, cancelled or recovered which run."""
 
 from __future__ import annotations
 
@@ -37,21 +37,22 @@ async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[DecisionRecord
             for r in rows]
 
 
-async def approvers_and_deniers(
+async def deciders(
     conn: aiosqlite.Connection, run_ids: Sequence[int]
-) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """For each run, who approved it and who denied it, in the order they did."""
-    approved: dict[int, list[str]] = {}
-    denied: dict[int, list[str]] = {}
+) -> dict[Decision, dict[int, list[str]]]:
+    """For each run, who approved it, who denied it and who recovered it (marked it
+    interrupted after its driver died), in the order they did."""
+    found: dict[Decision, dict[int, list[str]]] = {
+        Decision.APPROVE: {}, Decision.DENY: {}, Decision.RECOVER: {}}
     if run_ids:
         rows = await fetch(
             conn,
             "SELECT run_id, user, decision FROM decisions "
             "WHERE run_id IN (SELECT value FROM json_each(?)) "
-            "AND decision IN (?, ?) ORDER BY id",
-            (json.dumps(list(run_ids)), Decision.APPROVE, Decision.DENY),
+            "AND decision IN (?, ?, ?) ORDER BY id",
+            (json.dumps(list(run_ids)), *found),
         )
         for d in rows:
-            target = approved if d["decision"] == Decision.APPROVE else denied
-            target.setdefault(d["run_id"], []).append(d["user"])
-    return approved, denied
+            found[stored(Decision, d["decision"], "decision")].setdefault(
+                d["run_id"], []).append(d["user"])
+    return found

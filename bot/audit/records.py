@@ -9,7 +9,7 @@ into these records, converting the stored words into enum members as they read.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -99,6 +99,9 @@ class RunRecord:
     # vouches for it; see ``bot.engine.owner``. Defaults keep older callers building one.
     owner: str | None = None
     lease_until: str | None = None
+    # Who marked it interrupted after its driver died (an operator's ``recover``, or
+    # ``system:recovery``): the 'recover' decisions.
+    recovered_by: list[str] = field(default_factory=list)
 
     @property
     def is_final(self) -> bool:
@@ -121,6 +124,7 @@ class RunRecord:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "denied_by": list(self.denied_by),
+            "recovered_by": list(self.recovered_by),
             "hosts": list(self.hosts),
             "source": self.source.value,
             "channel": self.channel,

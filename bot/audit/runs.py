@@ -245,7 +245,8 @@ async def listed(
 async def _records(
     conn: aiosqlite.Connection, rows: Sequence[sqlite3.Row]
 ) -> list[RunRecord]:
-    approved, denied = await decisions.approvers_and_deniers(conn, [row["id"] for row in rows])
+    who = await decisions.deciders(conn, [row["id"] for row in rows])
+    approved, denied = who[Decision.APPROVE], who[Decision.DENY]
     return [
         RunRecord(
             id=row["id"],
@@ -273,6 +274,7 @@ async def _records(
             denied_by=denied.get(row["id"], []),
             owner=row["owner"],
             lease_until=row["lease_until"],
+            recovered_by=who[Decision.RECOVER].get(row["id"], []),
         )
         for row in rows
     ]

@@ -130,7 +130,9 @@ def run_view(record: RunRecord, steps: Sequence[StepRecord],
     lines = [f"run #{record.id}: {record.action}{' (dry run)' if record.dry_run else ''} "
              f"{record.service} on {', '.join(record.hosts)}: {record.status}",
              f"requested by {record.requested_by} at {record.created_at}; approved by "
-             f"{', '.join(record.approved_by) or '-'}",
+             f"{', '.join(record.approved_by) or '-'}"
+             + (f"; recovered by {', '.join(record.recovered_by)}"
+                if record.recovered_by else ""),
              f"{record.package_spec or '-'}; version {_version(record)}"]
     if record.summary:
         lines.append(f"summary: {record.summary}")
