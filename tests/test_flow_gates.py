@@ -227,6 +227,22 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     assert h.now < 30  # seconds of the flow's clock, not start_timeout_s
 
 
+def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:
+    # journalctl gives the first journal_follow_lines (1000) entries after the cursor: a
+    # start that logged 1000 lines of noise and then its OOM since the last poll is read
+    # on in the same poll, before the unit's death could end the wait without its cause.
+    noise = [f"(Worker_TP1 pid=48300) INFO [custom_all_reduce.py:203] Registering {i} cuda "
+             "graph addresses" for i in range(1000)]
+    tb = [ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
+          ENGINE + "Traceback (most recent call last):", FAILURES[0][0]]
+    h = Host(unit_dies=True, journal=[follow(), follow(*noise, cursor="s=1;i=3e8"),
+                                      follow(*tb, cursor="s=1;i=3eb")])
+    out = run(h, svc={"rollback_on_unhealthy": False})
+    assert out.summary.startswith("start-up failed: CUDA out of memory: "), out.summary
+    reads = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
+    assert "--after-cursor=s=1;i=3e8" in reads[2]  # read on from where the first stopped
+
+
 def test_the_shm_broadcast_warning_does_not_end_the_wait() -> None:
     shm = (ENGINE + "INFO 11-30 13:10:31 [shm_broadcast.py:501] No available shared memory "
            "broadcast block found in 60 seconds. This typically happens when some processes "

@@ -207,3 +207,22 @@ async def test_slack_calls_stay_flat_as_the_start_up_log_grows(tmp_path: Path,
     # lines: 200 times the log costs at most a few more (the slower polls shift them).
     assert large["chat.update"] <= small["chat.update"] + 6, (small, large)
     assert large["chat.update"] <= 40, large
+
+
+async def test_an_oom_after_more_noise_than_one_journal_read_is_still_found(
+        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    # 1500 lines of noise (more than journal_follow_lines, 1000), then the OOM, logged
+    # between two polls (2 s apart, the load takes 1 s), and the process exits 0.3 s after
+    # its traceback. journalctl --after-cursor -n 1000 gives the first 1000 after the
+    # cursor: a follower that read once a poll would see the unit failed before the OOM,
+    # and the run would not say why.
+    kit = await make_sim_host(config=fast_config(load_delay_s=1.0, oom_at=0.9,
+                                                 oom_exit_delay_s=0.3, startup_log_lines=1500))
+    kit.set_faults(oom_at_start=True)
+    settings = sim_settings(kit, tmp_path, start_timeout_s=300, health_poll_s=2.0,
+                            rollback_on_unhealthy=False)
+    async with open_runtime(settings) as rt:
+        result, out = await run(rt, Action.RESTART)
+    assert result.status == RunStatus.FAILED, out
+    assert result.summary.startswith("start-up failed: CUDA out of memory: "), result.summary
+    assert sum("cuda graph addresses" in ln for ln in kit.journal()) >= 1500

@@ -539,17 +539,29 @@ class _Follow:
     shown_at: float = float("-inf")
 
 
+# Journal reads per poll at most. journalctl gives the first ``journal_follow_lines``
+# entries after the cursor (systemd issue #14722): a start that logged more since the
+# last poll is read on until caught up, so its failure line is seen at once; the bound
+# keeps a runaway log from starving the unit and health checks.
+FOLLOW_READS_PER_POLL = 10
+
+
 def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
             now: float) -> Generator[Action, Any, None]:
-    """Read the journal's new lines (at most ``journal_follow_lines``) and show the
-    phase: at once when it changes, else every ``progress_interval_s`` (the elapsed
-    time), so the card's updates do not grow with the log."""
-    r = yield from _run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
-                        quiet=True)
-    if r.ok:
+    """Read the journal's new lines (``journal_follow_lines`` a read, until caught up)
+    and show the phase: at once when it changes, else every ``progress_interval_s``
+    (the elapsed time), so the card's updates do not grow with the log."""
+    for _ in range(FOLLOW_READS_PER_POLL):
+        r = yield from _run(step, remote.journal_follow(svc, follow.cursor),
+                            svc.command_timeout_s, quiet=True)
+        if not r.ok:
+            break
         lines, cursor = new_lines(r.stdout)
         follow.watch.feed(lines)
         follow.cursor = cursor or follow.cursor
+        if (len(lines) < svc.journal_follow_lines or cursor is None
+                or follow.watch.failure is not None):
+            break
     text = follow.watch.text()
     if text != follow.shown or now - follow.shown_at >= svc.progress_interval_s:
         follow.shown, follow.shown_at = text, now

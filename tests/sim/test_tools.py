@@ -300,6 +300,31 @@ async def test_journalctl(sim_host: SimKit) -> None:
     assert r == Ran(0, "-- No entries --\n", "")
 
 
+async def test_journalctl_after_a_cursor_shows_the_first_n_and_reads_on(sim_host: SimKit
+                                                                         ) -> None:
+    # As real journalctl (systemd issue #14722): -n N with --after-cursor is the first N
+    # entries after the cursor, and the cursor shown is that of the last one printed, so
+    # reading on from it skips nothing.
+    every = (await run(sim_host, "journalctl", "-u", UNIT, "-n", "100000", "-o", "cat",
+                       "--no-pager")).stdout.splitlines()
+    assert len(every) > 6
+    cursor = "s=sim;i=0;t=0.0"  # before the first entry (the simulator's cursor format)
+    got: list[str] = []
+    while True:
+        r = await run(sim_host, "journalctl", "-u", UNIT, f"--after-cursor={cursor}", "-n",
+                      "3", "--show-cursor", "-o", "cat", "-q", "--no-pager")
+        lines = r.stdout.splitlines()
+        if not lines:
+            break
+        assert len(lines) <= 4 and lines[-1].startswith("-- cursor: ")
+        got += lines[:-1]
+        cursor = lines[-1].removeprefix("-- cursor: ")
+    assert got == every
+    # Without a cursor, -n N is still the last N.
+    last = await run(sim_host, "journalctl", "-u", UNIT, "-n", "2", "-o", "cat", "--no-pager")
+    assert last.stdout.splitlines() == every[-2:]
+
+
 async def test_call_log_keeps_order(sim_host: SimKit) -> None:
     await run(sim_host, *SHOW)
     await run(sim_host, "systemctl", "stop", UNIT)

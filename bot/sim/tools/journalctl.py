@@ -38,15 +38,19 @@ def _place(cursor: str) -> tuple[float, int] | None:
 
 def entries(store: StateStore, st: HostState, n: int | None, *, cat: bool = False,
             after: str | None = None) -> tuple[list[str], str | None]:
-    """The entries up to now in time order (as journald interleaves them), after the
-    cursor ``after`` when given, the last ``n``; and the cursor of the last one shown."""
+    """The entries up to now in time order (as journald interleaves them): the last ``n``,
+    or with the cursor ``after`` the first ``n`` after it, as journalctl does (systemd
+    issue #14722), so that a reader that falls behind reads on from there; and the
+    cursor of the last one shown."""
     now = time.time()
     shown = sorted(((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now),
                    key=lambda x: (x[0], x[1]))
     if after is not None:
         place = _place(after)
         shown = [x for x in shown if place is None or (x[0], x[1]) > place]
-    if n is not None:
+    if n is not None and after is not None:
+        shown = shown[:max(n, 0)]
+    elif n is not None:
         shown = shown[-n:] if n > 0 else []
     host = st.config.hostname
     cursor = _cursor(shown[-1][0], shown[-1][1]) if shown else None
