@@ -433,6 +433,33 @@ async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
         assert await audit.locks_held() == {}
 
 
+async def test_a_request_meeting_a_dead_runs_lock_tells_its_thread_and_posts_a_card(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    async with slack_bot(tmp_path, sim_host) as bot:  # no sweep: only the request finds it
+        await bot.command(f"restart {SERVICE}")
+        old = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        audit = bot.runtime.audit
+        assert await audit.transition(old.id, RunStatus.APPROVED,
+                                      expect=(RunStatus.PENDING_APPROVAL,))
+        assert await audit.transition(old.id, RunStatus.RUNNING, owner=dead_local_owner(),
+                                      expect=(RunStatus.APPROVED,))
+        await audit.step_started(old.id, "gpu-node-1", "drain", "nvidia-smi")
+
+        await bot.command(f"restart {SERVICE}", user=BOB)
+        new = await bot.wait_for_run(lambda r: r.id != old.id and r.message_ts is not None,
+                                     "the new request's card")
+        assert new.status == RunStatus.PENDING_APPROVAL
+        assert "Approve" in buttons(await bot.card(new.id))
+        assert (await bot.run(old.id)).status == RunStatus.INTERRUPTED
+        told = await eventually(
+            lambda: [m for m in bot.fake.thread(CHANNEL, old.message_ts or "")[1:]
+                     if "was interrupted" in blocks_text(m)], "the old thread to be told", 5)
+        assert "during step `drain`" in blocks_text(told[0])
+        assert "interrupted" in blocks_text(await bot.card(old.id))
+        assert await audit.locks_held() == {new.id: ["host:gpu-node-1",
+                                                    f"service:{SERVICE}"]}
+
+
 async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
         tmp_path: Path, sim_host: SimKit) -> None:
     clock = ManualWallClock()
