@@ -701,14 +701,16 @@ def test_cut_reinstall_when_pgrep_cannot_tell_is_unknown() -> None:
                 ) -> Callable[[tuple[str, ...]], CommandResult]:
         def run_it(a: tuple[str, ...]) -> CommandResult:
             if a[0] == "pgrep" and a[-1].startswith("^uv"):
-                return ok(a, stderr="pgrep: not found", status=127)
+                return ok(a, stderr="bash: line 1: pgrep: command not found", status=127)
             return inner(a)
         return run_it
     h = Host(lose=is_install)
     h.command = command(h.command)  # type: ignore[method-assign, assignment]
     out = run(h, version="0.16.0")
     assert out.status == "failed"
-    assert "cannot tell whether uv still runs (exit 127)" in out.summary
+    # pgrep's reason is kept, not only its exit status.
+    assert ("cannot tell whether uv still runs (exit 127: bash: line 1: pgrep: command not "
+            "found)") in out.summary
     assert verbs(h) == ["stop", "install"]
 
 

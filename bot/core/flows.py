@@ -873,7 +873,8 @@ def _settle_install(svc: ServiceSettings, step: Step, started: float
         elif lost(p):
             why = _why(p)
         else:
-            return _Settled(False, None, f"cannot tell whether uv still runs ({_why(p)})")
+            # pgrep's own words (not found, a bad pattern) say why: keep them.
+            return _Settled(False, None, f"cannot tell whether uv still runs ({_explain(p)})")
         tick = yield from _tick(svc.drain_poll_s)
         if tick.now >= deadline:
             return _Settled(False, None, why)
