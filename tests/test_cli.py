@@ -50,6 +50,18 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
     assert code == 0 and "succeeded" in out and "redeploy" in out
 
 
+async def test_a_dry_run_ends_saying_nothing_changed(sim_host: SimKit, tmp_path: Path) -> None:
+    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
+                               "nightly", "--dry-run", cwd=tmp_path,
+                               env=setup(sim_host, tmp_path))
+    assert code == 0, err + out
+    last = out.rstrip().splitlines()[-1]
+    # Not "(version <before> -> None)": a dry run has no version after, it changed nothing.
+    assert last.startswith("run #1 SUCCEEDED (dry run: nothing changed): "), last
+    assert "-> None" not in out
+    assert sim_host.changes() == ["dry-run"] and sim_host.installed_version == DEFAULT_VERSION
+
+
 async def test_redeploy_without_yes_off_a_terminal_is_refused(sim_host: SimKit,
                                                               tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)

@@ -64,6 +64,8 @@ class TerminalSink:
         # Streams whose last line was a key body line: the shape of its log prefix.
         self._key_line: dict[tuple[str, str], str] = {}
         self._held: _Held | None = None
+        # Runs that only look (--dry-run): their end says nothing changed, not a version.
+        self._dry_runs: set[int] = set()
 
     def _print(self, text: str) -> None:
         self.out.write(self._redact(text) + "\n")
@@ -93,6 +95,8 @@ class TerminalSink:
             return
         if isinstance(event, ev.RunStarted):
             p = event.plan
+            if p.dry_run:
+                self._dry_runs.add(event.run_id)
             what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
             self._print(f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
                         f" ({what}) requested by {event.requested_by}"
@@ -111,12 +115,20 @@ class TerminalSink:
         elif isinstance(event, ev.HostFinished):
             self._print(f"[{event.host}] {event.status}: {event.summary}")
         elif isinstance(event, ev.RunFinished):
-            versions = ""
-            if event.version_before or event.version_after:
-                versions = f" (version {event.version_before} -> {event.version_after})"
-            self._print(f"run #{event.run_id} {event.status.upper()}{versions}: {event.summary}")
+            self._print(f"run #{event.run_id} {event.status.upper()}{self._versions(event)}: "
+                        f"{event.summary}")
         elif isinstance(event, ev.Notice):
             self._print(f"run #{event.run_id}: ! {event.text}")
+
+    def _versions(self, event: ev.RunFinished) -> str:
+        """What the run's closing line says of the version: a dry run installs nothing, so
+        it has no version after (it is not 'None')."""
+        if event.run_id in self._dry_runs:
+            self._dry_runs.discard(event.run_id)
+            return " (dry run: nothing changed)"
+        if event.version_before or event.version_after:
+            return f" (version {event.version_before} -> {event.version_after})"
+        return ""
 
     def _finished(self, event: ev.StepFinished) -> None:
         mark = event.status if event.status == StepStatus.OK else "FAILED"
