@@ -62,8 +62,9 @@ _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph")),
     (Phase.KV_CACHE, re.compile(r"GPU KV cache size:|Available KV cache memory:|"
                                 r"Maximum concurrency for")),
+    # "torch.compile takes %.2f s in total" became "took" in later vLLM (seen in 2026 logs).
     (Phase.COMPILING, re.compile(r"Dynamo bytecode transform time|Compiling a graph for|"
-                                 r"torch\.compile takes|for vLLM's torch\.compile")),
+                                 r"torch\.compile t(?:akes|ook)|for vLLM's torch\.compile")),
     (Phase.LOADED, re.compile(r"Model loading took|Loading weights took")),
     (Phase.LOADING, re.compile(r"Starting to load model|Loading safetensors checkpoint shards|"
                                r"Loading pt checkpoint shards|Loading model from scratch")),
@@ -75,7 +76,10 @@ _PERCENT_PHASES = frozenset({Phase.LOADING, Phase.CUDA_GRAPHS})
 
 # Lines that end the wait. Order only decides which reason is named first.
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("CUDA out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError")),
+    # torch's allocator says "CUDA out of memory"; CUDA itself (a custom op, the driver
+    # API) raises "RuntimeError: CUDA error: out of memory" or "CUDA driver error: ...".
+    ("CUDA out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|"
+                                      r"CUDA (?:driver )?error: out of memory")),
     ("NCCL error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|"
                               r"ncclUnhandledCudaError|DistBackendError")),
     ("engine core initialization failed", re.compile(r"Engine core initialization failed")),
@@ -91,6 +95,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONTEXT_BEFORE = 3
 _FAILURE_HEAD = 12
 _FAILURE_TAIL = 30
+# Exception lines kept from the lines not shown. vLLM logs the root cause first (the engine
+# core's traceback) and then wraps it in longer tracebacks ending "See root cause above":
+# a real journal of a failed start put ~60 lines between the cause and the end.
+_FAILURE_CAUSES = 5
 MAX_LINE_CHARS = 500
 
 
@@ -139,6 +147,7 @@ class StartupWatch:
         self._failure_reason: str | None = None
         self._failure_head: list[str] = []
         self._failure_tail: deque[str] = deque(maxlen=_FAILURE_TAIL)
+        self._failure_causes: list[str] = []
         self._failure_skipped = 0
 
     def feed(self, lines: Iterable[str]) -> None:
@@ -163,8 +172,15 @@ class StartupWatch:
             self._failure_head.append(line)
             return
         if len(self._failure_tail) == self._failure_tail.maxlen:
-            self._failure_skipped += 1
+            self._drop(self._failure_tail[0])
         self._failure_tail.append(line)
+
+    def _drop(self, line: str) -> None:
+        """``line`` leaves the tail unshown, unless it names an exception (a root cause)."""
+        if _looks_like_exception(line) and len(self._failure_causes) < _FAILURE_CAUSES:
+            self._failure_causes.append(line)
+        else:
+            self._failure_skipped += 1
 
     def _see(self, line: str) -> None:
         seen = phase_of(line)
@@ -186,7 +202,7 @@ class StartupWatch:
         if self._failure_reason is None:
             return None
         cut = [f"… {self._failure_skipped} lines not shown …"] if self._failure_skipped else []
-        lines = (*self._failure_head, *cut, *self._failure_tail)
+        lines = (*self._failure_head, *cut, *self._failure_causes, *self._failure_tail)
         reason = next((why for why, p in _FAILURES
                        if any(p.search(ln) and failure_of(ln) for ln in lines)),
                       self._failure_reason)
@@ -275,14 +291,19 @@ def new_lines(output: str, cursor_prefix: str = "-- cursor: ") -> tuple[list[str
 
 
 def describe_failure(failure: Failure, limit: int = 300) -> str:
-    """One line for the summary: the reason and the most telling line (the exception
-    line of a traceback, else the first that matched)."""
-    telling = next((ln for ln in reversed(failure.lines) if _looks_like_exception(ln)),
-                   None) or next((ln for ln in failure.lines if failure_of(ln)), "")
+    """One line for the summary: the reason and the most telling line (the last exception
+    line that is not vLLM's "See root cause above" wrapper, else the first that matched)."""
+    exceptions = [ln for ln in failure.lines if _looks_like_exception(ln)]
+    causes = [ln for ln in exceptions if not _WRAPPER.search(ln)] or exceptions
+    telling = causes[-1] if causes else next(
+        (ln for ln in failure.lines if failure_of(ln)), "")
     text = f"{failure.reason}: {telling.strip()}" if telling else failure.reason
     return text[:limit]
 
 
+# What vLLM's API server raises when an engine core failed (vllm/v1/engine/utils.py) or
+# died (EngineDeadError): the cause is in an earlier line.
+_WRAPPER = re.compile(r"See root cause above|See stack trace \(above\) for the root cause")
 _EXCEPTION = re.compile(r"(?:^|\s|\))(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception):")
 
 

@@ -1,0 +1,346 @@
+"""The /metrics and start-up journal parsers against the shapes of real vLLM output.
+
+tests/test_metrics_readiness.py and tests/test_startup.py build their input from vLLM's
+format strings. This file checks the parsers against what real servers printed, as
+public captures show it (tests/samples/SOURCES.md, "vLLM output in public captures"):
+the order of the messages, the lines a real log has between them (banners, warnings,
+tracebacks that wrap tracebacks), journald's and Docker's prefixes, and metric families
+that format strings do not show (``_created`` gauges, ``num_requests_waiting_by_reason``).
+
+The captures themselves are not copied in: the search tool marks third-party text
+"never copy it verbatim", and what ``fetch`` brings is not committed. So each line below
+is written here, in the shape of the capture named beside it, with our own model names,
+pids, paths, times and numbers; the fixed message texts are vLLM's, torch's and
+systemd's. Where a whole capture was at hand it was first run through the parsers (the
+copy was not kept): the failed start in the j33bs/clawd journal lost its root cause
+before the fix in bot/core/startup.py, as its test here did.
+"""
+
+from __future__ import annotations
+
+from bot.core.metrics import Load, parse_load
+from bot.core.startup import Phase, StartupWatch, describe_failure, failure_of, phase_of
+
+# ---- /metrics -----------------------------------------------------------------------------
+
+
+def test_a_v1_scrape_without_engine_labels_reads_the_old_kv_name() -> None:
+    """vllm-project/production-stack issue #318: a V1 server's /metrics (early 2025, HELP
+    "Number of requests in model execution batches.") after prometheus_client's process_*
+    families, labelled ``model_name`` only, KV-cache usage under its old name."""
+    text = """\
+# HELP process_open_fds Number of open file descriptors.
+# TYPE process_open_fds gauge
+process_open_fds 51.0
+# HELP process_max_fds Maximum number of open file descriptors.
+# TYPE process_max_fds gauge
+process_max_fds 1.048576e+06
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="org/Coder-34B"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="org/Coder-34B"} 1.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="org/Coder-34B"} 0.125
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{model_name="org/Coder-34B"} 4096.0
+"""  # noqa: E501 - a real HELP line is as long as it is
+    assert parse_load(text) == Load(2, 1, 0.125)
+
+
+def test_created_gauges_and_both_kv_names_of_vllm_0_10() -> None:
+    """vllm-project/production-stack issue #617 (vLLM 0.10.0): ``engine="0"`` labels, each
+    counter's ``_created`` timestamp exposed as a gauge family of its own with its own
+    HELP/TYPE, and a KV-cache usage near zero in exponent form. ai-dynamo's capture of
+    vLLM 0.10.2 lists ``vllm:gpu_cache_usage_perc`` ("DEPRECATED: Use
+    vllm:kv_cache_usage_perc instead") beside the new name: both carry the same value."""
+    text = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="lab/GLM-9"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="lab/GLM-9"} 0.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="lab/GLM-9"} 3.5e-05
+# HELP vllm:gpu_prefix_cache_queries_created GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.
+# TYPE vllm:gpu_prefix_cache_queries_created gauge
+vllm:gpu_prefix_cache_queries_created{engine="0",model_name="lab/GLM-9"} 1.7601234567e+09
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="lab/GLM-9"} 3.5e-05
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="lab/GLM-9"} 48.0
+"""  # noqa: E501
+    load = parse_load(text)
+    assert load == Load(1, 0, 3.5e-05)
+    assert load.describe() == "1 running, 0 waiting requests, KV cache 0 % used"
+
+
+def test_waiting_by_reason_is_not_counted_twice() -> None:
+    """Newer vLLM also publishes ``vllm:num_requests_waiting_by_reason`` (``reason=
+    "capacity"`` / ``"deferred"``), a breakdown of the same waiting requests; public
+    captures of live servers show it right after ``vllm:num_requests_waiting``, with
+    a TYPE line and no HELP. A parser that matched names by prefix would read 4 here."""
+    text = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen-mini"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen-mini"} 2.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="qwen-mini",reason="capacity"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="qwen-mini",reason="deferred"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen-mini"} 0.4
+"""
+    assert parse_load(text) == Load(3, 2, 0.4)
+
+
+def test_help_and_type_lines_without_samples_are_unknown_not_idle() -> None:
+    """MeetKai/functionary PR #263 (a comment of 2024-10): a V0 server whose /metrics held
+    the vllm: HELP and TYPE lines but no sample yet. Nothing is known, so the drain must
+    not take the server for idle."""
+    text = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+# HELP vllm:num_requests_swapped Number of requests swapped to CPU.
+# TYPE vllm:num_requests_swapped gauge
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+"""
+    load = parse_load(text)
+    assert load == Load(None, None, None)
+    assert not load.known
+
+
+# ---- the start-up journal ------------------------------------------------------------------
+
+# The journal of a vllm.service as ``journalctl -o cat`` prints it (what the health gate
+# reads): the message only. Shape: j33bs/clawd, workspace/audit/
+# dali_vllm_singleton_guard_20260221T210005Z.md (commit a42ed14), the journal of a
+# vLLM 0.15.1 system unit: one start that failed, then its restart that came up.
+API = "(APIServer pid=4101) "
+ENGINE = "(EngineCore_DP0 pid=4188) "
+VENV = "/srv/vllm/venv/lib/python3.12/site-packages"
+
+
+def _banner(pid_prefix: str) -> list[str]:
+    # vLLM 0.15 prints its version in an ASCII banner, no "vLLM API server version" line.
+    return [
+        "Started vllm-chat.service - vLLM chat server.",
+        f"{VENV}/transformers/utils/hub.py:110: FutureWarning: Using `TRANSFORMERS_CACHE` "
+        "is deprecated and will be removed in v5 of Transformers. Use `HF_HOME` instead.",
+        "  warnings.warn(",
+        pid_prefix + "INFO 03-14 09:00:05 [utils.py:325]",
+        pid_prefix + "INFO 03-14 09:00:05 [utils.py:325]  ▄▄ ▄█ █     █     █ ▀▄▀ █  "
+        "version 0.15.1",
+        pid_prefix + "INFO 03-14 09:00:05 [utils.py:261] non-default args: {'model_tag': "
+        "'/srv/models/chat-13b', 'port': 8000, 'max_model_len': 32768}",
+        pid_prefix + "INFO 03-14 09:00:05 [model.py:1561] Using max model len 32768",
+        ENGINE + "INFO 03-14 09:00:09 [core.py:96] Initializing a V1 LLM engine (v0.15.1) "
+        "with config: model='/srv/models/chat-13b', speculative_config=None",
+        ENGINE + "INFO 03-14 09:00:10 [gpu_model_runner.py:4033] Starting to load model "
+        "/srv/models/chat-13b...",
+        ENGINE + "INFO 03-14 09:00:12 [cuda.py:364] Using FLASH_ATTN attention backend out "
+        "of potential backends: ('FLASH_ATTN', 'FLASHINFER')",
+        # vLLM's shard bar ends each redraw with "\n", so each is an entry of its own that
+        # starts with tqdm's "\r" (journalctl's short output shows it as "[111B blob data]").
+        "\rLoading safetensors checkpoint shards:   0% Completed | 0/3 [00:00<?, ?it/s]",
+        "\rLoading safetensors checkpoint shards:  33% Completed | 1/3 [00:04<00:08,  4.10s/it]",
+        "\rLoading safetensors checkpoint shards:  67% Completed | 2/3 [00:08<00:04,  4.05s/it]",
+        "\rLoading safetensors checkpoint shards: 100% Completed | 3/3 [00:11<00:00,  3.71s/it]",
+        ENGINE.rstrip(),  # the bare prefix line vLLM leaves after the bar
+        ENGINE + "INFO 03-14 09:00:24 [default_loader.py:291] Loading weights took 11.42 seconds",
+        ENGINE + "INFO 03-14 09:00:24 [gpu_model_runner.py:4130] Model loading took 24.61 GiB "
+        "memory and 13.902117 seconds",
+        ENGINE + "INFO 03-14 09:00:31 [backends.py:812] Using cache directory: /var/cache/vllm/"
+        "torch_compile_cache/0a1b2c3d4e/rank_0_0/backbone for vLLM's torch.compile",
+        ENGINE + "INFO 03-14 09:00:31 [backends.py:872] Dynamo bytecode transform time: 6.88 s",
+        ENGINE + "INFO 03-14 09:00:38 [backends.py:267] Directly load the compiled graph(s) for "
+        "compile range (1, 2048) from the cache, took 1.310 s",
+        ENGINE + "INFO 03-14 09:00:38 [monitor.py:34] torch.compile takes 8.19 s in total",
+    ]
+
+
+def _failed_start() -> list[str]:
+    """The failed start: the KV cache check raises in the engine core, whose traceback is
+    logged twice (by vLLM's logger, then by multiprocessing), then the API server's own
+    traceback wraps it. In the capture 62 lines come after the first root-cause line."""
+    cause = ("ValueError: To serve at least one request with the models's max seq len "
+             "(32768), (6.0 GiB KV cache is needed, which is larger than the available KV "
+             "cache memory (2.41 GiB). Based on the available memory, the estimated maximum "
+             "model length is 13152. Try increasing `gpu_memory_utilization` or decreasing "
+             "`max_model_len` when initializing the engine.")
+    logged = ENGINE + "ERROR 03-14 09:00:39 [core.py:946] "
+
+    def frames(prefix: str, n: int) -> list[str]:
+        out = []
+        for i in range(n):
+            out += [f'{prefix}  File "{VENV}/vllm/v1/engine/core.py", line {100 + i}, in f{i}',
+                    f"{prefix}    step_{i}(", f"{prefix}    ^^^^^^^^^"]
+        return out
+
+    return [
+        *_banner(API),
+        ENGINE + "INFO 03-14 09:00:39 [gpu_worker.py:356] Available KV cache memory: 2.41 GiB",
+        logged + "EngineCore failed to start.",
+        logged + "Traceback (most recent call last):",
+        *frames(logged, 5),
+        logged + "    raise ValueError(",
+        logged + cause,
+        ENGINE + "Process EngineCore_DP0:",
+        ENGINE + "Traceback (most recent call last):",
+        *frames(ENGINE, 7),
+        ENGINE + "    raise ValueError(",
+        ENGINE + cause,
+        "[rank0]:[W314 09:00:39.123456789 ProcessGroupNCCL.cpp:1524] Warning: WARNING: "
+        "destroy_process_group() was not called before program exit, which can leak "
+        "resources. (function operator())",
+        API + "Traceback (most recent call last):",
+        *frames(API, 18),
+        API + "    raise RuntimeError(",
+        API + "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}",
+        "vllm-chat.service: Main process exited, code=exited, status=1/FAILURE",
+        "vllm-chat.service: Failed with result 'exit-code'.",
+        "vllm-chat.service: Consumed 41.207s CPU time.",
+    ]
+
+
+def _good_start() -> list[str]:
+    return [
+        *_banner(API),
+        ENGINE + "INFO 03-14 09:00:39 [gpu_worker.py:356] Available KV cache memory: 11.02 GiB",
+        ENGINE + "INFO 03-14 09:00:39 [kv_cache_utils.py:1307] GPU KV cache size: 60,192 tokens",
+        ENGINE + "INFO 03-14 09:00:39 [kv_cache_utils.py:1312] Maximum concurrency for 32,768 "
+        "tokens per request: 1.84x",
+        # tqdm's default bar redraws with "\r" and no newline: one entry, written at its end.
+        "\rCapturing CUDA graphs (mixed prefill-decode, PIECEWISE):   0%|          | 0/5 "
+        "[00:00<?, ?it/s]\rCapturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
+        "██████████| 5/5 [00:01<00:00,  4.21it/s]",
+        # A torch warning during capture that names NCCL and is no failure (the shape of
+        # baidu/vLLM-Kunlun PR #329's log).
+        "[rank0]:[W314 09:00:41.000000001 CUDAGraph.cpp:137] Warning: Waiting for pending "
+        "NCCL work to finish before starting graph capture. (function operator())",
+        ENGINE + "INFO 03-14 09:00:42 [gpu_model_runner.py:5063] Graph capturing finished in "
+        "2 secs, took 0.41 GiB",
+        ENGINE + "INFO 03-14 09:00:42 [core.py:272] init engine (profile, create kv cache, "
+        "warmup model) took 17.90 seconds",
+        API + "INFO 03-14 09:00:43 [api_server.py:665] Supported tasks: ['generate']",
+        API + "INFO 03-14 09:00:43 [api_server.py:946] Starting vLLM API server 0 on "
+        "http://127.0.0.1:8000",
+        API + "INFO 03-14 09:00:43 [launcher.py:38] Available routes are:",
+        API + "INFO 03-14 09:00:43 [launcher.py:46] Route: /health, Methods: GET",
+        API + "INFO:     Started server process [4101]",
+        API + "INFO:     Waiting for application startup.",
+        API + "INFO:     Application startup complete.",
+    ]
+
+
+def _phases(lines: list[str]) -> tuple[StartupWatch, list[str], list[Phase]]:
+    """The watch fed line by line: each text the card would show and each phase, in order."""
+    w = StartupWatch()
+    shown: list[str] = []
+    phases: list[Phase] = []
+    for line in lines:
+        w.feed([line])
+        if not shown or shown[-1] != w.text():
+            shown.append(w.text())
+        if w.phase is not None and (not phases or phases[-1] != w.phase):
+            phases.append(w.phase)
+    return w, shown, phases
+
+
+def test_a_journal_start_of_vllm_0_15_walks_every_phase_without_a_failure() -> None:
+    """The restart in j33bs/clawd's journal, which came up: every phase in order, the
+    shard bar's percentages, and no failure from its warnings."""
+    w, shown, phases = _phases(_good_start())
+    assert w.failure is None
+    assert phases == list(Phase)  # all ten, STARTING to API_UP, none skipped or revisited
+    assert "loading weights 67 % (2/3)" in shown
+    assert "capturing CUDA graphs 100 % (5/5)" in shown
+    assert shown[-1] == "API server up"
+    assert w.phase == Phase.API_UP
+
+
+def test_a_failed_start_names_the_root_cause_not_the_wrapper() -> None:
+    """The failed start in j33bs/clawd's journal. The root cause is ~60 lines before the
+    end, beyond the lines a failure keeps at its start and end; before the fix the summary
+    was only vLLM's "See root cause above", and the cause was in no line kept."""
+    w, _, _ = _phases(_failed_start())
+    failure = w.failure
+    assert failure is not None
+    assert failure.reason == "engine core initialization failed"
+    assert w.phase == Phase.KV_CACHE  # the last phase reached: "Available KV cache memory"
+    summary = describe_failure(failure)
+    assert summary.startswith("engine core initialization failed: (EngineCore_DP0 pid=4188) "
+                              "ValueError: To serve at least one request"), summary
+    assert any("larger than the available KV cache memory" in ln for ln in failure.lines)
+    assert failure.lines[-1] == "vllm-chat.service: Consumed 41.207s CPU time."
+    assert len(failure.lines) <= 3 + 12 + 1 + 5 + 30  # still bounded
+
+
+def test_an_oom_root_cause_names_the_failure_though_the_wrapper_ends_it() -> None:
+    """A CUDA OOM in the engine core at start-up, wrapped the same way (vllm-project/vllm
+    issue #19415 ends in "Engine core initialization failed"; noonghunna/club-3090 issues
+    #16 and #58 show the same torch.OutOfMemoryError line while serving). The reason is
+    the OOM, not the generic "engine core initialization failed"."""
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 "
+           "has a total capacity of 23.56 GiB of which 18.12 MiB is free.")
+    lines = [ln.replace(ln[ln.index("ValueError: To serve"):], oom)
+             if "ValueError: To serve" in ln else ln for ln in _failed_start()]
+    w, _, _ = _phases(lines)
+    failure = w.failure
+    assert failure is not None and failure.reason == "CUDA out of memory"
+    assert describe_failure(failure).startswith(
+        "CUDA out of memory: (EngineCore_DP0 pid=4188) torch.OutOfMemoryError: CUDA out of "
+        "memory. Tried to allocate 64.00 MiB")
+
+
+def test_cuda_errors_that_say_out_of_memory_are_an_oom() -> None:
+    """noonghunna/club-3090 issue #60: a vLLM engine core failing with "RuntimeError: CUDA
+    driver error: out of memory" (a custom op's allocation); "CUDA error: out of memory" is
+    the runtime API's form of it."""
+    driver = ENGINE + ("ERROR 03-14 09:00:39 [core.py:1136] RuntimeError: CUDA driver error: "
+                       "out of memory")
+    runtime = ENGINE + "RuntimeError: CUDA error: out of memory"
+    assert failure_of(driver) == "CUDA out of memory"
+    assert failure_of(runtime) == "CUDA out of memory"
+    assert failure_of(ENGINE + "INFO 03-14 09:00:18 [model_runner.py:1333] CUDA graphs can "
+                      "take additional 1~3 GiB memory per GPU. If you are running out of "
+                      "memory, consider decreasing `gpu_memory_utilization`") is None
+
+
+def test_the_lines_of_vllm_0_21_and_later_name_their_phase() -> None:
+    """Logs of 2026 vLLM (vllm-project/vllm PR #48214 and others): "torch.compile took" (it
+    said "takes" before), CUDA graph memory profiled before the KV cache is sized and
+    captured after, Docker's timestamp before each line, and an engine without _DP0."""
+    engine = "2026-03-14T09:00:40.123456789Z (EngineCore pid=77) "
+    lines = [
+        engine + "INFO 03-14 09:00:40 [monitor.py:53] torch.compile took 21.04 s in total",
+        engine + "INFO 03-14 09:00:52 [monitor.py:81] Initial profiling/warmup run took 11.52 s",
+        engine + "INFO 03-14 09:00:53 [gpu_model_runner.py:6483] Profiling CUDA graph memory: "
+        "PIECEWISE=51 (largest=512)",
+        engine + "INFO 03-14 09:00:55 [gpu_worker.py:508] Available KV cache memory: 30.14 GiB",
+        engine + "INFO 03-14 09:00:55 [kv_cache_utils.py:2395] GPU KV cache size: 424,112 "
+        "tokens, Maximum concurrency for 32,768 tokens per request: 12.94x",
+        "\rCapturing CUDA graphs (decode, FULL):  50%|█████     | 26/51 [00:03<00:03,  7.9it/s]",
+        engine + "INFO 03-14 09:01:02 [gpu_model_runner.py:6656] Graph capturing finished in 7 "
+        "secs, took 0.61 GiB",
+        engine + "INFO 03-14 09:01:02 [gpu_worker.py:748] CUDA graph pool memory: 0.61 GiB "
+        "(actual), 0.60 GiB (estimated), difference: 0.01 GiB (1.7%).",
+    ]
+    assert phase_of(lines[0]) == (Phase.COMPILING, None, "")
+    _, shown, _ = _phases(lines)
+    assert shown == ["torch.compile", "sizing the KV cache", "capturing CUDA graphs 50 % (26/51)",
+                     "engine initialised"]
