@@ -110,11 +110,18 @@ def test_readme_and_manifest_list_every_command() -> None:
 
 async def test_status_runs_the_read_only_action_and_posts_the_answer(
         tmp_path: Path, sim_host: SimKit) -> None:
+    # Requests in flight, finishing over 10 minutes: the counts hold while the test reads.
+    sim_host.update_config(busy_running=4, busy_waiting=2, busy_drain_s=600.0)
+    sim_host.set_faults(busy=True)
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"status {SERVICE}")
         msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "Status" in m.get("text", ""))
         text = blocks_text(msg)
         assert "vllm-kimi-k25: active" in text and "gpu-node-1: 8 GPUs" in text
+        # The model served, the load from /metrics, and how the last start went (none is
+        # in this fresh audit log).
+        assert "serving kimi-k2.5; 4 running, 2 waiting requests, KV cache" in text, text
+        assert "last start: no successful start recorded yet" in text, text
         record = (await bot.runtime.audit.list_runs())[0]
         assert (record.action, record.status) == ("status", "succeeded")
         assert record.approved_by == ["system:read-only"]
