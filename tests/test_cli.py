@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
-from tests.support.cli import cli, write_toml
+from tests.support.cli import cli, cli_on_terminal, write_toml
 
 
 def setup(kit: SimKit, tmp_path: Path) -> dict[str, str]:
@@ -66,8 +66,19 @@ async def test_redeploy_without_yes_off_a_terminal_is_refused(sim_host: SimKit,
                                                               tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
     code, _, err = await cli("redeploy", SERVICE, cwd=tmp_path, env=env)
-    assert code == 2 and "not confirmed" in err
+    assert code == 2 and "not confirmed (use --yes when not on a terminal)" in err
     assert sim_host.calls() == []
+
+
+async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit,
+                                                       tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, _, err = await cli_on_terminal("restart", SERVICE, answer="n\n", cwd=tmp_path,
+                                         env=env)
+    # The operator was asked and said no: no hint about --yes, which was not the problem.
+    assert code == 2 and "Proceed? [y/N]" in err, err
+    assert err.endswith("error: not confirmed\n"), err
+    assert sim_host.changes() == []
 
 
 async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from bot.engine.recovery import (
     NotDriven,
     OwnerAlive,
     Recovered,
+    interrupted_message,
     recover_by_hand,
 )
 from bot.errors import LockHeldError
@@ -37,7 +38,7 @@ from bot.settings import LOCAL, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
-from tests.support.cli import cli
+from tests.support.cli import cli, cli_on_terminal
 from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB = "U0ALICE", "U0BOB"
@@ -379,12 +380,19 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     [refusal] = await world.audit.refusals(1)
     assert refusal.user.startswith("cli:") and refusal.command == f"recover run #{live.id}"
     code, _, err = await cli("recover", str(live.id), "--force", *db, cwd=tmp_path)
-    assert code == 2 and "not confirmed" in err  # off a terminal, only --yes confirms
+    # Off a terminal, only --yes confirms, and the refusal says so.
+    assert code == 2 and "not confirmed (use --yes when not on a terminal)" in err
+    assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
+    # On a terminal the operator said no: that is all there is to say.
+    code, _, err = await cli_on_terminal("recover", str(live.id), "--force", *db,
+                                         answer="n\n", cwd=tmp_path)
+    assert code == 2 and "Mark run" in err and err.endswith("error: not confirmed\n"), err
     assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
 
     code, out, err = await cli("recover", str(live.id), "--force", "--yes", *db, cwd=tmp_path)
     assert code == 0, err
-    assert f"Run #{live.id} (restart svc) was interrupted" in out and "/vllm status svc" in out
+    assert f"Run #{live.id} (restart svc) was interrupted" in out
+    assert "`/vllm status svc` (or `python -m bot status svc`)" in out
     record = await world.audit.get_run(live.id)
     assert record.status == RunStatus.INTERRUPTED and (record.summary or "?") in out
     assert (await world.audit.locks_held()) == {}
@@ -401,6 +409,34 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
 
     code, out, err = await cli("recover", str(live.id), "--yes", *db, cwd=tmp_path)
     assert code == 1 and "only a running or approved run" in err
+    code, out, err = await cli("runs", "--active", *db, cwd=tmp_path)
+    assert (code, out) == (0, "no active runs\n"), err
+
+
+async def test_the_operator_commands_explain_their_arguments(tmp_path: Path) -> None:
+    code, out, _ = await cli("runs", "--help", cwd=tmp_path)
+    assert code == 0 and "the newest N runs" in out and "a JSON array" in out
+    code, out, _ = await cli("recover", "--help", cwd=tmp_path)
+    assert code == 0 and "the run's id, as `runs` or the busy refusal names it" in out
+
+
+async def test_the_interrupted_message_names_what_drove_the_run(world: World) -> None:
+    # A demo run is driven by `python -m bot demo`, not by a bot; a Slack run by the bot.
+    for source, driver in ((Source.DEMO, "the demo (`python -m bot demo`)"),
+                           (Source.SLACK, "the bot"),
+                           (Source.CLI, "the command line (`python -m bot`)")):
+        life = world.process()
+        record = await life.request(world.plan(), requested_by=ALICE, source=source)
+        assert await life.confirm(record.id, BOB)
+        assert interrupted_message(await world.audit.get_run(record.id)).startswith(
+            f"Run #{record.id} (restart svc) was approved, but {driver} stopped before")
+        assert await life.start(record.id) is not None
+        world.started.append((life, record.id))
+        message = interrupted_message(await world.audit.get_run(record.id))
+        assert f"was interrupted: {driver} stopped before its first step" in message
+        assert message.endswith("Check with `/vllm status svc` (or `python -m bot status "
+                                "svc`) before doing anything else.")
+        assert await life.finish(record.id, RunStatus.SUCCEEDED, "done")  # frees the lock
 
 
 # ---- the Slack bot's sweep -------------------------------------------------------------------

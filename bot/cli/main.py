@@ -104,19 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = command("audit", help="who did what, when, approved by whom")
     a.add_argument("--service")
-    a.add_argument("--limit", type=int, default=20)
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--limit", type=int, default=20, help="the newest N runs (default: 20)")
+    a.add_argument("--json", action="store_true",
+                   help="a JSON array, with what each install changed")
     a.add_argument("--run", type=int, metavar="N",
                    help="one run: its steps and what it did to the environment")
 
     ru = command("runs", help="runs with their owners, leases and the locks they hold")
     ru.add_argument("--active", action="store_true",
                     help="every run awaiting approval, approved or running")
-    ru.add_argument("--limit", type=int, default=20)
-    ru.add_argument("--json", action="store_true")
+    ru.add_argument("--limit", type=int, default=20,
+                    help="the newest N runs (default: 20); --active shows every active run")
+    ru.add_argument("--json", action="store_true",
+                    help="a JSON array (owner_alive: true, false, or null when nothing "
+                         "drives the run)")
 
     rc = command("recover", help="mark a run whose driver died interrupted; release its locks")
-    rc.add_argument("run_id", type=int)
+    rc.add_argument("run_id", type=int,
+                    help="the run's id, as `runs` or the busy refusal names it")
     rc.add_argument("--force", action="store_true",
                     help="even though its owner looks alive")
     rc.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -206,7 +211,7 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     rt.lifecycle.expired.append(closed)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
-            raise InputError("not confirmed (use --yes when not on a terminal)")
+            raise InputError("not confirmed")  # on a terminal (checked above): a no
     record = await rt.lifecycle.request(plan, requested_by=user, source=Source.CLI)
     await record_previews(rt.audit, record.id, previews)
     # On a terminal the operator's own confirmation is the approval and is recorded as
@@ -278,9 +283,9 @@ async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
             raise InputError("--limit must be between 1 and 10000")
         return await operator.list_runs(rt, active=args.active, limit=args.limit,
                                         as_json=args.json)
-    return await operator.recover_run(rt, args.run_id, force=args.force, yes=args.yes,
-                                      user=cli_user(),
-                                      confirm=lambda prompt: _confirm(prompt, sys.stdin))
+    return await operator.recover_run(
+        rt, args.run_id, force=args.force, yes=args.yes, user=cli_user(),
+        confirm=(lambda prompt: _confirm(prompt, sys.stdin)) if sys.stdin.isatty() else None)
 
 
 # Runs the Slack bot. Injected by ``bot.__main__``: the terminal front end never imports

@@ -80,6 +80,8 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
              "locks": locks.get(r.id, []), "started_at": r.started_at}
             for r in runs]
         out.write(json.dumps(objects, indent=2, ensure_ascii=False) + "\n")
+    elif active and not runs:
+        out.write("no active runs\n")
     else:
         out.write(runs_text([_row(r, _liveness(r, rt), locks.get(r.id, [])) for r in runs])
                   + "\n")
@@ -87,8 +89,9 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
 
 
 async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user: str,
-                      confirm: Callable[[str], bool], out: TextIO = sys.stdout) -> int:
-    """``recover``: mark one run of a dead driver interrupted, by hand."""
+                      confirm: Callable[[str], bool] | None, out: TextIO = sys.stdout) -> int:
+    """``recover``: mark one run of a dead driver interrupted, by hand. ``confirm`` asks
+    the operator; None when nobody can be asked (not on a terminal)."""
     run = await rt.audit.get_run(run_id)
     locks = (await rt.audit.locks_held()).get(run_id, [])
     alive = _liveness(run, rt)
@@ -103,10 +106,12 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
     if alive and not force:
         return await _refuse(rt, user, command, OwnerAlive(run).reason)
     if not yes:
+        if confirm is None:
+            raise InputError("not confirmed (use --yes when not on a terminal)")
         warning = " ITS OWNER IS ALIVE: it may still be changing the service." if alive else ""
         if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} "
                        "[y/N] "):
-            raise InputError("not confirmed (use --yes when not on a terminal)")
+            raise InputError("not confirmed")
     return await _report(rt, user, command, out, await recover_by_hand(
         rt.audit, run_id, by=user, force=force, clock=rt.lifecycle.clock))
 

@@ -376,7 +376,7 @@ def _check_unit(svc: ServiceSettings, r: CommandResult, props: dict[str, str]) -
 
 
 def _status_hint(service: str) -> str:
-    return f"Check with `/vllm status {service}`"
+    return f"Check with `/vllm status {service}` (or `python -m bot status {service}`)"
 
 
 def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | None]:

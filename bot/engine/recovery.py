@@ -106,8 +106,17 @@ _STATE_AFTER: dict[str, str] = {
 }
 
 
+# What drove a run, by where it was requested: a demo run is driven by its own command
+# line too, not by a bot.
+_DRIVERS: dict[Source, str] = {
+    Source.CLI: "the command line (`python -m bot`)",
+    Source.DEMO: "the demo (`python -m bot demo`)",
+    Source.SLACK: "the bot",
+}
+
+
 def _driver(run: RunRecord) -> str:
-    return "the command line (`python -m bot`)" if run.source == Source.CLI else "the bot"
+    return _DRIVERS.get(run.source, "the bot")
 
 
 def interrupted_message(run: RunRecord) -> str:
@@ -122,8 +131,8 @@ def interrupted_message(run: RunRecord) -> str:
     state = _STATE_AFTER.get(step or Step.PREFLIGHT,
                              "The state of the service is unknown.")
     return (f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
-            f"stopped {where}. {state} Check with `/vllm status {run.service}` before doing "
-            "anything else.")
+            f"stopped {where}. {state} Check with `/vllm status {run.service}` (or "
+            f"`python -m bot status {run.service}`) before doing anything else.")
 
 
 def utc_now() -> datetime:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,5 +50,24 @@ async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
     out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def cli_on_terminal(*args: str, answer: str, cwd: Path,
+                          env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``python -m bot *args`` with a terminal (a pty) as its stdin, on which ``answer``
+    was typed: what an operator at a prompt sees (stdout and stderr stay pipes)."""
+    master, slave = pty.openpty()
+    try:
+        os.write(master, answer.encode())  # kept by the terminal until the prompt reads it
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", *args, cwd=cwd, stdin=slave,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+        out, err = await proc.communicate()
+    finally:
+        os.close(slave)
+        os.close(master)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
