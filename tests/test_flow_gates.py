@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bot.core.flows import EndStep, Progress
 from bot.core.plan import Step
+from bot.hosts.base import CommandResult
 from tests.test_metrics_readiness import vllm_metrics
 from tests.test_sequence import Host, run, steps, verbs
 from tests.test_startup import ENGINE, FAILURES, START_UP
@@ -241,6 +242,43 @@ def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:
     assert out.summary.startswith("start-up failed: CUDA out of memory: "), out.summary
     reads = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
     assert "--after-cursor=s=1;i=3e8" in reads[2]  # read on from where the first stopped
+
+
+class JournalRefused(Host):
+    """A become = "sudo" host: no sudo rule allows `journalctl --after-cursor` (see
+    bot.core.sudoers), so sudo refuses every follow read after the cursor; or, with
+    ``stderr``, journalctl itself fails."""
+
+    stderr = ""
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "journalctl" and any(x.startswith("--after-cursor=") for x in a):
+            if self.stderr:
+                return CommandResult(a, 1, "", self.stderr, 0.0)
+            return CommandResult(a, 1, "", "sudo: a password is required\n", 0.0, refused=(
+                f"sudo refused `{' '.join(a)}` as root: a password is required. The host's "
+                "sudoers drop-in lacks the rule ..."))
+        return super().command(a)
+
+
+def test_a_journal_that_cannot_be_read_is_said_once_and_not_read_again() -> None:
+    h = JournalRefused(healthy_after_checks=8, journal=[follow("old", cursor="s=9;i=41")])
+    out = run(h, svc={"progress_interval_s": 1000})
+    assert out.status == "succeeded"  # the health gate decides as ever
+    follows = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
+    # The cursor before the start, then one refused read: none more in 8 polls.
+    assert len(follows) == 2, follows
+    shown = [p.text for p in h.progress if p.step == Step.HEALTH]
+    assert shown == ["journal not readable (sudo refused it); phase unknown"], shown
+    assert end(h, Step.HEALTH).summary.endswith(
+        "(last phase: journal not readable (sudo refused it); phase unknown)")
+    # journalctl's own failure, the same, with its first words.
+    h = JournalRefused(journal=[follow("old", cursor="s=9;i=41")])
+    h.stderr = "Failed to seek to cursor: Invalid argument\n"
+    assert run(h).status == "succeeded"
+    assert next(p.text for p in h.progress if p.step == Step.HEALTH) == (
+        "journal not readable (exit 1: Failed to seek to cursor: Invalid argument); "
+        "phase unknown")
 
 
 def test_the_shm_broadcast_warning_does_not_end_the_wait() -> None:

@@ -537,6 +537,22 @@ class _Follow:
     watch: StartupWatch = field(default_factory=StartupWatch)
     shown: str = ""
     shown_at: float = float("-inf")
+    # Why the journal cannot be read (set once, then no more reads for this start): on a
+    # become = "sudo" host no rule allows `journalctl --after-cursor` (bot.core.sudoers).
+    unreadable: str | None = None
+
+    def text(self) -> str:
+        if self.unreadable is not None:
+            return f"journal not readable ({self.unreadable}); phase unknown"
+        return self.watch.text()
+
+
+def _unreadable_why(r: CommandResult) -> str:
+    """A journal read's failure in a few words, for the progress line."""
+    if r.refused is not None:
+        return "sudo refused it"
+    first = next((ln.strip() for ln in r.stderr.splitlines() if ln.strip()), "")
+    return f"{_why(r)}: {first[:80]}" if first else _why(r)
 
 
 # Journal reads per poll at most. journalctl gives the first ``journal_follow_lines``
@@ -551,10 +567,14 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
     """Read the journal's new lines (``journal_follow_lines`` a read, until caught up)
     and show the phase: at once when it changes, else every ``progress_interval_s``
     (the elapsed time), so the card's updates do not grow with the log."""
-    for _ in range(FOLLOW_READS_PER_POLL):
+    for _ in range(FOLLOW_READS_PER_POLL if follow.unreadable is None else 0):
         r = yield from _run(step, remote.journal_follow(svc, follow.cursor),
                             svc.command_timeout_s, quiet=True)
         if not r.ok:
+            # Refused or failing, it would be the same at every poll: say so once and stop
+            # reading (the health gate decides as ever). A lost result is tried again.
+            if not lost(r):
+                follow.unreadable = _unreadable_why(r)
             break
         lines, cursor = new_lines(r.stdout)
         follow.watch.feed(lines)
@@ -562,7 +582,7 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
         if (len(lines) < svc.journal_follow_lines or cursor is None
                 or follow.watch.failure is not None):
             break
-    text = follow.watch.text()
+    text = follow.text()
     if text != follow.shown or now - follow.shown_at >= svc.progress_interval_s:
         follow.shown, follow.shown_at = text, now
         yield Progress(step, text, now - started, start_up=True)
@@ -594,7 +614,7 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             if h.ok:
                 now = (yield from _tick(0.0)).now
                 yield Emit(EndStep(step, True, f"{svc.health_url} answered 200 after "
-                                   f"{now - start:.1f}s (last phase: {follow.watch.text()})"))
+                                   f"{now - start:.1f}s (last phase: {follow.text()})"))
                 return None
             last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
         else:
