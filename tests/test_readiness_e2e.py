@@ -5,12 +5,15 @@ the real bolt app over the fake Slack."""
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from bot.core.events import Event, EventSink, StepProgress
 from bot.core.plan import STEP_TITLES, Step
+from bot.core.startup import PHASE_LABELS, StartupWatch
 from bot.core.status import Action, RunStatus
 from bot.engine.runtime import open_runtime
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
@@ -80,17 +83,16 @@ async def test_an_oom_at_start_fails_within_seconds_of_the_traceback(
     settings = sim_settings(kit, tmp_path, start_timeout_s=300, health_poll_s=0.2,
                             rollback_on_unhealthy=False)
     async with open_runtime(settings) as rt:
-        started = time.monotonic()
         result, out = await run(rt, Action.RESTART)
-        took = time.monotonic() - started
         health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
     assert result.status == RunStatus.FAILED, out
+    # The journal line ended the wait: not the unit failing ("is failed after start"), nor
+    # start_timeout_s ("not healthy after 300s").
     assert result.summary.startswith("start-up failed: CUDA out of memory: (EngineCore_DP0 pid=")
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in health.output_tail
-    # The traceback comes 0.8 s into the start (oom_at 0.4 of 2 s): seconds, not 300.
-    assert health.duration_s is not None and health.duration_s < 10, health.duration_s
-    assert took < 60, took
-    assert kit.unit_state() == "active"  # the process had not even exited yet
+    # The run is over and the process has not exited yet: the gate ended before the exit
+    # (60 s after the traceback), so long before start_timeout_s (300 s).
+    assert kit.unit_state() == "active"
 
 
 # ---- through Slack ----------------------------------------------------------------------------
@@ -151,9 +153,7 @@ async def test_force_stops_at_once_and_the_card_said_what_it_interrupts(
         done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
         assert done.status == "succeeded", done.summary
         steps = await bot.runtime.audit.steps(run_id)
-    state = kit.state()
-    assert state.busy_since is not None
-    assert stop_time(kit) < state.busy_since + 60  # long before the requests would end
+    # It stopped while all 4 requests still ran (they would have run for 120 s).
     requests = next(s for s in steps if s.step == "requests")
     assert requests.status == "ok"
     assert ("--force: stopping with 4 running, 0 waiting requests" in requests.output_tail
@@ -162,36 +162,58 @@ async def test_force_stops_at_once_and_the_card_said_what_it_interrupts(
 
 async def test_the_card_shows_the_start_up_phases_in_place(tmp_path: Path,
                                                            make_sim_host: MakeSimHost) -> None:
-    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=4.0))
-    async with slack_bot(tmp_path, kit) as bot:
-        run_id, _ = await request_and_approve(bot, f"redeploy {SERVICE} --version 0.16.0")
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+    # A 12 s load: the simulated vLLM logs "process started" for its first 1.2 s, then
+    # initialises the engine for 1.2 s, then loads weights for 7.8 s, each many times the
+    # card's update interval (0.2 s) and the gate's poll, however loaded the machine; the
+    # later phases come within a second and a slow poll may skip them.
+    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=12.0))
+    services = {SERVICE: kit.service_settings(start_timeout_s=120)}
+    async with slack_bot(tmp_path, kit, services=services) as bot:
+        run_id, _ = await request_and_approve(bot, f"restart {SERVICE}")
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=120)
         assert done.status == "succeeded", done.summary
         await bot.front_end.idle()
         record = await bot.run(run_id)
         assert record.message_ts is not None
         versions = bot.fake.message_versions(CHANNEL, record.message_ts)
-    phases = ("loading weights", "weights loaded", "torch.compile", "sizing the KV cache",
-              "capturing CUDA graphs", "engine initialised", "starting the API server",
-              "API server up", "initialising the engine")
     lines = [card_line(v, Step.HEALTH) for v in versions]
-    # How many phases a poll catches depends on the machine's load (the last ones come
-    # within half a second); that each phase change is shown is tested on the pure flow
-    # (test_flow_gates). Here: the weights load for seconds, so the card shows at least
-    # that phase, in place on the same line, between "waiting" and the final result.
-    seen = [p for p in phases if any(p in line for line in lines)]
-    assert seen, lines
-    assert any("elapsed" in line for line in lines)
-    assert len(dict.fromkeys(lines)) >= 3, lines
+    # The running step's lines only (the final one names the last phase too).
+    running = [line for line in lines if "elapsed" in line]
+    seen = [label for label in PHASE_LABELS.values() if any(label in line for line in running)]
+    assert len(seen) >= 3, lines
+    # In place: the one card's health line, the result replacing the phases at the end.
     assert lines[-1].startswith(":white_check_mark:"), lines[-1]
 
 
-async def test_slack_calls_stay_flat_as_the_start_up_log_grows(tmp_path: Path,
-                                                               make_sim_host: MakeSimHost
-                                                               ) -> None:
-    kit = await make_sim_host(config=fast_config(load_delay_s=1.0))
+class HealthProgress:
+    """Passes every event on to the card's sink, keeping the health gate's progress
+    texts: what the flow sent, before the card coalesced anything."""
+
+    def __init__(self, sink: EventSink, texts: list[str]) -> None:
+        self.sink, self.texts = sink, texts
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, StepProgress) and event.step == Step.HEALTH:
+            self.texts.append(event.text)
+        await self.sink.handle(event)
+
+
+async def test_slack_calls_stay_flat_as_the_start_up_log_grows(
+        tmp_path: Path, make_sim_host: MakeSimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 3 s load: the gate reads the journal several times in each phase.
+    kit = await make_sim_host(config=fast_config(load_delay_s=3.0))
+    # The elapsed time alone is re-sent every progress_interval_s (tested on the pure flow,
+    # test_flow_gates): beyond these runs, so every progress sent here is a phase change.
+    services = {SERVICE: kit.service_settings(progress_interval_s=600)}
     counts: list[Counter[str]] = []
-    async with slack_bot(tmp_path, kit) as bot:
+    sent: list[list[str]] = []
+    async with slack_bot(tmp_path, kit, services=services) as bot:
+        execute = bot.runtime.engine.execute
+
+        async def tapped(run_id: int, sink: EventSink, gate: Any = None) -> Any:
+            sent.append([])
+            return await execute(run_id, HealthProgress(sink, sent[-1]), gate=gate)
+        monkeypatch.setattr(bot.runtime.engine, "execute", tapped)
         for i, lines in enumerate((100, 20_000)):
             kit.update_config(startup_log_lines=lines)
             start = len(bot.fake.calls())
@@ -203,10 +225,24 @@ async def test_slack_calls_stay_flat_as_the_start_up_log_grows(tmp_path: Path,
             counts.append(Counter(c.method for c in bot.fake.calls()[start:]))
     small, large = counts
     assert small["chat.postMessage"] == large["chat.postMessage"]
-    # Card updates follow state changes and time (coalesced every update_interval_s), not
-    # lines: 200 times the log costs at most a few more (the slower polls shift them).
-    assert large["chat.update"] <= small["chat.update"] + 6, (small, large)
-    assert large["chat.update"] <= 40, large
+    # 20,000 lines take 20 or more journal reads (journal_follow_lines = 1000): the
+    # progress follows the phases, never the reads or the lines. Each run sends each of
+    # the phase texts its journal holds at most once, so the card (which shows what is
+    # sent, coalesced) changes no more often however long the log.
+    shown = phase_texts(kit.journal())
+    for texts in sent:
+        assert texts and set(texts) <= shown, (texts, shown)
+        assert len(texts) == len(set(texts)), texts
+
+
+def phase_texts(journal: list[str]) -> set[str]:
+    """Every phase text the journal's lines give, read one by one."""
+    watch = StartupWatch()
+    texts = {watch.text()}
+    for line in journal:
+        watch.feed([line])
+        texts.add(watch.text())
+    return texts
 
 
 async def test_an_oom_after_more_noise_than_one_journal_read_is_still_found(
