@@ -262,3 +262,19 @@ async def test_an_oom_after_more_noise_than_one_journal_read_is_still_found(
     assert result.status == RunStatus.FAILED, out
     assert result.summary.startswith("start-up failed: CUDA out of memory: "), result.summary
     assert sum("cuda graph addresses" in ln for ln in kit.journal()) >= 1500
+
+
+async def test_an_empty_smoke_completion_never_ends_succeeded(make_sim_host: MakeSimHost,
+                                                             tmp_path: Path) -> None:
+    # 200 with an empty text (the end-of-sequence token first). Without smoke_expect any
+    # non-empty text passes, so the empty one must fail on its own.
+    kit = await make_sim_host()
+    kit.set_faults(smoke_empty=True)
+    settings = sim_settings(kit, tmp_path, served_model="kimi-k2.5", smoke_prompt="Hello",
+                            rollback_on_unhealthy=False)
+    async with open_runtime(settings) as rt:
+        result, out = await run(rt, Action.RESTART)
+    assert result.status == RunStatus.FAILED, out
+    assert "/v1/completions answered an empty completion" in result.summary, result.summary
+    assert result.summary.endswith("The service is UP but NOT READY (unit active)."), \
+        result.summary

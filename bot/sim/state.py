@@ -135,6 +135,7 @@ class Faults:
     no_driver: bool = False  # nvidia-smi cannot talk to the driver
     wrong_model: bool = False  # /v1/models lists another model than served_model
     smoke_fail: bool = False  # /v1/completions answers 500 with vLLM's error JSON
+    smoke_empty: bool = False  # /v1/completions answers 200 with an empty text
     # Requests in flight (busy_running + busy_waiting), finishing over busy_drain_s from
     # when the fault is set.
     busy: bool = False

@@ -5,7 +5,7 @@ owns).  It binds nothing until the model is "loaded", so a health check while
 loading gets a real connection refused; then it answers ``/health`` (200, or
 503 with the health_503 fault), ``/version``, ``/v1/models``, ``/metrics`` and
 ``POST /v1/completions`` in vLLM's formats (faults ``wrong_model``, ``smoke_fail``,
-``busy``).  It exits by
+``smoke_empty``, ``busy``).  It exits by
 itself as soon as its run is stopped, crashes or is replaced, or the kit that
 owns the host is gone, so a crashed test leaves nothing listening.
 
@@ -246,10 +246,13 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
     text = " ".join(words[:max_tokens + 1])
     prompt = str(request.get("prompt", ""))
     n_prompt, n_out = len(prompt.split()), min(len(words), max_tokens)
+    finish = "length"
+    if st.faults.smoke_empty:  # the end-of-sequence token first: an empty text
+        text, n_out, finish = "", 1, "stop"
     now = int(time.time())
     return 200, {
         "id": f"cmpl-{now:x}", "object": "text_completion", "created": now, "model": served,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                      "stop_reason": None, "prompt_logprobs": None}],
         "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
                   "completion_tokens": n_out}}
