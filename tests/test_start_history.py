@@ -40,8 +40,8 @@ async def test_only_the_health_gates_of_successful_runs_count_newest_first(
             ("health", failed, 300.0), ("rollback_health", ok, 7.0)])
         # Another service's start.
         await finished_run(log, "qwen", RunStatus.SUCCEEDED, [("health", ok, 9.0)])
-        # A successful run whose only start was a rollback's (a redeploy to the version
-        # already installed never gets here; the step name alone must exclude it).
+        # A rollback's start in a run recorded as succeeded: not a real run's shape, so
+        # only the step's name can leave it out.
         await finished_run(log, "kimi", RunStatus.SUCCEEDED, [("rollback_health", ok, 8.0)])
         await finished_run(log, "kimi", RunStatus.SUCCEEDED, [("health", ok, 200.0)])
         await finished_run(log, "kimi", RunStatus.SUCCEEDED, [("health", ok, 400.0)])
