@@ -163,3 +163,20 @@ async def test_demo_runs_a_full_redeploy(tmp_path: Path) -> None:
     assert "run #1 SUCCEEDED" in out
     assert "demo:alice" in out and "demo:bob" in out
     assert (tmp_path / "demo" / "chatops.db").exists()
+
+
+async def test_demo_help_lists_the_faults_and_an_api_fault_is_the_new_builds(
+        tmp_path: Path) -> None:
+    code, out, err = await cli("demo", "--help", cwd=tmp_path)
+    assert code == 0, err
+    listed = " ".join(out.split())  # argparse wraps the help
+    assert all(f in listed for f in ("wrong_model", "smoke_fail", "smoke_empty", "busy",
+                                     "oom_at_start", "d_state_worker")), out
+    # The new build serves another model; the rollback to the booted build serves the
+    # right one again: the story ends rolled back on a serving unit, not DOWN.
+    code, out, err = await cli("demo", "--fast", "--fault", "wrong_model", "--dir",
+                               str(tmp_path / "demo"), cwd=tmp_path)
+    assert code == 0, err + out
+    assert "lists Kimi-K2-Instruct, not kimi-k2.5" in out
+    assert "run #1 ROLLED_BACK" in out and "DOWN" not in out and "NOT READY" not in out
+    assert out.rstrip().endswith(f"host now: unit active, vllm {DEFAULT_VERSION}"), out

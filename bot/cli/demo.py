@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,10 +20,9 @@ from bot.engine.runtime import open_runtime
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
-from bot.sim.state import Faults, HostConfig
+from bot.sim.state import DEMO_FAULTS, HostConfig
 
-# uv_stalls makes an install hang until the install timeout: a test knob, not a demo.
-FAULTS = tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
+FAULTS = DEMO_FAULTS
 DEMO_VERSION = "0.16.0"
 REQUESTER, APPROVER = "demo:alice", "demo:bob"
 # Real-looking but short timings: the whole demo takes about 20 seconds.
@@ -59,7 +57,10 @@ async def run_demo(*, faults: list[str], keep_dir: Path | None = None, fast: boo
 
 
 async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO) -> int:
-    config = fast_config() if fast else HostConfig(**DEMO_TIMINGS)
+    # A fault of the model server's API is the new release's (a bad build): the rollback to
+    # the build the host booted with serves again, as the story should end.
+    sim: dict[str, Any] = {"api_faults_new_build_only": True}
+    config = fast_config(**sim) if fast else HostConfig(**DEMO_TIMINGS, **sim)
     async with SimKit(root / "sim-host", config=config) as kit:
         kit.set_faults(**dict.fromkeys(faults, True))
         # The readiness checks run too: the model served, a smoke completion, /version.

@@ -43,6 +43,7 @@ from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
 from bot.settings import USER_RE, Settings, load_settings
+from bot.sim.state import DEMO_FAULTS
 
 EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.ROLLED_BACK: 3,
               RunStatus.ABORTED: 4, RunStatus.CANCELLED: 5, RunStatus.INTERRUPTED: 1}
@@ -127,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     d = command("demo", help="full redeploy against an embedded simulated GPU host")
-    d.add_argument("--fault", action="append", default=[],
-                   help="inject a fault (see the README), may repeat")
+    d.add_argument("--fault", action="append", default=[], metavar="FAULT",
+                   help="inject a fault, may repeat (the README tells what each shows): "
+                        + ", ".join(DEMO_FAULTS))
     d.add_argument("--dir", type=Path,
                    help="where the demo keeps its audit DB (default: ./demo-run)")
     d.add_argument("--fast", action="store_true", help="shorten the simulated delays")

@@ -67,6 +67,10 @@ class HostConfig:
     # The API: the model id /v1/models lists, and what a completion answers.
     served_model: str = "kimi-k2.5"
     completion_text: str = " Paris. It is also the largest city in France."
+    # The API faults (wrong_model, smoke_fail, smoke_empty) hit only a build other than the
+    # one the host booted with, as a bad release does: the rollback serves again. Off, they
+    # hit every build (a restart of the running one included).
+    api_faults_new_build_only: bool = False
     # busy: requests in flight when the fault is set, all finished busy_drain_s later.
     busy_running: int = 4
     busy_waiting: int = 2
@@ -162,6 +166,11 @@ class Faults:
     orphan_workers: bool = False  # the unit's workers ignore its stop; SIGTERM ends them
     d_state_worker: bool = False  # after a stop Worker_TP<stuck_gpu> hangs in D state: no
     # signal ends it
+
+
+# The faults the demo offers (`python -m bot demo --fault`): uv_stalls makes an install
+# hang until the install timeout, a test knob, not a demo.
+DEMO_FAULTS = tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,10 +210,17 @@ def _json_object(data: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _api_fault(st: HostState, on: bool) -> bool:
+    """An API fault as this run has it: with api_faults_new_build_only, the build the host
+    booted with is spared."""
+    spared = st.config.api_faults_new_build_only and st.run.version == st.boot_version
+    return on and not spared
+
+
 def _models(st: HostState) -> dict[str, Any]:
     """vLLM's ModelList (vllm/entrypoints/openai/protocol.py)."""
     cfg = st.config
-    served = "Kimi-K2-Instruct" if st.faults.wrong_model else cfg.served_model
+    served = "Kimi-K2-Instruct" if _api_fault(st, st.faults.wrong_model) else cfg.served_model
     started = int(st.run.started_at or 0)
     return {"object": "list", "data": [{
         "id": served, "object": "model", "created": started, "owned_by": "vllm",
@@ -238,7 +245,7 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
     if request.get("model") != served:
         return _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError",
                       404)
-    if st.faults.smoke_fail:
+    if _api_fault(st, st.faults.smoke_fail):
         return _error("EngineCore encountered an issue. See stack trace (above) for the root "
                       "cause.", "InternalServerError", 500)
     words = cfg.completion_text.split(" ")
@@ -247,7 +254,7 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
     prompt = str(request.get("prompt", ""))
     n_prompt, n_out = len(prompt.split()), min(len(words), max_tokens)
     finish = "length"
-    if st.faults.smoke_empty:  # the end-of-sequence token first: an empty text
+    if _api_fault(st, st.faults.smoke_empty):  # the end-of-sequence token first: an empty text
         text, n_out, finish = "", 1, "stop"
     now = int(time.time())
     return 200, {
