@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from bot.sim.kit import SERVICE, SimKit
@@ -123,6 +124,22 @@ async def test_a_critical_gpu_is_printed_before_the_run_and_the_run_refused(
     assert out.index(shown) < out.index("run #1: restart")
     assert code != 0 and "preflight refused; service untouched" in out
     assert "stop" not in sim_host.changes()
+
+
+async def test_status_shows_the_model_the_load_and_the_last_start(sim_host: SimKit,
+                                                                 tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, out, err = await cli("restart", SERVICE, "--yes", cwd=tmp_path, env=env)
+    assert code == 0, err + out
+    # Requests in flight, finishing over 10 minutes: the counts hold while status reads.
+    sim_host.update_config(busy_running=4, busy_waiting=2, busy_drain_s=600.0)
+    sim_host.set_faults(busy=True)
+    code, out, err = await cli("status", SERVICE, cwd=tmp_path, env=env)
+    assert code == 0, err + out
+    assert "serving kimi-k2.5; 4 running, 2 waiting requests, KV cache" in out, out
+    # The restart's health gate, from the audit log.
+    assert re.search(r"^last start: ready \d+s after systemctl start \(median of the last 1: "
+                     r"\d+s\)$", out, re.M), out
 
 
 async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> None:
