@@ -252,6 +252,10 @@ async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
     assert f"window closed at {pending.expires_at}: it is now expired" in result.message
     assert (await world.audit.get_run(pending.id)).summary == EXPIRED_SUMMARY
     assert (await world.audit.locks_held()) == {}
+    # Unlike a timer's expiry (or a request's meeting its lock), the operator's is theirs.
+    assert [(d.user, d.decision) for d in await world.audit.decisions(pending.id)] == [
+        ("cli:op@host", Decision.RECOVER)]
+    assert result.run.recovered_by == ["cli:op@host"]
 
 
 async def test_recover_from_the_command_line_expires_an_overdue_request(
@@ -269,6 +273,13 @@ async def test_recover_from_the_command_line_expires_an_overdue_request(
     assert f"Run #{old.id} (restart svc), requested by {ALICE}, was still awaiting" in out
     assert (await world.audit.get_run(old.id)).status == RunStatus.EXPIRED
     assert (await world.audit.locks_held()) == {}
+    # Who expired it is recorded as who recovers a run is, and shows in the audit log.
+    [decision] = await world.audit.decisions(old.id)
+    assert decision.decision == Decision.RECOVER and decision.user.startswith("cli:")
+    code, out, err = await cli("audit", "--json", *db, cwd=tmp_path)
+    assert code == 0, err
+    assert (_runs(out)[old.id]["status"], _runs(out)[old.id]["recovered_by"]) == (
+        "expired", [decision.user])
 
     new = await life.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
     code, out, err = await cli("recover", str(new.id), "--yes", *db, cwd=tmp_path)

@@ -100,7 +100,8 @@ class RunRecord:
     owner: str | None = None
     lease_until: str | None = None
     # Who marked it interrupted after its driver died (an operator's ``recover``, or
-    # ``system:recovery``): the 'recover' decisions.
+    # ``system:recovery``), or whose ``recover`` expired it past its approval window
+    # (then its status is 'expired'): the 'recover' decisions.
     recovered_by: list[str] = field(default_factory=list)
 
     @property

@@ -22,7 +22,10 @@ A request still awaiting approval past its window holds its locks until somethin
 expires it, and only the Slack bot has expiry timers: with no bot running (or one that
 was down at the deadline) it would lock the service for good. So a lock held by such a
 request is freed the same way: ``take_locks`` and ``recover_by_hand`` expire it
-(``expire_if_overdue``: 'expired', with the summary a timer's expiry writes).
+(``expire_if_overdue``: 'expired', with the summary a timer's expiry writes). An
+operator's ``recover`` also records a 'recover' decision by them (it shows in
+``recovered_by`` beside the 'expired' status); a request meeting the lock records none,
+as a timer does.
 
 Runs owned by a live process (another bot or a CLI on the same database) are left
 alone; the verdict is passed inside the write transaction that interrupts the run
@@ -37,7 +40,7 @@ from datetime import UTC, datetime
 
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Step
-from bot.core.status import RunStatus, Source
+from bot.core.status import Decision, RunStatus, Source
 from bot.engine.owner import owner_alive
 from bot.errors import LockHeldError
 
@@ -278,11 +281,14 @@ async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, force: bool 
                           alive: Alive | None = None, clock: Clock = utc_now) -> ByHand:
     """An operator's recovery of one run: refused while its owner is alive unless
     ``force``; ``by`` is recorded as who recovered it. A request awaiting approval past
-    its window is expired instead (it holds locks nobody can use). Raises
-    ``RunNotFoundError``."""
+    its window is expired instead (it holds locks nobody can use), and ``by`` recorded
+    as who expired it. Raises ``RunNotFoundError``."""
     expired = await expire_if_overdue(audit, run_id, clock())
     if expired is not None:
-        return Expired(expired)
+        # Who closed it, as for every other ``recover``: the status says it was expired,
+        # not interrupted (``recovered_by`` means who ran ``recover`` on the run).
+        await audit.record_decision(run_id, by, Decision.RECOVER)
+        return Expired(await audit.get_run(run_id))
     judge = alive if alive is not None else judged_by(clock)
     found = await _recover(audit, lambda run: force or not judge(run), by=by,
                            run_ids=[run_id])
