@@ -10,11 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli.main import run_change
 from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.plan import Step
-from bot.core.redact import Redactor
-from bot.core.status import StepStatus
+from bot.core.redact import MASK, Redactor
+from bot.core.status import Action, StepStatus
+from bot.engine.engine import RunResult
+from bot.engine.leftover_gate import LeftoverGate
+from bot.engine.runtime import open_runtime
+from bot.sim.kit import SERVICE, SimKit
+from tests.support.sim import sim_settings
 
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"
 
@@ -107,3 +113,52 @@ async def test_ordinary_output_is_held_back_one_line_at_most() -> None:
     text = out.getvalue()
     assert [text.index(line) for line in lines] == sorted(text.index(line) for line in lines)
     assert "***" not in text
+
+
+# A line that could end a key (a long random-looking last word): held back one line.
+HELD = "Built vllm-0.6.3 sha256 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c1"
+
+
+async def test_a_held_line_comes_out_before_the_next_event_that_is_no_output() -> None:
+    # Progress lines and notices print at once: the line held back must come out before
+    # them, not after (a reordering), whatever its stream does next.
+    for after, shown in (
+            (ev.StepProgress(1, "gpu-node-1", Step.REINSTALL, "installing 3 packages"),
+             "~ installing 3 packages"),
+            (ev.Notice(1, "the audit log cannot be written"), "! the audit log cannot")):
+        out = io.StringIO()
+        sink = TerminalSink(out, redact=Redactor())
+        await sink.handle(ev.OutputLine(1, "gpu-node-1", Step.REINSTALL, "stdout", HELD))
+        assert HELD not in out.getvalue()  # held back: else this shows nothing
+        await sink.handle(after)
+        await sink.handle(ev.OutputLine(1, "gpu-node-1", Step.REINSTALL, "stdout", "done"))
+        text = out.getvalue()
+        assert HELD in text and text.index(HELD) < text.index(shown) < text.index("done"), text
+
+
+async def test_a_run_that_raises_still_shows_its_held_line_masked_if_a_key_tail(
+        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine re-raises a bug of a host's flow: no RunFinished comes to settle the
+    # line held back, so the command's own ``finally`` must (a key's last line masked).
+    full_key_line = (KEY_BODY * 2)[:70]
+    key_tail = "AAAAC3NzaC1lZDI1NTE5"
+    cases = {"ordinary": ([HELD], HELD), "key tail": ([full_key_line, key_tail], MASK)}
+    for case, (lines, last_shown) in cases.items():
+        # A database each: the fake run below keeps its locks, as no real one would.
+        (tmp_path / case).mkdir()
+        async with open_runtime(sim_settings(sim_host, tmp_path / case)) as rt:
+            async def broken(run_id: int, sink: ev.EventSink,
+                             gate: LeftoverGate | None = None) -> RunResult:
+                for line in lines:  # noqa: B023 (called within this iteration)
+                    await sink.handle(ev.OutputLine(run_id, sim_host.hostname, Step.REINSTALL,
+                                                    "stdout", line))
+                raise RuntimeError("a bug in a flow")
+
+            monkeypatch.setattr(rt.engine, "execute", broken)
+            out = io.StringIO()
+            with pytest.raises(RuntimeError, match="a bug in a flow"):
+                await run_change(rt, rt.engine.plan(Action.RESTART, SERVICE), yes=True,
+                                 user="cli:op@host", out=out)
+            text = out.getvalue()
+            assert text.endswith(f"   | {last_shown}\n"), (case, text)
+            assert key_tail not in text and full_key_line not in text, (case, text)

@@ -81,8 +81,11 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
             # With --fault orphan_workers the demo's approver lets the run end the workers
             # that outlived the stop (in Slack: the card's Terminate button).
             gate = TerminalGate(rt, APPROVER, approve=True, ask=None, out=out)
-            result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact),
-                                             gate=gate)
+            sink = TerminalSink(out, redact=rt.redact)
+            try:
+                result = await rt.engine.execute(record.id, sink, gate=gate)
+            finally:
+                sink.close()  # a line held back, when the run raised before its end
             out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
             out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
         out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")

@@ -232,13 +232,14 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
         loop.add_signal_handler(signal.SIGINT, on_sigint)
     except (NotImplementedError, RuntimeError):
         pass
+    sink = TerminalSink(out, redact=rt.redact)
     try:
         gate = TerminalGate(rt, user, approve=kill_leftovers,
                             ask=ask_terminal if sys.stdin.isatty() else None, out=out)
-        result = await rt.engine.execute(record.id, TerminalSink(out, redact=rt.redact),
-                                         gate=gate)
+        result = await rt.engine.execute(record.id, sink, gate=gate)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+        sink.close()  # a line held back, when the run raised before its end
     return EXIT_CODES.get(result.status, 1)
 
 

@@ -29,7 +29,8 @@ _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
 # Without its BEGIN line (a tailed output), a key's full-width body lines are masked one
 # by one, but its short last line looks like any word until the next line comes: such a
-# line is held back until then.  Shorter random-looking pieces are too short to matter.
+# line is held back until then (or until any other event, which must not print first).
+# Shorter random-looking pieces are too short to matter.
 _MIN_LONE_PIECE = 8
 
 
@@ -45,7 +46,8 @@ class _Held:
 
     def is_key(self, following: str | None) -> bool:
         """``following``: the next line of its stream; None when the stream ended (or
-        another stream's line came, since one line at most is held)."""
+        another stream's line, or any event but output, came: one line at most is held,
+        and never past an event printed after it)."""
         if following is None:
             return self.after_key
         if _KEY_END.search(following) or ends_in_full_key_token(following):
@@ -148,10 +150,17 @@ class TerminalSink:
             self._print(f"[{event.host}]   | {shown}")
 
     def _streams_end(self, event: ev.Event) -> None:
-        # A held line waits through progress lines, not past the end of its step.
-        if isinstance(event, ev.StepStarted | ev.StepFinished | ev.HostFinished
-                      | ev.RunFinished):
+        # A held line waits for the next output line only: any other event (a progress
+        # line, a notice, a table, a step's end) is printed after it, never before, so
+        # it is settled now as at the end of its stream.
+        if not isinstance(event, ev.OutputLine):
             self._settle(None)
+
+    def close(self) -> None:
+        """Settle the line held back, if any: the run ended without a last event (the
+        engine raised), so the line is printed (masked if it ends a key) all the same.
+        The callers that drive a run call this in a ``finally``."""
+        self._settle(None)
 
     def _settle(self, following: ev.OutputLine | None) -> None:
         """Print the held line, masked if what follows it makes it a key's line."""
