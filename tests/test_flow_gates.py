@@ -4,7 +4,7 @@ readiness after /health. The host model is tests/test_sequence.py's ``Host``."""
 
 from __future__ import annotations
 
-from bot.core.flows import EndStep, Progress
+from bot.core.flows import FOLLOW_FAILED_READS, EndStep, Progress
 from bot.core.plan import Step
 from bot.hosts.base import CommandResult
 from tests.test_metrics_readiness import vllm_metrics
@@ -118,6 +118,22 @@ def test_a_running_unit_that_is_not_ready_is_never_called_down() -> None:
     assert out.summary.endswith("is failed after start. The service is DOWN."), out.summary
 
 
+class Restarting(Host):
+    """A unit with Restart=on-failure between two tries: `is-active` says activating."""
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[:2] == ("systemctl", "is-active") and self.stopped:
+            return CommandResult(a, 3, "activating\n", "", 0.0)
+        return super().command(a)
+
+
+def test_a_unit_systemd_is_restarting_is_down_not_up() -> None:
+    out = run(Restarting(), "restart", svc={"start_timeout_s": 5})
+    assert out.status == "failed"
+    assert out.summary.endswith("The service is DOWN (unit activating: systemd is starting it "
+                                "again or still starting it)."), out.summary
+
+
 # ---- in-flight requests ------------------------------------------------------------------------
 
 
@@ -226,6 +242,10 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     assert health.detail.endswith(FAILURES[0][0])  # the lines that said so, last
     assert "journalctl -u vllm-kimi-k25 -n 50 --no-pager" in health.detail
     assert h.now < 30  # seconds of the flow's clock, not start_timeout_s
+    # systemd still shows the unit active (its process has not exited yet), but a start
+    # that failed in the journal serves nothing: DOWN, never "UP but NOT READY".
+    assert ("The service is DOWN: its start failed (the unit is still active until its "
+            "process exits; it may hold the GPUs until then). Roll back with: ") in out.summary
 
 
 def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:
@@ -272,13 +292,39 @@ def test_a_journal_that_cannot_be_read_is_said_once_and_not_read_again() -> None
     assert shown == ["journal not readable (sudo refused it); phase unknown"], shown
     assert end(h, Step.HEALTH).summary.endswith(
         "(last phase: journal not readable (sudo refused it); phase unknown)")
-    # journalctl's own failure, the same, with its first words.
-    h = JournalRefused(journal=[follow("old", cursor="s=9;i=41")])
+    # journalctl's own failure: given up after FOLLOW_FAILED_READS in a row, said with
+    # its first words (a failing read may be a passing hitch: see the next test).
+    h = JournalRefused(healthy_after_checks=8, journal=[follow("old", cursor="s=9;i=41")])
     h.stderr = "Failed to seek to cursor: Invalid argument\n"
-    assert run(h).status == "succeeded"
-    assert next(p.text for p in h.progress if p.step == Step.HEALTH) == (
+    assert run(h, svc={"progress_interval_s": 1000}).status == "succeeded"
+    follows = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
+    assert len(follows) == 1 + FOLLOW_FAILED_READS, follows
+    assert [p.text for p in h.progress if p.step == Step.HEALTH][-1] == (
         "journal not readable (exit 1: Failed to seek to cursor: Invalid argument); "
         "phase unknown")
+
+
+class JournalHitch(Host):
+    """The first follow read times out (a slow journal during a heavy weight load); the
+    next ones answer."""
+
+    hitches = 1
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "journalctl" and any(x.startswith("--after-cursor=") for x in a) \
+                and self.hitches > 0:
+            self.hitches -= 1
+            return CommandResult(a, 124, "", "timed out after 30s\n", 30.0, timed_out=True)
+        return super().command(a)
+
+
+def test_one_failed_journal_read_does_not_switch_off_the_failure_detection() -> None:
+    h = JournalHitch(journal=[follow("old", cursor="s=9;i=41"),
+                              follow(FAILURES[0][0], cursor="s=9;i=60")],
+                     healthy_after_checks=10**6)
+    out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
+    assert out.status == "failed"
+    assert out.summary.startswith("start-up failed: CUDA out of memory"), out.summary
 
 
 def test_the_shm_broadcast_warning_does_not_end_the_wait() -> None:

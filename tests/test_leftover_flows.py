@@ -91,6 +91,29 @@ def test_one_that_survives_sigkill_needs_a_reset_or_a_reboot() -> None:
     assert "STOPPED" in out.summary and verbs(h) == ["stop"]
 
 
+class RootUnit(Leftover):
+    """A unit with no User= (systemd answers an empty User: it runs as root)."""
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[:4] == ("systemctl", "show", "-p", "User"):
+            return ok(a, "\n")
+        return super().command(a)
+
+
+def test_a_root_units_vllm_process_outside_its_cgroup_is_not_claimed() -> None:
+    # Root's VLLM:: process in a session (an admin's `vllm serve`) is not the root unit's
+    # worker for sure: only the unit's cgroup says so. The host's signal script judges
+    # the same way (tests/test_leftovers.py), so the approver is never asked for a signal
+    # the host would refuse.
+    h = RootUnit(cgroup="0::/user.slice/user-0.slice/session-3.scope", user="root")
+    out = run(h, "restart")
+    assert out.status == "failed" and h.asked == [] and h.signals == []
+    assert "user root, cgroup 0::/user.slice/user-0.slice/session-3.scope" in out.summary
+    # In the unit's cgroup, root's worker is the service's.
+    h = RootUnit(user="root")
+    assert run(h, "restart").status == "succeeded" and len(h.signals) == 1
+
+
 def test_a_process_not_the_services_is_named_and_never_signalled() -> None:
     h = Leftover(cgroup="0::/user.slice/user-1000.slice/session-3.scope", user="alice")
     out = run(h, "restart")

@@ -139,8 +139,9 @@ def test_the_signal_script_refuses_a_process_that_is_not_the_units(
     # other than TERM or KILL.
     systemctl = systemctl_saying(tmp_path, vllm.user)
     script = signal_command("KILL", [vllm], elsewhere, systemctl)
-    r = run((*script[:7], "1:x", "-1:x", "$(id):x"))
-    assert r.stdout.splitlines() == ["1 refused", "-1 refused", "$(id) refused"]
+    r = run((*script[:7], "1:x", "-1:x", "$(id):x", "01:x", "0:x", "*:x"))
+    assert r.stdout.splitlines() == ["1 refused", "-1 refused", "$(id) refused", "01 refused",
+                                     "0 refused", "* refused"]
     r = run((*script[:6], "HUP", f"{worker.pid}:{vllm.started}"))
     assert r.returncode == 2 and r.stdout == ""
     assert sleeper.poll() is None and worker.poll() is None

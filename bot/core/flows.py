@@ -486,17 +486,26 @@ def _start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     return (yield from _readiness(svc, READINESS_OF[health_step]))
 
 
-def _left_as(svc: ServiceSettings, step: Step) -> Generator[Action, Any, str]:
-    """What a failed start left, as systemd says now: DOWN only for a unit that does not
-    run. A unit that runs but failed /health or readiness (another model, a failing
-    smoke test) still holds the GPUs and may answer clients: say so."""
+def _left_as(svc: ServiceSettings, step: Step, err: str) -> Generator[Action, Any, str]:
+    """What a failed start (``err``) left, as systemd says now. UP but NOT READY only for
+    a unit that runs a server that may answer clients (failed /health or readiness:
+    another model, a failing smoke test). DOWN when the unit does not run, when systemd
+    is restarting it (``activating``: a Restart= wait), and when the start failed in the
+    journal (an OOM, "Engine core initialization failed"): that process serves nothing
+    and exits, however long systemd still shows it active."""
     r = yield from _run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
     state = r.stdout.strip()
     if lost(r) or not state:
         return f"Whether the service runs is unknown ({_why(r)})."
-    if state in ("inactive", "failed"):
+    if state in ("inactive", "failed", "deactivating"):
         return "The service is DOWN."
-    if state in ("active", "activating", "reloading"):
+    if state == "activating":
+        return ("The service is DOWN (unit activating: systemd is starting it again or "
+                "still starting it).")
+    if err.startswith(STARTUP_FAILED):
+        return (f"The service is DOWN: its start failed (the unit is still {state} until "
+                "its process exits; it may hold the GPUs until then).")
+    if state in ("active", "reloading"):
         return f"The service is UP but NOT READY (unit {state})."
     return f"The service's unit is {state}."
 
@@ -540,6 +549,7 @@ class _Follow:
     # Why the journal cannot be read (set once, then no more reads for this start): on a
     # become = "sudo" host no rule allows `journalctl --after-cursor` (bot.core.sudoers).
     unreadable: str | None = None
+    failed_reads: int = 0  # in a row (see FOLLOW_FAILED_READS)
 
     def text(self) -> str:
         if self.unreadable is not None:
@@ -560,6 +570,9 @@ def _unreadable_why(r: CommandResult) -> str:
 # last poll is read on until caught up, so its failure line is seen at once; the bound
 # keeps a runaway log from starving the unit and health checks.
 FOLLOW_READS_PER_POLL = 10
+# Failing journal reads in a row (not refusals: those stop at once) before the follower
+# gives up for this start and says the journal is not readable.
+FOLLOW_FAILED_READS = 3
 
 
 def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
@@ -571,11 +584,18 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
         r = yield from _run(step, remote.journal_follow(svc, follow.cursor),
                             svc.command_timeout_s, quiet=True)
         if not r.ok:
-            # Refused or failing, it would be the same at every poll: say so once and stop
-            # reading (the health gate decides as ever). A lost result is tried again.
-            if not lost(r):
+            # Refused by sudo, it would be the same at every poll: say so once and stop
+            # reading (the health gate decides as ever). Anything else (a lost result, a
+            # slow journal's timeout, a failing read) is tried again at the next poll, so
+            # one bad read does not switch off the early failure detection.
+            if r.refused is not None:
                 follow.unreadable = _unreadable_why(r)
+            elif not lost(r):
+                follow.failed_reads += 1
+                if follow.failed_reads >= FOLLOW_FAILED_READS:
+                    follow.unreadable = _unreadable_why(r)
             break
+        follow.failed_reads = 0
         lines, cursor = new_lines(r.stdout)
         follow.watch.feed(lines)
         follow.cursor = cursor or follow.cursor
@@ -627,6 +647,10 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             return msg
 
 
+# How a failed start's reason begins when a journal line said so (bot.core.startup).
+STARTUP_FAILED = "start-up failed: "
+
+
 def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
                   ) -> Generator[Action, Any, str]:
     """A journal line said the start failed: read once more (the rest of a traceback
@@ -637,7 +661,7 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
         follow.watch.feed(new_lines(r.stdout)[0])
     failure = follow.watch.failure
     assert failure is not None
-    msg = f"start-up failed: {describe_failure(failure)}"
+    msg = f"{STARTUP_FAILED}{describe_failure(failure)}"
     journal = yield from _journal(step, svc)
     # The lines that said so last: a tail (the thread's code block, the audit log's
     # output_tail) keeps them.
@@ -921,7 +945,7 @@ def _recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     """Cancelled once the service is down: bring it back on what is installed."""
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        left = yield from _left_as(svc, Step.HEALTH)
+        left = yield from _left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: {err}. "
                            f"{left}", before, None)
     after = yield from _postcheck(svc, host)
@@ -1113,7 +1137,10 @@ def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out
     if r.exit_status not in (0, 1) or not u.ok:
         bad = r if r.exit_status not in (0, 1) else u
         return "failed", f"{timed_out}; whose processes they are is unknown ({_explain(bad)})"
-    leftovers = classify(found, parse_facts(r.stdout), svc.unit, u.stdout.strip() or "root")
+    # A unit with no User= runs as root, but a root VLLM:: process outside every unit
+    # may be anyone's (a `vllm serve` in an admin's session): only the unit's cgroup
+    # makes it the service's then. The host's signal script judges the same way.
+    leftovers = classify(found, parse_facts(r.stdout), svc.unit, u.stdout.strip())
     others = [x.describe() for x in leftovers if x.owner == Owner.OTHER]
     if others:
         return "failed", (f"{timed_out}. Processes that are not {svc.unit}'s hold its GPUs; "
@@ -1479,10 +1506,11 @@ def _unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, 
     """The new version started but never turned healthy: roll back (``rollback_on_unhealthy``,
     the default) or stop there with the exact command to roll back."""
     if not svc.rollback_on_unhealthy:
+        left = yield from _left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed and not "
                            "healthy; rollback_on_unhealthy is off, so nothing was rolled "
-                           f"back. Roll back with: `{rollback_command(svc, env.lock)}`",
-                           before, None)
+                           f"back. {left} Roll back with: "
+                           f"`{rollback_command(svc, env.lock)}`", before, None)
     stopped = yield from _rollback_stop(svc, host)
     if stopped is not None:
         return HostOutcome(HostStatus.FAILED, f"{err}; stopping it to roll back failed: "
@@ -1641,7 +1669,7 @@ def _rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
                            f"restore the snapshot with {by_hand}.", before, None)
     err = yield from _start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
-        left = yield from _left_as(svc, Step.ROLLBACK_HEALTH)
+        left = yield from _left_as(svc, Step.ROLLBACK_HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
                            f"{left}", before, None)
     after, differs = yield from _postcheck_restored(svc, host, env)
@@ -1679,7 +1707,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                            "then restart it.", before, None)
     err = yield from _start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        left = yield from _left_as(svc, Step.HEALTH)
+        left = yield from _left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{err}. {left}", before, None)
     after = yield from _postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED

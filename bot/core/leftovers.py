@@ -48,20 +48,28 @@ _SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|refused|failed)")
 # sudoers rule; only the targets vary. So the bot's key can never signal a process
 # outside the unit under sudo, whatever PIDs it names (sshd, another unit's workers).
 SIGNAL_SCRIPT = (
-    'systemctl=$1; unit=$2; sig=$3; shift 3; '
+    # set -f: the unquoted expansions below only trim spaces, never expand a glob.
+    'set -f; systemctl=$1; unit=$2; sig=$3; shift 3; '
     'case $sig in TERM|KILL) ;; *) echo "not a signal this script sends: $sig" >&2; exit 2;; '
     'esac; owner=$("$systemctl" show -p User --value -- "$unit" 2>/dev/null); '
-    'owner=$(echo $owner); for spec do pid=${spec%%:*}; want=${spec#*:}; '
-    'case $pid in ""|*[!0-9]*|0|1) echo "$pid refused"; continue;; esac; '
-    'now=$(LC_ALL=C ps -o lstart= -p "$pid" 2>/dev/null) || { echo "$pid gone"; continue; }; '
-    'now=$(echo $now); if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
-    'cg="$(ps -ww -o cgroup= -p "$pid" 2>/dev/null),"; case $cg in '
+    'owner=$(echo $owner); '
+    # The start time as ps prints it now (spaces collapsed), empty when the PID is gone.
+    'started() { echo $(LC_ALL=C ps -o lstart= -p "$1" 2>/dev/null); }; '
+    'for spec do pid=${spec%%:*}; want=${spec#*:}; '
+    # Digits only, no leading zero (ps reads "01" as PID 1), never PID 1.
+    'case $pid in ""|*[!0-9]*|0*|1) echo "$pid refused"; continue;; esac; '
+    'now=$(started "$pid"); if [ -z "$now" ]; then echo "$pid gone"; continue; fi; '
+    'if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
+    'cg="$(echo $(ps -ww -o cgroup= -p "$pid" 2>/dev/null)),"; case $cg in '
     '*"/$unit,"*|*"/$unit/"*) ;; '
     '*.service,*|*.service/*) echo "$pid refused"; continue;; '
     '*) u=$(ps -o user:32= -p "$pid" 2>/dev/null); u=$(echo $u); '
     'a=$(ps -ww -o args= -p "$pid" 2>/dev/null); '
     'if [ -z "$owner" ] || [ "$u" != "$owner" ]; then echo "$pid refused"; continue; fi; '
     'case $a in VLLM::*) ;; *) echo "$pid refused"; continue;; esac;; esac; '
+    # Once more right before the signal: the owner checks above took time.
+    'now=$(started "$pid"); if [ -z "$now" ]; then echo "$pid gone"; continue; fi; '
+    'if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
     'if env kill -s "$sig" "$pid" 2>/dev/null; then echo "$pid sent"; '
     'else echo "$pid failed"; fi; done'
 )
