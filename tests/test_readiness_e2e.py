@@ -162,11 +162,17 @@ async def test_force_stops_at_once_and_the_card_said_what_it_interrupts(
 
 async def test_the_card_shows_the_start_up_phases_in_place(tmp_path: Path,
                                                            make_sim_host: MakeSimHost) -> None:
-    # A 12 s load: the simulated vLLM logs "process started" for its first 1.2 s, then
-    # initialises the engine for 1.2 s, then loads weights for 7.8 s, each many times the
-    # card's update interval (0.2 s) and the gate's poll, however loaded the machine; the
-    # later phases come within a second and a slow poll may skip them.
-    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=12.0))
+    # The gate sends only the phase it reads at each poll, and the card shows only the
+    # latest progress at each update (every 0.2 s): a phase shorter than a poll cycle over
+    # sshd on a loaded machine (CI runs 4 workers on 2 cores) may be sent or shown never.
+    # So each phase must outlast both, which is what this test checks ("the status card
+    # shows at least three distinct start-up phases during a start"): rendering the texts
+    # the flow sent would not do, as the flow itself skips a phase its poll missed. The
+    # simulated vLLM logs "process started" for 4 s, initialises the engine for 4 s
+    # (startup_phase_min_s), then loads weights for 5.2 s (0.65 of load_delay_s): a
+    # 14.4 s start. The later phases come within a second and a slow poll may skip them.
+    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=8.0,
+                                                                startup_phase_min_s=4.0))
     services = {SERVICE: kit.service_settings(start_timeout_s=120)}
     async with slack_bot(tmp_path, kit, services=services) as bot:
         run_id, _ = await request_and_approve(bot, f"restart {SERVICE}")

@@ -49,6 +49,11 @@ class HostConfig:
     release_delay_s: float = 2.0
     # From `systemctl start` until the port answers.
     load_delay_s: float = 5.0
+    # Each of the two start-up phases before the weights load (the process starting, the
+    # engine initialising: a tenth of load_delay_s each) lasts at least this long; the
+    # start takes what they were stretched by longer. For a test that must see each phase
+    # however slowly a loaded machine polls, without a long load.
+    startup_phase_min_s: float = 0.0
     # With start_fails: from `systemctl start` until the unit is `failed`.
     fail_delay_s: float = 1.0
     # `systemctl stop` blocks this long (deactivating) before the unit is inactive.
@@ -104,7 +109,8 @@ class HostConfig:
             raise ValueError("service_used_mib must be between 0 and gpu_total_mib")
         if not 0 <= self.stuck_worker_mib <= self.gpu_total_mib:
             raise ValueError("stuck_worker_mib must be between 0 and gpu_total_mib")
-        for name in ("release_delay_s", "load_delay_s", "fail_delay_s", "stop_delay_s",
+        for name in ("release_delay_s", "load_delay_s", "startup_phase_min_s",
+                     "fail_delay_s", "stop_delay_s",
                      "install_duration_s", "install_output_lines", "flood_chars",
                      "download_mib_per_s", "download_delay_s"):
             if getattr(self, name) < 0:

@@ -10,9 +10,11 @@ import pytest
 
 from bot.core import remote
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
+from bot.core.startup import Phase, phase_of
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
-from bot.sim.state import DEFAULT_VERSION
+from bot.sim.state import DEFAULT_VERSION, HostConfig, HostState
+from bot.sim.tools import unit as unit_tool
 from tests.polling import eventually
 from tests.support.sim import MakeSimHost
 
@@ -369,3 +371,32 @@ async def test_after_the_end_of_options_a_dash_is_a_unit_name(sim_host: SimKit) 
     assert r == Ran(1, "", "Failed to add match 'foo': Invalid argument\n")
     r = await run(sim_host, "journalctl", "-u", UNIT, "-n", "1", "--no-pager", "--")
     assert r.status == 0 and len(r.stdout.splitlines()) == 1
+
+
+def _phases_begin(cfg: HostConfig) -> tuple[dict[Phase, float], float]:
+    """When each start-up phase first shows in a start's journal, and when the port
+    answers, in seconds after `systemctl start`."""
+    t0 = 1_000_000.0
+    st = HostState(cfg, venv="/opt/v", health_port=1, service_port=8000, owner_pid=1,
+                   installed_version=DEFAULT_VERSION)
+    begun, plan = unit_tool._begin(st, t0, may_fail=False)
+    first: dict[Phase, float] = {}
+    for entry in sorted(plan, key=lambda e: e.ts):
+        if (seen := phase_of(entry.msg)) is not None:
+            first.setdefault(seen[0], entry.ts - t0)
+    assert begun.run.ready_at is not None
+    return first, begun.run.ready_at - t0
+
+
+def test_startup_phase_min_s_stretches_only_the_phases_before_the_weights_load() -> None:
+    # The card's start-up test must see three phases on a loaded machine: the first two
+    # then last seconds each, without a long load; the rest keeps its length, later.
+    plain, ready = _phases_begin(HostConfig(load_delay_s=8.0))
+    assert [plain[p] for p in (Phase.STARTING, Phase.ENGINE, Phase.LOADING, Phase.LOADED)
+            ] == pytest.approx([0.0, 0.8, 1.6, 6.8]) and ready == pytest.approx(8.0)
+    slow, ready = _phases_begin(HostConfig(load_delay_s=8.0, startup_phase_min_s=4.0))
+    assert [slow[p] for p in (Phase.STARTING, Phase.ENGINE, Phase.LOADING, Phase.LOADED)
+            ] == pytest.approx([0.0, 4.0, 8.0, 13.2]) and ready == pytest.approx(14.4)
+    # Shorter than the load's own phases: no change.
+    short, ready = _phases_begin(HostConfig(load_delay_s=8.0, startup_phase_min_s=0.5))
+    assert short == pytest.approx(plain) and ready == pytest.approx(8.0)

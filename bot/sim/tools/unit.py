@@ -15,6 +15,7 @@ from bot.sim.packages import cuda_problem, import_problem
 from bot.sim.state import (
     ENGINE_PID_OFFSET,
     WORKER_PID_OFFSET,
+    HostConfig,
     HostState,
     JournalEntry,
     Run,
@@ -40,8 +41,25 @@ def _systemd(ts: float, msg: str) -> JournalEntry:
     return JournalEntry(ts, "systemd", 1, msg)
 
 
+# Where the weights start loading, as a fraction of load_delay_s: the process starts
+# (from 0) and the engine initialises (from half this) before it.
+_LOADING_FROM = 0.2
+
+
+def since_start(cfg: HostConfig, f: float) -> float:
+    """Seconds from `systemctl start` to the point ``f`` (a fraction of load_delay_s) of a
+    start: ``f * load_delay_s``, but each of the two phases before the weights load lasts
+    at least startup_phase_min_s (the rest comes that much later)."""
+    load = cfg.load_delay_s
+    phase = max(_LOADING_FROM / 2 * load, cfg.startup_phase_min_s)
+    if f <= _LOADING_FROM:
+        return f / (_LOADING_FROM / 2) * phase
+    return 2 * phase + (f - _LOADING_FROM) * load
+
+
 def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
-    """What vLLM logs from start until it serves, spread over load_delay_s."""
+    """What vLLM logs from start until it serves, spread over load_delay_s (see
+    ``since_start``)."""
     cfg, pid = st.config, run.main_pid
     engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
     worker = f"(Worker_TP0 pid={pid + WORKER_PID_OFFSET}) "
@@ -53,31 +71,28 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
                                    f"'port': {st.service_port}}}"),
         (0.10, engine, "core.py:93", f"Initializing a V1 LLM engine (v{run.version}) "
                                      f"with config: model='{cfg.model}'"),
-        (0.20, worker, "gpu_model_runner.py:2653", f"Starting to load model {cfg.model}..."),
+        (_LOADING_FROM, worker, "gpu_model_runner.py:2653",
+         f"Starting to load model {cfg.model}..."),
     ]
-    out = [JournalEntry(t0 + f * cfg.load_delay_s, "python3", pid,
-                        prefix + vllm_line(t0 + f * cfg.load_delay_s, "INFO", src, text))
-           for f, prefix, src, text in steps]
+    out = [_at(st, run, t0, f, prefix, src, text) for f, prefix, src, text in steps]
     for k in range(1, 5):
-        f = 0.2 + 0.15 * k
+        f = _LOADING_FROM + 0.15 * k
         done = SHARDS * k // 4
         # vllm/model_executor/model_loader/weight_utils.py's _BAR_FORMAT.
         spent = f * cfg.load_delay_s
-        out.append(JournalEntry(t0 + spent, "python3", pid,
+        out.append(JournalEntry(t0 + since_start(cfg, f), "python3", pid,
                                 f"{worker}Loading safetensors checkpoint shards: "
                                 f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
                                 f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
                                 f"{done / max(spent, 1e-3):6.2f}it/s]"))
     out += _verbose(st, run, t0)
-    t_ready = t0 + cfg.load_delay_s
+    t_ready = t0 + since_start(cfg, 1.0)
     out += [
-        JournalEntry(t0 + 0.85 * cfg.load_delay_s, "python3", pid, worker + vllm_line(
-            t0 + 0.85 * cfg.load_delay_s, "INFO", "gpu_model_runner.py:2707",
-            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB")),
+        _at(st, run, t0, 0.85, worker, "gpu_model_runner.py:2707",
+            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB"),
         *_warm_up(st, run, t0),
-        JournalEntry(t0 + 0.95 * cfg.load_delay_s, "python3", pid, engine + vllm_line(
-            t0 + 0.95 * cfg.load_delay_s, "INFO", "kv_cache_utils.py:1087",
-            "GPU KV cache size: 1,017,856 tokens")),
+        _at(st, run, t0, 0.95, engine, "kv_cache_utils.py:1087",
+            "GPU KV cache size: 1,017,856 tokens"),
         *_graphs(st, run, t0),
         JournalEntry(t_ready, "python3", pid, vllm_line(
             t_ready, "INFO", "api_server.py:1024",
@@ -97,7 +112,7 @@ def _clock(seconds: float) -> str:
 
 def _at(st: HostState, run: Run, t0: float, f: float, prefix: str, source: str,
         text: str) -> JournalEntry:
-    ts = t0 + f * st.config.load_delay_s
+    ts = t0 + since_start(st.config, f)
     return JournalEntry(ts, "python3", run.main_pid, prefix + vllm_line(ts, "INFO", source, text))
 
 
@@ -123,7 +138,7 @@ def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     for k, f in enumerate((0.96, 0.97, 0.98), 1):
         done = 67 * k // 3
         bar = ("█" * (10 * k // 3)).ljust(10)
-        out.append(JournalEntry(t0 + f * load, "python3", pid,
+        out.append(JournalEntry(t0 + since_start(st.config, f), "python3", pid,
                                 f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
                                 f"{100 * k // 3:3d}%|{bar}| {done}/67 "
                                 f"[{_clock(0.01 * k * load)}<{_clock(0.01 * (3 - k) * load)}, "
@@ -149,7 +164,7 @@ def _oom(st: HostState, run: Run, plan: list[JournalEntry]
     traceback; the API server exits oom_exit_delay_s later, and never serves."""
     cfg = st.config
     assert run.started_at is not None
-    at = run.started_at + cfg.oom_at * cfg.load_delay_s
+    at = run.started_at + since_start(cfg, cfg.oom_at)
     exit_at = at + cfg.oom_exit_delay_s
     pid, site = run.main_pid, f"{st.venv}/lib/python3.12/site-packages"
     engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
@@ -217,7 +232,7 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     broken = import_problem(st) is not None or cuda_problem(st) is not None
     fails = may_fail and (version is None or st.faults.start_fails or broken)
     run = Run(generation=st.run.generation + 1, main_pid=st.next_pid, version=version,
-              started_at=t0, ready_at=t0 + cfg.load_delay_s,
+              started_at=t0, ready_at=t0 + since_start(cfg, 1.0),
               fail_at=t0 + cfg.fail_delay_s if fails else None)
     plan = [_systemd(t0, f"Started {service_name(cfg.unit)} - {cfg.description}.")]
     plan += _load_plan(st, run, t0)
