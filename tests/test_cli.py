@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 
+from bot.cli.demo_faults import DEMO_FAULTS
 from bot.sim.kit import SERVICE, SimKit
-from bot.sim.state import DEFAULT_VERSION
+from bot.sim.state import DEFAULT_VERSION, Faults
 from tests.support.cli import cli, cli_on_terminal, write_toml
 
 
@@ -180,6 +182,23 @@ async def test_demo_runs_a_full_redeploy(tmp_path: Path) -> None:
     assert "run #1 SUCCEEDED" in out
     assert "demo:alice" in out and "demo:bob" in out
     assert (tmp_path / "demo" / "chatops.db").exists()
+
+
+def test_the_demo_offers_every_fault_of_the_simulator_but_a_test_knob() -> None:
+    # Named apart from the simulator (see bot.cli.demo_faults): a new fault switch must be
+    # added there too, or left out here on purpose.
+    assert DEMO_FAULTS == tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
+
+
+async def test_a_command_other_than_demo_does_not_import_the_simulator(
+        tmp_path: Path) -> None:
+    # Every start of the command line would pay for it (the demo's help names the faults).
+    code, out, err = await cli("--help", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert code == 0 and "demo" in out, err
+    imported = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
+                if line.startswith("import time:")]
+    assert "bot.cli.main" in imported, err  # what follows would pass on any output
+    assert [m for m in imported if m.startswith("bot.sim")] == []
 
 
 async def test_demo_help_lists_the_faults_and_an_api_fault_is_the_new_builds(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bot.audit.view import runs_table
+from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate
 from bot.cli.terminal import TerminalSink
 from bot.core.status import Action, RunStatus, Source
@@ -20,7 +21,7 @@ from bot.engine.runtime import open_runtime
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
-from bot.sim.state import DEMO_FAULTS, HostConfig
+from bot.sim.state import HostConfig
 
 FAULTS = DEMO_FAULTS
 DEMO_VERSION = "0.16.0"

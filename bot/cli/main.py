@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
 from bot.cli import operator
+from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink
 from bot.core import remote, sudoers
@@ -43,7 +44,6 @@ from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
 from bot.settings import USER_RE, Settings, load_settings
-from bot.sim.state import DEMO_FAULTS
 
 EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.ROLLED_BACK: 3,
               RunStatus.ABORTED: 4, RunStatus.CANCELLED: 5, RunStatus.INTERRUPTED: 1}

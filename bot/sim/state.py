@@ -174,11 +174,6 @@ class Faults:
     # signal ends it
 
 
-# The faults the demo offers (`python -m bot demo --fault`): uv_stalls makes an install
-# hang until the install timeout, a test knob, not a demo.
-DEMO_FAULTS = tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
-
-
 @dataclass(frozen=True, slots=True)
 class Run:
     """The unit's current (or last) run. generation 0 means it never started."""

@@ -1,0 +1,16 @@
+"""The faults ``python -m bot demo --fault`` offers, named here without the simulator:
+every command line builds the demo's help, and only ``demo`` imports ``bot.sim``.
+
+They are the simulator's fault switches (``bot.sim.state.Faults``) but ``uv_stalls``,
+which makes an install hang until the install timeout: a test knob, not a demo.
+``tests/test_cli.py`` holds the two lists equal."""
+
+from __future__ import annotations
+
+DEMO_FAULTS: tuple[str, ...] = (
+    "stuck_worker", "uv_fails", "uv_fails_always", "prefetch_fails", "uv_floods",
+    "resolve_fails", "health_503", "start_fails", "no_driver", "wrong_model", "smoke_fail",
+    "smoke_empty", "busy", "oom_at_start", "torch_cuda_mismatch", "import_error",
+    "index_drops_old", "uv_fails_midway", "xid_79", "pending_remap", "ecc_uncorrected",
+    "unified_memory", "no_gpus", "orphan_workers", "d_state_worker",
+)
