@@ -202,20 +202,24 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path
-                  ) -> tuple[int, int]:
-    """Run argv with stdout+stderr to ``out``: its exit code and peak RSS in KiB, from the
-    kernel's own account of that one child (wait4), not a sample."""
+def _spawn(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> int:
+    """Start argv with stdout+stderr to ``out``; reap it with ``os.wait4`` (its peak RSS)."""
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                (os.POSIX_SPAWN_OPEN, 1, str(out), os.O_WRONLY | os.O_CREAT, 0o600),
                (os.POSIX_SPAWN_DUP2, 1, 2)]
     before = Path.cwd()
     os.chdir(cwd)  # posix_spawn has no cwd; the child imports bot from PYTHONPATH only
     try:
-        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+        return os.posix_spawn(argv[0], argv, env, file_actions=actions)
     finally:
         os.chdir(before)
-    _, status, usage = os.wait4(pid, 0)
+
+
+def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path
+                  ) -> tuple[int, int]:
+    """Run argv with stdout+stderr to ``out``: its exit code and peak RSS in KiB, from the
+    kernel's own account of that one child (wait4), not a sample."""
+    _, status, usage = os.wait4(_spawn(argv, env, cwd, out), 0)
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss
 
 
@@ -310,19 +314,6 @@ def test_a_capture_counts_what_each_line_costs() -> None:
 
 
 # ---- end to end: the whole Slack bot's memory while a host prints a 256 MiB line --------
-
-
-def _spawn(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> int:
-    """Start argv with stdout+stderr to ``out``; reaped by ``os.wait4`` (its peak RSS)."""
-    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_OPEN, 1, str(out), os.O_WRONLY | os.O_CREAT, 0o600),
-               (os.POSIX_SPAWN_DUP2, 1, 2)]
-    before = Path.cwd()
-    os.chdir(cwd)
-    try:
-        return os.posix_spawn(argv[0], argv, env, file_actions=actions)
-    finally:
-        os.chdir(before)
 
 
 @pytest.mark.alone

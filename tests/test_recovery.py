@@ -55,6 +55,15 @@ def dead_local_owner() -> str:
     return f"{socket.gethostname()}:{child.pid}:{stat.start_time if stat else '1'}"
 
 
+async def driven_by_a_dead_process(audit: AuditLog, run_id: int) -> None:
+    """Approve the pending run and make it running under an owner that has died, as if
+    a CLI (or another bot) had taken it and been killed."""
+    assert await audit.transition(run_id, RunStatus.APPROVED,
+                                  expect=(RunStatus.PENDING_APPROVAL,))
+    assert await audit.transition(run_id, RunStatus.RUNNING, owner=dead_local_owner(),
+                                  expect=(RunStatus.APPROVED,))
+
+
 def settings(tmp_path: Path) -> Settings:
     return Settings(
         hosts={"gpu1": {"address": LOCAL}},
@@ -462,10 +471,7 @@ async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         # A CLI (or another bot) took the run and died while nobody asked for the service.
         audit = bot.runtime.audit
-        assert await audit.transition(record.id, RunStatus.APPROVED,
-                                      expect=(RunStatus.PENDING_APPROVAL,))
-        assert await audit.transition(record.id, RunStatus.RUNNING, owner=dead_local_owner(),
-                                      expect=(RunStatus.APPROVED,))
+        await driven_by_a_dead_process(audit, record.id)
         await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
         await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
         assert (await bot.run(record.id)).status == RunStatus.RUNNING
@@ -486,10 +492,7 @@ async def test_a_request_meeting_a_dead_runs_lock_tells_its_thread_and_posts_a_c
         await bot.command(f"restart {SERVICE}")
         old = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         audit = bot.runtime.audit
-        assert await audit.transition(old.id, RunStatus.APPROVED,
-                                      expect=(RunStatus.PENDING_APPROVAL,))
-        assert await audit.transition(old.id, RunStatus.RUNNING, owner=dead_local_owner(),
-                                      expect=(RunStatus.APPROVED,))
+        await driven_by_a_dead_process(audit, old.id)
         await audit.step_started(old.id, "gpu-node-1", "drain", "nvidia-smi")
 
         await bot.command(f"restart {SERVICE}", user=BOB)
@@ -515,10 +518,7 @@ async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
         await bot.command(f"restart {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         audit = bot.runtime.audit
-        assert await audit.transition(record.id, RunStatus.APPROVED,
-                                      expect=(RunStatus.PENDING_APPROVAL,))
-        assert await audit.transition(record.id, RunStatus.RUNNING, owner=dead_local_owner(),
-                                      expect=(RunStatus.APPROVED,))
+        await driven_by_a_dead_process(audit, record.id)
         # A CLI met the dead run's lock and recovered it; a CLI cannot post to Slack.
         assert isinstance(await recover_by_hand(audit, record.id, by="cli:op@host"),
                           Recovered)
