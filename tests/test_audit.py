@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bot.audit import OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts
+from bot.audit import EXPIRED_SUMMARY, OUTPUT_TAIL_CHARS, AuditLog, RunRecord, parse_ts
 from bot.audit.db import Database
 from bot.audit.migrations import MIGRATIONS
 from bot.audit.runs import runs_query
@@ -548,9 +548,17 @@ async def test_expire_pending(log: AuditLog) -> None:
     await log.transition(approved, RunStatus.APPROVED)
     await log.acquire_locks(old, ["service:kimi-k25"])
 
+    # One run only (a request meeting its lock): the other overdue one is left as it is,
+    # and a run still in its window is not expired though named.
+    assert await log.expire_pending(now, run_ids=[fresh]) == []
+    [only] = await log.expire_pending(now, run_ids=[exact])
+    assert (only.id, only.status, only.summary) == (exact, "expired", EXPIRED_SUMMARY)
+    assert (await log.get_run(old)).status == "pending_approval"
+
     expired = await log.expire_pending(now)
-    assert [r.id for r in expired] == [old, exact]
-    assert all(r.status == "expired" and r.finished_at == "2026-11-30T12:00:00Z" for r in expired)
+    assert [r.id for r in expired] == [old]
+    assert all(r.status == "expired" and r.finished_at == "2026-11-30T12:00:00Z"
+               for r in [*expired, only])
     assert await log.lock_holder("service:kimi-k25") is None
     for run_id, status in ((fresh, "pending_approval"), (forever, "pending_approval"),
                            (approved, "approved")):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.audit import EXPIRED_SUMMARY
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan, make_plan
 from bot.core.policy import Membership
@@ -26,7 +27,6 @@ from bot.engine.lifecycle import (
     RunLifecycle,
     TooLate,
 )
-from bot.engine.recovery import EXPIRED_SUMMARY
 from bot.errors import LockHeldError
 from bot.settings import LOCAL, Settings
 from tests.support.wall_clock import ManualWallClock

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.audit import AuditLog, RunRecord, format_ts
+from bot.audit import EXPIRED_SUMMARY, AuditLog, RunRecord, format_ts
 from bot.audit.view import run_view
 from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
@@ -23,7 +23,6 @@ from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
 from bot.engine.lifecycle import RunLifecycle
 from bot.engine.owner import process_owner, read_stat
 from bot.engine.recovery import (
-    EXPIRED_SUMMARY,
     RECOVERY_ACTOR,
     Expired,
     Interrupted,

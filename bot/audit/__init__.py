@@ -90,6 +90,7 @@ Behaviour worth knowing:
 """
 
 from bot.audit.records import (
+    EXPIRED_SUMMARY,
     OUTPUT_TAIL_CHARS,
     DecisionRecord,
     Refusal,
@@ -104,6 +105,7 @@ from bot.core.status import ACTIVE_STATUSES, FINAL_STATUSES
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "EXPIRED_SUMMARY",
     "FINAL_STATUSES",
     "OUTPUT_TAIL_CHARS",
     "AuditLog",

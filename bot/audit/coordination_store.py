@@ -143,9 +143,11 @@ class CoordinationStore(StoreBase):
             return True
 
     @shielded
-    async def expire_pending(self, now: datetime) -> list[RunRecord]:
-        """Runs still awaiting approval at their ``expires_at`` become 'expired'."""
+    async def expire_pending(self, now: datetime,
+                             run_ids: Sequence[int] | None = None) -> list[RunRecord]:
+        """Runs still awaiting approval at their ``expires_at`` (only ``run_ids`` when
+        given) become 'expired', in one write transaction."""
         stamp = format_ts(now)
         async with self._db.transaction(write=True) as conn:
-            expired = await runs_sql.expire_due(conn, stamp)
+            expired = await runs_sql.expire_due(conn, stamp, run_ids)
             return [await runs_sql.get(conn, run_id) for run_id in expired]

@@ -22,6 +22,8 @@ E = TypeVar("E", bound=StrEnum)
 TS_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # A step keeps the last this many characters of its output (after redaction).
 OUTPUT_TAIL_CHARS = 4000
+# The summary of a request nobody approved in time, whoever expired it.
+EXPIRED_SUMMARY = "approval window expired"
 
 
 def format_ts(moment: datetime) -> str:

@@ -17,7 +17,7 @@ import aiosqlite
 
 from bot.audit import decisions, locks, steps
 from bot.audit.db import execute, fetch, insert, qmarks, run_not_found
-from bot.audit.records import RunRecord, stored
+from bot.audit.records import EXPIRED_SUMMARY, RunRecord, stored
 from bot.core.status import Action, Decision, RunStatus, Source
 
 _COLUMNS = (
@@ -186,21 +186,22 @@ def interrupted_summary(status: str, current_step: str | None) -> str:
     return "interrupted: the bot stopped before the first step"
 
 
-async def expire_due(conn: aiosqlite.Connection, now: str) -> list[int]:
-    """Runs awaiting approval whose window closed by ``now`` become 'expired' and release
-    their locks; returns their ids, oldest first."""
+async def expire_due(conn: aiosqlite.Connection, now: str,
+                     run_ids: Sequence[int] | None = None) -> list[int]:
+    """Runs awaiting approval whose window closed by ``now`` (only ``run_ids`` when given)
+    become 'expired' and release their locks; returns their ids, oldest first."""
+    only = f" AND id IN ({qmarks(run_ids)})" if run_ids is not None else ""
     rows = await fetch(
         conn,
-        "SELECT id FROM runs WHERE status = ? "
-        "AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY id",
-        (RunStatus.PENDING_APPROVAL, now),
+        "SELECT id FROM runs WHERE status = ? "  # noqa: S608 - only placeholders; values bound
+        f"AND expires_at IS NOT NULL AND expires_at <= ?{only} ORDER BY id",
+        (RunStatus.PENDING_APPROVAL, now, *(run_ids or ())),
     )
     for row in rows:
         await execute(
             conn,
-            "UPDATE runs SET status = ?, finished_at = ?, "
-            "summary = 'approval window expired' WHERE id = ?",
-            (RunStatus.EXPIRED, now, row["id"]),
+            "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
+            (RunStatus.EXPIRED, now, EXPIRED_SUMMARY, row["id"]),
         )
         await locks.release(conn, row["id"])
     return [int(row["id"]) for row in rows]

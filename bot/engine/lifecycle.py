@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from bot.audit import EXPIRED_SUMMARY
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
@@ -49,7 +50,6 @@ from bot.engine.executor import CancelToken
 from bot.engine.heartbeat import LEASE_S, Heartbeat
 from bot.engine.owner import process_owner
 from bot.engine.recovery import (
-    EXPIRED_SUMMARY,
     RECOVERY_ACTOR,
     Closed,
     Interrupted,

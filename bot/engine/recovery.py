@@ -57,8 +57,6 @@ DRIVEN = (RunStatus.RUNNING, RunStatus.APPROVED)
 # How often the Slack bot looks for runs whose driver died while nobody asked: a dead
 # run's thread hears of it within a minute (plus LEASE_S for an owner elsewhere).
 SWEEP_EVERY_S = 60.0
-# The summary of a request nobody approved in time, whoever expired it.
-EXPIRED_SUMMARY = "approval window expired"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,15 +175,10 @@ def overdue(run: RunRecord, now: datetime) -> bool:
 
 async def expire_if_overdue(audit: AuditLog, run_id: int, now: datetime) -> RunRecord | None:
     """Close request ``run_id`` as 'expired' (releasing its locks) if it is overdue at
-    ``now``, as its expiry timer does in the Slack bot; the run, or None when it is not
-    overdue or a click decided it first (a compare-and-set)."""
-    run = await audit.get_run(run_id)
-    if not overdue(run, now):
-        return None
-    if not await audit.transition(run_id, RunStatus.EXPIRED,
-                                  expect=(RunStatus.PENDING_APPROVAL,), summary=EXPIRED_SUMMARY):
-        return None
-    return await audit.get_run(run_id)
+    ``now``, as the bot's start-up expiry does (the same SQL, in one transaction); the
+    run, or None when it is not overdue or a click decided it first."""
+    expired = await audit.expire_pending(now, run_ids=[run_id])
+    return expired[0] if expired else None
 
 
 def expired_message(run: RunRecord) -> str:
