@@ -396,29 +396,27 @@ def _stall(store: StateStore) -> float:
     return time.time() - start
 
 
-def _download_fails(store: StateStore) -> bool:
-    """Whether this install hits the download fault; the one-shot fault is used up here."""
+def _take_fault(store: StateStore, name: str) -> bool:
+    """Whether the one-shot fault ``name`` (a ``Faults`` switch) is on; it is used up here,
+    in the same transaction, so exactly one call sees it."""
     with store.transaction() as tx:
-        faults = tx.state.faults
-        if faults.uv_fails and not faults.uv_fails_always:
-            tx.state = replace(tx.state, faults=replace(faults, uv_fails=False))
-        return faults.uv_fails or faults.uv_fails_always
+        on = bool(getattr(tx.state.faults, name))
+        if on:
+            tx.state = replace(tx.state, faults=replace(tx.state.faults, **{name: False}))
+        return on
+
+
+def _download_fails(store: StateStore) -> bool:
+    """Whether this install hits the download fault (``uv_fails_always``: every one)."""
+    return store.read().faults.uv_fails_always or _take_fault(store, "uv_fails")
 
 
 def _prefetch_fails(store: StateStore) -> bool:
-    with store.transaction() as tx:
-        faults = tx.state.faults
-        if faults.prefetch_fails:
-            tx.state = replace(tx.state, faults=replace(faults, prefetch_fails=False))
-        return faults.prefetch_fails
+    return _take_fault(store, "prefetch_fails")
 
 
 def _fails_midway(store: StateStore) -> bool:
-    with store.transaction() as tx:
-        faults = tx.state.faults
-        if faults.uv_fails_midway:
-            tx.state = replace(tx.state, faults=replace(faults, uv_fails_midway=False))
-        return faults.uv_fails_midway
+    return _take_fault(store, "uv_fails_midway")
 
 
 def _download_error(req: _Request, pinned: str) -> int:
