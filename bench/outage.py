@@ -42,7 +42,7 @@ import asyncssh
 from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.plan import Step
-from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
@@ -158,9 +158,9 @@ async def bot(root: Path, mib_per_s: float, load_s: float) -> Bot:
             plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=VERSION, index="nightly")
             t0 = time.monotonic()
             record = await rt.lifecycle.request(plan, requested_by="bench", source=Source.CLI)
-            await rt.audit.record_decision(record.id, "bench-approver", Decision.APPROVE)
-            await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                      expect=(RunStatus.PENDING_APPROVAL,))
+            # As the CLI approves a run on its terminal (the approving process owns it).
+            if not await rt.lifecycle.confirm(record.id, "bench-approver"):
+                raise RuntimeError(f"run #{record.id} was not pending approval")
             result = await rt.engine.execute(record.id, Both(TerminalSink(io.StringIO()),
                                                              clock))
             total = time.monotonic() - t0

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import asyncssh
 
 from bot.cli.terminal import TerminalSink
-from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.status import Action, Source
 from bot.engine.runtime import open_runtime
 from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
@@ -39,9 +39,9 @@ async def engine_redeploy(settings: Settings, version: str) -> float:
         plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=version, index="nightly")
         start = time.perf_counter()
         record = await rt.lifecycle.request(plan, requested_by="bench", source=Source.CLI)
-        await rt.audit.record_decision(record.id, "bench-approver", Decision.APPROVE)
-        await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                  expect=(RunStatus.PENDING_APPROVAL,))
+        # As the CLI approves a run on its terminal (the approving process owns it).
+        if not await rt.lifecycle.confirm(record.id, "bench-approver"):
+            raise RuntimeError(f"run #{record.id} was not pending approval")
         result = await rt.engine.execute(record.id, TerminalSink(io.StringIO()))
         elapsed = time.perf_counter() - start
     assert result.status == "succeeded", result.summary
@@ -74,7 +74,10 @@ async def replay(kit: SimKit, calls: list[tuple[str, tuple[str, ...]]]) -> float
                 await reader.read()
                 writer.close()
             else:
-                await conn.run(wrap_with_timeout(argv, 60))
+                # The call log has no stdin: a command that reads one (the prefetch's
+                # `uv pip install -r /dev/stdin`) gets an empty one, not a wait for the
+                # 60 s timeout on a stdin that never closes.
+                await conn.run(wrap_with_timeout(argv, 60), stdin=asyncssh.DEVNULL)
         elapsed = time.perf_counter() - start
     # Outside the `async with`: mypy cannot tell that asyncssh's __aexit__ never
     # swallows an exception, so a return inside it reads as possibly missing.
