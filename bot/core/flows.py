@@ -1086,8 +1086,8 @@ def _gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
         yield Emit(EndStep(Step.GPU_RECHECK, True, f"no new Xid error during the run; "
                            f"{health.summary(check.scope)}", None, state.said()))
         return outcome
-    news = judge(host, gpus, health.readings, new).problems(Level.CRITICAL) + \
-        judge(host, gpus, health.readings, new).problems(Level.WARN)
+    judged = judge(host, gpus, health.readings, new)
+    news = judged.problems(Level.CRITICAL) + judged.problems(Level.WARN)
     said = (f"{len(new)} NEW Xid error(s) during the run: {'; '.join(news)}" if new
             else "no new Xid error")
     said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
