@@ -5,8 +5,8 @@ before they approve: a warning is theirs to weigh, and a critical GPU means the 
 be refused anyway. So at request time each host of the plan is read with the GPU check's
 own reads and verdict (``bot.core.flows.gpu_health_flow``: the GPU query, the GPUs'
 state (NVML where the bot runs on the host, else ``nvidia-smi -q``), the kernel's Xid
-lines; read-only, only the service's GPUs), driven by the same executor as a run, with
-no run and no audit record of its own. The front end shows a
+lines; read-only, only the service's GPUs), driven by the same executor as a run
+(``bot.engine.host_reads``), with no run and no audit record of its own. The front end shows a
 line per host whose GPUs are not all ok; the terminal prints them before confirming.
 
 A host that cannot be read says so (unknown, never ok): the preflight reads it again
@@ -15,23 +15,15 @@ before anything changes, and refuses if it must.
 
 from __future__ import annotations
 
-import asyncio
-
 from bot.core import events as ev
 from bot.core.flows import gpu_health_flow
 from bot.core.health import GpuCheck, HealthNote, Level, health_note
 from bot.core.plan import Plan
 from bot.core.status import Action
-from bot.core.sudoers import become_for
-from bot.engine.executor import Executor
-from bot.errors import HostError
+from bot.engine.host_reads import HostRead, read_hosts
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
-# At most this many hosts are read at once, as the package preview does.
-CONCURRENCY = 8
-# No run exists yet; the events go nowhere but the collector below.
-NO_RUN = 0
 # The actions whose run has a GPU check before the stop.
 CHECKED = (Action.REDEPLOY, Action.RESTART)
 # Critical first, then the hosts nobody could read, then warnings.
@@ -50,27 +42,22 @@ class _Collect:
 async def read_gpu_health(settings: Settings, pool: HostPool, plan: Plan
                           ) -> tuple[HealthNote, ...]:
     """A note per host whose service GPUs are not all ok, critical first (none for a dry
-    run, whose GPU check runs at once, or an action without one)."""
+    run, whose GPU check runs at once, or an action without one). Through sudo where the
+    host says so, exactly as the run's check runs."""
     if plan.action not in CHECKED or plan.dry_run:
         return ()
     svc = settings.services[plan.service]
-    limit = asyncio.Semaphore(CONCURRENCY)
-
-    async def one(host: str) -> HealthNote | None:
-        sink = _Collect()
-        async with limit:
-            try:
-                # Through sudo where the host says so, exactly as the run's check runs.
-                become = become_for(settings, host, plan.service)
-                await Executor(NO_RUN, pool.get(host), sink, become=become,
-                               gpu_health=pool.gpu_health(host)).drive(
-                    gpu_health_flow(svc, host))
-            except (HostError, OSError) as e:
-                return health_note(host, None, e.reason if isinstance(e, HostError) else str(e))
-        return health_note(host, sink.check, None if sink.check else "no verdict")
-
-    notes = [n for n in await asyncio.gather(*map(one, plan.hosts)) if n is not None]
+    reads = await read_hosts(settings, pool, plan, lambda host: gpu_health_flow(svc, host),
+                             _Collect)
+    notes = [n for n in map(_note_of, reads) if n is not None]
     return tuple(sorted(notes, key=lambda n: _ORDER.get(n.level, 1)))
+
+
+def _note_of(read: HostRead[_Collect]) -> HealthNote | None:
+    if read.outcome is None:
+        return health_note(read.host, None, read.error)
+    check = read.collected.check
+    return health_note(read.host, check, None if check else "no verdict")
 
 
 def health_lines(notes: tuple[HealthNote, ...]) -> list[str]:

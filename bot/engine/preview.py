@@ -3,7 +3,8 @@
 Approvers must see that a vLLM upgrade also moves torch and the CUDA wheels *before* they
 approve, so the card cannot wait for the preflight: at request time each host's venv is
 frozen and the install is dry-run (``bot.core.flows.preview_flow``, read-only), driven by
-the same executor as a run, with no run and no audit record of its own. The front end
+the same executor as a run (``bot.engine.host_reads``), with no run and no audit record
+of its own. The front end
 records the result with the run (``environments``, kind ``preview``) and shows it on the
 card; the terminal prints it before asking for confirmation.
 
@@ -13,7 +14,6 @@ the same again before anything changes, and refuses if it still cannot.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,16 +24,9 @@ from bot.core.flows import preview_flow
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan
 from bot.core.status import Action, HostStatus
-from bot.core.sudoers import become_for
-from bot.engine.executor import Executor
-from bot.errors import HostError
+from bot.engine.host_reads import HostRead, read_hosts
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
-
-# At most this many hosts are read at once: a 64-host fleet is not 64 dry runs at a time.
-CONCURRENCY = 8
-# No run exists yet; the events go nowhere but the collector below.
-NO_RUN = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +47,22 @@ class _Collect:
 
 async def preview(settings: Settings, pool: HostPool, plan: Plan) -> tuple[HostPreview, ...]:
     """Each host's package change for a redeploy (none for another action or a dry run,
-    whose preflight shows it anyway)."""
+    whose preflight shows it anyway). The dry run runs as the venv's owner, through sudo
+    where the host says so, exactly as the preflight runs it."""
     if plan.action != Action.REDEPLOY or plan.dry_run:
         return ()
     svc = settings.services[plan.service]
-    limit = asyncio.Semaphore(CONCURRENCY)
+    reads = await read_hosts(settings, pool, plan, lambda host: preview_flow(plan, svc, host),
+                             _Collect)
+    return tuple(_preview_of(r) for r in reads)
 
-    async def one(host: str) -> HostPreview:
-        sink = _Collect()
-        async with limit:
-            try:
-                # The dry run as the venv's owner, through sudo where the host says so,
-                # exactly as the preflight runs it.
-                become = become_for(settings, host, plan.service)
-                outcome = await Executor(NO_RUN, pool.get(host), sink, become=become).drive(
-                    preview_flow(plan, svc, host))
-            except (HostError, OSError) as e:
-                return HostPreview(host, None, e.reason if isinstance(e, HostError) else str(e))
-        if outcome.status != HostStatus.SUCCEEDED or sink.diff is None:
-            return HostPreview(host, None, outcome.summary)
-        return HostPreview(host, sink.diff)
 
-    return tuple(await asyncio.gather(*map(one, plan.hosts)))
+def _preview_of(read: HostRead[_Collect]) -> HostPreview:
+    if read.outcome is None:
+        return HostPreview(read.host, None, read.error)
+    if read.outcome.status != HostStatus.SUCCEEDED or read.collected.diff is None:
+        return HostPreview(read.host, None, read.outcome.summary)
+    return HostPreview(read.host, read.collected.diff)
 
 
 def preview_lines(previews: tuple[HostPreview, ...], *, limit: int | None = None) -> list[str]:
