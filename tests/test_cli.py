@@ -84,6 +84,25 @@ async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit,
     assert sim_host.changes() == []
 
 
+async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_none(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    sim_host.set_faults(busy=True)  # requests running on the server now
+    code, out, err = await cli_on_terminal("redeploy", SERVICE, "--version", "0.16.0",
+                                           "--index", "nightly", answer="n\n",
+                                           cwd=tmp_path, env=env)
+    assert code == 2 and "Proceed? [y/N]" in err, err
+    # What the stop would wait for, then the package change: both before the question.
+    load = out.index("Load now: ")
+    assert "running" in out[load:].splitlines()[0], out
+    assert load < out.index("package changes (dry run now):"), out
+    # With --yes nobody confirms: no load line (the run's own drain reads it later).
+    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
+                               "nightly", "--dry-run", "--yes", cwd=tmp_path, env=env)
+    assert code == 0, err + out
+    assert "Load now: " not in out
+
+
 async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(uv_fails=True)
     code, out, _ = await cli("redeploy", SERVICE, "--yes", cwd=tmp_path,

@@ -33,10 +33,10 @@ from bot.core.redact import Redactor
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.doctor import run_doctor
-from bot.engine.gpu_health import health_lines, read_gpu_health
-from bot.engine.load import load_note, read_load
-from bot.engine.preview import preview, preview_lines, record_previews
+from bot.engine.gpu_health import health_lines
+from bot.engine.preview import preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
+from bot.engine.request_reads import read_at_request
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
@@ -179,11 +179,6 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
     out.write(rt.redact(describe_plan(plan)) + "\n")
-    if not (yes or plan.dry_run) and sys.stdin.isatty():
-        # Whoever confirms sees what the stop would wait for (or --force interrupt).
-        svc = rt.settings.services[plan.service]
-        readings = await read_load(rt.pool, svc, plan.hosts)
-        out.write(rt.redact(load_note(plan, svc, readings)) + "\n")
 
     async def told(item: Interrupted) -> None:
         # A dead process's run was holding the lock: recovered before ours is taken.
@@ -199,16 +194,19 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     if asks and not sys.stdin.isatty():
         # Nobody could confirm: refused before anything reads the host.
         raise InputError("not confirmed (use --yes when not on a terminal)")
-    # What the redeploy would change besides vLLM (torch, CUDA wheels...), read now: the
-    # operator confirms having seen it, as approvers do on the card.
-    previews, health = await asyncio.gather(preview(rt.settings, rt.pool, plan),
-                                            read_gpu_health(rt.settings, rt.pool, plan))
+    # What the operator confirms having seen, as approvers do on the card: the load the
+    # stop would wait for (or --force interrupt; only when someone confirms), what the
+    # redeploy would change besides vLLM (torch, CUDA wheels...), and the service's GPUs
+    # where they are not all ok, read as the run's GPU check reads them.
+    reads = await read_at_request(rt.settings, rt.pool, plan, load=asks)
+    previews = reads.previews
+    if reads.load is not None:
+        out.write(rt.redact(reads.load) + "\n")
     if previews:
         out.write(rt.redact("\n".join(["package changes (dry run now):",
                                        *preview_lines(previews)])) + "\n")
-    # The service's GPUs where they are not all ok, read as the run's GPU check reads them.
-    if health:
-        out.write(rt.redact("\n".join(health_lines(health))) + "\n")
+    if reads.health:
+        out.write(rt.redact("\n".join(health_lines(reads.health))) + "\n")
     rt.lifecycle.recovered.append(told)
     rt.lifecycle.expired.append(closed)
     if asks:

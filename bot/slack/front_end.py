@@ -41,11 +41,10 @@ from bot.audit.store import parse_ts
 from bot.core.plan import DRY_RUN_APPROVER, Plan
 from bot.core.policy import groups_to_resolve, is_requester
 from bot.core.status import Decision, RunStatus, Source
-from bot.engine.gpu_health import read_gpu_health
 from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
-from bot.engine.load import load_note, read_load
-from bot.engine.preview import CARD_LIMIT, preview, preview_lines, record_previews
+from bot.engine.preview import CARD_LIMIT, preview_lines, record_previews
 from bot.engine.recovery import SWEEP_EVERY_S
+from bot.engine.request_reads import read_at_request
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
 from bot.slack.blocks import CardView, card_hides_plan, run_card
@@ -78,24 +77,21 @@ class CardRef:
 async def read_for_card(runtime: Runtime, cards: CardUpdates, plan: Plan,
                         view: CardView) -> CardView:
     """What a request's card shows beyond its record, read on the hosts now (read-only),
-    kept for the card's later renders (``cards``) and, the package change, with the run."""
-    settings, pool, run_id = runtime.settings, runtime.pool, view.run_id
-    if not plan.dry_run:
-        # The load now: what the stop would wait for, or --force would interrupt.
-        svc = settings.services[plan.service]
-        notes = (load_note(plan, svc, await read_load(pool, svc, plan.hosts)),)
-        cards.notes[run_id] = notes
-        view = dataclasses.replace(view, notes=(*view.notes, *notes))
-    # What the redeploy changes besides vLLM (torch, CUDA wheels...), before anyone
-    # approves: dry-run now, kept with the run, shown on its card (issue 10). And the
-    # service's GPUs' health, read as the run's GPU check reads it (issue 12): a warning,
-    # a refusal to come, or a host nobody could read is seen before the approval.
-    previews, health = await asyncio.gather(preview(settings, pool, plan),
-                                            read_gpu_health(settings, pool, plan))
-    await record_previews(runtime.audit, run_id, previews)
-    cards.gpu_health[run_id] = health
-    return dataclasses.replace(view, packages=tuple(preview_lines(previews, limit=CARD_LIMIT)),
-                               gpu_health=health)
+    kept for the card's later renders (``cards``) and, the package change, with the run:
+    the load (what the stop would wait for, or --force would interrupt), what the
+    redeploy changes besides vLLM (torch, CUDA wheels..., issue 10) and the service's
+    GPUs' health as the run's GPU check reads it (issue 12), before anyone approves."""
+    run_id = view.run_id
+    reads = await read_at_request(runtime.settings, runtime.pool, plan,
+                                  load=not plan.dry_run)
+    if reads.load is not None:
+        cards.notes[run_id] = (reads.load,)
+        view = dataclasses.replace(view, notes=(*view.notes, reads.load))
+    await record_previews(runtime.audit, run_id, reads.previews)
+    cards.gpu_health[run_id] = reads.health
+    return dataclasses.replace(view, packages=tuple(preview_lines(reads.previews,
+                                                                  limit=CARD_LIMIT)),
+                               gpu_health=reads.health)
 
 
 class SlackFrontEnd:
