@@ -490,8 +490,9 @@ def test_section_and_key_names_match_whatever_their_case() -> None:
 # "... GPU-I:%02u GPU-CI:%02u"); the Xid 94 text is the shape of the example in
 # _gpuGenerateErrorLog_GA100's comment (src/nvidia/src/kernel/gpu/arch/ampere/
 # kern_gpu_ga100.c, "Contained: CE User Channel (0x9). RST: No, D-RST: No"). The old form
-# without "PCI:" is a 2012 Ubuntu forum syslog's shape ("NVRM: Xid (0000:03:00): 13,
-# 0003 00000000 ..."), also quoted in leptonai/gpud's xid parser comments.
+# without "PCI:" is the shape of a forum post's syslog ("kernel: [176830.774761] NVRM: Xid
+# (0000:03:00): 13, 0003 00000000 ...", found with find_string "NVRM: Xid (0000:"; public
+# Go and Rust Xid parsers' test tables quote the same form).
 MIG_LINES = "\n".join([
     "Nov 30 22:10:01 gpu-node-1 kernel: NVRM: Xid (PCI:0000:5d:00 GPU-I:05): 94, pid=61502, "
     "name=python3, Contained: SM (0x1). RST: No, D-RST: No",
