@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,20 +14,25 @@ from bot.core.gpu import (
     GPU_QUERY_ARGV,
     LINE_LIMIT,
     NVIDIA_SMI_EXIT_CODES,
+    DriverWarning,
     Gpu,
     GpuProcess,
     GpuSnapshot,
     build_snapshot,
     check_nvidia_smi,
     drain_verdict,
+    driver_warnings,
     parse_apps_csv,
     parse_gpu_csv,
     parse_pgrep,
     render_table,
     short_gpu_name,
 )
+from bot.core.health import GpuReading, Level, judge
+from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.hosts.base import CommandResult
+from tests import test_sequence as seq
 
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
@@ -587,3 +595,86 @@ def test_parsers_only_ever_raise_gpu_query_error(text: str) -> None:
             parse(text)
         except GpuQueryError as exc:
             assert exc.host in {"h", "unknown host"}
+
+
+# --------------------------------------------------------------------------- issue 17, D11
+
+# nvidia-smi's infoROM warning: the line as NVIDIA/DCGM issue #2 shows it (a V100 on
+# 450.80.02) and as a public nvidia-smi capture with "WARNING: infoROM is corrupted at
+# gpu 0000:67:00.0" after its table (also NVIDIA/gpu-operator issue #20, "... at gpu
+# 0000:B3:00.0"); nvidia-smi exits 14 for it (NVIDIA's GPU Operator troubleshooting,
+# "infoROM is corrupted (nvidia-smi return code 14)"; microsoft/pai issue #3756). Our
+# own address and rows around it.
+INFOROM = "WARNING: infoROM is corrupted at gpu 0000:67:00.0"
+
+
+@pytest.mark.parametrize("status", [0, 14])
+@pytest.mark.parametrize("where", ["before", "between", "stderr"])
+def test_the_inforom_warning_leaves_the_rows_readable(status: int, where: str) -> None:
+    rows = gpu_text(2)
+    stdout = {"before": f"{INFOROM}\n{rows}",
+              "between": rows.replace("\n", f"\n{INFOROM}\n", 1), "stderr": rows}[where]
+    r = result(status, stdout, f"{INFOROM}\n" if where == "stderr" else "")
+    check_nvidia_smi("h1", r)
+    snap = build_snapshot("h1", r.stdout, apps_text(2), (r.stderr,))
+    assert [g.index for g in snap.gpus] == [0, 1]
+    assert snap.warnings == (DriverWarning("inforom_corrupted", "0000:67:00.0", INFOROM),)
+    assert parse_apps_csv("h1", f"{INFOROM}\n{apps_text(1)}")[0].pid == 48301
+
+
+@pytest.mark.parametrize("line", [
+    "WARNING: something else is wrong at gpu 0000:67:00.0",
+    "WARNING: infoROM is corrupted at gpu 0000:67:00.0 and more",
+    "infoROM is corrupted",
+])
+def test_a_line_that_is_not_a_known_warning_is_still_an_error(line: str) -> None:
+    with pytest.raises(GpuQueryError, match="unexpected line from nvidia-smi --query-gpu"):
+        parse_gpu_csv("h1", f"{line}\n{gpu_text(1)}")
+    with pytest.raises(GpuQueryError, match="exit status 14"):
+        check_nvidia_smi("h1", result(14, gpu_text(1), f"{line}\n"))
+    assert driver_warnings(line) == ()
+
+
+def test_exit_14_without_the_warning_is_still_a_failure() -> None:
+    with pytest.raises(GpuQueryError, match="exit status 14: the infoROM is corrupted"):
+        check_nvidia_smi("h1", result(14, gpu_text(1)))
+    with pytest.raises(GpuQueryError, match="exit status 15"):
+        check_nvidia_smi("h1", result(15, f"{INFOROM}\n{gpu_text(1)}"))
+
+
+def test_the_warning_is_a_warning_on_the_gpu_at_that_address() -> None:
+    gpus = parse_gpu_csv("h1", gpu_text(2))
+    (w,) = driver_warnings(INFOROM)
+    at_67 = (GpuReading(uuid(0), "0000:3b:00", 0, 0, False, False, False, "None"),
+             GpuReading(uuid(1), "0000:67:00", 0, 0, False, False, False, "None"))
+    h = judge("h1", gpus, at_67, (), warnings=(w,))
+    assert [g.level for g in h.gpus] == [Level.OK, Level.WARN]
+    (said,) = h.problems(Level.WARN)
+    assert said.startswith(f"GPU 1: nvidia-smi warns that the infoROM is corrupted ({INFOROM})")
+    # An address no reading names: the host's warning, never dropped.
+    nowhere = judge("h1", gpus, at_67[:1], (), warnings=(w,))
+    assert nowhere.level() == Level.WARN and nowhere.host_findings
+
+
+class InfoRomHost(seq.Host):
+    """The sequence host whose GPU query warns of GPU 3's infoROM and exits 14."""
+
+    def respond(self, action: Any) -> Any:
+        r = super().respond(action)
+        if isinstance(r, CommandResult) and r.argv[1:2] == GPU_QUERY_ARGV[1:2] and r.ok:
+            return dataclasses.replace(r, exit_status=14,
+                                       stdout=f"WARNING: infoROM is corrupted at gpu "
+                                              f"0000:61:00.0\n{r.stdout}")
+        return r
+
+
+def test_a_host_whose_gpu_query_warns_of_the_inforom_still_runs_with_the_warning() -> None:
+    # GPU 3 of the sequence host is at 0000:61:00 (its nvidia-smi -q says so).
+    q = "GPU 00000000:61:00.0\n    GPU UUID : " + seq.UUIDS[3] + "\n"
+    host = InfoRomHost(health_q=q)
+    outcome = seq.run(host, "restart")
+    assert outcome.status == HostStatus.SUCCEEDED, outcome.summary
+    check = next(n for n in host.notices if getattr(n, "step", None) == "gpu_check"
+                 and hasattr(n, "ok"))
+    assert check.ok and "warning: GPU 3: nvidia-smi warns that the infoROM is corrupted" in \
+        check.summary

@@ -98,6 +98,48 @@ async def test_each_hardware_fault_refuses_before_any_stop(sim_sshd_host: SimKit
     assert "start" not in kit.changes()
 
 
+async def test_a_gpu_the_driver_wants_reset_refuses_before_the_stop(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    """Issue 17 (D1): nvidia-smi -q's GPU Reset Status says Yes (drivers 535-560; the
+    section's shape from public captures, tests/samples/SOURCES.md) and no Xid says
+    anything: the GPU check refuses the run with the service untouched."""
+    kit = sim_sshd_host
+    kit.set_faults(reset_required=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        for action in (Action.REDEPLOY, Action.RESTART):
+            result, out = await run(rt, action)
+            assert result.status == RunStatus.ABORTED, result.summary
+            assert "preflight refused; service untouched" in result.summary
+            assert ("GPU 3: the driver recommends a drain and reset (GPU Reset Status: Reset "
+                    "Required: Yes, Drain and Reset Recommended: Yes)") in result.summary
+            assert "then reset it with nvidia-smi -r" in result.summary  # NVIDIA's action
+            assert "GPU 3: the driver recommends a drain and reset" in out  # the terminal
+            assert await steps(rt, result.run_id) == [("preflight", "ok"),
+                                                      ("gpu_check", "failed")]
+            check = (await rt.audit.steps(result.run_id))[-1]
+            assert "GPU health from nvidia-smi -q" in check.output_tail
+            assert (await rt.audit.get_run(result.run_id)).status == RunStatus.ABORTED
+    # Nothing changed on the host (the preflight's dry run aside): never stopped, never
+    # installed, still serving.
+    assert kit.changes() == ["dry-run"] and kit.unit_state() == "active"
+
+
+async def test_a_mig_xid_is_a_warning_on_its_gpu_and_the_run_goes_on(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    """Issue 17 (D6): an Xid 94 of a MIG instance, "(PCI:0000:61:00 GPU-I:05)", is GPU 3's
+    warning, on the step's line, and the restart goes on."""
+    sim_host.set_faults(mig_xid=True)
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
+        result, out = await run(rt, Action.RESTART)
+        assert result.status == RunStatus.SUCCEEDED, result.summary
+        check = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gpu_check")
+    assert check.status == "ok"
+    assert "warning: GPU 3: Xid 94 (contained ECC error) on MIG instance GPU-I:05" in out
+    assert "GPU 3 GPU-" in check.output_tail and "warn: Xid 94 (contained ECC error) on MIG " \
+        "instance GPU-I:05" in check.output_tail
+    assert "NVRM: Xid (PCI:0000:61:00 GPU-I:05): 94" in check.output_tail
+
+
 async def test_no_gpus_never_reaches_the_stop(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     sim_sshd_host.set_faults(no_gpus=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:

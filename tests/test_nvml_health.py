@@ -27,6 +27,13 @@ class Health:
     rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
     recovery: int | None = 0
     bus: str = "00000000:3B:00.0"
+    # Issue 17: the reset-status fields (NVML_FI_DEV_RESET_STATUS, ..._DRAIN_AND_RESET_
+    # STATUS): None answers NOT_SUPPORTED for the field; RESET_REQUIRED, a return code
+    # every state query of the device answers.
+    reset: int | None = None
+    drain: int | None = None
+    refuses: int | None = None
+    fields_fail: int | None = None  # nvmlDeviceGetFieldValues itself raises this code
 
 
 @dataclass
@@ -39,6 +46,8 @@ class HealthNVML(FakeNVML):
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
     NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    NVML_FI_DEV_RESET_STATUS = pynvml.NVML_FI_DEV_RESET_STATUS
+    NVML_FI_DEV_DRAIN_AND_RESET_STATUS = pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS
 
     def __init__(self, devices: list[FakeDevice], health: dict[str, Health],
                  unified: bool = False) -> None:
@@ -46,7 +55,10 @@ class HealthNVML(FakeNVML):
         self.health, self.unified = health, unified
 
     def _h(self, handle: FakeDevice) -> Health:
-        return self.health[str(handle.uuid)]
+        h = self.health[str(handle.uuid)]
+        if h.refuses is not None:
+            raise FakeNVMLError(h.refuses)
+        return h
 
     @staticmethod
     def _or_unsupported(value: Any) -> Any:
@@ -73,15 +85,21 @@ class HealthNVML(FakeNVML):
         return rows
 
     def nvmlDeviceGetPciInfo(self, handle: FakeDevice) -> SimpleNamespace:
-        return SimpleNamespace(busId=self._h(handle).bus.encode())  # bytes, as older pynvml
+        bus = self.health[str(handle.uuid)].bus  # it answers even a GPU needing a reset
+        return SimpleNamespace(busId=bus.encode())  # bytes, as older pynvml
 
     def nvmlDeviceGetFieldValues(self, handle: FakeDevice, ids: list[int]
                                  ) -> list[SimpleNamespace]:
-        assert ids == [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
-        action = self._h(handle).recovery
-        if action is None:
-            return [SimpleNamespace(nvmlReturn=NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))]
-        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=action))]
+        h = self._h(handle)
+        if h.fields_fail is not None:
+            raise FakeNVMLError(h.fields_fail)
+        by_id = {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: h.recovery,
+                 pynvml.NVML_FI_DEV_RESET_STATUS: h.reset,
+                 pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS: h.drain}
+        return [SimpleNamespace(nvmlReturn=NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))
+                if by_id[i] is None else
+                SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=by_id[i]))
+                for i in ids]
 
 
 def test_health_reads_every_field_nvidia_smi_q_prints() -> None:
@@ -124,3 +142,45 @@ def test_a_unified_memory_gpu_reads_as_unknown_memory_never_0() -> None:
     assert not drain_verdict(snap, 1024).drained
     idle = probe_local("gb10", HealthNVML([h200(0)], {"GPU-00000000": Health()}, unified=True))
     assert drain_verdict(idle, 1024).drained
+
+
+# --------------------------------------------------------------------------- issue 17, D1
+
+# nvidia-ml-py 13.615.71 (the locked one, pynvml.py) names NVML_FI_DEV_RESET_STATUS (226)
+# and NVML_FI_DEV_DRAIN_AND_RESET_STATUS (227), "deprecated, use
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION instead", read with nvmlDeviceGetFieldValues, and
+# NVML_ERROR_RESET_REQUIRED (16, "GPU requires restart"); nvidia-smi -q prints the two
+# fields as GPU Reset Status on drivers 535-560.
+
+
+def test_nvml_reset_status_fields_make_the_gpu_critical() -> None:
+    fake = HealthNVML([h200(0), h200(1)], {
+        "GPU-00000000": Health(reset=0, drain=0),
+        "GPU-00000001": Health(reset=1, drain=1, recovery=None, bus="00000000:5D:00.0")})
+    clean, sick = probe_local_health(fake)
+    assert (clean.reset_required, clean.drain_and_reset) == (False, False)
+    assert (sick.reset_required, sick.drain_and_reset, sick.recovery_action) == (True, True, None)
+    verdict = judge("local", probe_local("local", fake).gpus, (clean, sick), ())
+    assert [g.level for g in verdict.gpus] == [Level.OK, Level.CRITICAL]
+    assert "drain and reset" in verdict.problems(Level.CRITICAL)[0]
+
+
+def test_a_device_answering_reset_required_is_a_gpu_needing_a_reset() -> None:
+    fake = HealthNVML([h200(0), h200(1)], {
+        "GPU-00000000": Health(),
+        "GPU-00000001": Health(refuses=pynvml.NVML_ERROR_RESET_REQUIRED,
+                               bus="00000000:5D:00.0")})
+    clean, sick = probe_local_health(fake)
+    assert sick == GpuReading("GPU-00000001", "0000:5d:00", reset_required=True)
+    assert judge("local", probe_local("local", fake).gpus, (clean, sick), ()).gpus[1].level \
+        == Level.CRITICAL
+
+
+@pytest.mark.parametrize("code", [NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND])
+def test_field_values_a_driver_does_not_offer_stay_unknown_not_no(code: int) -> None:
+    fake = HealthNVML([h200(0)], {"GPU-00000000": Health(reset=1, fields_fail=code)})
+    (r,) = probe_local_health(fake)
+    assert (r.reset_required, r.drain_and_reset, r.recovery_action) == (None, None, None)
+    # The per-field NOT_SUPPORTED of a driver without the reset fields: unknown too.
+    (r,) = probe_local_health(HealthNVML([h200(0)], {"GPU-00000000": Health()}))
+    assert (r.reset_required, r.drain_and_reset, r.recovery_action) == (None, None, "None")

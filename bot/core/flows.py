@@ -31,6 +31,7 @@ from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.gpu import (
     DrainVerdict,
+    DriverWarning,
     Gpu,
     GpuSnapshot,
     build_snapshot,
@@ -316,7 +317,8 @@ def _snapshot(step: Step, svc: ServiceSettings, host: str
     apps = yield from _run(step, remote.apps_query(), svc.command_timeout_s, quiet=True)
     _check_reached(host, apps)
     check_nvidia_smi(host, apps)
-    return _in_scope(svc, build_snapshot(host, gpus.stdout, apps.stdout))
+    return _in_scope(svc, build_snapshot(host, gpus.stdout, apps.stdout,
+                                         (gpus.stderr, apps.stderr)))
 
 
 def _check_reached(host: str, r: CommandResult) -> None:
@@ -987,15 +989,17 @@ def _service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
     return tuple(w for w in workers if w[0] in listed or w[0] in keep)
 
 
-def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...]
+def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...],
+                 warnings: tuple[DriverWarning, ...] = ()
                  ) -> Generator[Action, Any, tuple[HostHealth, GpuStateRead]]:
     """The GPUs' state (NVML or ``nvidia-smi -q``, as the executor can) and the kernel's
-    Xid lines, judged per GPU (bot.core.health): the same verdict whichever source."""
+    Xid lines, judged per GPU (bot.core.health): the same verdict whichever source.
+    ``warnings``: what the GPU query warned about (a corrupted infoROM)."""
     fallback = RunCommand(step, HEALTH_QUERY_ARGV, svc.command_timeout_s, True,
                           run_as=run_as_of(HEALTH_QUERY_ARGV))
     state: GpuStateRead = yield ReadGpuState(fallback)
     readings, notes = state.judged(host)
-    reads = health_reads(host, gpus, readings, notes)
+    reads = health_reads(host, gpus, readings, notes, warnings)
     result: CommandResult | None = None
     try:
         while True:
@@ -1012,16 +1016,18 @@ def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, G
     stop and the approval card's read at the request (``gpu_health_flow``) share it, so
     both judge alike."""
     listed: tuple[Gpu, ...] = ()
+    warnings: tuple[DriverWarning, ...] = ()
     failure: str | None = None
     try:
-        listed = (yield from _snapshot(Step.GPU_CHECK, svc, host)).gpus
+        snap = yield from _snapshot(Step.GPU_CHECK, svc, host)
+        listed, warnings = snap.gpus, snap.warnings
     except _HostLost as e:
         return GpuCheck(f"cannot reach {host} to check its GPUs ({e.reason})")
     except GpuQueryError as e:
         failure = f"cannot read the GPUs: {e.reason}"
     selection = select_gpus(listed, svc.gpus)
     scope = selection.uuids if svc.gpus is not None else None
-    health, state = yield from _read_health(Step.GPU_CHECK, svc, host, listed)
+    health, state = yield from _read_health(Step.GPU_CHECK, svc, host, listed, warnings)
     critical = health.problems(Level.CRITICAL, scope)
     listing = failure or selection.refusal(host, listed)
     reasons = [listing] if listing else []
@@ -1075,11 +1081,13 @@ def _gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
                                                       HostStatus.ROLLED_BACK):
         return outcome
     yield Emit(BeginStep(Step.GPU_RECHECK, gpu_recheck_command(local)))
+    warnings: tuple[DriverWarning, ...] = ()
     try:
-        gpus = (yield from _snapshot(Step.GPU_RECHECK, svc, host)).gpus
+        snap = yield from _snapshot(Step.GPU_RECHECK, svc, host)
+        gpus, warnings = snap.gpus, snap.warnings
     except GpuQueryError:
         gpus = ()
-    health, state = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus)
+    health, state = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus, warnings)
     new = new_xids(check.health.xids, health.xids)
     critical = health.problems(Level.CRITICAL, check.scope)
     if not new and not critical:

@@ -3,7 +3,9 @@
 Pure parsing and rendering; the I/O (running nvidia-smi over SSH, calling NVML)
 happens in the callers.  Every parser is strict: output it does not understand
 raises ``GpuQueryError`` quoting the line, because a drain check that guesses
-could start vLLM on GPUs that are still full.
+could start vLLM on GPUs that are still full.  The one exception is a warning
+nvidia-smi is known to print among good rows (a corrupted infoROM): it is set
+aside and kept (``GpuSnapshot.warnings``), never dropped.
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ _NOT_REPORTED = frozenset({"[N/A]", "N/A", "[Not Supported]"})
 
 
 @dataclass(frozen=True, slots=True)
+class DriverWarning:
+    """A warning nvidia-smi prints among its rows, one it is known to print (the rows
+    around it are still good): ``WARNING: infoROM is corrupted at gpu 0000:67:00.0``."""
+
+    kind: Literal["inforom_corrupted"]
+    pci: str  # the GPU's address as printed: "0000:67:00.0"
+    line: str  # the line as printed (the evidence)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     host: str
     gpus: tuple[Gpu, ...]
@@ -70,6 +82,8 @@ class GpuSnapshot:
     # The drain, the totals and the health verdict look at those only; the others are
     # shown, and what runs on them never blocks the drain.
     scope: frozenset[str] | None = None
+    # The known warnings nvidia-smi printed with the rows (the GPU check reports them).
+    warnings: tuple[DriverWarning, ...] = ()
 
     def in_scope(self, gpu: Gpu) -> bool:
         return self.scope is None or gpu.uuid in self.scope
@@ -253,11 +267,37 @@ def _uuid(value: str) -> str:
     return value
 
 
+# The warnings nvidia-smi prints between (or before) its CSV rows while the rows stay
+# good. Only these are set aside; any other line that is not a row is an error.
+# infoROM: nvidia-smi's "WARNING: infoROM is corrupted at gpu 0000:67:00.0" (NVIDIA/DCGM
+# issue #2, NVIDIA/gpu-operator issue #20), with exit status 14 where it says so.
+_INFOROM = re.compile(
+    r"WARNING: infoROM is corrupted at gpu (?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2}\.[0-9A-Fa-f])", re.IGNORECASE)
+INFOROM_EXIT = 14  # nvidia-smi's exit status for a corrupted infoROM (its man page)
+
+
+def _known_warning(line: str) -> DriverWarning | None:
+    m = _INFOROM.fullmatch(line.strip())
+    return DriverWarning("inforom_corrupted", m["pci"], line.strip()) if m else None
+
+
+def driver_warnings(*texts: str) -> tuple[DriverWarning, ...]:
+    """The known warnings in nvidia-smi's output (stdout and stderr alike), each once."""
+    found: dict[str, DriverWarning] = {}
+    for text in texts:
+        for raw in text.splitlines():
+            w = _known_warning(raw)
+            if w is not None:
+                found.setdefault(w.line, w)
+    return tuple(found.values())
+
+
 def _data_lines(text: str) -> Iterable[str]:
     # splitlines() also takes care of CRLF from Windows-built or PTY-wrapped output.
     for raw in text.splitlines():
         line = raw.strip()
-        if line:
+        if line and _known_warning(line) is None:
             yield line
 
 
@@ -339,7 +379,8 @@ def parse_apps_csv(host: str, text: str) -> tuple[GpuProcess, ...]:
 
 
 def check_nvidia_smi(host: str, result: CommandResult) -> None:
-    """Raise ``GpuQueryError`` unless nvidia-smi exited 0 in time.
+    """Raise ``GpuQueryError`` unless nvidia-smi exited 0 in time (or 14, a corrupted
+    infoROM, when its known warning is all that is not a row: ``driver_warnings``).
 
     The message names the documented meaning of the exit code and quotes the
     line that explains the failure (nvidia-smi writes its own error text to
@@ -348,6 +389,8 @@ def check_nvidia_smi(host: str, result: CommandResult) -> None:
     output = result.output
     said = _explaining_line(result)
     detail = f": {_quote(said)}" if said else ""
+    if result.exit_status == INFOROM_EXIT and _only_known_warnings(result):
+        return  # a corrupted infoROM: the rows are good, the warning is reported
     if result.timed_out:
         message = (
             f"nvidia-smi did not finish within {result.duration_s:.0f} s "
@@ -363,11 +406,23 @@ def check_nvidia_smi(host: str, result: CommandResult) -> None:
     raise GpuQueryError(host, message, exit_status=result.exit_status, output=output)
 
 
-def build_snapshot(host: str, gpu_text: str, apps_text: str) -> GpuSnapshot:
+def _only_known_warnings(result: CommandResult) -> bool:
+    """Exit 14 (a corrupted infoROM) with a known warning, and on stderr nothing else:
+    nvidia-smi still printed every row. The rows themselves are parsed strictly after."""
+    if not driver_warnings(result.stdout, result.stderr):
+        return False
+    return all(_known_warning(ln) is not None for ln in result.stderr.splitlines()
+               if ln.strip())
+
+
+def build_snapshot(host: str, gpu_text: str, apps_text: str,
+                   stderr: Sequence[str] = ()) -> GpuSnapshot:
     """Parse both queries and attach each process to the GPU with its uuid.
 
     Processes whose uuid matches no GPU (a GPU that vanished between the two
-    queries, or a MIG instance) are kept in ``snapshot.processes`` only.
+    queries, or a MIG instance) are kept in ``snapshot.processes`` only. A known
+    warning among the rows (``stderr``: the queries' stderr, where it may be too) is
+    kept in ``snapshot.warnings``.
     """
     gpus = parse_gpu_csv(host, gpu_text)
     processes = parse_apps_csv(host, apps_text)
@@ -375,7 +430,8 @@ def build_snapshot(host: str, gpu_text: str, apps_text: str) -> GpuSnapshot:
         replace(gpu, processes=tuple(p for p in processes if p.gpu_uuid == gpu.uuid))
         for gpu in gpus
     )
-    return GpuSnapshot(host=host, gpus=attached, processes=processes)
+    return GpuSnapshot(host=host, gpus=attached, processes=processes,
+                       warnings=driver_warnings(gpu_text, apps_text, *stderr))
 
 
 # --------------------------------------------------------------------------- drain

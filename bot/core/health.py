@@ -8,9 +8,11 @@ Two sources, and what each can tell:
 
 * ``nvidia-smi -q`` (or NVML): the GPU's state *now*: uncorrectable ECC errors since
   the last reset (volatile) and over its life (aggregate), a retired page or a row
-  remap waiting for the next reset, a failed row remap, and where the driver reports it
-  the recovery action it asks for (``GPU Recovery Action``).
-* The kernel log of this boot (``NVRM: Xid (PCI:0000:3b:00): 79, ...``): what happened
+  remap waiting for the next reset, a failed row remap, whether the driver wants the
+  GPU reset (``GPU Reset Status``, drivers 535-560), and where the driver reports it
+  the recovery action it asks for (``GPU Recovery Action``, R570 on).
+* The kernel log of this boot (``NVRM: Xid (PCI:0000:3b:00): 79, ...``, on a MIG GPU
+  ``(PCI:0000:3b:00 GPU-I:05)``, on old drivers ``(0000:3b:00)``): what happened
   since the machine started. An Xid line stays there after the GPU was reset, so an Xid
   whose cause the current state would show (an ECC or remap error) is critical only
   while that state still shows it, or while the driver asks for a recovery action;
@@ -19,8 +21,10 @@ Two sources, and what each can tell:
 The layout parsed is NVIDIA's documented ``nvidia-smi -q`` layout (indented
 ``Key : value`` lines under section headers such as ``ECC Errors`` / ``Volatile`` /
 ``DRAM Uncorrectable``, ``Retired Pages`` / ``Pending Page Blacklist``,
-``Remapped Rows`` / ``Pending`` / ``Remapping Failure Occurred``) and the kernel's Xid
-line format; the catalogue paraphrases NVIDIA's Xid catalogue.
+``Remapped Rows`` / ``Pending`` / ``Remapping Failure Occurred``, ``GPU Reset Status`` /
+``Reset Required`` / ``Drain and Reset Recommended``; names matched whatever their case)
+and the kernel's Xid line format; the catalogue paraphrases NVIDIA's Xid catalogue. The
+GPU query's known warnings (a corrupted infoROM) are findings too.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from bot.core.gpu import Gpu
+from bot.core.gpu import DriverWarning, Gpu
 from bot.core.results import CommandResult
 from bot.core.status import HealthSource
 from bot.errors import GpuQueryError
@@ -91,6 +95,15 @@ class GpuReading:
     remap_pending: bool | None = None
     remap_failure: bool | None = None
     recovery_action: str | None = None  # "None", "Reset", "Reboot", ... as printed
+    # ``GPU Reset Status`` (drivers 535-560; R570 prints "deprecated" there and says it
+    # with the recovery action instead): the driver wants the GPU reset, or drained of
+    # every job and then reset. NVML: the reset-status fields, or a query answering
+    # NVML_ERROR_RESET_REQUIRED.
+    reset_required: bool | None = None
+    drain_and_reset: bool | None = None
+    # A reset-status value this bot cannot read ("Reset Required: Unknown Error"): the
+    # GPU may need a reset, so it is never taken as "no".
+    reset_unknown: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,9 @@ class XidEvent:
     code: int
     text: str  # what follows the code: "pid=..., GPU has fallen off the bus."
     line: str  # the whole line as the kernel log printed it (the evidence)
+    # On a MIG GPU, the instance the driver attributes it to: "GPU-I:05" or
+    # "GPU-I:05 GPU-CI:02"; empty when the line names the whole GPU.
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +241,9 @@ _GPU_HEADER = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\
 _KEY_VALUE = re.compile(r"(?P<key>[^:]+?)\s*:\s*(?P<value>.*)")
 _HEX2 = "([0-9A-Fa-f]{2})"
 _PCI = re.compile(rf"(?:PCI:)?([0-9A-Fa-f]{{4,8}}):{_HEX2}:{_HEX2}(?:\.[0-9A-Fa-f])?")
-_UNCORRECTABLE = re.compile(r"(?:DRAM|SRAM) Uncorrectable(?: .*)?")
+# Section and key names are compared case-folded: drivers differ in case ("Retired
+# Pages" in one release, "Retired pages" in another) and mean the same section.
+_UNCORRECTABLE = re.compile(r"(?:dram|sram) uncorrectable(?: .*)?")
 
 Path = tuple[str, ...]
 
@@ -240,9 +258,15 @@ def normal_pci(text: str) -> str | None:
     return f"{domain:04x}:{bus:02x}:{device:02x}"
 
 
+def _name(text: str) -> str:
+    """A section or key name as compared: case-folded, inner blanks made one space."""
+    return " ".join(text.split()).casefold()
+
+
 def _fields(lines: Sequence[str]) -> list[tuple[Path, str | None]]:
     """(path of section names + key, value) for every line of one GPU's section; a
-    section header is a line without a colon, and its children are indented deeper."""
+    section header is a line without a colon, and its children are indented deeper.
+    Names in the path are ``_name``'s (case-folded); values are as printed."""
     out: list[tuple[Path, str | None]] = []
     stack: list[tuple[int, str]] = []
     for raw in lines:
@@ -254,10 +278,10 @@ def _fields(lines: Sequence[str]) -> list[tuple[Path, str | None]]:
         parents = tuple(name for _, name in stack)
         m = _KEY_VALUE.fullmatch(raw.strip())
         if m is None:  # a section header
-            stack.append((indent, raw.strip()))
-            out.append(((*parents, raw.strip()), None))
+            stack.append((indent, _name(raw)))
+            out.append(((*parents, _name(raw)), None))
         else:
-            out.append(((*parents, m["key"]), m["value"].strip()))
+            out.append(((*parents, _name(m["key"])), m["value"].strip()))
     return out
 
 
@@ -283,15 +307,38 @@ def _uncorrectable(fields: Sequence[tuple[Path, str | None]], kind: str) -> int 
     """Uncorrectable ECC errors under ``ECC Errors`` / ``kind``: the DRAM and SRAM
     counters (current drivers), else the ``Double Bit`` / ``Total`` of older ones."""
     current = [_count(v) for p, v in fields
-               if p[-3:-1] == ("ECC Errors", kind) and _UNCORRECTABLE.fullmatch(p[-1])]
+               if p[-3:-1] == ("ecc errors", kind) and _UNCORRECTABLE.fullmatch(p[-1])]
     if any(v is not None for v in current):
         return _sum(current)
-    older = [_count(v) for p, v in fields if p[-4:] == ("ECC Errors", kind, "Double Bit", "Total")]
+    older = [_count(v) for p, v in fields if p[-4:] == ("ecc errors", kind, "double bit", "total")]
     return _sum(older)
 
 
 def _value(fields: Sequence[tuple[Path, str | None]], *tail: str) -> str | None:
-    return next((v for p, v in fields if p[-len(tail):] == tail and v is not None), None)
+    """The value of the first key whose path ends in ``tail`` (names as ``_name``)."""
+    want = tuple(_name(t) for t in tail)
+    return next((v for p, v in fields if p[-len(want):] == want and v is not None), None)
+
+
+# What drivers print in place of a reset-status value they do not offer: N/A on older
+# GPUs, "Requested functionality has been deprecated" from R570 on (its recovery action
+# says it instead). Anything else that is neither Yes nor No is unknown, never "no".
+_NOT_OFFERED = ("n/a", "[n/a]", "not supported", "[not supported]",
+                "requested functionality has been deprecated")
+
+
+def _reset_status(fields: Sequence[tuple[Path, str | None]]
+                  ) -> tuple[bool | None, bool | None, str | None]:
+    """``GPU Reset Status`` / ``Reset Required`` and ``Drain and Reset Recommended``:
+    (reset, drain and reset, what an unreadable value said)."""
+    read: list[bool | None] = []
+    odd: list[str] = []
+    for key in ("Reset Required", "Drain and Reset Recommended"):
+        value = _value(fields, "GPU Reset Status", key)
+        read.append(_yes_no(value))
+        if value is not None and read[-1] is None and value.strip().lower() not in _NOT_OFFERED:
+            odd.append(f"{key}: {value}")
+    return read[0], read[1], "; ".join(odd) or None
 
 
 def _reading(host: str, bus: str, lines: Sequence[str]) -> GpuReading:
@@ -301,18 +348,20 @@ def _reading(host: str, bus: str, lines: Sequence[str]) -> GpuReading:
         raise GpuQueryError(host, f"unexpected nvidia-smi -q output: the section of GPU {bus} "
                             "has no GPU UUID", output="\n".join(lines))
     pending_page = next((v for p, v in fields
-                         if len(p) >= 2 and p[-2] == "Retired Pages"
-                         and p[-1].startswith("Pending Page")), None)
+                         if len(p) >= 2 and p[-2] == "retired pages"
+                         and p[-1].startswith("pending page")), None)
     action = _value(fields, "GPU Recovery Action")
+    reset, drain, odd = _reset_status(fields)
     return GpuReading(
         uuid=uuid,
         pci=normal_pci(_value(fields, "PCI", "Bus Id") or bus),
-        volatile_uncorrectable=_uncorrectable(fields, "Volatile"),
-        aggregate_uncorrectable=_uncorrectable(fields, "Aggregate"),
+        volatile_uncorrectable=_uncorrectable(fields, "volatile"),
+        aggregate_uncorrectable=_uncorrectable(fields, "aggregate"),
         retired_pending=_yes_no(pending_page),
         remap_pending=_yes_no(_value(fields, "Remapped Rows", "Pending")),
         remap_failure=_yes_no(_value(fields, "Remapped Rows", "Remapping Failure Occurred")),
-        recovery_action=None if action in (None, "N/A", "[N/A]") else action,
+        recovery_action=None if action is None or action.lower() in _NOT_OFFERED else action,
+        reset_required=reset, drain_and_reset=drain, reset_unknown=odd,
     )
 
 
@@ -320,8 +369,8 @@ def parse_health_query(host: str, text: str) -> tuple[GpuReading, ...]:
     """Parse ``nvidia-smi -q``: one reading per ``GPU 00000000:3B:00.0`` section.
 
     Only the fields health needs are read; the others (hundreds, and they vary by
-    driver) are skipped. A section without a GPU UUID is an error: it would be a GPU
-    this check cannot name."""
+    driver) are skipped. Section and key names match whatever their case. A section
+    without a GPU UUID is an error: it would be a GPU this check cannot name."""
     sections: list[tuple[str, list[str]]] = []
     for raw in text.splitlines():
         header = None if raw[:1].isspace() else _GPU_HEADER.fullmatch(raw.strip())
@@ -334,13 +383,21 @@ def parse_health_query(host: str, text: str) -> tuple[GpuReading, ...]:
 
 # --------------------------------------------------------------------------- Xid lines
 
-_XID = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9A-Fa-f:.]+)\): (?P<code>[0-9]+),?\s*(?P<text>.*)")
+# The kernel's Xid line, as NVIDIA's open kernel modules print it (krcReportXid in
+# src/nvidia/src/kernel/gpu/rc/kernel_rc.c): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ...",
+# on a MIG GPU with " GPU-I:%02u" and maybe " GPU-CI:%02u" inside the parentheses; older
+# drivers print the address without "PCI:" ("NVRM: Xid (0000:03:00): 13, ...").
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
+    r"(?:\.[0-9A-Fa-f])?(?P<instance>(?:\s+GPU-C?I:\s*[0-9]+)*)\s*\): "
+    r"(?P<code>[0-9]+),?\s*(?P<text>.*)")
 
 
 def parse_xid_lines(text: str) -> tuple[XidEvent, ...]:
-    """Every ``NVRM: Xid (PCI:0000:3b:00): 79, ...`` line, whatever precedes it (a
-    journalctl or dmesg time stamp, the host name, ``kernel:``); other lines are
-    skipped (``-- No entries --``, a journalctl hint)."""
+    """Every ``NVRM: Xid (PCI:0000:3b:00): 79, ...`` line (also the MIG form with
+    ``GPU-I:05``, and the old one without ``PCI:``), whatever precedes it (a journalctl
+    or dmesg time stamp, the host name, ``kernel:``); other lines are skipped
+    (``-- No entries --``, a journalctl hint)."""
     events: list[XidEvent] = []
     for raw in text.splitlines():
         m = _XID.search(raw)
@@ -349,7 +406,8 @@ def parse_xid_lines(text: str) -> tuple[XidEvent, ...]:
         pci = normal_pci(m["pci"])
         if pci is None:
             continue
-        events.append(XidEvent(pci, int(m["code"]), m["text"].strip(), raw.strip()))
+        instance = " ".join(m["instance"].split()).replace(": ", ":")
+        events.append(XidEvent(pci, int(m["code"]), m["text"].strip(), raw.strip(), instance))
     return tuple(events)
 
 
@@ -431,8 +489,29 @@ _RECOVERY_ACTIONS: Mapping[str, str] = {
 }
 
 
+_DRAIN_AND_RESET = ("drain it: stop every job on this GPU and on any GPU it talks to "
+                    "peer-to-peer, then reset it with nvidia-smi -r, or reboot the node")
+
+
+def _reset_findings(r: GpuReading) -> list[Finding]:
+    """What ``GPU Reset Status`` says (drivers 535-560, or NVML's reset fields): a GPU
+    the driver wants reset is not fit to start a model on, whatever else it shows."""
+    if r.drain_and_reset:
+        said = "Reset Required: Yes, " if r.reset_required else ""
+        return [Finding(Level.CRITICAL, "the driver recommends a drain and reset (GPU Reset "
+                        f"Status: {said}Drain and Reset Recommended: Yes)", _DRAIN_AND_RESET)]
+    if r.reset_required:
+        return [Finding(Level.CRITICAL, "the driver says the GPU needs a reset (GPU Reset "
+                        "Status: Reset Required: Yes)", _RESET)]
+    if r.reset_unknown:
+        return [Finding(Level.WARN, "the driver's GPU Reset Status cannot be read "
+                        f"({r.reset_unknown}): the GPU may need a reset",
+                        "read it with nvidia-smi -q on the host; reset the GPU if it asks")]
+    return []
+
+
 def _reading_findings(r: GpuReading) -> list[Finding]:
-    out: list[Finding] = []
+    out: list[Finding] = _reset_findings(r)
     action = (r.recovery_action or "").strip()
     if action and action.lower() != "none":
         out.append(Finding(Level.CRITICAL, f"the driver asks for a recovery action: {action}",
@@ -459,7 +538,7 @@ def _reading_findings(r: GpuReading) -> list[Finding]:
 def _cleared(info: XidInfo, r: GpuReading | None) -> str | None:
     """Why the current state shows an Xid's cause is gone (the line stays in the log
     after a reset), or None when it may still be there."""
-    if info.cleared_by == "lost":
+    if info.cleared_by == "lost" or (r is not None and (r.reset_required or r.drain_and_reset)):
         return None
     if r is not None and (r.recovery_action or "").strip().lower() == "none":
         return "the driver asks for no recovery action now"
@@ -478,7 +557,10 @@ def xid_finding(events: Sequence[XidEvent], reading: GpuReading | None) -> Findi
     info = XID_CATALOGUE.get(last.code, _UNLISTED)
     times = f" x{len(events)}" if len(events) > 1 else ""
     when = _logged_at(last.line)
-    what = f"Xid {last.code}{times} ({info.what})" + (f", last at {when}" if when else "")
+    instances = sorted({e.instance for e in events if e.instance})
+    mig = f" on MIG instance {', '.join(instances)}" if instances else ""
+    what = (f"Xid {last.code}{times} ({info.what}){mig}"
+            + (f", last at {when}" if when else ""))
     cleared = _cleared(info, reading) if info.level == Level.CRITICAL else None
     if cleared is not None:
         return Finding(Level.WARN, f"{what}; {cleared}", "none now; it is in this boot's log")
@@ -504,12 +586,25 @@ def _grouped(xids: Sequence[XidEvent]) -> dict[tuple[str, int], list[XidEvent]]:
 
 # --------------------------------------------------------------------------- the verdict
 
+_INFOROM_ACTION = ("the GPU still runs, but what its infoROM keeps (ECC and retired-page "
+                   "records, its configuration) cannot be trusted: have NVIDIA or the "
+                   "vendor reflash or replace it")
+
+
+def _warning_finding(w: DriverWarning) -> Finding:
+    return Finding(Level.WARN, f"nvidia-smi warns that the infoROM is corrupted ({w.line})",
+                   _INFOROM_ACTION)
+
+
 def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
-          xids: Sequence[XidEvent], *, notes: Sequence[Finding] = ()) -> HostHealth:
-    """Each GPU's findings: its reading's (state now) and its Xid lines' (this boot).
+          xids: Sequence[XidEvent], *, notes: Sequence[Finding] = (),
+          warnings: Sequence[DriverWarning] = ()) -> HostHealth:
+    """Each GPU's findings: its reading's (state now), its Xid lines' (this boot) and
+    the warnings nvidia-smi printed about it (a corrupted infoROM).
 
     ``gpus``: the GPU query's rows (index and uuid); ``notes``: host findings the caller
-    already has (a kernel log it could not read, a health query that failed)."""
+    already has (a kernel log it could not read, a health query that failed);
+    ``warnings``: the GPU query's known warnings, placed by PCI address like Xid lines."""
     by_uuid = {r.uuid: r for r in readings}
     by_pci = {r.pci: r for r in readings if r.pci is not None}
     index_of = {g.uuid: g.index for g in gpus}
@@ -530,6 +625,13 @@ def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
             # not say where its GPUs are: it may be any of them.
             host_findings.append(Finding(finding.level, f"PCI {pci} (no GPU answers "
                                          f"there now): {finding.what}", finding.action))
+    for w in warnings:
+        reading = by_pci.get(normal_pci(w.pci) or w.pci)
+        finding = _warning_finding(w)
+        if reading is not None:
+            findings[reading.uuid].append(finding)
+        else:  # -q did not name that address (it failed, or NVML did not say)
+            host_findings.append(finding)
     return HostHealth(host, tuple(GpuHealth(index_of.get(u), u, tuple(findings[u]))
                                   for u in uuids), tuple(host_findings), tuple(xids),
                       tuple(readings))
@@ -593,12 +695,14 @@ class GpuStateRead:
 
 def health_reads(host: str, gpus: Sequence[Gpu],
                  readings: Sequence[GpuReading] | None = None,
-                 notes: Sequence[Finding] = ()) -> Reads:
+                 notes: Sequence[Finding] = (),
+                 warnings: Sequence[DriverWarning] = ()) -> Reads:
     """What to run on a host to judge its GPUs' health, as a generator: it yields each
     argv and is sent its ``CommandResult``; it returns the verdict. Flows drive it with
     their RunCommand, ``/vllm gpus`` with the transport. ``readings``: the GPUs' state
     read already (NVML on the bot's own machine, or ``GpuStateRead.judged`` with
-    ``notes``), so ``nvidia-smi -q`` is not run here."""
+    ``notes``), so ``nvidia-smi -q`` is not run here. ``warnings``: what the GPU query
+    warned about (``GpuSnapshot.warnings``)."""
     found: list[Finding] = list(notes)
     if readings is None:
         q = yield HEALTH_QUERY_ARGV
@@ -618,7 +722,7 @@ def health_reads(host: str, gpus: Sequence[Gpu],
                                  f"unknown ({why}; dmesg: {_said(d)})",
                                  "let the bot's user read the kernel log (group adm or "
                                  "systemd-journal)"))
-    return judge(host, gpus, readings, xids, notes=found)
+    return judge(host, gpus, readings, xids, notes=found, warnings=warnings)
 
 
 def marks(health: HostHealth) -> dict[str, str]:

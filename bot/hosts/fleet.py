@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from bot.core import remote
-from bot.core.gpu import Gpu, GpuSnapshot, build_snapshot, check_nvidia_smi, render_table
+from bot.core.gpu import (
+    DriverWarning,
+    Gpu,
+    GpuSnapshot,
+    build_snapshot,
+    check_nvidia_smi,
+    render_table,
+)
 from bot.core.health import HostHealth, Level, details, health_reads, marks
 from bot.errors import (
     ChatOpsError,
@@ -91,21 +98,23 @@ async def query_transport(transport: HostTransport, timeout_s: float) -> GpuSnap
         transport.run(remote.apps_query(), timeout_s=timeout_s))
     check_nvidia_smi(transport.host, gpus)
     check_nvidia_smi(transport.host, apps)
-    return build_snapshot(transport.host, gpus.stdout, apps.stdout)
+    return build_snapshot(transport.host, gpus.stdout, apps.stdout, (gpus.stderr, apps.stderr))
 
 
 async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s: float, *,
-                       nvml: LocalGpuHealth | None = None) -> HostHealth:
+                       nvml: LocalGpuHealth | None = None,
+                       warnings: Sequence[DriverWarning] = ()) -> HostHealth:
     """Drive ``bot.core.health.health_reads`` over the transport. ``nvml``: the bot's own
     GPUs' state through NVML; where NVML fails, ``nvidia-smi -q`` reads it instead, as a
-    run's GPU check does, so the host keeps its health mark."""
+    run's GPU check does, so the host keeps its health mark. ``warnings``: the GPU
+    query's known warnings (a corrupted infoROM), findings like the rest."""
     readings = None
     if nvml is not None:
         try:
             readings = await nvml.read()
         except GpuQueryError as e:
             log.warning("NVML health read failed, reading nvidia-smi -q: %s", e.reason)
-    reads = health_reads(transport.host, gpus, readings)
+    reads = health_reads(transport.host, gpus, readings, warnings=warnings)
     result: CommandResult | None = None
     try:
         while True:
@@ -126,7 +135,8 @@ async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostG
     try:
         async with asyncio.timeout(timeout_s):
             health = await query_health(pool.get(row.host), row.snapshot.gpus, timeout_s,
-                                        nvml=pool.gpu_health(row.host))
+                                        nvml=pool.gpu_health(row.host),
+                                        warnings=row.snapshot.warnings)
     except TimeoutError:
         return dataclasses.replace(row, health_error=f"no answer within {timeout_s:g}s")
     except ChatOpsError as e:

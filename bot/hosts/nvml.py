@@ -136,6 +136,14 @@ def _error(host: str, doing: str, exc: BaseException) -> GpuQueryError:
 # NVML's nvmlDeviceGpuRecoveryAction_t, as nvidia-smi -q words them.
 _RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset",
                      5: "Recover IMEX Domain", 6: "Bus Reset", 7: "Reboot"}
+# The return codes that mean "this device or this driver does not offer it": the
+# field stays unknown (None), never "no". NVML_ERROR_FUNCTION_NOT_FOUND: a driver's NVML
+# older than the function nvidia-ml-py calls.
+_FUNCTION_NOT_FOUND = 13
+_NOT_OFFERED = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
+# NVML_ERROR_RESET_REQUIRED: "GPU requires restart". Any query of the device answering it
+# is the driver saying the GPU needs a reset, as nvidia-smi -q's Reset Required: Yes.
+_RESET_REQUIRED = 16
 
 
 def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
@@ -184,7 +192,24 @@ def _optional(lib: Any, call: Any, *args: Any) -> Any:
         raise
 
 
+class _ResetRequired(Exception):
+    """A field value of the device answered NVML_ERROR_RESET_REQUIRED."""
+
+
 def _read_health(lib: Any, handle: Any) -> GpuReading:
+    uuid = _text(lib.nvmlDeviceGetUUID(handle))
+    try:
+        return _read_state(lib, handle, uuid)
+    except (lib.NVMLError, _ResetRequired) as exc:
+        if not isinstance(exc, _ResetRequired) and getattr(exc, "value", None) != _RESET_REQUIRED:
+            raise
+        # The driver refuses to answer until the GPU is reset: that is the answer.
+        pci = _optional(lib, lib.nvmlDeviceGetPciInfo, handle)
+        return GpuReading(uuid, normal_pci(_text(pci.busId)) if pci is not None else None,
+                          reset_required=True)
+
+
+def _read_state(lib: Any, handle: Any, uuid: str) -> GpuReading:
     uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
     volatile = _optional(lib, lib.nvmlDeviceGetTotalEccErrors, handle, uncorrected,
                          getattr(lib, "NVML_VOLATILE_ECC", 0))
@@ -193,22 +218,48 @@ def _read_health(lib: Any, handle: Any) -> GpuReading:
     pending_pages = _optional(lib, lib.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     rows = _optional(lib, lib.nvmlDeviceGetRemappedRows, handle)
     pci = _optional(lib, lib.nvmlDeviceGetPciInfo, handle)
+    fields = _fields(lib, handle)
+    action = fields.get("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    reset = fields.get("NVML_FI_DEV_RESET_STATUS")
+    drain = fields.get("NVML_FI_DEV_DRAIN_AND_RESET_STATUS")
     return GpuReading(
-        uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+        uuid=uuid,
         pci=normal_pci(_text(pci.busId)) if pci is not None else None,
         volatile_uncorrectable=None if volatile is None else int(volatile),
         aggregate_uncorrectable=None if aggregate is None else int(aggregate),
         retired_pending=None if pending_pages is None else bool(pending_pages),
         remap_pending=None if rows is None else bool(rows[2]),
         remap_failure=None if rows is None else bool(rows[3]),
-        recovery_action=_recovery_action(lib, handle))
+        recovery_action=None if action is None else _RECOVERY_ACTIONS.get(action,
+                                                                           f"action {action}"),
+        reset_required=None if reset is None else bool(reset),
+        drain_and_reset=None if drain is None else bool(drain))
 
 
-def _recovery_action(lib: Any, handle: Any) -> str | None:
-    field_id = getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-    if field_id is None:
-        return None  # an nvidia-ml-py older than the field
-    values = _optional(lib, lib.nvmlDeviceGetFieldValues, handle, [field_id])
-    if not values or getattr(values[0], "nvmlReturn", 1) != 0:
-        return None  # a driver that does not report it
-    return _RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {values[0].value.uiVal}")
+# The field values health reads, by the name nvidia-ml-py gives their id: the recovery
+# action (R570+), and the reset status nvidia-smi -q prints as GPU Reset Status (drivers
+# 535-560; deprecated since for the recovery action, so newer drivers may not answer).
+_FIELDS = ("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", "NVML_FI_DEV_RESET_STATUS",
+           "NVML_FI_DEV_DRAIN_AND_RESET_STATUS")
+
+
+def _fields(lib: Any, handle: Any) -> dict[str, int]:
+    """The fields of ``_FIELDS`` the device answers, by name; one it does not (a driver
+    without it, an nvidia-ml-py that does not name it) is left out: unknown."""
+    ids = {name: getattr(lib, name) for name in _FIELDS if hasattr(lib, name)}
+    if not ids:
+        return {}
+    try:
+        values = lib.nvmlDeviceGetFieldValues(handle, list(ids.values()))
+    except lib.NVMLError as exc:
+        if getattr(exc, "value", None) in _NOT_OFFERED:
+            return {}
+        raise
+    out: dict[str, int] = {}
+    for name, v in zip(ids, values, strict=True):
+        status = getattr(v, "nvmlReturn", 1)
+        if status == _RESET_REQUIRED:
+            raise _ResetRequired
+        if status == 0:
+            out[name] = int(v.value.uiVal)
+    return out

@@ -172,6 +172,13 @@ class Faults:
     orphan_workers: bool = False  # the unit's workers ignore its stop; SIGTERM ends them
     d_state_worker: bool = False  # after a stop Worker_TP<stuck_gpu> hangs in D state: no
     # signal ends it
+    # Issue 17: the driver wants GPU stuck_gpu reset: nvidia-smi -q's GPU Reset Status
+    # says Reset Required: Yes and Drain and Reset Recommended: Yes (as drivers 535-560
+    # print it; the other GPUs say No). No Xid comes with it: -q alone must tell.
+    reset_required: bool = False
+    # Issue 17: GPU stuck_gpu is in MIG mode and one of its instances logged a contained
+    # ECC error: the kernel's Xid 94 in the MIG form, "(PCI:0000:61:00 GPU-I:05)".
+    mig_xid: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +366,7 @@ class SimGpu:
     lost: bool = False  # fell off the bus: nvidia-smi cannot reach it
     remap_pending: bool = False  # nvidia-smi -q: Remapped Rows / Pending: Yes
     ecc_uncorrected: int = 0  # nvidia-smi -q: DRAM Uncorrectable (volatile and aggregate)
+    reset_required: bool = False  # nvidia-smi -q: GPU Reset Status says Yes (issue 17)
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +516,8 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
                            memory_reported=not st.faults.unified_memory,
                            lost=st.faults.xid_79 and sick,
                            remap_pending=st.faults.pending_remap and sick,
-                           ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0))
+                           ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0,
+                           reset_required=st.faults.reset_required and sick))
     if st.faults.no_gpus:
         gpus = []
     return gpus, procs

@@ -4,6 +4,7 @@ second service on its own GPUs. Each fault is read back with the bot's own parse
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV, parse_apps_csv, parse_gpu_csv
@@ -122,3 +123,26 @@ async def test_a_neighbour_service_runs_on_its_own_gpus(make_sim_host: MakeSimHo
     out = await run(kit, "sh", "-c", shlex.join(signal_command("KILL", [f], "vllm-kimi-k25")))
     assert parse_signalled(out.stdout) == {f.pid: "refused"}
     assert f.pid in [p.pid for p in kit.processes()] and kit.signalled() == []
+
+
+async def test_reset_required_and_a_mig_xid(sim_host: SimKit) -> None:
+    """Issue 17: the GPU Reset Status of a 535-560 driver, and an Xid of a MIG instance."""
+    q = (await run(sim_host, *HEALTH_QUERY_ARGV)).stdout
+    assert len(re.findall(r"\n {8}Reset Required +: No\n", q)) == 8
+    assert q.count("GPU Recovery Action") == 8
+    sim_host.set_faults(reset_required=True)
+    q = (await run(sim_host, *HEALTH_QUERY_ARGV)).stdout
+    assert len(re.findall(r"\n {8}Reset Required +: Yes\n", q)) == 1
+    assert len(re.findall(r"\n {8}Drain and Reset Recommended +: Yes\n", q)) == 1
+    assert "GPU Recovery Action" not in q  # a 535-560 driver has no such line
+    status, level, said = await health(sim_host)
+    assert (status, level) == (0, Level.CRITICAL)
+    assert said.startswith("CRITICAL: GPU 3: the driver recommends a drain and reset")
+    assert "Xid" not in said  # nvidia-smi -q alone tells
+    sim_host.set_faults(reset_required=False, mig_xid=True)
+    x = (await run(sim_host, *XID_JOURNAL_ARGV)).stdout
+    assert "kernel: NVRM: Xid (PCI:0000:61:00 GPU-I:05): 94, " in x
+    status, level, said = await health(sim_host)
+    assert (status, level) == (0, Level.WARN)
+    assert said.startswith("warning: GPU 3: Xid 94 (contained ECC error) on MIG instance "
+                           "GPU-I:05, last at ")

@@ -2,9 +2,15 @@
 
 Written to the layout NVIDIA documents for ``nvidia-smi -q`` (indented ``Key : value``
 lines under section headers), not copied from a capture: a ``GPU <bus id>`` section per
-GPU with its UUID, PCI bus id, the recovery action, ECC errors (``Volatile`` and
-``Aggregate``, SRAM and DRAM), ``Retired Pages`` and ``Remapped Rows``. The faults
-``ecc_uncorrected`` and ``pending_remap`` show on GPU ``stuck_gpu``.
+GPU with its UUID, PCI bus id, ``GPU Reset Status``, the recovery action, ECC errors
+(``Volatile`` and ``Aggregate``, SRAM and DRAM), ``Retired Pages`` and ``Remapped Rows``.
+The faults ``ecc_uncorrected``, ``pending_remap`` and ``reset_required`` show on GPU
+``stuck_gpu``.
+
+``GPU Reset Status`` is printed as drivers 535-560 print it (Yes/No, before ``PCI``;
+public ``nvidia-smi -q`` captures, tests/samples/SOURCES.md). With ``reset_required``
+the report is that of such a driver throughout: the stuck GPU says Yes to both keys, the
+others No, and no GPU has the ``GPU Recovery Action`` line, which came with R570.
 """
 
 from __future__ import annotations
@@ -40,7 +46,16 @@ def _ecc(kind: str, dram_uncorrectable: int) -> list[str]:
             _kv(3, "DRAM Uncorrectable", str(dram_uncorrectable))]
 
 
-def section(g: SimGpu) -> list[str]:
+def _reset_status(g: SimGpu, legacy: bool) -> list[str]:
+    said = "Yes" if g.reset_required else "No"
+    lines = [_head(1, "GPU Reset Status"),
+             _kv(2, "Reset Required", said),
+             _kv(2, "Drain and Reset Recommended", said)]
+    return lines if legacy else [*lines, _kv(1, "GPU Recovery Action", "None")]
+
+
+def section(g: SimGpu, legacy: bool = False) -> list[str]:
+    """``legacy``: as a 535-560 driver prints it (no ``GPU Recovery Action``)."""
     pending = "Yes" if g.remap_pending else "No"
     return [
         f"GPU {bus_id(g.index)}",
@@ -48,7 +63,7 @@ def section(g: SimGpu) -> list[str]:
         _kv(1, "Product Brand", "NVIDIA"),
         _kv(1, "GPU UUID", g.uuid),
         _kv(1, "Minor Number", str(g.index)),
-        _kv(1, "GPU Recovery Action", "None"),
+        *_reset_status(g, legacy),
         _head(1, "PCI"),
         _kv(2, "Bus", f"0x{bus_id(g.index)[9:11]}"),
         _kv(2, "Bus Id", bus_id(g.index)),
@@ -81,6 +96,7 @@ def render(gpus: list[SimGpu], attached: int, cuda: str = CUDA_VERSION) -> str:
            _kv(0, "Driver Version", DRIVER_VERSION),
            _kv(0, "CUDA Version", cuda), "",
            _kv(0, "Attached GPUs", str(attached))]
+    legacy = any(g.reset_required for g in gpus)
     for g in gpus:
-        out += section(g)
+        out += section(g, legacy)
     return "\n".join(out) + "\n"
