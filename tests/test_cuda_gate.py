@@ -97,6 +97,11 @@ def test_the_simulated_nvidia_smi_header_parses_too() -> None:
     (GateReport("0.16.0", "2.10.0", "12.10"), "0.16.0", "12.9", False, "CUDA", "12.10"),
     (GateReport("0.15.1", "2.9.1", "12.8"), "0.16.0", "13.1", False, "vllm version",
      "vllm 0.15.1 is installed, not 0.16.0"),
+    # Issue 17 D3: vllm.__version__ has no local label, the resolved wheel has.
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", True, "all",
+     "vllm 0.16.0, torch"),
+    (GateReport("0.16.0+cu126", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", False,
+     "vllm version", "vllm 0.16.0+cu126 is installed, not 0.16.0+cu129"),
     (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
     (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
     (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from bot.core.versions import same_release
+
 GATE_MARK = "chatops-gate "
 # Runs as `python -c GATE_CODE`. The traceback of a failed import goes to stderr (the
 # step's output); exit 3 says the import failed, as opposed to Python not starting.
@@ -81,13 +83,6 @@ def _major_minor(text: str) -> tuple[int, int] | None:
     return release[0], release[1] if len(release) > 1 else 0
 
 
-def _same_version(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
-
 @dataclass(frozen=True, slots=True)
 class GateVerdict:
     ok: bool
@@ -97,12 +92,13 @@ class GateVerdict:
 
 def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: str | None,
                  package: str = "vllm") -> GateVerdict:
-    """Whether the new venv may start: it imports, holds the target vLLM, and its torch's
-    CUDA build is not newer than the driver supports. An unknown target or driver
-    version is not compared (and the reason says so), never taken for a match."""
+    """Whether the new venv may start: it imports, holds the target vLLM (the same
+    release: ``vllm.__version__`` has no ``+cu129`` label, ``bot.core.versions``), and
+    its torch's CUDA build is not newer than the driver supports. An unknown target or
+    driver version is not compared (and the reason says so), never taken for a match."""
     if report is None or report.vllm is None or report.torch is None:
         return GateVerdict(False, "import", "import vllm, torch failed")
-    if target is not None and not _same_version(report.vllm, target):
+    if target is not None and not same_release(report.vllm, target):
         return GateVerdict(False, f"{package} version",
                            f"{package} {report.vllm} is installed, not {target}")
     if report.cuda is None:

@@ -25,8 +25,6 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from packaging.version import InvalidVersion, Version
-
 from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.gpu import (
@@ -105,6 +103,7 @@ from bot.core.results import CommandResult, HttpResult
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
+from bot.core.versions import same_release
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -259,15 +258,6 @@ def lost(r: CommandResult) -> bool:
 class _HostLost(GpuQueryError):
     """A poll's result never came back; a GpuQueryError so read-only callers treat it
     like any other failed query, while the drain can tell it apart and retry."""
-
-
-def _same_version(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return False
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 def _why(r: CommandResult) -> str:
@@ -768,10 +758,13 @@ def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
         checks.append(f"skipped: GET {url} reports {reported}; the installed version is "
                       f"unknown ({why})")
         return
-    if not _same_version(reported, installed):
+    if not same_release(reported, installed):
         raise _NotReady(f"the server reports version {reported}, but {svc.package} "
                         f"{installed} is installed")
-    checks.append(f"ok: GET {url} reports {reported}, the installed version")
+    # vLLM's own version has no `+cu129` label; the wheel's metadata has (versions.py).
+    same = "the installed version" if reported == installed else (
+        f"the release of the installed {installed}")
+    checks.append(f"ok: GET {url} reports {reported}, {same}")
 
 
 # ---- in-flight requests, before the stop ------------------------------------------------------
@@ -1637,7 +1630,7 @@ def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: st
             why = f"{cut}; then {settled.why}"
             yield Emit(EndStep(step, False, why))
             return "unknown", why
-        if not _same_version(settled.installed, target):
+        if not same_release(settled.installed, target):
             why = (f"{cut}; once uv had ended, {svc.package} was "
                    f"{settled.installed or 'missing'}, not {target or 'a known version'}")
             yield Emit(EndStep(step, False, why))
