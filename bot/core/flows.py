@@ -1398,7 +1398,9 @@ def _gate(svc: ServiceSettings, env: _Env, target: str | None
     verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda,
                            package=svc.package)
     if verdict.ok:
-        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status))
+        # A warning (torch's CUDA minor newer than the driver's) goes in the output too.
+        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status,
+                           f"WARNING: {verdict.warning}" if verdict.warning else ""))
         return None
     said = _tail(g.output, 1) if report is None else ""
     why = verdict.reason + (f": {said}" if said else f" ({_why(g)})" if not g.ok else "")
