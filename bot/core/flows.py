@@ -1318,7 +1318,8 @@ class _Env:
     planned: PackageDiff  # the dry run's changes
     # Everything the install installs (the dry run's `+` and `~` lines): what the prefetch
     # puts in uv's cache. Not the whole snapshot: what the install leaves alone (a CUDA 12
-    # wheel a CUDA 13 release no longer needs) may be gone from the index already.
+    # wheel a CUDA 13 release no longer needs) may be gone from the index already. Name ->
+    # its requirement line: `name==version`, or `name @ URL` for a direct-URL wheel.
     installs: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -1336,6 +1337,12 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
     if not snapshot.versions:
         raise _Refused(f"the environment snapshot is empty (`{cmd(argv)}` listed no "
                        "package), so a rollback could not restore it", _evidence(argv, r))
+    twice = snapshot.unrestorable()
+    if twice is not None:  # `uv pip sync` of it would fail: no rollback could work
+        raise _Refused(f"snapshot not restorable: {twice}; `uv pip sync` cannot require "
+                       "two versions of one package. Remove the stale `.dist-info` "
+                       f"directory from {svc.venv_dir}'s site-packages, then ask again",
+                       _evidence(argv, r))
     lock = remote.lock_path(svc, snapshot.digest)
     if not plan.dry_run:  # a dry run writes nothing on the host
         save = remote.save_lock(svc, lock)
@@ -1345,8 +1352,7 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
             raise _Refused(f"cannot save the environment snapshot on the host as {lock} "
                            f"({_explain(s)})", _evidence(save, s))
     changes = parse_install_changes(dry_output)
-    env = _Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output)
-               or {c.name: c.after for c in changes if c.after is not None})
+    env = _Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output))
     yield Emit(Packages(EnvKind.SNAPSHOT, None, snapshot.text, None if plan.dry_run else lock))
     yield Emit(Packages(EnvKind.PLANNED, env.planned))
     return env
@@ -1366,7 +1372,7 @@ def _prefetch(plan: Plan, svc: ServiceSettings, env: _Env) -> Generator[Action, 
     service is untouched)."""
     argv = remote.prefetch(svc, plan.index_url)
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
-    pins = "".join(f"{n}=={v}\n" for n, v in sorted(env.installs.items()))
+    pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
     stdin = (remote.index_input(plan.index_url) or b"") + pins.encode()
     started = (yield from _tick(0.0)).now
     r = yield from _run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
