@@ -172,6 +172,16 @@ class Faults:
     orphan_workers: bool = False  # the unit's workers ignore its stop; SIGTERM ends them
     d_state_worker: bool = False  # after a stop Worker_TP<stuck_gpu> hangs in D state: no
     # signal ends it
+    # Issue 17: the driver reports CUDA 12.7 and the new release's torch is a cu128 build
+    # (2.10.0+cu128, the CUDA 12 wheels): CUDA minor-version compatibility runs it.
+    cu128_on_cuda_12_7: bool = False
+    # Issue 17: the index serves vLLM only as wheels labelled `+cu129` (`.cu129` after a
+    # dev build's `+g<commit>`), as wheels.vllm.ai/<version>/cu129 does: uv, the freeze and
+    # `uv pip show` say `0.16.0+cu129`, vllm.__version__ and /version say `0.16.0`.
+    cu129_wheels: bool = False
+    # Issue 17: the venv holds a stale second dist-info of pip (pip-21.3.1 beside
+    # pip-22.1.1): `uv pip freeze` lists both, and `uv pip sync` of that cannot resolve.
+    duplicate_dist_info: bool = False
 
 
 @dataclass(frozen=True, slots=True)
