@@ -94,9 +94,22 @@ def test_the_simulated_nvidia_smi_header_parses_too() -> None:
     (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.0", True, "all", "13.0"),
     (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "12.8", False, "CUDA",
      "built for CUDA 13.0, newer than the 12.8 the driver supports"),
-    (GateReport("0.16.0", "2.10.0", "12.10"), "0.16.0", "12.9", False, "CUDA", "12.10"),
+    # Issue 17 D2: a newer minor of the driver's major runs (CUDA minor-version
+    # compatibility), with a warning; a newer major never does.
+    (GateReport("0.16.0", "2.10.0", "12.10"), "0.16.0", "12.9", True, "all",
+     "WARNING: torch's CUDA 12.10 is newer than the 12.9 the driver reports"),
+    (GateReport("0.16.0", "2.10.0+cu128", "12.8"), "0.16.0", "12.7", True, "all",
+     "runs under CUDA minor-version compatibility"),
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "12.9", False, "CUDA",
+     "another major version"),
+    (GateReport("0.16.0", "2.10.0", "13"), "0.16.0", "12.9", False, "CUDA", "CUDA 13,"),
     (GateReport("0.15.1", "2.9.1", "12.8"), "0.16.0", "13.1", False, "vllm version",
      "vllm 0.15.1 is installed, not 0.16.0"),
+    # Issue 17 D3: vllm.__version__ has no local label, the resolved wheel has.
+    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", True, "all",
+     "vllm 0.16.0, torch"),
+    (GateReport("0.16.0+cu126", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", False,
+     "vllm version", "vllm 0.16.0+cu126 is installed, not 0.16.0+cu129"),
     (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
     (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
     (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),
@@ -106,3 +119,6 @@ def test_verdict(report: GateReport | None, target: str | None, driver: str | No
     v = gate_verdict(report, target=target, driver_cuda=driver)
     assert (v.ok, v.check) == (ok, check)
     assert says in v.reason
+    # A warning only where torch's CUDA minor is newer than the driver's, on a pass.
+    newer_minor = ok and report is not None and report.cuda in ("12.10", "12.8")
+    assert (v.warning is not None) is newer_minor

@@ -249,3 +249,81 @@ async def test_a_download_that_fails_before_the_stop_leaves_the_service_untouche
     assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
     assert sim_sshd_host.unit_state() == "active"
     assert sim_sshd_host.environment()["torch"] == "2.9.1"
+
+
+# ---- issue 17: CUDA minor versions, local version labels, a freeze listing one package twice
+
+
+async def test_a_cu128_torch_on_a_driver_reporting_cuda_12_7_starts_with_a_warning(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # D2: CUDA minor-version compatibility runs a cu128 torch on a driver that reports
+    # 12.7 (pytorch/pytorch#155141: cu128 on a 12.4 driver): a warning, not a rollback.
+    sim_sshd_host.set_faults(cu128_on_cuda_12_7=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert sim_sshd_host.environment()["torch"] == "2.10.0+cu128"
+    assert gate.status == "ok"
+    warning = ("WARNING: torch's CUDA 12.8 is newer than the 12.7 the driver reports; it "
+               "runs under CUDA minor-version compatibility")
+    assert warning in gate.output_tail and warning in out  # the step's output and its line
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
+    assert sim_sshd_host.unit_state() == "active"
+
+
+async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(sim_sshd_host: SimKit,
+                                                                  tmp_path: Path) -> None:
+    # D2's other side: a newer major (torch 2.10.0 for CUDA 13.0 on a 12.8 driver) is no
+    # minor-version case: refused before the new build ever starts.
+    sim_sshd_host.set_faults(torch_cuda_mismatch=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+    assert result.status == RunStatus.ROLLED_BACK, out
+    assert "another major version" in result.summary
+    assert starts_after_rollback_only(sim_sshd_host)
+
+
+async def test_a_cu129_wheel_whose_server_reports_no_label_is_the_version_asked_for(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # D3: uv installs vllm 0.16.0+cu129 (wheels.vllm.ai/<version>/cu129, vllm#43847);
+    # vllm.__version__ and /version say 0.16.0 (setup.py appends the label to the wheel
+    # only). Pinned: readiness compares /version with `uv pip show`.
+    sim_sshd_host.set_faults(cu129_wheels=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert sim_sshd_host.installed_version == "0.16.0+cu129"
+    assert "reports 0.16.0, the release of the installed 0.16.0+cu129" in \
+        steps["readiness"].output_tail
+    assert 'chatops-gate {"vllm": "0.16.0"' in steps["gate"].output_tail
+    assert result.summary == f"vllm {DEFAULT_VERSION} -> 0.16.0+cu129, healthy"
+
+
+async def test_latest_resolving_to_a_cu129_wheel_passes_the_import_gate(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # D3, unpinned: the target is what the dry run resolved (`+ vllm==0.16.0+cu129`), the
+    # gate's interpreter says 0.16.0.
+    sim_sshd_host.set_faults(cu129_wheels=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, index="nightly")
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert "resolves to 0.16.0+cu129" in out
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
+
+
+async def test_a_venv_with_two_dist_infos_of_one_package_refuses_before_the_stop(
+        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    # D7: the freeze lists pip twice (uv's freeze_duplicate test); `uv pip sync` of that
+    # snapshot cannot resolve, so no rollback could work: refused, service untouched.
+    sim_sshd_host.set_faults(duplicate_dist_info=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        refusal = await rt.audit.get_run(result.run_id)
+    assert result.status == RunStatus.ABORTED, out
+    assert ("preflight refused; service untouched: snapshot not restorable: two versions "
+            "of pip installed (21.3.1, 22.1.1)") in result.summary
+    assert refusal is not None and refusal.status == RunStatus.ABORTED
+    assert sim_sshd_host.changes() == ["dry-run"]
+    assert sim_sshd_host.unit_state() == "active"

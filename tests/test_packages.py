@@ -13,15 +13,19 @@ import pytest
 
 from bot.core.packages import (
     Change,
+    Entry,
     PackageDiff,
     diff_freezes,
     downloaded_bytes,
     highlighted,
+    parse_entry,
     parse_freeze,
     parse_install_changes,
     parse_install_set,
     planned_diff,
 )
+from bot.core.redact import Redactor
+from bot.core.remote import parse_resolved_version
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -158,6 +162,122 @@ def test_what_is_highlighted(name: str, expected: bool) -> None:
 def test_what_the_install_installs_is_every_plus_and_tilde_line() -> None:
     # uv_dry_run_torch_change.txt: without --force-reinstall, only the ten moved ones.
     installs = parse_install_set(sample("uv_dry_run_torch_change.txt"))
-    assert installs == {c.name: c.after for c in TORCH_CHANGE}
+    assert installs == {c.name: f"{c.name}=={c.after}" for c in TORCH_CHANGE}
     assert parse_install_set(" ~ numpy==2.2.6\n - torch==2.9.1\n + torch==2.10.0\n") == {
-        "numpy": "2.2.6", "torch": "2.10.0"}
+        "numpy": "numpy==2.2.6", "torch": "torch==2.10.0"}
+
+
+# ---- issue 17 D7: a freeze listing one package twice ----------------------------------------
+
+
+def test_a_freeze_listing_pip_twice_is_not_restorable() -> None:
+    # uv_pip_freeze_duplicate_dist_info.txt: real uv 0.13.9, a venv with pip-21.3.1 and a
+    # copied pip-22.1.1.dist-info (uv's own freeze_duplicate test, astral-sh/uv
+    # crates/uv/tests/it/pip_freeze.rs). uv_pip_sync_duplicate_pins.txt: `uv pip sync` of
+    # that very freeze fails to resolve, so a rollback to it could never work.
+    frozen = parse_freeze(sample("uv_pip_freeze_duplicate_dist_info.txt"))
+    assert frozen.text == "pip==21.3.1\npip==22.1.1\n"  # the snapshot keeps both lines
+    assert frozen.duplicates == {"pip": ("21.3.1", "22.1.1")}
+    assert frozen.unrestorable() == "two versions of pip installed (21.3.1, 22.1.1)"
+    assert "you require pip==21.3.1 and pip==22.1.1" in sample("uv_pip_sync_duplicate_pins.txt")
+
+
+def test_the_same_pin_twice_is_restorable_but_two_spellings_of_one_name_are_not() -> None:
+    # uv resolves `pip==21.3.1` given twice (checked with uv 0.13.9 `pip sync --dry-run`):
+    # a good if odd freeze. Two spellings of one name are one package at two versions, and
+    # a pin beside a URL entry of the same package is two builds: neither is restorable.
+    assert parse_freeze("pip==21.3.1\npip==21.3.1\nsix==1.17.0\n").unrestorable() is None
+    assert parse_freeze(sample("uv_pip_freeze_vllm_0.32.0.txt")).unrestorable() is None
+    assert parse_freeze("Foo_Bar==1.0\nfoo-bar==2.0\n").unrestorable() == (
+        "two versions of foo-bar installed (1.0, 2.0)")
+    local = sample("uv_pip_freeze_local_wheel.txt")
+    assert parse_freeze(f"{local}six==1.17.0\n").duplicates == {
+        "six": ("@ file:///tmp/cap17/wheels/six-1.16.0-py2.py3-none-any.whl", "1.17.0")}
+
+
+# ---- issue 17 D8: packages from a direct URL or a local wheel -------------------------------
+
+SIX_URL = ("https://files.pythonhosted.org/packages/b7/ce/149a00dd41f10bc29e5921b496af8b574d8"
+           "413afcd5e30dfa0ed46c2cc5e/six-1.17.0-py2.py3-none-any.whl")
+SIX_FILE = "file:///tmp/cap17/wheels/six-1.16.0-py2.py3-none-any.whl"
+
+
+def test_a_local_wheels_install_line_names_the_package_its_version_and_its_file() -> None:
+    # uv_pip_install_local_wheel.txt: ` + six==1.16.0 (from file:///...whl)`.
+    text = sample("uv_pip_install_local_wheel.txt")
+    assert parse_install_changes(text) == (Change("six", None, "1.16.0", None, SIX_FILE),)
+    assert parse_install_set(text) == {"six": f"six @ {SIX_FILE}"}
+    assert parse_resolved_version(text, "six") == "1.16.0"
+
+
+@pytest.mark.parametrize("name", ["uv_dry_run_direct_url.txt", "uv_pip_install_direct_url.txt",
+                                  "uv_dry_run_direct_url_cold_cache.txt"])
+def test_a_direct_url_upgrade_is_a_change_and_its_url_is_what_the_prefetch_pins(
+        name: str) -> None:
+    # The dry run (wheel cached, and cold: ` + six @ URL` without a version) and the
+    # install: six 1.16.0 from a local wheel -> 1.17.0 from a files.pythonhosted.org URL.
+    text = sample(name)
+    assert parse_install_changes(text) == (Change("six", "1.16.0", "1.17.0", SIX_FILE, SIX_URL),)
+    assert parse_install_set(text) == {"six": f"six @ {SIX_URL}"}
+    # What "latest" resolved to: the version, never the version with the URL.
+    assert parse_resolved_version(text, "six") == "1.17.0"
+    assert Change("six", "1.16.0", "1.17.0", SIX_FILE, SIX_URL).describe() == (
+        "six 1.16.0 → 1.17.0")
+
+
+def test_the_same_version_from_another_source_is_a_change_that_names_both() -> None:
+    # uv_dry_run_force_reinstall_url_to_index.txt: `--force-reinstall six==1.17.0` over a
+    # six installed from a URL: uv itself prints `-` and `+`, not `~`: another wheel.
+    text = sample("uv_dry_run_force_reinstall_url_to_index.txt")
+    [change] = parse_install_changes(text)
+    assert change == Change("six", "1.17.0", "1.17.0", SIX_URL, None)
+    assert change.describe() == f"six 1.17.0 (from {SIX_URL}) → 1.17.0 (from the index)"
+    assert Change.from_json(change.to_json()) == change
+    assert parse_install_set(text) == {"six": "six==1.17.0"}
+    # `~ six==1.17.0 (from URL)`: reinstalled from where it was, no change; and the
+    # prefetch fetches it from that URL.
+    again = sample("uv_pip_install_force_reinstall_direct_url.txt")
+    assert parse_install_changes(again) == ()
+    assert parse_install_set(again) == {"six": f"six @ {SIX_URL}"}
+
+
+# Shaped after the wheel URLs vLLM publishes per commit (vllm-project/vllm#30464:
+# https://wheels.vllm.ai/<commit>/vllm-<version>%2Bg<commit>-cp38-abi3-manylinux_2_31_x86_64.whl;
+# vllm-project/recipes#66: a `%2Bg<commit>.cu129` wheel), with our own commit and version;
+# the line's form is uv's (uv_pip_install_direct_url.txt).
+VLLM_WHEEL = ("https://wheels.vllm.ai/1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d/"
+              "vllm-0.16.1.dev7%2Bg1a2b3c4d5.cu129-cp38-abi3-manylinux_2_31_x86_64.whl")
+
+
+def test_a_vllm_wheel_from_its_commit_url_reads_as_its_version() -> None:
+    text = (f" - vllm==0.16.0\n + vllm==0.16.1.dev7+g1a2b3c4d5.cu129 (from {VLLM_WHEEL})\n"
+            f" + extra @ {VLLM_WHEEL}\n")
+    assert parse_install_changes(text)[0] == Change(
+        "vllm", "0.16.0", "0.16.1.dev7+g1a2b3c4d5.cu129", None, VLLM_WHEEL)
+    assert parse_resolved_version(text, "vllm") == "0.16.1.dev7+g1a2b3c4d5.cu129"
+    # The cold dry run's form: the version is the wheel file's, %2B read as "+".
+    assert parse_entry(f"vllm @ {VLLM_WHEEL}") == Entry(
+        "vllm", "0.16.1.dev7+g1a2b3c4d5.cu129", VLLM_WHEEL)
+    # Another package's wheel, or a source URL, says no version: unknown, not guessed.
+    assert parse_entry(f"extra @ {VLLM_WHEEL}") == Entry("extra", "", VLLM_WHEEL)
+    assert parse_entry("plugin @ git+https://example.com/p.git@v1") == Entry(
+        "plugin", "", "git+https://example.com/p.git@v1")
+    assert Change("plugin", None, "", None, "git+https://example.com/p.git").describe() == (
+        "plugin (new) (from git+https://example.com/p.git)")
+
+
+def test_a_url_with_credentials_is_kept_for_uv_and_masked_where_it_is_shown() -> None:
+    url = "https://alice:s3cr3t-t0ken@pypi.example.com/pkgs/six-1.17.0-py2.py3-none-any.whl"
+    text = f" - six==1.17.0\n + six==1.17.0 (from {url})\n"
+    # The prefetch's stdin (never shown) must reach the wheel: the URL as uv printed it.
+    assert parse_install_set(text) == {"six": f"six @ {url}"}
+    [change] = parse_install_changes(text)
+    shown = Redactor()(change.describe())
+    assert "s3cr3t-t0ken" not in shown and "alice:***@pypi.example.com" in shown
+    assert Redactor()(str(change.to_json())).count("s3cr3t") == 0
+
+
+def test_lines_that_name_no_single_package_stay_ignored() -> None:
+    assert parse_entry("six>=1.0") is None and parse_entry("-e file:///src") is None
+    assert parse_entry("six==1.0 (from not a url)") is None
+    assert parse_install_changes(" + six>=1.0\n + (from https://x)\n") == ()

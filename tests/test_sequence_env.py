@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.core import remote
 from bot.core.flows import EndStep, Packages
 from bot.core.packages import Change, EnvKind
 from bot.core.plan import Step
@@ -120,6 +121,51 @@ def test_a_failed_prefetch_refuses_with_the_service_untouched() -> None:
     assert out.summary.startswith("prefetch failed; service untouched: prefetch failed (exit 2)")
     assert "Failed to download `torch==2.10.0`" in out.summary
     assert verbs(h) == []
+
+
+def test_a_freeze_listing_one_package_twice_refuses_before_anything_is_saved() -> None:
+    # Issue 17 D7: what uv prints for a venv with two pip dist-infos
+    # (tests/samples/uv_pip_freeze_duplicate_dist_info.txt), in a vLLM venv.
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[1:3] == ("pip", "freeze"):
+            return ok(a, f"numpy==2.2.6\npip==21.3.1\npip==22.1.1\nvllm=={OLD}\n")
+        return inner(a)
+    h.command = command  # type: ignore[method-assign]
+    _refuses(h, "snapshot not restorable: two versions of pip installed (21.3.1, 22.1.1)")
+    assert not any(a[:3] == ("sh", "-c", remote.SAVE_FROM_STDIN) for a in h.calls)
+    assert "pip==22.1.1" in ended(h, Step.PREFLIGHT).detail  # the freeze, as evidence
+
+
+def test_prefetch_pins_a_package_from_a_url_by_its_url() -> None:
+    # Issue 17 D8: the dry run installs a wheel from a direct URL (the line's form is real
+    # uv's: tests/samples/uv_pip_install_direct_url.txt); the throwaway venv must get it
+    # from there, as the install will (an index need not serve that build).
+    url = "https://wheels.example.com/abc/humming_kernels-0.1.19-py3-none-any.whl"
+    seen: list[bytes] = []
+    h = Host()
+    inner, respond = h.command, h.respond
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        r = inner(a)
+        if "--dry-run" in a:
+            return ok(a, stderr=r.stderr + f"\n + humming-kernels==0.1.19 (from {url})")
+        return r
+
+    def spy(action: Any) -> Any:
+        if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
+            seen.append(action.stdin)
+        return respond(action)
+    h.command = command  # type: ignore[method-assign]
+    h.respond = spy  # type: ignore[method-assign]
+    assert run(h, version="0.16.0").status == "succeeded"
+    assert seen == [f"humming-kernels @ {url}\nnumpy==2.2.6\ntorch==2.10.0\n"
+                    "vllm==0.16.0\n".encode()]
+    [planned] = packages(h, EnvKind.PLANNED)
+    assert planned.diff is not None
+    assert Change("humming-kernels", None, "0.1.19", None, url) in planned.diff.changes
 
 
 def _gate_refuses(h: Host, check: str) -> str:

@@ -14,4 +14,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "index_drops_old", "uv_fails_midway", "xid_79", "pending_remap", "ecc_uncorrected",
     "unified_memory", "no_gpus", "orphan_workers", "d_state_worker",
     "reset_required", "mig_xid",
+    "cu128_on_cuda_12_7", "cu129_wheels", "duplicate_dist_info",
 )

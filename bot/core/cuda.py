@@ -10,8 +10,12 @@ the import takes seconds.
 The driver's CUDA version is the highest CUDA it supports, from the header of plain
 ``nvidia-smi``: ``| NVIDIA-SMI 570.124.06  Driver Version: 570.124.06  CUDA Version: 12.8 |``
 (drivers up to R580), or ``... KMD Version: 610.43.02  CUDA UMD Version: 13.3 |``
-(R610 on). A torch built for a newer CUDA than that cannot initialise CUDA on this
-driver (vllm-project/vllm#14608: CUDA 12 wheels on an older driver).
+(R610 on). A torch built for a newer CUDA *major* version than that cannot initialise
+CUDA on this driver (vllm-project/vllm#14608: CUDA 12 wheels on a CUDA 11 driver). A
+newer *minor* of the same major runs: CUDA's minor-version compatibility lets a
+toolkit 12.x application run on any driver of the 12 series (pytorch/pytorch#155141: a
+cu128 torch on a driver that reports 12.4), without what needs the newer driver (PTX
+JIT of code built for the newer minor). So that is a warning, never a refusal.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import re
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
+
+from bot.core.versions import same_release
 
 GATE_MARK = "chatops-gate "
 # Runs as `python -c GATE_CODE`. The traceback of a failed import goes to stderr (the
@@ -81,28 +87,25 @@ def _major_minor(text: str) -> tuple[int, int] | None:
     return release[0], release[1] if len(release) > 1 else 0
 
 
-def _same_version(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
-
 @dataclass(frozen=True, slots=True)
 class GateVerdict:
     ok: bool
     check: str  # which check decided: "import", "vllm version", "CUDA", or "all"
     reason: str
+    # Said on a passing gate's step: torch built for a newer CUDA minor than the driver's.
+    warning: str | None = None
 
 
 def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: str | None,
                  package: str = "vllm") -> GateVerdict:
-    """Whether the new venv may start: it imports, holds the target vLLM, and its torch's
-    CUDA build is not newer than the driver supports. An unknown target or driver
-    version is not compared (and the reason says so), never taken for a match."""
+    """Whether the new venv may start: it imports, holds the target vLLM (the same
+    release: ``vllm.__version__`` has no ``+cu129`` label, ``bot.core.versions``), and
+    its torch's CUDA build is of no newer major version than the driver supports (a
+    newer minor is a warning). An unknown target or driver version is not compared (and
+    the reason says so), never taken for a match."""
     if report is None or report.vllm is None or report.torch is None:
         return GateVerdict(False, "import", "import vllm, torch failed")
-    if target is not None and not _same_version(report.vllm, target):
+    if target is not None and not same_release(report.vllm, target):
         return GateVerdict(False, f"{package} version",
                            f"{package} {report.vllm} is installed, not {target}")
     if report.cuda is None:
@@ -115,7 +118,15 @@ def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: 
     built, supported = _major_minor(report.cuda), _major_minor(driver_cuda)
     if built is None or supported is None:
         return GateVerdict(True, "all", f"{found}; driver CUDA {driver_cuda} not comparable")
-    if built > supported:
+    if built[0] > supported[0]:
         return GateVerdict(False, "CUDA", f"torch {report.torch} is built for CUDA "
-                           f"{report.cuda}, newer than the {driver_cuda} the driver supports")
+                           f"{report.cuda}, newer than the {driver_cuda} the driver supports "
+                           "(another major version: minor-version compatibility does not "
+                           "cross it)")
+    if built > supported:
+        warning = (f"torch's CUDA {report.cuda} is newer than the {driver_cuda} the driver "
+                   "reports; it runs under CUDA minor-version compatibility, without what "
+                   f"needs a CUDA {report.cuda} driver (PTX JIT)")
+        return GateVerdict(True, "all", f"{found}; the driver reports CUDA {driver_cuda}; "
+                           f"WARNING: {warning}", warning)
     return GateVerdict(True, "all", f"{found}; driver supports CUDA {driver_cuda}")

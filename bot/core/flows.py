@@ -25,8 +25,6 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from packaging.version import InvalidVersion, Version
-
 from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.gpu import (
@@ -106,6 +104,7 @@ from bot.core.results import CommandResult, HttpResult
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
+from bot.core.versions import same_release
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -260,15 +259,6 @@ def lost(r: CommandResult) -> bool:
 class _HostLost(GpuQueryError):
     """A poll's result never came back; a GpuQueryError so read-only callers treat it
     like any other failed query, while the drain can tell it apart and retry."""
-
-
-def _same_version(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return False
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 def _why(r: CommandResult) -> str:
@@ -770,10 +760,13 @@ def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
         checks.append(f"skipped: GET {url} reports {reported}; the installed version is "
                       f"unknown ({why})")
         return
-    if not _same_version(reported, installed):
+    if not same_release(reported, installed):
         raise _NotReady(f"the server reports version {reported}, but {svc.package} "
                         f"{installed} is installed")
-    checks.append(f"ok: GET {url} reports {reported}, the installed version")
+    # vLLM's own version has no `+cu129` label; the wheel's metadata has (versions.py).
+    same = "the installed version" if reported == installed else (
+        f"the release of the installed {installed}")
+    checks.append(f"ok: GET {url} reports {reported}, {same}")
 
 
 # ---- in-flight requests, before the stop ------------------------------------------------------
@@ -1333,7 +1326,8 @@ class _Env:
     planned: PackageDiff  # the dry run's changes
     # Everything the install installs (the dry run's `+` and `~` lines): what the prefetch
     # puts in uv's cache. Not the whole snapshot: what the install leaves alone (a CUDA 12
-    # wheel a CUDA 13 release no longer needs) may be gone from the index already.
+    # wheel a CUDA 13 release no longer needs) may be gone from the index already. Name ->
+    # its requirement line: `name==version`, or `name @ URL` for a direct-URL wheel.
     installs: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -1351,6 +1345,12 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
     if not snapshot.versions:
         raise _Refused(f"the environment snapshot is empty (`{cmd(argv)}` listed no "
                        "package), so a rollback could not restore it", _evidence(argv, r))
+    twice = snapshot.unrestorable()
+    if twice is not None:  # `uv pip sync` of it would fail: no rollback could work
+        raise _Refused(f"snapshot not restorable: {twice}; `uv pip sync` cannot require "
+                       "two versions of one package. Remove the stale `.dist-info` "
+                       f"directory from {svc.venv_dir}'s site-packages, then ask again",
+                       _evidence(argv, r))
     lock = remote.lock_path(svc, snapshot.digest)
     if not plan.dry_run:  # a dry run writes nothing on the host
         save = remote.save_lock(svc, lock)
@@ -1360,8 +1360,7 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
             raise _Refused(f"cannot save the environment snapshot on the host as {lock} "
                            f"({_explain(s)})", _evidence(save, s))
     changes = parse_install_changes(dry_output)
-    env = _Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output)
-               or {c.name: c.after for c in changes if c.after is not None})
+    env = _Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output))
     yield Emit(Packages(EnvKind.SNAPSHOT, None, snapshot.text, None if plan.dry_run else lock))
     yield Emit(Packages(EnvKind.PLANNED, env.planned))
     return env
@@ -1381,7 +1380,7 @@ def _prefetch(plan: Plan, svc: ServiceSettings, env: _Env) -> Generator[Action, 
     service is untouched)."""
     argv = remote.prefetch(svc, plan.index_url)
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
-    pins = "".join(f"{n}=={v}\n" for n, v in sorted(env.installs.items()))
+    pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
     stdin = (remote.index_input(plan.index_url) or b"") + pins.encode()
     started = (yield from _tick(0.0)).now
     r = yield from _run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
@@ -1413,7 +1412,9 @@ def _gate(svc: ServiceSettings, env: _Env, target: str | None
     verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda,
                            package=svc.package)
     if verdict.ok:
-        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status))
+        # A warning (torch's CUDA minor newer than the driver's) goes in the output too.
+        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status,
+                           f"WARNING: {verdict.warning}" if verdict.warning else ""))
         return None
     said = _tail(g.output, 1) if report is None else ""
     why = verdict.reason + (f": {said}" if said else f" ({_why(g)})" if not g.ok else "")
@@ -1645,7 +1646,7 @@ def _install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: st
             why = f"{cut}; then {settled.why}"
             yield Emit(EndStep(step, False, why))
             return "unknown", why
-        if not _same_version(settled.installed, target):
+        if not same_release(settled.installed, target):
             why = (f"{cut}; once uv had ended, {svc.package} was "
                    f"{settled.installed or 'missing'}, not {target or 'a known version'}")
             yield Emit(EndStep(step, False, why))

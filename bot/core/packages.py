@@ -9,6 +9,14 @@ Pure. What it reads is what uv 0.13 prints (tests/samples, captured with uv 0.13
   reinstalled at the same version (``--reinstall``/``--force-reinstall``),
   `` ~ name==version``. A package that moves has a ``-`` and a ``+`` line; a new one only
   a ``+``. ``Downloading name (320.8MiB)`` says what a real install fetches.
+* A package from a direct URL or a local wheel reads `` + name==version (from URL)``
+  (``https://...``, ``file:///...whl``), and in a dry run that has not fetched it yet
+  `` + name @ URL`` (no version: a wheel's file name says it). ``parse_entry`` reads all
+  three; the freeze lists such a package as ``name @ URL``.
+* A venv holding two dist-infos of one package (an interrupted upgrade, a copied
+  directory) makes the freeze print both (``pip==21.3.1`` and ``pip==22.1.1``); ``uv pip
+  sync`` of that refuses to resolve ("you require pip==21.3.1 and pip==22.1.1"), so such
+  a snapshot cannot be restored (``Freeze.duplicates``).
 
 A change of torch, a CUDA wheel (``nvidia-*``), flashinfer, triton or transformers is what
 turns a vLLM upgrade into a different CUDA stack, so those are *highlighted* wherever a
@@ -20,12 +28,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from bot.core.versions import same_build
 
 
 class EnvKind(StrEnum):
@@ -62,6 +72,8 @@ _HIGHLIGHT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "t
 _HIGHLIGHT_PREFIXES = ("nvidia-", "flashinfer", "cuda-", "cupy-")
 
 _CHANGE_LINE = re.compile(r"^ ([-+~]) (?P<req>\S.*)$")
+# `` + vllm==0.11.0 (from https://...whl)``: where a direct-URL or local wheel came from.
+_FROM = re.compile(r"(?P<req>.+?) \(from (?P<url>[A-Za-z][A-Za-z0-9+.-]*:\S+)\)")
 _DOWNLOADING = re.compile(r"^Downloading (?P<name>\S+) \((?P<size>[0-9.]+)(?P<unit>[KMG]i?B)\)$")
 _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
 
@@ -81,33 +93,52 @@ def highlighted(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One package whose version changes: ``before`` None = new, ``after`` None = removed."""
+    """One package whose version changes: ``before`` None = new, ``after`` None = removed.
+    ``before_url``/``after_url``: the direct URL (or local file) it came or comes from,
+    when uv said one; a change of that alone (the same version from another source, as
+    ``--force-reinstall`` does to a wheel installed from a URL) is a change too, and a
+    version uv did not say (`` + name @ URL`` of a source URL) is ""."""
 
     name: str
     before: str | None
     after: str | None
+    before_url: str | None = None
+    after_url: str | None = None
 
     @property
     def highlighted(self) -> bool:
         return highlighted(self.name)
 
     def describe(self) -> str:
-        """``torch 2.13.0 → 2.14.0`` / ``orjson (new) 3.13.0`` / ``foo 1.0 (removed)``."""
+        """``torch 2.13.0 → 2.14.0`` / ``orjson (new) 3.13.0`` / ``foo 1.0 (removed)``;
+        the source too where the version alone does not show the change."""
+        same = self.before == self.after
+
+        def side(version: str | None, url: str | None) -> str:
+            # The source only where the version alone does not show the change.
+            if (version and not same) or not (same or url):
+                return version or ""
+            return f"{version or ''} (from {url or 'the index'})".strip()
+        before, after = side(self.before, self.before_url), side(self.after, self.after_url)
         if self.before is None:
-            return f"{self.name} (new) {self.after or ''}".rstrip()
+            return f"{self.name} (new) {after}".rstrip()
         if self.after is None:
-            return f"{self.name} {self.before}".rstrip() + " (removed)"
-        return f"{self.name} {self.before} → {self.after}"
+            return f"{self.name} {before}".rstrip() + " (removed)"
+        return f"{self.name} {before} → {after}"
 
     def to_json(self) -> dict[str, str | None]:
-        return {"name": self.name, "before": self.before, "after": self.after}
+        out = {"name": self.name, "before": self.before, "after": self.after}
+        out |= {k: v for k, v in (("before_url", self.before_url),
+                                  ("after_url", self.after_url)) if v is not None}
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Change:
         def opt(key: str) -> str | None:
             value = data.get(key)
             return None if value is None else str(value)
-        return cls(str(data["name"]), opt("before"), opt("after"))
+        return cls(str(data["name"]), opt("before"), opt("after"), opt("before_url"),
+                   opt("after_url"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,66 +189,103 @@ class PackageDiff:
                    int(unchanged) if isinstance(unchanged, int) else None)
 
 
-def _pinned(requirement: str) -> tuple[str, str] | None:
-    """(canonical name, version) of ``name==version``; None for anything else."""
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One package as uv names it: ``name==version``, ``name==version (from URL)`` or
+    ``name @ URL``."""
+
+    name: str  # canonical
+    version: str  # "" when uv did not say and no wheel file name does
+    url: str | None = None  # the direct URL or local file it comes from
+
+    def requirement(self) -> str:
+        """The line of a requirements file that gets exactly this package back: its URL
+        when it came from one (an index need not serve that build at all), else its pin."""
+        return f"{self.name} @ {self.url}" if self.url is not None else (
+            f"{self.name}=={self.version}")
+
+
+def _wheel_version(url: str, name: str) -> str:
+    """The version in a wheel URL's file name (``six-1.17.0-py2.py3-none-any.whl``);
+    "" for anything else (an sdist, a git URL, another package's wheel)."""
+    filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
     try:
-        req = Requirement(requirement.strip())
+        wheel_name, version, _, _ = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return ""
+    return str(version) if wheel_name == name else ""
+
+
+def parse_entry(text: str) -> Entry | None:
+    """A package as an install report or a freeze names it; None for anything else
+    (a range, ``-e path``, a line that is no requirement)."""
+    text = text.strip()
+    m = _FROM.fullmatch(text)
+    came_from = m["url"] if m is not None else None
+    try:
+        req = Requirement(m["req"] if m is not None else text)
     except InvalidRequirement:
         return None
+    name = canonicalize_name(req.name)
+    if req.url is not None:
+        return Entry(name, _wheel_version(req.url, name), req.url) if came_from is None else None
     specs = list(req.specifier)
-    if req.url is not None or len(specs) != 1 or specs[0].operator not in ("==", "==="):
+    if len(specs) != 1 or specs[0].operator not in ("==", "==="):
         return None
-    return canonicalize_name(req.name), specs[0].version
+    return Entry(name, specs[0].version, came_from)
+
+
+def _report(text: str) -> Iterable[tuple[str, Entry]]:
+    """Each `` - ``/`` + ``/`` ~ `` line of an install report: (its sign, the package)."""
+    for line in text.splitlines():
+        m = _CHANGE_LINE.match(line.rstrip())
+        entry = parse_entry(m["req"]) if m is not None else None
+        if m is not None and entry is not None:
+            yield m.group(1), entry
 
 
 def parse_install_set(text: str) -> dict[str, str]:
-    """Every package an install (or its dry run) installs, at the version it installs:
+    """Every package an install (or its dry run) installs, as the requirement that gets
+    exactly it (``name==version``, or ``name @ URL`` for one from a URL or a local wheel):
     its `` + `` and `` ~ `` lines (with ``--force-reinstall``, the whole resolution). What
     a prefetch must have in the cache for the install to download nothing."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        m = _CHANGE_LINE.match(line.rstrip())
-        pinned = _pinned(m["req"]) if m is not None and m.group(1) in "+~" else None
-        if pinned is not None:
-            out[pinned[0]] = pinned[1]
-    return out
+    return {e.name: e.requirement() for sign, e in _report(text) if sign in "+~"}
 
 
 def parse_install_changes(text: str) -> tuple[Change, ...]:
-    """The packages whose version an install (or its dry run) changes, from uv's
-    `` - ``/`` + `` lines (a `` ~ `` reinstall at the same version is no change), in the
+    """The packages whose version (or source URL) an install (or its dry run) changes,
+    from uv's `` - ``/`` + `` lines (a `` ~ `` reinstall as it was is no change), in the
     order uv printed them."""
-    removed: dict[str, str] = {}
-    added: dict[str, str] = {}
+    removed: dict[str, Entry] = {}
+    added: dict[str, Entry] = {}
     order: list[str] = []
-    for line in text.splitlines():
-        m = _CHANGE_LINE.match(line.rstrip())
-        if m is None:
-            continue
-        pinned = _pinned(m["req"])
-        if pinned is None:
-            continue
-        name, version = pinned
-        if name not in order:
-            order.append(name)
-        if m.group(1) == "-":
-            removed[name] = version
-        elif m.group(1) == "+":
-            added[name] = version
+    for sign, entry in _report(text):
+        if entry.name not in order:
+            order.append(entry.name)
+        if sign == "-":
+            removed[entry.name] = entry
+        elif sign == "+":
+            added[entry.name] = entry
         else:  # "~": reinstalled as it was
-            removed.setdefault(name, version)
-            added.setdefault(name, version)
-    return tuple(Change(n, removed.get(n), added.get(n)) for n in order
-                 if not _same(removed.get(n), added.get(n)))
+            removed.setdefault(entry.name, entry)
+            added.setdefault(entry.name, entry)
+    out = []
+    for n in order:
+        old, new = removed.get(n), added.get(n)
+        if old is not None and new is not None and old.url == new.url and _same(
+                old.version, new.version):
+            continue
+        out.append(Change(n, None if old is None else old.version,
+                          None if new is None else new.version,
+                          None if old is None else old.url, None if new is None else new.url))
+    return tuple(out)
 
 
 def _same(a: str | None, b: str | None) -> bool:
+    """The same build: a diff shows ``0.11.0`` becoming ``0.11.0+cu129`` (another wheel)."""
     if a is None or b is None:
         return a is b
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
+    return same_build(a, b)
 
 
 def downloaded_bytes(text: str) -> int | None:
@@ -242,6 +310,9 @@ class Freeze:
     # Lines that are no ``name==version`` pin (``-e``, ``name @ url``): kept in ``text``,
     # compared as text.
     others: tuple[str, ...] = ()
+    # A package listed more than once (two dist-infos of it in the venv): its every
+    # version (``@ URL`` for a URL entry), in the freeze's order. ``versions`` keeps one.
+    duplicates: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -254,6 +325,17 @@ class Freeze:
 
     def version_of(self, name: str) -> str | None:
         return self.versions.get(canonicalize_name(name))
+
+    def unrestorable(self) -> str | None:
+        """Why ``uv pip sync`` of this text cannot make the venv it again; None when it
+        can. A package listed twice cannot be required twice ("Because you require
+        pip==21.3.1 and pip==22.1.1, we can conclude that your requirements are
+        unsatisfiable", uv 0.13.9)."""
+        if not self.duplicates:
+            return None
+        words = {2: "two", 3: "three"}
+        return "; ".join(f"{words.get(len(vs), str(len(vs)))} versions of {name} installed "
+                         f"({', '.join(vs)})" for name, vs in sorted(self.duplicates.items()))
 
     def applied(self, changes: Iterable[Change]) -> Freeze:
         """The pinned set an install with these changes leaves (what a prefetch fetches)."""
@@ -278,17 +360,25 @@ def parse_freeze(stdout: str) -> Freeze:
     versions: dict[str, str] = {}
     others: list[str] = []
     lines: list[str] = []
+    seen: dict[str, list[str]] = {}
     for raw in stdout.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         lines.append(line)
-        pinned = _pinned(line)
-        if pinned is None:
+        entry = parse_entry(line)
+        if entry is not None:
+            seen.setdefault(entry.name, []).append(
+                entry.version if entry.url is None else f"@ {entry.url}")
+        if entry is None or entry.url is not None:
             others.append(line)
         else:
-            versions[pinned[0]] = pinned[1]
-    return Freeze("".join(f"{x}\n" for x in lines), versions, tuple(others))
+            versions[entry.name] = entry.version
+    # The same pin twice is satisfiable (uv resolves `pip==21.3.1` given twice); two
+    # different ones are not.
+    return Freeze("".join(f"{x}\n" for x in lines), versions, tuple(others),
+                  {n: tuple(dict.fromkeys(vs)) for n, vs in seen.items()
+                   if len(set(vs)) > 1})
 
 
 def diff_freezes(before: Freeze, after: Freeze) -> PackageDiff:

@@ -5,7 +5,8 @@ Pure; ``bot.core.flows`` makes the requests through the SSH connection.
 right model or correct answers. So after it: ``GET /v1/models`` must list the
 configured ``served_model``; ``POST /v1/completions`` (temperature 0) must answer 200
 with text matching ``smoke_expect``; and ``GET /version`` must report the installed
-version when the server offers that endpoint. The formats are vLLM's OpenAI-compatible
+version when the server offers that endpoint (the same release, ``bot.core.versions``:
+vLLM reports ``0.11.0`` for the wheel ``0.11.0+cu129``). The formats are vLLM's OpenAI-compatible
 server's (``vllm/entrypoints/openai/protocol.py``: ``ModelList``, ``CompletionResponse``,
 ``ErrorResponse``; ``/version`` returns ``{"version": ...}``).
 """

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from bot.core.cuda import GATE_CODE
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
+from bot.core.packages import parse_entry
 from bot.core.privilege import Command, Privilege, run_as_of
 from bot.settings import ServiceSettings
 
@@ -292,15 +293,15 @@ def _normal_name(name: str) -> str:
 
 def parse_resolved_version(text: str, package: str) -> str | None:
     """The version of ``package`` an install (or its dry run) installs, from uv's
-    `` + name==version`` lines; None when uv did not say."""
+    `` + name==version`` lines (`` + name==version (from URL)`` for a direct URL or a
+    local wheel, `` + name @ URL`` with the version in the wheel's file name); None when
+    uv did not say."""
     want = _normal_name(_bare_name(package))
     for line in text.splitlines():
-        entry = line.strip()
-        if not entry.startswith("+ "):
-            continue
-        name, sep, version = entry[2:].partition("==")
-        if sep and _normal_name(name.strip()) == want and version.strip():
-            return version.strip()
+        line = line.strip()
+        entry = parse_entry(line[2:]) if line.startswith("+ ") else None
+        if entry is not None and entry.name == want and entry.version:
+            return entry.version
     return None
 
 

@@ -7,10 +7,18 @@ transformers and the ``nvidia-*`` CUDA wheels (the ``-cu12`` ones are left behin
 ``uv pip install``, which never removes a package, and ``-cu13`` ones come in), and adds
 a package. Sizes are those of the real wheels, rounded; the changed wheels of that
 upgrade come to about 4 GiB.
+
+Issue 17 adds two builds a real index serves. With ``cu128_on_cuda_12_7`` the new
+release comes as a cu128 build (torch ``2.10.0+cu128`` from PyTorch's cu128 index, the
+``-cu12`` CUDA wheels) on a driver that reports CUDA 12.7. With ``cu129_wheels`` vLLM
+comes only as wheels labelled ``+cu129``: vLLM's ``setup.py`` (``get_vllm_version``)
+writes ``vllm/_version.py`` before it appends that label to the wheel's version, so
+``vllm.__version__`` and ``/version`` lack it (``module_version``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from bot.sim.state import DEFAULT_VERSION, HostState
@@ -51,8 +59,23 @@ RELEASES: dict[str, dict[str, str]] = {
     "0.16.0": {**BASE, **_CU130},
 }
 NEWEST = "0.16.0"
-# torch version -> torch.version.cuda of its default (PyPI) wheel.
-TORCH_CUDA: dict[str, str] = {"2.9.1": "12.8", "2.10.0": "13.0"}
+# The newest release built for CUDA 12.8 (cu128_on_cuda_12_7).
+CU128_NEWEST: dict[str, str] = {
+    **BASE, **_CU128, "torch": "2.10.0+cu128", "torchvision": "0.25.0+cu128",
+    "torchaudio": "2.10.0+cu128", "triton": "3.6.0", "flashinfer-python": "0.6.1",
+    "transformers": "4.57.6", "orjson": "3.11.4",
+}
+# torch version -> torch.version.cuda of its wheel.
+TORCH_CUDA: dict[str, str] = {"2.9.1": "12.8", "2.10.0": "13.0", "2.10.0+cu128": "12.8"}
+# The driver cu128_on_cuda_12_7 gives the host (an 8x L40S host on R565 reports 12.7).
+DRIVER_12_7 = "12.7"
+# The label cu129_wheels puts on vLLM's wheels, and every label vLLM's setup.py appends
+# to a wheel's version only (never to vllm/_version.py).
+CU129 = "cu129"
+# What duplicate_dist_info leaves in the venv: two dist-infos of pip, as uv's own test
+# (freeze_duplicate) and tests/samples/uv_pip_freeze_duplicate_dist_info.txt have them.
+DUPLICATE_PINS = ("pip==21.3.1", "pip==22.1.1")
+_BUILD_LABEL = re.compile(r"[+.](?:cu[0-9]+|rocm[0-9]+|precompiled|cpu|xpu|tpu|empty)$")
 # Wheel sizes in MiB; anything not listed is a small pure-Python wheel.
 SIZE_MIB: dict[str, float] = {
     "torch": 880.0, "vllm": 420.0, "nvidia-cudnn-cu12": 674.0, "nvidia-cudnn-cu13": 690.0,
@@ -66,7 +89,29 @@ SMALL_MIB = 0.4
 
 
 def deps_of(version: str) -> dict[str, str]:
-    return dict(RELEASES.get(version, RELEASES[NEWEST]))
+    return dict(RELEASES.get(module_version(version), RELEASES[NEWEST]))
+
+
+def release(st: HostState, version: str) -> dict[str, str]:
+    """What installing vllm ``version`` pulls in on this host's index."""
+    if st.faults.cu128_on_cuda_12_7 and module_version(version) == NEWEST:
+        return dict(CU128_NEWEST)
+    return deps_of(version)
+
+
+def module_version(wheel: str) -> str:
+    """What ``vllm.__version__`` (and so ``/version``) says for the wheel ``wheel``: its
+    version without the build label setup.py appended (``0.16.0+cu129`` -> ``0.16.0``,
+    ``...dev313+g662205d34.cu129`` -> ``...dev313+g662205d34``)."""
+    return _BUILD_LABEL.sub("", wheel)
+
+
+def wheel_of(st: HostState, version: str) -> str:
+    """The wheel a vllm ``version`` resolves to: with cu129_wheels, the labelled build
+    (PEP 440: ``==0.16.0`` matches ``0.16.0+cu129``)."""
+    if not st.faults.cu129_wheels or module_version(version) != version:
+        return version
+    return f"{version}{'.' if '+' in version else '+'}{CU129}"
 
 
 def environment(st: HostState) -> dict[str, str]:
@@ -94,15 +139,19 @@ def served(st: HostState, name: str, version: str, indexes: list[str]) -> bool:
             versions += st.config.index_versions
         if st.faults.index_drops_old:
             versions = [v for v in versions if v == st.config.latest_version]
-        return version in versions
+        # With cu129_wheels the index has the labelled builds only.
+        return version in [wheel_of(st, v) for v in versions]
     if st.faults.index_drops_old:
-        return deps_of(st.config.latest_version).get(name) == version
-    return any(r.get(name) == version for r in RELEASES.values())
+        return release(st, st.config.latest_version).get(name) == version
+    return any(r.get(name) == version for r in (*RELEASES.values(), release(st, NEWEST)))
 
 
 def driver_cuda(st: HostState) -> str:
-    """The CUDA version the driver supports (torch_cuda_mismatch: an older driver)."""
-    return st.config.old_driver_cuda if st.faults.torch_cuda_mismatch else st.config.driver_cuda
+    """The CUDA version the driver supports (torch_cuda_mismatch: an older driver;
+    cu128_on_cuda_12_7: one that reports 12.7)."""
+    if st.faults.torch_cuda_mismatch:
+        return st.config.old_driver_cuda
+    return DRIVER_12_7 if st.faults.cu128_on_cuda_12_7 else st.config.driver_cuda
 
 
 def import_problem(st: HostState, env: Mapping[str, str] | None = None) -> str | None:
@@ -120,15 +169,16 @@ def import_problem(st: HostState, env: Mapping[str, str] | None = None) -> str |
 
 
 def cuda_problem(st: HostState) -> str | None:
-    """Why torch cannot use the GPUs on this driver; None when it can."""
+    """Why torch cannot use the GPUs on this driver; None when it can. A newer CUDA
+    minor of the driver's major runs (minor-version compatibility); a newer major not."""
     env = environment(st)
     built = TORCH_CUDA.get(env.get("torch", ""))
     if built is None:
         return None
 
-    def key(v: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in v.split("."))
-    if key(built) > key(driver_cuda(st)):
+    def major(v: str) -> int:
+        return int(v.split(".")[0])
+    if major(built) > major(driver_cuda(st)):
         return ("RuntimeError: The NVIDIA driver on your system is too old (found version "
                 f"{driver_cuda(st).replace('.', '0')}0).")
     return None

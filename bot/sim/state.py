@@ -179,6 +179,16 @@ class Faults:
     # Issue 17: GPU stuck_gpu is in MIG mode and one of its instances logged a contained
     # ECC error: the kernel's Xid 94 in the MIG form, "(PCI:0000:61:00 GPU-I:05)".
     mig_xid: bool = False
+    # Issue 17: the driver reports CUDA 12.7 and the new release's torch is a cu128 build
+    # (2.10.0+cu128, the CUDA 12 wheels): CUDA minor-version compatibility runs it.
+    cu128_on_cuda_12_7: bool = False
+    # Issue 17: the index serves vLLM only as wheels labelled `+cu129` (`.cu129` after a
+    # dev build's `+g<commit>`), as wheels.vllm.ai/<version>/cu129 does: uv, the freeze and
+    # `uv pip show` say `0.16.0+cu129`, vllm.__version__ and /version say `0.16.0`.
+    cu129_wheels: bool = False
+    # Issue 17: the venv holds a stale second dist-info of pip (pip-21.3.1 beside
+    # pip-22.1.1): `uv pip freeze` lists both, and `uv pip sync` of that cannot resolve.
+    duplicate_dist_info: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.sim import procfs
+from bot.sim.packages import module_version
 from bot.sim.state import (
     STATE_DIR_ENV,
     HostState,
@@ -165,7 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/health":
             status = 503 if st.faults.health_503 else 200
         elif path == "/version":
-            status, body = 200, json.dumps({"version": st.run.version}).encode()
+            # vLLM reports its own __version__: no `+cu129` label of the wheel.
+            version = None if st.run.version is None else module_version(st.run.version)
+            status, body = 200, json.dumps({"version": version}).encode()
         elif path == "/v1/models":
             status, body = 200, json.dumps(_models(st)).encode()
         elif path == "/metrics":

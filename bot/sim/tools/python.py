@@ -6,6 +6,8 @@ Each call lays out ``vllm/__init__.py`` (``__version__``) and ``torch`` (``__ver
 interpreter on the given arguments with only that directory on its path. A package
 that is not installed is absent (``ModuleNotFoundError``), and with the import_error fault
 ``import vllm`` raises the ImportError a vllm built against another torch raises.
+``vllm.__version__`` is what vLLM's own ``_version.py`` says: no ``+cu129`` build label
+(``packages.module_version``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _lay_out(site: Path, st: HostState) -> None:
         (site / "vllm").mkdir()
         body = (f"raise ImportError({problem.split(': ', 1)[1]!r})\n"
                 if problem is not None and problem.startswith("ImportError") else
-                f"__version__ = {env[packages.PACKAGE]!r}\n")
+                f"__version__ = {packages.module_version(env[packages.PACKAGE])!r}\n")
         (site / "vllm" / "__init__.py").write_text(body)
     if "torch" in env:
         (site / "torch").mkdir()

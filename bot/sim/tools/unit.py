@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 
 from bot.sim import vllm_server
-from bot.sim.packages import cuda_problem, import_problem
+from bot.sim.packages import cuda_problem, import_problem, module_version
 from bot.sim.state import (
     ENGINE_PID_OFFSET,
     WORKER_PID_OFFSET,
@@ -61,15 +61,16 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     """What vLLM logs from start until it serves, spread over load_delay_s (see
     ``since_start``)."""
     cfg, pid = st.config, run.main_pid
+    version = module_version(run.version or "")  # vLLM logs its own __version__
     engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
     worker = f"(Worker_TP0 pid={pid + WORKER_PID_OFFSET}) "
     steps: list[tuple[float, str, str, str]] = [
         (0.02, "", "__init__.py:216", "Automatically detected platform cuda."),
-        (0.05, "", "api_server.py:1839", f"vLLM API server version {run.version}"),
+        (0.05, "", "api_server.py:1839", f"vLLM API server version {version}"),
         (0.06, "", "utils.py:253", f"non-default args: {{'model': '{cfg.model}', "
                                    f"'tensor_parallel_size': {cfg.gpus}, "
                                    f"'port': {st.service_port}}}"),
-        (0.10, engine, "core.py:93", f"Initializing a V1 LLM engine (v{run.version}) "
+        (0.10, engine, "core.py:93", f"Initializing a V1 LLM engine (v{version}) "
                                      f"with config: model='{cfg.model}'"),
         (_LOADING_FROM, worker, "gpu_model_runner.py:2653",
          f"Starting to load model {cfg.model}..."),

@@ -228,7 +228,7 @@ def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
         return _no_solution(f"Because {name} was not found in the package registry and you "
                             f"require {name}, we can conclude that your requirements are "
                             "unsatisfiable.")
-    target = version or st.config.latest_version
+    target = pk.wheel_of(st, version or st.config.latest_version)
     if not pk.served(st, PACKAGE, target, indexes):
         return _no_solution(f"Because there is no version of {spec} and you require {spec}, "
                             "we can conclude that your requirements are unsatisfiable.")
@@ -246,18 +246,26 @@ def _sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
 
-def _read_requirements(paths: list[str]) -> dict[str, str] | str:
-    """name -> version of the ``name==version`` lines of -r files (/dev/stdin too)."""
+def _read_requirements(paths: list[str]) -> dict[str, str] | tuple[str, int]:
+    """name -> version of the ``name==version`` lines of -r files (/dev/stdin too); or
+    uv's error and exit status. Two pins of one name cannot both hold: uv 0.13.9 says
+    so as tests/samples/uv_pip_sync_duplicate_pins.txt shows."""
     pins: dict[str, str] = {}
     for path in paths:
         try:
             text = sys.stdin.read() if path in ("-", "/dev/stdin") else Path(path).read_text()
         except OSError as e:
-            return f"error: File not found: `{path}` ({e.strerror})"
+            return f"error: File not found: `{path}` ({e.strerror})", 2
         for line in text.splitlines():
             name, sep, version = line.strip().partition("==")
+            name, version = name.strip().lower(), version.strip()
+            if sep and pins.get(name, version) != version:
+                return ("error: No solution found when resolving dependencies\n  cause: "
+                        f"Because you require {pk.pin(name, pins[name])} and "
+                        f"{pk.pin(name, version)}, we can conclude that your requirements "
+                        "are unsatisfiable."), 1
             if sep:
-                pins[name.strip().lower()] = version.strip()
+                pins[name] = version
     return pins
 
 
@@ -341,7 +349,7 @@ def _install(store: StateStore, args: list[str]) -> int:
     target = _resolve(st, req.specs[0], req.indexes)
     if isinstance(target, int):
         return target
-    wanted = {**pk.deps_of(target), PACKAGE: target}
+    wanted = {**pk.release(st, target), PACKAGE: target}
     old = pk.environment(st)
     moved = {n: v for n, v in wanted.items() if old.get(n) != v}
     _err(f"Resolved {len(wanted)} packages in {_elapsed(time.time() - t0)}")
@@ -369,9 +377,9 @@ def _install(store: StateStore, args: list[str]) -> int:
 def _prefetch(store: StateStore, req: _Request, t0: float) -> int:
     """An install into a throwaway venv: the wheels reach the cache, nothing else changes."""
     pins = _read_requirements(req.requirements)
-    if isinstance(pins, str):
-        _err(pins)
-        return 2
+    if isinstance(pins, tuple):
+        _err(pins[0])
+        return pins[1]
     wanted = {**pins, **{n: v for n, _, v in (s.partition("==") for s in req.specs) if v}}
     st = store.read()
     _err(f"Resolved {_plural(len(wanted))} in {_elapsed(time.time() - t0)}")
@@ -528,7 +536,11 @@ def _freeze(store: StateStore, args: list[str]) -> int:
     assert req.python is not None
     env = pk.environment(st) if _ours(st, req.python) else {}
     _err(f"Using Python 3.12.3 environment at: {os.path.dirname(os.path.dirname(req.python))}")
-    sys.stdout.write("".join(f"{pk.pin(n, v)}\n" for n, v in sorted(env.items())))
+    pins = [pk.pin(n, v) for n, v in sorted(env.items())]
+    if st.faults.duplicate_dist_info and env:
+        # Both dist-infos, in name order, as uv lists them (uv_pip_freeze_duplicate_...).
+        pins = sorted([*pins, *pk.DUPLICATE_PINS], key=lambda p: p.partition("==")[0])
+    sys.stdout.write("".join(f"{p}\n" for p in pins))
     return 0
 
 
@@ -548,9 +560,9 @@ def _sync(store: StateStore, args: list[str]) -> int:
     if not _ours(st, req.python):
         return _externally_managed(req.python)
     wanted = _read_requirements(req.specs)
-    if isinstance(wanted, str):
-        _err(wanted)
-        return 2
+    if isinstance(wanted, tuple):
+        _err(wanted[0])
+        return wanted[1]
     _sleep_until(t0 + 0.1 * st.config.install_duration_s)
     _err(f"Resolved {_plural(len(wanted))} in {_elapsed(time.time() - t0)}")
     old = pk.environment(st)
