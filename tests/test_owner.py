@@ -119,8 +119,9 @@ def test_garbage_missing_and_old_owners_say_nothing_so_the_heartbeat_decides() -
 
 
 def test_an_owner_of_another_boot_or_namespace_says_nothing() -> None:
-    # Every machine's initial PID namespace has the same inode (4026531836), and a
-    # container with host networking has our hostname: only boot id AND namespace count.
+    # Every machine's initial PID namespace has the same inode (4026531836, the kernel's
+    # PROC_PID_INIT_INO; tests/samples/SOURCES.md, owner), and a container with host
+    # networking has our hostname: only boot id AND namespace count.
     assert HERE.boot_id is not None and HERE.pid_ns is not None
     stat = read_stat(os.getpid())
     assert stat is not None
@@ -231,6 +232,8 @@ async def renewed(audit: AuditLog, run_id: int, past: int) -> None:
 
 async def test_a_run_owned_in_another_pid_namespace_lives_while_it_beats(
         tmp_path: Path) -> None:
+    # The failure of garrytan/gbrain#2840 and ROCm/aiter#5269 (a PID judged from another
+    # PID namespace under one hostname), here with our own run, service and clocks.
     db = tmp_path / "audit.db"
     s = ns_process.settings(db)
     plan = make_plan(s, Action.RESTART, ns_process.SERVICE)
@@ -328,6 +331,8 @@ def proc_with_hidepid() -> Iterator[Path]:
 
 
 def test_a_process_hidepid_hides_is_not_taken_for_dead() -> None:
+    # EPERM from kill(pid, 0) means "exists" (mvanhorn/cli-printing-press#547; see
+    # tests/samples/SOURCES.md, owner).
     # hidepid=2: this root process is invisible to `nobody` in the same namespace. The
     # judge must not read "no /proc entry" as "gone" (kill(pid, 0) says EPERM: it is
     # there); a PID that really is gone (ESRCH) is still dead.

@@ -697,6 +697,8 @@ async def renewals(audit: AuditLog, run_id: int, count: int) -> None:
 @pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
 async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
         tmp_path: Path, skew_s: float) -> None:
+    # Judged on timestamps each instance takes on its own clock, as client-go's leader
+    # election does (tests/samples/SOURCES.md, owner); 30 s is the skew.
     async with two_instances(tmp_path, skew_s) as (a, b):
         run_a, run_b = await a.running("svc"), await b.running("svc2")
         # A lease written with one clock, read with the other, is off by 30 s: ended
