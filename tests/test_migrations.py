@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiosqlite
@@ -15,7 +18,12 @@ import bot.audit
 from bot.audit.migrations import MIGRATIONS, Migration, apply_migrations, split_statements
 from bot.audit.store import AuditLog
 from bot.core.status import Action, Source
+from bot.engine.clocks import Monotonic
+from bot.engine.liveness import Judge, JudgedBy
+from bot.engine.owner import read_stat
 from bot.errors import AuditError
+from tests.support.clock import ManualClock
+from tests.support.wall_clock import ManualWallClock
 
 
 def applied_names(db: Path) -> list[str]:
@@ -129,6 +137,40 @@ async def test_migration_added_later_applies_to_an_old_database(tmp_path: Path) 
     # Opening again with the newer list applies nothing.
     async with aiosqlite.connect(db, isolation_level=None) as aconn:
         assert (await apply_migrations(aconn, newer)).applied == []
+
+
+async def test_a_database_from_before_issue_17_keeps_its_owners_and_counts_heartbeats(
+    tmp_path: Path,
+) -> None:
+    # Written by a bot before 0007/0008: an owner string `host:pid:start-time`, a lease.
+    db = tmp_path / "audit.db"
+    stat = read_stat(os.getpid())
+    assert stat is not None
+    old_owner = f"{socket.gethostname()}:{os.getpid()}:{stat.start_time}"  # this process
+    async with aiosqlite.connect(db, isolation_level=None) as conn:
+        await apply_migrations(conn, [m for m in MIGRATIONS if m.name < "0007"])
+        await conn.execute(
+            "INSERT INTO runs (service, action, hosts, requested_by, source, plan, status, "
+            "created_at, owner, lease_until) VALUES ('kimi-k25', 'restart', '[\"gpu1\"]', "
+            "'U1', 'cli', '{}', 'running', '2026-11-30T12:00:00Z', ?, "
+            "'2026-11-30T12:00:30Z')", (old_owner,))
+    async with AuditLog.open(db) as log:
+        assert applied_names(db)[-2:] == ["0007_lease_renewals", "0008_expires_clock"]
+        run = await log.get_run(1)
+        assert (run.owner, run.lease_renewals, run.expires_clock) == (old_owner, 0, None)
+        # Nothing says which PID namespace that PID is of (an older bot in a container
+        # writes the same string): judged by its heartbeat only, even though this live
+        # process has exactly that PID and start time here.
+        judge = Judge(wall=ManualWallClock(), monotonic=Monotonic(ManualClock(), "here"),
+                      wall_id=None, ttl_s=600)
+        await judge.look(log)
+        verdict = judge.verdict(run)
+        assert (verdict.alive, verdict.by) == (True, JudgedBy.LEASE)
+        # The old bot's heartbeat goes on renewing: now the count moves too.
+        assert await log.renew_lease(1, old_owner, datetime(2026, 11, 30, 12, 1, tzinfo=UTC))
+        assert (await log.get_run(1)).lease_renewals == 1
+    assert {"lease_renewals", "expires_clock"} <= set(columns(db, "runs"))
+    assert "lease_sightings" in tables(db)
 
 
 async def test_failing_migration_is_rolled_back_and_not_recorded(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""Recovery of runs whose driver died (issue 9): the heartbeat lease judged by an injected
-clock, recovery on the spot when a request meets a dead run's lock, the operator's
-``runs``/``recover`` commands, and the Slack bot's periodic sweep."""
+"""Recovery of runs whose driver died (issue 9): the heartbeat watched on the judge's own
+(injected) monotonic clock, recovery on the spot when a request meets a dead run's lock,
+the operator's ``runs``/``recover`` commands, and the Slack bot's periodic sweep; and two
+instances whose wall clocks disagree by 30 s either way (issue 17, F4)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +21,11 @@ from bot.audit import EXPIRED_SUMMARY, AuditLog, RunRecord, format_ts
 from bot.audit.view import run_view
 from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.clocks import Monotonic
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
-from bot.engine.lifecycle import RunLifecycle
-from bot.engine.owner import process_owner, read_stat
+from bot.engine.lifecycle import Refused, RunLifecycle
+from bot.engine.liveness import Judge
+from bot.engine.owner import Owner, process_owner, read_stat, this_namespace
 from bot.engine.recovery import (
     RECOVERY_ACTOR,
     Expired,
@@ -31,6 +35,7 @@ from bot.engine.recovery import (
     Recovered,
     interrupted_message,
     recover_by_hand,
+    system_judge,
 )
 from bot.errors import LockHeldError
 from bot.settings import LOCAL, Settings
@@ -38,11 +43,13 @@ from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
 from tests.support.cli import cli, cli_on_terminal
+from tests.support.clock import ManualClock
 from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB = "U0ALICE", "U0BOB"
-# A process on another machine (a rescheduled container): only its lease speaks for it.
-ELSEWHERE = "rescheduled-pod-7f9c:4242:777"
+# A process on another machine (a rescheduled container): only its heartbeat speaks for it.
+ELSEWHERE = ("rescheduled-pod-7f9c/boot=5e1d0b0e-0000-4000-8000-000000000009/"
+             "pidns=4026531836:4242:777")
 LOCKS = ["host:gpu1", "service:svc"]
 
 
@@ -51,7 +58,8 @@ def dead_local_owner() -> str:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     stat = read_stat(child.pid)
     child.wait()
-    return f"{socket.gethostname()}:{child.pid}:{stat.start_time if stat else '1'}"
+    return str(Owner(socket.gethostname(), child.pid, stat.start_time if stat else "1",
+                     this_namespace()))
 
 
 async def driven_by_a_dead_process(audit: AuditLog, run_id: int) -> None:
@@ -78,22 +86,28 @@ class World:
     clock: ManualWallClock
     told: list[Interrupted]
     started: list[tuple[RunLifecycle, int]]
+    # This machine's monotonic clock, which every process of the world judges by.
+    mono: ManualClock
 
     def plan(self) -> Plan:
         return make_plan(self.settings, Action.RESTART, "svc")
 
     def process(self, owner: str | None = None) -> RunLifecycle:
-        """One process's life cycle on the shared database and clock; what it recovers
+        """One process's life cycle on the shared database and clocks; what it recovers
         on meeting a lock is collected in ``told``."""
         life = RunLifecycle(self.settings, self.audit, clock=self.clock,
                             owner=(lambda: owner) if owner else process_owner,
-                            sleep=self.clock.sleep)
+                            sleep=self.clock.sleep,
+                            monotonic=Monotonic(self.mono, "this-machine"))
 
         async def tell(item: Interrupted) -> None:
             self.told.append(item)
 
         life.recovered.append(tell)
         return life
+
+    def judge(self) -> Judge:
+        return self.process().judge
 
     async def beat(self, sleepers: int = 1) -> None:
         """Move the clock one heartbeat period on, once ``sleepers`` heartbeats wait on it."""
@@ -113,7 +127,7 @@ class World:
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     s = settings(tmp_path)
     async with AuditLog.open(s.db_path) as audit:
-        w = World(s, audit, ManualWallClock(), [], [])
+        w = World(s, audit, ManualWallClock(), [], [], ManualClock())
         yield w
         for life, run_id in w.started:
             await life.released(run_id)  # stops its heartbeat
@@ -128,29 +142,35 @@ async def test_an_owner_elsewhere_lives_while_its_heartbeat_renews_and_dies_when
     run = await world.running(elsewhere)
     start = world.clock()
     assert run.lease_until == format_ts(start + timedelta(seconds=LEASE_S))
+    assert run.lease_renewals == 0
     here = world.process()
-    assert await here.recover() == []
+    assert await here.recover() == []  # the first look: it proves nothing either way
 
-    # Each beat moves the lease on: after two periods it ends LEASE_S after the second.
+    # Each beat moves the lease on and counts one more renewal; each look sees it change.
     for beat in (1, 2):
         await world.beat()
         until = format_ts(start + timedelta(seconds=beat * RENEW_EVERY_S + LEASE_S))
 
-        async def renewed(until: str = until) -> bool:
-            return (await world.audit.get_run(run.id)).lease_until == until
+        async def renewed(until: str = until, beat: int = beat) -> bool:
+            record = await world.audit.get_run(run.id)
+            return (record.lease_until, record.lease_renewals) == (until, beat)
 
         await eventually(renewed, f"heartbeat {beat}", timeout_s=5)
-    last = start + timedelta(seconds=2 * RENEW_EVERY_S)
+        world.mono.advance(RENEW_EVERY_S)
+        assert await here.recover() == []
 
     # Its process dies: nothing renews the lease any more (released stops the heartbeat).
     await elsewhere.released(run.id)
-    world.clock.now = last + timedelta(seconds=LEASE_S - 1)
-    assert await here.recover() == []  # the lease still vouches for it
-    with pytest.raises(LockHeldError, match=f"busy: run #{run.id}"):
+    world.mono.advance(LEASE_S - 1)
+    assert await here.recover() == []  # not yet a lease without a change
+    with pytest.raises(LockHeldError, match=rf"busy: run #{run.id} .*; the owner of run "
+                       rf"#{run.id} may be alive \(last heartbeat change seen 29 s ago, by "
+                       r"this machine's clock\); try again in 1 s or `python -m bot "
+                       rf"recover {run.id} --force`$"):
         await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
     assert world.told == []
 
-    world.clock.now = last + timedelta(seconds=LEASE_S)  # the lease has ended
+    world.mono.advance(1)  # a whole lease on this machine's clock with nothing changing
     record = await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
     [item] = world.told
     assert item.run.id == run.id and item.run.status == RunStatus.INTERRUPTED
@@ -207,7 +227,7 @@ async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: W
         await world.beat(sleepers=2)  # the run's own heartbeat, and this one
         await eventually(lambda: beat.renewals == 1, "a renewal", timeout_s=5)
         result = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                       clock=world.clock)
+                                       judge=world.judge())
         assert isinstance(result, Recovered)
         await world.beat(sleepers=2)  # both beat again; this one finds the run gone
         await eventually(lambda: lost, "the heartbeat to notice", timeout_s=5)
@@ -235,7 +255,7 @@ async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(
     with pytest.raises(LockHeldError, match=f"busy: run #{pending.id}"):
         await cli_process.request(world.plan(), requested_by=BOB, source=Source.CLI)
     waiting = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
-                                    clock=world.clock)
+                                    judge=world.judge())
     assert isinstance(waiting, NotDriven)
     assert f"awaiting approval until {pending.expires_at}" in waiting.reason
     assert (await world.audit.get_run(pending.id)).status == RunStatus.PENDING_APPROVAL
@@ -255,7 +275,7 @@ async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
                                             source=Source.SLACK)
     world.clock.advance(600)
     result = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
-                                   clock=world.clock)
+                                   judge=world.judge())
     assert isinstance(result, Expired) and result.run.status == RunStatus.EXPIRED
     assert f"window closed at {pending.expires_at}: it is now expired" in result.message
     assert (await world.audit.get_run(pending.id)).summary == EXPIRED_SUMMARY
@@ -355,13 +375,13 @@ async def test_an_expiry_timer_that_finds_a_cli_expired_its_request_closes_the_c
 
 async def test_recover_by_hand_refuses_a_live_owner_unless_forced(world: World) -> None:
     run = await world.running(world.process())  # owned by this (live) process
-    refused = await recover_by_hand(world.audit, run.id, by="cli:op@host", clock=world.clock)
+    refused = await recover_by_hand(world.audit, run.id, by="cli:op@host", judge=world.judge())
     assert isinstance(refused, OwnerAlive) and "--force" in refused.reason
     assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
     assert (await world.audit.locks_held()) == {run.id: LOCKS}
 
     forced = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                   clock=world.clock)
+                                   judge=world.judge())
     assert isinstance(forced, Recovered)
     assert forced.item.run.status == RunStatus.INTERRUPTED
     assert (await world.audit.locks_held()) == {}
@@ -369,7 +389,7 @@ async def test_recover_by_hand_refuses_a_live_owner_unless_forced(world: World) 
         (d.user, d.decision) for d in await world.audit.decisions(run.id)]
 
     again = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                  clock=world.clock)
+                                  judge=world.judge())
     assert isinstance(again, NotDriven) and "is interrupted" in again.reason
 
 
@@ -389,8 +409,11 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     assert (row["id"], row["status"], row["owner"], row["owner_alive"]) == (
         live.id, "running", process_owner(), True)
     assert row["locks"] == LOCKS and row["lease_until"] == live.lease_until
+    assert (row["owner_judged_by"], row["heartbeat_unchanged_s"], row["lease_renewals"]) == (
+        "process", None, 0)
     code, out, err = await cli("runs", *db, cwd=tmp_path)
     assert code == 0 and "OWNER" in out and process_owner() in out and "LEASE UNTIL" in out
+    assert "JUDGED BY" in out and " process " in out
 
     # A live owner: refused (and recorded) before anyone is asked to confirm.
     code, out, err = await cli("recover", str(live.id), *db, cwd=tmp_path)
@@ -430,6 +453,29 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     assert code == 1 and "only a running or approved run" in err
     code, out, err = await cli("runs", "--active", *db, cwd=tmp_path)
     assert (code, out) == (0, "no active runs\n"), err
+
+
+async def test_the_command_line_judges_an_owner_elsewhere_by_its_heartbeat(
+        world: World, tmp_path: Path) -> None:
+    # Its owner is on another machine: `runs` says what this machine has seen of its
+    # heartbeat, and `recover` refuses with when to try again, or --force.
+    run = await world.running(world.process(owner=ELSEWHERE))
+    db = ["--db", str(world.settings.db_path)]
+    code, out, err = await cli("runs", "--active", "--json", *db, cwd=tmp_path)
+    assert code == 0, err
+    [row] = _runs(out).values()
+    assert (row["owner"], row["owner_alive"], row["owner_judged_by"]) == (
+        ELSEWHERE, True, "lease")
+    assert row["lease_renewals"] == 0 and isinstance(row["heartbeat_unchanged_s"], float)
+    code, out, err = await cli("runs", *db, cwd=tmp_path)
+    assert code == 0 and "lease, unchanged" in out, err
+    code, out, err = await cli("recover", str(run.id), "--yes", *db, cwd=tmp_path)
+    assert code == 1, err
+    assert f"refused: run #{run.id} is running and the owner of run #{run.id} may be alive" in err
+    assert "try again in" in err and f"`python -m bot recover {run.id} --force`" in err
+    assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
+    code, out, err = await cli("recover", str(run.id), "--force", "--yes", *db, cwd=tmp_path)
+    assert code == 0 and f"Run #{run.id} (restart svc) was interrupted" in out, err
 
 
 async def test_the_operator_commands_explain_their_arguments(tmp_path: Path) -> None:
@@ -485,6 +531,38 @@ async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
         assert await audit.locks_held() == {}
 
 
+async def test_the_sweep_is_the_second_look_that_ends_an_owner_only_its_heartbeat_vouches_for(
+        tmp_path: Path, sim_host: SimKit) -> None:
+    clock, mono = ManualWallClock(), ManualClock()
+    async with slack_bot(tmp_path, sim_host) as bot:
+        # The bot's monotonic clock, moved by the test from here on.
+        bot.runtime.lifecycle.judge.monotonic = Monotonic(mono, "the-bots-machine")
+        bot.front_end.start_sweep(every_s=60, sleep=clock.sleep)
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        # A bot on another machine took the run and died: no process here to look at.
+        audit = bot.runtime.audit
+        assert await audit.transition(record.id, RunStatus.APPROVED,
+                                      expect=(RunStatus.PENDING_APPROVAL,))
+        assert await audit.transition(record.id, RunStatus.RUNNING, owner=ELSEWHERE,
+                                      expect=(RunStatus.APPROVED,))
+
+        async def sweep() -> None:
+            await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
+            mono.advance(60)
+            clock.advance(60)
+            await eventually(lambda: clock.sleepers, "the sweep to look", timeout_s=5)
+
+        await sweep()  # the first look: its heartbeat, as it is now, seen at this time
+        assert (await bot.run(record.id)).status == RunStatus.RUNNING
+        await sweep()  # a minute on, nothing changed: dead
+        await bot.wait_status(record.id, "interrupted", timeout_s=5)
+        await eventually(
+            lambda: [m for m in bot.fake.thread(CHANNEL, record.message_ts or "")[1:]
+                     if "was interrupted" in blocks_text(m)], "the thread to be told", 5)
+        assert await audit.locks_held() == {}
+
+
 async def test_a_request_meeting_a_dead_runs_lock_tells_its_thread_and_posts_a_card(
         tmp_path: Path, sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:  # no sweep: only the request finds it
@@ -519,8 +597,8 @@ async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
         audit = bot.runtime.audit
         await driven_by_a_dead_process(audit, record.id)
         # A CLI met the dead run's lock and recovered it; a CLI cannot post to Slack.
-        assert isinstance(await recover_by_hand(audit, record.id, by="cli:op@host"),
-                          Recovered)
+        assert isinstance(await recover_by_hand(audit, record.id, by="cli:op@host",
+                                                judge=system_judge(600)), Recovered)
         ts = record.message_ts or ""
 
         def told() -> list[str]:
@@ -534,3 +612,211 @@ async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
         await eventually(lambda: clock.sleepers, "the sweep to wait again", timeout_s=5)
         assert len(told()) == 1
         assert "interrupted" in blocks_text(await bot.card(record.id))
+
+
+# ---- two instances whose wall clocks disagree (issue 17, F4) ---------------------------
+
+TTL_S = 600
+
+
+def two_services(tmp_path: Path) -> Settings:
+    return Settings(
+        hosts={"gpu1": {"address": LOCAL}, "gpu2": {"address": LOCAL}},
+        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"},
+                  "svc2": {"hosts": ["gpu2"], "unit": "vllm-svc2",
+                           "python": "/opt/w/bin/python"}},
+        policy={"approvers": [BOB], "min_approvals": 1, "approval_ttl_s": TTL_S},
+        db_path=tmp_path / "audit.db")
+
+
+@dataclass
+class Instance:
+    """One bot instance on its own machine: its own connection to the shared file, its
+    own wall clock (skewed against the other's) and monotonic clock, and an owner string
+    no other machine can judge by its process."""
+
+    name: str
+    settings: Settings
+    audit: AuditLog
+    wall: ManualWallClock
+    mono: ManualClock
+    life: RunLifecycle
+
+    @classmethod
+    def on(cls, name: str, settings: Settings, audit: AuditLog,
+           wall: ManualWallClock) -> Instance:
+        mono = ManualClock()
+        owner = (f"machine-{name}/boot=00000000-0000-4000-8000-00000000000{len(name)}"
+                 f"{name[0]}/pidns=4026531836:4242:777")
+        life = RunLifecycle(settings, audit, clock=wall, owner=lambda: owner,
+                            sleep=wall.sleep, monotonic=Monotonic(mono, f"machine-{name}"),
+                            wall_id=f"machine-{name}")
+        return cls(name, settings, audit, wall, mono, life)
+
+    async def running(self, service: str) -> RunRecord:
+        plan = make_plan(self.settings, Action.RESTART, service)
+        record = await self.life.request(plan, requested_by=ALICE, source=Source.CLI)
+        assert await self.life.confirm(record.id, ALICE)
+        assert await self.life.start(record.id) is not None
+        return await self.audit.get_run(record.id)
+
+    def wall_sleeping(self) -> bool:
+        return self.wall.sleepers > 0
+
+    def pass_time(self, seconds: float) -> None:
+        """``seconds`` pass on this machine: its wall clock (heartbeats wake) and its
+        monotonic clock move together."""
+        self.wall.advance(seconds)
+        self.mono.advance(seconds)
+
+    async def request(self, service: str) -> RunRecord:
+        return await self.life.request(make_plan(self.settings, Action.RESTART, service),
+                                       requested_by=BOB, source=Source.CLI)
+
+
+@asynccontextmanager
+async def two_instances(tmp_path: Path, skew_s: float) -> AsyncIterator[
+        tuple[Instance, Instance]]:
+    """Instances a and b on one SQLite file; b's wall clock reads ``skew_s`` more."""
+    s = two_services(tmp_path)
+    base = ManualWallClock()
+    async with AuditLog.open(s.db_path) as audit_a, AuditLog.open(s.db_path) as audit_b:
+        a = Instance.on("a", s, audit_a, ManualWallClock(base.now))
+        b = Instance.on("b", s, audit_b,
+                        ManualWallClock(base.now + timedelta(seconds=skew_s)))
+        yield a, b
+
+
+async def renewals(audit: AuditLog, run_id: int, count: int) -> None:
+    async def done() -> bool:
+        return (await audit.get_run(run_id)).lease_renewals == count
+
+    await eventually(done, f"renewal {count} of run #{run_id}", timeout_s=5)
+
+
+@pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
+async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
+        tmp_path: Path, skew_s: float) -> None:
+    # Judged on timestamps each instance takes on its own clock, as client-go's leader
+    # election does (tests/samples/SOURCES.md, owner); 30 s is the issue's skew.
+    async with two_instances(tmp_path, skew_s) as (a, b):
+        run_a, run_b = await a.running("svc"), await b.running("svc2")
+        # A lease written with one clock, read with the other, is off by 30 s: ended
+        # before it was written, for the instance ahead. Two leases' worth of beats.
+        for beat in range(1, 13):
+            for instance in (a, b):
+                await eventually(instance.wall_sleeping, "a heartbeat to wait", 5)
+                instance.pass_time(RENEW_EVERY_S)
+            await renewals(a.audit, run_a.id, beat)
+            await renewals(b.audit, run_b.id, beat)
+            assert await a.life.recover() == [] and await b.life.recover() == []
+        # A request meeting the other's lock sees a live owner too, and says when to retry.
+        for asker, holder in ((a, run_b), (b, run_a)):
+            with pytest.raises(LockHeldError, match=rf"the owner of run #{holder.id} may "
+                                                    r"be alive \(last heartbeat change seen 0 s"):
+                await asker.request(holder.service)
+
+        # a dies: its heartbeat stops. b frees its run after a lease on b's own clock.
+        await a.life.released(run_a.id)
+        b.pass_time(LEASE_S - 1)
+        assert await b.life.recover() == []
+        b.pass_time(1)
+        [item] = await b.life.recover()
+        assert item.run.id == run_a.id and item.run.status == RunStatus.INTERRUPTED
+        assert (await b.audit.get_run(run_b.id)).status == RunStatus.RUNNING
+        await b.life.released(run_b.id)
+
+
+async def test_a_process_on_the_same_machine_judges_by_an_earlier_processs_look(
+        world: World) -> None:
+    # A CLI refused with "try again in 30 s" must be right: the next CLI on this machine
+    # (the same monotonic clock) sees what the first one saw, not a first sighting.
+    elsewhere = world.process(owner=ELSEWHERE)
+    run = await world.running(elsewhere)
+    await elsewhere.released(run.id)  # it died: nothing renews its lease
+    with pytest.raises(LockHeldError, match="try again in 30 s"):
+        await world.process().request(world.plan(), requested_by=BOB, source=Source.CLI)
+    world.mono.advance(LEASE_S)
+    # A process on another machine (another monotonic clock) has seen nothing yet...
+    other = RunLifecycle(world.settings, world.audit, clock=world.clock,
+                         monotonic=Monotonic(ManualClock(), "another-machine"))
+    with pytest.raises(LockHeldError, match="last heartbeat change seen 0 s ago"):
+        await other.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    # ...and the next one here has, for a whole lease.
+    record = await world.process().request(world.plan(), requested_by=BOB,
+                                           source=Source.CLI)
+    assert (await world.audit.get_run(run.id)).status == RunStatus.INTERRUPTED
+    assert (await world.audit.locks_held()) == {record.id: LOCKS}
+
+
+@pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
+async def test_another_instances_card_expires_after_its_window_on_the_judges_own_clock(
+        tmp_path: Path, skew_s: float) -> None:
+    async with two_instances(tmp_path, skew_s) as (a, b):
+        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
+                                    requested_by=ALICE, source=Source.SLACK)
+        assert card.expires_clock == "machine-a"
+        assert await b.life.recover() == []  # b's sweep sees the card: its watch begins
+        for instance in (a, b):
+            instance.pass_time(TTL_S - 1)
+        # b's wall clock may say the window closed 29 s ago: b has watched 599 s of 600.
+        with pytest.raises(LockHeldError, match=rf"busy: run #{card.id} .*this one "
+                                                r"expires it after seeing it pending for "
+                                                r"600 s \(1 s more\)"):
+            await b.request("svc")
+        assert (await a.audit.get_run(card.id)).status == RunStatus.PENDING_APPROVAL
+        for instance in (a, b):
+            instance.pass_time(1)
+        # ...and whatever b's wall clock says (30 s to go, if behind), 600 s have passed.
+        record = await b.request("svc")
+        expired = await b.audit.get_run(card.id)
+        assert (expired.status, expired.summary) == (RunStatus.EXPIRED, EXPIRED_SUMMARY)
+        assert (await b.audit.locks_held()) == {record.id: LOCKS}
+
+
+async def test_a_card_of_this_clock_is_judged_by_its_deadline_as_before(
+        tmp_path: Path) -> None:
+    # Two processes reading one wall clock (the same machine): the deadline decides, even
+    # for a process that never saw the card before.
+    async with two_instances(tmp_path, 0) as (a, _):
+        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
+                                    requested_by=ALICE, source=Source.SLACK)
+        later = RunLifecycle(a.settings, a.audit, clock=a.wall, wall_id="machine-a",
+                             monotonic=Monotonic(ManualClock(), "machine-a-later"))
+        a.wall.advance(TTL_S - 1)
+        with pytest.raises(LockHeldError, match=f"busy: run #{card.id}"):
+            await later.request(make_plan(a.settings, Action.RESTART, "svc"),
+                                requested_by=BOB, source=Source.CLI)
+        a.wall.advance(1)
+        await later.request(make_plan(a.settings, Action.RESTART, "svc"),
+                            requested_by=BOB, source=Source.CLI)
+        assert (await a.audit.get_run(card.id)).status == RunStatus.EXPIRED
+
+
+@pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
+async def test_a_click_on_another_instances_card_never_closes_it_early(
+        tmp_path: Path, skew_s: float) -> None:
+    members: dict[str, frozenset[str]] = {}  # no user groups in this policy
+    async with two_instances(tmp_path, skew_s) as (a, b):
+        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
+                                    requested_by=ALICE, source=Source.SLACK)
+        assert await b.life.recover() == []
+        if skew_s > 0:
+            # 10 s before the end: b's clock says 20 s past it. The click is judged by
+            # b's clock (refused), but the card and its locks stay until the window ends.
+            for instance in (a, b):
+                instance.pass_time(TTL_S - 10)
+            refused = await b.life.approve(card.id, user=BOB, membership=members)
+            assert refused == Refused("This request has expired; ask for it again.",
+                                      expired=False)
+            assert (await b.audit.get_run(card.id)).status == RunStatus.PENDING_APPROVAL
+            assert (await b.audit.locks_held()) == {card.id: LOCKS}
+        else:
+            # At the end: b's clock says 30 s to go, but b has watched the whole window.
+            for instance in (a, b):
+                instance.pass_time(TTL_S)
+            refused = await b.life.approve(card.id, user=BOB, membership=members)
+            assert refused == Refused("This request has expired; ask for it again.",
+                                      expired=True)
+            assert (await b.audit.get_run(card.id)).status == RunStatus.EXPIRED
+            assert (await b.audit.locks_held()) == {}

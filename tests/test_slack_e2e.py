@@ -12,6 +12,7 @@ from typing import Any
 
 from bot.audit.store import parse_ts
 from bot.core.status import Action, RunStatus, StepStatus
+from bot.engine.owner import Owner, this_namespace
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from tests.fakes import SlackSigner
 from tests.polling import eventually
@@ -394,7 +395,8 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             audit = bot.runtime.audit
             assert await audit.transition(record.id, RunStatus.APPROVED,
                                           expect=(RunStatus.PENDING_APPROVAL,))
-            dead = f"{socket.gethostname()}:{2**22 + 17}:1"
+            # A PID above pid_max in this PID namespace: no process has it.
+            dead = str(Owner(socket.gethostname(), 2**22 + 17, "1", this_namespace()))
             assert await audit.transition(record.id, RunStatus.RUNNING,
                                           expect=(RunStatus.APPROVED,), owner=dead)
             first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")

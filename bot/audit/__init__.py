@@ -4,7 +4,8 @@ Modules: ``store`` (``AuditLog``, what the rest of the bot calls, joined from th
 ``run_store``, ``evidence_store`` and ``coordination_store`` over ``store_base``),
 ``records`` (the frozen records it returns, the timestamp form), ``db`` (opening the
 file, the one transaction helper), one module of plain SQL functions per table
-(``runs``, ``steps``, ``decisions``, ``snapshots``, ``refusals``, ``locks``),
+(``runs``, ``steps``, ``decisions``, ``snapshots``, ``refusals``, ``locks``,
+``sightings``),
 ``redaction``, ``migrations`` (the schema) and ``view`` (tables and JSON for people and
 programs).
 
@@ -20,13 +21,18 @@ foreign key to ``runs``, enforced):
     current_step, summary, version_before, version_after, created_at, started_at
     (first entry into ``running``), finished_at (entry into a final status),
     expires_at (end of the approval window), owner (the process driving the run,
-    ``host:pid:start-time``, see ``bot.engine.owner``; NULL until a process takes
-    it; added by ``0002_run_owner``), lease_until (until when that process vouches
-    for the run: its heartbeat renews it every few seconds, see
-    ``bot.engine.heartbeat``; how an owner on another machine is judged; added by
-    ``0003_run_lease``), recovery_told_at (when the Slack thread of a run recovered
-    from a dead driver was told, so it is told once, even when a CLI recovered it;
-    added by ``0005_recovery_told``).
+    ``host/boot=<boot id>/pidns=<inode>:pid:start-time``, or ``host:pid:start-time``
+    from before issue 17, see ``bot.engine.owner``; NULL until a process takes it;
+    added by ``0002_run_owner``), lease_until (until when that process vouches for
+    the run, by its own wall clock: its heartbeat renews it every few seconds, see
+    ``bot.engine.heartbeat``; added by ``0003_run_lease``), recovery_told_at (when
+    the Slack thread of a run recovered from a dead driver was told, so it is told
+    once, even when a CLI recovered it; added by ``0005_recovery_told``),
+    lease_renewals (how many times the heartbeat renewed the lease: what a process
+    that cannot see the owner's PIDs watches change on its own monotonic clock;
+    0 by default; added by ``0007_lease_renewals``), expires_clock (whose wall clock
+    wrote expires_at: the requesting machine's boot id; NULL before
+    ``0008_expires_clock``).
     Indexes: (service, id DESC), (status, id DESC).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;
@@ -62,6 +68,13 @@ foreign key to ``runs``, enforced):
     database refused it, as JSON): the records a merge of the fallback journal has
     written, so a journal replayed twice is applied once (``bot.audit.replay``; added
     by ``0004_journal_applied``).
+``lease_sightings``
+    run_id, clock (a monotonic clock's id, ``bot.engine.clocks``), token (what was
+    seen of the run: status, owner, lease and renewals, or a pending card's deadline),
+    seen (that clock's reading when the token was first seen); PRIMARY KEY (run_id,
+    clock): what each clock's judge saw of the runs in flight, so it can tell how long
+    nothing changed (``bot.engine.liveness``; added by ``0007_lease_renewals``; rows
+    of finished runs are dropped at the next sighting).
 ``_migrations``
     name PRIMARY KEY, applied_at: the migrations this file has had.
 

@@ -5,13 +5,15 @@ nobody approved in time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 
 from bot.audit import decisions as decisions_sql
 from bot.audit import locks as locks_sql
 from bot.audit import runs as runs_sql
-from bot.audit.records import RunRecord, format_ts, now_ts
+from bot.audit import sightings as sightings_sql
+from bot.audit.records import EXPIRED_SUMMARY, RunRecord, format_ts, now_ts
+from bot.audit.sightings import Sighting
 from bot.audit.store_base import StoreBase, shielded
 from bot.core.status import Decision, RunStatus
 from bot.errors import LockHeldError
@@ -151,3 +153,38 @@ class CoordinationStore(StoreBase):
         async with self._db.transaction(write=True) as conn:
             expired = await runs_sql.expire_due(conn, stamp, run_ids)
             return [await runs_sql.get(conn, run_id) for run_id in expired]
+
+    @shielded
+    async def expire_closed(self, closed: Callable[[RunRecord], bool],
+                            run_ids: Collection[int] | None = None) -> list[RunRecord]:
+        """Runs still awaiting approval whose window ``closed(run)`` says has closed
+        (only ``run_ids`` when given) become 'expired' and release their locks, in one
+        write transaction: the verdict is passed on each run as it is then, so a click
+        that decided it first wins. Oldest first."""
+        if isinstance(run_ids, int):
+            raise TypeError("run_ids must be a collection of ids")
+        now = now_ts()
+        expired: list[RunRecord] = []
+        async with self._db.transaction(write=True) as conn:
+            for row in await runs_sql.with_status(conn, (RunStatus.PENDING_APPROVAL,)):
+                if run_ids is not None and row["id"] not in run_ids:
+                    continue
+                run = await runs_sql.get(conn, row["id"])
+                if not closed(run):
+                    continue
+                await runs_sql.transition(conn, run.id, RunStatus.EXPIRED,
+                                          expect=[RunStatus.PENDING_APPROVAL],
+                                          summary=EXPIRED_SUMMARY, owner=None, now=now)
+                expired.append(await runs_sql.get(conn, run.id))
+        return expired
+
+    # -- what a judge saw -----------------------------------------------------------
+
+    @shielded
+    async def sight(self, clock: str, now: float,
+                    tokens: Mapping[int, str]) -> dict[int, Sighting]:
+        """Record that the monotonic clock ``clock`` reads ``now`` while each run shows
+        its token; returns each run's sighting on that clock (the first reading of a
+        token that has not changed since). See ``bot.engine.liveness``."""
+        async with self._db.transaction(write=True) as conn:
+            return await sightings_sql.sight(conn, clock, now, tokens)

@@ -171,6 +171,27 @@ CREATE TABLE environments (
 CREATE INDEX environments_run ON environments(run_id);
 """
 
+# Issue 17 (F4): a lease written with one wall clock and read with another is wrong by the
+# skew between them. The heartbeat also counts its renewals, and a judge declares an
+# owner dead only once it has itself seen nothing change for the lease on its own
+# monotonic clock; what it saw, and when by that clock, is kept per clock (processes on
+# one machine share CLOCK_MONOTONIC, so a CLI's sighting serves the next CLI or the bot
+# there). A pending card's sighting is kept the same way (see bot.engine.liveness).
+_LEASE_RENEWALS = """
+ALTER TABLE runs ADD COLUMN lease_renewals INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE lease_sightings (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    clock  TEXT NOT NULL,
+    token  TEXT NOT NULL,
+    seen   REAL NOT NULL,
+    PRIMARY KEY (run_id, clock)
+);
+"""
+
+# Issue 17 (F4): whose wall clock wrote ``expires_at`` (the requesting machine's boot
+# id): only a process reading that clock judges the deadline by it.
+_EXPIRES_CLOCK = "ALTER TABLE runs ADD COLUMN expires_clock TEXT;"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -178,6 +199,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0004_journal_applied", _JOURNAL_APPLIED),
     Migration("0005_recovery_told", _RECOVERY_TOLD),
     Migration("0006_environments", _ENVIRONMENTS),
+    Migration("0007_lease_renewals", _LEASE_RENEWALS),
+    Migration("0008_expires_clock", _EXPIRES_CLOCK),
 )
 
 

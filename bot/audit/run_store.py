@@ -26,7 +26,7 @@ class RunStore(StoreBase):
         source: Source, plan: Mapping[str, Any], package_spec: str | None,
         index_name: str | None = None, dry_run: bool = False,
         status: RunStatus = RunStatus.PENDING_APPROVAL, channel: str | None = None,
-        expires_at: datetime | None = None,
+        expires_at: datetime | None = None, expires_clock: str | None = None,
     ) -> int:
         new = runs_sql.NewRun(
             service=self._r(service),
@@ -41,6 +41,7 @@ class RunStore(StoreBase):
             dry_run=dry_run,
             status=checked(RunStatus, status, "status"),
             expires_at=None if expires_at is None else format_ts(expires_at),
+            expires_clock=expires_clock,
         )
         now = now_ts()
         async with self._db.transaction(write=True) as conn:
@@ -96,9 +97,9 @@ class RunStore(StoreBase):
 
     @shielded
     async def renew_lease(self, run_id: int, owner: str, until: datetime) -> bool:
-        """The heartbeat of the process driving a run: its lease now ends at ``until``.
-        False when the run is no longer 'running' under ``owner`` (it ended, or was
-        recovered): there is nothing left to vouch for."""
+        """The heartbeat of the process driving a run: its lease now ends at ``until``,
+        and its renewal count goes up by one. False when the run is no longer 'running'
+        under ``owner`` (it ended, or was recovered): there is nothing left to vouch for."""
         stamp = format_ts(until)
         async with self._db.transaction(write=True) as conn:
             return await runs_sql.renew_lease(conn, run_id, owner, stamp)

@@ -23,7 +23,8 @@ from bot.core.status import Action, Decision, RunStatus, Source
 _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
-    "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until"
+    "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until, "
+    "lease_renewals, expires_clock"
 )
 
 
@@ -64,6 +65,8 @@ class NewRun:
     dry_run: bool
     status: RunStatus
     expires_at: str | None
+    # Whose wall clock wrote ``expires_at`` (``bot.engine.clocks.wall_clock_id``).
+    expires_clock: str | None = None
 
 
 async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
@@ -71,14 +74,15 @@ async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
         conn,
         "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
         "package_spec, index_name, dry_run, status, created_at, started_at, "
-        "finished_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "finished_at, expires_at, expires_clock) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             new.service, new.action, new.hosts_json, new.requested_by, new.source,
             new.channel, new.plan_json, new.package_spec, new.index_name, int(new.dry_run),
             new.status, now,
             now if new.status is RunStatus.RUNNING else None,
             now if new.status.is_final else None,
-            new.expires_at,
+            new.expires_at, new.expires_clock,
         ),
     )
 
@@ -139,10 +143,12 @@ async def transition(
 
 
 async def renew_lease(conn: aiosqlite.Connection, run_id: int, owner: str, until: str) -> bool:
-    """Extend the lease of a run still 'running' under ``owner``; False when it is not
+    """Extend the lease of a run still 'running' under ``owner`` and count the renewal
+    (the count is what a judge with another wall clock watches); False when it is not
     (it ended, or was recovered meanwhile): then there is nothing left to vouch for."""
     return bool(await execute(
-        conn, "UPDATE runs SET lease_until = ? WHERE id = ? AND status = ? AND owner = ?",
+        conn, "UPDATE runs SET lease_until = ?, lease_renewals = lease_renewals + 1 "
+              "WHERE id = ? AND status = ? AND owner = ?",
         (until, run_id, RunStatus.RUNNING, owner)))
 
 
@@ -275,6 +281,8 @@ async def _records(
             denied_by=denied.get(row["id"], []),
             owner=row["owner"],
             lease_until=row["lease_until"],
+            lease_renewals=int(row["lease_renewals"]),
+            expires_clock=row["expires_clock"],
             recovered_by=who[Decision.RECOVER].get(row["id"], []),
         )
         for row in rows

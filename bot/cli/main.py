@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the newest N runs (default: 20); --active shows every active run")
     ru.add_argument("--json", action="store_true",
                     help="a JSON array (owner_alive: true, false, or null when nothing "
-                         "drives the run)")
+                         "drives the run; owner_judged_by: process or lease)")
 
     rc = command("recover", help="mark a run whose driver died interrupted; release its locks")
     rc.add_argument("run_id", type=int,

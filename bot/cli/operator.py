@@ -18,16 +18,15 @@ from typing import Any, TextIO
 
 from bot.audit.records import RunRecord
 from bot.core.status import ACTIVE_STATUSES
+from bot.engine.liveness import DRIVEN, JudgedBy, Verdict
 from bot.engine.recovery import (
-    DRIVEN,
     ByHand,
     Expired,
     NotDriven,
     OwnerAlive,
     Recovered,
-    driver_alive,
-    overdue,
     recover_by_hand,
+    window_note,
 )
 from bot.engine.runtime import Runtime
 from bot.errors import InputError
@@ -35,21 +34,45 @@ from bot.errors import InputError
 EXIT_RECOVERED = 0
 EXIT_REFUSED = 1
 
-_HEADERS = ("ID", "SERVICE", "ACTION", "STATUS", "STEP", "OWNER", "ALIVE", "LEASE UNTIL",
-            "LOCKS")
+_HEADERS = ("ID", "SERVICE", "ACTION", "STATUS", "STEP", "OWNER", "ALIVE", "JUDGED BY",
+            "LEASE UNTIL", "LOCKS")
 
 
-def _liveness(run: RunRecord, rt: Runtime) -> bool | None:
-    """Alive or dead for a run a driver holds; None for the others (nothing drives them)."""
+def _liveness(run: RunRecord, rt: Runtime) -> Verdict | None:
+    """The verdict on a run a driver holds; None for the others (nothing drives them).
+    The judge must have looked (``Judge.look``)."""
     if run.status not in DRIVEN:
         return None
-    return driver_alive(run, rt.lifecycle.clock())
+    return rt.lifecycle.judge.verdict(run)
 
 
-def _row(run: RunRecord, alive: bool | None, locks: Sequence[str]) -> list[str]:
+def _judged_by(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "-"
+    if verdict.by is JudgedBy.PROCESS:
+        return "process"
+    return f"lease, unchanged {verdict.unchanged_s:.0f} s"
+
+
+def _row(run: RunRecord, verdict: Verdict | None, locks: Sequence[str]) -> list[str]:
+    alive = "-" if verdict is None else ("yes" if verdict.alive else "NO")
     return [str(run.id), run.service, run.action, run.status, run.current_step or "-",
-            run.owner or "-", "-" if alive is None else ("yes" if alive else "NO"),
-            run.lease_until or "-", ", ".join(locks) or "-"]
+            run.owner or "-", alive, _judged_by(verdict), run.lease_until or "-",
+            ", ".join(locks) or "-"]
+
+
+def _json(run: RunRecord, verdict: Verdict | None, locks: Sequence[str]) -> dict[str, Any]:
+    # How long this machine has seen its heartbeat unchanged: only for a lease verdict.
+    unchanged = (round(verdict.unchanged_s, 1)
+                 if verdict is not None and verdict.by is JudgedBy.LEASE else None)
+    return {"id": run.id, "service": run.service, "action": run.action.value,
+            "status": run.status.value, "current_step": run.current_step,
+            "requested_by": run.requested_by, "source": run.source.value,
+            "owner": run.owner, "owner_alive": None if verdict is None else verdict.alive,
+            "owner_judged_by": None if verdict is None else verdict.by.value,
+            "heartbeat_unchanged_s": unchanged, "lease_until": run.lease_until,
+            "lease_renewals": run.lease_renewals, "locks": list(locks),
+            "started_at": run.started_at}
 
 
 def runs_text(rows: Sequence[Sequence[str]]) -> str:
@@ -71,14 +94,10 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
     else:
         runs = await rt.audit.list_runs(limit=limit)
     locks = await rt.audit.locks_held()
+    # This look is recorded: a `recover` on this machine LEASE_S later can judge by it.
+    await rt.lifecycle.judge.look(rt.audit, [r.id for r in runs])
     if as_json:
-        objects: list[dict[str, Any]] = [
-            {"id": r.id, "service": r.service, "action": r.action.value,
-             "status": r.status.value, "current_step": r.current_step,
-             "requested_by": r.requested_by, "source": r.source.value, "owner": r.owner,
-             "owner_alive": _liveness(r, rt), "lease_until": r.lease_until,
-             "locks": locks.get(r.id, []), "started_at": r.started_at}
-            for r in runs]
+        objects = [_json(r, _liveness(r, rt), locks.get(r.id, [])) for r in runs]
         out.write(json.dumps(objects, indent=2, ensure_ascii=False) + "\n")
     elif active and not runs:
         out.write("no active runs\n")
@@ -92,19 +111,23 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
                       confirm: Callable[[str], bool] | None, out: TextIO = sys.stdout) -> int:
     """``recover``: mark one run of a dead driver interrupted, by hand. ``confirm`` asks
     the operator; None when nobody can be asked (not on a terminal)."""
+    judge = rt.lifecycle.judge
+    await judge.look(rt.audit, [run_id])
     run = await rt.audit.get_run(run_id)
     locks = (await rt.audit.locks_held()).get(run_id, [])
-    alive = _liveness(run, rt)
-    out.write(runs_text([_row(run, alive, locks)]) + "\n")
+    verdict = _liveness(run, rt)
+    out.write(runs_text([_row(run, verdict, locks)]) + "\n")
     command = f"recover run #{run_id}" + (" --force" if force else "")
-    if alive is None:
-        if overdue(run, rt.lifecycle.clock()):
+    if verdict is None:
+        if judge.window_closed(run):
             # Expired without asking: its window closed it already, nobody can approve it.
             return await _report(rt, user, command, out, await recover_by_hand(
-                rt.audit, run_id, by=user, clock=rt.lifecycle.clock))
-        return await _refuse(rt, user, command, NotDriven(run).reason)
+                rt.audit, run_id, by=user, judge=judge))
+        return await _refuse(rt, user, command,
+                             NotDriven(run, window_note(run, judge)).reason)
+    alive = verdict.alive
     if alive and not force:
-        return await _refuse(rt, user, command, OwnerAlive(run).reason)
+        return await _refuse(rt, user, command, OwnerAlive(run, verdict).reason)
     if not yes:
         if confirm is None:
             raise InputError("not confirmed (use --yes when not on a terminal)")
@@ -113,7 +136,7 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
                        "[y/N] "):
             raise InputError("not confirmed")
     return await _report(rt, user, command, out, await recover_by_hand(
-        rt.audit, run_id, by=user, force=force, clock=rt.lifecycle.clock))
+        rt.audit, run_id, by=user, force=force, judge=judge))
 
 
 async def _report(rt: Runtime, user: str, command: str, out: TextIO, result: ByHand) -> int:

@@ -1,11 +1,14 @@
 """The heartbeat of a running run: its driving process renews the run's lease.
 
-A process on another machine cannot look into our /proc, so the lease is how it tells
-a live driver from a dead one (``bot.engine.owner``): while a process drives a run it
-moves ``runs.lease_until`` to ``now + LEASE_S`` every ``RENEW_EVERY_S``. If it dies, or
-its container is rescheduled under a new hostname, the lease runs out within
-``LEASE_S`` and the next request that meets the run's locks, or the bot's sweep,
-recovers it.
+A process that cannot see our PIDs (another machine, another PID namespace) cannot
+look into our /proc, so the heartbeat is how it tells a live driver from a dead one
+(``bot.engine.owner``, ``bot.engine.liveness``): while a process drives a run it moves
+``runs.lease_until`` to ``now + LEASE_S`` and adds one to ``runs.lease_renewals`` every
+``RENEW_EVERY_S``. ``lease_until`` is written with this machine's wall clock, so it is
+for people (``runs``); a judge elsewhere watches the renewals change on its own
+monotonic clock instead, and calls the owner dead once it has seen no change for
+``LEASE_S``: the next request that meets the run's locks after that, or the bot's
+sweep, recovers it.
 
 The lease is long against the period (30 s against 5 s), so a few slow or failed
 writes (a busy database) never let a live run look dead.

@@ -23,14 +23,18 @@ Choices:
 
 * Every approval that moves a run to 'approved', and every start, records the owner
   (``bot.engine.owner.process_owner``): the process that will drive it. A bot
-  starting meanwhile leaves a run with a live owner alone.
+  starting meanwhile leaves a run with a live owner alone. Who is alive, and whether a
+  card's window has closed, is this process's ``Judge``'s call (``bot.engine.liveness``),
+  with this process's own clocks: a request records whose wall clock wrote its
+  deadline, and a process reading another clock never ends that window early.
 * Dry runs and status queries are approved by a system approver
   (``system:dry-run``/``system:read-only``), and on a terminal the operator's own
   confirmation is the approval (``confirm``): the audit log never credits a person
   with an approval they did not give.
 * Refused clicks and cancels are written to the refusals table here; the other
   refusals (wrong channel, bad input) are the front end's.
-* Time comes from the injected ``clock``, so expiry is tested without waiting.
+* Time comes from the injected ``clock`` (wall) and ``monotonic``, with their ids, so
+  expiry and skewed clocks are tested without waiting.
 """
 
 from __future__ import annotations
@@ -41,21 +45,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from bot.audit import EXPIRED_SUMMARY
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
 from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.clocks import Monotonic, system_monotonic, wall_clock_id
 from bot.engine.executor import CancelToken
 from bot.engine.heartbeat import LEASE_S, Heartbeat
+from bot.engine.liveness import Judge
 from bot.engine.owner import process_owner
 from bot.engine.recovery import (
     RECOVERY_ACTOR,
     Closed,
+    HolderMayBeAlive,
     Interrupted,
     Tell,
     interrupted_message,
-    judged_by,
     recover,
     take_locks,
 )
@@ -206,14 +211,23 @@ CancelResult = Cancelled | CancelRequested | NotCancellable | Refused
 
 class RunLifecycle:
     """Every transition of a run. One instance per process, shared by the engine and
-    the front ends (it also holds the cancel tokens of the runs this process drives)."""
+    the front ends (it also holds the cancel tokens of the runs this process drives).
+
+    ``clock`` is the wall clock and ``wall_id`` whose it is (None: this machine's);
+    ``monotonic`` the clock the judge measures lengths of time on (None: this
+    machine's)."""
 
     def __init__(self, settings: Settings, audit: AuditLog, *, clock: Clock = utc_now,
                  owner: Callable[[], str] = process_owner,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 monotonic: Monotonic | None = None, wall_id: str | None = None) -> None:
         self.settings = settings
         self.audit = audit
         self.clock = clock
+        self.judge = Judge(wall=clock,
+                           monotonic=monotonic if monotonic is not None else system_monotonic(),
+                           wall_id=wall_id if wall_id is not None else wall_clock_id(),
+                           ttl_s=settings.policy.approval_ttl_s)
         self._owner = owner
         self._sleep = sleep  # between heartbeats (tests pass the clock's)
         self._cancels: dict[int, CancelToken] = {}
@@ -243,16 +257,18 @@ class RunLifecycle:
             service=plan.service, action=plan.action, hosts=list(plan.hosts),
             requested_by=requested_by, source=source, plan=plan.to_json(),
             package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
-            channel=channel, expires_at=expires)
+            channel=channel, expires_at=expires, expires_clock=self.judge.wall_id)
         record = await self.audit.get_run(run_id)
         if needs_locks(plan):
             try:
                 await self.take_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
                 holder = await self.audit.get_run(exc.run_id)
+                # A holder only a later look can judge: say when to try again.
+                note = f"; {exc.note}" if isinstance(exc, HolderMayBeAlive) else ""
                 busy = LockHeldError(
                     f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
-                    f"{holder.status}) requested by {holder.requested_by}",
+                    f"{holder.status}) requested by {holder.requested_by}{note}",
                     run_id=holder.id, requested_by=holder.requested_by)
                 await self.refuse(record, str(busy), expect=(RunStatus.PENDING_APPROVAL,))
                 raise busy from None
@@ -333,11 +349,18 @@ class RunLifecycle:
                                        f"Run #{run_id} is already {record.status}.",
                                        expired=record.status == RunStatus.EXPIRED)
         now = self.clock()
+        expires_at = parse_ts(record.expires_at) if record.expires_at else now
+        if not self.judge.same_wall_clock(record):
+            # Another clock's deadline: this process may also have watched the window
+            # pass by its own clock (bot.engine.liveness).
+            await self.judge.look(self.audit, [run_id])
+            if self.judge.window_closed(record):
+                now = max(now, expires_at)
         verdict = evaluate_approval(
             policy=self.settings.policy, membership=membership,
             requester=record.requested_by, approvals=record.approved_by,
             denials=record.denied_by, clicker=user, action=decision, now=now,
-            expires_at=parse_ts(record.expires_at) if record.expires_at else now)
+            expires_at=expires_at)
         if not verdict.accepted:
             expired = verdict.state == RunStatus.EXPIRED and await self.expire(run_id)
             return await self._refused(user, channel, command, verdict.reason,
@@ -355,14 +378,19 @@ class RunLifecycle:
     # ---- expire -------------------------------------------------------------------------
 
     async def expire(self, run_id: int) -> bool:
-        """Close a request nobody approved in time; False if it was decided first."""
-        return await self.audit.transition(run_id, RunStatus.EXPIRED,
-                                           expect=(RunStatus.PENDING_APPROVAL,),
-                                           summary=EXPIRED_SUMMARY)
+        """Close a request nobody approved in time; False if it was decided first, or
+        its window has not closed by this process's evidence (another clock's card this
+        process has not yet watched for the window's length: its sweep expires it
+        then)."""
+        await self.judge.look(self.audit, [run_id])
+        return bool(await self.audit.expire_closed(self.judge.window_closed,
+                                                   run_ids=[run_id]))
 
     async def expire_overdue(self) -> list[RunRecord]:
-        """Every request still pending past its window (after a restart) becomes 'expired'."""
-        return await self.audit.expire_pending(self.clock())
+        """Every request still pending past its window (after a restart, and at each
+        sweep) becomes 'expired'."""
+        await self.judge.look(self.audit)
+        return await self.audit.expire_closed(self.judge.window_closed)
 
     async def pending(self) -> list[RunRecord]:
         """The requests awaiting approval, newest first."""
@@ -483,8 +511,13 @@ class RunLifecycle:
         return await self.audit.interrupt(run_id, interrupted_message(record))
 
     async def recover(self) -> list[Interrupted]:
-        """The runs of dead processes become 'interrupted' (at start, and the bot's sweep)."""
-        return await recover(self.audit, clock=self.clock)
+        """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),
+        and overdue requests 'expired' (``expired`` is told of them): this is the look
+        that ends what an earlier look of this machine saw stop changing."""
+        interrupted = await recover(self.audit, judge=self.judge)
+        for run in await self.audit.expire_closed(self.judge.window_closed):
+            await self._closed(run)
+        return interrupted
 
     # ---- locks and dead holders -----------------------------------------------------------
 
@@ -495,8 +528,8 @@ class RunLifecycle:
         """Take the locks; a holder whose driver is dead is recovered on the spot (and
         ``recovered`` told), an overdue request expired (and ``expired`` told), a live
         one raises ``LockHeldError``."""
-        await take_locks(self.audit, run_id, scopes, alive=judged_by(self.clock),
-                         tell=self._tell, clock=self.clock, closed=self._closed)
+        await take_locks(self.audit, run_id, scopes, judge=self.judge, tell=self._tell,
+                         closed=self._closed)
 
     async def _closed(self, run: RunRecord) -> None:
         for listener in list(self.expired):

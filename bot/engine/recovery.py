@@ -2,34 +2,44 @@
 
 A run is 'running' or 'approved' under an owner, the process that drives it (see
 ``bot.engine.owner``). When that process is gone (killed, a zombie nobody reaped yet,
-a container rescheduled elsewhere whose lease ran out), nothing will ever finish the
-run or release its locks, so it is recovered: marked ``interrupted`` (with the step it
-was in; its running steps too), its locks released, a 'recover' decision recording who
-did it, and a message for its thread and the terminal saying what state the service
-may be in after stopping at that step, and what to run next.
+a container rescheduled elsewhere whose heartbeat stopped), nothing will ever finish
+the run or release its locks, so it is recovered: marked ``interrupted`` (with the step
+it was in; its running steps too), its locks released, a 'recover' decision recording
+who did it, and a message for its thread and the terminal saying what state the
+service may be in after stopping at that step, and what to run next.
+
+Who is dead is the ``Judge``'s call (``bot.engine.liveness``): by the owner's process
+where this process sees its PIDs, otherwise by its heartbeat watched on this process's
+own monotonic clock, which takes two looks at least ``LEASE_S`` apart.
 
 Recovery is not only a start-up event. It happens:
 
 * when a request or an approved run meets a lock (``take_locks``): the holder is
   judged and, if dead, recovered on the spot before the lock is taken (the same code
-  for the Slack bot and the CLI);
-* at the bot's start, and every minute or so after (``recover``, the sweep in
-  ``bot.slack.front_end``);
-* by hand (``recover_by_hand``, ``python -m bot recover RUN_ID``), which refuses a live
-  owner unless forced.
+  for the Slack bot and the CLI). A holder judged by its heartbeat that this machine
+  has not yet watched for ``LEASE_S`` is not waited for: the request is refused with
+  when to try again (``HolderMayBeAlive``), and the look it took counts towards the
+  next one (a retry, ``recover``, or the Slack bot's sweep);
+* at the bot's start, and every minute after (``recover``, the sweep in
+  ``bot.slack.front_end``): the sweep is the second look that ends an owner whose
+  heartbeat stopped;
+* by hand (``recover_by_hand``, ``python -m bot recover RUN_ID``), which refuses a
+  live owner unless forced.
 
 A request still awaiting approval past its window holds its locks until something
 expires it, and only the Slack bot has expiry timers: with no bot running (or one that
 was down at the deadline) it would lock the service for good. So a lock held by such a
 request is freed the same way: ``take_locks`` and ``recover_by_hand`` expire it
-(``expire_if_overdue``: 'expired', with the summary a timer's expiry writes). An
-operator's ``recover`` also records a 'recover' decision by them (it shows in
-``recovered_by`` beside the 'expired' status); a request meeting the lock records none,
-as a timer does.
+(``expire_if_closed``: 'expired', with the summary a timer's expiry writes), once the
+judge says its window has closed (by the deadline where this process reads the clock
+that wrote it, else by watching it for the window's length). An operator's ``recover``
+also records a 'recover' decision by them (it shows in ``recovered_by`` beside the
+'expired' status); a request meeting the lock records none, as a timer does.
 
 Runs owned by a live process (another bot or a CLI on the same database) are left
 alone; the verdict is passed inside the write transaction that interrupts the run
-(``AuditLog.recover_dead``), so two processes recovering at once recover it once.
+(``AuditLog.recover_dead``), on the run as it is then, so two processes recovering at
+once recover it once, and a heartbeat that beat in between saves its run.
 """
 
 from __future__ import annotations
@@ -38,10 +48,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from bot.audit.store import AuditLog, RunRecord, parse_ts
+from bot.audit.store import AuditLog, RunRecord
 from bot.core.plan import Step
 from bot.core.status import Decision, RunStatus, Source
-from bot.engine.owner import owner_alive
+from bot.engine.clocks import system_monotonic, wall_clock_id
+from bot.engine.liveness import DRIVEN, Judge, JudgedBy, Verdict
 from bot.errors import LockHeldError
 
 Clock = Callable[[], datetime]
@@ -52,10 +63,9 @@ Alive = Callable[[RunRecord], bool]
 Closed = Callable[[RunRecord], Awaitable[None]]
 # Who is recorded as having recovered a run that a process found dead by itself.
 RECOVERY_ACTOR = "system:recovery"
-# The statuses a driver holds a run in; only these can be recovered.
-DRIVEN = (RunStatus.RUNNING, RunStatus.APPROVED)
 # How often the Slack bot looks for runs whose driver died while nobody asked: a dead
-# run's thread hears of it within a minute (plus LEASE_S for an owner elsewhere).
+# run's thread hears of it within a minute when its process is seen here, within two
+# when only its heartbeat speaks for it (one look to see it, the next to judge it).
 SWEEP_EVERY_S = 60.0
 
 
@@ -140,15 +150,10 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def driver_alive(run: RunRecord, now: datetime) -> bool:
-    """The run's owner judged at ``now``: its process on this machine, its lease elsewhere."""
-    lease = parse_ts(run.lease_until) if run.lease_until else None
-    return owner_alive(run.owner, lease_until=lease, now=now)
-
-
-def judged_by(clock: Clock) -> Alive:
-    """``driver_alive`` at the moment each run is judged, by ``clock``."""
-    return lambda run: driver_alive(run, clock())
+def system_judge(ttl_s: float, clock: Clock = utc_now) -> Judge:
+    """A judge with this machine's clocks (``ttl_s``: the approval window's length)."""
+    return Judge(wall=clock, monotonic=system_monotonic(), wall_id=wall_clock_id(),
+                 ttl_s=ttl_s)
 
 
 async def _recover(audit: AuditLog, dead: Callable[[RunRecord], bool], *, by: str,
@@ -157,27 +162,25 @@ async def _recover(audit: AuditLog, dead: Callable[[RunRecord], bool], *, by: st
     return [Interrupted(run, interrupted_message(run)) for run in runs]
 
 
-async def recover(audit: AuditLog, alive: Alive | None = None, *, clock: Clock = utc_now,
+async def recover(audit: AuditLog, alive: Alive | None = None, *, judge: Judge | None = None,
                   by: str = RECOVERY_ACTOR) -> list[Interrupted]:
     """Mark the runs of dead drivers interrupted; one message per run, oldest first.
 
-    ``alive`` judges a run's driver (default: ``driver_alive`` at ``clock()``)."""
-    judge = alive if alive is not None else judged_by(clock)
-    return await _recover(audit, lambda run: not judge(run), by=by)
+    ``alive`` judges a run's driver; by default ``judge`` (this machine's clocks when
+    None) looks at every run first, then judges."""
+    if alive is None:
+        judge = judge if judge is not None else system_judge(ttl_s=0.0)
+        await judge.look(audit)
+        alive = judge.alive
+    judged = alive
+    return await _recover(audit, lambda run: not judged(run), by=by)
 
 
-def overdue(run: RunRecord, now: datetime) -> bool:
-    """Still awaiting approval at or after the end of its window (a click at
-    ``expires_at`` is already late, ``bot.core.policy``)."""
-    return (run.status == RunStatus.PENDING_APPROVAL and run.expires_at is not None
-            and parse_ts(run.expires_at) <= now)
-
-
-async def expire_if_overdue(audit: AuditLog, run_id: int, now: datetime) -> RunRecord | None:
-    """Close request ``run_id`` as 'expired' (releasing its locks) if it is overdue at
-    ``now``, as the bot's start-up expiry does (the same SQL, in one transaction); the
-    run, or None when it is not overdue or a click decided it first."""
-    expired = await audit.expire_pending(now, run_ids=[run_id])
+async def expire_if_closed(audit: AuditLog, run_id: int, judge: Judge) -> RunRecord | None:
+    """Close request ``run_id`` as 'expired' (releasing its locks) if ``judge`` says its
+    window has closed, as a timer's expiry does (in one transaction); the run, or None
+    when it has not closed or a click decided it first. ``judge`` must have looked."""
+    expired = await audit.expire_closed(judge.window_closed, run_ids=[run_id])
     return expired[0] if expired else None
 
 
@@ -188,14 +191,44 @@ def expired_message(run: RunRecord) -> str:
             "is now expired and holds no locks.")
 
 
-async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, alive: Alive,
-                     tell: Tell, by: str = RECOVERY_ACTOR, clock: Clock = utc_now,
+class HolderMayBeAlive(LockHeldError):
+    """The holder is judged by a heartbeat this machine has not watched long enough to
+    call it dead: refused now, with when a retry (or the sweep) can tell."""
+
+    def __init__(self, held: LockHeldError, note: str) -> None:
+        super().__init__(f"{held}; {note}", run_id=held.run_id,
+                         requested_by=held.requested_by)
+        self.note = note
+
+
+def window_note(run: RunRecord, judge: Judge) -> str | None:
+    """Why another clock's request still holds its locks past what this clock reads."""
+    left = judge.window_left_s(run)
+    if left is None:
+        return None
+    return (f"run #{run.id} awaits approval until {run.expires_at} by the clock of the "
+            "process that asked for it, which this one does not read; this one expires "
+            f"it after seeing it pending for {judge.ttl_s:.0f} s ({left} s more)")
+
+
+def _held(exc: LockHeldError, holder: RunRecord, judge: Judge) -> LockHeldError:
+    if holder.status in DRIVEN:
+        verdict = judge.verdict(holder)
+        if verdict.by is JudgedBy.LEASE:
+            return HolderMayBeAlive(exc, verdict.note(holder.id))
+    elif (note := window_note(holder, judge)) is not None:
+        return HolderMayBeAlive(exc, note)
+    return exc
+
+
+async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, judge: Judge,
+                     tell: Tell, by: str = RECOVERY_ACTOR,
                      closed: Closed | None = None) -> None:
     """Take every scope for ``run_id``. A holder whose driver is dead is recovered on the
     spot (``tell`` hears of it, to post in its thread or print), and a request awaiting
-    approval past its window (at ``clock()``) is expired (``closed`` hears of it), and
-    the lock is taken; a live holder, or a request still in its window, raises
-    ``LockHeldError``.
+    approval past its window is expired (``closed`` hears of it), and the lock is taken;
+    a live holder, or a request still in its window, raises ``LockHeldError``
+    (``HolderMayBeAlive`` when only a later look can tell).
 
     Each pass either takes the locks or ends one more holder, which then holds
     nothing, so this ends."""
@@ -204,15 +237,16 @@ async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, ali
             await audit.acquire_locks(run_id, scopes)
             return
         except LockHeldError as exc:
-            expired = await expire_if_overdue(audit, exc.run_id, clock())
+            await judge.look(audit, [exc.run_id])
+            expired = await expire_if_closed(audit, exc.run_id, judge)
             if expired is not None:
                 if closed is not None:
                     await closed(expired)
                 continue
-            found = await _recover(audit, lambda run: not alive(run), by=by,
+            found = await _recover(audit, lambda run: not judge.alive(run), by=by,
                                    run_ids=[exc.run_id])
             if not found:
-                raise
+                raise _held(exc, await audit.get_run(exc.run_id), judge) from exc
             for item in found:
                 await tell(item)
 
@@ -230,9 +264,12 @@ class OwnerAlive:
     """Refused: its driver may still be driving it."""
 
     run: RunRecord
+    verdict: Verdict | None = None
 
     @property
     def reason(self) -> str:
+        if self.verdict is not None and self.verdict.by is JudgedBy.LEASE:
+            return f"run #{self.run.id} is {self.run.status} and {self.verdict.note(self.run.id)}"
         lease = f", lease until {self.run.lease_until}" if self.run.lease_until else ""
         return (f"run #{self.run.id} is {self.run.status} and its owner {self.run.owner} "
                 f"is alive{lease}; stop that process, or use --force if you are sure it "
@@ -255,14 +292,17 @@ class NotDriven:
     """Refused: nothing drives it, so there is nothing to recover."""
 
     run: RunRecord
+    # For a request of another clock: why its window is still open here.
+    note: str | None = None
 
     @property
     def reason(self) -> str:
         if self.run.status == RunStatus.PENDING_APPROVAL:
             until = f" until {self.run.expires_at}" if self.run.expires_at else ""
+            extra = f" ({self.note})" if self.note else ""
             return (f"run #{self.run.id} is awaiting approval{until}, when it expires and "
                     "releases its locks (after that, `recover` expires it at once); before "
-                    "then its requester or an approver can deny or cancel it on its card")
+                    f"then its requester or an approver can deny or cancel it on its card{extra}")
         return (f"run #{self.run.id} is {self.run.status}; only a running or approved run "
                 "can be recovered")
 
@@ -270,22 +310,25 @@ class NotDriven:
 ByHand = Recovered | Expired | OwnerAlive | NotDriven
 
 
-async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, force: bool = False,
-                          alive: Alive | None = None, clock: Clock = utc_now) -> ByHand:
-    """An operator's recovery of one run: refused while its owner is alive unless
-    ``force``; ``by`` is recorded as who recovered it. A request awaiting approval past
-    its window is expired instead (it holds locks nobody can use), and ``by`` recorded
-    as who expired it. Raises ``RunNotFoundError``."""
-    expired = await expire_if_overdue(audit, run_id, clock())
+async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, judge: Judge,
+                          force: bool = False, alive: Alive | None = None) -> ByHand:
+    """An operator's recovery of one run: refused while ``judge`` (or ``alive``) says its
+    owner may be alive, unless ``force``; ``by`` is recorded as who recovered it. A
+    request awaiting approval past its window is expired instead (it holds locks nobody
+    can use), and ``by`` recorded as who expired it. Raises ``RunNotFoundError``."""
+    await judge.look(audit, [run_id])
+    expired = await expire_if_closed(audit, run_id, judge)
     if expired is not None:
         # Who closed it, as for every other ``recover``: the status says it was expired,
         # not interrupted (``recovered_by`` means who ran ``recover`` on the run).
         await audit.record_decision(run_id, by, Decision.RECOVER)
         return Expired(await audit.get_run(run_id))
-    judge = alive if alive is not None else judged_by(clock)
-    found = await _recover(audit, lambda run: force or not judge(run), by=by,
+    judged = alive if alive is not None else judge.alive
+    found = await _recover(audit, lambda run: force or not judged(run), by=by,
                            run_ids=[run_id])
     if found:
         return Recovered(found[0])
     run = await audit.get_run(run_id)
-    return OwnerAlive(run) if run.status in DRIVEN else NotDriven(run)
+    if run.status in DRIVEN:
+        return OwnerAlive(run, None if alive is not None else judge.verdict(run))
+    return NotDriven(run, window_note(run, judge))

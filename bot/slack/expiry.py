@@ -3,7 +3,11 @@
 Time is the run life cycle's injected clock and the wait an injectable ``sleep``, so
 a test moves a manual clock past the deadline and the timer fires at once, instead
 of the suite waiting a real ``approval_ttl_s``. The timer only says "due"; closing
-the request (a compare-and-set that a click may win first) is the caller's.
+the request (a compare-and-set that a click may win first) is the caller's, and the
+life cycle's judge may decline it: a card another instance opened has a deadline on
+that instance's wall clock, which this one does not read, so it is expired only once
+this process has watched it pending for the whole window (``bot.engine.liveness``),
+by the sweep that follows.
 """
 
 from __future__ import annotations
