@@ -54,23 +54,35 @@ PHASE_LABELS: dict[Phase, str] = {
 # A tqdm bar in vLLM's own format ("NN% Completed | a/b") or tqdm's default ("NN%|...| a/b").
 _BAR = r"(?P<pct>\d{1,3})%(?: Completed \||\|[^|]*\|)\s*(?P<done>\d+)/(?P<total>\d+)"
 
+# vLLM 0.4-0.6 (the V0 engine) words some phases differently; each is mapped onto the
+# same phase (tests/test_real_vllm_samples.py names the 2024 logs they come from):
+# "args: Namespace(...)", "Using model weights format [...]", "Loading model weights took
+# N GB", "# GPU blocks: N, # CPU blocks: M" (later "# cuda blocks"), "Memory profiling
+# ...", "Capturing the model for CUDA graphs." (later "Capturing cudagraphs for
+# decoding."), uvicorn's "Started server process", "Waiting for application startup"
+# and, after "Application startup complete", "Uvicorn running on".
 _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
-    (Phase.API_UP, re.compile(r"Application startup complete")),
-    (Phase.API_STARTING, re.compile(r"Starting vLLM API server|Available routes are")),
+    (Phase.API_UP, re.compile(r"Application startup complete|Uvicorn running on")),
+    (Phase.API_STARTING, re.compile(r"Starting vLLM API server|Available routes are|"
+                                    r"Route: /\S*, Methods:|Started server process|"
+                                    r"Waiting for application startup")),
     (Phase.ENGINE_READY, re.compile(r"init engine \(profile, create kv cache, warmup model\) "
                                     r"took|Graph capturing finished in")),
-    (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph")),
+    (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph|Capturing the model for CUDA graphs|"
+                                   r"Capturing cudagraphs for|CUDA graphs can take additional")),
     (Phase.KV_CACHE, re.compile(r"GPU KV cache size:|Available KV cache memory:|"
-                                r"Maximum concurrency for")),
+                                r"Maximum concurrency for|# (?:GPU|cuda) blocks: \d|"
+                                r"Memory profiling (?:takes|results)")),
     # "torch.compile takes %.2f s in total" became "took" in later vLLM (seen in 2026 logs).
     (Phase.COMPILING, re.compile(r"Dynamo bytecode transform time|Compiling a graph for|"
                                  r"torch\.compile t(?:akes|ook)|for vLLM's torch\.compile")),
-    (Phase.LOADED, re.compile(r"Model loading took|Loading weights took")),
+    (Phase.LOADED, re.compile(r"Model loading took|Loading (?:model )?weights took")),
     (Phase.LOADING, re.compile(r"Starting to load model|Loading safetensors checkpoint shards|"
-                               r"Loading pt checkpoint shards|Loading model from scratch")),
-    (Phase.ENGINE, re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine")),
+                               r"Loading pt checkpoint shards|Loading model from scratch|"
+                               r"Using model weights format")),
+    (Phase.ENGINE, re.compile(r"Initializing an? (?:V[01] )?LLM engine")),
     (Phase.STARTING, re.compile(r"vLLM API server version|Started .*\.service|"
-                                r"non-default args:")),
+                                r"non-default args:|\] args: Namespace\(")),
 )
 _PERCENT_PHASES = frozenset({Phase.LOADING, Phase.CUDA_GRAPHS})
 
