@@ -8,6 +8,7 @@ from bot.core.flows import FOLLOW_FAILED_READS, EndStep, Progress
 from bot.core.plan import Step
 from bot.hosts.base import CommandResult
 from tests.test_metrics_readiness import vllm_metrics
+from tests.test_real_vllm_samples import PERMISSION, usage_thread_traceback
 from tests.test_sequence import Host, run, steps, verbs
 from tests.test_startup import ENGINE, FAILURES, START_UP
 
@@ -246,6 +247,48 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     # that failed in the journal serves nothing: DOWN, never "UP but NOT READY".
     assert ("The service is DOWN: its start failed (the unit is still active until its "
             "process exits; it may hold the GPUs until then). Roll back with: ") in out.summary
+
+
+def test_a_threads_traceback_during_the_start_is_a_warning_and_health_decides() -> None:
+    # Issue 17, D4: vLLM's usage-stats thread dies (vllm-project/vllm issue #6340's shape);
+    # the server goes on and answers /health. The start succeeds, and says what happened.
+    thread = usage_thread_traceback(ENGINE)
+    h = Host(healthy_after_checks=4, journal=[follow(), follow(START_UP[5][0]),
+                                              follow(*thread[:6]), follow(*thread[6:])])
+    out = run(h, svc={"start_timeout_s": 1800})
+    assert out.status == "succeeded", out.summary
+    health = end(h, Step.HEALTH)
+    assert health.ok and health.summary.endswith(
+        "(last phase: loading weights 59 % (38/64); warning: thread Thread-3 "
+        f"(_report_usage_worker) died: {PERMISSION})")
+    assert health.detail.splitlines()[0] == thread[0] and health.detail.endswith(thread[-1])
+    shown = [p.text for p in h.progress if p.step == Step.HEALTH]
+    assert any("warning: thread Thread-3 (_report_usage_worker) died" in t for t in shown)
+    # The other way: the same lines with no thread header are the main process failing.
+    h = Host(healthy_after_checks=10**6, journal=[follow(), follow(START_UP[5][0]),
+                                                  follow(*thread[1:6]), follow(*thread[6:])])
+    out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
+    assert out.status == "failed"
+    assert out.summary.startswith(f"start-up failed: Python traceback: {ENGINE}{PERMISSION}")
+    assert h.now < 30  # at once, not at start_timeout_s
+
+
+def test_the_journal_is_read_once_more_when_health_answers() -> None:
+    # The lines logged between the last poll and /health's 200 are this start's too: the
+    # thread's death is reported, the last phase is the one reached.
+    thread = usage_thread_traceback(ENGINE)
+    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
+                                              follow(*thread, START_UP[-1][0])])
+    assert run(h).status == "succeeded"
+    assert end(h, Step.HEALTH).summary.endswith(
+        f"(last phase: API server up; warning: thread Thread-3 (_report_usage_worker) died: "
+        f"{PERMISSION})")
+    # A failure line found by that read is a failed start, though /health answered once.
+    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
+                                              follow(FAILURES[4][0], FAILURES[0][0])])
+    out = run(h, svc={"rollback_on_unhealthy": False})
+    assert out.status == "failed"
+    assert out.summary.startswith("start-up failed: CUDA out of memory"), out.summary
 
 
 def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:

@@ -284,3 +284,25 @@ async def test_an_empty_smoke_completion_never_ends_succeeded(make_sim_host: Mak
     assert "/v1/completions answered an empty completion" in result.summary, result.summary
     assert result.summary.endswith("The service is UP but NOT READY (unit active)."), \
         result.summary
+
+
+# ---- issue 17: a thread's exception at start (D4) ------------------------------------------
+
+
+async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
+        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    # vLLM's usage-stats thread cannot write ~/.config/vllm (ProtectHome=) and dies with a
+    # traceback while the server comes up: the start must succeed, with the warning.
+    kit = await make_sim_host(access="sshd")
+    kit.set_faults(usage_thread_exception=True)
+    async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
+        result, out = await run(rt, Action.RESTART)
+        assert result.status == RunStatus.SUCCEEDED, out
+        health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
+    assert any("Exception in thread Thread-3 (_report_usage_worker):" in ln
+               for ln in kit.journal())
+    assert ("warning: thread Thread-3 (_report_usage_worker) died: PermissionError: [Errno 13] "
+            "Permission denied: '/home/vllm'") in out, out
+    assert "Exception in thread Thread-3 (_report_usage_worker):" in health.output_tail
+    assert health.output_tail.rstrip().endswith(
+        "PermissionError: [Errno 13] Permission denied: '/home/vllm'")

@@ -444,3 +444,82 @@ def test_the_lines_of_vllm_0_6_and_the_later_v0_engine_name_their_phase() -> Non
         assert seen is not None and seen[0] == phase, line
         assert failure_of(line) is None, line
     assert phase_of(lines[5][0]) == (Phase.CUDA_GRAPHS, 40, "14/35")
+
+
+# ---- issue 17: a thread's exception during a start (D4) -------------------------------------
+
+# vllm-project/vllm issue #6340: vLLM's usage-stats thread dying while the server goes
+# on. CPython's threading.excepthook prints "Exception in thread Thread-3
+# (_report_usage_worker):" straight after a tqdm bar that has no newline yet, so the
+# header shares the bar's line; then the traceback through threading.py's
+# _bootstrap_inner and run into vllm/usage/usage_lib.py's _report_usage_worker,
+# _report_usage_once and _write_to_file. Under systemd's ProtectHome= that last one fails
+# at its first call, os.makedirs of ~/.config/vllm (usage_lib.py's source), which is the
+# end written here: a PermissionError with our account's home.
+USAGE_LIB = "/srv/vllm/venv/lib/python3.12/site-packages/vllm/usage/usage_lib.py"
+
+
+def usage_thread_traceback(prefix: str = "", bar: str = "") -> list[str]:
+    # vLLM writes its process prefix at the start of a line: a bar's "\r" redraws come
+    # after it, and the header after the bar.
+    return [
+        f"{prefix}{bar}Exception in thread Thread-3 (_report_usage_worker):",
+        f"{prefix}Traceback (most recent call last):",
+        f'{prefix}  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner',
+        f"{prefix}    self.run()",
+        f'{prefix}  File "/usr/lib/python3.12/threading.py", line 1012, in run',
+        f"{prefix}    self._target(*self._args, **self._kwargs)",
+        f'{prefix}  File "{USAGE_LIB}", line 140, in _report_usage_worker',
+        f"{prefix}    self._report_usage_once(model_architecture, usage_context, extra_kvs)",
+        f'{prefix}  File "{USAGE_LIB}", line 179, in _report_usage_once',
+        f"{prefix}    self._write_to_file(data)",
+        f'{prefix}  File "{USAGE_LIB}", line 206, in _write_to_file',
+        f"{prefix}    os.makedirs(os.path.dirname(_USAGE_STATS_JSON_PATH), exist_ok=True)",
+        f'{prefix}  File "<frozen os>", line 215, in makedirs',
+        f'{prefix}  File "<frozen os>", line 225, in makedirs',
+        f"{prefix}PermissionError: [Errno 13] Permission denied: '/home/vllm'",
+    ]
+
+
+PERMISSION = "PermissionError: [Errno 13] Permission denied: '/home/vllm'"
+
+
+def test_the_usage_stats_thread_dying_is_a_warning_and_the_start_goes_on() -> None:
+    """Before the fix its "Traceback" ended the wait: "start-up failed: Python traceback"
+    for a server that then served."""
+    start = _good_start()
+    at = start.index(next(ln for ln in start if "init engine" in ln)) + 1
+    bar = ("\rCapturing CUDA graphs (decode, FULL):  40%|████      | 2/5 [00:00<00:01,  "
+           "4.02it/s]")
+    lines = [*start[:at], *usage_thread_traceback(API, bar=bar), *start[at:]]
+    w, shown, phases = _phases(lines)
+    assert w.failure is None
+    assert phases == list(Phase)
+    assert w.text() == ("API server up; warning: thread Thread-3 (_report_usage_worker) died: "
+                        f"{PERMISSION}")
+    (thread,) = w.thread_exceptions
+    assert thread.thread == "Thread-3 (_report_usage_worker)"
+    assert thread.last == PERMISSION and thread.lines[-1] == API + PERMISSION
+    # The bar's last redraw is the line as read (its prefix came before the "\r").
+    assert thread.lines[0] == bar[1:] + "Exception in thread Thread-3 (_report_usage_worker):"
+    assert "capturing CUDA graphs 40 % (2/5)" not in shown  # a late bar does not go back
+    assert any("engine initialised; warning: thread Thread-3" in t for t in shown)
+
+
+def test_the_same_traceback_without_the_thread_header_still_ends_the_wait() -> None:
+    """The other way: a main-process traceback (the same lines, no "Exception in thread")
+    is a failed start, as is one that follows a thread's."""
+    start = _good_start()
+    w, _, _ = _phases([*start[:20], *usage_thread_traceback(API)[1:]])
+    assert w.failure is not None and w.failure.reason == "Python traceback"
+    assert describe_failure(w.failure) == f"Python traceback: {API}{PERMISSION}"
+    # A thread's traceback, then the main process's own: the second one ends the wait.
+    main = [API + "Traceback (most recent call last):",
+            API + f'  File "{VENV}/vllm/entrypoints/openai/api_server.py", line 1953, in '
+            "run_server",
+            API + "    async with build_async_engine_client(args) as engine_client:",
+            API + "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}"]
+    w, _, _ = _phases([*start[:20], *usage_thread_traceback(API), *main])
+    assert w.failure is not None and w.failure.reason == "engine core initialization failed"
+    assert len(w.thread_exceptions) == 1

@@ -102,7 +102,13 @@ from bot.core.readiness import (
     reported_version,
 )
 from bot.core.results import CommandResult, HttpResult
-from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
+from bot.core.startup import (
+    StartupWatch,
+    describe_failure,
+    failure_block,
+    new_lines,
+    thread_block,
+)
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
@@ -633,8 +639,16 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             h: HttpResult = yield HttpCheck(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
             if h.ok:
                 now = (yield from _tick(0.0)).now
+                # What the server logged since the last poll is this start's too: the last
+                # phase, a thread that died (a warning, issue 17 D4), a failure line.
+                yield from _follow(svc, step, follow, start, now)
+                if follow.watch.failure is not None:
+                    return (yield from _failed_start(svc, step, follow))
+                # A thread's death is a warning: its lines go in the step's output, its
+                # last line is in the summary's phase text.
                 yield Emit(EndStep(step, True, f"{svc.health_url} answered 200 after "
-                                   f"{now - start:.1f}s (last phase: {follow.text()})"))
+                                   f"{now - start:.1f}s (last phase: {follow.text()})", None,
+                                   thread_block(follow.watch)))
                 return None
             last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
         else:
