@@ -13,5 +13,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "smoke_empty", "busy", "oom_at_start", "torch_cuda_mismatch", "import_error",
     "index_drops_old", "uv_fails_midway", "xid_79", "pending_remap", "ecc_uncorrected",
     "unified_memory", "no_gpus", "orphan_workers", "d_state_worker",
-    "usage_thread_exception",
+    "metrics_no_vllm", "usage_thread_exception",
 )

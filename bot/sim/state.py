@@ -172,6 +172,9 @@ class Faults:
     orphan_workers: bool = False  # the unit's workers ignore its stop; SIGTERM ends them
     d_state_worker: bool = False  # after a stop Worker_TP<stuck_gpu> hangs in D state: no
     # signal ends it
+    # Issue 17: /metrics answers 200 with no vllm: metric, only prometheus_client's python_*
+    # and process_* families, as a server started with --disable-log-stats does.
+    metrics_no_vllm: bool = False
     # Issue 17: a start logs vLLM's usage-stats thread dying of a PermissionError (it cannot
     # write ~/.config/vllm under ProtectHome=): a thread's traceback, the start goes on.
     usage_thread_exception: bool = False
