@@ -4,10 +4,14 @@ readiness after /health. The host model is tests/test_sequence.py's ``Host``."""
 
 from __future__ import annotations
 
-from bot.core.flows import FOLLOW_FAILED_READS, EndStep, Progress
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from bot.core.flows import FOLLOW_FAILED_READS, UNKNOWN_LOAD_READS, EndStep, HttpCheck, Progress
 from bot.core.plan import Step
-from bot.hosts.base import CommandResult
+from bot.hosts.base import CommandResult, HttpResult
 from tests.test_metrics_readiness import vllm_metrics
+from tests.test_real_vllm_samples import PERMISSION, usage_thread_traceback
 from tests.test_sequence import Host, run, steps, verbs
 from tests.test_startup import ENGINE, FAILURES, START_UP
 
@@ -181,14 +185,143 @@ def test_zero_disables_the_wait() -> None:
     assert end(h, Step.REQUESTS).summary.startswith("not waiting (request_drain_timeout_s = 0)")
 
 
-def test_a_server_without_metrics_counts_as_idle_with_a_note() -> None:
+# /metrics of a server started with --disable-log-stats: prometheus_client's default
+# families and no vllm: one (the shape vllm-project/vllm issue #26762 and PR #3938 show).
+NO_VLLM_GAUGES = ("# HELP python_gc_objects_collected_total Objects collected during gc\n"
+                  "# TYPE python_gc_objects_collected_total counter\n"
+                  'python_gc_objects_collected_total{generation="0"} 8841.0\n'
+                  "# HELP python_info Python platform information\n"
+                  "# TYPE python_info gauge\n"
+                  'python_info{implementation="CPython",major="3",minor="12",patchlevel="3",'
+                  'version="3.12.3"} 1.0\n'
+                  "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                  "# TYPE process_resident_memory_bytes gauge\n"
+                  "process_resident_memory_bytes 3.1e+09\n")
+UNKNOWN = ("the load is unknown: http://127.0.0.1:8000/metrics has no "
+           "vllm:num_requests_running or vllm:num_requests_waiting, and vllm-kimi-k25 is "
+           "active; pass --force to stop anyway")
+
+
+@dataclass
+class MetricsHost(Host):
+    """/metrics answers (status, body) in turn, the last repeating (status None: no
+    answer); ``systemctl is-active`` says ``before_stop`` until the unit is stopped."""
+
+    answers: list[tuple[int | None, str]] = field(default_factory=list)
+    before_stop: str = "active"
+
+    def http(self, action: HttpCheck) -> HttpResult:
+        if urlsplit(action.url).path != "/metrics" or not self.answers:
+            return super().http(action)
+        self.requests.append(action)
+        status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if status is None:
+            return HttpResult(action.url, None, error="connection refused")
+        return HttpResult(action.url, status, body)
+
+    def command(self, a: tuple[str, ...]) -> CommandResult:
+        if a[:2] == ("systemctl", "is-active") and not self.stopped:
+            state = self.before_stop
+            return CommandResult(a, 0 if state == "active" else 3, f"{state}\n", "", 0.0)
+        return super().command(a)
+
+
+def metrics_reads(h: Host) -> int:
+    return len([r for r in h.requests if r.url.endswith("/metrics")])
+
+
+def test_a_load_that_cannot_be_read_refuses_the_stop_with_the_reason() -> None:
+    # An empty body (vllm-project/vllm issue #8612) and --disable-log-stats' families: 200,
+    # and nothing about the requests. Unknown is not idle: nothing is stopped.
+    for body in ("", NO_VLLM_GAUGES):
+        for action in ("redeploy", "restart"):
+            h = Host(metrics=[body])
+            out = run(h, action)
+            assert out.status == "aborted", (body, action)
+            assert out.summary == f"{UNKNOWN}. Service untouched.", out.summary
+            assert verbs(h) == [] and ("requests", False) in steps(h)
+            assert end(h, Step.REQUESTS).summary == UNKNOWN
+            assert metrics_reads(h) == 1  # an answer that says nothing says it again
+    # Text that is not Prometheus format, and a server with one gauge of the two.
     h = Host(metrics=["<html>not found</html> {{"])
-    assert run(h).status == "succeeded"
+    assert run(h).status == "aborted" and verbs(h) == []
     assert end(h, Step.REQUESTS).summary.startswith(
-        "counted as idle: http://127.0.0.1:8000/metrics: not Prometheus text")
-    h = Host(metrics=[""])
-    assert run(h).status == "succeeded"
-    assert "has no vllm:num_requests_running" in end(h, Step.REQUESTS).summary
+        "the load is unknown: http://127.0.0.1:8000/metrics: not Prometheus text")
+    one = "\n".join(ln for ln in busy(0).splitlines() if "num_requests_waiting" not in ln)
+    h = Host(metrics=[one + "\n"])
+    assert run(h).status == "aborted" and verbs(h) == []
+    assert "has no vllm:num_requests_waiting, and" in end(h, Step.REQUESTS).summary
+
+
+def test_force_or_a_zero_drain_timeout_stops_with_the_load_unknown() -> None:
+    h = Host(metrics=[NO_VLLM_GAUGES])
+    out = run(h, force=True)
+    assert out.status == "succeeded", out.summary
+    assert end(h, Step.REQUESTS).summary.startswith(
+        "--force: stopping with the load unknown (http://127.0.0.1:8000/metrics has no "
+        "vllm:num_requests_running")
+    assert verbs(h) == ["stop", "install", "start"]
+    # request_drain_timeout_s = 0 keeps its meaning: the stop does not wait for requests,
+    # known or not. No reading again, no unit check.
+    h = MetricsHost(answers=[(None, "")])
+    assert run(h, "restart", svc={"request_drain_timeout_s": 0}).status == "succeeded"
+    assert end(h, Step.REQUESTS).summary.startswith(
+        "not waiting (request_drain_timeout_s = 0): the load is unknown")
+    assert metrics_reads(h) == 1
+    stop = h.calls.index(("systemctl", "stop", "--", "vllm-kimi-k25"))
+    assert not any(a[:2] == ("systemctl", "is-active") for a in h.calls[:stop])
+
+
+def test_a_unit_that_does_not_run_has_no_request_to_cut() -> None:
+    # Down already (a failed earlier run): /metrics refuses, systemd says why. The stop
+    # may go on: there is no process, so no request to interrupt.
+    for state in ("inactive", "failed"):
+        h = MetricsHost(answers=[(None, "")], before_stop=state)
+        out = run(h, "restart")
+        assert out.status == "succeeded", (state, out.summary)
+        assert end(h, Step.REQUESTS).summary == (
+            "the load is unknown (http://127.0.0.1:8000/metrics did not answer with metrics "
+            f"(connection refused)), but vllm-kimi-k25 is {state}: no request to interrupt")
+    # A unit systemd is starting or stopping, or whose state cannot be read, may serve:
+    # refused like an active one.
+    for state in ("activating", "deactivating"):
+        h = MetricsHost(answers=[(None, "")], before_stop=state)
+        out = run(h)
+        assert out.status == "aborted" and verbs(h) == [], state
+        assert f"and vllm-kimi-k25 is {state}; pass --force" in out.summary
+
+
+def test_a_metrics_read_that_got_no_answer_is_tried_again() -> None:
+    # One lost read is no verdict: the next one counts.
+    h = MetricsHost(answers=[(None, ""), (200, busy(0))])
+    out = run(h)
+    assert out.status == "succeeded", out.summary
+    assert end(h, Step.REQUESTS).summary == "no request in flight"
+    assert metrics_reads(h) == 2
+    assert next(p.text for p in h.progress if p.step == Step.REQUESTS).startswith(
+        "load unknown (http://127.0.0.1:8000/metrics did not answer with metrics")
+    # A 503 is tried again too; a 404 is final.
+    h = MetricsHost(answers=[(503, ""), (200, busy(0))])
+    assert run(h).status == "succeeded" and metrics_reads(h) == 2
+    h = MetricsHost(answers=[(404, '{"detail":"Not Found"}')])
+    assert run(h).status == "aborted" and metrics_reads(h) == 1
+    # No answer UNKNOWN_LOAD_READS times with the unit active: refused.
+    h = MetricsHost(answers=[(None, "")])
+    out = run(h)
+    assert out.status == "aborted" and verbs(h) == []
+    assert metrics_reads(h) == UNKNOWN_LOAD_READS
+    assert "did not answer with metrics (connection refused), and vllm-kimi-k25 is active" \
+        in out.summary
+
+
+def test_a_server_that_stops_answering_mid_drain_is_not_taken_for_idle() -> None:
+    # Busy, then /metrics has no gauges any more: the requests may still run.
+    h = Host(metrics=[busy(2), busy(1), NO_VLLM_GAUGES])
+    out = run(h)
+    assert out.status == "aborted" and verbs(h) == []
+    detail = end(h, Step.REQUESTS).detail.splitlines()
+    assert detail[0].endswith("2 running, 0 waiting requests, KV cache 30 % used")
+    assert detail[-1] == UNKNOWN
 
 
 def test_a_cancel_while_requests_drain_changes_nothing() -> None:
@@ -246,6 +379,48 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     # that failed in the journal serves nothing: DOWN, never "UP but NOT READY".
     assert ("The service is DOWN: its start failed (the unit is still active until its "
             "process exits; it may hold the GPUs until then). Roll back with: ") in out.summary
+
+
+def test_a_threads_traceback_during_the_start_is_a_warning_and_health_decides() -> None:
+    # Issue 17, D4: vLLM's usage-stats thread dies (vllm-project/vllm issue #6340's shape);
+    # the server goes on and answers /health. The start succeeds, and says what happened.
+    thread = usage_thread_traceback(ENGINE)
+    h = Host(healthy_after_checks=4, journal=[follow(), follow(START_UP[5][0]),
+                                              follow(*thread[:6]), follow(*thread[6:])])
+    out = run(h, svc={"start_timeout_s": 1800})
+    assert out.status == "succeeded", out.summary
+    health = end(h, Step.HEALTH)
+    assert health.ok and health.summary.endswith(
+        "(last phase: loading weights 59 % (38/64); warning: thread Thread-3 "
+        f"(_report_usage_worker) died: {PERMISSION})")
+    assert health.detail.splitlines()[0] == thread[0] and health.detail.endswith(thread[-1])
+    shown = [p.text for p in h.progress if p.step == Step.HEALTH]
+    assert any("warning: thread Thread-3 (_report_usage_worker) died" in t for t in shown)
+    # The other way: the same lines with no thread header are the main process failing.
+    h = Host(healthy_after_checks=10**6, journal=[follow(), follow(START_UP[5][0]),
+                                                  follow(*thread[1:6]), follow(*thread[6:])])
+    out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
+    assert out.status == "failed"
+    assert out.summary.startswith(f"start-up failed: Python traceback: {ENGINE}{PERMISSION}")
+    assert h.now < 30  # at once, not at start_timeout_s
+
+
+def test_the_journal_is_read_once_more_when_health_answers() -> None:
+    # The lines logged between the last poll and /health's 200 are this start's too: the
+    # thread's death is reported, the last phase is the one reached.
+    thread = usage_thread_traceback(ENGINE)
+    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
+                                              follow(*thread, START_UP[-1][0])])
+    assert run(h).status == "succeeded"
+    assert end(h, Step.HEALTH).summary.endswith(
+        f"(last phase: API server up; warning: thread Thread-3 (_report_usage_worker) died: "
+        f"{PERMISSION})")
+    # A failure line found by that read is a failed start, though /health answered once.
+    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
+                                              follow(FAILURES[4][0], FAILURES[0][0])])
+    out = run(h, svc={"rollback_on_unhealthy": False})
+    assert out.status == "failed"
+    assert out.summary.startswith("start-up failed: CUDA out of memory"), out.summary
 
 
 def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:

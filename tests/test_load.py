@@ -46,18 +46,36 @@ def test_a_zero_drain_timeout_says_the_requests_will_be_interrupted() -> None:
     assert "the stop waits" not in note
 
 
-def test_a_host_without_metrics_is_counted_as_idle_with_why() -> None:
-    readings: dict[str, Reading] = {"h1": (None, "HTTP 404"),
+NO_GAUGES = "/metrics has no vllm:num_requests_running or vllm:num_requests_waiting"
+REFUSED = ("unknown is not idle: the run stops it only if its unit is not running, else it "
+           "ends with the service untouched; pass --force to stop anyway")
+
+
+def test_a_host_whose_load_is_unknown_is_not_counted_as_idle() -> None:
+    # Issue 17, D5: a server with --disable-log-stats answers /metrics without vllm:
+    # gauges. The card says the stop will be refused there, not that it is idle.
+    readings: dict[str, Reading] = {"h1": (None, NO_GAUGES),
                                     "h2": (None, "no answer within 3s")}
-    assert load_note(plan(("h1", "h2")), service(), readings) == (
-        "Load now: unknown. no metrics from h1 (unknown: HTTP 404), h2 (unknown: no answer "
-        "within 3s): counted as idle.")
-    # Next to a busy host: its requests are still waited for, the unknown one adds none.
+    note = load_note(plan(("h1", "h2")), service(), readings)
+    assert note == (f"Load now: unknown on h1 ({NO_GAUGES}), h2 (no answer within 3s): "
+                    f"{REFUSED}.")
+    assert "idle" not in note.replace("not idle", "")
+    # Next to a busy host: its requests are still waited for.
     readings["h3"] = (Load(2, 0), "")
     assert load_note(plan(("h1", "h2", "h3")), service(), readings) == (
-        "Load now: h3: 2 running, 0 waiting requests. no metrics from h1 (unknown: HTTP 404), "
-        "h2 (unknown: no answer within 3s): counted as idle. the stop waits up to 300s for "
-        "2 request(s) to finish, else the run ends with the service untouched.")
+        f"Load now: h3: 2 running, 0 waiting requests. load unknown on h1 ({NO_GAUGES}), "
+        f"h2 (no answer within 3s): {REFUSED}. the stop waits up to 300s for 2 request(s) "
+        "to finish, else the run ends with the service untouched.")
+
+
+def test_force_or_a_zero_drain_timeout_say_the_unknown_load_is_interrupted() -> None:
+    readings: dict[str, Reading] = {"h1": (None, NO_GAUGES)}
+    assert load_note(plan(("h1",), force=True), service(), readings) == (
+        f"Load now: unknown on h1 ({NO_GAUGES}): --force stops it anyway, interrupting "
+        "whatever runs there.")
+    assert load_note(plan(("h1",)), service(request_drain_timeout_s=0), readings) == (
+        f"Load now: unknown on h1 ({NO_GAUGES}): request_drain_timeout_s = 0: the stop does "
+        "not wait and interrupts whatever runs there.")
 
 
 def test_idle_hosts_need_no_wait_and_many_busy_ones_are_cut() -> None:

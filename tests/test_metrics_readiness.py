@@ -12,7 +12,15 @@ GPU (tests/samples/SOURCES.md)."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from bot.core.metrics import Load, MetricsError, parse_load
 from bot.core.readiness import (
@@ -71,6 +79,38 @@ def test_absent_metrics_stay_unknown_not_zero() -> None:
                       'python_info{implementation="CPython"} 1.0\n')
     assert load == Load(None, None, None)
     assert not load.known and load.describe() == "? running, ? waiting requests"
+    assert not load.idle  # issue 17, D5: unknown is never idle
+
+
+def default_collectors_only() -> str:
+    """What /metrics of a vLLM started with --disable-log-stats answers: vLLM registers no
+    stat logger then (vllm/v1/engine/async_llm.py: ``if self.log_stats:``), so the text is
+    prometheus_client's default collectors alone, here that library's real output."""
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    PlatformCollector(registry=reg)
+    GCCollector(registry=reg)
+    return generate_latest(reg).decode()
+
+
+def test_a_server_without_vllm_gauges_or_with_an_empty_body_is_unknown_not_idle() -> None:
+    text = default_collectors_only()
+    assert "python_gc_objects_collected_total" in text and "python_info" in text
+    for body in (text, ""):  # "" : vllm-project/vllm issue #8612, 200 with an empty body
+        load = parse_load(body)
+        assert load == Load(None, None, None)
+        assert not load.known and not load.idle
+        assert load.missing() == "vllm:num_requests_running or vllm:num_requests_waiting"
+
+
+def test_one_gauge_of_the_two_is_not_enough_to_call_the_server_idle() -> None:
+    text = vllm_metrics({"0": 0}, {})  # running 0, waiting absent (no sample)
+    load = parse_load(text)
+    assert load.running == 0 and load.waiting is None
+    assert not load.known and not load.idle
+    assert load.missing() == "vllm:num_requests_waiting"
+    # The good case: both 0 is idle.
+    assert parse_load(vllm_metrics({"0": 0}, {"0": 0})).idle
 
 
 def test_a_body_cut_at_the_bound_is_read_to_its_last_whole_line() -> None:

@@ -284,3 +284,61 @@ async def test_an_empty_smoke_completion_never_ends_succeeded(make_sim_host: Mak
     assert "/v1/completions answered an empty completion" in result.summary, result.summary
     assert result.summary.endswith("The service is UP but NOT READY (unit active)."), \
         result.summary
+
+
+# ---- issue 17: a load that cannot be read (D5), a thread's exception at start (D4) ----------
+
+
+async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
+        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    # /metrics answers 200 with prometheus_client's families only, as a vLLM started with
+    # --disable-log-stats does: the load is unknown, which is not idle.
+    kit = await make_sim_host(access="sshd")
+    kit.set_faults(metrics_no_vllm=True)
+    async with slack_bot(tmp_path, kit) as bot:
+        run_id, approval = await request_and_approve(bot, f"redeploy {SERVICE} --version 0.16.0")
+        assert ("Load now: unknown on gpu-node-1 (/metrics has no vllm:num_requests_running or "
+                "vllm:num_requests_waiting): unknown is not idle") in approval, approval
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == "aborted" and done.summary is not None, done.summary
+        assert "the load is unknown: http://127.0.0.1:" in done.summary
+        assert ("has no vllm:num_requests_running or vllm:num_requests_waiting, and "
+                "vllm-kimi-k25 is active; pass --force to stop anyway. Service untouched."
+                ) in done.summary
+        assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
+        assert kit.unit_state() == "active"
+        assert kit.state().installed_version != "0.16.0"
+        requests = next(s for s in await bot.runtime.audit.steps(run_id)
+                        if s.step == "requests")
+        assert requests.status == "failed"
+        # With --force the same redeploy goes on, and its card said what that means.
+        run_id, approval = await request_and_approve(
+            bot, f"redeploy {SERVICE} --version 0.16.0 --force")
+        assert "--force stops it anyway, interrupting whatever runs there" in approval
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=90)
+        assert done.status == "succeeded", done.summary
+        requests = next(s for s in await bot.runtime.audit.steps(run_id)
+                        if s.step == "requests")
+    assert requests.status == "ok"
+    assert "--force: stopping with the load unknown" in requests.output_tail
+    assert any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
+    assert kit.state().installed_version == "0.16.0"
+
+
+async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
+        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    # vLLM's usage-stats thread cannot write ~/.config/vllm (ProtectHome=) and dies with a
+    # traceback while the server comes up: the start must succeed, with the warning.
+    kit = await make_sim_host(access="sshd")
+    kit.set_faults(usage_thread_exception=True)
+    async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
+        result, out = await run(rt, Action.RESTART)
+        assert result.status == RunStatus.SUCCEEDED, out
+        health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
+    assert any("Exception in thread Thread-3 (_report_usage_worker):" in ln
+               for ln in kit.journal())
+    assert ("warning: thread Thread-3 (_report_usage_worker) died: PermissionError: [Errno 13] "
+            "Permission denied: '/home/vllm'") in out, out
+    assert "Exception in thread Thread-3 (_report_usage_worker):" in health.output_tail
+    assert health.output_tail.rstrip().endswith(
+        "PermissionError: [Errno 13] Permission denied: '/home/vllm'")

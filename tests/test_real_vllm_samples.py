@@ -344,3 +344,182 @@ def test_the_lines_of_vllm_0_21_and_later_name_their_phase() -> None:
     _, shown, _ = _phases(lines)
     assert shown == ["torch.compile", "sizing the KV cache", "capturing CUDA graphs 50 % (26/51)",
                      "engine initialised"]
+
+
+# ---- issue 17: vLLM 0.4-0.6 start-up phases (D9) --------------------------------------------
+
+# A vLLM 0.5 start as `journalctl -o cat` prints it, in the shape of the 2024 logs in
+# vllm-project/vllm issue #6545 and #4455 (the API server's "vLLM API server version" and
+# "args: Namespace(...)" lines, 0.5.2 and 0.4.1), PR #5649 (2024-08-02, one GPU: "Using
+# model weights format", the shard bar, "Loading model weights took 13.5083 GB", "# GPU
+# blocks: 54775, # CPU blocks: 4096", "Capturing the model for CUDA graphs. ...", "CUDA
+# graphs can take additional 1~3 GiB ...", "Graph capturing finished in 13 secs.") and PR
+# #6234 (2024-07-17, tensor parallel: the same lines from "(VllmWorkerProcess pid=N)"),
+# then uvicorn's own lines (uvicorn/server.py: "Started server process [%d]", "Waiting
+# for application startup.", "Application startup complete.", "Uvicorn running on
+# %s://%s:%d (Press CTRL+C to quit)"). V0's format has no "[" before the file name.
+WORKER = "(VllmWorkerProcess pid=5312) "
+
+
+def _v05_start() -> list[str]:
+    return [
+        "Started vllm-chat.service - vLLM chat server.",
+        "INFO 07-18 10:00:01 api_server.py:212] vLLM API server version 0.5.3.post1",
+        "INFO 07-18 10:00:01 api_server.py:213] args: Namespace(host=None, port=8000, "
+        "uvicorn_log_level='info', model='/srv/models/chat-13b', tensor_parallel_size=2)",
+        "INFO 07-18 10:00:02 llm_engine.py:174] Initializing an LLM engine (v0.5.3.post1) "
+        "with config: model='/srv/models/chat-13b', speculative_config=None",
+        WORKER + "INFO 07-18 10:00:09 multiproc_worker_utils.py:215] Worker ready; awaiting "
+        "tasks",
+        "INFO 07-18 10:00:11 weight_utils.py:224] Using model weights format ['*.safetensors']",
+        "Loading safetensors checkpoint shards:   0% Completed | 0/6 [00:00<?, ?it/s]",
+        "Loading safetensors checkpoint shards:  50% Completed | 3/6 [00:07<00:07,  2.41s/it]",
+        "Loading safetensors checkpoint shards: 100% Completed | 6/6 [00:14<00:00,  2.38s/it]",
+        WORKER + "INFO 07-18 10:00:26 model_runner.py:692] Loading model weights took 12.2415 GB",
+        "INFO 07-18 10:00:26 model_runner.py:692] Loading model weights took 12.2415 GB",
+        "INFO 07-18 10:00:31 distributed_gpu_executor.py:56] # GPU blocks: 21874, # CPU "
+        "blocks: 2048",
+        "INFO 07-18 10:00:33 model_runner.py:980] Capturing the model for CUDA graphs. This "
+        "may lead to unexpected consequences if the model is not static. To run the model in "
+        "eager mode, set 'enforce_eager=True' or use '--enforce-eager' in the CLI.",
+        "INFO 07-18 10:00:33 model_runner.py:984] CUDA graphs can take additional 1~3 GiB "
+        "memory per GPU. If you are running out of memory, consider decreasing "
+        "`gpu_memory_utilization` or enforcing eager mode. You can also reduce the "
+        "`max_num_seqs` as needed to decrease memory usage.",
+        WORKER + "INFO 07-18 10:00:33 model_runner.py:980] Capturing the model for CUDA "
+        "graphs. This may lead to unexpected consequences if the model is not static.",
+        WORKER + "INFO 07-18 10:00:45 model_runner.py:1181] Graph capturing finished in 12 secs.",
+        "INFO 07-18 10:00:45 model_runner.py:1181] Graph capturing finished in 12 secs.",
+        "INFO 07-18 10:00:46 serving_chat.py:94] Using default chat template:",
+        "INFO:     Started server process [5298]",
+        "INFO:     Waiting for application startup.",
+        "INFO:     Application startup complete.",
+        "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)",
+    ]
+
+
+def test_a_vllm_0_5_start_walks_its_phases() -> None:
+    """Before the fix, the weights, the KV cache sizing and the capture of 0.4-0.6 were not
+    recognised: the card said "loading weights 100 %" from the shard bar until "engine
+    initialised"."""
+    w, shown, phases = _phases(_v05_start())
+    assert w.failure is None
+    assert phases == [Phase.STARTING, Phase.ENGINE, Phase.LOADING, Phase.LOADED,
+                      Phase.KV_CACHE, Phase.CUDA_GRAPHS, Phase.ENGINE_READY,
+                      Phase.API_STARTING, Phase.API_UP]
+    assert "loading weights 50 % (3/6)" in shown
+    assert shown[-1] == "API server up"
+    lines = _v05_start()
+    assert phase_of(lines[9]) == (Phase.LOADED, None, "")
+    assert phase_of(lines[11]) == (Phase.KV_CACHE, None, "")
+    assert phase_of(lines[12]) == (Phase.CUDA_GRAPHS, None, "")
+    assert phase_of(lines[-4]) == (Phase.API_STARTING, None, "")
+    assert phase_of(lines[-1]) == (Phase.API_UP, None, "")
+
+
+def test_the_lines_of_vllm_0_6_and_the_later_v0_engine_name_their_phase() -> None:
+    """vLLM 0.6.4 to 0.8 with the V0 engine (vllm-project/vllm PR #10909, 2024-12: "Memory
+    profiling results: ...", "# GPU blocks"; PR #11349, 2024-12: "Capturing cudagraphs for
+    decoding." and the "Capturing CUDA graph shapes" bar; SystemPanic/vllm-windows issue
+    #6 and generative-computing/mellea PR #416: "# cuda blocks: N, # CPU blocks: M";
+    kserve/kserve PR #4368: "Initializing a V0 LLM engine (v0.8.1)")."""
+    lines = [
+        ("INFO 12-13 02:09:02 llm_engine.py:249] Initializing a V0 LLM engine (v0.8.1) with "
+         "config: model='/srv/models/chat-13b'", Phase.ENGINE),
+        ("INFO 12-13 02:10:28 worker.py:237] Memory profiling results: duration=41.20 "
+         "seconds, total_gpu_memory=79.15GiB, initial_memory_usage=14.33GiB", Phase.KV_CACHE),
+        ("INFO 12-13 02:10:29 distributed_gpu_executor.py:58] # GPU blocks: 84512, # CPU "
+         "blocks: 8192", Phase.KV_CACHE),
+        ("INFO 04-04 17:58:00 [executor_base.py:111] # cuda blocks: 9120, # CPU blocks: 2048",
+         Phase.KV_CACHE),
+        ("INFO 12-19 22:58:27 model_runner.py:1415] Capturing cudagraphs for decoding. This "
+         "may lead to unexpected consequences if the model is not static.", Phase.CUDA_GRAPHS),
+        ("Capturing CUDA graph shapes:  40%|████      | 14/35 [00:05<00:08,  2.51it/s]",
+         Phase.CUDA_GRAPHS),
+        ("INFO 12-19 22:58:41 model_runner.py:1535] Graph capturing finished in 14 secs, took "
+         "0.21 GiB", Phase.ENGINE_READY),
+    ]
+    for line, phase in lines:
+        seen = phase_of(line)
+        assert seen is not None and seen[0] == phase, line
+        assert failure_of(line) is None, line
+    assert phase_of(lines[5][0]) == (Phase.CUDA_GRAPHS, 40, "14/35")
+
+
+# ---- issue 17: a thread's exception during a start (D4) -------------------------------------
+
+# vllm-project/vllm issue #6340: vLLM's usage-stats thread dying while the server goes
+# on. CPython's threading.excepthook prints "Exception in thread Thread-3
+# (_report_usage_worker):" straight after a tqdm bar that has no newline yet, so the
+# header shares the bar's line; then the traceback through threading.py's
+# _bootstrap_inner and run into vllm/usage/usage_lib.py's _report_usage_worker,
+# _report_usage_once and _write_to_file. Under systemd's ProtectHome= that last one fails
+# at its first call, os.makedirs of ~/.config/vllm (usage_lib.py's source), which is the
+# end written here: a PermissionError with our account's home.
+USAGE_LIB = "/srv/vllm/venv/lib/python3.12/site-packages/vllm/usage/usage_lib.py"
+
+
+def usage_thread_traceback(prefix: str = "", bar: str = "") -> list[str]:
+    # vLLM writes its process prefix at the start of a line: a bar's "\r" redraws come
+    # after it, and the header after the bar.
+    return [
+        f"{prefix}{bar}Exception in thread Thread-3 (_report_usage_worker):",
+        f"{prefix}Traceback (most recent call last):",
+        f'{prefix}  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner',
+        f"{prefix}    self.run()",
+        f'{prefix}  File "/usr/lib/python3.12/threading.py", line 1012, in run',
+        f"{prefix}    self._target(*self._args, **self._kwargs)",
+        f'{prefix}  File "{USAGE_LIB}", line 140, in _report_usage_worker',
+        f"{prefix}    self._report_usage_once(model_architecture, usage_context, extra_kvs)",
+        f'{prefix}  File "{USAGE_LIB}", line 179, in _report_usage_once',
+        f"{prefix}    self._write_to_file(data)",
+        f'{prefix}  File "{USAGE_LIB}", line 206, in _write_to_file',
+        f"{prefix}    os.makedirs(os.path.dirname(_USAGE_STATS_JSON_PATH), exist_ok=True)",
+        f'{prefix}  File "<frozen os>", line 215, in makedirs',
+        f'{prefix}  File "<frozen os>", line 225, in makedirs',
+        f"{prefix}PermissionError: [Errno 13] Permission denied: '/home/vllm'",
+    ]
+
+
+PERMISSION = "PermissionError: [Errno 13] Permission denied: '/home/vllm'"
+
+
+def test_the_usage_stats_thread_dying_is_a_warning_and_the_start_goes_on() -> None:
+    """Before the fix its "Traceback" ended the wait: "start-up failed: Python traceback"
+    for a server that then served."""
+    start = _good_start()
+    at = start.index(next(ln for ln in start if "init engine" in ln)) + 1
+    bar = ("\rCapturing CUDA graphs (decode, FULL):  40%|████      | 2/5 [00:00<00:01,  "
+           "4.02it/s]")
+    lines = [*start[:at], *usage_thread_traceback(API, bar=bar), *start[at:]]
+    w, shown, phases = _phases(lines)
+    assert w.failure is None
+    assert phases == list(Phase)
+    assert w.text() == ("API server up; warning: thread Thread-3 (_report_usage_worker) died: "
+                        f"{PERMISSION}")
+    (thread,) = w.thread_exceptions
+    assert thread.thread == "Thread-3 (_report_usage_worker)"
+    assert thread.last == PERMISSION and thread.lines[-1] == API + PERMISSION
+    # The bar's last redraw is the line as read (its prefix came before the "\r").
+    assert thread.lines[0] == bar[1:] + "Exception in thread Thread-3 (_report_usage_worker):"
+    assert "capturing CUDA graphs 40 % (2/5)" not in shown  # a late bar does not go back
+    assert any("engine initialised; warning: thread Thread-3" in t for t in shown)
+
+
+def test_the_same_traceback_without_the_thread_header_still_ends_the_wait() -> None:
+    """The other way: a main-process traceback (the same lines, no "Exception in thread")
+    is a failed start, as is one that follows a thread's."""
+    start = _good_start()
+    w, _, _ = _phases([*start[:20], *usage_thread_traceback(API)[1:]])
+    assert w.failure is not None and w.failure.reason == "Python traceback"
+    assert describe_failure(w.failure) == f"Python traceback: {API}{PERMISSION}"
+    # A thread's traceback, then the main process's own: the second one ends the wait.
+    main = [API + "Traceback (most recent call last):",
+            API + f'  File "{VENV}/vllm/entrypoints/openai/api_server.py", line 1953, in '
+            "run_server",
+            API + "    async with build_async_engine_client(args) as engine_client:",
+            API + "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}"]
+    w, _, _ = _phases([*start[:20], *usage_thread_traceback(API), *main])
+    assert w.failure is not None and w.failure.reason == "engine core initialization failed"
+    assert len(w.thread_exceptions) == 1

@@ -36,8 +36,10 @@ from bot.core.plan import Step, make_plan
 from bot.core.status import HealthSource
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
+from tests.test_metrics_readiness import vllm_metrics
 
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(8)]
+IDLE_METRICS = vllm_metrics({"0": 0}, {"0": 0}, {"0": 0.0})
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
@@ -86,8 +88,9 @@ class Host:
     healthy_after_checks: int = 2
     health_status: int = 200
     # The API beside /health: /metrics bodies in turn (the last one repeats), /v1/models,
-    # /version and the smoke completion, as (status, body).
-    metrics: list[str] = field(default_factory=lambda: [""])
+    # /version and the smoke completion, as (status, body). An idle vLLM by default: a
+    # load that cannot be read refuses the stop (issue 17, D5).
+    metrics: list[str] = field(default_factory=lambda: [IDLE_METRICS])
     models: tuple[int, str] = (200, '{"object":"list","data":[{"id":"kimi-k2.5"}]}')
     version_answer: tuple[int, str] = (404, '{"detail":"Not Found"}')
     completion: tuple[int, str] = (200, '{"choices":[{"index":0,"text":" Paris."}]}')

@@ -26,7 +26,9 @@ from bot.core.startup import (
     new_lines,
     phase_of,
     progress_text,
+    thread_block,
 )
+from tests.test_real_vllm_samples import PERMISSION, usage_thread_traceback
 
 SAMPLES = Path(__file__).parent / "samples"
 ENGINE = "(EngineCore_DP0 pid=48253) "
@@ -219,3 +221,120 @@ def test_progress_names_elapsed_time_and_the_median_of_previous_starts() -> None
     assert progress_text("API server up", 30, history) == (
         "API server up · 30s elapsed · usually ~6m40s (median of 3 starts)")
     assert StartHistory().estimate_s is None
+
+
+# ---- issue 17, D4: an exception in a thread that is not the main one -------------------------
+# CPython's threading.excepthook (Lib/threading.py) writes "Exception in thread <name>:"
+# then the traceback; the thread dies, the process goes on. The traceback is the shape of
+# vllm-project/vllm issue #6340's (tests/test_real_vllm_samples.py builds it).
+
+
+def thread_exc(prefix: str = "", last: str = PERMISSION) -> list[str]:
+    return [*usage_thread_traceback(prefix)[:-1], prefix + last]
+
+
+def test_a_thread_exception_is_a_warning_and_the_phases_go_on() -> None:
+    w = StartupWatch()
+    w.feed([START_UP[6][0], *thread_exc(ENGINE), START_UP[10][0], START_UP[-1][0]])
+    assert w.failure is None
+    assert w.phase == Phase.API_UP
+    assert w.text() == ("API server up; warning: thread Thread-3 (_report_usage_worker) died: "
+                        + PERMISSION)
+    assert thread_block(w).splitlines()[0] == (ENGINE + "Exception in thread Thread-3 "
+                                               "(_report_usage_worker):")
+    assert thread_block(w).splitlines()[-1] == ENGINE + PERMISSION
+
+
+def test_a_fatal_line_in_a_threads_traceback_still_ends_the_wait() -> None:
+    # A CUDA OOM or an NCCL error is fatal whichever thread reports it.
+    for last, reason in ((FAILURES[0][0][len(ENGINE):], "CUDA out of memory"),
+                         (FAILURES[1][0][len(ENGINE):], "NCCL error")):
+        w = StartupWatch()
+        w.feed(thread_exc(ENGINE, last))
+        assert w.failure is not None and w.failure.reason == reason
+
+
+def test_a_traceback_after_a_threads_is_the_main_process_failing() -> None:
+    main = [ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
+            ENGINE + "Traceback (most recent call last):",
+            ENGINE + '  File "/opt/venvs/vllm/lib/python3.12/site-packages/vllm/v1/engine/'
+            'core.py", line 699, in run_engine_core',
+            FAILURES[0][0]]
+    w = StartupWatch()
+    w.feed([*thread_exc(ENGINE), *main])
+    assert w.failure is not None and w.failure.reason == "CUDA out of memory"
+    # Straight after its exception line, with no line between, too.
+    w = StartupWatch()
+    w.feed([*thread_exc(ENGINE), *main[1:]])
+    assert w.failure is not None
+    # And one that starts inside the thread's frames without Python's chaining sentence.
+    w = StartupWatch()
+    w.feed([*thread_exc(ENGINE)[:6], *main[1:]])
+    assert w.failure is not None
+    # Whatever its exception: a traceback that names nothing fatal still ends the wait.
+    plain = [ENGINE + "Traceback (most recent call last):",
+             ENGINE + '  File "/opt/venvs/vllm/bin/vllm", line 5, in <module>',
+             ENGINE + "ModuleNotFoundError: No module named 'vllm._C'"]
+    for before in (thread_exc(ENGINE), thread_exc(ENGINE)[:6]):
+        w = StartupWatch()
+        w.feed([*before, *plain])
+        assert w.failure is not None and w.failure.reason == "Python traceback"
+        assert describe_failure(w.failure).endswith("No module named 'vllm._C'")
+
+
+def test_another_processes_traceback_between_the_threads_lines_is_a_failure() -> None:
+    lines = thread_exc(ENGINE)
+    w = StartupWatch()
+    w.feed([*lines[:5], API + "Traceback (most recent call last):", *lines[5:]])
+    assert w.failure is not None and w.failure.reason == "Python traceback"
+
+
+def test_a_chained_exception_and_lines_of_other_threads_stay_the_threads() -> None:
+    chained = [
+        ENGINE + "Exception in thread Thread-7 (report_loop):",
+        ENGINE + "Traceback (most recent call last):",
+        ENGINE + '  File "/usr/lib/python3.12/socket.py", line 963, in getaddrinfo',
+        ENGINE + "socket.gaierror: [Errno -3] Temporary failure in name resolution",
+        ENGINE + "During handling of the above exception, another exception occurred:",
+        ENGINE + "Traceback (most recent call last):",
+        # a log line of the main thread, written meanwhile
+        START_UP[10][0],
+        ENGINE + '  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner',
+        ENGINE + "urllib3.exceptions.MaxRetryError: HTTPSConnectionPool(host='stats.example',"
+        " port=443): Max retries exceeded",
+    ]
+    w = StartupWatch()
+    w.feed(chained)
+    assert w.failure is None and w.phase == Phase.KV_CACHE
+    (t,) = w.thread_exceptions
+    assert t.thread == "Thread-7 (report_loop)"
+    assert t.last.startswith("urllib3.exceptions.MaxRetryError: HTTPSConnectionPool")
+    # uvicorn's "INFO:" is a log line, not the thread's exception line.
+    w = StartupWatch()
+    w.feed([*thread_exc()[:4], "INFO:     Started server process [48213]"])
+    assert w.thread_exceptions[0].last == "" and w.phase == Phase.API_STARTING
+
+
+def test_a_header_with_no_traceback_gives_up_and_a_later_traceback_fails() -> None:
+    w = StartupWatch()
+    w.feed([ENGINE + "Exception in thread Thread-2:", *(
+        [ENGINE + "INFO 11-30 13:04:02 [core.py:90] waiting"] * 6),
+        ENGINE + "Traceback (most recent call last):"])
+    assert w.failure is not None and w.failure.reason == "Python traceback"
+    assert w.thread_exceptions[0].thread == "Thread-2"
+
+
+def test_a_threads_lines_and_the_threads_kept_are_bounded() -> None:
+    w = StartupWatch()
+    frames = [f"  frame {i}" for i in range(100_000)]
+    w.feed(["Exception in thread Thread-1:", "Traceback (most recent call last):", *frames,
+            "OSError: [Errno 30] Read-only file system: '/home/vllm/.config/vllm'"])
+    (t,) = w.thread_exceptions
+    assert len(t.lines) == 1 + 1 + 12 and t.lines[1] == f"… {100_002 - 12} lines not shown …"
+    assert t.last == "OSError: [Errno 30] Read-only file system: '/home/vllm/.config/vllm'"
+    for i in range(20):
+        w.feed([f"Exception in thread Thread-{i + 2}:", "Traceback (most recent call last):",
+                "  frame", "OSError: boom"])
+    assert len(w.thread_exceptions) == 6  # five kept, and the one still open
+    assert w.text().endswith("thread Thread-21 died: OSError: boom (and 20 other threads)")
+    assert w.failure is None

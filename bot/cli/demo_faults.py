@@ -15,4 +15,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "unified_memory", "no_gpus", "orphan_workers", "d_state_worker",
     "reset_required", "mig_xid",
     "cu128_on_cuda_12_7", "cu129_wheels", "duplicate_dist_info",
+    "metrics_no_vllm", "usage_thread_exception",
 )

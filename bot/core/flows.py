@@ -101,7 +101,13 @@ from bot.core.readiness import (
     reported_version,
 )
 from bot.core.results import CommandResult, HttpResult
-from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines
+from bot.core.startup import (
+    StartupWatch,
+    describe_failure,
+    failure_block,
+    new_lines,
+    thread_block,
+)
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.core.versions import same_release
@@ -625,8 +631,16 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             h: HttpResult = yield HttpCheck(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
             if h.ok:
                 now = (yield from _tick(0.0)).now
+                # What the server logged since the last poll is this start's too: the last
+                # phase, a thread that died (a warning, issue 17 D4), a failure line.
+                yield from _follow(svc, step, follow, start, now)
+                if follow.watch.failure is not None:
+                    return (yield from _failed_start(svc, step, follow))
+                # A thread's death is a warning: its lines go in the step's output, its
+                # last line is in the summary's phase text.
                 yield Emit(EndStep(step, True, f"{svc.health_url} answered 200 after "
-                                   f"{now - start:.1f}s (last phase: {follow.text()})"))
+                                   f"{now - start:.1f}s (last phase: {follow.text()})", None,
+                                   thread_block(follow.watch)))
                 return None
             last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
         else:
@@ -772,19 +786,39 @@ def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
 # ---- in-flight requests, before the stop ------------------------------------------------------
 
 
-def _read_load(svc: ServiceSettings) -> Generator[Action, Any, tuple[Load | None, str]]:
-    """The server's load from /metrics, or None and why it is unknown."""
+# Reads of /metrics that got no answer (a lost connection, a timeout, a 5xx) before the
+# load counts as unknown. A server that answered otherwise (404, not Prometheus text, no
+# request gauges) is unknown at once: reading again would say the same.
+UNKNOWN_LOAD_READS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadRead:
+    load: Load | None
+    why: str  # when the load is None: why it is unknown
+    final: bool  # reading again would say the same
+
+
+def _read_load_once(svc: ServiceSettings) -> Generator[Action, Any, _LoadRead]:
     url = metrics_url(svc)
     h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
     if not h.ok:
-        return None, f"{url} did not answer with metrics ({_http_why(h)})"
+        return _LoadRead(None, f"{url} did not answer with metrics ({_http_why(h)})",
+                         h.status is not None and h.status < 500)
     try:
         load = parse_load(h.body, truncated=h.truncated)
     except MetricsError as e:
-        return None, f"{url}: {e}"
+        return _LoadRead(None, f"{url}: {e}", True)
     if not load.known:
-        return None, f"{url} has no vllm:num_requests_running or vllm:num_requests_waiting"
-    return load, ""
+        # A server started with --disable-log-stats, or an empty body (vllm#8612).
+        return _LoadRead(None, f"{url} has no {load.missing()}", True)
+    return _LoadRead(load, "", True)
+
+
+def _read_load(svc: ServiceSettings) -> Generator[Action, Any, tuple[Load | None, str]]:
+    """The server's load from /metrics, or None and why it is unknown."""
+    read = yield from _read_load_once(svc)
+    return read.load, read.why
 
 
 def _requests_verdict(plan: Plan, svc: ServiceSettings, load: Load, first: Load,
@@ -831,36 +865,86 @@ def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
                     ) -> Generator[Action, Any, HostOutcome | None]:
     """Before the stop: wait until no request runs or waits on the server (vLLM aborts
     them at a stop), showing the counts live. None to go on with the stop; else the
-    run's outcome, with the service untouched. A server that does not answer /metrics
-    counts as idle, with a note."""
+    run's outcome, with the service untouched. A load that cannot be read is not idle
+    (``_unknown_load``)."""
     yield Emit(BeginStep(Step.REQUESTS, requests_command(svc)))
     start = (yield from _tick(0.0)).now
     first: Load | None = None
     seen: deque[str] = deque(maxlen=50)  # each change of the counts, for the record
+    unanswered = 0
     while True:
-        load, why = yield from _read_load(svc)
+        read = yield from _read_load_once(svc)
         elapsed = (yield from _tick(0.0)).now - start
+        load = read.load
         if load is None:
-            yield Emit(EndStep(Step.REQUESTS, True, f"counted as idle: {why}", None,
-                               f"counted as idle: {why}"))
-            return None
-        first = first or load
-        if not seen or not seen[-1].endswith(load.describe()):
-            seen.append(f"{elapsed:7.1f}s  {load.describe()}")
-        yield Progress(Step.REQUESTS, load.describe(), elapsed)
-        verdict = _requests_verdict(plan, svc, load, first, elapsed)
-        if verdict is not None:
-            go, summary = verdict
-            yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
-            if go:
-                return None
-            return HostOutcome(HostStatus.ABORTED, f"{summary}; service untouched. Try again "
-                               "later, or with --force to interrupt them.", before, None)
+            unanswered += 1
+            if read.final or unanswered >= UNKNOWN_LOAD_READS or not _waits(plan, svc):
+                return (yield from _unknown_load(plan, svc, before, read.why, seen))
+            yield Progress(Step.REQUESTS, f"load unknown ({read.why}); reading again", elapsed)
+        else:
+            unanswered = 0
+            first = first or load
+            if not seen or not seen[-1].endswith(load.describe()):
+                seen.append(f"{elapsed:7.1f}s  {load.describe()}")
+            yield Progress(Step.REQUESTS, load.describe(), elapsed)
+            verdict = _requests_verdict(plan, svc, load, first, elapsed)
+            if verdict is not None:
+                return (yield from _requests_end(before, verdict, seen))
         if (yield from _tick(svc.drain_poll_s)).cancel_requested:
+            now = load.describe() if load is not None else "load unknown"
             yield Emit(EndStep(Step.REQUESTS, False, "cancelled while waiting for in-flight "
-                               f"requests ({load.describe()})"))
+                               f"requests ({now})"))
             return HostOutcome(HostStatus.CANCELLED, "cancelled while waiting for in-flight "
                                "requests; nothing was changed", before, None)
+
+
+def _waits(plan: Plan, svc: ServiceSettings) -> bool:
+    """Whether the stop waits for requests at all (not with --force or a zero timeout)."""
+    return not plan.force and svc.request_drain_timeout_s > 0
+
+
+def _requests_end(before: str | None, verdict: tuple[bool, str], seen: deque[str]
+                  ) -> Generator[Action, Any, HostOutcome | None]:
+    go, summary = verdict
+    yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
+    if go:
+        return None
+    return HostOutcome(HostStatus.ABORTED, f"{summary}; service untouched. Try again "
+                       "later, or with --force to interrupt them.", before, None)
+
+
+# The unit states in which no server process runs, so no request can be in flight.
+_NOT_RUNNING = ("inactive", "failed")
+
+
+def _unknown_load(plan: Plan, svc: ServiceSettings, before: str | None, why: str,
+                  seen: deque[str]) -> Generator[Action, Any, HostOutcome | None]:
+    """/metrics says nothing of the requests (no answer, no vllm: gauges: a server with
+    --disable-log-stats). Unknown is not idle (issue 17, D5): the stop would cut whatever
+    runs. It goes on only with --force, with request_drain_timeout_s = 0 (the stop never
+    waits for requests then, known or not), or when ``systemctl is-active`` says the unit
+    does not run (no process, no request to cut); otherwise the run ends ``aborted``."""
+    if plan.force:
+        verdict = True, (f"--force: stopping with the load unknown ({why}); any request in "
+                         "flight is interrupted")
+    elif svc.request_drain_timeout_s == 0:
+        verdict = True, (f"not waiting (request_drain_timeout_s = 0): the load is unknown "
+                         f"({why}); any request in flight is interrupted")
+    else:
+        r = yield from _run(Step.REQUESTS, remote.unit_is_active(svc), svc.command_timeout_s,
+                            quiet=True)
+        state = r.stdout.strip() or _why(r)
+        if state in _NOT_RUNNING:
+            verdict = True, (f"the load is unknown ({why}), but {svc.unit} is {state}: no "
+                             "request to interrupt")
+        else:
+            verdict = False, (f"the load is unknown: {why}, and {svc.unit} is {state}; pass "
+                              "--force to stop anyway")
+    go, summary = verdict
+    yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
+    if go:
+        return None
+    return HostOutcome(HostStatus.ABORTED, f"{summary}. Service untouched.", before, None)
 
 
 def _serving(svc: ServiceSettings, props: dict[str, str]) -> Generator[Action, Any, str]:

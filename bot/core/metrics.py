@@ -5,7 +5,10 @@ same library's text parser rather than by hand. A server with several engines (d
 parallel) labels each engine's gauge with ``engine="N"``: the counts are summed, the
 KV-cache usage is the highest engine's. vLLM renamed ``vllm:gpu_cache_usage_perc`` to
 ``vllm:kv_cache_usage_perc``; either is read. A metric that is absent stays unknown
-(None), never 0.
+(None), never 0: a server started with ``--disable-log-stats`` registers no ``vllm:``
+metric at all and its ``/metrics`` holds only prometheus_client's ``python_*`` and
+``process_*`` families, and vllm-project/vllm issue #8612 shows one answering 200 with
+an empty body. Such a load is unknown, never idle (issue 17, D5).
 """
 
 from __future__ import annotations
@@ -27,12 +30,18 @@ class Load:
 
     @property
     def known(self) -> bool:
-        return self.running is not None or self.waiting is not None
+        """Both request counts were read: only then can the server be called idle."""
+        return self.running is not None and self.waiting is not None
 
     @property
     def idle(self) -> bool:
-        """No request runs or waits (an unknown count does not count)."""
-        return not (self.running or self.waiting)
+        """No request runs or waits; an unknown count is never taken for 0."""
+        return self.running == 0 and self.waiting == 0
+
+    def missing(self) -> str:
+        """The request gauges the text lacks, as the refusal names them."""
+        names = [n for n, v in ((RUNNING, self.running), (WAITING, self.waiting)) if v is None]
+        return " or ".join(names)
 
     def describe(self) -> str:
         """"3 running, 1 waiting requests, KV cache 42 % used"."""

@@ -5,7 +5,11 @@ health gate follows the unit's journal meanwhile (``bot.core.flows``), feeds eac
 line to a ``StartupWatch`` and shows its phase on the status card ("loading weights
 60 %", "capturing CUDA graphs", "API server up").  A line that means the start has
 failed (CUDA out of memory, an NCCL error, the engine core failing to initialise, a
-Python traceback) ends the wait at once, with the lines that say so.
+Python traceback) ends the wait at once, with the lines that say so. A traceback that
+CPython's ``threading.excepthook`` prints for a thread other than the main one
+("Exception in thread Thread-3 (_report_usage_worker):", then the traceback) is not: the
+thread died, the process goes on; it is a warning on the progress line and in the step's
+output, and ``/health`` decides.
 
 The patterns are vLLM's own log formats; tests/test_startup.py names the vLLM source
 file each one comes from.  A line that only looks alarming during a normal start
@@ -21,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Literal
 
 
 class Phase(IntEnum):
@@ -54,23 +59,35 @@ PHASE_LABELS: dict[Phase, str] = {
 # A tqdm bar in vLLM's own format ("NN% Completed | a/b") or tqdm's default ("NN%|...| a/b").
 _BAR = r"(?P<pct>\d{1,3})%(?: Completed \||\|[^|]*\|)\s*(?P<done>\d+)/(?P<total>\d+)"
 
+# vLLM 0.4-0.6 (the V0 engine) words some phases differently; each is mapped onto the
+# same phase (tests/test_real_vllm_samples.py names the 2024 logs they come from):
+# "args: Namespace(...)", "Using model weights format [...]", "Loading model weights took
+# N GB", "# GPU blocks: N, # CPU blocks: M" (later "# cuda blocks"), "Memory profiling
+# ...", "Capturing the model for CUDA graphs." (later "Capturing cudagraphs for
+# decoding."), uvicorn's "Started server process", "Waiting for application startup"
+# and, after "Application startup complete", "Uvicorn running on".
 _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
-    (Phase.API_UP, re.compile(r"Application startup complete")),
-    (Phase.API_STARTING, re.compile(r"Starting vLLM API server|Available routes are")),
+    (Phase.API_UP, re.compile(r"Application startup complete|Uvicorn running on")),
+    (Phase.API_STARTING, re.compile(r"Starting vLLM API server|Available routes are|"
+                                    r"Route: /\S*, Methods:|Started server process|"
+                                    r"Waiting for application startup")),
     (Phase.ENGINE_READY, re.compile(r"init engine \(profile, create kv cache, warmup model\) "
                                     r"took|Graph capturing finished in")),
-    (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph")),
+    (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph|Capturing the model for CUDA graphs|"
+                                   r"Capturing cudagraphs for|CUDA graphs can take additional")),
     (Phase.KV_CACHE, re.compile(r"GPU KV cache size:|Available KV cache memory:|"
-                                r"Maximum concurrency for")),
+                                r"Maximum concurrency for|# (?:GPU|cuda) blocks: \d|"
+                                r"Memory profiling (?:takes|results)")),
     # "torch.compile takes %.2f s in total" became "took" in later vLLM (seen in 2026 logs).
     (Phase.COMPILING, re.compile(r"Dynamo bytecode transform time|Compiling a graph for|"
                                  r"torch\.compile t(?:akes|ook)|for vLLM's torch\.compile")),
-    (Phase.LOADED, re.compile(r"Model loading took|Loading weights took")),
+    (Phase.LOADED, re.compile(r"Model loading took|Loading (?:model )?weights took")),
     (Phase.LOADING, re.compile(r"Starting to load model|Loading safetensors checkpoint shards|"
-                               r"Loading pt checkpoint shards|Loading model from scratch")),
-    (Phase.ENGINE, re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine")),
+                               r"Loading pt checkpoint shards|Loading model from scratch|"
+                               r"Using model weights format")),
+    (Phase.ENGINE, re.compile(r"Initializing an? (?:V[01] )?LLM engine")),
     (Phase.STARTING, re.compile(r"vLLM API server version|Started .*\.service|"
-                                r"non-default args:")),
+                                r"non-default args:|\] args: Namespace\(")),
 )
 _PERCENT_PHASES = frozenset({Phase.LOADING, Phase.CUDA_GRAPHS})
 
@@ -149,6 +166,7 @@ class StartupWatch:
         self._failure_tail: deque[str] = deque(maxlen=_FAILURE_TAIL)
         self._failure_causes: list[str] = []
         self._failure_skipped = 0
+        self._threads = _ThreadExceptions()
 
     def feed(self, lines: Iterable[str]) -> None:
         for raw in lines:
@@ -158,6 +176,10 @@ class StartupWatch:
             self.lines_seen += 1
             if self._failure_reason is not None:
                 self._keep_failure_line(line)
+                continue
+            if self._threads.take(line):
+                self._recent.append(line)
+                self._see(line)  # a header may follow a progress bar on its line (#6340)
                 continue
             why = failure_of(line)
             if why is not None:
@@ -208,16 +230,184 @@ class StartupWatch:
                       self._failure_reason)
         return Failure(reason, lines)
 
+    @property
+    def thread_exceptions(self) -> tuple[ThreadException, ...]:
+        """Threads (not the main one) that died of an exception so far, oldest first."""
+        return self._threads.seen()
+
     def text(self) -> str:
-        """The phase as the card shows it: "loading weights 60 % (38/64)"."""
+        """The phase as the card shows it: "loading weights 60 % (38/64)", and a warning
+        when a thread died ("...; warning: thread Thread-3 (_report_usage_worker) died:
+        PermissionError: ...")."""
         if self.phase is None:
-            return "waiting for the first log line"
-        label = PHASE_LABELS[self.phase]
-        if self.percent is not None:
-            label += f" {self.percent} %"
-            if self.progress:
-                label += f" ({self.progress})"
-        return label
+            label = "waiting for the first log line"
+        else:
+            label = PHASE_LABELS[self.phase]
+            if self.percent is not None:
+                label += f" {self.percent} %"
+                if self.progress:
+                    label += f" ({self.progress})"
+        warning = self._threads.warning()
+        return f"{label}; {warning}" if warning else label
+
+
+# ---- an uncaught exception in a thread that is not the main one -----------------------------
+
+# CPython's threading.excepthook (Lib/threading.py) writes "Exception in thread <name>:"
+# and then the thread's traceback to stderr. The thread has died; the process goes on.
+# vLLM's usage-stats daemon thread (vllm/usage/usage_lib.py, _report_usage_worker) dies
+# that way when it cannot write ~/.config/vllm/usage_stats.json, as under systemd's
+# ProtectHome= (vllm-project/vllm issue #6340 shows the header and traceback).
+_THREAD_HEADER = re.compile(r"Exception in thread (?P<name>.+?):\s*$")
+# What vLLM puts before a child process's lines: "(EngineCore_DP0 pid=4188) ".
+_PREFIX = re.compile(r"^\([^()]*pid=\d+\) ?")
+_TB_HEADER = "Traceback (most recent call last):"
+_CHAINED = frozenset({"During handling of the above exception, another exception occurred:",
+                      "The above exception was the direct cause of the following exception:"})
+# A traceback's last line: a (dotted) class name at the start of the line, then ": message"
+# or nothing ("socket.gaierror: ...", "KeyboardInterrupt"). An all-capitals word is a log
+# level (uvicorn's "INFO:     ..."), not an exception.
+_EXCEPTION_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?::(?:\s.*)?)?$")
+# Lines of another kind the block lets pass (logged meanwhile by other threads) before it
+# gives up waiting for the traceback that follows its header.
+_THREAD_STRAYS = 5
+_THREAD_LINES_KEPT = 12
+_THREADS_KEPT = 5
+_WARNING_CHARS = 240
+
+ThreadVerdict = Literal["part", "end", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadException:
+    thread: str  # "Thread-3 (_report_usage_worker)"
+    last: str  # its exception line, "" while (or when) none came
+    lines: tuple[str, ...]  # the header and the last lines of the traceback
+
+    def describe(self) -> str:
+        text = f"thread {self.thread} died" + (f": {self.last}" if self.last else "")
+        return text[:_WARNING_CHARS]
+
+
+def _split_prefix(line: str) -> tuple[str, str]:
+    m = _PREFIX.match(line)
+    return (m.group(0).rstrip(), line[m.end():]) if m else ("", line)
+
+
+def _is_exception_line(body: str) -> bool:
+    m = _EXCEPTION_LINE.match(body)
+    return m is not None and not m["name"].isupper()
+
+
+class _ThreadBlock:
+    """One thread's traceback as its lines come, told apart from the lines around it:
+    only lines of the same process (prefix) and of a traceback's shape are its; a second
+    traceback header without Python's chaining sentence is not."""
+
+    def __init__(self, prefix: str | None, thread: str, header: str) -> None:
+        # None: the header followed a progress bar on its line, which hid the prefix
+        # (clean() keeps the bar's last redraw); the traceback's header then says it.
+        self.prefix, self.thread = prefix, thread
+        self.state: Literal["header", "frames", "raised", "chained"] = "header"
+        self.last = ""
+        self.header = header
+        self.lines: deque[str] = deque(maxlen=_THREAD_LINES_KEPT)  # the last ones
+        self.taken = 0
+        self.strays = 0
+
+    def take(self, line: str) -> ThreadVerdict:
+        prefix, body = _split_prefix(line)
+        if self.prefix is None and self.state == "header" and body == _TB_HEADER:
+            self.prefix = prefix
+        if prefix != self.prefix:
+            return "other"  # another process's line, in between
+        verdict = self._step(body)
+        if verdict == "part":
+            self.lines.append(line)
+            self.taken += 1
+        return verdict
+
+    def _step(self, body: str) -> ThreadVerdict:
+        if self.state in ("header", "chained"):
+            if body == _TB_HEADER:
+                self.state = "frames"
+                return "part"
+            self.strays += 1
+            return "end" if self.strays > _THREAD_STRAYS else "other"
+        if self.state == "frames":
+            if body[:1].isspace():
+                return "part"  # a frame, its code, a caret line
+            if body in _CHAINED:
+                self.state = "chained"
+                return "part"
+            if body == _TB_HEADER:
+                return "end"  # a new traceback, not chained to this one: not the thread's
+            if _is_exception_line(body):
+                self.last, self.state = body, "raised"
+                return "part"
+            return "other"  # a log line of another thread, in between
+        if body in _CHAINED:  # raised: the traceback goes on only with Python's sentence
+            self.state = "chained"
+            return "part"
+        return "end"
+
+    def done(self) -> ThreadException:
+        cut = self.taken - len(self.lines)
+        return ThreadException(self.thread, self.last, (
+            self.header, *([f"… {cut} lines not shown …"] if cut else []), *self.lines))
+
+
+class _ThreadExceptions:
+    """The thread exceptions seen (bounded), and the one whose lines are still coming."""
+
+    def __init__(self) -> None:
+        self.closed: list[ThreadException] = []
+        self.more = 0  # beyond _THREADS_KEPT
+        self.open: _ThreadBlock | None = None
+
+    def take(self, line: str) -> bool:
+        """Whether ``line`` is a thread exception's (its header or traceback), and so no
+        failure of the start. A fatal line (CUDA out of memory...) is never taken: it
+        ends the wait wherever it comes from."""
+        header = _THREAD_HEADER.search(line)
+        if header is not None:
+            self._close()
+            prefix, body = _split_prefix(line)
+            glued = not body.startswith("Exception in thread ")
+            self.open = _ThreadBlock(None if glued else prefix, header["name"], line)
+            return True
+        if self.open is None:
+            return False
+        verdict = self.open.take(line)
+        if verdict == "end":
+            self._close()
+        why = failure_of(line)
+        return verdict == "part" and why in (None, "Python traceback")
+
+    def _close(self) -> None:
+        if self.open is not None:
+            if len(self.closed) < _THREADS_KEPT:
+                self.closed.append(self.open.done())
+            else:
+                self.more += 1
+            self.open = None
+
+    def seen(self) -> tuple[ThreadException, ...]:
+        return (*self.closed, *((self.open.done(),) if self.open is not None else ()))
+
+    def warning(self) -> str:
+        seen = self.seen()
+        if not seen:
+            return ""
+        others = len(seen) - 1 + self.more
+        return (f"warning: {seen[-1].describe()}"
+                + (f" (and {others} other thread{'s' if others != 1 else ''})"
+                   if others else ""))
+
+
+def thread_block(watch: StartupWatch) -> str:
+    """The thread exceptions' lines, for a step's output."""
+    return "\n\n".join("\n".join(t.lines) for t in watch.thread_exceptions)
 
 
 # ---- how long starts take ------------------------------------------------------------------

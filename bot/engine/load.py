@@ -1,7 +1,9 @@
 """The load on a service's hosts now, for the approval card: ``GET /metrics`` through
 each host's SSH connection (read-only, bounded by a short timeout), and the sentence
 the card shows: how many requests a stop would wait for or, with ``--force``,
-interrupt."""
+interrupt. A host whose load cannot be read (no answer, no ``vllm:`` request gauges) is
+unknown, never idle: the card says its stop will be refused unless ``--force`` (the
+flow's rule, ``bot.core.flows._unknown_load``)."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ async def read_load(pool: HostPool, svc: ServiceSettings, hosts: tuple[str, ...]
             load = parse_load(h.body, truncated=h.truncated)
         except MetricsError as e:
             return None, str(e)
-        return (load, "") if load.known else (None, "no request metrics")
+        return (load, "") if load.known else (None, f"/metrics has no {load.missing()}")
 
     readings = await asyncio.gather(*(one(h) for h in hosts))
     return dict(zip(hosts, readings, strict=True))
@@ -55,20 +57,22 @@ def load_note(plan: Plan, svc: ServiceSettings, readings: Mapping[str, Reading])
     running = sum(load.running or 0 for load in known.values())
     waiting = sum(load.waiting or 0 for load in known.values())
     busy = [f"{h}: {load.describe()}" for h, load in known.items() if not load.idle]
-    unknown = [f"{h} (unknown: {r[1]})" for h, r in readings.items() if r[0] is None]
+    unknown = [f"{h} ({r[1]})" for h, r in readings.items() if r[0] is None]
     shown = busy[:_HOSTS_NAMED] + (["…"] if len(busy) > _HOSTS_NAMED else [])
     parts = [f"Load now: {'; '.join(shown)}" if busy else
-             f"Load now: no request in flight on {len(known)} host(s)" if known else
-             "Load now: unknown"]
+             f"Load now: no request in flight on {len(known)} host(s)" if known else ""]
     if unknown:
-        parts.append(f"no metrics from {', '.join(unknown[:_HOSTS_NAMED])}"
+        parts.append(f"{'load' if known else 'Load now:'} unknown on "
+                     f"{', '.join(unknown[:_HOSTS_NAMED])}"
                      + (" …" if len(unknown) > _HOSTS_NAMED else "")
-                     + ": counted as idle")
+                     + f": {_unknown_rule(plan, svc)}")
+    parts = [p for p in parts if p]
     if plan.force:
-        parts.append(f"--force: will interrupt {running} running request"
-                     f"{'s' if running != 1 else ''}"
-                     + (f" (and {waiting} waiting)" if waiting else "")
-                     + "; the stop does not wait")
+        if known:  # of the unknown ones it cannot say a number
+            parts.append(f"--force: will interrupt {running} running request"
+                         f"{'s' if running != 1 else ''}"
+                         + (f" (and {waiting} waiting)" if waiting else "")
+                         + "; the stop does not wait")
     elif busy and svc.request_drain_timeout_s > 0:
         parts.append(f"the stop waits up to {svc.request_drain_timeout_s:g}s for "
                      f"{running + waiting} request(s) to finish, else the run ends with the "
@@ -77,3 +81,14 @@ def load_note(plan: Plan, svc: ServiceSettings, readings: Mapping[str, Reading])
         parts.append(f"request_drain_timeout_s = 0: {running} running request(s) will be "
                      "interrupted")
     return ". ".join(parts) + "."
+
+
+def _unknown_rule(plan: Plan, svc: ServiceSettings) -> str:
+    """What the stop does on a host whose load is unknown (the drain step's rule)."""
+    if plan.force:
+        return "--force stops it anyway, interrupting whatever runs there"
+    if svc.request_drain_timeout_s == 0:
+        return ("request_drain_timeout_s = 0: the stop does not wait and interrupts whatever "
+                "runs there")
+    return ("unknown is not idle: the run stops it only if its unit is not running, else "
+            "it ends with the service untouched; pass --force to stop anyway")

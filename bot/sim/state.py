@@ -189,6 +189,12 @@ class Faults:
     # Issue 17: the venv holds a stale second dist-info of pip (pip-21.3.1 beside
     # pip-22.1.1): `uv pip freeze` lists both, and `uv pip sync` of that cannot resolve.
     duplicate_dist_info: bool = False
+    # Issue 17: /metrics answers 200 with no vllm: metric, only prometheus_client's python_*
+    # and process_* families, as a server started with --disable-log-stats does.
+    metrics_no_vllm: bool = False
+    # Issue 17: a start logs vLLM's usage-stats thread dying of a PermissionError (it cannot
+    # write ~/.config/vllm under ProtectHome=): a thread's traceback, the start goes on.
+    usage_thread_exception: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ owns).  It binds nothing until the model is "loaded", so a health check while
 loading gets a real connection refused; then it answers ``/health`` (200, or
 503 with the health_503 fault), ``/version``, ``/v1/models``, ``/metrics`` and
 ``POST /v1/completions`` in vLLM's formats (faults ``wrong_model``, ``smoke_fail``,
-``smoke_empty``, ``busy``).  It exits by
+``smoke_empty``, ``busy``, ``metrics_no_vllm``).  It exits by
 itself as soon as its run is stopped, crashes or is replaced, or the kit that
 owns the host is gone, so a crashed test leaves nothing listening.
 
@@ -273,6 +273,8 @@ def metrics_text(st: HostState, now: float) -> str:
     writes (vLLM publishes with it): the scheduler gauges and the KV-cache usage of
     engine 0, labelled as vLLM labels them (vllm/v1/metrics/loggers.py). Written by
     hand because this server runs without site-packages (``python -S``)."""
+    if st.faults.metrics_no_vllm:
+        return _process_metrics(st, now)
     running, waiting = in_flight(st, now)
     labels = f'engine="0",model_name="{st.config.served_model}"'
     kv = min(0.05 * (running + waiting), 1.0)
@@ -286,6 +288,34 @@ def metrics_text(st: HostState, now: float) -> str:
     for name, doc, value in gauges:
         out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge",
                 f"{name}{{{labels}}} {float(value)!r}"]
+    return "\n".join(out) + "\n"
+
+
+def _process_metrics(st: HostState, now: float) -> str:
+    """/metrics of a server that registers no vLLM metric (``--disable-log-stats``: no
+    stat logger, vllm/v1/engine/async_llm.py): prometheus_client's default collectors
+    only, in their format (the families vllm-project/vllm issue #26762 and PR #3938
+    show: python_gc_*, python_info, process_*)."""
+    started = st.run.started_at or now
+    families: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+        ("python_gc_objects_collected_total", "Objects collected during gc", "counter",
+         [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((8841, 1102, 67))]),
+        ("python_gc_collections_total", "Number of times this generation was collected",
+         "counter", [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((903, 81, 6))]),
+        ("python_info", "Python platform information", "gauge",
+         [('{implementation="CPython",major="3",minor="12",patchlevel="3",version="3.12.3"}',
+           1.0)]),
+        ("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
+         [("", 3.1e9)]),
+        ("process_start_time_seconds",
+         "Start time of the process since unix epoch in seconds.", "gauge",
+         [("", float(round(started, 2)))]),
+        ("process_open_fds", "Number of open file descriptors.", "gauge", [("", 97.0)]),
+    ]
+    out = []
+    for name, doc, kind, samples in families:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+        out += [f"{name}{labels} {value!r}" for labels, value in samples]
     return "\n".join(out) + "\n"
 
 

@@ -95,6 +95,7 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
         _at(st, run, t0, 0.95, engine, "kv_cache_utils.py:1087",
             "GPU KV cache size: 1,017,856 tokens"),
         *_graphs(st, run, t0),
+        *_usage_thread(st, run, t0),
         JournalEntry(t_ready, "python3", pid, vllm_line(
             t_ready, "INFO", "api_server.py:1024",
             f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}")),
@@ -149,6 +150,36 @@ def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
             _at(st, run, t0, 0.99, engine, "core.py:210", "init engine (profile, create kv "
                 f"cache, warmup model) took {0.99 * load:.2f} seconds")]
     return out
+
+
+def _usage_thread(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
+    """usage_thread_exception: vLLM's usage-stats thread (vllm/usage/usage_lib.py, started
+    once the engine is up) dies because ~/.config/vllm cannot be made, as under systemd's
+    ProtectHome=. CPython's threading.excepthook prints the header and the traceback; the
+    server goes on. The shape of vllm-project/vllm issue #6340's traceback, with our paths
+    and the os.makedirs frames _write_to_file runs first."""
+    if not st.faults.usage_thread_exception:
+        return []
+    site = f"{st.venv}/lib/python3.12/site-packages/vllm/usage/usage_lib.py"
+    lines = [
+        "Exception in thread Thread-3 (_report_usage_worker):",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner',
+        "    self.run()",
+        '  File "/usr/lib/python3.12/threading.py", line 1012, in run',
+        "    self._target(*self._args, **self._kwargs)",
+        f'  File "{site}", line 140, in _report_usage_worker',
+        "    self._report_usage_once(model_architecture, usage_context, extra_kvs)",
+        f'  File "{site}", line 179, in _report_usage_once',
+        "    self._write_to_file(data)",
+        f'  File "{site}", line 206, in _write_to_file',
+        "    os.makedirs(os.path.dirname(_USAGE_STATS_JSON_PATH), exist_ok=True)",
+        '  File "<frozen os>", line 215, in makedirs',
+        '  File "<frozen os>", line 225, in makedirs',
+        f"PermissionError: [Errno 13] Permission denied: '/home/{st.config.unit_user}'",
+    ]
+    ts = t0 + since_start(st.config, 0.995)
+    return [JournalEntry(ts, "python3", run.main_pid, line) for line in lines]
 
 
 def _verbose(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
