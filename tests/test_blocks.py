@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -23,6 +24,8 @@ from bot.slack.blocks import (
     escape,
     gpu_health_blocks,
     initial_steps,
+    leftovers_reply,
+    notice_reply,
     outcome_reply,
     run_card,
     step_reply,
@@ -150,6 +153,23 @@ def test_host_text_cannot_ping_or_close_the_code_block() -> None:
     line = StepLine("h", Step.STOP, StepStatus.FAILED, 1.0, "<!here> & <https://evil|x>")
     assert "<!here>" not in str(step_reply(line, "", full_log_attached=False).blocks)
     assert escape("a<b>&c") == "a&lt;b&gt;&amp;c"
+
+
+# Issue 17 F9: host text in a message's fallback text (what a notification shows, read as
+# mrkdwn there too) must not ping, mention or link any more than in its blocks.
+HOSTILE = "VLLM::<!channel> <@U123> & <http://evil.example|click> <!subteam^S1>"
+
+
+@pytest.mark.parametrize("build", [leftovers_reply, notice_reply])
+def test_host_text_in_a_fallback_text_cannot_ping_or_link(build: Callable[[str], Message]
+                                                           ) -> None:
+    msg = build(f"gpu-node-1: PID 48304 ({HOSTILE}) holds GPU 3")
+    for raw in ("<!channel>", "<@U123>", "<http", "<!subteam", "& "):
+        assert raw not in msg.text, (raw, msg.text)
+    assert "&lt;!channel&gt; &lt;@U123&gt; &amp; &lt;http://evil.example|click&gt;" in msg.text
+    # A plain list keeps reading as it was written.
+    assert build("PID 48304 (VLLM::Worker_TP3)").text.endswith("PID 48304 (VLLM::Worker_TP3)")
+    assert_within_limits(build(HOSTILE * 400))
 
 
 def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:

@@ -731,14 +731,17 @@ def _terminate_button(view: CardView) -> list[Block]:
 def leftovers_reply(text: str) -> Message:
     """The thread's copy of what an approver is asked to terminate."""
     code, _ = code_head(text)
-    return message(one_line(text, MAX_MESSAGE_TEXT),
+    # The fallback text is what notifications show, and mrkdwn there too: the host's
+    # text is escaped like everywhere else, or a process name could ping the channel.
+    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
                    [section(":warning: *Waiting for an approver:* press *Terminate leftover "
                             "processes* on the card to end these, or Cancel."), section(code)])
 
 
 def notice_reply(text: str) -> Message:
     """Something about the run that is no step of it (``events.Notice``)."""
-    return message(one_line(text, MAX_MESSAGE_TEXT), [section(f":warning: {escape(text)}")])
+    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
+                   [section(f":warning: {escape(text)}")])
 
 
 def cancel_reply(user: str) -> Message:
