@@ -269,7 +269,7 @@ async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> in
         checks = await run_doctor(settings, pool, hosts, service)
     finally:
         await pool.close()
-    redact = Redactor(settings.secret_values())
+    redact = Redactor.for_settings(settings)
     if as_json:
         print(redact(json.dumps([c.to_json() for c in checks], indent=1)))
     else:
@@ -311,7 +311,7 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     # Logs pass through the same redaction as Slack and the audit log. The bot logs its
     # progress; a terminal command shows only warnings (its output is the progress).
     serving = args.command in (None, "serve")
-    setup_logging(Redactor(settings.secret_values()),
+    setup_logging(Redactor.for_settings(settings),
                   level=logging.INFO if serving else logging.WARNING)
     if serving:
         return await serve(settings)
