@@ -20,6 +20,7 @@ from bot.slack.blocks import (
     StepLine,
     code_answer,
     code_head,
+    code_pages_answer,
     code_tail,
     escape,
     gpu_health_blocks,
@@ -188,5 +189,21 @@ def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
 def test_answers_stay_within_limits_for_any_text(body: str, title: str) -> None:
     line = StepLine(title or "h", Step.REINSTALL, StepStatus.OK, 0.1, title)
     for msg in (code_answer(title, body), tail_answer(title, body),
-                step_reply(line, body, full_log_attached=True)):
+                step_reply(line, body, full_log_attached=True),
+                code_pages_answer(title, body, rest="see the CLI")):
         assert_within_limits(msg)
+
+
+def test_an_answer_without_a_file_keeps_every_line_it_can_and_says_what_is_left() -> None:
+    # /vllm doctor answers ephemerally (issue 17 F10), where no file can follow: the table
+    # goes in code blocks split between lines, and the rest is counted, never dropped unsaid.
+    table = "\n".join(f"gpu-node-{i:03d}  kimi-k25  sudo rules  FAIL  missing rule"
+                      for i in range(900))
+    msg = code_pages_answer("doctor: all hosts: checks FAILED", table, rest="run the CLI")
+    assert_within_limits(msg)
+    shown = "\n".join(b["text"]["text"] for b in msg.blocks if b["type"] == "section")
+    kept = [n for n in range(900) if f"gpu-node-{n:03d} " in shown]
+    assert kept == list(range(len(kept))) and 0 < len(kept) < 900
+    assert f"… {900 - len(kept)} more lines not shown: run the CLI" in str(msg.blocks[-1])
+    small = code_pages_answer("doctor: host h1: all checks passed", "a\nb", rest="x")
+    assert [b["type"] for b in small.blocks] == ["section", "section"]

@@ -689,6 +689,30 @@ def tail_answer(title: str, body: str) -> Message:
     return message(title, [section(f"*{escape(title)}*"), section(code)])
 
 
+def code_pages_answer(title: str, body: str, *, rest: str) -> Message:
+    """A title and ``body`` in as many code blocks as one message holds (split between
+    lines), for an answer that cannot attach a file (an ephemeral one); when more is
+    left, ``rest`` says where the whole of it is."""
+    room = MAX_SECTION_TEXT - 2 * len(FENCE) - 2
+    chunks: list[str] = []
+    lines = _code_safe(body.rstrip("\n")).split("\n")
+    for i, raw in enumerate(lines):
+        line = cut(raw, room) or " "
+        if chunks and len(chunks[-1]) + 1 + len(line) <= room:
+            chunks[-1] += f"\n{line}"
+        elif len(chunks) < _MAX_PLAN_SECTIONS:
+            chunks.append(line)
+        else:
+            left = len(lines) - i
+            chunks.append(f"{ELLIPSIS} {left} more line{'s' if left != 1 else ''}")
+            break
+    blocks = [section(f"*{escape(title)}*"), *(section(f"{FENCE}\n{c}\n{FENCE}")
+                                               for c in chunks[:_MAX_PLAN_SECTIONS])]
+    if len(chunks) > _MAX_PLAN_SECTIONS:
+        blocks.append(context(f"{escape(chunks[-1])} not shown: {rest}"))
+    return message(title, blocks)
+
+
 def fits_code_block(body: str) -> bool:
     return not code_head(body)[1]
 

@@ -19,7 +19,7 @@ from bot.engine.lifecycle import RunLifecycle
 from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
-from bot.slack.blocks import code_answer, code_head, escape, tail_answer
+from bot.slack.blocks import Message, code_answer, code_head, escape, tail_answer
 from bot.slack.front_end import CardRef, SlackFrontEnd
 from bot.slack.grammar import run_id_of
 from bot.slack.poster import Poster
@@ -93,6 +93,12 @@ class CommandRequest:
 
     async def tell(self, text: str) -> None:
         await tell(self.front_end, self.respond, text)
+
+    async def tell_message(self, msg: Message) -> None:
+        """An ephemeral answer with blocks (a table), redacted: for the asker's eyes only."""
+        text, blocks = self.front_end.poster.clean(msg)
+        await self.respond(text=text, blocks=blocks, response_type="ephemeral",
+                           replace_original=False)
 
     def later(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Continue after the ack; whatever goes wrong, the person hears about it."""
