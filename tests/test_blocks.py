@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -16,6 +17,7 @@ from bot.slack.blocks import (
     MAX_MESSAGE_TEXT,
     MAX_SECTION_TEXT,
     CardView,
+    LeftoverAsk,
     Message,
     StepLine,
     code_answer,
@@ -26,9 +28,11 @@ from bot.slack.blocks import (
     gpu_health_blocks,
     initial_steps,
     leftovers_reply,
+    message,
     notice_reply,
     outcome_reply,
     run_card,
+    section,
     step_reply,
     tail_answer,
 )
@@ -207,3 +211,31 @@ def test_an_answer_without_a_file_keeps_every_line_it_can_and_says_what_is_left(
     assert f"… {900 - len(kept)} more lines not shown: run the CLI" in str(msg.blocks[-1])
     small = code_pages_answer("doctor: host h1: all checks passed", "a\nb", rest="x")
     assert [b["type"] for b in small.blocks] == ["section", "section"]
+
+
+def test_a_card_cut_to_fit_keeps_each_hosts_list_with_its_button_and_cancel() -> None:
+    # Issue 17 F5: each host's list has its own button beside it, even on a card whose
+    # checklist does not fit; a batch larger than the card shows waits its turn, said so.
+    asks = tuple(LeftoverAsk(f"gpu-{i}", f"q{i}", f"gpu-{i}: 9 processes ...\n- PID {i}",
+                             (48253 + i,), needed=2, approvals=("U0BOB",) if i else ())
+                 for i in range(12))
+    view = dataclasses.replace(huge_view(RunStatus.RUNNING), leftovers=asks,
+                               cancel_requested_by=None)
+    card = run_card(view)
+    assert_within_limits(card)
+    beside = [b for b in card.blocks if "accessory" in b]
+    assert [b["accessory"]["value"] for b in beside] == [f"7:gpu-{i}:q{i}" for i in range(10)]
+    assert all(f"PID {i}" in b["text"]["text"] for i, b in enumerate(beside))
+    assert "*gpu-0*: 1 process · 0 of 2 approvals\n" in beside[0]["text"]["text"]
+    assert "*gpu-1*: 1 process · 1 of 2 approvals (<@U0BOB>)" in beside[1]["text"]["text"]
+    assert "PIDs 48254 on gpu-1" in str(beside[1]["accessory"]["confirm"])
+    assert "2 more host(s) wait with leftover processes" in str(card.blocks)
+    assert card.blocks[-1]["elements"][0]["action_id"] == "cancel"
+    # Cut to 50 blocks, every block with a button stays, in its place.
+    many = [section(f"line {i}") for i in range(60)]
+    blocks = [*many[:30], *beside[:3], *many[30:], card.blocks[-1]]
+    cut_card = message("t", blocks)
+    assert_within_limits(cut_card)
+    assert [b for b in cut_card.blocks if "accessory" in b] == beside[:3]
+    assert cut_card.blocks[-1] == card.blocks[-1]
+    assert "… 15 more blocks not shown" in str(cut_card.blocks)  # 60 - (50 - 1 - 4)
