@@ -6,10 +6,17 @@ simulated hosts over SSH."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from bot.core.status import Decision, RunStatus
+import pytest
+
+from bot.audit.store import AuditLog
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.leftover_gate import LeftoverRequest
+from bot.settings import PolicySettings
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
+from bot.slack.leftovers import LeftoverDesk
 from tests.polling import eventually
 from tests.slack_harness import (
     ALICE,
@@ -216,3 +223,30 @@ async def test_terminate_needs_as_many_approvers_as_the_run(tmp_path: Path,
         await bot.front_end.idle()
         thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
         assert "termination approved by U0BOB, U0CAROL" in thread
+
+
+@pytest.mark.parametrize("self_approval", [True, False])
+async def test_the_requester_counts_only_where_self_approval_is_allowed(
+        tmp_path: Path, self_approval: bool) -> None:
+    # Good but unusual: a requester who is an approver, where the policy lets them
+    # approve their own run, releases it; without it, their press does not count.
+    policy = PolicySettings(approvers=[ALICE, BOB], allow_self_approval=self_approval)
+    async with AuditLog.open(tmp_path / "audit.db") as audit:
+        run_id = await audit.create_run(service=SERVICE, action=Action.RESTART,
+                                        hosts=["gpu-node-1"], requested_by=ALICE,
+                                        source=Source.SLACK, plan={}, package_spec=None)
+        desk = LeftoverDesk(audit, policy)
+        request = LeftoverRequest(run_id, "gpu-node-1", "gpu-node-1: 1 process", (48304,))
+        waiting = asyncio.ensure_future(desk.wait(request, "q-1", lambda approvals: None))
+        await eventually(lambda: desk.waiting(run_id) or None, "the question open")
+        said = await desk.press(run_id, f"{run_id}:gpu-node-1:q-1", user=ALICE, membership={},
+                                channel=CHANNEL, command="terminate")
+        if self_approval:
+            assert (await waiting).approved_by == ALICE and said.startswith("Terminating")
+            assert [g.user for g in await audit.leftover_approvals(run_id)] == [ALICE]
+        else:
+            assert "Only an approver" in said and not waiting.done()
+            assert await audit.leftover_approvals(run_id) == []
+            assert [r.user for r in await audit.refusals()] == [ALICE]
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
