@@ -85,12 +85,24 @@ class SlackBot:
         return await self.signer.slash_command(payload).post(self.url)
 
     async def click(self, action_id: str, run_id: int, *, user: str,
-                    channel: str = CHANNEL) -> PostResult:
+                    channel: str = CHANNEL, value: str | None = None,
+                    block_id: str | None = None) -> PostResult:
+        """A click on a button of run ``run_id``'s card; ``value`` defaults to the run id
+        (what Approve, Deny and Cancel carry)."""
         record = await self.runtime.audit.get_run(run_id)
         assert record.message_ts is not None, f"run #{run_id} has no card"
-        payload = self.fake.block_action(action_id, str(run_id), channel_id=channel,
-                                         message_ts=record.message_ts, user_id=user)
+        extra = {} if block_id is None else {"block_id": block_id}
+        payload = self.fake.block_action(action_id, str(run_id) if value is None else value,
+                                         channel_id=channel, message_ts=record.message_ts,
+                                         user_id=user, **extra)
         return await self.signer.interactive(payload).post(self.url)
+
+    async def press_terminate(self, run_id: int, host: str, *, user: str) -> PostResult:
+        """The Terminate leftover processes button beside ``host``'s list on the card,
+        as it is there now (its value names the run, the host and the question)."""
+        button = terminate_buttons(await self.card(run_id))[host]
+        return await self.click("terminate_leftovers", run_id, user=user,
+                                value=button["value"], block_id=button["block_id"])
 
     async def run(self, run_id: int) -> RunRecord:
         return await self.runtime.audit.get_run(run_id)
@@ -153,10 +165,26 @@ def blocks_text(message: dict[str, Any]) -> str:
 
 
 def buttons(message: dict[str, Any]) -> list[str]:
+    """The text of every button of a message: in actions blocks and beside sections."""
     found: list[str] = []
     for block in message.get("blocks") or []:
         if block.get("type") == "actions":
             found += [e["text"]["text"] for e in block["elements"]]
+        elif (block.get("accessory") or {}).get("type") == "button":
+            found.append(block["accessory"]["text"]["text"])
+    return found
+
+
+def terminate_buttons(message: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each host's Terminate button on a run card: {host: {value, block_id, text}}, the
+    host read from the section the button is beside (its bold first word)."""
+    found: dict[str, dict[str, str]] = {}
+    for block in message.get("blocks") or []:
+        accessory = block.get("accessory") or {}
+        if accessory.get("action_id") == "terminate_leftovers":
+            host = block["text"]["text"].split("*")[1]
+            found[host] = {"value": accessory["value"], "block_id": block["block_id"],
+                           "text": block["text"]["text"]}
     return found
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -15,16 +17,22 @@ from bot.slack.blocks import (
     MAX_MESSAGE_TEXT,
     MAX_SECTION_TEXT,
     CardView,
+    LeftoverAsk,
     Message,
     StepLine,
     code_answer,
     code_head,
+    code_pages_answer,
     code_tail,
     escape,
     gpu_health_blocks,
     initial_steps,
+    leftovers_reply,
+    message,
+    notice_reply,
     outcome_reply,
     run_card,
+    section,
     step_reply,
     tail_answer,
 )
@@ -152,6 +160,23 @@ def test_host_text_cannot_ping_or_close_the_code_block() -> None:
     assert escape("a<b>&c") == "a&lt;b&gt;&amp;c"
 
 
+# Issue 17 F9: host text in a message's fallback text (what a notification shows, read as
+# mrkdwn there too) must not ping, mention or link any more than in its blocks.
+HOSTILE = "VLLM::<!channel> <@U123> & <http://evil.example|click> <!subteam^S1>"
+
+
+@pytest.mark.parametrize("build", [leftovers_reply, notice_reply])
+def test_host_text_in_a_fallback_text_cannot_ping_or_link(build: Callable[[str], Message]
+                                                           ) -> None:
+    msg = build(f"gpu-node-1: PID 48304 ({HOSTILE}) holds GPU 3")
+    for raw in ("<!channel>", "<@U123>", "<http", "<!subteam", "& "):
+        assert raw not in msg.text, (raw, msg.text)
+    assert "&lt;!channel&gt; &lt;@U123&gt; &amp; &lt;http://evil.example|click&gt;" in msg.text
+    # A plain list keeps reading as it was written.
+    assert build("PID 48304 (VLLM::Worker_TP3)").text.endswith("PID 48304 (VLLM::Worker_TP3)")
+    assert_within_limits(build(HOSTILE * 400))
+
+
 def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
     lines = "\n".join(f"line {i}" for i in range(100_000))
     tail, cut = code_tail(lines)
@@ -168,5 +193,49 @@ def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
 def test_answers_stay_within_limits_for_any_text(body: str, title: str) -> None:
     line = StepLine(title or "h", Step.REINSTALL, StepStatus.OK, 0.1, title)
     for msg in (code_answer(title, body), tail_answer(title, body),
-                step_reply(line, body, full_log_attached=True)):
+                step_reply(line, body, full_log_attached=True),
+                code_pages_answer(title, body, rest="see the CLI")):
         assert_within_limits(msg)
+
+
+def test_an_answer_without_a_file_keeps_every_line_it_can_and_says_what_is_left() -> None:
+    # /vllm doctor answers ephemerally (issue 17 F10), where no file can follow: the table
+    # goes in code blocks split between lines, and the rest is counted, never dropped unsaid.
+    table = "\n".join(f"gpu-node-{i:03d}  kimi-k25  sudo rules  FAIL  missing rule"
+                      for i in range(900))
+    msg = code_pages_answer("doctor: all hosts: checks FAILED", table, rest="run the CLI")
+    assert_within_limits(msg)
+    shown = "\n".join(b["text"]["text"] for b in msg.blocks if b["type"] == "section")
+    kept = [n for n in range(900) if f"gpu-node-{n:03d} " in shown]
+    assert kept == list(range(len(kept))) and 0 < len(kept) < 900
+    assert f"… {900 - len(kept)} more lines not shown: run the CLI" in str(msg.blocks[-1])
+    small = code_pages_answer("doctor: host h1: all checks passed", "a\nb", rest="x")
+    assert [b["type"] for b in small.blocks] == ["section", "section"]
+
+
+def test_a_card_cut_to_fit_keeps_each_hosts_list_with_its_button_and_cancel() -> None:
+    # Issue 17 F5: each host's list has its own button beside it, even on a card whose
+    # checklist does not fit; a batch larger than the card shows waits its turn, said so.
+    asks = tuple(LeftoverAsk(f"gpu-{i}", f"q{i}", f"gpu-{i}: 9 processes ...\n- PID {i}",
+                             (48253 + i,), needed=2, approvals=("U0BOB",) if i else ())
+                 for i in range(12))
+    view = dataclasses.replace(huge_view(RunStatus.RUNNING), leftovers=asks,
+                               cancel_requested_by=None)
+    card = run_card(view)
+    assert_within_limits(card)
+    beside = [b for b in card.blocks if "accessory" in b]
+    assert [b["accessory"]["value"] for b in beside] == [f"7:gpu-{i}:q{i}" for i in range(10)]
+    assert all(f"PID {i}" in b["text"]["text"] for i, b in enumerate(beside))
+    assert "*gpu-0*: 1 process · 0 of 2 approvals\n" in beside[0]["text"]["text"]
+    assert "*gpu-1*: 1 process · 1 of 2 approvals (<@U0BOB>)" in beside[1]["text"]["text"]
+    assert "PIDs 48254 on gpu-1" in str(beside[1]["accessory"]["confirm"])
+    assert "2 more host(s) wait with leftover processes" in str(card.blocks)
+    assert card.blocks[-1]["elements"][0]["action_id"] == "cancel"
+    # Cut to 50 blocks, every block with a button stays, in its place.
+    many = [section(f"line {i}") for i in range(60)]
+    blocks = [*many[:30], *beside[:3], *many[30:], card.blocks[-1]]
+    cut_card = message("t", blocks)
+    assert_within_limits(cut_card)
+    assert [b for b in cut_card.blocks if "accessory" in b] == beside[:3]
+    assert cut_card.blocks[-1] == card.blocks[-1]
+    assert "… 15 more blocks not shown" in str(cut_card.blocks)  # 60 - (50 - 1 - 4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli.main import run_change
-from bot.cli.terminal import TerminalSink
+from bot.cli.terminal import TerminalSink, visible
 from bot.core import events as ev
 from bot.core.plan import Step
 from bot.core.redact import MASK, Redactor
@@ -20,6 +21,7 @@ from bot.engine.engine import RunResult
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.runtime import open_runtime
 from bot.sim.kit import SERVICE, SimKit
+from tests.support.cli import cli, write_toml
 from tests.support.sim import sim_settings
 
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"
@@ -162,3 +164,48 @@ async def test_a_run_that_raises_still_shows_its_held_line_masked_if_a_key_tail(
             text = out.getvalue()
             assert text.endswith(f"   | {last_shown}\n"), (case, text)
             assert key_tail not in text and full_key_line not in text, (case, text)
+
+
+# ---- issue 17 F7: a host's text never drives the operator's terminal ----------------------
+
+# A /v1/models id as a hostile (or broken) model server may send it: erase the line and go
+# back to its start (the status line was rewritten), ring the bell, reverse what follows,
+# and a one-byte CSI (U+009B) that some terminals obey as ESC [.
+HOSTILE_MODEL = "kimi-k2.5\x1b[2K\rall GPUs healthy\a\u202egnp.exe\u009b31m"
+RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                          "\u202a-\u202e\u2066-\u2069]")
+
+
+def test_visible_writes_controls_out_and_leaves_text_alone() -> None:
+    assert visible(HOSTILE_MODEL) == ("kimi-k2.5\\x1b[2K\\rall GPUs healthy\\x07"
+                                      "\\u202egnp.exe\\u009b31m")
+    # Good but unusual: tabs, newlines and any printable script stay as they are.
+    text = "GPU\t0\tNVIDIA H200\nmodel: Qwen/Qwen3-235B ✓ 模型 مدل ü\n"
+    assert visible(text) == text
+    # --json output stays valid JSON that means the same.
+    shown = visible(json.dumps({"model": HOSTILE_MODEL}, ensure_ascii=False))
+    assert RAW_CONTROLS.search(shown) is None
+    assert json.loads(shown) == {"model": HOSTILE_MODEL}
+
+
+async def test_host_text_with_terminal_controls_reaches_no_cli_writer_raw(
+        sim_host: SimKit, tmp_path: Path) -> None:
+    # python -m bot in a subprocess, as an operator runs it: the status run's progress,
+    # the audit log (a run's steps, the JSON list) and the runs list, each a real writer.
+    sim_host.update_config(served_model=HOSTILE_MODEL)
+    config = write_toml(tmp_path / "chatops.toml", sim_host.settings_fragment())
+    env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
+    outputs = {}
+    code, outputs["status"], err = await cli("status", SERVICE, cwd=tmp_path, env=env)
+    assert code == 0, err
+    for args in (("audit", "--run", "1"), ("audit", "--json"), ("runs", "--json"), ("runs",)):
+        code, outputs[" ".join(args)], err = await cli(*args, cwd=tmp_path, env=env)
+        assert code == 0, err
+        assert RAW_CONTROLS.search(err) is None
+    for name, out in outputs.items():
+        assert RAW_CONTROLS.search(out) is None, (name, out)
+    # Shown, not dropped: the evidence is there to read.
+    written = "kimi-k2.5\\x1b[2K\\rall GPUs healthy\\x07\\u202egnp.exe\\u009b31m"
+    assert written in outputs["status"], outputs["status"]
+    assert written in outputs["audit --run 1"], outputs["audit --run 1"]
+    assert json.loads(outputs["audit --json"])[0]["id"] == 1

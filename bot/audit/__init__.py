@@ -4,8 +4,8 @@ Modules: ``store`` (``AuditLog``, what the rest of the bot calls, joined from th
 ``run_store``, ``evidence_store`` and ``coordination_store`` over ``store_base``),
 ``records`` (the frozen records it returns, the timestamp form), ``db`` (opening the
 file, the one transaction helper), one module of plain SQL functions per table
-(``runs``, ``steps``, ``decisions``, ``snapshots``, ``refusals``, ``locks``,
-``sightings``),
+(``runs``, ``steps``, ``decisions``, ``leftover_approvals``, ``snapshots``,
+``refusals``, ``locks``, ``sightings``),
 ``redaction``, ``migrations`` (the schema) and ``view`` (tables and JSON for people and
 programs).
 
@@ -39,6 +39,12 @@ foreign key to ``runs``, enforced):
     recover: who marked the run of a dead driver interrupted; terminate: the approver who
     let a running run end its leftover processes), at;
     UNIQUE(run_id, user, decision) so a double click counts once.
+``leftover_approvals``
+    id, run_id, host, question (the id of the question on the card, the nonce in its
+    button), user, pids (JSON array: exactly the PIDs that question listed), at: each
+    approver's go to terminate the processes that outlived the stop on one host (issue
+    17; added by ``0009_leftover_approvals``); UNIQUE(run_id, host, question, user).
+    Index: (run_id).
 ``steps``
     id, run_id, host, step, command (as run, e.g. ``shlex.join(argv)``), status
     (``StepStatus`` less ``pending``: running|ok|failed|skipped|interrupted),

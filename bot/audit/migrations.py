@@ -192,6 +192,23 @@ CREATE TABLE lease_sightings (
 # id): only a process reading that clock judges the deadline by it.
 _EXPIRES_CLOCK = "ALTER TABLE runs ADD COLUMN expires_clock TEXT;"
 
+# Issue 17 F5: each approver's go to terminate the processes that outlived a stop, per
+# host and question, with the exact PIDs it listed (bot.audit.leftover_approvals). A table
+# of its own: ``decisions`` holds one row per person, run and decision.
+_LEFTOVER_APPROVALS = """
+CREATE TABLE leftover_approvals (
+    id       INTEGER PRIMARY KEY,
+    run_id   INTEGER NOT NULL REFERENCES runs(id),
+    host     TEXT NOT NULL,
+    question TEXT NOT NULL,
+    user     TEXT NOT NULL,
+    pids     TEXT NOT NULL,
+    at       TEXT NOT NULL,
+    UNIQUE (run_id, host, question, user)
+);
+CREATE INDEX leftover_approvals_run ON leftover_approvals(run_id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -201,6 +218,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0006_environments", _ENVIRONMENTS),
     Migration("0007_lease_renewals", _LEASE_RENEWALS),
     Migration("0008_expires_clock", _EXPIRES_CLOCK),
+    Migration("0009_leftover_approvals", _LEFTOVER_APPROVALS),
 )
 
 

@@ -9,7 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from bot.audit import decisions as decisions_sql
+from bot.audit import leftover_approvals as leftover_approvals_sql
 from bot.audit import runs as runs_sql
+from bot.audit.leftover_approvals import LeftoverApproval
 from bot.audit.records import DecisionRecord, RunRecord, checked, format_ts, now_ts
 from bot.audit.store_base import StoreBase, shielded
 from bot.core.status import Action, Decision, RunStatus, Source
@@ -138,3 +140,22 @@ class RunStore(StoreBase):
     async def decisions(self, run_id: int) -> list[DecisionRecord]:
         async with self._db.transaction(write=False) as conn:
             return await decisions_sql.of_run(conn, run_id)
+
+    @shielded
+    async def record_terminate(self, run_id: int, user: str, *, host: str, question: str,
+                               pids: Sequence[int]) -> bool:
+        """One approver's go to terminate exactly ``pids`` on ``host`` (the question
+        ``question`` listed them), with the run's ``terminate`` decision, in one
+        transaction. False when this user already approved this question."""
+        user, host, now = self._r(user), self._r(host), now_ts()
+        async with self._db.transaction(write=True) as conn:
+            await decisions_sql.record(conn, run_id, user, Decision.TERMINATE, now)
+            return await leftover_approvals_sql.record(
+                conn, run_id, host=host, question=self._r(question), user=user, pids=pids,
+                at=now)
+
+    @shielded
+    async def leftover_approvals(self, run_id: int) -> list[LeftoverApproval]:
+        """Every go to terminate leftover processes of the run, oldest first."""
+        async with self._db.transaction(write=False) as conn:
+            return await leftover_approvals_sql.of_run(conn, run_id)

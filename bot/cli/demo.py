@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from bot.audit.view import runs_table
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate
-from bot.cli.terminal import TerminalSink
+from bot.cli.terminal import TerminalSink, say
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.errors import InputError
@@ -88,6 +88,6 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
             finally:
                 sink.close()  # a line held back, when the run raised before its end
             out.write(f"\naudit log (also: python -m bot audit --db {db}):\n")
-            out.write(runs_table(await rt.audit.list_runs(limit=5)) + "\n")
+            say(out, runs_table(await rt.audit.list_runs(limit=5)))
         out.write(f"host now: unit {kit.unit_state()}, vllm {kit.installed_version}\n")
     return 0 if result.status in (RunStatus.SUCCEEDED, RunStatus.ROLLED_BACK) or faults else 1

@@ -1,7 +1,12 @@
 """The terminal's gate for leftover processes (bot.engine.leftover_gate): with
 ``--kill-leftovers`` the operator's command is the approval; on a terminal the operator
 is asked; otherwise nobody can be asked and the run ends with the service stopped and
-the processes named. An approval is recorded as a ``terminate`` decision."""
+the processes named. An approval is recorded as a ``terminate`` decision, with the host
+and the exact PIDs it was for (``leftover_approvals``).
+
+Each host asks for itself (issue 17 F5): in a batch of two hosts with leftovers, the
+operator gets one question per host, one at a time (the list, then "Terminate these 9
+processes on gpu-node-1 (PIDs ...)?"), so an answer is never read as another host's."""
 
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
+from bot.cli.terminal import say
 from bot.core.leftovers import Approval
-from bot.core.status import Decision
-from bot.engine.leftover_gate import LeftoverRequest
+from bot.engine.leftover_gate import LeftoverRequest, new_question
 from bot.engine.runtime import Runtime
 
 Ask = Callable[[str], Awaitable[bool]]
@@ -46,14 +51,24 @@ class TerminalGate:
         self._approve = approve  # --kill-leftovers
         self._ask = ask  # None: not on a terminal
         self._out = out
+        # The hosts of a batch ask at once: one question on the terminal at a time, so
+        # the line the operator types answers the question just shown.
+        self._turn = asyncio.Lock()
 
     async def ask(self, request: LeftoverRequest) -> Approval:
-        self._out.write(self._rt.redact(request.question) + "\n")
-        self._out.flush()
+        async with self._turn:
+            return await self._one(request)
+
+    async def _one(self, request: LeftoverRequest) -> Approval:
+        say(self._out, self._rt.redact(request.question))
+        n = len(request.pids)
+        pids = ", ".join(map(str, request.pids))
         if not self._approve:
             if self._ask is None:
                 return Approval(None, "not on a terminal, and --kill-leftovers was not given")
-            if not await self._ask("Terminate these processes? [y/N] "):
-                return Approval(None, f"{self._user} answered no")
-        await self._rt.audit.record_decision(request.run_id, self._user, Decision.TERMINATE)
+            if not await self._ask(f"Terminate these {n} process{'es' if n != 1 else ''} on "
+                                   f"{request.host} (PIDs {pids})? [y/N] "):
+                return Approval(None, f"{self._user} answered no for {request.host}")
+        await self._rt.audit.record_terminate(request.run_id, self._user, host=request.host,
+                                              question=new_question(), pids=request.pids)
         return Approval(self._user)

@@ -23,7 +23,7 @@ from bot.audit.view import run_view, runs_json, runs_table
 from bot.cli import operator
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
-from bot.cli.terminal import TerminalSink
+from bot.cli.terminal import TerminalSink, say, visible
 from bot.core import remote, sudoers
 from bot.core.doctor import passed
 from bot.core.doctor import render as render_checks
@@ -178,17 +178,15 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
 async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
-    out.write(rt.redact(describe_plan(plan)) + "\n")
+    say(out, rt.redact(describe_plan(plan)))
 
     async def told(item: Interrupted) -> None:
         # A dead process's run was holding the lock: recovered before ours is taken.
-        out.write(rt.redact(f"recovered: {item.message}") + "\n")
-        out.flush()
+        say(out, rt.redact(f"recovered: {item.message}"))
 
     async def closed(run: RunRecord) -> None:
         # A request left awaiting approval past its window (no bot expired it) held it.
-        out.write(rt.redact(f"expired: {expired_message(run)}") + "\n")
-        out.flush()
+        say(out, rt.redact(f"expired: {expired_message(run)}"))
 
     asks = not (yes or plan.dry_run)
     if asks and not sys.stdin.isatty():
@@ -201,12 +199,12 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     reads = await read_at_request(rt.settings, rt.pool, plan, load=asks)
     previews = reads.previews
     if reads.load is not None:
-        out.write(rt.redact(reads.load) + "\n")
+        say(out, rt.redact(reads.load))
     if previews:
-        out.write(rt.redact("\n".join(["package changes (dry run now):",
-                                       *preview_lines(previews)])) + "\n")
+        say(out, rt.redact("\n".join(["package changes (dry run now):",
+                                      *preview_lines(previews)])))
     if reads.health:
-        out.write(rt.redact("\n".join(health_lines(reads.health))) + "\n")
+        say(out, rt.redact("\n".join(health_lines(reads.health))))
     rt.lifecycle.recovered.append(told)
     rt.lifecycle.expired.append(closed)
     if asks:
@@ -269,11 +267,11 @@ async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> in
         checks = await run_doctor(settings, pool, hosts, service)
     finally:
         await pool.close()
-    redact = Redactor(settings.secret_values())
+    redact = Redactor.for_settings(settings)
     if as_json:
-        print(redact(json.dumps([c.to_json() for c in checks], indent=1)))
+        print(visible(redact(json.dumps([c.to_json() for c in checks], indent=1))))
     else:
-        print(redact(render_checks(checks)))
+        print(visible(redact(render_checks(checks))))
     return 0 if passed(checks) else 1
 
 
@@ -305,13 +303,13 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
         return await run_demo(faults=args.fault, keep_dir=args.dir, fast=args.fast)
     if args.command == "gpus" and args.local:
         snap = await asyncio.to_thread(probe_local, socket.gethostname())
-        print(render_table(snap))
+        print(visible(render_table(snap)))
         return 0
     settings = _settings(args)
     # Logs pass through the same redaction as Slack and the audit log. The bot logs its
     # progress; a terminal command shows only warnings (its output is the progress).
     serving = args.command in (None, "serve")
-    setup_logging(Redactor(settings.secret_values()),
+    setup_logging(Redactor.for_settings(settings),
                   level=logging.INFO if serving else logging.WARNING)
     if serving:
         return await serve(settings)
@@ -334,12 +332,12 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
         if args.command == "status":
             plan = rt.engine.plan(Action.STATUS, args.service)
             code = await run_change(rt, plan, yes=True, user=cli_user())
-            print(history_line(await rt.audit.start_history(args.service)))
+            print(visible(history_line(await rt.audit.start_history(args.service))))
             return code
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)
-            print(health_details(results) if args.health else render_fleet(results))
+            print(visible(health_details(results) if args.health else render_fleet(results)))
             return 0 if all(r.snapshot is not None for r in results) else 1
         if args.command == "audit":
             return await _audit(rt, args)
@@ -355,13 +353,14 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         raise InputError("--limit must be between 1 and 10000")
     if args.run is not None:
         record = await rt.audit.get_run(args.run)
-        print(run_view(record, await rt.audit.steps(record.id),
-                       await rt.audit.environments(record.id)))
+        print(visible(run_view(record, await rt.audit.steps(record.id),
+                               await rt.audit.environments(record.id))))
         return 0
     records = await rt.audit.list_runs(service=args.service, limit=args.limit)
     ids = [r.id for r in records]
-    print(runs_json(records, await rt.audit.packages_changed(ids),
-                    await rt.audit.restorations(ids)) if args.json else runs_table(records))
+    print(visible(runs_json(records, await rt.audit.packages_changed(ids),
+                            await rt.audit.restorations(ids))
+                  if args.json else runs_table(records)))
     return 0
 
 
@@ -370,13 +369,13 @@ def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
     try:
         return asyncio.run(_amain(args, serve))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except ChatOpsError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {visible(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bot.audit.records import RunRecord
+from bot.cli.terminal import say
 from bot.core.status import ACTIVE_STATUSES
 from bot.engine.liveness import DRIVEN, JudgedBy, Verdict
 from bot.engine.recovery import (
@@ -98,12 +99,11 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
     await rt.lifecycle.judge.look(rt.audit, [r.id for r in runs])
     if as_json:
         objects = [_json(r, _liveness(r, rt), locks.get(r.id, [])) for r in runs]
-        out.write(json.dumps(objects, indent=2, ensure_ascii=False) + "\n")
+        say(out, json.dumps(objects, indent=2, ensure_ascii=False))
     elif active and not runs:
         out.write("no active runs\n")
     else:
-        out.write(runs_text([_row(r, _liveness(r, rt), locks.get(r.id, [])) for r in runs])
-                  + "\n")
+        say(out, runs_text([_row(r, _liveness(r, rt), locks.get(r.id, [])) for r in runs]))
     return 0
 
 
@@ -116,7 +116,7 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
     run = await rt.audit.get_run(run_id)
     locks = (await rt.audit.locks_held()).get(run_id, [])
     verdict = _liveness(run, rt)
-    out.write(runs_text([_row(run, verdict, locks)]) + "\n")
+    say(out, runs_text([_row(run, verdict, locks)]))
     command = f"recover run #{run_id}" + (" --force" if force else "")
     if verdict is None:
         if judge.window_closed(run):
@@ -141,10 +141,10 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
 
 async def _report(rt: Runtime, user: str, command: str, out: TextIO, result: ByHand) -> int:
     if isinstance(result, Recovered):
-        out.write(rt.redact(result.item.message) + "\n")
+        say(out, rt.redact(result.item.message))
         return EXIT_RECOVERED
     if isinstance(result, Expired):
-        out.write(rt.redact(result.message) + "\n")
+        say(out, rt.redact(result.message))
         return EXIT_RECOVERED
     # It changed between the look and the recovery (it finished, or its owner came back).
     return await _refuse(rt, user, command, result.reason)
@@ -152,5 +152,5 @@ async def _report(rt: Runtime, user: str, command: str, out: TextIO, result: ByH
 
 async def _refuse(rt: Runtime, user: str, command: str, reason: str) -> int:
     await rt.audit.record_refusal(user=user, channel=None, command=command, reason=reason)
-    sys.stderr.write(f"refused: {reason}\n")
+    say(sys.stderr, f"refused: {reason}")
     return EXIT_REFUSED

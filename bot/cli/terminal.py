@@ -1,4 +1,5 @@
-"""Live progress of a run in a terminal: one more sink of the engine's events."""
+"""Live progress of a run in a terminal: one more sink of the engine's events; and
+``visible``, which every writer of the command line passes host text through."""
 
 from __future__ import annotations
 
@@ -21,6 +22,39 @@ from bot.core.redact import (
     token_shape,
 )
 from bot.core.status import StepStatus
+
+# Issue 17 F7: text from a host (a /v1/models id, a process name, uv's or the journal's
+# output) reaches the operator's terminal, and a terminal obeys control characters: ESC
+# sequences (ESC[2K\r rewrote the status line), BEL, a CR that overwrites the line, C1
+# controls (U+009B is a one-byte CSI), and bidirectional overrides and isolates that
+# reorder what is shown (U+202A-U+202E, U+2066-U+2069), with the marks that steer them
+# (U+200E, U+200F, U+061C). Tab and newline are layout and stay.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                       "\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\r":
+        return "\\r"
+    code = ord(char)
+    # \xNN for C0 (as Python and most tools write them); \uNNNN for the rest, which is
+    # also how JSON writes them, so `--json` output stays valid JSON meaning the same.
+    return f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character and bidi override written out (ESC as
+    ``\\x1b``, U+202E as ``\\u202e``) instead of acting on the terminal: shown, not
+    dropped, so the evidence stays."""
+    return _CONTROLS.sub(_shown, text)
+
+
+def say(out: TextIO, text: str) -> None:
+    """Write one line of text that may hold a host's words."""
+    out.write(visible(text) + "\n")
+    out.flush()
+
 
 # Output streams line by line, so a private key's body lines never reach the redactor
 # together with its BEGIN line: the sink masks every line between the two markers.  (The
@@ -70,8 +104,7 @@ class TerminalSink:
         self._dry_runs: set[int] = set()
 
     def _print(self, text: str) -> None:
-        self.out.write(self._redact(text) + "\n")
-        self.out.flush()
+        say(self.out, self._redact(text))
 
     def _packages(self, event: ev.PackagesKnown) -> None:
         report = change_report(event.kind, event.diff, event.note)

@@ -16,6 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from bot.settings import Settings
 
 MASK = "***"
 # Values only ever turn into MASK, so a fixpoint comes within a few passes.
@@ -208,7 +211,18 @@ def _assignment(m: re.Match[str]) -> str:
     return f"{head}{stray}{MASK}{rest}"
 
 
+# Passwords that say the user part is the credential: GitHub's token as the user with
+# `x-oauth-basic` (or `x`) as the password, Gemfury's `TOKEN:@` with none, and what uv
+# prints for either (it masks the password as `****`, and keeps the user).
+_PLACEHOLDER_PASSWORDS = ("x-oauth-basic", "x", "")
+_STAND_IN_RE = r"(x-oauth-basic|x|\*{4,}|)"  # a placeholder, or uv's mask of one
+
 _RULES: tuple[_Rule, ...] = (
+    # scheme://TOKEN:@host, scheme://TOKEN:x-oauth-basic@host, scheme://TOKEN:****@host
+    # -> scheme://***:<as it was>@host (issue 17 F6). Before the next rule, which would
+    # mask the placeholder and keep the token.
+    _Rule(re.compile(rf"(?i)://[^\s/@:]+:{_STAND_IN_RE}@"), rf"://{MASK}:\g<1>@",
+          ("://",)),
     # scheme://user:password@host (any scheme) -> scheme://user:***@host
     _Rule(re.compile(r"://([^\s/@:]+):[^\s/@]+@"), rf"://\g<1>:{MASK}@", ("://",)),
     # http(s)://token@host -> http(s)://***@host; ssh://root@host keeps its user name.
@@ -278,8 +292,71 @@ def _private_key(match: re.Match[str]) -> str:
     return f"{header}\n{MASK}\n{footer}" if footer else f"{header}\n{MASK}"
 
 
+# ---- index URLs (issue 17 F6) ----------------------------------------------------------
+#
+# A package index's credential is not always a URL's password: Cloudsmith puts it in the
+# path (https://dl.cloudsmith.io/TOKEN/acme/repo/python/simple/), Gemfury and GitHub in the
+# user part (https://TOKEN:@pypi.fury.io/acme/, https://<40 hex>:x-oauth-basic@...), some
+# in the query. uv prints the index's URLs in its errors (`Failed to fetch:
+# http://host/TOKEN/.../six/`, and at -v `realm TOKEN@http://host`), so the parts of each
+# configured index URL that may be secret are masked as literals wherever they appear.
+
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+=-]+")
+
+
+def looks_like_token(part: str) -> bool:
+    """A URL part that reads as a credential rather than a word: 12 or more characters
+    of a token's alphabet mixing letters and digits (``cs7Hq2Lm9Xw4Rt8V``, a 40-hex
+    GitHub token) or upper and lower case (``KqPzWmXvTrNb``), or 24 or more of them at
+    all. ``simple``, ``cu128``, ``torch2.8``, ``pypi-remote`` are words, and so is a path
+    to a public index (https://flashinfer.ai/whl/cu124/torch2.6), masked nowhere."""
+    if len(part) < 12 or not _TOKEN_CHARS.fullmatch(part):
+        return False
+    digit, alpha = any(c.isdigit() for c in part), any(c.isalpha() for c in part)
+    mixed_case = any(c.isupper() for c in part) and any(c.islower() for c in part)
+    return len(part) >= 24 or (digit and alpha) or mixed_case
+
+
+def index_url_literals(url: str) -> list[str]:
+    """The parts of a configured index URL to mask as literals, each also as uv may print
+    it (percent-decoded): the password (not a placeholder), the user when it is the
+    credential (the password is empty or a placeholder) or looks like a token; each path
+    segment that looks like a token (only that segment: wherever uv prints it, in the
+    index's URL or a package page below it, the reader still sees which repository);
+    every query value, and the whole query."""
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return []
+    out: list[str] = []
+    if password is not None and password not in _PLACEHOLDER_PASSWORDS:
+        out.append(password)
+    if user and (password is None or password in _PLACEHOLDER_PASSWORDS
+                 or looks_like_token(unquote(user))):
+        out.append(user)
+    segments = [s for s in parts.path.split("/") if s]
+    out += [s for s in segments if looks_like_token(unquote(s))]
+    if parts.query:
+        out += [parts.query, *(v for _, v in parse_qsl(parts.query, keep_blank_values=True))]
+    both = out + [unquote(v) for v in out]
+    return list(dict.fromkeys(v for v in both if len(v) >= MIN_LITERAL_LEN))
+
+
+def settings_literals(settings: Settings) -> list[str]:
+    """Every literal secret the settings hold: ``Settings.secret_values`` and the secret
+    parts of every service's index URLs."""
+    urls = {u for svc in settings.services.values() for u in svc.indexes.values()}
+    return [*settings.secret_values(), *(v for u in sorted(urls) for v in index_url_literals(u))]
+
+
 class Redactor:
     """Callable ``str -> str`` that masks secrets; build once, reuse everywhere."""
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Redactor:
+        """The redactor of everything that leaves the bot run with ``settings``."""
+        return cls(settings_literals(settings))
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
         # Longest first, so a secret that contains another is masked whole.

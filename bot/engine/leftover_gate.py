@@ -7,11 +7,16 @@ stopped service is never left waiting for an answer that does not come. Front en
 provide the gate: Slack a button on the run's card that only an approver may press,
 the command line a question on the terminal (or ``--kill-leftovers``). A run with no
 gate (a script driving the engine) is answered "nobody can be asked here".
+
+Each host of a batch asks on its own (issue 17 F5): a request names its run and host, and
+the gate gives it a question id of its own (``new_question``), so an answer is for that
+host's list only, and the audit log records which host and which PIDs were approved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +29,12 @@ class LeftoverRequest:
     host: str
     question: str  # the PIDs, names, memory and why they are the service's
     pids: tuple[int, ...]
+
+
+def new_question() -> str:
+    """An id for one host's question, unguessable (a press must name an open question,
+    not one it could make up) and URL-safe (it travels in a button's value)."""
+    return secrets.token_urlsafe(12)
 
 
 class LeftoverGate(Protocol):

@@ -32,7 +32,7 @@ async def open_runtime(settings: Settings, *, clock: Clock = utc_now,
                        nvml: Any = None) -> AsyncIterator[Runtime]:
     """``clock`` is the wall clock the run life cycle decides expiry by (tests move it);
     ``nvml`` the NVML module a host the bot runs on is read with (None: pynvml)."""
-    redact = Redactor(settings.secret_values())
+    redact = Redactor.for_settings(settings)
     audit = await AuditLog.open(settings.db_path, redact=redact,
                                 busy_timeout_s=settings.audit.busy_timeout_s)
     # Records an audit outage left in the fallback journal are merged before anything

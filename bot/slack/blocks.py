@@ -276,14 +276,27 @@ def message(text: str, blocks: Sequence[Block]) -> Message:
     """Cap the fallback text and the block count; the last kept block says what was cut."""
     out = list(blocks)
     if len(out) > MAX_BLOCKS:
-        # Buttons matter more than the middle of a long checklist: keep the last block.
-        tail = out[-1] if out[-1].get("type") == "actions" else None
-        keep = MAX_BLOCKS - 1 - (tail is not None)
-        dropped = len(out) - keep - (tail is not None)
-        out = [*out[:keep], context(f"{ELLIPSIS} {dropped} more blocks not shown")]
-        if tail is not None:
-            out.append(tail)
+        # Buttons matter more than the middle of a long checklist: every block with one
+        # (the last actions block, each host's Terminate list) is kept, in its place.
+        room = MAX_BLOCKS - 1 - sum(map(_has_button, out))  # plain blocks before the note
+        kept: list[Block] = []
+        note, dropped = 0, 0
+        for block in out:
+            if _has_button(block) or room > 0:
+                room -= not _has_button(block)
+                kept.append(block)
+                continue
+            if not dropped:
+                note = len(kept)
+                kept.append(block)  # its place, for the note below
+            dropped += 1
+        kept[note] = context(f"{ELLIPSIS} {dropped} more blocks not shown")
+        out = kept
     return Message(cut(text or " ", MAX_MESSAGE_TEXT), out)
+
+
+def _has_button(block: Block) -> bool:
+    return block.get("type") == "actions" or "accessory" in block
 
 
 # ---- the run card --------------------------------------------------------------------------
@@ -300,6 +313,27 @@ class StepLine:
     summary: str = ""
     # While it runs: what it does now ("loading weights 60 % · 4m10s elapsed").
     progress: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoverAsk:
+    """One host's question while its run waits to terminate the processes that outlived
+    its service's stop (issue 17 F5): its own list and its own button, whose value names
+    the run, the host and this question (``question``, a nonce made per question), so a
+    press answers exactly the list shown beside it and no other host's."""
+
+    host: str
+    question: str
+    text: str  # the list the approvers see: PIDs, names, memory, why they are the service's
+    pids: tuple[int, ...]
+    needed: int = 1  # the run's rule: min_approvals distinct approvers
+    approvals: tuple[str, ...] = ()  # who pressed so far and still counts
+
+
+def terminate_value(run_id: int, host: str, question: str) -> str:
+    """The value of a host's Terminate button: ``<run>:<host>:<question>`` (host names
+    hold no colon; a question id is URL-safe base64)."""
+    return f"{run_id}:{host}:{question}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,9 +357,9 @@ class CardView:
     # (host, state) once a host is done: its outcome, or NOT_STARTED for a host a
     # stopped rollout never reached.
     host_states: tuple[tuple[str, HostStatus], ...] = ()
-    # While a run waits for an approver to let it terminate leftover processes: the
-    # list the approver sees (PIDs, names, memory, why they are the service's).
-    leftovers: str | None = None
+    # While a run waits for approvers to let it terminate leftover processes: each
+    # host's question (its list, its button, its approvals so far), in the order asked.
+    leftovers: tuple[LeftoverAsk, ...] = ()
     # What the redeploy changes besides vLLM, from the dry run at request time
     # (bot.engine.preview.preview_lines): "! torch 2.9.1 → 2.10.0" lines (! = highlighted).
     packages: tuple[str, ...] = ()
@@ -643,7 +677,6 @@ def run_card(view: CardView) -> Message:
     if status in (RunStatus.APPROVED, RunStatus.RUNNING) and view.cancel_requested_by is None:
         blocks.extend(_leftovers(view))
         blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
-            *_terminate_button(view),
             button("Cancel", ACTION_CANCEL, str(view.run_id), style="danger",
                    confirm=confirm_dialog(f"Cancel run #{view.run_id}?",
                                           "The run stops at its next safe point; a reinstall "
@@ -689,6 +722,30 @@ def tail_answer(title: str, body: str) -> Message:
     return message(title, [section(f"*{escape(title)}*"), section(code)])
 
 
+def code_pages_answer(title: str, body: str, *, rest: str) -> Message:
+    """A title and ``body`` in as many code blocks as one message holds (split between
+    lines), for an answer that cannot attach a file (an ephemeral one); when more is
+    left, ``rest`` says where the whole of it is."""
+    room = MAX_SECTION_TEXT - 2 * len(FENCE) - 2
+    chunks: list[str] = []
+    lines = _code_safe(body.rstrip("\n")).split("\n")
+    for i, raw in enumerate(lines):
+        line = cut(raw, room) or " "
+        if chunks and len(chunks[-1]) + 1 + len(line) <= room:
+            chunks[-1] += f"\n{line}"
+        elif len(chunks) < _MAX_PLAN_SECTIONS:
+            chunks.append(line)
+        else:
+            left = len(lines) - i
+            chunks.append(f"{ELLIPSIS} {left} more line{'s' if left != 1 else ''}")
+            break
+    blocks = [section(f"*{escape(title)}*"), *(section(f"{FENCE}\n{c}\n{FENCE}")
+                                               for c in chunks[:_MAX_PLAN_SECTIONS])]
+    if len(chunks) > _MAX_PLAN_SECTIONS:
+        blocks.append(context(f"{escape(chunks[-1])} not shown: {rest}"))
+    return message(title, blocks)
+
+
 def fits_code_block(body: str) -> bool:
     return not code_head(body)[1]
 
@@ -707,38 +764,66 @@ def outcome_reply(view: CardView) -> Message:
     return message(text, [section(body)])
 
 
+# A host's list on the card keeps this much room for its heading and approvals line.
+_ASK_HEAD_CHARS = 600
+# Hosts whose lists the card shows at once (a batch of more waits its turn on the card).
+_MAX_ASKS = 10
+
+
 def _leftovers(view: CardView) -> list[Block]:
-    """The processes a running run asks to terminate, above its buttons."""
+    """Each host's processes a running run asks to terminate, above its buttons: one
+    section per host, its list with its own button beside it (a section's accessory, so
+    a card cut to fit keeps every list with its button, see ``message``)."""
     if not view.leftovers or view.status != RunStatus.RUNNING:
         return []
-    code, _ = code_head(view.leftovers)
-    return [section(":warning: *Leftover processes hold the service's GPUs.* An approver "
-                    "may terminate them; the run then goes on. Nobody pressing in time ends "
-                    "the run with the service stopped."), section(code)]
+    blocks = [section(":warning: *Leftover processes hold the service's GPUs.* Approvers "
+                      "may terminate each host's list with the button beside it; that host "
+                      "then goes on. Nobody pressing in time ends that host's run with its "
+                      "service stopped.")]
+    shown = view.leftovers[:_MAX_ASKS]
+    blocks += [_ask_block(view.run_id, ask) for ask in shown]
+    if len(view.leftovers) > len(shown):
+        more = len(view.leftovers) - len(shown)
+        blocks.append(context(f"{more} more host(s) wait with leftover processes: each list "
+                              "shows here, with its button, once one above is answered (every "
+                              "list is in the thread now)."))
+    return blocks
 
 
-def _terminate_button(view: CardView) -> list[Block]:
-    if not view.leftovers or view.status != RunStatus.RUNNING:
-        return []
-    return [button("Terminate leftover processes", ACTION_TERMINATE, str(view.run_id),
-                   style="primary",
-                   confirm=confirm_dialog(f"Terminate run #{view.run_id}'s leftover processes?",
-                                          "SIGTERM, then SIGKILL to those that remain: only "
-                                          "the processes listed on the card, each only if it "
-                                          "is still the same process.", "Terminate"))]
+def _ask_block(run_id: int, ask: LeftoverAsk) -> Block:
+    code, _ = code_head(ask.text, MAX_SECTION_TEXT - _ASK_HEAD_CHARS)
+    noun = "approval" if ask.needed == 1 else "approvals"
+    progress = f"{len(ask.approvals)} of {ask.needed} {noun}"
+    if ask.approvals:
+        progress += f" ({mentions(ask.approvals)})"
+    pids = ", ".join(map(str, ask.pids))
+    block = section(f"*{escape(ask.host)}*: {len(ask.pids)} process"
+                    f"{'es' if len(ask.pids) != 1 else ''} · {progress}\n{code}")
+    block["block_id"] = f"leftovers-{ask.question}"
+    block["accessory"] = button(
+        "Terminate leftover processes", ACTION_TERMINATE,
+        terminate_value(run_id, ask.host, ask.question), style="primary",
+        confirm=confirm_dialog(f"Terminate on {ask.host}?",
+                               f"PIDs {escape(pids)} on {escape(ask.host)}: SIGTERM, then "
+                               "SIGKILL to those that remain, each only if it is still the "
+                               "same process.", "Terminate"))
+    return block
 
 
 def leftovers_reply(text: str) -> Message:
     """The thread's copy of what an approver is asked to terminate."""
     code, _ = code_head(text)
-    return message(one_line(text, MAX_MESSAGE_TEXT),
+    # The fallback text is what notifications show, and mrkdwn there too: the host's
+    # text is escaped like everywhere else, or a process name could ping the channel.
+    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
                    [section(":warning: *Waiting for an approver:* press *Terminate leftover "
                             "processes* on the card to end these, or Cancel."), section(code)])
 
 
 def notice_reply(text: str) -> Message:
     """Something about the run that is no step of it (``events.Notice``)."""
-    return message(one_line(text, MAX_MESSAGE_TEXT), [section(f":warning: {escape(text)}")])
+    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
+                   [section(f":warning: {escape(text)}")])
 
 
 def cancel_reply(user: str) -> Message:

@@ -336,14 +336,16 @@ class SlackFrontEnd:
 
     # ---- leftover processes (issue 12) ------------------------------------------------------
 
-    async def terminate(self, run_id: int, *, user: str, channel: str | None) -> str:
-        """The card's Terminate leftover processes button: who is an approver is read
-        from Slack now, and the desk decides on the press (``LeftoverDesk.press``)."""
+    async def terminate(self, run_id: int, value: str, *, user: str,
+                        channel: str | None) -> str:
+        """A host's Terminate leftover processes button (``value`` names the run, the
+        host and the question): who is an approver is read from Slack now, and the desk
+        decides on the press (``LeftoverDesk.press``)."""
         command = f"{Decision.TERMINATE} leftovers of run #{run_id}"
         membership = await self._judging(user, channel, command)
         if isinstance(membership, str):
             return membership
-        return await self.leftovers.press(run_id, user=user, membership=membership,
+        return await self.leftovers.press(run_id, value, user=user, membership=membership,
                                           channel=channel, command=command)
 
     # ---- execution --------------------------------------------------------------------------

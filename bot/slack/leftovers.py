@@ -1,93 +1,162 @@
-"""The Slack gate for leftover processes: the run's card gets a **Terminate leftover
-processes** button, and the run waits for an approver to press it
-(``LeftoverDesk.press`` decides on the press, once ``SlackFrontEnd.terminate`` has read
-who is an approver). The executor bounds the wait by the approval window and a cancel;
-whatever ends it, the button goes and the thread says how it ended."""
+"""The Slack gate for leftover processes: each host of the run that waits gets its own
+**Terminate leftover processes** button beside its own list on the run's card, and waits
+for the run's approvers to press it (``LeftoverDesk.press`` decides on a press, once
+``SlackFrontEnd.terminate`` has read who is an approver). The executor bounds each wait
+by the approval window and a cancel; whatever ends it, that host's button goes and the
+thread says how it ended.
+
+Issue 17 F5 and F10: a wait is keyed by run, host and question (a nonce made per question,
+in the button's value), so in a batch of two hosts a press releases the host whose list
+it was beside and no other, and a press naming no open question (a stale card, a forged
+value) is refused and recorded. A press is one approval: the host goes on once
+``min_approvals`` distinct approvers pressed its question, judged by the run's rule (the
+requester counts only with ``allow_self_approval``; someone no longer an approver stops
+counting); the card shows "1 of 2 approvals" meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from bot.audit.store import AuditLog
 from bot.core.leftovers import Approval
-from bot.core.policy import is_approver
-from bot.core.status import Decision
-from bot.engine.leftover_gate import LeftoverRequest
+from bot.core.policy import counted_approvals, is_approver
+from bot.engine.leftover_gate import LeftoverRequest, new_question
 from bot.settings import PolicySettings
+from bot.slack.blocks import LeftoverAsk
 from bot.slack.membership import Membership
 from bot.slack.reporter import SlackReporter
 
+Progress = Callable[[tuple[str, ...]], None]
+
+
+@dataclass
+class _Question:
+    """One host's open question: what it asked, who pressed so far, and its answer."""
+
+    request: LeftoverRequest
+    question: str
+    progress: Progress
+    answer: asyncio.Future[Approval]
+    pressed: list[str] = field(default_factory=list)
+
+    @property
+    def pids(self) -> str:
+        return ", ".join(map(str, self.request.pids))
+
+
+def parse_terminate_value(value: str) -> tuple[str, str] | None:
+    """(host, question) from a Terminate button's value ``<run>:<host>:<question>``
+    (``bot.slack.blocks.terminate_value``); None when it is not one."""
+    parts = value.split(":")
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[1] and parts[2] else None
+
 
 class LeftoverDesk:
-    """The questions waiting on a press, one per run this process drives."""
+    """The questions waiting on a press, one per host of each run this process drives."""
 
     def __init__(self, audit: AuditLog, policy: PolicySettings) -> None:
         self.audit = audit
         self.policy = policy
-        self._waiting: dict[int, asyncio.Future[Approval]] = {}
+        self._open: dict[str, _Question] = {}  # by question id
 
     def gate(self, reporter: SlackReporter) -> SlackGate:
         return SlackGate(self, reporter)
 
-    def waiting(self, run_id: int) -> bool:
-        future = self._waiting.get(run_id)
-        return future is not None and not future.done()
+    def waiting(self, run_id: int) -> list[str]:
+        """The hosts of run ``run_id`` whose question is open."""
+        return [q.request.host for q in self._open.values()
+                if q.request.run_id == run_id and not q.answer.done()]
 
-    async def press(self, run_id: int, *, user: str, membership: Membership,
+    def _find(self, run_id: int, value: str) -> _Question | None:
+        named = parse_terminate_value(value)
+        if named is None:
+            return None
+        q = self._open.get(named[1])
+        if q is None or q.answer.done() or (q.request.run_id, q.request.host) != (run_id,
+                                                                               named[0]):
+            return None
+        return q
+
+    async def press(self, run_id: int, value: str, *, user: str, membership: Membership,
                     channel: str | None, command: str) -> str:
-        """The card's Terminate leftover processes button, pressed by ``user`` (judged on
-        ``membership`` read at the press): only an approver (the requester only where
-        self-approval is allowed) lets the run signal them; the press is recorded, and a
-        refused one too. Returns the sentence for the presser."""
-        if not self.waiting(run_id):
-            return (f"Run #{run_id} is not waiting to terminate leftover processes (any more); "
-                    "nothing was done.")
-        record = await self.audit.get_run(run_id)
+        """A host's Terminate leftover processes button (its value names the run, the
+        host and the question), pressed by ``user`` (judged on ``membership`` read at
+        the press). Returns the sentence for the presser; every refusal is recorded."""
+        q = self._find(run_id, value)
+        if q is None:
+            waiting = self.waiting(run_id)
+            now = (f" It waits now for {', '.join(waiting)}: use the button beside that "
+                   "host's list on the card." if waiting else "")
+            return await self._refuse(
+                user, channel, command,
+                f"That Terminate button does not match a question run #{run_id} is waiting "
+                f"on (answered already, closed, or not from its card); nothing was "
+                f"signalled.{now}")
+        host = q.request.host
+        requester = (await self.audit.get_run(run_id)).requested_by
         if (not is_approver(user, self.policy, membership)
-                or (user == record.requested_by and not self.policy.allow_self_approval)):
-            reason = (f"Only an approver (not the requester) may terminate run #{run_id}'s "
-                      "leftover processes; nothing was signalled.")
-            await self.audit.record_refusal(user=user, channel=channel, command=command,
-                                            reason=reason)
-            return reason
-        await self.audit.record_decision(run_id, user, Decision.TERMINATE)
-        if not self.answer(run_id, user):
-            return f"Too late: run #{run_id} stopped waiting; nothing was signalled."
-        return f"Terminating run #{run_id}'s leftover processes; the run goes on."
+                or (user == requester and not self.policy.allow_self_approval)):
+            return await self._refuse(
+                user, channel, command,
+                f"Only an approver (not the requester) may terminate run #{run_id}'s "
+                f"leftover processes on {host}; nothing was signalled.")
+        if not await self.audit.record_terminate(run_id, user, host=host, question=q.question,
+                                                 pids=q.request.pids):
+            return f"You already approved terminating {host}'s leftover processes."
+        if q.answer.done():
+            return f"Too late: run #{run_id} stopped waiting on {host}; nothing was signalled."
+        q.pressed.append(user)
+        counted = counted_approvals(q.pressed, requester=requester, policy=self.policy,
+                                    membership=membership)
+        needed = self.policy.min_approvals
+        if len(counted) < needed:
+            q.progress(counted)
+            return (f"Approval recorded: {len(counted)} of {needed} to terminate {host}'s "
+                    f"leftover processes (PIDs {q.pids}); nothing is signalled before "
+                    f"{needed}.")
+        q.answer.set_result(Approval(", ".join(counted)))
+        return (f"Terminating {host}'s leftover processes (PIDs {q.pids}); that host's run "
+                "goes on.")
 
-    def answer(self, run_id: int, user: str) -> bool:
-        """An approver pressed: the run goes on. False when nothing waits any more."""
-        future = self._waiting.get(run_id)
-        if future is None or future.done():
-            return False
-        future.set_result(Approval(user))
-        return True
+    async def _refuse(self, user: str, channel: str | None, command: str, reason: str) -> str:
+        await self.audit.record_refusal(user=user, channel=channel, command=command,
+                                        reason=reason)
+        return reason
 
-    async def wait(self, request: LeftoverRequest) -> Approval:
-        future: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
-        self._waiting[request.run_id] = future
+    async def wait(self, request: LeftoverRequest, question: str,
+                   progress: Progress) -> Approval:
+        q = _Question(request, question, progress,
+                      asyncio.get_running_loop().create_future())
+        self._open[question] = q
         try:
-            return await future
+            return await q.answer
         finally:
-            if self._waiting.get(request.run_id) is future:
-                del self._waiting[request.run_id]
+            del self._open[question]
 
 
 class SlackGate:
-    """One run's gate: the card's button, and the thread's account of how it ended."""
+    """One run's gate: a host's list and button on the card, and the thread's account
+    of how each host's wait ended."""
 
     def __init__(self, desk: LeftoverDesk, reporter: SlackReporter) -> None:
         self._desk = desk
         self._reporter = reporter
 
     async def ask(self, request: LeftoverRequest) -> Approval:
-        self._reporter.offer_leftovers(request.question)
-        note = "The wait for an approver ended without a press (the window closed or the " \
-               "run was cancelled); nothing was signalled."
+        ask = LeftoverAsk(request.host, new_question(), request.question, request.pids,
+                          needed=self._desk.policy.min_approvals)
+        self._reporter.offer_leftovers(ask)
+        pids = ", ".join(map(str, request.pids))
+        note = (f"{request.host}: the wait for approvers ended without enough presses (the "
+                "window closed or the run was cancelled); nothing was signalled.")
         try:
-            answer = await self._desk.wait(request)
-            note = (f"Leftover processes {', '.join(map(str, request.pids))}: termination "
-                    f"approved by {answer.approved_by}.")
+            answer = await self._desk.wait(
+                request, ask.question,
+                lambda approvals: self._reporter.leftovers_progress(ask.question, approvals))
+            note = (f"{request.host}: leftover processes {pids}: termination approved by "
+                    f"{answer.approved_by}.")
             return answer
         finally:
-            self._reporter.close_leftovers(note)
+            self._reporter.close_leftovers(ask.question, note)

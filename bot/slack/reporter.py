@@ -43,6 +43,7 @@ from bot.engine.executor import TAIL_LINES
 from bot.hosts.base import LINE_OVERHEAD, cut_line
 from bot.slack.blocks import (
     CardView,
+    LeftoverAsk,
     Message,
     StepLine,
     attachment_refused,
@@ -211,19 +212,28 @@ class SlackReporter:
         """Re-render the card soon (e.g. it still shows the approval buttons)."""
         self._touch()
 
-    def offer_leftovers(self, text: str) -> None:
-        """The run waits for an approver to let it terminate leftover processes: the list
-        and the button on the card, the list in the thread."""
-        self._set(leftovers=text)
-        self._replies.append(_Reply(msg=leftovers_reply(text)))
+    def offer_leftovers(self, ask: LeftoverAsk) -> None:
+        """A host of the run waits for approvers to let it terminate leftover processes:
+        its list and its own button on the card (beside any other host's), the list in the
+        thread."""
+        self._set(leftovers=(*self.view.leftovers, ask))
+        self._replies.append(_Reply(msg=leftovers_reply(ask.text)))
         self._touch()
 
-    def close_leftovers(self, note: str) -> None:
-        """The wait is over (pressed, timed out, cancelled): the button goes; ``note``
-        says how it ended."""
-        if self.view.leftovers is None:
+    def leftovers_progress(self, question: str, approvals: tuple[str, ...]) -> None:
+        """An approval counted for one host's question, more are needed: the card says
+        how many ("1 of 2 approvals")."""
+        self._set(leftovers=tuple(dataclasses.replace(a, approvals=approvals)
+                                  if a.question == question else a
+                                  for a in self.view.leftovers))
+        self._touch()
+
+    def close_leftovers(self, question: str, note: str) -> None:
+        """One host's wait is over (pressed, timed out, cancelled): its button goes, the
+        other hosts' stay; ``note`` says how it ended."""
+        if not any(a.question == question for a in self.view.leftovers):
             return
-        self._set(leftovers=None)
+        self._set(leftovers=tuple(a for a in self.view.leftovers if a.question != question))
         self._replies.append(_Reply(msg=notice_reply(note)))
         self._touch()
 

@@ -205,17 +205,22 @@ async def test_audit_of_one_run_posts_its_view_with_the_package_change(
         assert notes[-1]["text"] == f"There is no run #{record.id + 1} in the audit log."
 
 
-async def test_doctor_is_for_requesters_and_posts_its_table(tmp_path: Path,
-                                                           sim_host: SimKit) -> None:
+async def test_doctor_is_for_requesters_and_answers_the_asker_alone(tmp_path: Path,
+                                                                    sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         refused = ack_text((await bot.command("doctor", user=MALLORY)).text)
         assert "cannot run doctor" in refused
         assert (await bot.refusals(1))[0].user == MALLORY
         await bot.command(f"doctor {SERVICE}", user=ALICE)
-        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "doctor" in m.get("text", ""))
-        text = blocks_text(msg)
+        # Issue 17 F10: how the hosts are set up (accounts, sudo rules, what fails) is the
+        # asker's to read, not the channel's: an ephemeral answer, nothing posted.
+        answer = (await bot.ephemerals_for(ALICE))[-1]
+        await bot.front_end.idle()
+        text = blocks_text(answer)
         assert "doctor: service kimi-k25" in text
         assert "nvidia-smi" in text and "vllm-kimi-k25: active (running)" in text
-        await bot.front_end.idle()
+        assert answer["via"] == "response_url" and answer["channel"] == CHANNEL
+        assert not any("doctor" in blocks_text(m) for m in bot.fake.messages(CHANNEL))
+        assert bot.fake.files == []
         # It read the host and changed nothing there.
         assert sim_host.calls("nvidia-smi") and sim_host.changes() == []

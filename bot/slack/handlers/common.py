@@ -19,7 +19,7 @@ from bot.engine.lifecycle import RunLifecycle
 from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
-from bot.slack.blocks import code_answer, code_head, escape, tail_answer
+from bot.slack.blocks import Message, code_answer, code_head, escape, tail_answer
 from bot.slack.front_end import CardRef, SlackFrontEnd
 from bot.slack.grammar import run_id_of
 from bot.slack.poster import Poster
@@ -94,6 +94,12 @@ class CommandRequest:
     async def tell(self, text: str) -> None:
         await tell(self.front_end, self.respond, text)
 
+    async def tell_message(self, msg: Message) -> None:
+        """An ephemeral answer with blocks (a table), redacted: for the asker's eyes only."""
+        text, blocks = self.front_end.poster.clean(msg)
+        await self.respond(text=text, blocks=blocks, response_type="ephemeral",
+                           replace_original=False)
+
     def later(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Continue after the ack; whatever goes wrong, the person hears about it."""
         async def guarded() -> None:
@@ -151,18 +157,21 @@ class Click:
     run_id: int | None
     respond: AsyncRespond
     message_ts: str | None = None
+    value: str = ""  # the button's value as sent (a Terminate button's names more)
 
     @classmethod
-    def of(cls, body: dict[str, Any], context: AsyncBoltContext,
-           respond: AsyncRespond) -> Click:
+    def of(cls, body: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond, *,
+           run_of: Callable[[str], int | None] = run_id_of) -> Click:
+        """``run_of`` reads the run id from the button's value (the whole value, but for
+        a Terminate button's ``<run>:<host>:<question>``)."""
         actions = body.get("actions") or [{}]
         value = str(actions[0].get("value") or "")
         container = body.get("container") or {}
         channel = _agreed((body.get("channel") or {}).get("id"), container.get("channel_id"))
         message_ts = _agreed(container.get("message_ts"), (body.get("message") or {}).get("ts"))
         return cls(front_end=front_end_of(context), user=str(body["user"]["id"]),
-                   channel=channel, run_id=run_id_of(value), respond=respond,
-                   message_ts=message_ts)
+                   channel=channel, run_id=run_of(value), respond=respond,
+                   message_ts=message_ts, value=value)
 
     def later(self, work: Callable[[int], Awaitable[str | None]], name: str) -> None:
         """Judge the click after the ack; the clicker gets any answer ephemerally."""

@@ -1,8 +1,11 @@
-"""``/vllm doctor [host|service]``: the setup checks of ``python -m bot doctor``, posted as
-one table (the full table as a file when it does not fit).
+"""``/vllm doctor [host|service]``: the setup checks of ``python -m bot doctor``, as one
+table for the asker only (an ephemeral answer; issue 17 F10).
 
 Read-only, but it tells whoever asks how the hosts are set up (accounts, sudo rules,
-paths), so it is open to requesters only, not to everyone in the channel.
+paths, what fails), so it is open to requesters only, and the answer is theirs: posted in
+the channel, it showed everyone there where the hosts are weak. An ephemeral answer
+cannot carry a file, so a table too long for one message ends saying how much is left
+and where to read the whole of it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from bot.core.doctor import passed, render
 from bot.core.policy import is_requester
 from bot.engine.doctor import run_doctor
 from bot.hosts.fleet import resolve_targets
+from bot.slack.blocks import code_pages_answer
 from bot.slack.grammar import Doctor
-from bot.slack.handlers.common import CommandRequest, post_code
+from bot.slack.handlers.common import CommandRequest
 
-FILENAME = "doctor.txt"
+WHOLE = "`python -m bot doctor` on the bot's machine prints the whole table."
 
 
 async def handle(req: CommandRequest, cmd: Doctor) -> None:
@@ -34,6 +38,7 @@ async def handle(req: CommandRequest, cmd: Doctor) -> None:
         checks = await run_doctor(req.settings, req.pool, hosts, service)
         verdict = "all checks passed" if passed(checks) else "checks FAILED"
         title = f"doctor: {cmd.kind} {cmd.target}" if cmd.target else "doctor: all hosts"
-        await post_code(req, f"{title}: {verdict}", render(checks), filename=FILENAME)
+        await req.tell_message(code_pages_answer(f"{title}: {verdict}", render(checks),
+                                                 rest=WHOLE))
 
     req.later(work(), "doctor")
