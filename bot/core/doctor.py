@@ -104,6 +104,8 @@ def _host_probes(name: str, cfg: HostSettings) -> list[Probe]:
     if cfg.become == "sudo":
         out.append(Probe(name, None, "sudo -l", Kind.COMMANDS,
                          ((("sudo", "-n", "-l"), Privilege.NONE),)))
+        out.append(Probe(name, None, "sudo PATH", Kind.COMMANDS,
+                         ((("sudo", "-n", "-l"), Privilege.NONE),)))
     out.append(Probe(name, None, "nvidia-smi", Kind.COMMANDS,
                      ((remote.gpu_query(), Privilege.NONE),)))
     return out
@@ -128,7 +130,7 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
                                                   (unit_user_query(svc.unit, svc.systemctl),
                                                    Privilege.NONE)), timeout_s=t),
         Probe(host, name, "venv", Kind.COMMANDS, ((("test", "-x", svc.python), Privilege.NONE),
-                                                  (remote.package_show(svc), Privilege.NONE)),
+                                                  (remote.package_show(svc), Privilege.VENV_OWNER)),
               timeout_s=t),
         Probe(host, name, "health", Kind.HTTP, url=svc.health_url, timeout_s=t),
         Probe(host, name, "disk", Kind.COMMANDS, ((remote.free_disk(svc), Privilege.NONE),),
@@ -272,6 +274,108 @@ def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
     return _check(p, Outcome.OK, f"{len(listed)} rules, none beyond what the bot needs")
 
 
+# ---- whether sudo gives the bot's commands root's PATH (issue 17, F1) ----------------
+# `sudo -n -l` lists the Defaults that apply to the account ("Matching Defaults entries":
+# global, host and user ones, in order, the last of each option winning), then those
+# bound to a run-as account (`Defaults>root`) or to commands (`Defaults!<commands>`),
+# which sudo applies after them, each entry its bound list and then its options. Read
+# from Debian 12's sudo 1.9.13p3 (tests/samples/sudo_l_*.txt): without a terminal an
+# entry is one line; on one, sudo wraps it at a space onto lines 4 spaces in. In a
+# command sudoers escapes "=" and "!", so an unescaped `secure_path=` or `!secure_path`
+# there is an option, never part of a command.
+_SECURE_PATH = re.compile(r"(?:^|[ ,])(?P<neg>!)?secure_path(?:=(?P<value>(?:\\.|[^,\s])*))?"
+                          r"(?=,|\s|$)")
+
+
+def parse_sudo_defaults(text: str) -> tuple[str, list[str]]:
+    """The account's matching Defaults options (one string) and each run-as or command
+    bound entry (``>root opts`` or ``!cmd, cmd opts``), from ``sudo -l``."""
+    options: list[str] = []
+    bound: list[str] = []
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("Matching Defaults entries for "):
+            section = "matching"
+        elif line.startswith("Runas and Command-specific defaults for "):
+            section = "bound"
+        elif not line.startswith(" ") or not line.strip():
+            section = "" if line.strip() else section
+        elif section == "matching":
+            options.append(line.strip())
+        elif section == "bound" and line.startswith("    Defaults"):
+            bound.append(line.strip()[len("Defaults"):])
+        elif section == "bound" and bound:
+            bound[-1] += " " + line.strip()
+    return " ".join(options), bound
+
+
+def _last_secure_path(options: str) -> tuple[bool, str | None]:
+    """(whether the options say anything about secure_path, its value or None if unset)."""
+    found = list(_SECURE_PATH.finditer(options))
+    if not found:
+        return False, None
+    last = found[-1]
+    if last["neg"] or last["value"] is None:
+        return True, None
+    return True, re.sub(r"\\(.)", r"\1", last["value"])
+
+
+def _bound_to(entry: str, runas: str, line: str) -> bool:
+    """Whether a bound Defaults entry applies to ``line`` run as ``runas``."""
+    if entry.startswith(">"):
+        m = re.match(r"((?:[^,\s]+, )*[^,\s]+) ", entry[1:])
+        return m is not None and runas in m[1].split(", ")
+    if entry.startswith("!"):
+        listed = entry[1:]
+        return any(listed.startswith(line + sep) or f", {line}{sep}" in listed
+                   for sep in (", ", " "))
+    return False
+
+
+def secure_path_for(listing: tuple[str, list[str]], runas: str, line: str) -> str | None:
+    """The PATH sudo gives ``line`` (a rule as ``Grant.line`` writes it) run as
+    ``runas``: a command's own Defaults, else its run-as account's, else the account's;
+    None when none sets secure_path (sudo then keeps the caller's PATH)."""
+    options, bound = listing
+    for level in ("!", ">"):
+        said = [_last_secure_path(e) for e in bound
+                if e.startswith(level) and _bound_to(e, runas, line)]
+        said = [x for x in said if x[0]]
+        if said:
+            return said[-1][1]
+    return _last_secure_path(options)[1]
+
+
+def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
+    cfg = s.hosts[p.host]
+    r = a.results[0] if a.results else None
+    if a.error or r is None or not r.ok:
+        why = a.error or (_said(r) if r else "no answer")
+        return _check(p, Outcome.FAIL, f"`sudo -n -l` failed: {why}",
+                      SUDOERS_FIX.format(user=cfg.user))
+    listing = parse_sudo_defaults(r.stdout)
+    ours = [(alias(name, g.run_as), g, "root" if g.run_as == Privilege.ROOT else
+             svc.venv_user or "") for name, svc in s.services.items() if p.host in svc.hosts
+            for g in grants(svc)]
+    bad: list[str] = []
+    paths: set[str] = set()
+    for name, g, runas in ours:
+        path = secure_path_for(listing, runas, g.line())
+        if path is None or not all(d.startswith("/") for d in path.split(":")):
+            bad.append(f"{name}: `{g.line()[:80]}`" + ("" if path is None else f" ({path})"))
+        else:
+            paths.add(path)
+    if bad:
+        return _check(p, Outcome.FAIL, f"sudo keeps {cfg.user}'s own PATH (no secure_path, or "
+                      f"one with a relative directory) for {len(bad)} of {len(ours)} rules, "
+                      "so a command the bot runs by name there would be the one "
+                      f"{cfg.user} puts first: " + "; ".join(bad[:3]),
+                      SUDOERS_FIX.format(user=cfg.user) + ": its `Defaults!<alias> "
+                      "env_reset, secure_path=...` lines give the rules root's PATH")
+    return _check(p, Outcome.OK, f"secure_path applies to all {len(ours)} rules: "
+                  + ", ".join(sorted(paths)))
+
+
 def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
     assert p.service is not None
     svc = s.services[p.service]
@@ -376,7 +480,8 @@ def _disk(p: Probe, a: Answer, s: Settings) -> Check:
 
 _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "login account": _login_account, "tcp": _tcp, "host key": _host_key,
-    "ssh login": _ssh_login, "sudo -l": _sudo_list, "nvidia-smi": _nvidia_smi,
+    "ssh login": _ssh_login, "sudo -l": _sudo_list, "sudo PATH": _sudo_path,
+    "nvidia-smi": _nvidia_smi,
     "sudo rules": _sudo_rules, "uv": _uv, "unit": _unit, "venv": _venv, "health": _health,
     "disk": _disk,
 }

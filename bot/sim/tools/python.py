@@ -5,7 +5,8 @@ Each call lays out ``vllm/__init__.py`` (``__version__``) and ``torch`` (``__ver
 ``torch.version.cuda`` of its wheel) in a directory of its own, then runs the real
 interpreter on the given arguments with only that directory on its path. A package
 that is not installed is absent (``ModuleNotFoundError``), and with the import_error fault
-``import vllm`` raises the ImportError a vllm built against another torch raises.
+``import vllm`` raises the ImportError a vllm built against another torch raises. The
+venv's ``.pth`` files run first, as at a real interpreter's start (``bot.sim.pth``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bot.sim import packages
+from bot.sim import packages, pth
 from bot.sim.state import HostState, StateStore
 
 
@@ -39,6 +40,7 @@ def _lay_out(site: Path, st: HostState) -> None:
 
 def main(store: StateStore, args: list[str]) -> int:
     st = store.read()
+    pth.run_pth(st.venv)  # what the real interpreter's start-up does (bot.sim.pth)
     site = Path(tempfile.mkdtemp(prefix="site-", dir=store.directory))
     try:
         _lay_out(site, st)
