@@ -7,6 +7,7 @@ refuses an ordinary account (tests/support/nonroot.py).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from bot.core.status import Action, Decision, RunStatus
 from bot.core.sudoers import grants, render
 from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.runtime import Runtime, open_runtime
-from bot.settings import Settings
+from bot.settings import ServiceSettings, Settings
 from bot.sim.kit import SERVICE, fast_config
 from bot.sim.sshd import free_port
 from bot.sim.state import DEFAULT_VERSION
@@ -247,6 +248,9 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
         for argv in ([ctl, "stop", "--", "ssh"], [ctl, "stop", "--", unit, "ssh"],
                      [ctl, "--now", "stop", "--", unit], [ctl, "edit", "--", unit],
                      [ctl, "stop", "--", f"{unit} ssh"],
+                     # The lines before --no-pager (issue 17, F10): no rule is left for them.
+                     [ctl, "stop", "--", unit], [ctl, "show", "-p", remote.UNIT_PROPERTIES,
+                                                 "--", unit],
                      [jctl, "-u", unit, "-n", "1001", "--no-pager"],
                      [jctl, "-u", unit, "-n", "5", "-u", "ssh", "--no-pager"],
                      ["/bin/sh", "-c", "id"], ["/usr/bin/id"]):
@@ -435,3 +439,46 @@ async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
         assert code == 0, checks
     ran = marker.read_text().split()
     assert set(ran) == {host.who.owner}, ran
+
+
+def save_in_new_pid_namespace(svc: ServiceSettings, lock: str,
+                              text: str) -> subprocess.CompletedProcess[str]:
+    """The snapshot's save script run as root (user = "root", become = "none") as the
+    first process of a PID namespace of its own: its $$ is then 1, so the name the old
+    script wrote through ("<lock>.tmp.$$") is known in advance, as an attacker who
+    counts PIDs would guess it."""
+    return subprocess.run(["unshare", "--pid", "--fork", *remote.save_lock(svc, lock)],
+                          input=text, capture_output=True, text=True, check=False)
+
+
+async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
+    # Issue 17, F8: in root mode the snapshot's `cat > "$2.tmp.$$"` followed a link the
+    # venv's owner planted in a .chatops it owns (the README's own layout for sudo hosts).
+    require_root_and_sudo()
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to fix the script's PID")
+    with workspace() as base, accounts(base) as who:
+        svc = ServiceSettings(hosts=["h"], unit="u", python=f"{base}/venv/bin/python")
+        state, lock = Path(remote.state_dir(svc)), remote.lock_path(svc, "ab" * 32)
+        victim = base / "victim"
+        victim.write_text("root's own file\n")
+        freeze = "vllm==0.16.0\n"
+
+        # The owner's .chatops, with a link at the old name: refused, nothing written.
+        state.mkdir()
+        subprocess.run(["chown", f"{who.owner}:{who.owner}", str(state)], check=True)
+        subprocess.run(["runuser", "-u", who.owner, "--", "ln", "-s", str(victim),
+                        f"{lock}.tmp.1"], check=True)
+        r = save_in_new_pid_namespace(svc, lock, freeze)
+        assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
+        assert victim.read_text() == "root's own file\n"
+        assert not Path(lock).exists()
+
+        # Root's own .chatops with a stray link at that name (unusual, harmless): the
+        # snapshot is written, through a name mktemp made, and the link's target is not.
+        subprocess.run(["chown", "root:root", str(state)], check=True)
+        r = save_in_new_pid_namespace(svc, lock, freeze)
+        assert r.returncode == 0, r.stderr
+        assert Path(lock).read_text() == freeze and not Path(lock).is_symlink()
+        assert (Path(lock).stat().st_mode & 0o777) == 0o600
+        assert victim.read_text() == "root's own file\n"

@@ -442,6 +442,35 @@ def test_doctor_warns_when_the_unit_runs_as_root_and_the_venv_owner_writes_its_c
     assert alone.outcome == Outcome.OK
 
 
+def test_doctor_warns_in_root_mode_when_another_account_owns_the_venv() -> None:
+    # Issue 17, F8: as root the bot starts the venv's interpreter and writes beside it;
+    # what another account writes there (a .pth file) would run as root.
+    svc = dict(SVC, uv="uv", systemctl="systemctl", journalctl="journalctl")
+    root = Settings(hosts={"gpu-node-1": {**HOST, "user": "root", "become": "none"}},
+                    services={"kimi-k25": svc}, db_path=Path("/nonexistent"))
+    venv = Probe("gpu-node-1", "kimi-k25", "venv", Kind.COMMANDS)
+    shown = result("Name: vllm\nVersion: 0.16.0\n")
+
+    def owners(stdout: str, status: int = 0, stderr: str = "") -> Answer:
+        return Answer(results=(result(""), shown, result(stdout, status, stderr)))
+
+    ok = judge(venv, owners("root /opt/venvs/vllm\nroot /opt/venvs/.chatops\n"), root)
+    assert ok.outcome == Outcome.OK and ok.detail.endswith("owned by root")
+    # .chatops not made yet (stat exits 1 for it): nothing another account owns.
+    fresh = owners("root /opt/venvs/vllm\n", 1, "stat: cannot statx '/opt/venvs/.chatops': "
+                   "No such file or directory\n")
+    assert judge(venv, fresh, root).outcome == Outcome.OK
+    theirs = judge(venv, owners("vllm /opt/venvs/vllm\nvllm /opt/venvs/.chatops\n"), root)
+    assert theirs.outcome == Outcome.WARN and "vllm owns /opt/venvs/vllm" in theirs.detail
+    assert "runs as root" in theirs.detail and 'become = "sudo"' in theirs.fix
+    # Who owns it unknown: not taken for root.
+    unknown = judge(venv, owners("", 1, "stat: Permission denied\n"), root)
+    assert unknown.outcome == Outcome.WARN and "cannot tell who owns" in unknown.detail
+    # The same venv owner on a sudo host is the README's own layout.
+    sudo = judge(venv, owners("vllm /opt/venvs/vllm\nvllm /opt/venvs/.chatops\n"), settings())
+    assert sudo.outcome == Outcome.OK
+
+
 def result(stdout: str, status: int = 0, stderr: str = "") -> CommandResult:
     return CommandResult(argv=("x",), exit_status=status, stdout=stdout, stderr=stderr,
                          duration_s=0.0)

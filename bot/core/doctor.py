@@ -116,6 +116,12 @@ def _sudo_check(g: Grant, svc: ServiceSettings) -> Argv:
     return ("sudo", "-n", "-l", *who, "--", *g.sample)
 
 
+def _owners(svc: ServiceSettings) -> Argv:
+    """Who owns the venv and the bot's directory beside it (``<owner> <path>`` lines; a
+    directory not made yet is left out, stat exits 1)."""
+    return ("stat", "-c", "%U %n", "--", svc.venv_dir, remote.state_dir(svc))
+
+
 def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSettings
                     ) -> list[Probe]:
     t = svc.command_timeout_s
@@ -130,7 +136,8 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
                                                   (unit_user_query(svc.unit, svc.systemctl),
                                                    Privilege.NONE)), timeout_s=t),
         Probe(host, name, "venv", Kind.COMMANDS, ((("test", "-x", svc.python), Privilege.NONE),
-                                                  (remote.package_show(svc), Privilege.VENV_OWNER)),
+                                                  (remote.package_show(svc), Privilege.VENV_OWNER),
+                                                  (_owners(svc), Privilege.NONE)),
               timeout_s=t),
         Probe(host, name, "health", Kind.HTTP, url=svc.health_url, timeout_s=t),
         Probe(host, name, "disk", Kind.COMMANDS, ((remote.free_disk(svc), Privilege.NONE),),
@@ -441,7 +448,7 @@ def _venv(p: Probe, a: Answer, s: Settings) -> Check:
     svc = s.services[p.service]
     if a.error or len(a.results) < 2:
         return _check(p, Outcome.FAIL, a.error or "no answer")
-    exists, show = a.results
+    exists, show = a.results[:2]
     if not exists.ok:
         return _check(p, Outcome.FAIL, f"no interpreter at {svc.python}",
                       f"set services.{p.service}.python to the venv's bin/python")
@@ -449,7 +456,37 @@ def _venv(p: Probe, a: Answer, s: Settings) -> Check:
     if version is None:
         return _check(p, Outcome.FAIL, f"{svc.package} is not installed in {svc.venv_dir} "
                       f"({_said(show)})", f"install {svc.package} into the venv once by hand")
-    return _check(p, Outcome.OK, f"{svc.python}: {svc.package} {version}")
+    ok = f"{svc.python}: {svc.package} {version}"
+    cfg = s.hosts[p.host]
+    if cfg.user == "root" and cfg.become == "none" and not cfg.is_local:
+        return _root_mode_owners(p, svc, a.results[2] if len(a.results) > 2 else None, ok)
+    return _check(p, Outcome.OK, ok)
+
+
+def _root_mode_owners(p: Probe, svc: ServiceSettings, r: CommandResult | None,
+                      ok: str) -> Check:
+    """As root, the bot starts the venv's interpreter (uv, the import gate) and writes
+    beside it: a venv another account can write runs that account's code as root (a
+    .pth file), and the snapshot is not written into a .chatops root does not own
+    (issue 17, F8). Who owns them, when stat cannot say, is not known to be root."""
+    owners: dict[str, str] = {}
+    for line in (r.stdout if r else "").splitlines():
+        owner, sep, path = line.partition(" ")
+        if sep:
+            owners[path] = owner
+    venv_owner = owners.get(svc.venv_dir)
+    others = [f"{owner} owns {path}" for path, owner in owners.items() if owner != "root"]
+    if venv_owner is None or others:
+        said = _said(r) if r else "no answer"
+        why = "; ".join(others) or f"cannot tell who owns {svc.venv_dir} ({said})"
+        return _check(p, Outcome.WARN, f"{ok}; the bot logs in as root and {why}: code that "
+                      "account writes into the venv (a .pth file) runs as root whenever uv or "
+                      "the import gate starts its interpreter, and the snapshot is not written "
+                      "into a directory root does not own",
+                      f"log in as an ordinary account with become = \"sudo\" and venv_user = "
+                      f"\"{venv_owner or 'vllm'}\" (README: non-root hosts), or make root own "
+                      f"{svc.venv_dir} and {remote.state_dir(svc)}")
+    return _check(p, Outcome.OK, f"{ok}, owned by root")
 
 
 def _health(p: Probe, a: Answer, s: Settings) -> Check:
