@@ -119,6 +119,9 @@ class HostSettings(_Section):
     # sudoers`). "none": every command runs as `user` itself (root, or an account that
     # owns the unit and the venv).
     become: Literal["none", "sudo"] = "none"
+    # Where the host's sshd reads its configuration: `doctor` reads its AuthorizedKeysFile
+    # there to tell whether the login could change its own key's restrictions.
+    sshd_config: str = "/etc/ssh/sshd_config"
 
     @field_validator("key_file", "known_hosts")
     @classmethod

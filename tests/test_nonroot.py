@@ -174,6 +174,9 @@ async def test_doctor_passes_a_correct_non_root_setup(
         assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running), runs as vllm"
         assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
         assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
+        # sshd reads the key from a file root owns (the kit's own sshd_config says which).
+        keys = only(checks, "authorized_keys", None)["detail"]
+        assert keys.startswith("sshd reads ") and "cannot change them" in keys
         # The table form, as a person reads it.
         assert await doctor(settings, SERVICE, as_json=False) == 0
         assert "all checks passed" in capsys.readouterr().out
@@ -482,3 +485,26 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
         assert Path(lock).read_text() == freeze and not Path(lock).is_symlink()
         assert (Path(lock).stat().st_mode & 0o777) == 0o600
         assert victim.read_text() == "root's own file\n"
+
+
+async def test_doctor_warns_when_the_login_can_change_its_own_authorized_keys(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17, F2: the key entry's restrict, from= and permitopen= bound the bot's key;
+    # if sshd reads it from a file the login owns (~/.ssh/authorized_keys, OpenSSH's
+    # default), code running as the login can add a key without them.
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
+                         tree=copy_sim(base / "sim"), config=fast_config(), keys_in_home=True)
+        try:
+            await kit.start()
+            settings = settings_of(kit, tmp_path)
+            with sudoers_installed(render(settings, who.login)):
+                code, checks = await doctor_json(settings, capsys)
+        finally:
+            await kit.close()
+    keys = only(checks, "authorized_keys", None)
+    assert keys["result"] == "warn", keys
+    assert f"{kit.home}/.ssh/authorized_keys" in keys["detail"] and "it owns" in keys["detail"]
+    assert "AuthorizedKeysFile /etc/ssh/authorized_keys/%u" in keys["fix"]
+    assert code == 0  # the bot works; its key can do more than it should

@@ -8,8 +8,10 @@ tests/test_nonroot.py gets them from the live sudo again.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,13 @@ from pydantic import ValidationError
 from bot.cli.main import main
 from bot.core import remote
 from bot.core.doctor import (
+    KEY_FILE_SCRIPT,
     Answer,
     Kind,
     Outcome,
     Probe,
     judge,
+    key_files,
     parse_sudo_defaults,
     parse_sudo_list,
     passed,
@@ -471,6 +475,80 @@ def test_doctor_warns_in_root_mode_when_another_account_owns_the_venv() -> None:
     assert sudo.outcome == Outcome.OK
 
 
+# What SSHD_KEYS_SCRIPT prints: "user uid home", then sshd_config with its Include files
+# in place. The directives' shapes are Debian 12's sshd_config (OpenSSH 9.2p1: the
+# commented default, an Include of sshd_config.d) and sshd_config(5)'s tokens.
+IDENT = "chatops 998 /home/chatops\n"
+DEBIAN = ("Include /etc/ssh/sshd_config.d/*.conf\n#AuthorizedKeysFile\t.ssh/authorized_keys "
+          ".ssh/authorized_keys2\nKbdInteractiveAuthentication no\nUsePAM yes\n")
+
+
+@pytest.mark.parametrize(("config", "files"), [
+    (DEBIAN, ("/home/chatops/.ssh/authorized_keys", "/home/chatops/.ssh/authorized_keys2")),
+    ("AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n" + DEBIAN,
+     ("/etc/ssh/authorized_keys/chatops",)),
+    # The first one sshd reads wins; one under a Match may apply too, so it counts.
+    ("AuthorizedKeysFile=/etc/ssh/keys/%U %h/.ssh/extra\nAuthorizedKeysFile .ssh/x\n"
+     "Match User chatops\n    AuthorizedKeysFile \"/srv/keys/%u\"\n",
+     ("/etc/ssh/keys/998", "/home/chatops/.ssh/extra", "/srv/keys/chatops")),
+    ("authorizedkeysfile none\n", ()),
+])
+def test_doctor_knows_which_files_sshd_reads_the_keys_from(config: str,
+                                                           files: tuple[str, ...]) -> None:
+    found = key_files(IDENT + config)
+    assert (found.user, found.files, found.unknown) == ("chatops", files, None)
+
+
+def test_what_doctor_cannot_tell_about_authorized_keys_is_not_safe() -> None:
+    s = settings()
+    probe = Probe("gpu-node-1", None, "authorized_keys", Kind.COMMANDS)
+    for text in ("", IDENT + "#chatops-unreadable /etc/ssh/sshd_config.d/x.conf\n",
+                 IDENT + "AuthorizedKeysFile /keys/%k\n"):
+        assert key_files(text).unknown is not None
+        check = judge(probe, answer(text), s)
+        assert check.outcome == Outcome.WARN and "cannot tell" in check.detail, text
+    # Root's own file, in root's directories: ok. The login's own: a warning.
+    root_file = IDENT + "AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n"
+    locked = result("/etc/ssh/authorized_keys/chatops\tlocked\n")
+    ok = judge(probe, Answer(results=(result(root_file), locked)), s)
+    assert ok.outcome == Outcome.OK and "cannot change them" in ok.detail
+    own = result("/home/chatops/.ssh/authorized_keys\towned /home/chatops/.ssh\n"
+                 "/home/chatops/.ssh/authorized_keys2\twritable /home/chatops/.ssh\n")
+    warn = judge(probe, Answer(results=(result(IDENT + DEBIAN), own)), s)
+    assert warn.outcome == Outcome.WARN and "it owns /home/chatops/.ssh" in warn.detail
+    assert "AuthorizedKeysFile /etc/ssh/authorized_keys/%u" in warn.fix
+    # A file the second read did not answer for is not taken as locked.
+    unread = judge(probe, Answer(results=(result(root_file),)), s)
+    assert unread.outcome == Outcome.WARN and "not checked" in unread.detail
+
+
+def test_the_key_file_check_reads_real_permissions() -> None:
+    # KEY_FILE_SCRIPT run for real as an ordinary account (nobody): a root file in root's
+    # directories, a directory of its own, and a sticky world-writable one (a root file
+    # there cannot be replaced by another account, a new name can be added).
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root to run the check as another account")
+    base = Path(tempfile.mkdtemp(prefix="chatops-keys-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "root").mkdir(mode=0o755)
+        (base / "root" / "keys").write_text("x\n")
+        (base / "own").mkdir()
+        shutil.chown(base / "own", "nobody")
+        (base / "sticky").mkdir()
+        (base / "sticky").chmod(0o1777)
+        (base / "sticky" / "keys").write_text("x\n")
+        paths = [str(base / "root" / "keys"), str(base / "sticky" / "keys"),
+                 str(base / "sticky" / "missing"), str(base / "own" / "keys")]
+        r = subprocess.run(["runuser", "-u", "nobody", "--", "/bin/sh", "-c", KEY_FILE_SCRIPT,
+                            "sh", *paths], capture_output=True, text=True, check=False)
+    finally:
+        shutil.rmtree(base)
+    said = dict(line.split("\t") for line in r.stdout.splitlines())
+    assert [said[p] for p in paths] == ["locked", "locked", f"writable {base}/sticky",
+                                        f"owned {base}/own"], said
+
+
 def result(stdout: str, status: int = 0, stderr: str = "") -> CommandResult:
     return CommandResult(argv=("x",), exit_status=status, stdout=stdout, stderr=stderr,
                          duration_s=0.0)
@@ -485,7 +563,7 @@ def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
     names = [(p.service, p.name) for p in probes(s, ["gpu-node-1"])]
     assert names == [(None, "login account"), (None, "tcp"), (None, "host key"),
                      (None, "ssh login"), (None, "sudo -l"), (None, "sudo PATH"),
-                     (None, "nvidia-smi"),
+                     (None, "authorized_keys"), (None, "nvidia-smi"),
                      ("kimi-k25", "sudo rules"), ("kimi-k25", "uv"), ("kimi-k25", "unit"),
                      ("kimi-k25", "venv"), ("kimi-k25", "health"), ("kimi-k25", "disk")]
     # Only reading commands: nothing that stops, starts, installs or writes.

@@ -136,8 +136,11 @@ class NonRootKit(SimKit):
     ``tool(name)`` (absolute paths, for the settings and the sudoers rules)."""
 
     def __init__(self, root: Path, *, who: Accounts, python: str, tree: Path,
-                 path_first: Path | None = None, **kwargs: Any) -> None:
-        """``path_first``: a directory the login puts first in its PATH (its own tools)."""
+                 path_first: Path | None = None, keys_in_home: bool = False,
+                 **kwargs: Any) -> None:
+        """``path_first``: a directory the login puts first in its PATH (its own tools).
+        ``keys_in_home``: sshd reads the key from the login's own ~/.ssh/authorized_keys
+        (OpenSSH's default place) instead of a file root owns."""
         super().__init__(root, access="sshd", user=who.login, **kwargs)
         self.who = who
         self.sim_python = python
@@ -145,6 +148,9 @@ class NonRootKit(SimKit):
         self.tools = self.root / "tools"
         self.home = root.parent / "home" / who.login
         self.path_first = path_first
+        self.keys_in_home = keys_in_home
+        if keys_in_home:
+            self.authorized_keys = self.home / ".ssh" / "authorized_keys"
 
     def tool(self, name: str) -> str:
         return str(self.tools / name)
@@ -183,6 +189,7 @@ class NonRootKit(SimKit):
     async def start(self) -> NonRootKit:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
+        self.authorized_keys.parent.mkdir(mode=0o700, exist_ok=True)
         # Bytecode beside the copy, by the interpreter the tools run: the accounts cannot
         # write __pycache__ there, so each tool call would compile every module it imports.
         _checked(self.sim_python, "-m", "compileall", "-q", str(self.tree))
@@ -204,6 +211,9 @@ class NonRootKit(SimKit):
         self.authorized_keys.write_text(
             f'restrict,port-forwarding,permitopen="127.0.0.1:{self.service_port}",'
             f'from="127.0.0.1" {key}\n')
+        if self.keys_in_home:  # the login's own file, as ssh-copy-id leaves it
+            _checked("chown", "-R", f"{self.who.login}:{self.who.login}",
+                     str(self.authorized_keys.parent))
         return self
 
     def service_settings(self, hosts: Any = None, **overrides: Any) -> dict[str, Any]:
@@ -213,7 +223,10 @@ class NonRootKit(SimKit):
             "kill": self.tool("kill"), "venv_user": self.who.owner, **overrides})
 
     def host_settings(self, **overrides: Any) -> dict[str, Any]:
-        return super().host_settings(**{"become": "sudo", **overrides})
+        # doctor reads the AuthorizedKeysFile of the sshd that serves this host.
+        return super().host_settings(**{"become": "sudo",
+                                        "sshd_config": str(self.root / "sshd" / "sshd_config"),
+                                        **overrides})
 
 
 # What a fixed script run with rights could find by name: the simulated tools, and the
