@@ -487,9 +487,16 @@ DEBIAN = ("Include /etc/ssh/sshd_config.d/*.conf\n#AuthorizedKeysFile\t.ssh/auth
     (DEBIAN, ("/home/chatops/.ssh/authorized_keys", "/home/chatops/.ssh/authorized_keys2")),
     ("AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n" + DEBIAN,
      ("/etc/ssh/authorized_keys/chatops",)),
-    # The first one sshd reads wins; one under a Match may apply too, so it counts.
+    # The README's way: a Match block for the login overrides the global default.
+    (DEBIAN + "Match User chatops\n    AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n",
+     ("/etc/ssh/authorized_keys/chatops",)),
+    (DEBIAN + "Match User alice,bob\n    AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n"
+     "Match User *,!chatops\n    AuthorizedKeysFile /x/%u\n",
+     ("/home/chatops/.ssh/authorized_keys", "/home/chatops/.ssh/authorized_keys2")),
+    # The first one sshd reads wins; one under a Match that depends on more than the
+    # user may apply too, so it counts.
     ("AuthorizedKeysFile=/etc/ssh/keys/%U %h/.ssh/extra\nAuthorizedKeysFile .ssh/x\n"
-     "Match User chatops\n    AuthorizedKeysFile \"/srv/keys/%u\"\n",
+     "Match Address 10.1.230.10\n    AuthorizedKeysFile \"/srv/keys/%u\"\n",
      ("/etc/ssh/keys/998", "/home/chatops/.ssh/extra", "/srv/keys/chatops")),
     ("authorizedkeysfile none\n", ()),
 ])

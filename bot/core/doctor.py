@@ -10,6 +10,7 @@ reads: a TCP connect, the host key the server presents, ``id -un``, ``sudo -n -l
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -394,9 +395,10 @@ def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
 # account that can write the file sshd reads them from can add a key without them. So
 # that file should be root's (README: AuthorizedKeysFile /etc/ssh/authorized_keys/%u).
 # Read as the login itself, changing nothing: who it is, and sshd's configuration with
-# its Include files in place (sshd takes the first AuthorizedKeysFile it reads; one under
-# a Match may apply too, so it is checked as well); then, for each file that names, the
-# first of it and the directories above it the login owns or can write.
+# its Include files in place (sshd takes the first AuthorizedKeysFile it reads; a `Match
+# User` block for the login overrides it; one under a Match that depends on more than
+# the user may apply, so it is checked as well); then, for each file named, the first of
+# it and the directories above it the login owns or can write.
 SSHD_KEYS_SCRIPT = (
     'printf "%s %s %s\\n" "$(id -un)" "$(id -u)" "$HOME"; base=${1%/*}; '
     # `local` (dash and bash): each level of Include keeps its own file and line.
@@ -442,21 +444,28 @@ def key_files(text: str) -> KeyFiles:
     if len(ident) != 3 or not ident[2].startswith("/"):
         return KeyFiles("", unknown="the login's name and home were not read")
     user, uid, home = ident
-    first: str | None = None
-    conditional: list[str] = []
-    matching = False
+    first: str | None = None  # the global section's
+    matched: str | None = None  # the first Match block that applies to the login
+    maybe: list[str] = []  # Match blocks that may apply: checked too
+    block: bool | None = True  # the section we are in applies (None: may)
+    in_match = False
     for raw in lines[1:]:
         if raw.startswith("#chatops-unreadable "):
             return KeyFiles(user, unknown=f"{user} cannot read {raw.split(' ', 1)[1]}")
         key, value = _keyword(raw)
         if key == "match":
-            matching = True
-        elif key == "authorizedkeysfile" and matching:
-            conditional.append(value)
-        elif key == "authorizedkeysfile" and first is None:
+            in_match, block = True, _match_applies(value, user)
+        elif key != "authorizedkeysfile" or block is False:
+            continue
+        elif block is None:
+            maybe.append(value)
+        elif in_match and matched is None:
+            matched = value
+        elif not in_match and first is None:
             first = value
     files: list[str] = []
-    for token in " ".join([first or _DEFAULT_KEY_FILES, *conditional]).split():
+    chosen = matched if matched is not None else first or _DEFAULT_KEY_FILES
+    for token in " ".join([chosen, *maybe]).split():
         token = token.strip('"')
         if token.lower() == "none":
             continue
@@ -467,6 +476,21 @@ def key_files(text: str) -> KeyFiles:
                             "cannot expand")
         files.append(expanded if expanded.startswith("/") else f"{home}/{expanded}")
     return KeyFiles(user, tuple(dict.fromkeys(files)))
+
+
+def _match_applies(criteria: str, user: str) -> bool | None:
+    """Whether a ``Match`` line applies to ``user``: its keywords then override the
+    global ones (sshd_config(5)). None when that depends on more than the user (an
+    address, a group...)."""
+    words = criteria.replace("=", " ").split()
+    if [w.lower() for w in words] == ["all"]:
+        return True
+    if len(words) != 2 or words[0].lower() != "user":
+        return None
+    patterns = words[1].split(",")
+    if any(p.startswith("!") and fnmatch.fnmatchcase(user, p[1:]) for p in patterns):
+        return False
+    return any(not p.startswith("!") and fnmatch.fnmatchcase(user, p) for p in patterns)
 
 
 def _check_key_files(results: tuple[CommandResult, ...]) -> tuple[tuple[Argv, Privilege], ...]:
