@@ -461,7 +461,8 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) is needed to fix the script's PID")
     with workspace() as base, accounts(base) as who:
-        svc = ServiceSettings(hosts=["h"], unit="u", python=f"{base}/venv/bin/python")
+        svc = ServiceSettings(hosts=["h"], unit="u", python=f"{base}/venv/bin/python",
+                              uv="/bin/true")
         state, lock = Path(remote.state_dir(svc)), remote.lock_path(svc, "ab" * 32)
         victim = base / "victim"
         victim.write_text("root's own file\n")
@@ -476,6 +477,11 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
         assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
         assert victim.read_text() == "root's own file\n"
         assert not Path(lock).exists()
+        # The prefetch's throwaway venv (a name with the shell's PID) is not made there
+        # either.
+        r = subprocess.run(["unshare", "--pid", "--fork", *remote.prefetch(svc, None)],
+                           input="", capture_output=True, text=True, check=False)
+        assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
 
         # Root's own .chatops with a stray link at that name (unusual, harmless): the
         # snapshot is written, through a name mktemp made, and the link's target is not.

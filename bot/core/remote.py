@@ -235,7 +235,8 @@ PREFETCH_SCRIPT = (
     # it), else as the login's own PATH finds it (become = "none": that account's own);
     # found before PATH is fixed, and nothing after is found through the caller's PATH.
     'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; ' + SAFE_PRELUDE +
-    'set -f; t="$1.$$"; py=$3; dir=${1%/*}; ' + _OWN_DIR + 'set -e; '
+    'set -f; t="$1.$$"; py=$3; dir=${1%/*}; (umask 077; mkdir -p -- "$dir") || exit 1; '
+    + _OWN_DIR + 'set -e; '
     "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
     '"$uv" venv --quiet --python "$py" "$t"; '
     '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin'
