@@ -119,6 +119,9 @@ class HostSettings(_Section):
     # sudoers`). "none": every command runs as `user` itself (root, or an account that
     # owns the unit and the venv).
     become: Literal["none", "sudo"] = "none"
+    # Where the host's sshd reads its configuration: `doctor` reads its AuthorizedKeysFile
+    # there to tell whether the login could change its own key's restrictions.
+    sshd_config: str = "/etc/ssh/sshd_config"
 
     @field_validator("key_file", "known_hosts")
     @classmethod
@@ -147,6 +150,11 @@ class ServiceSettings(_Section):
     # Under `become = "sudo"` these must be absolute: the sudoers rules name them.
     systemctl: str = "systemctl"
     journalctl: str = "journalctl"
+    # What the leftover-worker script (run as root) reads processes with and signals
+    # them with: absolute, as root must never find a tool through a PATH someone else
+    # set (issue 17, F1); where Debian 12, Ubuntu and RHEL put them.
+    ps: str = "/usr/bin/ps"
+    kill: str = "/usr/bin/kill"
     # The account that owns the venv: installs run as `sudo -n -u <venv_user>` on hosts
     # with `become = "sudo"`. None: the login user installs (it owns the venv).
     venv_user: str | None = None
@@ -233,6 +241,14 @@ class ServiceSettings(_Section):
     def _path(cls, v: str) -> str:
         if not v or any(c.isspace() for c in v) or v.startswith("-"):
             raise ValueError(f"{v!r} is not a usable path")
+        return v
+
+    @field_validator("ps", "kill")
+    @classmethod
+    def _root_tool(cls, v: str) -> str:
+        if not SUDO_PATH_RE.match(v):
+            raise ValueError(f"{v!r}: must be an absolute path (root runs it; find it with "
+                             "`command -v` on the host)")
         return v
 
     @field_validator("python")

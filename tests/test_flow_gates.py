@@ -116,7 +116,7 @@ def test_a_running_unit_that_is_not_ready_is_never_called_down() -> None:
     h = Host(models=wrong)
     out = run(h, "restart", svc=READY)
     assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
-    assert h.calls[-1] == ("systemctl", "is-active", "--", "vllm-kimi-k25")
+    assert h.calls[-1] == ("systemctl", "is-active", "--no-pager", "--", "vllm-kimi-k25")
     h = Host(unit_dies=True)
     out = run(h, "restart")
     assert out.summary.endswith("is failed after start. The service is DOWN."), out.summary

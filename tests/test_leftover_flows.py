@@ -33,12 +33,14 @@ class Leftover(Host):
         self.signals: list[tuple[str, ...]] = []
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
-        if a[:2] == ("sh", "-c") and a[6:7] in (("TERM",), ("KILL",)):
-            assert a[4:6] == ("systemctl", "vllm-kimi-k25.service")  # what the rule fixes
+        if a[:2] == ("/bin/sh", "-c") and a[8:9] in (("TERM",), ("KILL",)):
+            # What the rule fixes: the tools' absolute paths and the unit.
+            assert a[4:8] == ("systemctl", "/usr/bin/ps", "/usr/bin/kill",
+                              "vllm-kimi-k25.service")
             if self.host_refuses:  # the host's own judgement of the PID differs
                 return ok(a, "48304 refused\n")
-            self.signals.append(a[6:])
-            self.alive = self.alive and a[6] not in self.dies_on
+            self.signals.append(a[8:])
+            self.alive = self.alive and a[8] not in self.dies_on
             return ok(a, "48304 sent\n")
         if a[:3] == ("env", "LC_ALL=C", "ps"):
             if not self.alive:

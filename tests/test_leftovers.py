@@ -118,6 +118,26 @@ def test_the_signal_script_signals_a_pid_only_with_its_start_time(
     assert worker.wait(timeout=10) == -signal.SIGTERM
 
 
+def test_the_signal_script_finds_no_tool_through_the_callers_path(
+        worker: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    # Issue 17, F1: the script runs as root, and where sudo keeps the caller's PATH
+    # (`Defaults !secure_path`) a `ps` or `kill` the login put first would run as root.
+    # Here the caller's PATH starts with such tools; the script runs the real ones only.
+    me = parse_facts(run(facts_query([worker.pid])).stdout)[worker.pid]
+    own, marker = tmp_path / "own", tmp_path / "ran"
+    own.mkdir()
+    for name in ("ps", "kill", "env", "echo", "cat", "sh"):
+        (own / name).write_text(f"#!/bin/sh\necho {name} >> {shlex.quote(str(marker))}\n"
+                                f'exec /usr/bin/{name} "$@"\n')
+        (own / name).chmod(0o755)
+    argv = signal_command("TERM", [me], unit_holding(me), systemctl_saying(tmp_path, me.user))
+    r = subprocess.run(argv, capture_output=True, text=True, check=False,
+                       env={"PATH": f"{own}:/usr/bin:/bin", "LC_ALL": "C"})
+    assert parse_signalled(r.stdout) == {worker.pid: "sent"}, r.stderr
+    assert worker.wait(timeout=10) == -signal.SIGTERM
+    assert not marker.exists(), marker.read_text()
+
+
 def test_the_signal_script_refuses_a_process_that_is_not_the_units(
         sleeper: subprocess.Popen[bytes], worker: subprocess.Popen[bytes],
         tmp_path: Path) -> None:
@@ -139,10 +159,10 @@ def test_the_signal_script_refuses_a_process_that_is_not_the_units(
     # other than TERM or KILL.
     systemctl = systemctl_saying(tmp_path, vllm.user)
     script = signal_command("KILL", [vllm], elsewhere, systemctl)
-    r = run((*script[:7], "1:x", "-1:x", "$(id):x", "01:x", "0:x", "*:x"))
+    r = run((*script[:9], "1:x", "-1:x", "$(id):x", "01:x", "0:x", "*:x"))
     assert r.stdout.splitlines() == ["1 refused", "-1 refused", "$(id) refused", "01 refused",
                                      "0 refused", "* refused"]
-    r = run((*script[:6], "HUP", f"{worker.pid}:{vllm.started}"))
+    r = run((*script[:8], "HUP", f"{worker.pid}:{vllm.started}"))
     assert r.returncode == 2 and r.stdout == ""
     assert sleeper.poll() is None and worker.poll() is None
 
@@ -159,11 +179,12 @@ def test_nothing_but_validated_pids_and_start_times_reach_the_script(bad: object
 
 
 def test_the_script_is_fixed_and_the_targets_are_arguments() -> None:
-    argv = signal_command("KILL", [facts(), facts(pid=48305)], UNIT, "/usr/bin/systemctl")
-    assert argv[:3] == ("sh", "-c", signal_command("TERM", [facts()], "other")[2])
-    # What the sudoers rule fixes (systemctl, the unit, the signal), then the targets.
-    assert argv[3:] == ("sh", "/usr/bin/systemctl", f"{UNIT}.service", "KILL",
-                        f"48304:{STARTED}", f"48305:{STARTED}")
+    argv = signal_command("KILL", [facts(), facts(pid=48305)], UNIT, "/usr/bin/systemctl",
+                          ps="/bin/ps", kill="/bin/kill")
+    assert argv[:3] == ("/bin/sh", "-c", signal_command("TERM", [facts()], "other")[2])
+    # What the sudoers rule fixes (the tools' paths, the unit, the signal), then the targets.
+    assert argv[3:] == ("sh", "/usr/bin/systemctl", "/bin/ps", "/bin/kill", f"{UNIT}.service",
+                        "KILL", f"48304:{STARTED}", f"48305:{STARTED}")
 
 
 # --------------------------------------------------------------------------- whose

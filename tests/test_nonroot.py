@@ -7,6 +7,7 @@ refuses an ordinary account (tests/support/nonroot.py).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -17,12 +18,19 @@ import pytest
 
 from bot.cli.main import doctor
 from bot.core import remote
-from bot.core.leftovers import facts_query, parse_facts, parse_signalled, signal_command
+from bot.core.leftovers import (
+    Approval,
+    facts_query,
+    parse_facts,
+    parse_signalled,
+    signal_command,
+)
 from bot.core.privilege import Privilege
-from bot.core.status import Action, RunStatus
+from bot.core.status import Action, Decision, RunStatus
 from bot.core.sudoers import grants, render
-from bot.engine.runtime import open_runtime
-from bot.settings import Settings
+from bot.engine.leftover_gate import LeftoverRequest
+from bot.engine.runtime import Runtime, open_runtime
+from bot.settings import ServiceSettings, Settings
 from bot.sim.kit import SERVICE, fast_config
 from bot.sim.sshd import free_port
 from bot.sim.state import DEFAULT_VERSION
@@ -30,6 +38,8 @@ from tests.support.nonroot import (
     NonRootKit,
     accounts,
     copy_sim,
+    marked,
+    plant_tools,
     require_root_and_sudo,
     sudoers_installed,
     usable_python,
@@ -164,6 +174,9 @@ async def test_doctor_passes_a_correct_non_root_setup(
         assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running), runs as vllm"
         assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
         assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
+        # sshd reads the key from a file root owns (the kit's own sshd_config says which).
+        keys = only(checks, "authorized_keys", None)["detail"]
+        assert keys.startswith("sshd reads ") and "cannot change them" in keys
         # The table form, as a person reads it.
         assert await doctor(settings, SERVICE, as_json=False) == 0
         assert "all checks passed" in capsys.readouterr().out
@@ -238,6 +251,9 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
         for argv in ([ctl, "stop", "--", "ssh"], [ctl, "stop", "--", unit, "ssh"],
                      [ctl, "--now", "stop", "--", unit], [ctl, "edit", "--", unit],
                      [ctl, "stop", "--", f"{unit} ssh"],
+                     # The lines before --no-pager (issue 17, F10): no rule is left for them.
+                     [ctl, "stop", "--", unit], [ctl, "show", "-p", remote.UNIT_PROPERTIES,
+                                                 "--", unit],
                      [jctl, "-u", unit, "-n", "1001", "--no-pager"],
                      [jctl, "-u", unit, "-n", "5", "-u", "ssh", "--no-pager"],
                      ["/bin/sh", "-c", "id"], ["/usr/bin/id"]):
@@ -258,14 +274,17 @@ async def test_the_signal_rule_cannot_reach_a_process_outside_the_unit(
         host: NonRootKit, tmp_path: Path) -> None:
     # The rule's wildcard takes any PID: whoever holds the bot's key could name sshd. The
     # fixed script re-judges on the host, as root, and refuses what is not the unit's.
-    settings = settings_of(host, tmp_path)
+    # The real ps and kill (the victim is a real process, which the simulated ones do
+    # not see).
+    settings = settings_of(host, tmp_path, ps="/usr/bin/ps", kill="/usr/bin/kill")
     svc = settings.services[SERVICE]
     victim = subprocess.Popen(["sleep", "60"], start_new_session=True)  # root's, no unit
     try:
         (facts,) = parse_facts(subprocess.run(facts_query([victim.pid]), capture_output=True,
                                               text=True, check=True).stdout).values()
         with sudoers_installed(render(settings, host.who.login)):
-            script = signal_command("KILL", [facts], svc.unit, svc.systemctl)
+            script = signal_command("KILL", [facts], svc.unit, svc.systemctl, ps=svc.ps,
+                                    kill=svc.kill)
             assert sudo_allows(host.who.login, script)  # the rule lets the call through
             r = subprocess.run(["runuser", "-u", host.who.login, "--", "sudo", "-n", "--",
                                 *script], capture_output=True, text=True, check=False,
@@ -304,3 +323,194 @@ async def test_doctor_warns_about_rights_beyond_the_rules(
     listing = only(checks, "sudo -l", None)
     assert listing["result"] == "warn" and "may run any command" in listing["detail"]
     assert code == 0  # a warning is no failure: the bot works, with more than it needs
+
+
+# ---- issue 17: what runs with rights finds nothing through the login's PATH --------------
+
+
+class Terminate:
+    """An approver at the leftover gate who lets the run terminate (as the front ends
+    record it)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.asked = 0
+
+    async def ask(self, request: LeftoverRequest) -> Approval:
+        self.asked += 1
+        await self.rt.audit.record_decision(request.run_id, "U0BOB", Decision.TERMINATE)
+        return Approval("U0BOB")
+
+
+def without_safe_path(text: str) -> str:
+    """The drop-in without its `Defaults!<alias> ... secure_path` lines (an older one, or
+    one an admin edited), on a host whose sudo keeps the login's PATH for it: upstream
+    sudo's default, `Defaults !secure_path`, here for the test's login only."""
+    kept = [line for line in text.splitlines()
+            if not (line.startswith("Defaults!") and "secure_path" in line)]
+    assert len(kept) < len(text.splitlines())
+    return "\n".join(kept) + "\n"
+
+
+@pytest.fixture
+async def planted() -> AsyncIterator[tuple[NonRootKit, Path]]:
+    """A host whose login has its own ps, kill, env, cat, mkdir... first in its PATH, each
+    writing who ran it to a marker file (tests/support/nonroot.plant_tools)."""
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        own = base / "home" / who.login / "bin"
+        marker = base / "marker"
+        plant_tools(own, marker, base / "host" / "tools", who.login)
+        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
+                         tree=copy_sim(base / "sim"), config=fast_config(), path_first=own)
+        try:
+            yield await kit.start(), marker
+        finally:
+            await kit.close()
+
+
+async def test_the_leftover_kill_never_runs_a_tool_from_the_logins_path(
+        planted: tuple[NonRootKit, Path], tmp_path: Path) -> None:
+    # Issue 17, F1: the root script used to call ps, env and kill by name; where sudo keeps
+    # the caller's PATH, the login's own `ps` ran as root. Even without the drop-in's
+    # secure_path lines, nothing run as root or as the venv's owner finds one.
+    host, marker = planted
+    settings = settings_of(host, tmp_path, drain_timeout_s=1.0)
+    rules = without_safe_path(render(settings, host.who.login))
+    host.set_faults(orphan_workers=True)
+    with sudoers_installed(rules + f"Defaults:{host.who.login} !secure_path\n"):
+        async with open_runtime(settings) as rt:
+            gate = Terminate(rt)
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", gate=gate)
+    assert result.status == RunStatus.SUCCEEDED, out
+    # The root script ran and signalled the unit's leftover workers (with the host's kill)...
+    assert gate.asked == 1 and {sig for sig, _ in host.signalled()} == {"TERM"}
+    # ...the snapshot was written by the owner's script...
+    assert list((host.venv_dir.parent / ".chatops").glob("*.freeze.txt"))
+    # ...and no planted tool ran as anyone but the login (which did run its own).
+    runs = marked(marker)
+    assert ("root", "ps") not in runs and ("root", "kill") not in runs
+    assert {who for who, _ in runs} == {host.who.login}, runs
+
+
+async def test_doctor_fails_where_sudo_would_keep_the_logins_path(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_of(host, tmp_path)
+    login = host.who.login
+    keeps = f"Defaults:{login} !secure_path\n"
+    with sudoers_installed(without_safe_path(render(settings, login)) + keeps):
+        code, checks = await doctor_json(settings, capsys)
+    path = only(checks, "sudo PATH", None)
+    assert code == 1 and path["result"] == "fail", path
+    assert f"sudo keeps {login}'s own PATH" in path["detail"]
+    assert "secure_path" in path["fix"]
+    # The drop-in as printed: its own Defaults win over the host's `!secure_path`.
+    with sudoers_installed(render(settings, login) + keeps):
+        code, checks = await doctor_json(settings, capsys)
+    path = only(checks, "sudo PATH", None)
+    assert path["result"] == "ok" and "/usr/sbin:/usr/bin:/sbin:/bin" in path["detail"], path
+    assert code == 0, checks
+
+
+async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
+        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17, F2: the venv's owner (a compromised model server) can write a .pth file
+    # into site-packages, and it runs whenever the venv's interpreter starts: at the
+    # import gate, and when uv starts it to learn about it (freeze, show). Run as the
+    # login, that code would hold the login's root rules and its authorized_keys.
+    marker = host.root.parent / "pth-ran"
+    marker.touch()
+    marker.chmod(0o666)
+    site = host.venv_dir / "lib" / "python3.12" / "site-packages"
+    line = f"import os; os.system('/usr/bin/id -un >> {marker}')\n"
+    r = subprocess.run(["runuser", "-u", host.who.owner, "--", "sh", "-c",
+                        'mkdir -p "$1" && printf %s "$2" > "$1/zz_owner.pth"', "sh",
+                        str(site), line], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    settings = settings_of(host, tmp_path)
+    with sudoers_installed(render(settings, host.who.login)):
+        async with open_runtime(settings) as rt:
+            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+        assert result.status == RunStatus.SUCCEEDED, out
+        ran = marker.read_text().split()
+        # It ran (the freeze, the show, the gate, the installs)...
+        assert len(ran) >= 4
+        # ...and only ever as the venv's owner.
+        assert set(ran) == {host.who.owner}, ran
+        # So does doctor's read of the venv.
+        code, checks = await doctor_json(settings, capsys)
+        assert code == 0, checks
+    ran = marker.read_text().split()
+    assert set(ran) == {host.who.owner}, ran
+
+
+def save_in_new_pid_namespace(svc: ServiceSettings, lock: str,
+                              text: str) -> subprocess.CompletedProcess[str]:
+    """The snapshot's save script run as root (user = "root", become = "none") as the
+    first process of a PID namespace of its own: its $$ is then 1, so the name the old
+    script wrote through ("<lock>.tmp.$$") is known in advance, as an attacker who
+    counts PIDs would guess it."""
+    return subprocess.run(["unshare", "--pid", "--fork", *remote.save_lock(svc, lock)],
+                          input=text, capture_output=True, text=True, check=False)
+
+
+async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
+    # Issue 17, F8: in root mode the snapshot's `cat > "$2.tmp.$$"` followed a link the
+    # venv's owner planted in a .chatops it owns (the README's own layout for sudo hosts).
+    require_root_and_sudo()
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to fix the script's PID")
+    with workspace() as base, accounts(base) as who:
+        svc = ServiceSettings(hosts=["h"], unit="u", python=f"{base}/venv/bin/python",
+                              uv="/bin/true")
+        state, lock = Path(remote.state_dir(svc)), remote.lock_path(svc, "ab" * 32)
+        victim = base / "victim"
+        victim.write_text("root's own file\n")
+        freeze = "vllm==0.16.0\n"
+
+        # The owner's .chatops, with a link at the old name: refused, nothing written.
+        state.mkdir()
+        subprocess.run(["chown", f"{who.owner}:{who.owner}", str(state)], check=True)
+        subprocess.run(["runuser", "-u", who.owner, "--", "ln", "-s", str(victim),
+                        f"{lock}.tmp.1"], check=True)
+        r = save_in_new_pid_namespace(svc, lock, freeze)
+        assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
+        assert victim.read_text() == "root's own file\n"
+        assert not Path(lock).exists()
+        # The prefetch's throwaway venv (a name with the shell's PID) is not made there
+        # either.
+        r = subprocess.run(["unshare", "--pid", "--fork", *remote.prefetch(svc, None)],
+                           input="", capture_output=True, text=True, check=False)
+        assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
+
+        # Root's own .chatops with a stray link at that name (unusual, harmless): the
+        # snapshot is written, through a name mktemp made, and the link's target is not.
+        subprocess.run(["chown", "root:root", str(state)], check=True)
+        r = save_in_new_pid_namespace(svc, lock, freeze)
+        assert r.returncode == 0, r.stderr
+        assert Path(lock).read_text() == freeze and not Path(lock).is_symlink()
+        assert (Path(lock).stat().st_mode & 0o777) == 0o600
+        assert victim.read_text() == "root's own file\n"
+
+
+async def test_doctor_warns_when_the_login_can_change_its_own_authorized_keys(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17, F2: the key entry's restrict, from= and permitopen= bound the bot's key;
+    # if sshd reads it from a file the login owns (~/.ssh/authorized_keys, OpenSSH's
+    # default), code running as the login can add a key without them.
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
+                         tree=copy_sim(base / "sim"), config=fast_config(), keys_in_home=True)
+        try:
+            await kit.start()
+            settings = settings_of(kit, tmp_path)
+            with sudoers_installed(render(settings, who.login)):
+                code, checks = await doctor_json(settings, capsys)
+        finally:
+            await kit.close()
+    keys = only(checks, "authorized_keys", None)
+    assert keys["result"] == "warn", keys
+    assert f"{kit.home}/.ssh/authorized_keys" in keys["detail"] and "it owns" in keys["detail"]
+    assert "AuthorizedKeysFile /etc/ssh/authorized_keys/%u" in keys["fix"]
+    assert code == 0  # the bot works; its key can do more than it should

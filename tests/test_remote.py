@@ -58,10 +58,11 @@ def test_systemctl_reads_the_unit_after_the_end_of_options() -> None:
     # "--" ends getopt's options, so even a unit that reached here starting with "-"
     # would be a unit (systemd 252: `systemctl stop -- --now.service` is accepted).
     svc = _service("vllm-kimi-k25")
-    assert unit_show(svc) == ("systemctl", "show", "-p", UNIT_PROPERTIES, "--",
+    assert unit_show(svc) == ("systemctl", "show", "-p", UNIT_PROPERTIES, "--no-pager", "--",
                               "vllm-kimi-k25")
-    assert unit_is_active(svc) == ("systemctl", "is-active", "--", "vllm-kimi-k25")
-    assert unit_stop(svc) == ("systemctl", "stop", "--", "vllm-kimi-k25")
-    assert unit_start(svc) == ("systemctl", "start", "--", "vllm-kimi-k25")
+    assert unit_is_active(svc) == ("systemctl", "is-active", "--no-pager", "--",
+                                   "vllm-kimi-k25")
+    assert unit_stop(svc) == ("systemctl", "stop", "--no-pager", "--", "vllm-kimi-k25")
+    assert unit_start(svc) == ("systemctl", "start", "--no-pager", "--", "vllm-kimi-k25")
     # journalctl takes the unit as the value of -u, whatever it starts with.
     assert journal_tail(svc, 5) == ("journalctl", "-u", "vllm-kimi-k25", "-n", "5", "--no-pager")

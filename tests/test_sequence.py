@@ -265,11 +265,11 @@ class Host:
         if a[1:3] == ("pip", "freeze"):
             return ok(a, f"numpy==2.2.6\ntorch=={self.torch}\nvllm=={self.version}\n"
                       ) if self.freeze_ok else ok(a, stderr="error: broken venv", status=2)
-        if a[:3] == ("sh", "-c", remote.SAVE_FROM_STDIN):
+        if a[:3] == ("/bin/sh", "-c", remote.SAVE_FROM_STDIN):
             return ok(a) if self.save_ok else ok(
                 a, stderr="sh: 1: cannot create /opt/venvs/.chatops/x: Read-only file system",
                 status=2)
-        if a[:3] == ("sh", "-c", remote.PREFETCH_SCRIPT):
+        if a[:3] == ("/bin/sh", "-c", remote.PREFETCH_SCRIPT):
             return ok(a, stderr="Downloading torch (880.0MiB)\n Downloaded torch\n"
                       ) if self.prefetch_ok else ok(
                 a, stderr="error: Failed to download `torch==2.10.0`", status=2)

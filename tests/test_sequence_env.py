@@ -37,7 +37,7 @@ def test_preflight_records_the_snapshot_and_the_planned_change() -> None:
     [snap] = packages(h, EnvKind.SNAPSHOT)
     assert snap.freeze == f"numpy==2.2.6\ntorch==2.9.1\nvllm=={OLD}\n"
     assert snap.lock is not None and snap.lock.startswith("/opt/venvs/.chatops/vllm-")
-    save = next(a for a in h.calls if a[:2] == ("sh", "-c") and a[-1] == snap.lock)
+    save = next(a for a in h.calls if a[:2] == ("/bin/sh", "-c") and a[-1] == snap.lock)
     assert save[-2] == "/opt/venvs/.chatops"
     [planned] = packages(h, EnvKind.PLANNED)
     assert planned.diff is not None
@@ -54,7 +54,7 @@ def test_a_dry_run_reports_the_change_and_writes_nothing() -> None:
     out = run(h, version="0.16.0", dry_run=True)
     assert out.status == "succeeded"
     assert "torch 2.9.1 → 2.10.0" in out.summary
-    assert not any(a[:2] == ("sh", "-c") for a in h.calls)  # no snapshot saved, no prefetch
+    assert not any(a[:2] == ("/bin/sh", "-c") for a in h.calls)  # no snapshot saved, no prefetch
     assert packages(h, EnvKind.SNAPSHOT)[0].lock is None
 
 
@@ -94,7 +94,7 @@ def test_prefetch_runs_before_the_stop_with_the_pinned_set_on_stdin() -> None:
     assert names.index("prefetch") < names.index("stop")
     fetched = ended(h, Step.PREFETCH)
     assert fetched.ok and "3 packages in uv's cache, 880.0 MiB downloaded" in fetched.summary
-    prefetch = next(a for a, _ in h.index_env if a[:2] == ("sh", "-c") and "venv" in a[2])
+    prefetch = next(a for a, _ in h.index_env if a[:2] == ("/bin/sh", "-c") and "venv" in a[2])
     assert prefetch[-3:] == ("/opt/venvs/.chatops/prefetch-vllm", "uv",
                              "/opt/venvs/vllm/bin/python")
 
@@ -264,6 +264,6 @@ def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:
     out = run(h, svc={"rollback_on_unhealthy": False}, version="0.16.0")
     assert out.status == "failed"
     assert "rollback_on_unhealthy is off" in out.summary
-    assert ("Roll back with: `systemctl stop -- vllm-kimi-k25 && uv pip sync --python "
+    assert ("Roll back with: `systemctl stop --no-pager -- vllm-kimi-k25 && uv pip sync --python "
             "/opt/venvs/vllm/bin/python --offline /opt/venvs/.chatops/vllm-") in out.summary
     assert verbs(h) == ["stop", "install", "start"]

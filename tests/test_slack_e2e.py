@@ -49,7 +49,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         card = await bot.card(record.id)
         text = blocks_text(card)
         for expected in ("gpu-node-1", "vllm-kimi-k25", "vllm==0.16.0", "<@U0ALICE>",
-                         "systemctl stop -- vllm-kimi-k25", "--force-reinstall"):
+                         "systemctl stop --no-pager -- vllm-kimi-k25", "--force-reinstall"):
             assert expected in text, expected
         assert buttons(card) == ["Approve", "Deny"]
         # Nothing but the card's read of the load touches the host before approval.

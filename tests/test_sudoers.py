@@ -8,17 +8,34 @@ tests/test_nonroot.py gets them from the live sudo again.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from bot.cli.main import main
 from bot.core import remote
-from bot.core.doctor import Answer, Kind, Outcome, Probe, judge, parse_sudo_list, passed, probes
-from bot.core.privilege import Command, Privilege, run_as_of, sudo_refusal
+from bot.core.doctor import (
+    KEY_FILE_SCRIPT,
+    Answer,
+    Kind,
+    Outcome,
+    Probe,
+    judge,
+    key_files,
+    parse_sudo_defaults,
+    parse_sudo_list,
+    passed,
+    probes,
+    secure_path_for,
+)
+from bot.core.leftovers import SIGNAL_SCRIPT, signal_command, unit_user_query
+from bot.core.privilege import SAFE_PRELUDE, Command, Privilege, run_as_of, sudo_refusal
 from bot.core.sudoers import (
     LOGS_MAX,
     Become,
@@ -103,11 +120,13 @@ def test_the_unit_and_its_journal_need_root_the_venv_its_owner_and_queries_nothi
     for argv in (remote.install_dry_run(svc, "vllm", None), remote.install(svc, "vllm", None),
                  remote.install(svc, "vllm==1.0", "https://x/simple"),
                  remote.install_previous(svc, "1.0", None),
-                 remote.sync_lock(svc, "/x.txt", offline=True)):
+                 remote.sync_lock(svc, "/x.txt", offline=True),
+                 # What runs the venv's interpreter, whose .pth files its owner writes
+                 # (issue 17, F2): as the owner too, never as the login.
+                 remote.package_show(svc), remote.freeze(svc), remote.import_gate(svc)):
         assert run_as_of(argv) == Privilege.VENV_OWNER, argv
-    for argv in (remote.package_show(svc), remote.free_disk(svc), remote.gpu_query(),
-                 remote.apps_query(), remote.workers_query(), remote.installs_query(svc),
-                 remote.freeze(svc)):
+    for argv in (remote.free_disk(svc), remote.gpu_query(), remote.apps_query(),
+                 remote.workers_query(), remote.installs_query(svc)):
         assert run_as_of(argv) == Privilege.NONE, argv
 
 
@@ -154,7 +173,7 @@ def test_a_refusal_names_the_rule_the_host_lacks() -> None:
     stop = remote.unit_stop(svc)
     why = b.refused(stop, Privilege.ROOT, 1, "sudo: a password is required\n")
     assert why is not None
-    assert "/usr/bin/systemctl stop -- vllm-kimi-k25" in why
+    assert "/usr/bin/systemctl stop --no-pager -- vllm-kimi-k25" in why
     assert "KIMI_K25_ROOT" in why and "python -m bot sudoers" in why
     pinned = remote.install(svc, "vllm==0.16.0", None)
     why = b.refused(pinned, Privilege.VENV_OWNER, 1, "sudo: a password is required\n")
@@ -215,7 +234,7 @@ def test_root_rules_have_no_wildcard_and_venv_rules_say_why_they_do() -> None:
     for g in grants(svc):
         assert g.line() in text
         wild = [p for p in g.pattern if isinstance(p, Wild)]
-        if g.run_as == Privilege.ROOT and g.sample[:2] != ("sh", "-c"):
+        if g.run_as == Privilege.ROOT and g.sample[:2] != ("/bin/sh", "-c"):
             # The unit's commands: no "*" anywhere, digits only for the journal's -n.
             assert all(set(p.glob) <= set("[]-0123456789") for p in wild), g.line()
         elif g.run_as == Privilege.ROOT:
@@ -227,6 +246,47 @@ def test_root_rules_have_no_wildcard_and_venv_rules_say_why_they_do() -> None:
     assert "also matches spaces" in text  # the comment that explains the choice
     assert "tok3n" not in text and "wheels.example.com" not in text
     assert alias("9-lives.a", Privilege.ROOT) == "S_9_LIVES_A_ROOT"
+
+
+def test_every_systemctl_and_journalctl_line_says_no_pager() -> None:
+    # Issue 17, F10: systemd before 247 ran its pager (less, which runs a shell) as root
+    # under sudo with a terminal (CVE-2023-26604). Every line the bot runs, and so every
+    # rule, says --no-pager before the unit.
+    svc = service()
+    built = [remote.unit_show(svc), remote.unit_is_active(svc), remote.unit_stop(svc),
+             remote.unit_start(svc), remote.journal_tail(svc, 5), remote.journal_cursor(svc),
+             remote.journal_follow(svc, None), remote.journal_follow(svc, "s=1;i=2"),
+             unit_user_query(svc.unit, svc.systemctl)]
+    built += [g.sample for g in grants(svc) if g.sample[0] in (svc.systemctl, svc.journalctl)]
+    assert len(built) > 9
+    for argv in built:
+        ends = argv.index("--") if "--" in argv else len(argv)
+        assert "--no-pager" in argv[:ends], argv
+    # And the systemctl the leftover script runs itself.
+    assert '"$systemctl" show -p User --value --no-pager -- "$unit"' in SIGNAL_SCRIPT
+
+
+def test_what_runs_with_rights_finds_nothing_through_path() -> None:
+    # Issue 17, F1: every script run as root or as the venv's owner names /bin/sh and
+    # fixes PATH first; the leftover script runs ps and kill by the absolute paths the
+    # rule fixes; and each group of rules gets root's PATH from its own Defaults line.
+    svc = service(ps="/bin/ps", kill="/bin/kill")
+    lock = remote.lock_path(svc, "ab" * 32)
+    for argv in (remote.save_lock(svc, lock), remote.prefetch(svc, None),
+                 signal_command("TERM", [], svc.unit, svc.systemctl, ps=svc.ps, kill=svc.kill)):
+        assert argv[:2] == ("/bin/sh", "-c") and SAFE_PRELUDE in argv[2], argv[:2]
+        # Before it, only the shell's own builtins (the prefetch finds uv's path).
+        before = argv[2].split(SAFE_PRELUDE)[0]
+        assert before in ("", 'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; '
+                              'exit 127; }; '), before
+    kill = next(g for g in grants(svc) if "KILL" in g.sample)
+    assert kill.sample[4:7] == (svc.systemctl, "/bin/ps", "/bin/kill")
+    text = render(settings(), "chatops")
+    for name in ("KIMI_K25_ROOT", "KIMI_K25_VENV"):
+        assert f'Defaults!{name} env_reset, secure_path="/usr/sbin:/usr/bin:/sbin:/bin"' in text
+    # A tool root runs must be named by its absolute path, on any host.
+    with pytest.raises(ValidationError, match="absolute"):
+        service(ps="ps")
 
 
 def test_a_missing_venv_owner_means_no_venv_rules() -> None:
@@ -316,8 +376,57 @@ def test_doctor_judges_the_listing_and_the_rules() -> None:
                for i in range(len(grants(svc)))]
     check = judge(rules, Answer(results=tuple(results)), s)
     assert check.outcome == Outcome.FAIL
-    assert "KIMI_K25_ROOT: `/usr/bin/systemctl stop -- vllm-kimi-k25`" in check.detail
+    assert ("KIMI_K25_ROOT: `/usr/bin/systemctl stop --no-pager -- vllm-kimi-k25`"
+            in check.detail)
     assert passed([check]) is False
+
+
+# `sudo -n -l` by vcexpA on Debian 12's sudo 1.9.13p3, captured here with the drop-in
+# `python -m bot sudoers` printed for settings() (tests/samples/SOURCES.md, "privilege").
+SAMPLES = Path(__file__).parent / "samples"
+
+
+@pytest.mark.parametrize(("sample", "expected"), [
+    # The drop-in's own Defaults!<alias> lines, over `Defaults:vcexpA !secure_path`,
+    # without a terminal (as over SSH) and with one (sudo wraps each entry)...
+    ("sudo_l_command_defaults.txt", "/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("sudo_l_command_defaults_tty.txt", "/usr/sbin:/usr/bin:/sbin:/bin"),
+    # ...an older drop-in without them on a host with Debian's own secure_path (good,
+    # though unusual: the host's Defaults do it)...
+    ("sudo_l_host_secure_path.txt",
+     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    # ...and the same drop-in where the login's PATH is kept: nothing sets it.
+    ("sudo_l_without_secure_path.txt", None),
+])
+def test_doctor_reads_the_path_sudo_gives_each_rule(sample: str, expected: str | None) -> None:
+    text = (SAMPLES / sample).read_text()
+    listing = parse_sudo_defaults(text)
+    rules = parse_sudo_list(text)
+    assert len(rules) == 24
+    assert {secure_path_for(listing, who, line) for who, line in rules} == {expected}
+    # A rule no Defaults entry names falls back to the account's own Defaults.
+    assert secure_path_for(listing, "root", "/usr/bin/true") == (
+        None if "command_defaults" in sample else expected)
+
+
+def test_doctor_fails_unless_sudo_gives_the_rules_roots_path() -> None:
+    s = settings()
+    probe = Probe("gpu-node-1", None, "sudo PATH", Kind.COMMANDS)
+    # The host's own secure_path covers every rule (an older drop-in): ok.
+    host_wide = (SAMPLES / "sudo_l_host_secure_path.txt").read_text()
+    ok = judge(probe, answer(host_wide), s)
+    assert ok.outcome == Outcome.OK and "/usr/local/sbin" in ok.detail
+    # Kept PATH, an unreadable listing, or a listing with no Defaults at all: fail.
+    for text in ((SAMPLES / "sudo_l_without_secure_path.txt").read_text(), "",
+                 "User chatops may run the following commands on h:\n    (root) ALL\n"):
+        bad = judge(probe, answer(text), s)
+        assert bad.outcome == Outcome.FAIL, text[:80]
+        assert "sudo keeps chatops's own PATH" in bad.detail
+        assert "secure_path" in bad.fix
+    relative = host_wide.replace("secure_path=/usr/local/sbin", "secure_path=bin\\:/usr/local/sbin")
+    assert judge(probe, answer(relative), s).outcome == Outcome.FAIL
+    refused = judge(probe, answer("", 1, "sudo: a password is required\n"), s)
+    assert refused.outcome == Outcome.FAIL and "python -m bot sudoers" in refused.fix
 
 
 def test_doctor_warns_when_the_unit_runs_as_root_and_the_venv_owner_writes_its_code() -> None:
@@ -337,6 +446,116 @@ def test_doctor_warns_when_the_unit_runs_as_root_and_the_venv_owner_writes_its_c
     assert alone.outcome == Outcome.OK
 
 
+def test_doctor_warns_in_root_mode_when_another_account_owns_the_venv() -> None:
+    # Issue 17, F8: as root the bot starts the venv's interpreter and writes beside it;
+    # what another account writes there (a .pth file) would run as root.
+    svc = dict(SVC, uv="uv", systemctl="systemctl", journalctl="journalctl")
+    root = Settings(hosts={"gpu-node-1": {**HOST, "user": "root", "become": "none"}},
+                    services={"kimi-k25": svc}, db_path=Path("/nonexistent"))
+    venv = Probe("gpu-node-1", "kimi-k25", "venv", Kind.COMMANDS)
+    shown = result("Name: vllm\nVersion: 0.16.0\n")
+
+    def owners(stdout: str, status: int = 0, stderr: str = "") -> Answer:
+        return Answer(results=(result(""), shown, result(stdout, status, stderr)))
+
+    ok = judge(venv, owners("root /opt/venvs/vllm\nroot /opt/venvs/.chatops\n"), root)
+    assert ok.outcome == Outcome.OK and ok.detail.endswith("owned by root")
+    # .chatops not made yet (stat exits 1 for it): nothing another account owns.
+    fresh = owners("root /opt/venvs/vllm\n", 1, "stat: cannot statx '/opt/venvs/.chatops': "
+                   "No such file or directory\n")
+    assert judge(venv, fresh, root).outcome == Outcome.OK
+    theirs = judge(venv, owners("vllm /opt/venvs/vllm\nvllm /opt/venvs/.chatops\n"), root)
+    assert theirs.outcome == Outcome.WARN and "vllm owns /opt/venvs/vllm" in theirs.detail
+    assert "runs as root" in theirs.detail and 'become = "sudo"' in theirs.fix
+    # Who owns it unknown: not taken for root.
+    unknown = judge(venv, owners("", 1, "stat: Permission denied\n"), root)
+    assert unknown.outcome == Outcome.WARN and "cannot tell who owns" in unknown.detail
+    # The same venv owner on a sudo host is the README's own layout.
+    sudo = judge(venv, owners("vllm /opt/venvs/vllm\nvllm /opt/venvs/.chatops\n"), settings())
+    assert sudo.outcome == Outcome.OK
+
+
+# What SSHD_KEYS_SCRIPT prints: "user uid home", then sshd_config with its Include files
+# in place. The directives' shapes are Debian 12's sshd_config (OpenSSH 9.2p1: the
+# commented default, an Include of sshd_config.d) and sshd_config(5)'s tokens.
+IDENT = "chatops 998 /home/chatops\n"
+DEBIAN = ("Include /etc/ssh/sshd_config.d/*.conf\n#AuthorizedKeysFile\t.ssh/authorized_keys "
+          ".ssh/authorized_keys2\nKbdInteractiveAuthentication no\nUsePAM yes\n")
+
+
+@pytest.mark.parametrize(("config", "files"), [
+    (DEBIAN, ("/home/chatops/.ssh/authorized_keys", "/home/chatops/.ssh/authorized_keys2")),
+    ("AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n" + DEBIAN,
+     ("/etc/ssh/authorized_keys/chatops",)),
+    # The README's way: a Match block for the login overrides the global default.
+    (DEBIAN + "Match User chatops\n    AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n",
+     ("/etc/ssh/authorized_keys/chatops",)),
+    (DEBIAN + "Match User alice,bob\n    AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n"
+     "Match User *,!chatops\n    AuthorizedKeysFile /x/%u\n",
+     ("/home/chatops/.ssh/authorized_keys", "/home/chatops/.ssh/authorized_keys2")),
+    # The first one sshd reads wins; one under a Match that depends on more than the
+    # user may apply too, so it counts.
+    ("AuthorizedKeysFile=/etc/ssh/keys/%U %h/.ssh/extra\nAuthorizedKeysFile .ssh/x\n"
+     "Match Address 10.1.230.10\n    AuthorizedKeysFile \"/srv/keys/%u\"\n",
+     ("/etc/ssh/keys/998", "/home/chatops/.ssh/extra", "/srv/keys/chatops")),
+    ("authorizedkeysfile none\n", ()),
+])
+def test_doctor_knows_which_files_sshd_reads_the_keys_from(config: str,
+                                                           files: tuple[str, ...]) -> None:
+    found = key_files(IDENT + config)
+    assert (found.user, found.files, found.unknown) == ("chatops", files, None)
+
+
+def test_what_doctor_cannot_tell_about_authorized_keys_is_not_safe() -> None:
+    s = settings()
+    probe = Probe("gpu-node-1", None, "authorized_keys", Kind.COMMANDS)
+    for text in ("", IDENT + "#chatops-unreadable /etc/ssh/sshd_config.d/x.conf\n",
+                 IDENT + "AuthorizedKeysFile /keys/%k\n"):
+        assert key_files(text).unknown is not None
+        check = judge(probe, answer(text), s)
+        assert check.outcome == Outcome.WARN and "cannot tell" in check.detail, text
+    # Root's own file, in root's directories: ok. The login's own: a warning.
+    root_file = IDENT + "AuthorizedKeysFile /etc/ssh/authorized_keys/%u\n"
+    locked = result("/etc/ssh/authorized_keys/chatops\tlocked\n")
+    ok = judge(probe, Answer(results=(result(root_file), locked)), s)
+    assert ok.outcome == Outcome.OK and "cannot change them" in ok.detail
+    own = result("/home/chatops/.ssh/authorized_keys\towned /home/chatops/.ssh\n"
+                 "/home/chatops/.ssh/authorized_keys2\twritable /home/chatops/.ssh\n")
+    warn = judge(probe, Answer(results=(result(IDENT + DEBIAN), own)), s)
+    assert warn.outcome == Outcome.WARN and "it owns /home/chatops/.ssh" in warn.detail
+    assert "AuthorizedKeysFile /etc/ssh/authorized_keys/%u" in warn.fix
+    # A file the second read did not answer for is not taken as locked.
+    unread = judge(probe, Answer(results=(result(root_file),)), s)
+    assert unread.outcome == Outcome.WARN and "not checked" in unread.detail
+
+
+def test_the_key_file_check_reads_real_permissions() -> None:
+    # KEY_FILE_SCRIPT run for real as an ordinary account (nobody): a root file in root's
+    # directories, a directory of its own, and a sticky world-writable one (a root file
+    # there cannot be replaced by another account, a new name can be added).
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root to run the check as another account")
+    base = Path(tempfile.mkdtemp(prefix="chatops-keys-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "root").mkdir(mode=0o755)
+        (base / "root" / "keys").write_text("x\n")
+        (base / "own").mkdir()
+        shutil.chown(base / "own", "nobody")
+        (base / "sticky").mkdir()
+        (base / "sticky").chmod(0o1777)
+        (base / "sticky" / "keys").write_text("x\n")
+        paths = [str(base / "root" / "keys"), str(base / "sticky" / "keys"),
+                 str(base / "sticky" / "missing"), str(base / "own" / "keys")]
+        r = subprocess.run(["runuser", "-u", "nobody", "--", "/bin/sh", "-c", KEY_FILE_SCRIPT,
+                            "sh", *paths], capture_output=True, text=True, check=False)
+    finally:
+        shutil.rmtree(base)
+    said = dict(line.split("\t") for line in r.stdout.splitlines())
+    assert [said[p] for p in paths] == ["locked", "locked", f"writable {base}/sticky",
+                                        f"owned {base}/own"], said
+
+
 def result(stdout: str, status: int = 0, stderr: str = "") -> CommandResult:
     return CommandResult(argv=("x",), exit_status=status, stdout=stdout, stderr=stderr,
                          duration_s=0.0)
@@ -350,7 +569,8 @@ def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
     s = settings()
     names = [(p.service, p.name) for p in probes(s, ["gpu-node-1"])]
     assert names == [(None, "login account"), (None, "tcp"), (None, "host key"),
-                     (None, "ssh login"), (None, "sudo -l"), (None, "nvidia-smi"),
+                     (None, "ssh login"), (None, "sudo -l"), (None, "sudo PATH"),
+                     (None, "authorized_keys"), (None, "nvidia-smi"),
                      ("kimi-k25", "sudo rules"), ("kimi-k25", "uv"), ("kimi-k25", "unit"),
                      ("kimi-k25", "venv"), ("kimi-k25", "health"), ("kimi-k25", "disk")]
     # Only reading commands: nothing that stops, starts, installs or writes.
@@ -375,7 +595,7 @@ def test_sudoers_command_prints_the_rules_and_refuses_without_sudo_hosts(
     assert main(["sudoers", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "chatops ALL = (root) NOPASSWD: KIMI_K25_ROOT" in out
-    assert "/usr/bin/systemctl stop -- vllm-kimi-k25" in out
+    assert "/usr/bin/systemctl stop --no-pager -- vllm-kimi-k25" in out
     assert main(["sudoers", "--config", str(cfg), "--user", "bot2"]) == 0
     assert "bot2 ALL = (vllm) NOPASSWD: KIMI_K25_VENV" in capsys.readouterr().out
     cfg.write_text(cfg.read_text().replace('become = "sudo"', 'become = "none"'))

@@ -31,15 +31,19 @@ from bot.core.versions import same_release
 GATE_MARK = "chatops-gate "
 # Runs as `python -c GATE_CODE`. The traceback of a failed import goes to stderr (the
 # step's output); exit 3 says the import failed, as opposed to Python not starting.
+# One line, with single spaces and none of the characters sudoers cannot match
+# literally (a backslash, a wildcard): on a sudo host it runs as the venv's owner under
+# an exact rule (bot.core.sudoers), and a rule cannot hold a newline, so no try block:
+# an exception hook ends a failed import with exit 3.
 GATE_CODE = (
-    "import json, sys\n"
-    "try:\n"
-    "    import vllm, torch\n"
-    "except BaseException:\n"
-    "    import traceback; traceback.print_exc(); sys.exit(3)\n"
+    "import json, os, sys, traceback; "
+    "sys.excepthook = lambda t, v, b: (traceback.print_exception(t, v, b), "
+    "sys.stderr.flush(), os._exit(3)); "
+    "import vllm, torch; "
+    "sys.excepthook = sys.__excepthook__; "
     f"print({GATE_MARK!r} + json.dumps({{'vllm': getattr(vllm, '__version__', None), "
     "'torch': getattr(torch, '__version__', None), "
-    "'cuda': getattr(getattr(torch, 'version', None), 'cuda', None)}), flush=True)\n"
+    "'cuda': getattr(getattr(torch, 'version', None), 'cuda', None)}), flush=True)"
 )
 IMPORT_FAILED_EXIT = 3
 

@@ -1261,7 +1261,8 @@ def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_b
         if not remaining:
             break
         r = yield from _run(Step.LEFTOVERS, signal_command(sig, remaining, svc.unit,
-                                                           svc.systemctl),
+                                                           svc.systemctl, ps=svc.ps,
+                                                           kill=svc.kill),
                             svc.command_timeout_s)
         refused = sorted(p for p, what in parse_signalled(r.stdout).items() if what == "refused")
         if refused:

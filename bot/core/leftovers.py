@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Literal
 
 from bot.core.gpu import DrainVerdict, Holder
-from bot.core.privilege import Command, Privilege
+from bot.core.privilege import SAFE_PRELUDE, SH, Command, Privilege
 
 Argv = tuple[str, ...]
 Signal = Literal["TERM", "KILL"]
@@ -44,35 +44,55 @@ _SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|refused|failed)")
 # Signals each "<pid>:<lstart>" given, in order, only if the PID's start time is still
 # the one given and the process is the unit's by the same rules as ``judge_owner``, read
 # again on the host: prints "<pid> sent|gone|reused|refused|failed" per target. A fixed
-# script: systemctl's path, the unit and the signal come first and are fixed in the
-# sudoers rule; only the targets vary. So the bot's key can never signal a process
-# outside the unit under sudo, whatever PIDs it names (sshd, another unit's workers).
+# script: the paths of systemctl, ps and kill, the unit and the signal come first and
+# are fixed in the sudoers rule; only the targets vary. So the bot's key can never signal
+# a process outside the unit under sudo, whatever PIDs it names (sshd, another unit's
+# workers).
+#
+# It runs as root, so it runs nothing found by name (issue 17, F1): on a host whose sudo
+# keeps the caller's PATH (`Defaults !secure_path`) a `ps` the login account put first in
+# its PATH would run as root. Every tool is an absolute path from the rule, and PATH is
+# fixed anyway before anything else (SAFE_PRELUDE).
+#
+# A PID the kernel reuses between the last start-time check and the signal would be hit:
+# the window is the time one exec of kill takes (the check runs again right before it).
+# Closing it needs pidfd_send_signal on a pidfd opened before that check, and no tool on
+# Debian 12 can do that from a shell: procps 4.0.2's kill and pkill call kill(2) (seen
+# with strace), and util-linux's kill (not Debian's kill) opens its pidfd with --timeout
+# only as it sends, after no check of ours. A python3 or perl helper run as root would
+# add an interpreter that reads its environment and search path to the root rule. And
+# reusing a PID needs the kernel to hand out the other PIDs first (pid_max is 4194304
+# where systemd sets it) within those milliseconds.
 SIGNAL_SCRIPT = (
+    SAFE_PRELUDE +
     # set -f: the unquoted expansions below only trim spaces, never expand a glob.
-    'set -f; systemctl=$1; unit=$2; sig=$3; shift 3; '
+    'set -f; systemctl=$1; ps=$2; kill=$3; unit=$4; sig=$5; shift 5; '
     'case $sig in TERM|KILL) ;; *) echo "not a signal this script sends: $sig" >&2; exit 2;; '
-    'esac; owner=$("$systemctl" show -p User --value -- "$unit" 2>/dev/null); '
+    'esac; owner=$("$systemctl" show -p User --value --no-pager -- "$unit" 2>/dev/null); '
     'owner=$(echo $owner); '
     # The start time as ps prints it now (spaces collapsed), empty when the PID is gone.
-    'started() { echo $(LC_ALL=C ps -o lstart= -p "$1" 2>/dev/null); }; '
+    'started() { echo $(LC_ALL=C "$ps" -o lstart= -p "$1" 2>/dev/null); }; '
     'for spec do pid=${spec%%:*}; want=${spec#*:}; '
     # Digits only, no leading zero (ps reads "01" as PID 1), never PID 1.
     'case $pid in ""|*[!0-9]*|0*|1) echo "$pid refused"; continue;; esac; '
     'now=$(started "$pid"); if [ -z "$now" ]; then echo "$pid gone"; continue; fi; '
     'if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
-    'cg="$(echo $(ps -ww -o cgroup= -p "$pid" 2>/dev/null)),"; case $cg in '
+    'cg="$(echo $("$ps" -ww -o cgroup= -p "$pid" 2>/dev/null)),"; case $cg in '
     '*"/$unit,"*|*"/$unit/"*) ;; '
     '*.service,*|*.service/*) echo "$pid refused"; continue;; '
-    '*) u=$(ps -o user:32= -p "$pid" 2>/dev/null); u=$(echo $u); '
-    'a=$(ps -ww -o args= -p "$pid" 2>/dev/null); '
+    '*) u=$("$ps" -o user:32= -p "$pid" 2>/dev/null); u=$(echo $u); '
+    'a=$("$ps" -ww -o args= -p "$pid" 2>/dev/null); '
     'if [ -z "$owner" ] || [ "$u" != "$owner" ]; then echo "$pid refused"; continue; fi; '
     'case $a in VLLM::*) ;; *) echo "$pid refused"; continue;; esac;; esac; '
     # Once more right before the signal: the owner checks above took time.
     'now=$(started "$pid"); if [ -z "$now" ]; then echo "$pid gone"; continue; fi; '
     'if [ "$now" != "$want" ]; then echo "$pid reused"; continue; fi; '
-    'if env kill -s "$sig" "$pid" 2>/dev/null; then echo "$pid sent"; '
+    'if "$kill" -s "$sig" "$pid" 2>/dev/null; then echo "$pid sent"; '
     'else echo "$pid failed"; fi; done'
 )
+# Where Debian 12, Ubuntu and RHEL put them (``ServiceSettings.ps`` and ``.kill``).
+PS = "/usr/bin/ps"
+KILL = "/usr/bin/kill"
 
 
 def service_name(unit: str) -> str:
@@ -90,13 +110,14 @@ def facts_query(pids: Iterable[int]) -> Argv:
 
 def unit_user_query(unit: str, systemctl: str = "systemctl") -> Argv:
     """The account the unit runs as (empty: root)."""
-    return (systemctl, "show", "-p", "User", "--value", "--", unit)
+    return (systemctl, "show", "-p", "User", "--value", "--no-pager", "--", unit)
 
 
 def signal_command(sig: Signal, targets: Sequence[ProcFacts], unit: str,
-                   systemctl: str = "systemctl") -> Command:
+                   systemctl: str = "systemctl", *, ps: str = PS, kill: str = KILL) -> Command:
     """The fixed script that signals exactly ``targets`` (re-checked on the host by start
-    time and by owner: ``unit``'s cgroup, or a ``VLLM::`` process of its user in no unit)."""
+    time and by owner: ``unit``'s cgroup, or a ``VLLM::`` process of its user in no unit),
+    reading them with ``ps`` and signalling them with ``kill`` (absolute paths)."""
     if sig not in ("TERM", "KILL"):
         raise ValueError(f"not a signal this bot sends: {sig!r}")
     specs = []
@@ -105,8 +126,8 @@ def signal_command(sig: Signal, targets: Sequence[ProcFacts], unit: str,
             raise ValueError(f"not a start time: {t.started!r}")
         specs.append(f"{_pid(t.pid)}:{t.started}")
     # As root (bot.core.privilege): the workers run as the unit's account, not the bot's.
-    return Command(("sh", "-c", SIGNAL_SCRIPT, "sh", systemctl, service_name(unit), sig,
-                    *specs), Privilege.ROOT)
+    return Command((SH, "-c", SIGNAL_SCRIPT, "sh", systemctl, ps, kill, service_name(unit),
+                    sig, *specs), Privilege.ROOT)
 
 
 def shown_signal(sig: Signal, targets: Sequence[ProcFacts]) -> str:

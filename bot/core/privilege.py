@@ -7,11 +7,13 @@ prefix for a host whose settings say ``become = "sudo"``; nothing else in the bo
 knows about sudo.  So a new remote command gets the right rights by saying, where it
 is built, which account it needs:
 
-- ``NONE``: read-only queries (``nvidia-smi``, ``pgrep``, ``df``, ``uv pip show``).
+- ``NONE``: read-only queries (``nvidia-smi``, ``pgrep``, ``df``, ``ps``).
 - ``ROOT``: the service's own unit (``systemctl stop|start|is-active|show <unit>``,
   ``journalctl -u <unit>``), and signalling processes the unit left behind.
-- ``VENV_OWNER``: what writes the venv (``uv pip install``/``sync``), as the service's
-  ``venv_user``; the login user itself when none is configured.
+- ``VENV_OWNER``: what writes the venv (``uv pip install``/``sync``), and what runs or
+  reads its code (``uv pip freeze``/``show``, the import gate: a ``.pth`` file there runs
+  whenever its interpreter starts), as the service's ``venv_user``; the login user
+  itself when none is configured.
 """
 
 from __future__ import annotations
@@ -19,6 +21,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
+
+# The shell every fixed script runs under, by its absolute path: sudo finds a bare `sh`
+# in the caller's PATH when the host's sudoers has no `secure_path` (sudo 1.9.13p3, tried
+# with a login whose PATH holds its own `sh`: found, then refused as no rule's /bin/sh).
+SH = "/bin/sh"
+# The PATH a script that runs with rights sets before anything else, and the
+# `secure_path` the sudoers drop-in gives the bot's rules: directories only root can
+# write on Debian, Ubuntu and RHEL. Upstream sudo keeps the caller's PATH when
+# `secure_path` is not set (`Defaults !secure_path`), so without this a command a script
+# ran by name would be the first one the login account put in its own PATH (issue 17, F1).
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# The first words of such a script: that PATH, and none of the variables a shell would
+# read on its own (IFS splits words, ENV and BASH_ENV name files an interactive or bash
+# shell runs, CDPATH moves `cd`).
+SAFE_PRELUDE = f"PATH={SAFE_PATH}; export PATH; unset IFS ENV BASH_ENV CDPATH; "
 
 
 class Privilege(StrEnum):

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from bot.core.cuda import GATE_CODE
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
 from bot.core.packages import parse_entry
-from bot.core.privilege import Command, Privilege, run_as_of
+from bot.core.privilege import SAFE_PRELUDE, SH, Command, Privilege, run_as_of
 from bot.settings import ServiceSettings
 
 Argv = tuple[str, ...]
@@ -35,21 +35,24 @@ def package_spec(svc: ServiceSettings, version: str | None) -> str:
 # systemd 252 reads `systemctl stop --now.service` as "unrecognized option".
 # Every command on the unit runs as root (``bot.core.privilege``): under `become = "sudo"`
 # the sudoers rules name each of these lines exactly.
+# --no-pager on every systemctl and journalctl: systemd before 247 ran its pager (less,
+# which can run a shell) as root under sudo when a terminal was attached (CVE-2023-26604);
+# the bot never asks for a terminal, and the rules then name no line that could page.
 def unit_show(svc: ServiceSettings) -> Argv:
-    return Command((svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--", svc.unit),
-                   Privilege.ROOT)
+    return Command((svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--no-pager", "--",
+                    svc.unit), Privilege.ROOT)
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
-    return Command((svc.systemctl, "is-active", "--", svc.unit), Privilege.ROOT)
+    return Command((svc.systemctl, "is-active", "--no-pager", "--", svc.unit), Privilege.ROOT)
 
 
 def unit_stop(svc: ServiceSettings) -> Argv:
-    return Command((svc.systemctl, "stop", "--", svc.unit), Privilege.ROOT)
+    return Command((svc.systemctl, "stop", "--no-pager", "--", svc.unit), Privilege.ROOT)
 
 
 def unit_start(svc: ServiceSettings) -> Argv:
-    return Command((svc.systemctl, "start", "--", svc.unit), Privilege.ROOT)
+    return Command((svc.systemctl, "start", "--no-pager", "--", svc.unit), Privilege.ROOT)
 
 
 def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
@@ -79,7 +82,9 @@ def journal_follow(svc: ServiceSettings, cursor: str | None) -> Argv:
 
 
 def package_show(svc: ServiceSettings) -> Argv:
-    return (svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
+    # As the venv's owner, like everything that reads the venv through its interpreter
+    # (``_as_owner``): uv runs the interpreter to learn about it.
+    return _as_owner(svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
 
 
 def free_disk(svc: ServiceSettings) -> Argv:
@@ -131,7 +136,11 @@ def index_host(index_url: str) -> str:
 
 def _as_owner(*argv: str) -> Command:
     """What writes the venv runs as its owner (``venv_user``).  The dry run too: uv
-    locks the venv, and it fills the cache the install then reads."""
+    locks the venv, and it fills the cache the install then reads.  And so does what
+    runs the venv's interpreter (uv runs it to learn about it; the import gate): a
+    ``.pth`` file in its site-packages runs whenever it starts, and whoever writes the
+    venv (its owner, so a compromised model server) can put one there.  Run as the
+    login, that code would hold the login's sudo rules (issue 17, F2)."""
     return Command(argv, Privilege.VENV_OWNER)
 
 
@@ -156,7 +165,7 @@ def install_previous(svc: ServiceSettings, version: str, index_url: str | None) 
 
 def freeze(svc: ServiceSettings) -> Argv:
     """The venv's every package, pinned, on stdout (its ``Using Python`` line on stderr)."""
-    return (svc.uv, "pip", "freeze", "--python", svc.python)
+    return _as_owner(svc.uv, "pip", "freeze", "--python", svc.python)
 
 
 def state_dir(svc: ServiceSettings) -> str:
@@ -175,15 +184,41 @@ def lock_path(svc: ServiceSettings, digest: str) -> str:
     return f"{state_dir(svc)}/{_venv_name(svc)}-{digest[:16]}.freeze.txt"
 
 
+# The scripts that write beside the venv may run as root (user = "root", become =
+# "none") in a directory another account can write (the README makes .chatops the venv
+# owner's for sudo hosts), and a name anyone can guess there ("$2.tmp.$$") can be a link
+# planted in advance: root would write through it wherever it points (issue 17, F8). So
+# they write only into a directory ("$dir") that their own account (or root) owns and no
+# other account can write, every directory above it owned by root or that account and
+# not writable by all (a sticky /tmp is fine): then nobody else can plant anything there.
+_OWN_DIR = (
+    'me=$(id -u); d=$(readlink -f -- "$dir") || exit 1; top=$d; '
+    'while :; do s=$(stat -c "%u %a" -- "$d") || exit 1; set -- $s; '
+    'case $1 in 0|"$me") ;; *) echo "$d is owned by uid $1, not by $(id -un) who writes '
+    'in it: nothing written" >&2; exit 1;; esac; '
+    'if [ "$d" = "$top" ]; then case $2 in *[2367]?|*[2367]) echo "$d can be written by '
+    'other accounts (mode $2): nothing written" >&2; exit 1;; esac; '
+    'else case $2 in [1357]???) ;; *[2367]) echo "$d can be written by every account '
+    '(mode $2): nothing written" >&2; exit 1;; esac; fi; '
+    '[ "$d" = / ] && break; d=${d%/*}; d=${d:-/}; done; '
+)
+
 # Writes stdin to "$2" (in directory "$1"), atomically, readable by its owner only (a
 # freeze may hold a URL with a token): a fixed script, the paths come as arguments.
-SAVE_FROM_STDIN = ('umask 077 && mkdir -p -- "$1" && cat > "$2.tmp.$$" && '
-                   'mv -f -- "$2.tmp.$$" "$2"')
+# Through a new file mktemp makes (O_EXCL: never an existing name or link), moved over
+# "$2" by rename(2), which replaces a link there and never follows it (-T: never into a
+# directory planted at "$2").
+SAVE_FROM_STDIN = (
+    SAFE_PRELUDE + 'umask 077; set -f; dir=$1; out=$2; mkdir -p -- "$dir" || exit 1; '
+    + _OWN_DIR +
+    't=$(mktemp -- "$out.tmp.XXXXXXXXXX") || exit 1; '
+    'if cat >> "$t" && mv -f -T -- "$t" "$out"; then exit 0; fi; rm -f -- "$t"; exit 1'
+)
 
 
 def save_lock(svc: ServiceSettings, path: str) -> Argv:
     """Keep the snapshot (given on stdin) at ``path``."""
-    return _as_owner("sh", "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
+    return _as_owner(SH, "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
 
 
 def prefetch_dir(svc: ServiceSettings) -> str:
@@ -194,16 +229,24 @@ def prefetch_dir(svc: ServiceSettings) -> str:
 # wheel the install will need is then in uv's cache, so the install during the outage
 # downloads nothing. --no-deps: the set is complete and pinned, nothing to resolve. The
 # venv's name carries the shell's PID, so two prefetches never share one; a signal
-# (the step's timeout) still removes it.
-PREFETCH_SCRIPT = ('set -e; t="$1.$$"; uv=$2; py=$3; '
-                   "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
-                   '"$uv" venv --quiet --python "$py" "$t"; '
-                   '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin')
+# (the step's timeout) still removes it. Its directory is checked as the snapshot's
+# (``_OWN_DIR``), so no other account can have put anything at that name.
+PREFETCH_SCRIPT = (
+    # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
+    # it), else as the login's own PATH finds it (become = "none": that account's own);
+    # found before PATH is fixed, and nothing after is found through the caller's PATH.
+    'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; ' + SAFE_PRELUDE +
+    'set -f; t="$1.$$"; py=$3; dir=${1%/*}; (umask 077; mkdir -p -- "$dir") || exit 1; '
+    + _OWN_DIR + 'set -e; '
+    "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
+    '"$uv" venv --quiet --python "$py" "$t"; '
+    '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin'
+)
 
 
 def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
     """Fetch the pinned set (on stdin, after the index URL when there is one)."""
-    return _with_index(_as_owner("sh", "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
+    return _with_index(_as_owner(SH, "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
                                  svc.python), index_url)
 
 
@@ -227,7 +270,7 @@ def sync_lock(svc: ServiceSettings, path: str, *, offline: bool,
 
 
 def import_gate(svc: ServiceSettings) -> Argv:
-    return (svc.python, "-c", GATE_CODE)
+    return _as_owner(svc.python, "-c", GATE_CODE)
 
 
 def driver_info() -> Argv:

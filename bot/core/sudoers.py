@@ -22,9 +22,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bot.core import remote
+from bot.core import privilege, remote
 from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
-from bot.core.privilege import Privilege, run_as_of, sudo_refusal
+from bot.core.privilege import SAFE_PATH, Privilege, run_as_of, sudo_refusal
 from bot.settings import HostSettings, ServiceSettings, Settings
 
 Argv = tuple[str, ...]
@@ -33,8 +33,8 @@ Argv = tuple[str, ...]
 # them equal): sudoers has no number ranges, so N is matched digit by digit.
 LOGS_MAX = 1000
 _LOG_COUNTS = ("[1-9]", "[1-9][0-9]", "[1-9][0-9][0-9]", "1000")
-# sudoers matches a command by its absolute path; `sh` is where POSIX puts it.
-SH = "/bin/sh"
+# sudoers matches a command by its absolute path; the bot runs its scripts with it.
+SH = privilege.SH
 _ROOT_PREFIX: Argv = ("sudo", "-n", "--")
 
 
@@ -166,7 +166,8 @@ def _root_grants(svc: ServiceSettings) -> list[Grant]:
     # (and their start times) vary, so the rule has a wildcard after the signal's name.
     signals: tuple[Signal, ...] = ("TERM", "KILL")
     for sig in signals:
-        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC], svc.unit, svc.systemctl),
+        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC], svc.unit, svc.systemctl,
+                                                ps=svc.ps, kill=svc.kill),
                                  _SAMPLE_SPEC, "*",
                                  f"send {sig} to leftover workers an approver named (each "
                                  f"only while its start time is the one the bot read, and "
@@ -203,6 +204,14 @@ def _owner_grants(svc: ServiceSettings) -> list[Grant]:
     pinned = f"{svc.package}=={_VERSION_SAMPLE}"
     lock = remote.lock_path(svc, _DIGEST_SAMPLE)
     return [
+        # What runs the venv's interpreter (uv queries it; the gate imports from it): as
+        # its owner, so a .pth file the owner planted runs as the owner, not as the login
+        # that holds the root rules (issue 17, F2).
+        _exact(remote.freeze(svc), "the environment snapshot (uv pip freeze; preflight, "
+               "the request's package preview, the post-check)"),
+        _exact(remote.package_show(svc), f"the installed {name} version (uv pip show)"),
+        _exact(remote.import_gate(svc), "the import gate: the venv's interpreter imports "
+               "vllm and torch and prints their versions"),
         _exact(remote.install_dry_run(svc, svc.package, None),
                "the install's dry run, latest version (preflight)"),
         _with_glob(remote.install_dry_run(svc, pinned, None), _VERSION_SAMPLE, "*",
@@ -353,8 +362,14 @@ _HEADER = """\
 # -- <command>`): -n means sudo never asks for a password, so a missing rule fails the
 # step at once with its name. A command with arguments in a rule allows exactly those
 # arguments. Everything else the bot runs needs no rights and runs as {user} itself:
-# nvidia-smi, pgrep, df, uv pip show and uv pip freeze, the import check, the health
-# URL (fetched through the SSH connection).
+# nvidia-smi, pgrep, ps, df, the health URL (fetched through the SSH connection). What
+# runs the venv's interpreter (uv pip freeze and show, the import check) runs as the
+# venv's owner: its code is the owner's to change.
+#
+# Each group of rules has its own `Defaults!<alias> env_reset, secure_path=...`: the
+# commands get root's PATH, never {user}'s, even where sudo would keep the caller's
+# (`Defaults !secure_path`, upstream sudo's default). `python -m bot doctor` fails on a
+# host where that PATH does not apply to the bot's rules.
 """
 
 _ROOT_NOTE = """\
@@ -372,7 +387,10 @@ _ROOT_NOTE = """\
 # decides as ever."""
 
 _VENV_NOTE = """\
-# As {owner}, the venv's owner: what writes the venv. The version (and the snapshot's
+# As {owner}, the venv's owner: what writes the venv, and what runs its interpreter
+# (uv pip freeze and show query it, the import gate imports from it): a .pth file in
+# the venv runs whenever its interpreter starts, and {owner} can write one, so that
+# code must run as {owner}, never as {user}. The version (and the snapshot's
 # file name) changes per run, and a sudoers wildcard (*) also matches spaces, so these
 # rules cannot stop extra arguments (another index or package) after the *. That is why
 # they run as {owner} and not as root: {user} gets no more than {owner} can already do,
@@ -421,4 +439,12 @@ def _section(note: str, name: str, runas: str, user: str, rules: list[Grant],
     body = ", \\\n    ".join(g.line() for g in kept)
     lines.append(f"Cmnd_Alias {name} = \\\n    {body}")
     lines.append(f"{user} ALL = ({runas}) NOPASSWD: {name}")
+    lines.append(safe_path_line(name))
     return "\n".join(lines)
+
+
+def safe_path_line(name: str) -> str:
+    """The Defaults line that gives the commands of Cmnd_Alias ``name`` root's PATH and a
+    fresh environment, whatever the host's own Defaults say (command Defaults come last
+    in sudo's order; checked with sudo 1.9.13p3 under `Defaults:<user> !secure_path`)."""
+    return f'Defaults!{name} env_reset, secure_path="{SAFE_PATH}"'

@@ -64,6 +64,9 @@ async def _ask(settings: Settings, pool: HostPool, probe: Probe) -> Answer:
             results = [await run_command(transport, become, argv, run_as,
                                          timeout_s=probe.timeout_s)
                        for argv, run_as in probe.commands]
+            more = probe.then(tuple(results)) if probe.then is not None else ()
+            results += [await run_command(transport, become, argv, run_as,
+                                          timeout_s=probe.timeout_s) for argv, run_as in more]
             return Answer(results=tuple(results))
     except HostError as e:
         return Answer(error=e.reason)

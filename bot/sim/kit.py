@@ -271,9 +271,12 @@ class SimKit:
 
     def service_settings(self, hosts: Sequence[str] | None = None,
                          **overrides: Any) -> dict[str, Any]:
+        # The leftover script runs ps and kill by the absolute paths the settings give
+        # (it finds nothing through PATH): here, the simulated ones.
         return {"hosts": list(hosts) if hosts is not None else [self.hostname],
                 "unit": self.config.unit, "python": str(self.python),
                 "health_url": self.health_url, "indexes": dict(INDEXES),
+                "ps": str(BIN_DIR / "ps"), "kill": str(BIN_DIR / "kill"),
                 **TEST_SERVICE_SETTINGS, **overrides}
 
     def settings_fragment(self, *, service: str = SERVICE,

@@ -17,11 +17,14 @@ from bot.core.health import (
     parse_xid_lines,
 )
 from bot.core.leftovers import facts_query, parse_facts, parse_signalled, signal_command
-from bot.sim.kit import SimKit, fast_config
+from bot.sim.kit import BIN_DIR, SimKit, fast_config
 from bot.sim.state import NEIGHBOUR_PID
 from tests.polling import eventually
 from tests.sim.test_tools import run
 from tests.support.sim import MakeSimHost
+
+# The leftover script runs ps and kill by absolute path: the simulated host's.
+TOOLS = {"ps": str(BIN_DIR / "ps"), "kill": str(BIN_DIR / "kill")}
 
 STUCK = 48304  # Worker_TP3 of the running unit (main PID 48213 + 88 + 3)
 
@@ -91,7 +94,7 @@ async def test_orphan_workers_outlive_the_stop_and_end_on_sigterm(sim_host: SimK
     assert len(workers) == 9  # EngineCore and the 8 workers, holding their memory
     assert all(g.used_mib > 90000 for g in sim_host.gpus())
     facts = parse_facts((await run(sim_host, *facts_query(p.pid for p in workers))).stdout)
-    term = signal_command("TERM", [*facts.values()], "vllm-kimi-k25")
+    term = signal_command("TERM", [*facts.values()], "vllm-kimi-k25", **TOOLS)
     out = await run(sim_host, "sh", "-c", shlex.join(term))
     assert set(parse_signalled(out.stdout).values()) == {"sent"}
     assert sim_host.processes() == [] and all(g.used_mib == 0 for g in sim_host.gpus())
@@ -104,7 +107,8 @@ async def test_a_d_state_worker_survives_sigkill(sim_host: SimKit) -> None:
     await eventually(lambda: [p.pid for p in sim_host.processes()] == [STUCK], "only TP3 left")
     (f,) = parse_facts((await run(sim_host, *facts_query([STUCK]))).stdout).values()
     assert f.uninterruptible
-    await run(sim_host, "sh", "-c", shlex.join(signal_command("KILL", [f], "vllm-kimi-k25")))
+    kill = signal_command("KILL", [f], "vllm-kimi-k25", **TOOLS)
+    await run(sim_host, "sh", "-c", shlex.join(kill))
     assert [p.pid for p in sim_host.processes()] == [STUCK]
 
 
@@ -120,7 +124,8 @@ async def test_a_neighbour_service_runs_on_its_own_gpus(make_sim_host: MakeSimHo
     assert f.units() == ("vllm-other.service",)
     # Named to the signal script of vllm-kimi-k25 (as a caller of its sudo rule could):
     # the host's own check sees another unit's cgroup and refuses.
-    out = await run(kit, "sh", "-c", shlex.join(signal_command("KILL", [f], "vllm-kimi-k25")))
+    kill = signal_command("KILL", [f], "vllm-kimi-k25", **TOOLS)
+    out = await run(kit, "sh", "-c", shlex.join(kill))
     assert parse_signalled(out.stdout) == {f.pid: "refused"}
     assert f.pid in [p.pid for p in kit.processes()] and kit.signalled() == []
 

@@ -42,20 +42,21 @@ SUDOERS_LOCK = Path(tempfile.gettempdir()) / "vllm_chatops_test_sudoers.lock"
 REPO_ROOT = BIN_DIR.parents[2]
 
 # What each simulated tool refuses an ordinary account, as the real one on a host does.
+# By absolute paths: a real systemctl or uv finds nothing through the caller's PATH.
 _GUARDS = {
     # systemd 252 through polkit, for a user with no rule for the unit.
-    "systemctl": ('case "$1" in stop|start) if [ "$(id -u)" != 0 ]; then '
+    "systemctl": ('case "$1" in stop|start) if [ "$(/usr/bin/id -u)" != 0 ]; then '
                   'echo "Failed to $1 $3.service: Access denied" >&2; '
                   'echo "See system logs and \'systemctl status $3.service\' for details." >&2; '
                   "exit 4; fi;; esac\n"),
     # journalctl 252 for a user outside the adm and systemd-journal groups.
-    "journalctl": ('if [ "$(id -u)" != 0 ]; then echo "Hint: You are currently not seeing '
+    "journalctl": ('if [ "$(/usr/bin/id -u)" != 0 ]; then echo "Hint: You are currently not seeing '
                    "messages from other users and the system. Users in groups 'adm', "
                    "'systemd-journal' can see all messages. Pass -q to turn off this "
                    'notice." >&2; echo "-- No entries --"; exit 0; fi\n'),
     # uv writing a venv its account cannot write (uv 0.13: os error 13).
     "uv": ('case "$1 $2" in "pip install"|"pip sync") case " $* " in *" --dry-run "*) ;; '
-           '*) if [ "$(id -un)" != "{owner}" ]; then echo "error: failed to remove file '
+           '*) if [ "$(/usr/bin/id -un)" != "{owner}" ]; then echo "error: failed to remove file '
            '\\`{venv}/lib/python3.12/site-packages/vllm/__init__.py\\`: Permission denied '
            '(os error 13)" >&2; exit 2; fi;; esac;; esac\n'),
 }
@@ -135,20 +136,29 @@ class NonRootKit(SimKit):
     ``tool(name)`` (absolute paths, for the settings and the sudoers rules)."""
 
     def __init__(self, root: Path, *, who: Accounts, python: str, tree: Path,
+                 path_first: Path | None = None, keys_in_home: bool = False,
                  **kwargs: Any) -> None:
+        """``path_first``: a directory the login puts first in its PATH (its own tools).
+        ``keys_in_home``: sshd reads the key from the login's own ~/.ssh/authorized_keys
+        (OpenSSH's default place) instead of a file root owns."""
         super().__init__(root, access="sshd", user=who.login, **kwargs)
         self.who = who
         self.sim_python = python
         self.tree = tree
         self.tools = self.root / "tools"
         self.home = root.parent / "home" / who.login
+        self.path_first = path_first
+        self.keys_in_home = keys_in_home
+        if keys_in_home:
+            self.authorized_keys = self.home / ".ssh" / "authorized_keys"
 
     def tool(self, name: str) -> str:
         return str(self.tools / name)
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        env.update(PATH=f"{self.tools}:{SYSTEM_PATH}", SIM_PYTHON=self.sim_python,
+        first = f"{self.path_first}:" if self.path_first is not None else ""
+        env.update(PATH=f"{first}{self.tools}:{SYSTEM_PATH}", SIM_PYTHON=self.sim_python,
                    HOME=str(self.home))
         return env
 
@@ -165,15 +175,21 @@ class NonRootKit(SimKit):
             path = self.tools / name
             path.write_text(text)
             path.chmod(0o755)
-        # The venv's interpreter (the import gate runs it as the login user).
+        # The venv's interpreter (the import gate runs it as the venv's owner, under sudo,
+        # which clears the environment: it names the host's state itself, like the tools).
         self.python.parent.mkdir(parents=True, exist_ok=True)
-        self.python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(self.tree))} exec "
-                               f'{shlex.quote(self.sim_python)} -S -m bot.sim.tools python "$@"\n')
+        self.python.write_text("#!/bin/sh\numask 000\n"
+                               f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
+                               f"PYTHONPATH={shlex.quote(str(self.tree))}; "
+                               "export SIM_STATE_DIR PYTHONPATH\n"
+                               f"exec {shlex.quote(self.sim_python)} -S -m bot.sim.tools "
+                               'python "$@"\n')
         self.python.chmod(0o755)
 
     async def start(self) -> NonRootKit:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
+        self.authorized_keys.parent.mkdir(mode=0o700, exist_ok=True)
         # Bytecode beside the copy, by the interpreter the tools run: the accounts cannot
         # write __pycache__ there, so each tool call would compile every module it imports.
         _checked(self.sim_python, "-m", "compileall", "-q", str(self.tree))
@@ -195,15 +211,53 @@ class NonRootKit(SimKit):
         self.authorized_keys.write_text(
             f'restrict,port-forwarding,permitopen="127.0.0.1:{self.service_port}",'
             f'from="127.0.0.1" {key}\n')
+        if self.keys_in_home:  # the login's own file, as ssh-copy-id leaves it
+            _checked("chown", "-R", f"{self.who.login}:{self.who.login}",
+                     str(self.authorized_keys.parent))
         return self
 
     def service_settings(self, hosts: Any = None, **overrides: Any) -> dict[str, Any]:
         return super().service_settings(hosts, **{
             "uv": self.tool("uv"), "systemctl": self.tool("systemctl"),
-            "journalctl": self.tool("journalctl"), "venv_user": self.who.owner, **overrides})
+            "journalctl": self.tool("journalctl"), "ps": self.tool("ps"),
+            "kill": self.tool("kill"), "venv_user": self.who.owner, **overrides})
 
     def host_settings(self, **overrides: Any) -> dict[str, Any]:
-        return super().host_settings(**{"become": "sudo", **overrides})
+        # doctor reads the AuthorizedKeysFile of the sshd that serves this host.
+        return super().host_settings(**{"become": "sudo",
+                                        "sshd_config": str(self.root / "sshd" / "sshd_config"),
+                                        **overrides})
+
+
+# What a fixed script run with rights could find by name: the simulated tools, and the
+# coreutils the scripts beside the venv use.
+PLANTED = ("ps", "kill", "env", "sh", "cat", "mkdir", "mv", "rm", "stat", "readlink",
+           "mktemp", "id", "dirname")
+
+
+def plant_tools(directory: Path, marker: Path, kit_tools: Path, owner: str) -> None:
+    """A login's own versions of ``PLANTED`` in ``directory`` (owned by ``owner``, as the
+    login's own files are): each appends "<account> <name>" to ``marker``, then runs
+    the real one (the simulated one where the host has it), so nothing else changes. A
+    line from any account but the login means a command run with rights found it."""
+    directory.mkdir(parents=True)
+    marker.touch()
+    marker.chmod(0o666)  # every account appends to it
+    for name in PLANTED:
+        real = kit_tools / name if name in TOOLS else Path("/usr/bin") / name
+        if not real.exists() and name not in TOOLS:
+            real = Path("/bin") / name
+        path = directory / name
+        path.write_text(f'#!/bin/sh\necho "$(/usr/bin/id -un) {name}" >> {shlex.quote(str(marker))}'
+                        f'\nexec {shlex.quote(str(real))} "$@"\n')
+        path.chmod(0o755)
+    _checked("chown", "-R", f"{owner}:{owner}", str(directory))
+
+
+def marked(marker: Path) -> list[tuple[str, str]]:
+    """(account, tool) for every run of a planted tool, in order."""
+    return [(w[0], w[1]) for w in (line.split() for line in marker.read_text().splitlines())
+            if len(w) == 2]
 
 
 @contextmanager

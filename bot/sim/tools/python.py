@@ -7,7 +7,8 @@ interpreter on the given arguments with only that directory on its path. A packa
 that is not installed is absent (``ModuleNotFoundError``), and with the import_error fault
 ``import vllm`` raises the ImportError a vllm built against another torch raises.
 ``vllm.__version__`` is what vLLM's own ``_version.py`` says: no ``+cu129`` build label
-(``packages.module_version``).
+(``packages.module_version``). The venv's ``.pth`` files run first, as at a real
+interpreter's start (``bot.sim.pth``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bot.sim import packages
+from bot.sim import packages, pth
 from bot.sim.state import HostState, StateStore
 
 
@@ -41,6 +42,7 @@ def _lay_out(site: Path, st: HostState) -> None:
 
 def main(store: StateStore, args: list[str]) -> int:
     st = store.read()
+    pth.run_pth(st.venv)  # what the real interpreter's start-up does (bot.sim.pth)
     site = Path(tempfile.mkdtemp(prefix="site-", dir=store.directory))
     try:
         _lay_out(site, st)

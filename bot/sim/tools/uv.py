@@ -10,7 +10,8 @@ other is downloaded (``download_mib_per_s``, ``download_delay_s``) and then cach
 ``install_duration_s`` plus its downloads; vllm is gone from the "Uninstalled" line until
 the "Installed" one, so an install killed in between leaves vllm missing, as it would on
 a real host. An install into another venv made by ``uv venv`` (the bot's prefetch)
-changes nothing but the cache.
+changes nothing but the cache. Given the host's venv (``--python``), uv starts its
+interpreter first, as real uv does to learn about it, which runs its ``.pth`` files.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from bot.sim import packages as pk
+from bot.sim import pth
 from bot.sim.state import HostState, StateStore
 
 UV_VERSION = "uv 0.13.9"
@@ -617,10 +619,22 @@ def _venv(args: list[str]) -> int:
     return 0
 
 
+def _query_interpreter(store: StateStore, args: list[str]) -> None:
+    """Real uv starts the interpreter ``--python`` names to learn about it (on a miss of
+    its cache), which runs the venv's ``.pth`` files (``bot.sim.pth``)."""
+    if "--python" not in args:
+        return
+    named = args[args.index("--python") + 1:][:1]
+    venv = store.read().venv
+    if named == [f"{venv}/bin/python"]:
+        pth.run_pth(venv)
+
+
 def main(store: StateStore, args: list[str]) -> int:
     if args in (["--version"], ["-V"], ["version"]):
         print(UV_VERSION)
         return 0
+    _query_interpreter(store, args)
     if args[:1] == ["venv"]:
         return _venv(args[1:])
     subs = {"install": _install, "freeze": _freeze, "sync": _sync}
