@@ -268,7 +268,7 @@ def test_force_or_a_zero_drain_timeout_stops_with_the_load_unknown() -> None:
     assert end(h, Step.REQUESTS).summary.startswith(
         "not waiting (request_drain_timeout_s = 0): the load is unknown")
     assert metrics_reads(h) == 1
-    stop = h.calls.index(("systemctl", "stop", "--", "vllm-kimi-k25"))
+    stop = h.calls.index(("systemctl", "stop", "--no-pager", "--", "vllm-kimi-k25"))
     assert not any(a[:2] == ("systemctl", "is-active") for a in h.calls[:stop])
 
 
