@@ -585,6 +585,28 @@ def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
     assert login.outcome == Outcome.WARN and "owns this host" in login.detail
 
 
+def test_doctor_reads_the_gpu_query_as_the_runs_do() -> None:
+    """A corrupted infoROM (issue 17 D11): nvidia-smi exits 14 with its rows good and the
+    warning on stderr (the line as NVIDIA/DCGM issue #2 quotes it, our own address). The
+    runs read the rows and warn; doctor must not call the host broken. Any other failure,
+    or garbage among the rows, still fails."""
+    s = settings()
+    probe = Probe("gpu-node-1", None, "nvidia-smi", Kind.COMMANDS)
+    row = "0, GPU-0f0e0d0c-0b0a-0908-0706-050403020100, NVIDIA H200, 143771, 0, 143771\n"
+    warned = judge(probe, answer(row, 14, "WARNING: infoROM is corrupted at gpu "
+                                 "0000:67:00.0\n"), s)
+    assert warned.outcome == Outcome.WARN, warned
+    assert "1 GPU(s): NVIDIA H200" in warned.detail and "infoROM" in warned.detail
+    assert judge(probe, answer(row), s).outcome == Outcome.OK
+    lost = judge(probe, answer("", 15, "Unable to determine the device handle for GPU "
+                               "0000:67:00.0: GPU is lost.\n"), s)
+    assert lost.outcome == Outcome.FAIL and "15" in lost.detail, lost
+    garbage = judge(probe, answer(row + "no such thing\n"), s)
+    assert garbage.outcome == Outcome.FAIL, garbage
+    bare14 = judge(probe, answer(row, 14), s)
+    assert bare14.outcome == Outcome.FAIL, bare14
+
+
 # ---- the command line --------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from bot.core import remote
-from bot.core.gpu import parse_gpu_csv
+from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
 from bot.core.leftovers import unit_user_query
 from bot.core.privilege import SH, Privilege
 from bot.core.results import CommandResult, HttpResult
@@ -553,13 +553,22 @@ def _uv(p: Probe, a: Answer, s: Settings) -> Check:
 def _nvidia_smi(p: Probe, a: Answer, s: Settings) -> Check:
     r = a.results[0] if a.results else None
     fix = "check the NVIDIA driver: `nvidia-smi` on the host must list the GPUs"
-    if a.error or r is None or not r.ok:
-        return _check(p, Outcome.FAIL, a.error or (_said(r) if r else "no answer"), fix)
+    if a.error or r is None:
+        return _check(p, Outcome.FAIL, a.error or "no answer", fix)
+    # The GPU query's own judge, as the runs use it: a corrupted infoROM's warning (exit 14
+    # with good rows) is a warning here too, not a failure that a run would not see.
     try:
+        check_nvidia_smi(p.host, r)
         gpus = parse_gpu_csv(p.host, r.stdout)
     except GpuQueryError as e:
-        return _check(p, Outcome.FAIL, e.reason, fix)
-    return _check(p, Outcome.OK, f"{len(gpus)} GPU(s)" + (f": {gpus[0].name}" if gpus else ""))
+        return _check(p, Outcome.FAIL, e.reason if r.ok else _said(r), fix)
+    found = f"{len(gpus)} GPU(s)" + (f": {gpus[0].name}" if gpus else "")
+    warnings = driver_warnings(r.stdout, r.stderr)
+    if warnings:
+        return _check(p, Outcome.WARN, f"{found}; " + "; ".join(w.line for w in warnings),
+                      "the GPU's infoROM is corrupted: its ECC and health records may be "
+                      "unreliable; plan an infoROM recovery or RMA with NVIDIA")
+    return _check(p, Outcome.OK, found)
 
 
 def _unit(p: Probe, a: Answer, s: Settings) -> Check:
