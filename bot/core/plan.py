@@ -73,7 +73,7 @@ STEP_TITLES: dict[Step, str] = {
     Step.ROLLBACK_HEALTH: "Rollback: health gate",
     Step.ROLLBACK_READINESS: "Rollback: readiness",
     Step.STATUS: "Status",
-    Step.GPU_CHECK: "GPU check (count, ECC, row remaps, Xid errors)",
+    Step.GPU_CHECK: "GPU check (count, ECC, row remaps, reset status, Xid errors)",
     Step.LEFTOVERS: "Terminate leftover processes (approved)",
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
 }
@@ -233,8 +233,8 @@ def requests_command(svc: ServiceSettings) -> str:
     if svc.request_drain_timeout_s == 0:
         return f"GET {metrics_url(svc)} once (request_drain_timeout_s = 0: no wait)"
     return (f"GET {metrics_url(svc)} every {svc.drain_poll_s:g}s up to "
-            f"{svc.request_drain_timeout_s:g}s, until no request runs or waits "
-            "(--force: no wait)")
+            f"{svc.request_drain_timeout_s:g}s, until no request runs or waits; a load "
+            "it cannot read refuses the stop while the unit runs (--force: no wait)")
 
 
 def readiness_command(svc: ServiceSettings) -> str:
