@@ -270,6 +270,13 @@ def sudoers_installed(text: str) -> Iterator[Path]:
     # both, so the other test's commands match no rule (the password prompt).
     lock = open(SUDOERS_LOCK, "a")  # held for the drop-in's whole life
     fcntl.flock(lock, fcntl.LOCK_EX)
+    # With the lock held, any other test drop-in is a dead run's (a run killed inside this
+    # block, as a CI timeout does, leaves its file; the kernel drops its lock). Left
+    # there it redefines the same aliases, and sudo keeps whichever file sorts first: a
+    # later run then failed about half its sudo tests, by the random names' order.
+    for stale in [*SUDOERS_D.glob("vllm_chatops_test_*"),
+                  *SUDOERS_D.glob(".vllm_chatops_test_*.new")]:
+        stale.unlink(missing_ok=True)
     # Written beside it under a name sudo skips (it has a "."), then renamed: a test running
     # sudo meanwhile never reads half a file (a copy from /tmp, on another file system,
     # would be written in place, and sudo refuses every command while a drop-in is broken).
