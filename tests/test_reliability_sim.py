@@ -147,7 +147,9 @@ async def test_polls_after_a_cancel_keep_their_pace() -> None:
 
     def flow() -> Flow:
         for _ in range(3):
-            ticks.append((yield Sleep(0.05)))
+            tick = yield Sleep(0.05)
+            assert isinstance(tick, Tick)
+            ticks.append(tick)
         return HostOutcome(HostStatus.CANCELLED, "done")
 
     loop = asyncio.get_running_loop()

@@ -42,6 +42,7 @@ from bot.core.phases.actions import (
     Packages,
     Progress,
     ReadGpuState,
+    Reply,
     RunCommand,
     Sleep,
     Snapshot,
@@ -82,7 +83,7 @@ __all__ = [
     "FLOWS", "FOLLOW_FAILED_READS", "HEALTH_REQUEST_TIMEOUT_S", "INSTALL_KILL_GRACE_S",
     "STARTUP_FAILED", "UNKNOWN_LOAD_READS", "Action", "BeginStep", "Checkpoint", "DrainEnd",
     "Emit", "EndStep", "Flow", "Health", "HostOutcome", "HttpCheck", "InstallEnd", "Notice",
-    "Packages", "Progress", "ReadGpuState", "RunCommand", "Sleep", "Snapshot", "Tick",
+    "Packages", "Progress", "ReadGpuState", "Reply", "RunCommand", "Sleep", "Snapshot", "Tick",
     "Versions", "gpu_health_flow", "lost", "preview_flow", "redeploy_flow", "restart_flow",
     "rollback_command", "status_flow",
 ]

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from bot.core.gpu import GpuSnapshot
-from bot.core.health import GpuCheck
-from bot.core.leftovers import AskApproval
+from bot.core.health import GpuCheck, GpuStateRead
+from bot.core.leftovers import Approval, AskApproval
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, run_as_of
-from bot.core.results import CommandResult
+from bot.core.results import CommandResult, HttpResult
 from bot.core.status import HostStatus
 
 
@@ -145,15 +145,51 @@ class HostOutcome:
     version_after: str | None = None
 
 
-Flow = Generator[Action, Any, HostOutcome]
+# What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->
+# HttpResult; ReadGpuState -> GpuStateRead; AskApproval -> Approval; Sleep and
+# Checkpoint -> Tick; Emit and Progress -> None. The helpers below yield one action and
+# narrow its reply, so no flow code handles a reply of the wrong type.
+Reply = CommandResult | HttpResult | GpuStateRead | Tick | Approval | None
+
+T = TypeVar("T")
+R = TypeVar("R", CommandResult, HttpResult, GpuStateRead, Tick, Approval)
+# A part of a flow: yields actions, is answered with replies, returns a T.
+Phase: TypeAlias = Generator[Action, Reply, T]
+Flow = Phase[HostOutcome]
+
+
+def _expect(reply: Reply, kind: type[R], action: Action) -> R:
+    """The reply narrowed to what ``action`` is answered with; anything else is a bug of
+    whoever drives the flow (the executor, a test's host), said at once."""
+    if not isinstance(reply, kind):
+        raise TypeError(f"{type(action).__name__} was answered with "
+                        f"{type(reply).__name__}, not {kind.__name__}")
+    return reply
 
 
 def run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False,
-         stdin: bytes | None = None) -> Generator[Action, Any, CommandResult]:
-    result: CommandResult = yield RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
-    return result
+        stdin: bytes | None = None) -> Phase[CommandResult]:
+    action = RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
+    return _expect((yield action), CommandResult, action)
 
 
-def pause(seconds: float | None = None) -> Generator[Action, Any, Tick]:
-    tick: Tick = yield (Checkpoint() if seconds is None else Sleep(seconds))
-    return tick
+def http(url: str, timeout_s: float, method: str = "GET", body: bytes | None = None,
+         content_type: str | None = None) -> Phase[HttpResult]:
+    action = HttpCheck(url, timeout_s, method, body, content_type)
+    return _expect((yield action), HttpResult, action)
+
+
+def read_gpu_state(fallback: RunCommand) -> Phase[GpuStateRead]:
+    action = ReadGpuState(fallback)
+    return _expect((yield action), GpuStateRead, action)
+
+
+def ask(question: str, pids: tuple[int, ...]) -> Phase[Approval]:
+    action = AskApproval(question, pids)
+    return _expect((yield action), Approval, action)
+
+
+def pause(seconds: float | None = None) -> Phase[Tick]:
+    """A safe point (``None``) or a sleep; either way the clock and the cancel flag."""
+    action = Checkpoint() if seconds is None else Sleep(seconds)
+    return _expect((yield action), Tick, action)

@@ -4,13 +4,12 @@ journal's tail."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, Literal
+from typing import Literal
 
 from bot.core import remote
 from bot.core.gpu import GpuSnapshot, build_snapshot, check_nvidia_smi, scoped, select_gpus
 from bot.core.leftovers import facts_query, parse_facts, service_name
-from bot.core.phases.actions import Action, run
+from bot.core.phases.actions import Phase, run
 from bot.core.plan import Step, cmd
 from bot.core.readiness import error_message
 from bot.core.results import CommandResult, HttpResult
@@ -56,7 +55,7 @@ def tail_of(text: str, lines: int = 20) -> str:
 
 
 def read_snapshot(step: Step, svc: ServiceSettings, host: str
-              ) -> Generator[Action, Any, GpuSnapshot]:
+              ) -> Phase[GpuSnapshot]:
     """Query GPUs and compute apps; raises GpuQueryError when nvidia-smi fails
     (``HostLost`` when its result never came back)."""
     gpus = yield from run(step, remote.gpu_query(), svc.command_timeout_s, quiet=True)
@@ -74,13 +73,13 @@ def check_reached(host: str, r: CommandResult) -> None:
         raise HostLost(host, reason_of(r))
 
 
-def read_installed(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str | None]:
+def read_installed(step: Step, svc: ServiceSettings) -> Phase[str | None]:
     version, _, _ = yield from read_version(step, svc)
     return version
 
 
 def read_version(step: Step, svc: ServiceSettings
-                  ) -> Generator[Action, Any, tuple[str | None, str, str]]:
+                  ) -> Phase[tuple[str | None, str, str]]:
     """(version, why it is unknown, the output that says so).  The query is quiet, so
     its output reaches no one unless the caller keeps it: uv's own words ("No virtual
     environment or system Python installation found for path ...") are the reason."""
@@ -107,7 +106,7 @@ def evidence_of(argv: tuple[str, ...], r: CommandResult) -> str:
 
 
 def unit_state(step: Step, svc: ServiceSettings
-                ) -> Generator[Action, Any, tuple[CommandResult, dict[str, str]]]:
+                ) -> Phase[tuple[CommandResult, dict[str, str]]]:
     r = yield from run(step, remote.unit_show(svc), svc.command_timeout_s)
     return r, remote.parse_unit_show(r.stdout)
 
@@ -139,7 +138,7 @@ def http_why(h: HttpResult) -> str:
     return f"HTTP {h.status}: {error_message(h.body)}"
 
 
-def journal_tail(step: Step, svc: ServiceSettings) -> Generator[Action, Any, str]:
+def journal_tail(step: Step, svc: ServiceSettings) -> Phase[str]:
     r = yield from run(step, remote.journal_tail(svc), svc.command_timeout_s, quiet=True)
     header = f"$ {cmd(remote.journal_tail(svc))}"
     return f"{header}\n{r.output.rstrip()}" if r.output.strip() else f"{header}\n({reason_of(r)})"
@@ -154,7 +153,7 @@ def _in_scope(svc: ServiceSettings, snap: GpuSnapshot) -> GpuSnapshot:
 
 def service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
                      workers: tuple[tuple[int, str], ...]
-                     ) -> Generator[Action, Any, tuple[tuple[int, str], ...]]:
+                     ) -> Phase[tuple[tuple[int, str], ...]]:
     """The ``VLLM::`` processes that may be this service's. On a host the service has to
     itself (``gpus`` unset) every one counts, as it always did. With ``gpus`` set another
     service runs beside it: a worker nvidia-smi lists on another GPU, or one in another

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
-
 from bot.core.gpu import DriverWarning, Gpu, select_gpus
 from bot.core.health import (
     HEALTH_QUERY_ARGV,
@@ -19,15 +16,15 @@ from bot.core.health import (
     new_xids,
 )
 from bot.core.phases.actions import (
-    Action,
     BeginStep,
     Emit,
     EndStep,
     Flow,
     Health,
     HostOutcome,
-    ReadGpuState,
+    Phase,
     RunCommand,
+    read_gpu_state,
     run,
 )
 from bot.core.phases.common import HostLost, read_snapshot
@@ -41,13 +38,13 @@ from bot.settings import ServiceSettings
 
 def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...],
                  warnings: tuple[DriverWarning, ...] = ()
-                 ) -> Generator[Action, Any, tuple[HostHealth, GpuStateRead]]:
+                 ) -> Phase[tuple[HostHealth, GpuStateRead]]:
     """The GPUs' state (NVML or ``nvidia-smi -q``, as the executor can) and the kernel's
     Xid lines, judged per GPU (bot.core.health): the same verdict whichever source.
     ``warnings``: what the GPU query warned about (a corrupted infoROM)."""
     fallback = RunCommand(step, HEALTH_QUERY_ARGV, svc.command_timeout_s, True,
                           run_as=run_as_of(HEALTH_QUERY_ARGV))
-    state: GpuStateRead = yield ReadGpuState(fallback)
+    state = yield from read_gpu_state(fallback)
     readings, notes = state.judged(host)
     reads = health_reads(host, gpus, readings, notes, warnings)
     result: CommandResult | None = None
@@ -60,7 +57,7 @@ def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, .
         return health, state
 
 
-def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, GpuCheck]:
+def _read_gpu_check(svc: ServiceSettings, host: str) -> Phase[GpuCheck]:
     """The GPU check's reads and verdict, without its step: the host lists every GPU the
     service needs, and none of them is critical. Read-only; the run's check before the
     stop and the approval card's read at the request (``gpu_health_flow``) share it, so
@@ -88,7 +85,7 @@ def _read_gpu_check(svc: ServiceSettings, host: str) -> Generator[Action, Any, G
 
 
 def gpu_check(svc: ServiceSettings, host: str, local: bool
-               ) -> Generator[Action, Any, GpuCheck]:
+               ) -> Phase[GpuCheck]:
     """Before anything changes: the host lists every GPU the service needs (a host with
     none, or fewer, is never drained) and none of them is critical (ECC, row remap,
     recovery action, Xid errors); warnings go on the card. Refusing leaves the service

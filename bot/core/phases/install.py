@@ -3,14 +3,12 @@ touches the venv, and the import gate between the install and the start."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
 from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.packages import EnvKind, PackageDiff, diff_freezes, parse_freeze
-from bot.core.phases.actions import Action, BeginStep, Emit, EndStep, Packages, pause, run
+from bot.core.phases.actions import BeginStep, Emit, EndStep, Packages, Phase, pause, run
 from bot.core.phases.common import InstallEnd, explain, failed_msg, lost, reason_of, tail_of
 from bot.core.phases.preflight import Env
 from bot.core.plan import Step, cmd
@@ -30,7 +28,7 @@ class _Settled:
 
 
 def _settle_install(svc: ServiceSettings, step: Step, started: float
-                    ) -> Generator[Action, Any, _Settled]:
+                    ) -> Phase[_Settled]:
     """The result of an install never came back.  uv may still be running on the host
     (OpenSSH does not end a command without a pty when its channel closes; ``timeout``
     only ends it at the install timeout), and installing anything else meanwhile
@@ -60,7 +58,7 @@ def _settle_install(svc: ServiceSettings, step: Step, started: float
 
 
 def import_gate(svc: ServiceSettings, env: Env, target: str | None
-          ) -> Generator[Action, Any, str | None]:
+          ) -> Phase[str | None]:
     """Between install and start: record what the install really changed, then let the
     venv's own interpreter import vllm and torch and compare torch's CUDA build with what
     the driver supports. None when the new environment may start, else which check
@@ -87,7 +85,7 @@ def import_gate(svc: ServiceSettings, env: Env, target: str | None
 
 
 def record_change(svc: ServiceSettings, env: Env, kind: EnvKind
-                   ) -> Generator[Action, Any, PackageDiff | None]:
+                   ) -> Phase[PackageDiff | None]:
     """The freeze now, compared with the snapshot, recorded as ``kind``; None (and a
     note saying why) when the freeze cannot be read."""
     r = yield from run(Step.GATE if kind == EnvKind.INSTALLED else Step.POSTCHECK,
@@ -102,7 +100,7 @@ def record_change(svc: ServiceSettings, env: Env, kind: EnvKind
 
 def run_install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
              what: str, done: str, stdin: bytes | None
-             ) -> Generator[Action, Any, tuple[InstallEnd, str]]:
+             ) -> Phase[tuple[InstallEnd, str]]:
     """Run an install (the reinstall or the rollback): how it ended, and why.
 
     A cut connection may leave uv running on the host, and installing anything else

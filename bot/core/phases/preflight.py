@@ -4,9 +4,8 @@ then the prefetch of every wheel the install needs (issue 10)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from bot.core import remote
 from bot.core.packages import (
@@ -19,7 +18,16 @@ from bot.core.packages import (
     parse_install_set,
     planned_diff,
 )
-from bot.core.phases.actions import Action, BeginStep, Emit, EndStep, Packages, Versions, pause, run
+from bot.core.phases.actions import (
+    BeginStep,
+    Emit,
+    EndStep,
+    Packages,
+    Phase,
+    Versions,
+    pause,
+    run,
+)
 from bot.core.phases.common import (
     check_unit,
     evidence_of,
@@ -54,7 +62,7 @@ class _Preflight:
     env: Env | None = None  # the environment snapshot a rollback restores
 
 
-def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action, Any, _Preflight]:
+def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
     """Everything that can refuse does so while the service is untouched: the unit is
     loaded, the installed version is known (a rollback needs it), the venv's disk has
     room and the install resolves."""
@@ -81,7 +89,7 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Generator[Action, 
     return _Preflight(before, target, env=env)
 
 
-def preflight_unit(svc: ServiceSettings, host: str) -> Generator[Action, Any, dict[str, str]]:
+def preflight_unit(svc: ServiceSettings, host: str) -> Phase[dict[str, str]]:
     """The unit's properties; refuses when the host is unreachable or the unit not loaded."""
     r, props = yield from unit_state(Step.PREFLIGHT, svc)
     refusal = (f"cannot reach {host} over SSH: {reason_of(r)}" if lost(r)
@@ -91,7 +99,7 @@ def preflight_unit(svc: ServiceSettings, host: str) -> Generator[Action, Any, di
     return props
 
 
-def _preflight_version(svc: ServiceSettings) -> Generator[Action, Any, str]:
+def _preflight_version(svc: ServiceSettings) -> Phase[str]:
     before, why, evidence = yield from read_version(Step.PREFLIGHT, svc)
     if before is None:
         raise Refused(f"cannot read the installed {svc.package} version, so a rollback "
@@ -99,7 +107,7 @@ def _preflight_version(svc: ServiceSettings) -> Generator[Action, Any, str]:
     return before
 
 
-def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
+def _preflight_disk(svc: ServiceSettings) -> Phase[int]:
     """Free MiB on the venv's file system; refuses under ``min_free_disk_mib``."""
     df = yield from run(Step.PREFLIGHT, remote.free_disk(svc), svc.command_timeout_s)
     avail = remote.parse_df_avail_mib(df.stdout) if df.ok else None
@@ -112,7 +120,7 @@ def _preflight_disk(svc: ServiceSettings) -> Generator[Action, Any, int]:
 
 
 def _preflight_dry_run(plan: Plan, svc: ServiceSettings
-                       ) -> Generator[Action, Any, tuple[str | None, str]]:
+                       ) -> Phase[tuple[str | None, str]]:
     """``uv pip install --dry-run``; returns the version the install should leave, and
     uv's report (its `` - ``/`` + ``/`` ~ `` lines, on stderr)."""
     dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
@@ -141,7 +149,7 @@ class Env:
 
 
 def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
-                        ) -> Generator[Action, Any, Env]:
+                        ) -> Phase[Env]:
     """``uv pip freeze`` of the venv, kept on the host next to it (so a rollback never
     depends on the bot) and recorded in the audit log. A snapshot that cannot be taken
     or saved refuses the run: without it no rollback could restore what was there."""
@@ -182,7 +190,7 @@ def _size(n: int | None) -> str:
         f"{n / 1024**2:.1f} MiB downloaded")
 
 
-def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Generator[Action, Any, str | None]:
+def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
     """Before the stop, fetch every wheel the install needs into uv's cache (what the
     dry run says the install installs, pinned, installed into a throwaway venv that is
     removed), so the outage holds no download. None when done, else why not (the

@@ -3,23 +3,20 @@ read at the request."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
-
 from bot.core import remote
 from bot.core.gpu import memory_summary
 from bot.core.packages import EnvKind, parse_freeze, parse_install_changes, planned_diff
 from bot.core.phases.actions import (
-    Action,
     BeginStep,
     Emit,
     EndStep,
     Flow,
     HostOutcome,
-    HttpCheck,
     Packages,
+    Phase,
     Snapshot,
     Versions,
+    http,
     run,
 )
 from bot.core.phases.common import (
@@ -35,18 +32,17 @@ from bot.core.phases.common import (
 from bot.core.phases.stop import read_load
 from bot.core.plan import Plan, Step, cmd
 from bot.core.readiness import api_base, model_ids
-from bot.core.results import HttpResult
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
-def _serving(svc: ServiceSettings, props: dict[str, str]) -> Generator[Action, Any, str]:
+def _serving(svc: ServiceSettings, props: dict[str, str]) -> Phase[str]:
     """For status: the model(s) served and the load, from the API (when the unit runs)."""
     if props.get("ActiveState") != "active":
         return "API: unit not active"
     url = f"{api_base(svc)}/v1/models"
-    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     ids = model_ids(h.body) if h.ok else None
     models = (f"serving {', '.join(ids) or 'no model'}" if ids is not None
               else f"models unknown ({http_why(h) if not h.ok else 'not a model list'})")

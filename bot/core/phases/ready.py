@@ -4,10 +4,8 @@ version."""
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
-from typing import Any
 
-from bot.core.phases.actions import Action, BeginStep, Emit, EndStep, HttpCheck
+from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, http
 from bot.core.phases.common import HEALTH_REQUEST_TIMEOUT_S, http_why, journal_tail, read_version
 from bot.core.plan import Step, readiness_command
 from bot.core.readiness import (
@@ -18,7 +16,6 @@ from bot.core.readiness import (
     model_ids,
     reported_version,
 )
-from bot.core.results import HttpResult
 from bot.core.versions import same_release
 from bot.settings import ServiceSettings
 
@@ -32,7 +29,7 @@ class _NotReady(Exception):
         self.reason = reason
 
 
-def readiness_checks(svc: ServiceSettings, step: Step) -> Generator[Action, Any, str | None]:
+def readiness_checks(svc: ServiceSettings, step: Step) -> Phase[str | None]:
     """``/health`` says the process is alive; this says it serves the configured model,
     answers the smoke prompt correctly and is the installed version. Each check's
     result goes in the step's output (the thread and the audit log). None when ready;
@@ -57,13 +54,13 @@ def readiness_checks(svc: ServiceSettings, step: Step) -> Generator[Action, Any,
 
 
 def _check_models(svc: ServiceSettings, checks: list[str]
-                  ) -> Generator[Action, Any, str | None]:
+                  ) -> Phase[str | None]:
     """``GET /v1/models`` lists ``served_model``; returns the model the smoke test asks
     (``served_model``, or the first listed), None when neither check is configured."""
     if svc.served_model is None and svc.smoke_prompt is None:
         return None
     url = f"{api_base(svc)}/v1/models"
-    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     ids = model_ids(h.body) if h.ok else None
     if ids is None:
         raise _NotReady(f"GET {url}: {http_why(h) if not h.ok else 'not a model list'}")
@@ -79,9 +76,9 @@ def _check_models(svc: ServiceSettings, checks: list[str]
 
 
 def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str]
-                 ) -> Generator[Action, Any, None]:
+                 ) -> Phase[None]:
     url = f"{api_base(svc)}/v1/completions"
-    h: HttpResult = yield HttpCheck(url, svc.smoke_timeout_s, "POST",
+    h = yield from http(url, svc.smoke_timeout_s, "POST",
                                     completion_body(model, prompt, svc.smoke_max_tokens),
                                     "application/json")
     if h.status != 200:
@@ -100,9 +97,9 @@ def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str
 
 
 def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
-                   ) -> Generator[Action, Any, None]:
+                   ) -> Phase[None]:
     url = f"{api_base(svc)}/version"
-    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     reported = reported_version(h.body) if h.ok else None
     if reported is None:
         checks.append(f"skipped: GET {url} reports no version "

@@ -3,19 +3,16 @@ environment snapshot, start, gate and post-check it."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
-
 from bot.core import remote
 from bot.core.gpu import memory_summary
 from bot.core.packages import EnvKind
 from bot.core.phases.actions import (
-    Action,
     BeginStep,
     Emit,
     EndStep,
     Flow,
     HostOutcome,
+    Phase,
     Sleep,
     Snapshot,
     pause,
@@ -39,7 +36,7 @@ from bot.settings import ServiceSettings
 
 
 def _restore(plan: Plan, svc: ServiceSettings, before: str | None, env: Env
-             ) -> Generator[Action, Any, tuple[InstallEnd, str]]:
+             ) -> Phase[tuple[InstallEnd, str]]:
     """``uv pip sync`` of the snapshot: from uv's cache first (no network: a build the
     index no longer serves comes back too), then from the index."""
     offline = remote.sync_lock(svc, env.lock, offline=True)
@@ -61,7 +58,7 @@ def rollback_command(svc: ServiceSettings, lock: str) -> str:
             f" && {cmd(remote.unit_start(svc))}")
 
 
-def _rollback_stop(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
+def _rollback_stop(svc: ServiceSettings, host: str) -> Phase[str | None]:
     """Stop the new version that never turned healthy and wait for its GPU memory, so
     the snapshot can be restored under a stopped service. None when stopped and free."""
     argv = remote.unit_stop(svc)
@@ -109,7 +106,7 @@ def unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, e
 
 
 def _postcheck_restored(svc: ServiceSettings, host: str, env: Env
-                        ) -> Generator[Action, Any, tuple[str | None, str | None]]:
+                        ) -> Phase[tuple[str | None, str | None]]:
     """The post-check after a rollback: the version, the GPUs, and whether the freeze is
     the snapshot again. Returns (version, how it differs from the snapshot or None)."""
     yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.freeze(svc))}; "

@@ -3,22 +3,20 @@ readiness checks, what a failed start left, the post-check, and the restart afte
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
 
 from bot.core import remote
 from bot.core.gpu import memory_summary
 from bot.core.phases.actions import (
-    Action,
     BeginStep,
     Emit,
     EndStep,
     Flow,
     HostOutcome,
-    HttpCheck,
+    Phase,
     Progress,
     Snapshot,
+    http,
     pause,
     run,
 )
@@ -33,7 +31,7 @@ from bot.core.phases.common import (
 )
 from bot.core.phases.ready import READINESS_OF, readiness_checks
 from bot.core.plan import Step, cmd
-from bot.core.results import CommandResult, HttpResult
+from bot.core.results import CommandResult
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines, thread_block
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
@@ -41,7 +39,7 @@ from bot.settings import ServiceSettings
 
 
 def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
-                    ) -> Generator[Action, Any, str | None]:
+                    ) -> Phase[str | None]:
     """systemctl start, then wait for the unit to stay up and /health to answer 200
     (following the journal meanwhile), then the readiness checks. Returns None when
     ready, else the reason (journal tail in the failed step's detail)."""
@@ -54,7 +52,7 @@ def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     return (yield from readiness_checks(svc, READINESS_OF[health_step]))
 
 
-def left_as(svc: ServiceSettings, step: Step, err: str) -> Generator[Action, Any, str]:
+def left_as(svc: ServiceSettings, step: Step, err: str) -> Phase[str]:
     """What a failed start (``err``) left, as systemd says now. UP but NOT READY only for
     a unit that runs a server that may answer clients (failed /health or readiness:
     another model, a failing smoke test). DOWN when the unit does not run, when systemd
@@ -79,7 +77,7 @@ def left_as(svc: ServiceSettings, step: Step, err: str) -> Generator[Action, Any
 
 
 def _start_unit(svc: ServiceSettings, start_step: Step
-                ) -> Generator[Action, Any, tuple[str | None, str | None]]:
+                ) -> Phase[tuple[str | None, str | None]]:
     """systemctl start. (None, the journal's cursor before the start) when started (or
     the connection was lost: systemd carries on, the health gate decides); else why not."""
     argv = remote.unit_start(svc)
@@ -146,7 +144,7 @@ FOLLOW_FAILED_READS = 3
 
 
 def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
-            now: float) -> Generator[Action, Any, None]:
+            now: float) -> Phase[None]:
     """Read the journal's new lines (``journal_follow_lines`` a read, until caught up)
     and show the phase: at once when it changes, else every ``progress_interval_s``
     (the elapsed time), so the card's updates do not grow with the log."""
@@ -179,7 +177,7 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
 
 
 def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
-                 ) -> Generator[Action, Any, str | None]:
+                 ) -> Phase[str | None]:
     """Until the unit stays up and /health answers 200; a failure line in the journal
     (``bot.core.startup``) or the unit failing ends the wait at once."""
     yield Emit(BeginStep(step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}; "
@@ -200,7 +198,7 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             yield Emit(EndStep(step, False, msg, active.exit_status, journal))
             return msg
         if active.ok:
-            h: HttpResult = yield HttpCheck(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
+            h = yield from http(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
             if h.ok:
                 now = (yield from pause(0.0)).now
                 # What the server logged since the last poll is this start's too: the last
@@ -230,7 +228,7 @@ STARTUP_FAILED = "start-up failed: "
 
 
 def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
-                  ) -> Generator[Action, Any, str]:
+                  ) -> Phase[str]:
     """A journal line said the start failed: read once more (the rest of a traceback
     names its cause), then end with those lines and the journal's tail."""
     r = yield from run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
@@ -247,7 +245,7 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
     return msg
 
 
-def postcheck(svc: ServiceSettings, host: str) -> Generator[Action, Any, str | None]:
+def postcheck(svc: ServiceSettings, host: str) -> Phase[str | None]:
     yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; "
                          f"{cmd(remote.gpu_query())}"))
     after = yield from read_installed(Step.POSTCHECK, svc)

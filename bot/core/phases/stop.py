@@ -4,23 +4,21 @@ its GPU memory drained."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
 from bot.core import remote
 from bot.core.gpu import DrainVerdict, GpuSnapshot, drain_verdict, parse_pgrep
 from bot.core.metrics import Load, MetricsError, parse_load
 from bot.core.phases.actions import (
-    Action,
     BeginStep,
     Emit,
     EndStep,
     HostOutcome,
-    HttpCheck,
+    Phase,
     Progress,
     Sleep,
     Snapshot,
+    http,
     pause,
     run,
 )
@@ -40,13 +38,12 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd, requests_command
 from bot.core.readiness import metrics_url
-from bot.core.results import HttpResult
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
-def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | None]:
+def _stop(svc: ServiceSettings, service: str) -> Phase[str | None]:
     """systemctl stop. None when stopped, else the run's summary."""
     argv = remote.unit_stop(svc)
     yield Emit(BeginStep(Step.STOP, cmd(argv)))
@@ -68,7 +65,7 @@ def _stop(svc: ServiceSettings, service: str) -> Generator[Action, Any, str | No
 
 
 def drain_poll(svc: ServiceSettings, host: str
-                ) -> Generator[Action, Any, tuple[GpuSnapshot, DrainVerdict]]:
+                ) -> Phase[tuple[GpuSnapshot, DrainVerdict]]:
     """One look at GPU memory, compute apps and surviving workers."""
     snap = yield from read_snapshot(Step.DRAIN, svc, host)
     w = yield from run(Step.DRAIN, remote.workers_query(), svc.command_timeout_s, quiet=True)
@@ -82,7 +79,7 @@ def drain_poll(svc: ServiceSettings, host: str
 
 
 def drain_gpus(svc: ServiceSettings, host: str
-           ) -> Generator[Action, Any, tuple[DrainEnd, str | None]]:
+           ) -> Phase[tuple[DrainEnd, str | None]]:
     """Poll until GPU memory is released. Returns how it ended and why.
 
     A poll whose result never came back is no verdict: the next poll reconnects,
@@ -147,9 +144,9 @@ class _LoadRead:
     final: bool  # reading again would say the same
 
 
-def _read_load_once(svc: ServiceSettings) -> Generator[Action, Any, _LoadRead]:
+def _read_load_once(svc: ServiceSettings) -> Phase[_LoadRead]:
     url = metrics_url(svc)
-    h: HttpResult = yield HttpCheck(url, HEALTH_REQUEST_TIMEOUT_S)
+    h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     if not h.ok:
         return _LoadRead(None, f"{url} did not answer with metrics ({http_why(h)})",
                          h.status is not None and h.status < 500)
@@ -163,7 +160,7 @@ def _read_load_once(svc: ServiceSettings) -> Generator[Action, Any, _LoadRead]:
     return _LoadRead(load, "", True)
 
 
-def read_load(svc: ServiceSettings) -> Generator[Action, Any, tuple[Load | None, str]]:
+def read_load(svc: ServiceSettings) -> Phase[tuple[Load | None, str]]:
     """The server's load from /metrics, or None and why it is unknown."""
     read = yield from _read_load_once(svc)
     return read.load, read.why
@@ -188,7 +185,7 @@ def _requests_verdict(plan: Plan, svc: ServiceSettings, load: Load, first: Load,
 
 
 def cancelled_before_change(before: str | None
-                             ) -> Generator[Action, Any, HostOutcome | None]:
+                             ) -> Phase[HostOutcome | None]:
     """A cancel point before the first change: the outcome that ends the run, or None."""
     if (yield from pause()).cancel_requested:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
@@ -197,7 +194,7 @@ def cancelled_before_change(before: str | None
 
 
 def quiesce_and_stop(plan: Plan, svc: ServiceSettings, before: str | None
-                      ) -> Generator[Action, Any, HostOutcome | None]:
+                      ) -> Phase[HostOutcome | None]:
     """Wait for in-flight requests (``--force``: not), then stop the unit. None once it
     is stopped; else the outcome that ends the run."""
     held = yield from _drain_requests(plan, svc, before)
@@ -210,7 +207,7 @@ def quiesce_and_stop(plan: Plan, svc: ServiceSettings, before: str | None
 
 
 def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
-                    ) -> Generator[Action, Any, HostOutcome | None]:
+                    ) -> Phase[HostOutcome | None]:
     """Before the stop: wait until no request runs or waits on the server (vLLM aborts
     them at a stop), showing the counts live. None to go on with the stop; else the
     run's outcome, with the service untouched. A load that cannot be read is not idle
@@ -252,7 +249,7 @@ def _waits(plan: Plan, svc: ServiceSettings) -> bool:
 
 
 def _requests_end(before: str | None, verdict: tuple[bool, str], seen: deque[str]
-                  ) -> Generator[Action, Any, HostOutcome | None]:
+                  ) -> Phase[HostOutcome | None]:
     go, summary = verdict
     yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
     if go:
@@ -266,7 +263,7 @@ _NOT_RUNNING = ("inactive", "failed")
 
 
 def _unknown_load(plan: Plan, svc: ServiceSettings, before: str | None, why: str,
-                  seen: deque[str]) -> Generator[Action, Any, HostOutcome | None]:
+                  seen: deque[str]) -> Phase[HostOutcome | None]:
     """/metrics says nothing of the requests (no answer, no vllm: gauges: a server with
     --disable-log-stats). Unknown is not idle (issue 17, D5): the stop would cut whatever
     runs. It goes on only with --force, with request_drain_timeout_s = 0 (the stop never

@@ -3,13 +3,10 @@ then SIGTERM and SIGKILL to exactly the service's own, and the drain resumes."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, Literal
+from typing import Literal
 
 from bot.core.gpu import DrainVerdict
 from bot.core.leftovers import (
-    Approval,
-    AskApproval,
     Leftover,
     Owner,
     ProcFacts,
@@ -25,7 +22,7 @@ from bot.core.leftovers import (
     signal_command,
     unit_user_query,
 )
-from bot.core.phases.actions import Action, BeginStep, Emit, EndStep, pause, run
+from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, ask, pause, run
 from bot.core.phases.common import DrainEnd, explain
 from bot.core.phases.stop import drain_gpus, drain_poll
 from bot.core.plan import Step
@@ -36,7 +33,7 @@ LeftoverEnd = Literal["cleaned", "failed", "cancelled"]
 
 
 def drain_clean(svc: ServiceSettings, host: str
-                 ) -> Generator[Action, Any, tuple[DrainEnd, str | None]]:
+                 ) -> Phase[tuple[DrainEnd, str | None]]:
     """The drain; when it times out on processes of the service itself (workers that
     outlived the unit), an approver may have them terminated, and the drain resumes."""
     end, reason = yield from drain_gpus(svc, host)
@@ -56,7 +53,7 @@ def drain_clean(svc: ServiceSettings, host: str
 
 
 def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out: str
-               ) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+               ) -> Phase[tuple[LeftoverEnd, str]]:
     """Whose processes still hold the service's GPUs; only when every one is the
     service's own, an approver's go, then SIGTERM and SIGKILL to exactly those."""
     found = candidates(verdict)
@@ -89,7 +86,7 @@ def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out
                                       "reaches it" for x in stuck))
     if not ours:
         return "cleaned", ""  # they all exited meanwhile
-    answer: Approval = yield AskApproval(prompt(host, svc.unit, ours), tuple(x.pid for x in ours))
+    answer = yield from ask(prompt(host, svc.unit, ours), tuple(x.pid for x in ours))
     if (yield from pause()).cancel_requested:
         return "cancelled", ""
     if answer.approved_by is None:
@@ -99,7 +96,7 @@ def _leftovers(svc: ServiceSettings, host: str, verdict: DrainVerdict, timed_out
 
 
 def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_by: str,
-               timed_out: str) -> Generator[Action, Any, tuple[LeftoverEnd, str]]:
+               timed_out: str) -> Phase[tuple[LeftoverEnd, str]]:
     """SIGTERM, wait, SIGKILL to those that remain, wait: each signal only to a PID whose
     start time is unchanged. One that survives SIGKILL needs a GPU reset or a reboot."""
     targets = [x.facts for x in ours if x.facts is not None]
@@ -135,7 +132,7 @@ def _terminate(svc: ServiceSettings, host: str, ours: list[Leftover], approved_b
 
 
 def _still_running(svc: ServiceSettings, host: str, targets: list[ProcFacts]
-                   ) -> Generator[Action, Any, list[ProcFacts]]:
+                   ) -> Phase[list[ProcFacts]]:
     """Poll until every target has exited (or is a zombie, holding nothing), at most
     ``kill_grace_s``; the targets still running then, with their state now."""
     start = (yield from pause(0.0)).now
