@@ -49,6 +49,7 @@ from bot.core.phases.actions import (
     Tick,
     Versions,
     pause,
+    service_is,
 )
 from bot.core.phases.common import (
     HEALTH_REQUEST_TIMEOUT_S,
@@ -74,6 +75,7 @@ from bot.core.phases.start import (
 from bot.core.phases.stop import UNKNOWN_LOAD_READS, cancelled_before_change, quiesce_and_stop
 from bot.core.phases.terminate import drain_clean
 from bot.core.plan import Plan, Step, cmd
+from bot.core.service_state import ServiceState
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.settings import ServiceSettings
@@ -92,38 +94,44 @@ __all__ = [
 def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Preflight, stop, drain, reinstall (rollback on failure), start, health, post-check."""
     pre = yield from preflight(plan, svc, host)
-    before = pre.before
+    # Until the stop, every end leaves the service as preflight read it.
+    before, untouched = pre.before, pre.state
     if pre.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {pre.refusal}", before, None)
+                           f"preflight refused; service untouched: {pre.refusal}", untouched,
+                           before, None)
     assert pre.env is not None  # preflight refuses without a snapshot
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {check.refusal}", before, None)
+                           f"preflight refused; service untouched: {check.refusal}", untouched,
+                           before, None)
     if plan.dry_run:
         return HostOutcome(HostStatus.SUCCEEDED, f"dry run: preflight passed; would install "
-                           f"{plan.spec}, changing {pre.env.planned.headline()}", before, None)
+                           f"{plan.spec}, changing {pre.env.planned.headline()}", untouched,
+                           before, None)
 
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
-    if (ended := (yield from cancelled_before_change(before))) is not None:
+    if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
     fetch_failed = yield from prefetch(plan, svc, pre.env)
     if fetch_failed is not None:
         return HostOutcome(HostStatus.ABORTED, f"prefetch failed; service untouched: "
-                           f"{fetch_failed}", before, None)
+                           f"{fetch_failed}", untouched, before, None)
 
-    if (ended := (yield from cancelled_before_change(before))) is not None:
+    if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    if (ended := (yield from quiesce_and_stop(plan, svc, before))) is not None:
+    if (ended := (yield from quiesce_and_stop(plan, svc, before, untouched))) is not None:
         return ended
 
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
         return (yield from recover_after_cancel(svc, host, before, "during drain"))
     if drain == "failed":
-        return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED and nothing "
-                           "was reinstalled; free the GPUs, then restart it.", before, None)
+        stopped = ServiceState.STOPPED
+        return HostOutcome(HostStatus.FAILED, f"{reason}. {service_is(stopped)} and nothing "
+                           "was reinstalled; free the GPUs, then restart it.", stopped, before,
+                           None)
     outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
     return (yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host)))
 
@@ -138,10 +146,11 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
                                        f"installed {plan.spec}",
                                        remote.index_input(plan.index_url))
     if verdict == "unknown":
+        stopped = ServiceState.STOPPED
         return HostOutcome(
             HostStatus.FAILED, f"{why}. Whether {plan.spec} was installed is unknown, and "
-            f"the service is STOPPED. {status_hint(plan.service)} once the host answers.",
-            before, None)
+            f"{service_is(stopped, mid=True)}. {status_hint(plan.service)} once the host "
+            "answers.", stopped, before, None)
     if verdict == "failed":
         yield from record_change(svc, env, EnvKind.INSTALLED)  # what the failure left
         return (yield from rollback(plan, svc, host, before, why, env))
@@ -159,17 +168,18 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
         return (yield from unhealthy(plan, svc, host, before, err, env))
     after = yield from postcheck(svc, host)
     return HostOutcome(HostStatus.SUCCEEDED, f"{svc.package} {before} -> {after}, healthy",
-                       before, after)
+                       ServiceState.UP, before, after)
 
 
 def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Stop, drain, start, health: the same gates as a redeploy without the reinstall."""
     yield Emit(BeginStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))))
     try:
-        props = yield from preflight_unit(svc, host)
+        props, untouched = yield from preflight_unit(svc, host)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
-        return HostOutcome(HostStatus.ABORTED, f"preflight refused; service untouched: {e.reason}")
+        return HostOutcome(HostStatus.ABORTED, f"preflight refused; service untouched: {e.reason}",
+                           ServiceState.UNKNOWN)
     before = yield from read_installed(Step.PREFLIGHT, svc)
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
@@ -177,23 +187,26 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {check.refusal}", before, None)
-    if (ended := (yield from cancelled_before_change(before))) is not None:
+                           f"preflight refused; service untouched: {check.refusal}", untouched,
+                           before, None)
+    if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    if (ended := (yield from quiesce_and_stop(plan, svc, before))) is not None:
+    if (ended := (yield from quiesce_and_stop(plan, svc, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
     if drain == "failed":
-        return HostOutcome(HostStatus.FAILED, f"{reason}. The service is STOPPED; free the GPUs, "
-                           "then restart it.", before, None)
+        stopped = ServiceState.STOPPED
+        return HostOutcome(HostStatus.FAILED, f"{reason}. {service_is(stopped)}; free the GPUs, "
+                           "then restart it.", stopped, before, None)
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"{err}. {left}", before, None)
+        state, left = yield from left_as(svc, Step.HEALTH, err)
+        return HostOutcome(HostStatus.FAILED, f"{err}. {left}", state, before, None)
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     return (yield from gpu_recheck(svc, host, check, HostOutcome(
-        status, f"restarted on {after}, healthy", before, after), plan.is_local(host)))
+        status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
+        plan.is_local(host)))
 
 
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {

@@ -141,7 +141,7 @@ class Executor:
         except StopIteration as stop:
             outcome: HostOutcome = stop.value
         await self.sink.handle(ev.HostFinished(self.run_id, self.host, outcome.status,
-                                               outcome.summary))
+                                               outcome.summary, outcome.state))
         return outcome
 
     async def _perform(self, action: Action) -> Reply:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar, assert_never
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck, GpuStateRead
@@ -15,6 +15,7 @@ from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, run_as_of
 from bot.core.results import CommandResult, HttpResult
+from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 
 
@@ -141,8 +142,31 @@ Action = (RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Pr
 class HostOutcome:
     status: HostStatus
     summary: str
+    # How the run left the service on this host; the summary's words for it ("the
+    # service is STOPPED") are rendered from it (``service_is``), never written apart.
+    state: ServiceState
     version_before: str | None = None
     version_after: str | None = None
+
+
+def service_is(state: ServiceState, *, mid: bool = False) -> str:
+    """The words a summary uses for how the service was left ("The service is DOWN";
+    ``mid``: within a sentence, "the service is STOPPED"), from the value itself, so the
+    sentence and ``HostOutcome.state`` never disagree."""
+    match state:
+        case ServiceState.UP:
+            word = "UP"
+        case ServiceState.UP_NOT_READY:
+            word = "UP but NOT READY"
+        case ServiceState.DOWN:
+            word = "DOWN"
+        case ServiceState.STOPPED:
+            word = "STOPPED"
+        case ServiceState.UNKNOWN:
+            return f"{'w' if mid else 'W'}hether the service runs is unknown"
+        case _:
+            assert_never(state)
+    return f"{'t' if mid else 'T'}he service is {word}"
 
 
 # What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->

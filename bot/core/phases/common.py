@@ -13,6 +13,7 @@ from bot.core.phases.actions import Phase, run
 from bot.core.plan import Step, cmd
 from bot.core.readiness import error_message
 from bot.core.results import CommandResult, HttpResult
+from bot.core.service_state import ServiceState
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -109,6 +110,24 @@ def unit_state(step: Step, svc: ServiceSettings
                 ) -> Phase[tuple[CommandResult, dict[str, str]]]:
     r = yield from run(step, remote.unit_show(svc), svc.command_timeout_s)
     return r, remote.parse_unit_show(r.stdout)
+
+
+def read_state(r: CommandResult, props: dict[str, str]) -> ServiceState:
+    """The service's state as ``systemctl show`` read it, for a run that has not touched
+    it (or only read it): active is UP (its health is this run's to judge, not known
+    here); failed or still activating (a Restart= wait) is DOWN; inactive is STOPPED
+    (nobody runs it); a read that failed is UNKNOWN."""
+    if not r.ok:
+        return ServiceState.UNKNOWN
+    match props.get("ActiveState"):
+        case "active" | "reloading":
+            return ServiceState.UP
+        case "failed" | "activating":
+            return ServiceState.DOWN
+        case "inactive" | "deactivating":
+            return ServiceState.STOPPED
+        case _:
+            return ServiceState.UNKNOWN
 
 
 def check_unit(svc: ServiceSettings, r: CommandResult, props: dict[str, str]) -> str | None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bot.core.gpu import DriverWarning, Gpu, select_gpus
 from bot.core.health import (
     HEALTH_QUERY_ARGV,
@@ -31,6 +33,7 @@ from bot.core.phases.common import HostLost, read_snapshot
 from bot.core.plan import Step, gpu_check_command, gpu_recheck_command
 from bot.core.privilege import run_as_of
 from bot.core.results import CommandResult
+from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
@@ -114,9 +117,12 @@ def gpu_health_flow(svc: ServiceSettings, host: str) -> Flow:
     Changes nothing on the host; the verdict is emitted as a ``Health`` notice."""
     check = yield from _read_gpu_check(svc, host)
     yield Emit(Health(check))
+    # It reads the GPUs, not the unit: how the service is, it does not say.
     if check.health is None:
-        return HostOutcome(HostStatus.FAILED, check.refusal or "not reached")
-    return HostOutcome(HostStatus.SUCCEEDED, check.refusal or check.health.summary(check.scope))
+        return HostOutcome(HostStatus.FAILED, check.refusal or "not reached",
+                           ServiceState.UNKNOWN)
+    return HostOutcome(HostStatus.SUCCEEDED, check.refusal or check.health.summary(check.scope),
+                       ServiceState.UNKNOWN)
 
 
 def gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
@@ -148,5 +154,5 @@ def gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
     said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
     yield Emit(EndStep(Step.GPU_RECHECK, False, said, None,
                        f"{state.said()}\n{details(health, check.scope)}"))
-    return HostOutcome(outcome.status, f"{outcome.summary}; {said}", outcome.version_before,
-                       outcome.version_after)
+    # The service stays as the run left it (it passed its gates); only the summary grows.
+    return replace(outcome, summary=f"{outcome.summary}; {said}")

@@ -34,12 +34,14 @@ from bot.core.phases.common import (
     explain,
     failed_msg,
     lost,
+    read_state,
     read_version,
     reason_of,
     tail_of,
     unit_state,
 )
 from bot.core.plan import Plan, Step, cmd
+from bot.core.service_state import ServiceState
 from bot.settings import ServiceSettings
 
 
@@ -58,6 +60,9 @@ class _Preflight:
 
     before: str | None  # the installed version: what a rollback reinstalls
     target: str | None  # the version the install should leave (None: not known)
+    # How the service is (the unit as preflight read it): how every end before the stop
+    # leaves it. UNKNOWN when the unit could not be read, or is not loaded.
+    state: ServiceState
     refusal: str | None = None  # why it refused; None when every check passed
     env: Env | None = None  # the environment snapshot a rollback restores
 
@@ -69,15 +74,16 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
     yield Emit(BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps
                                               if s.step == Step.PREFLIGHT)))
     before: str | None = None
+    state = ServiceState.UNKNOWN
     try:
-        props = yield from preflight_unit(svc, host)
+        props, state = yield from preflight_unit(svc, host)
         before = yield from _preflight_version(svc)
         avail = yield from _preflight_disk(svc)
         target, dry_output = yield from _preflight_dry_run(plan, svc)
         env = yield from _preflight_snapshot(plan, svc, dry_output)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason, None, e.evidence))
-        return _Preflight(before, None, e.reason)
+        return _Preflight(before, None, state, e.reason)
     yield Emit(Versions(before, None))
     yield Emit(EndStep(Step.PREFLIGHT, True,
                        f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
@@ -86,17 +92,19 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
                        + f"; changes: {env.planned.headline()}; snapshot of "
                        f"{env.freeze.count} packages"
                        + ("" if plan.dry_run else f" kept as {env.lock}")))
-    return _Preflight(before, target, env=env)
+    return _Preflight(before, target, state, env=env)
 
 
-def preflight_unit(svc: ServiceSettings, host: str) -> Phase[dict[str, str]]:
-    """The unit's properties; refuses when the host is unreachable or the unit not loaded."""
+def preflight_unit(svc: ServiceSettings, host: str
+                   ) -> Phase[tuple[dict[str, str], ServiceState]]:
+    """The unit's properties and the service's state they say; refuses when the host is
+    unreachable or the unit not loaded."""
     r, props = yield from unit_state(Step.PREFLIGHT, svc)
     refusal = (f"cannot reach {host} over SSH: {reason_of(r)}" if lost(r)
                else check_unit(svc, r, props))
     if refusal is not None:
         raise Refused(refusal)
-    return props
+    return props, read_state(r, props)
 
 
 def _preflight_version(svc: ServiceSettings) -> Phase[str]:

@@ -25,6 +25,7 @@ from bot.core.phases.common import (
     http_why,
     read_installed,
     read_snapshot,
+    read_state,
     reason_of,
     tail_of,
     unit_state,
@@ -32,6 +33,7 @@ from bot.core.phases.common import (
 from bot.core.phases.stop import read_load
 from bot.core.plan import Plan, Step, cmd
 from bot.core.readiness import api_base, model_ids
+from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
@@ -59,16 +61,20 @@ def preview_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                              quiet=True)
     if not frozen.ok:
         return HostOutcome(HostStatus.FAILED, f"cannot read the environment "
-                           f"(`{cmd(remote.freeze(svc))}`: {explain(frozen)})")
+                           f"(`{cmd(remote.freeze(svc))}`: {explain(frozen)})", _NOT_READ)
     dry = yield from run(Step.PREFLIGHT, remote.install_dry_run(svc, plan.spec, plan.index_url),
                           svc.install_timeout_s, quiet=True,
                           stdin=remote.index_input(plan.index_url))
     if not dry.ok:
         return HostOutcome(HostStatus.FAILED, f"install dry run failed ({reason_of(dry)}): "
-                           f"{tail_of(dry.output, 3)}")
+                           f"{tail_of(dry.output, 3)}", _NOT_READ)
     diff = planned_diff(parse_freeze(frozen.stdout), parse_install_changes(dry.output))
     yield Emit(Packages(EnvKind.PREVIEW, diff))
-    return HostOutcome(HostStatus.SUCCEEDED, diff.headline())
+    return HostOutcome(HostStatus.SUCCEEDED, diff.headline(), _NOT_READ)
+
+
+# The preview reads the environment, not the unit: how the service is, it does not say.
+_NOT_READ = ServiceState.UNKNOWN
 
 
 def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -80,14 +86,15 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     state = (f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')}), "
              f"MainPID {props.get('MainPID', '?')}") if r.ok else f"unknown ({reason_of(r)})"
     api = yield from _serving(svc, props)
+    left = read_state(r, props)
     try:
         snap = yield from read_snapshot(Step.STATUS, svc, host)
     except GpuQueryError as e:
         summary = f"{svc.unit}: {state}; {svc.package} {version}; {api}; GPUs: {e.reason}"
         yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
-        return HostOutcome(HostStatus.FAILED, summary, version, version)
+        return HostOutcome(HostStatus.FAILED, summary, left, version, version)
     yield Emit(Snapshot("now", snap))
     summary = (f"{svc.unit}: {state}; {svc.package} {version}; {api}; "
                f"{memory_summary(snap, 'GPU memory')}")
     yield Emit(EndStep(Step.STATUS, True, summary))
-    return HostOutcome(HostStatus.SUCCEEDED, summary, version, version)
+    return HostOutcome(HostStatus.SUCCEEDED, summary, left, version, version)

@@ -17,6 +17,7 @@ from bot.core.phases.actions import (
     Snapshot,
     pause,
     run,
+    service_is,
 )
 from bot.core.phases.common import (
     InstallEnd,
@@ -30,6 +31,7 @@ from bot.core.phases.preflight import Env
 from bot.core.phases.start import left_as, start_and_gate
 from bot.core.phases.stop import drain_poll
 from bot.core.plan import Plan, Step, cmd
+from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
@@ -58,16 +60,19 @@ def rollback_command(svc: ServiceSettings, lock: str) -> str:
             f" && {cmd(remote.unit_start(svc))}")
 
 
-def _rollback_stop(svc: ServiceSettings, host: str) -> Phase[str | None]:
+def _rollback_stop(svc: ServiceSettings, host: str
+                   ) -> Phase[tuple[str, ServiceState] | None]:
     """Stop the new version that never turned healthy and wait for its GPU memory, so
-    the snapshot can be restored under a stopped service. None when stopped and free."""
+    the snapshot can be restored under a stopped service. None when stopped and free;
+    else why not and how the service is (a failed stop: unknown; stopped, its GPU
+    memory still held: STOPPED)."""
     argv = remote.unit_stop(svc)
     yield Emit(BeginStep(Step.ROLLBACK_STOP, f"{cmd(argv)}; poll GPU memory until released"))
     r = yield from run(Step.ROLLBACK_STOP, argv, svc.stop_timeout_s)
     if not r.ok:
         msg = failed_msg("systemctl stop", r, svc.stop_timeout_s)
         yield Emit(EndStep(Step.ROLLBACK_STOP, False, msg, r.exit_status))
-        return msg
+        return msg, ServiceState.UNKNOWN
     start = (yield from pause(0.0)).now
     why = "no answer yet"
     while (yield from pause(0.0)).now - start < svc.drain_timeout_s:
@@ -84,7 +89,7 @@ def _rollback_stop(svc: ServiceSettings, host: str) -> Phase[str | None]:
         yield Sleep(svc.drain_poll_s)
     msg = f"GPU memory still held {svc.drain_timeout_s:g}s after the stop: {why}"
     yield Emit(EndStep(Step.ROLLBACK_STOP, False, msg))
-    return msg
+    return msg, ServiceState.STOPPED
 
 
 def unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, err: str,
@@ -92,16 +97,17 @@ def unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, e
     """The new version started but never turned healthy: roll back (``rollback_on_unhealthy``,
     the default) or stop there with the exact command to roll back."""
     if not svc.rollback_on_unhealthy:
-        left = yield from left_as(svc, Step.HEALTH, err)
+        state, left = yield from left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed and not "
                            "healthy; rollback_on_unhealthy is off, so nothing was rolled "
                            f"back. {left} Roll back with: "
-                           f"`{rollback_command(svc, env.lock)}`", before, None)
-    stopped = yield from _rollback_stop(svc, host)
-    if stopped is not None:
+                           f"`{rollback_command(svc, env.lock)}`", state, before, None)
+    stop_failed = yield from _rollback_stop(svc, host)
+    if stop_failed is not None:
+        stopped, state = stop_failed
         return HostOutcome(HostStatus.FAILED, f"{err}; stopping it to roll back failed: "
                            f"{stopped}. Nothing was rolled back. Roll back with: "
-                           f"`{rollback_command(svc, env.lock)}`", before, None)
+                           f"`{rollback_command(svc, env.lock)}`", state, before, None)
     return (yield from rollback(plan, svc, host, before, err, env))
 
 
@@ -139,22 +145,24 @@ def rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
     verdict, why = yield from _restore(plan, svc, before, env)
     by_hand = f"`{cmd(remote.sync_lock(svc, env.lock, offline=True))}`"
     if verdict == "unknown":
+        stopped = ServiceState.STOPPED
         return HostOutcome(
             HostStatus.FAILED, f"{cause}; {why}. Which packages are installed is unknown, and "
-            f"the service is STOPPED. {status_hint(plan.service)} once the host answers; "
-            f"restore the snapshot with {by_hand}.", before, None)
+            f"{service_is(stopped, mid=True)}. {status_hint(plan.service)} once the host "
+            f"answers; restore the snapshot with {by_hand}.", stopped, before, None)
     if verdict == "failed":
-        return HostOutcome(HostStatus.FAILED, f"{cause}; {why}. The service is STOPPED; "
-                           f"restore the snapshot with {by_hand}.", before, None)
+        stopped = ServiceState.STOPPED
+        return HostOutcome(HostStatus.FAILED, f"{cause}; {why}. {service_is(stopped)}; "
+                           f"restore the snapshot with {by_hand}.", stopped, before, None)
     err = yield from start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
-        left = yield from left_as(svc, Step.ROLLBACK_HEALTH, err)
+        state, left = yield from left_as(svc, Step.ROLLBACK_HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
-                           f"{left}", before, None)
+                           f"{left}", state, before, None)
     after, differs = yield from _postcheck_restored(svc, host, env)
     if differs is not None:
         return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back and healthy on {after}, "
-                           f"but {differs}", before, after)
+                           f"but {differs}", ServiceState.UP, before, after)
     return HostOutcome(HostStatus.ROLLED_BACK, f"{cause}; rolled back to {after} (the whole "
                        f"environment, {env.freeze.count} packages, as before), healthy",
-                       before, after)
+                       ServiceState.UP, before, after)

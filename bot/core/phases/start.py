@@ -19,6 +19,7 @@ from bot.core.phases.actions import (
     http,
     pause,
     run,
+    service_is,
 )
 from bot.core.phases.common import (
     HEALTH_REQUEST_TIMEOUT_S,
@@ -32,6 +33,7 @@ from bot.core.phases.common import (
 from bot.core.phases.ready import READINESS_OF, readiness_checks
 from bot.core.plan import Step, cmd
 from bot.core.results import CommandResult
+from bot.core.service_state import ServiceState
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines, thread_block
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
@@ -52,28 +54,35 @@ def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     return (yield from readiness_checks(svc, READINESS_OF[health_step]))
 
 
-def left_as(svc: ServiceSettings, step: Step, err: str) -> Phase[str]:
+def left_as(svc: ServiceSettings, step: Step, err: str) -> Phase[tuple[ServiceState, str]]:
     """What a failed start (``err``) left, as systemd says now. UP but NOT READY only for
     a unit that runs a server that may answer clients (failed /health or readiness:
     another model, a failing smoke test). DOWN when the unit does not run, when systemd
     is restarting it (``activating``: a Restart= wait), and when the start failed in the
     journal (an OOM, "Engine core initialization failed"): that process serves nothing
-    and exits, however long systemd still shows it active."""
+    and exits, however long systemd still shows it active. Returns the state and the
+    sentence that says it (its words rendered from the state)."""
     r = yield from run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
-    state = r.stdout.strip()
-    if lost(r) or not state:
-        return f"Whether the service runs is unknown ({reason_of(r)})."
-    if state in ("inactive", "failed", "deactivating"):
-        return "The service is DOWN."
-    if state == "activating":
-        return ("The service is DOWN (unit activating: systemd is starting it again or "
-                "still starting it).")
+    unit = r.stdout.strip()
+    left, detail = _left_by(unit, err) if unit and not lost(r) else (
+        ServiceState.UNKNOWN, f" ({reason_of(r)})")
+    return left, f"{service_is(left)}{detail}."
+
+
+def _left_by(unit: str, err: str) -> tuple[ServiceState, str]:
+    """``left_as``'s judgement of ``systemctl is-active``'s answer: the state and what the
+    sentence adds to its words."""
+    if unit in ("inactive", "failed", "deactivating"):
+        return ServiceState.DOWN, ""
+    if unit == "activating":
+        return ServiceState.DOWN, (" (unit activating: systemd is starting it again or "
+                                   "still starting it)")
     if err.startswith(STARTUP_FAILED):
-        return (f"The service is DOWN: its start failed (the unit is still {state} until "
-                "its process exits; it may hold the GPUs until then).")
-    if state in ("active", "reloading"):
-        return f"The service is UP but NOT READY (unit {state})."
-    return f"The service's unit is {state}."
+        return ServiceState.DOWN, (f": its start failed (the unit is still {unit} until "
+                                   "its process exits; it may hold the GPUs until then)")
+    if unit in ("active", "reloading"):
+        return ServiceState.UP_NOT_READY, f" (unit {unit})"
+    return ServiceState.UNKNOWN, f" (unit {unit})"
 
 
 def _start_unit(svc: ServiceSettings, start_step: Step
@@ -266,9 +275,9 @@ def recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     """Cancelled once the service is down: bring it back on what is installed."""
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
-        left = yield from left_as(svc, Step.HEALTH, err)
+        state, left = yield from left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: {err}. "
-                           f"{left}", before, None)
+                           f"{left}", state, before, None)
     after = yield from postcheck(svc, host)
     return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
-                       before, after)
+                       ServiceState.UP, before, after)

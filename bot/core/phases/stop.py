@@ -38,13 +38,16 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd, requests_command
 from bot.core.readiness import metrics_url
+from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
-def _stop(svc: ServiceSettings, service: str) -> Phase[str | None]:
-    """systemctl stop. None when stopped, else the run's summary."""
+def _stop(svc: ServiceSettings, service: str, untouched: ServiceState
+          ) -> Phase[tuple[str, ServiceState] | None]:
+    """systemctl stop. None when stopped, else the run's summary and how the service is
+    (``untouched``: as preflight read it, for a stop that never ran)."""
     argv = remote.unit_stop(svc)
     yield Emit(BeginStep(Step.STOP, cmd(argv)))
     r = yield from run(Step.STOP, argv, svc.stop_timeout_s)
@@ -53,13 +56,13 @@ def _stop(svc: ServiceSettings, service: str) -> Phase[str | None]:
         msg = f"connection lost during systemctl stop ({reason_of(r)})"
         yield Emit(EndStep(Step.STOP, False, msg, None, tail_of(r.output)))
         return (f"{msg}: the service may be running, stopping or stopped. "
-                f"{status_hint(service)}.")
+                f"{status_hint(service)}."), ServiceState.UNKNOWN
     if not r.ok:
         msg = failed_msg("systemctl stop", r, svc.stop_timeout_s)
         yield Emit(EndStep(Step.STOP, False, msg, r.exit_status, tail_of(r.output)))
         if r.refused is not None:
-            return f"{msg}. The stop never ran: the service was not touched"
-        return f"{msg}; the service may still be running"
+            return f"{msg}. The stop never ran: the service was not touched", untouched
+        return f"{msg}; the service may still be running", ServiceState.UNKNOWN
     yield Emit(EndStep(Step.STOP, True, f"{svc.unit} stopped", r.exit_status))
     return None
 
@@ -184,30 +187,32 @@ def _requests_verdict(plan: Plan, svc: ServiceSettings, load: Load, first: Load,
     return None
 
 
-def cancelled_before_change(before: str | None
-                             ) -> Phase[HostOutcome | None]:
+def cancelled_before_change(before: str | None, untouched: ServiceState
+                            ) -> Phase[HostOutcome | None]:
     """A cancel point before the first change: the outcome that ends the run, or None."""
     if (yield from pause()).cancel_requested:
         return HostOutcome(HostStatus.CANCELLED, "cancelled before anything was changed",
-                           before, None)
+                           untouched, before, None)
     return None
 
 
-def quiesce_and_stop(plan: Plan, svc: ServiceSettings, before: str | None
-                      ) -> Phase[HostOutcome | None]:
+def quiesce_and_stop(plan: Plan, svc: ServiceSettings, before: str | None,
+                     untouched: ServiceState) -> Phase[HostOutcome | None]:
     """Wait for in-flight requests (``--force``: not), then stop the unit. None once it
-    is stopped; else the outcome that ends the run."""
-    held = yield from _drain_requests(plan, svc, before)
+    is stopped; else the outcome that ends the run (``untouched``: the service's state
+    as preflight read it, where the run ends before the stop)."""
+    held = yield from _drain_requests(plan, svc, before, untouched)
     if held is not None:
         return held
-    failure = yield from _stop(svc, plan.service)
+    failure = yield from _stop(svc, plan.service, untouched)
     if failure is not None:
-        return HostOutcome(HostStatus.FAILED, failure, before, None)
+        summary, state = failure
+        return HostOutcome(HostStatus.FAILED, summary, state, before, None)
     return None
 
 
-def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
-                    ) -> Phase[HostOutcome | None]:
+def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None,
+                    untouched: ServiceState) -> Phase[HostOutcome | None]:
     """Before the stop: wait until no request runs or waits on the server (vLLM aborts
     them at a stop), showing the counts live. None to go on with the stop; else the
     run's outcome, with the service untouched. A load that cannot be read is not idle
@@ -224,7 +229,8 @@ def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
         if load is None:
             unanswered += 1
             if read.final or unanswered >= UNKNOWN_LOAD_READS or not _waits(plan, svc):
-                return (yield from _unknown_load(plan, svc, before, read.why, seen))
+                return (yield from _unknown_load(plan, svc, before, untouched, read.why,
+                                                 seen))
             yield Progress(Step.REQUESTS, f"load unknown ({read.why}); reading again", elapsed)
         else:
             unanswered = 0
@@ -234,13 +240,13 @@ def _drain_requests(plan: Plan, svc: ServiceSettings, before: str | None
             yield Progress(Step.REQUESTS, load.describe(), elapsed)
             verdict = _requests_verdict(plan, svc, load, first, elapsed)
             if verdict is not None:
-                return (yield from _requests_end(before, verdict, seen))
+                return (yield from _requests_end(before, untouched, verdict, seen))
         if (yield from pause(svc.drain_poll_s)).cancel_requested:
             now = load.describe() if load is not None else "load unknown"
             yield Emit(EndStep(Step.REQUESTS, False, "cancelled while waiting for in-flight "
                                f"requests ({now})"))
             return HostOutcome(HostStatus.CANCELLED, "cancelled while waiting for in-flight "
-                               "requests; nothing was changed", before, None)
+                               "requests; nothing was changed", untouched, before, None)
 
 
 def _waits(plan: Plan, svc: ServiceSettings) -> bool:
@@ -248,22 +254,23 @@ def _waits(plan: Plan, svc: ServiceSettings) -> bool:
     return not plan.force and svc.request_drain_timeout_s > 0
 
 
-def _requests_end(before: str | None, verdict: tuple[bool, str], seen: deque[str]
-                  ) -> Phase[HostOutcome | None]:
+def _requests_end(before: str | None, untouched: ServiceState, verdict: tuple[bool, str],
+                  seen: deque[str]) -> Phase[HostOutcome | None]:
     go, summary = verdict
     yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
     if go:
         return None
     return HostOutcome(HostStatus.ABORTED, f"{summary}; service untouched. Try again "
-                       "later, or with --force to interrupt them.", before, None)
+                       "later, or with --force to interrupt them.", untouched, before, None)
 
 
 # The unit states in which no server process runs, so no request can be in flight.
 _NOT_RUNNING = ("inactive", "failed")
 
 
-def _unknown_load(plan: Plan, svc: ServiceSettings, before: str | None, why: str,
-                  seen: deque[str]) -> Phase[HostOutcome | None]:
+def _unknown_load(plan: Plan, svc: ServiceSettings, before: str | None,
+                  untouched: ServiceState, why: str, seen: deque[str]
+                  ) -> Phase[HostOutcome | None]:
     """/metrics says nothing of the requests (no answer, no vllm: gauges: a server with
     --disable-log-stats). Unknown is not idle (issue 17, D5): the stop would cut whatever
     runs. It goes on only with --force, with request_drain_timeout_s = 0 (the stop never
@@ -289,4 +296,5 @@ def _unknown_load(plan: Plan, svc: ServiceSettings, before: str | None, why: str
     yield Emit(EndStep(Step.REQUESTS, go, summary, None, "\n".join([*seen, summary])))
     if go:
         return None
-    return HostOutcome(HostStatus.ABORTED, f"{summary}. Service untouched.", before, None)
+    return HostOutcome(HostStatus.ABORTED, f"{summary}. Service untouched.", untouched, before,
+                       None)
