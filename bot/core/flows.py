@@ -201,7 +201,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"{err}. {left}", state, before, None)
+        return HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     return (yield from gpu_recheck(svc, host, check, HostOutcome(

@@ -28,7 +28,7 @@ from bot.core.phases.common import (
 )
 from bot.core.phases.install import record_change, run_install
 from bot.core.phases.preflight import Env
-from bot.core.phases.start import left_as, start_and_gate
+from bot.core.phases.start import StartFailed, left_as, start_and_gate
 from bot.core.phases.stop import drain_poll
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
@@ -92,23 +92,23 @@ def _rollback_stop(svc: ServiceSettings, host: str
     return msg, ServiceState.STOPPED
 
 
-def unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None, err: str,
-               env: Env) -> Flow:
+def unhealthy(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
+              err: StartFailed, env: Env) -> Flow:
     """The new version started but never turned healthy: roll back (``rollback_on_unhealthy``,
     the default) or stop there with the exact command to roll back."""
     if not svc.rollback_on_unhealthy:
         state, left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"{err}. {plan.spec} is installed and not "
+        return HostOutcome(HostStatus.FAILED, f"{err.reason}. {plan.spec} is installed and not "
                            "healthy; rollback_on_unhealthy is off, so nothing was rolled "
                            f"back. {left} Roll back with: "
                            f"`{rollback_command(svc, env.lock)}`", state, before, None)
     stop_failed = yield from _rollback_stop(svc, host)
     if stop_failed is not None:
         stopped, state = stop_failed
-        return HostOutcome(HostStatus.FAILED, f"{err}; stopping it to roll back failed: "
+        return HostOutcome(HostStatus.FAILED, f"{err.reason}; stopping it to roll back failed: "
                            f"{stopped}. Nothing was rolled back. Roll back with: "
                            f"`{rollback_command(svc, env.lock)}`", state, before, None)
-    return (yield from rollback(plan, svc, host, before, err, env))
+    return (yield from rollback(plan, svc, host, before, err.reason, env))
 
 
 def _postcheck_restored(svc: ServiceSettings, host: str, env: Env
@@ -157,7 +157,8 @@ def rollback(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
     err = yield from start_and_gate(svc, Step.ROLLBACK_START, Step.ROLLBACK_HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.ROLLBACK_HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but {err}. "
+        return HostOutcome(HostStatus.FAILED, f"{cause}; rolled back to {before} but "
+                           f"{err.reason}. "
                            f"{left}", state, before, None)
     after, differs = yield from _postcheck_restored(svc, host, env)
     if differs is not None:

@@ -40,28 +40,46 @@ from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    """Why a start did not end ready (``reason``: the run's words), and what that tells of
+    the service (``left_as``)."""
+
+    reason: str
+    # sudo refused `systemctl start`: it never ran, the unit is as the stop left it.
+    never_ran: bool = False
+    # A journal line said the start failed: that process serves nothing and exits,
+    # however long systemd still shows it active.
+    in_journal: bool = False
+
+
 def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
-                    ) -> Phase[str | None]:
+                   ) -> Phase[StartFailed | None]:
     """systemctl start, then wait for the unit to stay up and /health to answer 200
     (following the journal meanwhile), then the readiness checks. Returns None when
-    ready, else the reason (journal tail in the failed step's detail)."""
+    ready, else why not (journal tail in the failed step's detail)."""
     started, cursor = yield from _start_unit(svc, start_step)
     if started is not None:
         return started
     unhealthy = yield from _health_wait(svc, health_step, cursor)
     if unhealthy is not None:
         return unhealthy
-    return (yield from readiness_checks(svc, READINESS_OF[health_step]))
+    not_ready = yield from readiness_checks(svc, READINESS_OF[health_step])
+    return None if not_ready is None else StartFailed(not_ready)
 
 
-def left_as(svc: ServiceSettings, step: Step, err: str) -> Phase[tuple[ServiceState, str]]:
+def left_as(svc: ServiceSettings, step: Step, err: StartFailed
+            ) -> Phase[tuple[ServiceState, str]]:
     """What a failed start (``err``) left, as systemd says now. UP but NOT READY only for
     a unit that runs a server that may answer clients (failed /health or readiness:
     another model, a failing smoke test). DOWN when the unit does not run, when systemd
     is restarting it (``activating``: a Restart= wait), and when the start failed in the
     journal (an OOM, "Engine core initialization failed"): that process serves nothing
     and exits, however long systemd still shows it active. Returns the state and the
-    sentence that says it (its words rendered from the state)."""
+    sentence that says it (its words rendered from the state). A start that never ran
+    left the service STOPPED (every start comes after this run's stop)."""
+    if err.never_ran:
+        return ServiceState.STOPPED, f"{service_is(ServiceState.STOPPED)}."
     r = yield from run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
     unit = r.stdout.strip()
     left, detail = _left_by(unit, err) if unit and not lost(r) else (
@@ -69,7 +87,7 @@ def left_as(svc: ServiceSettings, step: Step, err: str) -> Phase[tuple[ServiceSt
     return left, f"{service_is(left)}{detail}."
 
 
-def _left_by(unit: str, err: str) -> tuple[ServiceState, str]:
+def _left_by(unit: str, err: StartFailed) -> tuple[ServiceState, str]:
     """``left_as``'s judgement of ``systemctl is-active``'s answer: the state and what the
     sentence adds to its words."""
     if unit in ("inactive", "failed", "deactivating"):
@@ -77,7 +95,7 @@ def _left_by(unit: str, err: str) -> tuple[ServiceState, str]:
     if unit == "activating":
         return ServiceState.DOWN, (" (unit activating: systemd is starting it again or "
                                    "still starting it)")
-    if err.startswith(STARTUP_FAILED):
+    if err.in_journal:
         return ServiceState.DOWN, (f": its start failed (the unit is still {unit} until "
                                    "its process exits; it may hold the GPUs until then)")
     if unit in ("active", "reloading"):
@@ -86,7 +104,7 @@ def _left_by(unit: str, err: str) -> tuple[ServiceState, str]:
 
 
 def _start_unit(svc: ServiceSettings, start_step: Step
-                ) -> Phase[tuple[str | None, str | None]]:
+                ) -> Phase[tuple[StartFailed | None, str | None]]:
     """systemctl start. (None, the journal's cursor before the start) when started (or
     the connection was lost: systemd carries on, the health gate decides); else why not."""
     argv = remote.unit_start(svc)
@@ -107,7 +125,7 @@ def _start_unit(svc: ServiceSettings, start_step: Step
         journal = yield from journal_tail(start_step, svc)
         yield Emit(EndStep(start_step, False, msg, r.exit_status,
                            tail_of(r.output) + "\n" + journal))
-        return msg, None
+        return StartFailed(msg, never_ran=r.refused is not None), None
     else:
         yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
     return None, cursor
@@ -186,7 +204,7 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
 
 
 def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
-                 ) -> Phase[str | None]:
+                 ) -> Phase[StartFailed | None]:
     """Until the unit stays up and /health answers 200; a failure line in the journal
     (``bot.core.startup``) or the unit failing ends the wait at once."""
     yield Emit(BeginStep(step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}; "
@@ -205,7 +223,7 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             msg = f"{svc.unit} is {state} after start"
             journal = yield from journal_tail(step, svc)
             yield Emit(EndStep(step, False, msg, active.exit_status, journal))
-            return msg
+            return StartFailed(msg)
         if active.ok:
             h = yield from http(svc.health_url, HEALTH_REQUEST_TIMEOUT_S)
             if h.ok:
@@ -229,7 +247,7 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
             msg = f"not healthy after {svc.start_timeout_s:g}s (last: {last})"
             journal = yield from journal_tail(step, svc)
             yield Emit(EndStep(step, False, msg, None, journal))
-            return msg
+            return StartFailed(msg)
 
 
 # How a failed start's reason begins when a journal line said so (bot.core.startup).
@@ -237,7 +255,7 @@ STARTUP_FAILED = "start-up failed: "
 
 
 def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
-                  ) -> Phase[str]:
+                  ) -> Phase[StartFailed]:
     """A journal line said the start failed: read once more (the rest of a traceback
     names its cause), then end with those lines and the journal's tail."""
     r = yield from run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
@@ -251,7 +269,7 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
     # The lines that said so last: a tail (the thread's code block, the audit log's
     # output_tail) keeps them.
     yield Emit(EndStep(step, False, msg, None, f"{journal}\n\n{failure_block(failure)}"))
-    return msg
+    return StartFailed(msg, in_journal=True)
 
 
 def postcheck(svc: ServiceSettings, host: str) -> Phase[str | None]:
@@ -276,7 +294,8 @@ def recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: {err}. "
+        return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: "
+                           f"{err.reason}. "
                            f"{left}", state, before, None)
     after = yield from postcheck(svc, host)
     return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
