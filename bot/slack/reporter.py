@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
@@ -139,34 +139,45 @@ class SlackReporter:
         self.apply(event)
 
     def apply(self, event: ev.Event) -> None:
-        if isinstance(event, ev.OutputLine):
-            self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
-            return  # output alone never changes the card
-        if isinstance(event, ev.RunStarted):
-            self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
-                      self.view.approvals)
-        elif isinstance(event, ev.StepStarted):
-            self._logs[(event.host, event.step)] = _Log()
-            self._step(event.host, event.step, state=StepStatus.RUNNING, duration_s=None,
-                       summary="", progress="")
-        elif isinstance(event, ev.StepProgress):
-            # In place on the card, coalesced with every other change (update_interval_s).
-            self._step(event.host, event.step, progress=event.shown())
-        elif isinstance(event, ev.StepFinished):
-            self._finished(event)
-        elif isinstance(event, ev.GpuTable | ev.PackagesKnown):
-            self._table(event)
-        elif isinstance(event, ev.VersionsKnown):
-            if event.before is not None and self.view.status == RunStatus.RUNNING:
-                self._set(version_now=self.view.version_now or event.before)
-        elif isinstance(event, ev.HostFinished):
-            self._set(host_states=(*self.view.host_states, (event.host, event.status)))
-        elif isinstance(event, ev.RunFinished):
-            self.conclude(event.status, event.summary, version_after=event.version_after)
-            return
-        elif isinstance(event, ev.Notice):
-            self._replies.append(_Reply(msg=notice_reply(event.text)))
+        match event:
+            case ev.OutputLine():
+                self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
+                return  # output alone never changes the card
+            case ev.RunStarted():
+                self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
+                          self.view.approvals)
+            case ev.StepStarted():
+                self._logs[(event.host, event.step)] = _Log()
+                self._step(event.host, event.step, state=StepStatus.RUNNING,
+                           duration_s=None, summary="", progress="")
+            case ev.StepProgress():
+                # In place on the card, coalesced with every other change
+                # (update_interval_s).
+                self._step(event.host, event.step, progress=event.shown())
+            case ev.StepFinished():
+                self._finished(event)
+            case ev.GpuTable() | ev.PackagesKnown():
+                self._table(event)
+            case ev.VersionsKnown():
+                self._versions(event)
+            case ev.HostFinished():
+                self._set(host_states=(*self.view.host_states, (event.host, event.status)))
+            case ev.RunFinished():
+                self.conclude(event.status, event.summary, version_after=event.version_after)
+                return
+            case ev.Notice():
+                self._replies.append(_Reply(msg=notice_reply(event.text)))
+            case ev.GpuHealthKnown():
+                # Read at the request, for the approval card the front end renders itself
+                # (bot.engine.gpu_health); a run's own GPU check is its step.
+                return
+            case _:
+                assert_never(event)
         self._touch()
+
+    def _versions(self, event: ev.VersionsKnown) -> None:
+        if event.before is not None and self.view.status == RunStatus.RUNNING:
+            self._set(version_now=self.view.version_now or event.before)
 
     def _table(self, event: ev.GpuTable | ev.PackagesKnown) -> None:
         """A GPU table, or a package change (planned, made, or how the restored
