@@ -14,8 +14,9 @@ task drains the work in order:
   calls per run does not depend on how much a command prints;
 * GPU tables (after drain, after restart) become replies too.
 
-A failed call is retried (with back-off) until it succeeds or the error is one
-that retrying cannot fix; nothing is dropped for a transient error, so the
+A failed call is retried (after the back-off of ``bot.retry``, with jitter, so the
+threads of several runs do not come back in step after an outage) until it succeeds or
+the error is one that retrying cannot fix; nothing is dropped for a transient error, so the
 thread catches up after an outage.  ``flush`` waits, with a bound, until
 everything is delivered.
 
@@ -30,7 +31,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -41,6 +42,7 @@ from bot.core.plan import Step
 from bot.core.status import RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
 from bot.hosts.base import LINE_OVERHEAD, cut_line
+from bot.retry import Backoff
 from bot.slack.blocks import (
     CardView,
     LeftoverAsk,
@@ -65,7 +67,8 @@ log = logging.getLogger(__name__)
 # A step's output kept for the attached file (characters, and LINE_OVERHEAD per line);
 # beyond it the oldest lines go.
 MAX_LOG_CHARS = 16 * 1024 * 1024
-_MAX_BACKOFF_S = 30.0
+# Between failed Slack calls: 1 s, doubling, at most 30 s, each up to 1 s later at random.
+BACKOFF = Backoff(initial_s=1.0, max_s=30.0, jitter_s=1.0)
 
 
 class _Log:
@@ -116,13 +119,17 @@ class SlackReporter:
 
     def __init__(self, poster: Poster, *, channel: str, ts: str, view: CardView,
                  update_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 backoff: Backoff = BACKOFF,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.poster = poster
         self.channel = channel
         self.ts = ts
         self.view = view
         self.update_interval_s = update_interval_s
         self._clock = clock
+        self._backoff = backoff
+        self._sleep = sleep
         self._logs: dict[tuple[str, Step], _Log] = {}
         self._replies: deque[_Reply] = deque()
         self._dirty = False
@@ -298,7 +305,9 @@ class SlackReporter:
         return not self.pending
 
     async def _drain(self) -> None:
-        backoff = 0.0
+        # Failed calls in a row: one back-off for the queue, whichever call failed (the
+        # next try may be another one: the card, when it fell due meanwhile).
+        failed = 0
         while True:
             if not self.pending:
                 if self._closing:
@@ -316,7 +325,7 @@ class SlackReporter:
                 else:
                     await self._send(self._replies[0])
                     self._replies.popleft()
-                backoff = 0.0
+                failed = 0
             except Exception as exc:
                 self.failures += 1
                 if not is_transient(exc):
@@ -332,10 +341,11 @@ class SlackReporter:
                                 refused.file[2], len(refused.file[1]),
                                 too_large=too_large(exc))))
                     continue
-                backoff = min(max(backoff * 2, 1.0), _MAX_BACKOFF_S)
-                log.warning("Slack thread %s/%s: %s; retrying in %.0fs", self.channel,
-                            self.ts, exc, backoff)
-                await asyncio.sleep(backoff)
+                failed += 1
+                delay = self._backoff.delay(failed)
+                log.warning("Slack thread %s/%s: %s; retrying in %.1fs", self.channel,
+                            self.ts, exc, delay)
+                await self._sleep(delay)
 
     async def _idle(self, seconds: float) -> None:
         self._wake.clear()
