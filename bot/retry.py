@@ -4,7 +4,7 @@ after a Slack outage; several writers behind a locked database) do not come back
 step and hit the same limit together.
 
 The ``n``-th wait is ``min(max_s, initial_s * factor ** (n - 1) + uniform(0, jitter_s))``:
-stamina's formula (and defaults' shape). Why not stamina's own loop: it sleeps on
+stamina's formula. Why not stamina's own loop: it sleeps on
 ``asyncio.sleep`` and measures its time budget on ``time.monotonic``, neither of which a
 test can replace, and the callers here are tested on injected time (the audit writer's
 retry window is decided by its ``clock``; the Slack reporter's waits are counted, not

@@ -189,15 +189,18 @@ class SlackReporter:
     def _table(self, event: ev.GpuTable | ev.PackagesKnown) -> None:
         """A GPU table, or a package change (planned, made, or how the restored
         environment compares with the snapshot), as a code block in the thread."""
-        if isinstance(event, ev.GpuTable):
-            self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
-                                        table=render_table(event.snapshot)))
-            return
-        report = change_report(event.kind, event.diff, event.note)
-        if report is not None:
-            title, _, body = report.partition("\n")
-            self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
-                                        table=body or title))
+        match event:
+            case ev.GpuTable():
+                self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
+                                            table=render_table(event.snapshot)))
+            case ev.PackagesKnown():
+                report = change_report(event.kind, event.diff, event.note)
+                if report is not None:
+                    title, _, body = report.partition("\n")
+                    self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
+                                                table=body or title))
+            case _:
+                assert_never(event)
 
     def _finished(self, event: ev.StepFinished) -> None:
         line = self._step(event.host, event.step, state=event.status,
