@@ -18,7 +18,10 @@ import pytest
 from bot.hosts.http import (
     MAX_BODY_BYTES,
     MAX_HEAD_BYTES,
+    ByteReader,
+    ByteWriter,
     HttpProtocolError,
+    exchange,
     read_response,
     request_bytes,
 )
@@ -85,6 +88,49 @@ def test_the_request_names_its_body() -> None:
     assert head.split(b"\r\n")[0] == b"POST /v1/completions HTTP/1.1"
     assert b"Content-Length: 7" in head and b"Content-Type: application/json" in head
     assert b"Connection: close" in head and body == b'{"a":1}'
+
+
+class Wire:
+    """A stream ``exchange`` opens: it answers with ``answer`` (or never, for None),
+    and keeps what was sent and whether it was closed."""
+
+    def __init__(self, answer: bytes | None) -> None:
+        self.answer = answer
+        self.sent = b""
+        self.closed = False
+        self.opened: tuple[str, int] | None = None
+
+    async def open(self, host: str, port: int) -> tuple[ByteReader, ByteWriter]:
+        self.opened = (host, port)
+        reader = asyncio.StreamReader()
+        if self.answer is not None:
+            reader.feed_data(self.answer)
+            reader.feed_eof()
+        return reader, self
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_one_exchange_for_both_transports() -> None:
+    wire = Wire(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    r = await exchange(wire.open, "POST", "http://10.0.0.5:8000/v1/x?y=1", timeout_s=5,
+                       body=b"{}", content_type="application/json")
+    assert (r.url, r.status, r.body, r.error, r.truncated) == (
+        "http://10.0.0.5:8000/v1/x?y=1", 200, "ok", None, False)
+    assert wire.opened == ("10.0.0.5", 8000) and wire.closed
+    assert wire.sent.startswith(b"POST /v1/x?y=1 HTTP/1.1\r\nHost: 10.0.0.5:8000\r\n")
+    assert wire.sent.endswith(b"\r\n\r\n{}")
+    # No answer in time, and an answer that is not HTTP: errors, the stream closed.
+    silent = Wire(None)
+    r = await exchange(silent.open, "GET", "http://h/", timeout_s=0.01)
+    assert (r.status, r.error, silent.closed) == (None, "no response within 0.01s", True)
+    junk = Wire(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+    r = await exchange(junk.open, "GET", "http://h/", timeout_s=5)
+    assert r.status is None and "not an HTTP response" in (r.error or "") and junk.closed
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

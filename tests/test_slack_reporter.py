@@ -18,9 +18,10 @@ from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, RunStatus, StepStatus
+from bot.retry import Backoff
 from bot.slack.blocks import CardView, Message, initial_steps, section
 from bot.slack.poster import Poster
-from bot.slack.reporter import SlackReporter
+from bot.slack.reporter import BACKOFF, SlackReporter
 from tests.fakes import FakeSlack
 from tests.polling import eventually
 from tests.slack_harness import blocks_text
@@ -43,12 +44,28 @@ def client(fake: FakeSlack) -> AsyncWebClient:
         AsyncConnectionErrorRetryHandler(max_retry_count=1)])
 
 
-async def reporter_for(fake: FakeSlack, *, interval: float = 0.0) -> SlackReporter:
+class Waits:
+    """The reporter's back-off sleeps, counted instead of slept."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+        await asyncio.sleep(0)
+
+
+async def reporter_for(fake: FakeSlack, *, interval: float = 0.0, waits: Waits | None = None,
+                       backoff: Backoff = BACKOFF) -> SlackReporter:
     poster = Poster(client(fake), Redactor([SECRET]), post_interval_s=0.03)
     view = CardView(run_id=1, plan=PLAN, requested_by="U0ALICE", status=RunStatus.APPROVED,
                     steps=initial_steps(PLAN))
     ts = await poster.post(CHANNEL, Message("card", [section("card")]))
-    return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view, update_interval_s=interval)
+    if waits is None:
+        return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view,
+                             update_interval_s=interval)
+    return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view, update_interval_s=interval,
+                         backoff=backoff, sleep=waits.sleep)
 
 
 def run_events(lines: int) -> list[ev.Event]:
@@ -132,6 +149,40 @@ async def test_an_outage_delays_the_thread_but_loses_nothing(fake: FakeSlack) ->
     texts = [blocks_text(m) for m in fake.thread(CHANNEL, reporter.ts)[1:]]
     assert len(texts) == 5 and "Run #1 succeeded" in texts[-1]
     assert "succeeded" in blocks_text(fake.message(CHANNEL, reporter.ts))
+
+
+async def test_each_failed_call_waits_its_back_off_and_nothing_is_lost(fake: FakeSlack
+                                                                       ) -> None:
+    # Six transient failures in a row, whichever call they hit: one wait each (so the calls
+    # are bounded by the waits), doubling to the cap; the first success resets it.
+    waits = Waits()
+    reporter = await reporter_for(fake, waits=waits,
+                                  backoff=Backoff(initial_s=1.0, max_s=4.0))
+    fake.fail_next("*", "internal_error", count=6)
+    before = len(fake.calls())
+    for event in run_events(5):
+        await reporter.handle(event)
+    reporter.start()
+    assert await reporter.flush(30)
+    assert waits.seconds == [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    assert reporter.failures == 6
+    assert sum(not c.ok for c in fake.calls()[before:]) == 6
+    texts = [blocks_text(m) for m in fake.thread(CHANNEL, reporter.ts)[1:]]
+    assert len(texts) == 5 and "Run #1 succeeded" in texts[-1]
+
+
+async def test_the_default_back_off_has_jitter(fake: FakeSlack) -> None:
+    waits = Waits()
+    reporter = await reporter_for(fake, waits=waits)
+    fake.fail_next("*", "internal_error", count=7)
+    for event in run_events(5):
+        await reporter.handle(event)
+    reporter.start()
+    assert await reporter.flush(30)
+    lows = [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert all(low <= w <= min(low + 1.0, 30.0)
+               for low, w in zip(lows, waits.seconds, strict=True))
+    assert waits.seconds[:5] != lows[:5]  # the uncapped waits moved by their jitter
 
 
 async def test_a_reply_slack_refuses_is_dropped_and_the_rest_still_go(fake: FakeSlack) -> None:

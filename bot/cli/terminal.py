@@ -7,7 +7,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TextIO, assert_never
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
@@ -114,46 +114,47 @@ class TerminalSink:
     def _gpu_table(self, event: ev.GpuTable) -> None:
         self._print(f"[{event.host}] GPU memory {event.label}:\n{render_table(event.snapshot)}")
 
-    def _whole(self, event: ev.Event) -> bool:
-        """Tables and package lists, printed whole; False for any other event."""
-        if isinstance(event, ev.PackagesKnown):
-            self._packages(event)
-        elif isinstance(event, ev.GpuTable):
-            self._gpu_table(event)
-        else:
-            return False
-        return True
-
     async def handle(self, event: ev.Event) -> None:
         self._streams_end(event)
-        if self._whole(event):
-            return
-        if isinstance(event, ev.RunStarted):
-            p = event.plan
-            if p.dry_run:
-                self._dry_runs.add(event.run_id)
-            what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
-            self._print(f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
-                        f" ({what}) requested by {event.requested_by}"
-                        + (f", approved by {', '.join(event.approved_by)}"
-                           if event.approved_by else ""))
-        elif isinstance(event, ev.StepStarted):
-            self._print(f"[{event.host}] > {STEP_TITLES[event.step]}: {event.command}")
-        elif isinstance(event, ev.StepProgress):
-            # The flow sends progress when it changes, and at most every few seconds.
-            self._print(f"[{event.host}]   ~ {event.shown()}")
-        elif isinstance(event, ev.OutputLine):
-            if self.show_output:
+        match event:
+            case ev.PackagesKnown():
+                self._packages(event)
+            case ev.GpuTable():
+                self._gpu_table(event)
+            case ev.RunStarted():
+                self._started(event)
+            case ev.StepStarted():
+                self._print(f"[{event.host}] > {STEP_TITLES[event.step]}: {event.command}")
+            case ev.StepProgress():
+                # The flow sends progress when it changes, and at most every few seconds.
+                self._print(f"[{event.host}]   ~ {event.shown()}")
+            case ev.OutputLine():
                 self._output(event)
-        elif isinstance(event, ev.StepFinished):
-            self._finished(event)
-        elif isinstance(event, ev.HostFinished):
-            self._print(f"[{event.host}] {event.status}: {event.summary}")
-        elif isinstance(event, ev.RunFinished):
-            self._print(f"run #{event.run_id} {event.status.upper()}{self._versions(event)}: "
-                        f"{event.summary}")
-        elif isinstance(event, ev.Notice):
-            self._print(f"run #{event.run_id}: ! {event.text}")
+            case ev.StepFinished():
+                self._finished(event)
+            case ev.HostFinished():
+                self._print(f"[{event.host}] {event.status}: {event.summary}")
+            case ev.RunFinished():
+                self._print(f"run #{event.run_id} {event.status.upper()}"
+                            f"{self._versions(event)}: {event.summary}")
+            case ev.Notice():
+                self._print(f"run #{event.run_id}: ! {event.text}")
+            case ev.VersionsKnown() | ev.GpuHealthKnown():
+                # The versions are in the run's closing line; a GPU health verdict is
+                # read for an approval card, which a terminal run does not have.
+                pass
+            case _:
+                assert_never(event)
+
+    def _started(self, event: ev.RunStarted) -> None:
+        p = event.plan
+        if p.dry_run:
+            self._dry_runs.add(event.run_id)
+        what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
+        self._print(f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
+                    f" ({what}) requested by {event.requested_by}"
+                    + (f", approved by {', '.join(event.approved_by)}"
+                       if event.approved_by else ""))
 
     def _versions(self, event: ev.RunFinished) -> str:
         """What the run's closing line says of the version: a dry run installs nothing, so
@@ -177,6 +178,8 @@ class TerminalSink:
             self._print("\n".join(f"[{event.host}]   ! {line}" for line in tail))
 
     def _output(self, event: ev.OutputLine) -> None:
+        if not self.show_output:
+            return
         self._settle(event)
         shown = self._mask_keys(event)
         if shown is not None:

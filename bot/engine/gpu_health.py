@@ -15,6 +15,8 @@ before anything changes, and refuses if it must.
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from bot.core import events as ev
 from bot.core.flows import gpu_health_flow
 from bot.core.health import GpuCheck, HealthNote, Level, health_note
@@ -35,8 +37,17 @@ class _Collect:
         self.check: GpuCheck | None = None
 
     async def handle(self, event: ev.Event) -> None:
-        if isinstance(event, ev.GpuHealthKnown):
-            self.check = event.check
+        match event:
+            case ev.GpuHealthKnown():
+                self.check = event.check
+            case (ev.RunStarted() | ev.StepStarted() | ev.StepProgress() | ev.OutputLine()
+                  | ev.StepFinished() | ev.GpuTable() | ev.VersionsKnown() | ev.PackagesKnown()
+                  | ev.HostFinished() | ev.RunFinished() | ev.Notice()):
+                # Only the verdict goes on the approval card; the read's own steps and
+                # output are not shown to anyone.
+                pass
+            case _:
+                assert_never(event)
 
 
 async def read_gpu_health(settings: Settings, pool: HostPool, plan: Plan

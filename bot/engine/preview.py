@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import assert_never
 
 from bot.audit.records import EnvironmentRecord
 from bot.audit.store import AuditLog
@@ -41,8 +42,18 @@ class _Collect:
         self.diff: PackageDiff | None = None
 
     async def handle(self, event: ev.Event) -> None:
-        if isinstance(event, ev.PackagesKnown) and event.diff is not None:
-            self.diff = event.diff
+        match event:
+            case ev.PackagesKnown(diff=diff) if diff is not None:
+                self.diff = diff
+            case (ev.PackagesKnown() | ev.RunStarted() | ev.StepStarted() | ev.StepProgress()
+                  | ev.OutputLine() | ev.StepFinished() | ev.GpuTable() | ev.VersionsKnown()
+                  | ev.GpuHealthKnown() | ev.HostFinished() | ev.RunFinished() | ev.Notice()):
+                # A preview only wants the planned change; a package event without one
+                # (the dry run could not tell) leaves it unknown, and the rest are the
+                # dry run's own progress, which nobody is shown.
+                pass
+            case _:
+                assert_never(event)
 
 
 async def preview(settings: Settings, pool: HostPool, plan: Plan) -> tuple[HostPreview, ...]:

@@ -1,6 +1,7 @@
 """A small HTTP/1.1 client over any byte stream, with bounded reads: what the
 transports use for requests made from the host's side (an SSH direct-tcpip channel,
-or a local socket).
+or a local socket). ``exchange`` is the whole request for both; each transport only
+opens its stream and says what its own connection errors mean.
 
 Why not a library: the stream is an asyncssh channel, not a socket an HTTP library
 opens itself, and every byte the model server sends must be bounded.  A server that
@@ -13,9 +14,13 @@ Bodies may come with ``Content-Length``, chunked, or delimited by the connection
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
+
+from bot.core.results import HttpResult
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
@@ -31,6 +36,16 @@ class HttpProtocolError(Exception):
 
 class ByteReader(Protocol):
     async def read(self, n: int = -1) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# Opens a byte stream to (host, port) as the transport reaches it.
+OpenStream = Callable[[str, int], Awaitable[tuple[ByteReader, ByteWriter]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,3 +182,29 @@ async def read_response(reader: ByteReader, *, method: str = "GET",
         return Response(status, headers, b"")
     body, truncated = await _body(buf, headers, max_body)
     return Response(status, headers, body, truncated)
+
+
+async def exchange(open_stream: OpenStream, method: str, url: str, *, timeout_s: float,
+                   body: bytes | None = None, content_type: str | None = None
+                   ) -> HttpResult:
+    """One request over a stream ``open_stream`` opens, the answer read with the bounds
+    above, all within ``timeout_s``. No answer in time, or one that is not HTTP, is an
+    ``HttpResult`` with its error; what opening or reading the stream raises otherwise
+    (refused, closed, the connection lost) is for the transport to name."""
+    host, port, path = split_url(url)
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await open_stream(host, port)
+            try:
+                writer.write(request_bytes(method, host, port, path, body=body,
+                                           content_type=content_type))
+                # What is left unread goes when the stream closes.
+                response = await read_response(reader, method=method)
+            finally:
+                writer.close()
+    except TimeoutError:
+        return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
+    except HttpProtocolError as e:
+        return HttpResult(url, None, error=str(e))
+    return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
+                      truncated=response.truncated)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from bot.errors import HostUnreachableError
 from bot.hosts.base import CommandResult, HttpResult, LineCallback
-from bot.hosts.http import HttpProtocolError, read_response, request_bytes, split_url
+from bot.hosts.http import exchange
 from bot.hosts.streams import KILL_AFTER_S, KILLED_EXIT, TIMEOUT_EXIT, Capture, pump, reason
 
 
@@ -58,26 +58,13 @@ class LocalTransport:
     async def http_request(self, method: str, url: str, *, timeout_s: float,
                            body: bytes | None = None, content_type: str | None = None
                            ) -> HttpResult:
-        host, port, path = split_url(url)
         try:
-            async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
-                try:
-                    writer.write(request_bytes(method, host, port, path, body=body,
-                                               content_type=content_type))
-                    response = await read_response(reader, method=method)
-                finally:
-                    writer.close()
+            return await exchange(asyncio.open_connection, method, url, timeout_s=timeout_s,
+                                  body=body, content_type=content_type)
         except ConnectionRefusedError:
             return HttpResult(url, None, error="connection refused")
-        except TimeoutError:
-            return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
-        except HttpProtocolError as e:
-            return HttpResult(url, None, error=str(e))
         except (OSError, asyncio.IncompleteReadError) as e:
             return HttpResult(url, None, error=f"connection closed: {reason(e)}")
-        return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
-                          truncated=response.truncated)
 
     async def close(self) -> None:
         return None

@@ -24,7 +24,7 @@ import asyncssh
 
 from bot.errors import HostKeyError, HostUnreachableError
 from bot.hosts.base import CommandResult, HttpResult, LineCallback
-from bot.hosts.http import HttpProtocolError, read_response, request_bytes, split_url
+from bot.hosts.http import exchange
 from bot.hosts.streams import (
     KILL_AFTER_S,
     KILLED_EXIT,
@@ -153,29 +153,17 @@ class SshTransport:
     async def http_request(self, method: str, url: str, *, timeout_s: float,
                            body: bytes | None = None, content_type: str | None = None
                            ) -> HttpResult:
-        host, port, path = split_url(url)
         conn = await self._connection()
         async with self._sessions:
             try:
-                async with asyncio.timeout(timeout_s):
-                    reader, writer = await conn.open_connection(host, port)
-                    try:
-                        writer.write(request_bytes(method, host, port, path, body=body,
-                                                   content_type=content_type))
-                        # Bounded whatever the server sends (bot.hosts.http); what is
-                        # left unread goes when the channel closes.
-                        response = await read_response(reader, method=method)
-                    finally:
-                        writer.close()
+                return await exchange(conn.open_connection, method, url,
+                                      timeout_s=timeout_s, body=body,
+                                      content_type=content_type)
             except asyncssh.ChannelOpenError as e:
                 # Refused while the model loads is normal; the gate keeps polling.
                 refused = e.code == asyncssh.OPEN_CONNECT_FAILED
                 return HttpResult(url, None, error="connection refused" if refused
                                   else f"channel refused: {e.reason}")
-            except TimeoutError:
-                return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
-            except HttpProtocolError as e:
-                return HttpResult(url, None, error=str(e))
             except (asyncio.IncompleteReadError, ConnectionError, asyncssh.ChannelListenError
                     ) as e:
                 return HttpResult(url, None, error=f"connection closed: {reason(e)}")
@@ -183,8 +171,6 @@ class SshTransport:
                 self._drop()
                 raise HostUnreachableError(self._name, f"connection lost: {reason(e)}"
                                            ) from None
-        return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
-                          truncated=response.truncated)
 
     async def close(self) -> None:
         if self._conn is not None:

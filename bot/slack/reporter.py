@@ -14,8 +14,9 @@ task drains the work in order:
   calls per run does not depend on how much a command prints;
 * GPU tables (after drain, after restart) become replies too.
 
-A failed call is retried (with back-off) until it succeeds or the error is one
-that retrying cannot fix; nothing is dropped for a transient error, so the
+A failed call is retried (after the back-off of ``bot.retry``, with jitter, so the
+threads of several runs do not come back in step after an outage) until it succeeds or
+the error is one that retrying cannot fix; nothing is dropped for a transient error, so the
 thread catches up after an outage.  ``flush`` waits, with a bound, until
 everything is delivered.
 
@@ -30,9 +31,9 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
@@ -41,6 +42,7 @@ from bot.core.plan import Step
 from bot.core.status import RunStatus, StepStatus
 from bot.engine.executor import TAIL_LINES
 from bot.hosts.base import LINE_OVERHEAD, cut_line
+from bot.retry import Backoff
 from bot.slack.blocks import (
     CardView,
     LeftoverAsk,
@@ -65,7 +67,8 @@ log = logging.getLogger(__name__)
 # A step's output kept for the attached file (characters, and LINE_OVERHEAD per line);
 # beyond it the oldest lines go.
 MAX_LOG_CHARS = 16 * 1024 * 1024
-_MAX_BACKOFF_S = 30.0
+# Between failed Slack calls: 1 s, doubling, at most 30 s, each up to 1 s later at random.
+BACKOFF = Backoff(initial_s=1.0, max_s=30.0, jitter_s=1.0)
 
 
 class _Log:
@@ -116,13 +119,17 @@ class SlackReporter:
 
     def __init__(self, poster: Poster, *, channel: str, ts: str, view: CardView,
                  update_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 backoff: Backoff = BACKOFF,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.poster = poster
         self.channel = channel
         self.ts = ts
         self.view = view
         self.update_interval_s = update_interval_s
         self._clock = clock
+        self._backoff = backoff
+        self._sleep = sleep
         self._logs: dict[tuple[str, Step], _Log] = {}
         self._replies: deque[_Reply] = deque()
         self._dirty = False
@@ -139,47 +146,61 @@ class SlackReporter:
         self.apply(event)
 
     def apply(self, event: ev.Event) -> None:
-        if isinstance(event, ev.OutputLine):
-            self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
-            return  # output alone never changes the card
-        if isinstance(event, ev.RunStarted):
-            self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
-                      self.view.approvals)
-        elif isinstance(event, ev.StepStarted):
-            self._logs[(event.host, event.step)] = _Log()
-            self._step(event.host, event.step, state=StepStatus.RUNNING, duration_s=None,
-                       summary="", progress="")
-        elif isinstance(event, ev.StepProgress):
-            # In place on the card, coalesced with every other change (update_interval_s).
-            self._step(event.host, event.step, progress=event.shown())
-        elif isinstance(event, ev.StepFinished):
-            self._finished(event)
-        elif isinstance(event, ev.GpuTable | ev.PackagesKnown):
-            self._table(event)
-        elif isinstance(event, ev.VersionsKnown):
-            if event.before is not None and self.view.status == RunStatus.RUNNING:
-                self._set(version_now=self.view.version_now or event.before)
-        elif isinstance(event, ev.HostFinished):
-            self._set(host_states=(*self.view.host_states, (event.host, event.status)))
-        elif isinstance(event, ev.RunFinished):
-            self.conclude(event.status, event.summary, version_after=event.version_after)
-            return
-        elif isinstance(event, ev.Notice):
-            self._replies.append(_Reply(msg=notice_reply(event.text)))
+        match event:
+            case ev.OutputLine():
+                self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
+                return  # output alone never changes the card
+            case ev.RunStarted():
+                self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
+                          self.view.approvals)
+            case ev.StepStarted():
+                self._logs[(event.host, event.step)] = _Log()
+                self._step(event.host, event.step, state=StepStatus.RUNNING,
+                           duration_s=None, summary="", progress="")
+            case ev.StepProgress():
+                # In place on the card, coalesced with every other change
+                # (update_interval_s).
+                self._step(event.host, event.step, progress=event.shown())
+            case ev.StepFinished():
+                self._finished(event)
+            case ev.GpuTable() | ev.PackagesKnown():
+                self._table(event)
+            case ev.VersionsKnown():
+                self._versions(event)
+            case ev.HostFinished():
+                self._set(host_states=(*self.view.host_states, (event.host, event.status)))
+            case ev.RunFinished():
+                self.conclude(event.status, event.summary, version_after=event.version_after)
+                return
+            case ev.Notice():
+                self._replies.append(_Reply(msg=notice_reply(event.text)))
+            case ev.GpuHealthKnown():
+                # Read at the request, for the approval card the front end renders itself
+                # (bot.engine.gpu_health); a run's own GPU check is its step.
+                return
+            case _:
+                assert_never(event)
         self._touch()
+
+    def _versions(self, event: ev.VersionsKnown) -> None:
+        if event.before is not None and self.view.status == RunStatus.RUNNING:
+            self._set(version_now=self.view.version_now or event.before)
 
     def _table(self, event: ev.GpuTable | ev.PackagesKnown) -> None:
         """A GPU table, or a package change (planned, made, or how the restored
         environment compares with the snapshot), as a code block in the thread."""
-        if isinstance(event, ev.GpuTable):
-            self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
-                                        table=render_table(event.snapshot)))
-            return
-        report = change_report(event.kind, event.diff, event.note)
-        if report is not None:
-            title, _, body = report.partition("\n")
-            self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
-                                        table=body or title))
+        match event:
+            case ev.GpuTable():
+                self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
+                                            table=render_table(event.snapshot)))
+            case ev.PackagesKnown():
+                report = change_report(event.kind, event.diff, event.note)
+                if report is not None:
+                    title, _, body = report.partition("\n")
+                    self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
+                                                table=body or title))
+            case _:
+                assert_never(event)
 
     def _finished(self, event: ev.StepFinished) -> None:
         line = self._step(event.host, event.step, state=event.status,
@@ -287,7 +308,9 @@ class SlackReporter:
         return not self.pending
 
     async def _drain(self) -> None:
-        backoff = 0.0
+        # Failed calls in a row: one back-off for the queue, whichever call failed (the
+        # next try may be another one: the card, when it fell due meanwhile).
+        failed = 0
         while True:
             if not self.pending:
                 if self._closing:
@@ -305,7 +328,7 @@ class SlackReporter:
                 else:
                     await self._send(self._replies[0])
                     self._replies.popleft()
-                backoff = 0.0
+                failed = 0
             except Exception as exc:
                 self.failures += 1
                 if not is_transient(exc):
@@ -321,10 +344,11 @@ class SlackReporter:
                                 refused.file[2], len(refused.file[1]),
                                 too_large=too_large(exc))))
                     continue
-                backoff = min(max(backoff * 2, 1.0), _MAX_BACKOFF_S)
-                log.warning("Slack thread %s/%s: %s; retrying in %.0fs", self.channel,
-                            self.ts, exc, backoff)
-                await asyncio.sleep(backoff)
+                failed += 1
+                delay = self._backoff.delay(failed)
+                log.warning("Slack thread %s/%s: %s; retrying in %.1fs", self.channel,
+                            self.ts, exc, delay)
+                await self._sleep(delay)
 
     async def _idle(self, seconds: float) -> None:
         self._wake.clear()
