@@ -11,6 +11,7 @@ import pytest
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
 from bot.core.plan import Step
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus, Source, StepStatus
 from bot.engine.audit_sink import RunAudit
 from bot.engine.engine import overall_status
@@ -75,12 +76,13 @@ async def test_a_plan_changed_by_the_config_after_approval_is_refused(
 
 
 def test_aborted_only_when_no_host_was_changed() -> None:
-    ok = HostOutcome(HostStatus.SUCCEEDED, "done")
-    refused = HostOutcome(HostStatus.ABORTED, "untouched")
+    ok = HostOutcome(HostStatus.SUCCEEDED, "done", ServiceState.UP)
+    refused = HostOutcome(HostStatus.ABORTED, "untouched", ServiceState.UP)
     assert overall_status([refused]) == "aborted"
     assert overall_status([refused, refused]) == "aborted"
     assert overall_status([ok, refused]) == "failed"  # the first host was redeployed
-    assert overall_status([ok, HostOutcome(HostStatus.ROLLED_BACK, "x")]) == "rolled_back"
+    rolled_back = HostOutcome(HostStatus.ROLLED_BACK, "x", ServiceState.UP)
+    assert overall_status([ok, rolled_back]) == "rolled_back"
     assert overall_status([ok, ok]) == "succeeded"
 
 

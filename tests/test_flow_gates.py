@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from bot.core.flows import FOLLOW_FAILED_READS, UNKNOWN_LOAD_READS, EndStep, HttpCheck, Progress
 from bot.core.plan import Step
+from bot.core.service_state import ServiceState
 from bot.hosts.base import CommandResult, HttpResult
 from tests.test_metrics_readiness import vllm_metrics
 from tests.test_real_vllm_samples import PERMISSION, usage_thread_traceback
@@ -110,16 +111,16 @@ def test_a_running_unit_that_is_not_ready_is_never_called_down() -> None:
     out = run(h, svc=READY)
     assert out.status == "failed"
     assert ("rollback_readiness", False) in steps(h)
+    assert out.state == ServiceState.UP_NOT_READY
     assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
-    assert "DOWN" not in out.summary
     # A restart the same, and the state is read after the gate, not assumed.
     h = Host(models=wrong)
     out = run(h, "restart", svc=READY)
-    assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
+    assert out.state == ServiceState.UP_NOT_READY
     assert h.calls[-1] == ("systemctl", "is-active", "--no-pager", "--", "vllm-kimi-k25")
     h = Host(unit_dies=True)
     out = run(h, "restart")
-    assert out.summary.endswith("is failed after start. The service is DOWN."), out.summary
+    assert out.state == ServiceState.DOWN and "is failed after start" in out.summary
 
 
 class Restarting(Host):
@@ -133,7 +134,7 @@ class Restarting(Host):
 
 def test_a_unit_systemd_is_restarting_is_down_not_up() -> None:
     out = run(Restarting(), "restart", svc={"start_timeout_s": 5})
-    assert out.status == "failed"
+    assert out.status == "failed" and out.state == ServiceState.DOWN
     assert out.summary.endswith("The service is DOWN (unit activating: systemd is starting it "
                                 "again or still starting it)."), out.summary
 
@@ -165,6 +166,7 @@ def test_requests_still_running_at_the_deadline_abort_with_the_service_untouched
     assert out.status == "aborted"
     assert out.summary.startswith("2 running, 0 waiting requests, KV cache 30 % used still in "
                                   "flight after 5s; service untouched")
+    assert out.state == ServiceState.UP  # as preflight read it
     assert "--force" in out.summary
     assert verbs(h) == []
 
@@ -239,6 +241,7 @@ def test_a_load_that_cannot_be_read_refuses_the_stop_with_the_reason() -> None:
             out = run(h, action)
             assert out.status == "aborted", (body, action)
             assert out.summary == f"{UNKNOWN}. Service untouched.", out.summary
+            assert out.state == ServiceState.UP
             assert verbs(h) == [] and ("requests", False) in steps(h)
             assert end(h, Step.REQUESTS).summary == UNKNOWN
             assert metrics_reads(h) == 1  # an answer that says nothing says it again
@@ -377,6 +380,7 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     assert h.now < 30  # seconds of the flow's clock, not start_timeout_s
     # systemd still shows the unit active (its process has not exited yet), but a start
     # that failed in the journal serves nothing: DOWN, never "UP but NOT READY".
+    assert out.state == ServiceState.DOWN
     assert ("The service is DOWN: its start failed (the unit is still active until its "
             "process exits; it may hold the GPUs until then). Roll back with: ") in out.summary
 

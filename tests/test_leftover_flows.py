@@ -10,6 +10,7 @@ import pytest
 
 from bot.audit.records import RunRecord
 from bot.core.leftovers import Approval
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.leftover_gate import LeftoverRequest, ask_bounded
 from bot.engine.recovery import interrupted_message
@@ -90,7 +91,7 @@ def test_one_that_survives_sigkill_needs_a_reset_or_a_reboot() -> None:
     assert out.status == "failed"
     assert "survived SIGKILL (PID 48304 state Sl): it needs a GPU reset or a reboot" in \
         out.summary
-    assert "STOPPED" in out.summary and verbs(h) == ["stop"]
+    assert out.state == ServiceState.STOPPED and verbs(h) == ["stop"]
 
 
 class RootUnit(Leftover):

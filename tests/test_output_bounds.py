@@ -176,6 +176,7 @@ CHILD = textwrap.dedent("""
     from bot.core import remote
     from bot.core.flows import BeginStep, Emit, EndStep, HostOutcome, RunCommand
     from bot.core.plan import Step
+    from bot.core.service_state import ServiceState
     from bot.engine.executor import Executor
     from bot.hosts.pool import HostPool
     from bot.settings import load_settings
@@ -189,7 +190,7 @@ CHILD = textwrap.dedent("""
             yield Emit(BeginStep(Step.REINSTALL, " ".join(argv)))
             r = yield RunCommand(Step.REINSTALL, argv, 60.0)
             yield Emit(EndStep(Step.REINSTALL, r.ok, "reinstall", r.exit_status))
-            return HostOutcome("succeeded" if r.ok else "failed", "done")
+            return HostOutcome("succeeded" if r.ok else "failed", "done", ServiceState.UNKNOWN)
 
         pool = HostPool(settings)
         try:

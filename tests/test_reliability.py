@@ -26,6 +26,7 @@ from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.plan import Step
 from bot.core.redact import Redactor
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.engine import RunResult
 from bot.engine.recovery import recover
@@ -521,7 +522,8 @@ async def test_logged_exceptions_and_args_are_redacted() -> None:
     handler = setup_logging(Redactor([literal]), stream=stream)
     try:
         sink = ev.BestEffort(_Broken(f"Slack said invalid_auth for {token} ({literal})"))
-        await sink.handle(ev.RunFinished(1, RunStatus.SUCCEEDED, "done", None, None))
+        await sink.handle(ev.RunFinished(1, RunStatus.SUCCEEDED, "done", None, None,
+                                         ServiceState.UP))
         logging.getLogger("bot.test").warning("retrying with %s", literal)
         quiet.info("Opening SSH connection")  # chatty at INFO: kept out
     finally:

@@ -18,6 +18,7 @@ from bot.audit.store import AuditLog
 from bot.core import flows as sequence
 from bot.core import remote
 from bot.core.flows import Flow, HostOutcome, Sleep, Tick
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus, RunStatus, Source
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.recovery import recover
@@ -147,8 +148,10 @@ async def test_polls_after_a_cancel_keep_their_pace() -> None:
 
     def flow() -> Flow:
         for _ in range(3):
-            ticks.append((yield Sleep(0.05)))
-        return HostOutcome(HostStatus.CANCELLED, "done")
+            tick = yield Sleep(0.05)
+            assert isinstance(tick, Tick)
+            ticks.append(tick)
+        return HostOutcome(HostStatus.CANCELLED, "done", ServiceState.UP)
 
     loop = asyncio.get_running_loop()
     executor = Executor(1, _NoHost(), _Discard(), cancel=token,  # type: ignore[arg-type]

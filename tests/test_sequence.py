@@ -33,6 +33,7 @@ from bot.core.flows import (
 from bot.core.health import GpuReading, GpuStateRead
 from bot.core.leftovers import Approval, AskApproval
 from bot.core.plan import Step, make_plan
+from bot.core.service_state import ServiceState
 from bot.core.status import HealthSource
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
@@ -373,6 +374,8 @@ def test_preflight_refusals_leave_the_service_untouched(field: str, value: Any,
     out = run(h)
     assert out.status == "aborted"
     assert needle in out.summary
+    # Untouched: as preflight read it (active; a unit it could not use: unknown).
+    assert out.state == (ServiceState.UNKNOWN if field == "load_state" else ServiceState.UP)
     assert verbs(h) == []
     assert steps(h) == [("preflight", False)]
 
@@ -390,7 +393,7 @@ def test_dry_run_stops_after_preflight() -> None:
     h = Host()
     out = run(h, dry_run=True, version="0.16.0")
     assert out.status == "succeeded"
-    assert "dry run" in out.summary
+    assert "dry run" in out.summary and out.state == ServiceState.UP
     assert verbs(h) == []
 
 
@@ -399,7 +402,7 @@ def test_drain_timeout_aborts_before_reinstall_and_names_the_pid() -> None:
     out = run(h)
     assert out.status == "failed"
     assert "48304" in out.summary and "GPU 3" in out.summary
-    assert "STOPPED" in out.summary
+    assert out.state == ServiceState.STOPPED
     assert verbs(h) == ["stop"]
     assert [n.label for n in h.notices if isinstance(n, Snapshot)] == ["drain timeout"]
     assert h.now >= 10  # the deadline was measured with the flow's clock
@@ -439,7 +442,9 @@ def test_reinstall_and_rollback_failure_says_the_service_is_stopped() -> None:
     h = Host(install_fails=1, sync_fails=2)
     out = run(h)
     assert out.status == "failed"
-    assert "rollback from the index failed" in out.summary and "STOPPED" in out.summary
+    assert "rollback from the index failed" in out.summary
+    assert out.state == ServiceState.STOPPED
+    assert "The service is STOPPED; restore the snapshot" in out.summary  # said from it
     # The exact command to restore the snapshot by hand.
     assert "restore the snapshot with `uv pip sync --python /opt/venvs/vllm/bin/python " \
            "--offline /opt/venvs/.chatops/vllm-" in out.summary
@@ -452,14 +457,15 @@ def test_rollback_then_unhealthy_is_failed() -> None:
     out = run(h)
     assert out.status == "failed"
     # The unit runs (answering 503): not DOWN, as systemctl is-active said after the gate.
+    assert out.state == ServiceState.UP_NOT_READY
     assert out.summary.endswith("The service is UP but NOT READY (unit active)."), out.summary
-    assert "DOWN" not in out.summary
 
 
 def test_rollback_then_dead_unit_says_down() -> None:
     h = Host(install_fails=1, unit_dies=True)
     out = run(h)
     assert out.status == "failed"
+    assert out.state == ServiceState.DOWN
     assert out.summary.endswith("The service is DOWN."), out.summary
 
 
@@ -593,6 +599,7 @@ def test_host_unreachable_at_preflight_aborts_untouched() -> None:
     out = run(h)
     assert out.status == "aborted"
     assert "cannot reach h1 over SSH" in out.summary and "keepalive" in out.summary
+    assert out.state == ServiceState.UNKNOWN  # nothing could read it
     assert verbs(h) == [] and len(h.calls) == 1  # nothing more is tried
 
 
@@ -637,7 +644,7 @@ def test_drain_with_the_host_gone_fails_at_the_drain_timeout() -> None:
     out = run(h)
     assert out.status == "failed"
     assert "no answer from the host while waiting for GPU memory" in out.summary
-    assert "STOPPED" in out.summary and "keepalive" in out.summary
+    assert out.state == ServiceState.STOPPED and "keepalive" in out.summary
     assert verbs(h) == ["stop"]
     assert h.now >= 10  # it waited the whole drain timeout, not one failed poll
 
@@ -687,7 +694,7 @@ def test_cut_reinstall_with_the_host_gone_ends_failed_outcome_unknown_service_st
     assert out.status == "failed"
     assert "connection lost during the reinstall" in out.summary
     assert "Whether vllm==0.16.0 was installed is unknown" in out.summary
-    assert "STOPPED" in out.summary and "`/vllm status kimi`" in out.summary
+    assert out.state == ServiceState.STOPPED and "`/vllm status kimi`" in out.summary
     assert verbs(h) == ["stop", "install"]  # neither a rollback nor a start
     assert h.now >= 60 + 15  # it waited until `timeout` had surely ended uv
 
@@ -740,7 +747,7 @@ def test_cut_rollback_with_the_host_gone_is_unknown_and_stopped() -> None:
     out = run(h, svc={"install_timeout_s": 20})
     assert out.status == "failed"
     assert "connection lost during the rollback" in out.summary
-    assert "unknown" in out.summary and "STOPPED" in out.summary
+    assert "unknown" in out.summary and out.state == ServiceState.STOPPED
 
 
 def test_cut_rollback_that_left_the_package_missing_says_stopped() -> None:
@@ -757,7 +764,7 @@ def test_cut_rollback_that_left_the_package_missing_says_stopped() -> None:
     out = run(h)
     assert out.status == "failed"
     assert "vllm was missing, not 0.16.0rc2.dev313+g662205d34" in out.summary
-    assert "STOPPED" in out.summary
+    assert out.state == ServiceState.STOPPED
     # Once uv had ended, the sync from the cache had failed: the index is tried too.
     assert verbs(h) == ["stop", "install", "rollback", "rollback"]
 

@@ -21,6 +21,7 @@ from bot.core.health import GpuCheck
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 from bot.engine import gpu_health, preview
 from bot.slack.blocks import CardView, initial_steps
@@ -45,8 +46,9 @@ EXAMPLES: dict[type, ev.Event] = {type(e): e for e in (
     ev.VersionsKnown(1, "gpu-1", "0.15.1", "0.16.0"),
     ev.PackagesKnown(1, "gpu-1", EnvKind.PLANNED, DIFF),
     ev.GpuHealthKnown(1, "gpu-1", CHECK),
-    ev.HostFinished(1, "gpu-1", HostStatus.SUCCEEDED, "healthy"),
-    ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0", "0.15.1", "0.16.0"),
+    ev.HostFinished(1, "gpu-1", HostStatus.SUCCEEDED, "healthy", ServiceState.UP),
+    ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0", "0.15.1", "0.16.0",
+                   ServiceState.UP),
     ev.Notice(1, "the audit log cannot be written"),
 )}
 EVENT_TYPES = sorted(get_args(ev.Event), key=lambda t: t.__name__)

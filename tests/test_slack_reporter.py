@@ -16,6 +16,7 @@ from bot.core import events as ev
 from bot.core.gpu import Gpu, GpuSnapshot
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, RunStatus, StepStatus
 from bot.retry import Backoff
 from bot.slack.blocks import CardView, Message, initial_steps, section
@@ -79,7 +80,7 @@ def run_events(lines: int) -> list[ev.Event]:
         if step == Step.STOP:
             out.append(ev.GpuTable(1, "gpu-1", "after drain", SNAPSHOT))
     out.append(ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0, healthy", "0.15.1",
-                              "0.16.0"))
+                              "0.16.0", ServiceState.UP))
     return out
 
 

@@ -12,6 +12,7 @@ from bot.core.health import GpuCheck
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, Step
 from bot.core.results import Stream
+from bot.core.service_state import ServiceState
 from bot.core.startup import StartHistory, progress_text
 from bot.core.status import HostStatus, RunStatus, StepStatus
 
@@ -116,6 +117,9 @@ class HostFinished:
     host: str
     status: HostStatus
     summary: str
+    # How the run left the service on this host (``bot.core.flows.HostOutcome.state``);
+    # UNKNOWN for a host the rollout never reached (nothing read it).
+    state: ServiceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,8 @@ class RunFinished:
     summary: str
     version_before: str | None
     version_after: str | None
+    # The worst of the states the run left its hosts in (``service_state.worst``).
+    state: ServiceState
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
 from bot.core.plan import Plan, drift, make_plan
+from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
 from bot.core.sudoers import become_for
@@ -182,9 +183,9 @@ class Engine:
                 # The executor turns host errors into failed steps; this is what escapes
                 # it (a host missing from the pool, a dead socket outside a command).
                 reason = e.reason if isinstance(e, HostError) else str(e)
-                outcome = HostOutcome(HostStatus.FAILED, reason)
+                outcome = HostOutcome(HostStatus.FAILED, reason, ServiceState.UNKNOWN)
                 await sink.handle(ev.HostFinished(run_id, host, outcome.status,
-                                                  outcome.summary))
+                                                  outcome.summary, outcome.state))
                 return outcome
 
         for batch in rollout_batches(plan):
@@ -200,16 +201,19 @@ class Engine:
         untouched = [h for h in plan.hosts if h not in outcomes]
         for host in untouched:
             await sink.handle(ev.HostFinished(run_id, host, NOT_STARTED,
-                                              "not started: the rollout stopped before it"))
+                                              "not started: the rollout stopped before it",
+                                              ServiceState.UNKNOWN))
         status = overall_status(list(outcomes.values()))
         summary = self._summary(plan, outcomes, untouched)
         first = outcomes.get(plan.hosts[0])
         await audit.set_versions(before=first.version_before if first else None,
                                  after=first.version_after if first else None)
         await audit.finish(status, summary, lambda: self.lifecycle.finish(run_id, status, summary))
+        # The hosts it ran on: those the rollout never reached it left as they were.
         await sink.handle(ev.RunFinished(run_id, status, summary,
                                          first.version_before if first else None,
-                                         first.version_after if first else None))
+                                         first.version_after if first else None,
+                                         worst(o.state for o in outcomes.values())))
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
 
     async def _start_history(self, plan: Plan) -> StartHistory | None:

@@ -15,10 +15,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import assert_never
 
 from bot.core import events as ev
 from bot.core.flows import (
+    Action,
     BeginStep,
     Checkpoint,
     Emit,
@@ -27,9 +28,11 @@ from bot.core.flows import (
     Health,
     HostOutcome,
     HttpCheck,
+    Notice,
     Packages,
     Progress,
     ReadGpuState,
+    Reply,
     RunCommand,
     Sleep,
     Snapshot,
@@ -130,7 +133,7 @@ class Executor:
         return self.transport.host
 
     async def drive(self, flow: Flow) -> HostOutcome:
-        reply: Any = None
+        reply: Reply = None
         try:
             while True:
                 action = flow.send(reply)
@@ -138,43 +141,50 @@ class Executor:
         except StopIteration as stop:
             outcome: HostOutcome = stop.value
         await self.sink.handle(ev.HostFinished(self.run_id, self.host, outcome.status,
-                                               outcome.summary))
+                                               outcome.summary, outcome.state))
         return outcome
 
-    async def _perform(self, action: Any) -> Any:
-        if isinstance(action, RunCommand):
-            return await self._run(action)
-        if isinstance(action, HttpCheck):
-            return await self._http(action)
-        if isinstance(action, ReadGpuState):
-            return await self._gpu_state(action)
-        if isinstance(action, AskApproval):
-            return await ask_bounded(
-                self.gate, LeftoverRequest(self.run_id, self.host, action.question, action.pids),
-                timeout_s=self.ask_timeout_s, cancelled=self.cancel.event)
-        if isinstance(action, Sleep):
-            if action.seconds > 0 and not self.cancel.requested:
-                # A cancel request wakes a waiting poll early instead of after the interval.
-                try:
-                    await asyncio.wait_for(self.cancel.event.wait(), action.seconds)
-                except TimeoutError:
-                    pass
-            elif action.seconds > 0:
-                # Already cancelled: the polls that bring the service back (health gate)
-                # or let an install finish must keep their pace, not spin.
-                await asyncio.sleep(action.seconds)
-            return Tick(self.clock(), self.cancel.requested)
-        if isinstance(action, Checkpoint):
-            return Tick(self.clock(), self.cancel.requested)
-        if isinstance(action, Emit):
-            await self._notice(action.notice)
-            return None
-        if isinstance(action, Progress):
-            await self.sink.handle(ev.StepProgress(
-                self.run_id, self.host, action.step, action.text, action.elapsed_s,
-                self.history if action.start_up else None))
-            return None
-        raise TypeError(f"unknown action {action!r}")
+    async def _perform(self, action: Action) -> Reply:
+        # Exhaustive: an action added to ``Action`` and not handled here fails mypy.
+        match action:
+            case RunCommand():
+                return await self._run(action)
+            case HttpCheck():
+                return await self._http(action)
+            case ReadGpuState():
+                return await self._gpu_state(action)
+            case AskApproval():
+                return await ask_bounded(
+                    self.gate, LeftoverRequest(self.run_id, self.host, action.question,
+                                               action.pids),
+                    timeout_s=self.ask_timeout_s, cancelled=self.cancel.event)
+            case Sleep():
+                await self._sleep(action.seconds)
+                return Tick(self.clock(), self.cancel.requested)
+            case Checkpoint():
+                return Tick(self.clock(), self.cancel.requested)
+            case Emit():
+                await self._notice(action.notice)
+                return None
+            case Progress():
+                await self.sink.handle(ev.StepProgress(
+                    self.run_id, self.host, action.step, action.text, action.elapsed_s,
+                    self.history if action.start_up else None))
+                return None
+            case _:
+                assert_never(action)
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and not self.cancel.requested:
+            # A cancel request wakes a waiting poll early instead of after the interval.
+            try:
+                await asyncio.wait_for(self.cancel.event.wait(), seconds)
+            except TimeoutError:
+                pass
+        elif seconds > 0:
+            # Already cancelled: the polls that bring the service back (health gate)
+            # or let an install finish must keep their pace, not spin.
+            await asyncio.sleep(seconds)
 
     async def _run(self, action: RunCommand) -> CommandResult:
         on_line = None if action.quiet else self._collector(action.step)
@@ -229,31 +239,34 @@ class Executor:
         while (line := await self._lines.get()) is not None:
             await self.sink.handle(line)
 
-    async def _notice(self, notice: Any) -> None:
-        if isinstance(notice, BeginStep):
-            self._step_started = self.clock()
-            self._tail.clear()
-            await self.sink.handle(ev.StepStarted(self.run_id, self.host, notice.step,
-                                                  notice.command))
-        elif isinstance(notice, EndStep):
-            output = "\n".join(self._tail)
-            if notice.detail:
-                output = f"{output}\n{notice.detail}" if output else notice.detail
-            await self.sink.handle(ev.StepFinished(
-                self.run_id, self.host, notice.step,
-                StepStatus.OK if notice.ok else StepStatus.FAILED,
-                notice.exit_status, self.clock() - self._step_started, notice.summary, output))
-        elif isinstance(notice, Snapshot):
-            await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
-                                               notice.snapshot))
-        elif isinstance(notice, Versions):
-            await self.sink.handle(ev.VersionsKnown(self.run_id, self.host, notice.before,
-                                                    notice.after))
-        elif isinstance(notice, Packages):
-            await self.sink.handle(ev.PackagesKnown(self.run_id, self.host, notice.kind,
-                                                    notice.diff, notice.freeze, notice.lock,
-                                                    notice.note))
-        elif isinstance(notice, Health):
-            await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host, notice.check))
-        else:
-            raise TypeError(f"unknown notice {notice!r}")
+    async def _notice(self, notice: Notice) -> None:
+        # Exhaustive as ``_perform``: a notice nobody turns into an event fails mypy.
+        match notice:
+            case BeginStep():
+                self._step_started = self.clock()
+                self._tail.clear()
+                await self.sink.handle(ev.StepStarted(self.run_id, self.host, notice.step,
+                                                      notice.command))
+            case EndStep():
+                output = "\n".join(self._tail)
+                if notice.detail:
+                    output = f"{output}\n{notice.detail}" if output else notice.detail
+                await self.sink.handle(ev.StepFinished(
+                    self.run_id, self.host, notice.step,
+                    StepStatus.OK if notice.ok else StepStatus.FAILED, notice.exit_status,
+                    self.clock() - self._step_started, notice.summary, output))
+            case Snapshot():
+                await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
+                                                   notice.snapshot))
+            case Versions():
+                await self.sink.handle(ev.VersionsKnown(self.run_id, self.host, notice.before,
+                                                        notice.after))
+            case Packages():
+                await self.sink.handle(ev.PackagesKnown(self.run_id, self.host, notice.kind,
+                                                        notice.diff, notice.freeze,
+                                                        notice.lock, notice.note))
+            case Health():
+                await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host,
+                                                         notice.check))
+            case _:
+                assert_never(notice)

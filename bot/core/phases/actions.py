@@ -1,0 +1,219 @@
+"""What a flow yields and what it is answered: the actions the executor performs
+(``bot.engine.executor``), the notices it turns into events, the replies it sends back,
+and the outcome a flow returns. The one place the flow/executor protocol is written."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TypeAlias, TypeVar, assert_never
+
+from bot.core.gpu import GpuSnapshot
+from bot.core.health import GpuCheck, GpuStateRead
+from bot.core.leftovers import Approval, AskApproval
+from bot.core.packages import EnvKind, PackageDiff
+from bot.core.plan import Step
+from bot.core.privilege import Privilege, run_as_of
+from bot.core.results import CommandResult, HttpResult
+from bot.core.service_state import ServiceState
+from bot.core.status import HostStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RunCommand:
+    step: Step
+    argv: tuple[str, ...]
+    timeout_s: float
+    # Polls are not streamed line by line; the step's summary reports their result.
+    quiet: bool = False
+    # What the command reads on stdin: an index URL, which may hold credentials, so it
+    # stays out of reprs and logs (see bot.core.remote.INDEX_FROM_STDIN).
+    stdin: bytes | None = field(default=None, repr=False)
+    # The account it needs, as its builder in bot.core.remote said; the executor turns
+    # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.sudoers.become).
+    run_as: Privilege = Privilege.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class ReadGpuState:
+    """Read the GPUs' state (ECC, pending pages and row remaps, recovery action): through
+    NVML where the bot runs on the host, else by running ``fallback`` (``nvidia-smi -q``),
+    also where NVML fails. NVML has no Xid history: the kernel log stays a command."""
+
+    fallback: RunCommand
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCheck:
+    url: str
+    timeout_s: float
+    method: str = "GET"
+    body: bytes | None = field(default=None, repr=False)
+    content_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A safe point at which a cancel request may take effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float  # monotonic seconds
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BeginStep:
+    step: Step
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndStep:
+    step: Step
+    ok: bool
+    summary: str
+    exit_status: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    label: str
+    snapshot: GpuSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Packages:
+    """A package set the run learned (``EnvKind``): a change (``diff``), or the whole
+    environment before anything changed (``freeze``, kept on the host at ``lock``)."""
+
+    kind: EnvKind
+    diff: PackageDiff | None = None
+    freeze: str | None = None
+    lock: str | None = None
+    note: str = ""  # why a diff is missing, or what it was compared with
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The GPU check's verdict on a host, read at the request for the approval card."""
+
+    check: GpuCheck
+
+
+Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    notice: Notice
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a running step is doing now, shown in place on the status card (the
+    executor adds the run, the host and, for a start-up wait, this service's usual
+    start time). Not recorded: the step's end is."""
+
+    step: Step
+    text: str
+    elapsed_s: float | None = None
+    start_up: bool = False
+
+
+Action = (RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Progress
+          | AskApproval)
+
+
+@dataclass(frozen=True, slots=True)
+class HostOutcome:
+    status: HostStatus
+    summary: str
+    # How the run left the service on this host; the summary's words for it ("the
+    # service is STOPPED") are rendered from it (``service_is``), never written apart.
+    state: ServiceState
+    version_before: str | None = None
+    version_after: str | None = None
+
+
+def service_is(state: ServiceState, *, mid: bool = False) -> str:
+    """The words a summary uses for how the service was left ("The service is DOWN";
+    ``mid``: within a sentence, "the service is STOPPED"), from the value itself, so the
+    sentence and ``HostOutcome.state`` never disagree."""
+    match state:
+        case ServiceState.UP:
+            word = "UP"
+        case ServiceState.UP_NOT_READY:
+            word = "UP but NOT READY"
+        case ServiceState.DOWN:
+            word = "DOWN"
+        case ServiceState.STOPPED:
+            word = "STOPPED"
+        case ServiceState.UNKNOWN:
+            return f"{'w' if mid else 'W'}hether the service runs is unknown"
+        case _:
+            assert_never(state)
+    return f"{'t' if mid else 'T'}he service is {word}"
+
+
+# What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->
+# HttpResult; ReadGpuState -> GpuStateRead; AskApproval -> Approval; Sleep and
+# Checkpoint -> Tick; Emit and Progress -> None. The helpers below yield one action and
+# narrow its reply, so no flow code handles a reply of the wrong type.
+Reply = CommandResult | HttpResult | GpuStateRead | Tick | Approval | None
+
+T = TypeVar("T")
+R = TypeVar("R", CommandResult, HttpResult, GpuStateRead, Tick, Approval)
+# A part of a flow: yields actions, is answered with replies, returns a T.
+Phase: TypeAlias = Generator[Action, Reply, T]
+Flow = Phase[HostOutcome]
+
+
+def _expect(reply: Reply, kind: type[R], action: Action) -> R:
+    """The reply narrowed to what ``action`` is answered with; anything else is a bug of
+    whoever drives the flow (the executor, a test's host), said at once."""
+    if not isinstance(reply, kind):
+        raise TypeError(f"{type(action).__name__} was answered with "
+                        f"{type(reply).__name__}, not {kind.__name__}")
+    return reply
+
+
+def run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False,
+        stdin: bytes | None = None) -> Phase[CommandResult]:
+    action = RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
+    return _expect((yield action), CommandResult, action)
+
+
+def http(url: str, timeout_s: float, method: str = "GET", body: bytes | None = None,
+         content_type: str | None = None) -> Phase[HttpResult]:
+    action = HttpCheck(url, timeout_s, method, body, content_type)
+    return _expect((yield action), HttpResult, action)
+
+
+def read_gpu_state(fallback: RunCommand) -> Phase[GpuStateRead]:
+    action = ReadGpuState(fallback)
+    return _expect((yield action), GpuStateRead, action)
+
+
+def ask(question: str, pids: tuple[int, ...]) -> Phase[Approval]:
+    action = AskApproval(question, pids)
+    return _expect((yield action), Approval, action)
+
+
+def pause(seconds: float | None = None) -> Phase[Tick]:
+    """A safe point (``None``) or a sleep; either way the clock and the cancel flag."""
+    action = Checkpoint() if seconds is None else Sleep(seconds)
+    return _expect((yield action), Tick, action)
