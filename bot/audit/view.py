@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
+from bot.core import table
 from bot.core.packages import PackageDiff, Restoration
+from bot.core.table import Column
 
 # (header, widest a cell may get); long values are cut with an ellipsis so one odd
 # package spec cannot push every other row off a Slack code block.
@@ -24,13 +26,6 @@ _COLUMNS: tuple[tuple[str, int], ...] = (
     ("APPROVED BY", 24),
     ("VERSION", 40),
 )
-_GAP = "  "
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _when(stamp: str) -> str:
     # 2026-11-30T13:12:01Z -> 2026-11-30 13:12
     return stamp[:16].replace("T", " ")
@@ -59,15 +54,8 @@ def runs_table(records: Sequence[RunRecord]) -> str:
     """One line per run under a header; ``no runs`` when there are none."""
     if not records:
         return "no runs"
-    rows = [[_cut(cell, cap) for cell, (_, cap) in zip(_cells(r), _COLUMNS, strict=True)]
-            for r in records]
-    headers = [header for header, _ in _COLUMNS]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        return _GAP.join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
-
-    return "\n".join([line(headers), *(line(row) for row in rows)])
+    columns = [Column(header, max_width=cap) for header, cap in _COLUMNS]
+    return table.render(columns, [_cells(r) for r in records])
 
 
 def runs_json(records: Sequence[RunRecord],

@@ -18,7 +18,9 @@ from typing import Any, TextIO
 
 from bot.audit.records import RunRecord
 from bot.cli.terminal import say
+from bot.core import table
 from bot.core.status import ACTIVE_STATUSES
+from bot.core.table import Column
 from bot.engine.liveness import DRIVEN, JudgedBy, Verdict
 from bot.engine.recovery import (
     ByHand,
@@ -79,12 +81,7 @@ def _json(run: RunRecord, verdict: Verdict | None, locks: Sequence[str]) -> dict
 def runs_text(rows: Sequence[Sequence[str]]) -> str:
     if not rows:
         return "no runs"
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_HEADERS)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    return "\n".join([line(_HEADERS), *(line(r) for r in rows)])
+    return table.render([Column(h) for h in _HEADERS], rows)
 
 
 async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,

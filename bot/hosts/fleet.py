@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bot.core import remote
+from bot.core import remote, table
 from bot.core.gpu import (
     DriverWarning,
     Gpu,
@@ -35,6 +35,7 @@ from bot.core.gpu import (
     render_table,
 )
 from bot.core.health import HostHealth, Level, details, health_reads, marks
+from bot.core.table import Column
 from bot.errors import (
     ChatOpsError,
     GpuQueryError,
@@ -289,8 +290,9 @@ def _clean(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
 
 
-_HEADER = ("HOST", "GPUS", "BUSY", "UTIL", "USED MiB", "TOTAL MiB", "HEALTH", "PROCESSES")
-_RIGHT = (False, True, True, True, True, True, False)
+_COLUMNS = (Column("HOST"), Column("GPUS", "right"), Column("BUSY", "right"),
+            Column("UTIL", "right"), Column("USED MiB", "right"), Column("TOTAL MiB", "right"),
+            Column("HEALTH"))
 
 
 def _health_cell(r: HostGpus) -> str:
@@ -331,21 +333,14 @@ def _group_label(key: str, names: list[str]) -> str:
 def host_lines(results: Sequence[HostGpus]) -> list[str]:
     """A header and one line per host (<= 100 characters), in the order given; a host
     without a snapshot gets the rest of its line for the reason."""
-    cells = [_cells(r) for r in results if r.snapshot is not None]
-    widths = [max(len(c[i]) for c in (*cells, _HEADER[:-1])) for i in range(len(_RIGHT))]
-
-    def line(row: Sequence[str], last: str) -> str:
-        fixed = _GAP.join(c.rjust(w) if right else c.ljust(w)
-                          for c, w, right in zip(row, widths, _RIGHT, strict=True))
-        return (fixed + _GAP + _clean(last, max(_ROW_LIMIT - len(fixed) - len(_GAP), 8))
-                ).rstrip()
-
-    lines = [line(_HEADER[:-1], _HEADER[-1])]
+    lay = table.layout(_COLUMNS, [_cells(r) for r in results if r.snapshot is not None])
+    room = max(lay.room(_ROW_LIMIT), 8)
+    lines = [lay.header(_clean("PROCESSES", room))]
     for r in results:
         if r.snapshot is not None:
-            lines.append(line(_cells(r), _processes(r.snapshot)))
+            lines.append(lay.line(_cells(r), _clean(_processes(r.snapshot), room)))
         else:
-            name = _clean(r.host, _HOST_WIDTH).ljust(widths[0])
+            name = _clean(r.host, _HOST_WIDTH).ljust(lay.widths[0])
             lines.append(_clean(f"{name}{_GAP}{_problem(r)}", _ROW_LIMIT))
     return lines
 
