@@ -21,7 +21,8 @@ from bot.settings import HostSettings
 from bot.sim.kit import SERVICE, SimKit
 from bot.slack.cards import plan_from_record
 from tests.slack_harness import ALICE, BOB
-from tests.support.host_keys import keygen_fingerprint, other_key_line
+from tests.support.host_keys import key_line, keygen_fingerprint
+from tests.support.mock_host import MockHost, mock_host, mock_runtime, mock_settings
 from tests.support.sim import sim_settings
 
 
@@ -53,61 +54,75 @@ async def test_the_plan_binds_each_hosts_address_port_user_key_and_host_key(
         assert await rt.audit.refusals() == []
 
 
+async def _approved_mock(host: MockHost, tmp_path: Path) -> int:
+    async with mock_runtime(mock_settings(host, tmp_path), host) as rt:
+        record = await rt.lifecycle.request(rt.engine.plan(Action.RESTART, SERVICE),
+                                            requested_by=ALICE, source=Source.CLI)
+        assert await rt.lifecycle.confirm(record.id, BOB)
+        return record.id
+
+
+# The refusals below reach no host, so a scripted one stands for it: any command or
+# request it saw (not even a read) fails the test.
+
 @pytest.mark.parametrize("change", [
     {"port": 1}, {"user": "someone-else"}, {"address": "localhost"},
     {"key_file": "/etc/chatops/another_key"},
 ])
 async def test_a_host_repointed_after_approval_is_refused(
-        sim_host: SimKit, tmp_path: Path, change: dict[str, Any]) -> None:
-    run_id, _ = await _approved(sim_host, tmp_path)
+        tmp_path: Path, change: dict[str, Any]) -> None:
+    host = mock_host(tmp_path / "host")
+    run_id = await _approved_mock(host, tmp_path)
     # The operator edits the host's entry and the bot restarts before the run starts.
-    async with open_runtime(sim_settings(sim_host, tmp_path, host=change)) as rt:
+    async with mock_runtime(mock_settings(host, tmp_path, host_overrides=change), host) as rt:
         result = await rt.engine.execute(run_id, Quiet())
         assert result.status == "refused"
         assert "the configuration changed since this plan was approved" in result.summary
         (name, value), = change.items()
-        assert f"{sim_host.hostname} {name.replace('_', ' ')}: " in result.summary
+        assert f"{host.hostname} {name.replace('_', ' ')}: " in result.summary
         assert f"→ {value}" in result.summary
         run = await rt.audit.get_run(run_id)
         assert run.status == "refused"
         rows = await rt.audit.refusals()
         assert [r.user for r in rows] == [ALICE] and "configuration changed" in rows[0].reason
         assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
-    assert sim_host.calls() == []
+    assert host.untouched()
 
 
 async def test_a_host_key_swapped_in_known_hosts_after_approval_is_refused(
-        sim_host: SimKit, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     # No restart: known_hosts is read at each connection, so the same bot would talk to
     # the machine behind the new key. The approval was for the old one.
-    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
+    host = mock_host(tmp_path / "host")
+    async with mock_runtime(mock_settings(host, tmp_path), host) as rt:
         record = await rt.lifecycle.request(rt.engine.plan(Action.RESTART, SERVICE),
                                             requested_by=ALICE, source=Source.CLI)
         assert await rt.lifecycle.confirm(record.id, BOB)
-        before = keygen_fingerprint(sim_host.known_hosts)
-        sim_host.known_hosts.write_text(other_key_line(sim_host))
-        after = keygen_fingerprint(sim_host.known_hosts)
+        before = keygen_fingerprint(host.known_hosts)
+        host.known_hosts.write_text(key_line(host.port))
+        after = keygen_fingerprint(host.known_hosts)
         result = await rt.engine.execute(record.id, Quiet())
         assert result.status == "refused"
-        assert f"{sim_host.hostname} host key: {before} → {after}" in result.summary
+        assert f"{host.hostname} host key: {before} → {after}" in result.summary
         assert len(await rt.audit.refusals()) == 1
-    assert sim_host.calls() == []
+    assert host.untouched()
 
 
 async def test_a_missing_known_hosts_entry_binds_unknown_and_adding_it_is_a_change(
-        sim_host: SimKit, tmp_path: Path) -> None:
-    line = sim_host.known_hosts.read_text()
-    sim_host.known_hosts.write_text("# nothing for this host yet\n")
-    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
+        tmp_path: Path) -> None:
+    host = mock_host(tmp_path / "host")
+    line = host.known_hosts.read_text()
+    host.known_hosts.write_text("# nothing for this host yet\n")
+    async with mock_runtime(mock_settings(host, tmp_path), host) as rt:
         record = await rt.lifecycle.request(rt.engine.plan(Action.RESTART, SERVICE),
                                             requested_by=ALICE, source=Source.CLI)
         assert record.plan["targets"][0]["host_key"] == UNKNOWN_HOST_KEY
         assert await rt.lifecycle.confirm(record.id, BOB)
-        sim_host.known_hosts.write_text(line)
+        host.known_hosts.write_text(line)
         result = await rt.engine.execute(record.id, Quiet())
         assert result.status == "refused"
         assert f"host key: {UNKNOWN_HOST_KEY} → SHA256:" in result.summary
-    assert sim_host.calls() == []
+    assert host.untouched()
 
 
 def test_host_keys_are_read_as_ssh_matches_them(tmp_path: Path) -> None:
@@ -134,11 +149,12 @@ def test_host_keys_are_read_as_ssh_matches_them(tmp_path: Path) -> None:
                                     known_hosts=tmp_path / "missing")) == UNKNOWN_HOST_KEY
 
 
-def test_the_stored_plan_with_its_targets_round_trips(sim_host: SimKit, tmp_path: Path) -> None:
-    settings = sim_settings(sim_host, tmp_path)
+def test_the_stored_plan_with_its_targets_round_trips(tmp_path: Path) -> None:
+    host = mock_host(tmp_path / "host")
+    settings = mock_settings(host, tmp_path)
     # As the engine builds it: the keys read at the edge, the plan pure.
     built = make_plan(settings, Action.REDEPLOY, SERVICE,
-                      host_keys=host_keys(settings, [sim_host.hostname]))
+                      host_keys=host_keys(settings, [host.hostname]))
     assert built.targets[0].host_key.startswith("SHA256:")
     record = RunRecord(
         id=1, service=SERVICE, action=Action.REDEPLOY, hosts=list(built.hosts),

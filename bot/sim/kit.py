@@ -30,6 +30,7 @@ import asyncssh
 
 from bot.sim import forkclient, forkserver, kernel, procfs, vllm_server
 from bot.sim import packages as sim_packages
+from bot.sim.fastclient import FAST_CLIENT_ENV, fast_client
 from bot.sim.link import FaultyLink
 from bot.sim.server import EmbeddedSshServer
 from bot.sim.sshd import SshdServer, free_port
@@ -63,10 +64,13 @@ FAST_TIMINGS: dict[str, Any] = {
     "release_delay_s": 0.3, "load_delay_s": 0.3, "fail_delay_s": 0.1, "stop_delay_s": 0.05,
     "install_duration_s": 0.3,
 }
-# Engine settings scaled to those timings.
+# Engine settings scaled to those timings. Each drain or health poll is a few commands
+# over SSH (sshd, a shell, `timeout` and a tool call each): polling every 0.1 s, a test's
+# longer waits spent about a sixth more CPU on a 2-core machine that the suite keeps busy,
+# for the same wall time; every 0.25 s still sees each simulated phase several times.
 TEST_SERVICE_SETTINGS: dict[str, Any] = {
-    "drain_threshold_mib": 1024, "drain_timeout_s": 5.0, "drain_poll_s": 0.1,
-    "start_timeout_s": 10.0, "health_poll_s": 0.1, "stop_timeout_s": 10.0,
+    "drain_threshold_mib": 1024, "drain_timeout_s": 5.0, "drain_poll_s": 0.25,
+    "start_timeout_s": 10.0, "health_poll_s": 0.25, "stop_timeout_s": 10.0,
     "install_timeout_s": 30.0, "command_timeout_s": 10.0, "min_free_disk_mib": 64,
 }
 # The readiness keys for the simulated server: its model, and a smoke test it passes.
@@ -188,6 +192,9 @@ class SimKit:
             # environment names, so hosts of a fleet can share this file.
             self.python.write_text(
                 "#!/bin/sh\n# Simulated venv interpreter (bot/sim/tools/python.py).\n"
+                f'if [ -x "${{{FAST_CLIENT_ENV}:-}}" ]; then\n'
+                f'  PYTHONPATH="{REPO_ROOT}" exec "${FAST_CLIENT_ENV}" -S "{CLIENT}" python "$@"\n'
+                "fi\n"
                 f'PYTHONPATH="{REPO_ROOT}" exec "${{SIM_PYTHON:-python3}}" -S '
                 f'"{CLIENT}" python "$@"\n')
             self.python.chmod(0o755)
@@ -252,6 +259,10 @@ class SimKit:
             # (bot.sim.forkserver): a fresh interpreter per call was most of a test's CPU.
             forkclient.SOCKET_ENV: str(forkserver.shared_socket()),
         }
+        # And its client compiled (bot/sim/fastclient.py): the interpreter each call
+        # started was, after the polls, the largest part of the suite's CPU.
+        if (client := fast_client()) is not None:
+            env[FAST_CLIENT_ENV] = str(client)
         if "TZ" in os.environ:
             env["TZ"] = os.environ["TZ"]
         return env

@@ -11,7 +11,7 @@ import pytest
 
 from bot.settings import load_settings
 from bot.sim import packages, procfs
-from bot.sim.kit import SimKit, fast_config, fleet_fragment
+from bot.sim.kit import TEST_SERVICE_SETTINGS, SimKit, fast_config, fleet_fragment
 from bot.sim.state import DEFAULT_VERSION, STATE_DIR_ENV
 from tests.polling import eventually
 from tests.support.sim import MakeSimHost
@@ -130,7 +130,8 @@ async def test_settings_fragment_is_valid(sim_host: SimKit, tmp_path: Path) -> N
     assert (host.port, host.known_hosts, host.key_file) == (
         sim_host.port, sim_host.known_hosts, sim_host.client_key)
     svc = settings.services["kimi-k25"]
-    assert (svc.unit, svc.python, svc.drain_poll_s) == (UNIT, str(sim_host.python), 0.1)
+    assert (svc.unit, svc.python, svc.drain_poll_s) == (
+        UNIT, str(sim_host.python), TEST_SERVICE_SETTINGS["drain_poll_s"])
     assert sim_host.known_hosts.read_text().startswith(f"[127.0.0.1]:{sim_host.port} ssh-ed25519 ")
 
 

@@ -27,7 +27,12 @@ def keygen_fingerprint(known_hosts: Path) -> str:
     return out.split()[1]
 
 
+def key_line(port: int) -> str:
+    """A known_hosts line for 127.0.0.1 at ``port`` with a fresh key."""
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    return f"[127.0.0.1]:{port} {key.export_public_key().decode().strip()}\n"
+
+
 def other_key_line(kit: SimKit) -> str:
     """A known_hosts line naming the kit's address with a key the kit does not have."""
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    return f"[127.0.0.1]:{kit.port} {key.export_public_key().decode().strip()}\n"
+    return key_line(kit.port)
