@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
@@ -31,12 +31,14 @@ from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
 from bot.core.startup import history_line
-from bot.core.status import Action, RunStatus, Source
+from bot.core.status import Action, RunStatus
 from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines
-from bot.engine.preview import preview_lines, record_previews
+from bot.engine.operations import Busy, Operator, Requested
+from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
 from bot.engine.request_reads import read_at_request
+from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
@@ -175,6 +177,36 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
     return stdin.readline().strip().lower() in ("y", "yes")
 
 
+async def _show_reads(rt: Runtime, plan: Plan, *, load: bool,
+                      out: TextIO) -> tuple[HostPreview, ...]:
+    """Print what the hosts say before anyone confirms; returns the package previews."""
+    reads = await read_at_request(rt.settings, rt.pool, plan, load=load)
+    if reads.load is not None:
+        say(out, rt.redact(reads.load))
+    if reads.previews:
+        say(out, rt.redact("\n".join(["package changes (dry run now):",
+                                      *preview_lines(reads.previews)])))
+    if reads.health:
+        say(out, rt.redact("\n".join(health_lines(reads.health))))
+    return reads.previews
+
+
+async def _request(rt: Runtime, plan: Plan, user: str) -> RunRecord | None:
+    """The request, through the operations service: on a terminal the operator's own
+    confirmation is the approval and is recorded as such; a dry run or status query is
+    approved by the system, as in Slack. None when refused (said on stderr; the service
+    recorded the request 'refused', with its refusals row)."""
+    asked = await rt.operations.request(plan, by=Operator(user))
+    match asked:
+        case Requested(record=record):
+            return record
+        case Busy(reason=reason) | Refused(reason=reason):
+            print(f"error: {visible(reason)}", file=sys.stderr)
+            return None
+        case _:
+            assert_never(asked)
+
+
 async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
@@ -196,25 +228,16 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     # stop would wait for (or --force interrupt; only when someone confirms), what the
     # redeploy would change besides vLLM (torch, CUDA wheels...), and the service's GPUs
     # where they are not all ok, read as the run's GPU check reads them.
-    reads = await read_at_request(rt.settings, rt.pool, plan, load=asks)
-    previews = reads.previews
-    if reads.load is not None:
-        say(out, rt.redact(reads.load))
-    if previews:
-        say(out, rt.redact("\n".join(["package changes (dry run now):",
-                                      *preview_lines(previews)])))
-    if reads.health:
-        say(out, rt.redact("\n".join(health_lines(reads.health))))
+    previews = await _show_reads(rt, plan, load=asks, out=out)
     rt.lifecycle.recovered.append(told)
     rt.lifecycle.expired.append(closed)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed")  # on a terminal (checked above): a no
-    record = await rt.lifecycle.request(plan, requested_by=user, source=Source.CLI)
+    record = await _request(rt, plan, user)
+    if record is None:
+        return 1
     await record_previews(rt.audit, record.id, previews)
-    # On a terminal the operator's own confirmation is the approval and is recorded as
-    # such; a dry run or status query is approved by the system, as in Slack.
-    await rt.lifecycle.confirm(record.id, plan.system_approver or user)
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:

@@ -16,6 +16,7 @@ from bot.core.plan import Plan
 from bot.core.status import Action
 from bot.engine.engine import Engine
 from bot.engine.lifecycle import RunLifecycle
+from bot.engine.run_results import Refusal
 from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
@@ -179,7 +180,7 @@ class Click:
             if self.run_id is None:
                 answer: str | None = await self.front_end.refuse(
                     user=self.user, channel=self.channel, command=name,
-                    reason="That button does not name a run.")
+                    reason="That button does not name a run.", code=Refusal.BAD_INPUT)
             else:
                 # The value names a run; only the card it was on may decide that run.
                 answer = await self.front_end.off_card(
