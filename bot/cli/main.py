@@ -197,7 +197,7 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     def on_sigint() -> None:
         # First Ctrl-C asks the engine to cancel at its next safe point (a reinstall
         # is never cut in half); a second one is the default hard stop.
-        if rt.lifecycle.request_cancel(record.id, user):
+        if rt.operations.request_cancel(record.id, user):
             sys.stderr.write("\ncancel requested: the run stops at its next safe point\n")
         loop.remove_signal_handler(signal.SIGINT)
 

@@ -5,8 +5,11 @@
                   │ └─expire─> expired             └─cancel─> cancelled
                   └─cancel─> cancelled   (busy, or the plan drifted: refused)
 
-The Slack front end and the CLI call the same methods, so a deny, an expiry or a
-cancel means the same thing whichever front end it came from. Each status change is
+The Slack front end and the CLI reach the same methods through the operations service
+(``bot.engine.operations``), so a deny, an expiry or a cancel means the same thing
+whichever front end it came from. Driving runs (cancel tokens, heartbeats) is the
+``RunDriver``'s job (``bot.engine.run_driver``), locks and recovery the ``RunLocks``'
+(``bot.engine.run_locks``); the typed results live in ``bot.engine.run_results``. Each status change is
 a compare-and-set in the audit log (``AuditLog.transition``): of a double click,
 concurrent approvers, an approval racing a deny or the expiry timer, exactly one
 wins, and a click counts once (the decisions table is unique per run, user and
@@ -32,7 +35,8 @@ Choices:
   confirmation is the approval (``confirm``): the audit log never credits a person
   with an approval they did not give.
 * Refused clicks and cancels are written to the refusals table here; the other
-  refusals (wrong channel, bad input) are the front end's.
+  refusals (wrong channel, bad input) are recorded by the operations service
+  (``bot.engine.operations``) the front ends call, never by a front end itself.
 * Time comes from the injected ``clock`` (wall) and ``monotonic``, with their ids, so
   expiry and skewed clocks are tested without waiting.
 """

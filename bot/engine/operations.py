@@ -281,6 +281,11 @@ class Operations:
         return await self.lifecycle.approve(run_id, user=user, membership=membership,
                                             channel=channel)
 
+    def request_cancel(self, run_id: int, user: str) -> bool:
+        """The operator's own run, driven here, stops at its next safe point (synchronous:
+        a signal handler calls it; who asked is recorded by the run's driver)."""
+        return self.lifecycle.request_cancel(run_id, user)
+
     async def cancel(self, run_id: int, *, user: str, membership: Membership,
                      channel: str | None) -> CancelResult:
         """Cancel by the requester or an approver (``RunLifecycle.cancel``)."""

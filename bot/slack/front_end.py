@@ -310,19 +310,14 @@ class SlackFrontEnd:
         result = await self.operations.decide(run_id, action, user=user,
                                               membership=membership, channel=channel)
         match result:
-            case Approved(start=start):
-                if start:
-                    self.timers.disarm(run_id)
-                    self.start_run(run_id)
+            case Approved(start=True):
+                self.timers.disarm(run_id)
+                self.start_run(run_id)
             case Counted():
                 await self.cards.refresh(run_id, membership)
-            case Denied():
-                self.timers.disarm(run_id)
-                await self.cards.refresh(run_id)
-            case Refused(expired=expired):
-                if expired:
-                    await self._closed(run_id)
-            case AlreadyCounted() | TooLate():
+            case Denied() | Refused(expired=True):
+                await self._closed(run_id)
+            case Approved() | Refused() | AlreadyCounted() | TooLate():
                 pass
             case _:
                 assert_never(result)
@@ -344,14 +339,11 @@ class SlackFrontEnd:
         result = await self.operations.cancel(run_id, user=user, membership=membership,
                                               channel=channel)
         match result:
-            case Cancelled(was=was):
-                if was == RunStatus.PENDING_APPROVAL:
-                    await self._closed(run_id)
-            case CancelRequested():
-                reporter = self._reporters.get(run_id)
-                if reporter is not None:
-                    reporter.request_cancel(user)
-            case NotCancellable() | Refused():
+            case Cancelled(was=RunStatus.PENDING_APPROVAL):
+                await self._closed(run_id)
+            case CancelRequested() if (reporter := self._reporters.get(run_id)) is not None:
+                reporter.request_cancel(user)
+            case Cancelled() | CancelRequested() | NotCancellable() | Refused():
                 pass
             case _:
                 assert_never(result)
