@@ -9,8 +9,10 @@ The Slack front end and the CLI reach the same methods through the operations se
 (``bot.engine.operations``), so a deny, an expiry or a cancel means the same thing
 whichever front end it came from. Driving runs (cancel tokens, heartbeats) is the
 ``RunDriver``'s job (``bot.engine.run_driver``), locks and recovery the ``RunLocks``'
-(``bot.engine.run_locks``); the typed results live in ``bot.engine.run_results``. Each status change is
-a compare-and-set in the audit log (``AuditLog.transition``): of a double click,
+(``bot.engine.run_locks``); the typed results live in ``bot.engine.run_results``.
+
+Each status change is a compare-and-set in the audit log (``AuditLog.transition``): of a
+double click,
 concurrent approvers, an approval racing a deny or the expiry timer, exactly one
 wins, and a click counts once (the decisions table is unique per run, user and
 decision).
