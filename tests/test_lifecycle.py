@@ -23,6 +23,7 @@ from bot.engine.lifecycle import (
     Counted,
     Denied,
     NotCancellable,
+    Refusal,
     Refused,
     RunLifecycle,
     TooLate,
@@ -170,7 +171,7 @@ async def test_deny_closes_the_request_and_a_later_click_is_refused(world: World
     assert (denied.status, denied.summary) == (RunStatus.DENIED, f"denied by {CAROL}")
     assert await world.audit.lock_holder("service:svc") is None
     late = await world.life.approve(record.id, user=BOB, membership=MEMBERS)
-    assert late == Refused(f"Run #{record.id} is already denied.")
+    assert late == Refused(f"Run #{record.id} is already denied.", code=Refusal.CLOSED)
 
 
 async def test_a_click_after_the_window_expires_the_request(world: World) -> None:
@@ -179,7 +180,8 @@ async def test_a_click_after_the_window_expires_the_request(world: World) -> Non
     assert await world.life.expire_overdue() == []
     world.clock.advance(1)  # the deadline itself is late
     late = await world.life.approve(record.id, user=BOB, membership=MEMBERS)
-    assert late == Refused("This request has expired; ask for it again.", expired=True)
+    assert late == Refused("This request has expired; ask for it again.", expired=True,
+                           code=Refusal.EXPIRED)
     expired = await world.audit.get_run(record.id)
     assert (expired.status, expired.summary) == (RunStatus.EXPIRED, EXPIRED_SUMMARY)
     assert await world.audit.lock_holder("service:svc") is None
@@ -196,7 +198,7 @@ async def test_overdue_requests_expire_by_the_clock_and_a_decided_one_does_not(
     assert await world.status(decided.id) == RunStatus.DENIED
     # Closed as expired before this click: its card may still have buttons to remove.
     assert await world.life.deny(overdue.id, user=BOB, membership=MEMBERS) == Refused(
-        f"Run #{overdue.id} is already expired.", expired=True)
+        f"Run #{overdue.id} is already expired.", expired=True, code=Refusal.CLOSED)
 
 
 async def test_a_deny_that_loses_the_race_is_too_late(world: World) -> None:

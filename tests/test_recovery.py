@@ -23,7 +23,7 @@ from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
-from bot.engine.lifecycle import Refused, RunLifecycle
+from bot.engine.lifecycle import Refusal, Refused, RunLifecycle
 from bot.engine.liveness import Judge
 from bot.engine.owner import Owner, process_owner, read_stat, this_namespace
 from bot.engine.recovery import (
@@ -808,7 +808,7 @@ async def test_a_click_on_another_instances_card_never_closes_it_early(
                 instance.pass_time(TTL_S - 10)
             refused = await b.life.approve(card.id, user=BOB, membership=members)
             assert refused == Refused("This request has expired; ask for it again.",
-                                      expired=False)
+                                      expired=False, code=Refusal.EXPIRED)
             assert (await b.audit.get_run(card.id)).status == RunStatus.PENDING_APPROVAL
             assert (await b.audit.locks_held()) == {card.id: LOCKS}
         else:
@@ -817,6 +817,6 @@ async def test_a_click_on_another_instances_card_never_closes_it_early(
                 instance.pass_time(TTL_S)
             refused = await b.life.approve(card.id, user=BOB, membership=members)
             assert refused == Refused("This request has expired; ask for it again.",
-                                      expired=True)
+                                      expired=True, code=Refusal.EXPIRED)
             assert (await b.audit.get_run(card.id)).status == RunStatus.EXPIRED
             assert (await b.audit.locks_held()) == {}

@@ -14,7 +14,9 @@ import pytest
 from bot.audit.store import AuditLog
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.leftover_gate import LeftoverRequest
-from bot.settings import PolicySettings
+from bot.engine.lifecycle import RunLifecycle
+from bot.engine.operations import Operations
+from bot.settings import PolicySettings, Settings
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from bot.slack.leftovers import LeftoverDesk
 from tests.polling import eventually
@@ -235,7 +237,7 @@ async def test_the_requester_counts_only_where_self_approval_is_allowed(
         run_id = await audit.create_run(service=SERVICE, action=Action.RESTART,
                                         hosts=["gpu-node-1"], requested_by=ALICE,
                                         source=Source.SLACK, plan={}, package_spec=None)
-        desk = LeftoverDesk(audit, policy)
+        desk = LeftoverDesk(Operations(RunLifecycle(Settings(policy=policy), audit)))
         request = LeftoverRequest(run_id, "gpu-node-1", "gpu-node-1: 1 process", (48304,))
         waiting = asyncio.ensure_future(desk.wait(request, "q-1", lambda approvals: None))
         await eventually(lambda: desk.waiting(run_id) or None, "the question open")

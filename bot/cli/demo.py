@@ -17,8 +17,9 @@ from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate
 from bot.cli.terminal import TerminalSink, say
 from bot.core.status import Action, RunStatus, Source
+from bot.engine.operations import Operator, Requested
 from bot.engine.runtime import open_runtime
-from bot.errors import InputError
+from bot.errors import ChatOpsError, InputError
 from bot.settings import Settings
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
 from bot.sim.state import HostConfig
@@ -74,11 +75,13 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
             # Through the engine: it binds the host key, as execute() checks it again.
             plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=DEMO_VERSION,
                                   index="nightly")
-            record = await rt.lifecycle.request(plan, requested_by=REQUESTER,
-                                                source=Source.DEMO)
+            asked = await rt.operations.request(
+                plan, by=Operator(REQUESTER, source=Source.DEMO, approver=APPROVER))
+            if not isinstance(asked, Requested):
+                raise ChatOpsError(f"the demo's request was refused: {asked.text}")
+            record = asked.record
             out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
                       "(in Slack the requester alone can never approve)\n\n")
-            await rt.lifecycle.confirm(record.id, APPROVER)
             # With --fault orphan_workers the demo's approver lets the run end the workers
             # that outlived the stop (in Slack: the card's Terminate button).
             gate = TerminalGate(rt, APPROVER, approve=True, ask=None, out=out)

@@ -1,8 +1,9 @@
 """The terminal's gate for leftover processes (bot.engine.leftover_gate): with
 ``--kill-leftovers`` the operator's command is the approval; on a terminal the operator
 is asked; otherwise nobody can be asked and the run ends with the service stopped and
-the processes named. An approval is recorded as a ``terminate`` decision, with the host
-and the exact PIDs it was for (``leftover_approvals``).
+the processes named. An approval is recorded by the operations service
+(``Operations.confirm_leftovers``) as a ``terminate`` decision, with the host and the
+exact PIDs it was for (``leftover_approvals``).
 
 Each host asks for itself (issue 17 F5): in a batch of two hosts with leftovers, the
 operator gets one question per host, one at a time (the list, then "Terminate these 9
@@ -18,7 +19,7 @@ from typing import TextIO
 
 from bot.cli.terminal import say
 from bot.core.leftovers import Approval
-from bot.engine.leftover_gate import LeftoverRequest, new_question
+from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.runtime import Runtime
 
 Ask = Callable[[str], Awaitable[bool]]
@@ -69,6 +70,5 @@ class TerminalGate:
             if not await self._ask(f"Terminate these {n} process{'es' if n != 1 else ''} on "
                                    f"{request.host} (PIDs {pids})? [y/N] "):
                 return Approval(None, f"{self._user} answered no for {request.host}")
-        await self._rt.audit.record_terminate(request.run_id, self._user, host=request.host,
-                                              question=new_question(), pids=request.pids)
-        return Approval(self._user)
+        approved = await self._rt.operations.confirm_leftovers(request, user=self._user)
+        return Approval(", ".join(approved.approved_by))

@@ -15,8 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
@@ -25,18 +24,21 @@ from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink, say, visible
 from bot.core import remote, sudoers
+from bot.core.commands import GLOBAL_OPTIONS, Arg, Front, Kind, commands_of
 from bot.core.doctor import passed
 from bot.core.doctor import render as render_checks
 from bot.core.gpu import render_table
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
 from bot.core.startup import history_line
-from bot.core.status import Action, RunStatus, Source
+from bot.core.status import Action, RunStatus
 from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines
-from bot.engine.preview import preview_lines, record_previews
+from bot.engine.operations import Busy, Operator, Requested
+from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
 from bot.engine.request_reads import read_at_request
+from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
@@ -54,97 +56,51 @@ def cli_user() -> str:
     return f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
+# What the table (bot.core.commands) cannot know: the demo's faults are named here.
+_MORE_HELP = {("demo", "--fault"): ", ".join(DEMO_FAULTS)}
+
+
+def _add(parser: argparse.ArgumentParser, command: str, arg: Arg, default: Any = None) -> None:
+    """One argument of the table, as argparse takes it."""
+    kw: dict[str, Any] = {}
+    help_text = (arg.help or "") + _MORE_HELP.get((command, arg.name), "")
+    if help_text:
+        kw["help"] = help_text
+    if arg.metavar is not None:
+        kw["metavar"] = arg.metavar
+    if arg.kind is Kind.FLAG:
+        kw["action"] = "store_true"
+    else:
+        if arg.type is not str:
+            kw["type"] = arg.type
+        if arg.kind is Kind.REPEAT:
+            kw["action"] = "append"
+        if arg.positional and arg.optional:
+            kw["nargs"] = "?"
+        value = arg.default if default is None else default
+        if value is not None:
+            # argparse appends to a list default: never the table's own (a tuple).
+            kw["default"] = list(value) if isinstance(value, tuple) else value
+    parser.add_argument(*arg.names, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The terminal's commands, built from the one command table (``bot.core.commands``)
+    the Slack grammar is built from too."""
     p = argparse.ArgumentParser(
         prog="python -m bot",
         description="vllm-chatops: redeploy and inspect vLLM services on GPU hosts. "
                     "With no command, runs the Slack bot.")
     common = argparse.ArgumentParser(add_help=False)
-    for parser, default in ((p, None), (common, argparse.SUPPRESS)):
+    for option in GLOBAL_OPTIONS:
         # Accepted before or after the command; the subcommand's copy must not reset it.
-        parser.add_argument("--config", type=Path, default=default,
-                            help="TOML config (default: $CHATOPS_CONFIG or ./chatops.toml)")
-        parser.add_argument("--db", type=Path, default=default,
-                            help="audit database (default: $CHATOPS_DB or ./chatops.db)")
+        _add(p, "", option)
+        _add(common, "", option, default=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command")
-
-    def command(name: str, **kw: Any) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kw)
-
-    r = command("redeploy", help="stop, drain, reinstall, start and health-check")
-    r.add_argument("service")
-    r.add_argument("--version", help="pin a PEP 440 version (default: latest)")
-    r.add_argument("--index", help="name of a package index from the service's config")
-    r.add_argument("--dry-run", action="store_true", help="preflight only; change nothing")
-    r.add_argument("--batch", type=int, help="hosts at a time (default: max_unavailable)")
-    r.add_argument("--force", action="store_true",
-                   help="stop without waiting for in-flight requests (they are interrupted)")
-    r.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    r.add_argument("--kill-leftovers", action="store_true",
-                   help="if the service's own processes outlive its stop, terminate them "
-                        "(SIGTERM, then SIGKILL) without asking")
-
-    rs = command("restart", help="stop, drain, start and health-check")
-    rs.add_argument("service")
-    rs.add_argument("--batch", type=int)
-    rs.add_argument("--force", action="store_true",
-                    help="stop without waiting for in-flight requests")
-    rs.add_argument("--yes", "-y", action="store_true")
-    rs.add_argument("--kill-leftovers", action="store_true",
-                    help="terminate the service's own processes that outlive its stop")
-
-    st = command("status", help="unit state, installed version and GPU table")
-    st.add_argument("service")
-
-    g = command("gpus", help="GPU memory on all hosts, a host, or a service's hosts")
-    g.add_argument("target", nargs="?")
-    g.add_argument("--local", action="store_true", help="probe this machine's GPUs via NVML")
-    g.add_argument("--timeout", type=float, default=10.0, help="per-host timeout (s)")
-    g.add_argument("--health", action="store_true",
-                   help="each GPU's health verdict, findings, NVIDIA's action and Xid lines")
-
-    a = command("audit", help="who did what, when, approved by whom")
-    a.add_argument("--service")
-    a.add_argument("--limit", type=int, default=20, help="the newest N runs (default: 20)")
-    a.add_argument("--json", action="store_true",
-                   help="a JSON array, with what each install changed")
-    a.add_argument("--run", type=int, metavar="N",
-                   help="one run: its steps and what it did to the environment")
-
-    ru = command("runs", help="runs with their owners, leases and the locks they hold")
-    ru.add_argument("--active", action="store_true",
-                    help="every run awaiting approval, approved or running")
-    ru.add_argument("--limit", type=int, default=20,
-                    help="the newest N runs (default: 20); --active shows every active run")
-    ru.add_argument("--json", action="store_true",
-                    help="a JSON array (owner_alive: true, false, or null when nothing "
-                         "drives the run; owner_judged_by: process or lease)")
-
-    rc = command("recover", help="mark a run whose driver died interrupted; release its locks")
-    rc.add_argument("run_id", type=int,
-                    help="the run's id, as `runs` or the busy refusal names it")
-    rc.add_argument("--force", action="store_true",
-                    help="even though its owner looks alive")
-    rc.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-
-    d = command("demo", help="full redeploy against an embedded simulated GPU host")
-    d.add_argument("--fault", action="append", default=[], metavar="FAULT",
-                   help="inject a fault, may repeat (the README tells what each shows): "
-                        + ", ".join(DEMO_FAULTS))
-    d.add_argument("--dir", type=Path,
-                   help="where the demo keeps its audit DB (default: ./demo-run)")
-    d.add_argument("--fast", action="store_true", help="shorten the simulated delays")
-
-    su = command("sudoers", help="print the sudoers drop-in for hosts with become = \"sudo\"")
-    su.add_argument("--user", help="the bot's SSH account (default: the hosts' user)")
-    su.add_argument("--host", action="append", default=None,
-                    help="only the services on this host (may repeat)")
-
-    dr = command("doctor", help="check each host and service end to end; changes nothing")
-    dr.add_argument("target", nargs="?", help="a host or a service (default: everything)")
-    dr.add_argument("--json", action="store_true")
-
-    command("serve", help="run the Slack bot (the default)")
+    for command in commands_of(Front.CLI):
+        parser = sub.add_parser(command.name, parents=[common], help=command.help)
+        for arg in command.args_of(Front.CLI):
+            _add(parser, command.name, arg)
     return p
 
 
@@ -175,6 +131,36 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
     return stdin.readline().strip().lower() in ("y", "yes")
 
 
+async def _show_reads(rt: Runtime, plan: Plan, *, load: bool,
+                      out: TextIO) -> tuple[HostPreview, ...]:
+    """Print what the hosts say before anyone confirms; returns the package previews."""
+    reads = await read_at_request(rt.settings, rt.pool, plan, load=load)
+    if reads.load is not None:
+        say(out, rt.redact(reads.load))
+    if reads.previews:
+        say(out, rt.redact("\n".join(["package changes (dry run now):",
+                                      *preview_lines(reads.previews)])))
+    if reads.health:
+        say(out, rt.redact("\n".join(health_lines(reads.health))))
+    return reads.previews
+
+
+async def _request(rt: Runtime, plan: Plan, user: str) -> RunRecord | None:
+    """The request, through the operations service: on a terminal the operator's own
+    confirmation is the approval and is recorded as such; a dry run or status query is
+    approved by the system, as in Slack. None when refused (said on stderr; the service
+    recorded the request 'refused', with its refusals row)."""
+    asked = await rt.operations.request(plan, by=Operator(user))
+    match asked:
+        case Requested(record=record):
+            return record
+        case Busy(reason=reason) | Refused(reason=reason):
+            print(f"error: {visible(reason)}", file=sys.stderr)
+            return None
+        case _:
+            assert_never(asked)
+
+
 async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
                      out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
@@ -196,31 +182,22 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
     # stop would wait for (or --force interrupt; only when someone confirms), what the
     # redeploy would change besides vLLM (torch, CUDA wheels...), and the service's GPUs
     # where they are not all ok, read as the run's GPU check reads them.
-    reads = await read_at_request(rt.settings, rt.pool, plan, load=asks)
-    previews = reads.previews
-    if reads.load is not None:
-        say(out, rt.redact(reads.load))
-    if previews:
-        say(out, rt.redact("\n".join(["package changes (dry run now):",
-                                      *preview_lines(previews)])))
-    if reads.health:
-        say(out, rt.redact("\n".join(health_lines(reads.health))))
+    previews = await _show_reads(rt, plan, load=asks, out=out)
     rt.lifecycle.recovered.append(told)
     rt.lifecycle.expired.append(closed)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed")  # on a terminal (checked above): a no
-    record = await rt.lifecycle.request(plan, requested_by=user, source=Source.CLI)
+    record = await _request(rt, plan, user)
+    if record is None:
+        return 1
     await record_previews(rt.audit, record.id, previews)
-    # On a terminal the operator's own confirmation is the approval and is recorded as
-    # such; a dry run or status query is approved by the system, as in Slack.
-    await rt.lifecycle.confirm(record.id, plan.system_approver or user)
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:
         # First Ctrl-C asks the engine to cancel at its next safe point (a reinstall
         # is never cut in half); a second one is the default hard stop.
-        if rt.lifecycle.request_cancel(record.id, user):
+        if rt.operations.request_cancel(record.id, user):
             sys.stderr.write("\ncancel requested: the run stops at its next safe point\n")
         loop.remove_signal_handler(signal.SIGINT)
 

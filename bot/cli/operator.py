@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.cli.terminal import say
@@ -22,15 +22,8 @@ from bot.core import table
 from bot.core.status import ACTIVE_STATUSES
 from bot.core.table import Column
 from bot.engine.liveness import DRIVEN, JudgedBy, Verdict
-from bot.engine.recovery import (
-    ByHand,
-    Expired,
-    NotDriven,
-    OwnerAlive,
-    Recovered,
-    recover_by_hand,
-    window_note,
-)
+from bot.engine.recovery import Expired, Recovered
+from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime
 from bot.errors import InputError
 
@@ -107,47 +100,31 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
 async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user: str,
                       confirm: Callable[[str], bool] | None, out: TextIO = sys.stdout) -> int:
     """``recover``: mark one run of a dead driver interrupted, by hand. ``confirm`` asks
-    the operator; None when nobody can be asked (not on a terminal)."""
-    judge = rt.lifecycle.judge
-    await judge.look(rt.audit, [run_id])
-    run = await rt.audit.get_run(run_id)
-    locks = (await rt.audit.locks_held()).get(run_id, [])
-    verdict = _liveness(run, rt)
-    say(out, runs_text([_row(run, verdict, locks)]))
-    command = f"recover run #{run_id}" + (" --force" if force else "")
-    if verdict is None:
-        if judge.window_closed(run):
-            # Expired without asking: its window closed it already, nobody can approve it.
-            return await _report(rt, user, command, out, await recover_by_hand(
-                rt.audit, run_id, by=user, judge=judge))
-        return await _refuse(rt, user, command,
-                             NotDriven(run, window_note(run, judge)).reason)
-    alive = verdict.alive
-    if alive and not force:
-        return await _refuse(rt, user, command, OwnerAlive(run, verdict).reason)
-    if not yes:
+    the operator; None when nobody can be asked (not on a terminal). The operations
+    service judges, records and refuses (``Operations.recover_run``)."""
+    look = await rt.operations.look(run_id)
+    say(out, runs_text([_row(look.run, look.verdict, look.locks)]))
+
+    def confirmed(alive: bool) -> None:
+        if yes:
+            return
         if confirm is None:
             raise InputError("not confirmed (use --yes when not on a terminal)")
         warning = " ITS OWNER IS ALIVE: it may still be changing the service." if alive else ""
         if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} "
                        "[y/N] "):
             raise InputError("not confirmed")
-    return await _report(rt, user, command, out, await recover_by_hand(
-        rt.audit, run_id, by=user, force=force, judge=judge))
 
-
-async def _report(rt: Runtime, user: str, command: str, out: TextIO, result: ByHand) -> int:
-    if isinstance(result, Recovered):
-        say(out, rt.redact(result.item.message))
-        return EXIT_RECOVERED
-    if isinstance(result, Expired):
-        say(out, rt.redact(result.message))
-        return EXIT_RECOVERED
-    # It changed between the look and the recovery (it finished, or its owner came back).
-    return await _refuse(rt, user, command, result.reason)
-
-
-async def _refuse(rt: Runtime, user: str, command: str, reason: str) -> int:
-    await rt.audit.record_refusal(user=user, channel=None, command=command, reason=reason)
-    say(sys.stderr, f"refused: {reason}")
-    return EXIT_REFUSED
+    result = await rt.operations.recover_run(look, user=user, force=force, confirm=confirmed)
+    match result:
+        case Recovered(item=item):
+            say(out, rt.redact(item.message))
+            return EXIT_RECOVERED
+        case Expired():
+            say(out, rt.redact(result.message))
+            return EXIT_RECOVERED
+        case Refused(reason=reason):
+            say(sys.stderr, f"refused: {reason}")
+            return EXIT_REFUSED
+        case _:
+            assert_never(result)

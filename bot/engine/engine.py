@@ -21,7 +21,7 @@ from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
 from bot.core.sudoers import become_for
-from bot.engine.audit_sink import RunAudit, audit_writer
+from bot.engine.audit_sink import RunAudit
 from bot.engine.executor import CancelToken, Executor
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
@@ -81,14 +81,16 @@ class Engine:
     their status changes are the ``lifecycle``'s."""
 
     def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool,
-                 lifecycle: RunLifecycle | None = None,
-                 writer: AuditWriter | None = None) -> None:
+                 lifecycle: RunLifecycle, writer: AuditWriter) -> None:
+        # Both required: a lifecycle built here would hold cancel tokens the front ends'
+        # cancels never reach, and a writer built here would not be started (its fallback
+        # journal never merged). ``bot.engine.runtime`` builds the process's one of each.
         self.settings = settings
         self.audit = audit
         self.pool = pool
-        self.lifecycle = lifecycle if lifecycle is not None else RunLifecycle(settings, audit)
+        self.lifecycle = lifecycle
         # A run's audit records: retried, or kept in the fallback journal (audit_sink).
-        self.writer = writer if writer is not None else audit_writer(audit, settings)
+        self.writer = writer
 
     def plan(self, action: Action, service: str, *, version: str | None = None,
              index: str | None = None, dry_run: bool = False, batch: int | None = None,

@@ -5,9 +5,14 @@
                   │ └─expire─> expired             └─cancel─> cancelled
                   └─cancel─> cancelled   (busy, or the plan drifted: refused)
 
-The Slack front end and the CLI call the same methods, so a deny, an expiry or a
-cancel means the same thing whichever front end it came from. Each status change is
-a compare-and-set in the audit log (``AuditLog.transition``): of a double click,
+The Slack front end and the CLI reach the same methods through the operations service
+(``bot.engine.operations``), so a deny, an expiry or a cancel means the same thing
+whichever front end it came from. Driving runs (cancel tokens, heartbeats) is the
+``RunDriver``'s job (``bot.engine.run_driver``), locks and recovery the ``RunLocks``'
+(``bot.engine.run_locks``); the typed results live in ``bot.engine.run_results``.
+
+Each status change is a compare-and-set in the audit log (``AuditLog.transition``): of a
+double click,
 concurrent approvers, an approval racing a deny or the expiry timer, exactly one
 wins, and a click counts once (the decisions table is unique per run, user and
 decision).
@@ -32,7 +37,8 @@ Choices:
   confirmation is the approval (``confirm``): the audit log never credits a person
   with an approval they did not give.
 * Refused clicks and cancels are written to the refusals table here; the other
-  refusals (wrong channel, bad input) are the front end's.
+  refusals (wrong channel, bad input) are recorded by the operations service
+  (``bot.engine.operations``) the front ends call, never by a front end itself.
 * Time comes from the injected ``clock`` (wall) and ``monotonic``, with their ids, so
   expiry and skewed clocks are tested without waiting.
 """
@@ -40,9 +46,7 @@ Choices:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from bot.audit.store import AuditLog, RunRecord, parse_ts
@@ -51,25 +55,37 @@ from bot.core.policy import Membership, counted_approvals, evaluate_approval, ma
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic, system_monotonic, wall_clock_id
 from bot.engine.executor import CancelToken
-from bot.engine.heartbeat import LEASE_S, Heartbeat
+from bot.engine.heartbeat import LEASE_S
 from bot.engine.liveness import Judge
 from bot.engine.owner import process_owner
-from bot.engine.recovery import (
-    RECOVERY_ACTOR,
-    Closed,
-    HolderMayBeAlive,
-    Interrupted,
-    Tell,
-    interrupted_message,
-    recover,
-    take_locks,
+from bot.engine.recovery import Closed, HolderMayBeAlive, Interrupted, Tell, interrupted_message
+from bot.engine.run_driver import RunDriver
+from bot.engine.run_locks import RunLocks
+from bot.engine.run_results import (
+    AlreadyCounted,
+    Approved,
+    ApproveResult,
+    Cancelled,
+    CancelRequested,
+    CancelResult,
+    Counted,
+    Denied,
+    DenyResult,
+    NotCancellable,
+    Refusal,
+    Refused,
+    TooLate,
 )
 from bot.errors import LockHeldError, RunNotFoundError
 from bot.settings import Settings
 
-Clock = Callable[[], datetime]
+# The typed results live in bot.engine.run_results; importing them from here still works.
+__all__ = ["AlreadyCounted", "ApproveResult", "Approved", "CancelRequested", "CancelResult",
+           "Cancelled", "Clock", "Counted", "Denied", "DenyResult", "NotCancellable",
+           "Refusal", "Refused", "RunLifecycle", "TooLate", "lock_scopes", "needs_locks",
+           "utc_now"]
 
-log = logging.getLogger(__name__)
+Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
@@ -85,133 +101,12 @@ def needs_locks(plan: Plan) -> bool:
     return plan.action != Action.STATUS and not plan.dry_run
 
 
-# ---- what a click or a cancel came to ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Approved:
-    """The run is approved. ``start``: this call's approval completed N of M, so its
-    caller starts the run now; False when a concurrent click got there first."""
-
-    run_id: int
-    start: bool
-
-    @property
-    def text(self) -> None:
-        return None  # the card (or the terminal) shows it
-
-
-@dataclass(frozen=True, slots=True)
-class Counted:
-    """The approval counts, and more are needed."""
-
-    run_id: int
-    count: int
-    needed: int
-
-    @property
-    def text(self) -> str:
-        return f"Approval recorded: {self.count} of {self.needed} for run #{self.run_id}."
-
-
-@dataclass(frozen=True, slots=True)
-class Denied:
-    run_id: int
-
-    @property
-    def text(self) -> None:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class AlreadyCounted:
-    """A second identical click: not a refusal, just a note."""
-
-    run_id: int
-    decision: Decision
-
-    @property
-    def text(self) -> str:
-        return f"Your {self.decision} of run #{self.run_id} was already counted."
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Not allowed, with the reason (also recorded as a refusal). ``expired``: the
-    request is closed as 'expired', by this click (its window had passed) or before it,
-    maybe by a process that could not update its card (a CLI meeting its lock): the card
-    should lose its buttons."""
-
-    reason: str
-    expired: bool = False
-
-    @property
-    def text(self) -> str:
-        return self.reason
-
-
-@dataclass(frozen=True, slots=True)
-class TooLate:
-    """Another decision won the race; the run is now ``status``."""
-
-    run_id: int
-    status: RunStatus
-
-    @property
-    def text(self) -> str:
-        return f"Too late: run #{self.run_id} is already {self.status}."
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    """Closed before it ran: ``was`` pending approval, or approved but not started."""
-
-    run_id: int
-    was: RunStatus
-
-    @property
-    def text(self) -> str:
-        if self.was == RunStatus.PENDING_APPROVAL:
-            return f"Run #{self.run_id} cancelled."
-        return f"Run #{self.run_id} cancelled before it started."
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    """The run is driven here: it stops at its next safe point."""
-
-    run_id: int
-
-    @property
-    def text(self) -> str:
-        return f"Cancel requested: run #{self.run_id} stops at its next safe point."
-
-
-@dataclass(frozen=True, slots=True)
-class NotCancellable:
-    """Nothing to cancel here: finished, or driven by another process."""
-
-    run_id: int
-    status: RunStatus
-
-    @property
-    def text(self) -> str:
-        if self.status.is_final:
-            return f"Run #{self.run_id} has already finished: {self.status}."
-        if self.status == RunStatus.RUNNING:
-            return (f"Run #{self.run_id} is driven by another process (the CLI or another "
-                    "bot); cancel it there.")
-        return f"Run #{self.run_id} is {self.status}; nothing to cancel."
-
-
-ApproveResult = Approved | Counted | AlreadyCounted | Refused | TooLate
-DenyResult = Denied | AlreadyCounted | Refused | TooLate
-CancelResult = Cancelled | CancelRequested | NotCancellable | Refused
-
-
 class RunLifecycle:
-    """Every transition of a run. One instance per process, shared by the engine and
-    the front ends (it also holds the cancel tokens of the runs this process drives).
+    """Every transition of a run: the decisions and status changes are here; driving
+    runs (cancel tokens, heartbeats) is its ``driver``'s job (``bot.engine.run_driver``),
+    locks and recovery its ``locks``' (``bot.engine.run_locks``). One instance per
+    process, shared by the engine and the front ends (so a cancel reaches the token of
+    the run this process drives).
 
     ``clock`` is the wall clock and ``wall_id`` whose it is (None: this machine's);
     ``monotonic`` the clock the judge measures lengths of time on (None: this
@@ -229,16 +124,21 @@ class RunLifecycle:
                            wall_id=wall_id if wall_id is not None else wall_clock_id(),
                            ttl_s=settings.policy.approval_ttl_s)
         self._owner = owner
-        self._sleep = sleep  # between heartbeats (tests pass the clock's)
-        self._cancels: dict[int, CancelToken] = {}
-        self._recorders: dict[int, asyncio.Task[None]] = {}
-        self._heartbeats: dict[int, Heartbeat] = {}
-        # Told of each run this process recovers on meeting its lock (bot.engine.recovery):
-        # the Slack front end posts in its thread, the CLI prints it.
-        self.recovered: list[Tell] = []
-        # Told of each overdue request this process expires on meeting its lock (a CLI, or
-        # a bot that was down at its deadline): the Slack front end closes its card.
-        self.expired: list[Closed] = []
+        # Between heartbeats, ``sleep`` (tests pass the clock's).
+        self.driver = RunDriver(audit, owner=owner, clock=clock, sleep=sleep)
+        self.locks = RunLocks(audit, self.judge)
+
+    @property
+    def recovered(self) -> list[Tell]:
+        """Told of each run this process recovers on meeting its lock: the Slack front
+        end posts in its thread, the CLI prints it."""
+        return self.locks.recovered
+
+    @property
+    def expired(self) -> list[Closed]:
+        """Told of each overdue request this process expires on meeting its lock (a CLI,
+        or a bot that was down at its deadline): the Slack front end closes its card."""
+        return self.locks.expired
 
     # ---- request ------------------------------------------------------------------------
 
@@ -343,10 +243,11 @@ class RunLifecycle:
         try:
             record = await self.audit.get_run(run_id)
         except RunNotFoundError as exc:
-            return await self._refused(user, channel, command, str(exc))
+            return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
         if record.status != RunStatus.PENDING_APPROVAL:
             return await self._refused(user, channel, command,
                                        f"Run #{run_id} is already {record.status}.",
+                                       Refusal.CLOSED,
                                        expired=record.status == RunStatus.EXPIRED)
         now = self.clock()
         expires_at = parse_ts(record.expires_at) if record.expires_at else now
@@ -362,18 +263,20 @@ class RunLifecycle:
             denials=record.denied_by, clicker=user, action=decision, now=now,
             expires_at=expires_at)
         if not verdict.accepted:
-            expired = verdict.state == RunStatus.EXPIRED and await self.expire(run_id)
+            late = verdict.state == RunStatus.EXPIRED
+            expired = late and await self.expire(run_id)
             return await self._refused(user, channel, command, verdict.reason,
+                                       Refusal.EXPIRED if late else Refusal.NOT_ALLOWED,
                                        expired=expired)
         if not await self.audit.record_decision(run_id, user, decision):
             return AlreadyCounted(run_id, decision)
         return record
 
-    async def _refused(self, user: str, channel: str | None, command: str, reason: str, *,
-                       expired: bool = False) -> Refused:
+    async def _refused(self, user: str, channel: str | None, command: str, reason: str,
+                       code: Refusal, *, expired: bool = False) -> Refused:
         await self.audit.record_refusal(user=user, channel=channel, command=command,
                                         reason=reason)
-        return Refused(reason, expired=expired)
+        return Refused(reason, expired=expired, code=code)
 
     # ---- expire -------------------------------------------------------------------------
 
@@ -406,11 +309,12 @@ class RunLifecycle:
         try:
             record = await self.audit.get_run(run_id)
         except RunNotFoundError as exc:
-            return await self._refused(user, channel, command, str(exc))
+            return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
         if not may_cancel(user, record.requested_by, self.settings.policy, membership):
             return await self._refused(
                 user, channel, command,
-                f"Only the requester or an approver can cancel run #{run_id}.")
+                f"Only the requester or an approver can cancel run #{run_id}.",
+                Refusal.NOT_ALLOWED)
         if record.is_final:
             return NotCancellable(run_id, record.status)
         # A run driven here stops through its token, with no write first: the cancel
@@ -440,11 +344,7 @@ class RunLifecycle:
     def request_cancel(self, run_id: int, user: str) -> bool:
         """Ask a run this process drives to stop at its next safe point (synchronous, so
         a signal handler can call it). False when no run here has that id."""
-        token = self._cancels.get(run_id)
-        if token is None:
-            return False
-        token.request(user)
-        return True
+        return self.driver.request_cancel(run_id, user)
 
     async def withdraw(self, run_id: int, reason: str) -> bool:
         """Nobody can see the request (its card could not be posted): close it rather
@@ -462,35 +362,12 @@ class RunLifecycle:
                                            expect=(RunStatus.APPROVED,), owner=self._owner(),
                                            lease_until=self._lease_end()):
             return None
-        token = self._cancels[run_id] = CancelToken()
-        # Renewed while this process drives the run: how another machine tells it is alive.
-        self._heartbeats[run_id] = Heartbeat(
-            self.audit, run_id, self._owner(), clock=self.clock, sleep=self._sleep,
-            lost=lambda: token.request(RECOVERY_ACTOR)).start()
-        self._recorders[run_id] = asyncio.create_task(self._record_cancel(run_id, token),
-                                                      name=f"cancel-recorder-{run_id}")
-        return token
-
-    async def _record_cancel(self, run_id: int, token: CancelToken) -> None:
-        """Record who asked to cancel, when they asked (the CLI's Ctrl-C included)."""
-        await token.event.wait()
-        assert token.requested_by is not None
-        await self.audit.record_decision(run_id, token.requested_by, Decision.CANCEL)
+        return self.driver.drive(run_id)
 
     async def released(self, run_id: int) -> None:
         """The driver is done with the run (whatever its end): no more cancels, and who
         cancelled it is on disk before this returns."""
-        heartbeat = self._heartbeats.pop(run_id, None)
-        if heartbeat is not None:
-            await heartbeat.stop()
-        token = self._cancels.pop(run_id, None)
-        recorder = self._recorders.pop(run_id, None)
-        if recorder is None:
-            return
-        if token is not None and token.requested:
-            await recorder
-        else:
-            recorder.cancel()
+        await self.driver.released(run_id)
 
     async def finish(self, run_id: int, status: RunStatus, summary: str) -> bool:
         """running -> its final status (the worst of its hosts')."""
@@ -512,37 +389,15 @@ class RunLifecycle:
 
     async def recover(self) -> list[Interrupted]:
         """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),
-        and overdue requests 'expired' (``expired`` is told of them): this is the look
-        that ends what an earlier look of this machine saw stop changing."""
-        interrupted = await recover(self.audit, judge=self.judge)
-        for run in await self.audit.expire_closed(self.judge.window_closed):
-            await self._closed(run)
-        return interrupted
+        and overdue requests 'expired' (``expired`` is told of them)."""
+        return await self.locks.recover()
 
-    # ---- locks and dead holders -----------------------------------------------------------
+    # ---- locks --------------------------------------------------------------------------
 
     def _lease_end(self) -> datetime:
         return self.clock() + timedelta(seconds=LEASE_S)
 
     async def take_locks(self, run_id: int, scopes: Sequence[str]) -> None:
-        """Take the locks; a holder whose driver is dead is recovered on the spot (and
-        ``recovered`` told), an overdue request expired (and ``expired`` told), a live
-        one raises ``LockHeldError``."""
-        await take_locks(self.audit, run_id, scopes, judge=self.judge, tell=self._tell,
-                         closed=self._closed)
-
-    async def _closed(self, run: RunRecord) -> None:
-        for listener in list(self.expired):
-            try:
-                await listener(run)
-            except Exception:
-                log.exception("cannot report the expiry of run #%d", run.id)
-
-    async def _tell(self, item: Interrupted) -> None:
-        for listener in list(self.recovered):
-            try:
-                await listener(item)
-            except Exception:
-                # The audit log has the truth; a thread that cannot be told is no reason
-                # to refuse the request that found the dead run.
-                log.exception("cannot report the recovery of run #%d", item.run.id)
+        """Take the locks (``RunLocks.take_locks``): a dead holder is recovered, an
+        overdue request expired, a live one raises ``LockHeldError``."""
+        await self.locks.take_locks(run_id, scopes)

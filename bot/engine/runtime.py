@@ -13,6 +13,7 @@ from bot.core.redact import Redactor
 from bot.engine.audit_sink import audit_writer
 from bot.engine.engine import Engine
 from bot.engine.lifecycle import Clock, RunLifecycle, utc_now
+from bot.engine.operations import Operations
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -25,6 +26,8 @@ class Runtime:
     engine: Engine
     redact: Redactor
     lifecycle: RunLifecycle  # every status change of a run, for the engine and front ends
+    # Every change a person asks of a run, for both front ends (on ``lifecycle``).
+    operations: Operations
 
 
 @asynccontextmanager
@@ -44,7 +47,7 @@ async def open_runtime(settings: Settings, *, clock: Clock = utc_now,
     lifecycle = RunLifecycle(settings, audit, clock=clock)
     try:
         yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle, writer),
-                      redact, lifecycle)
+                      redact, lifecycle, Operations(lifecycle))
     finally:
         await pool.close()
         await writer.close()

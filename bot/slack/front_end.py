@@ -1,7 +1,9 @@
 """The Slack front end (``SlackFrontEnd``): request, approval, expiry, cancel, execution.
 
-Every change of a run's status is the run life cycle's (``bot.engine.lifecycle``),
-which applies the pure policy to clicks; the front end resolves user-group membership
+Every change a person asks of a run goes to the operations service
+(``bot.engine.operations``), which judges it (the pure policy, through the run life
+cycle), records it or the refusal, and returns a typed result this front end renders;
+the front end resolves user-group membership
 (``bot.slack.membership``), arms the expiry timers (``bot.slack.expiry``), keeps the
 cards (``bot.slack.cards``) in step with the audit log and runs approved runs.
 
@@ -16,8 +18,9 @@ Choices:
   moved to 'approved' with a decision recorded for the user ``system:dry-run``,
   so the audit row shows why it ran without a human approval.
 * Read-only status runs are recorded the same way, for ``system:read-only``.
-* Every refused command or click gets an ephemeral answer and a refusals row
-  (``refuse``); a second click by the same person is not a refusal, just a note.
+* Every refused command or click gets an ephemeral answer and a refusals row (the
+  service's ``refuse``, or its own judgement); a second click by the same person is not
+  a refusal, just a note.
 * A click decides only the run whose card it was on (``off_card``): the run id in the
   button's value, and the channel and message ts of the click, must be the run's
   recorded card, in an allowed channel. Anyone can sign a request naming any run, so
@@ -35,16 +38,28 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 from bot.audit.store import parse_ts
-from bot.core.plan import DRY_RUN_APPROVER, Plan
-from bot.core.policy import groups_to_resolve, is_requester
-from bot.core.status import Decision, RunStatus, Source
-from bot.engine.lifecycle import Approved, Cancelled, CancelRequested, Counted, Denied, Refused
+from bot.core.plan import Plan
+from bot.core.policy import groups_to_resolve
+from bot.core.status import Decision, RunStatus
+from bot.engine.operations import Busy, ChatUser, Requested
 from bot.engine.preview import CARD_LIMIT, preview_lines, record_previews
 from bot.engine.recovery import SWEEP_EVERY_S
 from bot.engine.request_reads import read_at_request
+from bot.engine.run_results import (
+    AlreadyCounted,
+    Approved,
+    Cancelled,
+    CancelRequested,
+    Counted,
+    Denied,
+    NotCancellable,
+    Refusal,
+    Refused,
+    TooLate,
+)
 from bot.engine.runtime import Runtime
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
 from bot.slack.blocks import CardView, card_hides_plan, run_card
@@ -108,12 +123,13 @@ class SlackFrontEnd:
         self.flush_timeout_s = flush_timeout_s
         self.policy = runtime.settings.policy
         self.lifecycle = runtime.lifecycle
+        self.operations = runtime.operations
         self.timers = ExpiryTimers(self.expire, clock=runtime.lifecycle.clock, sleep=sleep)
         self.tasks = BackgroundTasks()
         self.cards = CardUpdates(poster, runtime.audit, self.policy)
         self._reporters: dict[int, SlackReporter] = {}
         # Runs waiting for an approver to let them terminate leftover processes.
-        self.leftovers = LeftoverDesk(runtime.audit, self.policy)
+        self.leftovers = LeftoverDesk(runtime.operations)
         self.sweep = RecoverySweep(self.lifecycle, self.cards)
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.cards.tell_recovered)
@@ -141,7 +157,7 @@ class SlackFrontEnd:
         """After a restart: close runs the last process left behind, expire overdue
         requests and re-arm the expiry timer of every pending one."""
         await self.sweep.once()
-        for record in await self.lifecycle.expire_overdue():
+        for record in await self.operations.expire_overdue():
             await self.cards.refresh(record.id)
         for record in await self.lifecycle.pending():
             # Also a request whose card was posted but not yet recorded (the bot died
@@ -158,11 +174,13 @@ class SlackFrontEnd:
 
     # ---- refusals ---------------------------------------------------------------------------
 
-    async def refuse(self, *, user: str, channel: str | None, command: str, reason: str) -> str:
-        """Record the refusal in the audit log; returns the sentence for the person."""
-        await self.runtime.audit.record_refusal(user=user, channel=channel, command=command,
-                                                reason=reason)
-        return reason
+    async def refuse(self, *, user: str, channel: str | None, command: str, reason: str,
+                     code: Refusal) -> str:
+        """A refusal this front end judged, recorded by the service; returns the sentence
+        for the person."""
+        refused = await self.operations.refuse(user=user, channel=channel, command=command,
+                                               reason=reason, code=code)
+        return refused.text
 
     async def membership(self) -> Membership:
         """User-group members as cached: for what only shows, or who may ask."""
@@ -178,7 +196,7 @@ class SlackFrontEnd:
         if fresh is not None:
             return fresh
         return await self.refuse(
-            user=user, channel=channel, command=command,
+            user=user, channel=channel, command=command, code=Refusal.MEMBERSHIP_UNKNOWN,
             reason="Slack did not answer who is in the user group(s) "
                    f"{', '.join(sorted(groups))} just now, so this click cannot be judged "
                    "and nothing was recorded. Try again in a moment.")
@@ -195,7 +213,7 @@ class SlackFrontEnd:
         if allowed and card.channel not in allowed:
             where = ", ".join(f"<#{c}>" for c in allowed)
             return await self.refuse(
-                user=user, channel=card.channel, command=command,
+                user=user, channel=card.channel, command=command, code=Refusal.WRONG_CHANNEL,
                 reason=f"Buttons of this bot only work on its cards in {where}; nothing "
                        f"was recorded for run #{run_id}.")
         try:
@@ -214,36 +232,34 @@ class SlackFrontEnd:
         else:
             return None
         return await self.refuse(user=user, channel=card.channel, command=command,
-                                 reason=reason)
+                                 reason=reason, code=Refusal.OFF_CARD)
 
     # ---- requests ---------------------------------------------------------------------------
 
     async def request(self, plan: Plan, *, user: str, channel: str, command: str) -> str | None:
         """Record the request and post its approval card (a dry run starts at once).
         Returns an ephemeral sentence for the requester when refused or failed."""
-        if not is_requester(user, self.policy, await self.membership()):
-            return await self.refuse(
-                user=user, channel=channel, command=command,
-                reason="You are not on the requesters list, so you cannot ask for a "
-                       f"{plan.action}. Ask someone who is, or an admin to add you.")
-        try:
-            record = await self.lifecycle.request(plan, requested_by=user, source=Source.SLACK,
-                                                  channel=channel)
-        except LockHeldError as exc:
-            # The engine has already recorded the request as refused, with its refusal row.
-            return f"Refused: {exc}.{await self.cards.thread_link(exc.run_id)}"
-        if plan.dry_run:
-            # Nothing changes on the host, so it needs nobody's approval (see module doc).
-            await self.lifecycle.confirm(record.id, DRY_RUN_APPROVER)
-            record = await self.runtime.audit.get_run(record.id)
+        # A dry run changes nothing on the host, so the service has it approved by the
+        # system (see module doc).
+        result = await self.operations.request(
+            plan, by=ChatUser(user, channel, command, self.membership))
+        match result:
+            case Requested(record=record):
+                pass
+            case Busy():
+                return f"{result.text}{await self.cards.thread_link(result.holder)}"
+            case Refused():
+                return result.text
+            case _:
+                assert_never(result)
         view = await read_for_card(self.runtime, self.cards, plan,
                                    card_view(record, self.policy))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
             # Without a card nobody can approve it: close it rather than leave it pending.
-            await self.lifecycle.withdraw(record.id,
-                                          f"could not post the card to Slack: {exc}")
+            await self.operations.withdraw(record.id,
+                                           f"could not post the card to Slack: {exc}")
             return f"Could not post the approval card for run #{record.id}; nothing was run."
         if card_hides_plan(view):
             # The card summarises the plan, so the whole of it goes in the thread first.
@@ -255,7 +271,7 @@ class SlackFrontEnd:
             try:
                 await self.cards.post_full_plan(view, channel, ts)
             except SLACK_ERRORS as exc:
-                await self.lifecycle.withdraw(
+                await self.operations.withdraw(
                     record.id, f"could not post the complete plan in the card's thread: {exc}")
                 await self.runtime.audit.set_message(record.id, channel, ts)
                 await self.cards.refresh(record.id)  # closed: its buttons go
@@ -275,7 +291,7 @@ class SlackFrontEnd:
         """Its timer is due: close a request nobody approved in time; False if it was
         decided first."""
         self.timers.disarm(run_id)
-        if not await self.lifecycle.expire(run_id):
+        if not await self.operations.expire(run_id):
             if (await self.runtime.audit.get_run(run_id)).status == RunStatus.EXPIRED:
                 # Another process (a CLI meeting its lock) expired it: the card says so.
                 await self.cards.refresh(run_id)
@@ -291,25 +307,21 @@ class SlackFrontEnd:
         membership = await self._judging(user, channel, f"{action} run #{run_id}")
         if isinstance(membership, str):
             return membership
-        if action == Decision.DENY:
-            denied = await self.lifecycle.deny(run_id, user=user, membership=membership,
-                                               channel=channel)
-            if isinstance(denied, Denied):
+        result = await self.operations.decide(run_id, action, user=user,
+                                              membership=membership, channel=channel)
+        match result:
+            case Approved(start=True):
                 self.timers.disarm(run_id)
-                await self.cards.refresh(run_id)
-            elif isinstance(denied, Refused) and denied.expired:
+                self.start_run(run_id)
+            case Counted():
+                await self.cards.refresh(run_id, membership)
+            case Denied() | Refused(expired=True):
                 await self._closed(run_id)
-            return denied.text
-        approved = await self.lifecycle.approve(run_id, user=user, membership=membership,
-                                                channel=channel)
-        if isinstance(approved, Approved) and approved.start:
-            self.timers.disarm(run_id)
-            self.start_run(run_id)
-        elif isinstance(approved, Counted):
-            await self.cards.refresh(run_id, membership)
-        elif isinstance(approved, Refused) and approved.expired:
-            await self._closed(run_id)
-        return approved.text
+            case Approved() | Refused() | AlreadyCounted() | TooLate():
+                pass
+            case _:
+                assert_never(result)
+        return result.text
 
     async def _closed(self, run_id: int) -> None:
         """The life cycle closed a pending request: its timer and buttons go."""
@@ -324,14 +336,17 @@ class SlackFrontEnd:
         membership = await self._judging(user, channel, f"{Decision.CANCEL} run #{run_id}")
         if isinstance(membership, str):
             return membership
-        result = await self.lifecycle.cancel(run_id, user=user, membership=membership,
-                                             channel=channel)
-        if isinstance(result, Cancelled) and result.was == RunStatus.PENDING_APPROVAL:
-            await self._closed(run_id)
-        elif isinstance(result, CancelRequested):
-            reporter = self._reporters.get(run_id)
-            if reporter is not None:
+        result = await self.operations.cancel(run_id, user=user, membership=membership,
+                                              channel=channel)
+        match result:
+            case Cancelled(was=RunStatus.PENDING_APPROVAL):
+                await self._closed(run_id)
+            case CancelRequested() if (reporter := self._reporters.get(run_id)) is not None:
                 reporter.request_cancel(user)
+            case Cancelled() | CancelRequested() | NotCancellable() | Refused():
+                pass
+            case _:
+                assert_never(result)
         return result.text
 
     # ---- leftover processes (issue 12) ------------------------------------------------------
@@ -385,7 +400,7 @@ class SlackFrontEnd:
 
     async def _close(self, run_id: int, reporter: SlackReporter, status: RunStatus,
                      summary: str) -> None:
-        await self.lifecycle.abandon(run_id, status, summary)
+        await self.operations.abandon(run_id, status, summary)
         record = await self.runtime.audit.get_run(run_id)
         reporter.conclude(record.status, record.summary or summary)
 

@@ -16,6 +16,7 @@ from typing import Literal, NoReturn
 
 from packaging.version import InvalidVersion, Version
 
+from bot.core.commands import Front, Kind, commands_of
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.slack.blocks import escape
@@ -28,28 +29,18 @@ AUDIT_DEFAULT, AUDIT_MAX = 20, 200
 MAX_RUN_ID = 2**63 - 1
 MAX_VERSION_LEN = 100
 
-COMMANDS: tuple[str, ...] = (
-    "help",
-    "redeploy",
-    "restart",
-    "status",
-    "gpus",
-    "logs",
-    "audit",
-    "cancel",
-    "doctor",
-)
-USAGE: dict[str, str] = {
-    "help": "help",
-    "redeploy": "redeploy <service> [--version V] [--index NAME] [--dry-run] [--force]",
-    "restart": "restart <service> [--force]",
-    "status": "status [service]",
-    "gpus": "gpus [host|service] [--health]",
-    "logs": "logs <service> [-n N]",
-    "audit": "audit [service|run-id] [--limit N]",
-    "cancel": "cancel <run-id>",
-    "doctor": "doctor [host|service]",
-}
+# The commands, their options and usage lines come from the one command table that the
+# terminal's parser is built from too (bot.core.commands).
+_CHAT = {c.name: c for c in commands_of(Front.CHAT)}
+COMMANDS: tuple[str, ...] = tuple(_CHAT)
+USAGE: dict[str, str] = {name: c.chat_usage() for name, c in _CHAT.items()}
+
+
+def _flags(name: str) -> dict[str, bool]:
+    """The options of a command: each flag and whether it takes a value."""
+    return {a.name: a.kind is not Kind.FLAG for a in _CHAT[name].args_of(Front.CHAT)
+            if not a.positional}
+
 
 # Split on spaces and tabs only; newlines and every other control character are
 # rejected below rather than silently treated as separators.
@@ -338,23 +329,24 @@ def _optional_service(args: _Args, settings: Settings) -> str | None:
     return None if name is None else _service(name, settings)
 
 
-# Each subcommand: the flags it accepts (flag -> takes a value) and its builder.
+# Each subcommand's builder; the flags it accepts come from the table (``_flags``).
 _Parser = Callable[[_Args, Settings], Command]
-_PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
-    "help": ({}, _parse_help),
-    "redeploy": ({"--version": True, "--index": True, "--dry-run": False, "--force": False},
-                 _parse_redeploy),
-    "restart": ({"--force": False}, lambda a, s: Restart(_service(a.required("service name"), s),
-                                                        force="--force" in a.values)),
-    "status": ({}, lambda a, s: Status(_optional_service(a, s))),
-    "gpus": ({"--health": False}, _parse_gpus),
-    "logs": ({"-n": True}, lambda a, s: Logs(
-        _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX))),
-    "audit": ({"--limit": True}, lambda a, s: _parse_audit(a, s)),
-    "cancel": ({}, lambda a, s: _parse_cancel(a)),
+_BUILDERS: dict[str, _Parser] = {
+    "help": _parse_help,
+    "redeploy": _parse_redeploy,
+    "restart": lambda a, s: Restart(_service(a.required("service name"), s),
+                                    force="--force" in a.values),
+    "status": lambda a, s: Status(_optional_service(a, s)),
+    "gpus": _parse_gpus,
+    "logs": lambda a, s: Logs(_service(a.required("service name"), s),
+                              a.integer("-n", LOGS_DEFAULT, LOGS_MAX)),
+    "audit": lambda a, s: _parse_audit(a, s),
+    "cancel": lambda a, s: _parse_cancel(a),
     # The same targets as gpus: everything, a host, or a service's hosts.
-    "doctor": ({}, lambda a, s: Doctor(*_target(_parse_gpus(a, s)))),
+    "doctor": lambda a, s: Doctor(*_target(_parse_gpus(a, s))),
 }
+_PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
+    name: (_flags(name), _BUILDERS[name]) for name in COMMANDS}
 
 
 def _target(g: Gpus) -> tuple[str | None, Literal["host", "service"] | None]:

@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import assert_never
 
-from bot.audit.store import AuditLog
 from bot.core.leftovers import Approval
-from bot.core.policy import counted_approvals, is_approver
 from bot.engine.leftover_gate import LeftoverRequest, new_question
-from bot.settings import PolicySettings
+from bot.engine.operations import (
+    LeftoversAlreadyCounted,
+    LeftoversApproved,
+    LeftoversCounted,
+    LeftoversTooLate,
+    LeftoverVote,
+    Operations,
+)
+from bot.engine.run_results import Refused
 from bot.slack.blocks import LeftoverAsk
 from bot.slack.membership import Membership
 from bot.slack.reporter import SlackReporter
@@ -33,17 +40,16 @@ Progress = Callable[[tuple[str, ...]], None]
 
 @dataclass
 class _Question:
-    """One host's open question: what it asked, who pressed so far, and its answer."""
+    """One host's open question: its vote (what it asked, who pressed so far), how the
+    card shows progress, and its answer."""
 
-    request: LeftoverRequest
-    question: str
+    vote: LeftoverVote
     progress: Progress
     answer: asyncio.Future[Approval]
-    pressed: list[str] = field(default_factory=list)
 
     @property
-    def pids(self) -> str:
-        return ", ".join(map(str, self.request.pids))
+    def request(self) -> LeftoverRequest:
+        return self.vote.request
 
 
 def parse_terminate_value(value: str) -> tuple[str, str] | None:
@@ -54,11 +60,13 @@ def parse_terminate_value(value: str) -> tuple[str, str] | None:
 
 
 class LeftoverDesk:
-    """The questions waiting on a press, one per host of each run this process drives."""
+    """The questions waiting on a press, one per host of each run this process drives;
+    who may press and how many must is the operations service's decision
+    (``Operations.terminate_leftovers``), which also records it."""
 
-    def __init__(self, audit: AuditLog, policy: PolicySettings) -> None:
-        self.audit = audit
-        self.policy = policy
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
+        self.policy = operations.policy
         self._open: dict[str, _Question] = {}  # by question id
 
     def gate(self, reporter: SlackReporter) -> SlackGate:
@@ -85,49 +93,26 @@ class LeftoverDesk:
         host and the question), pressed by ``user`` (judged on ``membership`` read at
         the press). Returns the sentence for the presser; every refusal is recorded."""
         q = self._find(run_id, value)
-        if q is None:
-            waiting = self.waiting(run_id)
-            now = (f" It waits now for {', '.join(waiting)}: use the button beside that "
-                   "host's list on the card." if waiting else "")
-            return await self._refuse(
-                user, channel, command,
-                f"That Terminate button does not match a question run #{run_id} is waiting "
-                f"on (answered already, closed, or not from its card); nothing was "
-                f"signalled.{now}")
-        host = q.request.host
-        requester = (await self.audit.get_run(run_id)).requested_by
-        if (not is_approver(user, self.policy, membership)
-                or (user == requester and not self.policy.allow_self_approval)):
-            return await self._refuse(
-                user, channel, command,
-                f"Only an approver (not the requester) may terminate run #{run_id}'s "
-                f"leftover processes on {host}; nothing was signalled.")
-        if not await self.audit.record_terminate(run_id, user, host=host, question=q.question,
-                                                 pids=q.request.pids):
-            return f"You already approved terminating {host}'s leftover processes."
-        if q.answer.done():
-            return f"Too late: run #{run_id} stopped waiting on {host}; nothing was signalled."
-        q.pressed.append(user)
-        counted = counted_approvals(q.pressed, requester=requester, policy=self.policy,
-                                    membership=membership)
-        needed = self.policy.min_approvals
-        if len(counted) < needed:
-            q.progress(counted)
-            return (f"Approval recorded: {len(counted)} of {needed} to terminate {host}'s "
-                    f"leftover processes (PIDs {q.pids}); nothing is signalled before "
-                    f"{needed}.")
-        q.answer.set_result(Approval(", ".join(counted)))
-        return (f"Terminating {host}'s leftover processes (PIDs {q.pids}); that host's run "
-                "goes on.")
-
-    async def _refuse(self, user: str, channel: str | None, command: str, reason: str) -> str:
-        await self.audit.record_refusal(user=user, channel=channel, command=command,
-                                        reason=reason)
-        return reason
+        result = await self.operations.terminate_leftovers(
+            None if q is None else q.vote, run_id=run_id, user=user, membership=membership,
+            channel=channel, command=command, waiting=self.waiting(run_id))
+        match result:
+            case LeftoversCounted() | LeftoversApproved() if q is not None and q.answer.done():
+                return LeftoversTooLate(run_id, q.request.host).text
+            case LeftoversCounted(approved_by=counted) if q is not None:
+                q.progress(counted)
+            case LeftoversApproved(approved_by=counted) if q is not None:
+                q.answer.set_result(Approval(", ".join(counted)))
+            case (LeftoversCounted() | LeftoversApproved() | LeftoversAlreadyCounted()
+                  | LeftoversTooLate() | Refused()):
+                pass
+            case _:
+                assert_never(result)
+        return result.text
 
     async def wait(self, request: LeftoverRequest, question: str,
                    progress: Progress) -> Approval:
-        q = _Question(request, question, progress,
+        q = _Question(LeftoverVote(request, question), progress,
                       asyncio.get_running_loop().create_future())
         self._open[question] = q
         try:

@@ -15,7 +15,8 @@ from bot.audit.store import AuditLog
 from bot.core.plan import Plan
 from bot.core.status import Action
 from bot.engine.engine import Engine
-from bot.engine.lifecycle import RunLifecycle
+from bot.engine.operations import Operations
+from bot.engine.run_results import Refusal
 from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
@@ -47,7 +48,7 @@ async def tell(front_end: SlackFrontEnd, respond: AsyncRespond, text: str) -> No
 @dataclass(frozen=True)
 class CommandRequest:
     """One ``/vllm`` command after the channel check and parsing, with what its
-    listener needs at hand (settings, engine, life cycle, audit log, hosts, poster)."""
+    listener needs at hand (settings, engine, operations, audit log, hosts, poster)."""
 
     front_end: SlackFrontEnd
     user: str
@@ -65,8 +66,9 @@ class CommandRequest:
         return self.front_end.runtime.engine
 
     @property
-    def lifecycle(self) -> RunLifecycle:
-        return self.front_end.lifecycle
+    def operations(self) -> Operations:
+        """Every change a command asks of a run goes through here."""
+        return self.front_end.operations
 
     @property
     def audit(self) -> AuditLog:
@@ -179,7 +181,7 @@ class Click:
             if self.run_id is None:
                 answer: str | None = await self.front_end.refuse(
                     user=self.user, channel=self.channel, command=name,
-                    reason="That button does not name a run.")
+                    reason="That button does not name a run.", code=Refusal.BAD_INPUT)
             else:
                 # The value names a run; only the card it was on may decide that run.
                 answer = await self.front_end.off_card(

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
 
+from bot.engine.run_results import Refusal
 from bot.errors import InputError
 from bot.slack import grammar
 from bot.slack.grammar import PREFIX, parse_command
@@ -67,12 +68,13 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
                          typed=f"{PREFIX} {text}".strip(), ack=ack, respond=respond)
     allowed = req.settings.slack.channels
     if allowed and req.channel not in allowed:
-        await _refuse(req, f"`{PREFIX}` is only taken in {_channels(allowed)}.")
+        await _refuse(req, f"`{PREFIX}` is only taken in {_channels(allowed)}.",
+                      Refusal.WRONG_CHANNEL)
         return
     try:
         parsed = parse_command(text, req.settings)
     except InputError as exc:
-        await _refuse(req, str(exc))
+        await _refuse(req, str(exc), Refusal.BAD_INPUT)
         return
     if isinstance(parsed, READ_ONLY):
         limit = cast(UserRateLimit, context[LIMIT_KEY])
@@ -80,13 +82,14 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
         if wait_s is not None:
             await _refuse(req, f"Slow down: each person may send {limit.per_minute} "
                                f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
-                               f"`audit`, `doctor`) a minute. Try again in {wait_s} s.")
+                               f"`audit`, `doctor`) a minute. Try again in {wait_s} s.",
+                          Refusal.RATE_LIMITED)
             return
     await HANDLERS[type(parsed)](req, parsed)
 
 
-async def _refuse(req: CommandRequest, reason: str) -> None:
+async def _refuse(req: CommandRequest, reason: str, code: Refusal) -> None:
     await req.reply_now(reason)
     req.front_end.spawn(req.front_end.refuse(user=req.user, channel=req.channel,
-                                             command=req.typed, reason=reason),
+                                             command=req.typed, reason=reason, code=code),
                         name="refusal")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bot.core.doctor import passed, render
 from bot.core.policy import is_requester
 from bot.engine.doctor import run_doctor
+from bot.engine.run_results import Refusal
 from bot.hosts.fleet import resolve_targets
 from bot.slack.blocks import code_pages_answer
 from bot.slack.grammar import Doctor
@@ -28,7 +29,8 @@ async def handle(req: CommandRequest, cmd: Doctor) -> None:
                   "the hosts are set up). Ask someone who is, or an admin to add you.")
         await req.reply_now(reason)
         front_end.spawn(front_end.refuse(user=req.user, channel=req.channel,
-                                         command=req.typed, reason=reason), name="refusal")
+                                         command=req.typed, reason=reason,
+                                         code=Refusal.NOT_REQUESTER), name="refusal")
         return
     hosts = resolve_targets(req.settings, cmd.target)
     service = cmd.target if cmd.kind == "service" else None

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
+from bot.core.commands import Front, commands_of
 from bot.slack.blocks import escape
 from bot.slack.grammar import COMMANDS, Help, usage
 from bot.slack.handlers.common import CommandRequest
 
-DESCRIPTIONS: dict[str, str] = {
-    "help": "this list",
-    "redeploy": "stop, drain, reinstall, start and health-check, after approval "
-                "(--dry-run: preflight only, no approval needed)",
-    "restart": "stop, drain, start and health-check, after approval",
-    "status": "unit state, installed version and GPU memory (read-only)",
-    "gpus": "GPU memory on every host, one host, or a service's hosts",
-    "logs": "the service's journal tail",
-    "audit": "recent runs: who asked, who approved, what happened",
-    "cancel": "cancel a pending or running run (requester or approvers)",
-    "doctor": "check hosts and services end to end: SSH, host key, sudo rules, uv, GPUs, "
-              "unit, venv, health URL, disk (read-only; requesters)",
-}
+# The /vllm help lines, from the one command table (bot.core.commands).
+DESCRIPTIONS: dict[str, str] = {c.name: c.chat_help for c in commands_of(Front.CHAT)}
 
 
 def help_text() -> str:

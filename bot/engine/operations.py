@@ -1,0 +1,385 @@
+"""The operations service: every change a person asks of a run, for both front ends.
+
+The Slack front end and the CLI parse what was typed or clicked, call one method here
+and render what it returns; neither writes a decision or a refusal itself. Each method
+returns a typed result (a closed union of frozen dataclasses: ``Requested``, ``Busy``,
+``Refused`` with a ``Refusal`` reason and its sentence, ``Counted`` when more approvals
+are needed, ...), and every refusal is recorded here, in the refusals table, as it is
+returned.
+
+* ``request``: a person asks for a run (``ChatUser``: judged by the requesters policy;
+  ``Operator``: on the terminal, whose own confirmation is the approval);
+* ``decide``: an Approve or Deny click (``RunLifecycle.approve``/``deny``);
+* ``cancel``: by the requester or an approver;
+* ``terminate_leftovers``: one press on a host's Terminate leftover processes question:
+  who may (an approver; the requester only with ``allow_self_approval``), how many (the
+  run's ``min_approvals`` distinct approvers), recorded in ``leftover_approvals``;
+  ``confirm_leftovers`` is the terminal operator's own yes;
+* ``recover``: the sweep (dead drivers' runs, overdue requests) and, by hand, one run.
+
+Status changes themselves stay the run life cycle's (``bot.engine.lifecycle``), so a
+deny, a cancel or an expiry means the same whichever front end it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from bot.audit.store import AuditLog, RunRecord
+from bot.core.plan import Plan
+from bot.core.policy import Membership, counted_approvals, is_approver, is_requester
+from bot.core.status import Action, Decision, RunStatus, Source
+from bot.engine.leftover_gate import LeftoverRequest, new_question
+from bot.engine.lifecycle import RunLifecycle
+from bot.engine.liveness import DRIVEN, Verdict
+from bot.engine.recovery import (
+    Expired,
+    Interrupted,
+    NotDriven,
+    OwnerAlive,
+    Recovered,
+    recover_by_hand,
+    window_note,
+)
+from bot.engine.run_results import (
+    ApproveResult,
+    CancelResult,
+    DenyResult,
+    Refusal,
+    Refused,
+)
+from bot.errors import LockHeldError
+from bot.settings import PolicySettings
+
+# ---- who asks ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChatUser:
+    """Someone in chat, judged by the policy: ``membership`` reads the user groups when a
+    judgement needs them (a status query needs none)."""
+
+    user: str
+    channel: str
+    command: str  # as typed, for a refusal's row
+    membership: Callable[[], Awaitable[Membership]]
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """The operator on the bot's machine: their own confirmation is the approval
+    (``approver``: someone else's, named; the demo's second person)."""
+
+    user: str
+    source: Source = Source.CLI
+    approver: str | None = None
+
+
+Asker = ChatUser | Operator
+
+# ---- what a request came to ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """Recorded, holding its locks; ``record.status`` is 'approved' when it needs nobody
+    (a dry run, a status query, the terminal operator's confirmed change)."""
+
+    record: RunRecord
+
+    @property
+    def text(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Refused: another run holds the service's or a host's lock (the request is recorded
+    'refused', with its refusals row). ``holder``: that run's id."""
+
+    reason: str
+    holder: int
+
+    @property
+    def text(self) -> str:
+        return f"Refused: {self.reason}."
+
+
+RequestResult = Requested | Busy | Refused
+
+# ---- what a press on a leftover question came to -------------------------------------------
+
+
+@dataclass(slots=True)
+class LeftoverVote:
+    """One host's open question and who pressed for it so far (the Slack desk keeps one
+    per open question; this service adds to ``pressed``)."""
+
+    request: LeftoverRequest
+    question: str
+    pressed: list[str] = field(default_factory=list)
+
+    @property
+    def pids(self) -> str:
+        return ", ".join(map(str, self.request.pids))
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoversApproved:
+    """Enough approvers: the host's leftover processes (``pids``) may be terminated."""
+
+    host: str
+    approved_by: tuple[str, ...]
+    pids: str
+
+    @property
+    def text(self) -> str:
+        return (f"Terminating {self.host}'s leftover processes (PIDs {self.pids}); that "
+                "host's run goes on.")
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoversCounted:
+    """The press counts, and more approvers are needed before anything is signalled."""
+
+    host: str
+    approved_by: tuple[str, ...]
+    needed: int
+    pids: str
+
+    @property
+    def text(self) -> str:
+        return (f"Approval recorded: {len(self.approved_by)} of {self.needed} to terminate "
+                f"{self.host}'s leftover processes (PIDs {self.pids}); nothing is signalled "
+                f"before {self.needed}.")
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoversAlreadyCounted:
+    host: str
+
+    @property
+    def text(self) -> str:
+        return f"You already approved terminating {self.host}'s leftover processes."
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoversTooLate:
+    """The host stopped waiting (its window closed, the run was cancelled) meanwhile."""
+
+    run_id: int
+    host: str
+
+    @property
+    def text(self) -> str:
+        return (f"Too late: run #{self.run_id} stopped waiting on {self.host}; nothing was "
+                "signalled.")
+
+
+LeftoverResult = (LeftoversApproved | LeftoversCounted | LeftoversAlreadyCounted
+                  | LeftoversTooLate | Refused)
+
+# ---- recovery by hand ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunLook:
+    """One run as ``recover`` sees it: its record, the verdict on its driver (None when
+    nothing drives it) and the locks it holds."""
+
+    run: RunRecord
+    verdict: Verdict | None
+    locks: list[str]
+
+
+RecoverResult = Recovered | Expired | Refused
+# Asked before a run is recovered by hand, told whether its owner looks alive; raises
+# (``InputError``) to stop.
+Confirm = Callable[[bool], None]
+
+
+class Operations:
+    """The one service both front ends call; built once per process on its one life
+    cycle (``bot.engine.runtime``)."""
+
+    def __init__(self, lifecycle: RunLifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.audit: AuditLog = lifecycle.audit
+        self.policy: PolicySettings = lifecycle.settings.policy
+
+    async def refuse(self, *, user: str, channel: str | None, command: str, reason: str,
+                     code: Refusal) -> Refused:
+        """Record a refusal the front end judged (a wrong channel, bad input, a click off
+        its card, Slack unable to say who is in a group); returns it to render."""
+        await self.audit.record_refusal(user=user, channel=channel, command=command,
+                                        reason=reason)
+        return Refused(reason, code=code)
+
+    # ---- request ------------------------------------------------------------------------
+
+    async def request(self, plan: Plan, *, by: Asker) -> RequestResult:
+        """Record a request, holding its locks (``RunLifecycle.request``). A dry run or a
+        status query is approved by its system approver, a terminal operator's change by
+        the operator; a chat user's change waits for approvers."""
+        channel: str | None
+        match by:
+            case ChatUser():
+                # A status query asks nobody and changes nothing: anyone may.
+                if plan.action != Action.STATUS and not is_requester(
+                        by.user, self.policy, await by.membership()):
+                    return await self.refuse(
+                        user=by.user, channel=by.channel, command=by.command,
+                        code=Refusal.NOT_REQUESTER,
+                        reason="You are not on the requesters list, so you cannot ask for a "
+                               f"{plan.action}. Ask someone who is, or an admin to add you.")
+                source, channel, approver = Source.SLACK, by.channel, plan.system_approver
+            case Operator():
+                source, channel = by.source, None
+                approver = plan.system_approver or by.approver or by.user
+            case _:
+                assert_never(by)
+        try:
+            record = await self.lifecycle.request(plan, requested_by=by.user, source=source,
+                                                  channel=channel)
+        except LockHeldError as exc:
+            # The life cycle has recorded the request as refused, with its refusals row.
+            return Busy(str(exc), exc.run_id)
+        if approver is not None:
+            await self.lifecycle.confirm(record.id, approver)
+            record = await self.audit.get_run(record.id)
+        return Requested(record)
+
+    async def withdraw(self, run_id: int, reason: str) -> bool:
+        """Nobody can see the request (its card could not be posted): close it."""
+        return await self.lifecycle.withdraw(run_id, reason)
+
+    async def expire(self, run_id: int) -> bool:
+        """Its window is over: close a request nobody approved; False if decided first."""
+        return await self.lifecycle.expire(run_id)
+
+    async def expire_overdue(self) -> list[RunRecord]:
+        """Every request still pending past its window becomes 'expired' (a restart)."""
+        return await self.lifecycle.expire_overdue()
+
+    async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
+        """The driver could not carry the run out: it ends ``status`` with why."""
+        return await self.lifecycle.abandon(run_id, status, summary)
+
+    # ---- decide, cancel -----------------------------------------------------------------
+
+    async def decide(self, run_id: int, decision: Decision, *, user: str,
+                     membership: Membership,
+                     channel: str | None) -> ApproveResult | DenyResult:
+        """One Approve or Deny click, judged by the policy on ``membership`` now."""
+        if decision == Decision.DENY:
+            return await self.lifecycle.deny(run_id, user=user, membership=membership,
+                                             channel=channel)
+        if decision != Decision.APPROVE:
+            raise ValueError(f"a click approves or denies, not {decision}")
+        return await self.lifecycle.approve(run_id, user=user, membership=membership,
+                                            channel=channel)
+
+    def request_cancel(self, run_id: int, user: str) -> bool:
+        """The operator's own run, driven here, stops at its next safe point (synchronous:
+        a signal handler calls it; who asked is recorded by the run's driver)."""
+        return self.lifecycle.request_cancel(run_id, user)
+
+    async def cancel(self, run_id: int, *, user: str, membership: Membership,
+                     channel: str | None) -> CancelResult:
+        """Cancel by the requester or an approver (``RunLifecycle.cancel``)."""
+        return await self.lifecycle.cancel(run_id, user=user, membership=membership,
+                                           channel=channel)
+
+    # ---- leftover processes -------------------------------------------------------------
+
+    async def terminate_leftovers(self, vote: LeftoverVote | None, *, run_id: int, user: str,
+                                  membership: Membership, channel: str | None,
+                                  command: str, waiting: Sequence[str] = ()) -> LeftoverResult:
+        """One press on a host's question (``vote``; None when the press names no open
+        question of run ``run_id``, and ``waiting`` are the hosts it waits on)."""
+        if vote is None:
+            now = (f" It waits now for {', '.join(waiting)}: use the button beside that "
+                   "host's list on the card." if waiting else "")
+            return await self.refuse(
+                user=user, channel=channel, command=command, code=Refusal.NO_QUESTION,
+                reason=f"That Terminate button does not match a question run #{run_id} is "
+                       f"waiting on (answered already, closed, or not from its card); "
+                       f"nothing was signalled.{now}")
+        host = vote.request.host
+        requester = (await self.audit.get_run(run_id)).requested_by
+        if (not is_approver(user, self.policy, membership)
+                or (user == requester and not self.policy.allow_self_approval)):
+            return await self.refuse(
+                user=user, channel=channel, command=command, code=Refusal.NOT_ALLOWED,
+                reason=f"Only an approver (not the requester) may terminate run #{run_id}'s "
+                       f"leftover processes on {host}; nothing was signalled.")
+        if not await self.audit.record_terminate(run_id, user, host=host,
+                                                 question=vote.question,
+                                                 pids=vote.request.pids):
+            return LeftoversAlreadyCounted(host)
+        vote.pressed.append(user)
+        # The run's rule, judged now: someone no longer an approver stops counting.
+        counted = tuple(counted_approvals(vote.pressed, requester=requester,
+                                          policy=self.policy, membership=membership))
+        needed = self.policy.min_approvals
+        if len(counted) < needed:
+            return LeftoversCounted(host, counted, needed, vote.pids)
+        return LeftoversApproved(host, counted, vote.pids)
+
+    async def confirm_leftovers(self, request: LeftoverRequest, *,
+                                user: str) -> LeftoversApproved:
+        """The terminal operator's yes (or ``--kill-leftovers``): their command is the
+        approval, recorded with the host and the exact PIDs it was for."""
+        await self.audit.record_terminate(request.run_id, user, host=request.host,
+                                          question=new_question(), pids=request.pids)
+        return LeftoversApproved(request.host, (user,), ", ".join(map(str, request.pids)))
+
+    # ---- recover ------------------------------------------------------------------------
+
+    async def recover(self) -> list[Interrupted]:
+        """The sweep: dead drivers' runs 'interrupted', overdue requests 'expired'."""
+        return await self.lifecycle.recover()
+
+    async def look(self, run_id: int) -> RunLook:
+        """How ``recover`` sees one run now (this look counts towards judging its
+        heartbeat). Raises ``RunNotFoundError``."""
+        judge = self.lifecycle.judge
+        await judge.look(self.audit, [run_id])
+        run = await self.audit.get_run(run_id)
+        locks = (await self.audit.locks_held()).get(run_id, [])
+        return RunLook(run, judge.verdict(run) if run.status in DRIVEN else None, locks)
+
+    async def recover_run(self, look: RunLook, *, user: str, force: bool,
+                          confirm: Confirm) -> RecoverResult:
+        """An operator's recovery of one run by hand: refused while its owner looks alive
+        (unless ``force``) or when nothing drives it; a request past its window is
+        expired at once. ``confirm`` is asked before anything else changes."""
+        run, judge = look.run, self.lifecycle.judge
+        command = f"recover run #{run.id}" + (" --force" if force else "")
+
+        async def refused(reason: str, code: Refusal) -> Refused:
+            return await self.refuse(user=user, channel=None, command=command, reason=reason,
+                                     code=code)
+
+        if look.verdict is None:
+            if not judge.window_closed(run):
+                return await refused(NotDriven(run, window_note(run, judge)).reason,
+                                     Refusal.NOT_DRIVEN)
+            # Expired without asking: its window closed it already, nobody can approve it.
+        elif look.verdict.alive and not force:
+            return await refused(OwnerAlive(run, look.verdict).reason, Refusal.OWNER_ALIVE)
+        else:
+            confirm(look.verdict.alive)
+        result = await recover_by_hand(self.audit, run.id, by=user, judge=judge,
+                                       force=force and look.verdict is not None)
+        match result:
+            case Recovered() | Expired():
+                return result
+            case OwnerAlive() | NotDriven():
+                # It changed between the look and the recovery (it finished, or its owner
+                # came back).
+                return await refused(result.reason, Refusal.CHANGED)
+            case _:
+                assert_never(result)
