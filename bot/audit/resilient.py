@@ -48,6 +48,7 @@ from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
 from bot.audit.store import AuditLog
 from bot.core.status import STORED_STEP_STATUSES, Decision, RunStatus, StepStatus
 from bot.errors import AuditError
+from bot.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
 
@@ -211,18 +212,10 @@ class AuditWriter:
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt`` until it succeeds, retrying while the database is unavailable:
-        back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all."""
-        started = self._clock()
-        delay = self.first_delay_s
-        while True:
-            try:
-                return await attempt()
-            except AuditError as exc:
-                if not unavailable(exc) or self._clock() - started + delay > self.retry_s:
-                    raise
-                log.warning("%s; retrying in %.2fs", exc, delay)
-            await self._sleep(delay)
-            delay *= 2
+        back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all (no
+        jitter: one writer per process, and its tests count the exact waits)."""
+        return await retry(attempt, on=unavailable, backoff=Backoff(self.first_delay_s),
+                           budget_s=self.retry_s, clock=self._clock, sleep=self._sleep)
 
     async def _keep(self, record: JournalRecord) -> None:
         """Append to the journal, behind anything held in memory."""
@@ -314,10 +307,12 @@ class AuditWriter:
                                                name="audit-journal-merge")
 
     async def _merge_until_done(self) -> None:
-        delay = self.first_delay_s
-        while self.down is not None:
+        # Sleeps before each try (the write that fell just failed), capped at the window.
+        backoff = Backoff(self.first_delay_s, max_s=max(self.retry_s, self.first_delay_s))
+        for delay in backoff.delays():
+            if self.down is None:
+                return
             await self._sleep(delay)
-            delay = min(delay * 2, max(self.retry_s, self.first_delay_s))
             try:
                 await self.merge()
             except AuditError as exc:
