@@ -16,6 +16,7 @@ import pytest
 from bot.audit.journal import Journal, JournalRecord, ordered, parse_lines
 from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
+from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import RunNotFoundError
 from tests.support.clock import ManualClock
@@ -25,8 +26,9 @@ SECRET = "hunter2-very-secret"
 
 def rec(proc: str, seq: int, op: str = "release_locks", at: str = "2026-11-30T13:00:00Z",
         **fields: Any) -> JournalRecord:
-    return JournalRecord(id=f"{proc}/{seq}", proc=proc, seq=seq, at=at, op=op,
-                         fields=fields or {"run_id": 1})
+    # Through the journal's own reading: the fields as a line of the file holds them.
+    return JournalRecord.from_json({"v": 1, "id": f"{proc}/{seq}", "proc": proc, "seq": seq,
+                                    "at": at, "op": op, **(fields or {"run_id": 1})})
 
 
 class FakeTime:
@@ -173,8 +175,8 @@ async def test_a_journal_merged_twice_is_applied_once(audit: AuditLog, tmp_path:
 async def test_a_merged_row_keeps_the_time_it_happened(audit: AuditLog, tmp_path: Path) -> None:
     run_id = await new_run(audit)
     j = Journal.for_db(audit.path, tmp_path / "fallback")
-    j.append([JournalRecord("p/1", "p", 1, "2026-01-02T03:04:05Z", "step_started",
-                            {"run_id": run_id, "host": "h1", "step": "stop", "command": "x"})])
+    j.append([JournalRecord("p/1", "p", 1, "2026-01-02T03:04:05Z",
+                            StepStarted(run_id=run_id, host="h1", step="stop", command="x"))])
     await AuditWriter(audit, j, background=False).start()
     [step] = await audit.steps(run_id)
     assert step.started_at == "2026-01-02T03:04:05Z"

@@ -32,7 +32,8 @@ foreign key to ``runs``, enforced):
     that cannot see the owner's PIDs watches change on its own monotonic clock;
     0 by default; added by ``0007_lease_renewals``), expires_clock (whose wall clock
     wrote expires_at: the requesting machine's boot id; NULL before
-    ``0008_expires_clock``).
+    ``0008_expires_clock``), service_state (how the run left the service,
+    ``ServiceState``; NULL when not recorded; added by ``0010_service_state``).
     Indexes: (service, id DESC), (status, id DESC).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;
@@ -61,6 +62,10 @@ foreign key to ``runs``, enforced):
     ``sha256`` and ``lock``, the file on the host a rollback syncs to; ``note`` when a
     set could not be read): what each run did to a host's whole Python environment
     (issue 10; added by ``0006_environments``). Index: (run_id).
+``host_outcomes``
+    id, run_id, host, status, summary, service_state (``ServiceState`` or NULL), at:
+    how each host of a run ended (issue 18; added by ``0010_service_state``, which also
+    gives ``runs`` its ``service_state``). Index: (run_id).
 ``refusals``
     id, at, user, channel, command (as typed), reason: one row per refused command or
     click.

@@ -41,28 +41,17 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bot.audit.writes import AuditRecord, from_fields, to_fields
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
-# What each operation carries besides the common fields; checked when a record is read,
-# so a damaged line is reported, not half-applied.
-OPS: dict[str, frozenset[str]] = {
-    "step_started": frozenset({"run_id", "host", "step", "command"}),
-    "step_finished": frozenset({"status", "exit_status", "duration_s", "output_tail"}),
-    "snapshot": frozenset({"run_id", "host", "label", "data"}),
-    "environment": frozenset({"run_id", "host", "kind", "data"}),
-    "versions": frozenset({"run_id"}),
-    "decision": frozenset({"run_id", "user", "decision"}),
-    "finish": frozenset({"run_id", "status", "summary"}),
-    "interrupt": frozenset({"run_id", "summary"}),
-    "release_locks": frozenset({"run_id"}),
-}
 _COMMON = ("v", "id", "proc", "seq", "at", "op")
 
 
@@ -72,23 +61,28 @@ class JournalFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class JournalRecord:
-    """One write the database could not take (or, on the direct path, is about to)."""
+    """One write (``bot.audit.writes``) the database could not take (or, on the direct
+    path, is about to), with when and by whom it was made."""
 
     id: str
     proc: str
     seq: int
     at: str
-    op: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    write: AuditRecord
+
+    @property
+    def op(self) -> str:
+        return self.write.OP
 
     @property
     def run_id(self) -> int | None:
-        value = self.fields.get("run_id")
-        return value if isinstance(value, int) else None
+        return getattr(self.write, "run_id", None)
 
     def to_json(self) -> dict[str, Any]:
+        # The same form as before the records were types (format 1): a journal written
+        # by an older bot still merges.
         return {"v": FORMAT_VERSION, "id": self.id, "proc": self.proc, "seq": self.seq,
-                "at": self.at, "op": self.op, **self.fields}
+                "at": self.at, "op": self.op, **to_fields(self.write)}
 
     def to_line(self) -> bytes:
         # ensure_ascii: one line whatever the text holds (no raw U+2028 and the like).
@@ -96,6 +90,7 @@ class JournalRecord:
 
     @classmethod
     def from_json(cls, obj: Any) -> JournalRecord:
+        """Checked whole, so a damaged line is reported, not half-applied."""
         if not isinstance(obj, dict):
             raise JournalFormatError("not a JSON object")
         missing = [k for k in _COMMON if k not in obj]
@@ -104,18 +99,15 @@ class JournalRecord:
         if obj["v"] != FORMAT_VERSION:
             raise JournalFormatError(f"format version {obj['v']!r} (this bot reads "
                                      f"{FORMAT_VERSION})")
-        op = obj["op"]
-        if op not in OPS:
-            raise JournalFormatError(f"unknown operation {op!r}")
-        fields = {k: v for k, v in obj.items() if k not in _COMMON}
-        if OPS[op] - fields.keys():
-            raise JournalFormatError(f"{op} without {', '.join(sorted(OPS[op] - fields.keys()))}")
-        if op == "step_finished" and fields.get("step_id") is None and not fields.get("step_ref"):
-            raise JournalFormatError("step_finished names no step")
         if not isinstance(obj["seq"], int) or not isinstance(obj["id"], str):
             raise JournalFormatError("bad id or seq")
+        try:
+            write = from_fields(str(obj["op"]),
+                                {k: v for k, v in obj.items() if k not in _COMMON})
+        except (TypeError, ValueError) as exc:
+            raise JournalFormatError(str(exc)) from exc
         return cls(id=obj["id"], proc=str(obj["proc"]), seq=obj["seq"], at=str(obj["at"]),
-                   op=op, fields=fields)
+                   write=write)
 
 
 def parse_lines(data: bytes, source: str = "journal") -> list[JournalRecord]:

@@ -209,6 +209,22 @@ CREATE TABLE leftover_approvals (
 CREATE INDEX leftover_approvals_run ON leftover_approvals(run_id);
 """
 
+# Issue 18: how a run, and each of its hosts, left the service (``ServiceState``);
+# NULL for runs written before it, and for a run whose driver did not say.
+_SERVICE_STATE = """
+ALTER TABLE runs ADD COLUMN service_state TEXT;
+CREATE TABLE host_outcomes (
+    id            INTEGER PRIMARY KEY,
+    run_id        INTEGER NOT NULL REFERENCES runs(id),
+    host          TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    summary       TEXT NOT NULL,
+    service_state TEXT,
+    at            TEXT NOT NULL
+);
+CREATE INDEX host_outcomes_run ON host_outcomes(run_id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -219,6 +235,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0007_lease_renewals", _LEASE_RENEWALS),
     Migration("0008_expires_clock", _EXPIRES_CLOCK),
     Migration("0009_leftover_approvals", _LEFTOVER_APPROVALS),
+    Migration("0010_service_state", _SERVICE_STATE),
 )
 
 

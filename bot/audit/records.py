@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditError
 
@@ -109,6 +110,8 @@ class RunRecord:
     # ``system:recovery``), or whose ``recover`` expired it past its approval window
     # (then its status is 'expired'): the 'recover' decisions.
     recovered_by: list[str] = field(default_factory=list)
+    # How the run left the service (issue 18); None before it was recorded.
+    service_state: ServiceState | None = None
 
     @property
     def is_final(self) -> bool:
@@ -138,6 +141,7 @@ class RunRecord:
             "message_ts": self.message_ts,
             "current_step": self.current_step,
             "summary": self.summary,
+            "service_state": None if self.service_state is None else self.service_state.value,
             "package_spec": self.package_spec,
             "index_name": self.index_name,
             "dry_run": self.dry_run,

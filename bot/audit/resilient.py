@@ -43,11 +43,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bot.audit import writes as w
 from bot.audit.journal import Journal, JournalRecord
 from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
 from bot.audit.store import AuditLog
+from bot.core.service_state import ServiceState
 from bot.core.status import STORED_STEP_STATUSES, Decision, RunStatus, StepStatus
 from bot.errors import AuditError
+from bot.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +111,16 @@ class AuditWriter:
 
     # ---- records (redacted as the database stores them) ---------------------------------
 
-    def _record(self, op: str, **fields: Any) -> JournalRecord:
+    def _record(self, write: w.AuditRecord) -> JournalRecord:
         seq = next(self._seq)
         return JournalRecord(id=f"{self._proc}/{seq}", proc=self._proc, seq=seq, at=now_ts(),
-                             op=op, fields=fields)
+                             write=write)
 
     async def step_started(self, run_id: int, host: str, step: str, command: str
                            ) -> tuple[StepRef, Written]:
         r = self.audit.redaction
-        record = self._record("step_started", run_id=run_id, host=r(host), step=r(step),
-                              command=r(command))
+        record = self._record(w.StepStarted(run_id=run_id, host=r(host), step=r(step),
+                                            command=r(command)))
         written = await self.write(record)
         return (written.row_id if written.row_id is not None else record.id), written
 
@@ -129,57 +132,71 @@ class AuditWriter:
             raise ValueError(f"a step cannot end with step status {status.value!r}")
         if isinstance(step, str) and step in self._row_ids:
             step = self._row_ids[step]  # merged since: its row id is known
-        which = {"step_id": step} if isinstance(step, int) else {"step_ref": step}
         # Redact before cutting, as the database does: a cut could hide half a secret.
         tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
-        return await self.write(self._record(
-            "step_finished", **which, status=str(status), exit_status=exit_status,
-            duration_s=duration_s, output_tail=tail))
+        return await self.write(self._record(w.StepFinished(
+            status=status, exit_status=exit_status, duration_s=duration_s, output_tail=tail,
+            step_id=step if isinstance(step, int) else None,
+            step_ref=step if isinstance(step, str) else None)))
 
     async def add_snapshot(self, run_id: int, host: str, label: str,
                            data: Mapping[str, Any]) -> Written:
         r = self.audit.redaction
-        return await self.write(self._record("snapshot", run_id=run_id, host=r(host),
-                                             label=r(label), data=r.json(data)))
+        return await self.write(self._record(w.Snapshot(run_id=run_id, host=r(host),
+                                                        label=r(label), data=r.json(data))))
 
     async def set_versions(self, run_id: int, *, before: str | None,
                            after: str | None) -> Written:
         r = self.audit.redaction
-        return await self.write(self._record("versions", run_id=run_id, before=r.opt(before),
-                                             after=r.opt(after)))
+        return await self.write(self._record(w.Versions(run_id=run_id, before=r.opt(before),
+                                                        after=r.opt(after))))
 
     async def add_environment(self, run_id: int, host: str, kind: str,
                               data: Mapping[str, Any]) -> Written:
         r = self.audit.redaction
-        return await self.write(self._record("environment", run_id=run_id, host=r(host),
-                                             kind=r(kind), data=r.json(data)))
+        return await self.write(self._record(w.Environment(run_id=run_id, host=r(host),
+                                                           kind=r(kind), data=r.json(data))))
 
     async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
         decision = checked(Decision, decision, "decision")
-        return await self.write(self._record("decision", run_id=run_id,
-                                             user=self.audit.redaction(user),
-                                             decision=str(decision)))
+        return await self.write(self._record(w.DecisionMade(
+            run_id=run_id, user=self.audit.redaction(user), decision=decision)))
+
+    async def host_finished(self, run_id: int, host: str, status: str, summary: str, *,
+                            state: ServiceState | None = None) -> Written:
+        """One host's outcome, and the state it left the service in."""
+        r = self.audit.redaction
+        return await self.write(self._record(w.HostFinished(
+            run_id=run_id, host=r(host), status=str(status), summary=r(summary),
+            state=None if state is None else checked(ServiceState, state, "service state"))))
 
     async def finish(self, run_id: int, status: RunStatus, summary: str,
-                     direct: Callable[[], Awaitable[object]]) -> Written:
+                     direct: Callable[[], Awaitable[object]], *,
+                     state: ServiceState | None = None) -> Written:
         """The run's end: ``direct`` (the life cycle's own transition) when the database
         takes it; in the journal, a transition from 'running' that a merge applies even
         over an 'interrupted' that a recovery guessed meanwhile (see
-        ``bot.audit.replay``)."""
+        ``bot.audit.writes``). ``state``, how the run left the service, is a record of
+        its own behind it (the life cycle's transition does not carry it)."""
         status = checked(RunStatus, status, "status")
-        record = self._record("finish", run_id=run_id, status=str(status),
-                              summary=self.audit.redaction(summary),
-                              expect=[RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value])
-        return await self.write(record, direct=direct)
+        record = self._record(w.Finish(run_id=run_id, status=status,
+                                       summary=self.audit.redaction(summary),
+                                       expect=(RunStatus.RUNNING, RunStatus.INTERRUPTED)))
+        written = await self.write(record, direct=direct)
+        if state is None:
+            return written
+        kept = await self.write(self._record(w.RunServiceState(
+            run_id=run_id, state=checked(ServiceState, state, "service state"))))
+        return written if written.journaled else kept
 
     async def interrupt(self, run_id: int, summary: str,
                         direct: Callable[[], Awaitable[object]]) -> Written:
-        record = self._record("interrupt", run_id=run_id,
-                              summary=self.audit.redaction(summary))
+        record = self._record(w.Interrupt(run_id=run_id,
+                                          summary=self.audit.redaction(summary)))
         return await self.write(record, direct=direct)
 
     async def release_locks(self, run_id: int) -> Written:
-        return await self.write(self._record("release_locks", run_id=run_id))
+        return await self.write(self._record(w.ReleaseLocks(run_id=run_id)))
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -211,18 +228,10 @@ class AuditWriter:
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt`` until it succeeds, retrying while the database is unavailable:
-        back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all."""
-        started = self._clock()
-        delay = self.first_delay_s
-        while True:
-            try:
-                return await attempt()
-            except AuditError as exc:
-                if not unavailable(exc) or self._clock() - started + delay > self.retry_s:
-                    raise
-                log.warning("%s; retrying in %.2fs", exc, delay)
-            await self._sleep(delay)
-            delay *= 2
+        back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all (no
+        jitter: one writer per process, and its tests count the exact waits)."""
+        return await retry(attempt, on=unavailable, backoff=Backoff(self.first_delay_s),
+                           budget_s=self.retry_s, clock=self._clock, sleep=self._sleep)
 
     async def _keep(self, record: JournalRecord) -> None:
         """Append to the journal, behind anything held in memory."""
@@ -292,7 +301,7 @@ class AuditWriter:
                 for record, reason in applied.rejected:
                     log.error("the audit database refused journal record %s (%s %s): %s; it "
                               "is kept in journal_applied", record.id, record.op,
-                              dict(record.fields), reason)
+                              record.write, reason)
                 done = {*applied.merged, *applied.skipped,
                         *(r.id for r, _ in applied.rejected)}
                 async with self._lock:
@@ -314,10 +323,12 @@ class AuditWriter:
                                                name="audit-journal-merge")
 
     async def _merge_until_done(self) -> None:
-        delay = self.first_delay_s
-        while self.down is not None:
+        # Sleeps before each try (the write that fell just failed), capped at the window.
+        backoff = Backoff(self.first_delay_s, max_s=max(self.retry_s, self.first_delay_s))
+        for delay in backoff.delays():
+            if self.down is None:
+                return
             await self._sleep(delay)
-            delay = min(delay * 2, max(self.retry_s, self.first_delay_s))
             try:
                 await self.merge()
             except AuditError as exc:

@@ -18,13 +18,14 @@ import aiosqlite
 from bot.audit import decisions, locks, steps
 from bot.audit.db import execute, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, stored
+from bot.core.service_state import ServiceState
 from bot.core.status import Action, Decision, RunStatus, Source
 
 _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
     "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until, "
-    "lease_renewals, expires_clock"
+    "lease_renewals, expires_clock, service_state"
 )
 
 
@@ -284,6 +285,8 @@ async def _records(
             lease_renewals=int(row["lease_renewals"]),
             expires_clock=row["expires_clock"],
             recovered_by=who[Decision.RECOVER].get(row["id"], []),
+            service_state=(None if row["service_state"] is None
+                           else ServiceState(row["service_state"])),
         )
         for row in rows
     ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from bot.audit import host_outcomes as host_outcomes_sql
 from bot.audit import replay as replay_sql
 from bot.audit.coordination_store import CoordinationStore
 from bot.audit.db import Database, Opening, fetch
@@ -116,6 +117,12 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         now = now_ts()
         async with self._db.transaction(write=True) as conn:
             return await replay_sql.apply(conn, list(records), merge=merge, now=now)
+
+    @shielded
+    async def host_outcomes(self, run_id: int) -> list[host_outcomes_sql.HostOutcome]:
+        """How each host of the run ended, with the service state it left (issue 18)."""
+        async with self._db.transaction(write=False) as conn:
+            return await host_outcomes_sql.of_run(conn, run_id)
 
     @shielded
     async def journal_rejects(self) -> list[tuple[str, str]]:

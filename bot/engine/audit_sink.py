@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import assert_never
 
 from bot.audit.journal import Journal
 from bot.audit.resilient import AuditWriter, StepRef, Written, unavailable
@@ -97,34 +98,47 @@ class RunAudit:
 
     async def handle(self, event: ev.Event) -> None:
         w, run_id = self.writer, self.run_id
-        if isinstance(event, ev.StepStarted):
-            # Also makes it the run's current step (what recovery reports after a crash).
-            ref, written = await w.step_started(run_id, event.host, str(event.step),
-                                                event.command)
-            self._open[(event.host, event.step)] = ref
-        elif isinstance(event, ev.StepFinished):
-            step = self._open.pop((event.host, event.step), None)
-            if step is None:
+        match event:
+            case ev.StepStarted():
+                # Also makes it the run's current step (what recovery reports after a crash).
+                ref, written = await w.step_started(run_id, event.host, str(event.step),
+                                                    event.command)
+                self._open[(event.host, event.step)] = ref
+            case ev.StepFinished():
+                step = self._open.pop((event.host, event.step), None)
+                if step is None:
+                    return
+                written = await w.step_finished(
+                    step, status=StepStatus(event.status), exit_status=event.exit_status,
+                    # Whole: the writer redacts before it cuts, so no half secret survives.
+                    duration_s=round(event.duration_s, 3), output_tail=event.output)
+            case ev.GpuTable():
+                written = await w.add_snapshot(run_id, event.host, event.label,
+                                               snapshot_json(event.snapshot))
+            case ev.PackagesKnown():
+                written = await w.add_environment(run_id, event.host, str(event.kind),
+                                                  environment_json(event))
+            case ev.VersionsKnown():
+                if self._versions_seen:
+                    return
+                # The first host's versions stand for the run; every host's are in its steps.
+                self._versions_seen = True
+                written = await w.set_versions(run_id, before=event.before, after=event.after)
+            case ev.RunFinished():
+                # The run's end itself is written by the life cycle (``finish`` below).
+                await self._still_waiting()
                 return
-            written = await w.step_finished(
-                step, status=StepStatus(event.status), exit_status=event.exit_status,
-                # Whole: the writer redacts before it cuts, so no half secret survives.
-                duration_s=round(event.duration_s, 3), output_tail=event.output)
-        elif isinstance(event, ev.GpuTable):
-            written = await w.add_snapshot(run_id, event.host, event.label,
-                                           snapshot_json(event.snapshot))
-        elif isinstance(event, ev.PackagesKnown):
-            written = await w.add_environment(run_id, event.host, str(event.kind),
-                                              environment_json(event))
-        elif isinstance(event, ev.VersionsKnown) and not self._versions_seen:
-            # The first host's versions stand for the run; every host's are in its steps.
-            self._versions_seen = True
-            written = await w.set_versions(run_id, before=event.before, after=event.after)
-        elif isinstance(event, ev.RunFinished):
-            await self._still_waiting()
-            return
-        else:
-            return
+            # Not recorded here: the run's row is made by the life cycle at the request
+            # (RunStarted); progress and output lines are live news for the thread, the
+            # step's output is in its end (StepProgress, OutputLine); the approval card's
+            # GPU verdict is no step of a run (GpuHealthKnown); a host's steps are its
+            # record and the run's end sums the hosts up (HostFinished); this sink's own
+            # notices go to the others (Notice).
+            case (ev.RunStarted() | ev.StepProgress() | ev.OutputLine() | ev.GpuHealthKnown()
+                  | ev.HostFinished() | ev.Notice()):
+                return
+            case _:
+                assert_never(event)
         await self._check(written)
 
     async def _check(self, written: Written) -> None:
