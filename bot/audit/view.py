@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bot.audit.host_outcomes import HostOutcome
 from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
 from bot.core import table
 from bot.core.packages import PackageDiff, Restoration
@@ -60,17 +61,22 @@ def runs_table(records: Sequence[RunRecord]) -> str:
 
 def runs_json(records: Sequence[RunRecord],
               packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
-              restorations: Mapping[int, Restoration] | None = None) -> str:
+              restorations: Mapping[int, Restoration] | None = None,
+              hosts: Mapping[int, Sequence[HostOutcome]] | None = None) -> str:
     """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
     ``packages_changed``: what the run's install really changed on its first host
     (``[{name, before, after}]``), or null when it installed nothing; and
     ``environment_after_rollback``: on that host, after a rollback, ``equals_snapshot``
     (those changes were undone), ``differs_from_snapshot`` or ``unknown``; null when no
-    rollback ran there (the changes are what the host has)."""
-    changed, restored = packages_changed or {}, restorations or {}
+    rollback ran there (the changes are what the host has); and ``hosts``: each host's
+    end, ``[{host, status, service_state}]`` (empty for a run that reached none)."""
+    changed, restored, ends = packages_changed or {}, restorations or {}, hosts or {}
     return json.dumps([{**r.to_json(), "packages_changed": (
         list(changed[r.id]) if r.id in changed else None),
-        "environment_after_rollback": restored.get(r.id)} for r in records],
+        "environment_after_rollback": restored.get(r.id),
+        "hosts": [{"host": h.host, "status": h.status,
+                   "service_state": None if h.service_state is None else str(h.service_state)}
+                  for h in ends.get(r.id, ())]} for r in records],
         indent=2, ensure_ascii=False)
 
 

@@ -335,9 +335,12 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         return 0
     records = await rt.audit.list_runs(service=args.service, limit=args.limit)
     ids = [r.id for r in records]
+    if not args.json:
+        print(visible(runs_table(records)))
+        return 0
+    hosts = {i: await rt.audit.host_outcomes(i) for i in ids}
     print(visible(runs_json(records, await rt.audit.packages_changed(ids),
-                            await rt.audit.restorations(ids))
-                  if args.json else runs_table(records)))
+                            await rt.audit.restorations(ids), hosts)))
     return 0
 
 

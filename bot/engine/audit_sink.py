@@ -32,6 +32,7 @@ from bot.audit.store import AuditLog
 from bot.core import events as ev
 from bot.core.gpu import GpuSnapshot
 from bot.core.packages import parse_freeze
+from bot.core.service_state import ServiceState
 from bot.core.status import Decision, RunStatus, StepStatus
 from bot.engine.executor import CancelToken
 from bot.engine.recovery import interrupted_message
@@ -124,6 +125,10 @@ class RunAudit:
                 # The first host's versions stand for the run; every host's are in its steps.
                 self._versions_seen = True
                 written = await w.set_versions(run_id, before=event.before, after=event.after)
+            case ev.HostFinished():
+                # Each host's end and the state it left the service in (`audit --json`).
+                written = await w.host_finished(run_id, event.host, str(event.status),
+                                                event.summary, state=event.state)
             case ev.RunFinished():
                 # The run's end itself is written by the life cycle (``finish`` below).
                 await self._still_waiting()
@@ -131,11 +136,10 @@ class RunAudit:
             # Not recorded here: the run's row is made by the life cycle at the request
             # (RunStarted); progress and output lines are live news for the thread, the
             # step's output is in its end (StepProgress, OutputLine); the approval card's
-            # GPU verdict is no step of a run (GpuHealthKnown); a host's steps are its
-            # record and the run's end sums the hosts up (HostFinished); this sink's own
-            # notices go to the others (Notice).
+            # GPU verdict is no step of a run (GpuHealthKnown); this sink's own notices go
+            # to the others (Notice).
             case (ev.RunStarted() | ev.StepProgress() | ev.OutputLine() | ev.GpuHealthKnown()
-                  | ev.HostFinished() | ev.Notice()):
+                  | ev.Notice()):
                 return
             case _:
                 assert_never(event)
@@ -184,8 +188,10 @@ class RunAudit:
                                                          after=after))
 
     async def finish(self, status: RunStatus, summary: str,
-                     direct: Callable[[], Awaitable[object]]) -> None:
-        await self._check(await self.writer.finish(self.run_id, status, summary, direct))
+                     direct: Callable[[], Awaitable[object]], *,
+                     state: ServiceState | None = None) -> None:
+        await self._check(await self.writer.finish(self.run_id, status, summary, direct,
+                                                   state=state))
 
     async def interrupt(self, direct: Callable[[], Awaitable[object]]) -> None:
         """Its driver stops mid-run (the bot shutting down, a bug): 'interrupted', through

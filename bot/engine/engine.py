@@ -210,12 +210,13 @@ class Engine:
         first = outcomes.get(plan.hosts[0])
         await audit.set_versions(before=first.version_before if first else None,
                                  after=first.version_after if first else None)
-        await audit.finish(status, summary, lambda: self.lifecycle.finish(run_id, status, summary))
         # The hosts it ran on: those the rollout never reached it left as they were.
+        state = worst(o.state for o in outcomes.values())
+        await audit.finish(status, summary, lambda: self.lifecycle.finish(run_id, status, summary),
+                           state=state)
         await sink.handle(ev.RunFinished(run_id, status, summary,
                                          first.version_before if first else None,
-                                         first.version_after if first else None,
-                                         worst(o.state for o in outcomes.values())))
+                                         first.version_after if first else None, state))
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
 
     async def _start_history(self, plan: Plan) -> StartHistory | None:
