@@ -39,7 +39,7 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
     assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.16.0")
     # How the run left the service, as a value (issue 18), for the run and for its host.
     assert row["service_state"] == "up"
-    assert row["hosts"] == [{"host": "gpu-node-1", "status": "succeeded",
+    assert row["host_outcomes"] == [{"host": "gpu-node-1", "status": "succeeded",
                              "service_state": "up"}]
     # What the install really changed, read back from the host's own uv output: torch
     # moved with vLLM (the simulated 0.16.0 release pulls in the CUDA 13 build).
@@ -131,7 +131,7 @@ async def test_a_rolled_back_run_says_its_package_changes_were_undone(
     assert {"name": "torch", "before": "2.9.1", "after": "2.10.0"} in row["packages_changed"]
     assert row["environment_after_rollback"] == "equals_snapshot"
     # Rolled back: the previous version serves again (issue 18's service state).
-    assert row["service_state"] == "up" and row["hosts"][0]["service_state"] == "up"
+    assert row["service_state"] == "up" and row["host_outcomes"][0]["service_state"] == "up"
 
     code, out, err = await cli("audit", "--run", str(row["id"]), cwd=tmp_path, env=env)
     assert code == 0, err

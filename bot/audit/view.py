@@ -68,13 +68,13 @@ def runs_json(records: Sequence[RunRecord],
     (``[{name, before, after}]``), or null when it installed nothing; and
     ``environment_after_rollback``: on that host, after a rollback, ``equals_snapshot``
     (those changes were undone), ``differs_from_snapshot`` or ``unknown``; null when no
-    rollback ran there (the changes are what the host has); and ``hosts``: each host's
+    rollback ran there (the changes are what the host has); and ``host_outcomes``: each host's
     end, ``[{host, status, service_state}]`` (empty for a run that reached none)."""
     changed, restored, ends = packages_changed or {}, restorations or {}, hosts or {}
     return json.dumps([{**r.to_json(), "packages_changed": (
         list(changed[r.id]) if r.id in changed else None),
         "environment_after_rollback": restored.get(r.id),
-        "hosts": [{"host": h.host, "status": h.status,
+        "host_outcomes": [{"host": h.host, "status": h.status,
                    "service_state": None if h.service_state is None else str(h.service_state)}
                   for h in ends.get(r.id, ())]} for r in records],
         indent=2, ensure_ascii=False)
