@@ -44,15 +44,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def plans() -> dict[tuple[str, str], str]:
     """The JSON the bot stores for each service and action, built by the real planner."""
-    hosts = {f"gpu-node-{i}": {"address": f"10.0.0.{i}", "known_hosts": "/etc/chatops/kh"}
-             for i in range(1, 9)}
-    services = {name: {"hosts": [f"gpu-node-{1 + i % 8}", f"gpu-node-{1 + (i + 1) % 8}"],
-                       "unit": f"vllm-{name}", "python": f"/opt/venvs/{name}/bin/python",
-                       "indexes": {"nightly": "https://wheels.vllm.ai/nightly"}}
-                for i, name in enumerate(SERVICES)}
+    hosts = {
+        f"gpu-node-{i}": {"address": f"10.0.0.{i}", "known_hosts": "/etc/chatops/kh"}
+        for i in range(1, 9)
+    }
+    services = {
+        name: {
+            "hosts": [f"gpu-node-{1 + i % 8}", f"gpu-node-{1 + (i + 1) % 8}"],
+            "unit": f"vllm-{name}",
+            "python": f"/opt/venvs/{name}/bin/python",
+            "indexes": {"nightly": "https://wheels.vllm.ai/nightly"},
+        }
+        for i, name in enumerate(SERVICES)
+    }
     settings = Settings(hosts=hosts, services=services, db_path=Path("unused.db"))
-    return {(s, a): json.dumps(make_plan(settings, Action(a), s).to_json())
-            for s in SERVICES for a in ("redeploy", "restart", "status")}
+    return {
+        (s, a): json.dumps(make_plan(settings, Action(a), s).to_json())
+        for s in SERVICES
+        for a in ("redeploy", "restart", "status")
+    }
 
 
 def rows(n: int) -> Iterator[tuple[Any, ...]]:
@@ -63,11 +73,25 @@ def rows(n: int) -> Iterator[tuple[Any, ...]]:
         action = ("status", "redeploy", "status", "restart", "redeploy", "status")[i % 6]
         at = format_ts(start + timedelta(seconds=30 * i))
         redeploy = action == "redeploy"
-        yield (service, action, json.dumps(["gpu-node-1", "gpu-node-2"]), f"U0{i % 97:05d}",
-               "slack" if i % 3 else "cli", "C0CHATOPS", plan[(service, action)],
-               "vllm==0.16.0" if redeploy else "vllm", "nightly" if redeploy else None, 0,
-               "succeeded" if i % 50 else "rolled_back", at, at, at, at,
-               "0.15.1" if redeploy else None, "0.16.0" if redeploy else None)
+        yield (
+            service,
+            action,
+            json.dumps(["gpu-node-1", "gpu-node-2"]),
+            f"U0{i % 97:05d}",
+            "slack" if i % 3 else "cli",
+            "C0CHATOPS",
+            plan[(service, action)],
+            "vllm==0.16.0" if redeploy else "vllm",
+            "nightly" if redeploy else None,
+            0,
+            "succeeded" if i % 50 else "rolled_back",
+            at,
+            at,
+            at,
+            at,
+            "0.15.1" if redeploy else None,
+            "0.16.0" if redeploy else None,
+        )
 
 
 def fill(path: Path, n: int) -> float:
@@ -79,9 +103,13 @@ def fill(path: Path, n: int) -> float:
             "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
             "package_spec, index_name, dry_run, status, created_at, started_at, finished_at, "
             "expires_at, version_before, version_after) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows(n))
-        conn.execute("INSERT INTO decisions (run_id, user, decision, at) "
-                     "SELECT id, 'U0APPROVER', 'approve', created_at FROM runs")
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows(n),
+        )
+        conn.execute(
+            "INSERT INTO decisions (run_id, user, decision, at) "
+            "SELECT id, 'U0APPROVER', 'approve', created_at FROM runs"
+        )
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -92,8 +120,7 @@ def fill(path: Path, n: int) -> float:
 def stats(xs: list[float]) -> str:
     xs = sorted(xs)
     p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
-    return (f"{statistics.median(xs) * 1000:.2f} | {xs[0] * 1000:.2f} | {p95 * 1000:.2f} | "
-            f"{len(xs)}")
+    return f"{statistics.median(xs) * 1000:.2f} | {xs[0] * 1000:.2f} | {p95 * 1000:.2f} | {len(xs)}"
 
 
 async def in_process(path: Path, calls: int) -> dict[str, list[float]]:
@@ -143,19 +170,30 @@ async def main(args: argparse.Namespace) -> None:
         times = await in_process(path, args.calls)
         config = Path(tmp) / "empty.toml"
         config.write_text("")
-        env = {**os.environ, "CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(path),
-               "PYTHONPATH": str(ROOT)}
-        cli = subprocess_times([sys.executable, "-m", "bot", "audit", "--limit", "20"], env,
-                               args.cli_runs)
-        cli_json = subprocess_times([sys.executable, "-m", "bot", "audit", "--limit", "20",
-                                     "--json"], env, args.cli_runs)
-        startup = subprocess_times([sys.executable, "-c", "import bot.cli.main"], env,
-                                   args.cli_runs)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{platform.python_implementation()} {platform.python_version()}, "
-          f"{platform.system()} {platform.release()}; SQLite {sqlite3.sqlite_version}")
-    print(f"runs in the database: {count:,} ({size_mb:,.0f} MiB)"
-          + (f", filled in {fill_s:.1f} s" if fill_s else ""))
+        env = {
+            **os.environ,
+            "CHATOPS_CONFIG": str(config),
+            "CHATOPS_DB": str(path),
+            "PYTHONPATH": str(ROOT),
+        }
+        cli = subprocess_times(
+            [sys.executable, "-m", "bot", "audit", "--limit", "20"], env, args.cli_runs
+        )
+        cli_json = subprocess_times(
+            [sys.executable, "-m", "bot", "audit", "--limit", "20", "--json"], env, args.cli_runs
+        )
+        startup = subprocess_times(
+            [sys.executable, "-c", "import bot.cli.main"], env, args.cli_runs
+        )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}; SQLite {sqlite3.sqlite_version}"
+    )
+    print(
+        f"runs in the database: {count:,} ({size_mb:,.0f} MiB)"
+        + (f", filled in {fill_s:.1f} s" if fill_s else "")
+    )
     print("| what | median ms | min ms | p95 ms | samples |")
     print("|---|---|---|---|---|")
     print(f"| `list_runs(limit=20)` + table, open log | {stats(times['list'])} |")
@@ -167,8 +205,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=1_000_000)
     ap.add_argument("--db", type=Path, help="keep the database here (reused when it has runs)")
     ap.add_argument("--calls", type=int, default=200)

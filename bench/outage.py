@@ -54,13 +54,25 @@ HEALTH_POLL_S = 0.5
 
 
 def host_config(mib_per_s: float, load_s: float) -> HostConfig:
-    return HostConfig(release_delay_s=1.5, load_delay_s=load_s, stop_delay_s=0.5,
-                      install_duration_s=2.0, fail_delay_s=1.0, download_mib_per_s=mib_per_s)
+    return HostConfig(
+        release_delay_s=1.5,
+        load_delay_s=load_s,
+        stop_delay_s=0.5,
+        install_duration_s=2.0,
+        fail_delay_s=1.0,
+        download_mib_per_s=mib_per_s,
+    )
 
 
 def service_settings(kit: SimKit) -> dict[str, Any]:
-    return {**TEST_SERVICE_SETTINGS, **READY_SETTINGS, "health_poll_s": HEALTH_POLL_S,
-            "drain_poll_s": 0.25, "start_timeout_s": 120.0, "install_timeout_s": 600.0}
+    return {
+        **TEST_SERVICE_SETTINGS,
+        **READY_SETTINGS,
+        "health_poll_s": HEALTH_POLL_S,
+        "drain_poll_s": 0.25,
+        "start_timeout_s": 120.0,
+        "install_timeout_s": 600.0,
+    }
 
 
 async def healthy(conn: asyncssh.SSHClientConnection, kit: SimKit) -> None:
@@ -95,8 +107,15 @@ class Manual:
 
 async def manual(root: Path, mib_per_s: float, load_s: float) -> Manual:
     async with SimKit(root, config=host_config(mib_per_s, load_s)) as kit:
-        install = ("uv", "pip", "install", "--python", str(kit.python), "--force-reinstall",
-                   f"vllm=={VERSION}")
+        install = (
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            str(kit.python),
+            "--force-reinstall",
+            f"vllm=={VERSION}",
+        )
         async with await kit.connect() as conn:
             t0 = time.perf_counter()
             await conn.run(wrap_with_timeout(("systemctl", "stop", kit.config.unit), 60))
@@ -150,9 +169,11 @@ class Bot:
 
 async def bot(root: Path, mib_per_s: float, load_s: float) -> Bot:
     async with SimKit(root, config=host_config(mib_per_s, load_s)) as kit:
-        settings = Settings(hosts={kit.hostname: kit.host_settings()},
-                            services={SERVICE: kit.service_settings(**service_settings(kit))},
-                            db_path=root / "audit.db")
+        settings = Settings(
+            hosts={kit.hostname: kit.host_settings()},
+            services={SERVICE: kit.service_settings(**service_settings(kit))},
+            db_path=root / "audit.db",
+        )
         async with open_runtime(settings) as rt:
             clock = Clock()
             plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=VERSION, index="nightly")
@@ -161,15 +182,19 @@ async def bot(root: Path, mib_per_s: float, load_s: float) -> Bot:
             # As the CLI approves a run on its terminal (the approving process owns it).
             if not await rt.lifecycle.confirm(record.id, "bench-approver"):
                 raise RuntimeError(f"run #{record.id} was not pending approval")
-            result = await rt.engine.execute(record.id, Both(TerminalSink(io.StringIO()),
-                                                             clock))
+            result = await rt.engine.execute(record.id, Both(TerminalSink(io.StringIO()), clock))
             total = time.monotonic() - t0
     assert result.status == RunStatus.SUCCEEDED, result.summary
     b, e = clock.began, clock.ended
     outage = e[Step.HEALTH] - b[Step.STOP]
     unavoidable = (e[Step.DRAIN] - b[Step.STOP]) + (e[Step.HEALTH] - b[Step.START])
-    return Bot(outage, unavoidable, e[Step.PREFETCH] - b[Step.PREFETCH], total,
-               downloads("\n".join(clock.reinstall)))
+    return Bot(
+        outage,
+        unavoidable,
+        e[Step.PREFETCH] - b[Step.PREFETCH],
+        total,
+        downloads("\n".join(clock.reinstall)),
+    )
 
 
 def median(xs: list[float]) -> str:
@@ -183,18 +208,24 @@ async def main(runs: int, mib_per_s: float, load_s: float) -> None:
         for i in range(runs):
             mans.append(await manual(Path(tmp) / f"manual-{i}", mib_per_s, load_s))
             bots.append(await bot(Path(tmp) / f"bot-{i}", mib_per_s, load_s))
-    print(f"# {platform.python_implementation()} {platform.python_version()}, "
-          f"{runs} runs each, median; downloads at {mib_per_s:g} MiB/s, model load {load_s:g} s")
+    print(
+        f"# {platform.python_implementation()} {platform.python_version()}, "
+        f"{runs} runs each, median; downloads at {mib_per_s:g} MiB/s, model load {load_s:g} s"
+    )
     print("| | outage s (stop -> healthy) | of which download/install s | other s |")
     print("|---|---|---|---|")
-    print(f"| manual (stop, sleep 2, force-reinstall, start) | {median([m.outage_s for m in mans])}"
-          f" | {median([m.install_s for m in mans])} (install, "
-          f"{max(m.downloads for m in mans)} downloads) | - |")
+    print(
+        f"| manual (stop, sleep 2, force-reinstall, start) | {median([m.outage_s for m in mans])}"
+        f" | {median([m.install_s for m in mans])} (install, "
+        f"{max(m.downloads for m in mans)} downloads) | - |"
+    )
     # The most any run's reinstall fetched: 0 when the prefetch left nothing to download.
-    print(f"| bot | {median([b.outage_s for b in bots])} | {max(b.downloads for b in bots)} "
-          f"downloads in the reinstall (prefetch before the "
-          f"stop: {median([b.prefetch_s for b in bots])}) | drain + start "
-          f"{median([b.drain_plus_start_s for b in bots])} |")
+    print(
+        f"| bot | {median([b.outage_s for b in bots])} | {max(b.downloads for b in bots)} "
+        f"downloads in the reinstall (prefetch before the "
+        f"stop: {median([b.prefetch_s for b in bots])}) | drain + start "
+        f"{median([b.drain_plus_start_s for b in bots])} |"
+    )
     over = [(b.outage_s - b.drain_plus_start_s) / b.drain_plus_start_s * 100 for b in bots]
     print(f"\nbot outage over drain + start: {statistics.median(over):.1f} % (goal <= 10 %)")
     total = [b.total_s for b in bots]

@@ -30,8 +30,13 @@ from bot.hosts.streams import wrap_with_timeout
 from bot.settings import Settings
 from bot.sim.kit import SERVICE, TEST_SERVICE_SETTINGS, SimKit, fast_config
 
-ZERO_DELAYS = {"release_delay_s": 0.0, "load_delay_s": 0.0, "stop_delay_s": 0.0,
-               "install_duration_s": 0.0, "fail_delay_s": 0.0}
+ZERO_DELAYS = {
+    "release_delay_s": 0.0,
+    "load_delay_s": 0.0,
+    "stop_delay_s": 0.0,
+    "install_duration_s": 0.0,
+    "fail_delay_s": 0.0,
+}
 
 
 async def engine_redeploy(settings: Settings, version: str) -> float:
@@ -48,8 +53,9 @@ async def engine_redeploy(settings: Settings, version: str) -> float:
     return elapsed
 
 
-async def open_health(conn: asyncssh.SSHClientConnection, kit: SimKit
-                      ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
+async def open_health(
+    conn: asyncssh.SSHClientConnection, kit: SimKit
+) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
     # Only answered requests reach the call log: the engine's refused polls while the
     # server was still binding do not.  Poll the same way (refused -> wait one
     # health_poll_s -> again), or the replay races the server's start-up and fails.
@@ -69,8 +75,9 @@ async def replay(kit: SimKit, calls: list[tuple[str, tuple[str, ...]]]) -> float
         for tool, argv in calls:
             if tool == "http":
                 reader, writer = await open_health(conn, kit)
-                writer.write(f"GET {argv[1]} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                             .encode())
+                writer.write(
+                    f"GET {argv[1]} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
                 await reader.read()
                 writer.close()
             else:
@@ -99,14 +106,17 @@ async def main(runs: int) -> None:
                 commands = len(calls)
                 bare_times.append(await replay(kit, calls))
     e, b = statistics.median(engine_times), statistics.median(bare_times)
-    print(f"machine: {platform.machine()}, {platform.python_implementation()} "
-          f"{platform.python_version()}, {platform.system()}")
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}, {platform.system()}"
+    )
     print(f"runs: {runs}, remote commands per redeploy: {commands}")
     print("| | median s | min s | max s |")
     print("|---|---|---|---|")
     print(f"| engine redeploy | {e:.3f} | {min(engine_times):.3f} | {max(engine_times):.3f} |")
-    print(f"| same commands back to back | {b:.3f} | {min(bare_times):.3f} | "
-          f"{max(bare_times):.3f} |")
+    print(
+        f"| same commands back to back | {b:.3f} | {min(bare_times):.3f} | {max(bare_times):.3f} |"
+    )
     print(f"engine overhead: {(e - b) / b * 100:+.1f}% ({(e - b) * 1000:+.0f} ms per redeploy)")
 
 

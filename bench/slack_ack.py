@@ -38,16 +38,24 @@ def percentile(values: list[float], p: float) -> float:
 async def main(requests: int, rounds: int) -> None:
     latencies: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        async with SimKit(Path(tmp) / "host", config=fast_config()) as kit, \
-                slack_bot(Path(tmp), kit) as bot, aiohttp.ClientSession() as session:
+        async with (
+            SimKit(Path(tmp) / "host", config=fast_config()) as kit,
+            slack_bot(Path(tmp), kit) as bot,
+            aiohttp.ClientSession() as session,
+        ):
             for _ in range(rounds):
-                signed = [bot.signer.slash_command(bot.fake.slash_command(TEXTS[i % 3]))
-                          for i in range(requests)]
+                signed = [
+                    bot.signer.slash_command(bot.fake.slash_command(TEXTS[i % 3]))
+                    for i in range(requests)
+                ]
 
                 async def one(req: object) -> float:
                     start = time.perf_counter()
-                    async with session.post(bot.url, data=req.body.encode(),  # type: ignore[attr-defined]
-                                            headers=dict(req.headers)) as resp:  # type: ignore[attr-defined]
+                    async with session.post(
+                        bot.url,
+                        data=req.body.encode(),  # type: ignore[attr-defined]
+                        headers=dict(req.headers),  # type: ignore[attr-defined]
+                    ) as resp:
                         await resp.read()
                         assert resp.status == 200, resp.status
                     return time.perf_counter() - start
@@ -55,14 +63,19 @@ async def main(requests: int, rounds: int) -> None:
                 latencies += await asyncio.gather(*(one(r) for r in signed))
                 await bot.front_end.idle()
     ms = [x * 1000 for x in latencies]
-    print(f"machine: {platform.machine()}, CPython {platform.python_version()}, "
-          f"{platform.system()}")
-    print(f"{requests} concurrent requests x {rounds} rounds ({len(ms)} acks), "
-          f"mix: {', '.join(TEXTS)}")
+    print(
+        f"machine: {platform.machine()}, CPython {platform.python_version()}, {platform.system()}"
+    )
+    print(
+        f"{requests} concurrent requests x {rounds} rounds ({len(ms)} acks), "
+        f"mix: {', '.join(TEXTS)}"
+    )
     print("| p50 ms | p90 ms | p99 ms | max ms | mean ms |")
     print("|---|---|---|---|---|")
-    print(f"| {percentile(ms, 50):.1f} | {percentile(ms, 90):.1f} | {percentile(ms, 99):.1f} | "
-          f"{max(ms):.1f} | {statistics.mean(ms):.1f} |")
+    print(
+        f"| {percentile(ms, 50):.1f} | {percentile(ms, 90):.1f} | {percentile(ms, 99):.1f} | "
+        f"{max(ms):.1f} | {statistics.mean(ms):.1f} |"
+    )
 
 
 if __name__ == "__main__":

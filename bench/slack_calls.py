@@ -38,15 +38,21 @@ from tests.slack_harness import (
 )
 
 SIZES = (100, 1_000, 10_000, 100_000)
-METHODS = ("chat.postMessage", "chat.update", "files.getUploadURLExternal",
-           "files.completeUploadExternal")
+METHODS = (
+    "chat.postMessage",
+    "chat.update",
+    "files.getUploadURLExternal",
+    "files.completeUploadExternal",
+)
 
 
 async def main() -> None:
     rows: list[tuple[int, Counter[str], float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        async with SimKit(Path(tmp) / "host", config=fast_config()) as kit, \
-                slack_bot(Path(tmp), kit) as bot:
+        async with (
+            SimKit(Path(tmp) / "host", config=fast_config()) as kit,
+            slack_bot(Path(tmp), kit) as bot,
+        ):
             for i, lines in enumerate(SIZES):
                 kit.update_config(install_output_lines=lines)
                 start = len(bot.fake.calls())
@@ -55,16 +61,19 @@ async def main() -> None:
                 await bot.command(f"redeploy {SERVICE} --version {version}")
                 record = await bot.wait_for_run(
                     lambda r: r.message_ts is not None and r.status == "pending_approval",
-                    "the card")
+                    "the card",
+                )
                 await bot.click("approve", record.id, user=BOB)
-                done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
-                                             timeout_s=300)
+                done = await bot.wait_status(
+                    record.id, "succeeded", "failed", "rolled_back", timeout_s=300
+                )
                 assert done.status == "succeeded", done.summary
                 await bot.front_end.idle()
                 calls = bot.fake.calls()[start:]
                 rows.append((lines, Counter(c.method for c in calls), time.perf_counter() - t0))
-    print(f"machine: {platform.machine()}, CPython {platform.python_version()}, "
-          f"{platform.system()}")
+    print(
+        f"machine: {platform.machine()}, CPython {platform.python_version()}, {platform.system()}"
+    )
     print("| install output lines | " + " | ".join(METHODS) + " | all calls | run s |")
     print("|---" * (len(METHODS) + 3) + "|")
     for lines, counts, secs in rows:
@@ -81,14 +90,20 @@ START_LOG_LINES = (100, 10_000, 50_000)
 async def long_start() -> None:
     rows: list[tuple[int, Counter[str], float, int]] = []
     scaled: dict[str, Any] = {
-        "health_poll_s": 2.0 / COMPRESSION, "progress_interval_s": 10.0 / COMPRESSION,
-        "start_timeout_s": 1800.0 / COMPRESSION * 10, "drain_poll_s": 1.0 / COMPRESSION}
+        "health_poll_s": 2.0 / COMPRESSION,
+        "progress_interval_s": 10.0 / COMPRESSION,
+        "start_timeout_s": 1800.0 / COMPRESSION * 10,
+        "drain_poll_s": 1.0 / COMPRESSION,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         config = fast_config(load_delay_s=START_S / COMPRESSION)
         async with SimKit(Path(tmp) / "host", config=config) as kit:
             services = {SERVICE: kit.service_settings(**scaled)}
-            slack = {"channels": [CHANNEL], "post_interval_s": BOT_POST_INTERVAL_S,
-                     "update_interval_s": 1.0 / COMPRESSION}
+            slack = {
+                "channels": [CHANNEL],
+                "post_interval_s": BOT_POST_INTERVAL_S,
+                "update_interval_s": 1.0 / COMPRESSION,
+            }
             async with slack_bot(Path(tmp), kit, services=services, slack=slack) as bot:
                 for lines in START_LOG_LINES:
                     kit.update_config(startup_log_lines=lines)
@@ -97,22 +112,37 @@ async def long_start() -> None:
                     await bot.command(f"restart {SERVICE}")
                     record = await bot.wait_for_run(
                         lambda r: r.message_ts is not None and r.status == "pending_approval",
-                        "the card")
+                        "the card",
+                    )
                     await bot.click("approve", record.id, user=BOB)
-                    done = await bot.wait_status(record.id, "succeeded", "failed",
-                                                 "rolled_back", timeout_s=600)
+                    done = await bot.wait_status(
+                        record.id, "succeeded", "failed", "rolled_back", timeout_s=600
+                    )
                     assert done.status == "succeeded", done.summary
                     await bot.front_end.idle()
                     calls = bot.fake.calls()[start:]
                     assert record.message_ts is not None
                     cards = bot.fake.message_versions(CHANNEL, record.message_ts)
-                    health = {ln for card in cards for ln in blocks_text(card).splitlines()
-                              if STEP_TITLES[Step.HEALTH] in ln and "·" in ln}
-                    rows.append((lines, Counter(c.method for c in calls),
-                                 time.perf_counter() - t0, len(health)))
+                    health = {
+                        ln
+                        for card in cards
+                        for ln in blocks_text(card).splitlines()
+                        if STEP_TITLES[Step.HEALTH] in ln and "·" in ln
+                    }
+                    rows.append(
+                        (
+                            lines,
+                            Counter(c.method for c in calls),
+                            time.perf_counter() - t0,
+                            len(health),
+                        )
+                    )
     print(f"\nA {START_S / 60:.0f}-minute start (compressed {COMPRESSION}x), one restart per row")
-    print("| start-up log lines | " + " | ".join(METHODS[:2])
-          + " | all calls | progress lines shown | run s |")
+    print(
+        "| start-up log lines | "
+        + " | ".join(METHODS[:2])
+        + " | all calls | progress lines shown | run s |"
+    )
     print("|---" * 6 + "|")
     for lines, counts, secs, shown in rows:
         cells = " | ".join(str(counts[m]) for m in METHODS[:2])

@@ -61,8 +61,9 @@ class HostUnreachableError(HostError):
 class GpuQueryError(HostError):
     """nvidia-smi or NVML failed; carries the exit status and output."""
 
-    def __init__(self, host: str, message: str, *, exit_status: int | None = None,
-                 output: str = "") -> None:
+    def __init__(
+        self, host: str, message: str, *, exit_status: int | None = None, output: str = ""
+    ) -> None:
         super().__init__(host, message)
         self.exit_status = exit_status
         self.output = output

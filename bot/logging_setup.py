@@ -49,8 +49,9 @@ class RedactingFilter(logging.Filter):
 _installed: logging.Handler | None = None
 
 
-def setup_logging(redact: Redact, *, level: int = logging.INFO,
-                  stream: TextIO | None = None) -> logging.Handler:
+def setup_logging(
+    redact: Redact, *, level: int = logging.INFO, stream: TextIO | None = None
+) -> logging.Handler:
     """Log to ``stream`` (stderr) through the redacting filter. Calling it again
     replaces the handler it installed before (e.g. once the secrets are known)."""
     global _installed

@@ -60,11 +60,16 @@ class Backoff:
         return (self.delay(n, rand) for n in itertools.count(1))
 
 
-async def retry(attempt: Callable[[], Awaitable[T]], *, on: Callable[[Exception], bool],
-                backoff: Backoff, budget_s: float | None = None,
-                clock: Callable[[], float] = time.monotonic,
-                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                rand: Random = random.random) -> T:
+async def retry(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    on: Callable[[Exception], bool],
+    backoff: Backoff,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rand: Random = random.random,
+) -> T:
     """``attempt()`` until it returns. An error ``on`` accepts is tried again after the
     next wait of ``backoff``, as long as that wait ends within ``budget_s`` of the first
     try (None: no limit); any other error, or one whose wait would end past the budget,

@@ -92,9 +92,7 @@ class PolicySettings(_Section):
     def _slack_ids(cls, v: list[str]) -> list[str]:
         for item in v:
             if not SLACK_ID_RE.match(item):
-                raise ValueError(
-                    f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID"
-                )
+                raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
         return v
 
 
@@ -131,9 +129,7 @@ class HostSettings(_Section):
     @model_validator(mode="after")
     def _strict_host_keys(self) -> HostSettings:
         if self.address != LOCAL and self.known_hosts is None:
-            raise ValueError(
-                "known_hosts is required: host keys are always checked strictly"
-            )
+            raise ValueError("known_hosts is required: host keys are always checked strictly")
         return self
 
     @property
@@ -225,8 +221,9 @@ class ServiceSettings(_Section):
             raise ValueError(f"{v!r} is not a systemd unit name")
         if v.startswith("-"):
             # systemctl and journalctl would read it as an option.
-            raise ValueError(f"unit {v!r} starts with '-': name the service's own unit "
-                             "(e.g. vllm-kimi.service)")
+            raise ValueError(
+                f"unit {v!r} starts with '-': name the service's own unit (e.g. vllm-kimi.service)"
+            )
         return v
 
     @field_validator("venv_user")
@@ -247,8 +244,10 @@ class ServiceSettings(_Section):
     @classmethod
     def _root_tool(cls, v: str) -> str:
         if not SUDO_PATH_RE.match(v):
-            raise ValueError(f"{v!r}: must be an absolute path (root runs it; find it with "
-                             "`command -v` on the host)")
+            raise ValueError(
+                f"{v!r}: must be an absolute path (root runs it; find it with "
+                "`command -v` on the host)"
+            )
         return v
 
     @field_validator("python")
@@ -360,7 +359,6 @@ class Settings(BaseSettings):
         return [v for v in out if len(v) >= 4]
 
 
-
 def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
     """A sudoers rule names a command by its absolute path, and the bot must run exactly
     that path (sudo's own search path is not ours to rely on)."""
@@ -368,9 +366,10 @@ def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
         value = getattr(svc, key)
         if not SUDO_PATH_RE.match(value):
             raise ValueError(
-                f"services.{name}.{key} = {value!r}: host {host} uses become = \"sudo\", so "
+                f'services.{name}.{key} = {value!r}: host {host} uses become = "sudo", so '
                 "it must be an absolute path of letters, digits and . _ + - / @ "
-                f"(the sudoers rules name it exactly; find it with `command -v {key}`)")
+                f"(the sudoers rules name it exactly; find it with `command -v {key}`)"
+            )
 
 
 def config_path(env: dict[str, str] | None = None) -> Path:

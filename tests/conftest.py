@@ -52,6 +52,10 @@ async def sim_sshd_host(make_sim_host: MakeSimHost) -> SimKit:
 async def fake() -> AsyncIterator[FakeSlack]:
     """The fake Slack: two channels, one user group, posts paced well above what a test
     needs (a test about pacing sets its own rate and clock)."""
-    async with FakeSlack(channels=["C0OPS", "C0OTHER"], usergroups={"S0OPS": ["U0ALICE", "U0BOB"]},
-                         post_rate_per_s=50, post_burst=4) as f:
+    async with FakeSlack(
+        channels=["C0OPS", "C0OTHER"],
+        usergroups={"S0OPS": ["U0ALICE", "U0BOB"]},
+        post_rate_per_s=50,
+        post_burst=4,
+    ) as f:
         yield f

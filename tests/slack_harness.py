@@ -41,18 +41,32 @@ BOT_POST_INTERVAL_S = 0.06
 
 
 def default_policy(**overrides: Any) -> dict[str, Any]:
-    return {"requesters": [ALICE, BOB, CAROL], "approvers": [APPROVERS_GROUP, ALICE],
-            "min_approvals": 1, "approval_ttl_s": 600, **overrides}
+    return {
+        "requesters": [ALICE, BOB, CAROL],
+        "approvers": [APPROVERS_GROUP, ALICE],
+        "min_approvals": 1,
+        "approval_ttl_s": 600,
+        **overrides,
+    }
 
 
-def make_settings(tmp_path: Path, kit: SimKit, fake: FakeSlack, *,
-                  policy: dict[str, Any] | None = None, app_token: bool = False,
-                  **extra: Any) -> Settings:
+def make_settings(
+    tmp_path: Path,
+    kit: SimKit,
+    fake: FakeSlack,
+    *,
+    policy: dict[str, Any] | None = None,
+    app_token: bool = False,
+    **extra: Any,
+) -> Settings:
     values: dict[str, Any] = {
         **kit.settings_fragment(),
         "policy": policy if policy is not None else default_policy(),
-        "slack": {"channels": [CHANNEL], "post_interval_s": BOT_POST_INTERVAL_S,
-                  "update_interval_s": 0.2},
+        "slack": {
+            "channels": [CHANNEL],
+            "post_interval_s": BOT_POST_INTERVAL_S,
+            "update_interval_s": 0.2,
+        },
         "CHATOPS_DB": str(tmp_path / "audit.db"),
         "SLACK_BOT_TOKEN": fake.bot_token,
         "SLACK_SIGNING_SECRET": SIGNING_SECRET,
@@ -79,46 +93,66 @@ class SlackBot:
     url: str
     signer: SlackSigner
 
-    async def command(self, text: str, *, user: str = ALICE,
-                      channel: str = CHANNEL) -> PostResult:
+    async def command(self, text: str, *, user: str = ALICE, channel: str = CHANNEL) -> PostResult:
         payload = self.fake.slash_command(text, user_id=user, channel_id=channel)
         return await self.signer.slash_command(payload).post(self.url)
 
-    async def click(self, action_id: str, run_id: int, *, user: str,
-                    channel: str = CHANNEL, value: str | None = None,
-                    block_id: str | None = None) -> PostResult:
+    async def click(
+        self,
+        action_id: str,
+        run_id: int,
+        *,
+        user: str,
+        channel: str = CHANNEL,
+        value: str | None = None,
+        block_id: str | None = None,
+    ) -> PostResult:
         """A click on a button of run ``run_id``'s card; ``value`` defaults to the run id
         (what Approve, Deny and Cancel carry)."""
         record = await self.runtime.audit.get_run(run_id)
         assert record.message_ts is not None, f"run #{run_id} has no card"
         extra = {} if block_id is None else {"block_id": block_id}
-        payload = self.fake.block_action(action_id, str(run_id) if value is None else value,
-                                         channel_id=channel, message_ts=record.message_ts,
-                                         user_id=user, **extra)
+        payload = self.fake.block_action(
+            action_id,
+            str(run_id) if value is None else value,
+            channel_id=channel,
+            message_ts=record.message_ts,
+            user_id=user,
+            **extra,
+        )
         return await self.signer.interactive(payload).post(self.url)
 
     async def press_terminate(self, run_id: int, host: str, *, user: str) -> PostResult:
         """The Terminate leftover processes button beside ``host``'s list on the card,
         as it is there now (its value names the run, the host and the question)."""
         button = terminate_buttons(await self.card(run_id))[host]
-        return await self.click("terminate_leftovers", run_id, user=user,
-                                value=button["value"], block_id=button["block_id"])
+        return await self.click(
+            "terminate_leftovers",
+            run_id,
+            user=user,
+            value=button["value"],
+            block_id=button["block_id"],
+        )
 
     async def run(self, run_id: int) -> RunRecord:
         return await self.runtime.audit.get_run(run_id)
 
-    async def wait_for_run(self, predicate: Callable[[RunRecord], bool],
-                           what: str = "a run", timeout_s: float = 15.0) -> RunRecord:
+    async def wait_for_run(
+        self, predicate: Callable[[RunRecord], bool], what: str = "a run", timeout_s: float = 15.0
+    ) -> RunRecord:
         async def find() -> RunRecord | None:
             runs = await self.runtime.audit.list_runs(limit=50)
             return next((r for r in runs if predicate(r)), None)
+
         result: RunRecord = await eventually(find, what, timeout_s)
         return result
 
-    async def wait_status(self, run_id: int, *statuses: str,
-                          timeout_s: float = 15.0) -> RunRecord:
-        return await self.wait_for_run(lambda r: r.id == run_id and r.status in statuses,
-                                       f"run #{run_id} to be {'/'.join(statuses)}", timeout_s)
+    async def wait_status(self, run_id: int, *statuses: str, timeout_s: float = 15.0) -> RunRecord:
+        return await self.wait_for_run(
+            lambda r: r.id == run_id and r.status in statuses,
+            f"run #{run_id} to be {'/'.join(statuses)}",
+            timeout_s,
+        )
 
     async def card(self, run_id: int) -> dict[str, Any]:
         record = await self.run(run_id)
@@ -131,13 +165,16 @@ class SlackBot:
         return self.fake.thread(CHANNEL, record.message_ts)[1:]
 
     async def ephemerals_for(self, user: str, count: int = 1) -> list[dict[str, Any]]:
-        await self.fake.wait_for(lambda: len(self.fake.ephemerals(user=user)) >= count,
-                                 what=f"{count} ephemeral(s) for {user}")
+        await self.fake.wait_for(
+            lambda: len(self.fake.ephemerals(user=user)) >= count,
+            what=f"{count} ephemeral(s) for {user}",
+        )
         return self.fake.ephemerals(user=user)
 
     async def refusals(self, count: int) -> list[Any]:
         result: list[Any] = await eventually(
-            lambda: self._refusals_if(count), f"{count} refusal row(s)")
+            lambda: self._refusals_if(count), f"{count} refusal row(s)"
+        )
         return result
 
     async def _refusals_if(self, count: int) -> list[Any] | None:
@@ -183,16 +220,25 @@ def terminate_buttons(message: dict[str, Any]) -> dict[str, dict[str, str]]:
         accessory = block.get("accessory") or {}
         if accessory.get("action_id") == "terminate_leftovers":
             host = block["text"]["text"].split("*")[1]
-            found[host] = {"value": accessory["value"], "block_id": block["block_id"],
-                           "text": block["text"]["text"]}
+            found[host] = {
+                "value": accessory["value"],
+                "block_id": block["block_id"],
+                "text": block["text"]["text"],
+            }
     return found
 
 
 @asynccontextmanager
-async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, *,
-                    policy: dict[str, Any] | None = None, clock: ManualWallClock | None = None,
-                    rate_clock: Callable[[], float] = time.monotonic,
-                    **settings_extra: Any) -> AsyncIterator[SlackBot]:
+async def slack_bot(
+    tmp_path: Path,
+    kit: SimKit,
+    fake: FakeSlack | None = None,
+    *,
+    policy: dict[str, Any] | None = None,
+    clock: ManualWallClock | None = None,
+    rate_clock: Callable[[], float] = time.monotonic,
+    **settings_extra: Any,
+) -> AsyncIterator[SlackBot]:
     """The bot in HTTP mode on 127.0.0.1 (a free port), over a fresh or given fake.
 
     With ``clock`` the approval window passes only when the test moves that clock (the
@@ -206,16 +252,22 @@ async def slack_bot(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, 
     try:
         settings = make_settings(tmp_path, kit, fake, policy=policy, **settings_extra)
         async with open_runtime(settings, clock=clock or utc_now) as runtime:
-            front_end = make_front_end(runtime,
-                                       sleep=clock.sleep if clock is not None else asyncio.sleep)
+            front_end = make_front_end(
+                runtime, sleep=clock.sleep if clock is not None else asyncio.sleep
+            )
             app = create_app(front_end, rate_clock=rate_clock)
             await front_end.resume()
-            runner = await start_http(app, port=0, host="127.0.0.1",
-                                      signing_secret=SIGNING_SECRET)
+            runner = await start_http(app, port=0, host="127.0.0.1", signing_secret=SIGNING_SECRET)
             port = runner.addresses[0][1]
             try:
-                yield SlackBot(fake, kit, runtime, front_end,
-                               f"http://127.0.0.1:{port}{EVENTS_PATH}", SlackSigner(SIGNING_SECRET))
+                yield SlackBot(
+                    fake,
+                    kit,
+                    runtime,
+                    front_end,
+                    f"http://127.0.0.1:{port}{EVENTS_PATH}",
+                    SlackSigner(SIGNING_SECRET),
+                )
                 await front_end.idle()
             finally:
                 await runner.cleanup()

@@ -64,8 +64,11 @@ async def new_run(log: AuditLog, **overrides: Any) -> int:
 def child(code: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-c", code, *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -80,7 +83,10 @@ async def test_open_sets_wal_and_both_open_styles_work(db: Path) -> None:
         assert len(await log.list_runs()) == 1
         # synchronous=FULL (2) is what makes a commit survive power loss, not just kill -9.
         assert await log.pragmas() == {
-            "journal_mode": "wal", "synchronous": 2, "foreign_keys": 1, "busy_timeout": 10_000,
+            "journal_mode": "wal",
+            "synchronous": 2,
+            "foreign_keys": 1,
+            "busy_timeout": 10_000,
         }
     with sqlite3.connect(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -150,8 +156,7 @@ async def test_create_run_rejects_unknown_values(log: AuditLog) -> None:
     assert await log.list_runs() == []
 
 
-async def test_records_carry_the_enums_and_store_their_plain_words(db: Path,
-                                                                  log: AuditLog) -> None:
+async def test_records_carry_the_enums_and_store_their_plain_words(db: Path, log: AuditLog) -> None:
     run_id = await new_run(log, action=Action.RESTART, source=Source.DEMO)
     assert await log.transition(run_id, RunStatus.RUNNING, expect={RunStatus.PENDING_APPROVAL})
     await log.record_decision(run_id, "U2", Decision.APPROVE)
@@ -169,11 +174,15 @@ async def test_records_carry_the_enums_and_store_their_plain_words(db: Path,
     assert type(stored_step.to_json()["status"]) is str
     with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT action, source, status FROM runs").fetchone() == (
-            "restart", "demo", "running")
+            "restart",
+            "demo",
+            "running",
+        )
 
 
-async def test_a_stored_word_this_bot_does_not_know_is_an_audit_error(db: Path,
-                                                                      log: AuditLog) -> None:
+async def test_a_stored_word_this_bot_does_not_know_is_an_audit_error(
+    db: Path, log: AuditLog
+) -> None:
     # No CHECK constraint: a newer bot may store a status this one has never heard of.
     run_id = await new_run(log)
     with sqlite3.connect(db) as raw:
@@ -279,7 +288,10 @@ async def test_decisions_count_once_and_fill_approved_and_denied(log: AuditLog) 
         await log.record_decision(run_id, "U5", "maybe")  # type: ignore[arg-type]
     decisions = await log.decisions(run_id)
     assert [(d.user, d.decision) for d in decisions] == [
-        ("U2", "approve"), ("U3", "approve"), ("U4", "deny"), ("U1", "cancel"),
+        ("U2", "approve"),
+        ("U3", "approve"),
+        ("U4", "deny"),
+        ("U1", "cancel"),
     ]
     assert all(TS.match(d.at) for d in decisions)
     run = await log.get_run(run_id)
@@ -321,12 +333,13 @@ async def test_transition_is_compare_and_set_and_stamps_times(log: AuditLog) -> 
 async def test_concurrent_transitions_from_two_connections_have_one_winner(db: Path) -> None:
     async with AuditLog.open(db) as a, AuditLog.open(db) as b:
         run_id = await new_run(a)
-        targets = [RunStatus.APPROVED, RunStatus.DENIED, RunStatus.CANCELLED,
-                   RunStatus.EXPIRED] * 3
-        results = await asyncio.gather(*(
-            (a if i % 2 else b).transition(run_id, to, expect={RunStatus.PENDING_APPROVAL})
-            for i, to in enumerate(targets)
-        ))
+        targets = [RunStatus.APPROVED, RunStatus.DENIED, RunStatus.CANCELLED, RunStatus.EXPIRED] * 3
+        results = await asyncio.gather(
+            *(
+                (a if i % 2 else b).transition(run_id, to, expect={RunStatus.PENDING_APPROVAL})
+                for i, to in enumerate(targets)
+            )
+        )
         assert results.count(True) == 1
         winner = targets[results.index(True)]
         assert (await b.get_run(run_id)).status == winner
@@ -361,14 +374,19 @@ async def test_steps_record_start_finish_and_keep_the_output_tail(log: AuditLog)
     second = await log.step_started(run_id, "gpu1", "install", "uv pip install vllm==0.9.1")
     assert (await log.get_run(run_id)).current_step == "install"
     output = "x" * 10_000 + "LAST LINE"
-    await log.step_finished(first, status=StepStatus.OK, exit_status=0, duration_s=1.25,
-                            output_tail="ok\n")
-    await log.step_finished(second, status=StepStatus.FAILED, exit_status=2, duration_s=30.0,
-                            output_tail=output)
+    await log.step_finished(
+        first, status=StepStatus.OK, exit_status=0, duration_s=1.25, output_tail="ok\n"
+    )
+    await log.step_finished(
+        second, status=StepStatus.FAILED, exit_status=2, duration_s=30.0, output_tail=output
+    )
     steps = await log.steps(run_id)
     assert [s.id for s in steps] == [first, second]
     assert (steps[0].host, steps[0].step, steps[0].command) == (
-        "gpu1", "stop", "systemctl stop vllm")
+        "gpu1",
+        "stop",
+        "systemctl stop vllm",
+    )
     assert (steps[0].status, steps[0].exit_status, steps[0].duration_s) == ("ok", 0, 1.25)
     assert steps[0].output_tail == "ok\n"
     assert TS.match(steps[0].started_at) and steps[0].finished_at is not None
@@ -396,14 +414,20 @@ async def test_snapshots_with_and_without_a_run(log: AuditLog) -> None:
 
 
 async def test_refusals_newest_first(log: AuditLog) -> None:
-    first = await log.record_refusal(user="U7", channel="C1", command="/vllm redeploy x",
-                                     reason="not a requester")
-    second = await log.record_refusal(user="U8", channel=None, command="approve #3",
-                                      reason="self-approval")
+    first = await log.record_refusal(
+        user="U7", channel="C1", command="/vllm redeploy x", reason="not a requester"
+    )
+    second = await log.record_refusal(
+        user="U8", channel=None, command="approve #3", reason="self-approval"
+    )
     refusals = await log.refusals()
     assert [r.id for r in refusals] == [second, first]
     assert (refusals[1].user, refusals[1].channel, refusals[1].command, refusals[1].reason) == (
-        "U7", "C1", "/vllm redeploy x", "not a requester")
+        "U7",
+        "C1",
+        "/vllm redeploy x",
+        "not a requester",
+    )
     assert refusals[0].channel is None
     assert [r.id for r in await log.refusals(limit=1)] == [second]
 
@@ -484,9 +508,9 @@ async def test_concurrent_acquires_for_one_service_have_exactly_one_winner(db: P
                 return None
             return run_id
 
-        results = await asyncio.gather(*(
-            attempt(a if i % 2 else b, run_id) for i, run_id in enumerate(runs)
-        ))
+        results = await asyncio.gather(
+            *(attempt(a if i % 2 else b, run_id) for i, run_id in enumerate(runs))
+        )
         winners = [r for r in results if r is not None]
         assert len(winners) == 1
         assert (await a.lock_holder("service:kimi-k25") or pytest.fail()).id == winners[0]
@@ -557,11 +581,15 @@ async def test_expire_pending(log: AuditLog) -> None:
 
     expired = await log.expire_pending(now)
     assert [r.id for r in expired] == [old]
-    assert all(r.status == "expired" and r.finished_at == "2026-11-30T12:00:00Z"
-               for r in [*expired, only])
+    assert all(
+        r.status == "expired" and r.finished_at == "2026-11-30T12:00:00Z" for r in [*expired, only]
+    )
     assert await log.lock_holder("service:kimi-k25") is None
-    for run_id, status in ((fresh, "pending_approval"), (forever, "pending_approval"),
-                           (approved, "approved")):
+    for run_id, status in (
+        (fresh, "pending_approval"),
+        (forever, "pending_approval"),
+        (approved, "approved"),
+    ):
         assert (await log.get_run(run_id)).status == status
     assert await log.expire_pending(now) == []
 
@@ -667,8 +695,19 @@ async def test_runs_table_and_json(log: AuditLog) -> None:
 
     table = runs_table(records)
     header, first, second = table.splitlines()
-    assert header.split() == ["ID", "WHEN", "(UTC)", "SERVICE", "ACTION", "STATUS",
-                              "REQUESTED", "BY", "APPROVED", "BY", "VERSION"]
+    assert header.split() == [
+        "ID",
+        "WHEN",
+        "(UTC)",
+        "SERVICE",
+        "ACTION",
+        "STATUS",
+        "REQUESTED",
+        "BY",
+        "APPROVED",
+        "BY",
+        "VERSION",
+    ]
     status_col = header.index("STATUS")
     assert first[status_col:].startswith("pending_approval")
     assert second[status_col:].startswith("succeeded")
@@ -683,14 +722,30 @@ async def test_runs_table_and_json(log: AuditLog) -> None:
 
     parsed = json.loads(runs_json(records))
     assert [p["id"] for p in parsed] == [dry, plain]
-    assert list(parsed[1])[:10] == ["id", "service", "action", "requested_by", "approved_by",
-                                    "status", "version_before", "version_after", "started_at",
-                                    "finished_at"]
+    assert list(parsed[1])[:10] == [
+        "id",
+        "service",
+        "action",
+        "requested_by",
+        "approved_by",
+        "status",
+        "version_before",
+        "version_after",
+        "started_at",
+        "finished_at",
+    ]
     assert parsed[1]["approved_by"] == ["U2", "U3"]
     assert parsed[1]["plan"] == records[1].plan
     # Each run also says what its install changed: null when it installed nothing.
-    assert parsed == [{**r.to_json(), "packages_changed": None,
-                       "environment_after_rollback": None} for r in records]
+    assert parsed == [
+        {
+            **r.to_json(),
+            "packages_changed": None,
+            "environment_after_rollback": None,
+            "host_outcomes": [],
+        }
+        for r in records
+    ]
     changed = [{"name": "torch", "before": "2.9.1", "after": "2.10.0"}]
     assert json.loads(runs_json(records, {plain: changed}))[1]["packages_changed"] == changed
     assert isinstance(records[0], RunRecord)

@@ -24,11 +24,21 @@ from tests.support.clock import ManualClock
 SECRET = "hunter2-very-secret"
 
 
-def rec(proc: str, seq: int, op: str = "release_locks", at: str = "2026-11-30T13:00:00Z",
-        **fields: Any) -> JournalRecord:
+def rec(
+    proc: str, seq: int, op: str = "release_locks", at: str = "2026-11-30T13:00:00Z", **fields: Any
+) -> JournalRecord:
     # Through the journal's own reading: the fields as a line of the file holds them.
-    return JournalRecord.from_json({"v": 1, "id": f"{proc}/{seq}", "proc": proc, "seq": seq,
-                                    "at": at, "op": op, **(fields or {"run_id": 1})})
+    return JournalRecord.from_json(
+        {
+            "v": 1,
+            "id": f"{proc}/{seq}",
+            "proc": proc,
+            "seq": seq,
+            "at": at,
+            "op": op,
+            **(fields or {"run_id": 1}),
+        }
+    )
 
 
 class FakeTime:
@@ -51,8 +61,9 @@ class FakeTime:
 @pytest.fixture
 async def audit(tmp_path: Path) -> AsyncIterator[AuditLog]:
     # A short busy timeout: each attempt against the locked file gives up quickly.
-    async with AuditLog.open(tmp_path / "audit.db", busy_timeout_s=0.05,
-                             redact=lambda s: s.replace(SECRET, "***")) as log:
+    async with AuditLog.open(
+        tmp_path / "audit.db", busy_timeout_s=0.05, redact=lambda s: s.replace(SECRET, "***")
+    ) as log:
         yield log
 
 
@@ -75,25 +86,38 @@ def unlock(conn: sqlite3.Connection) -> None:
 
 
 async def new_run(audit: AuditLog) -> int:
-    run_id = await audit.create_run(service="kimi", action=Action.REDEPLOY, hosts=["h1"],
-                                    requested_by="U0ALICE", source=Source.CLI, plan={},
-                                    package_spec="vllm", status=RunStatus.APPROVED)
+    run_id = await audit.create_run(
+        service="kimi",
+        action=Action.REDEPLOY,
+        hosts=["h1"],
+        requested_by="U0ALICE",
+        source=Source.CLI,
+        plan={},
+        package_spec="vllm",
+        status=RunStatus.APPROVED,
+    )
     assert await audit.transition(run_id, RunStatus.RUNNING, expect=[RunStatus.APPROVED])
     return run_id
 
 
-def writer_for(audit: AuditLog, tmp_path: Path, t: FakeTime, *, background: bool = False,
-               **kw: Any) -> AuditWriter:
+def writer_for(
+    audit: AuditLog, tmp_path: Path, t: FakeTime, *, background: bool = False, **kw: Any
+) -> AuditWriter:
     """A writer whose merges the test drives (unless ``background``)."""
-    return AuditWriter(audit, Journal.for_db(audit.path, tmp_path / "fallback"),
-                       clock=t.clock, sleep=t.sleep, background=background, **kw)
+    return AuditWriter(
+        audit,
+        Journal.for_db(audit.path, tmp_path / "fallback"),
+        clock=t.clock,
+        sleep=t.sleep,
+        background=background,
+        **kw,
+    )
 
 
 # ---- the file -----------------------------------------------------------------------------
 
 
-def test_a_torn_last_line_is_ignored_and_the_next_append_starts_a_new_line(
-        tmp_path: Path) -> None:
+def test_a_torn_last_line_is_ignored_and_the_next_append_starts_a_new_line(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.jsonl")
     j.append([rec("p", 1), rec("p", 2)])
     whole = j.primary.read_bytes()
@@ -106,25 +130,31 @@ def test_a_torn_last_line_is_ignored_and_the_next_append_starts_a_new_line(
 
 
 def test_lines_that_are_no_records_are_skipped_not_fatal() -> None:
-    lines = (rec("p", 1).to_line() + b'{"v": 1, "id": "x"}\n' + b"garbage\n"
-             + json.dumps({**rec("p", 2).to_json(), "op": "drop_table"}).encode() + b"\n"
-             + rec("p", 3).to_line())
+    lines = (
+        rec("p", 1).to_line()
+        + b'{"v": 1, "id": "x"}\n'
+        + b"garbage\n"
+        + json.dumps({**rec("p", 2).to_json(), "op": "drop_table"}).encode()
+        + b"\n"
+        + rec("p", 3).to_line()
+    )
     assert [r.seq for r in parse_lines(lines)] == [1, 3]
 
 
-def test_replay_order_keeps_each_process_in_its_own_order_across_both_files(
-        tmp_path: Path) -> None:
+def test_replay_order_keeps_each_process_in_its_own_order_across_both_files(tmp_path: Path) -> None:
     j = Journal(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     # Process p switched to the fallback file (disk full) and back; q wrote later.
-    j.primary.write_bytes(rec("p", 1).to_line() + rec("p", 4).to_line()
-                          + rec("q", 1, at="2026-11-30T13:00:05Z").to_line())
+    j.primary.write_bytes(
+        rec("p", 1).to_line()
+        + rec("p", 4).to_line()
+        + rec("q", 1, at="2026-11-30T13:00:05Z").to_line()
+    )
     j.fallback.write_bytes(rec("p", 2).to_line() + rec("p", 3).to_line())  # type: ignore[union-attr]
     assert [r.id for r in j.read()] == ["p/1", "p/2", "p/3", "p/4", "q/1"]
     assert [r.id for r in ordered([rec("q", 2), rec("q", 1)])] == ["q/1", "q/2"]
 
 
-def test_dropping_merged_records_keeps_the_rest_and_removes_an_empty_file(
-        tmp_path: Path) -> None:
+def test_dropping_merged_records_keeps_the_rest_and_removes_an_empty_file(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.jsonl")
     j.append([rec("p", 1), rec("p", 2), rec("p", 3)])
     j.drop(["p/1", "p/3"])
@@ -136,20 +166,30 @@ def test_dropping_merged_records_keeps_the_rest_and_removes_an_empty_file(
 # ---- the merge ----------------------------------------------------------------------------
 
 
-async def test_a_journal_merged_twice_is_applied_once(audit: AuditLog, tmp_path: Path,
-                                                      locker: sqlite3.Connection) -> None:
+async def test_a_journal_merged_twice_is_applied_once(
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
     w = writer_for(audit, tmp_path, t, retry_s=0.0)
     lock(locker)
     ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
     assert written.journaled and isinstance(ref, str)  # no row id: a placeholder
-    await w.step_finished(ref, status=StepStatus.OK, exit_status=0, duration_s=1.5,
-                          output_tail=f"stopped; token {SECRET}")
+    await w.step_finished(
+        ref,
+        status=StepStatus.OK,
+        exit_status=0,
+        duration_s=1.5,
+        output_tail=f"stopped; token {SECRET}",
+    )
     await w.add_snapshot(run_id, "h1", "after drain", {"gpus": [], "note": SECRET})
     await w.record_decision(run_id, "system:audit-unavailable", Decision.CANCEL)
-    await w.finish(run_id, RunStatus.CANCELLED, "cancelled during drain",
-                   lambda: audit.transition(run_id, RunStatus.CANCELLED))
+    await w.finish(
+        run_id,
+        RunStatus.CANCELLED,
+        "cancelled during drain",
+        lambda: audit.transition(run_id, RunStatus.CANCELLED),
+    )
     # Redacted on disk as the database would store it.
     on_disk = w.journal.primary.read_text()
     assert SECRET not in on_disk and "***" in on_disk
@@ -166,30 +206,56 @@ async def test_a_journal_merged_twice_is_applied_once(audit: AuditLog, tmp_path:
     assert (step.step, step.status, step.output_tail) == ("stop", "ok", "stopped; token ***")
     assert len(await audit.snapshots(run_id)) == 1
     assert [(d.user, d.decision) for d in await audit.decisions(run_id)] == [
-        ("system:audit-unavailable", "cancel")]
+        ("system:audit-unavailable", "cancel")
+    ]
     run = await audit.get_run(run_id)
-    assert (run.status, run.summary, run.current_step) == ("cancelled", "cancelled during drain",
-                                                           "stop")
+    assert (run.status, run.summary, run.current_step) == (
+        "cancelled",
+        "cancelled during drain",
+        "stop",
+    )
 
 
 async def test_a_merged_row_keeps_the_time_it_happened(audit: AuditLog, tmp_path: Path) -> None:
     run_id = await new_run(audit)
     j = Journal.for_db(audit.path, tmp_path / "fallback")
-    j.append([JournalRecord("p/1", "p", 1, "2026-01-02T03:04:05Z",
-                            StepStarted(run_id=run_id, host="h1", step="stop", command="x"))])
+    j.append(
+        [
+            JournalRecord(
+                "p/1",
+                "p",
+                1,
+                "2026-01-02T03:04:05Z",
+                StepStarted(run_id=run_id, host="h1", step="stop", command="x"),
+            )
+        ]
+    )
     await AuditWriter(audit, j, background=False).start()
     [step] = await audit.steps(run_id)
     assert step.started_at == "2026-01-02T03:04:05Z"
 
 
 async def test_a_record_the_database_refuses_is_kept_with_the_reason_and_the_rest_merges(
-        audit: AuditLog, tmp_path: Path) -> None:
+    audit: AuditLog, tmp_path: Path
+) -> None:
     run_id = await new_run(audit)
     j = Journal.for_db(audit.path, tmp_path / "fallback")
-    j.append([rec("p", 1, op="decision", run_id=9999, user="U0X", decision="cancel"),
-              rec("p", 2, op="step_finished", step_ref="p/77", status="ok", exit_status=0,
-                  duration_s=1.0, output_tail=""),
-              rec("p", 3, op="versions", run_id=run_id, before="0.15.1", after=None)])
+    j.append(
+        [
+            rec("p", 1, op="decision", run_id=9999, user="U0X", decision="cancel"),
+            rec(
+                "p",
+                2,
+                op="step_finished",
+                step_ref="p/77",
+                status="ok",
+                exit_status=0,
+                duration_s=1.0,
+                output_tail="",
+            ),
+            rec("p", 3, op="versions", run_id=run_id, before="0.15.1", after=None),
+        ]
+    )
     assert await AuditWriter(audit, j, background=False).start() == 1
     assert (await audit.get_run(run_id)).version_before == "0.15.1"
     rejects = dict(await audit.journal_rejects())
@@ -199,12 +265,17 @@ async def test_a_record_the_database_refuses_is_kept_with_the_reason_and_the_res
 
 
 async def test_a_late_finish_wins_over_an_interrupted_guessed_meanwhile(
-        audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     w = writer_for(audit, tmp_path, FakeTime(), retry_s=0.0)
     lock(locker)
-    await w.finish(run_id, RunStatus.SUCCEEDED, "0.15.1 -> 0.16.0, healthy",
-                   lambda: audit.transition(run_id, RunStatus.SUCCEEDED))
+    await w.finish(
+        run_id,
+        RunStatus.SUCCEEDED,
+        "0.15.1 -> 0.16.0, healthy",
+        lambda: audit.transition(run_id, RunStatus.SUCCEEDED),
+    )
     unlock(locker)
     # Another process took the silence for a dead driver.
     assert await audit.interrupt(run_id, "interrupted: no heartbeat")
@@ -217,7 +288,8 @@ async def test_a_late_finish_wins_over_an_interrupted_guessed_meanwhile(
 
 
 async def test_a_lock_shorter_than_the_retry_window_loses_nothing_and_journals_nothing(
-        audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
     w = writer_for(audit, tmp_path, t, retry_s=15.0, first_delay_s=0.25)
@@ -231,7 +303,8 @@ async def test_a_lock_shorter_than_the_retry_window_loses_nothing_and_journals_n
 
 
 async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_follows(
-        audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
     w = writer_for(audit, tmp_path, t, retry_s=2.0, first_delay_s=0.25)
@@ -257,7 +330,8 @@ async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_
 
 
 async def test_the_background_merge_brings_the_writer_back_up(
-        audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
     w = writer_for(audit, tmp_path, t, retry_s=0.0, background=True)
@@ -276,12 +350,18 @@ async def test_the_background_merge_brings_the_writer_back_up(
 
 
 async def test_with_no_journal_file_writable_records_are_held_in_memory_then_merged(
-        audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     run_id = await new_run(audit)
     nowhere = tmp_path / "not-a-dir"
     nowhere.write_text("")  # both files would be inside a plain file: ENOTDIR
-    w = AuditWriter(audit, Journal(nowhere / "a.jsonl", nowhere / "b.jsonl"),
-                    retry_s=0.0, sleep=FakeTime().sleep, background=False)
+    w = AuditWriter(
+        audit,
+        Journal(nowhere / "a.jsonl", nowhere / "b.jsonl"),
+        retry_s=0.0,
+        sleep=FakeTime().sleep,
+        background=False,
+    )
     lock(locker)
     written = await w.set_versions(run_id, before="0.15.1", after=None)
     assert written.journaled and w.where == "memory"

@@ -28,15 +28,19 @@ async def _outcomes(audit: AuditLog, run_id: int) -> list[host_outcomes.HostOutc
     return await audit.host_outcomes(run_id)
 
 
-async def test_the_state_is_stored_and_shown_in_the_json(audit: AuditLog, tmp_path: Path
-                                                         ) -> None:
+async def test_the_state_is_stored_and_shown_in_the_json(audit: AuditLog, tmp_path: Path) -> None:
     run_id = await new_run(audit)
     w = AuditWriter(audit, Journal.for_db(audit.path, tmp_path / "fb"), background=False)
     await w.host_finished(run_id, "h1", "failed", "h1 DOWN", state=ServiceState.DOWN)
-    await w.finish(run_id, RunStatus.FAILED, "it failed",
-                   lambda: audit.transition(run_id, RunStatus.FAILED,
-                                            expect=[RunStatus.RUNNING], summary="it failed"),
-                   state=ServiceState.DOWN)
+    await w.finish(
+        run_id,
+        RunStatus.FAILED,
+        "it failed",
+        lambda: audit.transition(
+            run_id, RunStatus.FAILED, expect=[RunStatus.RUNNING], summary="it failed"
+        ),
+        state=ServiceState.DOWN,
+    )
     run = await audit.get_run(run_id)
     assert run.service_state is ServiceState.DOWN
     assert run.to_json()["service_state"] == "down"
@@ -50,8 +54,9 @@ async def test_the_state_survives_the_journal(audit: AuditLog, tmp_path: Path) -
     w = AuditWriter(audit, j, background=False)
     w.down = "the test says so"  # every write goes to the journal
     await w.host_finished(run_id, "h1", "ok", "h1 UP", state=ServiceState.UP_NOT_READY)
-    await w.finish(run_id, RunStatus.SUCCEEDED, "done", lambda: _never(),
-                   state=ServiceState.UP_NOT_READY)
+    await w.finish(
+        run_id, RunStatus.SUCCEEDED, "done", lambda: _never(), state=ServiceState.UP_NOT_READY
+    )
     assert [r.op for r in j.read()] == ["host_finished", "finish", "run_service_state"]
     assert await w.merge() == 3
     run = await audit.get_run(run_id)
@@ -64,15 +69,17 @@ async def _never() -> None:
     raise AssertionError("the writer is down: nothing goes direct")
 
 
-async def test_a_journal_line_of_the_untyped_writer_still_replays(audit: AuditLog,
-                                                                 tmp_path: Path) -> None:
+async def test_a_journal_line_of_the_untyped_writer_still_replays(
+    audit: AuditLog, tmp_path: Path
+) -> None:
     run_id = await new_run(audit)
     j = Journal.for_db(audit.path, tmp_path / "fb")
     # As bot/audit/resilient.py wrote it before issue 18 (op and fields, expect as values).
     j.primary.write_bytes(
         b'{"v":1,"id":"h:1:a/1","proc":"h:1:a","seq":1,"at":"2026-11-30T13:12:01Z",'
         b'"op":"finish","run_id":%d,"status":"failed","summary":"old",'
-        b'"expect":["running","interrupted"]}\n' % run_id)
+        b'"expect":["running","interrupted"]}\n' % run_id
+    )
     assert await AuditWriter(audit, j, background=False).start() == 1
     run = await audit.get_run(run_id)
     assert (run.status, run.summary, run.service_state) == (RunStatus.FAILED, "old", None)

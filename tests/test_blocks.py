@@ -42,12 +42,30 @@ STATUSES = list(RunStatus)  # every status a card can show, a new one included
 
 
 def plan(*, hosts: int = 1, command: str = "systemctl stop vllm", name: str = "svc") -> Plan:
-    steps = tuple(PlannedStep(s, command) for s in (Step.PREFLIGHT, Step.STOP, Step.DRAIN,
-                                                    Step.REINSTALL, Step.START, Step.HEALTH,
-                                                    Step.POSTCHECK))
-    return Plan(action=Action.REDEPLOY, service=name, hosts=tuple(f"gpu-{i}" for i in range(hosts)),
-                unit="vllm.service", package="vllm", version="0.16.0", spec="vllm==0.16.0",
-                index_name="nightly", index_url="https://wheels.example/nightly", steps=steps)
+    steps = tuple(
+        PlannedStep(s, command)
+        for s in (
+            Step.PREFLIGHT,
+            Step.STOP,
+            Step.DRAIN,
+            Step.REINSTALL,
+            Step.START,
+            Step.HEALTH,
+            Step.POSTCHECK,
+        )
+    )
+    return Plan(
+        action=Action.REDEPLOY,
+        service=name,
+        hosts=tuple(f"gpu-{i}" for i in range(hosts)),
+        unit="vllm.service",
+        package="vllm",
+        version="0.16.0",
+        spec="vllm==0.16.0",
+        index_name="nightly",
+        index_url="https://wheels.example/nightly",
+        steps=steps,
+    )
 
 
 def assert_within_limits(msg: Message) -> None:
@@ -60,18 +78,35 @@ def assert_within_limits(msg: Message) -> None:
 
 def huge_view(status: RunStatus) -> CardView:
     p = plan(hosts=40, command="x" * 20_000)
-    steps = tuple(StepLine(line.host, line.step, state=StepStatus.FAILED, duration_s=12345.6,
-                           summary="<!channel> " + "y" * 10_000)
-                  for line in initial_steps(p))
-    return CardView(run_id=7, plan=p, requested_by="U0ALICE", status=status, needed=3,
-                    approvals=tuple(f"U{i:08d}" for i in range(500)),
-                    denied_by=("U0BOB",), version_now="z" * 5000, version_after="w" * 5000,
-                    expires_at=datetime(2026, 1, 1, tzinfo=UTC), steps=steps,
-                    summary="s" * 50_000, cancel_requested_by="U0CAROL",
-                    notes=("n" * 9000,) * 20,
-                    gpu_health=tuple(HealthNote(f"gpu-{i}", Level.CRITICAL,
-                                                "<!channel> " + "c" * 5000)
-                                     for i in range(200)))
+    steps = tuple(
+        StepLine(
+            line.host,
+            line.step,
+            state=StepStatus.FAILED,
+            duration_s=12345.6,
+            summary="<!channel> " + "y" * 10_000,
+        )
+        for line in initial_steps(p)
+    )
+    return CardView(
+        run_id=7,
+        plan=p,
+        requested_by="U0ALICE",
+        status=status,
+        needed=3,
+        approvals=tuple(f"U{i:08d}" for i in range(500)),
+        denied_by=("U0BOB",),
+        version_now="z" * 5000,
+        version_after="w" * 5000,
+        expires_at=datetime(2026, 1, 1, tzinfo=UTC),
+        steps=steps,
+        summary="s" * 50_000,
+        cancel_requested_by="U0CAROL",
+        notes=("n" * 9000,) * 20,
+        gpu_health=tuple(
+            HealthNote(f"gpu-{i}", Level.CRITICAL, "<!channel> " + "c" * 5000) for i in range(200)
+        ),
+    )
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -81,15 +116,30 @@ def test_cards_with_huge_inputs_stay_within_limits(status: RunStatus) -> None:
 
 
 def test_pending_card_shows_the_plan_and_the_buttons() -> None:
-    view = CardView(run_id=3, plan=plan(), requested_by="U0ALICE",
-                    status=RunStatus.PENDING_APPROVAL, needed=2, approvals=("U0BOB",),
-                    expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
+    view = CardView(
+        run_id=3,
+        plan=plan(),
+        requested_by="U0ALICE",
+        status=RunStatus.PENDING_APPROVAL,
+        needed=2,
+        approvals=("U0BOB",),
+        expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC),
+    )
     msg = run_card(view)
     assert_within_limits(msg)
     text = str(msg.blocks)
-    for part in ("gpu-0", "vllm.service", "vllm==0.16.0", "nightly", "<@U0ALICE>",
-                 "<@U0BOB>", "1 of 2", "unknown until preflight", "systemctl stop vllm",
-                 "<!date^1767268800^"):
+    for part in (
+        "gpu-0",
+        "vllm.service",
+        "vllm==0.16.0",
+        "nightly",
+        "<@U0ALICE>",
+        "<@U0BOB>",
+        "1 of 2",
+        "unknown until preflight",
+        "systemctl stop vllm",
+        "<!date^1767268800^",
+    ):
         assert part in text, part
     actions = msg.blocks[-1]
     assert [e["text"]["text"] for e in actions["elements"]] == ["Approve", "Deny"]
@@ -97,13 +147,23 @@ def test_pending_card_shows_the_plan_and_the_buttons() -> None:
 
 
 def test_the_pending_card_shows_a_line_per_host_whose_gpus_are_not_all_ok() -> None:
-    notes = (HealthNote("gpu-0", Level.CRITICAL, "gpu-0: GPU 3 critical: a row remap is "
-                        "pending (reset the GPU). The preflight will refuse the run on gpu-0"),
-             HealthNote("gpu-1", None, "gpu-1: unknown (<no answer>)"),
-             HealthNote("gpu-2", Level.WARN, "gpu-2: GPU 1 warn: Xid 13 (restart the "
-                        "application)"))
-    view = CardView(run_id=3, plan=plan(hosts=3), requested_by="U0ALICE",
-                    status=RunStatus.PENDING_APPROVAL, gpu_health=notes)
+    notes = (
+        HealthNote(
+            "gpu-0",
+            Level.CRITICAL,
+            "gpu-0: GPU 3 critical: a row remap is "
+            "pending (reset the GPU). The preflight will refuse the run on gpu-0",
+        ),
+        HealthNote("gpu-1", None, "gpu-1: unknown (<no answer>)"),
+        HealthNote("gpu-2", Level.WARN, "gpu-2: GPU 1 warn: Xid 13 (restart the application)"),
+    )
+    view = CardView(
+        run_id=3,
+        plan=plan(hosts=3),
+        requested_by="U0ALICE",
+        status=RunStatus.PENDING_APPROVAL,
+        gpu_health=notes,
+    )
     msg = run_card(view)
     assert_within_limits(msg)
     (health,) = [b for b in msg.blocks if "GPU health:" in str(b)]
@@ -111,20 +171,30 @@ def test_the_pending_card_shows_a_line_per_host_whose_gpus_are_not_all_ok() -> N
         ":no_entry: GPU health: gpu-0: GPU 3 critical: a row remap is pending (reset the "
         "GPU). The preflight will refuse the run on gpu-0\n"
         ":grey_question: GPU health: gpu-1: unknown (&lt;no answer&gt;)\n"
-        ":warning: GPU health: gpu-2: GPU 1 warn: Xid 13 (restart the application)")
+        ":warning: GPU health: gpu-2: GPU 1 warn: Xid 13 (restart the application)"
+    )
     # Above the commands, where an approver reads first.
-    assert msg.blocks.index(health) < next(i for i, b in enumerate(msg.blocks)
-                                           if "Commands, on each host" in str(b))
+    assert msg.blocks.index(health) < next(
+        i for i, b in enumerate(msg.blocks) if "Commands, on each host" in str(b)
+    )
     # Read at the request, for the approval: the running card has its GPU check step.
-    running = run_card(CardView(run_id=3, plan=plan(hosts=3), requested_by="U0ALICE",
-                                status=RunStatus.RUNNING, gpu_health=notes))
+    running = run_card(
+        CardView(
+            run_id=3,
+            plan=plan(hosts=3),
+            requested_by="U0ALICE",
+            status=RunStatus.RUNNING,
+            gpu_health=notes,
+        )
+    )
     assert "GPU health:" not in str(running.blocks)
     assert gpu_health_blocks(()) == []
 
 
 def test_gpu_health_of_a_large_fleet_stays_within_its_sections() -> None:
-    notes = [HealthNote(f"gpu-{i}", Level.WARN, f"gpu-{i}: GPU 0 warn: " + "w" * 400)
-             for i in range(100)]
+    notes = [
+        HealthNote(f"gpu-{i}", Level.WARN, f"gpu-{i}: GPU 0 warn: " + "w" * 400) for i in range(100)
+    ]
     blocks = gpu_health_blocks(notes)
     assert 1 < len(blocks) <= 3
     assert all(len(b["text"]["text"]) <= MAX_SECTION_TEXT for b in blocks)
@@ -137,16 +207,29 @@ def test_status_card_has_a_checklist_and_cancel_until_the_end() -> None:
     steps = list(initial_steps(p))
     steps[0] = StepLine("gpu-0", Step.PREFLIGHT, StepStatus.OK, 1.5, "fine")
     steps[1] = StepLine("gpu-0", Step.STOP, StepStatus.RUNNING)
-    running = CardView(run_id=3, plan=p, requested_by="U0ALICE", status=RunStatus.RUNNING,
-                       approvals=("U0BOB",), steps=tuple(steps))
+    running = CardView(
+        run_id=3,
+        plan=p,
+        requested_by="U0ALICE",
+        status=RunStatus.RUNNING,
+        approvals=("U0BOB",),
+        steps=tuple(steps),
+    )
     msg = run_card(running)
     text = str(msg.blocks)
     assert ":white_check_mark: Preflight" in text and "(1.5s) — fine" in text
     assert ":hourglass_flowing_sand: *Stop service*" in text and "*gpu-1*" in text
     assert msg.blocks[-1]["elements"][0]["text"]["text"] == "Cancel"
-    done = run_card(CardView(run_id=3, plan=p, requested_by="U0ALICE",
-                             status=RunStatus.SUCCEEDED,
-                             steps=tuple(steps), summary="vllm 0.15.1 -> 0.16.0, healthy"))
+    done = run_card(
+        CardView(
+            run_id=3,
+            plan=p,
+            requested_by="U0ALICE",
+            status=RunStatus.SUCCEEDED,
+            steps=tuple(steps),
+            summary="vllm 0.15.1 -> 0.16.0, healthy",
+        )
+    )
     assert all(b["type"] != "actions" for b in done.blocks)
     assert "vllm 0.15.1 -&gt; 0.16.0, healthy" in str(done.blocks)
 
@@ -166,8 +249,7 @@ HOSTILE = "VLLM::<!channel> <@U123> & <http://evil.example|click> <!subteam^S1>"
 
 
 @pytest.mark.parametrize("build", [leftovers_reply, notice_reply])
-def test_host_text_in_a_fallback_text_cannot_ping_or_link(build: Callable[[str], Message]
-                                                           ) -> None:
+def test_host_text_in_a_fallback_text_cannot_ping_or_link(build: Callable[[str], Message]) -> None:
     msg = build(f"gpu-node-1: PID 48304 ({HOSTILE}) holds GPU 3")
     for raw in ("<!channel>", "<@U123>", "<http", "<!subteam", "& "):
         assert raw not in msg.text, (raw, msg.text)
@@ -192,17 +274,21 @@ def test_code_tail_keeps_the_end_and_head_keeps_the_start() -> None:
 @given(st.text(max_size=20_000), st.text(max_size=400))
 def test_answers_stay_within_limits_for_any_text(body: str, title: str) -> None:
     line = StepLine(title or "h", Step.REINSTALL, StepStatus.OK, 0.1, title)
-    for msg in (code_answer(title, body), tail_answer(title, body),
-                step_reply(line, body, full_log_attached=True),
-                code_pages_answer(title, body, rest="see the CLI")):
+    for msg in (
+        code_answer(title, body),
+        tail_answer(title, body),
+        step_reply(line, body, full_log_attached=True),
+        code_pages_answer(title, body, rest="see the CLI"),
+    ):
         assert_within_limits(msg)
 
 
 def test_an_answer_without_a_file_keeps_every_line_it_can_and_says_what_is_left() -> None:
     # /vllm doctor answers ephemerally (issue 17 F10), where no file can follow: the table
     # goes in code blocks split between lines, and the rest is counted, never dropped unsaid.
-    table = "\n".join(f"gpu-node-{i:03d}  kimi-k25  sudo rules  FAIL  missing rule"
-                      for i in range(900))
+    table = "\n".join(
+        f"gpu-node-{i:03d}  kimi-k25  sudo rules  FAIL  missing rule" for i in range(900)
+    )
     msg = code_pages_answer("doctor: all hosts: checks FAILED", table, rest="run the CLI")
     assert_within_limits(msg)
     shown = "\n".join(b["text"]["text"] for b in msg.blocks if b["type"] == "section")
@@ -216,11 +302,20 @@ def test_an_answer_without_a_file_keeps_every_line_it_can_and_says_what_is_left(
 def test_a_card_cut_to_fit_keeps_each_hosts_list_with_its_button_and_cancel() -> None:
     # Issue 17 F5: each host's list has its own button beside it, even on a card whose
     # checklist does not fit; a batch larger than the card shows waits its turn, said so.
-    asks = tuple(LeftoverAsk(f"gpu-{i}", f"q{i}", f"gpu-{i}: 9 processes ...\n- PID {i}",
-                             (48253 + i,), needed=2, approvals=("U0BOB",) if i else ())
-                 for i in range(12))
-    view = dataclasses.replace(huge_view(RunStatus.RUNNING), leftovers=asks,
-                               cancel_requested_by=None)
+    asks = tuple(
+        LeftoverAsk(
+            f"gpu-{i}",
+            f"q{i}",
+            f"gpu-{i}: 9 processes ...\n- PID {i}",
+            (48253 + i,),
+            needed=2,
+            approvals=("U0BOB",) if i else (),
+        )
+        for i in range(12)
+    )
+    view = dataclasses.replace(
+        huge_view(RunStatus.RUNNING), leftovers=asks, cancel_requested_by=None
+    )
     card = run_card(view)
     assert_within_limits(card)
     beside = [b for b in card.blocks if "accessory" in b]

@@ -45,18 +45,34 @@ from tests.support.sim import touched
 
 FLEET = tuple(f"gpu-node-{i:02d}.dc1.example.internal" for i in range(1, 65))
 KEY = "SHA256:evCCyaxPp92vVpg/Xy3FJa40tiBneE93F9sSxVVKB20"
-SUMMARY = ("64 hosts: `gpu-node-01.dc1.example.internal` … "
-           "`gpu-node-64.dc1.example.internal`, 1 at a time, full list in the thread")
+SUMMARY = (
+    "64 hosts: `gpu-node-01.dc1.example.internal` … "
+    "`gpu-node-64.dc1.example.internal`, 1 at a time, full list in the thread"
+)
 
 
-def fleet_plan(hosts: tuple[str, ...] = FLEET, *, command: str = "systemctl stop vllm",
-               batch: int = 1) -> Plan:
+def fleet_plan(
+    hosts: tuple[str, ...] = FLEET, *, command: str = "systemctl stop vllm", batch: int = 1
+) -> Plan:
     steps = tuple(PlannedStep(s, command) for s in (Step.PREFLIGHT, Step.STOP, Step.START))
-    targets = tuple(HostTarget(h, f"10.1.{i // 250}.{i % 250}", 22, "root",
-                               "/etc/chatops/id_ed25519", KEY) for i, h in enumerate(hosts))
-    return Plan(action=Action.REDEPLOY, service="kimi-k25", hosts=hosts, unit="vllm.service",
-                package="vllm", version="0.16.0", spec="vllm==0.16.0", index_name=None,
-                index_url=None, steps=steps, batch_size=batch, targets=targets)
+    targets = tuple(
+        HostTarget(h, f"10.1.{i // 250}.{i % 250}", 22, "root", "/etc/chatops/id_ed25519", KEY)
+        for i, h in enumerate(hosts)
+    )
+    return Plan(
+        action=Action.REDEPLOY,
+        service="kimi-k25",
+        hosts=hosts,
+        unit="vllm.service",
+        package="vllm",
+        version="0.16.0",
+        spec="vllm==0.16.0",
+        index_name=None,
+        index_url=None,
+        steps=steps,
+        batch_size=batch,
+        targets=targets,
+    )
 
 
 def texts(blocks: list[dict[str, Any]]) -> list[str]:
@@ -124,15 +140,17 @@ def test_64_hosts_are_summarised_truthfully_and_the_thread_has_them_all() -> Non
 
 def test_a_plan_that_fits_is_shown_whole_with_nothing_in_the_thread() -> None:
     plan = fleet_plan(FLEET[:3], batch=2)
-    card = run_card(CardView(run_id=9, plan=plan, requested_by=ALICE,
-                             status=RunStatus.PENDING_APPROVAL))
+    card = run_card(
+        CardView(run_id=9, plan=plan, requested_by=ALICE, status=RunStatus.PENDING_APPROVAL)
+    )
     assert_whole(card)
     text = blocks_text({"blocks": card.blocks})
     for i, host in enumerate(FLEET[:3]):
         assert f"`{host}` root@10.1.0.{i}:22 `{KEY}`" in text
     assert "(2 at a time)" in text and "in the thread" not in text
-    assert not card_hides_plan(CardView(run_id=9, plan=plan, requested_by=ALICE,
-                                        status=RunStatus.PENDING_APPROVAL))
+    assert not card_hides_plan(
+        CardView(run_id=9, plan=plan, requested_by=ALICE, status=RunStatus.PENDING_APPROVAL)
+    )
 
 
 def test_a_command_too_long_for_the_card_is_named_not_cut() -> None:
@@ -154,11 +172,15 @@ names = st.from_regex(r"[a-z][a-z0-9.-]{0,62}", fullmatch=True)
 
 
 @settings(max_examples=60, deadline=None)
-@given(hosts=st.lists(names, min_size=1, max_size=200, unique=True),
-       batch=st.integers(1, 64), command=st.text(min_size=1, max_size=5000),
-       status=st.sampled_from(list(RunStatus)))
-def test_no_card_cuts_a_host_or_leaves_a_backtick_open(hosts: list[str], batch: int,
-                                                       command: str, status: RunStatus) -> None:
+@given(
+    hosts=st.lists(names, min_size=1, max_size=200, unique=True),
+    batch=st.integers(1, 64),
+    command=st.text(min_size=1, max_size=5000),
+    status=st.sampled_from(list(RunStatus)),
+)
+def test_no_card_cuts_a_host_or_leaves_a_backtick_open(
+    hosts: list[str], batch: int, command: str, status: RunStatus
+) -> None:
     plan = fleet_plan(tuple(hosts), command=command, batch=batch)
     view = CardView(run_id=9, plan=plan, requested_by=ALICE, status=status)
     card = run_card(view)
@@ -177,11 +199,13 @@ def test_no_card_cuts_a_host_or_leaves_a_backtick_open(hosts: list[str], batch: 
 
 
 @settings(max_examples=300, deadline=None)
-@given(words=st.lists(st.from_regex(r"[A-Za-z0-9.`&<>*_-]{1,40}", fullmatch=True),
-                      min_size=1, max_size=300),
-       limit=st.integers(1, 3000))
-def test_a_cut_ends_between_words_and_closes_what_it_opened(words: list[str],
-                                                            limit: int) -> None:
+@given(
+    words=st.lists(
+        st.from_regex(r"[A-Za-z0-9.`&<>*_-]{1,40}", fullmatch=True), min_size=1, max_size=300
+    ),
+    limit=st.integers(1, 3000),
+)
+def test_a_cut_ends_between_words_and_closes_what_it_opened(words: list[str], limit: int) -> None:
     text = " ".join(words)
     out = cut(text, limit)
     assert len(out) <= limit
@@ -194,14 +218,19 @@ def test_a_cut_ends_between_words_and_closes_what_it_opened(words: list[str],
     assert balanced(out)
 
 
-async def _fleet_bot_settings(kit: SimKit, tmp_path: Path, *,
-                              python: str | None = None) -> dict[str, Any]:
+async def _fleet_bot_settings(
+    kit: SimKit, tmp_path: Path, *, python: str | None = None
+) -> dict[str, Any]:
     # 64 hosts nobody needs to reach: the card is posted at request time.
-    hosts = {h: {**kit.host_settings(), "address": f"10.1.0.{i}", "port": 22}
-             for i, h in enumerate(FLEET, 1)}
+    hosts = {
+        h: {**kit.host_settings(), "address": f"10.1.0.{i}", "port": 22}
+        for i, h in enumerate(FLEET, 1)
+    }
     overrides = {"python": python} if python is not None else {}
-    return {"hosts": hosts,
-            "services": {SERVICE: kit.service_settings(hosts=list(FLEET), **overrides)}}
+    return {
+        "hosts": hosts,
+        "services": {SERVICE: kit.service_settings(hosts=list(FLEET), **overrides)},
+    }
 
 
 async def _card_and_thread(bot: SlackBot) -> tuple[int, str, list[dict[str, Any]]]:
@@ -214,7 +243,8 @@ async def _card_and_thread(bot: SlackBot) -> tuple[int, str, list[dict[str, Any]
 
 
 async def test_a_64_host_request_posts_a_true_summary_and_the_full_list_first(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     fleet = await _fleet_bot_settings(sim_host, tmp_path)
     async with slack_bot(tmp_path, sim_host, **fleet) as bot:
         run_id, card, thread = await _card_and_thread(bot)
@@ -235,7 +265,8 @@ async def test_a_64_host_request_posts_a_true_summary_and_the_full_list_first(
 
 
 async def test_a_plan_too_long_for_a_message_goes_to_the_thread_as_a_file(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     python = "/opt/" + "v" * 3000 + "/bin/python"
     fleet = await _fleet_bot_settings(sim_host, tmp_path, python=python)
     async with slack_bot(tmp_path, sim_host, **fleet) as bot:
@@ -250,7 +281,8 @@ async def test_a_plan_too_long_for_a_message_goes_to_the_thread_as_a_file(
 
 
 async def test_a_card_whose_full_plan_cannot_be_posted_is_closed_not_approvable(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     fleet = await _fleet_bot_settings(sim_host, tmp_path, python="/opt/" + "v" * 3000 + "/py")
     async with slack_bot(tmp_path, sim_host, **fleet) as bot:
         bot.fake.fail_next("files.getUploadURLExternal", "not_allowed_token_type")
@@ -269,14 +301,16 @@ async def test_a_card_whose_full_plan_cannot_be_posted_is_closed_not_approvable(
 
 
 async def test_the_card_shows_each_hosts_endpoint_and_key_and_a_swapped_key_refuses(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"restart {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         card = blocks_text(await bot.card(record.id))
         fingerprint = keygen_fingerprint(sim_host.known_hosts)
-        assert (f"`{sim_host.hostname}` {sim_host.user}@127.0.0.1:{sim_host.port} "
-                f"`{fingerprint}`") in card
+        assert (
+            f"`{sim_host.hostname}` {sim_host.user}@127.0.0.1:{sim_host.port} `{fingerprint}`"
+        ) in card
         sim_host.known_hosts.write_text(other_key_line(sim_host))
         await bot.click("approve", record.id, user=BOB)
         done = await bot.wait_status(record.id, "refused", "succeeded", "failed")

@@ -20,8 +20,17 @@ def setup(kit: SimKit, tmp_path: Path) -> dict[str, str]:
 
 async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
-    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
-                               "nightly", "--yes", cwd=tmp_path, env=env)
+    code, out, err = await cli(
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--index",
+        "nightly",
+        "--yes",
+        cwd=tmp_path,
+        env=env,
+    )
     assert code == 0, err + out
     assert "Verify GPU memory drained" in out and "SUCCEEDED" in out
     assert sim_host.installed_version == "0.16.0"
@@ -31,16 +40,27 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
     rows = json.loads(out)
     assert len(rows) == 1
     row = rows[0]
-    for key in ("id", "service", "action", "requested_by", "approved_by", "status",
-                "version_before", "version_after", "started_at", "finished_at"):
+    for key in (
+        "id",
+        "service",
+        "action",
+        "requested_by",
+        "approved_by",
+        "status",
+        "version_before",
+        "version_after",
+        "started_at",
+        "finished_at",
+    ):
         assert key in row
     assert (row["service"], row["action"], row["status"]) == (SERVICE, "redeploy", "succeeded")
     assert row["requested_by"].startswith("cli:") and row["approved_by"] == [row["requested_by"]]
     assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.16.0")
     # How the run left the service, as a value (issue 18), for the run and for its host.
     assert row["service_state"] == "up"
-    assert row["host_outcomes"] == [{"host": "gpu-node-1", "status": "succeeded",
-                             "service_state": "up"}]
+    assert row["host_outcomes"] == [
+        {"host": "gpu-node-1", "status": "succeeded", "service_state": "up"}
+    ]
     # What the install really changed, read back from the host's own uv output: torch
     # moved with vLLM (the simulated 0.16.0 release pulls in the CUDA 13 build).
     changed = {c["name"]: (c["before"], c["after"]) for c in row["packages_changed"]}
@@ -58,9 +78,17 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
 
 
 async def test_a_dry_run_ends_saying_nothing_changed(sim_host: SimKit, tmp_path: Path) -> None:
-    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
-                               "nightly", "--dry-run", cwd=tmp_path,
-                               env=setup(sim_host, tmp_path))
+    code, out, err = await cli(
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--index",
+        "nightly",
+        "--dry-run",
+        cwd=tmp_path,
+        env=setup(sim_host, tmp_path),
+    )
     assert code == 0, err + out
     last = out.rstrip().splitlines()[-1]
     # Not "(version <before> -> None)": a dry run has no version after, it changed nothing.
@@ -69,19 +97,18 @@ async def test_a_dry_run_ends_saying_nothing_changed(sim_host: SimKit, tmp_path:
     assert sim_host.changes() == ["dry-run"] and sim_host.installed_version == DEFAULT_VERSION
 
 
-async def test_redeploy_without_yes_off_a_terminal_is_refused(sim_host: SimKit,
-                                                              tmp_path: Path) -> None:
+async def test_redeploy_without_yes_off_a_terminal_is_refused(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     env = setup(sim_host, tmp_path)
     code, _, err = await cli("redeploy", SERVICE, cwd=tmp_path, env=env)
     assert code == 2 and "not confirmed (use --yes when not on a terminal)" in err
     assert sim_host.calls() == []
 
 
-async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit,
-                                                       tmp_path: Path) -> None:
+async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
-    code, _, err = await cli_on_terminal("restart", SERVICE, answer="n\n", cwd=tmp_path,
-                                         env=env)
+    code, _, err = await cli_on_terminal("restart", SERVICE, answer="n\n", cwd=tmp_path, env=env)
     # The operator was asked and said no: no hint about --yes, which was not the problem.
     assert code == 2 and "Proceed? [y/N]" in err, err
     assert err.endswith("error: not confirmed\n"), err
@@ -89,38 +116,68 @@ async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit,
 
 
 async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_none(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     env = setup(sim_host, tmp_path)
     sim_host.set_faults(busy=True)  # requests running on the server now
-    code, out, err = await cli_on_terminal("redeploy", SERVICE, "--version", "0.16.0",
-                                           "--index", "nightly", answer="n\n",
-                                           cwd=tmp_path, env=env)
+    code, out, err = await cli_on_terminal(
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--index",
+        "nightly",
+        answer="n\n",
+        cwd=tmp_path,
+        env=env,
+    )
     assert code == 2 and "Proceed? [y/N]" in err, err
     # What the stop would wait for, then the package change: both before the question.
     load = out.index("Load now: ")
     assert "running" in out[load:].splitlines()[0], out
     assert load < out.index("package changes (dry run now):"), out
     # With --yes nobody confirms: no load line (the run's own drain reads it later).
-    code, out, err = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
-                               "nightly", "--dry-run", "--yes", cwd=tmp_path, env=env)
+    code, out, err = await cli(
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--index",
+        "nightly",
+        "--dry-run",
+        "--yes",
+        cwd=tmp_path,
+        env=env,
+    )
     assert code == 0, err + out
     assert "Load now: " not in out
 
 
 async def test_rollback_exit_code(sim_host: SimKit, tmp_path: Path) -> None:
     sim_host.set_faults(uv_fails=True)
-    code, out, _ = await cli("redeploy", SERVICE, "--yes", cwd=tmp_path,
-                             env=setup(sim_host, tmp_path))
+    code, out, _ = await cli(
+        "redeploy", SERVICE, "--yes", cwd=tmp_path, env=setup(sim_host, tmp_path)
+    )
     assert code == 3 and "ROLLED_BACK" in out
 
 
 async def test_a_rolled_back_run_says_its_package_changes_were_undone(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     before = sim_host.environment()
     sim_host.set_faults(uv_fails_midway=True)  # torch moves, then the install fails
     env = setup(sim_host, tmp_path)
-    code, out, _ = await cli("redeploy", SERVICE, "--version", "0.16.0", "--index",
-                             "nightly", "--yes", cwd=tmp_path, env=env)
+    code, out, _ = await cli(
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--index",
+        "nightly",
+        "--yes",
+        cwd=tmp_path,
+        env=env,
+    )
     assert code == 3 and "ROLLED_BACK" in out
     assert sim_host.environment() == before
 
@@ -135,15 +192,18 @@ async def test_a_rolled_back_run_says_its_package_changes_were_undone(
 
     code, out, err = await cli("audit", "--run", str(row["id"]), cwd=tmp_path, env=env)
     assert code == 0, err
-    assert ("Package changes the install made (undone: the rollback restored the "
-            "snapshot):") in out, out
+    assert (
+        "Package changes the install made (undone: the rollback restored the snapshot):"
+    ) in out, out
 
 
 async def test_a_critical_gpu_is_printed_before_the_run_and_the_run_refused(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(pending_remap=True)
-    code, out, err = await cli("restart", SERVICE, "--yes", cwd=tmp_path,
-                               env=setup(sim_host, tmp_path))
+    code, out, err = await cli(
+        "restart", SERVICE, "--yes", cwd=tmp_path, env=setup(sim_host, tmp_path)
+    )
     shown = "GPU health: gpu-node-1: GPU 3 critical: a row remap is pending"
     assert shown in out, err + out
     assert "The preflight will refuse the run on gpu-node-1" in out
@@ -153,8 +213,9 @@ async def test_a_critical_gpu_is_printed_before_the_run_and_the_run_refused(
     assert "stop" not in sim_host.changes()
 
 
-async def test_status_shows_the_model_the_load_and_the_last_start(sim_host: SimKit,
-                                                                 tmp_path: Path) -> None:
+async def test_status_shows_the_model_the_load_and_the_last_start(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     env = setup(sim_host, tmp_path)
     code, out, err = await cli("restart", SERVICE, "--yes", cwd=tmp_path, env=env)
     assert code == 0, err + out
@@ -165,27 +226,33 @@ async def test_status_shows_the_model_the_load_and_the_last_start(sim_host: SimK
     assert code == 0, err + out
     assert "serving kimi-k2.5; 4 running, 2 waiting requests, KV cache" in out, out
     # The restart's health gate, from the audit log.
-    assert re.search(r"^last start: ready \d+s after systemctl start \(median of the last 1: "
-                     r"\d+s\)$", out, re.M), out
+    assert re.search(
+        r"^last start: ready \d+s after systemctl start \(median of the last 1: "
+        r"\d+s\)$",
+        out,
+        re.M,
+    ), out
 
 
 async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
-    code, _, err = await cli("redeploy", SERVICE, "--version", "1.0; rm -rf /", "--yes",
-                             cwd=tmp_path, env=env)
+    code, _, err = await cli(
+        "redeploy", SERVICE, "--version", "1.0; rm -rf /", "--yes", cwd=tmp_path, env=env
+    )
     assert code == 2 and "not a PEP 440 version" in err and "Traceback" not in err
     code, _, err = await cli("redeploy", "nope", "--yes", cwd=tmp_path, env=env)
     assert code == 2 and f"configured services: {SERVICE}" in err
-    code, _, err = await cli("redeploy", SERVICE, "--index", "pypi", "--yes", cwd=tmp_path,
-                             env=env)
+    code, _, err = await cli("redeploy", SERVICE, "--index", "pypi", "--yes", cwd=tmp_path, env=env)
     assert code == 2 and "configured: nightly" in err
     assert sim_host.calls() == []
 
 
 async def test_bad_config_names_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('[hosts.h1]\naddress = "10.0.0.1"\n[services.s]\nhosts = ["h1"]\n'
-                   'unit = "x"\npython = "relative/python"\n')
+    bad.write_text(
+        '[hosts.h1]\naddress = "10.0.0.1"\n[services.s]\nhosts = ["h1"]\n'
+        'unit = "x"\npython = "relative/python"\n'
+    )
     code, _, err = await cli("audit", "--config", str(bad), cwd=tmp_path)
     assert code == 2
     assert "hosts.h1: known_hosts is required" in err
@@ -215,28 +282,41 @@ def test_the_demo_offers_every_fault_of_the_simulator_but_a_test_knob() -> None:
     assert DEMO_FAULTS == tuple(f.name for f in fields(Faults) if f.name != "uv_stalls")
 
 
-async def test_a_command_other_than_demo_does_not_import_the_simulator(
-        tmp_path: Path) -> None:
+async def test_a_command_other_than_demo_does_not_import_the_simulator(tmp_path: Path) -> None:
     # Every start of the command line would pay for it (the demo's help names the faults).
     code, out, err = await cli("--help", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert code == 0 and "demo" in out, err
-    imported = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
-                if line.startswith("import time:")]
+    imported = [
+        line.rsplit("|", 1)[-1].strip()
+        for line in err.splitlines()
+        if line.startswith("import time:")
+    ]
     assert "bot.cli.main" in imported, err  # what follows would pass on any output
     assert [m for m in imported if m.startswith("bot.sim")] == []
 
 
 async def test_demo_help_lists_the_faults_and_an_api_fault_is_the_new_builds(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     code, out, err = await cli("demo", "--help", cwd=tmp_path)
     assert code == 0, err
     listed = " ".join(out.split())  # argparse wraps the help
-    assert all(f in listed for f in ("wrong_model", "smoke_fail", "smoke_empty", "busy",
-                                     "oom_at_start", "d_state_worker")), out
+    assert all(
+        f in listed
+        for f in (
+            "wrong_model",
+            "smoke_fail",
+            "smoke_empty",
+            "busy",
+            "oom_at_start",
+            "d_state_worker",
+        )
+    ), out
     # The new build serves another model; the rollback to the booted build serves the
     # right one again: the story ends rolled back on a serving unit, not DOWN.
-    code, out, err = await cli("demo", "--fast", "--fault", "wrong_model", "--dir",
-                               str(tmp_path / "demo"), cwd=tmp_path)
+    code, out, err = await cli(
+        "demo", "--fast", "--fault", "wrong_model", "--dir", str(tmp_path / "demo"), cwd=tmp_path
+    )
     assert code == 0, err + out
     assert "lists Kimi-K2-Instruct, not kimi-k2.5" in out
     assert "run #1 ROLLED_BACK" in out and "DOWN" not in out and "NOT READY" not in out

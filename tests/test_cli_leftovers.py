@@ -21,12 +21,14 @@ def setup(kit: SimKit, tmp_path: Path) -> dict[str, str]:
     return {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
 
 
-async def test_kill_leftovers_ends_them_and_the_run_goes_on(sim_host: SimKit,
-                                                            tmp_path: Path) -> None:
+async def test_kill_leftovers_ends_them_and_the_run_goes_on(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(orphan_workers=True)
     env = setup(sim_host, tmp_path)
-    code, out, err = await cli("restart", SERVICE, "--yes", "--kill-leftovers", cwd=tmp_path,
-                               env=env)
+    code, out, err = await cli(
+        "restart", SERVICE, "--yes", "--kill-leftovers", cwd=tmp_path, env=env
+    )
     assert code == 0, err + out
     assert "9 processes of vllm-kimi-k25.service outlived its stop" in out
     assert sorted(sim_host.signalled()) == sorted(("TERM", p) for p in WORKERS)
@@ -34,8 +36,9 @@ async def test_kill_leftovers_ends_them_and_the_run_goes_on(sim_host: SimKit,
     assert code == 0 and "gpu-node-1: ok" in out and "GPU 3 " in out
 
 
-async def test_off_a_terminal_without_the_flag_nothing_is_signalled(sim_host: SimKit,
-                                                                    tmp_path: Path) -> None:
+async def test_off_a_terminal_without_the_flag_nothing_is_signalled(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(orphan_workers=True)
     env = setup(sim_host, tmp_path)
     code, out, _ = await cli("restart", SERVICE, "--yes", cwd=tmp_path, env=env)
@@ -44,17 +47,23 @@ async def test_off_a_terminal_without_the_flag_nothing_is_signalled(sim_host: Si
     assert "The service is STOPPED" in out and sim_host.signalled() == []
 
 
-async def two_hosts(make_sim_host: MakeSimHost, tmp_path: Path) -> tuple[list[SimKit],
-                                                                          dict[str, str]]:
+async def two_hosts(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> tuple[list[SimKit], dict[str, str]]:
     """gpu-node-1 and gpu-node-2, one service, both hosts stopped at once (batch of 2),
     the unit's workers outliving the stop on both."""
     venv = tmp_path / "opt-venv"
-    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv,
-                                service_port=8000) for i in (1, 2)]
+    kits = [
+        await make_sim_host(
+            config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv, service_port=8000
+        )
+        for i in (1, 2)
+    ]
     for kit in kits:
         kit.set_faults(orphan_workers=True)
-    config = write_toml(tmp_path / "chatops.toml",
-                        fleet_fragment(kits, drain_timeout_s=1.0, max_unavailable=2))
+    config = write_toml(
+        tmp_path / "chatops.toml", fleet_fragment(kits, drain_timeout_s=1.0, max_unavailable=2)
+    )
     return kits, {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
 
 
@@ -64,10 +73,12 @@ async def goes(tmp_path: Path) -> list[tuple[str, list[int]]]:
 
 
 async def test_kill_leftovers_approves_each_host_of_a_batch_on_its_own(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kits, env = await two_hosts(make_sim_host, tmp_path)
-    code, out, err = await cli("restart", SERVICE, "--yes", "--kill-leftovers", cwd=tmp_path,
-                               env=env)
+    code, out, err = await cli(
+        "restart", SERVICE, "--yes", "--kill-leftovers", cwd=tmp_path, env=env
+    )
     assert code == 0, err + out
     for kit in kits:
         assert f"{kit.hostname}: 9 processes of vllm-kimi-k25.service outlived its stop" in out
@@ -77,14 +88,19 @@ async def test_kill_leftovers_approves_each_host_of_a_batch_on_its_own(
 
 
 async def test_on_a_terminal_each_host_is_asked_and_answered_on_its_own(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # Proceed? y, then the first host asked: y, the second: n.
     kits, env = await two_hosts(make_sim_host, tmp_path)
-    code, out, err = await cli_on_terminal("restart", SERVICE, answer="y\ny\nn\n",
-                                           cwd=tmp_path, env=env)
+    code, out, err = await cli_on_terminal(
+        "restart", SERVICE, answer="y\ny\nn\n", cwd=tmp_path, env=env
+    )
     assert code == 1, err + out
-    asked = re.findall(r"Terminate these 9 processes on (gpu-node-\d) \(PIDs ([0-9, ]+)\)\? "
-                       r"\[y/N\]", err)
+    asked = re.findall(
+        r"Terminate these 9 processes on (gpu-node-\d) \(PIDs ([0-9, ]+)\)\? "
+        r"\[y/N\]",
+        err,
+    )
     assert sorted(h for h, _ in asked) == ["gpu-node-1", "gpu-node-2"], err
     assert all(sorted(map(int, p.split(", "))) == WORKERS for _, p in asked)
     # The host asked first (its list printed first) is the one that got the yes.

@@ -28,8 +28,9 @@ from bot.core.cuda import (
 )
 
 
-def run_gate(tmp_path: Path, vllm: str | None, torch: str | None,
-             cuda: str | None) -> subprocess.CompletedProcess[str]:
+def run_gate(
+    tmp_path: Path, vllm: str | None, torch: str | None, cuda: str | None
+) -> subprocess.CompletedProcess[str]:
     """GATE_CODE in a real interpreter that finds only the stand-in packages."""
     if vllm is not None:
         (tmp_path / "vllm").mkdir()
@@ -37,10 +38,16 @@ def run_gate(tmp_path: Path, vllm: str | None, torch: str | None,
     if torch is not None:
         (tmp_path / "torch").mkdir()
         (tmp_path / "torch" / "__init__.py").write_text(
-            f"__version__ = {torch!r}\nfrom torch import version\n")
+            f"__version__ = {torch!r}\nfrom torch import version\n"
+        )
         (tmp_path / "torch" / "version.py").write_text(f"cuda = {cuda!r}\n")
-    return subprocess.run([sys.executable, "-S", "-c", GATE_CODE], capture_output=True,
-                          text=True, env={"PYTHONPATH": str(tmp_path)}, check=False)
+    return subprocess.run(
+        [sys.executable, "-S", "-c", GATE_CODE],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
 
 
 def test_gate_prints_versions_and_cuda(tmp_path: Path) -> None:
@@ -55,8 +62,9 @@ def test_gate_reports_a_cpu_torch_as_no_cuda(tmp_path: Path) -> None:
 
 
 def test_an_import_error_exits_3_with_the_traceback_on_stderr(tmp_path: Path) -> None:
-    r = run_gate(tmp_path, "raise ImportError('vllm/_C.abi3.so: undefined symbol: x')\n",
-                 "2.10.0", "13.0")
+    r = run_gate(
+        tmp_path, "raise ImportError('vllm/_C.abi3.so: undefined symbol: x')\n", "2.10.0", "13.0"
+    )
     assert r.returncode == IMPORT_FAILED_EXIT
     assert parse_gate_output(r.stdout) is None
     assert r.stderr.startswith("Traceback (most recent call last):")
@@ -69,15 +77,22 @@ def test_a_missing_torch_is_an_import_error_too(tmp_path: Path) -> None:
     assert "ModuleNotFoundError: No module named 'torch'" in r.stderr
 
 
-@pytest.mark.parametrize(("header", "expected"), [
-    ("| NVIDIA-SMI 550.135                Driver Version: 550.135        CUDA Version: 12.4     |",
-     "12.4"),
-    ("| NVIDIA-SMI 450.57       Driver Version: 450.57       CUDA Version: 11.0     |", "11.0"),
-    ("| NVIDIA-SMI 610.43.02              KMD Version: 610.43.02     CUDA UMD Version: 13.3     |",
-     "13.3"),
-    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (
+            "| NVIDIA-SMI 550.135                Driver Version: 550.135        CUDA Version: 12.4     |",  # noqa: E501 (a real capture, kept whole)
+            "12.4",
+        ),
+        ("| NVIDIA-SMI 450.57       Driver Version: 450.57       CUDA Version: 11.0     |", "11.0"),
+        (
+            "| NVIDIA-SMI 610.43.02              KMD Version: 610.43.02     CUDA UMD Version: 13.3     |",  # noqa: E501 (a real capture, kept whole)
+            "13.3",
+        ),
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", None),
+        ("", None),
+    ],
+)
 def test_driver_cuda_from_the_nvidia_smi_header(header: str, expected: str | None) -> None:
     text = f"Sun Jan 12 16:15:58 2025\n+{'-' * 20}+\n{header}\n+{'-' * 20}+\n"
     assert parse_driver_cuda(text) == expected
@@ -85,37 +100,95 @@ def test_driver_cuda_from_the_nvidia_smi_header(header: str, expected: str | Non
 
 def test_the_simulated_nvidia_smi_header_parses_too() -> None:
     from bot.sim.tools.nvidia_smi import _table
+
     assert parse_driver_cuda(_table([], [], "12.8")) == "12.8"
 
 
-@pytest.mark.parametrize(("report", "target", "driver", "ok", "check", "says"), [
-    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.1", True, "all",
-     "driver supports CUDA 13.1"),
-    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.0", True, "all", "13.0"),
-    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "12.8", False, "CUDA",
-     "built for CUDA 13.0, newer than the 12.8 the driver supports"),
-    # Issue 17 D2: a newer minor of the driver's major runs (CUDA minor-version
-    # compatibility), with a warning; a newer major never does.
-    (GateReport("0.16.0", "2.10.0", "12.10"), "0.16.0", "12.9", True, "all",
-     "WARNING: torch's CUDA 12.10 is newer than the 12.9 the driver reports"),
-    (GateReport("0.16.0", "2.10.0+cu128", "12.8"), "0.16.0", "12.7", True, "all",
-     "runs under CUDA minor-version compatibility"),
-    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "12.9", False, "CUDA",
-     "another major version"),
-    (GateReport("0.16.0", "2.10.0", "13"), "0.16.0", "12.9", False, "CUDA", "CUDA 13,"),
-    (GateReport("0.15.1", "2.9.1", "12.8"), "0.16.0", "13.1", False, "vllm version",
-     "vllm 0.15.1 is installed, not 0.16.0"),
-    # Issue 17 D3: vllm.__version__ has no local label, the resolved wheel has.
-    (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", True, "all",
-     "vllm 0.16.0, torch"),
-    (GateReport("0.16.0+cu126", "2.10.0", "13.0"), "0.16.0+cu129", "13.1", False,
-     "vllm version", "vllm 0.16.0+cu126 is installed, not 0.16.0+cu129"),
-    (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
-    (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
-    (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),
-])
-def test_verdict(report: GateReport | None, target: str | None, driver: str | None, ok: bool,
-                 check: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("report", "target", "driver", "ok", "check", "says"),
+    [
+        (
+            GateReport("0.16.0", "2.10.0", "13.0"),
+            "0.16.0",
+            "13.1",
+            True,
+            "all",
+            "driver supports CUDA 13.1",
+        ),
+        (GateReport("0.16.0", "2.10.0", "13.0"), "0.16.0", "13.0", True, "all", "13.0"),
+        (
+            GateReport("0.16.0", "2.10.0", "13.0"),
+            "0.16.0",
+            "12.8",
+            False,
+            "CUDA",
+            "built for CUDA 13.0, newer than the 12.8 the driver supports",
+        ),
+        # Issue 17 D2: a newer minor of the driver's major runs (CUDA minor-version
+        # compatibility), with a warning; a newer major never does.
+        (
+            GateReport("0.16.0", "2.10.0", "12.10"),
+            "0.16.0",
+            "12.9",
+            True,
+            "all",
+            "WARNING: torch's CUDA 12.10 is newer than the 12.9 the driver reports",
+        ),
+        (
+            GateReport("0.16.0", "2.10.0+cu128", "12.8"),
+            "0.16.0",
+            "12.7",
+            True,
+            "all",
+            "runs under CUDA minor-version compatibility",
+        ),
+        (
+            GateReport("0.16.0", "2.10.0", "13.0"),
+            "0.16.0",
+            "12.9",
+            False,
+            "CUDA",
+            "another major version",
+        ),
+        (GateReport("0.16.0", "2.10.0", "13"), "0.16.0", "12.9", False, "CUDA", "CUDA 13,"),
+        (
+            GateReport("0.15.1", "2.9.1", "12.8"),
+            "0.16.0",
+            "13.1",
+            False,
+            "vllm version",
+            "vllm 0.15.1 is installed, not 0.16.0",
+        ),
+        # Issue 17 D3: vllm.__version__ has no local label, the resolved wheel has.
+        (
+            GateReport("0.16.0", "2.10.0", "13.0"),
+            "0.16.0+cu129",
+            "13.1",
+            True,
+            "all",
+            "vllm 0.16.0, torch",
+        ),
+        (
+            GateReport("0.16.0+cu126", "2.10.0", "13.0"),
+            "0.16.0+cu129",
+            "13.1",
+            False,
+            "vllm version",
+            "vllm 0.16.0+cu126 is installed, not 0.16.0+cu129",
+        ),
+        (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
+        (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
+        (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),
+    ],
+)
+def test_verdict(
+    report: GateReport | None,
+    target: str | None,
+    driver: str | None,
+    ok: bool,
+    check: str,
+    says: str,
+) -> None:
     v = gate_verdict(report, target=target, driver_cuda=driver)
     assert (v.ok, v.check) == (ok, check)
     assert says in v.reason

@@ -29,9 +29,13 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
         tools = [c.argv[0] for c in calls]
         assert tools[:2] == ["systemctl", "uv"]  # preflight reads state before anything else
         stop_i = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
-        install_i = next(i for i, c in enumerate(calls)
-                         if c.argv[:3] == ("uv", "pip", "install") and "--dry-run" not in c.argv
-                         and str(sim_sshd_host.python) in c.argv)  # not the prefetch
+        install_i = next(
+            i
+            for i, c in enumerate(calls)
+            if c.argv[:3] == ("uv", "pip", "install")
+            and "--dry-run" not in c.argv
+            and str(sim_sshd_host.python) in c.argv
+        )  # not the prefetch
         # The drain polls nvidia-smi and pgrep between the stop and the install.
         assert "nvidia-smi" in tools[stop_i:install_i] and "pgrep" in tools[stop_i:install_i]
         assert any(c.tool == "http" for c in sim_sshd_host.calls())
@@ -40,13 +44,30 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
 
         record = await rt.audit.get_run(result.run_id)
         assert (record.status, record.requested_by, record.approved_by) == (
-            "succeeded", "U0ALICE", ["U0BOB"])
+            "succeeded",
+            "U0ALICE",
+            ["U0BOB"],
+        )
         assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.16.0")
         steps = await rt.audit.steps(result.run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
-                                "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck", "gpu_recheck")]
+            (n, "ok")
+            for n in (
+                "preflight",
+                "gpu_check",
+                "prefetch",
+                "requests",
+                "stop",
+                "drain",
+                "reinstall",
+                "gate",
+                "start",
+                "health",
+                "readiness",
+                "postcheck",
+                "gpu_recheck",
+            )
+        ]
         reinstall = next(s for s in steps if s.step == "reinstall")
         assert reinstall.exit_status == 0 and "+ vllm==0.16.0" in reinstall.output_tail
         # The index went to uv on stdin: the recorded command names where, not the URL.
@@ -58,8 +79,7 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
         assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
 
 
-async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit,
-                                                    tmp_path: Path) -> None:
+async def test_drain_timeout_never_calls_uv_install(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     sim_sshd_host.set_faults(stuck_worker=True)
     settings = sim_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)
     async with open_runtime(settings) as rt:
@@ -77,11 +97,18 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
         assert result.status == "rolled_back", out
-        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
-                                           "rollback", "start"]
+        assert sim_sshd_host.changes() == [
+            "dry-run",
+            "prefetch",
+            "stop",
+            "install",
+            "rollback",
+            "start",
+        ]
         # The whole environment goes back: a sync of the snapshot, from uv's cache.
-        rollback = next(c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip",
-                                                                                 "sync"))
+        rollback = next(
+            c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip", "sync")
+        )
         assert "--offline" in rollback and rollback[-1].endswith(".freeze.txt")
         assert sim_sshd_host.installed_version == DEFAULT_VERSION
         assert sim_sshd_host.unit_state() == "active"
@@ -94,7 +121,8 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
 
 
 async def test_an_install_that_always_fails_is_rolled_back_without_the_network(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     # Every download fails, rollbacks included; but the failed install changed nothing,
     # so restoring the snapshot needs no download and the old version starts again.
     # (A rollback that cannot restore: tests/test_environment_e2e.py.)
@@ -102,8 +130,7 @@ async def test_an_install_that_always_fails_is_rolled_back_without_the_network(
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, Action.REDEPLOY)
         assert result.status == "rolled_back", result.summary
-        assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "rollback",
-                                      "start"]
+        assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "rollback", "start"]
         assert sim_host.unit_state() == "active"
 
 
@@ -133,8 +160,9 @@ async def test_unit_that_fails_to_start(sim_host: SimKit, tmp_path: Path) -> Non
     assert sim_host.changes()[-3:] == ["stop", "rollback", "start"]
 
 
-async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
-                                                              tmp_path: Path) -> None:
+async def test_preflight_refusal_leaves_the_service_untouched(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(resolve_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         result, _ = await run(rt, Action.REDEPLOY, version="0.16.0")
@@ -146,6 +174,7 @@ async def test_preflight_refusal_leaves_the_service_untouched(sim_host: SimKit,
 
 async def test_unknown_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     import asyncssh
+
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     sim_sshd_host.known_hosts.write_text(f"[127.0.0.1]:{sim_sshd_host.port} {other}\n")
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
@@ -171,8 +200,9 @@ async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None
         assert sim_sshd_host.changes() == ["stop", "start"]
 
 
-async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
-                                                            tmp_path: Path) -> None:
+async def test_second_request_for_a_busy_service_is_refused(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         plan = rt.engine.plan(Action.REDEPLOY, SERVICE)
         first = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
@@ -184,7 +214,8 @@ async def test_second_request_for_a_busy_service_is_refused(sim_host: SimKit,
 
 
 async def test_preflight_refusal_keeps_uvs_reason_in_terminal_and_audit(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     # Issue 9: a wrong `python`, and uv's reason appeared nowhere.  The simulated uv
     # answers `uv pip show` with a missing interpreter as uv does (exit 2, its reason on
     # stderr); the query is quiet, so only the refusal can carry that reason.

@@ -34,11 +34,13 @@ class StopAt:
 
 
 async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.update_config(install_duration_s=30.0)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
-                                            requested_by="U0ALICE", source=Source.CLI)
+        record = await rt.lifecycle.request(
+            rt.engine.plan(Action.REDEPLOY, SERVICE), requested_by="U0ALICE", source=Source.CLI
+        )
         assert await rt.lifecycle.confirm(record.id, "U0BOB")
         sink = StopAt(Step.REINSTALL)
         task = asyncio.create_task(rt.engine.execute(record.id, sink))
@@ -56,15 +58,19 @@ async def test_a_cancelled_execute_leaves_the_run_interrupted_not_running(
 
 
 async def test_a_plan_changed_by_the_config_after_approval_is_refused(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE,
-                                                           index="nightly"),
-                                            requested_by="U0ALICE", source=Source.SLACK)
+        record = await rt.lifecycle.request(
+            rt.engine.plan(Action.REDEPLOY, SERVICE, index="nightly"),
+            requested_by="U0ALICE",
+            source=Source.SLACK,
+        )
         assert await rt.lifecycle.confirm(record.id, "U0BOB")
     # The operator edits the config (another index URL) and the bot restarts.
-    changed = sim_settings(sim_host, tmp_path,
-                           indexes={"nightly": "https://mirror.example.com/nightly"})
+    changed = sim_settings(
+        sim_host, tmp_path, indexes={"nightly": "https://mirror.example.com/nightly"}
+    )
     async with open_runtime(changed) as rt:
         result = await rt.engine.execute(record.id, StopAt(Step.STOP))
         assert result.status == "refused"
@@ -86,18 +92,26 @@ def test_aborted_only_when_no_host_was_changed() -> None:
     assert overall_status([ok, ok]) == "succeeded"
 
 
-async def test_a_secret_cut_by_the_output_tail_is_still_masked(sim_host: SimKit,
-                                                               tmp_path: Path) -> None:
+async def test_a_secret_cut_by_the_output_tail_is_still_masked(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     body = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAE" * 200  # longer than the stored tail
-    output = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + body +
-              "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package")
+    output = (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+        + body
+        + "\n-----END OPENSSH PRIVATE KEY-----\nInstalled 1 package"
+    )
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        record = await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
-                                            requested_by="U0ALICE", source=Source.CLI)
+        record = await rt.lifecycle.request(
+            rt.engine.plan(Action.REDEPLOY, SERVICE), requested_by="U0ALICE", source=Source.CLI
+        )
         sink = RunAudit(rt.engine.writer, record.id, CancelToken(), ev.FanOut())
         await sink.handle(ev.StepStarted(record.id, "gpu-node-1", Step.REINSTALL, "uv"))
-        await sink.handle(ev.StepFinished(record.id, "gpu-node-1", Step.REINSTALL, StepStatus.OK, 0,
-                                          1.0, "installed", output))
+        await sink.handle(
+            ev.StepFinished(
+                record.id, "gpu-node-1", Step.REINSTALL, StepStatus.OK, 0, 1.0, "installed", output
+            )
+        )
         [step] = await rt.audit.steps(record.id)
     assert "b3BlbnNzaC1rZXkt" not in step.output_tail
     assert step.output_tail.endswith("Installed 1 package")

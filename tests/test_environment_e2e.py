@@ -40,27 +40,28 @@ class Tap:
             self.on_start.pop(event.step)()
 
 
-async def redeploy(rt: Runtime, tap: Tap | None = None, **plan: Any
-                   ) -> tuple[RunResult, str]:
+async def redeploy(rt: Runtime, tap: Tap | None = None, **plan: Any) -> tuple[RunResult, str]:
     out = io.StringIO()
     tap = tap or Tap(out)
     tap.terminal.out = out
     p = rt.engine.plan(Action.REDEPLOY, SERVICE, **plan)
     record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
     return await rt.engine.execute(record.id, tap), out.getvalue()
 
 
 def starts_after_rollback_only(kit: SimKit) -> bool:
     """Every `systemctl start` came after the rollback: the new environment never ran."""
     changes = kit.changes()
-    return "rollback" in changes and "start" not in changes[:changes.index("rollback")]
+    return "rollback" in changes and "start" not in changes[: changes.index("rollback")]
 
 
-async def test_the_card_lists_the_torch_change_before_approval(sim_sshd_host: SimKit,
-                                                               tmp_path: Path) -> None:
+async def test_the_card_lists_the_torch_change_before_approval(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=NEW, index="nightly")
         previews = await preview(rt.settings, rt.pool, plan)
@@ -81,7 +82,8 @@ async def test_the_card_lists_the_torch_change_before_approval(sim_sshd_host: Si
 
 
 async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(uv_fails_midway=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
@@ -89,8 +91,14 @@ async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
         assert result.status == RunStatus.ROLLED_BACK, out
         assert "the whole environment, 43 packages, as before" in result.summary
         assert sim_sshd_host.environment() == before  # every package, not only vllm
-        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
-                                           "rollback", "start"]
+        assert sim_sshd_host.changes() == [
+            "dry-run",
+            "prefetch",
+            "stop",
+            "install",
+            "rollback",
+            "start",
+        ]
         sync = next(c.argv for c in sim_sshd_host.calls() if c.argv[:3] == ("uv", "pip", "sync"))
         assert "--offline" in sync
         kinds = {e.kind: e for e in await rt.audit.environments(result.run_id)}
@@ -110,7 +118,8 @@ async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
 
 
 async def test_the_rollback_comes_from_the_cache_when_the_index_dropped_the_old_build(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(uv_fails_midway=True, index_drops_old=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
@@ -123,31 +132,43 @@ async def test_the_rollback_comes_from_the_cache_when_the_index_dropped_the_old_
 
 
 async def test_without_the_old_build_anywhere_the_run_says_how_to_restore(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     sim_sshd_host.set_faults(uv_fails_midway=True, index_drops_old=True)
     with sim_sshd_host.store.transaction() as tx:  # `uv cache prune` ran meanwhile
-        tx.state = dataclasses.replace(tx.state, cache=tuple(c for c in tx.state.cache
-                                                 if not c.startswith("torch==")))
+        tx.state = dataclasses.replace(
+            tx.state, cache=tuple(c for c in tx.state.cache if not c.startswith("torch=="))
+        )
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
     assert result.status == RunStatus.FAILED, out
-    assert "The service is STOPPED; restore the snapshot with `uv pip sync --python" in \
-        result.summary
+    assert (
+        "The service is STOPPED; restore the snapshot with `uv pip sync --python" in result.summary
+    )
     assert sim_sshd_host.changes()[-2:] == ["rollback", "rollback"]  # cache, then index
     assert sim_sshd_host.unit_state() == "inactive"
 
 
-async def test_torch_cuda_mismatch_never_starts_the_new_version(sim_sshd_host: SimKit,
-                                                                tmp_path: Path) -> None:
+async def test_torch_cuda_mismatch_never_starts_the_new_version(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         assert result.status == RunStatus.ROLLED_BACK, out
-        assert ("CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
-                "the driver supports") in result.summary
-        assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install",
-                                           "rollback", "start"]
+        assert (
+            "CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
+            "the driver supports"
+        ) in result.summary
+        assert sim_sshd_host.changes() == [
+            "dry-run",
+            "prefetch",
+            "stop",
+            "install",
+            "rollback",
+            "start",
+        ]
         assert starts_after_rollback_only(sim_sshd_host)
         gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
         assert gate.status == "failed" and 'chatops-gate {"vllm": "0.16.0"' in gate.output_tail
@@ -155,8 +176,9 @@ async def test_torch_cuda_mismatch_never_starts_the_new_version(sim_sshd_host: S
     assert sim_sshd_host.unit_state() == "active"
 
 
-async def test_an_import_error_never_starts_the_new_version(sim_sshd_host: SimKit,
-                                                            tmp_path: Path) -> None:
+async def test_an_import_error_never_starts_the_new_version(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     sim_sshd_host.set_faults(import_error=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
@@ -168,8 +190,9 @@ async def test_an_import_error_never_starts_the_new_version(sim_sshd_host: SimKi
     assert sim_sshd_host.installed_version == DEFAULT_VERSION
 
 
-async def test_an_unhealthy_start_rolls_back_the_whole_environment(sim_sshd_host: SimKit,
-                                                                  tmp_path: Path) -> None:
+async def test_an_unhealthy_start_rolls_back_the_whole_environment(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(health_503=True)
     tap = Tap(io.StringIO())
@@ -180,8 +203,16 @@ async def test_an_unhealthy_start_rolls_back_the_whole_environment(sim_sshd_host
         result, out = await redeploy(rt, tap, version=NEW, index="nightly")
     assert result.status == RunStatus.ROLLED_BACK, out
     assert "HTTP 503" in result.summary
-    assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start",
-                                       "stop", "rollback", "start"]
+    assert sim_sshd_host.changes() == [
+        "dry-run",
+        "prefetch",
+        "stop",
+        "install",
+        "start",
+        "stop",
+        "rollback",
+        "start",
+    ]
     assert sim_sshd_host.environment() == before
 
 
@@ -194,21 +225,28 @@ async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: 
     # Judged by what uv printed, not by durations (a loaded machine says more about itself
     # than about the install): the prefetch, before the stop, fetched the 13 changed
     # wheels (uv announces the 12 of 1 MiB or more; orjson is 0.9 MiB) ...
-    announced = [line for line in steps["prefetch"].output_tail.splitlines()
-                 if line.startswith("Downloading ")]
+    announced = [
+        line
+        for line in steps["prefetch"].output_tail.splitlines()
+        if line.startswith("Downloading ")
+    ]
     assert len(announced) == 12 and "Downloading torch (880.0MiB)" in announced
     assert len(sim_sshd_host.cached() - cached) == 13
     # ... and the install in the outage fetched nothing.
     assert "Downloading" not in steps["reinstall"].output_tail
     calls = sim_sshd_host.calls()
     stop = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
-    prefetch = next(i for i, c in enumerate(calls) if c.argv[:3] == ("uv", "pip", "install")
-                    and str(sim_sshd_host.python) not in c.argv)
+    prefetch = next(
+        i
+        for i, c in enumerate(calls)
+        if c.argv[:3] == ("uv", "pip", "install") and str(sim_sshd_host.python) not in c.argv
+    )
     assert prefetch < stop
 
 
 async def test_a_snapshot_that_cannot_be_saved_refuses_before_the_stop(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # Where the snapshot goes is taken by a file: `mkdir -p` fails on the host.
     (sim_sshd_host.venv_dir.parent / ".chatops").write_text("not a directory\n")
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
@@ -220,30 +258,35 @@ async def test_a_snapshot_that_cannot_be_saved_refuses_before_the_stop(
     assert sim_sshd_host.unit_state() == "active"
 
 
-async def test_audit_json_and_run_view_show_the_change(sim_sshd_host: SimKit,
-                                                       tmp_path: Path) -> None:
+async def test_audit_json_and_run_view_show_the_change(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     from bot.audit.view import run_view, runs_json
+
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         assert result.status == RunStatus.SUCCEEDED, out
         records = await rt.audit.list_runs()
         text = runs_json(records, await rt.audit.packages_changed([r.id for r in records]))
-        view = run_view(records[0], await rt.audit.steps(result.run_id),
-                        await rt.audit.environments(result.run_id))
+        view = run_view(
+            records[0],
+            await rt.audit.steps(result.run_id),
+            await rt.audit.environments(result.run_id),
+        )
     assert '"name": "torch",\n        "before": "2.9.1",\n        "after": "2.10.0"' in text
     assert "Package changes the install made:" in view and "! torch 2.9.1 → 2.10.0" in view
     assert "environment snapshot of 43 packages, kept on the host as" in view
 
 
 async def test_a_download_that_fails_before_the_stop_leaves_the_service_untouched(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     sim_sshd_host.set_faults(prefetch_fails=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.ABORTED, out
-    assert result.summary.startswith("prefetch failed; service untouched: prefetch failed "
-                                     "(exit 2)")
+    assert result.summary.startswith("prefetch failed; service untouched: prefetch failed (exit 2)")
     assert steps["prefetch"].status == "failed"
     assert "Failed to download" in steps["prefetch"].output_tail
     assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
@@ -255,7 +298,8 @@ async def test_a_download_that_fails_before_the_stop_leaves_the_service_untouche
 
 
 async def test_a_cu128_torch_on_a_driver_reporting_cuda_12_7_starts_with_a_warning(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # D2: CUDA minor-version compatibility runs a cu128 torch on a driver that reports
     # 12.7 (pytorch/pytorch#155141: cu128 on a 12.4 driver): a warning, not a rollback.
     sim_sshd_host.set_faults(cu128_on_cuda_12_7=True)
@@ -265,15 +309,18 @@ async def test_a_cu128_torch_on_a_driver_reporting_cuda_12_7_starts_with_a_warni
     assert result.status == RunStatus.SUCCEEDED, out
     assert sim_sshd_host.environment()["torch"] == "2.10.0+cu128"
     assert gate.status == "ok"
-    warning = ("WARNING: torch's CUDA 12.8 is newer than the 12.7 the driver reports; it "
-               "runs under CUDA minor-version compatibility")
+    warning = (
+        "WARNING: torch's CUDA 12.8 is newer than the 12.7 the driver reports; it "
+        "runs under CUDA minor-version compatibility"
+    )
     assert warning in gate.output_tail and warning in out  # the step's output and its line
     assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert sim_sshd_host.unit_state() == "active"
 
 
-async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(sim_sshd_host: SimKit,
-                                                                  tmp_path: Path) -> None:
+async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # D2's other side: a newer major (torch 2.10.0 for CUDA 13.0 on a 12.8 driver) is no
     # minor-version case: refused before the new build ever starts.
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
@@ -285,7 +332,8 @@ async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(sim_sshd_host
 
 
 async def test_a_cu129_wheel_whose_server_reports_no_label_is_the_version_asked_for(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # D3: uv installs vllm 0.16.0+cu129 (wheels.vllm.ai/<version>/cu129, vllm#43847);
     # vllm.__version__ and /version say 0.16.0 (setup.py appends the label to the wheel
     # only). Pinned: readiness compares /version with `uv pip show`.
@@ -295,14 +343,17 @@ async def test_a_cu129_wheel_whose_server_reports_no_label_is_the_version_asked_
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.SUCCEEDED, out
     assert sim_sshd_host.installed_version == "0.16.0+cu129"
-    assert "reports 0.16.0, the release of the installed 0.16.0+cu129" in \
-        steps["readiness"].output_tail
+    assert (
+        "reports 0.16.0, the release of the installed 0.16.0+cu129"
+        in steps["readiness"].output_tail
+    )
     assert 'chatops-gate {"vllm": "0.16.0"' in steps["gate"].output_tail
     assert result.summary == f"vllm {DEFAULT_VERSION} -> 0.16.0+cu129, healthy"
 
 
 async def test_latest_resolving_to_a_cu129_wheel_passes_the_import_gate(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # D3, unpinned: the target is what the dry run resolved (`+ vllm==0.16.0+cu129`), the
     # gate's interpreter says 0.16.0.
     sim_sshd_host.set_faults(cu129_wheels=True)
@@ -314,7 +365,8 @@ async def test_latest_resolving_to_a_cu129_wheel_passes_the_import_gate(
 
 
 async def test_a_venv_with_two_dist_infos_of_one_package_refuses_before_the_stop(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # D7: the freeze lists pip twice (uv's freeze_duplicate test); `uv pip sync` of that
     # snapshot cannot resolve, so no rollback could work: refused, service untouched.
     sim_sshd_host.set_faults(duplicate_dist_info=True)
@@ -322,8 +374,10 @@ async def test_a_venv_with_two_dist_infos_of_one_package_refuses_before_the_stop
         result, out = await redeploy(rt, version=NEW, index="nightly")
         refusal = await rt.audit.get_run(result.run_id)
     assert result.status == RunStatus.ABORTED, out
-    assert ("preflight refused; service untouched: snapshot not restorable: two versions "
-            "of pip installed (21.3.1, 22.1.1)") in result.summary
+    assert (
+        "preflight refused; service untouched: snapshot not restorable: two versions "
+        "of pip installed (21.3.1, 22.1.1)"
+    ) in result.summary
     assert refusal is not None and refusal.status == RunStatus.ABORTED
     assert sim_sshd_host.changes() == ["dry-run"]
     assert sim_sshd_host.unit_state() == "active"

@@ -49,8 +49,11 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(make_sim_host: MakeSimHost, tmp_path: Path) -> AsyncIterator[Fleet]:
-    kits = list(await asyncio.gather(*(
-        make_sim_host(config=fast_config(hostname=f"gpu-node-{i}")) for i in range(1, 5))))
+    kits = list(
+        await asyncio.gather(
+            *(make_sim_host(config=fast_config(hostname=f"gpu-node-{i}")) for i in range(1, 5))
+        )
+    )
     kits[3].set_faults(no_driver=True)
     accepted: list[float] = []
     writers: list[asyncio.StreamWriter] = []
@@ -68,8 +71,7 @@ async def fleet(make_sim_host: MakeSimHost, tmp_path: Path) -> AsyncIterator[Fle
         "kimi-k25": kits[0].service_settings(["gpu-node-1", "gpu-node-2"]),
         "glm": kits[0].service_settings(["gpu-node-3", "gpu-node-4", "gpu-hung"]),
     }
-    yield Fleet(kits, Settings(hosts=hosts, services=services, db_path=tmp_path / "a.db"),
-                accepted)
+    yield Fleet(kits, Settings(hosts=hosts, services=services, db_path=tmp_path / "a.db"), accepted)
     listener.close()
     for w in writers:
         w.close()
@@ -82,8 +84,14 @@ def smi_calls(kit: SimKit) -> list[float]:
 
 async def test_all_hosts_one_row_each_never_a_failed_query(fleet: Fleet) -> None:
     hosts = resolve_targets(fleet.settings, None)
-    assert hosts == ["gpu-closed", "gpu-hung", "gpu-node-1", "gpu-node-2", "gpu-node-3",
-                     "gpu-node-4"]
+    assert hosts == [
+        "gpu-closed",
+        "gpu-hung",
+        "gpu-node-1",
+        "gpu-node-2",
+        "gpu-node-3",
+        "gpu-node-4",
+    ]
     pool = HostPool(fleet.settings)
     try:
         results = await fleet_gpus(fleet.settings, pool, hosts, TIMEOUT_S)
@@ -112,8 +120,7 @@ async def test_all_hosts_one_row_each_never_a_failed_query(fleet: Fleet) -> None
         assert smi_calls(kit) and max(smi_calls(kit)) < accepted + TIMEOUT_S
 
     summary = fleet_summary(results)
-    assert summary.startswith("3/6 hosts ok, 2 unreachable, 1 failed; 24 GPUs: 24 busy, "
-                              "0 idle; ")
+    assert summary.startswith("3/6 hosts ok, 2 unreachable, 1 failed; 24 GPUs: 24 busy, 0 idle; ")
     full = render_fleet(results)
     assert "gpu-closed: UNREACHABLE: cannot connect" in full
     assert "gpu-node-4: UNAVAILABLE: nvidia-smi failed with exit status 9" in full
@@ -132,7 +139,10 @@ async def test_one_host_and_a_service(fleet: Fleet) -> None:
     finally:
         await pool.close()
     assert [(r.host, r.ok, r.unreachable) for r in results] == [
-        ("gpu-node-3", True, False), ("gpu-node-4", False, False), ("gpu-hung", False, True)]
+        ("gpu-node-3", True, False),
+        ("gpu-node-4", False, False),
+        ("gpu-hung", False, True),
+    ]
     # Hosts outside the target were not asked.
     assert smi_calls(fleet.kits[0]) == [] and smi_calls(fleet.kits[1]) == []
 
@@ -168,33 +178,59 @@ async def test_warm_repeat_reuses_the_pooled_connections(fleet: Fleet) -> None:
 
 # --------------------------------------------------------------------------- the message
 
+
 def gpu(host: int, i: int, busy: bool) -> Gpu:
     uuid = f"GPU-{host:04d}{i:04d}-0000-0000-0000-000000000000"
     procs = (GpuProcess(48221 + i, f"VLLM::Worker_TP{i}", 96998, uuid),) if busy else ()
     return Gpu(i, uuid, "NVIDIA H200", 97000 if busy else 0, 143771, 87 if busy else 0, procs)
 
 
-def synthetic(n: int, *, unreachable: tuple[int, ...] = (), failed: tuple[int, ...] = (),
-              idle: tuple[int, ...] = ()) -> list[HostGpus]:
+def synthetic(
+    n: int,
+    *,
+    unreachable: tuple[int, ...] = (),
+    failed: tuple[int, ...] = (),
+    idle: tuple[int, ...] = (),
+) -> list[HostGpus]:
     out = []
     for h in range(1, n + 1):
         name = f"gpu-node-{h:02d}"
         if h in unreachable:
-            out.append(HostGpus(name, None, "cannot connect: [Errno 113] No route to host "
-                                "'10.1.7.13' " + "x" * 300, 2.0, unreachable=True))
+            out.append(
+                HostGpus(
+                    name,
+                    None,
+                    "cannot connect: [Errno 113] No route to host '10.1.7.13' " + "x" * 300,
+                    2.0,
+                    unreachable=True,
+                )
+            )
         elif h in failed:
-            out.append(HostGpus(name, None, "nvidia-smi failed with exit status 9: the "
-                                "NVIDIA driver is not loaded", 0.2))
+            out.append(
+                HostGpus(
+                    name,
+                    None,
+                    "nvidia-smi failed with exit status 9: the NVIDIA driver is not loaded",
+                    0.2,
+                )
+            )
         else:
             gpus = tuple(gpu(h, i, h not in idle) for i in range(8))
-            out.append(HostGpus(name, GpuSnapshot(name, gpus, tuple(
-                p for g in gpus for p in g.processes)), None, 0.2))
+            out.append(
+                HostGpus(
+                    name,
+                    GpuSnapshot(name, gpus, tuple(p for g in gpus for p in g.processes)),
+                    None,
+                    0.2,
+                )
+            )
     return out
 
 
 def slack_errors(text: str) -> list[str]:
-    return validate_blocks([{"type": "section",
-                             "text": {"type": "mrkdwn", "text": f"```\n{text}\n```"}}])
+    return validate_blocks(
+        [{"type": "section", "text": {"type": "mrkdwn", "text": f"```\n{text}\n```"}}]
+    )
 
 
 def test_64_hosts_fit_slack_with_the_full_table_attached() -> None:
@@ -203,17 +239,40 @@ def test_64_hosts_fit_slack_with_the_full_table_attached() -> None:
     assert len(text) <= MESSAGE_CHARS and slack_errors(text) == []
     lines = text.splitlines()
     assert lines[0] == fleet_summary(results)
-    assert lines[0].startswith("61/64 hosts ok, 2 unreachable, 1 failed; 488 GPUs: "
-                               "472 busy, 16 idle; ")
-    assert lines[1].split() == ["HOST", "GPUS", "BUSY", "UTIL", "USED", "MiB", "TOTAL", "MiB",
-                                "HEALTH", "PROCESSES"]
+    assert lines[0].startswith(
+        "61/64 hosts ok, 2 unreachable, 1 failed; 488 GPUs: 472 busy, 16 idle; "
+    )
+    assert lines[1].split() == [
+        "HOST",
+        "GPUS",
+        "BUSY",
+        "UTIL",
+        "USED",
+        "MiB",
+        "TOTAL",
+        "MiB",
+        "HEALTH",
+        "PROCESSES",
+    ]
     # Problem hosts come first, with their reason, cut to the line width.
     assert lines[2].startswith("gpu-node-17") and "UNREACHABLE: cannot connect" in lines[2]
     assert lines[3].startswith("gpu-node-40")
-    assert lines[4] == ("gpu-node-63  UNAVAILABLE: nvidia-smi failed with exit status 9: the "
-                        "NVIDIA driver is not loaded")
-    assert lines[5].split() == ["gpu-node-01", "8", "8", "87%", "776,000", "1,150,168", "?",
-                                "8:", "VLLM::Worker_TP*", "x8"]
+    assert lines[4] == (
+        "gpu-node-63  UNAVAILABLE: nvidia-smi failed with exit status 9: the "
+        "NVIDIA driver is not loaded"
+    )
+    assert lines[5].split() == [
+        "gpu-node-01",
+        "8",
+        "8",
+        "87%",
+        "776,000",
+        "1,150,168",
+        "?",
+        "8:",
+        "VLLM::Worker_TP*",
+        "x8",
+    ]
     assert lines[9].split() == ["gpu-node-05", "8", "0", "0%", "0", "1,150,168", "?", "-"]
     assert all(len(line) <= 100 for line in lines[1:])  # the table rows
     shown = len(lines) - 3
@@ -240,8 +299,11 @@ def test_a_dozen_hosts_get_one_line_each() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 80), max_chars=st.integers(400, 6000),
-       down=st.sets(st.integers(1, 80), max_size=20))
+@given(
+    n=st.integers(0, 80),
+    max_chars=st.integers(400, 6000),
+    down=st.sets(st.integers(1, 80), max_size=20),
+)
 def test_the_message_always_fits(n: int, max_chars: int, down: set[int]) -> None:
     results = synthetic(n, unreachable=tuple(down))
     text, attachment = fleet_message(results, max_chars=max_chars)
@@ -255,11 +317,26 @@ def test_the_message_always_fits(n: int, max_chars: int, down: set[int]) -> None
 
 def test_host_line_groups_numbered_process_names() -> None:
     u = "GPU-00000000-0000-0000-0000-000000000000"
-    procs = tuple(GpuProcess(pid, name, mib, u) for pid, name, mib in (
-        (1, "VLLM::Worker_TP0", 90000), (2, "VLLM::Worker_TP1", 90000), (3, "python3", 500),
-        (4, "python3", 400), (5, "ray::IDLE", 10)))
+    procs = tuple(
+        GpuProcess(pid, name, mib, u)
+        for pid, name, mib in (
+            (1, "VLLM::Worker_TP0", 90000),
+            (2, "VLLM::Worker_TP1", 90000),
+            (3, "python3", 500),
+            (4, "python3", 400),
+            (5, "ray::IDLE", 10),
+        )
+    )
     snap = GpuSnapshot("h1", (Gpu(0, u, "NVIDIA H200", 180910, 143771, None, procs),), procs)
     [_, line] = host_lines([HostGpus("h1", snap, None, 0.1)])
     # "?": this row's health was not read.
-    assert line.split(None, 7) == ["h1", "1", "1", "n/a", "180,910", "143,771", "?",
-                                   "5: VLLM::Worker_TP* x2, python3 x2, ray::IDLE"]
+    assert line.split(None, 7) == [
+        "h1",
+        "1",
+        "1",
+        "n/a",
+        "180,910",
+        "143,771",
+        "?",
+        "5: VLLM::Worker_TP* x2, python3 x2, ray::IDLE",
+    ]

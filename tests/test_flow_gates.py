@@ -16,8 +16,11 @@ from tests.test_real_vllm_samples import PERMISSION, usage_thread_traceback
 from tests.test_sequence import Host, run, steps, verbs
 from tests.test_startup import ENGINE, FAILURES, START_UP
 
-READY = {"served_model": "kimi-k2.5", "smoke_prompt": "The capital of France is",
-         "smoke_expect": "Paris"}
+READY = {
+    "served_model": "kimi-k2.5",
+    "smoke_prompt": "The capital of France is",
+    "smoke_expect": "Paris",
+}
 
 
 def end(h: Host, step: Step) -> EndStep:
@@ -41,7 +44,8 @@ def test_a_ready_server_passes_each_check_and_says_so() -> None:
     assert ready.detail.splitlines() == [
         "ok: GET http://127.0.0.1:8000/v1/models lists kimi-k2.5",
         "ok: POST http://127.0.0.1:8000/v1/completions answered ' Paris.', matches 'Paris'",
-        "ok: GET http://127.0.0.1:8000/version reports 0.16.0, the installed version"]
+        "ok: GET http://127.0.0.1:8000/version reports 0.16.0, the installed version",
+    ]
     smoke = next(r for r in h.requests if r.url.endswith("/v1/completions"))
     assert smoke.method == "POST" and smoke.content_type == "application/json"
     assert smoke.body is not None and b'"temperature": 0' in smoke.body
@@ -61,8 +65,10 @@ def test_the_wrong_model_is_a_failed_start_with_the_journal() -> None:
 
 def test_smoke_failures_fail_the_start() -> None:
     cases: list[tuple[tuple[int, str], str]] = [
-        ((500, '{"object":"error","message":"EngineCore died","code":500}'),
-         "HTTP 500: EngineCore died"),
+        (
+            (500, '{"object":"error","message":"EngineCore died","code":500}'),
+            "HTTP 500: EngineCore died",
+        ),
         ((200, '{"choices":[{"index":0,"text":""}]}'), "does not match 'Paris'"),
         ((200, '{"choices":[{"index":0,"text":" Lyon."}]}'), "' Lyon.' does not match 'Paris'"),
         ((200, '{"detail":"Not Found"}'), "without a completion"),
@@ -94,7 +100,8 @@ def test_a_version_the_server_reports_must_be_the_installed_one() -> None:
     h = Host()  # /version answers 404: nothing to compare
     assert run(h).status == "succeeded"
     assert end(h, Step.READINESS).detail.startswith(
-        "skipped: GET http://127.0.0.1:8000/version reports no version (HTTP 404: ")
+        "skipped: GET http://127.0.0.1:8000/version reports no version (HTTP 404: "
+    )
 
 
 def test_a_rollback_start_is_gated_on_readiness_too() -> None:
@@ -135,8 +142,9 @@ class Restarting(Host):
 def test_a_unit_systemd_is_restarting_is_down_not_up() -> None:
     out = run(Restarting(), "restart", svc={"start_timeout_s": 5})
     assert out.status == "failed" and out.state == ServiceState.DOWN
-    assert out.summary.endswith("The service is DOWN (unit activating: systemd is starting it "
-                                "again or still starting it)."), out.summary
+    assert out.summary.endswith(
+        "The service is DOWN (unit activating: systemd is starting it again or still starting it)."
+    ), out.summary
 
 
 # ---- in-flight requests ------------------------------------------------------------------------
@@ -151,10 +159,12 @@ def test_the_stop_waits_until_no_request_runs_or_waits() -> None:
     out = run(h)
     assert out.status == "succeeded"
     shown = [p.text for p in h.progress if p.step == Step.REQUESTS]
-    assert shown == ["3 running, 1 waiting requests, KV cache 30 % used",
-                     "2 running, 0 waiting requests, KV cache 30 % used",
-                     "1 running, 0 waiting requests, KV cache 30 % used",
-                     "0 running, 0 waiting requests, KV cache 30 % used"]
+    assert shown == [
+        "3 running, 1 waiting requests, KV cache 30 % used",
+        "2 running, 0 waiting requests, KV cache 30 % used",
+        "1 running, 0 waiting requests, KV cache 30 % used",
+        "0 running, 0 waiting requests, KV cache 30 % used",
+    ]
     assert end(h, Step.REQUESTS).summary.startswith("in-flight requests finished after 3.0s")
     # Every /metrics read came before the stop.
     assert verbs(h) == ["stop", "install", "start"]
@@ -164,8 +174,10 @@ def test_requests_still_running_at_the_deadline_abort_with_the_service_untouched
     h = Host(metrics=[busy(2)])
     out = run(h, svc={"request_drain_timeout_s": 5})
     assert out.status == "aborted"
-    assert out.summary.startswith("2 running, 0 waiting requests, KV cache 30 % used still in "
-                                  "flight after 5s; service untouched")
+    assert out.summary.startswith(
+        "2 running, 0 waiting requests, KV cache 30 % used still in "
+        "flight after 5s; service untouched"
+    )
     assert out.state == ServiceState.UP  # as preflight read it
     assert "--force" in out.summary
     assert verbs(h) == []
@@ -177,7 +189,8 @@ def test_force_stops_at_once_and_says_what_it_interrupts() -> None:
     assert out.status == "succeeded"
     assert end(h, Step.REQUESTS).summary == (
         "--force: stopping with 2 running, 1 waiting requests, KV cache 30 % used, which are "
-        "interrupted")
+        "interrupted"
+    )
     assert len([r for r in h.requests if r.url.endswith("/metrics")]) == 1
 
 
@@ -189,19 +202,23 @@ def test_zero_disables_the_wait() -> None:
 
 # /metrics of a server started with --disable-log-stats: prometheus_client's default
 # families and no vllm: one (the shape vllm-project/vllm issue #26762 and PR #3938 show).
-NO_VLLM_GAUGES = ("# HELP python_gc_objects_collected_total Objects collected during gc\n"
-                  "# TYPE python_gc_objects_collected_total counter\n"
-                  'python_gc_objects_collected_total{generation="0"} 8841.0\n'
-                  "# HELP python_info Python platform information\n"
-                  "# TYPE python_info gauge\n"
-                  'python_info{implementation="CPython",major="3",minor="12",patchlevel="3",'
-                  'version="3.12.3"} 1.0\n'
-                  "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-                  "# TYPE process_resident_memory_bytes gauge\n"
-                  "process_resident_memory_bytes 3.1e+09\n")
-UNKNOWN = ("the load is unknown: http://127.0.0.1:8000/metrics has no "
-           "vllm:num_requests_running or vllm:num_requests_waiting, and vllm-kimi-k25 is "
-           "active; pass --force to stop anyway")
+NO_VLLM_GAUGES = (
+    "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+    "# TYPE python_gc_objects_collected_total counter\n"
+    'python_gc_objects_collected_total{generation="0"} 8841.0\n'
+    "# HELP python_info Python platform information\n"
+    "# TYPE python_info gauge\n"
+    'python_info{implementation="CPython",major="3",minor="12",patchlevel="3",'
+    'version="3.12.3"} 1.0\n'
+    "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+    "# TYPE process_resident_memory_bytes gauge\n"
+    "process_resident_memory_bytes 3.1e+09\n"
+)
+UNKNOWN = (
+    "the load is unknown: http://127.0.0.1:8000/metrics has no "
+    "vllm:num_requests_running or vllm:num_requests_waiting, and vllm-kimi-k25 is "
+    "active; pass --force to stop anyway"
+)
 
 
 @dataclass
@@ -249,7 +266,8 @@ def test_a_load_that_cannot_be_read_refuses_the_stop_with_the_reason() -> None:
     h = Host(metrics=["<html>not found</html> {{"])
     assert run(h).status == "aborted" and verbs(h) == []
     assert end(h, Step.REQUESTS).summary.startswith(
-        "the load is unknown: http://127.0.0.1:8000/metrics: not Prometheus text")
+        "the load is unknown: http://127.0.0.1:8000/metrics: not Prometheus text"
+    )
     one = "\n".join(ln for ln in busy(0).splitlines() if "num_requests_waiting" not in ln)
     h = Host(metrics=[one + "\n"])
     assert run(h).status == "aborted" and verbs(h) == []
@@ -262,14 +280,16 @@ def test_force_or_a_zero_drain_timeout_stops_with_the_load_unknown() -> None:
     assert out.status == "succeeded", out.summary
     assert end(h, Step.REQUESTS).summary.startswith(
         "--force: stopping with the load unknown (http://127.0.0.1:8000/metrics has no "
-        "vllm:num_requests_running")
+        "vllm:num_requests_running"
+    )
     assert verbs(h) == ["stop", "install", "start"]
     # request_drain_timeout_s = 0 keeps its meaning: the stop does not wait for requests,
     # known or not. No reading again, no unit check.
     h = MetricsHost(answers=[(None, "")])
     assert run(h, "restart", svc={"request_drain_timeout_s": 0}).status == "succeeded"
     assert end(h, Step.REQUESTS).summary.startswith(
-        "not waiting (request_drain_timeout_s = 0): the load is unknown")
+        "not waiting (request_drain_timeout_s = 0): the load is unknown"
+    )
     assert metrics_reads(h) == 1
     stop = h.calls.index(("systemctl", "stop", "--no-pager", "--", "vllm-kimi-k25"))
     assert not any(a[:2] == ("systemctl", "is-active") for a in h.calls[:stop])
@@ -284,7 +304,8 @@ def test_a_unit_that_does_not_run_has_no_request_to_cut() -> None:
         assert out.status == "succeeded", (state, out.summary)
         assert end(h, Step.REQUESTS).summary == (
             "the load is unknown (http://127.0.0.1:8000/metrics did not answer with metrics "
-            f"(connection refused)), but vllm-kimi-k25 is {state}: no request to interrupt")
+            f"(connection refused)), but vllm-kimi-k25 is {state}: no request to interrupt"
+        )
     # A unit systemd is starting or stopping, or whose state cannot be read, may serve:
     # refused like an active one.
     for state in ("activating", "deactivating"):
@@ -302,7 +323,8 @@ def test_a_metrics_read_that_got_no_answer_is_tried_again() -> None:
     assert end(h, Step.REQUESTS).summary == "no request in flight"
     assert metrics_reads(h) == 2
     assert next(p.text for p in h.progress if p.step == Step.REQUESTS).startswith(
-        "load unknown (http://127.0.0.1:8000/metrics did not answer with metrics")
+        "load unknown (http://127.0.0.1:8000/metrics did not answer with metrics"
+    )
     # A 503 is tried again too; a 404 is final.
     h = MetricsHost(answers=[(503, ""), (200, busy(0))])
     assert run(h).status == "succeeded" and metrics_reads(h) == 2
@@ -313,8 +335,10 @@ def test_a_metrics_read_that_got_no_answer_is_tried_again() -> None:
     out = run(h)
     assert out.status == "aborted" and verbs(h) == []
     assert metrics_reads(h) == UNKNOWN_LOAD_READS
-    assert "did not answer with metrics (connection refused), and vllm-kimi-k25 is active" \
+    assert (
+        "did not answer with metrics (connection refused), and vllm-kimi-k25 is active"
         in out.summary
+    )
 
 
 def test_a_server_that_stops_answering_mid_drain_is_not_taken_for_idle() -> None:
@@ -339,16 +363,27 @@ def test_a_cancel_while_requests_drain_changes_nothing() -> None:
 
 def test_the_phase_is_followed_from_the_journal_during_the_health_wait() -> None:
     lines = [ln for ln, _, _, _ in START_UP]
-    h = Host(healthy_after_checks=6,
-             journal=[follow("the last line of the previous run"), follow(*lines[:4]),
-                      follow(*lines[4:6]), follow(*lines[6:11]), follow(*lines[11:14]),
-                      follow(*lines[14:])])
+    h = Host(
+        healthy_after_checks=6,
+        journal=[
+            follow("the last line of the previous run"),
+            follow(*lines[:4]),
+            follow(*lines[4:6]),
+            follow(*lines[6:11]),
+            follow(*lines[11:14]),
+            follow(*lines[14:]),
+        ],
+    )
     assert run(h).status == "succeeded"
     shown = [p.text for p in h.progress if p.step == Step.HEALTH]
-    assert shown[:5] == ["loading weights", "loading weights 59 % (38/64)", "sizing the KV cache",
-                         "engine initialised", "API server up"]
-    assert all(p.start_up and p.elapsed_s is not None for p in h.progress
-               if p.step == Step.HEALTH)
+    assert shown[:5] == [
+        "loading weights",
+        "loading weights 59 % (38/64)",
+        "sizing the KV cache",
+        "engine initialised",
+        "API server up",
+    ]
+    assert all(p.start_up and p.elapsed_s is not None for p in h.progress if p.step == Step.HEALTH)
     # Each poll after the first asks for what follows the cursor the last one printed.
     follows = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
     assert any("--after-cursor=s=1;i=1" in a for a in follows)
@@ -360,19 +395,26 @@ def test_progress_without_a_new_phase_is_shown_only_every_progress_interval() ->
     assert run(h, svc={"start_timeout_s": 600, "progress_interval_s": 30}).status == "succeeded"
     times = [p.elapsed_s for p in h.progress if p.step == Step.HEALTH]
     assert len(times) <= 1 + 120 // 30 + 1, times
-    assert all(p.text == "waiting for the first log line" for p in h.progress
-               if p.step == Step.HEALTH)
+    assert all(
+        p.text == "waiting for the first log line" for p in h.progress if p.step == Step.HEALTH
+    )
 
 
 def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
-    tb = [ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
-          ENGINE + "Traceback (most recent call last):"]
-    h = Host(healthy_after_checks=10**6, journal=[follow(), follow(START_UP[5][0]), follow(*tb),
-                                                  follow(FAILURES[0][0])])
+    tb = [
+        ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
+        ENGINE + "Traceback (most recent call last):",
+    ]
+    h = Host(
+        healthy_after_checks=10**6,
+        journal=[follow(), follow(START_UP[5][0]), follow(*tb), follow(FAILURES[0][0])],
+    )
     out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
     assert out.status == "failed"
-    assert out.summary.startswith("start-up failed: CUDA out of memory: (EngineCore_DP0 "
-                                  "pid=48253) torch.OutOfMemoryError: CUDA out of memory.")
+    assert out.summary.startswith(
+        "start-up failed: CUDA out of memory: (EngineCore_DP0 "
+        "pid=48253) torch.OutOfMemoryError: CUDA out of memory."
+    )
     health = end(h, Step.HEALTH)
     assert "EngineCore failed to start." in health.detail
     assert health.detail.endswith(FAILURES[0][0])  # the lines that said so, last
@@ -381,28 +423,35 @@ def test_an_oom_traceback_ends_the_wait_at_once_with_its_lines() -> None:
     # systemd still shows the unit active (its process has not exited yet), but a start
     # that failed in the journal serves nothing: DOWN, never "UP but NOT READY".
     assert out.state == ServiceState.DOWN
-    assert ("The service is DOWN: its start failed (the unit is still active until its "
-            "process exits; it may hold the GPUs until then). Roll back with: ") in out.summary
+    assert (
+        "The service is DOWN: its start failed (the unit is still active until its "
+        "process exits; it may hold the GPUs until then). Roll back with: "
+    ) in out.summary
 
 
 def test_a_threads_traceback_during_the_start_is_a_warning_and_health_decides() -> None:
     # Issue 17, D4: vLLM's usage-stats thread dies (vllm-project/vllm issue #6340's shape);
     # the server goes on and answers /health. The start succeeds, and says what happened.
     thread = usage_thread_traceback(ENGINE)
-    h = Host(healthy_after_checks=4, journal=[follow(), follow(START_UP[5][0]),
-                                              follow(*thread[:6]), follow(*thread[6:])])
+    h = Host(
+        healthy_after_checks=4,
+        journal=[follow(), follow(START_UP[5][0]), follow(*thread[:6]), follow(*thread[6:])],
+    )
     out = run(h, svc={"start_timeout_s": 1800})
     assert out.status == "succeeded", out.summary
     health = end(h, Step.HEALTH)
     assert health.ok and health.summary.endswith(
         "(last phase: loading weights 59 % (38/64); warning: thread Thread-3 "
-        f"(_report_usage_worker) died: {PERMISSION})")
+        f"(_report_usage_worker) died: {PERMISSION})"
+    )
     assert health.detail.splitlines()[0] == thread[0] and health.detail.endswith(thread[-1])
     shown = [p.text for p in h.progress if p.step == Step.HEALTH]
     assert any("warning: thread Thread-3 (_report_usage_worker) died" in t for t in shown)
     # The other way: the same lines with no thread header are the main process failing.
-    h = Host(healthy_after_checks=10**6, journal=[follow(), follow(START_UP[5][0]),
-                                                  follow(*thread[1:6]), follow(*thread[6:])])
+    h = Host(
+        healthy_after_checks=10**6,
+        journal=[follow(), follow(START_UP[5][0]), follow(*thread[1:6]), follow(*thread[6:])],
+    )
     out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
     assert out.status == "failed"
     assert out.summary.startswith(f"start-up failed: Python traceback: {ENGINE}{PERMISSION}")
@@ -413,15 +462,25 @@ def test_the_journal_is_read_once_more_when_health_answers() -> None:
     # The lines logged between the last poll and /health's 200 are this start's too: the
     # thread's death is reported, the last phase is the one reached.
     thread = usage_thread_traceback(ENGINE)
-    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
-                                              follow(*thread, START_UP[-1][0])])
+    h = Host(
+        healthy_after_checks=2,
+        journal=[follow(), follow(START_UP[5][0]), follow(), follow(*thread, START_UP[-1][0])],
+    )
     assert run(h).status == "succeeded"
     assert end(h, Step.HEALTH).summary.endswith(
         f"(last phase: API server up; warning: thread Thread-3 (_report_usage_worker) died: "
-        f"{PERMISSION})")
+        f"{PERMISSION})"
+    )
     # A failure line found by that read is a failed start, though /health answered once.
-    h = Host(healthy_after_checks=2, journal=[follow(), follow(START_UP[5][0]), follow(),
-                                              follow(FAILURES[4][0], FAILURES[0][0])])
+    h = Host(
+        healthy_after_checks=2,
+        journal=[
+            follow(),
+            follow(START_UP[5][0]),
+            follow(),
+            follow(FAILURES[4][0], FAILURES[0][0]),
+        ],
+    )
     out = run(h, svc={"rollback_on_unhealthy": False})
     assert out.status == "failed"
     assert out.summary.startswith("start-up failed: CUDA out of memory"), out.summary
@@ -431,12 +490,20 @@ def test_a_follower_behind_reads_on_until_it_reaches_the_failure() -> None:
     # journalctl gives the first journal_follow_lines (1000) entries after the cursor: a
     # start that logged 1000 lines of noise and then its OOM since the last poll is read
     # on in the same poll, before the unit's death could end the wait without its cause.
-    noise = [f"(Worker_TP1 pid=48300) INFO [custom_all_reduce.py:203] Registering {i} cuda "
-             "graph addresses" for i in range(1000)]
-    tb = [ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
-          ENGINE + "Traceback (most recent call last):", FAILURES[0][0]]
-    h = Host(unit_dies=True, journal=[follow(), follow(*noise, cursor="s=1;i=3e8"),
-                                      follow(*tb, cursor="s=1;i=3eb")])
+    noise = [
+        f"(Worker_TP1 pid=48300) INFO [custom_all_reduce.py:203] Registering {i} cuda "
+        "graph addresses"
+        for i in range(1000)
+    ]
+    tb = [
+        ENGINE + "ERROR 11-30 13:04:02 [core.py:708] EngineCore failed to start.",
+        ENGINE + "Traceback (most recent call last):",
+        FAILURES[0][0],
+    ]
+    h = Host(
+        unit_dies=True,
+        journal=[follow(), follow(*noise, cursor="s=1;i=3e8"), follow(*tb, cursor="s=1;i=3eb")],
+    )
     out = run(h, svc={"rollback_on_unhealthy": False})
     assert out.summary.startswith("start-up failed: CUDA out of memory: "), out.summary
     reads = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
@@ -454,9 +521,17 @@ class JournalRefused(Host):
         if a[0] == "journalctl" and any(x.startswith("--after-cursor=") for x in a):
             if self.stderr:
                 return CommandResult(a, 1, "", self.stderr, 0.0)
-            return CommandResult(a, 1, "", "sudo: a password is required\n", 0.0, refused=(
-                f"sudo refused `{' '.join(a)}` as root: a password is required. The host's "
-                "sudoers drop-in lacks the rule ..."))
+            return CommandResult(
+                a,
+                1,
+                "",
+                "sudo: a password is required\n",
+                0.0,
+                refused=(
+                    f"sudo refused `{' '.join(a)}` as root: a password is required. The host's "
+                    "sudoers drop-in lacks the rule ..."
+                ),
+            )
         return super().command(a)
 
 
@@ -470,7 +545,8 @@ def test_a_journal_that_cannot_be_read_is_said_once_and_not_read_again() -> None
     shown = [p.text for p in h.progress if p.step == Step.HEALTH]
     assert shown == ["journal not readable (sudo refused it); phase unknown"], shown
     assert end(h, Step.HEALTH).summary.endswith(
-        "(last phase: journal not readable (sudo refused it); phase unknown)")
+        "(last phase: journal not readable (sudo refused it); phase unknown)"
+    )
     # journalctl's own failure: given up after FOLLOW_FAILED_READS in a row, said with
     # its first words (a failing read may be a passing hitch: see the next test).
     h = JournalRefused(healthy_after_checks=8, journal=[follow("old", cursor="s=9;i=41")])
@@ -479,8 +555,8 @@ def test_a_journal_that_cannot_be_read_is_said_once_and_not_read_again() -> None
     follows = [a for a in h.calls if a[0] == "journalctl" and "--show-cursor" in a]
     assert len(follows) == 1 + FOLLOW_FAILED_READS, follows
     assert [p.text for p in h.progress if p.step == Step.HEALTH][-1] == (
-        "journal not readable (exit 1: Failed to seek to cursor: Invalid argument); "
-        "phase unknown")
+        "journal not readable (exit 1: Failed to seek to cursor: Invalid argument); phase unknown"
+    )
 
 
 class JournalHitch(Host):
@@ -490,27 +566,33 @@ class JournalHitch(Host):
     hitches = 1
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
-        if a[0] == "journalctl" and any(x.startswith("--after-cursor=") for x in a) \
-                and self.hitches > 0:
+        if (
+            a[0] == "journalctl"
+            and any(x.startswith("--after-cursor=") for x in a)
+            and self.hitches > 0
+        ):
             self.hitches -= 1
             return CommandResult(a, 124, "", "timed out after 30s\n", 30.0, timed_out=True)
         return super().command(a)
 
 
 def test_one_failed_journal_read_does_not_switch_off_the_failure_detection() -> None:
-    h = JournalHitch(journal=[follow("old", cursor="s=9;i=41"),
-                              follow(FAILURES[0][0], cursor="s=9;i=60")],
-                     healthy_after_checks=10**6)
+    h = JournalHitch(
+        journal=[follow("old", cursor="s=9;i=41"), follow(FAILURES[0][0], cursor="s=9;i=60")],
+        healthy_after_checks=10**6,
+    )
     out = run(h, svc={"start_timeout_s": 1800, "rollback_on_unhealthy": False})
     assert out.status == "failed"
     assert out.summary.startswith("start-up failed: CUDA out of memory"), out.summary
 
 
 def test_the_shm_broadcast_warning_does_not_end_the_wait() -> None:
-    shm = (ENGINE + "INFO 11-30 13:10:31 [shm_broadcast.py:501] No available shared memory "
-           "broadcast block found in 60 seconds. This typically happens when some processes "
-           "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
-           "quantization).")
+    shm = (
+        ENGINE + "INFO 11-30 13:10:31 [shm_broadcast.py:501] No available shared memory "
+        "broadcast block found in 60 seconds. This typically happens when some processes "
+        "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+        "quantization)."
+    )
     h = Host(healthy_after_checks=4, journal=[follow(shm), follow(shm)])
     assert run(h).status == "succeeded"
 
@@ -531,5 +613,4 @@ def test_status_shows_the_served_model_and_the_load() -> None:
     h = Host(metrics=[busy(3, 2)])
     out = run(h, "status")
     assert out.status == "succeeded"
-    assert ("serving kimi-k2.5; 3 running, 2 waiting requests, KV cache 30 % used"
-            in out.summary)
+    assert "serving kimi-k2.5; 3 running, 2 waiting requests, KV cache 30 % used" in out.summary

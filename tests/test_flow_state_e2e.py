@@ -33,23 +33,24 @@ async def _run(rt: Runtime, action: Action, **plan: Any) -> tuple[str, Recorder]
     p = rt.engine.plan(action, SERVICE, **plan)
     record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
     sink = Recorder()
     result = await rt.engine.execute(record.id, sink)
     return result.status, sink
 
 
-async def test_a_healthy_redeploy_leaves_the_service_up(sim_host: SimKit,
-                                                        tmp_path: Path) -> None:
+async def test_a_healthy_redeploy_leaves_the_service_up(sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         status, sink = await _run(rt, Action.REDEPLOY, version="0.16.0")
     assert status == "succeeded"
     assert sink.states() == ([ServiceState.UP], ServiceState.UP)
 
 
-async def test_a_unit_that_never_starts_leaves_the_run_down(sim_host: SimKit,
-                                                            tmp_path: Path) -> None:
+async def test_a_unit_that_never_starts_leaves_the_run_down(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     # The new version fails to start, the restored one too: the service is DOWN.
     sim_host.set_faults(start_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
@@ -58,8 +59,9 @@ async def test_a_unit_that_never_starts_leaves_the_run_down(sim_host: SimKit,
     assert sink.states() == ([ServiceState.DOWN], ServiceState.DOWN)
 
 
-async def test_a_preflight_refusal_leaves_the_service_as_it_was(sim_host: SimKit,
-                                                                tmp_path: Path) -> None:
+async def test_a_preflight_refusal_leaves_the_service_as_it_was(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(resolve_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         status, sink = await _run(rt, Action.REDEPLOY, version="0.16.0")

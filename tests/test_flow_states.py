@@ -36,18 +36,19 @@ class Unit(Host):
     """A host whose unit preflight reads in ``active_state``, and whose ``systemctl``
     ``verb`` (start or stop) sudo refuses when ``refuse`` names it."""
 
-    def __init__(self, active_state: str = "active", refuse: str | None = None,
-                 **kw: Any) -> None:
+    def __init__(self, active_state: str = "active", refuse: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.active_state, self.refuse = active_state, refuse
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
         if a[:2] == ("systemctl", "show") and a[3] != "User":
-            return ok(a, f"LoadState=loaded\nActiveState={self.active_state}\n"
-                         "SubState=dead\nMainPID=0\n")
+            return ok(
+                a, f"LoadState=loaded\nActiveState={self.active_state}\nSubState=dead\nMainPID=0\n"
+            )
         if self.refuse is not None and a[:2] == ("systemctl", self.refuse):
-            return CommandResult(a, 1, "", "sudo: a password is required\n", 0.0,
-                                 refused=SUDO_REFUSED)
+            return CommandResult(
+                a, 1, "", "sudo: a password is required\n", 0.0, refused=SUDO_REFUSED
+            )
         return super().command(a)
 
 
@@ -56,64 +57,205 @@ def _cancel_in_drain(action: Any) -> bool:
 
 
 # (id, host, action, settings, plan keywords, expected status, expected state)
-CASES: list[tuple[str, Callable[[], Host], str, dict[str, Any], dict[str, Any], str,
-                  ServiceState]] = [
+CASES: list[
+    tuple[str, Callable[[], Host], str, dict[str, Any], dict[str, Any], str, ServiceState]
+] = [
     ("redeployed", Host, "redeploy", {}, {}, HostStatus.SUCCEEDED, UP),
     ("restarted", Host, "restart", {}, {}, HostStatus.SUCCEEDED, UP),
     ("dry run", Host, "redeploy", {}, {"dry_run": True}, HostStatus.SUCCEEDED, UP),
     # Ends before the stop leave the service as preflight read it.
-    ("disk refusal, unit active", lambda: Host(free_mib=10), "redeploy", {}, {},
-     HostStatus.ABORTED, UP),
-    ("disk refusal, unit inactive", lambda: Unit("inactive", free_mib=10), "redeploy", {}, {},
-     HostStatus.ABORTED, STOPPED),
-    ("disk refusal, unit failed", lambda: Unit("failed", free_mib=10), "redeploy", {}, {},
-     HostStatus.ABORTED, DOWN),
-    ("host unreachable", lambda: Host(lose=lambda a: True), "redeploy", {}, {},
-     HostStatus.ABORTED, UNKNOWN),
-    ("restart, host unreachable", lambda: Host(lose=lambda a: True), "restart", {}, {},
-     HostStatus.ABORTED, UNKNOWN),
-    ("prefetch failed", lambda: Host(prefetch_ok=False), "redeploy", {}, {},
-     HostStatus.ABORTED, UP),
-    ("cancelled before the change", lambda: Host(cancel_at=lambda a: isinstance(a, Checkpoint)),
-     "redeploy", {}, {}, HostStatus.CANCELLED, UP),
-    ("stop refused by sudo", lambda: Unit(refuse="stop"), "redeploy", {}, {},
-     HostStatus.FAILED, UP),
+    (
+        "disk refusal, unit active",
+        lambda: Host(free_mib=10),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ABORTED,
+        UP,
+    ),
+    (
+        "disk refusal, unit inactive",
+        lambda: Unit("inactive", free_mib=10),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ABORTED,
+        STOPPED,
+    ),
+    (
+        "disk refusal, unit failed",
+        lambda: Unit("failed", free_mib=10),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ABORTED,
+        DOWN,
+    ),
+    (
+        "host unreachable",
+        lambda: Host(lose=lambda a: True),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ABORTED,
+        UNKNOWN,
+    ),
+    (
+        "restart, host unreachable",
+        lambda: Host(lose=lambda a: True),
+        "restart",
+        {},
+        {},
+        HostStatus.ABORTED,
+        UNKNOWN,
+    ),
+    (
+        "prefetch failed",
+        lambda: Host(prefetch_ok=False),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ABORTED,
+        UP,
+    ),
+    (
+        "cancelled before the change",
+        lambda: Host(cancel_at=lambda a: isinstance(a, Checkpoint)),
+        "redeploy",
+        {},
+        {},
+        HostStatus.CANCELLED,
+        UP,
+    ),
+    (
+        "stop refused by sudo",
+        lambda: Unit(refuse="stop"),
+        "redeploy",
+        {},
+        {},
+        HostStatus.FAILED,
+        UP,
+    ),
     ("stop failed", lambda: Host(stop_ok=False), "redeploy", {}, {}, HostStatus.FAILED, UNKNOWN),
     # Stopped, and never started again.
     ("drain timeout", lambda: Host(stuck=True), "redeploy", {}, {}, HostStatus.FAILED, STOPPED),
-    ("restart, drain timeout", lambda: Host(stuck=True), "restart", {}, {}, HostStatus.FAILED,
-     STOPPED),
-    ("restart, start refused after the stop", lambda: Unit(refuse="start"), "restart", {}, {},
-     HostStatus.FAILED, STOPPED),
-    ("reinstall and both rollbacks fail", lambda: Host(install_fails=1, sync_fails=2),
-     "redeploy", {}, {}, HostStatus.FAILED, STOPPED),
+    (
+        "restart, drain timeout",
+        lambda: Host(stuck=True),
+        "restart",
+        {},
+        {},
+        HostStatus.FAILED,
+        STOPPED,
+    ),
+    (
+        "restart, start refused after the stop",
+        lambda: Unit(refuse="start"),
+        "restart",
+        {},
+        {},
+        HostStatus.FAILED,
+        STOPPED,
+    ),
+    (
+        "reinstall and both rollbacks fail",
+        lambda: Host(install_fails=1, sync_fails=2),
+        "redeploy",
+        {},
+        {},
+        HostStatus.FAILED,
+        STOPPED,
+    ),
     # Started, and the gate said how it runs.
-    ("restart, unit dies", lambda: Host(unit_dies=True), "restart", {}, {}, HostStatus.FAILED,
-     DOWN),
-    ("restart, start fails and the unit is failed", lambda: Host(start_ok=False, unit_dies=True),
-     "restart", {}, {}, HostStatus.FAILED, DOWN),
-    ("restart, unhealthy", lambda: Host(health_status=503), "restart",
-     {"start_timeout_s": 5}, {}, HostStatus.FAILED, NOT_READY),
-    ("unhealthy, rollback off", lambda: Host(health_status=503), "redeploy",
-     {"start_timeout_s": 5, "rollback_on_unhealthy": False}, {}, HostStatus.FAILED, NOT_READY),
-    ("unhealthy, rolled back and unhealthy again", lambda: Host(health_status=503), "redeploy",
-     {"start_timeout_s": 5}, {}, HostStatus.FAILED, NOT_READY),
-    ("install failed, rollback's unit dies", lambda: Host(install_fails=1, unit_dies=True),
-     "redeploy", {}, {}, HostStatus.FAILED, DOWN),
+    (
+        "restart, unit dies",
+        lambda: Host(unit_dies=True),
+        "restart",
+        {},
+        {},
+        HostStatus.FAILED,
+        DOWN,
+    ),
+    (
+        "restart, start fails and the unit is failed",
+        lambda: Host(start_ok=False, unit_dies=True),
+        "restart",
+        {},
+        {},
+        HostStatus.FAILED,
+        DOWN,
+    ),
+    (
+        "restart, unhealthy",
+        lambda: Host(health_status=503),
+        "restart",
+        {"start_timeout_s": 5},
+        {},
+        HostStatus.FAILED,
+        NOT_READY,
+    ),
+    (
+        "unhealthy, rollback off",
+        lambda: Host(health_status=503),
+        "redeploy",
+        {"start_timeout_s": 5, "rollback_on_unhealthy": False},
+        {},
+        HostStatus.FAILED,
+        NOT_READY,
+    ),
+    (
+        "unhealthy, rolled back and unhealthy again",
+        lambda: Host(health_status=503),
+        "redeploy",
+        {"start_timeout_s": 5},
+        {},
+        HostStatus.FAILED,
+        NOT_READY,
+    ),
+    (
+        "install failed, rollback's unit dies",
+        lambda: Host(install_fails=1, unit_dies=True),
+        "redeploy",
+        {},
+        {},
+        HostStatus.FAILED,
+        DOWN,
+    ),
     # The rollback served again.
-    ("install failed, rolled back", lambda: Host(install_fails=1), "redeploy", {}, {},
-     HostStatus.ROLLED_BACK, UP),
-    ("import gate refused, rolled back", lambda: Host(gate_exit=3, gate_stdout=""), "redeploy",
-     {}, {}, HostStatus.ROLLED_BACK, UP),
-    ("cancelled in the drain, restarted", lambda: Host(drain_after_polls=100,
-                                                       cancel_at=_cancel_in_drain),
-     "redeploy", {}, {}, HostStatus.CANCELLED, UP),
+    (
+        "install failed, rolled back",
+        lambda: Host(install_fails=1),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ROLLED_BACK,
+        UP,
+    ),
+    (
+        "import gate refused, rolled back",
+        lambda: Host(gate_exit=3, gate_stdout=""),
+        "redeploy",
+        {},
+        {},
+        HostStatus.ROLLED_BACK,
+        UP,
+    ),
+    (
+        "cancelled in the drain, restarted",
+        lambda: Host(drain_after_polls=100, cancel_at=_cancel_in_drain),
+        "redeploy",
+        {},
+        {},
+        HostStatus.CANCELLED,
+        UP,
+    ),
     ("status", Host, "status", {}, {}, HostStatus.SUCCEEDED, UP),
 ]
 
 
-def _run(case: tuple[str, Callable[[], Host], str, dict[str, Any], dict[str, Any], str,
-                     ServiceState]) -> tuple[Host, HostOutcome]:
+def _run(
+    case: tuple[str, Callable[[], Host], str, dict[str, Any], dict[str, Any], str, ServiceState],
+) -> tuple[Host, HostOutcome]:
     _, make, action, svc, plan, _, _ = case
     host = make()
     return host, run(host, action, svc=svc, **plan)
@@ -127,8 +269,10 @@ def test_each_path_leaves_the_state_it_says(case: Any) -> None:
 
 # What the summaries say of the service, back to the value.
 SAID = {"UP but NOT READY": NOT_READY, "DOWN": DOWN, "STOPPED": STOPPED, "UP": UP}
-PHRASE = re.compile(r"[Tt]he service is (UP but NOT READY|DOWN|STOPPED|UP)\b"
-                    r"|(Whether the service runs is unknown)")
+PHRASE = re.compile(
+    r"[Tt]he service is (UP but NOT READY|DOWN|STOPPED|UP)\b"
+    r"|(Whether the service runs is unknown)"
+)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -147,8 +291,9 @@ def test_the_words_are_rendered_from_the_state() -> None:
     assert service_is(UNKNOWN) == "Whether the service runs is unknown"
     # The sentences themselves, as operators read them.
     out = run(Unit(refuse="start"), "restart")
-    assert out.summary.endswith("systemctl start failed (" + SUDO_REFUSED
-                                + "). The service is STOPPED."), out.summary
+    assert out.summary.endswith(
+        "systemctl start failed (" + SUDO_REFUSED + "). The service is STOPPED."
+    ), out.summary
     out = run(Host(stuck=True))
     assert "The service is STOPPED and nothing was reinstalled" in out.summary
 
@@ -162,9 +307,18 @@ def test_a_start_that_never_ran_is_not_read_as_down() -> None:
     assert ("systemctl", "is-active", "--no-pager", "--", "vllm-kimi-k25") not in h.calls[-2:]
 
 
-@pytest.mark.parametrize(("active", "state"), [
-    ("active", UP), ("reloading", UP), ("failed", DOWN), ("activating", DOWN),
-    ("inactive", STOPPED), ("deactivating", STOPPED), ("maintenance", UNKNOWN)])
+@pytest.mark.parametrize(
+    ("active", "state"),
+    [
+        ("active", UP),
+        ("reloading", UP),
+        ("failed", DOWN),
+        ("activating", DOWN),
+        ("inactive", STOPPED),
+        ("deactivating", STOPPED),
+        ("maintenance", UNKNOWN),
+    ],
+)
 def test_what_preflight_reads_is_the_untouched_state(active: str, state: ServiceState) -> None:
     r = ok(("systemctl", "show"), f"ActiveState={active}\n")
     assert read_state(r, {"ActiveState": active}) == state
@@ -207,7 +361,8 @@ async def test_host_finished_carries_the_outcomes_state(state: ServiceState) -> 
     out = await Executor(1, _Named(), sink).drive(flow())  # type: ignore[arg-type]
     assert out.state == state
     assert [(type(e), e.state) for e in sink.events if isinstance(e, ev.HostFinished)] == [
-        (ev.HostFinished, state)]
+        (ev.HostFinished, state)
+    ]
 
 
 async def test_a_reply_of_the_wrong_type_is_a_bug_said_at_once() -> None:

@@ -60,8 +60,9 @@ def test_parse_gpu_csv_reads_every_field() -> None:
     )
 
 
-@pytest.mark.parametrize("missing", ["[N/A]", "[Not Supported]", "[Unknown Error]", "N/A",
-                                     "[Insufficient Permissions]"])
+@pytest.mark.parametrize(
+    "missing", ["[N/A]", "[Not Supported]", "[Unknown Error]", "N/A", "[Insufficient Permissions]"]
+)
 def test_parse_gpu_csv_missing_values_become_none(missing: str) -> None:
     (gpu,) = parse_gpu_csv("h1", f"3, {uuid(3)}, NVIDIA H200, {missing}, {missing}, {missing}")
     assert (gpu.index, gpu.name) == (3, "NVIDIA H200")
@@ -75,11 +76,15 @@ def test_parse_gpu_csv_keeps_commas_in_the_name() -> None:
 
 
 def test_parse_gpu_csv_ignores_blank_lines_and_crlf() -> None:
-    text = (f"\r\n0, {uuid(0)}, NVIDIA H200, 1, 143771, 0\r\n\r\n   \r\n"
-            f"1, {uuid(1)}, NVIDIA H200, 2, 143771, 7\r\n")
+    text = (
+        f"\r\n0, {uuid(0)}, NVIDIA H200, 1, 143771, 0\r\n\r\n   \r\n"
+        f"1, {uuid(1)}, NVIDIA H200, 2, 143771, 7\r\n"
+    )
     gpus = parse_gpu_csv("h1", text)
     assert [(g.index, g.uuid, g.memory_used_mib, g.utilization_pct) for g in gpus] == [
-        (0, uuid(0), 1, 0), (1, uuid(1), 2, 7)]
+        (0, uuid(0), 1, 0),
+        (1, uuid(1), 2, 7),
+    ]
 
 
 def test_parse_gpu_csv_empty_output_is_no_gpus() -> None:
@@ -140,8 +145,9 @@ def test_parse_apps_csv_reads_every_field() -> None:
     )
 
 
-@pytest.mark.parametrize("text", ["", "\n", "No running processes found\n",
-                                  "  no running processes found \r\n"])
+@pytest.mark.parametrize(
+    "text", ["", "\n", "No running processes found\n", "  no running processes found \r\n"]
+)
 def test_parse_apps_csv_no_processes(text: str) -> None:
     assert parse_apps_csv("h1", text) == ()
 
@@ -190,10 +196,17 @@ def test_parse_apps_csv_rejects_malformed_lines(line: str, why: str) -> None:
 # --------------------------------------------------------------------------- check_nvidia_smi
 
 
-def result(exit_status: int | None, stdout: str = "", stderr: str = "", *,
-           timed_out: bool = False, signal: str | None = None) -> CommandResult:
-    return CommandResult(GPU_QUERY_ARGV, exit_status, stdout, stderr, 12.4,
-                         signal=signal, timed_out=timed_out)
+def result(
+    exit_status: int | None,
+    stdout: str = "",
+    stderr: str = "",
+    *,
+    timed_out: bool = False,
+    signal: str | None = None,
+) -> CommandResult:
+    return CommandResult(
+        GPU_QUERY_ARGV, exit_status, stdout, stderr, 12.4, signal=signal, timed_out=timed_out
+    )
 
 
 def test_check_nvidia_smi_accepts_success() -> None:
@@ -241,8 +254,9 @@ ONE_GPU_FAILED = "Unable to determine the device handle for GPU0000:02:00.0: Unk
 
 @pytest.mark.parametrize("code", [15, 255])
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
-def test_check_nvidia_smi_quotes_the_failing_gpu_not_the_healthy_row(code: int,
-                                                                     stream: str) -> None:
+def test_check_nvidia_smi_quotes_the_failing_gpu_not_the_healthy_row(
+    code: int, stream: str
+) -> None:
     healthy = gpu_text(1).strip()
     if stream == "stdout":
         r = result(code, f"{healthy}\n{ONE_GPU_FAILED}\n")
@@ -276,7 +290,8 @@ def test_check_nvidia_smi_failure_without_output() -> None:
     with pytest.raises(GpuQueryError) as caught:
         check_nvidia_smi("h1", result(9))
     assert str(caught.value) == (
-        "h1: nvidia-smi failed with exit status 9: the NVIDIA driver is not loaded")
+        "h1: nvidia-smi failed with exit status 9: the NVIDIA driver is not loaded"
+    )
 
 
 def test_check_nvidia_smi_timeout_wins_over_exit_status() -> None:
@@ -318,10 +333,20 @@ def test_build_snapshot_raises_for_either_bad_input() -> None:
 
 def test_argv_matches_what_the_parsers_expect() -> None:
     assert GPU_QUERY_ARGV[1].removeprefix("--query-gpu=").split(",") == [
-        "index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu"]
+        "index",
+        "uuid",
+        "name",
+        "memory.used",
+        "memory.total",
+        "utilization.gpu",
+    ]
     assert "nounits" in GPU_QUERY_ARGV[2]
     assert APPS_QUERY_ARGV[1].removeprefix("--query-compute-apps=").split(",") == [
-        "pid", "process_name", "used_memory", "gpu_uuid"]
+        "pid",
+        "process_name",
+        "used_memory",
+        "gpu_uuid",
+    ]
     assert "nounits" not in APPS_QUERY_ARGV[2]
 
 
@@ -350,8 +375,12 @@ def test_a_process_holding_memory_blocks_the_drain() -> None:
     verdict = drain_verdict(snap, 1024)
     assert not verdict.drained
     (holder,) = verdict.holders
-    assert (holder.kind, holder.gpu_index, holder.pid, holder.used_mib) == ("process", 3, 48304,
-                                                                           96000)
+    assert (holder.kind, holder.gpu_index, holder.pid, holder.used_mib) == (
+        "process",
+        3,
+        48304,
+        96000,
+    )
     assert holder.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
     assert verdict.describe() == "GPU 3: 96000 MiB held by PID 48304 (VLLM::Worker_TP3)"
     assert {h.pid for h in verdict.holders} == {48304}
@@ -434,7 +463,10 @@ def test_drain_verdict_sees_processes_only_attached_to_gpus() -> None:
 def test_parse_pgrep() -> None:
     text = "48301 VLLM::Worker_TP0\n\n48302   VLLM::Worker_TP1 --flag\r\n7\n"
     assert parse_pgrep(text) == (
-        (48301, "VLLM::Worker_TP0"), (48302, "VLLM::Worker_TP1 --flag"), (7, ""))
+        (48301, "VLLM::Worker_TP0"),
+        (48302, "VLLM::Worker_TP1 --flag"),
+        (7, ""),
+    )
 
 
 def test_parse_pgrep_empty() -> None:
@@ -443,14 +475,17 @@ def test_parse_pgrep_empty() -> None:
 
 def test_parse_pgrep_joins_a_command_line_that_contained_a_newline() -> None:
     assert parse_pgrep("12 VLLM::x --prompt first\nsecond half\n13 VLLM::y\n") == (
-        (12, "VLLM::x --prompt first second half"), (13, "VLLM::y"))
+        (12, "VLLM::x --prompt first second half"),
+        (13, "VLLM::y"),
+    )
 
 
 def test_parse_pgrep_rejects_leading_garbage() -> None:
     with pytest.raises(GpuQueryError) as caught:
         parse_pgrep("pgrep: invalid option\n12 VLLM::x\n", host="gpu-a1")
     assert str(caught.value) == (
-        "gpu-a1: unexpected line from pgrep (no PID): 'pgrep: invalid option'")
+        "gpu-a1: unexpected line from pgrep (no PID): 'pgrep: invalid option'"
+    )
 
 
 # --------------------------------------------------------------------------- rendering
@@ -563,34 +598,40 @@ def cell(value: int | None) -> str:
 
 @given(st.lists(st.tuples(NAMES, AMOUNT, AMOUNT, AMOUNT), max_size=8), st.booleans())
 @settings(max_examples=60, deadline=None)
-def test_gpu_rows_round_trip(rows: list[tuple[str, int | None, int | None, int | None]],
-                             crlf: bool) -> None:
-    gpus = tuple(Gpu(i, uuid(i), name, used, total, util,
-                     memory_note="" if used is not None else cell(used))
-                 for i, (name, used, total, util) in enumerate(rows))
+def test_gpu_rows_round_trip(
+    rows: list[tuple[str, int | None, int | None, int | None]], crlf: bool
+) -> None:
+    gpus = tuple(
+        Gpu(i, uuid(i), name, used, total, util, memory_note="" if used is not None else cell(used))
+        for i, (name, used, total, util) in enumerate(rows)
+    )
     end = "\r\n" if crlf else "\n"
-    text = end.join(f"{g.index}, {g.uuid}, {g.name}, {cell(g.memory_used_mib)}, "
-                    f"{cell(g.memory_total_mib)}, {cell(g.utilization_pct)}" for g in gpus)
+    text = end.join(
+        f"{g.index}, {g.uuid}, {g.name}, {cell(g.memory_used_mib)}, "
+        f"{cell(g.memory_total_mib)}, {cell(g.utilization_pct)}"
+        for g in gpus
+    )
     assert parse_gpu_csv("h", text) == gpus
     table = render_table(GpuSnapshot("h", gpus))
     assert all(len(line) <= LINE_LIMIT and line == line.rstrip() for line in table.split("\n"))
 
 
-@given(st.lists(st.tuples(st.integers(0, 2**22), SAFE.map(str.strip), AMOUNT, UUIDS),
-                max_size=8))
+@given(st.lists(st.tuples(st.integers(0, 2**22), SAFE.map(str.strip), AMOUNT, UUIDS), max_size=8))
 @settings(max_examples=60, deadline=None)
 def test_app_rows_round_trip(rows: list[tuple[int, str, int | None, str]]) -> None:
     procs = tuple(GpuProcess(pid, name, used, gpu) for pid, name, used, gpu in rows)
-    text = "".join(f"{p.pid}, {p.name}, {'[N/A]' if p.used_mib is None else f'{p.used_mib} MiB'}"
-                   f", {p.gpu_uuid}\n" for p in procs)
+    text = "".join(
+        f"{p.pid}, {p.name}, {'[N/A]' if p.used_mib is None else f'{p.used_mib} MiB'}"
+        f", {p.gpu_uuid}\n"
+        for p in procs
+    )
     assert parse_apps_csv("h", text) == procs
 
 
 @given(st.text(max_size=300))
 @settings(max_examples=200, deadline=None)
 def test_parsers_only_ever_raise_gpu_query_error(text: str) -> None:
-    for parse in (lambda t: parse_gpu_csv("h", t), lambda t: parse_apps_csv("h", t),
-                  parse_pgrep):
+    for parse in (lambda t: parse_gpu_csv("h", t), lambda t: parse_apps_csv("h", t), parse_pgrep):
         try:
             parse(text)
         except GpuQueryError as exc:
@@ -612,8 +653,11 @@ INFOROM = "WARNING: infoROM is corrupted at gpu 0000:67:00.0"
 @pytest.mark.parametrize("where", ["before", "between", "stderr"])
 def test_the_inforom_warning_leaves_the_rows_readable(status: int, where: str) -> None:
     rows = gpu_text(2)
-    stdout = {"before": f"{INFOROM}\n{rows}",
-              "between": rows.replace("\n", f"\n{INFOROM}\n", 1), "stderr": rows}[where]
+    stdout = {
+        "before": f"{INFOROM}\n{rows}",
+        "between": rows.replace("\n", f"\n{INFOROM}\n", 1),
+        "stderr": rows,
+    }[where]
     r = result(status, stdout, f"{INFOROM}\n" if where == "stderr" else "")
     check_nvidia_smi("h1", r)
     snap = build_snapshot("h1", r.stdout, apps_text(2), (r.stderr,))
@@ -622,11 +666,14 @@ def test_the_inforom_warning_leaves_the_rows_readable(status: int, where: str) -
     assert parse_apps_csv("h1", f"{INFOROM}\n{apps_text(1)}")[0].pid == 48301
 
 
-@pytest.mark.parametrize("line", [
-    "WARNING: something else is wrong at gpu 0000:67:00.0",
-    "WARNING: infoROM is corrupted at gpu 0000:67:00.0 and more",
-    "infoROM is corrupted",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "WARNING: something else is wrong at gpu 0000:67:00.0",
+        "WARNING: infoROM is corrupted at gpu 0000:67:00.0 and more",
+        "infoROM is corrupted",
+    ],
+)
 def test_a_line_that_is_not_a_known_warning_is_still_an_error(line: str) -> None:
     with pytest.raises(GpuQueryError, match="unexpected line from nvidia-smi --query-gpu"):
         parse_gpu_csv("h1", f"{line}\n{gpu_text(1)}")
@@ -645,8 +692,10 @@ def test_exit_14_without_the_warning_is_still_a_failure() -> None:
 def test_the_warning_is_a_warning_on_the_gpu_at_that_address() -> None:
     gpus = parse_gpu_csv("h1", gpu_text(2))
     (w,) = driver_warnings(INFOROM)
-    at_67 = (GpuReading(uuid(0), "0000:3b:00", 0, 0, False, False, False, "None"),
-             GpuReading(uuid(1), "0000:67:00", 0, 0, False, False, False, "None"))
+    at_67 = (
+        GpuReading(uuid(0), "0000:3b:00", 0, 0, False, False, False, "None"),
+        GpuReading(uuid(1), "0000:67:00", 0, 0, False, False, False, "None"),
+    )
     h = judge("h1", gpus, at_67, (), warnings=(w,))
     assert [g.level for g in h.gpus] == [Level.OK, Level.WARN]
     (said,) = h.problems(Level.WARN)
@@ -662,9 +711,11 @@ class InfoRomHost(seq.Host):
     def respond(self, action: Any) -> Any:
         r = super().respond(action)
         if isinstance(r, CommandResult) and r.argv[1:2] == GPU_QUERY_ARGV[1:2] and r.ok:
-            return dataclasses.replace(r, exit_status=14,
-                                       stdout=f"WARNING: infoROM is corrupted at gpu "
-                                              f"0000:61:00.0\n{r.stdout}")
+            return dataclasses.replace(
+                r,
+                exit_status=14,
+                stdout=f"WARNING: infoROM is corrupted at gpu 0000:61:00.0\n{r.stdout}",
+            )
         return r
 
 
@@ -674,7 +725,10 @@ def test_a_host_whose_gpu_query_warns_of_the_inforom_still_runs_with_the_warning
     host = InfoRomHost(health_q=q)
     outcome = seq.run(host, "restart")
     assert outcome.status == HostStatus.SUCCEEDED, outcome.summary
-    check = next(n for n in host.notices if getattr(n, "step", None) == "gpu_check"
-                 and hasattr(n, "ok"))
-    assert check.ok and "warning: GPU 3: nvidia-smi warns that the infoROM is corrupted" in \
-        check.summary
+    check = next(
+        n for n in host.notices if getattr(n, "step", None) == "gpu_check" and hasattr(n, "ok")
+    )
+    assert (
+        check.ok
+        and "warning: GPU 3: nvidia-smi warns that the infoROM is corrupted" in check.summary
+    )

@@ -55,8 +55,13 @@ class Hook:
         await self.sink.handle(event)
 
 
-async def run(rt: Runtime, action: Action = Action.REDEPLOY, *, gate: LeftoverGate | None = None,
-              sink: ev.EventSink | None = None) -> tuple[RunResult, str]:
+async def run(
+    rt: Runtime,
+    action: Action = Action.REDEPLOY,
+    *,
+    gate: LeftoverGate | None = None,
+    sink: ev.EventSink | None = None,
+) -> tuple[RunResult, str]:
     out = io.StringIO()
     plan = rt.engine.plan(action, SERVICE)
     record = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
@@ -72,12 +77,15 @@ async def steps(rt: Runtime, run_id: int) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- hardware
 
 
-async def test_each_hardware_fault_refuses_before_any_stop(sim_sshd_host: SimKit,
-                                                           tmp_path: Path) -> None:
+async def test_each_hardware_fault_refuses_before_any_stop(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     kit = sim_sshd_host
-    expected = {"xid_79": "Xid 79 (GPU has fallen off the bus)",
-                "pending_remap": "GPU 3: a row remap is pending",
-                "ecc_uncorrected": "GPU 3: 1 uncorrectable ECC error(s) since the last reset"}
+    expected = {
+        "xid_79": "Xid 79 (GPU has fallen off the bus)",
+        "pending_remap": "GPU 3: a row remap is pending",
+        "ecc_uncorrected": "GPU 3: 1 uncorrectable ECC error(s) since the last reset",
+    }
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         for fault, needle in expected.items():
             kit.clear_faults()
@@ -93,13 +101,13 @@ async def test_each_hardware_fault_refuses_before_any_stop(sim_sshd_host: SimKit
                 # The evidence: the Xid line as the kernel log printed it.
                 assert "kernel: NVRM: Xid (PCI:0000:61:00)" in check.output_tail
             # NVIDIA's action for it is in the summary.
-            assert ("reboot the node" if fault == "xid_79" else "reset the GPU") in \
-                result.summary
+            assert ("reboot the node" if fault == "xid_79" else "reset the GPU") in result.summary
     assert "start" not in kit.changes()
 
 
 async def test_a_gpu_the_driver_wants_reset_refuses_before_the_stop(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     """Issue 17 (D1): nvidia-smi -q's GPU Reset Status says Yes (drivers 535-560; the
     section's shape from public captures, tests/samples/SOURCES.md) and no Xid says
     anything: the GPU check refuses the run with the service untouched."""
@@ -110,12 +118,13 @@ async def test_a_gpu_the_driver_wants_reset_refuses_before_the_stop(
             result, out = await run(rt, action)
             assert result.status == RunStatus.ABORTED, result.summary
             assert "preflight refused; service untouched" in result.summary
-            assert ("GPU 3: the driver recommends a drain and reset (GPU Reset Status: Reset "
-                    "Required: Yes, Drain and Reset Recommended: Yes)") in result.summary
+            assert (
+                "GPU 3: the driver recommends a drain and reset (GPU Reset Status: Reset "
+                "Required: Yes, Drain and Reset Recommended: Yes)"
+            ) in result.summary
             assert "then reset it with nvidia-smi -r" in result.summary  # NVIDIA's action
             assert "GPU 3: the driver recommends a drain and reset" in out  # the terminal
-            assert await steps(rt, result.run_id) == [("preflight", "ok"),
-                                                      ("gpu_check", "failed")]
+            assert await steps(rt, result.run_id) == [("preflight", "ok"), ("gpu_check", "failed")]
             check = (await rt.audit.steps(result.run_id))[-1]
             assert "GPU health from nvidia-smi -q" in check.output_tail
             assert (await rt.audit.get_run(result.run_id)).status == RunStatus.ABORTED
@@ -125,7 +134,8 @@ async def test_a_gpu_the_driver_wants_reset_refuses_before_the_stop(
 
 
 async def test_a_mig_xid_is_a_warning_on_its_gpu_and_the_run_goes_on(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     """Issue 17 (D6): an Xid 94 of a MIG instance, "(PCI:0000:61:00 GPU-I:05)", is GPU 3's
     warning, on the step's line, and the restart goes on."""
     sim_host.set_faults(mig_xid=True)
@@ -135,8 +145,10 @@ async def test_a_mig_xid_is_a_warning_on_its_gpu_and_the_run_goes_on(
         check = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gpu_check")
     assert check.status == "ok"
     assert "warning: GPU 3: Xid 94 (contained ECC error) on MIG instance GPU-I:05" in out
-    assert "GPU 3 GPU-" in check.output_tail and "warn: Xid 94 (contained ECC error) on MIG " \
-        "instance GPU-I:05" in check.output_tail
+    assert (
+        "GPU 3 GPU-" in check.output_tail
+        and "warn: Xid 94 (contained ECC error) on MIG instance GPU-I:05" in check.output_tail
+    )
     assert "NVRM: Xid (PCI:0000:61:00 GPU-I:05): 94" in check.output_tail
 
 
@@ -150,8 +162,7 @@ async def test_no_gpus_never_reaches_the_stop(sim_sshd_host: SimKit, tmp_path: P
     assert "stop" not in sim_sshd_host.changes()
 
 
-async def test_fewer_gpus_than_the_service_needs_refuses(sim_host: SimKit,
-                                                         tmp_path: Path) -> None:
+async def test_fewer_gpus_than_the_service_needs_refuses(sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path, gpus=[0, 1, 8, 9])) as rt:
         result, _ = await run(rt, Action.RESTART)
     assert result.status == RunStatus.ABORTED
@@ -160,8 +171,9 @@ async def test_fewer_gpus_than_the_service_needs_refuses(sim_host: SimKit,
     assert sim_host.changes() == []
 
 
-async def test_unified_memory_redeploys_judged_by_processes(sim_sshd_host: SimKit,
-                                                            tmp_path: Path) -> None:
+async def test_unified_memory_redeploys_judged_by_processes(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     sim_sshd_host.set_faults(unified_memory=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await run(rt)
@@ -175,16 +187,18 @@ async def test_unified_memory_redeploys_judged_by_processes(sim_sshd_host: SimKi
     assert post.status == "ok"
 
 
-async def test_a_new_xid_during_the_run_is_reported_by_the_recheck(sim_host: SimKit,
-                                                                   tmp_path: Path) -> None:
+async def test_a_new_xid_during_the_run_is_reported_by_the_recheck(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     line = "NVRM: Xid (PCI:0000:21:00): 13, pid=48302, name=python3, Graphics Exception"
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        hook = Hook(TerminalSink(io.StringIO()), Step.DRAIN,
-                    lambda: sim_host.kernel_message(line))
+        hook = Hook(TerminalSink(io.StringIO()), Step.DRAIN, lambda: sim_host.kernel_message(line))
         result, _ = await run(rt, Action.RESTART, sink=hook)
         assert result.status == RunStatus.SUCCEEDED
-        assert "1 NEW Xid error(s) during the run: GPU 1: Xid 13 (graphics engine exception)" \
+        assert (
+            "1 NEW Xid error(s) during the run: GPU 1: Xid 13 (graphics engine exception)"
             in result.summary
+        )
         recheck = (await rt.audit.steps(result.run_id))[-1]
         assert (recheck.step, recheck.status) == ("gpu_recheck", "failed")
         assert line in recheck.output_tail
@@ -194,7 +208,8 @@ async def test_a_new_xid_during_the_run_is_reported_by_the_recheck(sim_host: Sim
 
 
 async def test_orphan_workers_end_on_the_approvers_go_and_the_run_succeeds(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     kit = sim_sshd_host
     kit.set_faults(orphan_workers=True)
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
@@ -208,17 +223,30 @@ async def test_orphan_workers_end_on_the_approvers_go_and_the_run_succeeds(
         assert sorted(kit.signalled()) == sorted(("TERM", p) for p in workers)
         assert kit.dead() == set(workers)
         assert await steps(rt, result.run_id) == [
-            ("preflight", "ok"), ("gpu_check", "ok"), ("prefetch", "ok"), ("requests", "ok"),
-            ("stop", "ok"), ("drain", "failed"), ("leftovers", "ok"), ("drain", "ok"),
-            ("reinstall", "ok"), ("gate", "ok"), ("start", "ok"), ("health", "ok"),
-            ("readiness", "ok"), ("postcheck", "ok"), ("gpu_recheck", "ok")]
+            ("preflight", "ok"),
+            ("gpu_check", "ok"),
+            ("prefetch", "ok"),
+            ("requests", "ok"),
+            ("stop", "ok"),
+            ("drain", "failed"),
+            ("leftovers", "ok"),
+            ("drain", "ok"),
+            ("reinstall", "ok"),
+            ("gate", "ok"),
+            ("start", "ok"),
+            ("health", "ok"),
+            ("readiness", "ok"),
+            ("postcheck", "ok"),
+            ("gpu_recheck", "ok"),
+        ]
         decisions = [(d.user, d.decision) for d in await rt.audit.decisions(result.run_id)]
         assert ("U0BOB", Decision.TERMINATE) in decisions
     assert kit.changes()[-2:] == ["install", "start"]
 
 
 async def test_leftovers_nobody_approves_end_the_run_with_the_service_stopped(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(orphan_workers=True)
     async with open_runtime(sim_settings(sim_host, tmp_path, drain_timeout_s=1.0)) as rt:
         result, _ = await run(rt, Action.RESTART, gate=Approver(rt, user=None))
@@ -227,8 +255,9 @@ async def test_leftovers_nobody_approves_end_the_run_with_the_service_stopped(
     assert "STOPPED" in result.summary and sim_host.signalled() == []
 
 
-async def test_a_d_state_worker_ends_the_run_with_reset_or_reboot(sim_sshd_host: SimKit,
-                                                                  tmp_path: Path) -> None:
+async def test_a_d_state_worker_ends_the_run_with_reset_or_reboot(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     sim_sshd_host.set_faults(d_state_worker=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path, drain_timeout_s=1.0)) as rt:
         approver = Approver(rt)
@@ -246,17 +275,22 @@ async def test_a_d_state_worker_ends_the_run_with_reset_or_reboot(sim_sshd_host:
 
 
 def two_services(kit: SimKit, tmp_path: Path, **svc: Any) -> Settings:
-    return Settings(hosts={kit.hostname: kit.host_settings()},
-                    services={SERVICE: kit.service_settings(gpus=[0, 1, 2, 3], **svc),
-                              "other": kit.service_settings(unit="vllm-other",
-                                                            gpus=[4, 5, 6, 7])},
-                    db_path=tmp_path / "audit.db")
+    return Settings(
+        hosts={kit.hostname: kit.host_settings()},
+        services={
+            SERVICE: kit.service_settings(gpus=[0, 1, 2, 3], **svc),
+            "other": kit.service_settings(unit="vllm-other", gpus=[4, 5, 6, 7]),
+        },
+        db_path=tmp_path / "audit.db",
+    )
 
 
 async def test_one_service_redeploys_while_the_other_keeps_serving(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
-    kit = await make_sim_host(access="sshd", config=fast_config(
-        neighbour_unit="vllm-other", neighbour_gpus=(4, 5, 6, 7)))
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(neighbour_unit="vllm-other", neighbour_gpus=(4, 5, 6, 7))
+    )
     theirs = {p.pid for p in kit.processes() if p.unit == "vllm-other"}
     assert len(theirs) == 6 and NEIGHBOUR_PID in theirs
     async with open_runtime(two_services(kit, tmp_path)) as rt:
@@ -273,9 +307,11 @@ async def test_one_service_redeploys_while_the_other_keeps_serving(
 
 
 async def test_orphans_beside_another_service_only_ours_are_signalled(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
-    kit = await make_sim_host(config=fast_config(neighbour_unit="vllm-other",
-                                                 neighbour_gpus=(4, 5, 6, 7)))
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    kit = await make_sim_host(
+        config=fast_config(neighbour_unit="vllm-other", neighbour_gpus=(4, 5, 6, 7))
+    )
     kit.set_faults(orphan_workers=True)
     async with open_runtime(two_services(kit, tmp_path)) as rt:
         approver = Approver(rt)
@@ -288,6 +324,7 @@ async def test_orphans_beside_another_service_only_ours_are_signalled(
 
 async def steps_of(tmp_path: Path, run_id: int) -> list[tuple[str, str]]:
     from bot.audit.store import AuditLog
+
     audit = await AuditLog.open(tmp_path / "audit.db")
     try:
         return [(s.step, s.status) for s in await audit.steps(run_id)]

@@ -24,8 +24,11 @@ async def pending_card(bot: SlackBot, command: str, *, after: int = 0) -> tuple[
     """Ask, and the text of the run's card once it is posted and recorded (pending)."""
     await bot.command(command)
     record = await bot.wait_for_run(
-        lambda r: r.id > after and r.message_ts is not None
-        and r.status == RunStatus.PENDING_APPROVAL, "the card")
+        lambda r: (
+            r.id > after and r.message_ts is not None and r.status == RunStatus.PENDING_APPROVAL
+        ),
+        "the card",
+    )
     return record, blocks_text(await bot.card(record.id))
 
 
@@ -34,7 +37,8 @@ def health_lines(card: str) -> list[str]:
 
 
 async def test_a_critical_gpu_is_on_the_card_before_approval_and_the_run_is_then_refused(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     kit = sim_host
     async with slack_bot(tmp_path, kit) as bot:
         healthy, card = await pending_card(bot, f"restart {SERVICE}")
@@ -45,11 +49,15 @@ async def test_a_critical_gpu_is_on_the_card_before_approval_and_the_run_is_then
         kit.set_faults(pending_remap=True)
         record, card = await pending_card(bot, f"restart {SERVICE}", after=healthy.id)
         (line,) = health_lines(card)
-        assert line.startswith(":no_entry: GPU health: gpu-node-1: GPU 3 critical: a row "
-                               "remap is pending (reset the GPU (nvidia-smi -r) while it is "
-                               "idle to apply it)"), line
-        assert "The preflight will refuse the run on gpu-node-1 before anything changes " \
-               "(service untouched)" in line
+        assert line.startswith(
+            ":no_entry: GPU health: gpu-node-1: GPU 3 critical: a row "
+            "remap is pending (reset the GPU (nvidia-smi -r) while it is "
+            "idle to apply it)"
+        ), line
+        assert (
+            "The preflight will refuse the run on gpu-node-1 before anything changes "
+            "(service untouched)" in line
+        )
         # The GPU reads only read: nothing else reached the host before the approval.
         assert touched(kit) == []
         assert kit.changes() == []
@@ -67,10 +75,15 @@ async def test_a_critical_gpu_is_on_the_card_before_approval_and_the_run_is_then
 
 
 async def test_a_fleet_card_puts_critical_first_then_unknown_then_warnings(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     venv = tmp_path / "opt-venv"
-    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv,
-                                service_port=8000) for i in (1, 2, 3, 4)]
+    kits = [
+        await make_sim_host(
+            config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv, service_port=8000
+        )
+        for i in (1, 2, 3, 4)
+    ]
     await kits[0].close()  # gpu-node-1 cannot be reached
     kits[1].kernel_message(XID_13)  # gpu-node-2: a warning
     kits[2].set_faults(ecc_uncorrected=True)  # gpu-node-3: critical
@@ -79,15 +92,18 @@ async def test_a_fleet_card_puts_critical_first_then_unknown_then_warnings(
         _, card = await pending_card(bot, f"restart {SERVICE}")
     lines = health_lines(card)
     critical, unknown, warn = lines
-    assert critical.startswith(":no_entry: GPU health: gpu-node-3: GPU 3 critical: 1 "
-                               "uncorrectable ECC error(s) since the last reset (reset the GPU"
-                               ), critical
+    assert critical.startswith(
+        ":no_entry: GPU health: gpu-node-3: GPU 3 critical: 1 "
+        "uncorrectable ECC error(s) since the last reset (reset the GPU"
+    ), critical
     assert "The preflight will refuse the run on gpu-node-3" in critical
-    assert unknown.startswith(":grey_question: GPU health: gpu-node-1: unknown (cannot reach "
-                              "gpu-node-1"), unknown
+    assert unknown.startswith(
+        ":grey_question: GPU health: gpu-node-1: unknown (cannot reach gpu-node-1"
+    ), unknown
     assert "the preflight reads it again before anything changes" in unknown
-    assert warn.startswith(":warning: GPU health: gpu-node-2: GPU 1 warn: Xid 13 (graphics "
-                           "engine exception)"), warn
+    assert warn.startswith(
+        ":warning: GPU health: gpu-node-2: GPU 1 warn: Xid 13 (graphics engine exception)"
+    ), warn
     assert warn.endswith("(restart the application (a redeploy or restart does))"), warn
     assert "refuse" not in warn
     assert "gpu-node-4" not in "\n".join(lines)

@@ -36,8 +36,11 @@ def local_settings(kit: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     env = kit.env()
     for name in ("PATH", STATE_DIR_ENV, "SIM_PYTHON", SOCKET_ENV):
         monkeypatch.setenv(name, env[name])
-    return Settings(hosts={kit.hostname: {"address": "local"}},
-                    services={SERVICE: kit.service_settings()}, db_path=tmp_path / "audit.db")
+    return Settings(
+        hosts={kit.hostname: {"address": "local"}},
+        services={SERVICE: kit.service_settings()},
+        db_path=tmp_path / "audit.db",
+    )
 
 
 class RemapsUnreadable(HealthNVML):
@@ -47,15 +50,17 @@ class RemapsUnreadable(HealthNVML):
         raise FakeNVMLError(999)
 
 
-def nvml_of(kit: SimKit, sick: Health | None = None,
-            cls: type[HealthNVML] = HealthNVML) -> HealthNVML:
+def nvml_of(
+    kit: SimKit, sick: Health | None = None, cls: type[HealthNVML] = HealthNVML
+) -> HealthNVML:
     """NVML for the simulated host's GPUs (same uuids): all clean but ``sick`` on GPU 3."""
     gpus = kit.state().config.gpus
     devices = [h200(i) for i in range(gpus)]
     for i, d in enumerate(devices):
         d.uuid = gpu_uuid(kit.hostname, i)
-    health = {str(d.uuid): Health(bus=f"00000000:{0x21 + i:02X}:00.0")
-              for i, d in enumerate(devices)}
+    health = {
+        str(d.uuid): Health(bus=f"00000000:{0x21 + i:02X}:00.0") for i, d in enumerate(devices)
+    }
     if sick is not None:
         health[gpu_uuid(kit.hostname, SICK)] = sick
     return cls(devices, health)
@@ -65,14 +70,19 @@ def health_queries(kit: SimKit) -> int:
     return sum(1 for c in kit.calls("nvidia-smi") if c.argv == ("nvidia-smi", "-q"))
 
 
-@pytest.mark.parametrize(("sick", "needle"), [
-    (Health(rows=(0, 0, 1, 0), bus=SICK_BUS), "GPU 3: a row remap is pending"),
-    (Health(volatile=1, aggregate=1, bus=SICK_BUS),
-     "GPU 3: 1 uncorrectable ECC error(s) since the last reset"),
-])
+@pytest.mark.parametrize(
+    ("sick", "needle"),
+    [
+        (Health(rows=(0, 0, 1, 0), bus=SICK_BUS), "GPU 3: a row remap is pending"),
+        (
+            Health(volatile=1, aggregate=1, bus=SICK_BUS),
+            "GPU 3: 1 uncorrectable ECC error(s) since the last reset",
+        ),
+    ],
+)
 async def test_a_critical_gpu_read_from_nvml_refuses_before_any_stop(
-        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sick: Health,
-        needle: str) -> None:
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sick: Health, needle: str
+) -> None:
     kit = sim_host
     settings = local_settings(kit, tmp_path, monkeypatch)
     async with open_runtime(settings, nvml=nvml_of(kit, sick)) as rt:
@@ -93,7 +103,8 @@ async def test_a_critical_gpu_read_from_nvml_refuses_before_any_stop(
 
 
 async def test_nvml_failing_falls_back_to_nvidia_smi_q_and_says_so(
-        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kit = sim_host
     kit.set_faults(pending_remap=True)  # what nvidia-smi -q will show; NVML cannot
     fake = nvml_of(kit)
@@ -105,14 +116,17 @@ async def test_nvml_failing_falls_back_to_nvidia_smi_q_and_says_so(
     assert result.status == RunStatus.ABORTED, result.summary
     assert "GPU 3: a row remap is pending" in result.summary
     assert (check.step, check.status) == ("gpu_check", "failed")
-    assert ("GPU health from nvidia-smi -q (NVML failed: could not initialise NVML: the "
-            "NVIDIA driver is not loaded (NVML error 9))") in check.output_tail
+    assert (
+        "GPU health from nvidia-smi -q (NVML failed: could not initialise NVML: the "
+        "NVIDIA driver is not loaded (NVML error 9))"
+    ) in check.output_tail
     assert health_queries(kit) == 1
     assert kit.changes() == [] and kit.unit_state() == "active"
 
 
 async def test_clean_nvml_lets_the_run_through_and_the_recheck_reads_nvml_too(
-        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kit = sim_host
     # nvidia-smi -q would refuse: a pass proves the verdict came from NVML.
     kit.set_faults(pending_remap=True)
@@ -131,19 +145,20 @@ async def test_clean_nvml_lets_the_run_through_and_the_recheck_reads_nvml_too(
 
 
 async def test_the_approval_cards_read_at_the_request_is_nvmls_too(
-        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kit = sim_host
     settings = local_settings(kit, tmp_path, monkeypatch)
     sick = Health(rows=(0, 0, 1, 0), bus=SICK_BUS)
     async with open_runtime(settings, nvml=nvml_of(kit, sick)) as rt:
-        (note,) = await read_gpu_health(settings, rt.pool, rt.engine.plan(Action.RESTART,
-                                                                          SERVICE))
+        (note,) = await read_gpu_health(settings, rt.pool, rt.engine.plan(Action.RESTART, SERVICE))
     assert note.level == Level.CRITICAL and "GPU 3 critical: a row remap is pending" in note.text
     assert health_queries(kit) == 0 and kit.changes() == []
 
 
 async def test_vllm_gpus_reads_nvml_and_falls_back_to_nvidia_smi_q_keeping_the_mark(
-        sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kit = sim_host
     kit.set_faults(pending_remap=True)  # what nvidia-smi -q shows; the fake NVML does not
     settings = local_settings(kit, tmp_path, monkeypatch)

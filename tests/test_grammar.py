@@ -117,8 +117,10 @@ def error(text: str, settings: Settings = SETTINGS) -> str:
         ("\tredeploy \t kimi-k25  --dry-run \n", Redeploy("kimi-k25", dry_run=True)),
         ("restart qwen3", Restart("qwen3")),
         ("restart qwen3 --force", Restart("qwen3", force=True)),
-        ("redeploy kimi-k25 --force --version 0.16.0",
-         Redeploy("kimi-k25", version="0.16.0", force=True)),
+        (
+            "redeploy kimi-k25 --force --version 0.16.0",
+            Redeploy("kimi-k25", version="0.16.0", force=True),
+        ),
         ("status", Status()),
         ("status qwen3", Status("qwen3")),
         ("gpus", Gpus()),
@@ -409,8 +411,10 @@ def assert_safe(cmd: Command) -> None:
         case Status(service=s) | Audit(service=s):
             assert s is None or s in configured_services
         case Gpus(target=t, kind=k) | Doctor(target=t, kind=k):
-            assert (t, k) == (None, None) or (k == "host" and t in SETTINGS.hosts) or (
-                k == "service" and t in configured_services
+            assert (
+                (t, k) == (None, None)
+                or (k == "host" and t in SETTINGS.hosts)
+                or (k == "service" and t in configured_services)
             )
         case Cancel(run_id=r):
             assert 1 <= r <= 2**63 - 1
@@ -504,7 +508,8 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
         target = draw(st.none() | st.sampled_from(sorted({*SETTINGS.hosts, *services})))
         head += [] if target is None else [target]
         kind: Literal["host", "service"] | None = (
-            None if target is None else "host" if target in SETTINGS.hosts else "service")
+            None if target is None else "host" if target in SETTINGS.hosts else "service"
+        )
         expected = Gpus(target, kind) if name == "gpus" else Doctor(target, kind)
     elif name == "cancel":
         run_id = draw(st.integers(1, 2**63 - 1))
@@ -532,32 +537,38 @@ def test_fuzz_valid_commands_parse_exactly(case: tuple[str, Command]) -> None:
 # and the click got no reply; Unicode digits pass str.isdigit().
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("12", 12),
-    ("1", 1),
-    ("9223372036854775807", 2**63 - 1),
-    ("007", 7),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("12", 12),
+        ("1", 1),
+        ("9223372036854775807", 2**63 - 1),
+        ("007", 7),
+    ],
+)
 def test_run_id_of_reads_a_run_id(value: str, expected: int) -> None:
     assert run_id_of(value) == expected
 
 
-@pytest.mark.parametrize("value", [
-    "1" * 30,  # the 30-digit value of the issue
-    "9223372036854775808",  # one past SQLite's largest INTEGER
-    "0" * 20 + "1",  # short in value, long in text
-    "0",
-    "",
-    "-1",
-    "+1",
-    " 12",
-    "12\n",
-    "1_000",
-    "#12",
-    "\u0661\u0662",  # ARABIC-INDIC DIGITS ONE, TWO: "١٢".isdigit() is True
-    "\u00b2",  # SUPERSCRIPT TWO: "²".isdigit() is True, int("²") raises ValueError
-    "\uff11\uff12",  # FULLWIDTH DIGITS: "１２".isdigit() is True
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1" * 30,  # the 30-digit value of the issue
+        "9223372036854775808",  # one past SQLite's largest INTEGER
+        "0" * 20 + "1",  # short in value, long in text
+        "0",
+        "",
+        "-1",
+        "+1",
+        " 12",
+        "12\n",
+        "1_000",
+        "#12",
+        "\u0661\u0662",  # ARABIC-INDIC DIGITS ONE, TWO: "١٢".isdigit() is True
+        "\u00b2",  # SUPERSCRIPT TWO: "²".isdigit() is True, int("²") raises ValueError
+        "\uff11\uff12",  # FULLWIDTH DIGITS: "１２".isdigit() is True
+    ],
+)
 def test_run_id_of_refuses_anything_else(value: str) -> None:
     assert run_id_of(value) is None
 

@@ -43,47 +43,64 @@ def reader_of(*parts: bytes) -> asyncio.StreamReader:
 async def test_content_length_chunked_and_close_delimited_bodies() -> None:
     r = await read_response(reader_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA"))
     assert (r.status, r.body, r.truncated) == (200, b"hello", False)
-    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"4;ext=1\r\nvllm\r\n3\r\n:ok\r\n0\r\n\r\n")
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"4;ext=1\r\nvllm\r\n3\r\n:ok\r\n0\r\n\r\n"
+    )
     r = await read_response(reader_of(chunked))
     assert (r.body, r.truncated) == (b"vllm:ok", False)
     r = await read_response(reader_of(b"HTTP/1.0 503 Service Unavailable\r\n\r\n", b"down"))
     assert (r.status, r.body) == (503, b"down")
-    r = await read_response(reader_of(b"HTTP/1.1 100 Continue\r\n\r\n",
-                                      b"HTTP/1.1 204 No Content\r\n\r\n"))
+    r = await read_response(
+        reader_of(b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 204 No Content\r\n\r\n")
+    )
     assert (r.status, r.body) == (204, b"")
 
 
 async def test_a_body_past_the_bound_is_cut_and_marked() -> None:
     big = b"x" * (MAX_BODY_BYTES + 10)
-    r = await read_response(reader_of(b"HTTP/1.1 200 OK\r\nContent-Length: "
-                                      + str(len(big)).encode() + b"\r\n\r\n", big))
+    r = await read_response(
+        reader_of(
+            b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(big)).encode() + b"\r\n\r\n", big
+        )
+    )
     assert (len(r.body), r.truncated) == (MAX_BODY_BYTES, True)
     r = await read_response(reader_of(b"HTTP/1.1 200 OK\r\n\r\n", big))
     assert (len(r.body), r.truncated) == (MAX_BODY_BYTES, True)
     chunk = hex(len(big))[2:].encode()
-    r = await read_response(reader_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                                      chunk + b"\r\n", big))
+    r = await read_response(
+        reader_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", chunk + b"\r\n", big)
+    )
     assert (len(r.body), r.truncated) == (MAX_BODY_BYTES, True)
-    r = await read_response(reader_of(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", big),
-                            max_body=4)
+    r = await read_response(
+        reader_of(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", big), max_body=4
+    )
     assert (r.body, r.truncated) == (b"xxxx", True)
 
 
-@pytest.mark.parametrize(("data", "says"), [
-    (b"H" * (MAX_HEAD_BYTES + 1), "response head longer than"),
-    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP response"),
-    (b"HTTP/1.1 200 OK\r\nContent-Le", "closed inside the response head"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
-])
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"H" * (MAX_HEAD_BYTES + 1), "response head longer than"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "closed inside the response head"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+    ],
+)
 async def test_answers_that_are_not_http_are_errors(data: bytes, says: str) -> None:
     with pytest.raises(HttpProtocolError, match=says):
         await read_response(reader_of(data))
 
 
 def test_the_request_names_its_body() -> None:
-    req = request_bytes("POST", "127.0.0.1", 8000, "/v1/completions", body=b'{"a":1}',
-                        content_type="application/json")
+    req = request_bytes(
+        "POST",
+        "127.0.0.1",
+        8000,
+        "/v1/completions",
+        body=b'{"a":1}',
+        content_type="application/json",
+    )
     head, _, body = req.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0] == b"POST /v1/completions HTTP/1.1"
     assert b"Content-Length: 7" in head and b"Content-Type: application/json" in head
@@ -117,10 +134,21 @@ class Wire:
 
 async def test_one_exchange_for_both_transports() -> None:
     wire = Wire(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-    r = await exchange(wire.open, "POST", "http://10.0.0.5:8000/v1/x?y=1", timeout_s=5,
-                       body=b"{}", content_type="application/json")
+    r = await exchange(
+        wire.open,
+        "POST",
+        "http://10.0.0.5:8000/v1/x?y=1",
+        timeout_s=5,
+        body=b"{}",
+        content_type="application/json",
+    )
     assert (r.url, r.status, r.body, r.error, r.truncated) == (
-        "http://10.0.0.5:8000/v1/x?y=1", 200, "ok", None, False)
+        "http://10.0.0.5:8000/v1/x?y=1",
+        200,
+        "ok",
+        None,
+        False,
+    )
     assert wire.opened == ("10.0.0.5", 8000) and wire.closed
     assert wire.sent.startswith(b"POST /v1/x?y=1 HTTP/1.1\r\nHost: 10.0.0.5:8000\r\n")
     assert wire.sent.endswith(b"\r\n\r\n{}")
@@ -186,8 +214,7 @@ def ssh_transport(kit: SimKit) -> SshTransport:
     return SshTransport(kit.hostname, HostSettings(**kit.host_settings()))
 
 
-async def test_an_endless_body_through_sshd_is_cut_at_the_bound(sim_sshd_host: SimKit
-                                                                 ) -> None:
+async def test_an_endless_body_through_sshd_is_cut_at_the_bound(sim_sshd_host: SimKit) -> None:
     t = ssh_transport(sim_sshd_host)
     async with serving(endless_body) as (port, sent):
         try:
@@ -205,8 +232,7 @@ async def test_an_endless_body_through_sshd_is_cut_at_the_bound(sim_sshd_host: S
             await t.close()
 
 
-async def test_an_endless_header_is_an_error_not_a_growing_buffer(sim_sshd_host: SimKit
-                                                                   ) -> None:
+async def test_an_endless_header_is_an_error_not_a_growing_buffer(sim_sshd_host: SimKit) -> None:
     t = ssh_transport(sim_sshd_host)
     async with serving(endless_header) as (port, _sent):
         try:
@@ -220,6 +246,6 @@ async def test_an_endless_header_is_an_error_not_a_growing_buffer(sim_sshd_host:
 async def test_the_local_transport_reads_with_the_same_bounds() -> None:
     async with serving(endless_body) as (port, _sent):
         r = await LocalTransport("here").http_request(
-            "GET", f"http://127.0.0.1:{port}/metrics", timeout_s=20)
+            "GET", f"http://127.0.0.1:{port}/metrics", timeout_s=20
+        )
     assert (r.status, r.truncated, len(r.body)) == (200, True, MAX_BODY_BYTES)
-

@@ -43,15 +43,24 @@ ONLY_ON_PRIVATE = "0.17.0rc1.dev5+g1a2b3c4"
 
 
 def service(**overrides: object) -> ServiceSettings:
-    return ServiceSettings(**{"hosts": ["h1"], "unit": "vllm-kimi", "python": "/opt/v/bin/python",
-                              "indexes": {"private": PRIVATE}, **overrides})
+    return ServiceSettings(
+        **{
+            "hosts": ["h1"],
+            "unit": "vllm-kimi",
+            "python": "/opt/v/bin/python",
+            "indexes": {"private": PRIVATE},
+            **overrides,
+        }
+    )
 
 
 def test_install_argv_holds_no_index_and_its_stdin_does() -> None:
     svc = service()
-    for argv in (remote.install_dry_run(svc, "vllm==0.17.0", PRIVATE),
-                 remote.install(svc, "vllm==0.17.0", PRIVATE),
-                 remote.install_previous(svc, "0.16.0", PRIVATE)):
+    for argv in (
+        remote.install_dry_run(svc, "vllm==0.17.0", PRIVATE),
+        remote.install(svc, "vllm==0.17.0", PRIVATE),
+        remote.install_previous(svc, "0.16.0", PRIVATE),
+    ):
         assert argv[:4] == remote.INDEX_FROM_STDIN and argv[4:7] == ("uv", "pip", "install")
         assert not any("pypi.private" in a or TOKEN in a for a in argv)
         shown = remote.shown(argv)
@@ -63,14 +72,23 @@ def test_install_argv_holds_no_index_and_its_stdin_does() -> None:
 
 
 def test_the_plan_and_the_card_name_the_index_and_never_hold_its_url() -> None:
-    settings = Settings(hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
-                        services={"kimi": service().model_dump()})
+    settings = Settings(
+        hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
+        services={"kimi": service().model_dump()},
+    )
     plan = make_plan(settings, Action.REDEPLOY, "kimi", version="0.17.0", index="private")
     assert plan.index_url == PRIVATE  # the engine still knows it
     commands = " ".join(s.command for s in plan.steps)
     assert TOKEN not in commands and "UV_EXTRA_INDEX_URL=<index URL, on stdin>" in commands
-    card = run_card(CardView(run_id=7, plan=plan, requested_by="U0ALICE",
-                             status=RunStatus.PENDING_APPROVAL, steps=initial_steps(plan)))
+    card = run_card(
+        CardView(
+            run_id=7,
+            plan=plan,
+            requested_by="U0ALICE",
+            status=RunStatus.PENDING_APPROVAL,
+            steps=initial_steps(plan),
+        )
+    )
     text = str(card.blocks) + card.text
     assert TOKEN not in text and "ci-bot" not in text
     assert "`private` (pypi.private.example)" in text
@@ -81,8 +99,10 @@ async def test_the_wrapper_passes_any_url_verbatim_and_runs_none_of_it(tmp_path:
     pwned = tmp_path / "pwned"
     hostile = f"https://u:p$(touch {pwned})`touch {pwned}`'\"@h.example/simple; touch {pwned}"
     r = await LocalTransport("local").run(
-        (*remote.INDEX_FROM_STDIN, "printenv", remote.INDEX_ENV), timeout_s=10,
-        stdin=remote.index_input(hostile))
+        (*remote.INDEX_FROM_STDIN, "printenv", remote.INDEX_ENV),
+        timeout_s=10,
+        stdin=remote.index_input(hostile),
+    )
     assert (r.exit_status, r.stdout) == (0, hostile + "\n")
     assert not pwned.exists()
 
@@ -99,7 +119,8 @@ def _argvs_on_this_machine() -> dict[int, str]:
 
 
 async def test_no_process_on_the_host_shows_the_token_and_uv_still_uses_the_index(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     kit = sim_sshd_host
     # The private index alone has this version, and only for these credentials.
     kit.update_config(index_url=PRIVATE, index_versions=(ONLY_ON_PRIVATE,))
@@ -112,14 +133,18 @@ async def test_no_process_on_the_host_shows_the_token_and_uv_still_uses_the_inde
             # (what the wrapper's exec became: the process that stands for uv, the one a
             # user of the host sees); `timeout` around it has the same argv after its own.
             argv = procfs.tool_argv(procfs.cmdline(pid)) or []
-            if argv[:3] == ["uv", "pip", "install"] and argv[-1:] == [f"vllm=={ONLY_ON_PRIVATE}"] \
-                    and "--dry-run" not in argv:
+            if (
+                argv[:3] == ["uv", "pip", "install"]
+                and argv[-1:] == [f"vllm=={ONLY_ON_PRIVATE}"]
+                and "--dry-run" not in argv
+            ):
                 return pid
         return None
 
     async with open_runtime(settings) as rt:
-        running = asyncio.create_task(run(rt, Action.REDEPLOY, version=ONLY_ON_PRIVATE,
-                                          index="private"))
+        running = asyncio.create_task(
+            run(rt, Action.REDEPLOY, version=ONLY_ON_PRIVATE, index="private")
+        )
         try:
             pid = await eventually(stalled_install, "the install running on the host")
             # What `ps -ef` shows every user of the host: no process carries the token.
@@ -145,14 +170,24 @@ async def test_no_process_on_the_host_shows_the_token_and_uv_still_uses_the_inde
 
 
 async def test_the_simulated_uv_reads_its_index_from_the_environment_as_uv_does(
-        sim_host: SimKit) -> None:
+    sim_host: SimKit,
+) -> None:
     sim_host.update_config(index_url=PRIVATE, index_versions=(ONLY_ON_PRIVATE,))
 
     async def dry_run(extra_env: dict[str, str], *flags: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            "uv", "pip", "install", "--python", str(sim_host.python), "--dry-run", *flags,
-            f"vllm=={ONLY_ON_PRIVATE}", env={**sim_host.env(), **extra_env},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            str(sim_host.python),
+            "--dry-run",
+            *flags,
+            f"vllm=={ONLY_ON_PRIVATE}",
+            env={**sim_host.env(), **extra_env},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
         _, err = await proc.communicate()
         assert proc.returncode is not None
         return proc.returncode, err.decode()
@@ -164,8 +199,11 @@ async def test_the_simulated_uv_reads_its_index_from_the_environment_as_uv_does(
     # Other credentials are another index: the private versions are not found.
     assert (await dry_run({remote.INDEX_ENV: PRIVATE.replace(TOKEN, "wrong")}))[0] == 1
     # A flag wins over the variable, as with uv's own options.
-    assert (await dry_run({remote.INDEX_ENV: PRIVATE}, "--extra-index-url",
-                          "https://wheels.vllm.ai/nightly"))[0] == 1
+    assert (
+        await dry_run(
+            {remote.INDEX_ENV: PRIVATE}, "--extra-index-url", "https://wheels.vllm.ai/nightly"
+        )
+    )[0] == 1
 
 
 # ---- issue 17 F6: index tokens outside the URL's password ---------------------------------
@@ -181,23 +219,31 @@ USER_TOKEN = "fy8Kd3Qw7Zp2Lm5Xn9Rt"
 HEX_TOKEN = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"
 CAPTURED = {
     "uv_index_path_token_refused.txt": (
-        f"http://127.0.0.1:18942/{PATH_TOKEN}/acme/repo/python/simple/", PATH_TOKEN,
-        "Failed to fetch: http://127.0.0.1:18942/***/acme/repo/python/simple/six/"),
+        f"http://127.0.0.1:18942/{PATH_TOKEN}/acme/repo/python/simple/",
+        PATH_TOKEN,
+        "Failed to fetch: http://127.0.0.1:18942/***/acme/repo/python/simple/six/",
+    ),
     "uv_index_query_token_refused.txt": (
-        f"http://127.0.0.1:18942/acme/simple/?token={QUERY_TOKEN}", QUERY_TOKEN,
-        "Failed to fetch: http://127.0.0.1:18942/acme/simple/six/?"),
+        f"http://127.0.0.1:18942/acme/simple/?token={QUERY_TOKEN}",
+        QUERY_TOKEN,
+        "Failed to fetch: http://127.0.0.1:18942/acme/simple/six/?",
+    ),
     "uv_index_user_token_401_vv.txt": (
-        f"http://{USER_TOKEN}:@127.0.0.1:18941/fury/acme/", USER_TOKEN,
-        "No password in cache for realm ***@http://127.0.0.1:18941"),
+        f"http://{USER_TOKEN}:@127.0.0.1:18941/fury/acme/",
+        USER_TOKEN,
+        "No password in cache for realm ***@http://127.0.0.1:18941",
+    ),
     "uv_index_oauth_user_401_vv.txt": (
-        f"http://{HEX_TOKEN}:x-oauth-basic@127.0.0.1:18941/basic/acme/simple/", HEX_TOKEN,
-        "Read credentials for index `http://***:***@127.0.0.1:18941/basic/acme/simple/`"),
+        f"http://{HEX_TOKEN}:x-oauth-basic@127.0.0.1:18941/basic/acme/simple/",
+        HEX_TOKEN,
+        "Read credentials for index `http://***:***@127.0.0.1:18941/basic/acme/simple/`",
+    ),
 }
 
 
 def fragments(token: str, size: int = 6) -> set[str]:
     """Every piece of ``token`` long enough to give part of it away."""
-    return {token[i:i + size] for i in range(len(token) - size + 1)}
+    return {token[i : i + size] for i in range(len(token) - size + 1)}
 
 
 def leaked(text: str, token: str) -> set[str]:
@@ -205,8 +251,10 @@ def leaked(text: str, token: str) -> set[str]:
 
 
 def index_settings(url: str) -> Settings:
-    return Settings(hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
-                    services={"kimi": service(indexes={"leaky": url}).model_dump()})
+    return Settings(
+        hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
+        services={"kimi": service(indexes={"leaky": url}).model_dump()},
+    )
 
 
 @pytest.mark.parametrize("sample", sorted(CAPTURED))
@@ -225,37 +273,48 @@ def test_a_user_part_that_is_the_credential_is_masked_without_any_configuration(
     # The generic rule: whatever index the text names (one not in the config, a log of
     # another machine), a user part with an empty or placeholder password is the token.
     r = Redactor()
-    assert r(f"https://{HEX_TOKEN}:x-oauth-basic@github.com/acme/wheels") == \
-        "https://***:***@github.com/acme/wheels"
+    assert (
+        r(f"https://{HEX_TOKEN}:x-oauth-basic@github.com/acme/wheels")
+        == "https://***:***@github.com/acme/wheels"
+    )
     assert r(f"https://{USER_TOKEN}:@pypi.fury.io/acme/") == "https://***:@pypi.fury.io/acme/"
     assert r(f"git+https://{HEX_TOKEN}:x@github.com/a/b") == "git+https://***:***@github.com/a/b"
     # uv's own masking of the password leaves the user: that is masked too.
     line = (SAMPLES / "uv_index_oauth_user_401_vv.txt").read_text().splitlines()[10]
     assert HEX_TOKEN in line and leaked(r(line), HEX_TOKEN) == set()
     # A user with a real password is an account name and stays (its password goes).
-    assert r("https://ci-bot:pw-1234@pypi.example/simple") == "https://ci-bot:***@pypi.example/simple"
+    assert (
+        r("https://ci-bot:pw-1234@pypi.example/simple") == "https://ci-bot:***@pypi.example/simple"
+    )
 
 
-@pytest.mark.parametrize("url", [
-    "https://download.pytorch.org/whl/cu128",
-    "https://flashinfer.ai/whl/cu124/torch2.6",
-    "https://wheels.vllm.ai/nightly",
-    "https://ci-bot:tok-9f8e7d6c5b4a@pypi.private.example/repository/pypi-remote/simple",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://download.pytorch.org/whl/cu128",
+        "https://flashinfer.ai/whl/cu124/torch2.6",
+        "https://wheels.vllm.ai/nightly",
+        "https://ci-bot:tok-9f8e7d6c5b4a@pypi.private.example/repository/pypi-remote/simple",
+    ],
+)
 def test_a_public_or_ordinary_index_path_masks_nothing_of_uvs_output(url: str) -> None:
     # Good but unusual: public indexes' paths (cu128, torch2.6) are words, not tokens, so
     # configuring them masks nothing of a real install's output.
     text = (SAMPLES / "uv_pip_install_vllm_fresh.txt").read_text()
     assert Redactor.for_settings(index_settings(url))(text) == text
-    assert Redactor.for_settings(index_settings(url))(f"Downloading from {url}/torch/") == \
-        f"Downloading from {url.replace('tok-9f8e7d6c5b4a', '***')}/torch/"
+    assert (
+        Redactor.for_settings(index_settings(url))(f"Downloading from {url}/torch/")
+        == f"Downloading from {url.replace('tok-9f8e7d6c5b4a', '***')}/torch/"
+    )
 
 
 def test_an_index_token_of_no_known_shape_is_still_masked_where_it_sits() -> None:
     # Unknown must not count as safe: a short all-letters token is no "token shape", but
     # as the user part with an empty password, or a query value, it is the credential.
-    for url, token in (("https://abcdefgh:@pypi.fury.io/acme/", "abcdefgh"),
-                       ("https://idx.example/simple/?k=zzzzqqqq", "zzzzqqqq")):
+    for url, token in (
+        ("https://abcdefgh:@pypi.fury.io/acme/", "abcdefgh"),
+        ("https://idx.example/simple/?k=zzzzqqqq", "zzzzqqqq"),
+    ):
         r = Redactor.for_settings(index_settings(url))
         assert token not in r(f"No password in cache for realm {token}@https://idx.example")
         assert token not in r(f"error: Failed to fetch: {url}six/")
@@ -267,8 +326,10 @@ class _GarbageIndex:
 
     async def __aenter__(self) -> int:
         async def page(request: web.Request) -> web.Response:
-            return web.Response(body=b"{not json",
-                                content_type="application/vnd.pypi.simple.v1+json")
+            return web.Response(
+                body=b"{not json", content_type="application/vnd.pypi.simple.v1+json"
+            )
+
         app = web.Application()
         app.router.add_get("/{tail:.*}", page)
         self.runner = web.AppRunner(app)
@@ -285,8 +346,11 @@ def _real_venv_with_vllm(tmp_path: Path, uv: str) -> Path:
     """A real venv (made by the real uv) whose metadata says vllm 0.16.0 is installed, so
     the real uv reads the version the preflight needs and goes on to the dry run."""
     venv = tmp_path / "real-venv"
-    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True,
-                   env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    subprocess.run(
+        [uv, "venv", "-q", "-p", sys.executable, str(venv)],
+        check=True,
+        env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")},
+    )
     site = next((venv / "lib").glob("python3*/site-packages"))
     dist = site / "vllm-0.16.0.dist-info"
     dist.mkdir()
@@ -303,7 +367,8 @@ def _audit_text(db: Path) -> str:
 
 
 async def test_a_real_uv_error_naming_the_token_reaches_no_slack_message_audit_row_or_log(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     # The host's uv is the real one (on PATH under ./dev), the index a loopback server
     # with the token in its path and its query: the dry run fails with uv's own words.
     uv = shutil.which("uv")
@@ -313,15 +378,17 @@ async def test_a_real_uv_error_naming_the_token_reaches_no_slack_message_audit_r
     handler = logging.StreamHandler(logged)
     async with _GarbageIndex() as port:
         url = f"http://127.0.0.1:{port}/{PATH_TOKEN}/acme/repo/python/simple/?key={QUERY_TOKEN}"
-        services = {SERVICE: sim_host.service_settings(uv=uv, python=str(python),
-                                                       indexes={"leaky": url})}
+        services = {
+            SERVICE: sim_host.service_settings(uv=uv, python=str(python), indexes={"leaky": url})
+        }
         async with slack_bot(tmp_path, sim_host, services=services) as bot:
             handler.addFilter(RedactingFilter(bot.runtime.redact))
             logging.getLogger().addHandler(handler)
             try:
                 await bot.command(f"redeploy {SERVICE} --version 0.17.0 --index leaky --dry-run")
-                record = await bot.wait_for_run(lambda r: r.status == RunStatus.ABORTED,
-                                                "the dry run refused", timeout_s=60)
+                record = await bot.wait_for_run(
+                    lambda r: r.status == RunStatus.ABORTED, "the dry run refused", timeout_s=60
+                )
                 await bot.front_end.idle()
                 # What the bot logs of a run goes through the same filter.
                 logging.getLogger("bot.test").warning("dry run said: %s", record.summary)

@@ -22,17 +22,42 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"bot.errors", "bot.settings"},
     "hosts": {"bot.core", "bot.errors", "bot.settings", "bot.retry"},
     "audit": {"bot.core", "bot.errors", "bot.settings", "bot.retry"},
-    "engine": {"bot.core", "bot.hosts", "bot.audit", "bot.errors", "bot.settings",
-               "bot.retry"},
-    "slack": {"bot.core", "bot.hosts", "bot.audit", "bot.engine", "bot.errors",
-              "bot.settings", "bot.logging_setup", "bot.retry"},
-    "cli": {"bot.core", "bot.hosts", "bot.audit", "bot.engine", "bot.errors",
-            "bot.settings", "bot.logging_setup", "bot.sim", "bot.retry"},
+    "engine": {"bot.core", "bot.hosts", "bot.audit", "bot.errors", "bot.settings", "bot.retry"},
+    "slack": {
+        "bot.core",
+        "bot.hosts",
+        "bot.audit",
+        "bot.engine",
+        "bot.errors",
+        "bot.settings",
+        "bot.logging_setup",
+        "bot.retry",
+    },
+    "cli": {
+        "bot.core",
+        "bot.hosts",
+        "bot.audit",
+        "bot.engine",
+        "bot.errors",
+        "bot.settings",
+        "bot.logging_setup",
+        "bot.sim",
+        "bot.retry",
+    },
     "sim": set(),
 }
 # Libraries that do I/O: the pure core must not need them.
-IO_LIBRARIES = {"asyncssh", "aiosqlite", "sqlite3", "aiohttp", "slack_bolt", "slack_sdk",
-                "pynvml", "subprocess", "socket"}
+IO_LIBRARIES = {
+    "asyncssh",
+    "aiosqlite",
+    "sqlite3",
+    "aiohttp",
+    "slack_bolt",
+    "slack_sdk",
+    "pynvml",
+    "subprocess",
+    "socket",
+}
 
 
 def _imports(path: Path) -> list[str]:
@@ -63,9 +88,12 @@ def test_a_layer_imports_only_what_is_below_it(layer: str) -> None:
 
 
 def test_the_core_does_no_io() -> None:
-    wrong = [f"{path.relative_to(ROOT.parent)} imports {module}"
-             for path in sorted((ROOT / "core").rglob("*.py"))
-             for module in _imports(path) if module.split(".")[0] in IO_LIBRARIES]
+    wrong = [
+        f"{path.relative_to(ROOT.parent)} imports {module}"
+        for path in sorted((ROOT / "core").rglob("*.py"))
+        for module in _imports(path)
+        if module.split(".")[0] in IO_LIBRARIES
+    ]
     assert wrong == []
 
 
@@ -75,7 +103,8 @@ def test_every_module_belongs_to_a_layer() -> None:
     # one back-off (the core, which never waits, does not need it).
     assert top == {"errors", "settings", "logging_setup", "retry"}
     assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(
-        ALLOWED)
+        ALLOWED
+    )
 
 
 def test_the_audit_package_exports_what_it_names() -> None:

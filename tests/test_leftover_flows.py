@@ -23,9 +23,16 @@ OURS = "0::/system.slice/vllm-kimi-k25.service"
 class Leftover(Host):
     """The stuck worker (PID 48304, GPU 3) with what ps says of it, and what signals do."""
 
-    def __init__(self, *, cgroup: str = OURS, user: str = "vllm", state: str = "Sl",
-                 dies_on: tuple[str, ...] = ("TERM", "KILL"), memory_only: bool = False,
-                 **kw: object) -> None:
+    def __init__(
+        self,
+        *,
+        cgroup: str = OURS,
+        user: str = "vllm",
+        state: str = "Sl",
+        dies_on: tuple[str, ...] = ("TERM", "KILL"),
+        memory_only: bool = False,
+        **kw: object,
+    ) -> None:
         super().__init__(stuck=True, approval=Approval("U0BOB"), **kw)  # type: ignore[arg-type]
         self.cgroup, self.user, self.state = cgroup, user, state
         self.dies_on, self.memory_only = dies_on, memory_only
@@ -36,8 +43,7 @@ class Leftover(Host):
     def command(self, a: tuple[str, ...]) -> CommandResult:
         if a[:2] == ("/bin/sh", "-c") and a[8:9] in (("TERM",), ("KILL",)):
             # What the rule fixes: the tools' absolute paths and the unit.
-            assert a[4:8] == ("systemctl", "/usr/bin/ps", "/usr/bin/kill",
-                              "vllm-kimi-k25.service")
+            assert a[4:8] == ("systemctl", "/usr/bin/ps", "/usr/bin/kill", "vllm-kimi-k25.service")
             if self.host_refuses:  # the host's own judgement of the PID differs
                 return ok(a, "48304 refused\n")
             self.signals.append(a[8:])
@@ -46,13 +52,16 @@ class Leftover(Host):
         if a[:3] == ("env", "LC_ALL=C", "ps"):
             if not self.alive:
                 return ok(a, status=1)
-            return ok(a, f"48304 {self.state} {self.user} Mon Nov 30 13:00:00 2026 "
-                         f"{self.cgroup}\n")
+            return ok(a, f"48304 {self.state} {self.user} Mon Nov 30 13:00:00 2026 {self.cgroup}\n")
         if a[0] == "nvidia-smi" and not a[1].startswith("--query-gpu") and a[1] != "-q":
             if self.memory_only:
                 return ok(a, "")  # 96 GB used on GPU 3, and no process listed
-            return ok(a, "48304, VLLM::Worker_TP3, 96000 MiB, GPU-00000003-aaaa-bbbb-cccc"
-                         "-000000000003\n" if self.alive else "")
+            return ok(
+                a,
+                "48304, VLLM::Worker_TP3, 96000 MiB, GPU-00000003-aaaa-bbbb-cccc-000000000003\n"
+                if self.alive
+                else "",
+            )
         if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu") and not self.alive:
             self.stuck = False  # its memory went with it
         if a[0] == "pgrep" and not self.alive:
@@ -74,8 +83,10 @@ def test_a_pid_the_host_refuses_to_signal_fails_the_run_with_no_further_signal()
     h.host_refuses = True
     out = run(h, "restart")
     assert out.status == "failed"
-    assert ("the host refused to signal PID(s) 48304: not in vllm-kimi-k25.service's cgroup, "
-            "nor a VLLM:: process of its user") in out.summary
+    assert (
+        "the host refused to signal PID(s) 48304: not in vllm-kimi-k25.service's cgroup, "
+        "nor a VLLM:: process of its user"
+    ) in out.summary
     assert h.signals == [] and ("leftovers", False) in steps(h) and verbs(h) == ["stop"]
 
 
@@ -89,8 +100,7 @@ def test_one_that_survives_sigkill_needs_a_reset_or_a_reboot() -> None:
     h = Leftover(dies_on=())
     out = run(h, "restart")
     assert out.status == "failed"
-    assert "survived SIGKILL (PID 48304 state Sl): it needs a GPU reset or a reboot" in \
-        out.summary
+    assert "survived SIGKILL (PID 48304 state Sl): it needs a GPU reset or a reboot" in out.summary
     assert out.state == ServiceState.STOPPED and verbs(h) == ["stop"]
 
 
@@ -121,8 +131,10 @@ def test_a_process_not_the_services_is_named_and_never_signalled() -> None:
     h = Leftover(cgroup="0::/user.slice/user-1000.slice/session-3.scope", user="alice")
     out = run(h, "restart")
     assert out.status == "failed"
-    assert "Processes that are not vllm-kimi-k25's hold its GPUs; they were not signalled" in \
-        out.summary
+    assert (
+        "Processes that are not vllm-kimi-k25's hold its GPUs; they were not signalled"
+        in out.summary
+    )
     assert "user alice, cgroup 0::/user.slice/user-1000.slice/session-3.scope" in out.summary
     assert h.asked == [] and h.signals == []
 
@@ -146,12 +158,14 @@ def test_no_approval_ends_the_run_with_the_reason_and_no_signal() -> None:
     assert h.signals == [] and verbs(h) == ["stop"]
 
 
-def _no_workers(inner: Callable[[tuple[str, ...]], CommandResult]
-                ) -> Callable[[tuple[str, ...]], CommandResult]:
+def _no_workers(
+    inner: Callable[[tuple[str, ...]], CommandResult],
+) -> Callable[[tuple[str, ...]], CommandResult]:
     def command(a: tuple[str, ...]) -> CommandResult:
         if a[0] == "pgrep" and "VLLM" in a[-1]:
             return ok(a, status=1)
         return inner(a)
+
     return command
 
 
@@ -191,12 +205,40 @@ async def test_a_cancel_ends_the_wait_at_once() -> None:
 # --------------------------------------------------------------------------- recovery
 
 
-@pytest.mark.parametrize(("step", "needle"), [
-    ("gpu_check", "Nothing was changed"), ("leftovers", "The service is STOPPED"),
-    ("gpu_recheck", "only the GPU recheck was left")])
-def test_a_run_interrupted_in_a_gpu_step_says_what_the_service_may_be(step: str,
-                                                                      needle: str) -> None:
-    run_ = RunRecord(7, "kimi-k25", Action.REDEPLOY, ["gpu-node-1"], "U0ALICE", Source.CLI,
-                     RunStatus.INTERRUPTED, step, None, None, None, "t", "t", None, None, None,
-                     None, {}, None, None, False, [], [])
+@pytest.mark.parametrize(
+    ("step", "needle"),
+    [
+        ("gpu_check", "Nothing was changed"),
+        ("leftovers", "The service is STOPPED"),
+        ("gpu_recheck", "only the GPU recheck was left"),
+    ],
+)
+def test_a_run_interrupted_in_a_gpu_step_says_what_the_service_may_be(
+    step: str, needle: str
+) -> None:
+    run_ = RunRecord(
+        7,
+        "kimi-k25",
+        Action.REDEPLOY,
+        ["gpu-node-1"],
+        "U0ALICE",
+        Source.CLI,
+        RunStatus.INTERRUPTED,
+        step,
+        None,
+        None,
+        None,
+        "t",
+        "t",
+        None,
+        None,
+        None,
+        None,
+        {},
+        None,
+        None,
+        False,
+        [],
+        [],
+    )
     assert needle in interrupted_message(run_)

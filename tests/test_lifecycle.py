@@ -42,11 +42,13 @@ TTL_S = 600
 def settings(tmp_path: Path, **policy: object) -> Settings:
     return Settings(
         hosts={"gpu1": {"address": LOCAL}, "gpu2": {"address": LOCAL}},
-        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"},
-                  "other": {"hosts": ["gpu2"], "unit": "vllm-o", "python": "/opt/o/bin/python"}},
-        policy={"approvers": [APPROVERS], "min_approvals": 1, "approval_ttl_s": TTL_S,
-                **policy},
-        db_path=tmp_path / "audit.db")
+        services={
+            "svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"},
+            "other": {"hosts": ["gpu2"], "unit": "vllm-o", "python": "/opt/o/bin/python"},
+        },
+        policy={"approvers": [APPROVERS], "min_approvals": 1, "approval_ttl_s": TTL_S, **policy},
+        db_path=tmp_path / "audit.db",
+    )
 
 
 @dataclass
@@ -56,13 +58,15 @@ class World:
     clock: ManualWallClock
     life: RunLifecycle
 
-    def plan(self, action: Action = Action.RESTART, service: str = "svc", *,
-             dry_run: bool = False) -> Plan:
+    def plan(
+        self, action: Action = Action.RESTART, service: str = "svc", *, dry_run: bool = False
+    ) -> Plan:
         return make_plan(self.settings, action, service, dry_run=dry_run)
 
     async def pending(self, service: str = "svc") -> RunRecord:
-        return await self.life.request(self.plan(service=service), requested_by=ALICE,
-                                       source=Source.SLACK, channel="C0OPS")
+        return await self.life.request(
+            self.plan(service=service), requested_by=ALICE, source=Source.SLACK, channel="C0OPS"
+        )
 
     async def status(self, run_id: int) -> RunStatus:
         return (await self.audit.get_run(run_id)).status
@@ -91,8 +95,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         yield World(s, audit, clock, RunLifecycle(s, audit, clock=clock, owner=lambda: OWNER))
 
 
-async def test_a_request_holds_its_locks_and_its_window_comes_from_the_clock(
-        world: World) -> None:
+async def test_a_request_holds_its_locks_and_its_window_comes_from_the_clock(world: World) -> None:
     record = await world.pending()
     assert record.status == RunStatus.PENDING_APPROVAL
     assert record.expires_at is not None
@@ -128,10 +131,12 @@ async def test_a_concurrent_double_click_counts_once(tmp_path: Path) -> None:
     s = settings(tmp_path, min_approvals=2)
     async with AuditLog.open(s.db_path) as audit:
         life = RunLifecycle(s, audit, clock=ManualWallClock())
-        record = await life.request(make_plan(s, Action.RESTART, "svc"), requested_by=ALICE,
-                                    source=Source.SLACK)
+        record = await life.request(
+            make_plan(s, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
+        )
         results = await asyncio.gather(
-            *(life.approve(record.id, user=BOB, membership=MEMBERS) for _ in range(3)))
+            *(life.approve(record.id, user=BOB, membership=MEMBERS) for _ in range(3))
+        )
         assert results.count(Counted(record.id, 1, 2)) == 1, results
         # The others were judged before or after the first was recorded: either way a note.
         for other in results:
@@ -146,7 +151,8 @@ async def test_concurrent_final_approvals_start_the_run_exactly_once(world: Worl
     record = await world.pending()
     results = await asyncio.gather(
         world.life.approve(record.id, user=BOB, membership=MEMBERS),
-        world.life.approve(record.id, user=CAROL, membership=MEMBERS))
+        world.life.approve(record.id, user=CAROL, membership=MEMBERS),
+    )
     starts = [r for r in results if isinstance(r, Approved) and r.start]
     assert len(starts) == 1, results
     assert all(isinstance(r, Approved | Refused) for r in results), results
@@ -180,15 +186,17 @@ async def test_a_click_after_the_window_expires_the_request(world: World) -> Non
     assert await world.life.expire_overdue() == []
     world.clock.advance(1)  # the deadline itself is late
     late = await world.life.approve(record.id, user=BOB, membership=MEMBERS)
-    assert late == Refused("This request has expired; ask for it again.", expired=True,
-                           code=Refusal.EXPIRED)
+    assert late == Refused(
+        "This request has expired; ask for it again.", expired=True, code=Refusal.EXPIRED
+    )
     expired = await world.audit.get_run(record.id)
     assert (expired.status, expired.summary) == (RunStatus.EXPIRED, EXPIRED_SUMMARY)
     assert await world.audit.lock_holder("service:svc") is None
 
 
 async def test_overdue_requests_expire_by_the_clock_and_a_decided_one_does_not(
-        world: World) -> None:
+    world: World,
+) -> None:
     overdue = await world.pending()
     decided = await world.pending("other")
     assert await world.life.deny(decided.id, user=BOB, membership=MEMBERS) == Denied(decided.id)
@@ -198,14 +206,16 @@ async def test_overdue_requests_expire_by_the_clock_and_a_decided_one_does_not(
     assert await world.status(decided.id) == RunStatus.DENIED
     # Closed as expired before this click: its card may still have buttons to remove.
     assert await world.life.deny(overdue.id, user=BOB, membership=MEMBERS) == Refused(
-        f"Run #{overdue.id} is already expired.", expired=True, code=Refusal.CLOSED)
+        f"Run #{overdue.id} is already expired.", expired=True, code=Refusal.CLOSED
+    )
 
 
 async def test_a_deny_that_loses_the_race_is_too_late(world: World) -> None:
     record = await world.pending()
     results = await asyncio.gather(
         world.life.approve(record.id, user=BOB, membership=MEMBERS),
-        world.life.deny(record.id, user=CAROL, membership=MEMBERS))
+        world.life.deny(record.id, user=CAROL, membership=MEMBERS),
+    )
     final = await world.status(record.id)
     assert final in (RunStatus.APPROVED, RunStatus.DENIED)
     # Exactly one of the two took effect; the other was refused or too late.
@@ -216,9 +226,11 @@ async def test_a_deny_that_loses_the_race_is_too_late(world: World) -> None:
 
 
 async def test_confirm_is_the_system_or_operator_approval_and_records_the_owner(
-        world: World) -> None:
-    record = await world.life.request(world.plan(dry_run=True), requested_by=ALICE,
-                                      source=Source.CLI)
+    world: World,
+) -> None:
+    record = await world.life.request(
+        world.plan(dry_run=True), requested_by=ALICE, source=Source.CLI
+    )
     assert await world.life.confirm(record.id, DRY_RUN_APPROVER)
     approved = await world.audit.get_run(record.id)
     assert approved.status == RunStatus.APPROVED and approved.approved_by == [DRY_RUN_APPROVER]
@@ -226,11 +238,11 @@ async def test_confirm_is_the_system_or_operator_approval_and_records_the_owner(
     assert await world.life.confirm(record.id, BOB) is False  # no longer pending
 
 
-async def test_cancel_before_approval_before_start_while_running_and_after(
-        world: World) -> None:
+async def test_cancel_before_approval_before_start_while_running_and_after(world: World) -> None:
     pending = await world.pending()
     assert await world.life.cancel(pending.id, user=ALICE, membership=MEMBERS) == Cancelled(
-        pending.id, RunStatus.PENDING_APPROVAL)
+        pending.id, RunStatus.PENDING_APPROVAL
+    )
     assert await world.status(pending.id) == RunStatus.CANCELLED
 
     approved = await world.pending()
@@ -244,7 +256,8 @@ async def test_cancel_before_approval_before_start_while_running_and_after(
     token = await world.life.start(running.id)
     assert token is not None and not token.requested
     assert await world.life.cancel(running.id, user=CAROL, membership=MEMBERS) == (
-        CancelRequested(running.id))
+        CancelRequested(running.id)
+    )
     assert token.requested_by == CAROL
     await world.life.released(running.id)  # the driver saw it and stopped
     assert await world.life.finish(running.id, RunStatus.CANCELLED, "cancelled at preflight")
@@ -252,8 +265,12 @@ async def test_cancel_before_approval_before_start_while_running_and_after(
     assert after == NotCancellable(running.id, RunStatus.CANCELLED)
     assert after.text == f"Run #{running.id} has already finished: cancelled."
 
-    cancels = {(r.id, d.user) for r in (pending, approved, running)
-               for d in await world.audit.decisions(r.id) if d.decision == Decision.CANCEL}
+    cancels = {
+        (r.id, d.user)
+        for r in (pending, approved, running)
+        for d in await world.audit.decisions(r.id)
+        if d.decision == Decision.CANCEL
+    }
     assert cancels == {(pending.id, ALICE), (approved.id, BOB), (running.id, CAROL)}
 
 
@@ -270,8 +287,9 @@ async def test_only_the_requester_or_an_approver_may_cancel(world: World) -> Non
 async def test_a_running_run_driven_elsewhere_cannot_be_cancelled_here(world: World) -> None:
     record = await world.pending()
     assert await world.life.confirm(record.id, BOB)
-    other = RunLifecycle(world.settings, world.audit, clock=world.clock,
-                         owner=lambda: "elsewhere:1:1")
+    other = RunLifecycle(
+        world.settings, world.audit, clock=world.clock, owner=lambda: "elsewhere:1:1"
+    )
     assert await other.start(record.id) is not None
     result = await world.life.cancel(record.id, user=BOB, membership=MEMBERS)
     assert result == NotCancellable(record.id, RunStatus.RUNNING)

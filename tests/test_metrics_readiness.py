@@ -37,19 +37,32 @@ from bot.settings import ServiceSettings
 MODEL = "kimi-k2.5"
 
 
-def vllm_metrics(running: dict[str, float], waiting: dict[str, float],
-                 kv: dict[str, float] | None = None, *, kv_name: str = "vllm:kv_cache_usage_perc"
-                 ) -> str:
+def vllm_metrics(
+    running: dict[str, float],
+    waiting: dict[str, float],
+    kv: dict[str, float] | None = None,
+    *,
+    kv_name: str = "vllm:kv_cache_usage_perc",
+) -> str:
     """What a vLLM API server's /metrics returns, one labelled gauge per engine."""
     reg = CollectorRegistry()
     labels = ["model_name", "engine"]
-    g_run = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                  labels, registry=reg)
-    g_wait = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                   labels, registry=reg)
+    g_run = Gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        labels,
+        registry=reg,
+    )
+    g_wait = Gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        labels,
+        registry=reg,
+    )
     g_kv = Gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, registry=reg)
-    Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels,
-            registry=reg).labels(MODEL, "0").inc(123456)
+    Counter(
+        "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=reg
+    ).labels(MODEL, "0").inc(123456)
     for engine, v in running.items():
         g_run.labels(MODEL, engine).set(v)
     for engine, v in waiting.items():
@@ -61,7 +74,7 @@ def vllm_metrics(running: dict[str, float], waiting: dict[str, float],
 
 def test_counts_are_summed_over_engines_and_kv_is_the_fullest() -> None:
     text = vllm_metrics({"0": 3, "1": 2}, {"0": 0, "1": 1}, {"0": 0.25, "1": 0.5})
-    assert "vllm:num_requests_running{engine=\"1\",model_name=\"kimi-k2.5\"} 2.0" in text
+    assert 'vllm:num_requests_running{engine="1",model_name="kimi-k2.5"} 2.0' in text
     load = parse_load(text)
     assert load == Load(5, 1, 0.5)
     assert not load.idle
@@ -69,14 +82,17 @@ def test_counts_are_summed_over_engines_and_kv_is_the_fullest() -> None:
 
 
 def test_an_idle_server_and_the_old_kv_name() -> None:
-    load = parse_load(vllm_metrics({"0": 0}, {"0": 0}, {"0": 0.0},
-                                   kv_name="vllm:gpu_cache_usage_perc"))
+    load = parse_load(
+        vllm_metrics({"0": 0}, {"0": 0}, {"0": 0.0}, kv_name="vllm:gpu_cache_usage_perc")
+    )
     assert load == Load(0, 0, 0.0) and load.idle and load.known
 
 
 def test_absent_metrics_stay_unknown_not_zero() -> None:
-    load = parse_load("# HELP python_info x\n# TYPE python_info gauge\n"
-                      'python_info{implementation="CPython"} 1.0\n')
+    load = parse_load(
+        "# HELP python_info x\n# TYPE python_info gauge\n"
+        'python_info{implementation="CPython"} 1.0\n'
+    )
     assert load == Load(None, None, None)
     assert not load.known and load.describe() == "? running, ? waiting requests"
     assert not load.idle  # issue 17, D5: unknown is never idle
@@ -115,7 +131,7 @@ def test_one_gauge_of_the_two_is_not_enough_to_call_the_server_idle() -> None:
 
 def test_a_body_cut_at_the_bound_is_read_to_its_last_whole_line() -> None:
     text = vllm_metrics({"0": 4}, {"0": 2})
-    cut = text[:text.index("vllm:num_requests_waiting{") + 20]
+    cut = text[: text.index("vllm:num_requests_waiting{") + 20]
     with pytest.raises(MetricsError):
         parse_load(cut + "\n")
     assert parse_load(cut, truncated=True).running == 4
@@ -142,15 +158,21 @@ def test_a_smoke_expectation_must_be_a_regular_expression() -> None:
 
 # vllm/entrypoints/openai/protocol.py: ModelList / ModelCard (object "model", owned_by
 # "vllm", root, parent, max_model_len, permission), CompletionResponse, ErrorResponse.
-MODELS = ('{"object":"list","data":[{"id":"kimi-k2.5","object":"model","created":1764500000,'
-          '"owned_by":"vllm","root":"/models/Kimi-K2.5","parent":null,"max_model_len":262144,'
-          '"permission":[]}]}')
-COMPLETION = ('{"id":"cmpl-5c1e","object":"text_completion","created":1764500001,'
-              '"model":"kimi-k2.5","choices":[{"index":0,"text":" Paris.","logprobs":null,'
-              '"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null}],'
-              '"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3}}')
-ERROR = ('{"object":"error","message":"The model `kimi` does not exist.",'
-         '"type":"NotFoundError","param":null,"code":404}')
+MODELS = (
+    '{"object":"list","data":[{"id":"kimi-k2.5","object":"model","created":1764500000,'
+    '"owned_by":"vllm","root":"/models/Kimi-K2.5","parent":null,"max_model_len":262144,'
+    '"permission":[]}]}'
+)
+COMPLETION = (
+    '{"id":"cmpl-5c1e","object":"text_completion","created":1764500001,'
+    '"model":"kimi-k2.5","choices":[{"index":0,"text":" Paris.","logprobs":null,'
+    '"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null}],'
+    '"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3}}'
+)
+ERROR = (
+    '{"object":"error","message":"The model `kimi` does not exist.",'
+    '"type":"NotFoundError","param":null,"code":404}'
+)
 
 
 def test_readiness_answers_in_vllms_formats() -> None:
@@ -168,4 +190,5 @@ def test_readiness_answers_in_vllms_formats() -> None:
 def test_the_smoke_request_is_deterministic() -> None:
     assert completion_body(MODEL, "The capital of France is", 16) == (
         b'{"model": "kimi-k2.5", "prompt": "The capital of France is", "max_tokens": 16, '
-        b'"temperature": 0, "stream": false}')
+        b'"temperature": 0, "stream": false}'
+    )

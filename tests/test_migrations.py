@@ -43,8 +43,13 @@ def columns(db: Path, table: str) -> list[str]:
 
 async def add_run(log: AuditLog) -> int:
     return await log.create_run(
-        service="kimi-k25", action=Action.REDEPLOY, hosts=["gpu1"], requested_by="U1",
-        source=Source.CLI, plan={}, package_spec="vllm==0.9.0",
+        service="kimi-k25",
+        action=Action.REDEPLOY,
+        hosts=["gpu1"],
+        requested_by="U1",
+        source=Source.CLI,
+        plan={},
+        package_spec="vllm==0.9.0",
     )
 
 
@@ -83,19 +88,29 @@ async def test_the_package_docstring_describes_the_schema_the_migrations_create(
     doc = bot.audit.__doc__ or ""
     sections = dict(re.findall(r"^``(\w+)``\n((?:    .*\n)+)", doc, re.MULTILINE))
     with sqlite3.connect(db) as conn:
-        names = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'")]
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+            )
+        ]
         assert sorted(sections) == sorted(names)
         for table in names:
             text = " ".join(sections[table].split())
             for column in columns(db, table):
                 # As an item of the column list, not inside some other word or name.
                 assert re.search(rf"(?:^|, ){column}(?:[ ,;:.]|$)", text), (table, column)
-            indexes = [r[1] for r in conn.execute(f"PRAGMA index_list({table})")
-                       if not r[1].startswith("sqlite_autoindex")]
+            indexes = [
+                r[1]
+                for r in conn.execute(f"PRAGMA index_list({table})")
+                if not r[1].startswith("sqlite_autoindex")
+            ]
             for index in indexes:
-                keys = [f"{r[2]} DESC" if r[3] else r[2]
-                        for r in conn.execute(f"PRAGMA index_xinfo({index})") if r[5]]
+                keys = [
+                    f"{r[2]} DESC" if r[3] else r[2]
+                    for r in conn.execute(f"PRAGMA index_xinfo({index})")
+                    if r[5]
+                ]
                 assert f"({', '.join(keys)})" in text, (table, index, keys)
 
 
@@ -123,8 +138,10 @@ async def test_migration_added_later_applies_to_an_old_database(tmp_path: Path) 
 
     newer = (
         *MIGRATIONS,
-        Migration("0002_runs_ticket", "ALTER TABLE runs ADD COLUMN ticket TEXT;"
-                                      "CREATE INDEX runs_ticket ON runs(ticket);"),
+        Migration(
+            "0002_runs_ticket",
+            "ALTER TABLE runs ADD COLUMN ticket TEXT;CREATE INDEX runs_ticket ON runs(ticket);",
+        ),
         Migration("0003_backfill_ticket", backfill),
     )
     async with AuditLog.open(db, migrations=newer) as log:
@@ -153,7 +170,9 @@ async def test_a_database_from_before_issue_17_keeps_its_owners_and_counts_heart
             "INSERT INTO runs (service, action, hosts, requested_by, source, plan, status, "
             "created_at, owner, lease_until) VALUES ('kimi-k25', 'restart', '[\"gpu1\"]', "
             "'U1', 'cli', '{}', 'running', '2026-11-30T12:00:00Z', ?, "
-            "'2026-11-30T12:00:30Z')", (old_owner,))
+            "'2026-11-30T12:00:30Z')",
+            (old_owner,),
+        )
     async with AuditLog.open(db) as log:
         # (Later migrations, 0009_leftover_approvals on, follow these two.)
         assert applied_names(db)[6:8] == ["0007_lease_renewals", "0008_expires_clock"]
@@ -162,8 +181,12 @@ async def test_a_database_from_before_issue_17_keeps_its_owners_and_counts_heart
         # Nothing says which PID namespace that PID is of (an older bot in a container
         # writes the same string): judged by its heartbeat only, even though this live
         # process has exactly that PID and start time here.
-        judge = Judge(wall=ManualWallClock(), monotonic=Monotonic(ManualClock(), "here"),
-                      wall_id=None, ttl_s=600)
+        judge = Judge(
+            wall=ManualWallClock(),
+            monotonic=Monotonic(ManualClock(), "here"),
+            wall_id=None,
+            ttl_s=600,
+        )
         await judge.look(log)
         verdict = judge.verdict(run)
         assert (verdict.alive, verdict.by) == (True, JudgedBy.LEASE)
@@ -180,8 +203,7 @@ async def test_failing_migration_is_rolled_back_and_not_recorded(tmp_path: Path)
         pass
     broken = (
         *MIGRATIONS,
-        Migration("0002_broken", "CREATE TABLE half_done (x INTEGER);"
-                                 "INSERT INTO nope VALUES (1);"),
+        Migration("0002_broken", "CREATE TABLE half_done (x INTEGER);INSERT INTO nope VALUES (1);"),
     )
     with pytest.raises(AuditError, match=r"audit database .*0002_broken.*no such table: nope"):
         await AuditLog.open(db, migrations=broken)

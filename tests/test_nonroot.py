@@ -52,23 +52,32 @@ from tests.support.runs import run
 async def host() -> AsyncIterator[NonRootKit]:
     require_root_and_sudo()
     with workspace() as base, accounts(base) as who:
-        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
-                         tree=copy_sim(base / "sim"), config=fast_config())
+        kit = NonRootKit(
+            base / "host",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(),
+        )
         try:
             yield await kit.start()
         finally:
             await kit.close()
 
 
-def settings_of(kit: NonRootKit, tmp_path: Path, *, host: dict[str, Any] | None = None,
-                **service: Any) -> Settings:
-    return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
-                    services={SERVICE: kit.service_settings(**service)},
-                    db_path=tmp_path / "audit.db")
+def settings_of(
+    kit: NonRootKit, tmp_path: Path, *, host: dict[str, Any] | None = None, **service: Any
+) -> Settings:
+    return Settings(
+        hosts={kit.hostname: kit.host_settings(**(host or {}))},
+        services={SERVICE: kit.service_settings(**service)},
+        db_path=tmp_path / "audit.db",
+    )
 
 
-async def doctor_json(settings: Settings, capsys: pytest.CaptureFixture[str],
-                      target: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+async def doctor_json(
+    settings: Settings, capsys: pytest.CaptureFixture[str], target: str | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """``python -m bot doctor [target] --json``: its exit code and its checks."""
     capsys.readouterr()
     code = await doctor(settings, target, as_json=True)
@@ -76,18 +85,21 @@ async def doctor_json(settings: Settings, capsys: pytest.CaptureFixture[str],
     return code, checks
 
 
-def only(checks: list[dict[str, Any]], name: str, service: str | None = SERVICE,
-         host: str | None = None) -> dict[str, Any]:
-    found = [c for c in checks if c["check"] == name and c["service"] == service
-             and host in (None, c["host"])]
+def only(
+    checks: list[dict[str, Any]], name: str, service: str | None = SERVICE, host: str | None = None
+) -> dict[str, Any]:
+    found = [
+        c
+        for c in checks
+        if c["check"] == name and c["service"] == service and host in (None, c["host"])
+    ]
     assert len(found) == 1, (name, checks)
     return found[0]
 
 
-
-
 async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
-        host: NonRootKit, tmp_path: Path) -> None:
+    host: NonRootKit, tmp_path: Path
+) -> None:
     settings = settings_of(host, tmp_path)
     with sudoers_installed(render(settings, host.who.login)):
         async with open_runtime(settings) as rt:
@@ -110,8 +122,9 @@ async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
     assert snapshots and all(p.owner() == host.who.owner for p in snapshots)
 
 
-async def test_without_sudo_the_login_cannot_stop_the_unit(host: NonRootKit,
-                                                          tmp_path: Path) -> None:
+async def test_without_sudo_the_login_cannot_stop_the_unit(
+    host: NonRootKit, tmp_path: Path
+) -> None:
     # The guard that makes the other tests mean something: as the login itself (become
     # = "none"), the host refuses the stop as a real one would.
     settings = settings_of(host, tmp_path, host={"become": "none"})
@@ -123,7 +136,8 @@ async def test_without_sudo_the_login_cannot_stop_the_unit(host: NonRootKit,
 
 
 async def test_a_missing_rule_fails_the_first_step_that_needs_it_naming_the_rule(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = settings_of(host, tmp_path)
     svc = settings.services[SERVICE]
     stop_rule = next(g for g in grants(svc) if tuple(g.sample) == remote.unit_stop(svc))
@@ -148,7 +162,8 @@ async def test_a_missing_rule_fails_the_first_step_that_needs_it_naming_the_rule
 
 
 async def test_a_missing_start_rule_after_the_stop_says_the_service_is_stopped(
-        host: NonRootKit, tmp_path: Path) -> None:
+    host: NonRootKit, tmp_path: Path
+) -> None:
     # The stop is allowed, the start is not: the worst place for a rule to be missing.
     settings = settings_of(host, tmp_path)
     svc = settings.services[SERVICE]
@@ -165,7 +180,8 @@ async def test_a_missing_start_rule_after_the_stop_says_the_service_is_stopped(
 
 
 async def test_doctor_passes_a_correct_non_root_setup(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = settings_of(host, tmp_path)
     with sudoers_installed(render(settings, host.who.login)):
         code, checks = await doctor_json(settings, capsys)
@@ -186,7 +202,8 @@ async def test_doctor_passes_a_correct_non_root_setup(
 
 
 async def test_doctor_reports_each_broken_piece_with_its_fix(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = settings_of(host, tmp_path)
     wrong_keys = tmp_path / "known_hosts.other"
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode()
@@ -194,8 +211,10 @@ async def test_doctor_reports_each_broken_piece_with_its_fix(
     closed = f"http://127.0.0.1:{free_port()}/health"
     svc = good.services[SERVICE].model_dump()
     settings = Settings(
-        hosts={host.hostname: good.hosts[host.hostname],
-               "impostor": {**host.host_settings(), "known_hosts": str(wrong_keys)}},
+        hosts={
+            host.hostname: good.hosts[host.hostname],
+            "impostor": {**host.host_settings(), "known_hosts": str(wrong_keys)},
+        },
         services={
             SERVICE: svc,
             "wrong-unit": {**svc, "unit": "vllm-no-such-unit"},
@@ -203,9 +222,13 @@ async def test_doctor_reports_each_broken_piece_with_its_fix(
             "no-health": {**svc, "health_url": closed},
             "on-impostor": {**svc, "hosts": ["impostor"]},
         },
-        db_path=tmp_path / "audit.db")
-    stop_rule = next(g for g in grants(settings.services[SERVICE])
-                     if tuple(g.sample) == remote.unit_stop(settings.services[SERVICE]))
+        db_path=tmp_path / "audit.db",
+    )
+    stop_rule = next(
+        g
+        for g in grants(settings.services[SERVICE])
+        if tuple(g.sample) == remote.unit_stop(settings.services[SERVICE])
+    )
     with sudoers_installed(render(settings, host.who.login, omit=[stop_rule.line()])):
         code, checks = await doctor_json(settings, capsys)
     assert code == 1
@@ -234,13 +257,17 @@ async def test_doctor_reports_each_broken_piece_with_its_fix(
 def sudo_allows(login: str, argv: Sequence[str], as_user: str | None = None) -> bool:
     """Whether the real sudo lets ``login`` run ``argv`` (as root, or ``as_user``)."""
     who = ["-u", as_user] if as_user else []
-    r = subprocess.run(["runuser", "-u", login, "--", "sudo", "-n", "-l", *who, "--", *argv],
-                       capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        ["runuser", "-u", login, "--", "sudo", "-n", "-l", *who, "--", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
     return r.returncode == 0
 
 
-async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
-                                                         tmp_path: Path) -> None:
+async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit, tmp_path: Path) -> None:
     settings = settings_of(host, tmp_path)
     svc = settings.services[SERVICE]
     login, owner = host.who.login, host.who.owner
@@ -249,20 +276,26 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
             runas = owner if g.run_as == Privilege.VENV_OWNER else None
             assert sudo_allows(login, g.sample, runas), g.line()
         unit, ctl, jctl, uv = svc.unit, svc.systemctl, svc.journalctl, svc.uv
-        for argv in ([ctl, "stop", "--", "ssh"], [ctl, "stop", "--", unit, "ssh"],
-                     [ctl, "--now", "stop", "--", unit], [ctl, "edit", "--", unit],
-                     [ctl, "stop", "--", f"{unit} ssh"],
-                     # The lines before --no-pager (issue 17, F10): no rule is left for them.
-                     [ctl, "stop", "--", unit], [ctl, "show", "-p", remote.UNIT_PROPERTIES,
-                                                 "--", unit],
-                     [jctl, "-u", unit, "-n", "1001", "--no-pager"],
-                     [jctl, "-u", unit, "-n", "5", "-u", "ssh", "--no-pager"],
-                     ["/bin/sh", "-c", "id"], ["/usr/bin/id"]):
+        for argv in (
+            [ctl, "stop", "--", "ssh"],
+            [ctl, "stop", "--", unit, "ssh"],
+            [ctl, "--now", "stop", "--", unit],
+            [ctl, "edit", "--", unit],
+            [ctl, "stop", "--", f"{unit} ssh"],
+            # The lines before --no-pager (issue 17, F10): no rule is left for them.
+            [ctl, "stop", "--", unit],
+            [ctl, "show", "-p", remote.UNIT_PROPERTIES, "--", unit],
+            [jctl, "-u", unit, "-n", "1001", "--no-pager"],
+            [jctl, "-u", unit, "-n", "5", "-u", "ssh", "--no-pager"],
+            ["/bin/sh", "-c", "id"],
+            ["/usr/bin/id"],
+        ):
             assert not sudo_allows(login, argv), argv
         # As the owner, only uv's pip install and sync into this venv: not uv run.
         assert not sudo_allows(login, [uv, "run", "sh"], owner)
-        assert not sudo_allows(login, [uv, "pip", "install", "--python", "/usr/bin/python3",
-                                       "vllm"], owner)
+        assert not sudo_allows(
+            login, [uv, "pip", "install", "--python", "/usr/bin/python3", "vllm"], owner
+        )
         install = remote.install(svc, "vllm==0.16.0", None)
         assert sudo_allows(login, install, owner)
         # What the venv owner may run, root may not, and nor may any other account.
@@ -272,7 +305,8 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit,
 
 
 async def test_the_signal_rule_cannot_reach_a_process_outside_the_unit(
-        host: NonRootKit, tmp_path: Path) -> None:
+    host: NonRootKit, tmp_path: Path
+) -> None:
     # The rule's wildcard takes any PID: whoever holds the bot's key could name sshd. The
     # fixed script re-judges on the host, as root, and refuses what is not the unit's.
     # The real ps and kill (the victim is a real process, which the simulated ones do
@@ -281,15 +315,23 @@ async def test_the_signal_rule_cannot_reach_a_process_outside_the_unit(
     svc = settings.services[SERVICE]
     victim = subprocess.Popen(["sleep", "60"], start_new_session=True)  # root's, no unit
     try:
-        (facts,) = parse_facts(subprocess.run(facts_query([victim.pid]), capture_output=True,
-                                              text=True, check=True).stdout).values()
+        (facts,) = parse_facts(
+            subprocess.run(
+                facts_query([victim.pid]), capture_output=True, text=True, check=True
+            ).stdout
+        ).values()
         with sudoers_installed(render(settings, host.who.login)):
-            script = signal_command("KILL", [facts], svc.unit, svc.systemctl, ps=svc.ps,
-                                    kill=svc.kill)
+            script = signal_command(
+                "KILL", [facts], svc.unit, svc.systemctl, ps=svc.ps, kill=svc.kill
+            )
             assert sudo_allows(host.who.login, script)  # the rule lets the call through
-            r = subprocess.run(["runuser", "-u", host.who.login, "--", "sudo", "-n", "--",
-                                *script], capture_output=True, text=True, check=False,
-                               stdin=subprocess.DEVNULL)
+            r = subprocess.run(
+                ["runuser", "-u", host.who.login, "--", "sudo", "-n", "--", *script],
+                capture_output=True,
+                text=True,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
         assert r.returncode == 0, r.stderr
         assert parse_signalled(r.stdout) == {victim.pid: "refused"}
         assert victim.poll() is None
@@ -299,7 +341,8 @@ async def test_the_signal_rule_cannot_reach_a_process_outside_the_unit(
 
 
 async def test_an_index_url_reaches_uv_under_sudo_through_its_environment_only(
-        host: NonRootKit, tmp_path: Path) -> None:
+    host: NonRootKit, tmp_path: Path
+) -> None:
     token = "tok-5e4d3c2b1a"
     private = f"https://ci-bot:{token}@pypi.private.example/simple"
     only_there = "0.17.0rc1.dev5+g1a2b3c4"
@@ -316,7 +359,8 @@ async def test_an_index_url_reaches_uv_under_sudo_through_its_environment_only(
 
 
 async def test_doctor_warns_about_rights_beyond_the_rules(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = settings_of(host, tmp_path)
     rules = render(settings, host.who.login) + f"{host.who.login} ALL = (ALL) NOPASSWD: ALL\n"
     with sudoers_installed(rules):
@@ -347,8 +391,11 @@ def without_safe_path(text: str) -> str:
     """The drop-in without its `Defaults!<alias> ... secure_path` lines (an older one, or
     one an admin edited), on a host whose sudo keeps the login's PATH for it: upstream
     sudo's default, `Defaults !secure_path`, here for the test's login only."""
-    kept = [line for line in text.splitlines()
-            if not (line.startswith("Defaults!") and "secure_path" in line)]
+    kept = [
+        line
+        for line in text.splitlines()
+        if not (line.startswith("Defaults!") and "secure_path" in line)
+    ]
     assert len(kept) < len(text.splitlines())
     return "\n".join(kept) + "\n"
 
@@ -362,8 +409,14 @@ async def planted() -> AsyncIterator[tuple[NonRootKit, Path]]:
         own = base / "home" / who.login / "bin"
         marker = base / "marker"
         plant_tools(own, marker, base / "host" / "tools", who.login)
-        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
-                         tree=copy_sim(base / "sim"), config=fast_config(), path_first=own)
+        kit = NonRootKit(
+            base / "host",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(),
+            path_first=own,
+        )
         try:
             yield await kit.start(), marker
         finally:
@@ -371,7 +424,8 @@ async def planted() -> AsyncIterator[tuple[NonRootKit, Path]]:
 
 
 async def test_the_leftover_kill_never_runs_a_tool_from_the_logins_path(
-        planted: tuple[NonRootKit, Path], tmp_path: Path) -> None:
+    planted: tuple[NonRootKit, Path], tmp_path: Path
+) -> None:
     # Issue 17, F1: the root script used to call ps, env and kill by name; where sudo keeps
     # the caller's PATH, the login's own `ps` ran as root. Even without the drop-in's
     # secure_path lines, nothing run as root or as the venv's owner finds one.
@@ -395,7 +449,8 @@ async def test_the_leftover_kill_never_runs_a_tool_from_the_logins_path(
 
 
 async def test_doctor_fails_where_sudo_would_keep_the_logins_path(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = settings_of(host, tmp_path)
     login = host.who.login
     keeps = f"Defaults:{login} !secure_path\n"
@@ -414,7 +469,8 @@ async def test_doctor_fails_where_sudo_would_keep_the_logins_path(
 
 
 async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
-        host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Issue 17, F2: the venv's owner (a compromised model server) can write a .pth file
     # into site-packages, and it runs whenever the venv's interpreter starts: at the
     # import gate, and when uv starts it to learn about it (freeze, show). Run as the
@@ -424,9 +480,23 @@ async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
     marker.chmod(0o666)
     site = host.venv_dir / "lib" / "python3.12" / "site-packages"
     line = f"import os; os.system('/usr/bin/id -un >> {marker}')\n"
-    r = subprocess.run(["runuser", "-u", host.who.owner, "--", "sh", "-c",
-                        'mkdir -p "$1" && printf %s "$2" > "$1/zz_owner.pth"', "sh",
-                        str(site), line], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            host.who.owner,
+            "--",
+            "sh",
+            "-c",
+            'mkdir -p "$1" && printf %s "$2" > "$1/zz_owner.pth"',
+            "sh",
+            str(site),
+            line,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     settings = settings_of(host, tmp_path)
     with sudoers_installed(render(settings, host.who.login)):
@@ -445,14 +515,20 @@ async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
     assert set(ran) == {host.who.owner}, ran
 
 
-def save_in_new_pid_namespace(svc: ServiceSettings, lock: str,
-                              text: str) -> subprocess.CompletedProcess[str]:
+def save_in_new_pid_namespace(
+    svc: ServiceSettings, lock: str, text: str
+) -> subprocess.CompletedProcess[str]:
     """The snapshot's save script run as root (user = "root", become = "none") as the
     first process of a PID namespace of its own: its $$ is then 1, so the name the old
     script wrote through ("<lock>.tmp.$$") is known in advance, as an attacker who
     counts PIDs would guess it."""
-    return subprocess.run(["unshare", "--pid", "--fork", *remote.save_lock(svc, lock)],
-                          input=text, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        ["unshare", "--pid", "--fork", *remote.save_lock(svc, lock)],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
@@ -462,8 +538,9 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) is needed to fix the script's PID")
     with workspace() as base, accounts(base) as who:
-        svc = ServiceSettings(hosts=["h"], unit="u", python=f"{base}/venv/bin/python",
-                              uv="/bin/true")
+        svc = ServiceSettings(
+            hosts=["h"], unit="u", python=f"{base}/venv/bin/python", uv="/bin/true"
+        )
         state, lock = Path(remote.state_dir(svc)), remote.lock_path(svc, "ab" * 32)
         victim = base / "victim"
         victim.write_text("root's own file\n")
@@ -472,16 +549,22 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
         # The owner's .chatops, with a link at the old name: refused, nothing written.
         state.mkdir()
         subprocess.run(["chown", f"{who.owner}:{who.owner}", str(state)], check=True)
-        subprocess.run(["runuser", "-u", who.owner, "--", "ln", "-s", str(victim),
-                        f"{lock}.tmp.1"], check=True)
+        subprocess.run(
+            ["runuser", "-u", who.owner, "--", "ln", "-s", str(victim), f"{lock}.tmp.1"], check=True
+        )
         r = save_in_new_pid_namespace(svc, lock, freeze)
         assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
         assert victim.read_text() == "root's own file\n"
         assert not Path(lock).exists()
         # The prefetch's throwaway venv (a name with the shell's PID) is not made there
         # either.
-        r = subprocess.run(["unshare", "--pid", "--fork", *remote.prefetch(svc, None)],
-                           input="", capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            ["unshare", "--pid", "--fork", *remote.prefetch(svc, None)],
+            input="",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert r.returncode != 0 and "is owned by uid" in r.stderr, r.stderr
 
         # Root's own .chatops with a stray link at that name (unusual, harmless): the
@@ -495,14 +578,21 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
 
 
 async def test_doctor_warns_when_the_login_can_change_its_own_authorized_keys(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Issue 17, F2: the key entry's restrict, from= and permitopen= bound the bot's key;
     # if sshd reads it from a file the login owns (~/.ssh/authorized_keys, OpenSSH's
     # default), code running as the login can add a key without them.
     require_root_and_sudo()
     with workspace() as base, accounts(base) as who:
-        kit = NonRootKit(base / "host", who=who, python=usable_python(who.login),
-                         tree=copy_sim(base / "sim"), config=fast_config(), keys_in_home=True)
+        kit = NonRootKit(
+            base / "host",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(),
+            keys_in_home=True,
+        )
         try:
             await kit.start()
             settings = settings_of(kit, tmp_path)

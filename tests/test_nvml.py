@@ -50,8 +50,12 @@ class FakeNVML:
     NVMLLibraryMismatchError = FakeMismatchError
     NVML_ERROR_NOT_SUPPORTED = 3
 
-    def __init__(self, devices: list[FakeDevice], names: dict[int, str | bytes] | None = None,
-                 fail: dict[str, BaseException] | None = None) -> None:
+    def __init__(
+        self,
+        devices: list[FakeDevice],
+        names: dict[int, str | bytes] | None = None,
+        fail: dict[str, BaseException] | None = None,
+    ) -> None:
         self.devices = devices
         self.names = names or {}
         self.fail = fail or {}
@@ -86,8 +90,9 @@ class FakeNVML:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeDevice) -> SimpleNamespace:
         self._call("nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=handle.total, used=handle.used,
-                               free=handle.total - handle.used)
+        return SimpleNamespace(
+            total=handle.total, used=handle.used, free=handle.total - handle.used
+        )
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:
         self._call("nvmlDeviceGetUtilizationRates")
@@ -106,10 +111,16 @@ class FakeNVML:
         return self.names[pid]
 
 
-def h200(i: int, *, used_mib: int = 3, util: int | None = 0,
-         procs: list[tuple[int, int | None]] | None = None) -> FakeDevice:
-    return FakeDevice("NVIDIA H200", f"GPU-{i:08d}", used_mib * MIB, 143771 * MIB, util,
-                      procs or [])
+def h200(
+    i: int,
+    *,
+    used_mib: int = 3,
+    util: int | None = 0,
+    procs: list[tuple[int, int | None]] | None = None,
+) -> FakeDevice:
+    return FakeDevice(
+        "NVIDIA H200", f"GPU-{i:08d}", used_mib * MIB, 143771 * MIB, util, procs or []
+    )
 
 
 def test_probe_reads_every_device_and_process() -> None:
@@ -175,11 +186,17 @@ def test_empty_nvml_process_name_falls_back_too() -> None:
     ("code", "reason"),
     [
         (9, "the NVIDIA driver is not loaded (NVML error 9)"),
-        (12, "the NVML library (libnvidia-ml.so.1) was not found: is the NVIDIA driver "
-             "installed? (NVML error 12)"),
+        (
+            12,
+            "the NVML library (libnvidia-ml.so.1) was not found: is the NVIDIA driver "
+            "installed? (NVML error 12)",
+        ),
         (4, "permission denied (is the bot's user allowed to open /dev/nvidia*?) (NVML error 4)"),
-        (18, "the NVIDIA driver and NVML versions do not match (reboot or reload the driver) "
-             "(NVML error 18)"),
+        (
+            18,
+            "the NVIDIA driver and NVML versions do not match (reboot or reload the driver) "
+            "(NVML error 18)",
+        ),
         (999, "fake NVML error 999 (NVML error 999)"),
     ],
 )
@@ -195,8 +212,14 @@ def test_init_failure_is_a_gpu_query_error(code: int, reason: str) -> None:
 
 @pytest.mark.parametrize(
     "call",
-    ["nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
-     "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses"],
+    [
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ],
 )
 def test_query_failure_is_an_error_and_still_shuts_down(call: str) -> None:
     fake = FakeNVML([h200(0)], fail={call: FakeNVMLError(15)})
@@ -204,7 +227,8 @@ def test_query_failure_is_an_error_and_still_shuts_down(call: str) -> None:
         probe_local("gpu-a1", fake)
     assert str(caught.value) == (
         "gpu-a1: an NVML query failed: a GPU has fallen off the bus or has otherwise "
-        "become inaccessible (NVML error 15)")
+        "become inaccessible (NVML error 15)"
+    )
     assert fake.calls[-1] == "nvmlShutdown"
 
 
@@ -229,8 +253,9 @@ def test_shutdown_failure_keeps_the_readings() -> None:
 
 
 def test_shutdown_failure_does_not_hide_the_query_failure() -> None:
-    fake = FakeNVML([h200(0)], fail={"nvmlDeviceGetCount": FakeNVMLError(9),
-                                     "nvmlShutdown": FakeNVMLError(1)})
+    fake = FakeNVML(
+        [h200(0)], fail={"nvmlDeviceGetCount": FakeNVMLError(9), "nvmlShutdown": FakeNVMLError(1)}
+    )
     with pytest.raises(GpuQueryError, match="driver is not loaded"):
         probe_local("h", fake)
 
@@ -243,8 +268,10 @@ def test_real_nvml_error_class_works_with_the_probe() -> None:
     fake = RealErrors([h200(0)], fail={"nvmlInit": pynvml.NVMLError(9)})
     with pytest.raises(GpuQueryError) as caught:
         probe_local("h", fake)
-    assert str(caught.value) == "h: could not initialise NVML: the NVIDIA driver is not loaded " \
-                                "(NVML error 9)"
+    assert (
+        str(caught.value) == "h: could not initialise NVML: the NVIDIA driver is not loaded "
+        "(NVML error 9)"
+    )
     assert caught.value.output == "Driver Not Loaded"
 
 
@@ -255,8 +282,12 @@ def test_fake_matches_the_real_pynvml_api() -> None:
     assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
     assert pynvml.NVMLError(12).value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND == 12
     assert pynvml.NVML_ERROR_NOT_SUPPORTED == FakeNVML.NVML_ERROR_NOT_SUPPORTED
-    codes = (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-             pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    codes = (
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    )
     assert codes == (4, 9, 15, 18)
     assert {f for f, _ in pynvml.c_nvmlMemory_t._fields_} >= {"total", "used"}
     assert "gpu" in {f for f, _ in pynvml.c_nvmlUtilization_t._fields_}

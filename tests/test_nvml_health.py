@@ -49,8 +49,9 @@ class HealthNVML(FakeNVML):
     NVML_FI_DEV_RESET_STATUS = pynvml.NVML_FI_DEV_RESET_STATUS
     NVML_FI_DEV_DRAIN_AND_RESET_STATUS = pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS
 
-    def __init__(self, devices: list[FakeDevice], health: dict[str, Health],
-                 unified: bool = False) -> None:
+    def __init__(
+        self, devices: list[FakeDevice], health: dict[str, Health], unified: bool = False
+    ) -> None:
         super().__init__(devices)
         self.health, self.unified = health, unified
 
@@ -74,8 +75,9 @@ class HealthNVML(FakeNVML):
     def nvmlDeviceGetTotalEccErrors(self, handle: FakeDevice, kind: int, counter: int) -> int:
         assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         h = self._h(handle)
-        return int(self._or_unsupported(h.volatile if counter == pynvml.NVML_VOLATILE_ECC
-                                        else h.aggregate))
+        return int(
+            self._or_unsupported(h.volatile if counter == pynvml.NVML_VOLATILE_ECC else h.aggregate)
+        )
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeDevice) -> int:
         return int(self._or_unsupported(self._h(handle).pages_pending))
@@ -88,26 +90,38 @@ class HealthNVML(FakeNVML):
         bus = self.health[str(handle.uuid)].bus  # it answers even a GPU needing a reset
         return SimpleNamespace(busId=bus.encode())  # bytes, as older pynvml
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeDevice, ids: list[int]
-                                 ) -> list[SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeDevice, ids: list[int]) -> list[SimpleNamespace]:
         h = self._h(handle)
         if h.fields_fail is not None:
             raise FakeNVMLError(h.fields_fail)
-        by_id = {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: h.recovery,
-                 pynvml.NVML_FI_DEV_RESET_STATUS: h.reset,
-                 pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS: h.drain}
-        return [SimpleNamespace(nvmlReturn=NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))
-                if by_id[i] is None else
-                SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=by_id[i]))
-                for i in ids]
+        by_id = {
+            pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: h.recovery,
+            pynvml.NVML_FI_DEV_RESET_STATUS: h.reset,
+            pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS: h.drain,
+        }
+        return [
+            SimpleNamespace(nvmlReturn=NOT_SUPPORTED, value=SimpleNamespace(uiVal=0))
+            if by_id[i] is None
+            else SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=by_id[i]))
+            for i in ids
+        ]
 
 
 def test_health_reads_every_field_nvidia_smi_q_prints() -> None:
-    fake = HealthNVML([h200(0), h200(1)], {
-        "GPU-00000000": Health(),
-        "GPU-00000001": Health(volatile=2, aggregate=5, pages_pending=1, rows=(0, 1, 1, 0),
-                               recovery=pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
-                               bus="00000000:5D:00.0")})
+    fake = HealthNVML(
+        [h200(0), h200(1)],
+        {
+            "GPU-00000000": Health(),
+            "GPU-00000001": Health(
+                volatile=2,
+                aggregate=5,
+                pages_pending=1,
+                rows=(0, 1, 1, 0),
+                recovery=pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+                bus="00000000:5D:00.0",
+            ),
+        },
+    )
     clean, sick = probe_local_health(fake)
     assert clean == GpuReading("GPU-00000000", "0000:3b:00", 0, 0, False, False, False, "None")
     assert sick == GpuReading("GPU-00000001", "0000:5d:00", 2, 5, True, True, False, "Reset")
@@ -129,8 +143,7 @@ def test_a_failing_health_query_is_an_error_not_a_clean_gpu() -> None:
 
 
 def test_a_unified_memory_gpu_reads_as_unknown_memory_never_0() -> None:
-    fake = HealthNVML([h200(0, procs=[(48301, None)])], {"GPU-00000000": Health()},
-                      unified=True)
+    fake = HealthNVML([h200(0, procs=[(48301, None)])], {"GPU-00000000": Health()}, unified=True)
     snap = probe_local("gb10", fake)
     (gpu,) = snap.gpus
     assert (gpu.memory_used_mib, gpu.memory_total_mib) == (None, None)
@@ -154,9 +167,13 @@ def test_a_unified_memory_gpu_reads_as_unknown_memory_never_0() -> None:
 
 
 def test_nvml_reset_status_fields_make_the_gpu_critical() -> None:
-    fake = HealthNVML([h200(0), h200(1)], {
-        "GPU-00000000": Health(reset=0, drain=0),
-        "GPU-00000001": Health(reset=1, drain=1, recovery=None, bus="00000000:5D:00.0")})
+    fake = HealthNVML(
+        [h200(0), h200(1)],
+        {
+            "GPU-00000000": Health(reset=0, drain=0),
+            "GPU-00000001": Health(reset=1, drain=1, recovery=None, bus="00000000:5D:00.0"),
+        },
+    )
     clean, sick = probe_local_health(fake)
     assert (clean.reset_required, clean.drain_and_reset) == (False, False)
     assert (sick.reset_required, sick.drain_and_reset, sick.recovery_action) == (True, True, None)
@@ -166,14 +183,21 @@ def test_nvml_reset_status_fields_make_the_gpu_critical() -> None:
 
 
 def test_a_device_answering_reset_required_is_a_gpu_needing_a_reset() -> None:
-    fake = HealthNVML([h200(0), h200(1)], {
-        "GPU-00000000": Health(),
-        "GPU-00000001": Health(refuses=pynvml.NVML_ERROR_RESET_REQUIRED,
-                               bus="00000000:5D:00.0")})
+    fake = HealthNVML(
+        [h200(0), h200(1)],
+        {
+            "GPU-00000000": Health(),
+            "GPU-00000001": Health(
+                refuses=pynvml.NVML_ERROR_RESET_REQUIRED, bus="00000000:5D:00.0"
+            ),
+        },
+    )
     clean, sick = probe_local_health(fake)
     assert sick == GpuReading("GPU-00000001", "0000:5d:00", reset_required=True)
-    assert judge("local", probe_local("local", fake).gpus, (clean, sick), ()).gpus[1].level \
+    assert (
+        judge("local", probe_local("local", fake).gpus, (clean, sick), ()).gpus[1].level
         == Level.CRITICAL
+    )
 
 
 @pytest.mark.parametrize("code", [NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND])

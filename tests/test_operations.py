@@ -52,11 +52,13 @@ class World:
     def asker(self, user: str) -> ChatUser:
         async def membership() -> Membership:
             return MEMBERS
+
         return ChatUser(user, CHANNEL, "/vllm restart svc", membership)
 
     async def pending(self) -> RunRecord:
-        asked = await self.ops.request(make_plan(self.settings, Action.RESTART, "svc"),
-                                       by=self.asker(ALICE))
+        asked = await self.ops.request(
+            make_plan(self.settings, Action.RESTART, "svc"), by=self.asker(ALICE)
+        )
         assert isinstance(asked, Requested)
         return asked.record
 
@@ -68,9 +70,14 @@ def settings(tmp_path: Path, min_approvals: int) -> Settings:
     return Settings(
         hosts={"gpu1": {"address": LOCAL}},
         services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"}},
-        policy={"approvers": [APPROVERS], "requesters": [REQUESTERS],
-                "min_approvals": min_approvals, "approval_ttl_s": 600},
-        db_path=tmp_path / "audit.db")
+        policy={
+            "approvers": [APPROVERS],
+            "requesters": [REQUESTERS],
+            "min_approvals": min_approvals,
+            "approval_ttl_s": 600,
+        },
+        db_path=tmp_path / "audit.db",
+    )
 
 
 @pytest.fixture(params=[1, 2], ids=["one-approval", "two-approvals"])
@@ -81,62 +88,79 @@ async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
 
 
 async def test_someone_not_on_the_requesters_list_is_refused_and_nothing_is_recorded(
-        world: World) -> None:
+    world: World,
+) -> None:
     plan = make_plan(world.settings, Action.RESTART, "svc")
     refused = await world.ops.request(plan, by=world.asker(MALLORY))
     assert isinstance(refused, Refused) and refused.code is Refusal.NOT_REQUESTER
     assert await world.audit.list_runs() == []
     assert await world.refusals() == [(MALLORY, refused.text)]
     # A status query asks nobody and changes nothing: anyone may (approved by the system).
-    status = await world.ops.request(make_plan(world.settings, Action.STATUS, "svc"),
-                                     by=world.asker(MALLORY))
+    status = await world.ops.request(
+        make_plan(world.settings, Action.STATUS, "svc"), by=world.asker(MALLORY)
+    )
     assert isinstance(status, Requested) and status.record.status == RunStatus.APPROVED
 
 
 async def test_a_second_request_is_busy_naming_the_holder(world: World) -> None:
     first = await world.pending()
-    busy = await world.ops.request(make_plan(world.settings, Action.RESTART, "svc"),
-                                   by=world.asker(ALICE))
+    busy = await world.ops.request(
+        make_plan(world.settings, Action.RESTART, "svc"), by=world.asker(ALICE)
+    )
     assert isinstance(busy, Busy) and busy.holder == first.id
     assert busy.text.startswith(f"Refused: svc is busy: run #{first.id}")
     assert [u for u, _ in await world.refusals()] == [ALICE]
 
 
 async def test_an_operators_request_is_approved_by_them_and_a_dry_run_by_the_system(
-        world: World) -> None:
-    asked = await world.ops.request(make_plan(world.settings, Action.RESTART, "svc"),
-                                    by=Operator("cli:root@box"))
+    world: World,
+) -> None:
+    asked = await world.ops.request(
+        make_plan(world.settings, Action.RESTART, "svc"), by=Operator("cli:root@box")
+    )
     assert isinstance(asked, Requested) and asked.record.status == RunStatus.APPROVED
     assert asked.record.approved_by == ["cli:root@box"]
     await world.audit.release_locks(asked.record.id)
-    dry = await world.ops.request(make_plan(world.settings, Action.RESTART, "svc",
-                                            dry_run=True), by=world.asker(ALICE))
+    dry = await world.ops.request(
+        make_plan(world.settings, Action.RESTART, "svc", dry_run=True), by=world.asker(ALICE)
+    )
     assert isinstance(dry, Requested) and dry.record.approved_by == [DRY_RUN_APPROVER]
 
 
 async def test_decide_counts_to_min_approvals_and_refuses_the_requester(world: World) -> None:
     record = await world.pending()
-    own = await world.ops.decide(record.id, Decision.APPROVE, user=ALICE, membership=MEMBERS,
-                                 channel=CHANNEL)
+    own = await world.ops.decide(
+        record.id, Decision.APPROVE, user=ALICE, membership=MEMBERS, channel=CHANNEL
+    )
     assert isinstance(own, Refused) and own.code is Refusal.NOT_ALLOWED
-    results = [await world.ops.decide(record.id, Decision.APPROVE, user=u, membership=MEMBERS,
-                                      channel=CHANNEL) for u in (BOB, CAROL)]
+    results = [
+        await world.ops.decide(
+            record.id, Decision.APPROVE, user=u, membership=MEMBERS, channel=CHANNEL
+        )
+        for u in (BOB, CAROL)
+    ]
     assert Approved(record.id, start=True) in results
     with pytest.raises(ValueError):
-        await world.ops.decide(record.id, Decision.CANCEL, user=BOB, membership=MEMBERS,
-                               channel=CHANNEL)
+        await world.ops.decide(
+            record.id, Decision.CANCEL, user=BOB, membership=MEMBERS, channel=CHANNEL
+        )
 
 
-async def test_a_leftover_press_is_judged_counted_and_recorded_by_the_service(
-        world: World) -> None:
+async def test_a_leftover_press_is_judged_counted_and_recorded_by_the_service(world: World) -> None:
     record = await world.pending()
     needed = world.settings.policy.min_approvals
     vote = LeftoverVote(LeftoverRequest(record.id, "gpu1", "gpu1: 1 process", (4242,)), "q-1")
 
     async def press(user: str, v: LeftoverVote | None = vote) -> object:
         return await world.ops.terminate_leftovers(
-            v, run_id=record.id, user=user, membership=MEMBERS, channel=CHANNEL,
-            command="terminate", waiting=["gpu1"])
+            v,
+            run_id=record.id,
+            user=user,
+            membership=MEMBERS,
+            channel=CHANNEL,
+            command="terminate",
+            waiting=["gpu1"],
+        )
 
     stale = await press(BOB, None)
     assert isinstance(stale, Refused) and stale.code is Refusal.NO_QUESTION
@@ -152,7 +176,8 @@ async def test_a_leftover_press_is_judged_counted_and_recorded_by_the_service(
         assert await press(CAROL) == LeftoversApproved("gpu1", (BOB, CAROL), "4242")
     goes = await world.audit.leftover_approvals(record.id)
     assert [(g.user, g.host, list(g.pids)) for g in goes] == [
-        (u, "gpu1", [4242]) for u in (BOB, CAROL)[:needed]]
+        (u, "gpu1", [4242]) for u in (BOB, CAROL)[:needed]
+    ]
     assert sorted(u for u, _ in await world.refusals()) == [ALICE, BOB]
 
 
@@ -164,8 +189,7 @@ async def test_recovering_a_run_nothing_drives_is_refused_with_a_row(world: Worl
     def never(alive: bool) -> None:
         raise AssertionError("nothing to confirm: it is refused first")
 
-    refused = await world.ops.recover_run(look, user="cli:root@box", force=True,
-                                          confirm=never)
+    refused = await world.ops.recover_run(look, user="cli:root@box", force=True, confirm=never)
     assert isinstance(refused, Refused) and refused.code is Refusal.NOT_DRIVEN
     assert await world.refusals() == [("cli:root@box", refused.text)]
     assert (await world.audit.get_run(record.id)).status == RunStatus.PENDING_APPROVAL

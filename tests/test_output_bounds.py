@@ -84,8 +84,7 @@ def test_lines_are_split_across_chunks_and_only_over_long_ones_are_cut() -> None
     assert splitter.feed("x" * 99 + "\n") == ["f" + "x" * 99 + "\n"]  # at the limit: whole
     assert splitter.feed("y" * 250) == []
     # 300 characters: the first 36 kept, room left for the marker within the 100.
-    assert splitter.feed("y" * 50 + "\nnext\n") == ["y" * 36 + cut_marker(264) + "\n",
-                                                     "next\n"]
+    assert splitter.feed("y" * 50 + "\nnext\n") == ["y" * 36 + cut_marker(264) + "\n", "next\n"]
     assert splitter.feed("tail") == [] and splitter.close() == "tail"
     assert splitter.close() is None
 
@@ -157,8 +156,8 @@ async def test_a_pipe_pump_decodes_characters_split_between_reads() -> None:
 async def test_the_local_transport_cuts_an_endless_line(tmp_path: Path) -> None:
     flood = 40 * 1000 * 1000
     r = await LocalTransport("local").run(
-        ["sh", "-c", f"head -c {flood} /dev/zero | tr '\\0' C; echo; echo after"],
-        timeout_s=60)
+        ["sh", "-c", f"head -c {flood} /dev/zero | tr '\\0' C; echo; echo after"], timeout_s=60
+    )
     assert r.exit_status == 0
     line, after = r.stdout.splitlines()
     assert after == "after" and len(line) <= MAX_LINE_CHARS
@@ -205,9 +204,11 @@ CHILD = textwrap.dedent("""
 
 def _spawn(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> int:
     """Start argv with stdout+stderr to ``out``; reap it with ``os.wait4`` (its peak RSS)."""
-    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_OPEN, 1, str(out), os.O_WRONLY | os.O_CREAT, 0o600),
-               (os.POSIX_SPAWN_DUP2, 1, 2)]
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(out), os.O_WRONLY | os.O_CREAT, 0o600),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
     before = Path.cwd()
     os.chdir(cwd)  # posix_spawn has no cwd; the child imports bot from PYTHONPATH only
     try:
@@ -216,8 +217,7 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> int:
         os.chdir(before)
 
 
-def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path
-                  ) -> tuple[int, int]:
+def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> tuple[int, int]:
     """Run argv with stdout+stderr to ``out``: its exit code and peak RSS in KiB, from the
     kernel's own account of that one child (wait4), not a sample."""
     _, status, usage = os.wait4(_spawn(argv, env, cwd, out), 0)
@@ -226,7 +226,8 @@ def _run_measured(argv: list[str], env: dict[str, str], cwd: Path, out: Path
 
 @pytest.mark.alone
 async def test_a_256_mib_line_over_sshd_keeps_the_bot_under_200_mib(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     flood = 256 * MIB
     sim_sshd_host.update_config(flood_chars=flood)
     sim_sshd_host.set_faults(uv_floods=True)
@@ -235,13 +236,14 @@ async def test_a_256_mib_line_over_sshd_keeps_the_bot_under_200_mib(
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     started = time.monotonic()
     code, peak_kib = await asyncio.to_thread(
-        _run_measured, [sys.executable, "-c", CHILD, str(config)], env, tmp_path, out)
+        _run_measured, [sys.executable, "-c", CHILD, str(config)], env, tmp_path, out
+    )
     text = out.read_text()
     assert code == 0, text[-3000:]
     assert "OUTCOME succeeded" in text and sim_sshd_host.installed_version == "0.16.0"
     [flooded] = [line for line in text.splitlines() if "line cut:" in line]
     assert flooded.startswith("[gpu-node-1]   | CCCC") and len(flooded) < MAX_LINE_CHARS + 100
-    assert cut_count(flooded) == flood - flooded[flooded.index("C"):].index("…")
+    assert cut_count(flooded) == flood - flooded[flooded.index("C") :].index("…")
     # Before the fix the same line took this process past 370 MiB (100 MiB line) and 2 GB.
     assert peak_kib < 200 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
     print(f"\n256 MiB line: {time.monotonic() - started:.1f} s, peak RSS {peak_kib / 1024:.0f} MiB")
@@ -257,8 +259,18 @@ async def test_a_file_slack_refuses_as_too_large_is_not_retried(fake: FakeSlack)
     await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
     for line in lines:
         await reporter.handle(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stderr", line))
-    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.FAILED, 1, 2.0,
-                                          "reinstall failed", "\n".join(lines[-200:])))
+    await reporter.handle(
+        ev.StepFinished(
+            1,
+            "gpu-1",
+            Step.REINSTALL,
+            StepStatus.FAILED,
+            1,
+            2.0,
+            "reinstall failed",
+            "\n".join(lines[-200:]),
+        )
+    )
     reporter.start()
     assert await reporter.flush(30)
     assert len(fake.calls("files.getUploadURLExternal")) == 1  # refused once, not retried
@@ -274,8 +286,9 @@ def test_upload_statuses_from_slack_sdk_are_sorted_by_what_a_retry_can_fix() -> 
     # The message slack_sdk (3.x, web/async_client.py files_upload_v2) raises for a failed
     # POST to the upload URL; the status is only in the text.
     def upload_error(status: int) -> SlackRequestError:
-        return SlackRequestError(f"Failed to upload a file (status: {status}, body: x, "
-                                 "filename: run1.log, title: log)")
+        return SlackRequestError(
+            f"Failed to upload a file (status: {status}, body: x, filename: run1.log, title: log)"
+        )
 
     assert not is_transient(upload_error(413))
     assert not is_transient(upload_error(400))
@@ -284,15 +297,19 @@ def test_upload_statuses_from_slack_sdk_are_sorted_by_what_a_retry_can_fix() -> 
 
 
 async def test_a_flood_of_short_lines_keeps_the_threads_log_within_its_budget(
-        fake: FakeSlack) -> None:
+    fake: FakeSlack,
+) -> None:
     # `seq 1 1000000000`: each line is a few characters but a whole Python object.
     reporter = await reporter_for(fake)
     await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
     printed = [str(i) for i in range(1_000_000, 1_300_000)]
     for line in printed:
         reporter.apply(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stdout", line))
-    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.OK, 0, 1.0, "done",
-                                          "\n".join(printed[-200:])))
+    await reporter.handle(
+        ev.StepFinished(
+            1, "gpu-1", Step.REINSTALL, StepStatus.OK, 0, 1.0, "done", "\n".join(printed[-200:])
+        )
+    )
     reporter.start()
     assert await reporter.flush(30)
     [log] = fake.files
@@ -319,14 +336,16 @@ def test_a_capture_counts_what_each_line_costs() -> None:
 
 @pytest.mark.alone
 async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_mib(
-        sim_sshd_host: SimKit, tmp_path: Path) -> None:
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
     # The bot as it runs in production (`python -m bot`, HTTP mode): engine, Slack reporter
     # (thread, card, the step's output as a file) and the audit sink, all in one process.
     flood = 256 * MIB
     sim_sshd_host.update_config(flood_chars=flood)
     sim_sshd_host.set_faults(uv_floods=True)
-    async with FakeSlack(channels=[BOT_CHANNEL], usergroups={"S0APPROVERS": [BOB]},
-                         post_rate_per_s=20) as fake:
+    async with FakeSlack(
+        channels=[BOT_CHANNEL], usergroups={"S0APPROVERS": [BOB]}, post_rate_per_s=20
+    ) as fake:
         port = free_port()
         env = bot_env(tmp_path, sim_sshd_host, fake, port)
         db = tmp_path / "audit.db"
@@ -334,19 +353,26 @@ async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_
         pid = _spawn([sys.executable, "-m", "bot"], env, tmp_path, log)
         reaped = False
         try:
-            await eventually(lambda: "serving Slack events" in log.read_text(),
-                             "the bot to serve HTTP", 60)
-            bot = BotClient(fake, f"http://127.0.0.1:{port}/slack/events", db,
-                            SlackSigner(SIGNING_SECRET))
+            await eventually(
+                lambda: "serving Slack events" in log.read_text(), "the bot to serve HTTP", 60
+            )
+            bot = BotClient(
+                fake, f"http://127.0.0.1:{port}/slack/events", db, SlackSigner(SIGNING_SECRET)
+            )
             await bot.command("redeploy kimi-k25 --version 0.16.0", ALICE)
             card = await eventually(lambda: bot.card_of(1), "the card", 30)
             await bot.click("approve", 1, card, BOB)
-            await eventually(lambda: run_status(db, 1) in ("succeeded", "failed",
-                                                           "rolled_back"),
-                             "the run to end", 240)
+            await eventually(
+                lambda: run_status(db, 1) in ("succeeded", "failed", "rolled_back"),
+                "the run to end",
+                240,
+            )
             assert run_status(db, 1) == "succeeded", log.read_text()[-3000:]
-            await eventually(lambda: "succeeded" in str(fake.message(BOT_CHANNEL, card)),
-                             "the card to say so", 30)
+            await eventually(
+                lambda: "succeeded" in str(fake.message(BOT_CHANNEL, card)),
+                "the card to say so",
+                30,
+            )
             os.kill(pid, signal.SIGTERM)
             _, status, usage = await asyncio.to_thread(os.wait4, pid, 0)
             reaped = True
@@ -359,7 +385,10 @@ async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-3000:]
     assert sim_sshd_host.installed_version == "0.16.0"
     # The flood reached the bot and was cut, saying so.
-    row = sqlite3.connect(db).execute(
-        "SELECT output_tail FROM steps WHERE run_id = 1 AND step = 'reinstall'").fetchone()
+    row = (
+        sqlite3.connect(db)
+        .execute("SELECT output_tail FROM steps WHERE run_id = 1 AND step = 'reinstall'")
+        .fetchone()
+    )
     assert row is not None and "line cut:" in row[0]
     assert peak_kib < 200 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"

@@ -69,8 +69,9 @@ def test_this_process_is_alive() -> None:
 
 
 def test_a_live_child_is_alive_and_a_reaped_one_is_dead() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     owner = _owner_of(child.pid)
     try:
         assert judge_process(owner, HERE) is ALIVE
@@ -84,8 +85,9 @@ def test_a_live_child_is_alive_and_a_reaped_one_is_dead() -> None:
 def test_a_zombie_owner_is_dead() -> None:
     # The bug of issue 9: a killed bot whose parent has not reaped it yet still has a
     # /proc entry with its start time, in state Z. It must count as dead.
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     owner = _owner_of(child.pid)
     assert child.stdin is not None
     child.stdin.close()  # it exits; we do not wait(), so it stays a zombie
@@ -112,9 +114,16 @@ def test_garbage_missing_and_old_owners_say_nothing_so_the_heartbeat_decides() -
     # same string for a PID of its own namespace.
     stat = read_stat(os.getpid())
     assert stat is not None
-    for owner in (None, "", "nonsense", f"{HOST}:x:1", f"{HOST}:999999:1",
-                  f"{HOST}:{os.getpid()}:{stat.start_time}", f"{HOST}/boot=/pidns=x:1:1",
-                  f"{HOST}/pidns=1:{os.getpid()}:{stat.start_time}"):
+    for owner in (
+        None,
+        "",
+        "nonsense",
+        f"{HOST}:x:1",
+        f"{HOST}:999999:1",
+        f"{HOST}:{os.getpid()}:{stat.start_time}",
+        f"{HOST}/boot=/pidns=x:1:1",
+        f"{HOST}/pidns=1:{os.getpid()}:{stat.start_time}",
+    ):
         assert judge_process(owner, HERE) is NOTHING, owner
 
 
@@ -178,27 +187,49 @@ def test_a_proc_of_another_pid_namespace_is_not_taken_for_ours() -> None:
     # `unshare --pid --fork` without --mount-proc leaves the parent's /proc: its PIDs are
     # not the child's, so the child must not judge anyone by it.
     unshare = [a for a in _unshare() if a != "--mount-proc"]
-    probe = ("from bot.engine.owner import proc_is_ours, this_namespace; "
-             "print(proc_is_ours(), this_namespace().known)")
+    probe = (
+        "from bot.engine.owner import proc_is_ours, this_namespace; "
+        "print(proc_is_ours(), this_namespace().known)"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    shared = subprocess.run([*unshare, sys.executable, "-c", probe], capture_output=True,
-                            text=True, check=True, cwd=REPO_ROOT, env=env)
+    shared = subprocess.run(
+        [*unshare, sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     assert shared.stdout.split() == ["False", "False"], shared.stderr
-    own = subprocess.run([*_unshare(), sys.executable, "-c", probe], capture_output=True,
-                         text=True, check=True, cwd=REPO_ROOT, env=env)
+    own = subprocess.run(
+        [*_unshare(), sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     assert own.stdout.split() == ["True", "True"], own.stderr
     assert proc_is_ours()
 
 
 @asynccontextmanager
-async def in_a_new_pid_namespace(role: str, db: Path) -> AsyncIterator[
-        asyncio.subprocess.Process]:
+async def in_a_new_pid_namespace(role: str, db: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     """``tests.support.ns_process ROLE DB`` as PID 1 of a new PID namespace (and mount
     namespace, for its own /proc), with this test's hostname; killed at the end."""
     proc = await asyncio.create_subprocess_exec(
-        *_unshare(), sys.executable, "-m", "tests.support.ns_process", role, str(db),
-        cwd=REPO_ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True)
+        *_unshare(),
+        sys.executable,
+        "-m",
+        "tests.support.ns_process",
+        role,
+        str(db),
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        start_new_session=True,
+    )
     try:
         yield proc
     finally:
@@ -230,8 +261,7 @@ async def renewed(audit: AuditLog, run_id: int, past: int) -> None:
     await eventually(moved, "the heartbeat to renew the lease", timeout_s=30)
 
 
-async def test_a_run_owned_in_another_pid_namespace_lives_while_it_beats(
-        tmp_path: Path) -> None:
+async def test_a_run_owned_in_another_pid_namespace_lives_while_it_beats(tmp_path: Path) -> None:
     # The failure of garrytan/gbrain#2840 and ROCm/aiter#5269 (a PID judged from another
     # PID namespace under one hostname), here with our own run, service and clocks.
     db = tmp_path / "audit.db"
@@ -250,8 +280,11 @@ async def test_a_run_owned_in_another_pid_namespace_lives_while_it_beats(
         clock = ManualClock()
         judge = RunLifecycle(s, audit, monotonic=Monotonic(clock, "judge-outside"))
         assert await judge.recover() == []  # a first look proves nothing
-        with pytest.raises(LockHeldError, match=rf"the owner of run #{run_id} may be alive "
-                                                r"\(last heartbeat change seen 0 s ago"):
+        with pytest.raises(
+            LockHeldError,
+            match=rf"the owner of run #{run_id} may be alive "
+            r"\(last heartbeat change seen 0 s ago",
+        ):
             await judge.request(plan, requested_by="cli:op", source=Source.CLI)
         clock.advance(LEASE_S - 1)
         assert await judge.recover() == []
@@ -275,15 +308,17 @@ async def test_a_run_owned_in_another_pid_namespace_lives_while_it_beats(
         assert await audit.locks_held() == {record.id: ["host:gpu1", "service:svc"]}
 
 
-async def test_a_judge_in_another_pid_namespace_leaves_our_live_run_alone(
-        tmp_path: Path) -> None:
+async def test_a_judge_in_another_pid_namespace_leaves_our_live_run_alone(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
     s = ns_process.settings(db)
     wall = ManualWallClock()  # what our heartbeat sleeps on
     async with AuditLog.open(db) as audit:
         life = RunLifecycle(s, audit, clock=wall, sleep=wall.sleep)
-        record = await life.request(make_plan(s, Action.RESTART, ns_process.SERVICE),
-                                    requested_by="cli:op", source=Source.CLI)
+        record = await life.request(
+            make_plan(s, Action.RESTART, ns_process.SERVICE),
+            requested_by="cli:op",
+            source=Source.CLI,
+        )
         assert await life.confirm(record.id, "cli:op")
         assert await life.start(record.id) is not None
         try:
@@ -321,8 +356,7 @@ def proc_with_hidepid() -> Iterator[Path]:
     _unshare()  # root, or skip
     where = Path(tempfile.mkdtemp(prefix="hidepid-", dir="/tmp"))
     where.chmod(0o755)
-    subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", str(where)],
-                   check=True)
+    subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", str(where)], check=True)
     try:
         yield where
     finally:
@@ -340,15 +374,34 @@ def test_a_process_hidepid_hides_is_not_taken_for_dead() -> None:
     gone_owner = _owner_of(gone.pid)
     gone.wait()
     with proc_with_hidepid() as proc:
-        probe = ("import sys; from pathlib import Path; "
-                 "from bot.engine.owner import judge_process, this_namespace; "
-                 "p = Path(sys.argv[1]); here = this_namespace(p); "
-                 "print(here.known, *(judge_process(o, here, proc=p) for o in sys.argv[2:]))")
+        probe = (
+            "import sys; from pathlib import Path; "
+            "from bot.engine.owner import judge_process, this_namespace; "
+            "p = Path(sys.argv[1]); here = this_namespace(p); "
+            "print(here.known, *(judge_process(o, here, proc=p) for o in sys.argv[2:]))"
+        )
         seen = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-             "-c", probe, str(proc), process_owner(), gone_owner],
-            capture_output=True, text=True, check=True, cwd=REPO_ROOT,
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT),
-                 "PYTHONDONTWRITEBYTECODE": "1"})
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                probe,
+                str(proc),
+                process_owner(),
+                gone_owner,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO_ROOT,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(REPO_ROOT),
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
+        )
     assert seen.stdout.split() == ["True", "nothing", "dead"], seen.stderr
     assert boot_id() is not None

@@ -16,13 +16,15 @@ TORCH = "torch 2.9.1 → 2.10.0"  # what the simulated 0.16.0 release pulls in
 
 
 async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     kit = sim_host
     async with slack_bot(tmp_path, kit) as bot:
         await bot.command(f"redeploy {SERVICE} --version 0.16.0 --index nightly")
         record = await bot.wait_for_run(
             lambda r: r.message_ts is not None and r.status == RunStatus.PENDING_APPROVAL,
-            "the card")
+            "the card",
+        )
         card = blocks_text(await bot.card(record.id))
         # Highlighted in the sentence approvers read, and listed in the code block.
         assert f"Also changes *{TORCH}*" in card, card
@@ -31,8 +33,9 @@ async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
         assert kit.changes() == ["dry-run"] and kit.environment()["torch"] == "2.9.1"
 
         await bot.click("approve", record.id, user=BOB)
-        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
-                                     "aborted", timeout_s=60)
+        done = await bot.wait_status(
+            record.id, "succeeded", "failed", "rolled_back", "aborted", timeout_s=60
+        )
         assert done.status == "succeeded", done.summary
         await bot.front_end.idle()  # the thread is delivered
         replies = [blocks_text(m) for m in await bot.thread(record.id)]

@@ -56,13 +56,17 @@ def test_dry_run_of_a_vllm_upgrade_lists_the_torch_change() -> None:
 
 def test_the_real_install_reports_the_same_change_as_its_dry_run() -> None:
     # uv_pip_install_upgrade_torch_change.txt: the install that the dry run above planned.
-    assert parse_install_changes(sample("uv_pip_install_upgrade_torch_change.txt")) == \
-        TORCH_CHANGE
+    assert parse_install_changes(sample("uv_pip_install_upgrade_torch_change.txt")) == TORCH_CHANGE
 
 
-@pytest.mark.parametrize("name", ["uv_dry_run_no_change.txt",
-                                  "uv_pip_install_already_satisfied.txt",
-                                  "uv_dry_run_unsatisfiable.txt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "uv_dry_run_no_change.txt",
+        "uv_pip_install_already_satisfied.txt",
+        "uv_dry_run_unsatisfiable.txt",
+    ],
+)
 def test_outputs_without_a_change_list_change_nothing(name: str) -> None:
     assert parse_install_changes(sample(name)) == ()
 
@@ -70,14 +74,18 @@ def test_outputs_without_a_change_list_change_nothing(name: str) -> None:
 def test_small_dry_run_with_one_upgrade_and_one_new_package() -> None:
     # uv_small_dry_run_upgrade.txt: `uv pip install --dry-run packaging==24.1 six`.
     assert parse_install_changes(sample("uv_small_dry_run_upgrade.txt")) == (
-        Change("packaging", "23.2", "24.1"), Change("six", None, "1.17.0"))
+        Change("packaging", "23.2", "24.1"),
+        Change("six", None, "1.17.0"),
+    )
 
 
 def test_a_reinstall_at_the_same_version_is_no_change() -> None:
     # uv prints `~ name==version` for a package --reinstall put back as it was.
     text = " ~ numpy==2.2.6\n - torch==2.9.1\n + torch==2.10.0\n - gone==1.0\n"
-    assert parse_install_changes(text) == (Change("torch", "2.9.1", "2.10.0"),
-                                           Change("gone", "1.0", None))
+    assert parse_install_changes(text) == (
+        Change("torch", "2.9.1", "2.10.0"),
+        Change("gone", "1.0", None),
+    )
 
 
 def test_download_size_is_the_sum_of_the_downloading_lines() -> None:
@@ -100,8 +108,7 @@ def test_freezes_before_and_after_the_upgrade_differ_as_uv_said() -> None:
     before = parse_freeze(sample("uv_pip_freeze_vllm_0.32.0.txt"))
     after = parse_freeze(sample("uv_pip_freeze_vllm_0.33.0.txt"))
     diff = diff_freezes(before, after)
-    assert sorted(diff.changes, key=lambda c: c.name) == sorted(TORCH_CHANGE,
-                                                                 key=lambda c: c.name)
+    assert sorted(diff.changes, key=lambda c: c.name) == sorted(TORCH_CHANGE, key=lambda c: c.name)
     assert diff.unchanged == 197 - 9  # nine packages moved, one (orjson) is new
     assert diff_freezes(before, before) == PackageDiff((), 197)
 
@@ -127,7 +134,9 @@ def test_local_entries_are_compared_as_text() -> None:
     after = parse_freeze("a==1\nplugin @ file:///src/plugin-2\n")
     diff = diff_freezes(before, after)
     assert [c.describe() for c in diff.changes] == [
-        "-e file:///src/plugin (removed)", "plugin @ file:///src/plugin-2 (new)"]
+        "-e file:///src/plugin (removed)",
+        "plugin @ file:///src/plugin-2 (new)",
+    ]
     assert diff.unchanged == 1
     assert before.digest != after.digest and len(before.digest) == 64
 
@@ -137,24 +146,47 @@ def test_highlights_and_lines_for_the_card() -> None:
     diff = planned_diff(before, TORCH_CHANGE)
     assert diff.unchanged == 197 - 9
     assert [c.name for c in diff.highlights] == [
-        "flashinfer-python", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "torch", "torchvision",
-        "triton", "vllm"]
+        "flashinfer-python",
+        "nvidia-cudnn-cu13",
+        "nvidia-nccl-cu13",
+        "torch",
+        "torchvision",
+        "triton",
+        "vllm",
+    ]
     lines = diff.lines()
     # torch and vllm first, then the rest of the CUDA stack, then everything else.
-    assert lines[:3] == ["! torch 2.13.0 → 2.14.0", "! vllm 0.32.0 → 0.33.0",
-                         "! flashinfer-python 0.7.0.post1 → 0.7.2.post1"]
+    assert lines[:3] == [
+        "! torch 2.13.0 → 2.14.0",
+        "! vllm 0.32.0 → 0.33.0",
+        "! flashinfer-python 0.7.0.post1 → 0.7.2.post1",
+    ]
     assert "  orjson (new) 3.13.0" in lines and lines.index("  orjson (new) 3.13.0") > 6
     assert lines[-1] == "  188 other packages unchanged"
     assert diff.lines(limit=2)[2] == "  … and 8 more"
-    assert diff.headline() == ("torch 2.13.0 → 2.14.0, vllm 0.32.0 → 0.33.0, "
-                               "flashinfer-python 0.7.0.post1 → 0.7.2.post1 and 7 more")
+    assert diff.headline() == (
+        "torch 2.13.0 → 2.14.0, vllm 0.32.0 → 0.33.0, "
+        "flashinfer-python 0.7.0.post1 → 0.7.2.post1 and 7 more"
+    )
     assert PackageDiff.from_json(diff.to_json()) == diff
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("torch", True), ("Torch", True), ("triton", True), ("transformers", True),
-    ("flashinfer-python", True), ("nvidia-cuda-runtime", True), ("nvidia_nccl_cu13", True),
-    ("cupy-cuda12x", True), ("numpy", False), ("orjson", False), ("fastapi", False)])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("torch", True),
+        ("Torch", True),
+        ("triton", True),
+        ("transformers", True),
+        ("flashinfer-python", True),
+        ("nvidia-cuda-runtime", True),
+        ("nvidia_nccl_cu13", True),
+        ("cupy-cuda12x", True),
+        ("numpy", False),
+        ("orjson", False),
+        ("fastapi", False),
+    ],
+)
 def test_what_is_highlighted(name: str, expected: bool) -> None:
     assert highlighted(name) is expected
 
@@ -164,7 +196,9 @@ def test_what_the_install_installs_is_every_plus_and_tilde_line() -> None:
     installs = parse_install_set(sample("uv_dry_run_torch_change.txt"))
     assert installs == {c.name: f"{c.name}=={c.after}" for c in TORCH_CHANGE}
     assert parse_install_set(" ~ numpy==2.2.6\n - torch==2.9.1\n + torch==2.10.0\n") == {
-        "numpy": "numpy==2.2.6", "torch": "torch==2.10.0"}
+        "numpy": "numpy==2.2.6",
+        "torch": "torch==2.10.0",
+    }
 
 
 # ---- issue 17 D7: a freeze listing one package twice ----------------------------------------
@@ -189,16 +223,20 @@ def test_the_same_pin_twice_is_restorable_but_two_spellings_of_one_name_are_not(
     assert parse_freeze("pip==21.3.1\npip==21.3.1\nsix==1.17.0\n").unrestorable() is None
     assert parse_freeze(sample("uv_pip_freeze_vllm_0.32.0.txt")).unrestorable() is None
     assert parse_freeze("Foo_Bar==1.0\nfoo-bar==2.0\n").unrestorable() == (
-        "two versions of foo-bar installed (1.0, 2.0)")
+        "two versions of foo-bar installed (1.0, 2.0)"
+    )
     local = sample("uv_pip_freeze_local_wheel.txt")
     assert parse_freeze(f"{local}six==1.17.0\n").duplicates == {
-        "six": ("@ file:///tmp/cap17/wheels/six-1.16.0-py2.py3-none-any.whl", "1.17.0")}
+        "six": ("@ file:///tmp/cap17/wheels/six-1.16.0-py2.py3-none-any.whl", "1.17.0")
+    }
 
 
 # ---- issue 17 D8: packages from a direct URL or a local wheel -------------------------------
 
-SIX_URL = ("https://files.pythonhosted.org/packages/b7/ce/149a00dd41f10bc29e5921b496af8b574d8"
-           "413afcd5e30dfa0ed46c2cc5e/six-1.17.0-py2.py3-none-any.whl")
+SIX_URL = (
+    "https://files.pythonhosted.org/packages/b7/ce/149a00dd41f10bc29e5921b496af8b574d8"
+    "413afcd5e30dfa0ed46c2cc5e/six-1.17.0-py2.py3-none-any.whl"
+)
 SIX_FILE = "file:///tmp/cap17/wheels/six-1.16.0-py2.py3-none-any.whl"
 
 
@@ -210,10 +248,15 @@ def test_a_local_wheels_install_line_names_the_package_its_version_and_its_file(
     assert parse_resolved_version(text, "six") == "1.16.0"
 
 
-@pytest.mark.parametrize("name", ["uv_dry_run_direct_url.txt", "uv_pip_install_direct_url.txt",
-                                  "uv_dry_run_direct_url_cold_cache.txt"])
-def test_a_direct_url_upgrade_is_a_change_and_its_url_is_what_the_prefetch_pins(
-        name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    [
+        "uv_dry_run_direct_url.txt",
+        "uv_pip_install_direct_url.txt",
+        "uv_dry_run_direct_url_cold_cache.txt",
+    ],
+)
+def test_a_direct_url_upgrade_is_a_change_and_its_url_is_what_the_prefetch_pins(name: str) -> None:
     # The dry run (wheel cached, and cold: ` + six @ URL` without a version) and the
     # install: six 1.16.0 from a local wheel -> 1.17.0 from a files.pythonhosted.org URL.
     text = sample(name)
@@ -222,7 +265,8 @@ def test_a_direct_url_upgrade_is_a_change_and_its_url_is_what_the_prefetch_pins(
     # What "latest" resolved to: the version, never the version with the URL.
     assert parse_resolved_version(text, "six") == "1.17.0"
     assert Change("six", "1.16.0", "1.17.0", SIX_FILE, SIX_URL).describe() == (
-        "six 1.16.0 → 1.17.0")
+        "six 1.16.0 → 1.17.0"
+    )
 
 
 def test_the_same_version_from_another_source_is_a_change_that_names_both() -> None:
@@ -245,25 +289,33 @@ def test_the_same_version_from_another_source_is_a_change_that_names_both() -> N
 # https://wheels.vllm.ai/<commit>/vllm-<version>%2Bg<commit>-cp38-abi3-manylinux_2_31_x86_64.whl;
 # vllm-project/recipes#66: a `%2Bg<commit>.cu129` wheel), with our own commit and version;
 # the line's form is uv's (uv_pip_install_direct_url.txt).
-VLLM_WHEEL = ("https://wheels.vllm.ai/1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d/"
-              "vllm-0.16.1.dev7%2Bg1a2b3c4d5.cu129-cp38-abi3-manylinux_2_31_x86_64.whl")
+VLLM_WHEEL = (
+    "https://wheels.vllm.ai/1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d/"
+    "vllm-0.16.1.dev7%2Bg1a2b3c4d5.cu129-cp38-abi3-manylinux_2_31_x86_64.whl"
+)
 
 
 def test_a_vllm_wheel_from_its_commit_url_reads_as_its_version() -> None:
-    text = (f" - vllm==0.16.0\n + vllm==0.16.1.dev7+g1a2b3c4d5.cu129 (from {VLLM_WHEEL})\n"
-            f" + extra @ {VLLM_WHEEL}\n")
+    text = (
+        f" - vllm==0.16.0\n + vllm==0.16.1.dev7+g1a2b3c4d5.cu129 (from {VLLM_WHEEL})\n"
+        f" + extra @ {VLLM_WHEEL}\n"
+    )
     assert parse_install_changes(text)[0] == Change(
-        "vllm", "0.16.0", "0.16.1.dev7+g1a2b3c4d5.cu129", None, VLLM_WHEEL)
+        "vllm", "0.16.0", "0.16.1.dev7+g1a2b3c4d5.cu129", None, VLLM_WHEEL
+    )
     assert parse_resolved_version(text, "vllm") == "0.16.1.dev7+g1a2b3c4d5.cu129"
     # The cold dry run's form: the version is the wheel file's, %2B read as "+".
     assert parse_entry(f"vllm @ {VLLM_WHEEL}") == Entry(
-        "vllm", "0.16.1.dev7+g1a2b3c4d5.cu129", VLLM_WHEEL)
+        "vllm", "0.16.1.dev7+g1a2b3c4d5.cu129", VLLM_WHEEL
+    )
     # Another package's wheel, or a source URL, says no version: unknown, not guessed.
     assert parse_entry(f"extra @ {VLLM_WHEEL}") == Entry("extra", "", VLLM_WHEEL)
     assert parse_entry("plugin @ git+https://example.com/p.git@v1") == Entry(
-        "plugin", "", "git+https://example.com/p.git@v1")
+        "plugin", "", "git+https://example.com/p.git@v1"
+    )
     assert Change("plugin", None, "", None, "git+https://example.com/p.git").describe() == (
-        "plugin (new) (from git+https://example.com/p.git)")
+        "plugin (new) (from git+https://example.com/p.git)"
+    )
 
 
 def test_a_url_with_credentials_is_kept_for_uv_and_masked_where_it_is_shown() -> None:

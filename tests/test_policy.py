@@ -109,7 +109,10 @@ def test_n_of_m_with_groups() -> None:
     pol = policy(approvers=[SRE, LEADS], min_approvals=3)
     d1 = click(pol, BOB)
     assert (d1.accepted, d1.state, d1.progress) == (
-        True, RunStatus.PENDING_APPROVAL, "1 of 3 approvals")
+        True,
+        RunStatus.PENDING_APPROVAL,
+        "1 of 3 approvals",
+    )
     d2 = click(pol, DAVE, approvals=[BOB])
     assert (d2.accepted, d2.state, d2.approvers) == (True, RunStatus.PENDING_APPROVAL, (BOB, DAVE))
     assert d2.progress == "2 of 3 approvals"

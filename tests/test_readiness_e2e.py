@@ -24,10 +24,9 @@ from tests.support.sim import MakeSimHost, sim_settings
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
 
 
-
-
-async def test_the_wrong_model_never_ends_succeeded(make_sim_host: MakeSimHost,
-                                                    tmp_path: Path) -> None:
+async def test_the_wrong_model_never_ends_succeeded(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(access="sshd")
     kit.set_faults(wrong_model=True)
     async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
@@ -41,8 +40,9 @@ async def test_the_wrong_model_never_ends_succeeded(make_sim_host: MakeSimHost,
     assert "start-up failed" not in result.summary
 
 
-async def test_a_failing_smoke_test_never_ends_succeeded(make_sim_host: MakeSimHost,
-                                                         tmp_path: Path) -> None:
+async def test_a_failing_smoke_test_never_ends_succeeded(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(access="sshd")
     kit.set_faults(smoke_fail=True)
     async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
@@ -57,8 +57,9 @@ async def test_a_failing_smoke_test_never_ends_succeeded(make_sim_host: MakeSimH
     assert "FAILED readiness" in out
 
 
-async def test_a_ready_server_passes_and_the_checks_are_recorded(make_sim_host: MakeSimHost,
-                                                                 tmp_path: Path) -> None:
+async def test_a_ready_server_passes_and_the_checks_are_recorded(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(access="sshd")
     async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
         result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
@@ -69,19 +70,23 @@ async def test_a_ready_server_passes_and_the_checks_are_recorded(make_sim_host: 
         f"ok: POST http://127.0.0.1:{kit.service_port}/v1/completions answered ' Paris. It is "
         "also the largest city in France.', matches 'Paris'",
         f"ok: GET http://127.0.0.1:{kit.service_port}/version reports 0.16.0, the installed "
-        "version"]
+        "version",
+    ]
     assert ("http", ("POST", "/v1/completions")) in [(c.tool, c.argv) for c in kit.calls()]
 
 
 async def test_an_oom_at_start_fails_within_seconds_of_the_traceback(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # The process would exit a minute after its traceback; the gate must not wait for it,
     # nor for start_timeout_s.
-    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=2.0,
-                                                                oom_exit_delay_s=60.0))
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(load_delay_s=2.0, oom_exit_delay_s=60.0)
+    )
     kit.set_faults(oom_at_start=True)
-    settings = sim_settings(kit, tmp_path, start_timeout_s=300, health_poll_s=0.2,
-                            rollback_on_unhealthy=False)
+    settings = sim_settings(
+        kit, tmp_path, start_timeout_s=300, health_poll_s=0.2, rollback_on_unhealthy=False
+    )
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.RESTART)
         health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
@@ -106,7 +111,8 @@ def card_line(card: dict[str, Any], step: Step) -> str:
 async def request_and_approve(bot: SlackBot, command: str) -> tuple[int, str]:
     await bot.command(command)
     record = await bot.wait_for_run(
-        lambda r: r.message_ts is not None and r.status == RunStatus.PENDING_APPROVAL, "the card")
+        lambda r: r.message_ts is not None and r.status == RunStatus.PENDING_APPROVAL, "the card"
+    )
     approval_card = blocks_text(await bot.card(record.id))
     await bot.click("approve", record.id, user=BOB)
     return record.id, approval_card
@@ -117,9 +123,11 @@ def stop_time(kit: SimKit) -> float:
 
 
 async def test_busy_requests_delay_the_stop_and_the_card_shows_their_counts(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
-    kit = await make_sim_host(access="sshd", config=fast_config(
-        busy_running=4, busy_waiting=2, busy_drain_s=6.0))
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(busy_running=4, busy_waiting=2, busy_drain_s=6.0)
+    )
     kit.set_faults(busy=True)
     async with slack_bot(tmp_path, kit) as bot:
         run_id, approval = await request_and_approve(bot, f"restart {SERVICE}")
@@ -136,16 +144,19 @@ async def test_busy_requests_delay_the_stop_and_the_card_shows_their_counts(
     # The stop waited until every request had finished.
     assert stop_time(kit) >= state.busy_since + 6.0 - 0.5
     shown = [card_line(v, Step.REQUESTS) for v in versions]
-    counts = {m.group(0) for line in shown
-              if (m := re.search(r"\d running, \d waiting requests", line))}
+    counts = {
+        m.group(0) for line in shown if (m := re.search(r"\d running, \d waiting requests", line))
+    }
     assert len(counts) >= 2, shown  # the counts went down on the card, in place
     assert any("in-flight requests finished after" in line for line in shown)
 
 
 async def test_force_stops_at_once_and_the_card_said_what_it_interrupts(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
-    kit = await make_sim_host(access="sshd", config=fast_config(
-        busy_running=4, busy_waiting=0, busy_drain_s=120.0))
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(busy_running=4, busy_waiting=0, busy_drain_s=120.0)
+    )
     kit.set_faults(busy=True)
     async with slack_bot(tmp_path, kit) as bot:
         run_id, approval = await request_and_approve(bot, f"restart {SERVICE} --force")
@@ -156,12 +167,15 @@ async def test_force_stops_at_once_and_the_card_said_what_it_interrupts(
     # It stopped while all 4 requests still ran (they would have run for 120 s).
     requests = next(s for s in steps if s.step == "requests")
     assert requests.status == "ok"
-    assert ("--force: stopping with 4 running, 0 waiting requests" in requests.output_tail
-            and "which are interrupted" in requests.output_tail), requests.output_tail
+    assert (
+        "--force: stopping with 4 running, 0 waiting requests" in requests.output_tail
+        and "which are interrupted" in requests.output_tail
+    ), requests.output_tail
 
 
-async def test_the_card_shows_the_start_up_phases_in_place(tmp_path: Path,
-                                                           make_sim_host: MakeSimHost) -> None:
+async def test_the_card_shows_the_start_up_phases_in_place(
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     # The gate sends only the phase it reads at each poll, and the card shows only the
     # latest progress at each update (every 0.2 s): a phase shorter than a poll cycle over
     # sshd on a loaded machine (CI runs 4 workers on 2 cores) may be sent or shown never.
@@ -171,8 +185,9 @@ async def test_the_card_shows_the_start_up_phases_in_place(tmp_path: Path,
     # simulated vLLM logs "process started" for 4 s, initialises the engine for 4 s
     # (startup_phase_min_s), then loads weights for 5.2 s (0.65 of load_delay_s): a
     # 14.4 s start. The later phases come within a second and a slow poll may skip them.
-    kit = await make_sim_host(access="sshd", config=fast_config(load_delay_s=8.0,
-                                                                startup_phase_min_s=4.0))
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(load_delay_s=8.0, startup_phase_min_s=4.0)
+    )
     services = {SERVICE: kit.service_settings(start_timeout_s=120)}
     async with slack_bot(tmp_path, kit, services=services) as bot:
         run_id, _ = await request_and_approve(bot, f"restart {SERVICE}")
@@ -205,7 +220,8 @@ class HealthProgress:
 
 
 async def test_slack_calls_stay_flat_as_the_start_up_log_grows(
-        tmp_path: Path, make_sim_host: MakeSimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A 3 s load: the gate reads the journal several times in each phase.
     kit = await make_sim_host(config=fast_config(load_delay_s=3.0))
     # The elapsed time alone is re-sent every progress_interval_s (tested on the pure flow,
@@ -219,12 +235,14 @@ async def test_slack_calls_stay_flat_as_the_start_up_log_grows(
         async def tapped(run_id: int, sink: EventSink, gate: Any = None) -> Any:
             sent.append([])
             return await execute(run_id, HealthProgress(sink, sent[-1]), gate=gate)
+
         monkeypatch.setattr(bot.runtime.engine, "execute", tapped)
         for i, lines in enumerate((100, 20_000)):
             kit.update_config(startup_log_lines=lines)
             start = len(bot.fake.calls())
             run_id, _ = await request_and_approve(
-                bot, f"redeploy {SERVICE} --version {('0.16.0', '0.15.1')[i]}")
+                bot, f"redeploy {SERVICE} --version {('0.16.0', '0.15.1')[i]}"
+            )
             done = await bot.wait_status(run_id, *FINAL, timeout_s=120)
             assert done.status == "succeeded", done.summary
             await bot.front_end.idle()
@@ -252,17 +270,22 @@ def phase_texts(journal: list[str]) -> set[str]:
 
 
 async def test_an_oom_after_more_noise_than_one_journal_read_is_still_found(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # 1500 lines of noise (more than journal_follow_lines, 1000), then the OOM, logged
     # between two polls (2 s apart, the load takes 1 s), and the process exits 0.3 s after
     # its traceback. journalctl --after-cursor -n 1000 gives the first 1000 after the
     # cursor: a follower that read once a poll would see the unit failed before the OOM,
     # and the run would not say why.
-    kit = await make_sim_host(config=fast_config(load_delay_s=1.0, oom_at=0.9,
-                                                 oom_exit_delay_s=0.3, startup_log_lines=1500))
+    kit = await make_sim_host(
+        config=fast_config(
+            load_delay_s=1.0, oom_at=0.9, oom_exit_delay_s=0.3, startup_log_lines=1500
+        )
+    )
     kit.set_faults(oom_at_start=True)
-    settings = sim_settings(kit, tmp_path, start_timeout_s=300, health_poll_s=2.0,
-                            rollback_on_unhealthy=False)
+    settings = sim_settings(
+        kit, tmp_path, start_timeout_s=300, health_poll_s=2.0, rollback_on_unhealthy=False
+    )
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.RESTART)
     assert result.status == RunStatus.FAILED, out
@@ -270,55 +293,59 @@ async def test_an_oom_after_more_noise_than_one_journal_read_is_still_found(
     assert sum("cuda graph addresses" in ln for ln in kit.journal()) >= 1500
 
 
-async def test_an_empty_smoke_completion_never_ends_succeeded(make_sim_host: MakeSimHost,
-                                                             tmp_path: Path) -> None:
+async def test_an_empty_smoke_completion_never_ends_succeeded(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # 200 with an empty text (the end-of-sequence token first). Without smoke_expect any
     # non-empty text passes, so the empty one must fail on its own.
     kit = await make_sim_host()
     kit.set_faults(smoke_empty=True)
-    settings = sim_settings(kit, tmp_path, served_model="kimi-k2.5", smoke_prompt="Hello",
-                            rollback_on_unhealthy=False)
+    settings = sim_settings(
+        kit, tmp_path, served_model="kimi-k2.5", smoke_prompt="Hello", rollback_on_unhealthy=False
+    )
     async with open_runtime(settings) as rt:
         result, out = await run(rt, Action.RESTART)
     assert result.status == RunStatus.FAILED, out
     assert "/v1/completions answered an empty completion" in result.summary, result.summary
-    assert result.summary.endswith("The service is UP but NOT READY (unit active)."), \
-        result.summary
+    assert result.summary.endswith("The service is UP but NOT READY (unit active)."), result.summary
 
 
 # ---- issue 17: a load that cannot be read (D5), a thread's exception at start (D4) ----------
 
 
 async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     # /metrics answers 200 with prometheus_client's families only, as a vLLM started with
     # --disable-log-stats does: the load is unknown, which is not idle.
     kit = await make_sim_host(access="sshd")
     kit.set_faults(metrics_no_vllm=True)
     async with slack_bot(tmp_path, kit) as bot:
         run_id, approval = await request_and_approve(bot, f"redeploy {SERVICE} --version 0.16.0")
-        assert ("Load now: unknown on gpu-node-1 (/metrics has no vllm:num_requests_running or "
-                "vllm:num_requests_waiting): unknown is not idle") in approval, approval
+        assert (
+            "Load now: unknown on gpu-node-1 (/metrics has no vllm:num_requests_running or "
+            "vllm:num_requests_waiting): unknown is not idle"
+        ) in approval, approval
         done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
         assert done.status == "aborted" and done.summary is not None, done.summary
         assert "the load is unknown: http://127.0.0.1:" in done.summary
-        assert ("has no vllm:num_requests_running or vllm:num_requests_waiting, and "
-                "vllm-kimi-k25 is active; pass --force to stop anyway. Service untouched."
-                ) in done.summary
+        assert (
+            "has no vllm:num_requests_running or vllm:num_requests_waiting, and "
+            "vllm-kimi-k25 is active; pass --force to stop anyway. Service untouched."
+        ) in done.summary
         assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
         assert kit.unit_state() == "active"
         assert kit.state().installed_version != "0.16.0"
-        requests = next(s for s in await bot.runtime.audit.steps(run_id)
-                        if s.step == "requests")
+        requests = next(s for s in await bot.runtime.audit.steps(run_id) if s.step == "requests")
         assert requests.status == "failed"
         # With --force the same redeploy goes on, and its card said what that means.
         run_id, approval = await request_and_approve(
-            bot, f"redeploy {SERVICE} --version 0.16.0 --force")
+            bot, f"redeploy {SERVICE} --version 0.16.0 --force"
+        )
         assert "--force stops it anyway, interrupting whatever runs there" in approval
         done = await bot.wait_status(run_id, *FINAL, timeout_s=90)
         assert done.status == "succeeded", done.summary
-        requests = next(s for s in await bot.runtime.audit.steps(run_id)
-                        if s.step == "requests")
+        requests = next(s for s in await bot.runtime.audit.steps(run_id) if s.step == "requests")
     assert requests.status == "ok"
     assert "--force: stopping with the load unknown" in requests.output_tail
     assert any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
@@ -326,7 +353,8 @@ async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
 
 
 async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # vLLM's usage-stats thread cannot write ~/.config/vllm (ProtectHome=) and dies with a
     # traceback while the server comes up: the start must succeed, with the warning.
     kit = await make_sim_host(access="sshd")
@@ -335,10 +363,12 @@ async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
         result, out = await run(rt, Action.RESTART)
         assert result.status == RunStatus.SUCCEEDED, out
         health = next(s for s in await rt.audit.steps(result.run_id) if s.step == "health")
-    assert any("Exception in thread Thread-3 (_report_usage_worker):" in ln
-               for ln in kit.journal())
-    assert ("warning: thread Thread-3 (_report_usage_worker) died: PermissionError: [Errno 13] "
-            "Permission denied: '/home/vllm'") in out, out
+    assert any("Exception in thread Thread-3 (_report_usage_worker):" in ln for ln in kit.journal())
+    assert (
+        "warning: thread Thread-3 (_report_usage_worker) died: PermissionError: [Errno 13] "
+        "Permission denied: '/home/vllm'"
+    ) in out, out
     assert "Exception in thread Thread-3 (_report_usage_worker):" in health.output_tail
     assert health.output_tail.rstrip().endswith(
-        "PermissionError: [Errno 13] Permission denied: '/home/vllm'")
+        "PermissionError: [Errno 13] Permission denied: '/home/vllm'"
+    )

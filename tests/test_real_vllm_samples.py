@@ -176,18 +176,23 @@ def _failed_start() -> list[str]:
     """The failed start: the KV cache check raises in the engine core, whose traceback is
     logged twice (by vLLM's logger, then by multiprocessing), then the API server's own
     traceback wraps it. In the capture 62 lines come after the first root-cause line."""
-    cause = ("ValueError: To serve at least one request with the models's max seq len "
-             "(32768), (6.0 GiB KV cache is needed, which is larger than the available KV "
-             "cache memory (2.41 GiB). Based on the available memory, the estimated maximum "
-             "model length is 13152. Try increasing `gpu_memory_utilization` or decreasing "
-             "`max_model_len` when initializing the engine.")
+    cause = (
+        "ValueError: To serve at least one request with the models's max seq len "
+        "(32768), (6.0 GiB KV cache is needed, which is larger than the available KV "
+        "cache memory (2.41 GiB). Based on the available memory, the estimated maximum "
+        "model length is 13152. Try increasing `gpu_memory_utilization` or decreasing "
+        "`max_model_len` when initializing the engine."
+    )
     logged = ENGINE + "ERROR 03-14 09:00:39 [core.py:946] "
 
     def frames(prefix: str, n: int) -> list[str]:
         out = []
         for i in range(n):
-            out += [f'{prefix}  File "{VENV}/vllm/v1/engine/core.py", line {100 + i}, in f{i}',
-                    f"{prefix}    step_{i}(", f"{prefix}    ^^^^^^^^^"]
+            out += [
+                f'{prefix}  File "{VENV}/vllm/v1/engine/core.py", line {100 + i}, in f{i}',
+                f"{prefix}    step_{i}(",
+                f"{prefix}    ^^^^^^^^^",
+            ]
         return out
 
     return [
@@ -283,8 +288,10 @@ def test_a_failed_start_names_the_root_cause_not_the_wrapper() -> None:
     assert failure.reason == "engine core initialization failed"
     assert w.phase == Phase.KV_CACHE  # the last phase reached: "Available KV cache memory"
     summary = describe_failure(failure)
-    assert summary.startswith("engine core initialization failed: (EngineCore_DP0 pid=4188) "
-                              "ValueError: To serve at least one request"), summary
+    assert summary.startswith(
+        "engine core initialization failed: (EngineCore_DP0 pid=4188) "
+        "ValueError: To serve at least one request"
+    ), summary
     assert any("larger than the available KV cache memory" in ln for ln in failure.lines)
     assert failure.lines[-1] == "vllm-chat.service: Consumed 41.207s CPU time."
     assert len(failure.lines) <= 3 + 12 + 1 + 5 + 30  # still bounded
@@ -295,30 +302,43 @@ def test_an_oom_root_cause_names_the_failure_though_the_wrapper_ends_it() -> Non
     issue #19415 ends in "Engine core initialization failed"; noonghunna/club-3090 issues
     #16 and #58 show the same torch.OutOfMemoryError line while serving). The reason is
     the OOM, not the generic "engine core initialization failed"."""
-    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 "
-           "has a total capacity of 23.56 GiB of which 18.12 MiB is free.")
-    lines = [ln.replace(ln[ln.index("ValueError: To serve"):], oom)
-             if "ValueError: To serve" in ln else ln for ln in _failed_start()]
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 "
+        "has a total capacity of 23.56 GiB of which 18.12 MiB is free."
+    )
+    lines = [
+        ln.replace(ln[ln.index("ValueError: To serve") :], oom)
+        if "ValueError: To serve" in ln
+        else ln
+        for ln in _failed_start()
+    ]
     w, _, _ = _phases(lines)
     failure = w.failure
     assert failure is not None and failure.reason == "CUDA out of memory"
     assert describe_failure(failure).startswith(
         "CUDA out of memory: (EngineCore_DP0 pid=4188) torch.OutOfMemoryError: CUDA out of "
-        "memory. Tried to allocate 64.00 MiB")
+        "memory. Tried to allocate 64.00 MiB"
+    )
 
 
 def test_cuda_errors_that_say_out_of_memory_are_an_oom() -> None:
     """noonghunna/club-3090 issue #60: a vLLM engine core failing with "RuntimeError: CUDA
     driver error: out of memory" (a custom op's allocation); "CUDA error: out of memory" is
     the runtime API's form of it."""
-    driver = ENGINE + ("ERROR 03-14 09:00:39 [core.py:1136] RuntimeError: CUDA driver error: "
-                       "out of memory")
+    driver = ENGINE + (
+        "ERROR 03-14 09:00:39 [core.py:1136] RuntimeError: CUDA driver error: out of memory"
+    )
     runtime = ENGINE + "RuntimeError: CUDA error: out of memory"
     assert failure_of(driver) == "CUDA out of memory"
     assert failure_of(runtime) == "CUDA out of memory"
-    assert failure_of(ENGINE + "INFO 03-14 09:00:18 [model_runner.py:1333] CUDA graphs can "
-                      "take additional 1~3 GiB memory per GPU. If you are running out of "
-                      "memory, consider decreasing `gpu_memory_utilization`") is None
+    assert (
+        failure_of(
+            ENGINE + "INFO 03-14 09:00:18 [model_runner.py:1333] CUDA graphs can "
+            "take additional 1~3 GiB memory per GPU. If you are running out of "
+            "memory, consider decreasing `gpu_memory_utilization`"
+        )
+        is None
+    )
 
 
 def test_the_lines_of_vllm_0_21_and_later_name_their_phase() -> None:
@@ -342,8 +362,12 @@ def test_the_lines_of_vllm_0_21_and_later_name_their_phase() -> None:
     ]
     assert phase_of(lines[0]) == (Phase.COMPILING, None, "")
     _, shown, _ = _phases(lines)
-    assert shown == ["torch.compile", "sizing the KV cache", "capturing CUDA graphs 50 % (26/51)",
-                     "engine initialised"]
+    assert shown == [
+        "torch.compile",
+        "sizing the KV cache",
+        "capturing CUDA graphs 50 % (26/51)",
+        "engine initialised",
+    ]
 
 
 # ---- issue 17: vLLM 0.4-0.6 start-up phases (D9) --------------------------------------------
@@ -369,8 +393,7 @@ def _v05_start() -> list[str]:
         "uvicorn_log_level='info', model='/srv/models/chat-13b', tensor_parallel_size=2)",
         "INFO 07-18 10:00:02 llm_engine.py:174] Initializing an LLM engine (v0.5.3.post1) "
         "with config: model='/srv/models/chat-13b', speculative_config=None",
-        WORKER + "INFO 07-18 10:00:09 multiproc_worker_utils.py:215] Worker ready; awaiting "
-        "tasks",
+        WORKER + "INFO 07-18 10:00:09 multiproc_worker_utils.py:215] Worker ready; awaiting tasks",
         "INFO 07-18 10:00:11 weight_utils.py:224] Using model weights format ['*.safetensors']",
         "Loading safetensors checkpoint shards:   0% Completed | 0/6 [00:00<?, ?it/s]",
         "Loading safetensors checkpoint shards:  50% Completed | 3/6 [00:07<00:07,  2.41s/it]",
@@ -404,9 +427,17 @@ def test_a_vllm_0_5_start_walks_its_phases() -> None:
     initialised"."""
     w, shown, phases = _phases(_v05_start())
     assert w.failure is None
-    assert phases == [Phase.STARTING, Phase.ENGINE, Phase.LOADING, Phase.LOADED,
-                      Phase.KV_CACHE, Phase.CUDA_GRAPHS, Phase.ENGINE_READY,
-                      Phase.API_STARTING, Phase.API_UP]
+    assert phases == [
+        Phase.STARTING,
+        Phase.ENGINE,
+        Phase.LOADING,
+        Phase.LOADED,
+        Phase.KV_CACHE,
+        Phase.CUDA_GRAPHS,
+        Phase.ENGINE_READY,
+        Phase.API_STARTING,
+        Phase.API_UP,
+    ]
     assert "loading weights 50 % (3/6)" in shown
     assert shown[-1] == "API server up"
     lines = _v05_start()
@@ -424,20 +455,39 @@ def test_the_lines_of_vllm_0_6_and_the_later_v0_engine_name_their_phase() -> Non
     #6 and generative-computing/mellea PR #416: "# cuda blocks: N, # CPU blocks: M";
     kserve/kserve PR #4368: "Initializing a V0 LLM engine (v0.8.1)")."""
     lines = [
-        ("INFO 12-13 02:09:02 llm_engine.py:249] Initializing a V0 LLM engine (v0.8.1) with "
-         "config: model='/srv/models/chat-13b'", Phase.ENGINE),
-        ("INFO 12-13 02:10:28 worker.py:237] Memory profiling results: duration=41.20 "
-         "seconds, total_gpu_memory=79.15GiB, initial_memory_usage=14.33GiB", Phase.KV_CACHE),
-        ("INFO 12-13 02:10:29 distributed_gpu_executor.py:58] # GPU blocks: 84512, # CPU "
-         "blocks: 8192", Phase.KV_CACHE),
-        ("INFO 04-04 17:58:00 [executor_base.py:111] # cuda blocks: 9120, # CPU blocks: 2048",
-         Phase.KV_CACHE),
-        ("INFO 12-19 22:58:27 model_runner.py:1415] Capturing cudagraphs for decoding. This "
-         "may lead to unexpected consequences if the model is not static.", Phase.CUDA_GRAPHS),
-        ("Capturing CUDA graph shapes:  40%|████      | 14/35 [00:05<00:08,  2.51it/s]",
-         Phase.CUDA_GRAPHS),
-        ("INFO 12-19 22:58:41 model_runner.py:1535] Graph capturing finished in 14 secs, took "
-         "0.21 GiB", Phase.ENGINE_READY),
+        (
+            "INFO 12-13 02:09:02 llm_engine.py:249] Initializing a V0 LLM engine (v0.8.1) with "
+            "config: model='/srv/models/chat-13b'",
+            Phase.ENGINE,
+        ),
+        (
+            "INFO 12-13 02:10:28 worker.py:237] Memory profiling results: duration=41.20 "
+            "seconds, total_gpu_memory=79.15GiB, initial_memory_usage=14.33GiB",
+            Phase.KV_CACHE,
+        ),
+        (
+            "INFO 12-13 02:10:29 distributed_gpu_executor.py:58] # GPU blocks: 84512, # CPU "
+            "blocks: 8192",
+            Phase.KV_CACHE,
+        ),
+        (
+            "INFO 04-04 17:58:00 [executor_base.py:111] # cuda blocks: 9120, # CPU blocks: 2048",
+            Phase.KV_CACHE,
+        ),
+        (
+            "INFO 12-19 22:58:27 model_runner.py:1415] Capturing cudagraphs for decoding. This "
+            "may lead to unexpected consequences if the model is not static.",
+            Phase.CUDA_GRAPHS,
+        ),
+        (
+            "Capturing CUDA graph shapes:  40%|████      | 14/35 [00:05<00:08,  2.51it/s]",
+            Phase.CUDA_GRAPHS,
+        ),
+        (
+            "INFO 12-19 22:58:41 model_runner.py:1535] Graph capturing finished in 14 secs, took "
+            "0.21 GiB",
+            Phase.ENGINE_READY,
+        ),
     ]
     for line, phase in lines:
         seen = phase_of(line)
@@ -489,14 +539,14 @@ def test_the_usage_stats_thread_dying_is_a_warning_and_the_start_goes_on() -> No
     for a server that then served."""
     start = _good_start()
     at = start.index(next(ln for ln in start if "init engine" in ln)) + 1
-    bar = ("\rCapturing CUDA graphs (decode, FULL):  40%|████      | 2/5 [00:00<00:01,  "
-           "4.02it/s]")
+    bar = "\rCapturing CUDA graphs (decode, FULL):  40%|████      | 2/5 [00:00<00:01,  4.02it/s]"
     lines = [*start[:at], *usage_thread_traceback(API, bar=bar), *start[at:]]
     w, shown, phases = _phases(lines)
     assert w.failure is None
     assert phases == list(Phase)
-    assert w.text() == ("API server up; warning: thread Thread-3 (_report_usage_worker) died: "
-                        f"{PERMISSION}")
+    assert w.text() == (
+        f"API server up; warning: thread Thread-3 (_report_usage_worker) died: {PERMISSION}"
+    )
     (thread,) = w.thread_exceptions
     assert thread.thread == "Thread-3 (_report_usage_worker)"
     assert thread.last == PERMISSION and thread.lines[-1] == API + PERMISSION
@@ -514,12 +564,13 @@ def test_the_same_traceback_without_the_thread_header_still_ends_the_wait() -> N
     assert w.failure is not None and w.failure.reason == "Python traceback"
     assert describe_failure(w.failure) == f"Python traceback: {API}{PERMISSION}"
     # A thread's traceback, then the main process's own: the second one ends the wait.
-    main = [API + "Traceback (most recent call last):",
-            API + f'  File "{VENV}/vllm/entrypoints/openai/api_server.py", line 1953, in '
-            "run_server",
-            API + "    async with build_async_engine_client(args) as engine_client:",
-            API + "RuntimeError: Engine core initialization failed. See root cause above. "
-            "Failed core proc(s): {}"]
+    main = [
+        API + "Traceback (most recent call last):",
+        API + f'  File "{VENV}/vllm/entrypoints/openai/api_server.py", line 1953, in run_server',
+        API + "    async with build_async_engine_client(args) as engine_client:",
+        API + "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}",
+    ]
     w, _, _ = _phases([*start[:20], *usage_thread_traceback(API), *main])
     assert w.failure is not None and w.failure.reason == "engine core initialization failed"
     assert len(w.thread_exceptions) == 1

@@ -48,8 +48,9 @@ from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB = "U0ALICE", "U0BOB"
 # A process on another machine (a rescheduled container): only its heartbeat speaks for it.
-ELSEWHERE = ("rescheduled-pod-7f9c/boot=5e1d0b0e-0000-4000-8000-000000000009/"
-             "pidns=4026531836:4242:777")
+ELSEWHERE = (
+    "rescheduled-pod-7f9c/boot=5e1d0b0e-0000-4000-8000-000000000009/pidns=4026531836:4242:777"
+)
 LOCKS = ["host:gpu1", "service:svc"]
 
 
@@ -58,17 +59,18 @@ def dead_local_owner() -> str:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     stat = read_stat(child.pid)
     child.wait()
-    return str(Owner(socket.gethostname(), child.pid, stat.start_time if stat else "1",
-                     this_namespace()))
+    return str(
+        Owner(socket.gethostname(), child.pid, stat.start_time if stat else "1", this_namespace())
+    )
 
 
 async def driven_by_a_dead_process(audit: AuditLog, run_id: int) -> None:
     """Approve the pending run and make it running under an owner that has died, as if
     a CLI (or another bot) had taken it and been killed."""
-    assert await audit.transition(run_id, RunStatus.APPROVED,
-                                  expect=(RunStatus.PENDING_APPROVAL,))
-    assert await audit.transition(run_id, RunStatus.RUNNING, owner=dead_local_owner(),
-                                  expect=(RunStatus.APPROVED,))
+    assert await audit.transition(run_id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,))
+    assert await audit.transition(
+        run_id, RunStatus.RUNNING, owner=dead_local_owner(), expect=(RunStatus.APPROVED,)
+    )
 
 
 def settings(tmp_path: Path) -> Settings:
@@ -76,7 +78,8 @@ def settings(tmp_path: Path) -> Settings:
         hosts={"gpu1": {"address": LOCAL}},
         services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"}},
         policy={"approvers": [BOB], "min_approvals": 1, "approval_ttl_s": 600},
-        db_path=tmp_path / "audit.db")
+        db_path=tmp_path / "audit.db",
+    )
 
 
 @dataclass
@@ -95,10 +98,14 @@ class World:
     def process(self, owner: str | None = None) -> RunLifecycle:
         """One process's life cycle on the shared database and clocks; what it recovers
         on meeting a lock is collected in ``told``."""
-        life = RunLifecycle(self.settings, self.audit, clock=self.clock,
-                            owner=(lambda: owner) if owner else process_owner,
-                            sleep=self.clock.sleep,
-                            monotonic=Monotonic(self.mono, "this-machine"))
+        life = RunLifecycle(
+            self.settings,
+            self.audit,
+            clock=self.clock,
+            owner=(lambda: owner) if owner else process_owner,
+            sleep=self.clock.sleep,
+            monotonic=Monotonic(self.mono, "this-machine"),
+        )
 
         async def tell(item: Interrupted) -> None:
             self.told.append(item)
@@ -137,7 +144,8 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 
 
 async def test_an_owner_elsewhere_lives_while_its_heartbeat_renews_and_dies_when_it_stops(
-        world: World) -> None:
+    world: World,
+) -> None:
     elsewhere = world.process(owner=ELSEWHERE)
     run = await world.running(elsewhere)
     start = world.clock()
@@ -163,10 +171,13 @@ async def test_an_owner_elsewhere_lives_while_its_heartbeat_renews_and_dies_when
     await elsewhere.released(run.id)
     world.mono.advance(LEASE_S - 1)
     assert await here.recover() == []  # not yet a lease without a change
-    with pytest.raises(LockHeldError, match=rf"busy: run #{run.id} .*; the owner of run "
-                       rf"#{run.id} may be alive \(last heartbeat change seen 29 s ago, by "
-                       r"this machine's clock\); try again in 1 s or `python -m bot "
-                       rf"recover {run.id} --force`$"):
+    with pytest.raises(
+        LockHeldError,
+        match=rf"busy: run #{run.id} .*; the owner of run "
+        rf"#{run.id} may be alive \(last heartbeat change seen 29 s ago, by "
+        r"this machine's clock\); try again in 1 s or `python -m bot "
+        rf"recover {run.id} --force`$",
+    ):
         await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
     assert world.told == []
 
@@ -179,7 +190,8 @@ async def test_an_owner_elsewhere_lives_while_its_heartbeat_renews_and_dies_when
 
 
 async def test_a_request_meeting_a_dead_owners_lock_recovers_the_run_and_proceeds(
-        world: World) -> None:
+    world: World,
+) -> None:
     dead = world.process(owner=dead_local_owner())
     run = await world.running(dead)
     await world.audit.step_started(run.id, "gpu1", "drain", "nvidia-smi")
@@ -195,7 +207,8 @@ async def test_a_request_meeting_a_dead_owners_lock_recovers_the_run_and_proceed
     assert recovered.status == RunStatus.INTERRUPTED and recovered.summary == item.message
     assert [s.status for s in await world.audit.steps(run.id)] == ["interrupted"]
     assert (RECOVERY_ACTOR, Decision.RECOVER) in [
-        (d.user, d.decision) for d in await world.audit.decisions(run.id)]
+        (d.user, d.decision) for d in await world.audit.decisions(run.id)
+    ]
     assert recovered.recovered_by == [RECOVERY_ACTOR] and recovered.approved_by == [ALICE]
     assert f"; recovered by {RECOVERY_ACTOR}\n" in run_view(recovered, [], [])
     assert (await world.audit.locks_held()) == {record.id: LOCKS}
@@ -221,13 +234,20 @@ async def test_a_live_owner_or_a_pending_request_keeps_its_lock(world: World) ->
 async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: World) -> None:
     run = await world.running(world.process(owner=ELSEWHERE))
     lost: list[bool] = []
-    beat = Heartbeat(world.audit, run.id, ELSEWHERE, clock=world.clock,
-                     sleep=world.clock.sleep, lost=lambda: lost.append(True)).start()
+    beat = Heartbeat(
+        world.audit,
+        run.id,
+        ELSEWHERE,
+        clock=world.clock,
+        sleep=world.clock.sleep,
+        lost=lambda: lost.append(True),
+    ).start()
     try:
         await world.beat(sleepers=2)  # the run's own heartbeat, and this one
         await eventually(lambda: beat.renewals == 1, "a renewal", timeout_s=5)
-        result = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                       judge=world.judge())
+        result = await recover_by_hand(
+            world.audit, run.id, by="cli:op@host", force=True, judge=world.judge()
+        )
         assert isinstance(result, Recovered)
         await world.beat(sleepers=2)  # both beat again; this one finds the run gone
         await eventually(lambda: lost, "the heartbeat to notice", timeout_s=5)
@@ -239,8 +259,7 @@ async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: W
 # ---- a request nobody approved in time -------------------------------------------------------
 
 
-async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(
-        world: World) -> None:
+async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(world: World) -> None:
     # A Slack request, and no bot running to expire it when its window closes.
     slack = world.process()
     pending = await slack.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
@@ -254,8 +273,7 @@ async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(
     world.clock.advance(599)  # its window is 600 s: still open
     with pytest.raises(LockHeldError, match=f"busy: run #{pending.id}"):
         await cli_process.request(world.plan(), requested_by=BOB, source=Source.CLI)
-    waiting = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
-                                    judge=world.judge())
+    waiting = await recover_by_hand(world.audit, pending.id, by="cli:op@host", judge=world.judge())
     assert isinstance(waiting, NotDriven)
     assert f"awaiting approval until {pending.expires_at}" in waiting.reason
     assert (await world.audit.get_run(pending.id)).status == RunStatus.PENDING_APPROVAL
@@ -271,23 +289,23 @@ async def test_an_overdue_request_is_expired_when_a_request_meets_its_lock(
 
 
 async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
-    pending = await world.process().request(world.plan(), requested_by=ALICE,
-                                            source=Source.SLACK)
+    pending = await world.process().request(world.plan(), requested_by=ALICE, source=Source.SLACK)
     world.clock.advance(600)
-    result = await recover_by_hand(world.audit, pending.id, by="cli:op@host",
-                                   judge=world.judge())
+    result = await recover_by_hand(world.audit, pending.id, by="cli:op@host", judge=world.judge())
     assert isinstance(result, Expired) and result.run.status == RunStatus.EXPIRED
     assert f"window closed at {pending.expires_at}: it is now expired" in result.message
     assert (await world.audit.get_run(pending.id)).summary == EXPIRED_SUMMARY
     assert (await world.audit.locks_held()) == {}
     # Unlike a timer's expiry (or a request's meeting its lock), the operator's is theirs.
     assert [(d.user, d.decision) for d in await world.audit.decisions(pending.id)] == [
-        ("cli:op@host", Decision.RECOVER)]
+        ("cli:op@host", Decision.RECOVER)
+    ]
     assert result.run.recovered_by == ["cli:op@host"]
 
 
 async def test_recover_from_the_command_line_expires_an_overdue_request(
-        world: World, tmp_path: Path) -> None:
+    world: World, tmp_path: Path
+) -> None:
     db = ["--db", str(world.settings.db_path)]
     life = world.process()
     # The command line judges by the wall clock: one request made an hour ago (its window
@@ -307,7 +325,9 @@ async def test_recover_from_the_command_line_expires_an_overdue_request(
     code, out, err = await cli("audit", "--json", *db, cwd=tmp_path)
     assert code == 0, err
     assert (_runs(out)[old.id]["status"], _runs(out)[old.id]["recovered_by"]) == (
-        "expired", [decision.user])
+        "expired",
+        [decision.user],
+    )
 
     new = await life.request(world.plan(), requested_by=ALICE, source=Source.SLACK)
     code, out, err = await cli("recover", str(new.id), "--yes", *db, cwd=tmp_path)
@@ -316,7 +336,8 @@ async def test_recover_from_the_command_line_expires_an_overdue_request(
 
 
 async def test_the_bot_closes_the_card_of_an_overdue_request_it_or_a_cli_expired(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock = ManualWallClock()
     async with slack_bot(tmp_path, sim_host, clock=clock) as bot:
         await bot.command(f"restart {SERVICE}")
@@ -327,46 +348,62 @@ async def test_the_bot_closes_the_card_of_an_overdue_request_it_or_a_cli_expired
         clock.advance(600)
         await bot.command(f"restart {SERVICE}")
         second = await bot.wait_for_run(
-            lambda r: r.id != first.id and r.message_ts is not None, "the second card")
+            lambda r: r.id != first.id and r.message_ts is not None, "the second card"
+        )
         assert (await bot.run(first.id)).status == RunStatus.EXPIRED
-        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
-            CHANNEL, first.message_ts or "")), what="the first card to lose its buttons")
+        await bot.fake.wait_for(
+            lambda: "Approve" not in buttons(bot.fake.message(CHANNEL, first.message_ts or "")),
+            what="the first card to lose its buttons",
+        )
         assert "Approve" in buttons(await bot.card(second.id))
 
         # A CLI with no bot watching the deadline expired it: the card still offers
         # Approve until someone clicks it, then it says what happened.
-        cli_process = RunLifecycle(bot.runtime.settings, bot.runtime.audit,
-                                   clock=lambda: clock() + timedelta(seconds=600))
+        cli_process = RunLifecycle(
+            bot.runtime.settings, bot.runtime.audit, clock=lambda: clock() + timedelta(seconds=600)
+        )
         bot.front_end.timers.disarm(second.id)
-        await cli_process.request(make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
-                                  requested_by="cli:op@host", source=Source.CLI)
+        await cli_process.request(
+            make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
+            requested_by="cli:op@host",
+            source=Source.CLI,
+        )
         assert (await bot.run(second.id)).status == RunStatus.EXPIRED
         assert "Approve" in buttons(await bot.card(second.id))
         await bot.click("approve", second.id, user=BOB)
         notes = await bot.ephemerals_for(BOB)
         assert "already expired" in notes[-1]["text"]
-        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
-            CHANNEL, second.message_ts or "")), what="the second card to lose its buttons")
+        await bot.fake.wait_for(
+            lambda: "Approve" not in buttons(bot.fake.message(CHANNEL, second.message_ts or "")),
+            what="the second card to lose its buttons",
+        )
         assert "expired" in blocks_text(await bot.card(second.id))
 
 
 async def test_an_expiry_timer_that_finds_a_cli_expired_its_request_closes_the_card(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock = ManualWallClock()
     async with slack_bot(tmp_path, sim_host, clock=clock) as bot:
         await bot.command(f"restart {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
         # A CLI whose clock is past the deadline before the bot's timer fires.
-        cli_process = RunLifecycle(bot.runtime.settings, bot.runtime.audit,
-                                   clock=lambda: clock() + timedelta(seconds=600))
-        await cli_process.request(make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
-                                  requested_by="cli:op@host", source=Source.CLI)
+        cli_process = RunLifecycle(
+            bot.runtime.settings, bot.runtime.audit, clock=lambda: clock() + timedelta(seconds=600)
+        )
+        await cli_process.request(
+            make_plan(bot.runtime.settings, Action.RESTART, SERVICE),
+            requested_by="cli:op@host",
+            source=Source.CLI,
+        )
         assert (await bot.run(record.id)).status == RunStatus.EXPIRED
         assert "Approve" in buttons(await bot.card(record.id))
         clock.advance(600)
-        await bot.fake.wait_for(lambda: "Approve" not in buttons(bot.fake.message(
-            CHANNEL, record.message_ts or "")), what="the card to lose its buttons")
+        await bot.fake.wait_for(
+            lambda: "Approve" not in buttons(bot.fake.message(CHANNEL, record.message_ts or "")),
+            what="the card to lose its buttons",
+        )
         assert "expired" in blocks_text(await bot.card(record.id))
 
 
@@ -380,16 +417,19 @@ async def test_recover_by_hand_refuses_a_live_owner_unless_forced(world: World) 
     assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
     assert (await world.audit.locks_held()) == {run.id: LOCKS}
 
-    forced = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                   judge=world.judge())
+    forced = await recover_by_hand(
+        world.audit, run.id, by="cli:op@host", force=True, judge=world.judge()
+    )
     assert isinstance(forced, Recovered)
     assert forced.item.run.status == RunStatus.INTERRUPTED
     assert (await world.audit.locks_held()) == {}
     assert ("cli:op@host", Decision.RECOVER) in [
-        (d.user, d.decision) for d in await world.audit.decisions(run.id)]
+        (d.user, d.decision) for d in await world.audit.decisions(run.id)
+    ]
 
-    again = await recover_by_hand(world.audit, run.id, by="cli:op@host", force=True,
-                                  judge=world.judge())
+    again = await recover_by_hand(
+        world.audit, run.id, by="cli:op@host", force=True, judge=world.judge()
+    )
     assert isinstance(again, NotDriven) and "is interrupted" in again.reason
 
 
@@ -407,10 +447,17 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     assert code == 0, err
     [row] = _runs(out).values()
     assert (row["id"], row["status"], row["owner"], row["owner_alive"]) == (
-        live.id, "running", process_owner(), True)
+        live.id,
+        "running",
+        process_owner(),
+        True,
+    )
     assert row["locks"] == LOCKS and row["lease_until"] == live.lease_until
     assert (row["owner_judged_by"], row["heartbeat_unchanged_s"], row["lease_renewals"]) == (
-        "process", None, 0)
+        "process",
+        None,
+        0,
+    )
     code, out, err = await cli("runs", *db, cwd=tmp_path)
     assert code == 0 and "OWNER" in out and process_owner() in out and "LEASE UNTIL" in out
     assert "JUDGED BY" in out and " process " in out
@@ -426,8 +473,9 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     assert code == 2 and "not confirmed (use --yes when not on a terminal)" in err
     assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
     # On a terminal the operator said no: that is all there is to say.
-    code, _, err = await cli_on_terminal("recover", str(live.id), "--force", *db,
-                                         answer="n\n", cwd=tmp_path)
+    code, _, err = await cli_on_terminal(
+        "recover", str(live.id), "--force", *db, answer="n\n", cwd=tmp_path
+    )
     assert code == 2 and "Mark run" in err and err.endswith("error: not confirmed\n"), err
     assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
 
@@ -438,8 +486,7 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     record = await world.audit.get_run(live.id)
     assert record.status == RunStatus.INTERRUPTED and (record.summary or "?") in out
     assert (await world.audit.locks_held()) == {}
-    [decision] = [d for d in await world.audit.decisions(live.id)
-                  if d.decision == Decision.RECOVER]
+    [decision] = [d for d in await world.audit.decisions(live.id) if d.decision == Decision.RECOVER]
     assert decision.user == refusal.user  # cli:<user>@<host>
     # Who recovered it shows in the audit log's views, beside who approved it.
     code, out, err = await cli("audit", "--run", str(live.id), *db, cwd=tmp_path)
@@ -456,7 +503,8 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
 
 
 async def test_the_command_line_judges_an_owner_elsewhere_by_its_heartbeat(
-        world: World, tmp_path: Path) -> None:
+    world: World, tmp_path: Path
+) -> None:
     # Its owner is on another machine: `runs` says what this machine has seen of its
     # heartbeat, and `recover` refuses with when to try again, or --force.
     run = await world.running(world.process(owner=ELSEWHERE))
@@ -464,8 +512,7 @@ async def test_the_command_line_judges_an_owner_elsewhere_by_its_heartbeat(
     code, out, err = await cli("runs", "--active", "--json", *db, cwd=tmp_path)
     assert code == 0, err
     [row] = _runs(out).values()
-    assert (row["owner"], row["owner_alive"], row["owner_judged_by"]) == (
-        ELSEWHERE, True, "lease")
+    assert (row["owner"], row["owner_alive"], row["owner_judged_by"]) == (ELSEWHERE, True, "lease")
     assert row["lease_renewals"] == 0 and isinstance(row["heartbeat_unchanged_s"], float)
     code, out, err = await cli("runs", *db, cwd=tmp_path)
     assert code == 0 and "lease, unchanged" in out, err
@@ -487,20 +534,25 @@ async def test_the_operator_commands_explain_their_arguments(tmp_path: Path) -> 
 
 async def test_the_interrupted_message_names_what_drove_the_run(world: World) -> None:
     # A demo run is driven by `python -m bot demo`, not by a bot; a Slack run by the bot.
-    for source, driver in ((Source.DEMO, "the demo (`python -m bot demo`)"),
-                           (Source.SLACK, "the bot"),
-                           (Source.CLI, "the command line (`python -m bot`)")):
+    for source, driver in (
+        (Source.DEMO, "the demo (`python -m bot demo`)"),
+        (Source.SLACK, "the bot"),
+        (Source.CLI, "the command line (`python -m bot`)"),
+    ):
         life = world.process()
         record = await life.request(world.plan(), requested_by=ALICE, source=source)
         assert await life.confirm(record.id, BOB)
         assert interrupted_message(await world.audit.get_run(record.id)).startswith(
-            f"Run #{record.id} (restart svc) was approved, but {driver} stopped before")
+            f"Run #{record.id} (restart svc) was approved, but {driver} stopped before"
+        )
         assert await life.start(record.id) is not None
         world.started.append((life, record.id))
         message = interrupted_message(await world.audit.get_run(record.id))
         assert f"was interrupted: {driver} stopped before its first step" in message
-        assert message.endswith("Check with `/vllm status svc` (or `python -m bot status "
-                                "svc`) before doing anything else.")
+        assert message.endswith(
+            "Check with `/vllm status svc` (or `python -m bot status "
+            "svc`) before doing anything else."
+        )
         assert await life.finish(record.id, RunStatus.SUCCEEDED, "done")  # frees the lock
 
 
@@ -508,7 +560,8 @@ async def test_the_interrupted_message_names_what_drove_the_run(world: World) ->
 
 
 async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock = ManualWallClock()
     async with slack_bot(tmp_path, sim_host) as bot:
         bot.front_end.start_sweep(every_s=60, sleep=clock.sleep)
@@ -524,15 +577,22 @@ async def test_the_sweep_recovers_a_run_whose_owner_died_and_tells_its_thread(
         clock.advance(60)
         await bot.wait_status(record.id, "interrupted", timeout_s=5)
         told = await eventually(
-            lambda: [m for m in bot.fake.thread("C0OPS", record.message_ts or "")[1:]
-                     if "was interrupted" in blocks_text(m)], "the thread to be told", 5)
+            lambda: [
+                m
+                for m in bot.fake.thread("C0OPS", record.message_ts or "")[1:]
+                if "was interrupted" in blocks_text(m)
+            ],
+            "the thread to be told",
+            5,
+        )
         assert "during step `stop`" in blocks_text(told[0])
         assert "interrupted" in blocks_text(await bot.card(record.id))
         assert await audit.locks_held() == {}
 
 
 async def test_the_sweep_is_the_second_look_that_ends_an_owner_only_its_heartbeat_vouches_for(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock, mono = ManualWallClock(), ManualClock()
     async with slack_bot(tmp_path, sim_host) as bot:
         # The bot's monotonic clock, moved by the test from here on.
@@ -542,10 +602,12 @@ async def test_the_sweep_is_the_second_look_that_ends_an_owner_only_its_heartbea
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         # A bot on another machine took the run and died: no process here to look at.
         audit = bot.runtime.audit
-        assert await audit.transition(record.id, RunStatus.APPROVED,
-                                      expect=(RunStatus.PENDING_APPROVAL,))
-        assert await audit.transition(record.id, RunStatus.RUNNING, owner=ELSEWHERE,
-                                      expect=(RunStatus.APPROVED,))
+        assert await audit.transition(
+            record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+        )
+        assert await audit.transition(
+            record.id, RunStatus.RUNNING, owner=ELSEWHERE, expect=(RunStatus.APPROVED,)
+        )
 
         async def sweep() -> None:
             await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
@@ -558,13 +620,20 @@ async def test_the_sweep_is_the_second_look_that_ends_an_owner_only_its_heartbea
         await sweep()  # a minute on, nothing changed: dead
         await bot.wait_status(record.id, "interrupted", timeout_s=5)
         await eventually(
-            lambda: [m for m in bot.fake.thread(CHANNEL, record.message_ts or "")[1:]
-                     if "was interrupted" in blocks_text(m)], "the thread to be told", 5)
+            lambda: [
+                m
+                for m in bot.fake.thread(CHANNEL, record.message_ts or "")[1:]
+                if "was interrupted" in blocks_text(m)
+            ],
+            "the thread to be told",
+            5,
+        )
         assert await audit.locks_held() == {}
 
 
 async def test_a_request_meeting_a_dead_runs_lock_tells_its_thread_and_posts_a_card(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:  # no sweep: only the request finds it
         await bot.command(f"restart {SERVICE}")
         old = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
@@ -573,22 +642,29 @@ async def test_a_request_meeting_a_dead_runs_lock_tells_its_thread_and_posts_a_c
         await audit.step_started(old.id, "gpu-node-1", "drain", "nvidia-smi")
 
         await bot.command(f"restart {SERVICE}", user=BOB)
-        new = await bot.wait_for_run(lambda r: r.id != old.id and r.message_ts is not None,
-                                     "the new request's card")
+        new = await bot.wait_for_run(
+            lambda r: r.id != old.id and r.message_ts is not None, "the new request's card"
+        )
         assert new.status == RunStatus.PENDING_APPROVAL
         assert "Approve" in buttons(await bot.card(new.id))
         assert (await bot.run(old.id)).status == RunStatus.INTERRUPTED
         told = await eventually(
-            lambda: [m for m in bot.fake.thread(CHANNEL, old.message_ts or "")[1:]
-                     if "was interrupted" in blocks_text(m)], "the old thread to be told", 5)
+            lambda: [
+                m
+                for m in bot.fake.thread(CHANNEL, old.message_ts or "")[1:]
+                if "was interrupted" in blocks_text(m)
+            ],
+            "the old thread to be told",
+            5,
+        )
         assert "during step `drain`" in blocks_text(told[0])
         assert "interrupted" in blocks_text(await bot.card(old.id))
-        assert await audit.locks_held() == {new.id: ["host:gpu-node-1",
-                                                    f"service:{SERVICE}"]}
+        assert await audit.locks_held() == {new.id: ["host:gpu-node-1", f"service:{SERVICE}"]}
 
 
 async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock = ManualWallClock()
     async with slack_bot(tmp_path, sim_host) as bot:
         bot.front_end.start_sweep(every_s=60, sleep=clock.sleep)
@@ -597,13 +673,18 @@ async def test_a_slack_run_recovered_by_a_cli_is_told_in_its_thread_once(
         audit = bot.runtime.audit
         await driven_by_a_dead_process(audit, record.id)
         # A CLI met the dead run's lock and recovered it; a CLI cannot post to Slack.
-        assert isinstance(await recover_by_hand(audit, record.id, by="cli:op@host",
-                                                judge=system_judge(600)), Recovered)
+        assert isinstance(
+            await recover_by_hand(audit, record.id, by="cli:op@host", judge=system_judge(600)),
+            Recovered,
+        )
         ts = record.message_ts or ""
 
         def told() -> list[str]:
-            return [blocks_text(m) for m in bot.fake.thread("C0OPS", ts)[1:]
-                    if "was interrupted" in blocks_text(m)]
+            return [
+                blocks_text(m)
+                for m in bot.fake.thread("C0OPS", ts)[1:]
+                if "was interrupted" in blocks_text(m)
+            ]
 
         for _ in range(2):  # told at the first sweep, and not again at the next
             await eventually(lambda: clock.sleepers, "the sweep to wait", timeout_s=5)
@@ -622,11 +703,13 @@ TTL_S = 600
 def two_services(tmp_path: Path) -> Settings:
     return Settings(
         hosts={"gpu1": {"address": LOCAL}, "gpu2": {"address": LOCAL}},
-        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"},
-                  "svc2": {"hosts": ["gpu2"], "unit": "vllm-svc2",
-                           "python": "/opt/w/bin/python"}},
+        services={
+            "svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"},
+            "svc2": {"hosts": ["gpu2"], "unit": "vllm-svc2", "python": "/opt/w/bin/python"},
+        },
         policy={"approvers": [BOB], "min_approvals": 1, "approval_ttl_s": TTL_S},
-        db_path=tmp_path / "audit.db")
+        db_path=tmp_path / "audit.db",
+    )
 
 
 @dataclass
@@ -643,14 +726,21 @@ class Instance:
     life: RunLifecycle
 
     @classmethod
-    def on(cls, name: str, settings: Settings, audit: AuditLog,
-           wall: ManualWallClock) -> Instance:
+    def on(cls, name: str, settings: Settings, audit: AuditLog, wall: ManualWallClock) -> Instance:
         mono = ManualClock()
-        owner = (f"machine-{name}/boot=00000000-0000-4000-8000-00000000000{len(name)}"
-                 f"{name[0]}/pidns=4026531836:4242:777")
-        life = RunLifecycle(settings, audit, clock=wall, owner=lambda: owner,
-                            sleep=wall.sleep, monotonic=Monotonic(mono, f"machine-{name}"),
-                            wall_id=f"machine-{name}")
+        owner = (
+            f"machine-{name}/boot=00000000-0000-4000-8000-00000000000{len(name)}"
+            f"{name[0]}/pidns=4026531836:4242:777"
+        )
+        life = RunLifecycle(
+            settings,
+            audit,
+            clock=wall,
+            owner=lambda: owner,
+            sleep=wall.sleep,
+            monotonic=Monotonic(mono, f"machine-{name}"),
+            wall_id=f"machine-{name}",
+        )
         return cls(name, settings, audit, wall, mono, life)
 
     async def running(self, service: str) -> RunRecord:
@@ -670,20 +760,19 @@ class Instance:
         self.mono.advance(seconds)
 
     async def request(self, service: str) -> RunRecord:
-        return await self.life.request(make_plan(self.settings, Action.RESTART, service),
-                                       requested_by=BOB, source=Source.CLI)
+        return await self.life.request(
+            make_plan(self.settings, Action.RESTART, service), requested_by=BOB, source=Source.CLI
+        )
 
 
 @asynccontextmanager
-async def two_instances(tmp_path: Path, skew_s: float) -> AsyncIterator[
-        tuple[Instance, Instance]]:
+async def two_instances(tmp_path: Path, skew_s: float) -> AsyncIterator[tuple[Instance, Instance]]:
     """Instances a and b on one SQLite file; b's wall clock reads ``skew_s`` more."""
     s = two_services(tmp_path)
     base = ManualWallClock()
     async with AuditLog.open(s.db_path) as audit_a, AuditLog.open(s.db_path) as audit_b:
         a = Instance.on("a", s, audit_a, ManualWallClock(base.now))
-        b = Instance.on("b", s, audit_b,
-                        ManualWallClock(base.now + timedelta(seconds=skew_s)))
+        b = Instance.on("b", s, audit_b, ManualWallClock(base.now + timedelta(seconds=skew_s)))
         yield a, b
 
 
@@ -696,7 +785,8 @@ async def renewals(audit: AuditLog, run_id: int, count: int) -> None:
 
 @pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
 async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
-        tmp_path: Path, skew_s: float) -> None:
+    tmp_path: Path, skew_s: float
+) -> None:
     # Judged on timestamps each instance takes on its own clock, as client-go's leader
     # election does (tests/samples/SOURCES.md, owner); 30 s is the issue's skew.
     async with two_instances(tmp_path, skew_s) as (a, b):
@@ -712,8 +802,11 @@ async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
             assert await a.life.recover() == [] and await b.life.recover() == []
         # A request meeting the other's lock sees a live owner too, and says when to retry.
         for asker, holder in ((a, run_b), (b, run_a)):
-            with pytest.raises(LockHeldError, match=rf"the owner of run #{holder.id} may "
-                                                    r"be alive \(last heartbeat change seen 0 s"):
+            with pytest.raises(
+                LockHeldError,
+                match=rf"the owner of run #{holder.id} may "
+                r"be alive \(last heartbeat change seen 0 s",
+            ):
                 await asker.request(holder.service)
 
         # a dies: its heartbeat stops. b frees its run after a lease on b's own clock.
@@ -728,7 +821,8 @@ async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
 
 
 async def test_a_process_on_the_same_machine_judges_by_an_earlier_processs_look(
-        world: World) -> None:
+    world: World,
+) -> None:
     # A CLI refused with "try again in 30 s" must be right: the next CLI on this machine
     # (the same monotonic clock) sees what the first one saw, not a first sighting.
     elsewhere = world.process(owner=ELSEWHERE)
@@ -738,31 +832,39 @@ async def test_a_process_on_the_same_machine_judges_by_an_earlier_processs_look(
         await world.process().request(world.plan(), requested_by=BOB, source=Source.CLI)
     world.mono.advance(LEASE_S)
     # A process on another machine (another monotonic clock) has seen nothing yet...
-    other = RunLifecycle(world.settings, world.audit, clock=world.clock,
-                         monotonic=Monotonic(ManualClock(), "another-machine"))
+    other = RunLifecycle(
+        world.settings,
+        world.audit,
+        clock=world.clock,
+        monotonic=Monotonic(ManualClock(), "another-machine"),
+    )
     with pytest.raises(LockHeldError, match="last heartbeat change seen 0 s ago"):
         await other.request(world.plan(), requested_by=BOB, source=Source.CLI)
     # ...and the next one here has, for a whole lease.
-    record = await world.process().request(world.plan(), requested_by=BOB,
-                                           source=Source.CLI)
+    record = await world.process().request(world.plan(), requested_by=BOB, source=Source.CLI)
     assert (await world.audit.get_run(run.id)).status == RunStatus.INTERRUPTED
     assert (await world.audit.locks_held()) == {record.id: LOCKS}
 
 
 @pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
 async def test_another_instances_card_expires_after_its_window_on_the_judges_own_clock(
-        tmp_path: Path, skew_s: float) -> None:
+    tmp_path: Path, skew_s: float
+) -> None:
     async with two_instances(tmp_path, skew_s) as (a, b):
-        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
-                                    requested_by=ALICE, source=Source.SLACK)
+        card = await a.life.request(
+            make_plan(a.settings, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
+        )
         assert card.expires_clock == "machine-a"
         assert await b.life.recover() == []  # b's sweep sees the card: its watch begins
         for instance in (a, b):
             instance.pass_time(TTL_S - 1)
         # b's wall clock may say the window closed 29 s ago: b has watched 599 s of 600.
-        with pytest.raises(LockHeldError, match=rf"busy: run #{card.id} .*this one "
-                                                r"expires it after seeing it pending for "
-                                                r"600 s \(1 s more\)"):
+        with pytest.raises(
+            LockHeldError,
+            match=rf"busy: run #{card.id} .*this one "
+            r"expires it after seeing it pending for "
+            r"600 s \(1 s more\)",
+        ):
             await b.request("svc")
         assert (await a.audit.get_run(card.id)).status == RunStatus.PENDING_APPROVAL
         for instance in (a, b):
@@ -774,32 +876,41 @@ async def test_another_instances_card_expires_after_its_window_on_the_judges_own
         assert (await b.audit.locks_held()) == {record.id: LOCKS}
 
 
-async def test_a_card_of_this_clock_is_judged_by_its_deadline_as_before(
-        tmp_path: Path) -> None:
+async def test_a_card_of_this_clock_is_judged_by_its_deadline_as_before(tmp_path: Path) -> None:
     # Two processes reading one wall clock (the same machine): the deadline decides, even
     # for a process that never saw the card before.
     async with two_instances(tmp_path, 0) as (a, _):
-        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
-                                    requested_by=ALICE, source=Source.SLACK)
-        later = RunLifecycle(a.settings, a.audit, clock=a.wall, wall_id="machine-a",
-                             monotonic=Monotonic(ManualClock(), "machine-a-later"))
+        card = await a.life.request(
+            make_plan(a.settings, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
+        )
+        later = RunLifecycle(
+            a.settings,
+            a.audit,
+            clock=a.wall,
+            wall_id="machine-a",
+            monotonic=Monotonic(ManualClock(), "machine-a-later"),
+        )
         a.wall.advance(TTL_S - 1)
         with pytest.raises(LockHeldError, match=f"busy: run #{card.id}"):
-            await later.request(make_plan(a.settings, Action.RESTART, "svc"),
-                                requested_by=BOB, source=Source.CLI)
+            await later.request(
+                make_plan(a.settings, Action.RESTART, "svc"), requested_by=BOB, source=Source.CLI
+            )
         a.wall.advance(1)
-        await later.request(make_plan(a.settings, Action.RESTART, "svc"),
-                            requested_by=BOB, source=Source.CLI)
+        await later.request(
+            make_plan(a.settings, Action.RESTART, "svc"), requested_by=BOB, source=Source.CLI
+        )
         assert (await a.audit.get_run(card.id)).status == RunStatus.EXPIRED
 
 
 @pytest.mark.parametrize("skew_s", [30, -30], ids=["b-ahead", "b-behind"])
 async def test_a_click_on_another_instances_card_never_closes_it_early(
-        tmp_path: Path, skew_s: float) -> None:
+    tmp_path: Path, skew_s: float
+) -> None:
     members: dict[str, frozenset[str]] = {}  # no user groups in this policy
     async with two_instances(tmp_path, skew_s) as (a, b):
-        card = await a.life.request(make_plan(a.settings, Action.RESTART, "svc"),
-                                    requested_by=ALICE, source=Source.SLACK)
+        card = await a.life.request(
+            make_plan(a.settings, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
+        )
         assert await b.life.recover() == []
         if skew_s > 0:
             # 10 s before the end: b's clock says 20 s past it. The click is judged by
@@ -807,8 +918,9 @@ async def test_a_click_on_another_instances_card_never_closes_it_early(
             for instance in (a, b):
                 instance.pass_time(TTL_S - 10)
             refused = await b.life.approve(card.id, user=BOB, membership=members)
-            assert refused == Refused("This request has expired; ask for it again.",
-                                      expired=False, code=Refusal.EXPIRED)
+            assert refused == Refused(
+                "This request has expired; ask for it again.", expired=False, code=Refusal.EXPIRED
+            )
             assert (await b.audit.get_run(card.id)).status == RunStatus.PENDING_APPROVAL
             assert (await b.audit.locks_held()) == {card.id: LOCKS}
         else:
@@ -816,7 +928,8 @@ async def test_a_click_on_another_instances_card_never_closes_it_early(
             for instance in (a, b):
                 instance.pass_time(TTL_S)
             refused = await b.life.approve(card.id, user=BOB, membership=members)
-            assert refused == Refused("This request has expired; ask for it again.",
-                                      expired=True, code=Refusal.EXPIRED)
+            assert refused == Refused(
+                "This request has expired; ask for it again.", expired=True, code=Refusal.EXPIRED
+            )
             assert (await b.audit.get_run(card.id)).status == RunStatus.EXPIRED
             assert (await b.audit.locks_held()) == {}

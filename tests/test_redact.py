@@ -178,18 +178,73 @@ def test_large_output_is_masked_line_for_line() -> None:
 
 _FRAGMENTS = st.sampled_from(
     [
-        "token", "TOKEN", "_key", "api_key", "password", "secret", "Authorization", "Bearer",
-        "basic", "None", "null", "://", "https://", "ssh://", "@", ":", "=", "'", '"', " ", "\t",
-        "\n", "&", ",", ";", "-", "--", "--api-key", "--hf-token", "xoxb-", "xoxe.", "xapp-",
-        "hf_", "ghp_", "sk-", "AKIA", "ASIA", "*", "***", "abcd", "hunter2hunter2", "s3cr3t",
-        "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", "PRIVATE KEY-----",
-        "0123456789abcdefghij", "ABCDEFGHIJKLMNOP",
+        "token",
+        "TOKEN",
+        "_key",
+        "api_key",
+        "password",
+        "secret",
+        "Authorization",
+        "Bearer",
+        "basic",
+        "None",
+        "null",
+        "://",
+        "https://",
+        "ssh://",
+        "@",
+        ":",
+        "=",
+        "'",
+        '"',
+        " ",
+        "\t",
+        "\n",
+        "&",
+        ",",
+        ";",
+        "-",
+        "--",
+        "--api-key",
+        "--hf-token",
+        "xoxb-",
+        "xoxe.",
+        "xapp-",
+        "hf_",
+        "ghp_",
+        "sk-",
+        "AKIA",
+        "ASIA",
+        "*",
+        "***",
+        "abcd",
+        "hunter2hunter2",
+        "s3cr3t",
+        "-----BEGIN RSA PRIVATE KEY-----",
+        "-----END RSA PRIVATE KEY-----",
+        "PRIVATE KEY-----",
+        "0123456789abcdefghij",
+        "ABCDEFGHIJKLMNOP",
     ]
 )
 # Secret-shaped snippets: a key word, a separator and a value, in every mix.
 _ASSIGNMENTS = st.tuples(
-    st.sampled_from(["token", "HF_TOKEN", "api-key", "x_key", "Authorization", "--hf-token",
-                     "https://u", "https://", "Bearer", "xoxb", "hf", "password"]),
+    st.sampled_from(
+        [
+            "token",
+            "HF_TOKEN",
+            "api-key",
+            "x_key",
+            "Authorization",
+            "--hf-token",
+            "https://u",
+            "https://",
+            "Bearer",
+            "xoxb",
+            "hf",
+            "password",
+        ]
+    ),
     st.sampled_from(["=", ": ", ":", " ", "='", '": "', "-", "_", "@", "://", "= "]),
     st.one_of(_FRAGMENTS, st.text(alphabet="aZ09_-=:'\" /@*.", max_size=24)),
 ).map("".join)
@@ -228,23 +283,31 @@ def test_literals_never_survive(text: str, literals: list[str]) -> None:
 # names) where it is installed, and always by asyncssh, which writes the same formats.
 # OpenSSH's format has 70-character lines, PEM's 64; the last line is shorter.
 
+
 def _ssh_keygen(tmp: Path, kind: str, *extra: str) -> str:
     path = tmp / kind
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "issue9", "-f", str(path),
-                    *extra], check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "issue9", "-f", str(path), *extra],
+        check=True,
+        capture_output=True,
+    )
     return path.read_text()
 
 
 @pytest.fixture(scope="module")
 def private_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     import asyncssh
+
     keys = {
-        "asyncssh ed25519 openssh":
-            asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode(),
-        "asyncssh rsa pkcs1-pem": asyncssh.generate_private_key(
-            "ssh-rsa", key_size=2048).export_private_key("pkcs1-pem").decode(),
-        "asyncssh rsa pkcs8-pem": asyncssh.generate_private_key(
-            "ssh-rsa", key_size=2048).export_private_key("pkcs8-pem").decode(),
+        "asyncssh ed25519 openssh": asyncssh.generate_private_key("ssh-ed25519")
+        .export_private_key()
+        .decode(),
+        "asyncssh rsa pkcs1-pem": asyncssh.generate_private_key("ssh-rsa", key_size=2048)
+        .export_private_key("pkcs1-pem")
+        .decode(),
+        "asyncssh rsa pkcs8-pem": asyncssh.generate_private_key("ssh-rsa", key_size=2048)
+        .export_private_key("pkcs8-pem")
+        .decode(),
     }
     if shutil.which("ssh-keygen"):
         tmp = tmp_path_factory.mktemp("keys")
@@ -264,8 +327,9 @@ def _body(key: str) -> list[str]:
 def _leaks(out: str, key: str) -> list[str]:
     """Runs of 8+ base64 characters in ``out`` that are part of the key's body."""
     body = _body(key)
-    return [run for run in re.findall(r"[A-Za-z0-9+/=]{8,}", out)
-            if any(run in line for line in body)]
+    return [
+        run for run in re.findall(r"[A-Za-z0-9+/=]{8,}", out) if any(run in line for line in body)
+    ]
 
 
 JOURNAL = "Nov 30 13:12:{:02d} gpu-node-01 python3[4242]: "
@@ -279,16 +343,16 @@ def _cuts(key: str) -> list[tuple[str, str]]:
     for start in range(1, len(lines) - 1):
         tail = lines[start:]
         out.append((f"from line {start}", "\n".join(tail)))
-        out.append((f"mid line {start}", "\n".join([tail[0][len(tail[0]) // 2:], *tail[1:]])))
+        out.append((f"mid line {start}", "\n".join([tail[0][len(tail[0]) // 2 :], *tail[1:]])))
         logged = [JOURNAL.format(i) + line for i, line in enumerate(tail)]
         out.append((f"journal from line {start}", "\n".join(logged)))
-        out.append((f"journal cut inside the prefix at {start}", "\n".join(
-            [logged[0][7:], *logged[1:]])))
+        out.append(
+            (f"journal cut inside the prefix at {start}", "\n".join([logged[0][7:], *logged[1:]]))
+        )
     return out
 
 
-def test_a_key_without_its_begin_line_is_masked_at_every_cut(
-        private_keys: dict[str, str]) -> None:
+def test_a_key_without_its_begin_line_is_masked_at_every_cut(private_keys: dict[str, str]) -> None:
     for name, key in private_keys.items():
         end = key.strip().splitlines()[-1]
         for cut, text in _cuts(key):
@@ -325,7 +389,8 @@ def test_a_key_cut_at_both_ends_is_masked(private_keys: dict[str, str]) -> None:
 
 
 def test_a_dry_run_refusal_ending_in_a_key_is_masked_in_the_summary(
-        private_keys: dict[str, str]) -> None:
+    private_keys: dict[str, str],
+) -> None:
     # The refusal quotes the last 4 lines of the dry run's output; it becomes the card's
     # text and runs.summary, both of which pass through the Redactor.
     key = private_keys["asyncssh rsa pkcs1-pem"]
@@ -333,8 +398,10 @@ def test_a_dry_run_refusal_ending_in_a_key_is_masked_in_the_summary(
     summary = f"preflight refused; service untouched: install dry run failed (exit 2): {tail}"
     out = R(summary)
     assert not _leaks(out, key)
-    assert out == ("preflight refused; service untouched: install dry run failed (exit 2): "
-                   "***\n-----END RSA PRIVATE KEY-----")
+    assert out == (
+        "preflight refused; service untouched: install dry run failed (exit 2): "
+        "***\n-----END RSA PRIVATE KEY-----"
+    )
 
 
 def test_certificates_and_hex_digests_are_not_keys() -> None:
@@ -346,22 +413,26 @@ def test_certificates_and_hex_digests_are_not_keys() -> None:
     assert R(digests) == digests
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    # Issue 9: masked only up to the ";".
-    ("DB_PASSWORD=hunter2;rest", "DB_PASSWORD=***"),
-    ("export DB_PASSWORD=a&b,c;d next", "export DB_PASSWORD=*** next"),
-    # In a URL query or a connection string, ";" and "&" start the next parameter.
-    ("GET /x?token=abc;page=2", "GET /x?token=***;page=2"),
-    ("Server=db;Password=p;Database=app", "Server=db;Password=***;Database=app"),
-    ("/y?api_key=k1&password=p2&x=1", "/y?api_key=***&password=***&x=1"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Issue 9: masked only up to the ";".
+        ("DB_PASSWORD=hunter2;rest", "DB_PASSWORD=***"),
+        ("export DB_PASSWORD=a&b,c;d next", "export DB_PASSWORD=*** next"),
+        # In a URL query or a connection string, ";" and "&" start the next parameter.
+        ("GET /x?token=abc;page=2", "GET /x?token=***;page=2"),
+        ("Server=db;Password=p;Database=app", "Server=db;Password=***;Database=app"),
+        ("/y?api_key=k1&password=p2&x=1", "/y?api_key=***&password=***&x=1"),
+    ],
+)
 def test_a_secret_value_is_masked_whole(text: str, expected: str) -> None:
     assert R(text) == expected
     assert R(expected) == expected
 
 
-@pytest.mark.parametrize("sample", ["uv_pip_install_vllm_fresh.txt",
-                                    "uv_pip_freeze_vllm_0.33.0.txt"])
+@pytest.mark.parametrize(
+    "sample", ["uv_pip_install_vllm_fresh.txt", "uv_pip_freeze_vllm_0.33.0.txt"]
+)
 def test_real_uv_output_passes_unchanged(sample: str) -> None:
     # Captured from the real uv installing vllm (tests/samples/SOURCES.md). It lists
     # tiktoken==0.14.0, whose name ends in "token": a pin ("==") is no assignment.

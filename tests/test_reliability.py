@@ -80,13 +80,13 @@ async def approved(rt: Runtime, requested_by: str = "U0ALICE", **plan: Any) -> i
     p = rt.engine.plan(Action.REDEPLOY, SERVICE, **plan)
     record = await rt.lifecycle.request(p, requested_by=requested_by, source=Source.CLI)
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
     return record.id
 
 
-async def redeploy(rt: Runtime, hooks: Hooks | None = None, **plan: Any
-                   ) -> tuple[RunResult, str]:
+async def redeploy(rt: Runtime, hooks: Hooks | None = None, **plan: Any) -> tuple[RunResult, str]:
     out = io.StringIO()
     run_id = await approved(rt, **plan)
     sink = Tee(TerminalSink(out), hooks or Hooks())
@@ -100,22 +100,28 @@ def install_checks(kit: SimKit) -> list[float]:
 
 def uv_processes(kit: SimKit) -> list[int]:
     """Real `uv pip install` processes of this host (as bot/sim/bin/uv runs them)."""
-    return [p for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))
-            if (procfs.tool_argv(procfs.cmdline(p)) or [])[:3] == ["uv", "pip", "install"]]
+    return [
+        p
+        for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))
+        if (procfs.tool_argv(procfs.cmdline(p)) or [])[:3] == ["uv", "pip", "install"]
+    ]
 
 
 # ---- SSH connection faults ----------------------------------------------------------------
 
 
 async def test_host_unreachable_at_preflight_aborts_with_the_service_untouched(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(link=True)
     kit.link.refuse()
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt)
         assert result.status == "aborted", out
-        assert result.summary.startswith("preflight refused; service untouched: cannot reach "
-                                         f"{kit.hostname} over SSH: cannot connect")
+        assert result.summary.startswith(
+            "preflight refused; service untouched: cannot reach "
+            f"{kit.hostname} over SSH: cannot connect"
+        )
         record = await rt.audit.get_run(result.run_id)
         assert record.status == "aborted" and record.summary == result.summary
         [preflight] = await rt.audit.steps(result.run_id)
@@ -125,17 +131,25 @@ async def test_host_unreachable_at_preflight_aborts_with_the_service_untouched(
 
 
 async def test_dead_connection_fails_the_step_within_the_keepalive_window(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # `systemctl stop` blocks for a minute and every timeout is far longer than that:
     # only the keepalive can end the step.  Without it the test hits pytest's timeout.
     kit = await make_sim_host(link=True)
     kit.update_config(stop_delay_s=60.0)
-    settings = sim_settings(kit, tmp_path, stop_timeout_s=600, command_timeout_s=600,
-                             host={"keepalive_interval_s": 0.3, "keepalive_count_max": 2})
+    settings = sim_settings(
+        kit,
+        tmp_path,
+        stop_timeout_s=600,
+        command_timeout_s=600,
+        host={"keepalive_interval_s": 0.3, "keepalive_count_max": 2},
+    )
 
     async def pull_the_cable() -> None:
-        await eventually(lambda: ("systemctl", "stop") in [c.argv[:2] for c in kit.calls()],
-                         "systemctl stop reached the host")
+        await eventually(
+            lambda: ("systemctl", "stop") in [c.argv[:2] for c in kit.calls()],
+            "systemctl stop reached the host",
+        )
         kit.link.blackhole()
 
     cable = asyncio.create_task(pull_the_cable())
@@ -153,7 +167,8 @@ async def test_dead_connection_fails_the_step_within_the_keepalive_window(
 
 
 async def test_connection_dropped_mid_drain_reconnects_and_finishes(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(link=True)
     kit.update_config(release_delay_s=0.6)  # the drain polls for over half a second
 
@@ -173,16 +188,31 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
         assert result.status == "succeeded", out
         steps = await rt.audit.steps(result.run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
-                                "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck", "gpu_recheck")]
+            (n, "ok")
+            for n in (
+                "preflight",
+                "gpu_check",
+                "prefetch",
+                "requests",
+                "stop",
+                "drain",
+                "reinstall",
+                "gate",
+                "start",
+                "health",
+                "readiness",
+                "postcheck",
+                "gpu_recheck",
+            )
+        ]
     assert kit.link.accepted >= 2  # the drain went on over a new connection
     assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
 
 
 async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # Through a real sshd: the cut leaves uv running on the host, as OpenSSH does.  uv
     # stalls until the engine has looked for it twice, so the first look finds it running.
     kit = await make_sim_host(access="sshd", link=True)
@@ -203,8 +233,7 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
         kit.set_faults(uv_stalls=False)
 
     hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL, cut)
-    hooks.on_step(Step.START, lambda e: at_start.append((kit.installed_version,
-                                                         uv_processes(kit))))
+    hooks.on_step(Step.START, lambda e: at_start.append((kit.installed_version, uv_processes(kit))))
     unstall = asyncio.create_task(unstall_once_looked_for())
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
@@ -212,8 +241,9 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
         assert result.status == "succeeded", out
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         assert steps["reinstall"].status == "ok"
-        [reinstall] = [e for e in hooks.events if isinstance(e, ev.StepFinished)
-                       and e.step == Step.REINSTALL]
+        [reinstall] = [
+            e for e in hooks.events if isinstance(e, ev.StepFinished) and e.step == Step.REINSTALL
+        ]
         assert "connection lost during the reinstall" in reinstall.summary
         assert "uv finished on the host and vllm 0.16.0 is installed" in reinstall.summary
     assert uv_at_cut and uv_at_cut[0], "uv was not running when the link was cut"
@@ -225,14 +255,17 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
 
 
 async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_ended(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kit = await make_sim_host(access="sshd", link=True)
     kit.update_config(install_duration_s=0.6)
     kit.set_faults(uv_fails=True)  # the download fails a while after the cut
     at_rollback: list[list[int]] = []
     hooks = Hooks()
-    hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
-             lambda e: kit.link.drop())
+    hooks.on(
+        lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
+        lambda e: kit.link.drop(),
+    )
     hooks.on_step(Step.ROLLBACK, lambda e: at_rollback.append(uv_processes(kit)))
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
@@ -248,16 +281,20 @@ async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_e
 
 
 async def test_install_past_its_timeout_is_killed_and_rolled_back(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(uv_stalls=True)  # the install makes no progress at all
     hooks = Hooks()
-    hooks.on(lambda e: isinstance(e, ev.StepFinished) and e.step == Step.REINSTALL,
-             lambda e: sim_host.set_faults(uv_stalls=False))  # so the rollback can work
+    hooks.on(
+        lambda e: isinstance(e, ev.StepFinished) and e.step == Step.REINSTALL,
+        lambda e: sim_host.set_faults(uv_stalls=False),
+    )  # so the rollback can work
     async with open_runtime(sim_settings(sim_host, tmp_path, install_timeout_s=1)) as rt:
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "rolled_back", out
         assert result.summary.startswith(
-            "reinstall timed out after 1s (last output: Resolved 44 packages in ")
+            "reinstall timed out after 1s (last output: Resolved 44 packages in "
+        )
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         reinstall = steps["reinstall"]
         assert (reinstall.status, reinstall.exit_status) == ("failed", 124)
@@ -272,7 +309,8 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
 
 
 async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         hooks = Hooks()
         hooks.on_step(Step.PREFLIGHT, lambda e: rt.lifecycle.request_cancel(e.run_id, "U0CAROL"))
@@ -282,13 +320,16 @@ async def test_cancel_before_stop_ends_the_run_with_nothing_changed(
         record = await rt.audit.get_run(result.run_id)
         assert record.status == "cancelled"
         assert [(d.user, d.decision) for d in await rt.audit.decisions(result.run_id)] == [
-            ("U0BOB", "approve"), ("U0CAROL", "cancel")]
+            ("U0BOB", "approve"),
+            ("U0CAROL", "cancel"),
+        ]
         assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
     assert sim_host.changes() == ["dry-run"] and sim_host.unit_state() == "active"
 
 
 async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(stuck_worker=True)  # without the cancel the drain waits a minute
     settings = sim_settings(sim_host, tmp_path, drain_timeout_s=60, drain_poll_s=1.0)
     async with open_runtime(settings) as rt:
@@ -307,13 +348,16 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
 
 
 async def test_cancel_during_the_reinstall_takes_effect_after_it(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.update_config(install_duration_s=0.6)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         hooks = Hooks()
         # uv's first line: the install is under way on the host when the cancel comes.
-        hooks.on(lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
-                 lambda e: rt.lifecycle.request_cancel(e.run_id, "U0BOB"))
+        hooks.on(
+            lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
+            lambda e: rt.lifecycle.request_cancel(e.run_id, "U0BOB"),
+        )
         result, out = await redeploy(rt, hooks, version="0.16.0")
         assert result.status == "cancelled", out
         assert result.summary == "cancelled after the reinstall; service restarted on 0.16.0"
@@ -323,8 +367,9 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
         assert steps["health"].status == "ok"
         record = await rt.audit.get_run(result.run_id)
         assert (record.status, record.version_after) == ("cancelled", "0.16.0")
-        assert ("U0BOB", "cancel") in [(d.user, d.decision)
-                                       for d in await rt.audit.decisions(result.run_id)]
+        assert ("U0BOB", "cancel") in [
+            (d.user, d.decision) for d in await rt.audit.decisions(result.run_id)
+        ]
     assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert sim_host.installed_version == "0.16.0" and sim_host.unit_state() == "active"
 
@@ -334,7 +379,8 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["one-bot", "bot-and-cli"])
 async def test_two_redeploys_in_the_same_second_exactly_one_runs(
-        sim_host: SimKit, tmp_path: Path, processes: int) -> None:
+    sim_host: SimKit, tmp_path: Path, processes: int
+) -> None:
     # Two runtimes on one DB file behave like two processes (separate connections).
     settings = sim_settings(sim_host, tmp_path)
     async with open_runtime(settings) as rt1, open_runtime(settings) as rt2:
@@ -342,13 +388,15 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
 
         async def request(rt: Runtime, user: str) -> RunRecord | LockHeldError:
             try:
-                return await rt.lifecycle.request(rt.engine.plan(Action.REDEPLOY, SERVICE),
-                                                  requested_by=user, source=Source.CLI)
+                return await rt.lifecycle.request(
+                    rt.engine.plan(Action.REDEPLOY, SERVICE), requested_by=user, source=Source.CLI
+                )
             except LockHeldError as exc:
                 return exc
 
-        outcomes = await asyncio.gather(*(request(rt, user) for rt, user in
-                                          zip(rts, ("U0ALICE", "U0CAROL"), strict=True)))
+        outcomes = await asyncio.gather(
+            *(request(rt, user) for rt, user in zip(rts, ("U0ALICE", "U0CAROL"), strict=True))
+        )
         won = [o for o in outcomes if isinstance(o, RunRecord)]
         lost = [o for o in outcomes if isinstance(o, LockHeldError)]
         assert len(won) == 1 and len(lost) == 1
@@ -363,25 +411,31 @@ async def test_two_redeploys_in_the_same_second_exactly_one_runs(
         assert refusal.user == loser.requested_by and f"run #{winner.id}" in refusal.reason
 
         await rt1.audit.record_decision(winner.id, "U0BOB", Decision.APPROVE)
-        assert await rt1.audit.transition(winner.id, RunStatus.APPROVED,
-                                          expect=(RunStatus.PENDING_APPROVAL,))
+        assert await rt1.audit.transition(
+            winner.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+        )
         result = await rt1.engine.execute(winner.id, Hooks())
         assert result.status == "succeeded"
-        assert await rt1.audit.list_runs(statuses=[RunStatus.PENDING_APPROVAL,
-                                                   RunStatus.APPROVED,
-                                                   RunStatus.RUNNING]) == []
+        assert (
+            await rt1.audit.list_runs(
+                statuses=[RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.RUNNING]
+            )
+            == []
+        )
         assert await rt1.audit.lock_holder(f"service:{SERVICE}") is None
     assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
 
 
 async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     # Belt and braces behind the request-time lock: execute takes the locks again.
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         first = await approved(rt)
         await rt.audit.release_locks(first)  # as if the lock had been lost
-        holder = await rt.lifecycle.request(rt.engine.plan(Action.RESTART, SERVICE),
-                                            requested_by="U0CAROL", source=Source.CLI)
+        holder = await rt.lifecycle.request(
+            rt.engine.plan(Action.RESTART, SERVICE), requested_by="U0CAROL", source=Source.CLI
+        )
         with pytest.raises(LockHeldError) as held:
             await rt.engine.execute(first, Hooks())
         assert held.value.run_id == holder.id
@@ -392,7 +446,8 @@ async def test_an_approved_run_that_finds_its_locks_taken_ends_refused(
 
 
 async def test_a_second_execute_of_a_running_run_leaves_it_alone(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
         run_id = await approved(rt)
         started = asyncio.Event()
@@ -421,8 +476,9 @@ async def test_status_and_gpus_never_wait_behind_a_job(sim_host: SimKit, tmp_pat
 
         p = rt.engine.plan(Action.STATUS, SERVICE)
         record = await rt.lifecycle.request(p, requested_by="U0CAROL", source=Source.CLI)
-        assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                         expect=(RunStatus.PENDING_APPROVAL,))
+        assert await rt.audit.transition(
+            record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+        )
         status = await rt.engine.execute(record.id, Hooks())
         assert status.status == "succeeded" and "vllm-kimi-k25: inactive" in status.summary
         [gpus] = await fleet_gpus(rt.settings, rt.pool, [sim_host.hostname], 10)
@@ -443,17 +499,34 @@ def _db_row(db: Path, sql: str) -> tuple[Any, ...] | None:
 
 
 async def test_sigkill_mid_reinstall_leaves_a_clean_db_and_restart_interrupts_the_run(
-        sim_host: SimKit, tmp_path: Path) -> None:
+    sim_host: SimKit, tmp_path: Path
+) -> None:
     sim_host.set_faults(uv_stalls=True)  # the reinstall goes on until the kill
     config = write_toml(tmp_path / "chatops.toml", sim_host.settings_fragment())
     db = tmp_path / "audit.db"
-    env = {**os.environ, "CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(db),
-           "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {
+        **os.environ,
+        "CHATOPS_CONFIG": str(config),
+        "CHATOPS_DB": str(db),
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+    }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.16.0", "--yes",
-        cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "bot",
+        "redeploy",
+        SERVICE,
+        "--version",
+        "0.16.0",
+        "--yes",
+        cwd=tmp_path,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
+
         def in_reinstall() -> bool:
             if not db.exists():
                 return False
@@ -481,8 +554,14 @@ async def test_sigkill_mid_reinstall_leaves_a_clean_db_and_restart_interrupts_th
         [run] = await audit.list_runs()
         steps = await audit.steps(run.id)
         assert [(s.step, s.status) for s in steps] == [
-            ("preflight", "ok"), ("gpu_check", "ok"), ("prefetch", "ok"), ("requests", "ok"),
-            ("stop", "ok"), ("drain", "ok"), ("reinstall", "running")]
+            ("preflight", "ok"),
+            ("gpu_check", "ok"),
+            ("prefetch", "ok"),
+            ("requests", "ok"),
+            ("stop", "ok"),
+            ("drain", "ok"),
+            ("reinstall", "running"),
+        ]
         assert all(s.finished_at and s.duration_s is not None for s in steps[:-1])
         stop = next(s for s in steps if s.step == "stop")
         assert stop.exit_status == 0  # systemctl stop's, as the host returned it
@@ -492,7 +571,9 @@ async def test_sigkill_mid_reinstall_leaves_a_clean_db_and_restart_interrupts_th
         [interrupted] = await recover(audit)  # the CLI's process is gone now
         assert interrupted.run.id == run.id
         assert (interrupted.run.status, interrupted.run.current_step) == (
-            "interrupted", "reinstall")
+            "interrupted",
+            "reinstall",
+        )
         assert interrupted.run.summary == interrupted.message  # the card shows it too
         assert "during step `reinstall`" in interrupted.message
         assert "STOPPED" in interrupted.message and "does not stop `uv`" in interrupted.message
@@ -522,8 +603,9 @@ async def test_logged_exceptions_and_args_are_redacted() -> None:
     handler = setup_logging(Redactor([literal]), stream=stream)
     try:
         sink = ev.BestEffort(_Broken(f"Slack said invalid_auth for {token} ({literal})"))
-        await sink.handle(ev.RunFinished(1, RunStatus.SUCCEEDED, "done", None, None,
-                                         ServiceState.UP))
+        await sink.handle(
+            ev.RunFinished(1, RunStatus.SUCCEEDED, "done", None, None, ServiceState.UP)
+        )
         logging.getLogger("bot.test").warning("retrying with %s", literal)
         quiet.info("Opening SSH connection")  # chatty at INFO: kept out
     finally:

@@ -77,10 +77,14 @@ def stop_sent(event: ev.Event) -> bool:
 
 def settings_for(kit: SimKit, tmp_path: Path, db_dir: Path | None = None) -> Settings:
     base = sim_settings(kit, tmp_path)
-    return base.model_copy(update={
-        "db_path": (db_dir or tmp_path) / "audit.db",
-        "audit": AuditSettings(busy_timeout_s=0.2, retry_s=RETRY_S,
-                               journal_fallback_dir=tmp_path / "fallback")})
+    return base.model_copy(
+        update={
+            "db_path": (db_dir or tmp_path) / "audit.db",
+            "audit": AuditSettings(
+                busy_timeout_s=0.2, retry_s=RETRY_S, journal_fallback_dir=tmp_path / "fallback"
+            ),
+        }
+    )
 
 
 async def redeploy(rt: Runtime, hooks: Hooks, version: str = "0.16.0") -> tuple[RunResult, str]:
@@ -88,8 +92,9 @@ async def redeploy(rt: Runtime, hooks: Hooks, version: str = "0.16.0") -> tuple[
     plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=version)
     record = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=[RunStatus.PENDING_APPROVAL])
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+    )
     result = await rt.engine.execute(record.id, Tee(TerminalSink(out), hooks))
     return result, out.getvalue()
 
@@ -105,21 +110,34 @@ def stop_to_start_s(kit: SimKit) -> float:
 async def assert_everything_merged(rt: Runtime, run_id: int, journal: Journal) -> None:
     """Once the database can be written: the whole run is in it, the journal is empty."""
     # Up again only once the journal is merged and emptied.
-    await eventually(lambda: rt.engine.writer.down is None,
-                     "the journal merged into the database", timeout_s=15)
+    await eventually(
+        lambda: rt.engine.writer.down is None, "the journal merged into the database", timeout_s=15
+    )
     run = await rt.audit.get_run(run_id)
     assert run.status == RunStatus.CANCELLED
     assert run.summary == f"cancelled during drain; service restarted on {DEFAULT_VERSION}"
     assert (run.version_before, run.version_after) == (DEFAULT_VERSION, DEFAULT_VERSION)
     assert run.finished_at is not None and run.current_step == "postcheck"
     steps = [(s.step, s.status) for s in await rt.audit.steps(run_id)]
-    assert steps == [("preflight", "ok"), ("gpu_check", "ok"), ("prefetch", "ok"),
-                     ("requests", "ok"), ("stop", "ok"), ("drain", "failed"), ("start", "ok"),
-                     ("health", "ok"), ("readiness", "ok"), ("postcheck", "ok")]
-    assert [s.label for s in await rt.audit.snapshots(run_id)] == ["drain cancelled",
-                                                                   "after restart"]
-    assert (AUDIT_UNAVAILABLE, "cancel") in [(d.user, d.decision)
-                                             for d in await rt.audit.decisions(run_id)]
+    assert steps == [
+        ("preflight", "ok"),
+        ("gpu_check", "ok"),
+        ("prefetch", "ok"),
+        ("requests", "ok"),
+        ("stop", "ok"),
+        ("drain", "failed"),
+        ("start", "ok"),
+        ("health", "ok"),
+        ("readiness", "ok"),
+        ("postcheck", "ok"),
+    ]
+    assert [s.label for s in await rt.audit.snapshots(run_id)] == [
+        "drain cancelled",
+        "after restart",
+    ]
+    assert (AUDIT_UNAVAILABLE, "cancel") in [
+        (d.user, d.decision) for d in await rt.audit.decisions(run_id)
+    ]
     assert await rt.audit.lock_holder(f"service:{SERVICE}") is None
     assert await rt.audit.journal_rejects() == []
     assert await asyncio.to_thread(journal.read) == []
@@ -138,7 +156,8 @@ def locker(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 
 
 async def test_audit_db_locked_right_after_the_stop_brings_the_service_back(
-        make_sim_host: MakeSimHost, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     kit = await make_sim_host(access="sshd")
     async with open_runtime(settings_for(kit, tmp_path)) as rt:
         hooks = Hooks(stop_sent, lambda: locker.execute("BEGIN EXCLUSIVE"))
@@ -161,7 +180,12 @@ async def test_audit_db_locked_right_after_the_stop_brings_the_service_back(
         # Meanwhile the database knows only what it took before the lock.
         assert (await rt.audit.get_run(result.run_id)).status == RunStatus.RUNNING
         assert [s.step for s in await rt.audit.steps(result.run_id)] == [
-            "preflight", "gpu_check", "prefetch", "requests", "stop"]
+            "preflight",
+            "gpu_check",
+            "prefetch",
+            "requests",
+            "stop",
+        ]
         waiting = await asyncio.to_thread(rt.engine.writer.journal.read)
         assert [r.op for r in waiting][:2] == ["step_finished", "decision"]
         assert waiting[-1].op == "release_locks"
@@ -171,11 +195,16 @@ async def test_audit_db_locked_right_after_the_stop_brings_the_service_back(
 
 
 async def test_a_lock_shorter_than_the_retry_window_changes_nothing(
-        sim_host: SimKit, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    sim_host: SimKit, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     kit = sim_host  # the embedded SSH server: this row is about the database only
-    settings = settings_for(kit, tmp_path).model_copy(update={
-        "audit": AuditSettings(busy_timeout_s=0.2, retry_s=5.0,
-                               journal_fallback_dir=tmp_path / "fallback")})
+    settings = settings_for(kit, tmp_path).model_copy(
+        update={
+            "audit": AuditSettings(
+                busy_timeout_s=0.2, retry_s=5.0, journal_fallback_dir=tmp_path / "fallback"
+            )
+        }
+    )
     async with open_runtime(settings) as rt:
         loop = asyncio.get_running_loop()
 
@@ -188,9 +217,23 @@ async def test_a_lock_shorter_than_the_retry_window_changes_nothing(
         assert "audit log" not in out
         assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         assert [(s.step, s.status) for s in await rt.audit.steps(result.run_id)] == [
-            (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
-                                "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck", "gpu_recheck")]
+            (n, "ok")
+            for n in (
+                "preflight",
+                "gpu_check",
+                "prefetch",
+                "requests",
+                "stop",
+                "drain",
+                "reinstall",
+                "gate",
+                "start",
+                "health",
+                "readiness",
+                "postcheck",
+                "gpu_recheck",
+            )
+        ]
         assert not rt.engine.writer.journal.primary.exists()
 
 
@@ -218,8 +261,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs of its own for the audit database (needs root)."""
     where = tmp_path / "small-disk"
     where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
     try:
@@ -229,7 +275,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_audit_db_disk_full_right_after_the_stop_brings_the_service_back(
-        make_sim_host: MakeSimHost, tmp_path: Path, small_disk: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path, small_disk: Path
+) -> None:
     kit = await make_sim_host(access="sshd")
     filler = small_disk / "filler"
     async with open_runtime(settings_for(kit, tmp_path, small_disk)) as rt:
@@ -255,12 +302,12 @@ async def test_audit_db_disk_full_right_after_the_stop_brings_the_service_back(
 
 
 async def test_records_left_in_the_journal_are_merged_at_the_next_start_before_recovery(
-        sim_host: SimKit, tmp_path: Path, locker: sqlite3.Connection) -> None:
+    sim_host: SimKit, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
     kit = sim_host
     settings = settings_for(kit, tmp_path)
     async with open_runtime(settings) as rt:
-        result, _ = await redeploy(rt, Hooks(stop_sent,
-                                             lambda: locker.execute("BEGIN EXCLUSIVE")))
+        result, _ = await redeploy(rt, Hooks(stop_sent, lambda: locker.execute("BEGIN EXCLUSIVE")))
         started = time.monotonic()
     # The bot closed with the database still locked: the records wait in the journal.
     assert time.monotonic() - started < 5  # closing does not hang on the lock
@@ -277,13 +324,17 @@ async def test_records_left_in_the_journal_are_merged_at_the_next_start_before_r
 
 
 async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
-        make_sim_host: MakeSimHost, tmp_path: Path) -> None:
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     # A stop that takes a second: the lock lands while `systemctl stop` runs, so the
     # write after it (the stop's end) is the first to fail, as in the finding.
     kit = await make_sim_host(config=fast_config(stop_delay_s=1.0))
     fake = new_fake()
-    audit = {"busy_timeout_s": 0.2, "retry_s": RETRY_S,
-             "journal_fallback_dir": str(tmp_path / "fallback")}
+    audit = {
+        "busy_timeout_s": 0.2,
+        "retry_s": RETRY_S,
+        "journal_fallback_dir": str(tmp_path / "fallback"),
+    }
     locker = sqlite3.connect(tmp_path / "audit.db", isolation_level=None, timeout=10)
     try:
         async with fake, slack_bot(tmp_path, kit, fake, audit=audit) as bot:
@@ -304,15 +355,20 @@ async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
 
             async def told() -> bool:
                 return "The audit log cannot be written" in await the_thread()
+
             await eventually(told, "the thread told the audit log is down")
             # Cancel needs no write: it is not refused (the run is stopping already).
             await bot.click("cancel", record.id, user=ALICE)
             [cancel] = await bot.ephemerals_for(ALICE)
             assert "stops at its next safe point" in cancel["text"]
             # The card's package preview dry-runs too (read-only), then the preflight.
-            await eventually(lambda: kit.changes() == ["dry-run", "dry-run", "prefetch", "stop",
-                                                       "start"]
-                             and kit.unit_state() == "active", "the service started again")
+            await eventually(
+                lambda: (
+                    kit.changes() == ["dry-run", "dry-run", "prefetch", "stop", "start"]
+                    and kit.unit_state() == "active"
+                ),
+                "the service started again",
+            )
             await bot.front_end.idle()
             thread = await the_thread()
             assert "locked by another process" in thread, thread
@@ -321,8 +377,9 @@ async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
 
             locker.execute("ROLLBACK")
             done = await bot.wait_status(record.id, "cancelled")
-            assert done.summary == (f"cancelled during drain; service restarted on "
-                                    f"{DEFAULT_VERSION}")
+            assert done.summary == (
+                f"cancelled during drain; service restarted on {DEFAULT_VERSION}"
+            )
             users = {(d.user, d.decision) for d in await bot.runtime.audit.decisions(record.id)}
             assert {(AUDIT_UNAVAILABLE, "cancel"), (ALICE, "cancel")} <= users
     finally:

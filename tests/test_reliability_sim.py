@@ -49,15 +49,18 @@ def svc(kit: SimKit) -> ServiceSettings:
 
 
 async def test_link_faults_reach_the_transport_as_lost_connections(
-        make_sim_host: MakeSimHost) -> None:
+    make_sim_host: MakeSimHost,
+) -> None:
     kit = await make_sim_host(link=True)
     t = transport(kit, keepalive_interval_s=0.2, keepalive_count_max=2)
     try:
         assert (await t.run(["echo", "up"], timeout_s=10)).stdout == "up\n"
 
         def on_host(marker: str) -> bool:
-            return any(marker in " ".join(procfs.cmdline(p))
-                       for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir)))
+            return any(
+                marker in " ".join(procfs.cmdline(p))
+                for p in procfs.with_env(STATE_DIR_ENV, str(kit.state_dir))
+            )
 
         running = asyncio.create_task(t.run(["sleep", "61.25"], timeout_s=120))
         await eventually(lambda: on_host("sleep 61.25"), "sleep runs on the host")
@@ -88,8 +91,11 @@ async def test_link_faults_reach_the_transport_as_lost_connections(
 async def test_pgrep_sees_a_real_install_as_the_host_shows_it(sim_host: SimKit) -> None:
     sim_host.set_faults(uv_stalls=True)
     installing = await asyncio.create_subprocess_exec(
-        *install_argv(sim_host), env=sim_host.env(), stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
+        *install_argv(sim_host),
+        env=sim_host.env(),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert installing.stderr is not None
         assert (await installing.stderr.readline()).startswith(b"Resolved 44 packages")
@@ -98,14 +104,17 @@ async def test_pgrep_sees_a_real_install_as_the_host_shows_it(sim_host: SimKit) 
         assert found.returncode == 0, found.stderr
         assert found.stdout == f"{installing.pid} {' '.join(install_argv(sim_host))}\n"
         # The fake vLLM server is real but stands for the simulated processes: not listed.
-        server = subprocess.run(["pgrep", "-f", "vllm_server"], env=sim_host.env(),
-                                capture_output=True)
+        server = subprocess.run(
+            ["pgrep", "-f", "vllm_server"], env=sim_host.env(), capture_output=True
+        )
         assert server.returncode == 1
-        workers = subprocess.run(remote.workers_query(), env=sim_host.env(),
-                                 capture_output=True, text=True)
+        workers = subprocess.run(
+            remote.workers_query(), env=sim_host.env(), capture_output=True, text=True
+        )
         assert "48301 VLLM::Worker_TP0" in workers.stdout.splitlines()
-        assert all(line.split(" ", 1)[1].startswith("VLLM::")
-                   for line in workers.stdout.splitlines())
+        assert all(
+            line.split(" ", 1)[1].startswith("VLLM::") for line in workers.stdout.splitlines()
+        )
         assert sim_host.installed_version == DEFAULT_VERSION  # a stalled install changes nothing
     finally:
         sim_host.set_faults(uv_stalls=False)
@@ -118,8 +127,9 @@ async def test_pgrep_sees_a_real_install_as_the_host_shows_it(sim_host: SimKit) 
 async def test_uv_goes_on_installing_when_its_output_is_gone(sim_host: SimKit) -> None:
     # What OpenSSH leaves behind after a cut: a command whose stdout/stderr pipes are closed.
     sim_host.update_config(install_duration_s=0.5)
-    proc = subprocess.Popen(install_argv(sim_host), env=sim_host.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        install_argv(sim_host), env=sim_host.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     proc.stderr.close()
@@ -154,8 +164,13 @@ async def test_polls_after_a_cancel_keep_their_pace() -> None:
         return HostOutcome(HostStatus.CANCELLED, "done", ServiceState.UP)
 
     loop = asyncio.get_running_loop()
-    executor = Executor(1, _NoHost(), _Discard(), cancel=token,  # type: ignore[arg-type]
-                        clock=loop.time)
+    executor = Executor(
+        1,
+        _NoHost(),  # type: ignore[arg-type]
+        _Discard(),
+        cancel=token,
+        clock=loop.time,
+    )
     assert (await executor.drive(flow())).status == "cancelled"
     assert all(t.cancel_requested for t in ticks)
     # asyncio may fire a timer up to its clock resolution early: allow a little.
@@ -195,15 +210,18 @@ def disguised() -> Iterator[Callable[[str], int]]:
 
 
 def test_installs_query_matches_only_installs_into_the_venv(
-        disguised: Callable[[str], int]) -> None:
+    disguised: Callable[[str], int],
+) -> None:
     s = ServiceSettings(hosts=["h"], unit="u", python="/opt/venvs/v1.2/bin/python")
     py = s.python
     mine = disguised(f"uv pip install --python {py} --force-reinstall vllm==0.16.0")
     rollback = disguised(f"uv pip install --python {py} --reinstall-package vllm vllm==0.1")
-    for other in (f"uv pip install --python {py}3 vllm",  # another interpreter
-                  "uv pip install --python /opt/venvs/v1x2/bin/python vllm",  # '.' is literal
-                  f"sh -c uv pip install --python {py} vllm",  # the shell around a command
-                  f"timeout --kill-after=10s 60s uv pip install --python {py} vllm"):
+    for other in (
+        f"uv pip install --python {py}3 vllm",  # another interpreter
+        "uv pip install --python /opt/venvs/v1x2/bin/python vllm",  # '.' is literal
+        f"sh -c uv pip install --python {py} vllm",  # the shell around a command
+        f"timeout --kill-after=10s 60s uv pip install --python {py} vllm",
+    ):
         disguised(other)
     pids: list[int] = []
     deadline = time.monotonic() + 10
@@ -216,28 +234,45 @@ def test_installs_query_matches_only_installs_into_the_venv(
 # ---- recovery messages --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("step", "needles"), [
-    (None, ("before its first step", "Nothing was changed")),
-    ("preflight", ("Nothing was changed",)),
-    ("stop", ("running, stopping or stopped",)),
-    ("drain", ("STOPPED",)),
-    ("reinstall", ("STOPPED", "does not stop `uv`")),
-    ("rollback", ("STOPPED", "rollback may have completed")),
-    ("health", ("had not yet passed the health gate",)),
-])
+@pytest.mark.parametrize(
+    ("step", "needles"),
+    [
+        (None, ("before its first step", "Nothing was changed")),
+        ("preflight", ("Nothing was changed",)),
+        ("stop", ("running, stopping or stopped",)),
+        ("drain", ("STOPPED",)),
+        ("reinstall", ("STOPPED", "does not stop `uv`")),
+        ("rollback", ("STOPPED", "rollback may have completed")),
+        ("health", ("had not yet passed the health gate",)),
+    ],
+)
 async def test_recovery_says_what_state_the_service_may_be_in(
-        tmp_path: Path, step: str | None, needles: tuple[str, ...]) -> None:
+    tmp_path: Path, step: str | None, needles: tuple[str, ...]
+) -> None:
     async with AuditLog.open(tmp_path / "audit.db") as audit:
-        run_id = await audit.create_run(service=SERVICE, action=Action.REDEPLOY, hosts=["h"],
-                                        requested_by="U0ALICE", source=Source.SLACK, plan={},
-                                        package_spec="vllm")
+        run_id = await audit.create_run(
+            service=SERVICE,
+            action=Action.REDEPLOY,
+            hosts=["h"],
+            requested_by="U0ALICE",
+            source=Source.SLACK,
+            plan={},
+            package_spec="vllm",
+        )
         await audit.transition(run_id, RunStatus.APPROVED)
         await audit.transition(run_id, RunStatus.RUNNING, owner="elsewhere:1:1")
         if step is not None:
             await audit.set_step(run_id, step)
-        approved = await audit.create_run(service="other", action=Action.RESTART, hosts=["h"],
-                                          requested_by="U0BOB", source=Source.SLACK, plan={},
-                                          package_spec=None, status=RunStatus.APPROVED)
+        approved = await audit.create_run(
+            service="other",
+            action=Action.RESTART,
+            hosts=["h"],
+            requested_by="U0BOB",
+            source=Source.SLACK,
+            plan={},
+            package_spec=None,
+            status=RunStatus.APPROVED,
+        )
         [first, second] = await recover(audit, alive=lambda owner: False)
     assert first.run.id == run_id and first.run.status == "interrupted"
     for needle in needles:

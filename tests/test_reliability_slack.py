@@ -23,8 +23,21 @@ from tests.slack_harness import (
 from tests.support.sim import touched
 
 FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled")
-ALL_STEPS = ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain", "reinstall",
-             "gate", "start", "health", "readiness", "postcheck", "gpu_recheck")
+ALL_STEPS = (
+    "preflight",
+    "gpu_check",
+    "prefetch",
+    "requests",
+    "stop",
+    "drain",
+    "reinstall",
+    "gate",
+    "start",
+    "health",
+    "readiness",
+    "postcheck",
+    "gpu_recheck",
+)
 
 
 class FastClock:
@@ -39,8 +52,9 @@ class FastClock:
         return self.origin + (time.monotonic() - self.origin) * self.factor
 
 
-async def test_slack_429_for_every_call_for_30s_during_a_run(tmp_path: Path,
-                                                             sim_host: SimKit) -> None:
+async def test_slack_429_for_every_call_for_30s_during_a_run(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     fake = new_fake()
     fake.clock = FastClock(10.0)
     async with fake, slack_bot(tmp_path, sim_host, fake) as bot:
@@ -53,14 +67,18 @@ async def test_slack_429_for_every_call_for_30s_during_a_run(tmp_path: Path,
         done = await bot.wait_status(record.id, *FINAL, timeout_s=60)
         assert done.status == "succeeded", done.summary
         assert [(s.step, s.status) for s in await bot.runtime.audit.steps(record.id)] == [
-            (s, "ok") for s in ALL_STEPS]
+            (s, "ok") for s in ALL_STEPS
+        ]
         assert (done.version_before, done.version_after) == (DEFAULT_VERSION, "0.16.0")
         await bot.front_end.idle()
         storm = fake.calls()[storm_start:]
         assert any(c.status == 429 for c in storm)
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
-        for part in ("GPU memory after drain", "GPU memory after restart",
-                     f"Run #{record.id} succeeded"):
+        for part in (
+            "GPU memory after drain",
+            "GPU memory after restart",
+            f"Run #{record.id} succeeded",
+        ):
             assert part in thread, part
         assert "succeeded" in blocks_text(await bot.card(record.id))
 
@@ -76,7 +94,8 @@ async def test_slack_unreachable_during_a_run(tmp_path: Path, sim_host: SimKit) 
         done = await bot.wait_status(record.id, *FINAL, timeout_s=60)
         assert done.status == "succeeded", done.summary
         assert [(s.step, s.status) for s in await bot.runtime.audit.steps(record.id)] == [
-            (s, "ok") for s in ALL_STEPS]
+            (s, "ok") for s in ALL_STEPS
+        ]
         assert sim_host.installed_version == "0.16.0"
         await fake.up()
         await bot.front_end.idle()
@@ -85,11 +104,17 @@ async def test_slack_unreachable_during_a_run(tmp_path: Path, sim_host: SimKit) 
         assert "succeeded" in blocks_text(await bot.card(record.id))
 
 
-async def test_approval_by_a_user_who_lost_approver_rights(tmp_path: Path,
-                                                           sim_host: SimKit) -> None:
+async def test_approval_by_a_user_who_lost_approver_rights(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     fake = new_fake(usergroups={APPROVERS_GROUP: [BOB, CAROL]})
-    policy = {"requesters": ["U0ALICE"], "approvers": [APPROVERS_GROUP], "min_approvals": 1,
-              "approval_ttl_s": 600, "usergroup_cache_ttl_s": 0}
+    policy = {
+        "requesters": ["U0ALICE"],
+        "approvers": [APPROVERS_GROUP],
+        "min_approvals": 1,
+        "approval_ttl_s": 600,
+        "usergroup_cache_ttl_s": 0,
+    }
     async with fake, slack_bot(tmp_path, sim_host, fake, policy=policy) as bot:
         await bot.command(f"redeploy {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
@@ -107,11 +132,14 @@ async def test_approval_by_a_user_who_lost_approver_rights(tmp_path: Path,
         assert done.status == "succeeded" and done.approved_by == [CAROL]
 
 
-async def test_two_requests_in_the_same_second_through_slack(tmp_path: Path,
-                                                             sim_host: SimKit) -> None:
+async def test_two_requests_in_the_same_second_through_slack(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        await asyncio.gather(bot.command(f"redeploy {SERVICE}", user=ALICE),
-                             bot.command(f"redeploy {SERVICE}", user=CAROL))
+        await asyncio.gather(
+            bot.command(f"redeploy {SERVICE}", user=ALICE),
+            bot.command(f"redeploy {SERVICE}", user=CAROL),
+        )
         await bot.front_end.idle()
         runs = await bot.runtime.audit.list_runs()
         assert sorted(r.status for r in runs) == ["pending_approval", "refused"]

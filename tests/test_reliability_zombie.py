@@ -89,11 +89,20 @@ class Unreaped:
 
 
 @asynccontextmanager
-async def unreaped(argv: list[str], *, env: dict[str, str], cwd: Path,
-                   log: Path) -> AsyncIterator[Unreaped]:
+async def unreaped(
+    argv: list[str], *, env: dict[str, str], cwd: Path, log: Path
+) -> AsyncIterator[Unreaped]:
     parent = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _PARENT, str(log), *argv, cwd=cwd, env=env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        _PARENT,
+        str(log),
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert parent.stdout is not None
     proc = Unreaped(parent, int(await parent.stdout.readline()), log)
     try:
@@ -123,8 +132,7 @@ def db_row(db: Path, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] 
 
 
 def in_reinstall(db: Path, run_id: int) -> bool:
-    row = db_row(db, "SELECT status FROM steps WHERE run_id = ? AND step = 'reinstall'",
-                 (run_id,))
+    row = db_row(db, "SELECT status FROM steps WHERE run_id = ? AND step = 'reinstall'", (run_id,))
     return row == ("running",)
 
 
@@ -139,20 +147,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bot_env(tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None,
-            port: int | None = None) -> dict[str, str]:
+def bot_env(
+    tmp_path: Path, kit: SimKit, fake: FakeSlack | None = None, port: int | None = None
+) -> dict[str, str]:
     config = write_toml(tmp_path / "chatops.toml", kit.settings_fragment())
     with config.open("a") as f:
-        f.write(f"[policy]\nrequesters = {toml_value([ALICE, CAROL])}\n"
-                f"approvers = {toml_value([APPROVERS_GROUP])}\n"
-                "min_approvals = 1\napproval_ttl_s = 600\n"
-                f"[slack]\nchannels = {toml_value([CHANNEL])}\n"
-                "post_interval_s = 0.06\nupdate_interval_s = 0.2\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CHATOPS_CONFIG": str(config),
-           "CHATOPS_DB": str(tmp_path / "audit.db")}
+        f.write(
+            f"[policy]\nrequesters = {toml_value([ALICE, CAROL])}\n"
+            f"approvers = {toml_value([APPROVERS_GROUP])}\n"
+            "min_approvals = 1\napproval_ttl_s = 600\n"
+            f"[slack]\nchannels = {toml_value([CHANNEL])}\n"
+            "post_interval_s = 0.06\nupdate_interval_s = 0.2\n"
+        )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "CHATOPS_CONFIG": str(config),
+        "CHATOPS_DB": str(tmp_path / "audit.db"),
+    }
     if fake is not None:
-        env.update({"SLACK_BOT_TOKEN": fake.bot_token, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-                    "SLACK_API_URL": fake.base_url, "PORT": str(port)})
+        env.update(
+            {
+                "SLACK_BOT_TOKEN": fake.bot_token,
+                "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+                "SLACK_API_URL": fake.base_url,
+                "PORT": str(port),
+            }
+        )
         env.pop("SLACK_APP_TOKEN", None)
     return env
 
@@ -173,8 +194,9 @@ class BotClient:
         assert result.status == 200, result
 
     async def click(self, action_id: str, run_id: int, ts: str, user: str) -> None:
-        payload = self.fake.block_action(action_id, str(run_id), channel_id=CHANNEL,
-                                         message_ts=ts, user_id=user)
+        payload = self.fake.block_action(
+            action_id, str(run_id), channel_id=CHANNEL, message_ts=ts, user_id=user
+        )
         result = await self.signer.interactive(payload).post(self.url)
         assert result.status == 200, result
 
@@ -195,16 +217,19 @@ async def serving(log: Path, proc_alive: Any) -> None:
 
 
 async def test_a_bot_killed_mid_install_and_left_a_zombie_is_recovered_at_restart(
-        tmp_path: Path, sim_sshd_host: SimKit) -> None:
+    tmp_path: Path, sim_sshd_host: SimKit
+) -> None:
     kit = sim_sshd_host
     kit.set_faults(uv_stalls=True)  # the reinstall goes on until the kill
-    async with FakeSlack(channels=[CHANNEL], usergroups={APPROVERS_GROUP: [BOB]},
-                         post_rate_per_s=20) as fake:
+    async with FakeSlack(
+        channels=[CHANNEL], usergroups={APPROVERS_GROUP: [BOB]}, post_rate_per_s=20
+    ) as fake:
         port = free_port()
         env = bot_env(tmp_path, kit, fake, port)
         db = tmp_path / "audit.db"
-        bot = BotClient(fake, f"http://127.0.0.1:{port}/slack/events", db,
-                        SlackSigner(SIGNING_SECRET))
+        bot = BotClient(
+            fake, f"http://127.0.0.1:{port}/slack/events", db, SlackSigner(SIGNING_SECRET)
+        )
         argv = [sys.executable, "-m", "bot"]
         async with unreaped(argv, env=env, cwd=tmp_path, log=tmp_path / "bot-1.log") as first:
             await serving(first.log, lambda: first.state() not in (None, "Z"))
@@ -220,35 +245,46 @@ async def test_a_bot_killed_mid_install_and_left_a_zombie_is_recovered_at_restar
             checks = len(fake.calls("auth.test"))  # the first bot's (bolt checks too)
             restarted = time.monotonic()
             second = await asyncio.create_subprocess_exec(
-                *argv, cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=log)
+                *argv,
+                cwd=tmp_path,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
+            )
             try:
                 # Its first act once imported and configured: the token check.
-                up = (await fake.wait_for_call("auth.test", count=checks + 1,
-                                               timeout=START_S)).at
-                await eventually(lambda: run_status(db, 1) == "interrupted",
-                                 "the run to be recovered", START_S)
+                up = (await fake.wait_for_call("auth.test", count=checks + 1, timeout=START_S)).at
+                await eventually(
+                    lambda: run_status(db, 1) == "interrupted", "the run to be recovered", START_S
+                )
                 recovered = time.monotonic()
                 told = await eventually(
                     lambda: "was interrupted" in bot.thread_text(card) and bot.thread_text(card),
-                    "the thread to be told", START_S)
+                    "the thread to be told",
+                    START_S,
+                )
                 assert "during step `reinstall`" in told and "STOPPED" in told
                 told_at = time.monotonic()
                 await serving(tmp_path / "bot-2.log", lambda: second.returncode is None)
                 await bot.command(f"redeploy {SERVICE} --version 0.16.0", CAROL)
-                await eventually(lambda: bot.card_of(2), "a card for the new request",
-                                 RECOVERED_WITHIN_S)
+                await eventually(
+                    lambda: bot.card_of(2), "a card for the new request", RECOVERED_WITHIN_S
+                )
                 carded = time.monotonic()
                 assert run_status(db, 2) == "pending_approval"
                 assert "Approve" in str(fake.message(CHANNEL, bot.card_of(2) or ""))
-                print(f"\nafter the restart (spawn / first act): up {up - restarted:.2f} s; "
-                      f"recovered {recovered - restarted:.2f} / {recovered - up:.2f} s; "
-                      f"thread told {told_at - restarted:.2f} / {told_at - up:.2f} s; "
-                      f"new card {carded - restarted:.2f} / {carded - up:.2f} s")
+                print(
+                    f"\nafter the restart (spawn / first act): up {up - restarted:.2f} s; "
+                    f"recovered {recovered - restarted:.2f} / {recovered - up:.2f} s; "
+                    f"thread told {told_at - restarted:.2f} / {told_at - up:.2f} s; "
+                    f"new card {carded - restarted:.2f} / {carded - up:.2f} s"
+                )
                 assert carded - up < RECOVERED_WITHIN_S, carded - up
                 assert first.state() == "Z"  # still a zombie all along
-                assert db_row(db, "SELECT user FROM decisions WHERE run_id = 1 AND "
-                                  "decision = 'recover'") == ("system:recovery",)
+                assert db_row(
+                    db, "SELECT user FROM decisions WHERE run_id = 1 AND decision = 'recover'"
+                ) == ("system:recovery",)
             finally:
                 second.send_signal(signal.SIGTERM)
                 await second.wait()
@@ -260,13 +296,13 @@ async def test_a_bot_killed_mid_install_and_left_a_zombie_is_recovered_at_restar
 
 
 async def test_a_cli_killed_mid_install_and_left_a_zombie_is_recovered_by_the_next_cli(
-        tmp_path: Path, sim_sshd_host: SimKit) -> None:
+    tmp_path: Path, sim_sshd_host: SimKit
+) -> None:
     kit = sim_sshd_host
     kit.set_faults(uv_stalls=True)
     env = bot_env(tmp_path, kit)
     db = tmp_path / "audit.db"
-    redeploy = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.16.0",
-                "--yes"]
+    redeploy = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.16.0", "--yes"]
     async with unreaped(redeploy, env=env, cwd=tmp_path, log=tmp_path / "cli-1.log") as first:
         await eventually(lambda: in_reinstall(db, 1), "the CLI to reach the reinstall", 60)
         await killed_into_a_zombie(first)
@@ -274,20 +310,30 @@ async def test_a_cli_killed_mid_install_and_left_a_zombie_is_recovered_by_the_ne
 
         started = time.monotonic()
         second = await asyncio.create_subprocess_exec(
-            *redeploy, cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            *redeploy,
+            cwd=tmp_path,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         # Its first act once imported and configured: recording its request (run #2).
         await eventually(lambda: run_status(db, 2) is not None, "the second request", START_S)
         up = time.monotonic()
-        await eventually(lambda: run_status(db, 1) == "interrupted",
-                         "the second CLI to recover the first's run", RECOVERED_WITHIN_S)
+        await eventually(
+            lambda: run_status(db, 1) == "interrupted",
+            "the second CLI to recover the first's run",
+            RECOVERED_WITHIN_S,
+        )
         recovered = time.monotonic()
         out, err = await second.communicate()
         text = out.decode()
         assert second.returncode == 0, text + err.decode()
         assert first.state() == "Z"
-    print(f"\nthe second CLI recovered run #1 {recovered - started:.2f} s after its spawn, "
-          f"{recovered - up:.2f} s after its request")
+    print(
+        f"\nthe second CLI recovered run #1 {recovered - started:.2f} s after its spawn, "
+        f"{recovered - up:.2f} s after its request"
+    )
     assert "recovered: Run #1 (redeploy kimi-k25) was interrupted: the command line" in text
     assert "during step `reinstall`" in text and "SUCCEEDED" in text
     assert run_status(db, 1) == "interrupted" and run_status(db, 2) == "succeeded"

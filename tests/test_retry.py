@@ -67,8 +67,13 @@ def test_jitter_adds_up_to_jitter_s_and_never_passes_the_cap() -> None:
 async def test_retry_retries_what_on_accepts_until_it_works() -> None:
     t = FakeTime()
     call = Failing(3, Locked("busy"))
-    result = await retry(call, on=lambda e: isinstance(e, Locked),
-                         backoff=Backoff(initial_s=0.25), clock=t.clock, sleep=t.sleep)
+    result = await retry(
+        call,
+        on=lambda e: isinstance(e, Locked),
+        backoff=Backoff(initial_s=0.25),
+        clock=t.clock,
+        sleep=t.sleep,
+    )
     assert result == "done" and call.calls == 4
     assert t.sleeps == [0.25, 0.5, 1.0]
 
@@ -77,8 +82,13 @@ async def test_retry_raises_what_on_refuses_at_once() -> None:
     t = FakeTime()
     call = Failing(3, Refused("no"))
     with pytest.raises(Refused):
-        await retry(call, on=lambda e: isinstance(e, Locked),
-                    backoff=Backoff(initial_s=0.25), clock=t.clock, sleep=t.sleep)
+        await retry(
+            call,
+            on=lambda e: isinstance(e, Locked),
+            backoff=Backoff(initial_s=0.25),
+            clock=t.clock,
+            sleep=t.sleep,
+        )
     assert call.calls == 1 and t.sleeps == []
 
 
@@ -88,17 +98,27 @@ async def test_retry_stops_when_the_next_wait_would_pass_the_budget() -> None:
     t = FakeTime()
     call = Failing(10, Locked("busy"))
     with pytest.raises(Locked):
-        await retry(call, on=lambda e: isinstance(e, Locked),
-                    backoff=Backoff(initial_s=0.25), budget_s=2.0, clock=t.clock,
-                    sleep=t.sleep)
+        await retry(
+            call,
+            on=lambda e: isinstance(e, Locked),
+            backoff=Backoff(initial_s=0.25),
+            budget_s=2.0,
+            clock=t.clock,
+            sleep=t.sleep,
+        )
     assert t.sleeps == [0.25, 0.5, 1.0] and call.calls == 4
     # A zero budget: tried once.
     t = FakeTime()
     call = Failing(10, Locked("busy"))
     with pytest.raises(Locked):
-        await retry(call, on=lambda e: True,
-                    backoff=Backoff(initial_s=0.25), budget_s=0.0, clock=t.clock,
-                    sleep=t.sleep)
+        await retry(
+            call,
+            on=lambda e: True,
+            backoff=Backoff(initial_s=0.25),
+            budget_s=0.0,
+            clock=t.clock,
+            sleep=t.sleep,
+        )
     assert (t.sleeps, call.calls) == ([], 1)
 
 
@@ -106,8 +126,7 @@ async def test_retry_with_jitter_waits_within_the_bounds() -> None:
     t = FakeTime()
     b = Backoff(initial_s=1.0, max_s=4.0, jitter_s=1.0)
     call = Failing(5, Locked("busy"))
-    await retry(call, on=lambda e: True, backoff=b,
-                clock=t.clock, sleep=t.sleep)
+    await retry(call, on=lambda e: True, backoff=b, clock=t.clock, sleep=t.sleep)
     lows = [1, 2, 4, 4, 4]
     assert all(low <= w <= min(low + 1, 4.0) for low, w in zip(lows, t.sleeps, strict=True))
     assert call.calls == 6 and not math.isclose(sum(t.sleeps), 0.0)

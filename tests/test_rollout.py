@@ -37,10 +37,16 @@ class Recorder:
 async def make_fleet(make_sim_host: MakeSimHost, tmp_path: Path, n: int) -> list[SimKit]:
     # One service over all of them: the same venv path and the same claimed port.
     venv = tmp_path / "opt-venv"
-    return list(await asyncio.gather(*(
-        make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv,
-                      service_port=8000)
-        for i in range(1, n + 1))))
+    return list(
+        await asyncio.gather(
+            *(
+                make_sim_host(
+                    config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv, service_port=8000
+                )
+                for i in range(1, n + 1)
+            )
+        )
+    )
 
 
 def fleet_settings(kits: list[SimKit], tmp_path: Path, **service: Any) -> Settings:
@@ -52,14 +58,15 @@ async def redeploy(rt: Runtime, **plan: Any) -> tuple[RunResult, Recorder]:
     record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
     # One approval for the whole rollout, whatever the number of hosts.
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
     sink = Recorder()
     return await rt.engine.execute(record.id, sink), sink
 
 
 def first_ts(kit: SimKit, argv_prefix: tuple[str, ...]) -> float:
-    return min(c.ts for c in kit.calls() if c.argv[:len(argv_prefix)] == argv_prefix)
+    return min(c.ts for c in kit.calls() if c.argv[: len(argv_prefix)] == argv_prefix)
 
 
 def stopped_at(kit: SimKit) -> float:
@@ -72,8 +79,9 @@ def healthy_at(kit: SimKit) -> float:
     return first_ts(kit, ("GET", "/health"))
 
 
-async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
-                                                    tmp_path: Path) -> None:
+async def test_rolling_redeploy_goes_batch_by_batch(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kits = await make_fleet(make_sim_host, tmp_path, 4)
     names = [k.hostname for k in kits]
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
@@ -111,16 +119,30 @@ async def test_rolling_redeploy_goes_batch_by_batch(make_sim_host: MakeSimHost,
         steps = await rt.audit.steps(result.run_id)
         for name in names:
             assert [(s.step, s.status) for s in steps if s.host == name] == [
-                (n, "ok") for n in ("preflight", "gpu_check", "prefetch", "requests", "stop",
-                                    "drain", "reinstall", "gate", "start", "health",
-                                    "readiness", "postcheck", "gpu_recheck")]
-        assert record.summary == (f"succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, healthy): "
-                                  + ", ".join(names))
+                (n, "ok")
+                for n in (
+                    "preflight",
+                    "gpu_check",
+                    "prefetch",
+                    "requests",
+                    "stop",
+                    "drain",
+                    "reinstall",
+                    "gate",
+                    "start",
+                    "health",
+                    "readiness",
+                    "postcheck",
+                    "gpu_recheck",
+                )
+            ]
+        assert record.summary == (
+            f"succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, healthy): " + ", ".join(names)
+        )
         assert await rt.audit.lock_holder(f"host:{names[3]}") is None
 
 
-async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
-                                               tmp_path: Path) -> None:
+async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost, tmp_path: Path) -> None:
     kits = await make_fleet(make_sim_host, tmp_path, 3)
     names = [k.hostname for k in kits]
     kits[1].set_faults(uv_fails=True)
@@ -128,8 +150,11 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
         result, sink = await redeploy(rt, version="0.16.0", batch=1)
         assert result.status == "rolled_back", result.summary
-        assert result.host_status == {names[0]: "succeeded", names[1]: "rolled_back",
-                                      names[2]: NOT_STARTED}
+        assert result.host_status == {
+            names[0]: "succeeded",
+            names[1]: "rolled_back",
+            names[2]: NOT_STARTED,
+        }
         assert set(result.outcomes) == set(names[:2])
         assert kits[0].changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         assert kits[1].changes() == ["dry-run", "prefetch", "stop", "install", "rollback", "start"]
@@ -140,8 +165,11 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
         assert kits[2].unit_state() == "active"
         assert stopped_at(kits[1]) > healthy_at(kits[0])
 
-        assert sink.host_finished() == [(names[0], "succeeded"), (names[1], "rolled_back"),
-                                        (names[2], NOT_STARTED)]
+        assert sink.host_finished() == [
+            (names[0], "succeeded"),
+            (names[1], "rolled_back"),
+            (names[2], NOT_STARTED),
+        ]
         assert isinstance(sink.events[-1], ev.RunFinished)
         record = await rt.audit.get_run(result.run_id)
         assert record.status == "rolled_back"
@@ -149,22 +177,29 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost,
         # The problem first, then who succeeded, then who was never touched.
         assert record.summary is not None
         assert record.summary.startswith(f"{names[1]}: rolled_back (")
-        assert record.summary.endswith(f"; succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, "
-                                       f"healthy): {names[0]}; not started: {names[2]}")
+        assert record.summary.endswith(
+            f"; succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, "
+            f"healthy): {names[0]}; not started: {names[2]}"
+        )
         assert {s.host for s in await rt.audit.steps(result.run_id)} == set(names[:2])
         assert await rt.audit.lock_holder(f"host:{names[2]}") is None
 
 
-async def test_a_failed_batch_finishes_its_siblings_and_stops(make_sim_host: MakeSimHost,
-                                                              tmp_path: Path) -> None:
+async def test_a_failed_batch_finishes_its_siblings_and_stops(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kits = await make_fleet(make_sim_host, tmp_path, 4)
     names = [k.hostname for k in kits]
     kits[1].set_faults(start_fails=True)
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
         result, sink = await redeploy(rt)
     assert result.status == "failed"
-    assert result.host_status == {names[0]: "succeeded", names[1]: "failed",
-                                  names[2]: NOT_STARTED, names[3]: NOT_STARTED}
+    assert result.host_status == {
+        names[0]: "succeeded",
+        names[1]: "failed",
+        names[2]: NOT_STARTED,
+        names[3]: NOT_STARTED,
+    }
     # Its new version never came up; the snapshot was restored, and the old one fails
     # to start too (start_fails stays set): DOWN, and said so.
     failed = result.outcomes[names[1]].summary
@@ -175,15 +210,17 @@ async def test_a_failed_batch_finishes_its_siblings_and_stops(make_sim_host: Mak
     assert sorted(sink.host_finished()[2:]) == [(n, NOT_STARTED) for n in names[2:]]
 
 
-async def test_status_asks_every_host_even_when_one_fails(make_sim_host: MakeSimHost,
-                                                          tmp_path: Path) -> None:
+async def test_status_asks_every_host_even_when_one_fails(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
     kits = await make_fleet(make_sim_host, tmp_path, 3)
     kits[0].set_faults(no_driver=True)  # its GPU query fails: a failed status there
     async with open_runtime(fleet_settings(kits, tmp_path)) as rt:
         p = rt.engine.plan(Action.STATUS, SERVICE)
         record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
-        assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                         expect=(RunStatus.PENDING_APPROVAL,))
+        assert await rt.audit.transition(
+            record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+        )
         result = await rt.engine.execute(record.id, Recorder())
     assert result.host_status[kits[0].hostname] == "failed"
     assert [result.host_status[k.hostname] for k in kits[1:]] == ["succeeded", "succeeded"]
@@ -196,8 +233,9 @@ async def test_cli_rollout_with_batch_flag(make_sim_host: MakeSimHost, tmp_path:
     names = [k.hostname for k in kits]
     config = write_toml(tmp_path / "chatops.toml", fleet_fragment(kits, max_unavailable=2))
     env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
-    code, out, err = await cli("redeploy", SERVICE, "--version", "0.15.1", "--batch", "1",
-                               "--yes", cwd=tmp_path, env=env)
+    code, out, err = await cli(
+        "redeploy", SERVICE, "--version", "0.15.1", "--batch", "1", "--yes", cwd=tmp_path, env=env
+    )
     assert code == 0, err + out
     assert f"in batches of 1: {names[0]} | {names[1]}" in out
     assert healthy_at(kits[0]) < stopped_at(kits[1])

@@ -46,20 +46,26 @@ NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 def settings(**svc: Any) -> Settings:
     base: dict[str, Any] = {
-        "hosts": ["h1"], "unit": "vllm-kimi-k25", "python": "/opt/venvs/vllm/bin/python",
+        "hosts": ["h1"],
+        "unit": "vllm-kimi-k25",
+        "python": "/opt/venvs/vllm/bin/python",
         "indexes": {"nightly": "https://wheels.vllm.ai/nightly"},
-        "drain_timeout_s": 10, "drain_poll_s": 1, "start_timeout_s": 30, "health_poll_s": 2,
+        "drain_timeout_s": 10,
+        "drain_poll_s": 1,
+        "start_timeout_s": 30,
+        "health_poll_s": 2,
         "min_free_disk_mib": 1000,
     }
     base.update(svc)
-    return Settings(hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
-                    services={"kimi": base})
+    return Settings(
+        hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}}, services={"kimi": base}
+    )
 
 
-def ok(argv: tuple[str, ...], stdout: str = "", stderr: str = "", status: int = 0
-       ) -> CommandResult:
-    return CommandResult(argv=argv, exit_status=status, stdout=stdout, stderr=stderr,
-                         duration_s=0.01)
+def ok(argv: tuple[str, ...], stdout: str = "", stderr: str = "", status: int = 0) -> CommandResult:
+    return CommandResult(
+        argv=argv, exit_status=status, stdout=stdout, stderr=stderr, duration_s=0.01
+    )
 
 
 @dataclass
@@ -149,19 +155,23 @@ class Host:
         assert isinstance(action, RunCommand)
         a = action.argv
         wrapper = remote.INDEX_FROM_STDIN
-        if a[:len(wrapper)] == wrapper:
+        if a[: len(wrapper)] == wrapper:
             # What the host's sh does with it: the URL on stdin goes to uv's environment.
             assert action.stdin is not None and action.stdin.endswith(b"\n")
-            a = a[len(wrapper):]
+            a = a[len(wrapper) :]
             self.index_env.append((a, action.stdin.decode().rstrip("\n")))
         self.calls.append(a)
         self.now += 0.1
         if self.lose is not None and self.lose(a):
             self.command(a)  # it ran on the host (or not); only its result is lost
-            return CommandResult(argv=a, exit_status=None, stdout="",
-                                 stderr=f"connection lost while running `{a[0]}`: "
-                                        "Server not responding to keepalive",
-                                 duration_s=0.0)
+            return CommandResult(
+                argv=a,
+                exit_status=None,
+                stdout="",
+                stderr=f"connection lost while running `{a[0]}`: "
+                "Server not responding to keepalive",
+                duration_s=0.0,
+            )
         return self.command(a)
 
     def http(self, action: HttpCheck) -> HttpResult:
@@ -171,8 +181,11 @@ class Host:
             if path == "/metrics":
                 body = self.metrics.pop(0) if len(self.metrics) > 1 else self.metrics[0]
                 return HttpResult(action.url, 200, body)
-            status, body = {"/v1/models": self.models, "/version": self.version_answer,
-                            "/v1/completions": self.completion}[path]
+            status, body = {
+                "/v1/models": self.models,
+                "/version": self.version_answer,
+                "/v1/completions": self.completion,
+            }[path]
             return HttpResult(action.url, status, body)
         self.health_checks += 1
         if self.health_checks < self.healthy_after_checks:
@@ -184,24 +197,35 @@ class Host:
         if gpu is not None:
             return gpu
         if a[:2] == ("systemctl", "show"):
-            return ok(a, f"LoadState={self.load_state}\nActiveState=active\nSubState=running\n"
-                         "MainPID=4242\n")
+            return ok(
+                a,
+                f"LoadState={self.load_state}\nActiveState=active\nSubState=running\n"
+                "MainPID=4242\n",
+            )
         if a[1:3] == ("pip", "show"):
             return ok(a, f"Name: vllm\nVersion: {self.version}\n")
         environment = self._environment(a)
         if environment is not None:
             return environment
         if a[0] == "df":
-            return ok(a, "Filesystem 1048576-blocks Used Available Capacity Mounted on\n"
-                         f"/dev/vda 258020 22298 {self.free_mib} 22% /\n")
+            return ok(
+                a,
+                "Filesystem 1048576-blocks Used Available Capacity Mounted on\n"
+                f"/dev/vda 258020 22298 {self.free_mib} 22% /\n",
+            )
         if "--dry-run" in a:
             spec = a[a.index("--force-reinstall") + 1]
             resolved = spec.split("==")[1] if "==" in spec else self.installed_after
-            return ok(a, stderr=f"Would install 2 packages\n - torch=={self.torch}\n"
-                                " + torch==2.10.0\n ~ numpy==2.2.6\n"
-                                f" - vllm=={self.version}\n + vllm=={resolved}"
-                      ) if self.dry_run_ok else ok(
-                a, stderr="  × No solution found when resolving dependencies", status=1)
+            return (
+                ok(
+                    a,
+                    stderr=f"Would install 2 packages\n - torch=={self.torch}\n"
+                    " + torch==2.10.0\n ~ numpy==2.2.6\n"
+                    f" - vllm=={self.version}\n + vllm=={resolved}",
+                )
+                if self.dry_run_ok
+                else ok(a, stderr="  × No solution found when resolving dependencies", status=1)
+            )
         if a[1:3] == ("pip", "install"):
             if self.install_fails > 0:
                 self.install_fails -= 1
@@ -221,16 +245,24 @@ class Host:
         if a[0] == "journalctl":
             return ok(a, "Nov 30 13:12:01 h1 python3[4242]: RuntimeError: CUDA out of memory\n")
         if a == ("nvidia-smi",):
-            return ok(a, "| NVIDIA-SMI 590.44.01   Driver Version: 590.44.01   "
-                         f"CUDA Version: {self.driver_cuda}     |\n")
+            return ok(
+                a,
+                "| NVIDIA-SMI 590.44.01   Driver Version: 590.44.01   "
+                f"CUDA Version: {self.driver_cuda}     |\n",
+            )
         if a[0] == "nvidia-smi" and a[1].startswith("--query-gpu"):
             if self.smi_exit and (self.stopped or not self.smi_fails_from_stop):
-                return ok(a, "NVIDIA-SMI has failed because it couldn't communicate with the "
-                             "NVIDIA driver.", status=self.smi_exit)
+                return ok(
+                    a,
+                    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                    status=self.smi_exit,
+                )
             self.polls += self.stopped  # the GPU check before the stop is no drain poll
             used = 0 if self.stopped and self.polls > self.drain_after_polls else 97000
-            lines = [f"{i}, {UUIDS[i]}, {NAME}, "
-                     f"{96000 if (self.stuck and i == 3) else used}, 97871, 0" for i in range(8)]
+            lines = [
+                f"{i}, {UUIDS[i]}, {NAME}, {96000 if (self.stuck and i == 3) else used}, 97871, 0"
+                for i in range(8)
+            ]
             return ok(a, "\n".join(lines) + "\n")
         if a[0] == "nvidia-smi":
             if self.stuck:
@@ -239,8 +271,11 @@ class Host:
         if a[0] == "pgrep" and a[-1].startswith(UV_PATTERN):
             if self.uv_running_polls > 0:
                 self.uv_running_polls -= 1
-                return ok(a, "5151 uv pip install --python /opt/venvs/vllm/bin/python "
-                             "--force-reinstall vllm\n")
+                return ok(
+                    a,
+                    "5151 uv pip install --python /opt/venvs/vllm/bin/python "
+                    "--force-reinstall vllm\n",
+                )
             return ok(a, status=1)
         if a[0] == "pgrep":
             return ok(a, "48304 VLLM::Worker_TP3\n") if self.stuck else ok(a, status=1)
@@ -256,30 +291,56 @@ class Host:
         if a[:4] == ("systemctl", "show", "-p", "User"):
             return ok(a, "vllm\n")
         if a[:3] == ("env", "LC_ALL=C", "ps"):
-            return ok(a, "48304 Sl vllm Mon Nov 30 13:00:00 2026 "
-                         "0::/system.slice/vllm-kimi-k25.service\n") if self.stuck else ok(
-                a, status=1)
+            return (
+                ok(
+                    a,
+                    "48304 Sl vllm Mon Nov 30 13:00:00 2026 "
+                    "0::/system.slice/vllm-kimi-k25.service\n",
+                )
+                if self.stuck
+                else ok(a, status=1)
+            )
         return None
 
     def _environment(self, a: tuple[str, ...]) -> CommandResult | None:
         """The commands of issue 10: freeze, keep the snapshot, prefetch, gate, sync."""
         if a[1:3] == ("pip", "freeze"):
-            return ok(a, f"numpy==2.2.6\ntorch=={self.torch}\nvllm=={self.version}\n"
-                      ) if self.freeze_ok else ok(a, stderr="error: broken venv", status=2)
+            return (
+                ok(a, f"numpy==2.2.6\ntorch=={self.torch}\nvllm=={self.version}\n")
+                if self.freeze_ok
+                else ok(a, stderr="error: broken venv", status=2)
+            )
         if a[:3] == ("/bin/sh", "-c", remote.SAVE_FROM_STDIN):
-            return ok(a) if self.save_ok else ok(
-                a, stderr="sh: 1: cannot create /opt/venvs/.chatops/x: Read-only file system",
-                status=2)
+            return (
+                ok(a)
+                if self.save_ok
+                else ok(
+                    a,
+                    stderr="sh: 1: cannot create /opt/venvs/.chatops/x: Read-only file system",
+                    status=2,
+                )
+            )
         if a[:3] == ("/bin/sh", "-c", remote.PREFETCH_SCRIPT):
-            return ok(a, stderr="Downloading torch (880.0MiB)\n Downloaded torch\n"
-                      ) if self.prefetch_ok else ok(
-                a, stderr="error: Failed to download `torch==2.10.0`", status=2)
+            return (
+                ok(a, stderr="Downloading torch (880.0MiB)\n Downloaded torch\n")
+                if self.prefetch_ok
+                else ok(a, stderr="error: Failed to download `torch==2.10.0`", status=2)
+            )
         if a[1:] == ("-c", GATE_CODE):
-            line = self.gate_stdout if self.gate_stdout is not None else (
-                f'chatops-gate {{"vllm": "{self.version}", "torch": "{self.torch}", '
-                f'"cuda": "{TORCH_CUDA[self.torch]}"}}\n')
-            return ok(a, line, "Traceback (most recent call last):\nImportError: boom"
-                      if self.gate_exit else "", status=self.gate_exit)
+            line = (
+                self.gate_stdout
+                if self.gate_stdout is not None
+                else (
+                    f'chatops-gate {{"vllm": "{self.version}", "torch": "{self.torch}", '
+                    f'"cuda": "{TORCH_CUDA[self.torch]}"}}\n'
+                )
+            )
+            return ok(
+                a,
+                line,
+                "Traceback (most recent call last):\nImportError: boom" if self.gate_exit else "",
+                status=self.gate_exit,
+            )
         if a[1:3] == ("pip", "sync"):
             if self.sync_fails > 0:
                 self.sync_fails -= 1
@@ -302,8 +363,9 @@ def drive(flow: Flow, host: Host) -> HostOutcome:
         return stop.value  # type: ignore[no-any-return]
 
 
-def run(host: Host, action: str = "redeploy", svc: dict[str, Any] | None = None,
-        **plan_kw: Any) -> HostOutcome:
+def run(
+    host: Host, action: str = "redeploy", svc: dict[str, Any] | None = None, **plan_kw: Any
+) -> HostOutcome:
     s = settings(**(svc or {}))
     plan = make_plan(s, action, "kimi", **plan_kw)  # type: ignore[arg-type]
     flow = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}[action]
@@ -337,10 +399,24 @@ def test_happy_redeploy_runs_steps_in_order_and_reports_versions() -> None:
     out = run(h, version="0.16.0", index="nightly")
     assert out.status == "succeeded"
     assert (out.version_before, out.version_after) == ("0.16.0rc2.dev313+g662205d34", "0.16.0")
-    assert steps(h) == [(s, True) for s in
-                        ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
-                         "reinstall", "gate", "start", "health", "readiness", "postcheck",
-                         "gpu_recheck")]
+    assert steps(h) == [
+        (s, True)
+        for s in (
+            "preflight",
+            "gpu_check",
+            "prefetch",
+            "requests",
+            "stop",
+            "drain",
+            "reinstall",
+            "gate",
+            "start",
+            "health",
+            "readiness",
+            "postcheck",
+            "gpu_recheck",
+        )
+    ]
     assert verbs(h) == ["stop", "install", "start"]
     install = next(a for a in h.calls if a[1:3] == ("pip", "install") and "--dry-run" not in a)
     # The index reaches uv through its environment, never its argv (which `ps` shows).
@@ -360,14 +436,18 @@ def test_drain_polls_at_the_configured_interval_not_a_fixed_sleep() -> None:
     assert "5 polls" in drain.summary
 
 
-@pytest.mark.parametrize(("field", "value", "needle"), [
-    ("load_state", "not-found", "not loaded"),
-    ("free_mib", 10, "MiB free"),
-    ("dry_run_ok", False, "dry run failed"),
-    ("version", "", "rollback would be impossible"),
-])
-def test_preflight_refusals_leave_the_service_untouched(field: str, value: Any,
-                                                        needle: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("load_state", "not-found", "not loaded"),
+        ("free_mib", 10, "MiB free"),
+        ("dry_run_ok", False, "dry run failed"),
+        ("version", "", "rollback would be impossible"),
+    ],
+)
+def test_preflight_refusals_leave_the_service_untouched(
+    field: str, value: Any, needle: str
+) -> None:
     h = Host(**{field: value})
     if field == "version":
         h.command = _no_version(h.command)  # type: ignore[method-assign, assignment]
@@ -380,12 +460,14 @@ def test_preflight_refusals_leave_the_service_untouched(field: str, value: Any,
     assert steps(h) == [("preflight", False)]
 
 
-def _no_version(inner: Callable[[tuple[str, ...]], CommandResult]
-                ) -> Callable[[tuple[str, ...]], CommandResult]:
+def _no_version(
+    inner: Callable[[tuple[str, ...]], CommandResult],
+) -> Callable[[tuple[str, ...]], CommandResult]:
     def command(a: tuple[str, ...]) -> CommandResult:
         if a[1:3] == ("pip", "show"):
             return ok(a, stderr="warning: Package(s) not found for: vllm", status=1)
         return inner(a)
+
     return command
 
 
@@ -446,8 +528,10 @@ def test_reinstall_and_rollback_failure_says_the_service_is_stopped() -> None:
     assert out.state == ServiceState.STOPPED
     assert "The service is STOPPED; restore the snapshot" in out.summary  # said from it
     # The exact command to restore the snapshot by hand.
-    assert "restore the snapshot with `uv pip sync --python /opt/venvs/vllm/bin/python " \
-           "--offline /opt/venvs/.chatops/vllm-" in out.summary
+    assert (
+        "restore the snapshot with `uv pip sync --python /opt/venvs/vllm/bin/python "
+        "--offline /opt/venvs/.chatops/vllm-" in out.summary
+    )
     # From uv's cache first, then from the index: two tries, no start.
     assert verbs(h) == ["stop", "install", "rollback", "rollback"]
 
@@ -521,6 +605,7 @@ def test_cancel_that_meets_a_finished_drain_restarts_without_reinstalling() -> N
     # must still win: the service comes back on what was installed, nothing reinstalled.
     def stop_ended(a: Any) -> bool:
         return isinstance(a, Emit) and isinstance(a.notice, EndStep) and a.notice.step == "stop"
+
     h = Host(drain_after_polls=0, cancel_at=stop_ended)
     out = run(h)
     assert out.status == "cancelled"
@@ -532,6 +617,7 @@ def test_cancel_that_meets_a_finished_drain_restarts_without_reinstalling() -> N
 def test_cancel_during_reinstall_takes_effect_after_it() -> None:
     def during_install(a: Any) -> bool:
         return isinstance(a, RunCommand) and a.step == Step.REINSTALL
+
     h = Host(cancel_at=during_install)
     out = run(h, version="0.16.0")
     assert out.status == "cancelled"
@@ -545,9 +631,18 @@ def test_restart_flow_skips_reinstall() -> None:
     out = run(h, "restart")
     assert out.status == "succeeded"
     assert verbs(h) == ["stop", "start"]
-    assert [s for s, _ in steps(h)] == ["preflight", "gpu_check", "requests", "stop", "drain",
-                                         "start", "health", "readiness", "postcheck",
-                                         "gpu_recheck"]
+    assert [s for s, _ in steps(h)] == [
+        "preflight",
+        "gpu_check",
+        "requests",
+        "stop",
+        "drain",
+        "start",
+        "health",
+        "readiness",
+        "postcheck",
+        "gpu_recheck",
+    ]
 
 
 def test_restart_refuses_unknown_unit() -> None:
@@ -571,9 +666,16 @@ def test_status_with_broken_driver_reports_failure() -> None:
 
 
 def test_every_begun_step_is_ended() -> None:
-    for h in (Host(), Host(stuck=True), Host(install_fails=1, sync_fails=2),
-              Host(health_status=503), Host(gate_exit=3), Host(driver_cuda="12.8"),
-              Host(prefetch_ok=False), Host(save_ok=False)):
+    for h in (
+        Host(),
+        Host(stuck=True),
+        Host(install_fails=1, sync_fails=2),
+        Host(health_status=503),
+        Host(gate_exit=3),
+        Host(driver_cuda="12.8"),
+        Host(prefetch_ok=False),
+        Host(save_ok=False),
+    ):
         run(h)
         begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
         ended = [n.step for n in h.notices if isinstance(n, EndStep)]
@@ -590,8 +692,7 @@ def is_install(a: tuple[str, ...]) -> bool:
 
 def installs_checks(host: Host) -> list[int]:
     """Indexes of the pgrep calls looking for a running uv install."""
-    return [i for i, a in enumerate(host.calls)
-            if a[0] == "pgrep" and a[-1].startswith(UV_PATTERN)]
+    return [i for i, a in enumerate(host.calls) if a[0] == "pgrep" and a[-1].startswith(UV_PATTERN)]
 
 
 def test_host_unreachable_at_preflight_aborts_untouched() -> None:
@@ -657,8 +758,9 @@ def test_cut_reinstall_waits_for_uv_then_continues_when_the_target_is_installed(
     assert verbs(h) == ["stop", "install", "start"]  # no rollback, no second install
     checks = installs_checks(h)
     assert len(checks) == 4  # three saw uv still running, the fourth saw none
-    pip_show_after = [i for i, a in enumerate(h.calls) if a[1:3] == ("pip", "show")
-                      and i > checks[-1]]
+    pip_show_after = [
+        i for i, a in enumerate(h.calls) if a[1:3] == ("pip", "show") and i > checks[-1]
+    ]
     start_i = next(i for i, a in enumerate(h.calls) if a[:2] == ("systemctl", "start"))
     assert checks[-1] < pip_show_after[0] < start_i  # version read once uv was gone
     reinstall = next(n for n in h.notices if isinstance(n, EndStep) and n.step == Step.REINSTALL)
@@ -708,26 +810,29 @@ def test_cut_reinstall_still_running_at_the_deadline_is_unknown() -> None:
 
 
 def test_cut_reinstall_when_pgrep_cannot_tell_is_unknown() -> None:
-    def command(inner: Callable[[tuple[str, ...]], CommandResult]
-                ) -> Callable[[tuple[str, ...]], CommandResult]:
+    def command(
+        inner: Callable[[tuple[str, ...]], CommandResult],
+    ) -> Callable[[tuple[str, ...]], CommandResult]:
         def run_it(a: tuple[str, ...]) -> CommandResult:
             if a[0] == "pgrep" and a[-1].startswith("^uv"):
                 return ok(a, stderr="bash: line 1: pgrep: command not found", status=127)
             return inner(a)
+
         return run_it
+
     h = Host(lose=is_install)
     h.command = command(h.command)  # type: ignore[method-assign, assignment]
     out = run(h, version="0.16.0")
     assert out.status == "failed"
     # pgrep's reason is kept, not only its exit status.
-    assert ("cannot tell whether uv still runs (exit 127: bash: line 1: pgrep: command not "
-            "found)") in out.summary
+    assert (
+        "cannot tell whether uv still runs (exit 127: bash: line 1: pgrep: command not found)"
+    ) in out.summary
     assert verbs(h) == ["stop", "install"]
 
 
 def test_cut_rollback_waits_too_then_restarts_on_the_old_version() -> None:
-    h = Host(install_fails=1, uv_running_polls=1,
-             lose=lambda a: is_rollback(a))
+    h = Host(install_fails=1, uv_running_polls=1, lose=lambda a: is_rollback(a))
     out = run(h)
     assert out.status == "rolled_back", out.summary
     assert out.version_after == "0.16.0rc2.dev313+g662205d34"
@@ -778,8 +883,11 @@ def test_lost_start_leaves_the_verdict_to_the_health_gate() -> None:
 
 
 def test_cancel_during_a_cut_reinstall_takes_effect_after_uv_ended() -> None:
-    h = Host(lose=is_install, uv_running_polls=2, cancel_at=lambda a: is_install(a.argv)
-             if isinstance(a, RunCommand) else False)
+    h = Host(
+        lose=is_install,
+        uv_running_polls=2,
+        cancel_at=lambda a: is_install(a.argv) if isinstance(a, RunCommand) else False,
+    )
     out = run(h, version="0.16.0")
     assert out.status == "cancelled"
     assert "after the reinstall" in out.summary and out.version_after == "0.16.0"
@@ -788,9 +896,12 @@ def test_cancel_during_a_cut_reinstall_takes_effect_after_uv_ended() -> None:
 
 
 def test_every_begun_step_is_ended_when_results_are_lost() -> None:
-    for h in (Host(lose=lambda a: True), Host(lose=is_install),
-              Host(lose=lambda a: a[:2] == ("systemctl", "stop")),
-              Host(install_fails=1, lose=lambda a: is_rollback(a))):
+    for h in (
+        Host(lose=lambda a: True),
+        Host(lose=is_install),
+        Host(lose=lambda a: a[:2] == ("systemctl", "stop")),
+        Host(install_fails=1, lose=lambda a: is_rollback(a)),
+    ):
         run(h, svc={"install_timeout_s": 20})
         begun = [n.step for n in h.notices if isinstance(n, BeginStep)]
         ended = [n.step for n in h.notices if isinstance(n, EndStep)]
@@ -803,9 +914,14 @@ def test_install_timeout_rolls_back_and_names_the_limit_and_last_output() -> Non
 
     def command(a: tuple[str, ...]) -> CommandResult:
         if is_install(a):  # `timeout` sent TERM: uv is gone, the venv may be half-done
-            return CommandResult(argv=a, exit_status=124, stdout="",
-                                 stderr="Resolved 152 packages in 30ms\n", duration_s=60.0,
-                                 timed_out=True)
+            return CommandResult(
+                argv=a,
+                exit_status=124,
+                stdout="",
+                stderr="Resolved 152 packages in 30ms\n",
+                duration_s=60.0,
+                timed_out=True,
+            )
         return inner(a)
 
     h.command = command  # type: ignore[method-assign]
@@ -813,7 +929,8 @@ def test_install_timeout_rolls_back_and_names_the_limit_and_last_output() -> Non
     assert out.status == "rolled_back"
     assert out.summary.startswith(
         "reinstall timed out after 60s (last output: Resolved 152 packages in 30ms); "
-        "rolled back to 0.16.0rc2.dev313+g662205d34")
+        "rolled back to 0.16.0rc2.dev313+g662205d34"
+    )
     assert verbs(h) == ["stop", "install", "rollback", "start"]
     assert installs_checks(h) == []  # uv's end is known: nothing to wait for
 
@@ -827,9 +944,12 @@ def test_preflight_reads_free_disk_on_a_mount_point_with_a_space() -> None:
 
     def command(a: tuple[str, ...]) -> CommandResult:
         if a[0] == "df":
-            return ok(a, "Filesystem     1048576-blocks  Used Available Capacity Mounted on\n"
-                         "tmpfs                      64     0        64       0% "
-                         "/tmp/df sample/mnt 1\n")
+            return ok(
+                a,
+                "Filesystem     1048576-blocks  Used Available Capacity Mounted on\n"
+                "tmpfs                      64     0        64       0% "
+                "/tmp/df sample/mnt 1\n",
+            )
         return inner(a)
 
     h.command = command  # type: ignore[method-assign]
@@ -843,12 +963,16 @@ def test_preflight_reads_free_disk_on_a_mount_point_with_a_space() -> None:
 #   uv pip show --python /opt/venvs/vllm/bin/python vllm      (no such file: exit 2)
 #   uv pip show --python /tmp/fakepy/python vllm              (an empty file: exit 2)
 # stdout was empty both times; this is stderr, as uv wrote it without a terminal.
-UV_NO_PYTHON = ("error: No virtual environment or system Python installation found for path "
-                "`/opt/venvs/vllm/bin/python`; run `uv venv` to create an environment\n")
-UV_NOT_EXECUTABLE = ("error: Failed to inspect Python interpreter from provided path at "
-                     "`/tmp/fakepy/python`\n"
-                     "  cause: Failed to query Python interpreter at `/tmp/fakepy/python`\n"
-                     "  cause: Permission denied (os error 13)\n")
+UV_NO_PYTHON = (
+    "error: No virtual environment or system Python installation found for path "
+    "`/opt/venvs/vllm/bin/python`; run `uv venv` to create an environment\n"
+)
+UV_NOT_EXECUTABLE = (
+    "error: Failed to inspect Python interpreter from provided path at "
+    "`/tmp/fakepy/python`\n"
+    "  cause: Failed to query Python interpreter at `/tmp/fakepy/python`\n"
+    "  cause: Permission denied (os error 13)\n"
+)
 
 
 @pytest.mark.parametrize("said", [UV_NO_PYTHON, UV_NOT_EXECUTABLE])
@@ -888,5 +1012,7 @@ def test_preflight_refusal_for_unreadable_free_disk_quotes_df() -> None:
     h.command = command  # type: ignore[method-assign]
     out = run(h)
     assert out.status == "aborted"
-    assert out.summary.endswith("cannot read free disk space of /opt/venvs/vllm "
-                                "(exit 1: df: /opt/venvs/vllm: No such file or directory)")
+    assert out.summary.endswith(
+        "cannot read free disk space of /opt/venvs/vllm "
+        "(exit 1: df: /opt/venvs/vllm: No such file or directory)"
+    )

@@ -41,8 +41,10 @@ def test_preflight_records_the_snapshot_and_the_planned_change() -> None:
     assert save[-2] == "/opt/venvs/.chatops"
     [planned] = packages(h, EnvKind.PLANNED)
     assert planned.diff is not None
-    assert planned.diff.changes == (Change("torch", "2.9.1", "2.10.0"),
-                                    Change("vllm", OLD, "0.16.0"))
+    assert planned.diff.changes == (
+        Change("torch", "2.9.1", "2.10.0"),
+        Change("vllm", OLD, "0.16.0"),
+    )
     assert planned.diff.unchanged == 1  # numpy, reinstalled as it was (`~`)
     assert "changes: torch 2.9.1 → 2.10.0, vllm" in ended(h, Step.PREFLIGHT).summary
     [installed] = packages(h, EnvKind.INSTALLED)
@@ -83,6 +85,7 @@ def test_an_empty_snapshot_refuses() -> None:
 
     def command(a: tuple[str, ...]) -> CommandResult:
         return ok(a, "") if a[1:3] == ("pip", "freeze") else inner(a)
+
     h.command = command  # type: ignore[method-assign]
     _refuses(h, "the environment snapshot is empty")
 
@@ -95,8 +98,11 @@ def test_prefetch_runs_before_the_stop_with_the_pinned_set_on_stdin() -> None:
     fetched = ended(h, Step.PREFETCH)
     assert fetched.ok and "3 packages in uv's cache, 880.0 MiB downloaded" in fetched.summary
     prefetch = next(a for a, _ in h.index_env if a[:2] == ("/bin/sh", "-c") and "venv" in a[2])
-    assert prefetch[-3:] == ("/opt/venvs/.chatops/prefetch-vllm", "uv",
-                             "/opt/venvs/vllm/bin/python")
+    assert prefetch[-3:] == (
+        "/opt/venvs/.chatops/prefetch-vllm",
+        "uv",
+        "/opt/venvs/vllm/bin/python",
+    )
 
 
 def test_prefetch_stdin_is_the_index_then_the_pins() -> None:
@@ -108,10 +114,10 @@ def test_prefetch_stdin_is_the_index_then_the_pins() -> None:
         if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
             seen.append(action.stdin)
         return respond(action)
+
     h.respond = spy  # type: ignore[method-assign]
     run(h, version="0.16.0", index="nightly")
-    assert seen == [b"https://wheels.vllm.ai/nightly\nnumpy==2.2.6\ntorch==2.10.0\n"
-                    b"vllm==0.16.0\n"]
+    assert seen == [b"https://wheels.vllm.ai/nightly\nnumpy==2.2.6\ntorch==2.10.0\nvllm==0.16.0\n"]
 
 
 def test_a_failed_prefetch_refuses_with_the_service_untouched() -> None:
@@ -133,6 +139,7 @@ def test_a_freeze_listing_one_package_twice_refuses_before_anything_is_saved() -
         if a[1:3] == ("pip", "freeze"):
             return ok(a, f"numpy==2.2.6\npip==21.3.1\npip==22.1.1\nvllm=={OLD}\n")
         return inner(a)
+
     h.command = command  # type: ignore[method-assign]
     _refuses(h, "snapshot not restorable: two versions of pip installed (21.3.1, 22.1.1)")
     assert not any(a[:3] == ("sh", "-c", remote.SAVE_FROM_STDIN) for a in h.calls)
@@ -158,11 +165,13 @@ def test_prefetch_pins_a_package_from_a_url_by_its_url() -> None:
         if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
             seen.append(action.stdin)
         return respond(action)
+
     h.command = command  # type: ignore[method-assign]
     h.respond = spy  # type: ignore[method-assign]
     assert run(h, version="0.16.0").status == "succeeded"
-    assert seen == [f"humming-kernels @ {url}\nnumpy==2.2.6\ntorch==2.10.0\n"
-                    "vllm==0.16.0\n".encode()]
+    assert seen == [
+        f"humming-kernels @ {url}\nnumpy==2.2.6\ntorch==2.10.0\nvllm==0.16.0\n".encode()
+    ]
     [planned] = packages(h, EnvKind.PLANNED)
     assert planned.diff is not None
     assert Change("humming-kernels", None, "0.1.19", None, url) in planned.diff.changes
@@ -176,8 +185,10 @@ def _gate_refuses(h: Host, check: str) -> str:
     gate = ended(h, Step.GATE)
     assert not gate.ok and gate.summary.startswith(f"{check} check failed")
     assert f"the import gate refused the start ({check} check failed" in out.summary
-    assert "rolled back to 0.16.0rc2.dev313+g662205d34 (the whole environment, 3 packages" \
+    assert (
+        "rolled back to 0.16.0rc2.dev313+g662205d34 (the whole environment, 3 packages"
         in out.summary
+    )
     return out.summary
 
 
@@ -188,13 +199,14 @@ def test_an_import_error_never_starts_the_new_version() -> None:
 
 def test_a_torch_built_for_a_newer_cuda_than_the_driver_never_starts() -> None:
     summary = _gate_refuses(Host(driver_cuda="12.8"), "CUDA")
-    assert "torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 the driver supports" \
-        in summary
+    assert "torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 the driver supports" in summary
 
 
 def test_another_vllm_than_the_target_never_starts() -> None:
-    summary = _gate_refuses(Host(gate_stdout='chatops-gate {"vllm": "0.15.1", "torch": '
-                                              '"2.10.0", "cuda": "13.0"}\n'), "vllm version")
+    summary = _gate_refuses(
+        Host(gate_stdout='chatops-gate {"vllm": "0.15.1", "torch": "2.10.0", "cuda": "13.0"}\n'),
+        "vllm version",
+    )
     assert "vllm 0.15.1 is installed, not 0.16.0" in summary
 
 
@@ -229,6 +241,7 @@ def test_a_restored_environment_that_differs_is_a_failure_that_says_how() -> Non
         if is_rollback(a):
             h.torch = "2.10.0"  # uv left torch behind (it never does; the check must tell)
         return r
+
     h.command = command  # type: ignore[method-assign]
     out = run(h)
     assert out.status == "failed"
@@ -243,6 +256,7 @@ def _unhealthy_until_rollback(h: Host) -> Host:
         if is_rollback(a):
             h.health_status = 200
         return inner(a)
+
     h.command = command  # type: ignore[method-assign]
     return h
 
@@ -254,9 +268,11 @@ def test_an_unhealthy_start_stops_and_restores_the_snapshot() -> None:
     assert "not healthy after 30s (last: HTTP 503)" in out.summary
     assert verbs(h) == ["stop", "install", "start", "stop", "rollback", "start"]
     names = [str(n.step) for n in h.notices if isinstance(n, EndStep)]
-    after = names[names.index("health"):]
-    assert after[:5] == ["health", "rollback_stop", "rollback", "rollback_start",
-                         "rollback_health"] and "postcheck" in after
+    after = names[names.index("health") :]
+    assert (
+        after[:5] == ["health", "rollback_stop", "rollback", "rollback_start", "rollback_health"]
+        and "postcheck" in after
+    )
 
 
 def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:
@@ -264,6 +280,8 @@ def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:
     out = run(h, svc={"rollback_on_unhealthy": False}, version="0.16.0")
     assert out.status == "failed"
     assert "rollback_on_unhealthy is off" in out.summary
-    assert ("Roll back with: `systemctl stop --no-pager -- vllm-kimi-k25 && uv pip sync --python "
-            "/opt/venvs/vllm/bin/python --offline /opt/venvs/.chatops/vllm-") in out.summary
+    assert (
+        "Roll back with: `systemctl stop --no-pager -- vllm-kimi-k25 && uv pip sync --python "
+        "/opt/venvs/vllm/bin/python --offline /opt/venvs/.chatops/vllm-"
+    ) in out.summary
     assert verbs(h) == ["stop", "install", "start"]

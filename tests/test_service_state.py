@@ -4,8 +4,9 @@ from bot.core.service_state import ServiceState, worst
 
 
 def test_one_host_down_makes_the_run_down_whatever_the_others() -> None:
-    assert worst([ServiceState.UP, ServiceState.DOWN, ServiceState.UP_NOT_READY]) \
-        == ServiceState.DOWN
+    assert (
+        worst([ServiceState.UP, ServiceState.DOWN, ServiceState.UP_NOT_READY]) == ServiceState.DOWN
+    )
     assert worst([ServiceState.UP, ServiceState.STOPPED]) == ServiceState.STOPPED
 
 

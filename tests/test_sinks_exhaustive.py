@@ -28,29 +28,42 @@ from bot.slack.blocks import CardView, initial_steps
 from bot.slack.poster import Poster
 from bot.slack.reporter import SlackReporter
 
-PLAN = Plan(action=Action.REDEPLOY, service="svc", hosts=("gpu-1",), unit="vllm.service",
-            package="vllm", version="0.16.0", spec="vllm==0.16.0", index_name=None,
-            index_url=None, steps=(PlannedStep(Step.PREFLIGHT, "cmd preflight"),))
+PLAN = Plan(
+    action=Action.REDEPLOY,
+    service="svc",
+    hosts=("gpu-1",),
+    unit="vllm.service",
+    package="vllm",
+    version="0.16.0",
+    spec="vllm==0.16.0",
+    index_name=None,
+    index_url=None,
+    steps=(PlannedStep(Step.PREFLIGHT, "cmd preflight"),),
+)
 SNAPSHOT = GpuSnapshot("gpu-1", (Gpu(0, "GPU-0", "NVIDIA H200", 10, 143771, 0),))
 DIFF = PackageDiff(changes=(), unchanged=3)
 CHECK = GpuCheck(refusal=None)
 
 # One of each event type, by type.
-EXAMPLES: dict[type, ev.Event] = {type(e): e for e in (
-    ev.RunStarted(1, PLAN, "U0ALICE", ("U0BOB",)),
-    ev.StepStarted(1, "gpu-1", Step.PREFLIGHT, "cmd preflight"),
-    ev.StepProgress(1, "gpu-1", Step.PREFLIGHT, "checking", elapsed_s=1.0),
-    ev.OutputLine(1, "gpu-1", Step.PREFLIGHT, "stdout", "a line"),
-    ev.StepFinished(1, "gpu-1", Step.PREFLIGHT, StepStatus.OK, 0, 0.5, "done", "a line"),
-    ev.GpuTable(1, "gpu-1", "after drain", SNAPSHOT),
-    ev.VersionsKnown(1, "gpu-1", "0.15.1", "0.16.0"),
-    ev.PackagesKnown(1, "gpu-1", EnvKind.PLANNED, DIFF),
-    ev.GpuHealthKnown(1, "gpu-1", CHECK),
-    ev.HostFinished(1, "gpu-1", HostStatus.SUCCEEDED, "healthy", ServiceState.UP),
-    ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0", "0.15.1", "0.16.0",
-                   ServiceState.UP),
-    ev.Notice(1, "the audit log cannot be written"),
-)}
+EXAMPLES: dict[type, ev.Event] = {
+    type(e): e
+    for e in (
+        ev.RunStarted(1, PLAN, "U0ALICE", ("U0BOB",)),
+        ev.StepStarted(1, "gpu-1", Step.PREFLIGHT, "cmd preflight"),
+        ev.StepProgress(1, "gpu-1", Step.PREFLIGHT, "checking", elapsed_s=1.0),
+        ev.OutputLine(1, "gpu-1", Step.PREFLIGHT, "stdout", "a line"),
+        ev.StepFinished(1, "gpu-1", Step.PREFLIGHT, StepStatus.OK, 0, 0.5, "done", "a line"),
+        ev.GpuTable(1, "gpu-1", "after drain", SNAPSHOT),
+        ev.VersionsKnown(1, "gpu-1", "0.15.1", "0.16.0"),
+        ev.PackagesKnown(1, "gpu-1", EnvKind.PLANNED, DIFF),
+        ev.GpuHealthKnown(1, "gpu-1", CHECK),
+        ev.HostFinished(1, "gpu-1", HostStatus.SUCCEEDED, "healthy", ServiceState.UP),
+        ev.RunFinished(
+            1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0", "0.15.1", "0.16.0", ServiceState.UP
+        ),
+        ev.Notice(1, "the audit log cannot be written"),
+    )
+}
 EVENT_TYPES = sorted(get_args(ev.Event), key=lambda t: t.__name__)
 
 
@@ -77,11 +90,17 @@ async def test_the_terminal_sink_handles(kind: type) -> None:
 # ---- Slack: every event changes the card or the thread, but output and the request's
 # GPU verdict --------------------------------------------------------------------------
 
+
 def reporter() -> SlackReporter:
     # apply() never touches Slack: the client is never called.
     poster = Poster(AsyncWebClient(token="xoxb-never-used"), Redactor(), post_interval_s=0)
-    view = CardView(run_id=1, plan=PLAN, requested_by="U0ALICE", status=RunStatus.APPROVED,
-                    steps=initial_steps(PLAN))
+    view = CardView(
+        run_id=1,
+        plan=PLAN,
+        requested_by="U0ALICE",
+        status=RunStatus.APPROVED,
+        steps=initial_steps(PLAN),
+    )
     return SlackReporter(poster, channel="C0OPS", ts="1.0", view=view)
 
 
@@ -104,6 +123,7 @@ async def test_the_slack_reporter_handles(kind: type) -> None:
 
 
 # ---- the request's reads: each keeps only its own event ------------------------------
+
 
 @pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)
 async def test_the_preview_collector_handles(kind: type) -> None:

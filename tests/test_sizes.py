@@ -33,12 +33,16 @@ def offenders(path: Path, name: str) -> list[str]:
         found.append(f"{name}: module has {lines} lines (max {MAX_MODULE_LINES})")
     for node in ast.walk(ast.parse(source, str(path))):
         if isinstance(node, ast.ClassDef) and _span(node) > MAX_CLASS_LINES:
-            found.append(f"{name}: class {node.name} has {_span(node)} lines "
-                         f"(max {MAX_CLASS_LINES})")
-        elif (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-              and _span(node) > MAX_FUNCTION_LINES):
-            found.append(f"{name}: function {node.name} has {_span(node)} lines "
-                         f"(max {MAX_FUNCTION_LINES})")
+            found.append(
+                f"{name}: class {node.name} has {_span(node)} lines (max {MAX_CLASS_LINES})"
+            )
+        elif (
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and _span(node) > MAX_FUNCTION_LINES
+        ):
+            found.append(
+                f"{name}: function {node.name} has {_span(node)} lines (max {MAX_FUNCTION_LINES})"
+            )
     return found
 
 
@@ -58,10 +62,16 @@ def test_the_limits_catch_a_long_module_class_and_function(tmp_path: Path) -> No
     path.write_text(fn + cls + pad)
     found = offenders(path, "probe.py")
     assert [f.split(": ", 1)[1].split(" has ")[0] for f in found] == [
-        "module", "function long", "class Big"]
+        "module",
+        "function long",
+        "class Big",
+    ]
 
 
 def test_no_module_class_or_function_is_too_long() -> None:
-    found = [line for path in _modules()
-             for line in offenders(path, path.relative_to(ROOT.parent).as_posix())]
+    found = [
+        line
+        for path in _modules()
+        for line in offenders(path, path.relative_to(ROOT.parent).as_posix())
+    ]
     assert found == [], "\n".join(found)

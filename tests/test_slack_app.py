@@ -38,8 +38,9 @@ async def test_http_mode_needs_the_signing_secret(tmp_path: Path) -> None:
     assert "SLACK_SIGNING_SECRET" in err.getvalue()
 
 
-async def test_a_bad_token_fails_at_start_with_a_clear_error(tmp_path: Path,
-                                                             sim_host: SimKit) -> None:
+async def test_a_bad_token_fails_at_start_with_a_clear_error(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with new_fake() as fake:
         settings = make_settings(tmp_path, sim_host, fake, SLACK_BOT_TOKEN="xoxb-wrong-token")
         err = io.StringIO()
@@ -63,23 +64,27 @@ async def test_socket_mode_takes_commands_and_clicks(tmp_path: Path, sim_host: S
             card = await fake.wait_for_message(CHANNEL, lambda m: bool(buttons(m)))
             assert "<@U0ALICE>" in blocks_text(card)
             run_id = int(card["blocks"][-1]["elements"][0]["value"])
-            click = fake.block_action("deny", str(run_id), channel_id=CHANNEL,
-                                      message_ts=card["ts"], user_id=ALICE)
+            click = fake.block_action(
+                "deny", str(run_id), channel_id=CHANNEL, message_ts=card["ts"], user_id=ALICE
+            )
             await fake.socket_mode.interactive(click)
-            await fake.wait_for(lambda: "denied" in blocks_text(fake.message(CHANNEL,
-                                                                            card["ts"])),
-                                what="the card to say denied")
+            await fake.wait_for(
+                lambda: "denied" in blocks_text(fake.message(CHANNEL, card["ts"])),
+                what="the card to say denied",
+            )
         finally:
             stop.set()
             assert await asyncio.wait_for(bot, 10) == 0
         assert touched(sim_host) == []  # the card's read of the load, nothing else
 
 
-async def test_an_empty_approvers_list_is_refused_at_start(tmp_path: Path,
-                                                           sim_host: SimKit) -> None:
+async def test_an_empty_approvers_list_is_refused_at_start(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with new_fake() as fake:
-        settings = make_settings(tmp_path, sim_host, fake,
-                                 policy={"requesters": [], "approvers": []})
+        settings = make_settings(
+            tmp_path, sim_host, fake, policy={"requesters": [], "approvers": []}
+        )
         err = io.StringIO()
         assert await serve(settings, err=err) == 2
         assert "[policy].approvers is empty" in err.getvalue()

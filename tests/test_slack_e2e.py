@@ -39,7 +39,8 @@ def ack_text(body: str) -> str:
 
 
 async def test_request_self_approval_refused_then_approved_runs_to_the_end(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         res = await bot.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
         assert res.status == 200
@@ -48,8 +49,14 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         assert record.requested_by == ALICE
         card = await bot.card(record.id)
         text = blocks_text(card)
-        for expected in ("gpu-node-1", "vllm-kimi-k25", "vllm==0.16.0", "<@U0ALICE>",
-                         "systemctl stop --no-pager -- vllm-kimi-k25", "--force-reinstall"):
+        for expected in (
+            "gpu-node-1",
+            "vllm-kimi-k25",
+            "vllm==0.16.0",
+            "<@U0ALICE>",
+            "systemctl stop --no-pager -- vllm-kimi-k25",
+            "--force-reinstall",
+        ):
             assert expected in text, expected
         assert buttons(card) == ["Approve", "Deny"]
         # Nothing but the card's read of the load touches the host before approval.
@@ -86,8 +93,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         assert all(c.ok for c in bot.fake.calls()), [c for c in bot.fake.calls() if not c.ok]
 
 
-async def test_unauthorized_click_is_refused_and_recorded(tmp_path: Path,
-                                                          sim_host: SimKit) -> None:
+async def test_unauthorized_click_is_refused_and_recorded(tmp_path: Path, sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"restart {SERVICE}", user=ALICE)
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
@@ -103,7 +109,8 @@ async def test_unauthorized_click_is_refused_and_recorded(tmp_path: Path,
 
 
 async def test_n_of_m_needs_distinct_approvers_and_double_clicks_count_once(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     policy = default_policy(min_approvals=2)
     async with slack_bot(tmp_path, sim_host, policy=policy) as bot:
         await bot.command(f"restart {SERVICE}", user=ALICE)
@@ -122,10 +129,12 @@ async def test_n_of_m_needs_distinct_approvers_and_double_clicks_count_once(
 
 
 async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     clock = ManualWallClock()
-    async with slack_bot(tmp_path, sim_host, policy=default_policy(approval_ttl_s=600),
-                         clock=clock) as bot:
+    async with slack_bot(
+        tmp_path, sim_host, policy=default_policy(approval_ttl_s=600), clock=clock
+    ) as bot:
         await bot.command(f"redeploy {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
@@ -134,8 +143,10 @@ async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
         clock.advance(1)  # the deadline itself is late
         expired = await bot.wait_status(record.id, RunStatus.EXPIRED, timeout_s=10)
         assert expired.summary == "approval window expired"
-        await bot.fake.wait_for(lambda: not buttons(bot.fake.message(CHANNEL, expired.message_ts
-                                                                     or "")), what="no buttons")
+        await bot.fake.wait_for(
+            lambda: not buttons(bot.fake.message(CHANNEL, expired.message_ts or "")),
+            what="no buttons",
+        )
         assert "expired" in blocks_text(await bot.card(record.id))
         await bot.click("approve", record.id, user=BOB)
         notes = await bot.ephemerals_for(BOB)
@@ -145,7 +156,8 @@ async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
 
 
 async def test_deny_closes_the_request_without_touching_the_host(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"redeploy {SERVICE} --version 0.16.0")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
@@ -165,17 +177,29 @@ def test_deny_button_asks_for_confirmation() -> None:
     from bot.core.plan import Plan
     from bot.slack.blocks import CardView, run_card
 
-    plan = Plan(action=Action.RESTART, service="s", hosts=("h",), unit="u", package="vllm",
-                version=None, spec="vllm", index_name=None, index_url=None, steps=())
-    card = run_card(CardView(run_id=1, plan=plan, requested_by=ALICE,
-                             status=RunStatus.PENDING_APPROVAL))
+    plan = Plan(
+        action=Action.RESTART,
+        service="s",
+        hosts=("h",),
+        unit="u",
+        package="vllm",
+        version=None,
+        spec="vllm",
+        index_name=None,
+        index_url=None,
+        steps=(),
+    )
+    card = run_card(
+        CardView(run_id=1, plan=plan, requested_by=ALICE, status=RunStatus.PENDING_APPROVAL)
+    )
     actions = next(b for b in card.blocks if b["type"] == "actions")
     deny = next(e for e in actions["elements"] if e["text"]["text"] == "Deny")
     assert deny["confirm"]["confirm"]["text"] == "Deny"
 
 
 async def test_dry_run_shows_plan_and_preflight_without_approval(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"redeploy {SERVICE} --version 0.16.0 --dry-run")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
@@ -189,9 +213,12 @@ async def test_dry_run_shows_plan_and_preflight_without_approval(
         assert ":heavy_minus_sign: Stop service" in card_text
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
         assert "Preflight" in thread
-        changing = [c for c in sim_host.calls()
-                    if c.argv[:2] in (("systemctl", "stop"), ("systemctl", "start"))
-                    or ("install" in c.argv and "--dry-run" not in c.argv)]
+        changing = [
+            c
+            for c in sim_host.calls()
+            if c.argv[:2] in (("systemctl", "stop"), ("systemctl", "start"))
+            or ("install" in c.argv and "--dry-run" not in c.argv)
+        ]
         assert changing == []
 
 
@@ -200,8 +227,9 @@ async def test_cancel_a_pending_request_by_command(tmp_path: Path, sim_host: Sim
         await bot.command(f"restart {SERVICE}")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await bot.command(f"cancel {record.id}", user=MALLORY)
-        assert "Only the requester or an approver" in (
-            await bot.ephemerals_for(MALLORY))[-1]["text"]
+        assert (
+            "Only the requester or an approver" in (await bot.ephemerals_for(MALLORY))[-1]["text"]
+        )
         await bot.command(f"cancel #{record.id}", user=ALICE)
         cancelled = await bot.wait_status(record.id, "cancelled")
         assert "cancelled by U0ALICE" in (cancelled.summary or "")
@@ -212,8 +240,9 @@ async def test_cancel_a_pending_request_by_command(tmp_path: Path, sim_host: Sim
         assert touched(sim_host) == []
 
 
-async def test_pending_cards_and_approvals_survive_a_restart(tmp_path: Path,
-                                                            sim_host: SimKit) -> None:
+async def test_pending_cards_and_approvals_survive_a_restart(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     policy = default_policy(min_approvals=2)
     async with new_fake() as fake:
         async with slack_bot(tmp_path, sim_host, fake, policy=policy) as bot:
@@ -230,32 +259,37 @@ async def test_pending_cards_and_approvals_survive_a_restart(tmp_path: Path,
 
 
 async def test_restart_expires_overdue_cards_and_rearms_the_others(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     # Two services on two hosts, so two requests can be pending at once (a pending
     # request holds its service's and hosts' locks).
     kit_a = await make_sim_host()
     kit_b = await make_sim_host(config=fast_config(hostname="gpu-node-2"))
-    fleet: dict[str, Any] = {"hosts": {**kit_a.settings_fragment()["hosts"],
-                       **kit_b.settings_fragment()["hosts"]},
-             "services": {SERVICE: kit_a.service_settings(),
-                          "other": kit_b.service_settings()}}
+    fleet: dict[str, Any] = {
+        "hosts": {**kit_a.settings_fragment()["hosts"], **kit_b.settings_fragment()["hosts"]},
+        "services": {SERVICE: kit_a.service_settings(), "other": kit_b.service_settings()},
+    }
     clock = ManualWallClock()  # every bot in this test lives on the same manual time
     async with new_fake() as fake:
-        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
-                             policy=default_policy(approval_ttl_s=2)) as bot:
+        async with slack_bot(
+            tmp_path, kit_a, fake, **fleet, clock=clock, policy=default_policy(approval_ttl_s=2)
+        ) as bot:
             await bot.command(f"restart {SERVICE}")
             soon = await bot.wait_for_run(lambda r: r.message_ts is not None, "card A")
-        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
-                             policy=default_policy(approval_ttl_s=3)) as bot:
+        async with slack_bot(
+            tmp_path, kit_a, fake, **fleet, clock=clock, policy=default_policy(approval_ttl_s=3)
+        ) as bot:
             await bot.command("redeploy other")
             later = await bot.wait_for_run(
-                lambda r: r.id != soon.id and r.message_ts is not None, "card B")
+                lambda r: r.id != soon.id and r.message_ts is not None, "card B"
+            )
         # Both bots are gone; A's window passes while no bot runs, B's not yet.
         assert soon.expires_at is not None and later.expires_at is not None
         clock.advance(2)
         assert parse_ts(soon.expires_at) <= clock() < parse_ts(later.expires_at)
-        async with slack_bot(tmp_path, kit_a, fake, **fleet, clock=clock,
-                             policy=default_policy(approval_ttl_s=3)) as bot:
+        async with slack_bot(
+            tmp_path, kit_a, fake, **fleet, clock=clock, policy=default_policy(approval_ttl_s=3)
+        ) as bot:
             # slack_bot ran resume(): the overdue card expired at start.
             assert (await bot.run(soon.id)).status == "expired"
             assert buttons(await bot.card(soon.id)) == []
@@ -263,8 +297,10 @@ async def test_restart_expires_overdue_cards_and_rearms_the_others(
             await eventually(lambda: bot.front_end.timers.armed(later.id), "B's timer re-armed")
             clock.advance(1)
             await bot.wait_status(later.id, "expired", timeout_s=10)
-            await bot.fake.wait_for(lambda: "expired" in blocks_text(
-                fake.message(CHANNEL, later.message_ts or "")), what="card B expired")
+            await bot.fake.wait_for(
+                lambda: "expired" in blocks_text(fake.message(CHANNEL, later.message_ts or "")),
+                what="card B expired",
+            )
             # An expired request no longer holds its service: it can be asked for again.
             assert await bot.runtime.audit.lock_holder("service:other") is None
         assert touched(kit_a) == [] and touched(kit_b) == []
@@ -286,14 +322,16 @@ async def test_bad_signatures_are_rejected(tmp_path: Path, sim_host: SimKit) -> 
 
 async def approved_redeploy(bot: SlackBot, text: str = f"redeploy {SERVICE}") -> int:
     await bot.command(text, user=ALICE)
-    record = await bot.wait_for_run(lambda r: r.message_ts is not None and r.status ==
-                                    "pending_approval", "a new card")
+    record = await bot.wait_for_run(
+        lambda r: r.message_ts is not None and r.status == "pending_approval", "a new card"
+    )
     await bot.click("approve", record.id, user=BOB)
     return record.id
 
 
 async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         run_id = await approved_redeploy(bot, f"redeploy {SERVICE} --version 0.16.0")
         await bot.wait_status(run_id, "running")
@@ -302,36 +340,57 @@ async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
         assert done.status == "succeeded", done.summary
         steps = await bot.runtime.audit.steps(run_id)
         assert [(s.step, s.status) for s in steps] == [
-            (s, "ok") for s in ("preflight", "gpu_check", "prefetch", "requests", "stop", "drain",
-                                "reinstall", "gate", "start", "health", "readiness",
-                                "postcheck", "gpu_recheck")]
-        assert (await bot.runtime.audit.snapshots(run_id))
+            (s, "ok")
+            for s in (
+                "preflight",
+                "gpu_check",
+                "prefetch",
+                "requests",
+                "stop",
+                "drain",
+                "reinstall",
+                "gate",
+                "start",
+                "health",
+                "readiness",
+                "postcheck",
+                "gpu_recheck",
+            )
+        ]
+        assert await bot.runtime.audit.snapshots(run_id)
         await bot.front_end.idle()  # the thread catches up after the storm
         assert any(c.status == 429 for c in bot.fake.calls())
         thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
-        for part in ("GPU memory after drain", "GPU memory after restart", "Reinstall package",
-                     f"Run #{run_id} succeeded"):
+        for part in (
+            "GPU memory after drain",
+            "GPU memory after restart",
+            "Reinstall package",
+            f"Run #{run_id} succeeded",
+        ):
             assert part in thread, part
         card = blocks_text(await bot.card(run_id))
         assert "succeeded" in card and ":white_check_mark: Post-check" in card
 
 
 async def test_slack_calls_per_redeploy_do_not_grow_with_output(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     counts: list[Counter[str]] = []
     async with slack_bot(tmp_path, sim_host) as bot:
         for lines in (100, 100_000):
             sim_host.update_config(install_output_lines=lines)
             start = len(bot.fake.calls())
             run_id = await approved_redeploy(bot)
-            done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back",
-                                         timeout_s=60)
+            done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back", timeout_s=60)
             assert done.status == "succeeded", done.summary
             await bot.front_end.idle()
             counts.append(Counter(c.method for c in bot.fake.calls()[start:]))
         small, large = counts
-        for method in ("chat.postMessage", "files.getUploadURLExternal",
-                       "files.completeUploadExternal"):
+        for method in (
+            "chat.postMessage",
+            "files.getUploadURLExternal",
+            "files.completeUploadExternal",
+        ):
             assert small[method] == large[method], method
         # One update per state change at most (11 steps, each started and finished, and a
         # start's phases), coalesced when they come fast.
@@ -342,7 +401,8 @@ async def test_slack_calls_per_redeploy_do_not_grow_with_output(
 
 
 async def test_cancel_button_stops_a_running_run_at_a_safe_point(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     kit = await make_sim_host(config=fast_config(release_delay_s=3.0))
     async with slack_bot(tmp_path, kit) as bot:
         run_id = await approved_redeploy(bot)
@@ -355,28 +415,37 @@ async def test_cancel_button_stops_a_running_run_at_a_safe_point(
         assert "Its thread: https://" in busy  # a link to the run in progress
         assert (await bot.refusals(1))[0].user == CAROL
         await bot.click("cancel", run_id, user=MALLORY)
-        assert "Only the requester or an approver" in (
-            await bot.ephemerals_for(MALLORY))[-1]["text"]
+        assert (
+            "Only the requester or an approver" in (await bot.ephemerals_for(MALLORY))[-1]["text"]
+        )
         await bot.click("cancel", run_id, user=ALICE)
         done = await bot.wait_status(run_id, "cancelled", "failed", "succeeded", timeout_s=30)
         assert done.status == "cancelled", done.summary
-        assert [(d.user, d.decision) for d in await bot.runtime.audit.decisions(run_id)
-                if d.decision == "cancel"] == [(ALICE, "cancel")]
+        assert [
+            (d.user, d.decision)
+            for d in await bot.runtime.audit.decisions(run_id)
+            if d.decision == "cancel"
+        ] == [(ALICE, "cancel")]
         await bot.front_end.idle()
         thread = "\n".join(blocks_text(m) for m in await bot.thread(run_id))
         assert "Cancel requested by <@U0ALICE>" in thread
         # Nothing was installed into the venv (the prefetch fills only uv's cache).
-        assert not [c for c in kit.calls() if "install" in c.argv and "--dry-run" not in c.argv
-                    and str(kit.python) in c.argv]
+        assert not [
+            c
+            for c in kit.calls()
+            if "install" in c.argv and "--dry-run" not in c.argv and str(kit.python) in c.argv
+        ]
 
 
-async def test_concurrent_clicks_start_the_run_exactly_once(tmp_path: Path,
-                                                            sim_host: SimKit) -> None:
+async def test_concurrent_clicks_start_the_run_exactly_once(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"restart {SERVICE}", user=ALICE)
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-        results = await asyncio.gather(*(bot.click("approve", record.id, user=u)
-                                         for u in (BOB, BOB, CAROL, BOB, CAROL)))
+        results = await asyncio.gather(
+            *(bot.click("approve", record.id, user=u) for u in (BOB, BOB, CAROL, BOB, CAROL))
+        )
         assert {r.status for r in results} == {200}
         done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
         assert done.status == "succeeded", done.summary
@@ -386,19 +455,22 @@ async def test_concurrent_clicks_start_the_run_exactly_once(tmp_path: Path,
 
 
 async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with new_fake() as fake:
         # The previous bot: it posted the card, was approved, started the run, and died.
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             await bot.command(f"restart {SERVICE}")
             record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
             audit = bot.runtime.audit
-            assert await audit.transition(record.id, RunStatus.APPROVED,
-                                          expect=(RunStatus.PENDING_APPROVAL,))
+            assert await audit.transition(
+                record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+            )
             # A PID above pid_max in this PID namespace: no process has it.
             dead = str(Owner(socket.gethostname(), 2**22 + 17, "1", this_namespace()))
-            assert await audit.transition(record.id, RunStatus.RUNNING,
-                                          expect=(RunStatus.APPROVED,), owner=dead)
+            assert await audit.transition(
+                record.id, RunStatus.RUNNING, expect=(RunStatus.APPROVED,), owner=dead
+            )
             first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
             await audit.step_finished(first, status=StepStatus.OK, duration_s=0.5)
             await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
@@ -420,10 +492,15 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
 
 
 async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
     venv = tmp_path / "opt-venv"
-    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv,
-                                service_port=8000) for i in (1, 2, 3)]
+    kits = [
+        await make_sim_host(
+            config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv, service_port=8000
+        )
+        for i in (1, 2, 3)
+    ]
     kits[1].set_faults(uv_fails=True)  # the second batch rolls back: the rollout stops
     fleet = fleet_fragment(kits)
     async with slack_bot(tmp_path, kits[0], **fleet) as bot:
@@ -434,8 +511,7 @@ async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
             assert k.hostname in card
         assert "1 at a time" in card
         await bot.click("approve", record.id, user=BOB)
-        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
-                                     timeout_s=60)
+        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back", timeout_s=60)
         assert done.status == "rolled_back", done.summary
         await bot.front_end.idle()
         card = blocks_text(await bot.card(record.id))

@@ -77,14 +77,19 @@ async def bot(tmp_path: Path, sim_host: SimKit) -> AsyncIterator[SlackBot]:
 
 
 def unsigned_headers(**extra: str) -> dict[str, str]:
-    return {"Content-Type": "application/x-www-form-urlencoded",
-            "X-Slack-Request-Timestamp": str(int(time.time())),
-            "X-Slack-Signature": "v0=" + "0" * 64, **extra}
+    return {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-Slack-Request-Timestamp": str(int(time.time())),
+        "X-Slack-Signature": "v0=" + "0" * 64,
+        **extra,
+    }
 
 
 async def post(url: str, body: bytes, headers: dict[str, str]) -> int:
-    async with aiohttp.ClientSession() as session, session.post(
-            url, data=body, headers=headers) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers=headers) as resp,
+    ):
         await resp.read()
         return resp.status
 
@@ -95,9 +100,11 @@ async def raw_post(url: str, body: bytes, headers: dict[str, str]) -> int:
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     try:
         head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        writer.write(f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{head}"
-                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                     .encode() + body)
+        writer.write(
+            f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{head}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
         await writer.drain()
         status_line = await asyncio.wait_for(reader.readline(), 10)
     finally:
@@ -106,7 +113,8 @@ async def raw_post(url: str, body: bytes, headers: dict[str, str]) -> int:
 
 
 async def test_an_unsigned_flood_costs_a_few_short_lines_and_forges_none(
-        bot: SlackBot, log: LogBytes) -> None:
+    bot: SlackBot, log: LogBytes
+) -> None:
     # A slash command body with a log line of the sender's inside, padded to 1 MiB.
     head = f"command=/vllm&text=help\n{FORGED}\n".encode()
     body = head + b"A" * (1024 * 1024 - len(head))
@@ -130,8 +138,9 @@ async def test_an_unsigned_flood_costs_a_few_short_lines_and_forges_none(
     assert res.status == 200 and "/vllm redeploy" in res.text
 
 
-async def test_the_lines_not_logged_are_counted_at_the_end(tmp_path: Path, sim_host: SimKit,
-                                                           log: LogBytes) -> None:
+async def test_the_lines_not_logged_are_counted_at_the_end(
+    tmp_path: Path, sim_host: SimKit, log: LogBytes
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         for _ in range(LINES_PER_MINUTE + 5):
             assert await post(bot.url, b"x=1", unsigned_headers()) == 401
@@ -139,22 +148,26 @@ async def test_the_lines_not_logged_are_counted_at_the_end(tmp_path: Path, sim_h
     assert "5 more refused Slack requests were not logged" in log.lines[-1]
 
 
-async def test_an_oversize_body_is_refused_before_it_is_read(bot: SlackBot,
-                                                             log: LogBytes) -> None:
+async def test_an_oversize_body_is_refused_before_it_is_read(bot: SlackBot, log: LogBytes) -> None:
     # Signed by the real secret: size is checked before the signature, so it is a 413.
     body = b"x" * (MAX_BODY_BYTES + 1)
     ts = str(int(time.time()))
-    signed = {**unsigned_headers(), "X-Slack-Request-Timestamp": ts,
-              "X-Slack-Signature": signature(SIGNING_SECRET, int(ts), body.decode())}
+    signed = {
+        **unsigned_headers(),
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": signature(SIGNING_SECRET, int(ts), body.decode()),
+    }
     assert await post(bot.url, body, signed) == 413
 
     # A 100 MiB Content-Length with 5 bytes sent: the answer comes without the rest.
     url = urlsplit(bot.url)
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
     try:
-        writer.write(f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
-                     "Content-Type: application/x-www-form-urlencoded\r\n"
-                     f"Content-Length: {100 * 1024 * 1024}\r\n\r\nx=123".encode())
+        writer.write(
+            f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n"
+            f"Content-Length: {100 * 1024 * 1024}\r\n\r\nx=123".encode()
+        )
         await writer.drain()
         status_line = await asyncio.wait_for(reader.readline(), 10)
     finally:
@@ -172,18 +185,22 @@ async def test_an_oversize_body_is_refused_before_it_is_read(bot: SlackBot,
     assert f"{100 * 1024 * 1024} bytes" in log.lines[1]
 
 
-@pytest.mark.parametrize("timestamp", [
-    "abc",             # int() raised in bolt: a 500 and a traceback
-    "",
-    "1e9",
-    "-5",
-    "+1700000000",     # int() takes the sign
-    "\uff11\uff12\uff13",  # fullwidth digits: int() takes them
-    "9" * 5000,        # int() refuses more than 4,300 digits
-    "12\xe9",          # a header byte over 127
-])
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "abc",  # int() raised in bolt: a 500 and a traceback
+        "",
+        "1e9",
+        "-5",
+        "+1700000000",  # int() takes the sign
+        "\uff11\uff12\uff13",  # fullwidth digits: int() takes them
+        "9" * 5000,  # int() refuses more than 4,300 digits
+        "12\xe9",  # a header byte over 127
+    ],
+)
 async def test_a_malformed_timestamp_is_a_401_with_one_short_line(
-        bot: SlackBot, log: LogBytes, timestamp: str) -> None:
+    bot: SlackBot, log: LogBytes, timestamp: str
+) -> None:
     # Raw bytes on the socket: aiohttp's client refuses to send control characters.
     headers = unsigned_headers(**{"X-Slack-Request-Timestamp": timestamp})
     status = await raw_post(bot.url, b"command=/vllm&text=help", headers)
@@ -194,7 +211,8 @@ async def test_a_malformed_timestamp_is_a_401_with_one_short_line(
 
 
 async def test_a_control_character_in_a_header_is_a_400_with_one_short_line(
-        bot: SlackBot, log: LogBytes) -> None:
+    bot: SlackBot, log: LogBytes
+) -> None:
     # aiohttp's parser refuses it before any handler runs (and logged a traceback).
     headers = unsigned_headers(**{"X-Slack-Request-Timestamp": "12\x1b[31m\x7f"})
     assert await raw_post(bot.url, b"x=1", headers) == 400
@@ -203,10 +221,12 @@ async def test_a_control_character_in_a_header_is_a_400_with_one_short_line(
     assert "Traceback" not in log.getvalue() and "\x1b" not in log.getvalue()
 
 
-@pytest.mark.parametrize("sig", ["", "v0=", "v0=" + "é" * 64, "v1=" + "0" * 64,
-                                 "v0=" + "0" * 63, "v0=" + "G" * 64])
+@pytest.mark.parametrize(
+    "sig", ["", "v0=", "v0=" + "é" * 64, "v1=" + "0" * 64, "v0=" + "0" * 63, "v0=" + "G" * 64]
+)
 async def test_a_malformed_signature_is_a_401_with_one_short_line(
-        bot: SlackBot, log: LogBytes, sig: str) -> None:
+    bot: SlackBot, log: LogBytes, sig: str
+) -> None:
     assert await post(bot.url, b"x=1", unsigned_headers(**{"X-Slack-Signature": sig})) == 401
     [line] = log.lines
     assert "malformed signature" in line and "Traceback" not in log.getvalue()
@@ -218,22 +238,40 @@ async def test_the_largest_card_a_click_can_carry_is_accepted(bot: SlackBot) -> 
     URL-encoded), clicked, reaches the app."""
     hosts = tuple(f"gpu-node-{i:02d}.dc1.example.internal" for i in range(1, 65))
     steps = tuple(PlannedStep(step, f"command for {step}") for step in list(Step)[:8])
-    plan = Plan(action=Action.REDEPLOY, service=SERVICE, hosts=hosts, unit="vllm-kimi-k25",
-                package="vllm", version="0.16.0", spec="vllm==0.16.0", index_name=None,
-                index_url=None, steps=steps, dry_run=False, batch_size=1)
+    plan = Plan(
+        action=Action.REDEPLOY,
+        service=SERVICE,
+        hosts=hosts,
+        unit="vllm-kimi-k25",
+        package="vllm",
+        version="0.16.0",
+        spec="vllm==0.16.0",
+        index_name=None,
+        index_url=None,
+        steps=steps,
+        dry_run=False,
+        batch_size=1,
+    )
     summary = "\u663e" * 400  # a host's message in Chinese
-    card = run_card(CardView(run_id=1, plan=plan, requested_by="U0ALICE",
-                             status=RunStatus.RUNNING, summary=summary,
-                             steps=tuple(StepLine(h, s.step, StepStatus.FAILED, 1.0, summary)
-                                         for h in hosts for s in steps)))
+    card = run_card(
+        CardView(
+            run_id=1,
+            plan=plan,
+            requested_by="U0ALICE",
+            status=RunStatus.RUNNING,
+            summary=summary,
+            steps=tuple(
+                StepLine(h, s.step, StepStatus.FAILED, 1.0, summary) for h in hosts for s in steps
+            ),
+        )
+    )
     # Posted for real, so the fake checks it is a message Slack takes; the click carries
     # it back as Slack's would.
     ts = await bot.front_end.poster.post(CHANNEL, card)
     payload = bot.fake.block_action("cancel", "1", channel_id=CHANNEL, message_ts=ts)
     # JSON with non-ASCII escaped (\uXXXX) or sent as UTF-8: the larger of the two.
     escaped = bot.signer.interactive_body(payload)
-    utf8 = urlencode({"payload": json.dumps(payload, separators=(",", ":"),
-                                            ensure_ascii=False)})
+    utf8 = urlencode({"payload": json.dumps(payload, separators=(",", ":"), ensure_ascii=False)})
     largest = max(escaped, utf8, key=lambda body: len(body.encode()))
     assert 600_000 < len(largest.encode()) < MAX_BODY_BYTES
     res = await bot.signer.sign(largest).post(bot.url)
@@ -258,7 +296,8 @@ def test_rejection_log_lines_per_minute_then_a_count() -> None:
         rejections("line 8")
         assert stream.lines[3:] == [
             "5 more refused Slack requests were not logged (at most 3 lines a minute)",
-            "line 8"]
+            "line 8",
+        ]
         rejections.flush()  # nothing held back: no line
         assert len(stream.lines) == 5
     finally:

@@ -28,7 +28,8 @@ def ack_text(body: str) -> str:
 
 
 async def test_a_gpus_flood_neither_delays_a_card_nor_goes_unlimited(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     rate_clock = ManualClock()  # no token comes back during the test
     # Half a second between posts, so the flood's answers visibly queue.
     slack = {"channels": [CHANNEL], "post_interval_s": 0.5, "update_interval_s": 0.2}
@@ -42,17 +43,19 @@ async def test_a_gpus_flood_neither_delays_a_card_nor_goes_unlimited(
         assert all(r.reason.startswith("Slow down") for r in rows)
 
         # The answers that were let through now wait for the channel's slots...
-        await eventually(lambda: bot.front_end.poster.waiting(CHANNEL) >= 4,
-                         "the flood's answers to queue")
+        await eventually(
+            lambda: bot.front_end.poster.waiting(CHANNEL) >= 4, "the flood's answers to queue"
+        )
         # ... and a redeploy's card, asked for after them, goes first.
         await bot.command(f"redeploy {SERVICE}", user=ALICE)
         await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await bot.front_end.idle()
         posted = bot.fake.top_level(CHANNEL)
-        kinds = ["card" if buttons(m) else "gpus" if "GPUs" in m.get("text", "") else "?"
-                 for m in posted]
+        kinds = [
+            "card" if buttons(m) else "gpus" if "GPUs" in m.get("text", "") else "?" for m in posted
+        ]
         assert kinds.count("gpus") == READ_ONLY_PER_MINUTE and kinds.count("card") == 1, kinds
-        assert kinds[kinds.index("card") + 1:].count("gpus") >= 2, kinds
+        assert kinds[kinds.index("card") + 1 :].count("gpus") >= 2, kinds
 
 
 class SteppedClock(ManualClock):
@@ -83,8 +86,7 @@ def note(text: str) -> Message:
 
 async def test_the_poster_gives_each_slot_to_the_most_urgent_post(fake: FakeSlack) -> None:
     clock = SteppedClock()
-    poster = Poster(client(fake), Redactor(), post_interval_s=1.0, clock=clock,
-                    sleep=clock.sleep)
+    poster = Poster(client(fake), Redactor(), post_interval_s=1.0, clock=clock, sleep=clock.sleep)
     answers = poster.answers()
     flood = [asyncio.create_task(answers.post(CHANNEL, note(f"answer {i}"))) for i in range(4)]
     await eventually(lambda: poster.waiting(CHANNEL) == 3, "three answers waiting")
@@ -99,7 +101,11 @@ async def test_the_poster_gives_each_slot_to_the_most_urgent_post(fake: FakeSlac
         await eventually(posted(fake, n), f"post {n}")
     await asyncio.gather(card, *flood[:3])
     assert [m["text"] for m in fake.messages(CHANNEL)] == [
-        "answer 0", "card", "answer 1", "answer 2"]
+        "answer 0",
+        "card",
+        "answer 1",
+        "answer 2",
+    ]
     assert poster.waiting(CHANNEL) == 0
 
 

@@ -29,19 +29,32 @@ from tests.support.clock import ManualClock
 
 CHANNEL = "C0OPS"
 SECRET = "hunter2-super-secret"
-PLAN = Plan(action=Action.REDEPLOY, service="svc", hosts=("gpu-1",), unit="vllm.service",
-            package="vllm", version="0.16.0", spec="vllm==0.16.0", index_name=None,
-            index_url=None,
-            steps=tuple(PlannedStep(s, f"cmd {s}") for s in (Step.PREFLIGHT, Step.STOP,
-                                                              Step.REINSTALL)))
-SNAPSHOT = GpuSnapshot("gpu-1", tuple(Gpu(i, f"GPU-{i}", "NVIDIA H200", 10, 143771, 0)
-                                      for i in range(8)))
+PLAN = Plan(
+    action=Action.REDEPLOY,
+    service="svc",
+    hosts=("gpu-1",),
+    unit="vllm.service",
+    package="vllm",
+    version="0.16.0",
+    spec="vllm==0.16.0",
+    index_name=None,
+    index_url=None,
+    steps=tuple(PlannedStep(s, f"cmd {s}") for s in (Step.PREFLIGHT, Step.STOP, Step.REINSTALL)),
+)
+SNAPSHOT = GpuSnapshot(
+    "gpu-1", tuple(Gpu(i, f"GPU-{i}", "NVIDIA H200", 10, 143771, 0) for i in range(8))
+)
 
 
 def client(fake: FakeSlack) -> AsyncWebClient:
-    return AsyncWebClient(token=fake.bot_token, base_url=fake.base_url, retry_handlers=[
-        AsyncRateLimitErrorRetryHandler(max_retry_count=1),
-        AsyncConnectionErrorRetryHandler(max_retry_count=1)])
+    return AsyncWebClient(
+        token=fake.bot_token,
+        base_url=fake.base_url,
+        retry_handlers=[
+            AsyncRateLimitErrorRetryHandler(max_retry_count=1),
+            AsyncConnectionErrorRetryHandler(max_retry_count=1),
+        ],
+    )
 
 
 class Waits:
@@ -55,17 +68,33 @@ class Waits:
         await asyncio.sleep(0)
 
 
-async def reporter_for(fake: FakeSlack, *, interval: float = 0.0, waits: Waits | None = None,
-                       backoff: Backoff = BACKOFF) -> SlackReporter:
+async def reporter_for(
+    fake: FakeSlack,
+    *,
+    interval: float = 0.0,
+    waits: Waits | None = None,
+    backoff: Backoff = BACKOFF,
+) -> SlackReporter:
     poster = Poster(client(fake), Redactor([SECRET]), post_interval_s=0.03)
-    view = CardView(run_id=1, plan=PLAN, requested_by="U0ALICE", status=RunStatus.APPROVED,
-                    steps=initial_steps(PLAN))
+    view = CardView(
+        run_id=1,
+        plan=PLAN,
+        requested_by="U0ALICE",
+        status=RunStatus.APPROVED,
+        steps=initial_steps(PLAN),
+    )
     ts = await poster.post(CHANNEL, Message("card", [section("card")]))
     if waits is None:
-        return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view,
-                             update_interval_s=interval)
-    return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view, update_interval_s=interval,
-                         backoff=backoff, sleep=waits.sleep)
+        return SlackReporter(poster, channel=CHANNEL, ts=ts, view=view, update_interval_s=interval)
+    return SlackReporter(
+        poster,
+        channel=CHANNEL,
+        ts=ts,
+        view=view,
+        update_interval_s=interval,
+        backoff=backoff,
+        sleep=waits.sleep,
+    )
 
 
 def run_events(lines: int) -> list[ev.Event]:
@@ -75,12 +104,23 @@ def run_events(lines: int) -> list[ev.Event]:
         n = lines if step == Step.REINSTALL else 3
         printed = [f"{step} line {i} building CUDA object paged_attention.cu.o" for i in range(n)]
         out += [ev.OutputLine(1, "gpu-1", step, "stderr", line) for line in printed]
-        out.append(ev.StepFinished(1, "gpu-1", step, StepStatus.OK, 0, 1.25, f"{step} done",
-                                   "\n".join(printed[-200:])))
+        out.append(
+            ev.StepFinished(
+                1, "gpu-1", step, StepStatus.OK, 0, 1.25, f"{step} done", "\n".join(printed[-200:])
+            )
+        )
         if step == Step.STOP:
             out.append(ev.GpuTable(1, "gpu-1", "after drain", SNAPSHOT))
-    out.append(ev.RunFinished(1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0, healthy", "0.15.1",
-                              "0.16.0", ServiceState.UP))
+    out.append(
+        ev.RunFinished(
+            1,
+            RunStatus.SUCCEEDED,
+            "vllm 0.15.1 -> 0.16.0, healthy",
+            "0.15.1",
+            "0.16.0",
+            ServiceState.UP,
+        )
+    )
     return out
 
 
@@ -151,13 +191,11 @@ async def test_an_outage_delays_the_thread_but_loses_nothing(fake: FakeSlack) ->
     assert "succeeded" in blocks_text(fake.message(CHANNEL, reporter.ts))
 
 
-async def test_each_failed_call_waits_its_back_off_and_nothing_is_lost(fake: FakeSlack
-                                                                       ) -> None:
+async def test_each_failed_call_waits_its_back_off_and_nothing_is_lost(fake: FakeSlack) -> None:
     # Six transient failures in a row, whichever call they hit: one wait each (so the calls
     # are bounded by the waits), doubling to the cap; the first success resets it.
     waits = Waits()
-    reporter = await reporter_for(fake, waits=waits,
-                                  backoff=Backoff(initial_s=1.0, max_s=4.0))
+    reporter = await reporter_for(fake, waits=waits, backoff=Backoff(initial_s=1.0, max_s=4.0))
     fake.fail_next("*", "internal_error", count=6)
     before = len(fake.calls())
     for event in run_events(5):
@@ -180,8 +218,7 @@ async def test_the_default_back_off_has_jitter(fake: FakeSlack) -> None:
     reporter.start()
     assert await reporter.flush(30)
     lows = [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert all(low <= w <= min(low + 1.0, 30.0)
-               for low, w in zip(lows, waits.seconds, strict=True))
+    assert all(low <= w <= min(low + 1.0, 30.0) for low, w in zip(lows, waits.seconds, strict=True))
     assert waits.seconds[:5] != lows[:5]  # the uncapped waits moved by their jitter
 
 
@@ -199,13 +236,26 @@ async def test_a_reply_slack_refuses_is_dropped_and_the_rest_still_go(fake: Fake
 async def test_secrets_never_reach_slack(fake: FakeSlack) -> None:
     reporter = await reporter_for(fake)
     reporter.start()
-    lines = [f"HF_TOKEN={SECRET}", *(f"pad {i} " + "x" * 100 for i in range(100)),
-             f"password: {SECRET}"]
+    lines = [
+        f"HF_TOKEN={SECRET}",
+        *(f"pad {i} " + "x" * 100 for i in range(100)),
+        f"password: {SECRET}",
+    ]
     await reporter.handle(ev.StepStarted(1, "gpu-1", Step.REINSTALL, "cmd"))
     for line in lines:
         await reporter.handle(ev.OutputLine(1, "gpu-1", Step.REINSTALL, "stdout", line))
-    await reporter.handle(ev.StepFinished(1, "gpu-1", Step.REINSTALL, StepStatus.FAILED, 1, 2.0,
-                                          f"failed near {SECRET}", "\n".join(lines)))
+    await reporter.handle(
+        ev.StepFinished(
+            1,
+            "gpu-1",
+            Step.REINSTALL,
+            StepStatus.FAILED,
+            1,
+            2.0,
+            f"failed near {SECRET}",
+            "\n".join(lines),
+        )
+    )
     assert await reporter.flush(30)
     assert fake.files and all(SECRET not in f.text for f in fake.files)
     assert "HF_TOKEN=***" in fake.files[0].text
@@ -223,8 +273,7 @@ async def test_poster_paces_posts_under_the_channel_limit() -> None:
         await asyncio.sleep(0)
 
     async with FakeSlack(post_rate_per_s=10, post_burst=1, clock=clock) as fake:
-        poster = Poster(client(fake), Redactor(), post_interval_s=0.11, clock=clock,
-                        sleep=sleep)
+        poster = Poster(client(fake), Redactor(), post_interval_s=0.11, clock=clock, sleep=sleep)
         started = clock()
         for i in range(6):
             await poster.post(CHANNEL, Message(f"m{i}", [section(f"m{i}")]))

@@ -47,9 +47,21 @@ async def test_lines_stream_before_the_command_ends(sim_host: SimKit) -> None:
         seen.append((stream, line))
         first_line.set()
 
-    task = asyncio.create_task(t.run(
-        ["uv", "pip", "install", "--python", str(sim_host.python), "--force-reinstall",
-         "vllm==0.16.0"], timeout_s=30, on_line=on_line))
+    task = asyncio.create_task(
+        t.run(
+            [
+                "uv",
+                "pip",
+                "install",
+                "--python",
+                str(sim_host.python),
+                "--force-reinstall",
+                "vllm==0.16.0",
+            ],
+            timeout_s=30,
+            on_line=on_line,
+        )
+    )
     await asyncio.wait_for(first_line.wait(), 10)
     assert not task.done()  # the first line arrived while uv was still running
     result = await task
@@ -116,13 +128,11 @@ async def test_health_through_the_ssh_connection(sim_sshd_host: SimKit) -> None:
         await t.close()
 
 
-async def test_one_connection_many_channels_under_the_session_cap(sim_sshd_host: SimKit
-                                                                   ) -> None:
+async def test_one_connection_many_channels_under_the_session_cap(sim_sshd_host: SimKit) -> None:
     # sshd allows 10 sessions per connection; 20 concurrent commands must all succeed.
     t = transport(sim_sshd_host, max_sessions=8)
     try:
-        results = await asyncio.gather(*(t.run(["echo", str(i)], timeout_s=10)
-                                         for i in range(20)))
+        results = await asyncio.gather(*(t.run(["echo", str(i)], timeout_s=10) for i in range(20)))
     finally:
         await t.close()
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]

@@ -19,22 +19,25 @@ from bot.core.versions import same_build, same_release
 from tests.test_sequence import Host, run
 
 
-@pytest.mark.parametrize(("a", "b", "same"), [
-    ("0.11.0", "0.11.0+cu129", True),  # the wheel's label, the package's none
-    ("0.11.0+cu126", "0.11.0", True),
-    ("0.11.0+precompiled", "0.11.0", True),
-    ("0.16.0rc2.dev313+g662205d34", "0.16.0rc2.dev313+g662205d34.cu129", True),
-    ("0.16.0", "0.16", True),  # PEP 440 normalised
-    ("0.11.0+CU129", "0.11.0+cu129", True),
-    ("0.11.0+cu129", "0.11.0+cu126", False),  # two builds of one release
-    ("0.16.0rc2.dev313+g662205d34", "0.16.0rc2.dev313+g0000000000.cu129", False),
-    ("0.11.0", "0.11.1+cu129", False),
-    ("0.11.0", "0.11.0.post1", False),
-    ("not-a-version", "not-a-version", True),  # text: only itself
-    ("not-a-version", "0.11.0", False),
-    (None, "0.11.0", False),  # unknown is never a match
-    (None, None, False),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("0.11.0", "0.11.0+cu129", True),  # the wheel's label, the package's none
+        ("0.11.0+cu126", "0.11.0", True),
+        ("0.11.0+precompiled", "0.11.0", True),
+        ("0.16.0rc2.dev313+g662205d34", "0.16.0rc2.dev313+g662205d34.cu129", True),
+        ("0.16.0", "0.16", True),  # PEP 440 normalised
+        ("0.11.0+CU129", "0.11.0+cu129", True),
+        ("0.11.0+cu129", "0.11.0+cu126", False),  # two builds of one release
+        ("0.16.0rc2.dev313+g662205d34", "0.16.0rc2.dev313+g0000000000.cu129", False),
+        ("0.11.0", "0.11.1+cu129", False),
+        ("0.11.0", "0.11.0.post1", False),
+        ("not-a-version", "not-a-version", True),  # text: only itself
+        ("not-a-version", "0.11.0", False),
+        (None, "0.11.0", False),  # unknown is never a match
+        (None, None, False),
+    ],
+)
 def test_same_release(a: str | None, b: str | None, same: bool) -> None:
     assert same_release(a, b) is same
     assert same_release(b, a) is same
@@ -50,28 +53,33 @@ def _end(h: Host, step: Step) -> EndStep:
 
 
 def test_readiness_takes_the_unlabelled_version_for_the_installed_cu129_wheel() -> None:
-    h = Host(installed_after="0.16.0+cu129", version_answer=(200, '{"version":"0.16.0"}'),
-             gate_stdout='chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", '
-                         '"cuda": "13.0"}\n')
+    h = Host(
+        installed_after="0.16.0+cu129",
+        version_answer=(200, '{"version":"0.16.0"}'),
+        gate_stdout='chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", "cuda": "13.0"}\n',
+    )
     out = run(h, version="0.16.0+cu129")
     assert out.status == "succeeded", out.summary
     assert h.version == "0.16.0+cu129"
     assert _end(h, Step.READINESS).detail.endswith(
-        "reports 0.16.0, the release of the installed 0.16.0+cu129")
+        "reports 0.16.0, the release of the installed 0.16.0+cu129"
+    )
 
 
 def test_another_build_of_the_same_release_is_not_the_installed_one() -> None:
     # A server still running (or reporting) the cu126 build is not the cu129 one installed.
-    h = Host(installed_after="0.16.0+cu129",
-             version_answer=(200, '{"version":"0.16.0+cu126"}'),
-             gate_stdout='chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", '
-                         '"cuda": "13.0"}\n')
+    h = Host(
+        installed_after="0.16.0+cu129",
+        version_answer=(200, '{"version":"0.16.0+cu126"}'),
+        gate_stdout='chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", "cuda": "13.0"}\n',
+    )
     out = run(h, version="0.16.0+cu129")
     # (This host's /version never changes, so the restored build is not ready either.)
     assert out.status == "failed", out.summary
     assert out.summary.startswith("not ready: ")
-    assert ("the server reports version 0.16.0+cu126, but vllm 0.16.0+cu129 is installed"
-            in out.summary)
+    assert (
+        "the server reports version 0.16.0+cu126, but vllm 0.16.0+cu129 is installed" in out.summary
+    )
 
 
 def test_latest_resolving_to_a_labelled_wheel_passes_the_gate_and_its_twin_does_not() -> None:
@@ -83,5 +91,6 @@ def test_latest_resolving_to_a_labelled_wheel_passes_the_gate_and_its_twin_does_
     h = Host(installed_after="0.16.0+cu129", gate_stdout=gate % "0.16.0+cu126")
     out = run(h)
     assert out.status == "rolled_back"
-    assert "vllm version check failed: vllm 0.16.0+cu126 is installed, not 0.16.0+cu129" in \
-        out.summary
+    assert (
+        "vllm version check failed: vllm 0.16.0+cu126 is installed, not 0.16.0+cu129" in out.summary
+    )

@@ -81,12 +81,17 @@ class CoordinationStore(StoreBase):
         """
         return await self.recover_dead(
             (lambda run: True) if alive is None else (lambda run: not alive(run.owner)),
-            summary=lambda run: runs_sql.interrupted_summary(run.status, run.current_step))
+            summary=lambda run: runs_sql.interrupted_summary(run.status, run.current_step),
+        )
 
     @shielded
     async def recover_dead(
-        self, dead: Callable[[RunRecord], bool], *, summary: Callable[[RunRecord], str],
-        run_ids: Collection[int] | None = None, by: str | None = None,
+        self,
+        dead: Callable[[RunRecord], bool],
+        *,
+        summary: Callable[[RunRecord], str],
+        run_ids: Collection[int] | None = None,
+        by: str | None = None,
     ) -> list[RunRecord]:
         """Runs left 'running' or 'approved' by a driver ``dead(run)`` says is gone become
         'interrupted' (their running steps too) with ``summary(run)``, and release their
@@ -121,8 +126,10 @@ class CoordinationStore(StoreBase):
         """Runs recovered from a dead driver whose Slack thread has not been told (a CLI
         recovered them, or the bot died before it could post), oldest first."""
         async with self._db.transaction(write=False) as conn:
-            return [await runs_sql.get(conn, run_id)
-                    for run_id in await runs_sql.untold_recoveries(conn)]
+            return [
+                await runs_sql.get(conn, run_id)
+                for run_id in await runs_sql.untold_recoveries(conn)
+            ]
 
     @shielded
     async def claim_telling(self, run_id: int) -> bool:
@@ -145,8 +152,9 @@ class CoordinationStore(StoreBase):
             return True
 
     @shielded
-    async def expire_pending(self, now: datetime,
-                             run_ids: Sequence[int] | None = None) -> list[RunRecord]:
+    async def expire_pending(
+        self, now: datetime, run_ids: Sequence[int] | None = None
+    ) -> list[RunRecord]:
         """Runs still awaiting approval at their ``expires_at`` (only ``run_ids`` when
         given) become 'expired', in one write transaction."""
         stamp = format_ts(now)
@@ -155,8 +163,9 @@ class CoordinationStore(StoreBase):
             return [await runs_sql.get(conn, run_id) for run_id in expired]
 
     @shielded
-    async def expire_closed(self, closed: Callable[[RunRecord], bool],
-                            run_ids: Collection[int] | None = None) -> list[RunRecord]:
+    async def expire_closed(
+        self, closed: Callable[[RunRecord], bool], run_ids: Collection[int] | None = None
+    ) -> list[RunRecord]:
         """Runs still awaiting approval whose window ``closed(run)`` says has closed
         (only ``run_ids`` when given) become 'expired' and release their locks, in one
         write transaction: the verdict is passed on each run as it is then, so a click
@@ -172,17 +181,22 @@ class CoordinationStore(StoreBase):
                 run = await runs_sql.get(conn, row["id"])
                 if not closed(run):
                     continue
-                await runs_sql.transition(conn, run.id, RunStatus.EXPIRED,
-                                          expect=[RunStatus.PENDING_APPROVAL],
-                                          summary=EXPIRED_SUMMARY, owner=None, now=now)
+                await runs_sql.transition(
+                    conn,
+                    run.id,
+                    RunStatus.EXPIRED,
+                    expect=[RunStatus.PENDING_APPROVAL],
+                    summary=EXPIRED_SUMMARY,
+                    owner=None,
+                    now=now,
+                )
                 expired.append(await runs_sql.get(conn, run.id))
         return expired
 
     # -- what a judge saw -----------------------------------------------------------
 
     @shielded
-    async def sight(self, clock: str, now: float,
-                    tokens: Mapping[int, str]) -> dict[int, Sighting]:
+    async def sight(self, clock: str, now: float, tokens: Mapping[int, str]) -> dict[int, Sighting]:
         """Record that the monotonic clock ``clock`` reads ``now`` while each run shows
         its token; returns each run's sighting on that clock (the first reading of a
         token that has not changed since). See ``bot.engine.liveness``."""

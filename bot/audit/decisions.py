@@ -33,8 +33,10 @@ async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[DecisionRecord
     rows = await fetch(
         conn, "SELECT user, decision, at FROM decisions WHERE run_id = ? ORDER BY id", (run_id,)
     )
-    return [DecisionRecord(r["user"], stored(Decision, r["decision"], "decision"), r["at"])
-            for r in rows]
+    return [
+        DecisionRecord(r["user"], stored(Decision, r["decision"], "decision"), r["at"])
+        for r in rows
+    ]
 
 
 async def deciders(
@@ -43,7 +45,10 @@ async def deciders(
     """For each run, who approved it, who denied it and who recovered it (marked it
     interrupted after its driver died), in the order they did."""
     found: dict[Decision, dict[int, list[str]]] = {
-        Decision.APPROVE: {}, Decision.DENY: {}, Decision.RECOVER: {}}
+        Decision.APPROVE: {},
+        Decision.DENY: {},
+        Decision.RECOVER: {},
+    }
     if run_ids:
         rows = await fetch(
             conn,
@@ -53,6 +58,7 @@ async def deciders(
             (json.dumps(list(run_ids)), *found),
         )
         for d in rows:
-            found[stored(Decision, d["decision"], "decision")].setdefault(
-                d["run_id"], []).append(d["user"])
+            found[stored(Decision, d["decision"], "decision")].setdefault(d["run_id"], []).append(
+                d["user"]
+            )
     return found

@@ -16,13 +16,13 @@ from bot.audit.records import EnvironmentRecord
 _COLUMNS = "id, run_id, host, kind, taken_at, data"
 
 
-async def add(conn: aiosqlite.Connection, run_id: int, host: str, kind: str, data_json: str,
-              now: str) -> int:
+async def add(
+    conn: aiosqlite.Connection, run_id: int, host: str, kind: str, data_json: str, now: str
+) -> int:
     try:
         return await insert(
             conn,
-            "INSERT INTO environments (run_id, host, kind, taken_at, data) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO environments (run_id, host, kind, taken_at, data) VALUES (?, ?, ?, ?, ?)",
             (run_id, host, kind, now, data_json),
         )
     except sqlite3.IntegrityError as exc:
@@ -30,19 +30,23 @@ async def add(conn: aiosqlite.Connection, run_id: int, host: str, kind: str, dat
 
 
 def _record(r: sqlite3.Row) -> EnvironmentRecord:
-    return EnvironmentRecord(r["id"], r["run_id"], r["host"], r["kind"], r["taken_at"],
-                             json.loads(r["data"]))
+    return EnvironmentRecord(
+        r["id"], r["run_id"], r["host"], r["kind"], r["taken_at"], json.loads(r["data"])
+    )
 
 
 async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[EnvironmentRecord]:
     rows = await fetch(
-        conn, f"SELECT {_COLUMNS} FROM environments WHERE run_id = ? ORDER BY id",  # noqa: S608
-        (run_id,))
+        conn,
+        f"SELECT {_COLUMNS} FROM environments WHERE run_id = ? ORDER BY id",  # noqa: S608
+        (run_id,),
+    )
     return [_record(r) for r in rows]
 
 
-async def of_kind(conn: aiosqlite.Connection, run_ids: Sequence[int], kind: str
-                  ) -> list[EnvironmentRecord]:
+async def of_kind(
+    conn: aiosqlite.Connection, run_ids: Sequence[int], kind: str
+) -> list[EnvironmentRecord]:
     """Every record of ``kind`` for these runs, oldest first."""
     if not run_ids:
         return []
@@ -50,5 +54,6 @@ async def of_kind(conn: aiosqlite.Connection, run_ids: Sequence[int], kind: str
         conn,
         f"SELECT {_COLUMNS} FROM environments WHERE kind = ? "  # noqa: S608 - constant
         f"AND run_id IN ({qmarks(run_ids)}) ORDER BY id",
-        (kind, *run_ids))
+        (kind, *run_ids),
+    )
     return [_record(r) for r in rows]

@@ -47,19 +47,33 @@ class EvidenceStore(StoreBase):
 
     @shielded
     async def step_finished(
-        self, step_id: int, *, status: StepStatus, exit_status: int | None = None,
-        duration_s: float | None = None, output_tail: str = "",
+        self,
+        step_id: int,
+        *,
+        status: StepStatus,
+        exit_status: int | None = None,
+        duration_s: float | None = None,
+        output_tail: str = "",
     ) -> None:
         status = checked(StepStatus, status, "step status")
         if status not in _STEP_ENDS:
-            raise ValueError(f"a step cannot end with step status {status.value!r}; "
-                             f"expected one of {sorted(s.value for s in _STEP_ENDS)}")
+            raise ValueError(
+                f"a step cannot end with step status {status.value!r}; "
+                f"expected one of {sorted(s.value for s in _STEP_ENDS)}"
+            )
         # Redact before cutting: cutting first could leave half a secret unrecognised.
         tail = self._r(output_tail)[-OUTPUT_TAIL_CHARS:]
         now = now_ts()
         async with self._db.transaction(write=True) as conn:
-            await steps_sql.finish(conn, step_id, status=status, exit_status=exit_status,
-                                   duration_s=duration_s, output_tail=tail, now=now)
+            await steps_sql.finish(
+                conn,
+                step_id,
+                status=status,
+                exit_status=exit_status,
+                duration_s=duration_s,
+                output_tail=tail,
+                now=now,
+            )
 
     @shielded
     async def steps(self, run_id: int) -> list[StepRecord]:
@@ -90,8 +104,9 @@ class EvidenceStore(StoreBase):
     # -- environments (issue 10) -------------------------------------------------
 
     @shielded
-    async def add_environment(self, run_id: int, host: str, kind: str,
-                              data: Mapping[str, Any]) -> int:
+    async def add_environment(
+        self, run_id: int, host: str, kind: str, data: Mapping[str, Any]
+    ) -> int:
         """A package set of one host's run (``bot.core.packages.EnvKind``), as JSON."""
         host, kind, data_json, now = self._r(host), self._r(kind), self._r.json(data), now_ts()
         async with self._db.transaction(write=True) as conn:
@@ -124,8 +139,11 @@ class EvidenceStore(StoreBase):
         host: dict[int, str] = {}
         for rec in installed:
             host.setdefault(rec.run_id, rec.host)
-        return {rec.run_id: Restoration.of(rec.data) for rec in restored
-                if host.get(rec.run_id) == rec.host}  # oldest first: the last one stays
+        return {
+            rec.run_id: Restoration.of(rec.data)
+            for rec in restored
+            if host.get(rec.run_id) == rec.host
+        }  # oldest first: the last one stays
 
     # -- refusals ----------------------------------------------------------------
 
@@ -136,8 +154,9 @@ class EvidenceStore(StoreBase):
         at, user, command, reason = now_ts(), self._r(user), self._r(command), self._r(reason)
         where = self._r.opt(channel)
         async with self._db.transaction(write=True) as conn:
-            return await refusals_sql.add(conn, at=at, user=user, channel=where, command=command,
-                                          reason=reason)
+            return await refusals_sql.add(
+                conn, at=at, user=user, channel=where, command=command, reason=reason
+            )
 
     @shielded
     async def refusals(self, limit: int = 50) -> list[Refusal]:

@@ -21,17 +21,38 @@ class HostOutcome:
     at: str
 
 
-async def add(conn: aiosqlite.Connection, run_id: int, host: str, status: str, summary: str,
-              state: ServiceState | None, now: str) -> int:
+async def add(
+    conn: aiosqlite.Connection,
+    run_id: int,
+    host: str,
+    status: str,
+    summary: str,
+    state: ServiceState | None,
+    now: str,
+) -> int:
     return await insert(
-        conn, "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
-              "VALUES (?, ?, ?, ?, ?, ?)",
-        (run_id, host, status, summary, None if state is None else str(state), now))
+        conn,
+        "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (run_id, host, status, summary, None if state is None else str(state), now),
+    )
 
 
 async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[HostOutcome]:
-    rows = await fetch(conn, "SELECT run_id, host, status, summary, service_state, at "
-                             "FROM host_outcomes WHERE run_id = ? ORDER BY id", (run_id,))
-    return [HostOutcome(r["run_id"], r["host"], r["status"], r["summary"],
-                        None if r["service_state"] is None else ServiceState(r["service_state"]),
-                        r["at"]) for r in rows]
+    rows = await fetch(
+        conn,
+        "SELECT run_id, host, status, summary, service_state, at "
+        "FROM host_outcomes WHERE run_id = ? ORDER BY id",
+        (run_id,),
+    )
+    return [
+        HostOutcome(
+            r["run_id"],
+            r["host"],
+            r["status"],
+            r["summary"],
+            None if r["service_state"] is None else ServiceState(r["service_state"]),
+            r["at"],
+        )
+        for r in rows
+    ]

@@ -81,8 +81,15 @@ class JournalRecord:
     def to_json(self) -> dict[str, Any]:
         # The same form as before the records were types (format 1): a journal written
         # by an older bot still merges.
-        return {"v": FORMAT_VERSION, "id": self.id, "proc": self.proc, "seq": self.seq,
-                "at": self.at, "op": self.op, **to_fields(self.write)}
+        return {
+            "v": FORMAT_VERSION,
+            "id": self.id,
+            "proc": self.proc,
+            "seq": self.seq,
+            "at": self.at,
+            "op": self.op,
+            **to_fields(self.write),
+        }
 
     def to_line(self) -> bytes:
         # ensure_ascii: one line whatever the text holds (no raw U+2028 and the like).
@@ -97,17 +104,18 @@ class JournalRecord:
         if missing:
             raise JournalFormatError(f"missing {', '.join(missing)}")
         if obj["v"] != FORMAT_VERSION:
-            raise JournalFormatError(f"format version {obj['v']!r} (this bot reads "
-                                     f"{FORMAT_VERSION})")
+            raise JournalFormatError(
+                f"format version {obj['v']!r} (this bot reads {FORMAT_VERSION})"
+            )
         if not isinstance(obj["seq"], int) or not isinstance(obj["id"], str):
             raise JournalFormatError("bad id or seq")
         try:
-            write = from_fields(str(obj["op"]),
-                                {k: v for k, v in obj.items() if k not in _COMMON})
+            write = from_fields(str(obj["op"]), {k: v for k, v in obj.items() if k not in _COMMON})
         except (TypeError, ValueError) as exc:
             raise JournalFormatError(str(exc)) from exc
-        return cls(id=obj["id"], proc=str(obj["proc"]), seq=obj["seq"], at=str(obj["at"]),
-                   write=write)
+        return cls(
+            id=obj["id"], proc=str(obj["proc"]), seq=obj["seq"], at=str(obj["at"]), write=write
+        )
 
 
 def parse_lines(data: bytes, source: str = "journal") -> list[JournalRecord]:

@@ -28,8 +28,16 @@ class LeftoverApproval:
     at: str
 
 
-async def record(conn: aiosqlite.Connection, run_id: int, *, host: str, question: str,
-                 user: str, pids: Sequence[int], at: str) -> bool:
+async def record(
+    conn: aiosqlite.Connection,
+    run_id: int,
+    *,
+    host: str,
+    question: str,
+    user: str,
+    pids: Sequence[int],
+    at: str,
+) -> bool:
     """False when this user already approved this question (a double click)."""
     try:
         changed = await execute(
@@ -45,8 +53,18 @@ async def record(conn: aiosqlite.Connection, run_id: int, *, host: str, question
 
 async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[LeftoverApproval]:
     rows = await fetch(
-        conn, "SELECT host, question, user, pids, at FROM leftover_approvals "
-        "WHERE run_id = ? ORDER BY id", (run_id,))
-    return [LeftoverApproval(r["host"], r["question"], r["user"],
-                             tuple(int(p) for p in json.loads(r["pids"])), r["at"])
-            for r in rows]
+        conn,
+        "SELECT host, question, user, pids, at FROM leftover_approvals "
+        "WHERE run_id = ? ORDER BY id",
+        (run_id,),
+    )
+    return [
+        LeftoverApproval(
+            r["host"],
+            r["question"],
+            r["user"],
+            tuple(int(p) for p in json.loads(r["pids"])),
+            r["at"],
+        )
+        for r in rows
+    ]

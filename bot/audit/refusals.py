@@ -9,7 +9,12 @@ from bot.audit.records import Refusal
 
 
 async def add(
-    conn: aiosqlite.Connection, *, at: str, user: str, channel: str | None, command: str,
+    conn: aiosqlite.Connection,
+    *,
+    at: str,
+    user: str,
+    channel: str | None,
+    command: str,
     reason: str,
 ) -> int:
     return await insert(

@@ -38,44 +38,46 @@ class Applied:
     rejected: list[tuple[JournalRecord, str]] = field(default_factory=list)
 
 
-async def apply(conn: aiosqlite.Connection, records: list[JournalRecord], *, merge: bool,
-                now: str) -> Applied:
+async def apply(
+    conn: aiosqlite.Connection, records: list[JournalRecord], *, merge: bool, now: str
+) -> Applied:
     """Apply ``records`` in order. ``merge``: they come from the journal, so each is
     applied at most once (``journal_applied``) and one the database refuses is kept
     there with the reason; otherwise (the direct path) a refusal raises."""
     done = Applied()
     for record in records:
         if merge:
-            row = await fetch(conn, "SELECT row_id FROM journal_applied WHERE id = ?",
-                              (record.id,))
+            row = await fetch(conn, "SELECT row_id FROM journal_applied WHERE id = ?", (record.id,))
             if row:
                 if row[0]["row_id"] is not None:
                     done.row_ids[record.id] = int(row[0]["row_id"])
                 done.skipped.append(record.id)
                 continue
         if not merge:
-            row_id = await writes.apply(conn, record.write, at=record.at,
-                                        row_ids=done.row_ids)
+            row_id = await writes.apply(conn, record.write, at=record.at, row_ids=done.row_ids)
         else:
             # A savepoint per record: one the database refuses leaves no half of itself.
             await conn.execute("SAVEPOINT journal_record")
             try:
-                row_id = await writes.apply(conn, record.write, at=record.at,
-                                        row_ids=done.row_ids)
-            except (writes.Rejected, RunNotFoundError, sqlite3.IntegrityError,
-                    ValueError) as exc:
+                row_id = await writes.apply(conn, record.write, at=record.at, row_ids=done.row_ids)
+            except (writes.Rejected, RunNotFoundError, sqlite3.IntegrityError, ValueError) as exc:
                 await conn.execute("ROLLBACK TO journal_record")
                 await conn.execute("RELEASE journal_record")
                 reason = f"{type(exc).__name__}: {exc}"
-                await execute(conn, "INSERT INTO journal_applied (id, row_id, applied_at, "
-                              "rejected) VALUES (?, NULL, ?, ?)",
-                              (record.id, now, json.dumps({"reason": reason,
-                                                           "record": record.to_json()})))
+                await execute(
+                    conn,
+                    "INSERT INTO journal_applied (id, row_id, applied_at, "
+                    "rejected) VALUES (?, NULL, ?, ?)",
+                    (record.id, now, json.dumps({"reason": reason, "record": record.to_json()})),
+                )
                 done.rejected.append((record, reason))
                 continue
             await conn.execute("RELEASE journal_record")
-            await execute(conn, "INSERT INTO journal_applied (id, row_id, applied_at) "
-                          "VALUES (?, ?, ?)", (record.id, row_id, now))
+            await execute(
+                conn,
+                "INSERT INTO journal_applied (id, row_id, applied_at) VALUES (?, ?, ?)",
+                (record.id, row_id, now),
+            )
         if row_id is not None:
             done.row_ids[record.id] = row_id
         done.merged.append(record.id)
@@ -84,6 +86,7 @@ async def apply(conn: aiosqlite.Connection, records: list[JournalRecord], *, mer
 
 async def rejected(conn: aiosqlite.Connection) -> list[tuple[str, str]]:
     """(record id, what was refused and why) of every record a merge kept aside."""
-    rows = await fetch(conn, "SELECT id, rejected FROM journal_applied "
-                             "WHERE rejected IS NOT NULL ORDER BY rowid")
+    rows = await fetch(
+        conn, "SELECT id, rejected FROM journal_applied WHERE rejected IS NOT NULL ORDER BY rowid"
+    )
     return [(str(r["id"]), str(r["rejected"])) for r in rows]

@@ -81,13 +81,21 @@ class Written:
     reason: str | None = None  # why not, when journaled
 
 
-class AuditWriter:
-    """The resilient writes of the runs this process drives; one per process."""
+class JournaledWriter:
+    """How a record reaches the audit log: the database when it takes it, else the
+    fallback journal, merged back once it can be written (retries through ``bot.retry``)."""
 
-    def __init__(self, audit: AuditLog, journal: Journal, *, retry_s: float = 15.0,
-                 first_delay_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 background: bool = True) -> None:
+    def __init__(
+        self,
+        audit: AuditLog,
+        journal: Journal,
+        *,
+        retry_s: float = 15.0,
+        first_delay_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        background: bool = True,
+    ) -> None:
         """``background``: merge the journal in a task of its own while down (tests that
         drive ``merge`` by hand turn it off)."""
         self.audit = audit
@@ -109,99 +117,15 @@ class AuditWriter:
         self.waiting = 0  # records written to the journal and not merged yet
         self.where: str | None = None  # where the latest journaled record went
 
-    # ---- records (redacted as the database stores them) ---------------------------------
-
     def _record(self, write: w.AuditRecord) -> JournalRecord:
         seq = next(self._seq)
-        return JournalRecord(id=f"{self._proc}/{seq}", proc=self._proc, seq=seq, at=now_ts(),
-                             write=write)
+        return JournalRecord(
+            id=f"{self._proc}/{seq}", proc=self._proc, seq=seq, at=now_ts(), write=write
+        )
 
-    async def step_started(self, run_id: int, host: str, step: str, command: str
-                           ) -> tuple[StepRef, Written]:
-        r = self.audit.redaction
-        record = self._record(w.StepStarted(run_id=run_id, host=r(host), step=r(step),
-                                            command=r(command)))
-        written = await self.write(record)
-        return (written.row_id if written.row_id is not None else record.id), written
-
-    async def step_finished(self, step: StepRef, *, status: StepStatus,
-                            exit_status: int | None, duration_s: float | None,
-                            output_tail: str) -> Written:
-        status = checked(StepStatus, status, "step status")
-        if status not in _STEP_ENDS:
-            raise ValueError(f"a step cannot end with step status {status.value!r}")
-        if isinstance(step, str) and step in self._row_ids:
-            step = self._row_ids[step]  # merged since: its row id is known
-        # Redact before cutting, as the database does: a cut could hide half a secret.
-        tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
-        return await self.write(self._record(w.StepFinished(
-            status=status, exit_status=exit_status, duration_s=duration_s, output_tail=tail,
-            step_id=step if isinstance(step, int) else None,
-            step_ref=step if isinstance(step, str) else None)))
-
-    async def add_snapshot(self, run_id: int, host: str, label: str,
-                           data: Mapping[str, Any]) -> Written:
-        r = self.audit.redaction
-        return await self.write(self._record(w.Snapshot(run_id=run_id, host=r(host),
-                                                        label=r(label), data=r.json(data))))
-
-    async def set_versions(self, run_id: int, *, before: str | None,
-                           after: str | None) -> Written:
-        r = self.audit.redaction
-        return await self.write(self._record(w.Versions(run_id=run_id, before=r.opt(before),
-                                                        after=r.opt(after))))
-
-    async def add_environment(self, run_id: int, host: str, kind: str,
-                              data: Mapping[str, Any]) -> Written:
-        r = self.audit.redaction
-        return await self.write(self._record(w.Environment(run_id=run_id, host=r(host),
-                                                           kind=r(kind), data=r.json(data))))
-
-    async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
-        decision = checked(Decision, decision, "decision")
-        return await self.write(self._record(w.DecisionMade(
-            run_id=run_id, user=self.audit.redaction(user), decision=decision)))
-
-    async def host_finished(self, run_id: int, host: str, status: str, summary: str, *,
-                            state: ServiceState | None = None) -> Written:
-        """One host's outcome, and the state it left the service in."""
-        r = self.audit.redaction
-        return await self.write(self._record(w.HostFinished(
-            run_id=run_id, host=r(host), status=str(status), summary=r(summary),
-            state=None if state is None else checked(ServiceState, state, "service state"))))
-
-    async def finish(self, run_id: int, status: RunStatus, summary: str,
-                     direct: Callable[[], Awaitable[object]], *,
-                     state: ServiceState | None = None) -> Written:
-        """The run's end: ``direct`` (the life cycle's own transition) when the database
-        takes it; in the journal, a transition from 'running' that a merge applies even
-        over an 'interrupted' that a recovery guessed meanwhile (see
-        ``bot.audit.writes``). ``state``, how the run left the service, is a record of
-        its own behind it (the life cycle's transition does not carry it)."""
-        status = checked(RunStatus, status, "status")
-        record = self._record(w.Finish(run_id=run_id, status=status,
-                                       summary=self.audit.redaction(summary),
-                                       expect=(RunStatus.RUNNING, RunStatus.INTERRUPTED)))
-        written = await self.write(record, direct=direct)
-        if state is None:
-            return written
-        kept = await self.write(self._record(w.RunServiceState(
-            run_id=run_id, state=checked(ServiceState, state, "service state"))))
-        return written if written.journaled else kept
-
-    async def interrupt(self, run_id: int, summary: str,
-                        direct: Callable[[], Awaitable[object]]) -> Written:
-        record = self._record(w.Interrupt(run_id=run_id,
-                                          summary=self.audit.redaction(summary)))
-        return await self.write(record, direct=direct)
-
-    async def release_locks(self, run_id: int) -> Written:
-        return await self.write(self._record(w.ReleaseLocks(run_id=run_id)))
-
-    # ---- writing ------------------------------------------------------------------------
-
-    async def write(self, record: JournalRecord,
-                    direct: Callable[[], Awaitable[object]] | None = None) -> Written:
+    async def write(
+        self, record: JournalRecord, direct: Callable[[], Awaitable[object]] | None = None
+    ) -> Written:
         """``record`` into the database (through ``direct`` when given), retried; else into
         the journal."""
         async with self._lock:
@@ -215,9 +139,12 @@ class AuditWriter:
                     if not unavailable(exc):
                         raise
                     self.down = str(exc)
-                    log.error("%s; keeping the audit records in the fallback journal (%s) "
-                              "until it can be written", exc,
-                              ", ".join(map(str, self.journal.paths)))
+                    log.error(
+                        "%s; keeping the audit records in the fallback journal (%s) "
+                        "until it can be written",
+                        exc,
+                        ", ".join(map(str, self.journal.paths)),
+                    )
             await self._keep(record)
             self._start_merger()
             return Written(journaled=True, reason=self.down)
@@ -230,8 +157,14 @@ class AuditWriter:
         """``attempt`` until it succeeds, retrying while the database is unavailable:
         back-off from ``first_delay_s``, doubling, for up to ``retry_s`` in all (no
         jitter: one writer per process, and its tests count the exact waits)."""
-        return await retry(attempt, on=unavailable, backoff=Backoff(self.first_delay_s),
-                           budget_s=self.retry_s, clock=self._clock, sleep=self._sleep)
+        return await retry(
+            attempt,
+            on=unavailable,
+            backoff=Backoff(self.first_delay_s),
+            budget_s=self.retry_s,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
 
     async def _keep(self, record: JournalRecord) -> None:
         """Append to the journal, behind anything held in memory."""
@@ -241,15 +174,16 @@ class AuditWriter:
             where = await asyncio.to_thread(self.journal.append, list(self._held))
         except OSError as exc:
             if self.where != "memory":
-                log.error("cannot write the audit journal either (%s): audit records are "
-                          "held in memory only until it can be; a restart before then "
-                          "would lose them", exc)
+                log.error(
+                    "cannot write the audit journal either (%s): audit records are "
+                    "held in memory only until it can be; a restart before then "
+                    "would lose them",
+                    exc,
+                )
             self.where = "memory"
             return
         self._held.clear()
         self.where = str(where)
-
-    # ---- merging ------------------------------------------------------------------------
 
     async def start(self) -> int:
         """At start-up: merge what an earlier outage left in the journal. Returns how many
@@ -265,8 +199,10 @@ class AuditWriter:
             return 0
         if not waiting:
             return 0
-        log.warning("%d audit record(s) from an earlier outage wait in the fallback journal; "
-                    "merging them", len(waiting))
+        log.warning(
+            "%d audit record(s) from an earlier outage wait in the fallback journal; merging them",
+            len(waiting),
+        )
         async with self._lock:
             self.down = self.down or "records of an earlier outage wait in the journal"
             self.waiting += len(waiting)
@@ -291,19 +227,25 @@ class AuditWriter:
                     records += [r for r in self._held if r.id not in {x.id for x in records}]
                     if not records:
                         if self.down is not None:
-                            log.warning("the audit database takes writes again; the fallback "
-                                        "journal is merged")
+                            log.warning(
+                                "the audit database takes writes again; the fallback "
+                                "journal is merged"
+                            )
                         self.down, self.waiting, self.where = None, 0, None
                         return merged
                 # Outside the write lock: a run's records go on into the journal meanwhile
                 # (behind these), instead of waiting for a database that may be locked.
                 applied = await self.audit.write_records(records, merge=True)
                 for record, reason in applied.rejected:
-                    log.error("the audit database refused journal record %s (%s %s): %s; it "
-                              "is kept in journal_applied", record.id, record.op,
-                              record.write, reason)
-                done = {*applied.merged, *applied.skipped,
-                        *(r.id for r, _ in applied.rejected)}
+                    log.error(
+                        "the audit database refused journal record %s (%s %s): %s; it "
+                        "is kept in journal_applied",
+                        record.id,
+                        record.op,
+                        record.write,
+                        reason,
+                    )
+                done = {*applied.merged, *applied.skipped, *(r.id for r, _ in applied.rejected)}
                 async with self._lock:
                     self._row_ids.update(applied.row_ids)
                     self._held = [r for r in self._held if r.id not in done]
@@ -312,15 +254,13 @@ class AuditWriter:
                         await asyncio.to_thread(self.journal.drop, done)
                     except OSError as exc:
                         # They are in journal_applied: a later merge skips them.
-                        log.warning("cannot clean the merged records out of the journal: %s",
-                                    exc)
+                        log.warning("cannot clean the merged records out of the journal: %s", exc)
                         return merged + len(applied.merged)
                 merged += len(applied.merged)
 
     def _start_merger(self) -> None:
         if self._background and (self._merger is None or self._merger.done()):
-            self._merger = asyncio.create_task(self._merge_until_done(),
-                                               name="audit-journal-merge")
+            self._merger = asyncio.create_task(self._merge_until_done(), name="audit-journal-merge")
 
     async def _merge_until_done(self) -> None:
         # Sleeps before each try (the write that fell just failed), capped at the window.
@@ -349,9 +289,156 @@ class AuditWriter:
         with contextlib.suppress(AuditError, OSError):
             await self.merge()
         if self.down is not None:
-            where = self.where if self.where is not None else " or ".join(
-                map(str, self.journal.paths))
-            log.error("the audit database still cannot be written: %d audit record(s) wait in "
-                      "%s and are merged at the next start%s", self.waiting,
-                      where or "memory",
-                      f"; {len(self._held)} held in memory are LOST" if self._held else "")
+            where = (
+                self.where if self.where is not None else " or ".join(map(str, self.journal.paths))
+            )
+            log.error(
+                "the audit database still cannot be written: %d audit record(s) wait in "
+                "%s and are merged at the next start%s",
+                self.waiting,
+                where or "memory",
+                f"; {len(self._held)} held in memory are LOST" if self._held else "",
+            )
+
+
+class AuditWriter(JournaledWriter):
+    """The resilient writes of the runs this process drives; one per process. Each method
+    builds one typed record (``bot.audit.writes``), redacted as the database stores it."""
+
+    async def step_started(
+        self, run_id: int, host: str, step: str, command: str
+    ) -> tuple[StepRef, Written]:
+        r = self.audit.redaction
+        record = self._record(
+            w.StepStarted(run_id=run_id, host=r(host), step=r(step), command=r(command))
+        )
+        written = await self.write(record)
+        return (written.row_id if written.row_id is not None else record.id), written
+
+    async def step_finished(
+        self,
+        step: StepRef,
+        *,
+        status: StepStatus,
+        exit_status: int | None,
+        duration_s: float | None,
+        output_tail: str,
+    ) -> Written:
+        status = checked(StepStatus, status, "step status")
+        if status not in _STEP_ENDS:
+            raise ValueError(f"a step cannot end with step status {status.value!r}")
+        if isinstance(step, str) and step in self._row_ids:
+            step = self._row_ids[step]  # merged since: its row id is known
+        # Redact before cutting, as the database does: a cut could hide half a secret.
+        tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
+        return await self.write(
+            self._record(
+                w.StepFinished(
+                    status=status,
+                    exit_status=exit_status,
+                    duration_s=duration_s,
+                    output_tail=tail,
+                    step_id=step if isinstance(step, int) else None,
+                    step_ref=step if isinstance(step, str) else None,
+                )
+            )
+        )
+
+    async def add_snapshot(
+        self, run_id: int, host: str, label: str, data: Mapping[str, Any]
+    ) -> Written:
+        r = self.audit.redaction
+        return await self.write(
+            self._record(w.Snapshot(run_id=run_id, host=r(host), label=r(label), data=r.json(data)))
+        )
+
+    async def set_versions(self, run_id: int, *, before: str | None, after: str | None) -> Written:
+        r = self.audit.redaction
+        return await self.write(
+            self._record(w.Versions(run_id=run_id, before=r.opt(before), after=r.opt(after)))
+        )
+
+    async def add_environment(
+        self, run_id: int, host: str, kind: str, data: Mapping[str, Any]
+    ) -> Written:
+        r = self.audit.redaction
+        return await self.write(
+            self._record(
+                w.Environment(run_id=run_id, host=r(host), kind=r(kind), data=r.json(data))
+            )
+        )
+
+    async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
+        decision = checked(Decision, decision, "decision")
+        return await self.write(
+            self._record(
+                w.DecisionMade(run_id=run_id, user=self.audit.redaction(user), decision=decision)
+            )
+        )
+
+    async def host_finished(
+        self,
+        run_id: int,
+        host: str,
+        status: str,
+        summary: str,
+        *,
+        state: ServiceState | None = None,
+    ) -> Written:
+        """One host's outcome, and the state it left the service in."""
+        r = self.audit.redaction
+        return await self.write(
+            self._record(
+                w.HostFinished(
+                    run_id=run_id,
+                    host=r(host),
+                    status=str(status),
+                    summary=r(summary),
+                    state=None if state is None else checked(ServiceState, state, "service state"),
+                )
+            )
+        )
+
+    async def finish(
+        self,
+        run_id: int,
+        status: RunStatus,
+        summary: str,
+        direct: Callable[[], Awaitable[object]],
+        *,
+        state: ServiceState | None = None,
+    ) -> Written:
+        """The run's end: ``direct`` (the life cycle's own transition) when the database
+        takes it; in the journal, a transition from 'running' that a merge applies even
+        over an 'interrupted' that a recovery guessed meanwhile (see
+        ``bot.audit.writes``). ``state``, how the run left the service, is a record of
+        its own behind it (the life cycle's transition does not carry it)."""
+        status = checked(RunStatus, status, "status")
+        record = self._record(
+            w.Finish(
+                run_id=run_id,
+                status=status,
+                summary=self.audit.redaction(summary),
+                expect=(RunStatus.RUNNING, RunStatus.INTERRUPTED),
+            )
+        )
+        written = await self.write(record, direct=direct)
+        if state is None:
+            return written
+        kept = await self.write(
+            self._record(
+                w.RunServiceState(
+                    run_id=run_id, state=checked(ServiceState, state, "service state")
+                )
+            )
+        )
+        return written if written.journaled else kept
+
+    async def interrupt(
+        self, run_id: int, summary: str, direct: Callable[[], Awaitable[object]]
+    ) -> Written:
+        record = self._record(w.Interrupt(run_id=run_id, summary=self.audit.redaction(summary)))
+        return await self.write(record, direct=direct)
+
+    async def release_locks(self, run_id: int) -> Written:
+        return await self.write(self._record(w.ReleaseLocks(run_id=run_id)))

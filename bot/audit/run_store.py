@@ -24,11 +24,21 @@ class RunStore(StoreBase):
 
     @shielded
     async def create_run(
-        self, *, service: str, action: Action, hosts: Sequence[str], requested_by: str,
-        source: Source, plan: Mapping[str, Any], package_spec: str | None,
-        index_name: str | None = None, dry_run: bool = False,
-        status: RunStatus = RunStatus.PENDING_APPROVAL, channel: str | None = None,
-        expires_at: datetime | None = None, expires_clock: str | None = None,
+        self,
+        *,
+        service: str,
+        action: Action,
+        hosts: Sequence[str],
+        requested_by: str,
+        source: Source,
+        plan: Mapping[str, Any],
+        package_spec: str | None,
+        index_name: str | None = None,
+        dry_run: bool = False,
+        status: RunStatus = RunStatus.PENDING_APPROVAL,
+        channel: str | None = None,
+        expires_at: datetime | None = None,
+        expires_clock: str | None = None,
     ) -> int:
         new = runs_sql.NewRun(
             service=self._r(service),
@@ -74,8 +84,13 @@ class RunStore(StoreBase):
 
     @shielded
     async def transition(
-        self, run_id: int, to: RunStatus, *, expect: Collection[RunStatus] | None = None,
-        summary: str | None = None, owner: str | None = None,
+        self,
+        run_id: int,
+        to: RunStatus,
+        *,
+        expect: Collection[RunStatus] | None = None,
+        summary: str | None = None,
+        owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
         """Compare-and-set the status: False (nothing changed) if it is not in ``expect``.
@@ -94,8 +109,15 @@ class RunStore(StoreBase):
         now = now_ts()
         async with self._db.transaction(write=True) as conn:
             return await runs_sql.transition(
-                conn, run_id, to, expect=expected, summary=summary, owner=owner, now=now,
-                lease_until=None if lease_until is None else format_ts(lease_until))
+                conn,
+                run_id,
+                to,
+                expect=expected,
+                summary=summary,
+                owner=owner,
+                now=now,
+                lease_until=None if lease_until is None else format_ts(lease_until),
+            )
 
     @shielded
     async def renew_lease(self, run_id: int, owner: str, until: datetime) -> bool:
@@ -113,7 +135,10 @@ class RunStore(StoreBase):
 
     @shielded
     async def list_runs(
-        self, *, service: str | None = None, limit: int = 20,
+        self,
+        *,
+        service: str | None = None,
+        limit: int = 20,
         statuses: Collection[RunStatus] | None = None,
     ) -> list[RunRecord]:
         """Newest first."""
@@ -123,8 +148,11 @@ class RunStore(StoreBase):
             raise TypeError("statuses must be a collection of statuses, not one string")
         async with self._db.transaction(write=False) as conn:
             return await runs_sql.listed(
-                conn, service=self._r.opt(service),
-                statuses=None if statuses is None else list(statuses), limit=limit)
+                conn,
+                service=self._r.opt(service),
+                statuses=None if statuses is None else list(statuses),
+                limit=limit,
+            )
 
     # -- decisions ---------------------------------------------------------------
 
@@ -142,8 +170,9 @@ class RunStore(StoreBase):
             return await decisions_sql.of_run(conn, run_id)
 
     @shielded
-    async def record_terminate(self, run_id: int, user: str, *, host: str, question: str,
-                               pids: Sequence[int]) -> bool:
+    async def record_terminate(
+        self, run_id: int, user: str, *, host: str, question: str, pids: Sequence[int]
+    ) -> bool:
         """One approver's go to terminate exactly ``pids`` on ``host`` (the question
         ``question`` listed them), with the run's ``terminate`` decision, in one
         transaction. False when this user already approved this question."""
@@ -151,8 +180,8 @@ class RunStore(StoreBase):
         async with self._db.transaction(write=True) as conn:
             await decisions_sql.record(conn, run_id, user, Decision.TERMINATE, now)
             return await leftover_approvals_sql.record(
-                conn, run_id, host=host, question=self._r(question), user=user, pids=pids,
-                at=now)
+                conn, run_id, host=host, question=self._r(question), user=user, pids=pids, at=now
+            )
 
     @shielded
     async def leftover_approvals(self, run_id: int) -> list[LeftoverApproval]:

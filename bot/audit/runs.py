@@ -78,12 +78,22 @@ async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
         "finished_at, expires_at, expires_clock) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            new.service, new.action, new.hosts_json, new.requested_by, new.source,
-            new.channel, new.plan_json, new.package_spec, new.index_name, int(new.dry_run),
-            new.status, now,
+            new.service,
+            new.action,
+            new.hosts_json,
+            new.requested_by,
+            new.source,
+            new.channel,
+            new.plan_json,
+            new.package_spec,
+            new.index_name,
+            int(new.dry_run),
+            new.status,
+            now,
             now if new.status is RunStatus.RUNNING else None,
             now if new.status.is_final else None,
-            new.expires_at, new.expires_clock,
+            new.expires_at,
+            new.expires_clock,
         ),
     )
 
@@ -147,10 +157,14 @@ async def renew_lease(conn: aiosqlite.Connection, run_id: int, owner: str, until
     """Extend the lease of a run still 'running' under ``owner`` and count the renewal
     (the count is what a judge with another wall clock watches); False when it is not
     (it ended, or was recovered meanwhile): then there is nothing left to vouch for."""
-    return bool(await execute(
-        conn, "UPDATE runs SET lease_until = ?, lease_renewals = lease_renewals + 1 "
-              "WHERE id = ? AND status = ? AND owner = ?",
-        (until, run_id, RunStatus.RUNNING, owner)))
+    return bool(
+        await execute(
+            conn,
+            "UPDATE runs SET lease_until = ?, lease_renewals = lease_renewals + 1 "
+            "WHERE id = ? AND status = ? AND owner = ?",
+            (until, run_id, RunStatus.RUNNING, owner),
+        )
+    )
 
 
 async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: str) -> None:
@@ -172,15 +186,20 @@ async def untold_recoveries(conn: aiosqlite.Connection) -> list[int]:
         "SELECT id FROM runs WHERE status = ? AND recovery_told_at IS NULL "
         "AND channel IS NOT NULL AND message_ts IS NOT NULL "
         "AND id IN (SELECT run_id FROM decisions WHERE decision = ?) ORDER BY id",
-        (RunStatus.INTERRUPTED, Decision.RECOVER))
+        (RunStatus.INTERRUPTED, Decision.RECOVER),
+    )
     return [int(row["id"]) for row in rows]
 
 
 async def mark_told(conn: aiosqlite.Connection, run_id: int, now: str) -> bool:
     """Claim the telling of a recovered run's thread: True for the one caller that may."""
-    return bool(await execute(
-        conn, "UPDATE runs SET recovery_told_at = ? WHERE id = ? AND recovery_told_at IS NULL",
-        (now, run_id)))
+    return bool(
+        await execute(
+            conn,
+            "UPDATE runs SET recovery_told_at = ? WHERE id = ? AND recovery_told_at IS NULL",
+            (now, run_id),
+        )
+    )
 
 
 def interrupted_summary(status: str, current_step: str | None) -> str:
@@ -188,13 +207,16 @@ def interrupted_summary(status: str, current_step: str | None) -> str:
     if status == RunStatus.APPROVED:
         return "interrupted: the bot restarted after approval, before the run began"
     if current_step:
-        return (f"interrupted: the bot stopped during step {current_step!r}; "
-                "check the hosts before retrying")
+        return (
+            f"interrupted: the bot stopped during step {current_step!r}; "
+            "check the hosts before retrying"
+        )
     return "interrupted: the bot stopped before the first step"
 
 
-async def expire_due(conn: aiosqlite.Connection, now: str,
-                     run_ids: Sequence[int] | None = None) -> list[int]:
+async def expire_due(
+    conn: aiosqlite.Connection, now: str, run_ids: Sequence[int] | None = None
+) -> list[int]:
     """Runs awaiting approval whose window closed by ``now`` (only ``run_ids`` when given)
     become 'expired' and release their locks; returns their ids, oldest first."""
     only = f" AND id IN ({qmarks(run_ids)})" if run_ids is not None else ""
@@ -220,14 +242,17 @@ async def with_status(
     """``id, status, current_step, owner, lease_until`` of the runs in ``statuses``,
     oldest first."""
     where = f"status IN ({qmarks(statuses)})"
-    sql = (f"SELECT id, status, current_step, owner, lease_until FROM runs "  # noqa: S608
-           f"WHERE {where} ORDER BY id")
+    sql = (
+        f"SELECT id, status, current_step, owner, lease_until FROM runs "  # noqa: S608
+        f"WHERE {where} ORDER BY id"
+    )
     return await fetch(conn, sql, list(statuses))
 
 
 async def has_status(conn: aiosqlite.Connection, run_id: int, status: RunStatus) -> bool:
-    return bool(await fetch(conn, "SELECT 1 FROM runs WHERE id = ? AND status = ?",
-                            (run_id, status)))
+    return bool(
+        await fetch(conn, "SELECT 1 FROM runs WHERE id = ? AND status = ?", (run_id, status))
+    )
 
 
 async def get(conn: aiosqlite.Connection, run_id: int) -> RunRecord:
@@ -250,9 +275,7 @@ async def listed(
     return await _records(conn, await fetch(conn, sql, params))
 
 
-async def _records(
-    conn: aiosqlite.Connection, rows: Sequence[sqlite3.Row]
-) -> list[RunRecord]:
+async def _records(conn: aiosqlite.Connection, rows: Sequence[sqlite3.Row]) -> list[RunRecord]:
     who = await decisions.deciders(conn, [row["id"] for row in rows])
     approved, denied = who[Decision.APPROVE], who[Decision.DENY]
     return [
@@ -285,8 +308,9 @@ async def _records(
             lease_renewals=int(row["lease_renewals"]),
             expires_clock=row["expires_clock"],
             recovered_by=who[Decision.RECOVER].get(row["id"], []),
-            service_state=(None if row["service_state"] is None
-                           else ServiceState(row["service_state"])),
+            service_state=(
+                None if row["service_state"] is None else ServiceState(row["service_state"])
+            ),
         )
         for row in rows
     ]

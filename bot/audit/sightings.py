@@ -23,8 +23,9 @@ class Sighting:
     seen: float  # the clock's reading when ``token`` was first seen
 
 
-async def sight(conn: aiosqlite.Connection, clock: str, now: float,
-                tokens: Mapping[int, str]) -> dict[int, Sighting]:
+async def sight(
+    conn: aiosqlite.Connection, clock: str, now: float, tokens: Mapping[int, str]
+) -> dict[int, Sighting]:
     """Record that ``clock`` sees each run's token at ``now``; returns each run's
     sighting as it stands after (the first reading of an unchanged token)."""
     for run_id, token in tokens.items():
@@ -33,16 +34,21 @@ async def sight(conn: aiosqlite.Connection, clock: str, now: float,
             "INSERT INTO lease_sightings (run_id, clock, token, seen) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (run_id, clock) DO UPDATE SET token = excluded.token, "
             "seen = excluded.seen WHERE lease_sightings.token != excluded.token",
-            (run_id, clock, token, now))
+            (run_id, clock, token, now),
+        )
     # Sightings of runs that ended are of no more use to anyone.
     # (A lookup by primary key per sighting: the table holds the few runs in flight.)
-    await execute(conn, "DELETE FROM lease_sightings WHERE (SELECT finished_at FROM runs "
-                        "WHERE runs.id = lease_sightings.run_id) IS NOT NULL")
+    await execute(
+        conn,
+        "DELETE FROM lease_sightings WHERE (SELECT finished_at FROM runs "
+        "WHERE runs.id = lease_sightings.run_id) IS NOT NULL",
+    )
     if not tokens:
         return {}
     rows = await fetch(
         conn,
         "SELECT run_id, token, seen FROM lease_sightings "  # noqa: S608 - placeholders only
         f"WHERE clock = ? AND run_id IN ({qmarks(tokens)})",
-        (clock, *tokens))
+        (clock, *tokens),
+    )
     return {int(row["run_id"]): Sighting(row["token"], float(row["seen"])) for row in rows}

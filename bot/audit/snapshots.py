@@ -12,7 +12,11 @@ from bot.audit.records import SnapshotRecord
 
 
 async def add(
-    conn: aiosqlite.Connection, run_id: int | None, host: str, label: str, data_json: str,
+    conn: aiosqlite.Connection,
+    run_id: int | None,
+    host: str,
+    label: str,
+    data_json: str,
     now: str,
 ) -> int:
     try:
@@ -34,7 +38,8 @@ async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[SnapshotRecord
         (run_id,),
     )
     return [
-        SnapshotRecord(r["id"], r["run_id"], r["host"], r["label"], r["taken_at"],
-                       json.loads(r["data"]))
+        SnapshotRecord(
+            r["id"], r["run_id"], r["host"], r["label"], r["taken_at"], json.loads(r["data"])
+        )
         for r in rows
     ]

@@ -60,8 +60,7 @@ async def interrupt_running(conn: aiosqlite.Connection, run_id: int, now: str) -
     )
 
 
-async def start_durations(conn: aiosqlite.Connection, service: str, limit: int
-                          ) -> list[float]:
+async def start_durations(conn: aiosqlite.Connection, service: str, limit: int) -> list[float]:
     """How long the health gate of this service's last successful runs took (from
     ``systemctl start`` to /health answering 200), newest first."""
     rows = await fetch(

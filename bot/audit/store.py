@@ -35,8 +35,15 @@ from bot.audit.store_base import shielded
 from bot.core.status import FINAL_STATUSES
 
 # AuditLog, and the names other modules imported from here before the split.
-__all__ = ["FINAL_STATUSES", "AuditLog", "Redactor", "RunRecord", "StepRecord", "format_ts",
-           "parse_ts"]
+__all__ = [
+    "FINAL_STATUSES",
+    "AuditLog",
+    "Redactor",
+    "RunRecord",
+    "StepRecord",
+    "format_ts",
+    "parse_ts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,12 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
 
     @classmethod
     def open(
-        cls, path: Path, *, redact: Redactor = identity,
-        migrations: Sequence[Migration] = MIGRATIONS, busy_timeout_s: float = 10.0,
+        cls,
+        path: Path,
+        *,
+        redact: Redactor = identity,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        busy_timeout_s: float = 10.0,
     ) -> Opening[AuditLog]:
         """Open (creating if needed) and migrate the database at ``path``; await the
         result or use it with ``async with``.
@@ -63,13 +74,18 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         return Opening(lambda: cls._open(Path(path), redact, migrations, busy_timeout_s))
 
     @classmethod
-    async def _open(cls, path: Path, redact: Redactor, migrations: Sequence[Migration],
-                    busy_timeout_s: float) -> AuditLog:
+    async def _open(
+        cls, path: Path, redact: Redactor, migrations: Sequence[Migration], busy_timeout_s: float
+    ) -> AuditLog:
         db = await Database.open(path, migrations=migrations, busy_timeout_s=busy_timeout_s)
         if db.unknown_migrations:
             # Safe because migrations stay additive: every table we know is still there.
-            log.warning("audit database %s was written by a newer bot (unknown migrations: "
-                        "%s); opening it anyway", path, ", ".join(db.unknown_migrations))
+            log.warning(
+                "audit database %s was written by a newer bot (unknown migrations: "
+                "%s); opening it anyway",
+                path,
+                ", ".join(db.unknown_migrations),
+            )
         return cls(db, redact)
 
     @property
@@ -91,8 +107,12 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
     async def __aenter__(self) -> AuditLog:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     @property
@@ -109,8 +129,9 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
     # -- records of the fallback journal -----------------------------------------
 
     @shielded
-    async def write_records(self, records: Sequence[JournalRecord], *,
-                            merge: bool) -> replay_sql.Applied:
+    async def write_records(
+        self, records: Sequence[JournalRecord], *, merge: bool
+    ) -> replay_sql.Applied:
         """Write records made by ``bot.audit.resilient`` (already redacted) in one
         transaction: one on its direct path (``merge=False``), or the fallback journal
         being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""

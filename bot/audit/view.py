@@ -27,6 +27,8 @@ _COLUMNS: tuple[tuple[str, int], ...] = (
     ("APPROVED BY", 24),
     ("VERSION", 40),
 )
+
+
 def _when(stamp: str) -> str:
     # 2026-11-30T13:12:01Z -> 2026-11-30 13:12
     return stamp[:16].replace("T", " ")
@@ -59,10 +61,12 @@ def runs_table(records: Sequence[RunRecord]) -> str:
     return table.render(columns, [_cells(r) for r in records])
 
 
-def runs_json(records: Sequence[RunRecord],
-              packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
-              restorations: Mapping[int, Restoration] | None = None,
-              hosts: Mapping[int, Sequence[HostOutcome]] | None = None) -> str:
+def runs_json(
+    records: Sequence[RunRecord],
+    packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+    restorations: Mapping[int, Restoration] | None = None,
+    hosts: Mapping[int, Sequence[HostOutcome]] | None = None,
+) -> str:
     """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
     ``packages_changed``: what the run's install really changed on its first host
     (``[{name, before, after}]``), or null when it installed nothing; and
@@ -71,13 +75,26 @@ def runs_json(records: Sequence[RunRecord],
     rollback ran there (the changes are what the host has); and ``host_outcomes``: each host's
     end, ``[{host, status, service_state}]`` (empty for a run that reached none)."""
     changed, restored, ends = packages_changed or {}, restorations or {}, hosts or {}
-    return json.dumps([{**r.to_json(), "packages_changed": (
-        list(changed[r.id]) if r.id in changed else None),
-        "environment_after_rollback": restored.get(r.id),
-        "host_outcomes": [{"host": h.host, "status": h.status,
-                   "service_state": None if h.service_state is None else str(h.service_state)}
-                  for h in ends.get(r.id, ())]} for r in records],
-        indent=2, ensure_ascii=False)
+    return json.dumps(
+        [
+            {
+                **r.to_json(),
+                "packages_changed": (list(changed[r.id]) if r.id in changed else None),
+                "environment_after_rollback": restored.get(r.id),
+                "host_outcomes": [
+                    {
+                        "host": h.host,
+                        "status": h.status,
+                        "service_state": None if h.service_state is None else str(h.service_state),
+                    }
+                    for h in ends.get(r.id, ())
+                ],
+            }
+            for r in records
+        ],
+        indent=2,
+        ensure_ascii=False,
+    )
 
 
 _ENV_TITLES = {
@@ -92,7 +109,7 @@ _ENV_TITLES = {
 _UNDONE = {
     Restoration.EQUALS_SNAPSHOT: " (undone: the rollback restored the snapshot)",
     Restoration.DIFFERS_FROM_SNAPSHOT: " (a rollback ran, but the environment still "
-                                       "DIFFERS from the snapshot)",
+    "DIFFERS from the snapshot)",
     Restoration.UNKNOWN: " (a rollback ran; whether it restored the snapshot is unknown)",
 }
 
@@ -102,32 +119,37 @@ def _env_lines(env: EnvironmentRecord, restored: Restoration | None = None) -> l
     if env.kind == "snapshot":
         n = len(data.get("freeze") or {}) + len(data.get("others") or [])
         where = data.get("lock")
-        return [f"{env.host}: environment snapshot of {n} packages"
-                + (f", kept on the host as {where}" if where else " (dry run: not kept)")]
+        return [
+            f"{env.host}: environment snapshot of {n} packages"
+            + (f", kept on the host as {where}" if where else " (dry run: not kept)")
+        ]
     title = _ENV_TITLES.get(env.kind, env.kind)
     if "changes" not in data:
         return [f"{env.host}: {title}: unknown ({data.get('note') or 'not read'})"]
     diff = PackageDiff.from_json(data)
     if env.kind == "restored":
-        state = ("equals the snapshot" if not diff.changes
-                 else "DIFFERS from the snapshot:")
-        return [f"{env.host}: {title}: {state}",
-                *(f"    {line}" for line in diff.lines() if diff.changes)]
+        state = "equals the snapshot" if not diff.changes else "DIFFERS from the snapshot:"
+        return [
+            f"{env.host}: {title}: {state}",
+            *(f"    {line}" for line in diff.lines() if diff.changes),
+        ]
     undone = _UNDONE[restored] if env.kind == "installed" and restored is not None else ""
     return [f"{env.host}: {title}{undone}:", *(f"    {line}" for line in diff.lines())]
 
 
-def run_view(record: RunRecord, steps: Sequence[StepRecord],
-             environments: Sequence[EnvironmentRecord]) -> str:
+def run_view(
+    record: RunRecord, steps: Sequence[StepRecord], environments: Sequence[EnvironmentRecord]
+) -> str:
     """One run for people: who, what, how it ended, each step, and what it did to the
     environment (``python -m bot audit --run N``, ``/vllm audit <run-id>``)."""
-    lines = [f"run #{record.id}: {record.action}{' (dry run)' if record.dry_run else ''} "
-             f"{record.service} on {', '.join(record.hosts)}: {record.status}",
-             f"requested by {record.requested_by} at {record.created_at}; approved by "
-             f"{', '.join(record.approved_by) or '-'}"
-             + (f"; recovered by {', '.join(record.recovered_by)}"
-                if record.recovered_by else ""),
-             f"{record.package_spec or '-'}; version {_version(record)}"]
+    lines = [
+        f"run #{record.id}: {record.action}{' (dry run)' if record.dry_run else ''} "
+        f"{record.service} on {', '.join(record.hosts)}: {record.status}",
+        f"requested by {record.requested_by} at {record.created_at}; approved by "
+        f"{', '.join(record.approved_by) or '-'}"
+        + (f"; recovered by {', '.join(record.recovered_by)}" if record.recovered_by else ""),
+        f"{record.package_spec or '-'}; version {_version(record)}",
+    ]
     if record.summary:
         lines.append(f"summary: {record.summary}")
     if steps:

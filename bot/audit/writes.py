@@ -144,8 +144,19 @@ class ReleaseLocks:
     run_id: int
 
 
-AuditRecord = (StepStarted | StepFinished | Snapshot | Environment | Versions | DecisionMade
-               | Finish | RunServiceState | HostFinished | Interrupt | ReleaseLocks)
+AuditRecord = (
+    StepStarted
+    | StepFinished
+    | Snapshot
+    | Environment
+    | Versions
+    | DecisionMade
+    | Finish
+    | RunServiceState
+    | HostFinished
+    | Interrupt
+    | ReleaseLocks
+)
 
 KINDS: dict[str, type[AuditRecord]] = {cls.OP: cls for cls in get_args(AuditRecord)}
 
@@ -183,8 +194,11 @@ def from_fields(op: str, fields: Mapping[str, Any]) -> AuditRecord:
     if cls is None:
         raise ValueError(f"unknown operation {op!r}")
     hints = get_type_hints(cls)
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     if missing := sorted(required - fields.keys()):
         raise ValueError(f"{op} without {', '.join(missing)}")
     known = {f.name for f in dataclasses.fields(cls)}
@@ -194,8 +208,9 @@ def from_fields(op: str, fields: Mapping[str, Any]) -> AuditRecord:
 # ---- writing one record -----------------------------------------------------------------
 
 
-async def _step_id(conn: aiosqlite.Connection, record: StepFinished,
-                   row_ids: Mapping[str, int]) -> int:
+async def _step_id(
+    conn: aiosqlite.Connection, record: StepFinished, row_ids: Mapping[str, int]
+) -> int:
     if record.step_id is not None:
         return record.step_id
     ref = str(record.step_ref)
@@ -211,37 +226,46 @@ async def _finish(conn: aiosqlite.Connection, r: Finish, at: str) -> None:
     # A finish that waited in the journal may find the run 'interrupted' by a recovery
     # that took the silence for a dead driver: what the driver recorded is the evidence,
     # so it wins over that guess.
-    if not await runs.transition(conn, r.run_id, r.status, expect=list(r.expect),
-                                 summary=r.summary, owner=None, now=at):
+    if not await runs.transition(
+        conn, r.run_id, r.status, expect=list(r.expect), summary=r.summary, owner=None, now=at
+    ):
         current = await fetch(conn, "SELECT status FROM runs WHERE id = ?", (r.run_id,))
-        raise Rejected(f"run #{r.run_id} is {current[0]['status']}, not one of "
-                       f"{', '.join(r.expect)}")
+        raise Rejected(
+            f"run #{r.run_id} is {current[0]['status']}, not one of {', '.join(r.expect)}"
+        )
 
 
-async def apply(conn: aiosqlite.Connection, record: AuditRecord, *, at: str,
-                row_ids: Mapping[str, int]) -> int | None:
+async def apply(
+    conn: aiosqlite.Connection, record: AuditRecord, *, at: str, row_ids: Mapping[str, int]
+) -> int | None:
     """The statements of ``record``, as of ``at`` (when it happened), in the caller's
     transaction; the new row's id for a ``StepStarted``. ``row_ids``: the steps made
     earlier in the same merge (journal record id -> row id)."""
     match record:
         case StepStarted():
-            step_id = await steps.start(conn, record.run_id, record.host, record.step,
-                                        record.command, at)
+            step_id = await steps.start(
+                conn, record.run_id, record.host, record.step, record.command, at
+            )
             await runs.update(conn, record.run_id, {"current_step": record.step})
             return step_id
         case StepFinished():
-            await steps.finish(conn, await _step_id(conn, record, row_ids),
-                               status=record.status, exit_status=record.exit_status,
-                               duration_s=record.duration_s, output_tail=record.output_tail,
-                               now=at)
+            await steps.finish(
+                conn,
+                await _step_id(conn, record, row_ids),
+                status=record.status,
+                exit_status=record.exit_status,
+                duration_s=record.duration_s,
+                output_tail=record.output_tail,
+                now=at,
+            )
         case Snapshot():
             await snapshots.add(conn, record.run_id, record.host, record.label, record.data, at)
         case Environment():
-            await environments.add(conn, record.run_id, record.host, record.kind, record.data,
-                                   at)
+            await environments.add(conn, record.run_id, record.host, record.kind, record.data, at)
         case HostFinished():
-            await host_outcomes.add(conn, record.run_id, record.host, record.status,
-                                    record.summary, record.state, at)
+            await host_outcomes.add(
+                conn, record.run_id, record.host, record.status, record.summary, record.state, at
+            )
         case _:
             await _apply_to_run(conn, record, at)
     return None
@@ -254,9 +278,14 @@ async def _apply_to_run(conn: aiosqlite.Connection, record: RunWrite, at: str) -
     """The records that change the run itself (its row, decisions, locks)."""
     match record:
         case Versions():
-            sets = {column: value for column, value in (("version_before", record.before),
-                                                        ("version_after", record.after))
-                    if value is not None}
+            sets = {
+                column: value
+                for column, value in (
+                    ("version_before", record.before),
+                    ("version_after", record.after),
+                )
+                if value is not None
+            }
             if sets:
                 await runs.update(conn, record.run_id, sets)
         case DecisionMade():

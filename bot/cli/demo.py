@@ -29,23 +29,36 @@ DEMO_VERSION = "0.16.0"
 REQUESTER, APPROVER = "demo:alice", "demo:bob"
 # Real-looking but short timings: the whole demo takes about 20 seconds.
 DEMO_TIMINGS: dict[str, Any] = {
-    "release_delay_s": 3.0, "load_delay_s": 5.0, "install_duration_s": 4.0,
-    "stop_delay_s": 0.5, "fail_delay_s": 1.0,
+    "release_delay_s": 3.0,
+    "load_delay_s": 5.0,
+    "install_duration_s": 4.0,
+    "stop_delay_s": 0.5,
+    "fail_delay_s": 1.0,
     # Wheels not in uv's cache arrive at 1 GiB/s, as from a nearby index: the upgrade's
     # 3.6 GiB of torch and CUDA wheels take ~4 s in the prefetch, before the stop.
     "download_mib_per_s": 1024.0,
     # --fault busy: requests the stop waits for, long enough to see their counts go down.
-    "busy_drain_s": 10.0}
+    "busy_drain_s": 10.0,
+}
 DEMO_SERVICE: dict[str, Any] = {
-    "drain_poll_s": 1.0, "drain_timeout_s": 15.0, "health_poll_s": 1.0,
-    "start_timeout_s": 20.0, "min_free_disk_mib": 64}
+    "drain_poll_s": 1.0,
+    "drain_timeout_s": 15.0,
+    "health_poll_s": 1.0,
+    "start_timeout_s": 20.0,
+    "min_free_disk_mib": 64,
+}
 
 
 DEFAULT_DIR = Path("demo-run")
 
 
-async def run_demo(*, faults: list[str], keep_dir: Path | None = None, fast: bool = False,
-                   out: TextIO | None = None) -> int:
+async def run_demo(
+    *,
+    faults: list[str],
+    keep_dir: Path | None = None,
+    fast: bool = False,
+    out: TextIO | None = None,
+) -> int:
     """The audit DB lands in ``keep_dir`` (default ./demo-run) so it can be inspected
     afterwards; the simulated host lives in a temporary directory."""
     out = out or sys.stdout
@@ -68,20 +81,25 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
         # The readiness checks run too: the model served, a smoke completion, /version.
         fragment = kit.settings_fragment(**READY_SETTINGS, **({} if fast else DEMO_SERVICE))
         settings = Settings(**fragment, db_path=db)
-        out.write(f"simulated GPU host {kit.hostname} on 127.0.0.1:{kit.port} "
-                  f"(8 GPUs, vllm {kit.installed_version} serving)"
-                  + (f", faults: {', '.join(faults)}" if faults else "") + "\n")
+        out.write(
+            f"simulated GPU host {kit.hostname} on 127.0.0.1:{kit.port} "
+            f"(8 GPUs, vllm {kit.installed_version} serving)"
+            + (f", faults: {', '.join(faults)}" if faults else "")
+            + "\n"
+        )
         async with open_runtime(settings) as rt:
             # Through the engine: it binds the host key, as execute() checks it again.
-            plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=DEMO_VERSION,
-                                  index="nightly")
+            plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=DEMO_VERSION, index="nightly")
             asked = await rt.operations.request(
-                plan, by=Operator(REQUESTER, source=Source.DEMO, approver=APPROVER))
+                plan, by=Operator(REQUESTER, source=Source.DEMO, approver=APPROVER)
+            )
             if not isinstance(asked, Requested):
                 raise ChatOpsError(f"the demo's request was refused: {asked.text}")
             record = asked.record
-            out.write(f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
-                      "(in Slack the requester alone can never approve)\n\n")
+            out.write(
+                f"run #{record.id} requested by {REQUESTER}; approved by {APPROVER} "
+                "(in Slack the requester alone can never approve)\n\n"
+            )
             # With --fault orphan_workers the demo's approver lets the run end the workers
             # that outlived the stop (in Slack: the card's Terminate button).
             gate = TerminalGate(rt, APPROVER, approve=True, ask=None, out=out)

@@ -45,8 +45,9 @@ async def ask_terminal(prompt: str, stdin: TextIO = sys.stdin) -> bool:
 
 
 class TerminalGate:
-    def __init__(self, rt: Runtime, user: str, *, approve: bool, ask: Ask | None,
-                 out: TextIO) -> None:
+    def __init__(
+        self, rt: Runtime, user: str, *, approve: bool, ask: Ask | None, out: TextIO
+    ) -> None:
         self._rt = rt
         self._user = user
         self._approve = approve  # --kill-leftovers
@@ -67,8 +68,10 @@ class TerminalGate:
         if not self._approve:
             if self._ask is None:
                 return Approval(None, "not on a terminal, and --kill-leftovers was not given")
-            if not await self._ask(f"Terminate these {n} process{'es' if n != 1 else ''} on "
-                                   f"{request.host} (PIDs {pids})? [y/N] "):
+            if not await self._ask(
+                f"Terminate these {n} process{'es' if n != 1 else ''} on "
+                f"{request.host} (PIDs {pids})? [y/N] "
+            ):
                 return Approval(None, f"{self._user} answered no for {request.host}")
         approved = await self._rt.operations.confirm_leftovers(request, user=self._user)
         return Approval(", ".join(approved.approved_by))

@@ -47,8 +47,14 @@ from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
 from bot.settings import USER_RE, Settings, load_settings
 
-EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.ROLLED_BACK: 3,
-              RunStatus.ABORTED: 4, RunStatus.CANCELLED: 5, RunStatus.INTERRUPTED: 1}
+EXIT_CODES = {
+    RunStatus.SUCCEEDED: 0,
+    RunStatus.FAILED: 1,
+    RunStatus.ROLLED_BACK: 3,
+    RunStatus.ABORTED: 4,
+    RunStatus.CANCELLED: 5,
+    RunStatus.INTERRUPTED: 1,
+}
 EXIT_USAGE = 2
 
 
@@ -90,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bot",
         description="vllm-chatops: redeploy and inspect vLLM services on GPU hosts. "
-                    "With no command, runs the Slack bot.")
+        "With no command, runs the Slack bot.",
+    )
     common = argparse.ArgumentParser(add_help=False)
     for option in GLOBAL_OPTIONS:
         # Accepted before or after the command; the subcommand's copy must not reset it.
@@ -110,14 +117,21 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def describe_plan(plan: Plan) -> str:
-    lines = [f"{plan.action} {plan.service} on {', '.join(plan.hosts)} "
-             f"(unit {plan.unit}, {plan.spec}"
-             + (f" from index {plan.index_name} ({remote.index_host(plan.index_url or '')})"
-                if plan.index_name else "")
-             + ")" + (" [dry run]" if plan.dry_run else "")]
+    lines = [
+        f"{plan.action} {plan.service} on {', '.join(plan.hosts)} "
+        f"(unit {plan.unit}, {plan.spec}"
+        + (
+            f" from index {plan.index_name} ({remote.index_host(plan.index_url or '')})"
+            if plan.index_name
+            else ""
+        )
+        + ")"
+        + (" [dry run]" if plan.dry_run else "")
+    ]
     if len(plan.hosts) > 1:
-        lines.append(f"in batches of {plan.batch_size}: "
-                     + " | ".join(", ".join(b) for b in plan.batches()))
+        lines.append(
+            f"in batches of {plan.batch_size}: " + " | ".join(", ".join(b) for b in plan.batches())
+        )
     for i, s in enumerate(plan.steps, 1):
         lines.append(f"  {i}. {STEP_TITLES[s.step]}: {s.command}")
     return "\n".join(lines)
@@ -131,15 +145,20 @@ def _confirm(prompt: str, stdin: TextIO) -> bool:
     return stdin.readline().strip().lower() in ("y", "yes")
 
 
-async def _show_reads(rt: Runtime, plan: Plan, *, load: bool,
-                      out: TextIO) -> tuple[HostPreview, ...]:
+async def _show_reads(
+    rt: Runtime, plan: Plan, *, load: bool, out: TextIO
+) -> tuple[HostPreview, ...]:
     """Print what the hosts say before anyone confirms; returns the package previews."""
     reads = await read_at_request(rt.settings, rt.pool, plan, load=load)
     if reads.load is not None:
         say(out, rt.redact(reads.load))
     if reads.previews:
-        say(out, rt.redact("\n".join(["package changes (dry run now):",
-                                      *preview_lines(reads.previews)])))
+        say(
+            out,
+            rt.redact(
+                "\n".join(["package changes (dry run now):", *preview_lines(reads.previews)])
+            ),
+        )
     if reads.health:
         say(out, rt.redact("\n".join(health_lines(reads.health))))
     return reads.previews
@@ -161,8 +180,15 @@ async def _request(rt: Runtime, plan: Plan, user: str) -> RunRecord | None:
             assert_never(asked)
 
 
-async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
-                     out: TextIO = sys.stdout, kill_leftovers: bool = False) -> int:
+async def run_change(
+    rt: Runtime,
+    plan: Plan,
+    *,
+    yes: bool,
+    user: str,
+    out: TextIO = sys.stdout,
+    kill_leftovers: bool = False,
+) -> int:
     """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
     say(out, rt.redact(describe_plan(plan)))
 
@@ -207,8 +233,13 @@ async def run_change(rt: Runtime, plan: Plan, *, yes: bool, user: str,
         pass
     sink = TerminalSink(out, redact=rt.redact)
     try:
-        gate = TerminalGate(rt, user, approve=kill_leftovers,
-                            ask=ask_terminal if sys.stdin.isatty() else None, out=out)
+        gate = TerminalGate(
+            rt,
+            user,
+            approve=kill_leftovers,
+            ask=ask_terminal if sys.stdin.isatty() else None,
+            out=out,
+        )
         result = await rt.engine.execute(record.id, sink, gate=gate)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
@@ -257,11 +288,15 @@ async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
     if args.command == "runs":
         if not 1 <= args.limit <= 10_000:
             raise InputError("--limit must be between 1 and 10000")
-        return await operator.list_runs(rt, active=args.active, limit=args.limit,
-                                        as_json=args.json)
+        return await operator.list_runs(rt, active=args.active, limit=args.limit, as_json=args.json)
     return await operator.recover_run(
-        rt, args.run_id, force=args.force, yes=args.yes, user=cli_user(),
-        confirm=(lambda prompt: _confirm(prompt, sys.stdin)) if sys.stdin.isatty() else None)
+        rt,
+        args.run_id,
+        force=args.force,
+        yes=args.yes,
+        user=cli_user(),
+        confirm=(lambda prompt: _confirm(prompt, sys.stdin)) if sys.stdin.isatty() else None,
+    )
 
 
 # Runs the Slack bot. Injected by ``bot.__main__``: the terminal front end never imports
@@ -277,6 +312,7 @@ async def _no_slack(settings: Settings) -> int:
 async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     if args.command == "demo":
         from bot.cli.demo import run_demo
+
         return await run_demo(faults=args.fault, keep_dir=args.dir, fast=args.fast)
     if args.command == "gpus" and args.local:
         snap = await asyncio.to_thread(probe_local, socket.gethostname())
@@ -286,26 +322,37 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     # Logs pass through the same redaction as Slack and the audit log. The bot logs its
     # progress; a terminal command shows only warnings (its output is the progress).
     serving = args.command in (None, "serve")
-    setup_logging(Redactor.for_settings(settings),
-                  level=logging.INFO if serving else logging.WARNING)
+    setup_logging(
+        Redactor.for_settings(settings), level=logging.INFO if serving else logging.WARNING
+    )
     if serving:
         return await serve(settings)
     if args.command in ("sudoers", "doctor"):
         # Neither opens the audit database: doctor changes nothing anywhere.
-        return await (print_sudoers(settings, args) if args.command == "sudoers"
-                      else doctor(settings, args.target, as_json=args.json))
+        return await (
+            print_sudoers(settings, args)
+            if args.command == "sudoers"
+            else doctor(settings, args.target, as_json=args.json)
+        )
     async with open_runtime(settings) as rt:
         if args.command == "redeploy":
-            plan = rt.engine.plan(Action.REDEPLOY, args.service, version=args.version,
-                                  index=args.index, dry_run=args.dry_run, batch=args.batch,
-                                  force=args.force)
-            return await run_change(rt, plan, yes=args.yes, user=cli_user(),
-                                    kill_leftovers=args.kill_leftovers)
+            plan = rt.engine.plan(
+                Action.REDEPLOY,
+                args.service,
+                version=args.version,
+                index=args.index,
+                dry_run=args.dry_run,
+                batch=args.batch,
+                force=args.force,
+            )
+            return await run_change(
+                rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+            )
         if args.command == "restart":
-            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch,
-                                  force=args.force)
-            return await run_change(rt, plan, yes=args.yes, user=cli_user(),
-                                    kill_leftovers=args.kill_leftovers)
+            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch, force=args.force)
+            return await run_change(
+                rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+            )
         if args.command == "status":
             plan = rt.engine.plan(Action.STATUS, args.service)
             code = await run_change(rt, plan, yes=True, user=cli_user())
@@ -330,8 +377,13 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         raise InputError("--limit must be between 1 and 10000")
     if args.run is not None:
         record = await rt.audit.get_run(args.run)
-        print(visible(run_view(record, await rt.audit.steps(record.id),
-                               await rt.audit.environments(record.id))))
+        print(
+            visible(
+                run_view(
+                    record, await rt.audit.steps(record.id), await rt.audit.environments(record.id)
+                )
+            )
+        )
         return 0
     records = await rt.audit.list_runs(service=args.service, limit=args.limit)
     ids = [r.id for r in records]
@@ -339,8 +391,16 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         print(visible(runs_table(records)))
         return 0
     hosts = {i: await rt.audit.host_outcomes(i) for i in ids}
-    print(visible(runs_json(records, await rt.audit.packages_changed(ids),
-                            await rt.audit.restorations(ids), hosts)))
+    print(
+        visible(
+            runs_json(
+                records,
+                await rt.audit.packages_changed(ids),
+                await rt.audit.restorations(ids),
+                hosts,
+            )
+        )
+    )
     return 0
 
 
@@ -364,4 +424,3 @@ def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -30,8 +30,18 @@ from bot.errors import InputError
 EXIT_RECOVERED = 0
 EXIT_REFUSED = 1
 
-_HEADERS = ("ID", "SERVICE", "ACTION", "STATUS", "STEP", "OWNER", "ALIVE", "JUDGED BY",
-            "LEASE UNTIL", "LOCKS")
+_HEADERS = (
+    "ID",
+    "SERVICE",
+    "ACTION",
+    "STATUS",
+    "STEP",
+    "OWNER",
+    "ALIVE",
+    "JUDGED BY",
+    "LEASE UNTIL",
+    "LOCKS",
+)
 
 
 def _liveness(run: RunRecord, rt: Runtime) -> Verdict | None:
@@ -52,23 +62,44 @@ def _judged_by(verdict: Verdict | None) -> str:
 
 def _row(run: RunRecord, verdict: Verdict | None, locks: Sequence[str]) -> list[str]:
     alive = "-" if verdict is None else ("yes" if verdict.alive else "NO")
-    return [str(run.id), run.service, run.action, run.status, run.current_step or "-",
-            run.owner or "-", alive, _judged_by(verdict), run.lease_until or "-",
-            ", ".join(locks) or "-"]
+    return [
+        str(run.id),
+        run.service,
+        run.action,
+        run.status,
+        run.current_step or "-",
+        run.owner or "-",
+        alive,
+        _judged_by(verdict),
+        run.lease_until or "-",
+        ", ".join(locks) or "-",
+    ]
 
 
 def _json(run: RunRecord, verdict: Verdict | None, locks: Sequence[str]) -> dict[str, Any]:
     # How long this machine has seen its heartbeat unchanged: only for a lease verdict.
-    unchanged = (round(verdict.unchanged_s, 1)
-                 if verdict is not None and verdict.by is JudgedBy.LEASE else None)
-    return {"id": run.id, "service": run.service, "action": run.action.value,
-            "status": run.status.value, "current_step": run.current_step,
-            "requested_by": run.requested_by, "source": run.source.value,
-            "owner": run.owner, "owner_alive": None if verdict is None else verdict.alive,
-            "owner_judged_by": None if verdict is None else verdict.by.value,
-            "heartbeat_unchanged_s": unchanged, "lease_until": run.lease_until,
-            "lease_renewals": run.lease_renewals, "locks": list(locks),
-            "started_at": run.started_at}
+    unchanged = (
+        round(verdict.unchanged_s, 1)
+        if verdict is not None and verdict.by is JudgedBy.LEASE
+        else None
+    )
+    return {
+        "id": run.id,
+        "service": run.service,
+        "action": run.action.value,
+        "status": run.status.value,
+        "current_step": run.current_step,
+        "requested_by": run.requested_by,
+        "source": run.source.value,
+        "owner": run.owner,
+        "owner_alive": None if verdict is None else verdict.alive,
+        "owner_judged_by": None if verdict is None else verdict.by.value,
+        "heartbeat_unchanged_s": unchanged,
+        "lease_until": run.lease_until,
+        "lease_renewals": run.lease_renewals,
+        "locks": list(locks),
+        "started_at": run.started_at,
+    }
 
 
 def runs_text(rows: Sequence[Sequence[str]]) -> str:
@@ -77,8 +108,9 @@ def runs_text(rows: Sequence[Sequence[str]]) -> str:
     return table.render([Column(h) for h in _HEADERS], rows)
 
 
-async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
-                    out: TextIO = sys.stdout) -> int:
+async def list_runs(
+    rt: Runtime, *, active: bool, limit: int, as_json: bool, out: TextIO = sys.stdout
+) -> int:
     """``runs``: the active runs (all of them), or the newest ``limit``."""
     if active:
         runs = await rt.audit.list_runs(statuses=sorted(ACTIVE_STATUSES), limit=10_000)
@@ -97,8 +129,16 @@ async def list_runs(rt: Runtime, *, active: bool, limit: int, as_json: bool,
     return 0
 
 
-async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user: str,
-                      confirm: Callable[[str], bool] | None, out: TextIO = sys.stdout) -> int:
+async def recover_run(
+    rt: Runtime,
+    run_id: int,
+    *,
+    force: bool,
+    yes: bool,
+    user: str,
+    confirm: Callable[[str], bool] | None,
+    out: TextIO = sys.stdout,
+) -> int:
     """``recover``: mark one run of a dead driver interrupted, by hand. ``confirm`` asks
     the operator; None when nobody can be asked (not on a terminal). The operations
     service judges, records and refuses (``Operations.recover_run``)."""
@@ -111,8 +151,7 @@ async def recover_run(rt: Runtime, run_id: int, *, force: bool, yes: bool, user:
         if confirm is None:
             raise InputError("not confirmed (use --yes when not on a terminal)")
         warning = " ITS OWNER IS ALIVE: it may still be changing the service." if alive else ""
-        if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} "
-                       "[y/N] "):
+        if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} [y/N] "):
             raise InputError("not confirmed")
 
     result = await rt.operations.recover_run(look, user=user, force=force, confirm=confirmed)

@@ -29,8 +29,7 @@ from bot.core.status import StepStatus
 # controls (U+009B is a one-byte CSI), and bidirectional overrides and isolates that
 # reorder what is shown (U+202A-U+202E, U+2066-U+2069), with the marks that steer them
 # (U+200E, U+200F, U+061C). Tab and newline are layout and stay.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
-                       "\u202a-\u202e\u2066-\u2069]")
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _shown(match: re.Match[str]) -> str:
@@ -71,6 +70,7 @@ _MIN_LONE_PIECE = 8
 @dataclass(frozen=True, slots=True)
 class _Held:
     """An output line that may be the last line of a key, waiting for the next one."""
+
     where: tuple[str, str]
     host: str
     prefix: str
@@ -91,8 +91,13 @@ class _Held:
 
 
 class TerminalSink:
-    def __init__(self, out: TextIO | None = None, *, show_output: bool = True,
-                 redact: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        *,
+        show_output: bool = True,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
         self.out = out or sys.stdout
         self.show_output = show_output
         self._redact: Callable[[str], str] = redact or (lambda s: s)
@@ -135,8 +140,10 @@ class TerminalSink:
             case ev.HostFinished():
                 self._print(f"[{event.host}] {event.status}: {event.summary}")
             case ev.RunFinished():
-                self._print(f"run #{event.run_id} {event.status.upper()}"
-                            f"{self._versions(event)}: {event.summary}")
+                self._print(
+                    f"run #{event.run_id} {event.status.upper()}"
+                    f"{self._versions(event)}: {event.summary}"
+                )
             case ev.Notice():
                 self._print(f"run #{event.run_id}: ! {event.text}")
             case ev.VersionsKnown() | ev.GpuHealthKnown():
@@ -151,10 +158,11 @@ class TerminalSink:
         if p.dry_run:
             self._dry_runs.add(event.run_id)
         what = p.spec + (f" from index {p.index_name}" if p.index_name else "")
-        self._print(f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
-                    f" ({what}) requested by {event.requested_by}"
-                    + (f", approved by {', '.join(event.approved_by)}"
-                       if event.approved_by else ""))
+        self._print(
+            f"run #{event.run_id}: {p.action} {p.service} on {', '.join(p.hosts)}"
+            f" ({what}) requested by {event.requested_by}"
+            + (f", approved by {', '.join(event.approved_by)}" if event.approved_by else "")
+        )
 
     def _versions(self, event: ev.RunFinished) -> str:
         """What the run's closing line says of the version: a dry run installs nothing, so
@@ -168,8 +176,9 @@ class TerminalSink:
 
     def _finished(self, event: ev.StepFinished) -> None:
         mark = event.status if event.status == StepStatus.OK else "FAILED"
-        self._print(f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): "
-                    f"{event.summary}")
+        self._print(
+            f"[{event.host}] {mark} {event.step} ({event.duration_s:.1f}s): {event.summary}"
+        )
         self._in_key.discard((event.host, event.step))
         self._key_line.pop((event.host, event.step), None)
         if event.status != StepStatus.OK and event.output.strip():
@@ -203,10 +212,14 @@ class TerminalSink:
         held, self._held = self._held, None
         if held is None:
             return
-        line = (following.line if following is not None
-                and (following.host, str(following.step)) == held.where else None)
-        self._print(f"[{held.host}]   | "
-                    + (held.prefix + MASK if held.is_key(line) else held.line))
+        line = (
+            following.line
+            if following is not None and (following.host, str(following.step)) == held.where
+            else None
+        )
+        self._print(
+            f"[{held.host}]   | " + (held.prefix + MASK if held.is_key(line) else held.line)
+        )
 
     def _mask_keys(self, event: ev.OutputLine) -> str | None:
         """The line as shown, or None when it is held back (see ``_Held``)."""
@@ -223,8 +236,9 @@ class TerminalSink:
             self._key_line[where] = token_shape(prefix)
             return prefix + MASK
         after_key = self._key_line.pop(where, None) == token_shape(prefix)
-        if BASE64_TOKEN.fullmatch(token) and (after_key or (
-                len(token) >= _MIN_LONE_PIECE and random_looking(token))):
+        if BASE64_TOKEN.fullmatch(token) and (
+            after_key or (len(token) >= _MIN_LONE_PIECE and random_looking(token))
+        ):
             self._held = _Held(where, event.host, prefix, token, event.line, after_key)
             return None
         return event.line

@@ -94,91 +94,190 @@ _YES = "do not ask for confirmation"
 
 # Options every terminal command takes, before or after its name.
 GLOBAL_OPTIONS: tuple[Arg, ...] = (
-    Arg(("--config",), "TOML config (default: $CHATOPS_CONFIG or ./chatops.toml)", type=Path,
-        fronts=Front.CLI),
-    Arg(("--db",), "audit database (default: $CHATOPS_DB or ./chatops.db)", type=Path,
-        fronts=Front.CLI),
+    Arg(
+        ("--config",),
+        "TOML config (default: $CHATOPS_CONFIG or ./chatops.toml)",
+        type=Path,
+        fronts=Front.CLI,
+    ),
+    Arg(
+        ("--db",),
+        "audit database (default: $CHATOPS_DB or ./chatops.db)",
+        type=Path,
+        fronts=Front.CLI,
+    ),
 )
 
 COMMANDS: tuple[Command, ...] = (
     Command("help", "this list", fronts=Front.CHAT),
-    Command("redeploy", "stop, drain, reinstall, start and health-check", (
-        _SERVICE,
-        Arg(("--version",), "pin a PEP 440 version (default: latest)", shown="V"),
-        Arg(("--index",), "name of a package index from the service's config", shown="NAME"),
-        _flag("--dry-run", help="preflight only; change nothing"),
-        Arg(("--batch",), "hosts at a time (default: max_unavailable)", type=int,
-            fronts=Front.CLI),
-        _flag("--force", help=f"{_FORCE_ALL} (they are interrupted)"),
-        _flag("--yes", "-y", help=_YES, fronts=Front.CLI),
-        _flag("--kill-leftovers", fronts=Front.CLI,
-              help="if the service's own processes outlive its stop, terminate them "
-                   "(SIGTERM, then SIGKILL) without asking"),
-    ), chat="stop, drain, reinstall, start and health-check, after approval "
-            "(--dry-run: preflight only, no approval needed)"),
-    Command("restart", "stop, drain, start and health-check", (
-        _SERVICE,
-        Arg(("--batch",), type=int, fronts=Front.CLI),
-        _flag("--force", help=_FORCE_ALL),
-        _flag("--yes", "-y", fronts=Front.CLI),
-        _flag("--kill-leftovers", fronts=Front.CLI,
-              help="terminate the service's own processes that outlive its stop"),
-    ), chat="stop, drain, start and health-check, after approval"),
-    Command("status", "unit state, installed version and GPU table", (
-        Arg(("service",), fronts=Front.CLI),
-        Arg(("service",), optional=True, fronts=Front.CHAT),
-    ), chat="unit state, installed version and GPU memory (read-only)"),
-    Command("gpus", "GPU memory on all hosts, a host, or a service's hosts", (
-        Arg(("target",), optional=True, shown="host|service"),
-        _flag("--local", help="probe this machine's GPUs via NVML", fronts=Front.CLI),
-        Arg(("--timeout",), "per-host timeout (s)", type=float, default=10.0,
-            fronts=Front.CLI),
-        _flag("--health",
-              help="each GPU's health verdict, findings, NVIDIA's action and Xid lines"),
-    ), chat="GPU memory on every host, one host, or a service's hosts"),
-    Command("logs", "the service's journal tail", (
-        _SERVICE, Arg(("-n",), shown="N"),
-    ), fronts=Front.CHAT),
-    Command("audit", "who did what, when, approved by whom", (
-        Arg(("target",), optional=True, shown="service|run-id", fronts=Front.CHAT),
-        Arg(("--service",), fronts=Front.CLI),
-        Arg(("--limit",), "the newest N runs (default: 20)", type=int, default=20, shown="N"),
-        _flag("--json", help="a JSON array, with what each install changed", fronts=Front.CLI),
-        Arg(("--run",), "one run: its steps and what it did to the environment", type=int,
-            metavar="N", fronts=Front.CLI),
-    ), chat="recent runs: who asked, who approved, what happened"),
-    Command("runs", "runs with their owners, leases and the locks they hold", (
-        _flag("--active", help="every run awaiting approval, approved or running"),
-        Arg(("--limit",), "the newest N runs (default: 20); --active shows every active run",
-            type=int, default=20),
-        _flag("--json", help="a JSON array (owner_alive: true, false, or null when nothing "
-                             "drives the run; owner_judged_by: process or lease)"),
-    ), fronts=Front.CLI),
-    Command("recover", "mark a run whose driver died interrupted; release its locks", (
-        Arg(("run_id",), "the run's id, as `runs` or the busy refusal names it", type=int),
-        _flag("--force", help="even though its owner looks alive"),
-        _flag("--yes", "-y", help=_YES),
-    ), fronts=Front.CLI),
-    Command("cancel", "cancel a pending or running run (requester or approvers)", (
-        Arg(("run_id",), shown="run-id"),
-    ), fronts=Front.CHAT),
-    Command("demo", "full redeploy against an embedded simulated GPU host", (
-        # The terminal's parser appends the fault names (bot.cli.demo_faults).
-        Arg(("--fault",), "inject a fault, may repeat (the README tells what each shows): ",
-            Kind.REPEAT, default=(), metavar="FAULT"),
-        Arg(("--dir",), "where the demo keeps its audit DB (default: ./demo-run)", type=Path),
-        _flag("--fast", help="shorten the simulated delays"),
-    ), fronts=Front.CLI),
-    Command("sudoers", 'print the sudoers drop-in for hosts with become = "sudo"', (
-        Arg(("--user",), "the bot's SSH account (default: the hosts' user)"),
-        Arg(("--host",), "only the services on this host (may repeat)", Kind.REPEAT),
-    ), fronts=Front.CLI),
-    Command("doctor", "check each host and service end to end; changes nothing", (
-        Arg(("target",), "a host or a service (default: everything)", optional=True,
-            shown="host|service"),
-        _flag("--json", fronts=Front.CLI),
-    ), chat="check hosts and services end to end: SSH, host key, sudo rules, uv, GPUs, "
-            "unit, venv, health URL, disk (read-only; requesters)"),
+    Command(
+        "redeploy",
+        "stop, drain, reinstall, start and health-check",
+        (
+            _SERVICE,
+            Arg(("--version",), "pin a PEP 440 version (default: latest)", shown="V"),
+            Arg(("--index",), "name of a package index from the service's config", shown="NAME"),
+            _flag("--dry-run", help="preflight only; change nothing"),
+            Arg(
+                ("--batch",),
+                "hosts at a time (default: max_unavailable)",
+                type=int,
+                fronts=Front.CLI,
+            ),
+            _flag("--force", help=f"{_FORCE_ALL} (they are interrupted)"),
+            _flag("--yes", "-y", help=_YES, fronts=Front.CLI),
+            _flag(
+                "--kill-leftovers",
+                fronts=Front.CLI,
+                help="if the service's own processes outlive its stop, terminate them "
+                "(SIGTERM, then SIGKILL) without asking",
+            ),
+        ),
+        chat="stop, drain, reinstall, start and health-check, after approval "
+        "(--dry-run: preflight only, no approval needed)",
+    ),
+    Command(
+        "restart",
+        "stop, drain, start and health-check",
+        (
+            _SERVICE,
+            Arg(("--batch",), type=int, fronts=Front.CLI),
+            _flag("--force", help=_FORCE_ALL),
+            _flag("--yes", "-y", fronts=Front.CLI),
+            _flag(
+                "--kill-leftovers",
+                fronts=Front.CLI,
+                help="terminate the service's own processes that outlive its stop",
+            ),
+        ),
+        chat="stop, drain, start and health-check, after approval",
+    ),
+    Command(
+        "status",
+        "unit state, installed version and GPU table",
+        (
+            Arg(("service",), fronts=Front.CLI),
+            Arg(("service",), optional=True, fronts=Front.CHAT),
+        ),
+        chat="unit state, installed version and GPU memory (read-only)",
+    ),
+    Command(
+        "gpus",
+        "GPU memory on all hosts, a host, or a service's hosts",
+        (
+            Arg(("target",), optional=True, shown="host|service"),
+            _flag("--local", help="probe this machine's GPUs via NVML", fronts=Front.CLI),
+            Arg(("--timeout",), "per-host timeout (s)", type=float, default=10.0, fronts=Front.CLI),
+            _flag(
+                "--health",
+                help="each GPU's health verdict, findings, NVIDIA's action and Xid lines",
+            ),
+        ),
+        chat="GPU memory on every host, one host, or a service's hosts",
+    ),
+    Command(
+        "logs",
+        "the service's journal tail",
+        (
+            _SERVICE,
+            Arg(("-n",), shown="N"),
+        ),
+        fronts=Front.CHAT,
+    ),
+    Command(
+        "audit",
+        "who did what, when, approved by whom",
+        (
+            Arg(("target",), optional=True, shown="service|run-id", fronts=Front.CHAT),
+            Arg(("--service",), fronts=Front.CLI),
+            Arg(("--limit",), "the newest N runs (default: 20)", type=int, default=20, shown="N"),
+            _flag("--json", help="a JSON array, with what each install changed", fronts=Front.CLI),
+            Arg(
+                ("--run",),
+                "one run: its steps and what it did to the environment",
+                type=int,
+                metavar="N",
+                fronts=Front.CLI,
+            ),
+        ),
+        chat="recent runs: who asked, who approved, what happened",
+    ),
+    Command(
+        "runs",
+        "runs with their owners, leases and the locks they hold",
+        (
+            _flag("--active", help="every run awaiting approval, approved or running"),
+            Arg(
+                ("--limit",),
+                "the newest N runs (default: 20); --active shows every active run",
+                type=int,
+                default=20,
+            ),
+            _flag(
+                "--json",
+                help="a JSON array (owner_alive: true, false, or null when nothing "
+                "drives the run; owner_judged_by: process or lease)",
+            ),
+        ),
+        fronts=Front.CLI,
+    ),
+    Command(
+        "recover",
+        "mark a run whose driver died interrupted; release its locks",
+        (
+            Arg(("run_id",), "the run's id, as `runs` or the busy refusal names it", type=int),
+            _flag("--force", help="even though its owner looks alive"),
+            _flag("--yes", "-y", help=_YES),
+        ),
+        fronts=Front.CLI,
+    ),
+    Command(
+        "cancel",
+        "cancel a pending or running run (requester or approvers)",
+        (Arg(("run_id",), shown="run-id"),),
+        fronts=Front.CHAT,
+    ),
+    Command(
+        "demo",
+        "full redeploy against an embedded simulated GPU host",
+        (
+            # The terminal's parser appends the fault names (bot.cli.demo_faults).
+            Arg(
+                ("--fault",),
+                "inject a fault, may repeat (the README tells what each shows): ",
+                Kind.REPEAT,
+                default=(),
+                metavar="FAULT",
+            ),
+            Arg(("--dir",), "where the demo keeps its audit DB (default: ./demo-run)", type=Path),
+            _flag("--fast", help="shorten the simulated delays"),
+        ),
+        fronts=Front.CLI,
+    ),
+    Command(
+        "sudoers",
+        'print the sudoers drop-in for hosts with become = "sudo"',
+        (
+            Arg(("--user",), "the bot's SSH account (default: the hosts' user)"),
+            Arg(("--host",), "only the services on this host (may repeat)", Kind.REPEAT),
+        ),
+        fronts=Front.CLI,
+    ),
+    Command(
+        "doctor",
+        "check each host and service end to end; changes nothing",
+        (
+            Arg(
+                ("target",),
+                "a host or a service (default: everything)",
+                optional=True,
+                shown="host|service",
+            ),
+            _flag("--json", fronts=Front.CLI),
+        ),
+        chat="check hosts and services end to end: SSH, host key, sudo rules, uv, GPUs, "
+        "unit, venv, health URL, disk (read-only; requesters)",
+    ),
     Command("serve", "run the Slack bot (the default)", fronts=Front.CLI),
 )
 

@@ -65,13 +65,14 @@ def parse_gate_output(stdout: str) -> GateReport | None:
         if not line.startswith(GATE_MARK):
             continue
         try:
-            data = json.loads(line[len(GATE_MARK):])
+            data = json.loads(line[len(GATE_MARK) :])
         except ValueError:
             return None
         if not isinstance(data, dict):
             return None
-        vllm, torch, cuda = (None if data.get(k) is None else str(data[k])
-                             for k in ("vllm", "torch", "cuda"))
+        vllm, torch, cuda = (
+            None if data.get(k) is None else str(data[k]) for k in ("vllm", "torch", "cuda")
+        )
         return GateReport(vllm, torch, cuda)
     return None
 
@@ -100,8 +101,9 @@ class GateVerdict:
     warning: str | None = None
 
 
-def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: str | None,
-                 package: str = "vllm") -> GateVerdict:
+def gate_verdict(
+    report: GateReport | None, *, target: str | None, driver_cuda: str | None, package: str = "vllm"
+) -> GateVerdict:
     """Whether the new venv may start: it imports, holds the target vLLM (the same
     release: ``vllm.__version__`` has no ``+cu129`` label, ``bot.core.versions``), and
     its torch's CUDA build is of no newer major version than the driver supports (a
@@ -110,27 +112,43 @@ def gate_verdict(report: GateReport | None, *, target: str | None, driver_cuda: 
     if report is None or report.vllm is None or report.torch is None:
         return GateVerdict(False, "import", "import vllm, torch failed")
     if target is not None and not same_release(report.vllm, target):
-        return GateVerdict(False, f"{package} version",
-                           f"{package} {report.vllm} is installed, not {target}")
+        return GateVerdict(
+            False, f"{package} version", f"{package} {report.vllm} is installed, not {target}"
+        )
     if report.cuda is None:
-        return GateVerdict(False, "CUDA", f"torch {report.torch} is a CPU build "
-                           "(torch.version.cuda is None): vLLM would not find a GPU")
+        return GateVerdict(
+            False,
+            "CUDA",
+            f"torch {report.torch} is a CPU build "
+            "(torch.version.cuda is None): vLLM would not find a GPU",
+        )
     found = f"{package} {report.vllm}, torch {report.torch} (CUDA {report.cuda})"
     if driver_cuda is None:
-        return GateVerdict(True, "all", f"{found}; the driver's CUDA version is unknown, "
-                           "not compared")
+        return GateVerdict(
+            True, "all", f"{found}; the driver's CUDA version is unknown, not compared"
+        )
     built, supported = _major_minor(report.cuda), _major_minor(driver_cuda)
     if built is None or supported is None:
         return GateVerdict(True, "all", f"{found}; driver CUDA {driver_cuda} not comparable")
     if built[0] > supported[0]:
-        return GateVerdict(False, "CUDA", f"torch {report.torch} is built for CUDA "
-                           f"{report.cuda}, newer than the {driver_cuda} the driver supports "
-                           "(another major version: minor-version compatibility does not "
-                           "cross it)")
+        return GateVerdict(
+            False,
+            "CUDA",
+            f"torch {report.torch} is built for CUDA "
+            f"{report.cuda}, newer than the {driver_cuda} the driver supports "
+            "(another major version: minor-version compatibility does not "
+            "cross it)",
+        )
     if built > supported:
-        warning = (f"torch's CUDA {report.cuda} is newer than the {driver_cuda} the driver "
-                   "reports; it runs under CUDA minor-version compatibility, without what "
-                   f"needs a CUDA {report.cuda} driver (PTX JIT)")
-        return GateVerdict(True, "all", f"{found}; the driver reports CUDA {driver_cuda}; "
-                           f"WARNING: {warning}", warning)
+        warning = (
+            f"torch's CUDA {report.cuda} is newer than the {driver_cuda} the driver "
+            "reports; it runs under CUDA minor-version compatibility, without what "
+            f"needs a CUDA {report.cuda} driver (PTX JIT)"
+        )
+        return GateVerdict(
+            True,
+            "all",
+            f"{found}; the driver reports CUDA {driver_cuda}; WARNING: {warning}",
+            warning,
+        )
     return GateVerdict(True, "all", f"{found}; driver supports CUDA {driver_cuda}")

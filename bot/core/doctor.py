@@ -32,8 +32,24 @@ from bot.core.doctor_types import (
 )
 
 __all__ = [
-    "HOST_TIMEOUT_S", "KEY_FILE_SCRIPT", "SSHD_KEYS_SCRIPT", "SUDOERS_FIX", "Answer", "Argv",
-    "Check", "KeyFiles", "Kind", "Outcome", "Probe", "judge", "key_files",
-    "parse_sudo_defaults", "parse_sudo_list", "passed", "probes", "render",
-    "secure_path_for", "skipped",
+    "HOST_TIMEOUT_S",
+    "KEY_FILE_SCRIPT",
+    "SSHD_KEYS_SCRIPT",
+    "SUDOERS_FIX",
+    "Answer",
+    "Argv",
+    "Check",
+    "KeyFiles",
+    "Kind",
+    "Outcome",
+    "Probe",
+    "judge",
+    "key_files",
+    "parse_sudo_defaults",
+    "parse_sudo_list",
+    "passed",
+    "probes",
+    "render",
+    "secure_path_for",
+    "skipped",
 ]

@@ -28,41 +28,62 @@ def _login_account(p: Probe, a: Answer, s: Settings) -> Check:
     if cfg.is_local:
         return judged(p, Outcome.OK, "local: commands run as the bot's own account")
     if cfg.user == "root":
-        return judged(p, Outcome.WARN, "logs in as root: whoever holds the bot's key owns "
-                      "this host", "log in as an ordinary account with become = \"sudo\" "
-                      "(README: non-root hosts)")
-    how = ("sudo for what needs rights" if cfg.become == "sudo" else
-           "no sudo: the account must own the unit and the venv")
+        return judged(
+            p,
+            Outcome.WARN,
+            "logs in as root: whoever holds the bot's key owns this host",
+            'log in as an ordinary account with become = "sudo" (README: non-root hosts)',
+        )
+    how = (
+        "sudo for what needs rights"
+        if cfg.become == "sudo"
+        else "no sudo: the account must own the unit and the venv"
+    )
     return judged(p, Outcome.OK, f"logs in as {cfg.user}, {how}")
 
 
 def _tcp(p: Probe, a: Answer, s: Settings) -> Check:
     cfg = s.hosts[p.host]
     if a.error:
-        return judged(p, Outcome.FAIL, f"{cfg.address}:{cfg.port}: {a.error}",
-                      f"check hosts.{p.host}.address and port, the network path, and that "
-                      "sshd runs on the host")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{cfg.address}:{cfg.port}: {a.error}",
+            f"check hosts.{p.host}.address and port, the network path, and that "
+            "sshd runs on the host",
+        )
     return judged(p, Outcome.OK, f"{cfg.address}:{cfg.port} accepts connections")
 
 
 def _host_key(p: Probe, a: Answer, s: Settings) -> Check:
     cfg = s.hosts[p.host]
-    scan = (f"verify the key out of band, then add it: `ssh-keyscan -p {cfg.port} "
-            f"{cfg.address} >> {cfg.known_hosts}` (compare `ssh-keygen -lf` with the host)")
+    scan = (
+        f"verify the key out of band, then add it: `ssh-keyscan -p {cfg.port} "
+        f"{cfg.address} >> {cfg.known_hosts}` (compare `ssh-keygen -lf` with the host)"
+    )
     if a.error or a.key is None:
         return judged(p, Outcome.FAIL, f"no host key read: {a.error}", scan)
     trusted = [t for t in a.trusted.split(",") if t.startswith("SHA256:")]
     if a.trusted.startswith("cert-authority") and not trusted:
         return judged(p, Outcome.OK, f"{a.key}, signed by a trusted authority (checked at login)")
     if not trusted:
-        return judged(p, Outcome.FAIL, f"{cfg.known_hosts} has no entry for "
-                      f"[{cfg.address}]:{cfg.port} (the host presents {a.key})", scan)
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{cfg.known_hosts} has no entry for "
+            f"[{cfg.address}]:{cfg.port} (the host presents {a.key})",
+            scan,
+        )
     if a.key not in trusted:
-        return judged(p, Outcome.FAIL, f"the host presents {a.key}, but {cfg.known_hosts} "
-                      f"trusts {', '.join(trusted)}: changed, or not the host you meant",
-                      "find out why the key changed before trusting the new one; then "
-                      f"replace the entry (`ssh-keygen -R '[{cfg.address}]:{cfg.port}' -f "
-                      f"{cfg.known_hosts}`, then add the verified key)")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"the host presents {a.key}, but {cfg.known_hosts} "
+            f"trusts {', '.join(trusted)}: changed, or not the host you meant",
+            "find out why the key changed before trusting the new one; then "
+            f"replace the entry (`ssh-keygen -R '[{cfg.address}]:{cfg.port}' -f "
+            f"{cfg.known_hosts}`, then add the verified key)",
+        )
     return judged(p, Outcome.OK, f"{a.key} matches {cfg.known_hosts}")
 
 
@@ -71,8 +92,13 @@ def _ssh_login(p: Probe, a: Answer, s: Settings) -> Check:
     r = a.results[0] if a.results else None
     if a.error or r is None or not r.ok:
         why = a.error or (reply(r) if r else "no answer")
-        return judged(p, Outcome.FAIL, why, f"put the bot's public key ({cfg.key_file}.pub) "
-                      f"in ~{cfg.user}/.ssh/authorized_keys on the host, restricted (README)")
+        return judged(
+            p,
+            Outcome.FAIL,
+            why,
+            f"put the bot's public key ({cfg.key_file}.pub) "
+            f"in ~{cfg.user}/.ssh/authorized_keys on the host, restricted (README)",
+        )
     return judged(p, Outcome.OK, f"key accepted for {r.stdout.strip() or cfg.user}")
 
 
@@ -80,8 +106,12 @@ def _uv(p: Probe, a: Answer, s: Settings) -> Check:
     assert p.service is not None
     r = failed(p, a) if a.results else None
     if a.error or r is not None or not a.results:
-        return judged(p, Outcome.FAIL, a.error or (reply(r) if r else "no answer"),
-                      f"install uv on the host, or set services.{p.service}.uv to its path")
+        return judged(
+            p,
+            Outcome.FAIL,
+            a.error or (reply(r) if r else "no answer"),
+            f"install uv on the host, or set services.{p.service}.uv to its path",
+        )
     return judged(p, Outcome.OK, a.results[0].stdout.strip() or "uv answers")
 
 
@@ -100,9 +130,13 @@ def _nvidia_smi(p: Probe, a: Answer, s: Settings) -> Check:
     found = f"{len(gpus)} GPU(s)" + (f": {gpus[0].name}" if gpus else "")
     warnings = driver_warnings(r.stdout, r.stderr)
     if warnings:
-        return judged(p, Outcome.WARN, f"{found}; " + "; ".join(w.line for w in warnings),
-                      "the GPU's infoROM is corrupted: its ECC and health records may be "
-                      "unreliable; plan an infoROM recovery or RMA with NVIDIA")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{found}; " + "; ".join(w.line for w in warnings),
+            "the GPU's infoROM is corrupted: its ECC and health records may be "
+            "unreliable; plan an infoROM recovery or RMA with NVIDIA",
+        )
     return judged(p, Outcome.OK, found)
 
 
@@ -111,24 +145,39 @@ def _unit(p: Probe, a: Answer, s: Settings) -> Check:
     svc = s.services[p.service]
     r = a.results[0] if a.results else None
     if a.error or r is None or not r.ok:
-        return judged(p, Outcome.FAIL, a.error or (reply(r) if r else "no answer"),
-                      "" if r is None or not r.refused else
-                      SUDOERS_FIX.format(user=s.hosts[p.host].user))
+        return judged(
+            p,
+            Outcome.FAIL,
+            a.error or (reply(r) if r else "no answer"),
+            "" if r is None or not r.refused else SUDOERS_FIX.format(user=s.hosts[p.host].user),
+        )
     props = remote.parse_unit_show(r.stdout)
     if props.get("LoadState") != "loaded":
-        return judged(p, Outcome.FAIL, f"{svc.unit}: LoadState={props.get('LoadState', '?')}",
-                      f"check services.{p.service}.unit against `systemctl list-units "
-                      "--all 'vllm*'` on the host")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{svc.unit}: LoadState={props.get('LoadState', '?')}",
+            f"check services.{p.service}.unit against `systemctl list-units "
+            "--all 'vllm*'` on the host",
+        )
     state = f"{svc.unit}: {props.get('ActiveState', '?')} ({props.get('SubState', '?')})"
     user = a.results[1].stdout.strip() if len(a.results) > 1 and a.results[1].ok else None
-    if (s.hosts[p.host].become == "sudo" and svc.venv_user and user is not None
-            and user in ("", "root")):
+    if (
+        s.hosts[p.host].become == "sudo"
+        and svc.venv_user
+        and user is not None
+        and user in ("", "root")
+    ):
         # The venv's owner writes the code the unit runs: with the unit as root, the
         # owner's rules (and so the bot's key) reach root through the venv.
-        return judged(p, Outcome.WARN, f"{state}, runs as root (no User=): {svc.venv_user} "
-                      "writes the venv it runs, so the bot's key reaches root through it",
-                      f"set User= in {svc.unit} to an account other than root (the venv's "
-                      "owner may read it; it must not be an admin)")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{state}, runs as root (no User=): {svc.venv_user} "
+            "writes the venv it runs, so the bot's key reaches root through it",
+            f"set User= in {svc.unit} to an account other than root (the venv's "
+            "owner may read it; it must not be an admin)",
+        )
     return judged(p, Outcome.OK, state + (f", runs as {user}" if user else ""))
 
 
@@ -139,12 +188,20 @@ def _venv(p: Probe, a: Answer, s: Settings) -> Check:
         return judged(p, Outcome.FAIL, a.error or "no answer")
     exists, show = a.results[:2]
     if not exists.ok:
-        return judged(p, Outcome.FAIL, f"no interpreter at {svc.python}",
-                      f"set services.{p.service}.python to the venv's bin/python")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"no interpreter at {svc.python}",
+            f"set services.{p.service}.python to the venv's bin/python",
+        )
     version = remote.parse_package_version(show.stdout) if show.ok else None
     if version is None:
-        return judged(p, Outcome.FAIL, f"{svc.package} is not installed in {svc.venv_dir} "
-                      f"({reply(show)})", f"install {svc.package} into the venv once by hand")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{svc.package} is not installed in {svc.venv_dir} ({reply(show)})",
+            f"install {svc.package} into the venv once by hand",
+        )
     ok = f"{svc.python}: {svc.package} {version}"
     cfg = s.hosts[p.host]
     if cfg.user == "root" and cfg.become == "none" and not cfg.is_local:
@@ -152,8 +209,7 @@ def _venv(p: Probe, a: Answer, s: Settings) -> Check:
     return judged(p, Outcome.OK, ok)
 
 
-def _root_mode_owners(p: Probe, svc: ServiceSettings, r: CommandResult | None,
-                      ok: str) -> Check:
+def _root_mode_owners(p: Probe, svc: ServiceSettings, r: CommandResult | None, ok: str) -> Check:
     """As root, the bot starts the venv's interpreter (uv, the import gate) and writes
     beside it: a venv another account can write runs that account's code as root (a
     .pth file), and the snapshot is not written into a .chatops root does not own
@@ -168,13 +224,17 @@ def _root_mode_owners(p: Probe, svc: ServiceSettings, r: CommandResult | None,
     if venv_owner is None or others:
         said = reply(r) if r else "no answer"
         why = "; ".join(others) or f"cannot tell who owns {svc.venv_dir} ({said})"
-        return judged(p, Outcome.WARN, f"{ok}; the bot logs in as root and {why}: code that "
-                      "account writes into the venv (a .pth file) runs as root whenever uv or "
-                      "the import gate starts its interpreter, and the snapshot is not written "
-                      "into a directory root does not own",
-                      f"log in as an ordinary account with become = \"sudo\" and venv_user = "
-                      f"\"{venv_owner or 'vllm'}\" (README: non-root hosts), or make root own "
-                      f"{svc.venv_dir} and {remote.state_dir(svc)}")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{ok}; the bot logs in as root and {why}: code that "
+            "account writes into the venv (a .pth file) runs as root whenever uv or "
+            "the import gate starts its interpreter, and the snapshot is not written "
+            "into a directory root does not own",
+            f'log in as an ordinary account with become = "sudo" and venv_user = '
+            f'"{venv_owner or "vllm"}" (README: non-root hosts), or make root own '
+            f"{svc.venv_dir} and {remote.state_dir(svc)}",
+        )
     return judged(p, Outcome.OK, f"{ok}, owned by root")
 
 
@@ -182,10 +242,14 @@ def _health(p: Probe, a: Answer, s: Settings) -> Check:
     h = a.http
     if a.error or h is None or not h.ok:
         why = a.error or (h.error or f"HTTP {h.status}" if h else "no answer")
-        return judged(p, Outcome.FAIL, f"{p.url}: {why}",
-                      f"check services.{p.service}.health_url (fetched on the host), that "
-                      "the service runs, and that the key's permitopen= in authorized_keys "
-                      "names its host:port exactly")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{p.url}: {why}",
+            f"check services.{p.service}.health_url (fetched on the host), that "
+            "the service runs, and that the key's permitopen= in authorized_keys "
+            "names its host:port exactly",
+        )
     return judged(p, Outcome.OK, f"{p.url}: HTTP 200")
 
 
@@ -195,20 +259,36 @@ def _disk(p: Probe, a: Answer, s: Settings) -> Check:
     r = a.results[0] if a.results else None
     avail = remote.parse_df_avail_mib(r.stdout) if r is not None and r.ok else None
     if a.error or avail is None:
-        return judged(p, Outcome.FAIL, a.error or f"cannot read free space of {svc.venv_dir}"
-                      + (f" ({reply(r)})" if r else ""))
+        return judged(
+            p,
+            Outcome.FAIL,
+            a.error
+            or f"cannot read free space of {svc.venv_dir}" + (f" ({reply(r)})" if r else ""),
+        )
     if avail < svc.min_free_disk_mib:
-        return judged(p, Outcome.FAIL, f"{avail:,} MiB free on {svc.venv_dir}, below "
-                      f"min_free_disk_mib ({svc.min_free_disk_mib:,})",
-                      "free space on the venv's file system (uv's cache is a usual suspect)")
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"{avail:,} MiB free on {svc.venv_dir}, below "
+            f"min_free_disk_mib ({svc.min_free_disk_mib:,})",
+            "free space on the venv's file system (uv's cache is a usual suspect)",
+        )
     return judged(p, Outcome.OK, f"{avail:,} MiB free (min {svc.min_free_disk_mib:,})")
 
 
 _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
-    "login account": _login_account, "tcp": _tcp, "host key": _host_key,
-    "ssh login": _ssh_login, "nvidia-smi": _nvidia_smi, "uv": _uv, "unit": _unit,
-    "venv": _venv, "health": _health, "disk": _disk,
-    **doctor_sudo.JUDGES, **doctor_keys.JUDGES,
+    "login account": _login_account,
+    "tcp": _tcp,
+    "host key": _host_key,
+    "ssh login": _ssh_login,
+    "nvidia-smi": _nvidia_smi,
+    "uv": _uv,
+    "unit": _unit,
+    "venv": _venv,
+    "health": _health,
+    "disk": _disk,
+    **doctor_sudo.JUDGES,
+    **doctor_keys.JUDGES,
 }
 
 

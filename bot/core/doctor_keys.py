@@ -28,12 +28,12 @@ SSHD_KEYS_SCRIPT = (
     'dump() { local file=$1 depth=$2 l g f; [ "$depth" -gt 16 ] && return; '
     'if [ ! -r "$file" ]; then echo "#chatops-unreadable $file"; return; fi; '
     'while IFS= read -r l || [ -n "$l" ]; do printf "%s\\n" "$l"; set -f; set -- $l; set +f; '
-    'case $1 in [Ii][Nn][Cc][Ll][Uu][Dd][Ee]) shift; for g do '
+    "case $1 in [Ii][Nn][Cc][Ll][Uu][Dd][Ee]) shift; for g do "
     'case $g in /*) ;; *) g=$base/$g;; esac; for f in $g; do [ -e "$f" ] && '
     'dump "$f" $((depth + 1)); done; done;; esac; done < "$file"; }; dump "$1" 0'
 )
 KEY_FILE_SCRIPT = (
-    'for f do p=$f; v=locked; child=; while :; do '
+    "for f do p=$f; v=locked; child=; while :; do "
     'if [ -e "$p" ] || [ -L "$p" ]; then '
     'if [ -O "$p" ]; then v="owned $p"; break; fi; '
     # A sticky directory (/tmp) lets it add a name there, not replace another's.
@@ -92,11 +92,13 @@ def key_files(text: str) -> KeyFiles:
         token = token.strip('"')
         if token.lower() == "none":
             continue
-        expanded = re.sub(r"%[%hUu]", lambda m: {"%%": "%", "%h": home, "%u": user,
-                                                  "%U": uid}[m[0]], token)
+        expanded = re.sub(
+            r"%[%hUu]", lambda m: {"%%": "%", "%h": home, "%u": user, "%U": uid}[m[0]], token
+        )
         if "%" in expanded.replace("%%", ""):
-            return KeyFiles(user, unknown=f"AuthorizedKeysFile {token}: a token doctor "
-                            "cannot expand")
+            return KeyFiles(
+                user, unknown=f"AuthorizedKeysFile {token}: a token doctor cannot expand"
+            )
         files.append(expanded if expanded.startswith("/") else f"{home}/{expanded}")
     return KeyFiles(user, tuple(dict.fromkeys(files)))
 
@@ -125,30 +127,51 @@ def check_key_files(results: tuple[CommandResult, ...]) -> tuple[tuple[Argv, Pri
 
 def _authorized_keys(p: Probe, a: Answer, s: Settings) -> Check:
     cfg = s.hosts[p.host]
-    fix = ("make the file sshd reads the bot's key from root's: `AuthorizedKeysFile "
-           "/etc/ssh/authorized_keys/%u` in sshd_config, that file root's, mode 0644, "
-           f"holding the restricted entry (README: non-root hosts); sshd_config is read from "
-           f"hosts.{p.host}.sshd_config")
+    fix = (
+        "make the file sshd reads the bot's key from root's: `AuthorizedKeysFile "
+        "/etc/ssh/authorized_keys/%u` in sshd_config, that file root's, mode 0644, "
+        f"holding the restricted entry (README: non-root hosts); sshd_config is read from "
+        f"hosts.{p.host}.sshd_config"
+    )
     found = key_files(a.results[0].stdout) if a.results else KeyFiles("")
     if a.error or found.unknown:
-        return judged(p, Outcome.WARN, f"cannot tell which file sshd reads {cfg.user}'s keys "
-                      f"from ({a.error or found.unknown}), so not whether {cfg.user} can "
-                      "change its own key's restrictions", fix)
+        return judged(
+            p,
+            Outcome.WARN,
+            f"cannot tell which file sshd reads {cfg.user}'s keys "
+            f"from ({a.error or found.unknown}), so not whether {cfg.user} can "
+            "change its own key's restrictions",
+            fix,
+        )
     if not found.files:
-        return judged(p, Outcome.OK, "sshd reads no authorized_keys file (AuthorizedKeysFile "
-                      "none)")
-    said = dict(line.split("\t", 1) for line in
-                (a.results[1].stdout if len(a.results) > 1 else "").splitlines()
-                if "\t" in line)
-    open_to = [f"{f} ({said[f].replace('owned', 'it owns').replace('writable', 'it can write')})"
-               if f in said else f"{f} (not checked)" for f in found.files
-               if said.get(f, "?") != "locked"]
+        return judged(p, Outcome.OK, "sshd reads no authorized_keys file (AuthorizedKeysFile none)")
+    said = dict(
+        line.split("\t", 1)
+        for line in (a.results[1].stdout if len(a.results) > 1 else "").splitlines()
+        if "\t" in line
+    )
+    open_to = [
+        f"{f} ({said[f].replace('owned', 'it owns').replace('writable', 'it can write')})"
+        if f in said
+        else f"{f} (not checked)"
+        for f in found.files
+        if said.get(f, "?") != "locked"
+    ]
     if open_to:
-        return judged(p, Outcome.WARN, f"{cfg.user} can change the file(s) sshd reads its keys "
-                      f"from: {'; '.join(open_to)}. Code running as {cfg.user} could add a key "
-                      "without restrict, from= or permitopen=", fix)
-    return judged(p, Outcome.OK, f"sshd reads {cfg.user}'s keys from {', '.join(found.files)}: "
-                  f"{cfg.user} cannot change them")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{cfg.user} can change the file(s) sshd reads its keys "
+            f"from: {'; '.join(open_to)}. Code running as {cfg.user} could add a key "
+            "without restrict, from= or permitopen=",
+            fix,
+        )
+    return judged(
+        p,
+        Outcome.OK,
+        f"sshd reads {cfg.user}'s keys from {', '.join(found.files)}: "
+        f"{cfg.user} cannot change them",
+    )
 
 
 JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {

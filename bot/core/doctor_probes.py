@@ -17,22 +17,36 @@ from bot.settings import HostSettings, ServiceSettings, Settings
 def _host_probes(name: str, cfg: HostSettings) -> list[Probe]:
     out = [Probe(name, None, "login account", Kind.CONFIG)]
     if not cfg.is_local:
-        out += [Probe(name, None, "tcp", Kind.TCP, timeout_s=cfg.connect_timeout_s, gate=True),
-                Probe(name, None, "host key", Kind.HOST_KEY, timeout_s=cfg.connect_timeout_s,
-                      gate=True)]
-    out.append(Probe(name, None, "ssh login", Kind.COMMANDS, ((("id", "-un"),
-                                                               Privilege.NONE),), gate=True))
+        out += [
+            Probe(name, None, "tcp", Kind.TCP, timeout_s=cfg.connect_timeout_s, gate=True),
+            Probe(
+                name, None, "host key", Kind.HOST_KEY, timeout_s=cfg.connect_timeout_s, gate=True
+            ),
+        ]
+    out.append(
+        Probe(name, None, "ssh login", Kind.COMMANDS, ((("id", "-un"), Privilege.NONE),), gate=True)
+    )
     if cfg.become == "sudo":
-        out.append(Probe(name, None, "sudo -l", Kind.COMMANDS,
-                         ((("sudo", "-n", "-l"), Privilege.NONE),)))
-        out.append(Probe(name, None, "sudo PATH", Kind.COMMANDS,
-                         ((("sudo", "-n", "-l"), Privilege.NONE),)))
+        out.append(
+            Probe(name, None, "sudo -l", Kind.COMMANDS, ((("sudo", "-n", "-l"), Privilege.NONE),))
+        )
+        out.append(
+            Probe(name, None, "sudo PATH", Kind.COMMANDS, ((("sudo", "-n", "-l"), Privilege.NONE),))
+        )
     if not cfg.is_local and cfg.user != "root":
-        out.append(Probe(name, None, "authorized_keys", Kind.COMMANDS,
-                         (((SH, "-c", SSHD_KEYS_SCRIPT, "sh", cfg.sshd_config),
-                           Privilege.NONE),), then=check_key_files))
-    out.append(Probe(name, None, "nvidia-smi", Kind.COMMANDS,
-                     ((remote.gpu_query(), Privilege.NONE),)))
+        out.append(
+            Probe(
+                name,
+                None,
+                "authorized_keys",
+                Kind.COMMANDS,
+                (((SH, "-c", SSHD_KEYS_SCRIPT, "sh", cfg.sshd_config), Privilege.NONE),),
+                then=check_key_files,
+            )
+        )
+    out.append(
+        Probe(name, None, "nvidia-smi", Kind.COMMANDS, ((remote.gpu_query(), Privilege.NONE),))
+    )
     return out
 
 
@@ -47,26 +61,56 @@ def _owners(svc: ServiceSettings) -> Argv:
     return ("stat", "-c", "%U %n", "--", svc.venv_dir, remote.state_dir(svc))
 
 
-def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSettings
-                    ) -> list[Probe]:
+def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSettings) -> list[Probe]:
     t = svc.command_timeout_s
     out = []
     if cfg.become == "sudo":
-        out.append(Probe(host, name, "sudo rules", Kind.COMMANDS, tuple(
-            (_sudo_check(g, svc), Privilege.NONE) for g in grants(svc)), timeout_s=t))
+        out.append(
+            Probe(
+                host,
+                name,
+                "sudo rules",
+                Kind.COMMANDS,
+                tuple((_sudo_check(g, svc), Privilege.NONE) for g in grants(svc)),
+                timeout_s=t,
+            )
+        )
     out += [
-        Probe(host, name, "uv", Kind.COMMANDS, (((svc.uv, "--version"), Privilege.NONE),),
-              timeout_s=t),
-        Probe(host, name, "unit", Kind.COMMANDS, ((remote.unit_show(svc), Privilege.ROOT),
-                                                  (unit_user_query(svc.unit, svc.systemctl),
-                                                   Privilege.NONE)), timeout_s=t),
-        Probe(host, name, "venv", Kind.COMMANDS, ((("test", "-x", svc.python), Privilege.NONE),
-                                                  (remote.package_show(svc), Privilege.VENV_OWNER),
-                                                  (_owners(svc), Privilege.NONE)),
-              timeout_s=t),
+        Probe(
+            host, name, "uv", Kind.COMMANDS, (((svc.uv, "--version"), Privilege.NONE),), timeout_s=t
+        ),
+        Probe(
+            host,
+            name,
+            "unit",
+            Kind.COMMANDS,
+            (
+                (remote.unit_show(svc), Privilege.ROOT),
+                (unit_user_query(svc.unit, svc.systemctl), Privilege.NONE),
+            ),
+            timeout_s=t,
+        ),
+        Probe(
+            host,
+            name,
+            "venv",
+            Kind.COMMANDS,
+            (
+                (("test", "-x", svc.python), Privilege.NONE),
+                (remote.package_show(svc), Privilege.VENV_OWNER),
+                (_owners(svc), Privilege.NONE),
+            ),
+            timeout_s=t,
+        ),
         Probe(host, name, "health", Kind.HTTP, url=svc.health_url, timeout_s=t),
-        Probe(host, name, "disk", Kind.COMMANDS, ((remote.free_disk(svc), Privilege.NONE),),
-              timeout_s=t),
+        Probe(
+            host,
+            name,
+            "disk",
+            Kind.COMMANDS,
+            ((remote.free_disk(svc), Privilege.NONE),),
+            timeout_s=t,
+        ),
     ]
     return out
 

@@ -24,7 +24,11 @@ def render(checks: Sequence[Check]) -> str:
             lines.append(" " * lay.tail_at + "  fix: " + c.fix)
     fails = sum(c.outcome == Outcome.FAIL for c in checks)
     warns = sum(c.outcome == Outcome.WARN for c in checks)
-    verdict = ("all checks passed" if passed(checks) and not warns else
-               f"all checks passed, {warns} warning(s)" if passed(checks) else
-               f"{fails} check(s) failed, {warns} warning(s)")
+    verdict = (
+        "all checks passed"
+        if passed(checks) and not warns
+        else f"all checks passed, {warns} warning(s)"
+        if passed(checks)
+        else f"{fails} check(s) failed, {warns} warning(s)"
+    )
     return "\n".join(lines) + f"\n\n{verdict}"

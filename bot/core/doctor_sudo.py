@@ -37,8 +37,11 @@ def parse_sudo_list(text: str) -> list[tuple[str, str]]:
 
 
 def _ours(s: Settings) -> set[tuple[str, str]]:
-    return {("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
-            for svc in s.services.values() for g in grants(svc)}
+    return {
+        ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
+        for svc in s.services.values()
+        for g in grants(svc)
+    }
 
 
 def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
@@ -46,18 +49,27 @@ def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
     r = a.results[0] if a.results else None
     if a.error or r is None or not r.ok:
         why = a.error or (reply(r) if r else "no answer")
-        return judged(p, Outcome.FAIL, f"`sudo -n -l` failed: {why}",
-                      SUDOERS_FIX.format(user=cfg.user))
+        return judged(
+            p, Outcome.FAIL, f"`sudo -n -l` failed: {why}", SUDOERS_FIX.format(user=cfg.user)
+        )
     listed = parse_sudo_list(r.stdout)
     broad = [f"({who}) {cmd}" for who, cmd in listed if cmd == "ALL"]
     if broad:
-        return judged(p, Outcome.WARN, f"{cfg.user} may run any command: {'; '.join(broad)}",
-                      f"remove {cfg.user} from admin groups (sudo, wheel) and rules with ALL; "
-                      "the bot needs only the rules `python -m bot sudoers` prints")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{cfg.user} may run any command: {'; '.join(broad)}",
+            f"remove {cfg.user} from admin groups (sudo, wheel) and rules with ALL; "
+            "the bot needs only the rules `python -m bot sudoers` prints",
+        )
     extra = [f"({who}) {cmd}" for who, cmd in listed if (who, cmd) not in _ours(s)]
     if extra:
-        return judged(p, Outcome.WARN, f"{len(extra)} rule(s) beyond what the bot needs: "
-                      + "; ".join(extra), "remove them, or check they are meant for this account")
+        return judged(
+            p,
+            Outcome.WARN,
+            f"{len(extra)} rule(s) beyond what the bot needs: " + "; ".join(extra),
+            "remove them, or check they are meant for this account",
+        )
     return judged(p, Outcome.OK, f"{len(listed)} rules, none beyond what the bot needs")
 
 
@@ -70,8 +82,10 @@ def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
 # entry is one line; on one, sudo wraps it at a space onto lines 4 spaces in. In a
 # command sudoers escapes "=" and "!", so an unescaped `secure_path=` or `!secure_path`
 # there is an option, never part of a command.
-_SECURE_PATH = re.compile(r"(?:^|[ ,])(?P<neg>!)?secure_path(?:=(?P<value>(?:\\.|[^,\s])*))?"
-                          r"(?=,|\s|$)")
+_SECURE_PATH = re.compile(
+    r"(?:^|[ ,])(?P<neg>!)?secure_path(?:=(?P<value>(?:\\.|[^,\s])*))?"
+    r"(?=,|\s|$)"
+)
 
 
 def parse_sudo_defaults(text: str) -> tuple[str, list[str]]:
@@ -90,7 +104,7 @@ def parse_sudo_defaults(text: str) -> tuple[str, list[str]]:
         elif section == "matching":
             options.append(line.strip())
         elif section == "bound" and line.startswith("    Defaults"):
-            bound.append(line.strip()[len("Defaults"):])
+            bound.append(line.strip()[len("Defaults") :])
         elif section == "bound" and bound:
             bound[-1] += " " + line.strip()
     return " ".join(options), bound
@@ -114,8 +128,9 @@ def _bound_to(entry: str, runas: str, line: str) -> bool:
         return m is not None and runas in m[1].split(", ")
     if entry.startswith("!"):
         listed = entry[1:]
-        return any(listed.startswith(line + sep) or f", {line}{sep}" in listed
-                   for sep in (", ", " "))
+        return any(
+            listed.startswith(line + sep) or f", {line}{sep}" in listed for sep in (", ", " ")
+        )
     return False
 
 
@@ -125,8 +140,9 @@ def secure_path_for(listing: tuple[str, list[str]], runas: str, line: str) -> st
     None when none sets secure_path (sudo then keeps the caller's PATH)."""
     options, bound = listing
     for level in ("!", ">"):
-        said = [_last_secure_path(e) for e in bound
-                if e.startswith(level) and _bound_to(e, runas, line)]
+        said = [
+            _last_secure_path(e) for e in bound if e.startswith(level) and _bound_to(e, runas, line)
+        ]
         said = [x for x in said if x[0]]
         if said:
             return said[-1][1]
@@ -138,12 +154,16 @@ def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
     r = a.results[0] if a.results else None
     if a.error or r is None or not r.ok:
         why = a.error or (reply(r) if r else "no answer")
-        return judged(p, Outcome.FAIL, f"`sudo -n -l` failed: {why}",
-                      SUDOERS_FIX.format(user=cfg.user))
+        return judged(
+            p, Outcome.FAIL, f"`sudo -n -l` failed: {why}", SUDOERS_FIX.format(user=cfg.user)
+        )
     listing = parse_sudo_defaults(r.stdout)
-    ours = [(alias(name, g.run_as), g, "root" if g.run_as == Privilege.ROOT else
-             svc.venv_user or "") for name, svc in s.services.items() if p.host in svc.hosts
-            for g in grants(svc)]
+    ours = [
+        (alias(name, g.run_as), g, "root" if g.run_as == Privilege.ROOT else svc.venv_user or "")
+        for name, svc in s.services.items()
+        if p.host in svc.hosts
+        for g in grants(svc)
+    ]
     bad: list[str] = []
     paths: set[str] = set()
     for name, g, runas in ours:
@@ -153,14 +173,19 @@ def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
         else:
             paths.add(path)
     if bad:
-        return judged(p, Outcome.FAIL, f"sudo keeps {cfg.user}'s own PATH (no secure_path, or "
-                      f"one with a relative directory) for {len(bad)} of {len(ours)} rules, "
-                      "so a command the bot runs by name there would be the one "
-                      f"{cfg.user} puts first: " + "; ".join(bad[:3]),
-                      SUDOERS_FIX.format(user=cfg.user) + ": its `Defaults!<alias> "
-                      "env_reset, secure_path=...` lines give the rules root's PATH")
-    return judged(p, Outcome.OK, f"secure_path applies to all {len(ours)} rules: "
-                  + ", ".join(sorted(paths)))
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"sudo keeps {cfg.user}'s own PATH (no secure_path, or "
+            f"one with a relative directory) for {len(bad)} of {len(ours)} rules, "
+            "so a command the bot runs by name there would be the one "
+            f"{cfg.user} puts first: " + "; ".join(bad[:3]),
+            SUDOERS_FIX.format(user=cfg.user) + ": its `Defaults!<alias> "
+            "env_reset, secure_path=...` lines give the rules root's PATH",
+        )
+    return judged(
+        p, Outcome.OK, f"secure_path applies to all {len(ours)} rules: " + ", ".join(sorted(paths))
+    )
 
 
 def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
@@ -168,14 +193,23 @@ def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
     svc = s.services[p.service]
     if a.error:
         return judged(p, Outcome.FAIL, a.error)
-    missing = [f"{alias(p.service, g.run_as)}: `{g.line()}` ({g.why})"
-               for g, r in zip(grants(svc), a.results, strict=False) if not r.ok]
+    missing = [
+        f"{alias(p.service, g.run_as)}: `{g.line()}` ({g.why})"
+        for g, r in zip(grants(svc), a.results, strict=False)
+        if not r.ok
+    ]
     if missing:
-        return judged(p, Outcome.FAIL, f"missing {len(missing)} of {len(a.results)} rules: "
-                      + "; ".join(missing), SUDOERS_FIX.format(user=s.hosts[p.host].user))
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"missing {len(missing)} of {len(a.results)} rules: " + "; ".join(missing),
+            SUDOERS_FIX.format(user=s.hosts[p.host].user),
+        )
     return judged(p, Outcome.OK, f"all {len(a.results)} rules the bot needs are granted")
 
 
 JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
-    "sudo -l": _sudo_list, "sudo PATH": _sudo_path, "sudo rules": _sudo_rules,
+    "sudo -l": _sudo_list,
+    "sudo PATH": _sudo_path,
+    "sudo rules": _sudo_rules,
 }

@@ -17,8 +17,10 @@ from bot.core.results import CommandResult, HttpResult
 
 Argv = tuple[str, ...]
 HOST_TIMEOUT_S = 10.0
-SUDOERS_FIX = ("install the output of `python -m bot sudoers --user {user}` on the host as "
-               "/etc/sudoers.d/vllm-chatops (README: non-root hosts)")
+SUDOERS_FIX = (
+    "install the output of `python -m bot sudoers --user {user}` on the host as "
+    "/etc/sudoers.d/vllm-chatops (README: non-root hosts)"
+)
 
 
 class Outcome(StrEnum):
@@ -73,14 +75,18 @@ class Check:
     fix: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "service": self.service, "check": self.name,
-                "result": str(self.outcome), "detail": self.detail, "fix": self.fix}
+        return {
+            "host": self.host,
+            "service": self.service,
+            "check": self.name,
+            "result": str(self.outcome),
+            "detail": self.detail,
+            "fix": self.fix,
+        }
 
 
 def skipped(probe: Probe, because: str) -> Check:
-    return Check(probe.host, probe.service, probe.name, Outcome.SKIP,
-                 f"not checked: {because}")
-
+    return Check(probe.host, probe.service, probe.name, Outcome.SKIP, f"not checked: {because}")
 
 
 def judged(p: Probe, outcome: Outcome, detail: str, fix: str = "") -> Check:

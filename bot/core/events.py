@@ -143,9 +143,20 @@ class Notice:
     text: str
 
 
-Event = (RunStarted | StepStarted | StepProgress | OutputLine | StepFinished | GpuTable
-         | VersionsKnown
-         | PackagesKnown | GpuHealthKnown | HostFinished | RunFinished | Notice)
+Event = (
+    RunStarted
+    | StepStarted
+    | StepProgress
+    | OutputLine
+    | StepFinished
+    | GpuTable
+    | VersionsKnown
+    | PackagesKnown
+    | GpuHealthKnown
+    | HostFinished
+    | RunFinished
+    | Notice
+)
 
 
 log = logging.getLogger(__name__)
@@ -177,5 +188,6 @@ class BestEffort:
         try:
             await self.sink.handle(event)
         except Exception:
-            log.exception("event sink %s failed on %s", type(self.sink).__name__,
-                          type(event).__name__)
+            log.exception(
+                "event sink %s failed on %s", type(self.sink).__name__, type(event).__name__
+            )

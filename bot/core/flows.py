@@ -82,12 +82,40 @@ from bot.settings import ServiceSettings
 
 # What the rest of the bot imports from here (the executor, the engine, the tests).
 __all__ = [
-    "FLOWS", "FOLLOW_FAILED_READS", "HEALTH_REQUEST_TIMEOUT_S", "INSTALL_KILL_GRACE_S",
-    "STARTUP_FAILED", "UNKNOWN_LOAD_READS", "Action", "BeginStep", "Checkpoint", "DrainEnd",
-    "Emit", "EndStep", "Flow", "Health", "HostOutcome", "HttpCheck", "InstallEnd", "Notice",
-    "Packages", "Progress", "ReadGpuState", "Reply", "RunCommand", "Sleep", "Snapshot", "Tick",
-    "Versions", "gpu_health_flow", "lost", "preview_flow", "redeploy_flow", "restart_flow",
-    "rollback_command", "status_flow",
+    "FLOWS",
+    "FOLLOW_FAILED_READS",
+    "HEALTH_REQUEST_TIMEOUT_S",
+    "INSTALL_KILL_GRACE_S",
+    "STARTUP_FAILED",
+    "UNKNOWN_LOAD_READS",
+    "Action",
+    "BeginStep",
+    "Checkpoint",
+    "DrainEnd",
+    "Emit",
+    "EndStep",
+    "Flow",
+    "Health",
+    "HostOutcome",
+    "HttpCheck",
+    "InstallEnd",
+    "Notice",
+    "Packages",
+    "Progress",
+    "ReadGpuState",
+    "Reply",
+    "RunCommand",
+    "Sleep",
+    "Snapshot",
+    "Tick",
+    "Versions",
+    "gpu_health_flow",
+    "lost",
+    "preview_flow",
+    "redeploy_flow",
+    "restart_flow",
+    "rollback_command",
+    "status_flow",
 ]
 
 
@@ -97,27 +125,45 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # Until the stop, every end leaves the service as preflight read it.
     before, untouched = pre.before, pre.state
     if pre.refusal is not None:
-        return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {pre.refusal}", untouched,
-                           before, None)
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {pre.refusal}",
+            untouched,
+            before,
+            None,
+        )
     assert pre.env is not None  # preflight refuses without a snapshot
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
-        return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {check.refusal}", untouched,
-                           before, None)
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {check.refusal}",
+            untouched,
+            before,
+            None,
+        )
     if plan.dry_run:
-        return HostOutcome(HostStatus.SUCCEEDED, f"dry run: preflight passed; would install "
-                           f"{plan.spec}, changing {pre.env.planned.headline()}", untouched,
-                           before, None)
+        return HostOutcome(
+            HostStatus.SUCCEEDED,
+            f"dry run: preflight passed; would install "
+            f"{plan.spec}, changing {pre.env.planned.headline()}",
+            untouched,
+            before,
+            None,
+        )
 
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
     fetch_failed = yield from prefetch(plan, svc, pre.env)
     if fetch_failed is not None:
-        return HostOutcome(HostStatus.ABORTED, f"prefetch failed; service untouched: "
-                           f"{fetch_failed}", untouched, before, None)
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"prefetch failed; service untouched: {fetch_failed}",
+            untouched,
+            before,
+            None,
+        )
 
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
@@ -129,28 +175,45 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         return (yield from recover_after_cancel(svc, host, before, "during drain"))
     if drain == "failed":
         stopped = ServiceState.STOPPED
-        return HostOutcome(HostStatus.FAILED, f"{reason}. {service_is(stopped)} and nothing "
-                           "was reinstalled; free the GPUs, then restart it.", stopped, before,
-                           None)
+        return HostOutcome(
+            HostStatus.FAILED,
+            f"{reason}. {service_is(stopped)} and nothing "
+            "was reinstalled; free the GPUs, then restart it.",
+            stopped,
+            before,
+            None,
+        )
     outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
     return (yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host)))
 
 
-def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: str | None,
-                         target: str | None, env: Env) -> Flow:
+def _reinstall_and_start(
+    plan: Plan, svc: ServiceSettings, host: str, before: str | None, target: str | None, env: Env
+) -> Flow:
     """The service is stopped and its GPUs free: reinstall, import-gate, start,
     health-gate and post-check; a failed reinstall, gate or health gate restores the
     environment snapshot."""
     install = remote.install(svc, plan.spec, plan.index_url)
-    verdict, why = yield from run_install(svc, Step.REINSTALL, install, target, "reinstall",
-                                       f"installed {plan.spec}",
-                                       remote.index_input(plan.index_url))
+    verdict, why = yield from run_install(
+        svc,
+        Step.REINSTALL,
+        install,
+        target,
+        "reinstall",
+        f"installed {plan.spec}",
+        remote.index_input(plan.index_url),
+    )
     if verdict == "unknown":
         stopped = ServiceState.STOPPED
         return HostOutcome(
-            HostStatus.FAILED, f"{why}. Whether {plan.spec} was installed is unknown, and "
+            HostStatus.FAILED,
+            f"{why}. Whether {plan.spec} was installed is unknown, and "
             f"{service_is(stopped, mid=True)}. {status_hint(plan.service)} once the host "
-            "answers.", stopped, before, None)
+            "answers.",
+            stopped,
+            before,
+            None,
+        )
     if verdict == "failed":
         yield from record_change(svc, env, EnvKind.INSTALLED)  # what the failure left
         return (yield from rollback(plan, svc, host, before, why, env))
@@ -167,8 +230,13 @@ def _reinstall_and_start(plan: Plan, svc: ServiceSettings, host: str, before: st
     if err is not None:
         return (yield from unhealthy(plan, svc, host, before, err, env))
     after = yield from postcheck(svc, host)
-    return HostOutcome(HostStatus.SUCCEEDED, f"{svc.package} {before} -> {after}, healthy",
-                       ServiceState.UP, before, after)
+    return HostOutcome(
+        HostStatus.SUCCEEDED,
+        f"{svc.package} {before} -> {after}, healthy",
+        ServiceState.UP,
+        before,
+        after,
+    )
 
 
 def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -178,17 +246,29 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         props, untouched = yield from preflight_unit(svc, host)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
-        return HostOutcome(HostStatus.ABORTED, f"preflight refused; service untouched: {e.reason}",
-                           ServiceState.UNKNOWN)
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {e.reason}",
+            ServiceState.UNKNOWN,
+        )
     before = yield from read_installed(Step.PREFLIGHT, svc)
     yield Emit(Versions(before, None))
-    yield Emit(EndStep(Step.PREFLIGHT, True,
-                       f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}"))
+    yield Emit(
+        EndStep(
+            Step.PREFLIGHT,
+            True,
+            f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}",
+        )
+    )
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
-        return HostOutcome(HostStatus.ABORTED,
-                           f"preflight refused; service untouched: {check.refusal}", untouched,
-                           before, None)
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {check.refusal}",
+            untouched,
+            before,
+            None,
+        )
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
     if (ended := (yield from quiesce_and_stop(plan, svc, before, untouched))) is not None:
@@ -196,19 +276,32 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     drain, reason = yield from drain_clean(svc, host)
     if drain == "failed":
         stopped = ServiceState.STOPPED
-        return HostOutcome(HostStatus.FAILED, f"{reason}. {service_is(stopped)}; free the GPUs, "
-                           "then restart it.", stopped, before, None)
+        return HostOutcome(
+            HostStatus.FAILED,
+            f"{reason}. {service_is(stopped)}; free the GPUs, then restart it.",
+            stopped,
+            before,
+            None,
+        )
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
         return HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
-    return (yield from gpu_recheck(svc, host, check, HostOutcome(
-        status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
-        plan.is_local(host)))
+    return (
+        yield from gpu_recheck(
+            svc,
+            host,
+            check,
+            HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
+            plan.is_local(host),
+        )
+    )
 
 
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {
-    RunAction.REDEPLOY: redeploy_flow, RunAction.RESTART: restart_flow,
-    RunAction.STATUS: status_flow}
+    RunAction.REDEPLOY: redeploy_flow,
+    RunAction.RESTART: restart_flow,
+    RunAction.STATUS: status_flow,
+}

@@ -55,9 +55,11 @@ class DrainVerdict:
     def describe(self) -> str:
         if self.drained and self.by_processes:
             gpus = ", ".join(str(i) for i in self.by_processes)
-            return (f"drained: no compute process and no vLLM worker of the service; GPU"
-                    f"{'s' if len(self.by_processes) != 1 else ''} {gpus} report no memory "
-                    "figure (unified memory), so the drain was judged by processes alone")
+            return (
+                f"drained: no compute process and no vLLM worker of the service; GPU"
+                f"{'s' if len(self.by_processes) != 1 else ''} {gpus} report no memory "
+                "figure (unified memory), so the drain was judged by processes alone"
+            )
         if self.drained:
             return f"drained: no GPU process, every GPU at or below {self.threshold_mib} MiB"
         # No "not drained" prefix: callers put this after their own "still held: ".
@@ -90,8 +92,16 @@ def drain_verdict(
             continue
         if proc.used_mib == 0:
             continue
-        holders.append(Holder("process", index_of.get(proc.gpu_uuid), proc.gpu_uuid,
-                              proc.pid, proc.name, proc.used_mib))
+        holders.append(
+            Holder(
+                "process",
+                index_of.get(proc.gpu_uuid),
+                proc.gpu_uuid,
+                proc.pid,
+                proc.name,
+                proc.used_mib,
+            )
+        )
         held_gpus.add(proc.gpu_uuid)
         listed_pids.add(proc.pid)
     by_processes = []
@@ -110,8 +120,12 @@ def drain_verdict(
     if not gpus:
         holders.append(Holder("missing"))
     holders.sort(key=_holder_order)
-    return DrainVerdict(drained=not holders, threshold_mib=threshold_mib,
-                        holders=tuple(holders), by_processes=tuple(by_processes))
+    return DrainVerdict(
+        drained=not holders,
+        threshold_mib=threshold_mib,
+        holders=tuple(holders),
+        by_processes=tuple(by_processes),
+    )
 
 
 def _holder_order(h: Holder) -> tuple[int, int, int]:

@@ -74,8 +74,12 @@ def _explaining_line(result: CommandResult) -> str:
     and exits non-zero; the first line is then a healthy row that explains
     nothing.  So: the first line that is not a data row (stderr before stdout,
     since an error there is never a row), else the first line at all."""
-    lines = [ln.strip() for text in (result.stderr, result.stdout)
-             for ln in text.splitlines() if ln.strip()]
+    lines = [
+        ln.strip()
+        for text in (result.stderr, result.stdout)
+        for ln in text.splitlines()
+        if ln.strip()
+    ]
     for line in lines:
         if not _DATA_ROW.match(line):
             return line
@@ -123,7 +127,9 @@ def _uuid(value: str) -> str:
 # issue #2, NVIDIA/gpu-operator issue #20), with exit status 14 where it says so.
 _INFOROM = re.compile(
     r"WARNING: infoROM is corrupted at gpu (?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
-    r"[0-9A-Fa-f]{2}\.[0-9A-Fa-f])", re.IGNORECASE)
+    r"[0-9A-Fa-f]{2}\.[0-9A-Fa-f])",
+    re.IGNORECASE,
+)
 INFOROM_EXIT = 14  # nvidia-smi's exit status for a corrupted infoROM (its man page)
 
 
@@ -178,12 +184,14 @@ def parse_gpu_csv(host: str, text: str) -> tuple[Gpu, ...]:
             )
         except _LineError as exc:
             raise GpuQueryError(
-                host, f"unexpected line from nvidia-smi --query-gpu: {_quote(line)} ({exc})",
+                host,
+                f"unexpected line from nvidia-smi --query-gpu: {_quote(line)} ({exc})",
                 output=text,
             ) from None
         if any(g.index == gpu.index or g.uuid == gpu.uuid for g in gpus):
             raise GpuQueryError(
-                host, f"nvidia-smi --query-gpu listed GPU {gpu.index} ({gpu.uuid}) twice",
+                host,
+                f"nvidia-smi --query-gpu listed GPU {gpu.index} ({gpu.uuid}) twice",
                 output=text,
             )
         gpus.append(gpu)
@@ -261,12 +269,12 @@ def _only_known_warnings(result: CommandResult) -> bool:
     nvidia-smi still printed every row. The rows themselves are parsed strictly after."""
     if not driver_warnings(result.stdout, result.stderr):
         return False
-    return all(_known_warning(ln) is not None for ln in result.stderr.splitlines()
-               if ln.strip())
+    return all(_known_warning(ln) is not None for ln in result.stderr.splitlines() if ln.strip())
 
 
-def build_snapshot(host: str, gpu_text: str, apps_text: str,
-                   stderr: Sequence[str] = ()) -> GpuSnapshot:
+def build_snapshot(
+    host: str, gpu_text: str, apps_text: str, stderr: Sequence[str] = ()
+) -> GpuSnapshot:
     """Parse both queries and attach each process to the GPU with its uuid.
 
     Processes whose uuid matches no GPU (a GPU that vanished between the two
@@ -280,8 +288,12 @@ def build_snapshot(host: str, gpu_text: str, apps_text: str,
         replace(gpu, processes=tuple(p for p in processes if p.gpu_uuid == gpu.uuid))
         for gpu in gpus
     )
-    return GpuSnapshot(host=host, gpus=attached, processes=processes,
-                       warnings=driver_warnings(gpu_text, apps_text, *stderr))
+    return GpuSnapshot(
+        host=host,
+        gpus=attached,
+        processes=processes,
+        warnings=driver_warnings(gpu_text, apps_text, *stderr),
+    )
 
 
 def parse_pgrep(text: str, host: str = "unknown host") -> tuple[tuple[int, str], ...]:

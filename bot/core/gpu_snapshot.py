@@ -119,13 +119,17 @@ class Selection:
         lists fewer GPUs than the service needs, or none, is never drained: a drain over
         no GPU would pass at once."""
         if not listed:
-            return (f"nvidia-smi on {host} lists no GPU (it printed no row), but the service "
-                    f"needs {self.wanted}: the driver may have lost them")
+            return (
+                f"nvidia-smi on {host} lists no GPU (it printed no row), but the service "
+                f"needs {self.wanted}: the driver may have lost them"
+            )
         if self.missing:
             found = ", ".join(str(g.index) for g in listed)
-            return (f"the service needs {self.wanted}, but {host} lists {len(listed)} GPU"
-                    f"{'s' if len(listed) != 1 else ''} ({found}): {', '.join(self.missing)} "
-                    "missing")
+            return (
+                f"the service needs {self.wanted}, but {host} lists {len(listed)} GPU"
+                f"{'s' if len(listed) != 1 else ''} ({found}): {', '.join(self.missing)} "
+                "missing"
+            )
         return None
 
 
@@ -136,16 +140,14 @@ def select_gpus(gpus: Sequence[Gpu], wanted: Sequence[int | str] | None) -> Sele
     found: list[Gpu] = []
     missing: list[str] = []
     for w in wanted:
-        gpu = next((g for g in gpus if (g.index == w if isinstance(w, int) else g.uuid == w)),
-                   None)
+        gpu = next((g for g in gpus if (g.index == w if isinstance(w, int) else g.uuid == w)), None)
         if gpu is None:
             missing.append(f"GPU {w}")
         elif gpu not in found:
             found.append(gpu)
     found.sort(key=lambda g: g.index)
     label = ", ".join(str(w) for w in wanted)
-    return Selection(tuple(found), tuple(missing),
-                     f"GPU{'s' if len(wanted) != 1 else ''} {label}")
+    return Selection(tuple(found), tuple(missing), f"GPU{'s' if len(wanted) != 1 else ''} {label}")
 
 
 def scoped(snapshot: GpuSnapshot, selection: Selection | None) -> GpuSnapshot:
@@ -153,7 +155,6 @@ def scoped(snapshot: GpuSnapshot, selection: Selection | None) -> GpuSnapshot:
     if selection is None:
         return snapshot
     return replace(snapshot, scope=selection.uuids)
-
 
 
 def all_processes(snapshot: GpuSnapshot) -> tuple[GpuProcess, ...]:

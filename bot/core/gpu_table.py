@@ -10,8 +10,13 @@ from bot.core.table import Column
 
 LINE_LIMIT = 100
 _NAME_WIDTH = 25
-_COLUMNS = (Column("GPU", "right"), Column("NAME"), Column("USED MiB", "right"),
-            Column("TOTAL MiB", "right"), Column("UTIL", "right"))
+_COLUMNS = (
+    Column("GPU", "right"),
+    Column("NAME"),
+    Column("USED MiB", "right"),
+    Column("TOTAL MiB", "right"),
+    Column("UTIL", "right"),
+)
 # Vendor boilerplate that makes every row wider without telling two GPUs apart.
 _NAME_REWRITES = ((" Server Edition", " SE"), (" Workstation Edition", " WE"))
 
@@ -71,15 +76,24 @@ def render_table(snapshot: GpuSnapshot, health: Mapping[str, str] | None = None)
     stray = tuple(p for p in all_processes(snapshot) if p.gpu_uuid not in known)
     rows: list[tuple[tuple[str, ...], tuple[GpuProcess, ...]]] = []
     for gpu in snapshot.gpus:
-        gpu_cells = (_gpu_label(snapshot, gpu, health), short_gpu_name(gpu.name),
-                     _mib(gpu.memory_used_mib), _mib(gpu.memory_total_mib),
-                     _pct(gpu.utilization_pct))
+        gpu_cells = (
+            _gpu_label(snapshot, gpu, health),
+            short_gpu_name(gpu.name),
+            _mib(gpu.memory_used_mib),
+            _mib(gpu.memory_total_mib),
+            _pct(gpu.utilization_pct),
+        )
         rows.append((gpu_cells, gpu.processes))
     for proc in stray:
         rows.append((("?", _fit(proc.gpu_uuid, _NAME_WIDTH), "", "", ""), (proc,)))
     utils = [g.utilization_pct for g in snapshot.scoped_gpus if g.utilization_pct is not None]
-    total_cells = ("", "total", _mib(snapshot.used_mib), _mib(snapshot.total_mib),
-                   _pct(sum(utils) // len(utils) if utils else None))
+    total_cells = (
+        "",
+        "total",
+        _mib(snapshot.used_mib),
+        _mib(snapshot.total_mib),
+        _pct(sum(utils) // len(utils) if utils else None),
+    )
     n_procs = sum(len(p) for _, p in rows)
 
     lay = table.layout(_COLUMNS, [*(cells for cells, _ in rows), total_cells])
@@ -90,6 +104,7 @@ def render_table(snapshot: GpuSnapshot, health: Mapping[str, str] | None = None)
         out.extend(lay.line(("",) * 5, _process_cell(p, room)) for p in procs[1:])
     out.append(lay.line(total_cells, f"{n_procs} process{'es' if n_procs != 1 else ''}"))
     if any(not snapshot.in_scope(g) for g in snapshot.gpus):
-        out.append("(n): another service's GPU, outside the total; what runs there never "
-                   "blocks this drain")
+        out.append(
+            "(n): another service's GPU, outside the total; what runs there never blocks this drain"
+        )
     return "\n".join(out)

@@ -83,8 +83,11 @@ def _sum(values: Iterable[int | None]) -> int | None:
 def _uncorrectable(fields: Sequence[tuple[Path, str | None]], kind: str) -> int | None:
     """Uncorrectable ECC errors under ``ECC Errors`` / ``kind``: the DRAM and SRAM
     counters (current drivers), else the ``Double Bit`` / ``Total`` of older ones."""
-    current = [_count(v) for p, v in fields
-               if p[-3:-1] == ("ecc errors", kind) and _UNCORRECTABLE.fullmatch(p[-1])]
+    current = [
+        _count(v)
+        for p, v in fields
+        if p[-3:-1] == ("ecc errors", kind) and _UNCORRECTABLE.fullmatch(p[-1])
+    ]
     if any(v is not None for v in current):
         return _sum(current)
     older = [_count(v) for p, v in fields if p[-4:] == ("ecc errors", kind, "double bit", "total")]
@@ -94,18 +97,24 @@ def _uncorrectable(fields: Sequence[tuple[Path, str | None]], kind: str) -> int 
 def _value(fields: Sequence[tuple[Path, str | None]], *tail: str) -> str | None:
     """The value of the first key whose path ends in ``tail`` (names as ``_name``)."""
     want = tuple(_name(t) for t in tail)
-    return next((v for p, v in fields if p[-len(want):] == want and v is not None), None)
+    return next((v for p, v in fields if p[-len(want) :] == want and v is not None), None)
 
 
 # What drivers print in place of a reset-status value they do not offer: N/A on older
 # GPUs, "Requested functionality has been deprecated" from R570 on (its recovery action
 # says it instead). Anything else that is neither Yes nor No is unknown, never "no".
-_NOT_OFFERED = ("n/a", "[n/a]", "not supported", "[not supported]",
-                "requested functionality has been deprecated")
+_NOT_OFFERED = (
+    "n/a",
+    "[n/a]",
+    "not supported",
+    "[not supported]",
+    "requested functionality has been deprecated",
+)
 
 
-def _reset_status(fields: Sequence[tuple[Path, str | None]]
-                  ) -> tuple[bool | None, bool | None, str | None]:
+def _reset_status(
+    fields: Sequence[tuple[Path, str | None]],
+) -> tuple[bool | None, bool | None, str | None]:
     """``GPU Reset Status`` / ``Reset Required`` and ``Drain and Reset Recommended``:
     (reset, drain and reset, what an unreadable value said)."""
     read: list[bool | None] = []
@@ -122,11 +131,19 @@ def _reading(host: str, bus: str, lines: Sequence[str]) -> GpuReading:
     fields = _fields(lines)
     uuid = _value(fields, "GPU UUID")
     if not uuid or uuid.startswith(("N/A", "[")):
-        raise GpuQueryError(host, f"unexpected nvidia-smi -q output: the section of GPU {bus} "
-                            "has no GPU UUID", output="\n".join(lines))
-    pending_page = next((v for p, v in fields
-                         if len(p) >= 2 and p[-2] == "retired pages"
-                         and p[-1].startswith("pending page")), None)
+        raise GpuQueryError(
+            host,
+            f"unexpected nvidia-smi -q output: the section of GPU {bus} has no GPU UUID",
+            output="\n".join(lines),
+        )
+    pending_page = next(
+        (
+            v
+            for p, v in fields
+            if len(p) >= 2 and p[-2] == "retired pages" and p[-1].startswith("pending page")
+        ),
+        None,
+    )
     action = _value(fields, "GPU Recovery Action")
     reset, drain, odd = _reset_status(fields)
     return GpuReading(
@@ -138,7 +155,9 @@ def _reading(host: str, bus: str, lines: Sequence[str]) -> GpuReading:
         remap_pending=_yes_no(_value(fields, "Remapped Rows", "Pending")),
         remap_failure=_yes_no(_value(fields, "Remapped Rows", "Remapping Failure Occurred")),
         recovery_action=None if action is None or action.lower() in _NOT_OFFERED else action,
-        reset_required=reset, drain_and_reset=drain, reset_unknown=odd,
+        reset_required=reset,
+        drain_and_reset=drain,
+        reset_unknown=odd,
     )
 
 

@@ -38,8 +38,9 @@ def _said(r: CommandResult) -> str:
     return f"exit {r.exit_status}" + (f": {tail}" if tail else "")
 
 
-def state_findings(host: str, q: CommandResult
-                   ) -> tuple[tuple[GpuReading, ...], tuple[Finding, ...]]:
+def state_findings(
+    host: str, q: CommandResult
+) -> tuple[tuple[GpuReading, ...], tuple[Finding, ...]]:
     """``nvidia-smi -q``'s result as readings, and what a failed or unreadable one says
     about the host (a lost GPU's exit status is critical)."""
     if q.exit_status == 0:
@@ -48,9 +49,13 @@ def state_findings(host: str, q: CommandResult
         except GpuQueryError as e:
             return (), (Finding(Level.WARN, f"nvidia-smi -q: {e.reason}", "check the driver"),)
     lost_gpu = q.exit_status == LOST_GPU_EXIT
-    return (), (Finding(Level.CRITICAL if lost_gpu else Level.WARN,
-                        f"nvidia-smi -q failed ({_said(q)})",
-                        "reboot the node" if lost_gpu else "check the driver"),)
+    return (), (
+        Finding(
+            Level.CRITICAL if lost_gpu else Level.WARN,
+            f"nvidia-smi -q failed ({_said(q)})",
+            "reboot the node" if lost_gpu else "check the driver",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +83,13 @@ class GpuStateRead:
         return "GPU health from nvidia-smi -q"
 
 
-def health_reads(host: str, gpus: Sequence[Gpu],
-                 readings: Sequence[GpuReading] | None = None,
-                 notes: Sequence[Finding] = (),
-                 warnings: Sequence[DriverWarning] = ()) -> Reads:
+def health_reads(
+    host: str,
+    gpus: Sequence[Gpu],
+    readings: Sequence[GpuReading] | None = None,
+    notes: Sequence[Finding] = (),
+    warnings: Sequence[DriverWarning] = (),
+) -> Reads:
     """What to run on a host to judge its GPUs' health, as a generator: it yields each
     argv and is sent its ``CommandResult``; it returns the verdict. Flows drive it with
     their RunCommand, ``/vllm gpus`` with the transport. ``readings``: the GPUs' state
@@ -103,8 +111,12 @@ def health_reads(host: str, gpus: Sequence[Gpu],
         if d.exit_status == 0:
             xids = parse_xid_lines(d.stdout)
         else:
-            found.append(Finding(Level.WARN, f"the kernel log cannot be read, so Xid errors are "
-                                 f"unknown ({why}; dmesg: {_said(d)})",
-                                 "let the bot's user read the kernel log (group adm or "
-                                 "systemd-journal)"))
+            found.append(
+                Finding(
+                    Level.WARN,
+                    f"the kernel log cannot be read, so Xid errors are "
+                    f"unknown ({why}; dmesg: {_said(d)})",
+                    "let the bot's user read the kernel log (group adm or systemd-journal)",
+                )
+            )
     return judge(host, gpus, readings, xids, notes=found, warnings=warnings)

@@ -103,13 +103,18 @@ class HostHealth:
         return tuple(g for g in self.gpus if g.uuid in wanted)
 
     def level(self, uuids: Iterable[str] | None = None) -> Level:
-        return worst([*(g.level for g in self.scoped(uuids)),
-                      *(f.level for f in self.host_findings)])
+        return worst(
+            [*(g.level for g in self.scoped(uuids)), *(f.level for f in self.host_findings)]
+        )
 
     def problems(self, level: Level, uuids: Iterable[str] | None = None) -> list[str]:
         """One sentence per finding at ``level``, GPU first: what, then the action."""
-        out = [f"{g.label}: {f.describe()}" for g in self.scoped(uuids) for f in g.findings
-               if f.level == level]
+        out = [
+            f"{g.label}: {f.describe()}"
+            for g in self.scoped(uuids)
+            for f in g.findings
+            if f.level == level
+        ]
         out += [f.describe() for f in self.host_findings if f.level == level]
         return out
 

@@ -21,8 +21,10 @@ from bot.core.health_types import (
 from bot.core.health_xid import xid_finding
 
 _RECOVERY_ACTIONS: Mapping[str, str] = {
-    "reset": RESET, "gpu reset": RESET,
-    "reboot": "reboot the node", "node reboot": "reboot the node",
+    "reset": RESET,
+    "gpu reset": RESET,
+    "reboot": "reboot the node",
+    "node reboot": "reboot the node",
     "system reboot": "reboot the node",
     "drain p2p": "stop every job using peer-to-peer transfers on this node",
     "drain and reset": "stop every job using peer-to-peer transfers, then reset the GPU",
@@ -30,8 +32,10 @@ _RECOVERY_ACTIONS: Mapping[str, str] = {
 }
 
 
-_DRAIN_AND_RESET = ("drain it: stop every job on this GPU and on any GPU it talks to "
-                    "peer-to-peer, then reset it with nvidia-smi -r, or reboot the node")
+_DRAIN_AND_RESET = (
+    "drain it: stop every job on this GPU and on any GPU it talks to "
+    "peer-to-peer, then reset it with nvidia-smi -r, or reboot the node"
+)
 
 
 def _reset_findings(r: GpuReading) -> list[Finding]:
@@ -39,15 +43,31 @@ def _reset_findings(r: GpuReading) -> list[Finding]:
     the driver wants reset is not fit to start a model on, whatever else it shows."""
     if r.drain_and_reset:
         said = "Reset Required: Yes, " if r.reset_required else ""
-        return [Finding(Level.CRITICAL, "the driver recommends a drain and reset (GPU Reset "
-                        f"Status: {said}Drain and Reset Recommended: Yes)", _DRAIN_AND_RESET)]
+        return [
+            Finding(
+                Level.CRITICAL,
+                "the driver recommends a drain and reset (GPU Reset "
+                f"Status: {said}Drain and Reset Recommended: Yes)",
+                _DRAIN_AND_RESET,
+            )
+        ]
     if r.reset_required:
-        return [Finding(Level.CRITICAL, "the driver says the GPU needs a reset (GPU Reset "
-                        "Status: Reset Required: Yes)", RESET)]
+        return [
+            Finding(
+                Level.CRITICAL,
+                "the driver says the GPU needs a reset (GPU Reset Status: Reset Required: Yes)",
+                RESET,
+            )
+        ]
     if r.reset_unknown:
-        return [Finding(Level.WARN, "the driver's GPU Reset Status cannot be read "
-                        f"({r.reset_unknown}): the GPU may need a reset",
-                        "read it with nvidia-smi -q on the host; reset the GPU if it asks")]
+        return [
+            Finding(
+                Level.WARN,
+                "the driver's GPU Reset Status cannot be read "
+                f"({r.reset_unknown}): the GPU may need a reset",
+                "read it with nvidia-smi -q on the host; reset the GPU if it asks",
+            )
+        ]
     return []
 
 
@@ -55,25 +75,56 @@ def _reading_findings(r: GpuReading) -> list[Finding]:
     out: list[Finding] = _reset_findings(r)
     action = (r.recovery_action or "").strip()
     if action and action.lower() != "none":
-        out.append(Finding(Level.CRITICAL, f"the driver asks for a recovery action: {action}",
-                           _RECOVERY_ACTIONS.get(action.lower(), "do what the driver asks")))
+        out.append(
+            Finding(
+                Level.CRITICAL,
+                f"the driver asks for a recovery action: {action}",
+                _RECOVERY_ACTIONS.get(action.lower(), "do what the driver asks"),
+            )
+        )
     if r.remap_failure:
-        out.append(Finding(Level.CRITICAL, "a row remap failed (no spare rows left)",
-                           "the GPU needs replacing (NVIDIA's RMA policy for row remapping)"))
+        out.append(
+            Finding(
+                Level.CRITICAL,
+                "a row remap failed (no spare rows left)",
+                "the GPU needs replacing (NVIDIA's RMA policy for row remapping)",
+            )
+        )
     if r.remap_pending:
-        out.append(Finding(Level.CRITICAL, "a row remap is pending",
-                           "reset the GPU (nvidia-smi -r) while it is idle to apply it"))
+        out.append(
+            Finding(
+                Level.CRITICAL,
+                "a row remap is pending",
+                "reset the GPU (nvidia-smi -r) while it is idle to apply it",
+            )
+        )
     if r.retired_pending:
-        out.append(Finding(Level.CRITICAL, "a retired page is pending",
-                           "reset the GPU (nvidia-smi -r) or reboot to retire it"))
+        out.append(
+            Finding(
+                Level.CRITICAL,
+                "a retired page is pending",
+                "reset the GPU (nvidia-smi -r) or reboot to retire it",
+            )
+        )
     if r.volatile_uncorrectable:
-        out.append(Finding(Level.CRITICAL, f"{r.volatile_uncorrectable} uncorrectable ECC "
-                           "error(s) since the last reset", RESET))
+        out.append(
+            Finding(
+                Level.CRITICAL,
+                f"{r.volatile_uncorrectable} uncorrectable ECC error(s) since the last reset",
+                RESET,
+            )
+        )
     elif r.aggregate_uncorrectable:
-        out.append(Finding(Level.WARN, f"{r.aggregate_uncorrectable} uncorrectable ECC "
-                           "error(s) over the GPU's life, none since the last reset",
-                           "none now; watch for more"))
+        out.append(
+            Finding(
+                Level.WARN,
+                f"{r.aggregate_uncorrectable} uncorrectable ECC "
+                "error(s) over the GPU's life, none since the last reset",
+                "none now; watch for more",
+            )
+        )
     return out
+
 
 def _grouped(xids: Sequence[XidEvent]) -> dict[tuple[str, int], list[XidEvent]]:
     out: dict[tuple[str, int], list[XidEvent]] = {}
@@ -81,19 +132,29 @@ def _grouped(xids: Sequence[XidEvent]) -> dict[tuple[str, int], list[XidEvent]]:
         out.setdefault((e.pci, e.code), []).append(e)
     return out
 
-_INFOROM_ACTION = ("the GPU still runs, but what its infoROM keeps (ECC and retired-page "
-                   "records, its configuration) cannot be trusted: have NVIDIA or the "
-                   "vendor reflash or replace it")
+
+_INFOROM_ACTION = (
+    "the GPU still runs, but what its infoROM keeps (ECC and retired-page "
+    "records, its configuration) cannot be trusted: have NVIDIA or the "
+    "vendor reflash or replace it"
+)
 
 
 def _warning_finding(w: DriverWarning) -> Finding:
-    return Finding(Level.WARN, f"nvidia-smi warns that the infoROM is corrupted ({w.line})",
-                   _INFOROM_ACTION)
+    return Finding(
+        Level.WARN, f"nvidia-smi warns that the infoROM is corrupted ({w.line})", _INFOROM_ACTION
+    )
 
 
-def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
-          xids: Sequence[XidEvent], *, notes: Sequence[Finding] = (),
-          warnings: Sequence[DriverWarning] = ()) -> HostHealth:
+def judge(
+    host: str,
+    gpus: Sequence[Gpu],
+    readings: Sequence[GpuReading],
+    xids: Sequence[XidEvent],
+    *,
+    notes: Sequence[Finding] = (),
+    warnings: Sequence[DriverWarning] = (),
+) -> HostHealth:
     """Each GPU's findings: its reading's (state now), its Xid lines' (this boot) and
     the warnings nvidia-smi printed about it (a corrupted infoROM).
 
@@ -118,8 +179,13 @@ def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
         else:
             # No GPU answers at that address (it fell off the bus), or this driver does
             # not say where its GPUs are: it may be any of them.
-            host_findings.append(Finding(finding.level, f"PCI {pci} (no GPU answers "
-                                         f"there now): {finding.what}", finding.action))
+            host_findings.append(
+                Finding(
+                    finding.level,
+                    f"PCI {pci} (no GPU answers there now): {finding.what}",
+                    finding.action,
+                )
+            )
     for w in warnings:
         reading = by_pci.get(normal_pci(w.pci) or w.pci)
         finding = _warning_finding(w)
@@ -127,9 +193,14 @@ def judge(host: str, gpus: Sequence[Gpu], readings: Sequence[GpuReading],
             findings[reading.uuid].append(finding)
         else:  # -q did not name that address (it failed, or NVML did not say)
             host_findings.append(finding)
-    return HostHealth(host, tuple(GpuHealth(index_of.get(u), u, tuple(findings[u]))
-                                  for u in uuids), tuple(host_findings), tuple(xids),
-                      tuple(readings))
+    return HostHealth(
+        host,
+        tuple(GpuHealth(index_of.get(u), u, tuple(findings[u])) for u in uuids),
+        tuple(host_findings),
+        tuple(xids),
+        tuple(readings),
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class GpuCheck:
@@ -161,10 +232,15 @@ class GpuCheck:
             return []
         out = [self.listing] if self.listing else []
         for level in (Level.CRITICAL, Level.WARN):
-            out += [f"{g.label} {level}: {f.describe()}" for g in self.health.scoped(self.scope)
-                    for f in g.findings if f.level == level]
-            out += [f"{level}: {f.describe()}" for f in self.health.host_findings
-                    if f.level == level]
+            out += [
+                f"{g.label} {level}: {f.describe()}"
+                for g in self.health.scoped(self.scope)
+                for f in g.findings
+                if f.level == level
+            ]
+            out += [
+                f"{level}: {f.describe()}" for f in self.health.host_findings if f.level == level
+            ]
         return out
 
 
@@ -177,28 +253,37 @@ class HealthNote:
     text: str
 
 
-def health_note(host: str, check: GpuCheck | None, error: str | None = None
-                ) -> HealthNote | None:
+def health_note(host: str, check: GpuCheck | None, error: str | None = None) -> HealthNote | None:
     """The line for a host whose GPUs are not all ok (None when they are): each finding
     with NVIDIA's action, and when the preflight will refuse, that it will. ``check``
     None: the read itself failed (``error`` says why)."""
     if check is None or check.health is None:
         why = error if check is None else check.refusal
-        return HealthNote(host, None, f"{host}: unknown ({why or 'not read'}); the preflight "
-                          "reads it again before anything changes")
+        return HealthNote(
+            host,
+            None,
+            f"{host}: unknown ({why or 'not read'}); the preflight "
+            "reads it again before anything changes",
+        )
     level = check.level
     if level is None or level == Level.OK:
         return None
     text = f"{host}: {'; '.join(check.findings())}"
     if level == Level.CRITICAL:
-        text += (f". The preflight will refuse the run on {host} before anything changes "
-                 "(service untouched)")
+        text += (
+            f". The preflight will refuse the run on {host} before anything changes "
+            "(service untouched)"
+        )
     return HealthNote(host, level, text)
+
 
 def marks(health: HostHealth) -> dict[str, str]:
     """A short mark per GPU uuid for a table's GPU column: ``warn`` or ``CRIT``."""
-    return {g.uuid: {Level.WARN: "warn", Level.CRITICAL: "CRIT"}[g.level]
-            for g in health.gpus if g.level != Level.OK}
+    return {
+        g.uuid: {Level.WARN: "warn", Level.CRITICAL: "CRIT"}[g.level]
+        for g in health.gpus
+        if g.level != Level.OK
+    }
 
 
 def details(health: HostHealth, uuids: Iterable[str] | None = None) -> str:
@@ -209,11 +294,11 @@ def details(health: HostHealth, uuids: Iterable[str] | None = None) -> str:
     for g in health.scoped(uuids):
         lines.append(f"{g.label} {g.uuid}: {g.level}")
         lines += [f"  {f.level}: {f.what}\n    action: {f.action}" for f in g.findings]
-    lines += [f"host: {f.level}: {f.what}\n    action: {f.action}"
-              for f in health.host_findings]
+    lines += [f"host: {f.level}: {f.what}\n    action: {f.action}" for f in health.host_findings]
     if health.xids:
         shown = health.xids[-20:]
-        lines.append(f"kernel log, Xid lines of this boot ({len(health.xids)}; the last "
-                     f"{len(shown)}):")
+        lines.append(
+            f"kernel log, Xid lines of this boot ({len(health.xids)}; the last {len(shown)}):"
+        )
         lines += [f"  {e.line}" for e in shown]
     return "\n".join(lines)

@@ -16,16 +16,21 @@ from bot.core.health_types import RESET, Finding, GpuReading, Level, XidEvent
 # The kernel log of this boot, only the Xid lines. No -q: a user outside the adm and
 # systemd-journal groups would then get an empty answer with exit 0, which would read
 # as "no Xid"; without it journalctl says so on stderr (``kernel_log_unreadable``).
-XID_JOURNAL_ARGV: tuple[str, ...] = ("journalctl", "-k", "-b", "--no-pager", "-g",
-                                     "NVRM: Xid")
+XID_JOURNAL_ARGV: tuple[str, ...] = ("journalctl", "-k", "-b", "--no-pager", "-g", "NVRM: Xid")
 # The fallback where journalctl cannot help (no journal, no pattern support): the ring
 # buffer, its exit status kept (a pipe would hide a refused read), the last lines only.
-XID_DMESG_SCRIPT = ('out=$(dmesg 2>&1) || { printf "%s\\n" "$out" >&2; exit 1; }; '
-                    'printf "%s\\n" "$out" | grep -F "NVRM: Xid" | tail -n 500; exit 0')
+XID_DMESG_SCRIPT = (
+    'out=$(dmesg 2>&1) || { printf "%s\\n" "$out" >&2; exit 1; }; '
+    'printf "%s\\n" "$out" | grep -F "NVRM: Xid" | tail -n 500; exit 0'
+)
 XID_DMESG_ARGV: tuple[str, ...] = ("sh", "-c", XID_DMESG_SCRIPT, "sh")
 # What journalctl prints (stderr) when it cannot show the system's messages.
-_UNREADABLE_HINTS = ("not seeing messages from other users", "insufficient permissions",
-                     "No journal files were found", "Compiled without pattern matching")
+_UNREADABLE_HINTS = (
+    "not seeing messages from other users",
+    "insufficient permissions",
+    "No journal files were found",
+    "Compiled without pattern matching",
+)
 
 # The kernel's Xid line, as NVIDIA's open kernel modules print it (krcReportXid in
 # src/nvidia/src/kernel/gpu/rc/kernel_rc.c): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ...",
@@ -34,7 +39,8 @@ _UNREADABLE_HINTS = ("not seeing messages from other users", "insufficient permi
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
     r"(?:\.[0-9A-Fa-f])?(?P<instance>(?:\s+GPU-C?I:\s*[0-9]+)*)\s*\): "
-    r"(?P<code>[0-9]+),?\s*(?P<text>.*)")
+    r"(?P<code>[0-9]+),?\s*(?P<text>.*)"
+)
 
 
 def parse_xid_lines(text: str) -> tuple[XidEvent, ...]:
@@ -81,6 +87,7 @@ def new_xids(before: Sequence[XidEvent], after: Sequence[XidEvent]) -> tuple[Xid
             out.append(e)
     return tuple(out)
 
+
 _RESTART_APP = "restart the application (a redeploy or restart does)"
 
 
@@ -99,25 +106,35 @@ class XidInfo:
 XID_CATALOGUE: Mapping[int, XidInfo] = {
     13: XidInfo("graphics engine exception", Level.WARN, _RESTART_APP),
     31: XidInfo("GPU memory page fault", Level.WARN, _RESTART_APP),
-    43: XidInfo("GPU stopped processing (the application hit an error)", Level.WARN,
-                _RESTART_APP),
+    43: XidInfo("GPU stopped processing (the application hit an error)", Level.WARN, _RESTART_APP),
     48: XidInfo("double-bit ECC error", Level.CRITICAL, RESET, "ecc"),
-    63: XidInfo("ECC page retirement or row remap recorded", Level.WARN,
-                "reset the GPU when convenient to apply it", "remap"),
+    63: XidInfo(
+        "ECC page retirement or row remap recorded",
+        Level.WARN,
+        "reset the GPU when convenient to apply it",
+        "remap",
+    ),
     64: XidInfo("ECC page retirement or row remap failed", Level.CRITICAL, RESET, "remap"),
-    79: XidInfo("GPU has fallen off the bus", Level.CRITICAL,
-                "reboot the node (a GPU reset rarely recovers it); if it repeats, check "
-                "power, cooling and the PCIe seating", "lost"),
+    79: XidInfo(
+        "GPU has fallen off the bus",
+        Level.CRITICAL,
+        "reboot the node (a GPU reset rarely recovers it); if it repeats, check "
+        "power, cooling and the PCIe seating",
+        "lost",
+    ),
     92: XidInfo("high single-bit ECC error rate", Level.WARN, "none now; watch for more"),
     94: XidInfo("contained ECC error", Level.WARN, _RESTART_APP),
     95: XidInfo("uncontained ECC error", Level.CRITICAL, RESET, "ecc"),
     119: XidInfo("GSP RPC timeout", Level.CRITICAL, RESET),
     120: XidInfo("GSP error", Level.CRITICAL, RESET),
-    154: XidInfo("GPU recovery action changed", Level.CRITICAL,
-                 "do what the driver asks (see the line)"),
+    154: XidInfo(
+        "GPU recovery action changed", Level.CRITICAL, "do what the driver asks (see the line)"
+    ),
 }
-_UNLISTED = XidInfo("not in this bot's catalogue", Level.WARN,
-                    "look it up in NVIDIA's Xid catalogue")
+_UNLISTED = XidInfo(
+    "not in this bot's catalogue", Level.WARN, "look it up in NVIDIA's Xid catalogue"
+)
+
 
 def _cleared(info: XidInfo, r: GpuReading | None) -> str | None:
     """Why the current state shows an Xid's cause is gone (the line stays in the log
@@ -128,8 +145,12 @@ def _cleared(info: XidInfo, r: GpuReading | None) -> str | None:
         return "the driver asks for no recovery action now"
     if info.cleared_by == "ecc" and r is not None and r.volatile_uncorrectable == 0:
         return "no uncorrectable ECC error since the last reset"
-    if (info.cleared_by == "remap" and r is not None and r.remap_pending is False
-            and r.remap_failure is False):
+    if (
+        info.cleared_by == "remap"
+        and r is not None
+        and r.remap_pending is False
+        and r.remap_failure is False
+    ):
         return "no row remap pending or failed now"
     return None
 
@@ -143,8 +164,7 @@ def xid_finding(events: Sequence[XidEvent], reading: GpuReading | None) -> Findi
     when = _logged_at(last.line)
     instances = sorted({e.instance for e in events if e.instance})
     mig = f" on MIG instance {', '.join(instances)}" if instances else ""
-    what = (f"Xid {last.code}{times} ({info.what}){mig}"
-            + (f", last at {when}" if when else ""))
+    what = f"Xid {last.code}{times} ({info.what}){mig}" + (f", last at {when}" if when else "")
     cleared = _cleared(info, reading) if info.level == Level.CRITICAL else None
     if cleared is not None:
         return Finding(Level.WARN, f"{what}; {cleared}", "none now; it is in this boot's log")

@@ -37,8 +37,10 @@ Signal = Literal["TERM", "KILL"]
 # ps in the C locale: lstart is then always "Mon Jan  1 00:00:00 2024" (five words).
 # -ww: never cut a column to the terminal's width; cgroup last, as it is the widest.
 PS_FORMAT = "pid=,stat=,user:32=,lstart=,cgroup="
-_LSTART = re.compile(r"[A-Z][a-z]{2} [A-Z][a-z]{2} [0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2} "
-                     r"[0-9]{4}")
+_LSTART = re.compile(
+    r"[A-Z][a-z]{2} [A-Z][a-z]{2} [0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2} "
+    r"[0-9]{4}"
+)
 _SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|refused|failed)")
 
 # Signals each "<pid>:<lstart>" given, in order, only if the PID's start time is still
@@ -66,13 +68,13 @@ _SIGNAL_LINE = re.compile(r"([0-9]+) (sent|gone|reused|refused|failed)")
 SIGNAL_SCRIPT = (
     SAFE_PRELUDE +
     # set -f: the unquoted expansions below only trim spaces, never expand a glob.
-    'set -f; systemctl=$1; ps=$2; kill=$3; unit=$4; sig=$5; shift 5; '
+    "set -f; systemctl=$1; ps=$2; kill=$3; unit=$4; sig=$5; shift 5; "
     'case $sig in TERM|KILL) ;; *) echo "not a signal this script sends: $sig" >&2; exit 2;; '
     'esac; owner=$("$systemctl" show -p User --value --no-pager -- "$unit" 2>/dev/null); '
-    'owner=$(echo $owner); '
+    "owner=$(echo $owner); "
     # The start time as ps prints it now (spaces collapsed), empty when the PID is gone.
     'started() { echo $(LC_ALL=C "$ps" -o lstart= -p "$1" 2>/dev/null); }; '
-    'for spec do pid=${spec%%:*}; want=${spec#*:}; '
+    "for spec do pid=${spec%%:*}; want=${spec#*:}; "
     # Digits only, no leading zero (ps reads "01" as PID 1), never PID 1.
     'case $pid in ""|*[!0-9]*|0*|1) echo "$pid refused"; continue;; esac; '
     'now=$(started "$pid"); if [ -z "$now" ]; then echo "$pid gone"; continue; fi; '
@@ -104,8 +106,16 @@ def service_name(unit: str) -> str:
 
 def facts_query(pids: Iterable[int]) -> Argv:
     """State, user, start time and cgroup of each PID (``ps`` exits 1 when none exists)."""
-    return ("env", "LC_ALL=C", "ps", "-ww", "-o", PS_FORMAT, "-p",
-            ",".join(str(_pid(p)) for p in pids))
+    return (
+        "env",
+        "LC_ALL=C",
+        "ps",
+        "-ww",
+        "-o",
+        PS_FORMAT,
+        "-p",
+        ",".join(str(_pid(p)) for p in pids),
+    )
 
 
 def unit_user_query(unit: str, systemctl: str = "systemctl") -> Argv:
@@ -113,8 +123,15 @@ def unit_user_query(unit: str, systemctl: str = "systemctl") -> Argv:
     return (systemctl, "show", "-p", "User", "--value", "--no-pager", "--", unit)
 
 
-def signal_command(sig: Signal, targets: Sequence[ProcFacts], unit: str,
-                   systemctl: str = "systemctl", *, ps: str = PS, kill: str = KILL) -> Command:
+def signal_command(
+    sig: Signal,
+    targets: Sequence[ProcFacts],
+    unit: str,
+    systemctl: str = "systemctl",
+    *,
+    ps: str = PS,
+    kill: str = KILL,
+) -> Command:
     """The fixed script that signals exactly ``targets`` (re-checked on the host by start
     time and by owner: ``unit``'s cgroup, or a ``VLLM::`` process of its user in no unit),
     reading them with ``ps`` and signalling them with ``kill`` (absolute paths)."""
@@ -126,8 +143,10 @@ def signal_command(sig: Signal, targets: Sequence[ProcFacts], unit: str,
             raise ValueError(f"not a start time: {t.started!r}")
         specs.append(f"{_pid(t.pid)}:{t.started}")
     # As root (bot.core.privilege): the workers run as the unit's account, not the bot's.
-    return Command((SH, "-c", SIGNAL_SCRIPT, "sh", systemctl, ps, kill, service_name(unit),
-                    sig, *specs), Privilege.ROOT)
+    return Command(
+        (SH, "-c", SIGNAL_SCRIPT, "sh", systemctl, ps, kill, service_name(unit), sig, *specs),
+        Privilege.ROOT,
+    )
 
 
 def shown_signal(sig: Signal, targets: Sequence[ProcFacts]) -> str:
@@ -224,8 +243,7 @@ class Leftover:
         return f"PID {self.pid} ({self.name}): {where}, {memory}; {self.why}"
 
 
-def judge_owner(facts: ProcFacts | None, name: str, unit: str,
-                unit_user: str) -> tuple[Owner, str]:
+def judge_owner(facts: ProcFacts | None, name: str, unit: str, unit_user: str) -> tuple[Owner, str]:
     """Whose process it is, and the evidence (see the module doc)."""
     if facts is None or facts.zombie:
         return Owner.GONE, "exited" if facts is None else "exited (a zombie, holding nothing)"
@@ -254,13 +272,16 @@ def candidates(verdict: DrainVerdict) -> Candidates:
     for h in verdict.holders:
         if h.pid is not None and h.pid not in seen:
             seen[h.pid] = (h.pid, h.name, h.used_mib, h.gpu_index)
-    return Candidates(tuple(seen.values()),
-                      tuple(h for h in verdict.holders if h.kind == "memory"),
-                      any(h.kind == "missing" for h in verdict.holders))
+    return Candidates(
+        tuple(seen.values()),
+        tuple(h for h in verdict.holders if h.kind == "memory"),
+        any(h.kind == "missing" for h in verdict.holders),
+    )
 
 
-def classify(found: Candidates, facts: Mapping[int, ProcFacts], unit: str,
-             unit_user: str) -> tuple[Leftover, ...]:
+def classify(
+    found: Candidates, facts: Mapping[int, ProcFacts], unit: str, unit_user: str
+) -> tuple[Leftover, ...]:
     out = []
     for pid, name, mib, gpu in found.processes:
         f = facts.get(pid)
@@ -272,10 +293,12 @@ def classify(found: Candidates, facts: Mapping[int, ProcFacts], unit: str,
 def prompt(host: str, unit: str, leftovers: Sequence[Leftover]) -> str:
     """The list an approver sees before pressing the button."""
     ours = [x for x in leftovers if x.owner == Owner.SERVICE]
-    lines = [f"{host}: {len(ours)} process{'es' if len(ours) != 1 else ''} of "
-             f"{service_name(unit)} outlived its stop and still hold its GPUs. Terminate "
-             "them (SIGTERM, then SIGKILL to those that remain, each only if its start time "
-             "is unchanged)?"]
+    lines = [
+        f"{host}: {len(ours)} process{'es' if len(ours) != 1 else ''} of "
+        f"{service_name(unit)} outlived its stop and still hold its GPUs. Terminate "
+        "them (SIGTERM, then SIGKILL to those that remain, each only if its start time "
+        "is unchanged)?"
+    ]
     lines += [f"- {x.describe()}" for x in ours]
     return "\n".join(lines)
 
@@ -283,8 +306,10 @@ def prompt(host: str, unit: str, leftovers: Sequence[Leftover]) -> str:
 def memory_without_process(host: str, holders: Sequence[Holder]) -> str:
     """The evidence for "needs a GPU reset or a reboot" when memory is held by nobody."""
     parts = [h.describe() for h in holders]
-    return (f"{host}: GPU memory is held with no process listed at all ({'; '.join(parts)}): "
-            f"no signal can free it")
+    return (
+        f"{host}: GPU memory is held with no process listed at all ({'; '.join(parts)}): "
+        f"no signal can free it"
+    )
 
 
 # ---- asking an approver (a flow action and its outcome) ------------------------------------

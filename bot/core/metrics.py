@@ -44,9 +44,11 @@ class Load:
         return " or ".join(names)
 
     def describe(self) -> str:
-        """"3 running, 1 waiting requests, KV cache 42 % used"."""
+        """ "3 running, 1 waiting requests, KV cache 42 % used"."""
+
         def n(v: int | None) -> str:
             return "?" if v is None else str(v)
+
         text = f"{n(self.running)} running, {n(self.waiting)} waiting requests"
         if self.kv_cache_usage is not None:
             text += f", KV cache {self.kv_cache_usage * 100:.0f} % used"
@@ -62,7 +64,7 @@ def parse_load(text: str, *, truncated: bool = False) -> Load:
     bound is parsed up to its last whole line. Raises MetricsError for text that is not
     Prometheus format."""
     if truncated:
-        text = text[:text.rfind("\n") + 1]
+        text = text[: text.rfind("\n") + 1]
     sums: dict[str, float] = {}
     kv: float | None = None
     try:

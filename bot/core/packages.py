@@ -67,8 +67,9 @@ class Restoration(StrEnum):
 
 # Names whose change approvers must not miss (canonical names; prefixes end with "-"
 # or match the start of the name).
-_HIGHLIGHT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "transformers",
-                              "vllm", "xformers"})
+_HIGHLIGHT_NAMES = frozenset(
+    {"torch", "torchvision", "torchaudio", "triton", "transformers", "vllm", "xformers"}
+)
 _HIGHLIGHT_PREFIXES = ("nvidia-", "flashinfer", "cuda-", "cupy-")
 
 _CHANGE_LINE = re.compile(r"^ ([-+~]) (?P<req>\S.*)$")
@@ -119,6 +120,7 @@ class Change:
             if (version and not same) or not (same or url):
                 return version or ""
             return f"{version or ''} (from {url or 'the index'})".strip()
+
         before, after = side(self.before, self.before_url), side(self.after, self.after_url)
         if self.before is None:
             return f"{self.name} (new) {after}".rstrip()
@@ -128,8 +130,11 @@ class Change:
 
     def to_json(self) -> dict[str, str | None]:
         out = {"name": self.name, "before": self.before, "after": self.after}
-        out |= {k: v for k, v in (("before_url", self.before_url),
-                                  ("after_url", self.after_url)) if v is not None}
+        out |= {
+            k: v
+            for k, v in (("before_url", self.before_url), ("after_url", self.after_url))
+            if v is not None
+        }
         return out
 
     @classmethod
@@ -137,8 +142,10 @@ class Change:
         def opt(key: str) -> str | None:
             value = data.get(key)
             return None if value is None else str(value)
-        return cls(str(data["name"]), opt("before"), opt("after"), opt("before_url"),
-                   opt("after_url"))
+
+        return cls(
+            str(data["name"]), opt("before"), opt("after"), opt("before_url"), opt("after_url")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +192,10 @@ class PackageDiff:
         raw = data.get("changes") or []
         assert isinstance(raw, list)
         unchanged = data.get("unchanged")
-        return cls(tuple(Change.from_json(c) for c in raw),
-                   int(unchanged) if isinstance(unchanged, int) else None)
+        return cls(
+            tuple(Change.from_json(c) for c in raw),
+            int(unchanged) if isinstance(unchanged, int) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +210,11 @@ class Entry:
     def requirement(self) -> str:
         """The line of a requirements file that gets exactly this package back: its URL
         when it came from one (an index need not serve that build at all), else its pin."""
-        return f"{self.name} @ {self.url}" if self.url is not None else (
-            f"{self.name}=={self.version}")
+        return (
+            f"{self.name} @ {self.url}"
+            if self.url is not None
+            else (f"{self.name}=={self.version}")
+        )
 
 
 def _wheel_version(url: str, name: str) -> str:
@@ -272,12 +284,22 @@ def parse_install_changes(text: str) -> tuple[Change, ...]:
     out = []
     for n in order:
         old, new = removed.get(n), added.get(n)
-        if old is not None and new is not None and old.url == new.url and _same(
-                old.version, new.version):
+        if (
+            old is not None
+            and new is not None
+            and old.url == new.url
+            and _same(old.version, new.version)
+        ):
             continue
-        out.append(Change(n, None if old is None else old.version,
-                          None if new is None else new.version,
-                          None if old is None else old.url, None if new is None else new.url))
+        out.append(
+            Change(
+                n,
+                None if old is None else old.version,
+                None if new is None else new.version,
+                None if old is None else old.url,
+                None if new is None else new.url,
+            )
+        )
     return tuple(out)
 
 
@@ -334,8 +356,10 @@ class Freeze:
         if not self.duplicates:
             return None
         words = {2: "two", 3: "three"}
-        return "; ".join(f"{words.get(len(vs), str(len(vs)))} versions of {name} installed "
-                         f"({', '.join(vs)})" for name, vs in sorted(self.duplicates.items()))
+        return "; ".join(
+            f"{words.get(len(vs), str(len(vs)))} versions of {name} installed ({', '.join(vs)})"
+            for name, vs in sorted(self.duplicates.items())
+        )
 
     def applied(self, changes: Iterable[Change]) -> Freeze:
         """The pinned set an install with these changes leaves (what a prefetch fetches)."""
@@ -369,16 +393,20 @@ def parse_freeze(stdout: str) -> Freeze:
         entry = parse_entry(line)
         if entry is not None:
             seen.setdefault(entry.name, []).append(
-                entry.version if entry.url is None else f"@ {entry.url}")
+                entry.version if entry.url is None else f"@ {entry.url}"
+            )
         if entry is None or entry.url is not None:
             others.append(line)
         else:
             versions[entry.name] = entry.version
     # The same pin twice is satisfiable (uv resolves `pip==21.3.1` given twice); two
     # different ones are not.
-    return Freeze("".join(f"{x}\n" for x in lines), versions, tuple(others),
-                  {n: tuple(dict.fromkeys(vs)) for n, vs in seen.items()
-                   if len(set(vs)) > 1})
+    return Freeze(
+        "".join(f"{x}\n" for x in lines),
+        versions,
+        tuple(others),
+        {n: tuple(dict.fromkeys(vs)) for n, vs in seen.items() if len(set(vs)) > 1},
+    )
 
 
 def diff_freezes(before: Freeze, after: Freeze) -> PackageDiff:
@@ -401,8 +429,9 @@ def planned_diff(before: Freeze, changes: Iterable[Change]) -> PackageDiff:
     """A dry run's changes against the environment they apply to, with its unchanged count."""
     moved = tuple(changes)
     names = {canonicalize_name(c.name) for c in moved}
-    return PackageDiff(moved, sum(1 for n in before.versions if n not in names)
-                       + len(before.others))
+    return PackageDiff(
+        moved, sum(1 for n in before.versions if n not in names) + len(before.others)
+    )
 
 
 _REPORT_TITLES = {
@@ -413,8 +442,9 @@ _REPORT_TITLES = {
 }
 
 
-def change_report(kind: EnvKind, diff: PackageDiff | None, note: str = "",
-                  limit: int | None = None) -> str | None:
+def change_report(
+    kind: EnvKind, diff: PackageDiff | None, note: str = "", limit: int | None = None
+) -> str | None:
     """A package set as the thread and the terminal show it; None for a snapshot (the
     whole freeze: kept in the audit log and on the host, not posted)."""
     title = _REPORT_TITLES.get(kind)

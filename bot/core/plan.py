@@ -152,7 +152,7 @@ class Plan:
 
     def batches(self) -> list[tuple[str, ...]]:
         n = self.batch_size
-        return [self.hosts[i:i + n] for i in range(0, len(self.hosts), n)]
+        return [self.hosts[i : i + n] for i in range(0, len(self.hosts), n)]
 
 
 def canonical_version(text: str) -> str:
@@ -172,35 +172,56 @@ def cmd(argv: tuple[str, ...]) -> str:
     return remote.shown(argv)
 
 
-def redeploy_steps(svc: ServiceSettings, spec: str, index_url: str | None,
-                   local: bool | None = False) -> tuple[PlannedStep, ...]:
+def redeploy_steps(
+    svc: ServiceSettings, spec: str, index_url: str | None, local: bool | None = False
+) -> tuple[PlannedStep, ...]:
     """``local``: the bot runs on the hosts (None: on some), so NVML reads their GPUs."""
     return (
-        PlannedStep(Step.PREFLIGHT, "; ".join(cmd(a) for a in (
-            remote.unit_show(svc), remote.package_show(svc), remote.free_disk(svc),
-            remote.install_dry_run(svc, spec, index_url), remote.freeze(svc)))
-            + f"; save the freeze as {remote.lock_path(svc, '<sha256>')}"),
+        PlannedStep(
+            Step.PREFLIGHT,
+            "; ".join(
+                cmd(a)
+                for a in (
+                    remote.unit_show(svc),
+                    remote.package_show(svc),
+                    remote.free_disk(svc),
+                    remote.install_dry_run(svc, spec, index_url),
+                    remote.freeze(svc),
+                )
+            )
+            + f"; save the freeze as {remote.lock_path(svc, '<sha256>')}",
+        ),
         PlannedStep(Step.GPU_CHECK, gpu_check_command(svc, local)),
         PlannedStep(Step.PREFETCH, remote.prefetch_shown(svc, index_url)),
         PlannedStep(Step.REQUESTS, requests_command(svc)),
         PlannedStep(Step.STOP, cmd(remote.unit_stop(svc))),
-        PlannedStep(Step.DRAIN, f"poll every {svc.drain_poll_s:g}s up to {svc.drain_timeout_s:g}s: "
-                    f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}; "
-                    f"{cmd(remote.workers_query())}"),
+        PlannedStep(
+            Step.DRAIN,
+            f"poll every {svc.drain_poll_s:g}s up to {svc.drain_timeout_s:g}s: "
+            f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}; "
+            f"{cmd(remote.workers_query())}",
+        ),
         PlannedStep(Step.REINSTALL, cmd(remote.install(svc, spec, index_url))),
-        PlannedStep(Step.GATE, f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
-                    f"{shlex.quote(svc.python)} -c 'import vllm, torch' (print their versions "
-                    "and torch.version.cuda); any failure: restore the snapshot, start the "
-                    "old environment"),
+        PlannedStep(
+            Step.GATE,
+            f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
+            f"{shlex.quote(svc.python)} -c 'import vllm, torch' (print their versions "
+            "and torch.version.cuda); any failure: restore the snapshot, start the "
+            "old environment",
+        ),
         PlannedStep(Step.START, cmd(remote.unit_start(svc))),
-        PlannedStep(Step.HEALTH, f"up to {svc.start_timeout_s:g}s: "
-                    f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "
-                    "until 200"),
+        PlannedStep(
+            Step.HEALTH,
+            f"up to {svc.start_timeout_s:g}s: "
+            f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url} (through SSH) "
+            "until 200",
+        ),
         PlannedStep(Step.READINESS, readiness_command(svc)),
-        PlannedStep(Step.POSTCHECK,
-                    f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
-        PlannedStep(Step.GPU_RECHECK, f"{gpu_recheck_command(local)}: "
-                    "report Xid errors that appeared during the run"),
+        PlannedStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
+        PlannedStep(
+            Step.GPU_RECHECK,
+            f"{gpu_recheck_command(local)}: report Xid errors that appeared during the run",
+        ),
     )
 
 
@@ -219,9 +240,11 @@ def gpu_check_command(svc: ServiceSettings, local: bool | None = False) -> str:
     """The GPU check before the stop (bot.core.health): the service's GPUs are listed,
     none is critical."""
     which = "all GPUs" if svc.gpus is None else "GPUs " + ", ".join(str(g) for g in svc.gpus)
-    return (f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}: {which} listed; "
-            f"{gpu_state_read(local)}; {cmd(XID_JOURNAL_ARGV)} (else dmesg): refuse on a "
-            "critical GPU")
+    return (
+        f"{cmd(remote.gpu_query())}; {cmd(remote.apps_query())}: {which} listed; "
+        f"{gpu_state_read(local)}; {cmd(XID_JOURNAL_ARGV)} (else dmesg): refuse on a "
+        "critical GPU"
+    )
 
 
 def gpu_recheck_command(local: bool | None = False) -> str:
@@ -232,9 +255,11 @@ def gpu_recheck_command(local: bool | None = False) -> str:
 def requests_command(svc: ServiceSettings) -> str:
     if svc.request_drain_timeout_s == 0:
         return f"GET {metrics_url(svc)} once (request_drain_timeout_s = 0: no wait)"
-    return (f"GET {metrics_url(svc)} every {svc.drain_poll_s:g}s up to "
-            f"{svc.request_drain_timeout_s:g}s, until no request runs or waits; a load "
-            "it cannot read refuses the stop while the unit runs (--force: no wait)")
+    return (
+        f"GET {metrics_url(svc)} every {svc.drain_poll_s:g}s up to "
+        f"{svc.request_drain_timeout_s:g}s, until no request runs or waits; a load "
+        "it cannot read refuses the stop while the unit runs (--force: no wait)"
+    )
 
 
 def readiness_command(svc: ServiceSettings) -> str:
@@ -244,23 +269,36 @@ def readiness_command(svc: ServiceSettings) -> str:
         checks.append(f"GET {base}/v1/models lists {svc.served_model}")
     if svc.smoke_prompt:
         expect = f"matching {svc.smoke_expect!r}" if svc.smoke_expect else "non-empty"
-        checks.append(f"POST {base}/v1/completions (temperature 0, {svc.smoke_max_tokens} "
-                      f"tokens) answers 200 with text {expect}")
+        checks.append(
+            f"POST {base}/v1/completions (temperature 0, {svc.smoke_max_tokens} "
+            f"tokens) answers 200 with text {expect}"
+        )
     checks.append(f"GET {base}/version equals the installed version (when offered)")
     return "; ".join(checks)
 
 
-def restart_steps(svc: ServiceSettings, local: bool | None = False
-                  ) -> tuple[PlannedStep, ...]:
+def restart_steps(svc: ServiceSettings, local: bool | None = False) -> tuple[PlannedStep, ...]:
     full = redeploy_steps(svc, svc.package, None, local)
-    keep = {Step.REQUESTS, Step.STOP, Step.DRAIN, Step.START, Step.HEALTH, Step.READINESS,
-            Step.POSTCHECK, Step.GPU_CHECK, Step.GPU_RECHECK}
-    return (PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
-            *(s for s in full if s.step in keep))
+    keep = {
+        Step.REQUESTS,
+        Step.STOP,
+        Step.DRAIN,
+        Step.START,
+        Step.HEALTH,
+        Step.READINESS,
+        Step.POSTCHECK,
+        Step.GPU_CHECK,
+        Step.GPU_RECHECK,
+    }
+    return (
+        PlannedStep(Step.PREFLIGHT, cmd(remote.unit_show(svc))),
+        *(s for s in full if s.step in keep),
+    )
 
 
-def host_targets(settings: Settings, hosts: tuple[str, ...],
-                 host_keys: Mapping[str, str]) -> tuple[HostTarget, ...]:
+def host_targets(
+    settings: Settings, hosts: tuple[str, ...], host_keys: Mapping[str, str]
+) -> tuple[HostTarget, ...]:
     """What each host name stands for in the config now. ``host_keys``: each host's key
     fingerprint(s) as read from its known_hosts file (``bot.hosts.known_hosts``);
     a host missing from it binds UNKNOWN_HOST_KEY."""
@@ -272,8 +310,16 @@ def host_targets(settings: Settings, hosts: tuple[str, ...],
             out.append(HostTarget(name, "", 0, "", None, UNKNOWN_HOST_KEY))
             continue
         key = LOCAL_HOST_KEY if cfg.is_local else host_keys.get(name, UNKNOWN_HOST_KEY)
-        out.append(HostTarget(name, cfg.address, cfg.port, cfg.user,
-                              str(cfg.key_file) if cfg.key_file is not None else None, key))
+        out.append(
+            HostTarget(
+                name,
+                cfg.address,
+                cfg.port,
+                cfg.user,
+                str(cfg.key_file) if cfg.key_file is not None else None,
+                key,
+            )
+        )
     return tuple(out)
 
 
@@ -322,23 +368,49 @@ def make_plan(
     elif action == Action.RESTART:
         steps = restart_steps(svc, local)
     else:
-        steps = (PlannedStep(Step.STATUS, f"{cmd(remote.unit_show(svc))}; "
-                             f"{cmd(remote.package_show(svc))}; GET {api_base(svc)}/v1/models, "
-                             f"{metrics_url(svc)}; {cmd(remote.gpu_query())}"),)
+        steps = (
+            PlannedStep(
+                Step.STATUS,
+                f"{cmd(remote.unit_show(svc))}; "
+                f"{cmd(remote.package_show(svc))}; GET {api_base(svc)}/v1/models, "
+                f"{metrics_url(svc)}; {cmd(remote.gpu_query())}",
+            ),
+        )
     return Plan(
-        action=action, service=service, hosts=tuple(svc.hosts), unit=svc.unit,
-        package=svc.package, version=version, spec=spec, index_name=index,
-        index_url=index_url, steps=steps, dry_run=dry_run,
+        action=action,
+        service=service,
+        hosts=tuple(svc.hosts),
+        unit=svc.unit,
+        package=svc.package,
+        version=version,
+        spec=spec,
+        index_name=index,
+        index_url=index_url,
+        steps=steps,
+        dry_run=dry_run,
         batch_size=batch if batch is not None else svc.max_unavailable,
-        targets=targets, force=force,
+        targets=targets,
+        force=force,
     )
 
 
 _TARGET_FIELDS = ("address", "port", "user", "key_file", "host_key")
 # Fields whose old and new values the refusal may quote; others (an index URL may hold
 # credentials, commands are long) are named only.
-_QUOTED_FIELDS = frozenset({"action", "service", "unit", "package", "version", "spec",
-                            "index_name", "dry_run", "batch_size", "force"})
+_QUOTED_FIELDS = frozenset(
+    {
+        "action",
+        "service",
+        "unit",
+        "package",
+        "version",
+        "spec",
+        "index_name",
+        "dry_run",
+        "batch_size",
+        "force",
+    }
+)
 
 
 def _shown(value: Any) -> str:
@@ -358,9 +430,11 @@ def drift(approved: Mapping[str, Any], now: Mapping[str, Any], *, limit: int = 3
         if old is None or new is None:
             changes.append(f"host {host} {'added' if old is None else 'removed'}")
             continue
-        changes += [f"{host} {name.replace('_', ' ')}: {_shown(old.get(name))} → "
-                    f"{_shown(new.get(name))}"
-                    for name in _TARGET_FIELDS if old.get(name) != new.get(name)]
+        changes += [
+            f"{host} {name.replace('_', ' ')}: {_shown(old.get(name))} → {_shown(new.get(name))}"
+            for name in _TARGET_FIELDS
+            if old.get(name) != new.get(name)
+        ]
     for key in sorted((set(approved) | set(now)) - {"targets"}):
         old, new = approved.get(key), now.get(key)
         if old == new:

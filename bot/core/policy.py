@@ -152,5 +152,4 @@ def evaluate_approval(
         already = refuse(pending, "")
         return refuse(pending, f"You have already approved this ({already.progress} so far).")
     after = (*counted, clicker)
-    return Verdict(True, RunStatus.APPROVED if len(after) >= needed else pending, "", after,
-                   needed)
+    return Verdict(True, RunStatus.APPROVED if len(after) >= needed else pending, "", after, needed)

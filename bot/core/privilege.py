@@ -71,7 +71,8 @@ _TERMINAL = "sudo: a terminal is required to read the password"
 _TTY = "sudo: sorry, you must have a tty to run sudo"
 _NOT_ALLOWED = re.compile(
     r"Sorry, user (?P<user>\S+) is not allowed to execute '(?P<cmd>.*)' as (?P<runas>\S+) "
-    r"on (?P<host>.+)\.")
+    r"on (?P<host>.+)\."
+)
 _NOT_IN_SUDOERS = re.compile(r"(?P<user>\S+) is not in the sudoers file\b.*")
 _UNKNOWN_USER = re.compile(r"sudo: unknown user:? (?P<user>\S+)")
 _NOT_FOUND = re.compile(r"sudo: (?P<cmd>\S+): command not found")

@@ -49,8 +49,15 @@ def model_ids(body: str) -> list[str] | None:
 
 def completion_body(model: str, prompt: str, max_tokens: int) -> bytes:
     """A deterministic completion request: temperature 0, no streaming."""
-    return json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": False}).encode()
+    return json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": False,
+        }
+    ).encode()
 
 
 def completion_text(body: str) -> str | None:

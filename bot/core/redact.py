@@ -65,8 +65,11 @@ def token_shape(prefix: str) -> str:
 def _full_key_token(token: str) -> bool:
     # Base64 of that length mixes upper and lower case; a hex digest does not.  (Not
     # every key line holds a digit: OpenSSH's have long runs of "A".)
-    return (_FULL_KEY_LINE.fullmatch(token) is not None
-            and token.lower() != token and token.upper() != token)
+    return (
+        _FULL_KEY_LINE.fullmatch(token) is not None
+        and token.lower() != token
+        and token.upper() != token
+    )
 
 
 def random_looking(token: str) -> bool:
@@ -117,8 +120,9 @@ class _KeyLines:
         if self.masked[i]:
             return False
         prefix, token = self.parts[i]
-        if not (self.full[i] or (BASE64_TOKEN.fullmatch(token)
-                                 and (sure or random_looking(token)))):
+        if not (
+            self.full[i] or (BASE64_TOKEN.fullmatch(token) and (sure or random_looking(token)))
+        ):
             return False
         own = token_shape(prefix)
         return own == shape or (first and shape.endswith(own))
@@ -129,7 +133,7 @@ class _KeyLines:
             end = _KEY_END.search(line)
             if end is None:
                 continue
-            shape = token_shape(line[:end.start()])
+            shape = token_shape(line[: end.start()])
             j = i - 1
             while j >= 0 and self.key_line(j, shape, sure=True):
                 self.masked[j] = True
@@ -221,8 +225,7 @@ _RULES: tuple[_Rule, ...] = (
     # scheme://TOKEN:@host, scheme://TOKEN:x-oauth-basic@host, scheme://TOKEN:****@host
     # -> scheme://***:<as it was>@host (issue 17 F6). Before the next rule, which would
     # mask the placeholder and keep the token.
-    _Rule(re.compile(rf"(?i)://[^\s/@:]+:{_STAND_IN_RE}@"), rf"://{MASK}:\g<1>@",
-          ("://",)),
+    _Rule(re.compile(rf"(?i)://[^\s/@:]+:{_STAND_IN_RE}@"), rf"://{MASK}:\g<1>@", ("://",)),
     # scheme://user:password@host (any scheme) -> scheme://user:***@host
     _Rule(re.compile(r"://([^\s/@:]+):[^\s/@]+@"), rf"://\g<1>:{MASK}@", ("://",)),
     # http(s)://token@host -> http(s)://***@host; ssh://root@host keeps its user name.
@@ -332,8 +335,9 @@ def index_url_literals(url: str) -> list[str]:
     out: list[str] = []
     if password is not None and password not in _PLACEHOLDER_PASSWORDS:
         out.append(password)
-    if user and (password is None or password in _PLACEHOLDER_PASSWORDS
-                 or looks_like_token(unquote(user))):
+    if user and (
+        password is None or password in _PLACEHOLDER_PASSWORDS or looks_like_token(unquote(user))
+    ):
         out.append(user)
     segments = [s for s in parts.path.split("/") if s]
     out += [s for s in segments if looks_like_token(unquote(s))]

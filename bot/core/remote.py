@@ -39,8 +39,9 @@ def package_spec(svc: ServiceSettings, version: str | None) -> str:
 # which can run a shell) as root under sudo when a terminal was attached (CVE-2023-26604);
 # the bot never asks for a terminal, and the rules then name no line that could page.
 def unit_show(svc: ServiceSettings) -> Argv:
-    return Command((svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--no-pager", "--",
-                    svc.unit), Privilege.ROOT)
+    return Command(
+        (svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--no-pager", "--", svc.unit), Privilege.ROOT
+    )
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
@@ -60,8 +61,7 @@ def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
     # whatever it starts with (`journalctl -u --foo` looks for unit "--foo"); operands
     # after "--" would be journal matches.
     n = svc.journal_lines if lines is None else lines
-    return Command((svc.journalctl, "-u", svc.unit, "-n", str(n), "--no-pager"),
-                   Privilege.ROOT)
+    return Command((svc.journalctl, "-u", svc.unit, "-n", str(n), "--no-pager"), Privilege.ROOT)
 
 
 # Following a start: entries as their message only (``-o cat``), each poll only those
@@ -69,16 +69,43 @@ def journal_tail(svc: ServiceSettings, lines: int | None = None) -> Argv:
 # ``journal_follow_lines`` of them, however much the server logs.
 def journal_cursor(svc: ServiceSettings) -> Argv:
     """The unit's latest entry and its cursor: where following a start begins."""
-    return Command((svc.journalctl, "-u", svc.unit, "-n", "1", "--show-cursor", "-o", "cat",
-                    "-q", "--no-pager"), Privilege.ROOT)
+    return Command(
+        (
+            svc.journalctl,
+            "-u",
+            svc.unit,
+            "-n",
+            "1",
+            "--show-cursor",
+            "-o",
+            "cat",
+            "-q",
+            "--no-pager",
+        ),
+        Privilege.ROOT,
+    )
 
 
 def journal_follow(svc: ServiceSettings, cursor: str | None) -> Argv:
     """The unit's entries after ``cursor`` (all of them, within the bound, without one:
     the unit had none before the start)."""
     after = (f"--after-cursor={cursor}",) if cursor else ()
-    return Command((svc.journalctl, "-u", svc.unit, *after, "-n", str(svc.journal_follow_lines),
-                    "--show-cursor", "-o", "cat", "-q", "--no-pager"), Privilege.ROOT)
+    return Command(
+        (
+            svc.journalctl,
+            "-u",
+            svc.unit,
+            *after,
+            "-n",
+            str(svc.journal_follow_lines),
+            "--show-cursor",
+            "-o",
+            "cat",
+            "-q",
+            "--no-pager",
+        ),
+        Privilege.ROOT,
+    )
 
 
 def package_show(svc: ServiceSettings) -> Argv:
@@ -101,8 +128,12 @@ def free_disk(svc: ServiceSettings) -> Argv:
 # It applies to every install with an index, not only URLs that look like they hold a
 # secret: which part of a URL is secret cannot be told from the URL.
 INDEX_ENV = "UV_EXTRA_INDEX_URL"
-INDEX_FROM_STDIN: Argv = ("sh", "-c", f'IFS= read -r {INDEX_ENV} && export {INDEX_ENV} && '
-                          'exec "$@"', "sh")
+INDEX_FROM_STDIN: Argv = (
+    "sh",
+    "-c",
+    f'IFS= read -r {INDEX_ENV} && export {INDEX_ENV} && exec "$@"',
+    "sh",
+)
 
 
 def _with_index(argv: Argv, index_url: str | None) -> Argv:
@@ -145,23 +176,41 @@ def _as_owner(*argv: str) -> Command:
 
 
 def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python, "--dry-run",
-                                 "--force-reinstall", spec), index_url)
+    return _with_index(
+        _as_owner(
+            svc.uv, "pip", "install", "--python", svc.python, "--dry-run", "--force-reinstall", spec
+        ),
+        index_url,
+    )
 
 
 def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python,
-                                 "--force-reinstall", spec), index_url)
+    return _with_index(
+        _as_owner(svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall", spec),
+        index_url,
+    )
 
 
 def install_previous(svc: ServiceSettings, version: str, index_url: str | None) -> Argv:
     # Only the one package is reinstalled: the rollback should touch as little as possible.
     name = _bare_name(svc.package)
-    return _with_index(_as_owner(svc.uv, "pip", "install", "--python", svc.python,
-                                 "--reinstall-package", name, f"{name}=={version}"), index_url)
+    return _with_index(
+        _as_owner(
+            svc.uv,
+            "pip",
+            "install",
+            "--python",
+            svc.python,
+            "--reinstall-package",
+            name,
+            f"{name}=={version}",
+        ),
+        index_url,
+    )
 
 
 # ---- the whole environment: snapshot, prefetch, gate, rollback (issue 10) ---------------
+
 
 def freeze(svc: ServiceSettings) -> Argv:
     """The venv's every package, pinned, on stdout (its ``Using Python`` line on stderr)."""
@@ -209,9 +258,10 @@ _OWN_DIR = (
 # "$2" by rename(2), which replaces a link there and never follows it (-T: never into a
 # directory planted at "$2").
 SAVE_FROM_STDIN = (
-    SAFE_PRELUDE + 'umask 077; set -f; dir=$1; out=$2; mkdir -p -- "$dir" || exit 1; '
-    + _OWN_DIR +
-    't=$(mktemp -- "$out.tmp.XXXXXXXXXX") || exit 1; '
+    SAFE_PRELUDE
+    + 'umask 077; set -f; dir=$1; out=$2; mkdir -p -- "$dir" || exit 1; '
+    + _OWN_DIR
+    + 't=$(mktemp -- "$out.tmp.XXXXXXXXXX") || exit 1; '
     'if cat >> "$t" && mv -f -T -- "$t" "$out"; then exit 0; fi; rm -f -- "$t"; exit 1'
 )
 
@@ -235,9 +285,11 @@ PREFETCH_SCRIPT = (
     # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
     # it), else as the login's own PATH finds it (become = "none": that account's own);
     # found before PATH is fixed, and nothing after is found through the caller's PATH.
-    'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; ' + SAFE_PRELUDE +
-    'set -f; t="$1.$$"; py=$3; dir=${1%/*}; (umask 077; mkdir -p -- "$dir") || exit 1; '
-    + _OWN_DIR + 'set -e; '
+    'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
+    + SAFE_PRELUDE
+    + 'set -f; t="$1.$$"; py=$3; dir=${1%/*}; (umask 077; mkdir -p -- "$dir") || exit 1; '
+    + _OWN_DIR
+    + "set -e; "
     "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
     '"$uv" venv --quiet --python "$py" "$t"; '
     '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin'
@@ -246,26 +298,31 @@ PREFETCH_SCRIPT = (
 
 def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
     """Fetch the pinned set (on stdin, after the index URL when there is one)."""
-    return _with_index(_as_owner(SH, "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv,
-                                 svc.python), index_url)
+    return _with_index(
+        _as_owner(SH, "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv, svc.python), index_url
+    )
 
 
 def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
     """The prefetch as an operator would type it (the plan and the card)."""
     t = prefetch_dir(svc)
     index = f"{INDEX_ENV}=<index URL, on stdin> " if index_url else ""
-    return (f"{shlex.join((svc.uv, 'venv', '--python', svc.python, t))} && {index}"
-            f"{shlex.join((svc.uv, 'pip', 'install', '--python', t + '/bin/python'))} "
-            f"--no-deps -r <the dry run's pinned set>; rm -rf {shlex.quote(t)}")
+    return (
+        f"{shlex.join((svc.uv, 'venv', '--python', svc.python, t))} && {index}"
+        f"{shlex.join((svc.uv, 'pip', 'install', '--python', t + '/bin/python'))} "
+        f"--no-deps -r <the dry run's pinned set>; rm -rf {shlex.quote(t)}"
+    )
 
 
-def sync_lock(svc: ServiceSettings, path: str, *, offline: bool,
-              index_url: str | None = None) -> Argv:
+def sync_lock(
+    svc: ServiceSettings, path: str, *, offline: bool, index_url: str | None = None
+) -> Argv:
     """Make the venv exactly the snapshot: every package at its version, new ones removed.
     ``offline``: from uv's cache only (a build the index no longer serves can still come
     back); else from the index too."""
-    argv = _as_owner(svc.uv, "pip", "sync", "--python", svc.python,
-                     *(("--offline",) if offline else ()), path)
+    argv = _as_owner(
+        svc.uv, "pip", "sync", "--python", svc.python, *(("--offline",) if offline else ()), path
+    )
     return argv if offline else _with_index(argv, index_url)
 
 
@@ -296,8 +353,7 @@ def installs_query(svc: ServiceSettings) -> Argv:
     from config values only; anchored, so neither this pgrep nor the shell and
     ``timeout`` around a command can match (their command lines start with another
     word)."""
-    pattern = (f"^{_ere_escape(svc.uv)} pip (install|sync) --python "
-               f"{_ere_escape(svc.python)}( |$)")
+    pattern = f"^{_ere_escape(svc.uv)} pip (install|sync) --python {_ere_escape(svc.python)}( |$)"
     return ("pgrep", "-a", "-f", pattern)
 
 

@@ -35,7 +35,7 @@ def cut_line(kept: str, total: int | None = None, limit: int = MAX_LINE_CHARS) -
     total = len(kept) if total is None else total
     if total <= limit:
         return kept
-    head = kept[:limit - _MARKER_ROOM]
+    head = kept[: limit - _MARKER_ROOM]
     return head + cut_marker(total - len(head))
 
 

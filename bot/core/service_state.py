@@ -26,8 +26,13 @@ class ServiceState(StrEnum):
 
 
 # Worst first: the order in which a run's hosts decide the run's state.
-_SEVERITY = (ServiceState.DOWN, ServiceState.STOPPED, ServiceState.UNKNOWN,
-             ServiceState.UP_NOT_READY, ServiceState.UP)
+_SEVERITY = (
+    ServiceState.DOWN,
+    ServiceState.STOPPED,
+    ServiceState.UNKNOWN,
+    ServiceState.UP_NOT_READY,
+    ServiceState.UP,
+)
 
 
 def worst(states: Iterable[ServiceState]) -> ServiceState:

@@ -68,26 +68,61 @@ _BAR = r"(?P<pct>\d{1,3})%(?: Completed \||\|[^|]*\|)\s*(?P<done>\d+)/(?P<total>
 # and, after "Application startup complete", "Uvicorn running on".
 _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     (Phase.API_UP, re.compile(r"Application startup complete|Uvicorn running on")),
-    (Phase.API_STARTING, re.compile(r"Starting vLLM API server|Available routes are|"
-                                    r"Route: /\S*, Methods:|Started server process|"
-                                    r"Waiting for application startup")),
-    (Phase.ENGINE_READY, re.compile(r"init engine \(profile, create kv cache, warmup model\) "
-                                    r"took|Graph capturing finished in")),
-    (Phase.CUDA_GRAPHS, re.compile(r"Capturing CUDA graph|Capturing the model for CUDA graphs|"
-                                   r"Capturing cudagraphs for|CUDA graphs can take additional")),
-    (Phase.KV_CACHE, re.compile(r"GPU KV cache size:|Available KV cache memory:|"
-                                r"Maximum concurrency for|# (?:GPU|cuda) blocks: \d|"
-                                r"Memory profiling (?:takes|results)")),
+    (
+        Phase.API_STARTING,
+        re.compile(
+            r"Starting vLLM API server|Available routes are|"
+            r"Route: /\S*, Methods:|Started server process|"
+            r"Waiting for application startup"
+        ),
+    ),
+    (
+        Phase.ENGINE_READY,
+        re.compile(
+            r"init engine \(profile, create kv cache, warmup model\) "
+            r"took|Graph capturing finished in"
+        ),
+    ),
+    (
+        Phase.CUDA_GRAPHS,
+        re.compile(
+            r"Capturing CUDA graph|Capturing the model for CUDA graphs|"
+            r"Capturing cudagraphs for|CUDA graphs can take additional"
+        ),
+    ),
+    (
+        Phase.KV_CACHE,
+        re.compile(
+            r"GPU KV cache size:|Available KV cache memory:|"
+            r"Maximum concurrency for|# (?:GPU|cuda) blocks: \d|"
+            r"Memory profiling (?:takes|results)"
+        ),
+    ),
     # "torch.compile takes %.2f s in total" became "took" in later vLLM (seen in 2026 logs).
-    (Phase.COMPILING, re.compile(r"Dynamo bytecode transform time|Compiling a graph for|"
-                                 r"torch\.compile t(?:akes|ook)|for vLLM's torch\.compile")),
+    (
+        Phase.COMPILING,
+        re.compile(
+            r"Dynamo bytecode transform time|Compiling a graph for|"
+            r"torch\.compile t(?:akes|ook)|for vLLM's torch\.compile"
+        ),
+    ),
     (Phase.LOADED, re.compile(r"Model loading took|Loading (?:model )?weights took")),
-    (Phase.LOADING, re.compile(r"Starting to load model|Loading safetensors checkpoint shards|"
-                               r"Loading pt checkpoint shards|Loading model from scratch|"
-                               r"Using model weights format")),
+    (
+        Phase.LOADING,
+        re.compile(
+            r"Starting to load model|Loading safetensors checkpoint shards|"
+            r"Loading pt checkpoint shards|Loading model from scratch|"
+            r"Using model weights format"
+        ),
+    ),
     (Phase.ENGINE, re.compile(r"Initializing an? (?:V[01] )?LLM engine")),
-    (Phase.STARTING, re.compile(r"vLLM API server version|Started .*\.service|"
-                                r"non-default args:|\] args: Namespace\(")),
+    (
+        Phase.STARTING,
+        re.compile(
+            r"vLLM API server version|Started .*\.service|"
+            r"non-default args:|\] args: Namespace\("
+        ),
+    ),
 )
 _PERCENT_PHASES = frozenset({Phase.LOADING, Phase.CUDA_GRAPHS})
 
@@ -95,10 +130,20 @@ _PERCENT_PHASES = frozenset({Phase.LOADING, Phase.CUDA_GRAPHS})
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # torch's allocator says "CUDA out of memory"; CUDA itself (a custom op, the driver
     # API) raises "RuntimeError: CUDA error: out of memory" or "CUDA driver error: ...".
-    ("CUDA out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|"
-                                      r"CUDA (?:driver )?error: out of memory")),
-    ("NCCL error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|"
-                              r"ncclUnhandledCudaError|DistBackendError")),
+    (
+        "CUDA out of memory",
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|"
+            r"CUDA (?:driver )?error: out of memory"
+        ),
+    ),
+    (
+        "NCCL error",
+        re.compile(
+            r"NCCL error|ncclInternalError|ncclSystemError|"
+            r"ncclUnhandledCudaError|DistBackendError"
+        ),
+    ),
     ("engine core initialization failed", re.compile(r"Engine core initialization failed")),
     ("Python traceback", re.compile(r"Traceback \(most recent call last\):")),
 )
@@ -225,9 +270,10 @@ class StartupWatch:
             return None
         cut = [f"… {self._failure_skipped} lines not shown …"] if self._failure_skipped else []
         lines = (*self._failure_head, *cut, *self._failure_causes, *self._failure_tail)
-        reason = next((why for why, p in _FAILURES
-                       if any(p.search(ln) and failure_of(ln) for ln in lines)),
-                      self._failure_reason)
+        reason = next(
+            (why for why, p in _FAILURES if any(p.search(ln) and failure_of(ln) for ln in lines)),
+            self._failure_reason,
+        )
         return Failure(reason, lines)
 
     @property
@@ -262,8 +308,12 @@ _THREAD_HEADER = re.compile(r"Exception in thread (?P<name>.+?):\s*$")
 # What vLLM puts before a child process's lines: "(EngineCore_DP0 pid=4188) ".
 _PREFIX = re.compile(r"^\([^()]*pid=\d+\) ?")
 _TB_HEADER = "Traceback (most recent call last):"
-_CHAINED = frozenset({"During handling of the above exception, another exception occurred:",
-                      "The above exception was the direct cause of the following exception:"})
+_CHAINED = frozenset(
+    {
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    }
+)
 # A traceback's last line: a (dotted) class name at the start of the line, then ": message"
 # or nothing ("socket.gaierror: ...", "KeyboardInterrupt"). An all-capitals word is a log
 # level (uvicorn's "INFO:     ..."), not an exception.
@@ -291,7 +341,7 @@ class ThreadException:
 
 def _split_prefix(line: str) -> tuple[str, str]:
     m = _PREFIX.match(line)
-    return (m.group(0).rstrip(), line[m.end():]) if m else ("", line)
+    return (m.group(0).rstrip(), line[m.end() :]) if m else ("", line)
 
 
 def _is_exception_line(body: str) -> bool:
@@ -353,8 +403,11 @@ class _ThreadBlock:
 
     def done(self) -> ThreadException:
         cut = self.taken - len(self.lines)
-        return ThreadException(self.thread, self.last, (
-            self.header, *([f"… {cut} lines not shown …"] if cut else []), *self.lines))
+        return ThreadException(
+            self.thread,
+            self.last,
+            (self.header, *([f"… {cut} lines not shown …"] if cut else []), *self.lines),
+        )
 
 
 class _ThreadExceptions:
@@ -400,9 +453,9 @@ class _ThreadExceptions:
         if not seen:
             return ""
         others = len(seen) - 1 + self.more
-        return (f"warning: {seen[-1].describe()}"
-                + (f" (and {others} other thread{'s' if others != 1 else ''})"
-                   if others else ""))
+        return f"warning: {seen[-1].describe()}" + (
+            f" (and {others} other thread{'s' if others != 1 else ''})" if others else ""
+        )
 
 
 def thread_block(watch: StartupWatch) -> str:
@@ -435,8 +488,10 @@ def history_line(history: StartHistory) -> str:
     if history.last_s is None or history.estimate_s is None:
         return "last start: no successful start recorded yet"
     n = len(history.durations_s)
-    return (f"last start: ready {duration(history.last_s)} after systemctl start "
-            f"(median of the last {n}: {duration(history.estimate_s)})")
+    return (
+        f"last start: ready {duration(history.last_s)} after systemctl start "
+        f"(median of the last {n}: {duration(history.estimate_s)})"
+    )
 
 
 def duration(seconds: float) -> str:
@@ -449,8 +504,9 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def progress_text(text: str, elapsed_s: float | None = None,
-                  history: StartHistory | None = None) -> str:
+def progress_text(
+    text: str, elapsed_s: float | None = None, history: StartHistory | None = None
+) -> str:
     """A running step's progress line: what it does, how long it has, and how long this
     service's starts usually take (the median of the previous ones; none on the first)."""
     parts = [text]
@@ -459,8 +515,7 @@ def progress_text(text: str, elapsed_s: float | None = None,
     estimate = history.estimate_s if history is not None else None
     if estimate is not None and history is not None:
         n = len(history.durations_s)
-        parts.append(f"usually ~{duration(estimate)} (median of {n} start"
-                     f"{'s' if n != 1 else ''})")
+        parts.append(f"usually ~{duration(estimate)} (median of {n} start{'s' if n != 1 else ''})")
     return " · ".join(parts)
 
 
@@ -473,7 +528,7 @@ def new_lines(output: str, cursor_prefix: str = "-- cursor: ") -> tuple[list[str
     lines = output.splitlines()
     cursor = None
     if lines and lines[-1].startswith(cursor_prefix):
-        cursor = lines.pop()[len(cursor_prefix):].strip()
+        cursor = lines.pop()[len(cursor_prefix) :].strip()
         # Passed back in the next argv: only what a cursor is made of (s=..;i=..;b=..).
         cursor = cursor if _CURSOR.fullmatch(cursor) else None
     entries = [ln for ln in lines if ln != "-- No entries --"]
@@ -485,8 +540,7 @@ def describe_failure(failure: Failure, limit: int = 300) -> str:
     line that is not vLLM's "See root cause above" wrapper, else the first that matched)."""
     exceptions = [ln for ln in failure.lines if _looks_like_exception(ln)]
     causes = [ln for ln in exceptions if not _WRAPPER.search(ln)] or exceptions
-    telling = causes[-1] if causes else next(
-        (ln for ln in failure.lines if failure_of(ln)), "")
+    telling = causes[-1] if causes else next((ln for ln in failure.lines if failure_of(ln)), "")
     text = f"{failure.reason}: {telling.strip()}" if telling else failure.reason
     return text[:limit]
 
@@ -503,4 +557,3 @@ def _looks_like_exception(line: str) -> bool:
 
 def failure_block(failure: Failure) -> str:
     return "\n".join(failure.lines)
-

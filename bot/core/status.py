@@ -34,7 +34,8 @@ class RunStatus(StrEnum):
 
 
 ACTIVE_STATUSES: frozenset[RunStatus] = frozenset(
-    {RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.RUNNING})
+    {RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.RUNNING}
+)
 FINAL_STATUSES: frozenset[RunStatus] = frozenset(set(RunStatus) - ACTIVE_STATUSES)
 
 

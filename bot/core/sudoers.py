@@ -70,8 +70,7 @@ class Grant:
 
     def line(self) -> str:
         """The rule's text in sudoers syntax."""
-        return " ".join(p.sudoers() if isinstance(p, Wild) else _escape(p)
-                        for p in self.pattern)
+        return " ".join(p.sudoers() if isinstance(p, Wild) else _escape(p) for p in self.pattern)
 
     def matches(self, argv: Sequence[str]) -> bool:
         """Whether ``argv`` is one of the command lines this grant allows, the way sudo
@@ -79,8 +78,9 @@ class Grant:
         matches across arguments)."""
         if not argv or not _same_tool(argv[0], self.pattern[0]):
             return False
-        regex = " ".join(p.regex() if isinstance(p, Wild) else re.escape(p)
-                         for p in self.pattern[1:])
+        regex = " ".join(
+            p.regex() if isinstance(p, Wild) else re.escape(p) for p in self.pattern[1:]
+        )
         return re.fullmatch(regex, " ".join(argv[1:]), re.DOTALL) is not None
 
 
@@ -100,7 +100,7 @@ def _glob_regex(pattern: str) -> str:
             out.append(".")
         elif c == "[":
             end = pattern.index("]", i)
-            out.append(pattern[i:end + 1])
+            out.append(pattern[i : end + 1])
             i = end
         else:
             out.append(re.escape(c))
@@ -112,7 +112,7 @@ def _glob_regex(pattern: str) -> str:
 # would start a comment), and so must a wildcard character meant literally (checked
 # against Debian 12's sudo 1.9.13p3 with visudo and `sudo -n -l`: `vllm\[x\]\=\=*`
 # allows `vllm[x]==1.0`, `a\#b` allows `a#b`).
-_SUDOERS_SPECIAL = re.compile(r'([\\,:=*?\[\]!#])')
+_SUDOERS_SPECIAL = re.compile(r"([\\,:=*?\[\]!#])")
 
 
 def _escape(text: str) -> str:
@@ -143,7 +143,7 @@ def _with_glob(argv: Argv, sample: str, glob: str, why: str, at: int | None = No
         assert len(holding) == 1, (sample, rule)
         at = holding[0]
     head, _, tail = rule[at].partition(sample)
-    pattern: tuple[Part, ...] = (*rule[:at], Wild(head, glob, tail), *rule[at + 1:])
+    pattern: tuple[Part, ...] = (*rule[:at], Wild(head, glob, tail), *rule[at + 1 :])
     return Grant(run_as_of(argv), pattern, argv, why)
 
 
@@ -159,23 +159,37 @@ def _root_grants(svc: ServiceSettings) -> list[Grant]:
     # every time, and journalctl run as root with a wildcard there would take any option
     # (--vacuum-size deletes journals). So on these hosts the start-up progress shows no
     # journal lines; the health gate decides as ever.
-    grants += [_exact(remote.journal_cursor(svc), "where the unit's journal is before a start"),
-               _exact(remote.journal_follow(svc, None), "the start's journal lines, when the "
-                      "unit had none before it")]
+    grants += [
+        _exact(remote.journal_cursor(svc), "where the unit's journal is before a start"),
+        _exact(
+            remote.journal_follow(svc, None),
+            "the start's journal lines, when the unit had none before it",
+        ),
+    ]
     # Ending leftover workers once an approver said so (bot.core.leftovers): the PIDs
     # (and their start times) vary, so the rule has a wildcard after the signal's name.
     signals: tuple[Signal, ...] = ("TERM", "KILL")
     for sig in signals:
-        grants.append(_with_glob(signal_command(sig, [_SAMPLE_PROC], svc.unit, svc.systemctl,
-                                                ps=svc.ps, kill=svc.kill),
-                                 _SAMPLE_SPEC, "*",
-                                 f"send {sig} to leftover workers an approver named (each "
-                                 f"only while its start time is the one the bot read, and "
-                                 f"only if it is in {service_name(svc.unit)}'s cgroup or a "
-                                 f"VLLM:: process of its user in no unit)"))
+        grants.append(
+            _with_glob(
+                signal_command(
+                    sig, [_SAMPLE_PROC], svc.unit, svc.systemctl, ps=svc.ps, kill=svc.kill
+                ),
+                _SAMPLE_SPEC,
+                "*",
+                f"send {sig} to leftover workers an approver named (each "
+                f"only while its start time is the one the bot read, and "
+                f"only if it is in {service_name(svc.unit)}'s cgroup or a "
+                f"VLLM:: process of its user in no unit)",
+            )
+        )
     if svc.journal_lines > LOGS_MAX:
-        grants.append(_exact(remote.journal_tail(svc),
-                             "its journal tail after a failed health gate (journal_lines)"))
+        grants.append(
+            _exact(
+                remote.journal_tail(svc),
+                "its journal tail after a failed health gate (journal_lines)",
+            )
+        )
     for counts in _LOG_COUNTS:
         sample = counts.replace("[1-9]", "1").replace("[0-9]", "0")
         argv = remote.journal_tail(svc, int(sample))
@@ -183,15 +197,28 @@ def _root_grants(svc: ServiceSettings) -> list[Grant]:
             grants.append(_exact(argv, f"its journal tail, {counts} lines (/vllm logs -n N)"))
             continue
         digits = counts.count("[")
-        grants.append(_with_glob(argv, sample, counts, f"its journal tail, {digits}-digit "
-                                 "line counts (/vllm logs -n N, the tail after a failed "
-                                 "health gate)", at=argv.index("-n") + 1))
+        grants.append(
+            _with_glob(
+                argv,
+                sample,
+                counts,
+                f"its journal tail, {digits}-digit "
+                "line counts (/vllm logs -n N, the tail after a failed "
+                "health gate)",
+                at=argv.index("-n") + 1,
+            )
+        )
     return grants
 
 
 # A leftover worker as the signal's sample (its spec is what the rule's wildcard covers).
-_SAMPLE_PROC = ProcFacts(pid=4242, state="S", user="vllm", started="Mon Jan 1 00:00:00 2024",
-                         cgroup="0::/system.slice/sample.service")
+_SAMPLE_PROC = ProcFacts(
+    pid=4242,
+    state="S",
+    user="vllm",
+    started="Mon Jan 1 00:00:00 2024",
+    cgroup="0::/system.slice/sample.service",
+)
 _SAMPLE_SPEC = "4242:Mon Jan 1 00:00:00 2024"
 
 # Where a version or a file name goes in a rule, and the sample used in its place.
@@ -207,28 +234,59 @@ def _owner_grants(svc: ServiceSettings) -> list[Grant]:
         # What runs the venv's interpreter (uv queries it; the gate imports from it): as
         # its owner, so a .pth file the owner planted runs as the owner, not as the login
         # that holds the root rules (issue 17, F2).
-        _exact(remote.freeze(svc), "the environment snapshot (uv pip freeze; preflight, "
-               "the request's package preview, the post-check)"),
+        _exact(
+            remote.freeze(svc),
+            "the environment snapshot (uv pip freeze; preflight, "
+            "the request's package preview, the post-check)",
+        ),
         _exact(remote.package_show(svc), f"the installed {name} version (uv pip show)"),
-        _exact(remote.import_gate(svc), "the import gate: the venv's interpreter imports "
-               "vllm and torch and prints their versions"),
-        _exact(remote.install_dry_run(svc, svc.package, None),
-               "the install's dry run, latest version (preflight)"),
-        _with_glob(remote.install_dry_run(svc, pinned, None), _VERSION_SAMPLE, "*",
-                   "the install's dry run, a pinned version (preflight)"),
+        _exact(
+            remote.import_gate(svc),
+            "the import gate: the venv's interpreter imports "
+            "vllm and torch and prints their versions",
+        ),
+        _exact(
+            remote.install_dry_run(svc, svc.package, None),
+            "the install's dry run, latest version (preflight)",
+        ),
+        _with_glob(
+            remote.install_dry_run(svc, pinned, None),
+            _VERSION_SAMPLE,
+            "*",
+            "the install's dry run, a pinned version (preflight)",
+        ),
         _exact(remote.install(svc, svc.package, None), "reinstall, latest version"),
-        _with_glob(remote.install(svc, pinned, None), _VERSION_SAMPLE, "*",
-                   "reinstall, a pinned version"),
-        _with_glob(remote.install_previous(svc, _VERSION_SAMPLE, None), _VERSION_SAMPLE, "*",
-                   f"rollback: reinstall {name} at the version preflight recorded"),
-        _with_glob(remote.save_lock(svc, lock), _DIGEST_SAMPLE, "*",
-                   "keep the environment snapshot (a freeze) next to the venv"),
-        _exact(remote.prefetch(svc, None),
-               "prefetch the new packages into uv's cache, through a throwaway venv"),
-        _with_glob(remote.sync_lock(svc, lock, offline=True), _DIGEST_SAMPLE, "*",
-                   "rollback: make the venv exactly the snapshot, from uv's cache"),
-        _with_glob(remote.sync_lock(svc, lock, offline=False), _DIGEST_SAMPLE, "*",
-                   "rollback: the same, from the index when the cache lacks a wheel"),
+        _with_glob(
+            remote.install(svc, pinned, None), _VERSION_SAMPLE, "*", "reinstall, a pinned version"
+        ),
+        _with_glob(
+            remote.install_previous(svc, _VERSION_SAMPLE, None),
+            _VERSION_SAMPLE,
+            "*",
+            f"rollback: reinstall {name} at the version preflight recorded",
+        ),
+        _with_glob(
+            remote.save_lock(svc, lock),
+            _DIGEST_SAMPLE,
+            "*",
+            "keep the environment snapshot (a freeze) next to the venv",
+        ),
+        _exact(
+            remote.prefetch(svc, None),
+            "prefetch the new packages into uv's cache, through a throwaway venv",
+        ),
+        _with_glob(
+            remote.sync_lock(svc, lock, offline=True),
+            _DIGEST_SAMPLE,
+            "*",
+            "rollback: make the venv exactly the snapshot, from uv's cache",
+        ),
+        _with_glob(
+            remote.sync_lock(svc, lock, offline=False),
+            _DIGEST_SAMPLE,
+            "*",
+            "rollback: the same, from the index when the cache lacks a wheel",
+        ),
     ]
 
 
@@ -247,8 +305,7 @@ def rule_for(argv: Sequence[str], svc: ServiceSettings) -> Grant | None:
 # ---- the prefix ------------------------------------------------------------------------
 
 
-def become(argv: Argv, run_as: Privilege, host: HostSettings,
-           svc: ServiceSettings | None) -> Argv:
+def become(argv: Argv, run_as: Privilege, host: HostSettings, svc: ServiceSettings | None) -> Argv:
     """``argv`` as the host must run it: unchanged unless the host says ``become =
     "sudo"`` and the command needs an account (``run_as``).  An install that reads its
     index URL on stdin keeps that wrapper outside sudo: the URL reaches uv through the
@@ -290,8 +347,9 @@ class Become:
     def argv(self, argv: Argv, run_as: Privilege) -> Argv:
         return become(argv, run_as, self.host, self.svc)
 
-    def refused(self, argv: Argv, run_as: Privilege, exit_status: int | None,
-                stderr: str) -> str | None:
+    def refused(
+        self, argv: Argv, run_as: Privilege, exit_status: int | None, stderr: str
+    ) -> str | None:
         """Why sudo refused ``argv`` (as built, before ``become``), naming the rule the
         host lacks; None when sudo ran it or it did not go through sudo."""
         if self.argv(argv, run_as) == argv:
@@ -299,18 +357,24 @@ class Become:
         why = sudo_refusal(exit_status, stderr)
         if why is None:
             return None
-        return f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self.svc)}: " \
-               f"{why}. {self.missing_rule(argv, run_as)}"
+        return (
+            f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self.svc)}: "
+            f"{why}. {self.missing_rule(argv, run_as)}"
+        )
 
     def missing_rule(self, argv: Argv, run_as: Privilege) -> str:
         svc, core = self.svc, _core(argv)
         grant = rule_for(core, svc) if svc is not None else None
         if grant is None or self.service is None:
-            return ("No rule in `python -m bot sudoers` covers this command: the bot's "
-                    "sudoers drop-in must be generated again.")
-        return (f"The host's sudoers drop-in lacks the rule `{grant.line()}` (Cmnd_Alias "
-                f"{alias(self.service, run_as)}, {grant.why}); install the output of "
-                f"`python -m bot sudoers` on it (README: non-root hosts).")
+            return (
+                "No rule in `python -m bot sudoers` covers this command: the bot's "
+                "sudoers drop-in must be generated again."
+            )
+        return (
+            f"The host's sudoers drop-in lacks the rule `{grant.line()}` (Cmnd_Alias "
+            f"{alias(self.service, run_as)}, {grant.why}); install the output of "
+            f"`python -m bot sudoers` on it (README: non-root hosts)."
+        )
 
 
 def become_for(settings: Settings, host: str, service: str | None = None) -> Become | None:
@@ -336,15 +400,23 @@ def alias(service: str, run_as: Privilege) -> str:
 def login_users(settings: Settings, hosts: Iterable[str] | None = None) -> list[str]:
     """The accounts the bot logs in as on hosts with ``become = "sudo"``."""
     names = settings.hosts if hosts is None else hosts
-    return sorted({settings.hosts[h].user for h in names
-                   if h in settings.hosts and settings.hosts[h].become == "sudo"})
+    return sorted(
+        {
+            settings.hosts[h].user
+            for h in names
+            if h in settings.hosts and settings.hosts[h].become == "sudo"
+        }
+    )
 
 
 def services_on(settings: Settings, hosts: Iterable[str] | None) -> list[str]:
     """Services with a host among ``hosts`` (all when None) that uses sudo."""
     wanted = set(settings.hosts if hosts is None else hosts)
-    return [name for name, svc in settings.services.items()
-            if any(h in wanted and settings.hosts[h].become == "sudo" for h in svc.hosts)]
+    return [
+        name
+        for name, svc in settings.services.items()
+        if any(h in wanted and settings.hosts[h].become == "sudo" for h in svc.hosts)
+    ]
 
 
 _HEADER = """\
@@ -402,26 +474,34 @@ _INDEX_NOTE = """
 # the host could read its credentials): sudo keeps that variable for these commands."""
 
 
-def render(settings: Settings, user: str, hosts: Iterable[str] | None = None,
-           omit: Iterable[str] = ()) -> str:
+def render(
+    settings: Settings, user: str, hosts: Iterable[str] | None = None, omit: Iterable[str] = ()
+) -> str:
     """The sudoers drop-in for ``user`` on ``hosts`` (all configured hosts by default).
     ``omit``: rule lines (``Grant.line``) to leave out, for tests of a missing rule."""
     left_out = set(omit)
     out = [_HEADER.format(user=user)]
     for name in services_on(settings, hosts):
         svc = settings.services[name]
-        out.append(f"\n# ==== service {name}: unit {svc.unit}, venv {svc.venv_dir}, "
-                   f"hosts {', '.join(svc.hosts)}")
+        out.append(
+            f"\n# ==== service {name}: unit {svc.unit}, venv {svc.venv_dir}, "
+            f"hosts {', '.join(svc.hosts)}"
+        )
         root = [g for g in grants(svc) if g.run_as == Privilege.ROOT]
-        out.append(_section(_ROOT_NOTE, alias(name, Privilege.ROOT), "root", user, root,
-                            left_out))
+        out.append(_section(_ROOT_NOTE, alias(name, Privilege.ROOT), "root", user, root, left_out))
         if not svc.venv_user:
-            out.append(f"# No venv_user: {user} installs into {svc.venv_dir} itself, so it "
-                       "must own that venv.")
+            out.append(
+                f"# No venv_user: {user} installs into {svc.venv_dir} itself, so it "
+                "must own that venv."
+            )
             continue
         owner = [g for g in grants(svc) if g.run_as == Privilege.VENV_OWNER]
-        note = _VENV_NOTE.format(owner=svc.venv_user, user=user, state=remote.state_dir(svc),
-                                 index=_INDEX_NOTE if svc.indexes else "")
+        note = _VENV_NOTE.format(
+            owner=svc.venv_user,
+            user=user,
+            state=remote.state_dir(svc),
+            index=_INDEX_NOTE if svc.indexes else "",
+        )
         venv_alias = alias(name, Privilege.VENV_OWNER)
         out.append("\n" + _section(note, venv_alias, svc.venv_user, user, owner, left_out))
         if svc.indexes:
@@ -429,8 +509,9 @@ def render(settings: Settings, user: str, hosts: Iterable[str] | None = None,
     return "\n".join(out) + "\n"
 
 
-def _section(note: str, name: str, runas: str, user: str, rules: list[Grant],
-             left_out: set[str]) -> str:
+def _section(
+    note: str, name: str, runas: str, user: str, rules: list[Grant], left_out: set[str]
+) -> str:
     kept = [g for g in rules if g.line() not in left_out]
     lines = [note, f"# {name}, one command line each:"]
     lines += [f"#   {i}. {g.why}" for i, g in enumerate(kept, 1)]

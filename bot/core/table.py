@@ -58,21 +58,23 @@ class Layout:
 
     def line(self, cells: Sequence[str], tail: str = "") -> str:
         """One line: ``cells`` fitted, padded and aligned, then ``tail`` as it is."""
-        return self._set([col.fit(cell) for cell, col in zip(cells, self.columns, strict=True)],
-                         tail)
+        return self._set(
+            [col.fit(cell) for cell, col in zip(cells, self.columns, strict=True)], tail
+        )
 
     def header(self, tail: str = "") -> str:
         """The headers, never cut (a column is at least as wide as its header)."""
         return self._set([c.header for c in self.columns], tail)
 
     def _set(self, cells: Sequence[str], tail: str) -> str:
-        padded = [_pad(cell, width, col.align)
-                  for cell, col, width in zip(cells, self.columns, self.widths, strict=True)]
+        padded = [
+            _pad(cell, width, col.align)
+            for cell, col, width in zip(cells, self.columns, self.widths, strict=True)
+        ]
         return self.gap.join([*padded, tail] if tail else padded).rstrip()
 
 
-def layout(columns: Sequence[Column], rows: Iterable[Sequence[str]], *, gap: str = GAP
-           ) -> Layout:
+def layout(columns: Sequence[Column], rows: Iterable[Sequence[str]], *, gap: str = GAP) -> Layout:
     """Size ``columns`` to their headers and to every row's (fitted) cells. The rows may
     include some that are only measured (a total row set later, say)."""
     widths = [len(c.header) for c in columns]
@@ -82,8 +84,7 @@ def layout(columns: Sequence[Column], rows: Iterable[Sequence[str]], *, gap: str
     return Layout(tuple(columns), tuple(widths), gap)
 
 
-def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, gap: str = GAP
-           ) -> str:
+def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, gap: str = GAP) -> str:
     """The header and one line per row, sized to fit them all."""
     lay = layout(columns, rows, gap=gap)
     return "\n".join([lay.header(), *(lay.line(row) for row in rows)])

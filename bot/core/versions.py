@@ -58,4 +58,4 @@ def same_release(a: str | None, b: str | None) -> bool:
         return False
     la, lb = _label(va), _label(vb)
     short, long = (la, lb) if len(la) <= len(lb) else (lb, la)
-    return long[:len(short)] == short
+    return long[: len(short)] == short

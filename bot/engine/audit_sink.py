@@ -47,19 +47,31 @@ AUDIT_UNAVAILABLE = "system:audit-unavailable"
 
 def audit_writer(audit: AuditLog, settings: Settings) -> AuditWriter:
     """The process's resilient writer, its journal next to ``settings.db_path``."""
-    return AuditWriter(audit, Journal.for_db(settings.db_path,
-                                             settings.audit.journal_fallback_dir),
-                       retry_s=settings.audit.retry_s)
+    return AuditWriter(
+        audit,
+        Journal.for_db(settings.db_path, settings.audit.journal_fallback_dir),
+        retry_s=settings.audit.retry_s,
+    )
 
 
 def snapshot_json(s: GpuSnapshot) -> dict[str, object]:
     return {
         "host": s.host,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
-                  "memory_used_mib": g.memory_used_mib, "memory_total_mib": g.memory_total_mib,
-                  "utilization_pct": g.utilization_pct} for g in s.gpus],
-        "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib,
-                       "gpu_uuid": p.gpu_uuid} for p in s.processes],
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory_used_mib": g.memory_used_mib,
+                "memory_total_mib": g.memory_total_mib,
+                "utilization_pct": g.utilization_pct,
+            }
+            for g in s.gpus
+        ],
+        "processes": [
+            {"pid": p.pid, "name": p.name, "used_mib": p.used_mib, "gpu_uuid": p.gpu_uuid}
+            for p in s.processes
+        ],
     }
 
 
@@ -72,8 +84,7 @@ def environment_json(e: ev.PackagesKnown) -> dict[str, object]:
     data: dict[str, object] = e.diff.to_json() if e.diff is not None else {}
     if e.freeze is not None:
         frozen = parse_freeze(e.freeze)
-        data.update(freeze=dict(frozen.versions), others=list(frozen.others),
-                    sha256=frozen.digest)
+        data.update(freeze=dict(frozen.versions), others=list(frozen.others), sha256=frozen.digest)
     for key, value in (("lock", e.lock), ("note", e.note)):
         if value:
             data[key] = value
@@ -87,8 +98,9 @@ class RunAudit:
     ``notify`` is the rest of the run's sinks (the thread, the terminal), for the
     notices this sink adds."""
 
-    def __init__(self, writer: AuditWriter, run_id: int, token: CancelToken,
-                 notify: ev.EventSink) -> None:
+    def __init__(
+        self, writer: AuditWriter, run_id: int, token: CancelToken, notify: ev.EventSink
+    ) -> None:
         self.writer = writer
         self.run_id = run_id
         self.token = token
@@ -102,23 +114,30 @@ class RunAudit:
         match event:
             case ev.StepStarted():
                 # Also makes it the run's current step (what recovery reports after a crash).
-                ref, written = await w.step_started(run_id, event.host, str(event.step),
-                                                    event.command)
+                ref, written = await w.step_started(
+                    run_id, event.host, str(event.step), event.command
+                )
                 self._open[(event.host, event.step)] = ref
             case ev.StepFinished():
                 step = self._open.pop((event.host, event.step), None)
                 if step is None:
                     return
                 written = await w.step_finished(
-                    step, status=StepStatus(event.status), exit_status=event.exit_status,
+                    step,
+                    status=StepStatus(event.status),
+                    exit_status=event.exit_status,
                     # Whole: the writer redacts before it cuts, so no half secret survives.
-                    duration_s=round(event.duration_s, 3), output_tail=event.output)
+                    duration_s=round(event.duration_s, 3),
+                    output_tail=event.output,
+                )
             case ev.GpuTable():
-                written = await w.add_snapshot(run_id, event.host, event.label,
-                                               snapshot_json(event.snapshot))
+                written = await w.add_snapshot(
+                    run_id, event.host, event.label, snapshot_json(event.snapshot)
+                )
             case ev.PackagesKnown():
-                written = await w.add_environment(run_id, event.host, str(event.kind),
-                                                  environment_json(event))
+                written = await w.add_environment(
+                    run_id, event.host, str(event.kind), environment_json(event)
+                )
             case ev.VersionsKnown():
                 if self._versions_seen:
                     return
@@ -127,8 +146,9 @@ class RunAudit:
                 written = await w.set_versions(run_id, before=event.before, after=event.after)
             case ev.HostFinished():
                 # Each host's end and the state it left the service in (`audit --json`).
-                written = await w.host_finished(run_id, event.host, str(event.status),
-                                                event.summary, state=event.state)
+                written = await w.host_finished(
+                    run_id, event.host, str(event.status), event.summary, state=event.state
+                )
             case ev.RunFinished():
                 # The run's end itself is written by the life cycle (``finish`` below).
                 await self._still_waiting()
@@ -138,8 +158,13 @@ class RunAudit:
             # step's output is in its end (StepProgress, OutputLine); the approval card's
             # GPU verdict is no step of a run (GpuHealthKnown); this sink's own notices go
             # to the others (Notice).
-            case (ev.RunStarted() | ev.StepProgress() | ev.OutputLine() | ev.GpuHealthKnown()
-                  | ev.Notice()):
+            case (
+                ev.RunStarted()
+                | ev.StepProgress()
+                | ev.OutputLine()
+                | ev.GpuHealthKnown()
+                | ev.Notice()
+            ):
                 return
             case _:
                 assert_never(event)
@@ -155,27 +180,34 @@ class RunAudit:
             # Who cancelled, with when: in the journal now (the life cycle's recorder
             # may add the same decision later; a decision counts once).
             await self.writer.record_decision(self.run_id, AUDIT_UNAVAILABLE, Decision.CANCEL)
-            what = ("The run stops at its next safe point and brings the service back "
-                    "rather than go on without an audit trail: started again through the "
-                    "health gate (on the new version if the reinstall already ran).")
+            what = (
+                "The run stops at its next safe point and brings the service back "
+                "rather than go on without an audit trail: started again through the "
+                "health gate (on the new version if the reinstall already ran)."
+            )
         else:
             what = "The run was already stopping; it goes on bringing the service back."
-        await self._tell(f"The audit log cannot be written: {self.fell}. {what} Its "
-                         f"records are kept in {where} and merged into the audit database "
-                         "as soon as it can be written.")
+        await self._tell(
+            f"The audit log cannot be written: {self.fell}. {what} Its "
+            f"records are kept in {where} and merged into the audit database "
+            "as soon as it can be written."
+        )
 
     async def _still_waiting(self) -> None:
         if self.fell is None:
             return
         if self.writer.down is None:
-            await self._tell("The audit database can be written again: every record of this "
-                             "run is in it.")
+            await self._tell(
+                "The audit database can be written again: every record of this run is in it."
+            )
         else:
             where = self.writer.where or "the fallback journal"
-            await self._tell(f"The audit database still cannot be written ({self.writer.down})"
-                             f": this run's records wait in {where} and are merged into it "
-                             "as soon as it can be written (at the latest when the bot "
-                             "starts again).")
+            await self._tell(
+                f"The audit database still cannot be written ({self.writer.down})"
+                f": this run's records wait in {where} and are merged into it "
+                "as soon as it can be written (at the latest when the bot "
+                "starts again)."
+            )
 
     async def _tell(self, text: str) -> None:
         log.warning("run #%d: %s", self.run_id, text)
@@ -184,14 +216,19 @@ class RunAudit:
     # ---- the run's end, through the life cycle when the database takes it --------------
 
     async def set_versions(self, *, before: str | None, after: str | None) -> None:
-        await self._check(await self.writer.set_versions(self.run_id, before=before,
-                                                         after=after))
+        await self._check(await self.writer.set_versions(self.run_id, before=before, after=after))
 
-    async def finish(self, status: RunStatus, summary: str,
-                     direct: Callable[[], Awaitable[object]], *,
-                     state: ServiceState | None = None) -> None:
-        await self._check(await self.writer.finish(self.run_id, status, summary, direct,
-                                                   state=state))
+    async def finish(
+        self,
+        status: RunStatus,
+        summary: str,
+        direct: Callable[[], Awaitable[object]],
+        *,
+        state: ServiceState | None = None,
+    ) -> None:
+        await self._check(
+            await self.writer.finish(self.run_id, status, summary, direct, state=state)
+        )
 
     async def interrupt(self, direct: Callable[[], Awaitable[object]]) -> None:
         """Its driver stops mid-run (the bot shutting down, a bug): 'interrupted', through
@@ -216,6 +253,5 @@ class RunAudit:
         except AuditError as exc:
             if not unavailable(exc) or self.token.requested_by is None:
                 raise
-            await self.writer.record_decision(self.run_id, self.token.requested_by,
-                                              Decision.CANCEL)
+            await self.writer.record_decision(self.run_id, self.token.requested_by, Decision.CANCEL)
         await self._check(await self.writer.release_locks(self.run_id))

@@ -24,13 +24,15 @@ from bot.hosts.streams import reason
 from bot.settings import HostSettings, Settings
 
 
-async def run_doctor(settings: Settings, pool: HostPool, hosts: Sequence[str],
-                     service: str | None = None) -> list[Check]:
+async def run_doctor(
+    settings: Settings, pool: HostPool, hosts: Sequence[str], service: str | None = None
+) -> list[Check]:
     """Every check for ``hosts`` (and the services on them, or only ``service``), in the
     order ``bot.core.doctor.probes`` lists them."""
     wanted = probes(settings, hosts, service)
-    per_host = await asyncio.gather(*(
-        _host(settings, pool, [p for p in wanted if p.host == h]) for h in hosts))
+    per_host = await asyncio.gather(
+        *(_host(settings, pool, [p for p in wanted if p.host == h]) for h in hosts)
+    )
     return [c for checks in per_host for c in checks]
 
 
@@ -61,12 +63,15 @@ async def _ask(settings: Settings, pool: HostPool, probe: Probe) -> Answer:
         if probe.kind == Kind.COMMANDS:
             transport = pool.get(probe.host)
             become = become_for(settings, probe.host, probe.service)
-            results = [await run_command(transport, become, argv, run_as,
-                                         timeout_s=probe.timeout_s)
-                       for argv, run_as in probe.commands]
+            results = [
+                await run_command(transport, become, argv, run_as, timeout_s=probe.timeout_s)
+                for argv, run_as in probe.commands
+            ]
             more = probe.then(tuple(results)) if probe.then is not None else ()
-            results += [await run_command(transport, become, argv, run_as,
-                                          timeout_s=probe.timeout_s) for argv, run_as in more]
+            results += [
+                await run_command(transport, become, argv, run_as, timeout_s=probe.timeout_s)
+                for argv, run_as in more
+            ]
             return Answer(results=tuple(results))
     except HostError as e:
         return Answer(error=e.reason)
@@ -97,7 +102,8 @@ async def _host_key(cfg: HostSettings, timeout_s: float) -> Answer:
     try:
         async with asyncio.timeout(timeout_s):
             key = await asyncssh.get_server_host_key(
-                cfg.address, cfg.port, server_host_key_algs=algs or (), config=None)
+                cfg.address, cfg.port, server_host_key_algs=algs or (), config=None
+            )
     except TimeoutError:
         return Answer(error=f"no answer within {timeout_s:g}s", trusted=trusted)
     except (OSError, asyncssh.Error) as e:

@@ -70,8 +70,7 @@ class RunResult:
     host_status: dict[str, HostStatus] = field(default_factory=dict)
 
 
-def host_states(hosts: Sequence[str],
-                outcomes: Mapping[str, HostOutcome]) -> dict[str, HostStatus]:
+def host_states(hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> dict[str, HostStatus]:
     """Each planned host's state, in plan order; NOT_STARTED where there is no outcome."""
     return {h: HostStatus(outcomes[h].status) if h in outcomes else NOT_STARTED for h in hosts}
 
@@ -80,8 +79,14 @@ class Engine:
     """Plan and execute runs. One instance per process, shared by Slack and the CLI;
     their status changes are the ``lifecycle``'s."""
 
-    def __init__(self, settings: Settings, audit: AuditLog, pool: HostPool,
-                 lifecycle: RunLifecycle, writer: AuditWriter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        audit: AuditLog,
+        pool: HostPool,
+        lifecycle: RunLifecycle,
+        writer: AuditWriter,
+    ) -> None:
         # Both required: a lifecycle built here would hold cancel tokens the front ends'
         # cancels never reach, and a writer built here would not be started (its fallback
         # journal never merged). ``bot.engine.runtime`` builds the process's one of each.
@@ -92,22 +97,44 @@ class Engine:
         # A run's audit records: retried, or kept in the fallback journal (audit_sink).
         self.writer = writer
 
-    def plan(self, action: Action, service: str, *, version: str | None = None,
-             index: str | None = None, dry_run: bool = False, batch: int | None = None,
-             force: bool = False) -> Plan:
-        return make_plan(self.settings, action, service, version=version, index=index,
-                         dry_run=dry_run, batch=batch, host_keys=self._host_keys(service),
-                         force=force)
+    def plan(
+        self,
+        action: Action,
+        service: str,
+        *,
+        version: str | None = None,
+        index: str | None = None,
+        dry_run: bool = False,
+        batch: int | None = None,
+        force: bool = False,
+    ) -> Plan:
+        return make_plan(
+            self.settings,
+            action,
+            service,
+            version=version,
+            index=index,
+            dry_run=dry_run,
+            batch=batch,
+            host_keys=self._host_keys(service),
+            force=force,
+        )
 
     def plan_of(self, record: RunRecord) -> Plan:
         # Rebuilt from the current config: the commands always come from the config,
         # never from what was stored.
         p = record.plan
-        return make_plan(self.settings, Action(record.action), record.service,
-                         version=p.get("version"), index=p.get("index_name"),
-                         dry_run=bool(p.get("dry_run")), batch=p.get("batch_size"),
-                         host_keys=self._host_keys(record.service),
-                         force=bool(p.get("force")))
+        return make_plan(
+            self.settings,
+            Action(record.action),
+            record.service,
+            version=p.get("version"),
+            index=p.get("index_name"),
+            dry_run=bool(p.get("dry_run")),
+            batch=p.get("batch_size"),
+            host_keys=self._host_keys(record.service),
+            force=bool(p.get("force")),
+        )
 
     def _host_keys(self, service: str) -> dict[str, str]:
         # Read now, at request and again at execute: a key swapped in known_hosts between
@@ -115,8 +142,9 @@ class Engine:
         svc = self.settings.services.get(service)
         return host_keys(self.settings, svc.hosts) if svc is not None else {}
 
-    async def execute(self, run_id: int, sink: ev.EventSink,
-                      gate: LeftoverGate | None = None) -> RunResult:
+    async def execute(
+        self, run_id: int, sink: ev.EventSink, gate: LeftoverGate | None = None
+    ) -> RunResult:
         """Run an approved run to its end. The run must be in 'approved'. ``gate``: who
         may let it terminate processes that outlived the stop (bot.engine.leftover_gate)."""
         life = self.lifecycle
@@ -124,9 +152,11 @@ class Engine:
         plan = self.plan_of(record)
         if self.audit.as_stored(plan.to_json()) != record.plan:
             # The config changed since the card was approved: never run what nobody saw.
-            reason = (f"the configuration changed since this plan was approved "
-                      f"({drift(record.plan, self.audit.as_stored(plan.to_json()))}); "
-                      "request it again to see the new plan")
+            reason = (
+                f"the configuration changed since this plan was approved "
+                f"({drift(record.plan, self.audit.as_stored(plan.to_json()))}); "
+                "request it again to see the new plan"
+            )
             await life.refuse(record, reason)
             return RunResult(run_id, RunStatus.REFUSED, f"not started: {reason}", {})
         if needs_locks(plan):
@@ -150,8 +180,7 @@ class Engine:
         notify = ev.BestEffort(sink)
         audit = RunAudit(self.writer, run_id, token, notify)
         try:
-            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit,
-                                       gate)
+            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit, gate)
         except BaseException:
             # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
             # must say so at once, not wait for the next start's recovery.
@@ -161,12 +190,19 @@ class Engine:
             # Who cancelled is on disk (or in the journal) before this returns; locks go.
             await audit.released(life.released)
 
-    async def _execute(self, record: RunRecord, plan: Plan, sink: ev.EventSink,
-                       token: CancelToken, audit: RunAudit,
-                       gate: LeftoverGate | None = None) -> RunResult:
+    async def _execute(
+        self,
+        record: RunRecord,
+        plan: Plan,
+        sink: ev.EventSink,
+        token: CancelToken,
+        audit: RunAudit,
+        gate: LeftoverGate | None = None,
+    ) -> RunResult:
         run_id = record.id
-        await sink.handle(ev.RunStarted(run_id, plan, record.requested_by,
-                                        tuple(record.approved_by)))
+        await sink.handle(
+            ev.RunStarted(run_id, plan, record.requested_by, tuple(record.approved_by))
+        )
         flow = FLOWS[plan.action]
         svc = self.settings.services[plan.service]
         outcomes: dict[str, HostOutcome] = {}
@@ -174,20 +210,26 @@ class Engine:
 
         async def one(host: str) -> HostOutcome:
             try:
-                executor = Executor(run_id, self.pool.get(host), sink, cancel=token,
-                                    gate=gate,
-                                    ask_timeout_s=self.settings.policy.approval_ttl_s,
-                                    history=history,
-                                    become=become_for(self.settings, host, plan.service),
-                                    gpu_health=self.pool.gpu_health(host))
+                executor = Executor(
+                    run_id,
+                    self.pool.get(host),
+                    sink,
+                    cancel=token,
+                    gate=gate,
+                    ask_timeout_s=self.settings.policy.approval_ttl_s,
+                    history=history,
+                    become=become_for(self.settings, host, plan.service),
+                    gpu_health=self.pool.gpu_health(host),
+                )
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
                 # The executor turns host errors into failed steps; this is what escapes
                 # it (a host missing from the pool, a dead socket outside a command).
                 reason = e.reason if isinstance(e, HostError) else str(e)
                 outcome = HostOutcome(HostStatus.FAILED, reason, ServiceState.UNKNOWN)
-                await sink.handle(ev.HostFinished(run_id, host, outcome.status,
-                                                  outcome.summary, outcome.state))
+                await sink.handle(
+                    ev.HostFinished(run_id, host, outcome.status, outcome.summary, outcome.state)
+                )
                 return outcome
 
         for batch in rollout_batches(plan):
@@ -200,23 +242,51 @@ class Engine:
                 outcomes[host] = res
             if any(o.status != HostStatus.SUCCEEDED for o in outcomes.values()):
                 break  # the first failure stops the rollout; later hosts stay untouched
+        return await self._finish(run_id, plan, sink, audit, outcomes)
+
+    async def _finish(
+        self,
+        run_id: int,
+        plan: Plan,
+        sink: ev.EventSink,
+        audit: RunAudit,
+        outcomes: dict[str, HostOutcome],
+    ) -> RunResult:
+        """The run's end from its hosts' outcomes: the hosts it never reached, its status,
+        summary and service state, recorded before the sinks hear of it."""
         untouched = [h for h in plan.hosts if h not in outcomes]
         for host in untouched:
-            await sink.handle(ev.HostFinished(run_id, host, NOT_STARTED,
-                                              "not started: the rollout stopped before it",
-                                              ServiceState.UNKNOWN))
+            await sink.handle(
+                ev.HostFinished(
+                    run_id,
+                    host,
+                    NOT_STARTED,
+                    "not started: the rollout stopped before it",
+                    ServiceState.UNKNOWN,
+                )
+            )
         status = overall_status(list(outcomes.values()))
         summary = self._summary(plan, outcomes, untouched)
         first = outcomes.get(plan.hosts[0])
-        await audit.set_versions(before=first.version_before if first else None,
-                                 after=first.version_after if first else None)
+        await audit.set_versions(
+            before=first.version_before if first else None,
+            after=first.version_after if first else None,
+        )
         # The hosts it ran on: those the rollout never reached it left as they were.
         state = worst(o.state for o in outcomes.values())
-        await audit.finish(status, summary, lambda: self.lifecycle.finish(run_id, status, summary),
-                           state=state)
-        await sink.handle(ev.RunFinished(run_id, status, summary,
-                                         first.version_before if first else None,
-                                         first.version_after if first else None, state))
+        await audit.finish(
+            status, summary, lambda: self.lifecycle.finish(run_id, status, summary), state=state
+        )
+        await sink.handle(
+            ev.RunFinished(
+                run_id,
+                status,
+                summary,
+                first.version_before if first else None,
+                first.version_after if first else None,
+                state,
+            )
+        )
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
 
     async def _start_history(self, plan: Plan) -> StartHistory | None:
@@ -235,8 +305,11 @@ class Engine:
             return next(iter(outcomes.values())).summary
         # Problems first, each with its reason; hosts that succeeded alike share a line,
         # so a 64-host rollout's summary stays short.
-        parts = [f"{h}: {o.status} ({o.summary})" for h, o in outcomes.items()
-                 if o.status != HostStatus.SUCCEEDED]
+        parts = [
+            f"{h}: {o.status} ({o.summary})"
+            for h, o in outcomes.items()
+            if o.status != HostStatus.SUCCEEDED
+        ]
         alike: dict[str, list[str]] = {}
         for h, o in outcomes.items():
             if o.status == HostStatus.SUCCEEDED:

@@ -79,18 +79,25 @@ class CancelToken:
         return self.event.is_set()
 
 
-async def run_command(transport: HostTransport, become: Become | None, argv: tuple[str, ...],
-                      run_as: Privilege, *, timeout_s: float,
-                      on_line: LineCallback | None = None,
-                      stdin: bytes | None = None) -> CommandResult:
+async def run_command(
+    transport: HostTransport,
+    become: Become | None,
+    argv: tuple[str, ...],
+    run_as: Privilege,
+    *,
+    timeout_s: float,
+    on_line: LineCallback | None = None,
+    stdin: bytes | None = None,
+) -> CommandResult:
     """Run ``argv`` on the host as ``run_as`` needs (``become``: the host's sudo prefix,
     or None to run it as it is).  A sudo refusal comes back with ``refused`` set, naming
     the rule the host lacks: the command never ran.  Every command with rights goes
     through here (the executor, ``/vllm logs``, ``doctor``)."""
     wrapped = argv if become is None else become.argv(argv, run_as)
     result = await transport.run(wrapped, timeout_s=timeout_s, on_line=on_line, stdin=stdin)
-    refused = None if become is None else become.refused(argv, run_as, result.exit_status,
-                                                          result.stderr)
+    refused = (
+        None if become is None else become.refused(argv, run_as, result.exit_status, result.stderr)
+    )
     return result if refused is None else replace(result, refused=refused)
 
 
@@ -140,8 +147,9 @@ class Executor:
                 reply = await self._perform(action)
         except StopIteration as stop:
             outcome: HostOutcome = stop.value
-        await self.sink.handle(ev.HostFinished(self.run_id, self.host, outcome.status,
-                                               outcome.summary, outcome.state))
+        await self.sink.handle(
+            ev.HostFinished(self.run_id, self.host, outcome.status, outcome.summary, outcome.state)
+        )
         return outcome
 
     async def _perform(self, action: Action) -> Reply:
@@ -155,9 +163,11 @@ class Executor:
                 return await self._gpu_state(action)
             case AskApproval():
                 return await ask_bounded(
-                    self.gate, LeftoverRequest(self.run_id, self.host, action.question,
-                                               action.pids),
-                    timeout_s=self.ask_timeout_s, cancelled=self.cancel.event)
+                    self.gate,
+                    LeftoverRequest(self.run_id, self.host, action.question, action.pids),
+                    timeout_s=self.ask_timeout_s,
+                    cancelled=self.cancel.event,
+                )
             case Sleep():
                 await self._sleep(action.seconds)
                 return Tick(self.clock(), self.cancel.requested)
@@ -167,9 +177,16 @@ class Executor:
                 await self._notice(action.notice)
                 return None
             case Progress():
-                await self.sink.handle(ev.StepProgress(
-                    self.run_id, self.host, action.step, action.text, action.elapsed_s,
-                    self.history if action.start_up else None))
+                await self.sink.handle(
+                    ev.StepProgress(
+                        self.run_id,
+                        self.host,
+                        action.step,
+                        action.text,
+                        action.elapsed_s,
+                        self.history if action.start_up else None,
+                    )
+                )
                 return None
             case _:
                 assert_never(action)
@@ -191,12 +208,19 @@ class Executor:
         # Lines reach the sinks while the command runs, not after it.
         pump = asyncio.create_task(self._pump_lines())
         try:
-            result = await run_command(self.transport, self.become, action.argv,
-                                       action.run_as, timeout_s=action.timeout_s,
-                                       on_line=on_line, stdin=action.stdin)
+            result = await run_command(
+                self.transport,
+                self.become,
+                action.argv,
+                action.run_as,
+                timeout_s=action.timeout_s,
+                on_line=on_line,
+                stdin=action.stdin,
+            )
         except HostError as e:
-            result = CommandResult(argv=action.argv, exit_status=None, stdout="",
-                                   stderr=e.reason, duration_s=0.0)
+            result = CommandResult(
+                argv=action.argv, exit_status=None, stdout="", stderr=e.reason, duration_s=0.0
+            )
             if on_line is not None:
                 on_line("stderr", f"[bot] {e.reason}")
         finally:
@@ -218,10 +242,13 @@ class Executor:
 
     async def _http(self, action: HttpCheck) -> HttpResult:
         try:
-            return await self.transport.http_request(action.method, action.url,
-                                                     timeout_s=action.timeout_s,
-                                                     body=action.body,
-                                                     content_type=action.content_type)
+            return await self.transport.http_request(
+                action.method,
+                action.url,
+                timeout_s=action.timeout_s,
+                body=action.body,
+                content_type=action.content_type,
+            )
         except HostError as e:
             return HttpResult(action.url, None, error=e.reason)
 
@@ -233,6 +260,7 @@ class Executor:
             line = cut_line(line)
             self._tail.append(line)
             self._lines.put_nowait(ev.OutputLine(self.run_id, self.host, step, stream, line))
+
         return on_line
 
     async def _pump_lines(self) -> None:
@@ -245,28 +273,46 @@ class Executor:
             case BeginStep():
                 self._step_started = self.clock()
                 self._tail.clear()
-                await self.sink.handle(ev.StepStarted(self.run_id, self.host, notice.step,
-                                                      notice.command))
+                await self.sink.handle(
+                    ev.StepStarted(self.run_id, self.host, notice.step, notice.command)
+                )
             case EndStep():
                 output = "\n".join(self._tail)
                 if notice.detail:
                     output = f"{output}\n{notice.detail}" if output else notice.detail
-                await self.sink.handle(ev.StepFinished(
-                    self.run_id, self.host, notice.step,
-                    StepStatus.OK if notice.ok else StepStatus.FAILED, notice.exit_status,
-                    self.clock() - self._step_started, notice.summary, output))
+                await self.sink.handle(
+                    ev.StepFinished(
+                        self.run_id,
+                        self.host,
+                        notice.step,
+                        StepStatus.OK if notice.ok else StepStatus.FAILED,
+                        notice.exit_status,
+                        self.clock() - self._step_started,
+                        notice.summary,
+                        output,
+                    )
+                )
             case Snapshot():
-                await self.sink.handle(ev.GpuTable(self.run_id, self.host, notice.label,
-                                                   notice.snapshot))
+                await self.sink.handle(
+                    ev.GpuTable(self.run_id, self.host, notice.label, notice.snapshot)
+                )
             case Versions():
-                await self.sink.handle(ev.VersionsKnown(self.run_id, self.host, notice.before,
-                                                        notice.after))
+                await self.sink.handle(
+                    ev.VersionsKnown(self.run_id, self.host, notice.before, notice.after)
+                )
             case Packages():
-                await self.sink.handle(ev.PackagesKnown(self.run_id, self.host, notice.kind,
-                                                        notice.diff, notice.freeze,
-                                                        notice.lock, notice.note))
+                await self.sink.handle(
+                    ev.PackagesKnown(
+                        self.run_id,
+                        self.host,
+                        notice.kind,
+                        notice.diff,
+                        notice.freeze,
+                        notice.lock,
+                        notice.note,
+                    )
+                )
             case Health():
-                await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host,
-                                                         notice.check))
+                await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host, notice.check))
             case _:
                 assert_never(notice)

@@ -40,9 +40,19 @@ class _Collect:
         match event:
             case ev.GpuHealthKnown():
                 self.check = event.check
-            case (ev.RunStarted() | ev.StepStarted() | ev.StepProgress() | ev.OutputLine()
-                  | ev.StepFinished() | ev.GpuTable() | ev.VersionsKnown() | ev.PackagesKnown()
-                  | ev.HostFinished() | ev.RunFinished() | ev.Notice()):
+            case (
+                ev.RunStarted()
+                | ev.StepStarted()
+                | ev.StepProgress()
+                | ev.OutputLine()
+                | ev.StepFinished()
+                | ev.GpuTable()
+                | ev.VersionsKnown()
+                | ev.PackagesKnown()
+                | ev.HostFinished()
+                | ev.RunFinished()
+                | ev.Notice()
+            ):
                 # Only the verdict goes on the approval card; the read's own steps and
                 # output are not shown to anyone.
                 pass
@@ -50,16 +60,16 @@ class _Collect:
                 assert_never(event)
 
 
-async def read_gpu_health(settings: Settings, pool: HostPool, plan: Plan
-                          ) -> tuple[HealthNote, ...]:
+async def read_gpu_health(settings: Settings, pool: HostPool, plan: Plan) -> tuple[HealthNote, ...]:
     """A note per host whose service GPUs are not all ok, critical first (none for a dry
     run, whose GPU check runs at once, or an action without one). Through sudo where the
     host says so, exactly as the run's check runs."""
     if plan.action not in CHECKED or plan.dry_run:
         return ()
     svc = settings.services[plan.service]
-    reads = await read_hosts(settings, pool, plan, lambda host: gpu_health_flow(svc, host),
-                             _Collect)
+    reads = await read_hosts(
+        settings, pool, plan, lambda host: gpu_health_flow(svc, host), _Collect
+    )
     notes = [n for n in map(_note_of, reads) if n is not None]
     return tuple(sorted(notes, key=lambda n: _ORDER.get(n.level, 1)))
 

@@ -34,11 +34,18 @@ class Heartbeat:
     """Renews one run's lease until ``stop``; ``lost`` is called (once) if the run is no
     longer 'running' under ``owner`` (someone recovered it by force), and then it stops."""
 
-    def __init__(self, audit: AuditLog, run_id: int, owner: str, *,
-                 clock: Callable[[], datetime],
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 lease_s: float = LEASE_S, every_s: float = RENEW_EVERY_S,
-                 lost: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        audit: AuditLog,
+        run_id: int,
+        owner: str,
+        *,
+        clock: Callable[[], datetime],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        lease_s: float = LEASE_S,
+        every_s: float = RENEW_EVERY_S,
+        lost: Callable[[], None] | None = None,
+    ) -> None:
         self.audit = audit
         self.run_id = run_id
         self.owner = owner
@@ -68,8 +75,7 @@ class Heartbeat:
         while True:
             await self.sleep(self.every_s)
             try:
-                still_ours = await self.audit.renew_lease(self.run_id, self.owner,
-                                                          self.lease_end())
+                still_ours = await self.audit.renew_lease(self.run_id, self.owner, self.lease_end())
             except Exception as exc:
                 # The next beat tries again; the lease outlasts several missed ones.
                 log.warning("cannot renew the lease of run #%d: %s", self.run_id, exc)
@@ -77,8 +83,11 @@ class Heartbeat:
             if still_ours:
                 self.renewals += 1
                 continue
-            log.error("run #%d is no longer running under this process (recovered by "
-                      "someone else?); asking it to stop at its next safe point", self.run_id)
+            log.error(
+                "run #%d is no longer running under this process (recovered by "
+                "someone else?); asking it to stop at its next safe point",
+                self.run_id,
+            )
             if self.lost is not None:
                 self.lost()
             return

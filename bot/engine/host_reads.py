@@ -43,9 +43,13 @@ class HostRead(Generic[S]):
     error: str | None = None
 
 
-async def read_hosts(settings: Settings, pool: HostPool, plan: Plan,
-                     flow: Callable[[str], Flow], collector: Callable[[], S]
-                     ) -> tuple[HostRead[S], ...]:
+async def read_hosts(
+    settings: Settings,
+    pool: HostPool,
+    plan: Plan,
+    flow: Callable[[str], Flow],
+    collector: Callable[[], S],
+) -> tuple[HostRead[S], ...]:
     """Drive ``flow(host)`` on every host of ``plan`` (``CONCURRENCY`` at once), each into
     a fresh ``collector()``; the reads in the plan's host order."""
     limit = asyncio.Semaphore(CONCURRENCY)
@@ -55,11 +59,11 @@ async def read_hosts(settings: Settings, pool: HostPool, plan: Plan,
         async with limit:
             try:
                 become = become_for(settings, host, plan.service)
-                outcome = await Executor(NO_RUN, pool.get(host), sink, become=become,
-                                         gpu_health=pool.gpu_health(host)).drive(flow(host))
+                outcome = await Executor(
+                    NO_RUN, pool.get(host), sink, become=become, gpu_health=pool.gpu_health(host)
+                ).drive(flow(host))
             except (HostError, OSError) as e:
-                return HostRead(host, sink, None,
-                                e.reason if isinstance(e, HostError) else str(e))
+                return HostRead(host, sink, None, e.reason if isinstance(e, HostError) else str(e))
         return HostRead(host, sink, outcome)
 
     return tuple(await asyncio.gather(*map(one, plan.hosts)))

@@ -48,20 +48,25 @@ class NoGate:
     """No one to ask: the leftovers are named and the run ends, as without this step."""
 
     async def ask(self, request: LeftoverRequest) -> Approval:
-        return Approval(None, "nobody can be asked from here (a Slack approver presses the "
-                        "card's button; on a terminal answer the question or pass "
-                        "--kill-leftovers)")
+        return Approval(
+            None,
+            "nobody can be asked from here (a Slack approver presses the "
+            "card's button; on a terminal answer the question or pass "
+            "--kill-leftovers)",
+        )
 
 
-async def ask_bounded(gate: LeftoverGate, request: LeftoverRequest, *, timeout_s: float,
-                      cancelled: asyncio.Event) -> Approval:
+async def ask_bounded(
+    gate: LeftoverGate, request: LeftoverRequest, *, timeout_s: float, cancelled: asyncio.Event
+) -> Approval:
     """The gate's answer, or why there is none: the window closed, or the run was
     cancelled (the flow then brings the service back)."""
     asking = asyncio.ensure_future(gate.ask(request))
     stop = asyncio.ensure_future(cancelled.wait())
     try:
-        done, _ = await asyncio.wait({asking, stop}, timeout=timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {asking, stop}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         for task in (asking, stop):
             if not task.done():

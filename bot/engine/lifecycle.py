@@ -80,10 +80,26 @@ from bot.errors import LockHeldError, RunNotFoundError
 from bot.settings import Settings
 
 # The typed results live in bot.engine.run_results; importing them from here still works.
-__all__ = ["AlreadyCounted", "ApproveResult", "Approved", "CancelRequested", "CancelResult",
-           "Cancelled", "Clock", "Counted", "Denied", "DenyResult", "NotCancellable",
-           "Refusal", "Refused", "RunLifecycle", "TooLate", "lock_scopes", "needs_locks",
-           "utc_now"]
+__all__ = [
+    "AlreadyCounted",
+    "ApproveResult",
+    "Approved",
+    "CancelRequested",
+    "CancelResult",
+    "Cancelled",
+    "Clock",
+    "Counted",
+    "Denied",
+    "DenyResult",
+    "NotCancellable",
+    "Refusal",
+    "Refused",
+    "RunLifecycle",
+    "TooLate",
+    "lock_scopes",
+    "needs_locks",
+    "utc_now",
+]
 
 Clock = Callable[[], datetime]
 
@@ -112,17 +128,26 @@ class RunLifecycle:
     ``monotonic`` the clock the judge measures lengths of time on (None: this
     machine's)."""
 
-    def __init__(self, settings: Settings, audit: AuditLog, *, clock: Clock = utc_now,
-                 owner: Callable[[], str] = process_owner,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 monotonic: Monotonic | None = None, wall_id: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        audit: AuditLog,
+        *,
+        clock: Clock = utc_now,
+        owner: Callable[[], str] = process_owner,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Monotonic | None = None,
+        wall_id: str | None = None,
+    ) -> None:
         self.settings = settings
         self.audit = audit
         self.clock = clock
-        self.judge = Judge(wall=clock,
-                           monotonic=monotonic if monotonic is not None else system_monotonic(),
-                           wall_id=wall_id if wall_id is not None else wall_clock_id(),
-                           ttl_s=settings.policy.approval_ttl_s)
+        self.judge = Judge(
+            wall=clock,
+            monotonic=monotonic if monotonic is not None else system_monotonic(),
+            wall_id=wall_id if wall_id is not None else wall_clock_id(),
+            ttl_s=settings.policy.approval_ttl_s,
+        )
         self._owner = owner
         # Between heartbeats, ``sleep`` (tests pass the clock's).
         self.driver = RunDriver(audit, owner=owner, clock=clock, sleep=sleep)
@@ -142,8 +167,9 @@ class RunLifecycle:
 
     # ---- request ------------------------------------------------------------------------
 
-    async def request(self, plan: Plan, *, requested_by: str, source: Source,
-                      channel: str | None = None) -> RunRecord:
+    async def request(
+        self, plan: Plan, *, requested_by: str, source: Source, channel: str | None = None
+    ) -> RunRecord:
         """Record a request awaiting approval, holding the service's and hosts' locks
         from now until it ends (expired, denied and refused requests release them).
 
@@ -154,10 +180,19 @@ class RunLifecycle:
         """
         expires = self.clock() + timedelta(seconds=self.settings.policy.approval_ttl_s)
         run_id = await self.audit.create_run(
-            service=plan.service, action=plan.action, hosts=list(plan.hosts),
-            requested_by=requested_by, source=source, plan=plan.to_json(),
-            package_spec=plan.spec, index_name=plan.index_name, dry_run=plan.dry_run,
-            channel=channel, expires_at=expires, expires_clock=self.judge.wall_id)
+            service=plan.service,
+            action=plan.action,
+            hosts=list(plan.hosts),
+            requested_by=requested_by,
+            source=source,
+            plan=plan.to_json(),
+            package_spec=plan.spec,
+            index_name=plan.index_name,
+            dry_run=plan.dry_run,
+            channel=channel,
+            expires_at=expires,
+            expires_clock=self.judge.wall_id,
+        )
         record = await self.audit.get_run(run_id)
         if needs_locks(plan):
             try:
@@ -169,21 +204,28 @@ class RunLifecycle:
                 busy = LockHeldError(
                     f"{plan.service} is busy: run #{holder.id} ({holder.action}, "
                     f"{holder.status}) requested by {holder.requested_by}{note}",
-                    run_id=holder.id, requested_by=holder.requested_by)
+                    run_id=holder.id,
+                    requested_by=holder.requested_by,
+                )
                 await self.refuse(record, str(busy), expect=(RunStatus.PENDING_APPROVAL,))
                 raise busy from None
         return record
 
-    async def refuse(self, record: RunRecord, reason: str, *,
-                     expect: Sequence[RunStatus] = (RunStatus.APPROVED,)) -> bool:
+    async def refuse(
+        self, record: RunRecord, reason: str, *, expect: Sequence[RunStatus] = (RunStatus.APPROVED,)
+    ) -> bool:
         """The run will not start (a busy service, a plan that drifted since approval):
         it ends 'refused', with the refusal recorded, instead of waiting in a queue
         nobody can see."""
-        moved = await self.audit.transition(record.id, RunStatus.REFUSED, expect=expect,
-                                            summary=f"not started: {reason}")
-        await self.audit.record_refusal(user=record.requested_by, channel=record.channel,
-                                        command=f"{record.action} {record.service}",
-                                        reason=reason)
+        moved = await self.audit.transition(
+            record.id, RunStatus.REFUSED, expect=expect, summary=f"not started: {reason}"
+        )
+        await self.audit.record_refusal(
+            user=record.requested_by,
+            channel=record.channel,
+            command=f"{record.action} {record.service}",
+            reason=reason,
+        )
         return moved
 
     # ---- approve, deny ------------------------------------------------------------------
@@ -197,20 +239,29 @@ class RunLifecycle:
     async def _approved(self, run_id: int) -> bool:
         # The one way into 'approved': the approving process is the one that will drive
         # the run, so it becomes the owner now and a bot starting meanwhile leaves it be.
-        return await self.audit.transition(run_id, RunStatus.APPROVED,
-                                           expect=(RunStatus.PENDING_APPROVAL,),
-                                           owner=self._owner(), lease_until=self._lease_end())
+        return await self.audit.transition(
+            run_id,
+            RunStatus.APPROVED,
+            expect=(RunStatus.PENDING_APPROVAL,),
+            owner=self._owner(),
+            lease_until=self._lease_end(),
+        )
 
-    async def approve(self, run_id: int, *, user: str, membership: Membership,
-                      channel: str | None = None) -> ApproveResult:
+    async def approve(
+        self, run_id: int, *, user: str, membership: Membership, channel: str | None = None
+    ) -> ApproveResult:
         """One Approve click, judged by the policy now; the N-th distinct eligible
         approval moves the run to 'approved'."""
         judged = await self._judge(run_id, user, Decision.APPROVE, membership, channel)
         if not isinstance(judged, RunRecord):
             return judged
         record = await self.audit.get_run(run_id)
-        counted = counted_approvals(record.approved_by, requester=record.requested_by,
-                                    policy=self.settings.policy, membership=membership)
+        counted = counted_approvals(
+            record.approved_by,
+            requester=record.requested_by,
+            policy=self.settings.policy,
+            membership=membership,
+        )
         needed = self.settings.policy.min_approvals
         if len(counted) < needed:
             return Counted(run_id, len(counted), needed)
@@ -223,21 +274,30 @@ class RunLifecycle:
             return Approved(run_id, start=False)
         return TooLate(run_id, current.status)
 
-    async def deny(self, run_id: int, *, user: str, membership: Membership,
-                   channel: str | None = None) -> DenyResult:
+    async def deny(
+        self, run_id: int, *, user: str, membership: Membership, channel: str | None = None
+    ) -> DenyResult:
         """One Deny click: one eligible deny (or the requester's withdrawal) closes it."""
         judged = await self._judge(run_id, user, Decision.DENY, membership, channel)
         if not isinstance(judged, RunRecord):
             return judged
-        if not await self.audit.transition(run_id, RunStatus.DENIED,
-                                           expect=(RunStatus.PENDING_APPROVAL,),
-                                           summary=f"denied by {user}"):
+        if not await self.audit.transition(
+            run_id,
+            RunStatus.DENIED,
+            expect=(RunStatus.PENDING_APPROVAL,),
+            summary=f"denied by {user}",
+        ):
             return TooLate(run_id, (await self.audit.get_run(run_id)).status)
         return Denied(run_id)
 
-    async def _judge(self, run_id: int, user: str, decision: Decision,
-                     membership: Membership,
-                     channel: str | None) -> RunRecord | Refused | AlreadyCounted:
+    async def _judge(
+        self,
+        run_id: int,
+        user: str,
+        decision: Decision,
+        membership: Membership,
+        channel: str | None,
+    ) -> RunRecord | Refused | AlreadyCounted:
         """The policy's verdict on a click; the run when the click was recorded."""
         command = f"{decision} run #{run_id}"
         try:
@@ -245,10 +305,14 @@ class RunLifecycle:
         except RunNotFoundError as exc:
             return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
         if record.status != RunStatus.PENDING_APPROVAL:
-            return await self._refused(user, channel, command,
-                                       f"Run #{run_id} is already {record.status}.",
-                                       Refusal.CLOSED,
-                                       expired=record.status == RunStatus.EXPIRED)
+            return await self._refused(
+                user,
+                channel,
+                command,
+                f"Run #{run_id} is already {record.status}.",
+                Refusal.CLOSED,
+                expired=record.status == RunStatus.EXPIRED,
+            )
         now = self.clock()
         expires_at = parse_ts(record.expires_at) if record.expires_at else now
         if not self.judge.same_wall_clock(record):
@@ -258,24 +322,42 @@ class RunLifecycle:
             if self.judge.window_closed(record):
                 now = max(now, expires_at)
         verdict = evaluate_approval(
-            policy=self.settings.policy, membership=membership,
-            requester=record.requested_by, approvals=record.approved_by,
-            denials=record.denied_by, clicker=user, action=decision, now=now,
-            expires_at=expires_at)
+            policy=self.settings.policy,
+            membership=membership,
+            requester=record.requested_by,
+            approvals=record.approved_by,
+            denials=record.denied_by,
+            clicker=user,
+            action=decision,
+            now=now,
+            expires_at=expires_at,
+        )
         if not verdict.accepted:
             late = verdict.state == RunStatus.EXPIRED
             expired = late and await self.expire(run_id)
-            return await self._refused(user, channel, command, verdict.reason,
-                                       Refusal.EXPIRED if late else Refusal.NOT_ALLOWED,
-                                       expired=expired)
+            return await self._refused(
+                user,
+                channel,
+                command,
+                verdict.reason,
+                Refusal.EXPIRED if late else Refusal.NOT_ALLOWED,
+                expired=expired,
+            )
         if not await self.audit.record_decision(run_id, user, decision):
             return AlreadyCounted(run_id, decision)
         return record
 
-    async def _refused(self, user: str, channel: str | None, command: str, reason: str,
-                       code: Refusal, *, expired: bool = False) -> Refused:
-        await self.audit.record_refusal(user=user, channel=channel, command=command,
-                                        reason=reason)
+    async def _refused(
+        self,
+        user: str,
+        channel: str | None,
+        command: str,
+        reason: str,
+        code: Refusal,
+        *,
+        expired: bool = False,
+    ) -> Refused:
+        await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
         return Refused(reason, expired=expired, code=code)
 
     # ---- expire -------------------------------------------------------------------------
@@ -286,8 +368,7 @@ class RunLifecycle:
         process has not yet watched for the window's length: its sweep expires it
         then)."""
         await self.judge.look(self.audit, [run_id])
-        return bool(await self.audit.expire_closed(self.judge.window_closed,
-                                                   run_ids=[run_id]))
+        return bool(await self.audit.expire_closed(self.judge.window_closed, run_ids=[run_id]))
 
     async def expire_overdue(self) -> list[RunRecord]:
         """Every request still pending past its window (after a restart, and at each
@@ -301,8 +382,9 @@ class RunLifecycle:
 
     # ---- cancel -------------------------------------------------------------------------
 
-    async def cancel(self, run_id: int, *, user: str, membership: Membership,
-                     channel: str | None = None) -> CancelResult:
+    async def cancel(
+        self, run_id: int, *, user: str, membership: Membership, channel: str | None = None
+    ) -> CancelResult:
         """Cancel by the requester or an approver: a pending or approved-not-started run
         closes at once; one this process drives stops at its next safe point."""
         command = f"{Decision.CANCEL} run #{run_id}"
@@ -312,9 +394,12 @@ class RunLifecycle:
             return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
         if not may_cancel(user, record.requested_by, self.settings.policy, membership):
             return await self._refused(
-                user, channel, command,
+                user,
+                channel,
+                command,
                 f"Only the requester or an approver can cancel run #{run_id}.",
-                Refusal.NOT_ALLOWED)
+                Refusal.NOT_ALLOWED,
+            )
         if record.is_final:
             return NotCancellable(run_id, record.status)
         # A run driven here stops through its token, with no write first: the cancel
@@ -324,22 +409,25 @@ class RunLifecycle:
             return CancelRequested(run_id)
         # The 'cancel' decision is recorded only where a cancel really happens (for a
         # running run when its token is set, see start()).
-        if await self._close_unstarted(run_id, RunStatus.PENDING_APPROVAL,
-                                       f"cancelled by {user} before approval"):
+        if await self._close_unstarted(
+            run_id, RunStatus.PENDING_APPROVAL, f"cancelled by {user} before approval"
+        ):
             await self.audit.record_decision(run_id, user, Decision.CANCEL)
             return Cancelled(run_id, RunStatus.PENDING_APPROVAL)
         if self.request_cancel(run_id, user):
             return CancelRequested(run_id)
         # Approved but not started yet: closing it now means it never starts.
-        if await self._close_unstarted(run_id, RunStatus.APPROVED,
-                                       f"cancelled by {user} before it started"):
+        if await self._close_unstarted(
+            run_id, RunStatus.APPROVED, f"cancelled by {user} before it started"
+        ):
             await self.audit.record_decision(run_id, user, Decision.CANCEL)
             return Cancelled(run_id, RunStatus.APPROVED)
         return NotCancellable(run_id, (await self.audit.get_run(run_id)).status)
 
     async def _close_unstarted(self, run_id: int, was: RunStatus, summary: str) -> bool:
-        return await self.audit.transition(run_id, RunStatus.CANCELLED, expect=(was,),
-                                           summary=summary)
+        return await self.audit.transition(
+            run_id, RunStatus.CANCELLED, expect=(was,), summary=summary
+        )
 
     def request_cancel(self, run_id: int, user: str) -> bool:
         """Ask a run this process drives to stop at its next safe point (synchronous, so
@@ -350,17 +438,24 @@ class RunLifecycle:
         """Nobody can see the request (its card could not be posted): close it rather
         than leave it pending."""
         return await self.audit.transition(
-            run_id, RunStatus.CANCELLED,
-            expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED), summary=reason)
+            run_id,
+            RunStatus.CANCELLED,
+            expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED),
+            summary=reason,
+        )
 
     # ---- start, finish, interrupt -------------------------------------------------------
 
     async def start(self, run_id: int) -> CancelToken | None:
         """approved -> running, recording this process as the owner. Returns the run's
         cancel token, or None when the run was not 'approved' (nothing started)."""
-        if not await self.audit.transition(run_id, RunStatus.RUNNING,
-                                           expect=(RunStatus.APPROVED,), owner=self._owner(),
-                                           lease_until=self._lease_end()):
+        if not await self.audit.transition(
+            run_id,
+            RunStatus.RUNNING,
+            expect=(RunStatus.APPROVED,),
+            owner=self._owner(),
+            lease_until=self._lease_end(),
+        ):
             return None
         return self.driver.drive(run_id)
 
@@ -371,15 +466,16 @@ class RunLifecycle:
 
     async def finish(self, run_id: int, status: RunStatus, summary: str) -> bool:
         """running -> its final status (the worst of its hosts')."""
-        return await self.audit.transition(run_id, status, expect=(RunStatus.RUNNING,),
-                                           summary=summary)
+        return await self.audit.transition(
+            run_id, status, expect=(RunStatus.RUNNING,), summary=summary
+        )
 
     async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
         """The driver could not carry the run out (its locks were taken meanwhile, the
         config no longer has the service, a bug): it ends ``status`` with why."""
-        return await self.audit.transition(run_id, status,
-                                           expect=(RunStatus.APPROVED, RunStatus.RUNNING),
-                                           summary=summary)
+        return await self.audit.transition(
+            run_id, status, expect=(RunStatus.APPROVED, RunStatus.RUNNING), summary=summary
+        )
 
     async def interrupt(self, run_id: int) -> bool:
         """Its driver stopped mid-run (cancelled at shutdown, broken): the run becomes

@@ -75,9 +75,11 @@ class Verdict:
 
     def note(self, run_id: int) -> str:
         """Why a run judged by its lease still holds its locks, and what to do."""
-        return (f"the owner of run #{run_id} may be alive (last heartbeat change seen "
-                f"{self.unchanged_s:.0f} s ago, by this machine's clock); try again in "
-                f"{self.retry_in_s} s or `python -m bot recover {run_id} --force`")
+        return (
+            f"the owner of run #{run_id} may be alive (last heartbeat change seen "
+            f"{self.unchanged_s:.0f} s ago, by this machine's clock); try again in "
+            f"{self.retry_in_s} s or `python -m bot recover {run_id} --force`"
+        )
 
 
 def token(run: RunRecord) -> str:
@@ -92,9 +94,17 @@ class Judge:
     """One process's judge: ``look`` first (it records what it sees, on this clock),
     then ``verdict`` and ``window_closed`` judge runs as they are then."""
 
-    def __init__(self, *, wall: Clock, monotonic: Monotonic, wall_id: str | None,
-                 ttl_s: float, lease_s: float = LEASE_S, proc: Path = PROC,
-                 here: Namespace | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        wall: Clock,
+        monotonic: Monotonic,
+        wall_id: str | None,
+        ttl_s: float,
+        lease_s: float = LEASE_S,
+        proc: Path = PROC,
+        here: Namespace | None = None,
+    ) -> None:
         self.wall = wall
         self.monotonic = monotonic
         self.wall_id = wall_id

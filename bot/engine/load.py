@@ -25,8 +25,13 @@ _HOSTS_NAMED = 3
 Reading = tuple[Load | None, str]  # the load, or None and why it is unknown
 
 
-async def read_load(pool: HostPool, svc: ServiceSettings, hosts: tuple[str, ...], *,
-                    timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Reading]:
+async def read_load(
+    pool: HostPool,
+    svc: ServiceSettings,
+    hosts: tuple[str, ...],
+    *,
+    timeout_s: float = LOAD_TIMEOUT_S,
+) -> dict[str, Reading]:
     """Each host's load now, read at once on all of them."""
     url = metrics_url(svc)
 
@@ -59,27 +64,39 @@ def load_note(plan: Plan, svc: ServiceSettings, readings: Mapping[str, Reading])
     busy = [f"{h}: {load.describe()}" for h, load in known.items() if not load.idle]
     unknown = [f"{h} ({r[1]})" for h, r in readings.items() if r[0] is None]
     shown = busy[:_HOSTS_NAMED] + (["…"] if len(busy) > _HOSTS_NAMED else [])
-    parts = [f"Load now: {'; '.join(shown)}" if busy else
-             f"Load now: no request in flight on {len(known)} host(s)" if known else ""]
+    parts = [
+        f"Load now: {'; '.join(shown)}"
+        if busy
+        else f"Load now: no request in flight on {len(known)} host(s)"
+        if known
+        else ""
+    ]
     if unknown:
-        parts.append(f"{'load' if known else 'Load now:'} unknown on "
-                     f"{', '.join(unknown[:_HOSTS_NAMED])}"
-                     + (" …" if len(unknown) > _HOSTS_NAMED else "")
-                     + f": {_unknown_rule(plan, svc)}")
+        parts.append(
+            f"{'load' if known else 'Load now:'} unknown on "
+            f"{', '.join(unknown[:_HOSTS_NAMED])}"
+            + (" …" if len(unknown) > _HOSTS_NAMED else "")
+            + f": {_unknown_rule(plan, svc)}"
+        )
     parts = [p for p in parts if p]
     if plan.force:
         if known:  # of the unknown ones it cannot say a number
-            parts.append(f"--force: will interrupt {running} running request"
-                         f"{'s' if running != 1 else ''}"
-                         + (f" (and {waiting} waiting)" if waiting else "")
-                         + "; the stop does not wait")
+            parts.append(
+                f"--force: will interrupt {running} running request"
+                f"{'s' if running != 1 else ''}"
+                + (f" (and {waiting} waiting)" if waiting else "")
+                + "; the stop does not wait"
+            )
     elif busy and svc.request_drain_timeout_s > 0:
-        parts.append(f"the stop waits up to {svc.request_drain_timeout_s:g}s for "
-                     f"{running + waiting} request(s) to finish, else the run ends with the "
-                     "service untouched")
+        parts.append(
+            f"the stop waits up to {svc.request_drain_timeout_s:g}s for "
+            f"{running + waiting} request(s) to finish, else the run ends with the "
+            "service untouched"
+        )
     elif busy:
-        parts.append(f"request_drain_timeout_s = 0: {running} running request(s) will be "
-                     "interrupted")
+        parts.append(
+            f"request_drain_timeout_s = 0: {running} running request(s) will be interrupted"
+        )
     return ". ".join(parts) + "."
 
 
@@ -88,7 +105,10 @@ def _unknown_rule(plan: Plan, svc: ServiceSettings) -> str:
     if plan.force:
         return "--force stops it anyway, interrupting whatever runs there"
     if svc.request_drain_timeout_s == 0:
-        return ("request_drain_timeout_s = 0: the stop does not wait and interrupts whatever "
-                "runs there")
-    return ("unknown is not idle: the run stops it only if its unit is not running, else "
-            "it ends with the service untouched; pass --force to stop anyway")
+        return (
+            "request_drain_timeout_s = 0: the stop does not wait and interrupts whatever runs there"
+        )
+    return (
+        "unknown is not idle: the run stops it only if its unit is not running, else "
+        "it ends with the service untouched; pass --force to stop anyway"
+    )

@@ -136,8 +136,10 @@ class LeftoversApproved:
 
     @property
     def text(self) -> str:
-        return (f"Terminating {self.host}'s leftover processes (PIDs {self.pids}); that "
-                "host's run goes on.")
+        return (
+            f"Terminating {self.host}'s leftover processes (PIDs {self.pids}); that "
+            "host's run goes on."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +153,11 @@ class LeftoversCounted:
 
     @property
     def text(self) -> str:
-        return (f"Approval recorded: {len(self.approved_by)} of {self.needed} to terminate "
-                f"{self.host}'s leftover processes (PIDs {self.pids}); nothing is signalled "
-                f"before {self.needed}.")
+        return (
+            f"Approval recorded: {len(self.approved_by)} of {self.needed} to terminate "
+            f"{self.host}'s leftover processes (PIDs {self.pids}); nothing is signalled "
+            f"before {self.needed}."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +178,14 @@ class LeftoversTooLate:
 
     @property
     def text(self) -> str:
-        return (f"Too late: run #{self.run_id} stopped waiting on {self.host}; nothing was "
-                "signalled.")
+        return (
+            f"Too late: run #{self.run_id} stopped waiting on {self.host}; nothing was signalled."
+        )
 
 
-LeftoverResult = (LeftoversApproved | LeftoversCounted | LeftoversAlreadyCounted
-                  | LeftoversTooLate | Refused)
+LeftoverResult = (
+    LeftoversApproved | LeftoversCounted | LeftoversAlreadyCounted | LeftoversTooLate | Refused
+)
 
 # ---- recovery by hand ------------------------------------------------------------------------
 
@@ -209,12 +215,12 @@ class Operations:
         self.audit: AuditLog = lifecycle.audit
         self.policy: PolicySettings = lifecycle.settings.policy
 
-    async def refuse(self, *, user: str, channel: str | None, command: str, reason: str,
-                     code: Refusal) -> Refused:
+    async def refuse(
+        self, *, user: str, channel: str | None, command: str, reason: str, code: Refusal
+    ) -> Refused:
         """Record a refusal the front end judged (a wrong channel, bad input, a click off
         its card, Slack unable to say who is in a group); returns it to render."""
-        await self.audit.record_refusal(user=user, channel=channel, command=command,
-                                        reason=reason)
+        await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
         return Refused(reason, code=code)
 
     # ---- request ------------------------------------------------------------------------
@@ -228,12 +234,16 @@ class Operations:
             case ChatUser():
                 # A status query asks nobody and changes nothing: anyone may.
                 if plan.action != Action.STATUS and not is_requester(
-                        by.user, self.policy, await by.membership()):
+                    by.user, self.policy, await by.membership()
+                ):
                     return await self.refuse(
-                        user=by.user, channel=by.channel, command=by.command,
+                        user=by.user,
+                        channel=by.channel,
+                        command=by.command,
                         code=Refusal.NOT_REQUESTER,
                         reason="You are not on the requesters list, so you cannot ask for a "
-                               f"{plan.action}. Ask someone who is, or an admin to add you.")
+                        f"{plan.action}. Ask someone who is, or an admin to add you.",
+                    )
                 source, channel, approver = Source.SLACK, by.channel, plan.system_approver
             case Operator():
                 source, channel = by.source, None
@@ -241,8 +251,9 @@ class Operations:
             case _:
                 assert_never(by)
         try:
-            record = await self.lifecycle.request(plan, requested_by=by.user, source=source,
-                                                  channel=channel)
+            record = await self.lifecycle.request(
+                plan, requested_by=by.user, source=source, channel=channel
+            )
         except LockHeldError as exc:
             # The life cycle has recorded the request as refused, with its refusals row.
             return Busy(str(exc), exc.run_id)
@@ -269,71 +280,105 @@ class Operations:
 
     # ---- decide, cancel -----------------------------------------------------------------
 
-    async def decide(self, run_id: int, decision: Decision, *, user: str,
-                     membership: Membership,
-                     channel: str | None) -> ApproveResult | DenyResult:
+    async def decide(
+        self,
+        run_id: int,
+        decision: Decision,
+        *,
+        user: str,
+        membership: Membership,
+        channel: str | None,
+    ) -> ApproveResult | DenyResult:
         """One Approve or Deny click, judged by the policy on ``membership`` now."""
         if decision == Decision.DENY:
-            return await self.lifecycle.deny(run_id, user=user, membership=membership,
-                                             channel=channel)
+            return await self.lifecycle.deny(
+                run_id, user=user, membership=membership, channel=channel
+            )
         if decision != Decision.APPROVE:
             raise ValueError(f"a click approves or denies, not {decision}")
-        return await self.lifecycle.approve(run_id, user=user, membership=membership,
-                                            channel=channel)
+        return await self.lifecycle.approve(
+            run_id, user=user, membership=membership, channel=channel
+        )
 
     def request_cancel(self, run_id: int, user: str) -> bool:
         """The operator's own run, driven here, stops at its next safe point (synchronous:
         a signal handler calls it; who asked is recorded by the run's driver)."""
         return self.lifecycle.request_cancel(run_id, user)
 
-    async def cancel(self, run_id: int, *, user: str, membership: Membership,
-                     channel: str | None) -> CancelResult:
+    async def cancel(
+        self, run_id: int, *, user: str, membership: Membership, channel: str | None
+    ) -> CancelResult:
         """Cancel by the requester or an approver (``RunLifecycle.cancel``)."""
-        return await self.lifecycle.cancel(run_id, user=user, membership=membership,
-                                           channel=channel)
+        return await self.lifecycle.cancel(
+            run_id, user=user, membership=membership, channel=channel
+        )
 
     # ---- leftover processes -------------------------------------------------------------
 
-    async def terminate_leftovers(self, vote: LeftoverVote | None, *, run_id: int, user: str,
-                                  membership: Membership, channel: str | None,
-                                  command: str, waiting: Sequence[str] = ()) -> LeftoverResult:
+    async def terminate_leftovers(
+        self,
+        vote: LeftoverVote | None,
+        *,
+        run_id: int,
+        user: str,
+        membership: Membership,
+        channel: str | None,
+        command: str,
+        waiting: Sequence[str] = (),
+    ) -> LeftoverResult:
         """One press on a host's question (``vote``; None when the press names no open
         question of run ``run_id``, and ``waiting`` are the hosts it waits on)."""
         if vote is None:
-            now = (f" It waits now for {', '.join(waiting)}: use the button beside that "
-                   "host's list on the card." if waiting else "")
+            now = (
+                f" It waits now for {', '.join(waiting)}: use the button beside that "
+                "host's list on the card."
+                if waiting
+                else ""
+            )
             return await self.refuse(
-                user=user, channel=channel, command=command, code=Refusal.NO_QUESTION,
+                user=user,
+                channel=channel,
+                command=command,
+                code=Refusal.NO_QUESTION,
                 reason=f"That Terminate button does not match a question run #{run_id} is "
-                       f"waiting on (answered already, closed, or not from its card); "
-                       f"nothing was signalled.{now}")
+                f"waiting on (answered already, closed, or not from its card); "
+                f"nothing was signalled.{now}",
+            )
         host = vote.request.host
         requester = (await self.audit.get_run(run_id)).requested_by
-        if (not is_approver(user, self.policy, membership)
-                or (user == requester and not self.policy.allow_self_approval)):
+        if not is_approver(user, self.policy, membership) or (
+            user == requester and not self.policy.allow_self_approval
+        ):
             return await self.refuse(
-                user=user, channel=channel, command=command, code=Refusal.NOT_ALLOWED,
+                user=user,
+                channel=channel,
+                command=command,
+                code=Refusal.NOT_ALLOWED,
                 reason=f"Only an approver (not the requester) may terminate run #{run_id}'s "
-                       f"leftover processes on {host}; nothing was signalled.")
-        if not await self.audit.record_terminate(run_id, user, host=host,
-                                                 question=vote.question,
-                                                 pids=vote.request.pids):
+                f"leftover processes on {host}; nothing was signalled.",
+            )
+        if not await self.audit.record_terminate(
+            run_id, user, host=host, question=vote.question, pids=vote.request.pids
+        ):
             return LeftoversAlreadyCounted(host)
         vote.pressed.append(user)
         # The run's rule, judged now: someone no longer an approver stops counting.
-        counted = tuple(counted_approvals(vote.pressed, requester=requester,
-                                          policy=self.policy, membership=membership))
+        counted = tuple(
+            counted_approvals(
+                vote.pressed, requester=requester, policy=self.policy, membership=membership
+            )
+        )
         needed = self.policy.min_approvals
         if len(counted) < needed:
             return LeftoversCounted(host, counted, needed, vote.pids)
         return LeftoversApproved(host, counted, vote.pids)
 
-    async def confirm_leftovers(self, request: LeftoverRequest, *,
-                                user: str) -> LeftoversApproved:
+    async def confirm_leftovers(self, request: LeftoverRequest, *, user: str) -> LeftoversApproved:
         """The terminal operator's yes (or ``--kill-leftovers``): their command is the
         approval, recorded with the host and the exact PIDs it was for."""
-        await self.audit.record_terminate(request.run_id, user, host=request.host,
-                                          question=new_question(), pids=request.pids)
+        await self.audit.record_terminate(
+            request.run_id, user, host=request.host, question=new_question(), pids=request.pids
+        )
         return LeftoversApproved(request.host, (user,), ", ".join(map(str, request.pids)))
 
     # ---- recover ------------------------------------------------------------------------
@@ -351,8 +396,9 @@ class Operations:
         locks = (await self.audit.locks_held()).get(run_id, [])
         return RunLook(run, judge.verdict(run) if run.status in DRIVEN else None, locks)
 
-    async def recover_run(self, look: RunLook, *, user: str, force: bool,
-                          confirm: Confirm) -> RecoverResult:
+    async def recover_run(
+        self, look: RunLook, *, user: str, force: bool, confirm: Confirm
+    ) -> RecoverResult:
         """An operator's recovery of one run by hand: refused while its owner looks alive
         (unless ``force``) or when nothing drives it; a request past its window is
         expired at once. ``confirm`` is asked before anything else changes."""
@@ -360,20 +406,23 @@ class Operations:
         command = f"recover run #{run.id}" + (" --force" if force else "")
 
         async def refused(reason: str, code: Refusal) -> Refused:
-            return await self.refuse(user=user, channel=None, command=command, reason=reason,
-                                     code=code)
+            return await self.refuse(
+                user=user, channel=None, command=command, reason=reason, code=code
+            )
 
         if look.verdict is None:
             if not judge.window_closed(run):
-                return await refused(NotDriven(run, window_note(run, judge)).reason,
-                                     Refusal.NOT_DRIVEN)
+                return await refused(
+                    NotDriven(run, window_note(run, judge)).reason, Refusal.NOT_DRIVEN
+                )
             # Expired without asking: its window closed it already, nobody can approve it.
         elif look.verdict.alive and not force:
             return await refused(OwnerAlive(run, look.verdict).reason, Refusal.OWNER_ALIVE)
         else:
             confirm(look.verdict.alive)
-        result = await recover_by_hand(self.audit, run.id, by=user, judge=judge,
-                                       force=force and look.verdict is not None)
+        result = await recover_by_hand(
+            self.audit, run.id, by=user, judge=judge, force=force and look.verdict is not None
+        )
         match result:
             case Recovered() | Expired():
                 return result

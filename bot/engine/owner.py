@@ -137,8 +137,7 @@ def _namespace_of(parts: list[str]) -> Namespace | None:
     boot, ns = fields["boot"], fields["pidns"]
     if ns != UNKNOWN and not ns.isdigit():
         return None
-    return Namespace(None if boot in ("", UNKNOWN) else boot,
-                     None if ns == UNKNOWN else int(ns))
+    return Namespace(None if boot in ("", UNKNOWN) else boot, None if ns == UNKNOWN else int(ns))
 
 
 def parse_owner(text: str | None) -> Owner | None:
@@ -167,8 +166,9 @@ def process_owner(proc: Path = PROC) -> str:
     except OSError:
         stat = None
     where = Namespace(boot_id(proc), namespace_inode("pid", proc))
-    return str(Owner(socket.gethostname(), os.getpid(),
-                     stat.start_time if stat else UNKNOWN, where))
+    return str(
+        Owner(socket.gethostname(), os.getpid(), stat.start_time if stat else UNKNOWN, where)
+    )
 
 
 class ProcessSays(StrEnum):

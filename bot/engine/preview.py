@@ -45,9 +45,20 @@ class _Collect:
         match event:
             case ev.PackagesKnown(diff=diff) if diff is not None:
                 self.diff = diff
-            case (ev.PackagesKnown() | ev.RunStarted() | ev.StepStarted() | ev.StepProgress()
-                  | ev.OutputLine() | ev.StepFinished() | ev.GpuTable() | ev.VersionsKnown()
-                  | ev.GpuHealthKnown() | ev.HostFinished() | ev.RunFinished() | ev.Notice()):
+            case (
+                ev.PackagesKnown()
+                | ev.RunStarted()
+                | ev.StepStarted()
+                | ev.StepProgress()
+                | ev.OutputLine()
+                | ev.StepFinished()
+                | ev.GpuTable()
+                | ev.VersionsKnown()
+                | ev.GpuHealthKnown()
+                | ev.HostFinished()
+                | ev.RunFinished()
+                | ev.Notice()
+            ):
                 # A preview only wants the planned change; a package event without one
                 # (the dry run could not tell) leaves it unknown, and the rest are the
                 # dry run's own progress, which nobody is shown.
@@ -63,8 +74,9 @@ async def preview(settings: Settings, pool: HostPool, plan: Plan) -> tuple[HostP
     if plan.action != Action.REDEPLOY or plan.dry_run:
         return ()
     svc = settings.services[plan.service]
-    reads = await read_hosts(settings, pool, plan, lambda host: preview_flow(plan, svc, host),
-                             _Collect)
+    reads = await read_hosts(
+        settings, pool, plan, lambda host: preview_flow(plan, svc, host), _Collect
+    )
     return tuple(_preview_of(r) for r in reads)
 
 
@@ -85,8 +97,10 @@ def preview_lines(previews: tuple[HostPreview, ...], *, limit: int | None = None
     out: list[str] = []
     for p in previews:
         if p.diff is None:
-            out.append(f"{p.host}: could not be read ({p.error}); the preflight reads it "
-                       "again before anything changes")
+            out.append(
+                f"{p.host}: could not be read ({p.error}); the preflight reads it "
+                "again before anything changes"
+            )
         else:
             groups.setdefault(p.diff, []).append(p.host)
     for diff, hosts in groups.items():
@@ -101,8 +115,7 @@ def preview_json(p: HostPreview) -> dict[str, object]:
     return {**p.diff.to_json()} if p.diff is not None else {"note": p.error or "unknown"}
 
 
-async def record_previews(audit: AuditLog, run_id: int,
-                          previews: tuple[HostPreview, ...]) -> None:
+async def record_previews(audit: AuditLog, run_id: int, previews: tuple[HostPreview, ...]) -> None:
     """Keep what was shown with the run (``environments``, kind ``preview``)."""
     for p in previews:
         await audit.add_environment(run_id, p.host, str(EnvKind.PREVIEW), preview_json(p))

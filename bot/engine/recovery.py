@@ -81,38 +81,38 @@ Tell = Callable[[Interrupted], Awaitable[None]]
 # What the service may look like when the bot stopped during each step.
 _STATE_AFTER: dict[str, str] = {
     Step.PREFLIGHT: "Nothing was changed: the bot stopped before stopping the service, "
-                    "so it should still be running.",
+    "so it should still be running.",
     Step.STATUS: "Nothing was changed: it was a read-only status query.",
     Step.STOP: "The service may be running, stopping or stopped: `systemctl stop` may "
-               "have been sent.",
+    "have been sent.",
     Step.DRAIN: "The service was stopped and nothing was reinstalled; it is probably still "
-                "STOPPED.",
+    "STOPPED.",
     Step.REINSTALL: "The service is STOPPED, and the reinstall may have completed, failed "
-                    "or still be running on the host (a bot restart does not stop `uv`).",
+    "or still be running on the host (a bot restart does not stop `uv`).",
     Step.ROLLBACK: "The service is STOPPED, and the rollback may have completed, failed or "
-                   "still be running on the host (a bot restart does not stop `uv`); it "
-                   "restores the environment snapshot kept in `.chatops/` next to the venv "
-                   "(`uv pip sync`).",
+    "still be running on the host (a bot restart does not stop `uv`); it "
+    "restores the environment snapshot kept in `.chatops/` next to the venv "
+    "(`uv pip sync`).",
     Step.PREFETCH: "Nothing was changed: the bot stopped while fetching packages into uv's "
-                   "cache, before stopping the service, so it should still be running.",
+    "cache, before stopping the service, so it should still be running.",
     Step.GATE: "The service is STOPPED and the new version is installed but had not passed "
-               "the import gate; the environment snapshot to restore is in `.chatops/` next "
-               "to the venv.",
+    "the import gate; the environment snapshot to restore is in `.chatops/` next "
+    "to the venv.",
     Step.ROLLBACK_STOP: "The new version had started but was not healthy; it may be running, "
-                        "stopping or stopped, and nothing was rolled back yet.",
+    "stopping or stopped, and nothing was rolled back yet.",
     Step.START: "The service may be starting, running or failed: `systemctl start` may have "
-                "been sent.",
+    "been sent.",
     Step.ROLLBACK_START: "The previous environment was restored; the service may be starting, "
-                        "running or failed.",
+    "running or failed.",
     Step.HEALTH: "The service was started but had not yet passed the health gate.",
     Step.ROLLBACK_HEALTH: "The previous environment was restored and started but had not yet "
-                          "passed the health gate.",
+    "passed the health gate.",
     Step.POSTCHECK: "The service had passed the health gate; only the post-check was left.",
     Step.GPU_CHECK: "Nothing was changed: the bot stopped while checking the GPUs, before "
-                    "stopping the service, so it should still be running.",
+    "stopping the service, so it should still be running.",
     Step.LEFTOVERS: "The service is STOPPED, and leftover processes an approver let the bot "
-                    "end were being signalled; some may still hold its GPUs (see the "
-                    "thread's list of PIDs).",
+    "end were being signalled; some may still hold its GPUs (see the "
+    "thread's list of PIDs).",
     Step.GPU_RECHECK: "The service had passed its gates; only the GPU recheck was left.",
 }
 
@@ -134,16 +134,19 @@ def interrupted_message(run: RunRecord) -> str:
     """The sentence for an interrupted run's thread: where it stopped, what the service
     may look like, what to run next."""
     if run.started_at is None:
-        return (f"Run #{run.id} ({run.action} {run.service}) was approved, but "
-                f"{_driver(run)} stopped before it began; nothing was changed. Request it "
-                "again if it is still needed.")
+        return (
+            f"Run #{run.id} ({run.action} {run.service}) was approved, but "
+            f"{_driver(run)} stopped before it began; nothing was changed. Request it "
+            "again if it is still needed."
+        )
     step = run.current_step
     where = f"during step `{step}`" if step else "before its first step"
-    state = _STATE_AFTER.get(step or Step.PREFLIGHT,
-                             "The state of the service is unknown.")
-    return (f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
-            f"stopped {where}. {state} Check with `/vllm status {run.service}` (or "
-            f"`python -m bot status {run.service}`) before doing anything else.")
+    state = _STATE_AFTER.get(step or Step.PREFLIGHT, "The state of the service is unknown.")
+    return (
+        f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
+        f"stopped {where}. {state} Check with `/vllm status {run.service}` (or "
+        f"`python -m bot status {run.service}`) before doing anything else."
+    )
 
 
 def utc_now() -> datetime:
@@ -152,18 +155,27 @@ def utc_now() -> datetime:
 
 def system_judge(ttl_s: float, clock: Clock = utc_now) -> Judge:
     """A judge with this machine's clocks (``ttl_s``: the approval window's length)."""
-    return Judge(wall=clock, monotonic=system_monotonic(), wall_id=wall_clock_id(),
-                 ttl_s=ttl_s)
+    return Judge(wall=clock, monotonic=system_monotonic(), wall_id=wall_clock_id(), ttl_s=ttl_s)
 
 
-async def _recover(audit: AuditLog, dead: Callable[[RunRecord], bool], *, by: str,
-                   run_ids: Sequence[int] | None = None) -> list[Interrupted]:
+async def _recover(
+    audit: AuditLog,
+    dead: Callable[[RunRecord], bool],
+    *,
+    by: str,
+    run_ids: Sequence[int] | None = None,
+) -> list[Interrupted]:
     runs = await audit.recover_dead(dead, summary=interrupted_message, run_ids=run_ids, by=by)
     return [Interrupted(run, interrupted_message(run)) for run in runs]
 
 
-async def recover(audit: AuditLog, alive: Alive | None = None, *, judge: Judge | None = None,
-                  by: str = RECOVERY_ACTOR) -> list[Interrupted]:
+async def recover(
+    audit: AuditLog,
+    alive: Alive | None = None,
+    *,
+    judge: Judge | None = None,
+    by: str = RECOVERY_ACTOR,
+) -> list[Interrupted]:
     """Mark the runs of dead drivers interrupted; one message per run, oldest first.
 
     ``alive`` judges a run's driver; by default ``judge`` (this machine's clocks when
@@ -186,9 +198,11 @@ async def expire_if_closed(audit: AuditLog, run_id: int, judge: Judge) -> RunRec
 
 def expired_message(run: RunRecord) -> str:
     """What a process that expired an overdue request on meeting its lock says."""
-    return (f"Run #{run.id} ({run.action} {run.service}), requested by {run.requested_by}, "
-            f"was still awaiting approval after its window closed at {run.expires_at}: it "
-            "is now expired and holds no locks.")
+    return (
+        f"Run #{run.id} ({run.action} {run.service}), requested by {run.requested_by}, "
+        f"was still awaiting approval after its window closed at {run.expires_at}: it "
+        "is now expired and holds no locks."
+    )
 
 
 class HolderMayBeAlive(LockHeldError):
@@ -196,8 +210,7 @@ class HolderMayBeAlive(LockHeldError):
     call it dead: refused now, with when a retry (or the sweep) can tell."""
 
     def __init__(self, held: LockHeldError, note: str) -> None:
-        super().__init__(f"{held}; {note}", run_id=held.run_id,
-                         requested_by=held.requested_by)
+        super().__init__(f"{held}; {note}", run_id=held.run_id, requested_by=held.requested_by)
         self.note = note
 
 
@@ -206,9 +219,11 @@ def window_note(run: RunRecord, judge: Judge) -> str | None:
     left = judge.window_left_s(run)
     if left is None:
         return None
-    return (f"run #{run.id} awaits approval until {run.expires_at} by the clock of the "
-            "process that asked for it, which this one does not read; this one expires "
-            f"it after seeing it pending for {judge.ttl_s:.0f} s ({left} s more)")
+    return (
+        f"run #{run.id} awaits approval until {run.expires_at} by the clock of the "
+        "process that asked for it, which this one does not read; this one expires "
+        f"it after seeing it pending for {judge.ttl_s:.0f} s ({left} s more)"
+    )
 
 
 def _held(exc: LockHeldError, holder: RunRecord, judge: Judge) -> LockHeldError:
@@ -221,9 +236,16 @@ def _held(exc: LockHeldError, holder: RunRecord, judge: Judge) -> LockHeldError:
     return exc
 
 
-async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, judge: Judge,
-                     tell: Tell, by: str = RECOVERY_ACTOR,
-                     closed: Closed | None = None) -> None:
+async def take_locks(
+    audit: AuditLog,
+    run_id: int,
+    scopes: Sequence[str],
+    *,
+    judge: Judge,
+    tell: Tell,
+    by: str = RECOVERY_ACTOR,
+    closed: Closed | None = None,
+) -> None:
     """Take every scope for ``run_id``. A holder whose driver is dead is recovered on the
     spot (``tell`` hears of it, to post in its thread or print), and a request awaiting
     approval past its window is expired (``closed`` hears of it), and the lock is taken;
@@ -243,8 +265,9 @@ async def take_locks(audit: AuditLog, run_id: int, scopes: Sequence[str], *, jud
                 if closed is not None:
                     await closed(expired)
                 continue
-            found = await _recover(audit, lambda run: not judge.alive(run), by=by,
-                                   run_ids=[exc.run_id])
+            found = await _recover(
+                audit, lambda run: not judge.alive(run), by=by, run_ids=[exc.run_id]
+            )
             if not found:
                 raise _held(exc, await audit.get_run(exc.run_id), judge) from exc
             for item in found:
@@ -271,9 +294,11 @@ class OwnerAlive:
         if self.verdict is not None and self.verdict.by is JudgedBy.LEASE:
             return f"run #{self.run.id} is {self.run.status} and {self.verdict.note(self.run.id)}"
         lease = f", lease until {self.run.lease_until}" if self.run.lease_until else ""
-        return (f"run #{self.run.id} is {self.run.status} and its owner {self.run.owner} "
-                f"is alive{lease}; stop that process, or use --force if you are sure it "
-                "no longer drives the run")
+        return (
+            f"run #{self.run.id} is {self.run.status} and its owner {self.run.owner} "
+            f"is alive{lease}; stop that process, or use --force if you are sure it "
+            "no longer drives the run"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,18 +325,29 @@ class NotDriven:
         if self.run.status == RunStatus.PENDING_APPROVAL:
             until = f" until {self.run.expires_at}" if self.run.expires_at else ""
             extra = f" ({self.note})" if self.note else ""
-            return (f"run #{self.run.id} is awaiting approval{until}, when it expires and "
-                    "releases its locks (after that, `recover` expires it at once); before "
-                    f"then its requester or an approver can deny or cancel it on its card{extra}")
-        return (f"run #{self.run.id} is {self.run.status}; only a running or approved run "
-                "can be recovered")
+            return (
+                f"run #{self.run.id} is awaiting approval{until}, when it expires and "
+                "releases its locks (after that, `recover` expires it at once); before "
+                f"then its requester or an approver can deny or cancel it on its card{extra}"
+            )
+        return (
+            f"run #{self.run.id} is {self.run.status}; only a running or approved run "
+            "can be recovered"
+        )
 
 
 ByHand = Recovered | Expired | OwnerAlive | NotDriven
 
 
-async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, judge: Judge,
-                          force: bool = False, alive: Alive | None = None) -> ByHand:
+async def recover_by_hand(
+    audit: AuditLog,
+    run_id: int,
+    *,
+    by: str,
+    judge: Judge,
+    force: bool = False,
+    alive: Alive | None = None,
+) -> ByHand:
     """An operator's recovery of one run: refused while ``judge`` (or ``alive``) says its
     owner may be alive, unless ``force``; ``by`` is recorded as who recovered it. A
     request awaiting approval past its window is expired instead (it holds locks nobody
@@ -324,8 +360,7 @@ async def recover_by_hand(audit: AuditLog, run_id: int, *, by: str, judge: Judge
         await audit.record_decision(run_id, by, Decision.RECOVER)
         return Expired(await audit.get_run(run_id))
     judged = alive if alive is not None else judge.alive
-    found = await _recover(audit, lambda run: force or not judged(run), by=by,
-                           run_ids=[run_id])
+    found = await _recover(audit, lambda run: force or not judged(run), by=by, run_ids=[run_id])
     if found:
         return Recovered(found[0])
     run = await audit.get_run(run_id)

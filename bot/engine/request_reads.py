@@ -25,8 +25,9 @@ class RequestReads:
     load: str | None  # the load sentence; None when it was not asked for
 
 
-async def read_at_request(settings: Settings, pool: HostPool, plan: Plan, *,
-                          load: bool) -> RequestReads:
+async def read_at_request(
+    settings: Settings, pool: HostPool, plan: Plan, *, load: bool
+) -> RequestReads:
     """The three reads, concurrently (``load``: whether the load is read at all)."""
     svc = settings.services[plan.service]
 
@@ -36,5 +37,6 @@ async def read_at_request(settings: Settings, pool: HostPool, plan: Plan, *,
         return load_note(plan, svc, await read_load(pool, svc, plan.hosts))
 
     previews, health, note = await asyncio.gather(
-        preview(settings, pool, plan), read_gpu_health(settings, pool, plan), load_line())
+        preview(settings, pool, plan), read_gpu_health(settings, pool, plan), load_line()
+    )
     return RequestReads(previews, health, note)

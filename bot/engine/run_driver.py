@@ -22,9 +22,14 @@ class RunDriver:
     """Tokens, heartbeats and cancel recorders of the runs started here. ``sleep`` is
     what a heartbeat waits with between beats (tests pass their clock's)."""
 
-    def __init__(self, audit: AuditLog, *, owner: Callable[[], str],
-                 clock: Callable[[], datetime],
-                 sleep: Callable[[float], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        audit: AuditLog,
+        *,
+        owner: Callable[[], str],
+        clock: Callable[[], datetime],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
         self.audit = audit
         self._owner = owner
         self._clock = clock
@@ -39,10 +44,16 @@ class RunDriver:
         token = self._cancels[run_id] = CancelToken()
         # Renewed while this process drives the run: how another machine tells it is alive.
         self._heartbeats[run_id] = Heartbeat(
-            self.audit, run_id, self._owner(), clock=self._clock, sleep=self._sleep,
-            lost=lambda: token.request(RECOVERY_ACTOR)).start()
-        self._recorders[run_id] = asyncio.create_task(self._record_cancel(run_id, token),
-                                                      name=f"cancel-recorder-{run_id}")
+            self.audit,
+            run_id,
+            self._owner(),
+            clock=self._clock,
+            sleep=self._sleep,
+            lost=lambda: token.request(RECOVERY_ACTOR),
+        ).start()
+        self._recorders[run_id] = asyncio.create_task(
+            self._record_cancel(run_id, token), name=f"cancel-recorder-{run_id}"
+        )
         return token
 
     async def _record_cancel(self, run_id: int, token: CancelToken) -> None:

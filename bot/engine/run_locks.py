@@ -29,8 +29,9 @@ class RunLocks:
         """Take the locks; a holder whose driver is dead is recovered on the spot (and
         ``recovered`` told), an overdue request expired (and ``expired`` told), a live
         one raises ``LockHeldError``."""
-        await take_locks(self.audit, run_id, scopes, judge=self.judge, tell=self._tell,
-                         closed=self.closed)
+        await take_locks(
+            self.audit, run_id, scopes, judge=self.judge, tell=self._tell, closed=self.closed
+        )
 
     async def recover(self) -> list[Interrupted]:
         """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),

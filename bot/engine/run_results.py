@@ -145,8 +145,10 @@ class NotCancellable:
         if self.status.is_final:
             return f"Run #{self.run_id} has already finished: {self.status}."
         if self.status == RunStatus.RUNNING:
-            return (f"Run #{self.run_id} is driven by another process (the CLI or another "
-                    "bot); cancel it there.")
+            return (
+                f"Run #{self.run_id} is driven by another process (the CLI or another "
+                "bot); cancel it there."
+            )
         return f"Run #{self.run_id} is {self.status}; nothing to cancel."
 
 

@@ -31,13 +31,15 @@ class Runtime:
 
 
 @asynccontextmanager
-async def open_runtime(settings: Settings, *, clock: Clock = utc_now,
-                       nvml: Any = None) -> AsyncIterator[Runtime]:
+async def open_runtime(
+    settings: Settings, *, clock: Clock = utc_now, nvml: Any = None
+) -> AsyncIterator[Runtime]:
     """``clock`` is the wall clock the run life cycle decides expiry by (tests move it);
     ``nvml`` the NVML module a host the bot runs on is read with (None: pynvml)."""
     redact = Redactor.for_settings(settings)
-    audit = await AuditLog.open(settings.db_path, redact=redact,
-                                busy_timeout_s=settings.audit.busy_timeout_s)
+    audit = await AuditLog.open(
+        settings.db_path, redact=redact, busy_timeout_s=settings.audit.busy_timeout_s
+    )
     # Records an audit outage left in the fallback journal are merged before anything
     # (recovery included) reads the runs; if the database still cannot take them, a
     # background task keeps trying.
@@ -46,8 +48,15 @@ async def open_runtime(settings: Settings, *, clock: Clock = utc_now,
     pool = HostPool(settings, nvml=nvml)
     lifecycle = RunLifecycle(settings, audit, clock=clock)
     try:
-        yield Runtime(settings, audit, pool, Engine(settings, audit, pool, lifecycle, writer),
-                      redact, lifecycle, Operations(lifecycle))
+        yield Runtime(
+            settings,
+            audit,
+            pool,
+            Engine(settings, audit, pool, lifecycle, writer),
+            redact,
+            lifecycle,
+            Operations(lifecycle),
+        )
     finally:
         await pool.close()
         await writer.close()

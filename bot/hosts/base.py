@@ -36,6 +36,7 @@ __all__ = [
     "cut_marker",
 ]
 
+
 class HostTransport(Protocol):
     """How the engine reaches one host."""
 
@@ -63,9 +64,15 @@ class HostTransport(Protocol):
         """GET url as seen from the host (through an SSH direct-tcpip channel)."""
         ...
 
-    async def http_request(self, method: str, url: str, *, timeout_s: float,
-                           body: bytes | None = None, content_type: str | None = None
-                           ) -> HttpResult:
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout_s: float,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> HttpResult:
         """Any request to url as seen from the host, its answer read with bounds
         (``bot.hosts.http``): the model server may send without end."""
         ...

@@ -96,15 +96,21 @@ def resolve_targets(settings: Settings, target: str | None) -> list[str]:
 async def query_transport(transport: HostTransport, timeout_s: float) -> GpuSnapshot:
     gpus, apps = await asyncio.gather(
         transport.run(remote.gpu_query(), timeout_s=timeout_s),
-        transport.run(remote.apps_query(), timeout_s=timeout_s))
+        transport.run(remote.apps_query(), timeout_s=timeout_s),
+    )
     check_nvidia_smi(transport.host, gpus)
     check_nvidia_smi(transport.host, apps)
     return build_snapshot(transport.host, gpus.stdout, apps.stdout, (gpus.stderr, apps.stderr))
 
 
-async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s: float, *,
-                       nvml: LocalGpuHealth | None = None,
-                       warnings: Sequence[DriverWarning] = ()) -> HostHealth:
+async def query_health(
+    transport: HostTransport,
+    gpus: Sequence[Gpu],
+    timeout_s: float,
+    *,
+    nvml: LocalGpuHealth | None = None,
+    warnings: Sequence[DriverWarning] = (),
+) -> HostHealth:
     """Drive ``bot.core.health.health_reads`` over the transport. ``nvml``: the bot's own
     GPUs' state through NVML; where NVML fails, ``nvidia-smi -q`` reads it instead, as a
     run's GPU check does, so the host keeps its health mark. ``warnings``: the GPU
@@ -123,8 +129,9 @@ async def query_health(transport: HostTransport, gpus: Sequence[Gpu], timeout_s:
             try:
                 result = await transport.run(argv, timeout_s=timeout_s)
             except HostError as e:
-                result = CommandResult(argv=argv, exit_status=None, stdout="", stderr=e.reason,
-                                       duration_s=0.0)
+                result = CommandResult(
+                    argv=argv, exit_status=None, stdout="", stderr=e.reason, duration_s=0.0
+                )
     except StopIteration as stop:
         health: HostHealth = stop.value
         return health
@@ -135,9 +142,13 @@ async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostG
     assert row.snapshot is not None
     try:
         async with asyncio.timeout(timeout_s):
-            health = await query_health(pool.get(row.host), row.snapshot.gpus, timeout_s,
-                                        nvml=pool.gpu_health(row.host),
-                                        warnings=row.snapshot.warnings)
+            health = await query_health(
+                pool.get(row.host),
+                row.snapshot.gpus,
+                timeout_s,
+                nvml=pool.gpu_health(row.host),
+                warnings=row.snapshot.warnings,
+            )
     except TimeoutError:
         return dataclasses.replace(row, health_error=f"no answer within {timeout_s:g}s")
     except ChatOpsError as e:
@@ -148,8 +159,9 @@ async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostG
     return dataclasses.replace(row, health=health)
 
 
-async def query_host(settings: Settings, pool: HostPool, host: str,
-                     timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> HostGpus:
+async def query_host(
+    settings: Settings, pool: HostPool, host: str, timeout_s: float = DEFAULT_HOST_TIMEOUT_S
+) -> HostGpus:
     """One host's snapshot, or a row saying why there is none. Never raises for the host."""
     start = time.monotonic()
 
@@ -174,22 +186,25 @@ async def query_host(settings: Settings, pool: HostPool, host: str,
         return row(str(e), unreachable=False)
     except Exception as e:  # a bug must cost one row, not the whole fleet's answer
         log.exception("GPU query of %s failed unexpectedly", host)
-        return row(f"internal error ({type(e).__name__}), see the bot's log",
-                   unreachable=False)
+        return row(f"internal error ({type(e).__name__}), see the bot's log", unreachable=False)
     got = HostGpus(host, snap, None, time.monotonic() - start)
     left = max(timeout_s - got.duration_s, 1.0)
     with_health = await _with_health(got, pool, left)
     return dataclasses.replace(with_health, duration_s=time.monotonic() - start)
 
 
-async def fleet_gpus(settings: Settings, pool: HostPool, hosts: Sequence[str],
-                     timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> list[HostGpus]:
+async def fleet_gpus(
+    settings: Settings,
+    pool: HostPool,
+    hosts: Sequence[str],
+    timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
+) -> list[HostGpus]:
     """Every host at once; the rows come back in the order of ``hosts``."""
-    return list(await asyncio.gather(*(query_host(settings, pool, h, timeout_s)
-                                       for h in hosts)))
+    return list(await asyncio.gather(*(query_host(settings, pool, h, timeout_s) for h in hosts)))
 
 
 # --------------------------------------------------------------------------- summary
+
 
 def is_busy(gpu: Gpu) -> bool:
     return bool(gpu.processes) or (gpu.memory_used_mib or 0) > BUSY_MIB
@@ -219,11 +234,17 @@ def fleet_counts(results: Sequence[HostGpus]) -> FleetCounts:
     unreachable = sum(1 for r in results if not r.ok and r.unreachable)
     levels = [r.health.level() for r in results if r.health is not None]
     return FleetCounts(
-        hosts=len(results), ok=len(snaps), unreachable=unreachable,
-        failed=len(results) - len(snaps) - unreachable, gpus=len(gpus),
-        busy=sum(1 for g in gpus if is_busy(g)), used_mib=_sum(s.used_mib for s in snaps),
+        hosts=len(results),
+        ok=len(snaps),
+        unreachable=unreachable,
+        failed=len(results) - len(snaps) - unreachable,
+        gpus=len(gpus),
+        busy=sum(1 for g in gpus if is_busy(g)),
+        used_mib=_sum(s.used_mib for s in snaps),
         total_mib=_sum(s.total_mib for s in snaps),
-        critical=levels.count(Level.CRITICAL), warn=levels.count(Level.WARN))
+        critical=levels.count(Level.CRITICAL),
+        warn=levels.count(Level.WARN),
+    )
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
@@ -238,12 +259,16 @@ def _mib(value: int | None) -> str:
 def fleet_summary(results: Sequence[HostGpus]) -> str:
     """``62/64 hosts ok, 1 unreachable, 1 failed; 496 GPUs: 480 busy, 16 idle; ...``"""
     c = fleet_counts(results)
-    problems = "".join(f", {n} {what}" for n, what in ((c.unreachable, "unreachable"),
-                                                       (c.failed, "failed")) if n)
-    health = "".join(f", {n} {what}" for n, what in ((c.critical, "CRITICAL"),
-                                                      (c.warn, "with warnings")) if n)
-    return (f"{c.ok}/{c.hosts} hosts ok{problems}{health}; {c.gpus} GPUs: {c.busy} busy, "
-            f"{c.idle} idle; {_mib(c.used_mib)} of {_mib(c.total_mib)} MiB in use")
+    problems = "".join(
+        f", {n} {what}" for n, what in ((c.unreachable, "unreachable"), (c.failed, "failed")) if n
+    )
+    health = "".join(
+        f", {n} {what}" for n, what in ((c.critical, "CRITICAL"), (c.warn, "with warnings")) if n
+    )
+    return (
+        f"{c.ok}/{c.hosts} hosts ok{problems}{health}; {c.gpus} GPUs: {c.busy} busy, "
+        f"{c.idle} idle; {_mib(c.used_mib)} of {_mib(c.total_mib)} MiB in use"
+    )
 
 
 def _problem(r: HostGpus) -> str:
@@ -284,15 +309,22 @@ def health_details(results: Sequence[HostGpus]) -> str:
 
 # --------------------------------------------------------------------------- chat message
 
+
 def _clean(text: str, width: int) -> str:
     # Host output ends up in a chat code block: no control characters, no backticks.
     text = "".join(ch if ch.isprintable() and ch != "`" else " " for ch in text)
-    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-_COLUMNS = (Column("HOST"), Column("GPUS", "right"), Column("BUSY", "right"),
-            Column("UTIL", "right"), Column("USED MiB", "right"), Column("TOTAL MiB", "right"),
-            Column("HEALTH"))
+_COLUMNS = (
+    Column("HOST"),
+    Column("GPUS", "right"),
+    Column("BUSY", "right"),
+    Column("UTIL", "right"),
+    Column("USED MiB", "right"),
+    Column("TOTAL MiB", "right"),
+    Column("HEALTH"),
+)
 
 
 def _health_cell(r: HostGpus) -> str:
@@ -308,10 +340,15 @@ def _cells(r: HostGpus) -> tuple[str, ...]:
     s = r.snapshot
     assert s is not None
     utils = [g.utilization_pct for g in s.gpus if g.utilization_pct is not None]
-    return (_clean(s.host, _HOST_WIDTH), str(len(s.gpus)),
-            str(sum(1 for g in s.gpus if is_busy(g))),
-            f"{sum(utils) // len(utils)}%" if utils else "n/a",
-            _mib(s.used_mib), _mib(s.total_mib), _clean(_health_cell(r), 12))
+    return (
+        _clean(s.host, _HOST_WIDTH),
+        str(len(s.gpus)),
+        str(sum(1 for g in s.gpus if is_busy(g))),
+        f"{sum(utils) // len(utils)}%" if utils else "n/a",
+        _mib(s.used_mib),
+        _mib(s.total_mib),
+        _clean(_health_cell(r), 12),
+    )
 
 
 def _processes(s: GpuSnapshot) -> str:
@@ -350,8 +387,7 @@ class FleetMessage(NamedTuple):
     attachment: str | None  # the full per-GPU tables, when ``text`` had to leave them out
 
 
-def fleet_message(results: Sequence[HostGpus], *, max_chars: int = MESSAGE_CHARS
-                  ) -> FleetMessage:
+def fleet_message(results: Sequence[HostGpus], *, max_chars: int = MESSAGE_CHARS) -> FleetMessage:
     """What to post for a fleet query within a chat message's size limit.
 
     The full per-GPU tables when they fit.  Otherwise the summary line and one line

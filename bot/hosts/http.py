@@ -65,11 +65,23 @@ def split_url(url: str) -> tuple[str, int, str]:
     return parts.hostname or "127.0.0.1", parts.port or 80, path
 
 
-def request_bytes(method: str, host: str, port: int, path: str, *,
-                  body: bytes | None = None, content_type: str | None = None) -> bytes:
+def request_bytes(
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    *,
+    body: bytes | None = None,
+    content_type: str | None = None,
+) -> bytes:
     """One request with ``Connection: close``: the server ends the stream after it."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
-             f"User-Agent: {USER_AGENT}", "Accept: */*"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Connection: close",
+        f"User-Agent: {USER_AGENT}",
+        "Accept: */*",
+    ]
     if body is not None:
         lines.append(f"Content-Length: {len(body)}")
         if content_type:
@@ -105,7 +117,7 @@ class _Buffered:
             at = self.buf.find(sep)
             if at >= 0:
                 out = bytes(self.buf[:at])
-                del self.buf[:at + len(sep)]
+                del self.buf[: at + len(sep)]
                 return out
             if len(self.buf) > limit:
                 raise HttpProtocolError(f"{what} longer than {limit:,} bytes")
@@ -154,8 +166,7 @@ async def _chunked(buf: _Buffered, max_body: int) -> tuple[bytes, bool]:
         await buf.take(2)  # the CRLF after the chunk
 
 
-async def _body(buf: _Buffered, headers: dict[str, str], max_body: int
-                ) -> tuple[bytes, bool]:
+async def _body(buf: _Buffered, headers: dict[str, str], max_body: int) -> tuple[bytes, bool]:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         return await _chunked(buf, max_body)
     length = headers.get("content-length")
@@ -167,9 +178,13 @@ async def _body(buf: _Buffered, headers: dict[str, str], max_body: int
     return data[:max_body], len(data) > max_body
 
 
-async def read_response(reader: ByteReader, *, method: str = "GET",
-                        max_body: int = MAX_BODY_BYTES,
-                        max_head: int = MAX_HEAD_BYTES) -> Response:
+async def read_response(
+    reader: ByteReader,
+    *,
+    method: str = "GET",
+    max_body: int = MAX_BODY_BYTES,
+    max_head: int = MAX_HEAD_BYTES,
+) -> Response:
     """Read one response, bounded (see the module doc); raises HttpProtocolError for
     an answer that is not HTTP, a head past ``max_head`` or a stream cut inside it."""
     buf = _Buffered(reader)
@@ -184,9 +199,15 @@ async def read_response(reader: ByteReader, *, method: str = "GET",
     return Response(status, headers, body, truncated)
 
 
-async def exchange(open_stream: OpenStream, method: str, url: str, *, timeout_s: float,
-                   body: bytes | None = None, content_type: str | None = None
-                   ) -> HttpResult:
+async def exchange(
+    open_stream: OpenStream,
+    method: str,
+    url: str,
+    *,
+    timeout_s: float,
+    body: bytes | None = None,
+    content_type: str | None = None,
+) -> HttpResult:
     """One request over a stream ``open_stream`` opens, the answer read with the bounds
     above, all within ``timeout_s``. No answer in time, or one that is not HTTP, is an
     ``HttpResult`` with its error; what opening or reading the stream raises otherwise
@@ -196,8 +217,9 @@ async def exchange(open_stream: OpenStream, method: str, url: str, *, timeout_s:
         async with asyncio.timeout(timeout_s):
             reader, writer = await open_stream(host, port)
             try:
-                writer.write(request_bytes(method, host, port, path, body=body,
-                                           content_type=content_type))
+                writer.write(
+                    request_bytes(method, host, port, path, body=body, content_type=content_type)
+                )
                 # What is left unread goes when the stream closes.
                 response = await read_response(reader, method=method)
             finally:
@@ -206,5 +228,9 @@ async def exchange(open_stream: OpenStream, method: str, url: str, *, timeout_s:
         return HttpResult(url, None, error=f"no response within {timeout_s:g}s")
     except HttpProtocolError as e:
         return HttpResult(url, None, error=str(e))
-    return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
-                      truncated=response.truncated)
+    return HttpResult(
+        url,
+        response.status,
+        body=response.body.decode("utf-8", "replace"),
+        truncated=response.truncated,
+    )

@@ -32,8 +32,17 @@ from bot.hosts.pool import HostPool
 from bot.hosts.streams import TIMEOUT_EXIT, Capture, pump
 from bot.settings import Settings
 
-__all__ = ["Answer", "Command", "CommandHandler", "HttpHandler", "MockPool", "MockTransport",
-           "Reply", "Request", "Script"]
+__all__ = [
+    "Answer",
+    "Command",
+    "CommandHandler",
+    "HttpHandler",
+    "MockPool",
+    "MockTransport",
+    "Reply",
+    "Request",
+    "Script",
+]
 
 # The exit status a shell gives a command it cannot find.
 NOT_FOUND_EXIT = 127
@@ -139,7 +148,7 @@ class Script:
 
     def __call__(self, command: Command) -> Reply | Awaitable[Reply]:
         for prefix, reply in self.rules:
-            if command.argv[:len(prefix)] == prefix:
+            if command.argv[: len(prefix)] == prefix:
                 return reply if isinstance(reply, Reply) else reply(command)
         return _not_found(command)
 
@@ -147,8 +156,9 @@ class Script:
 class MockTransport:
     """One scripted host (see the module's docstring)."""
 
-    def __init__(self, name: str, commands: CommandHandler | None = None, *,
-                 http: HttpHandler | None = None) -> None:
+    def __init__(
+        self, name: str, commands: CommandHandler | None = None, *, http: HttpHandler | None = None
+    ) -> None:
         self._name = name
         self._commands: CommandHandler = commands if commands is not None else Script()
         self._http: HttpHandler = http if http is not None else _no_server
@@ -164,9 +174,14 @@ class MockTransport:
         """What ran, oldest first."""
         return [c.argv for c in self.commands]
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float,
-                  on_line: LineCallback | None = None,
-                  stdin: bytes | None = None) -> CommandResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        on_line: LineCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         command = Command(tuple(argv), timeout_s, stdin)
         self.commands.append(command)
         start = time.monotonic()
@@ -177,23 +192,39 @@ class MockTransport:
                     await asyncio.sleep(reply.delay_s)
         except TimeoutError:
             # As the remote `timeout` ends it: TERM, exit 124, nothing more printed.
-            return CommandResult(argv=command.argv, exit_status=TIMEOUT_EXIT, stdout="",
-                                 stderr="", duration_s=time.monotonic() - start,
-                                 timed_out=True)
+            return CommandResult(
+                argv=command.argv,
+                exit_status=TIMEOUT_EXIT,
+                stdout="",
+                stderr="",
+                duration_s=time.monotonic() - start,
+                timed_out=True,
+            )
         out, err = Capture(), Capture()
         await pump(_TextReader(reply.stdout), "stdout", out, on_line)
         await pump(_TextReader(reply.stderr), "stderr", err, on_line)
-        return CommandResult(argv=command.argv, exit_status=reply.exit_status,
-                             stdout=out.text(), stderr=err.text(),
-                             duration_s=time.monotonic() - start, signal=reply.signal,
-                             timed_out=reply.exit_status == TIMEOUT_EXIT)
+        return CommandResult(
+            argv=command.argv,
+            exit_status=reply.exit_status,
+            stdout=out.text(),
+            stderr=err.text(),
+            duration_s=time.monotonic() - start,
+            signal=reply.signal,
+            timed_out=reply.exit_status == TIMEOUT_EXIT,
+        )
 
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
         return await self.http_request("GET", url, timeout_s=timeout_s)
 
-    async def http_request(self, method: str, url: str, *, timeout_s: float,
-                           body: bytes | None = None, content_type: str | None = None
-                           ) -> HttpResult:
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout_s: float,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> HttpResult:
         request = Request(method, url, timeout_s, body, content_type)
         self.requests.append(request)
         try:
@@ -206,14 +237,20 @@ class MockTransport:
         data = answer.body.encode() if isinstance(answer.body, str) else answer.body
         # Read back through the transports' own reader, so the body's bound and its
         # `truncated` are theirs.
-        raw = (f"HTTP/1.1 {answer.status} Scripted\r\nContent-Length: {len(data)}\r\n\r\n"
-               .encode() + data)
+        raw = (
+            f"HTTP/1.1 {answer.status} Scripted\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
         try:
             response = await read_response(_BytesReader(raw), method=method)
         except HttpProtocolError as e:
             return HttpResult(url, None, error=str(e))
-        return HttpResult(url, response.status, body=response.body.decode("utf-8", "replace"),
-                          truncated=response.truncated)
+        return HttpResult(
+            url,
+            response.status,
+            body=response.body.decode("utf-8", "replace"),
+            truncated=response.truncated,
+        )
 
     async def close(self) -> None:
         self.closed = True
@@ -223,8 +260,9 @@ class MockPool(HostPool):
     """A ``HostPool`` whose hosts are the given scripted ones (for ``Engine`` and the
     host reads); a host not given is "not a configured host", as in the real pool."""
 
-    def __init__(self, settings: Settings, hosts: Mapping[str, MockTransport], *,
-                 nvml: Any = None) -> None:
+    def __init__(
+        self, settings: Settings, hosts: Mapping[str, MockTransport], *, nvml: Any = None
+    ) -> None:
         super().__init__(settings, nvml=nvml)
         self.hosts = dict(hosts)
 

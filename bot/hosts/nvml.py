@@ -134,8 +134,16 @@ def _error(host: str, doing: str, exc: BaseException) -> GpuQueryError:
 # ---- hardware health (issue 12): the same fields nvidia-smi -q prints ------------------------
 
 # NVML's nvmlDeviceGpuRecoveryAction_t, as nvidia-smi -q words them.
-_RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset",
-                     5: "Recover IMEX Domain", 6: "Bus Reset", 7: "Reboot"}
+_RECOVERY_ACTIONS = {
+    0: "None",
+    1: "Reset",
+    2: "Reboot",
+    3: "Drain P2P",
+    4: "Drain and Reset",
+    5: "Recover IMEX Domain",
+    6: "Bus Reset",
+    7: "Reboot",
+}
 # The return codes that mean "this device or this driver does not offer it": the
 # field stays unknown (None), never "no". NVML_ERROR_FUNCTION_NOT_FOUND: a driver's NVML
 # older than the function nvidia-ml-py calls.
@@ -152,14 +160,18 @@ def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
     (None), as nvidia-smi's ``N/A``; any other failure raises ``GpuQueryError``."""
     lib = nvml if nvml is not None else _import_pynvml()
     errors: tuple[type[BaseException], ...] = (
-        lib.NVMLError, getattr(lib, "NVMLLibraryMismatchError", lib.NVMLError))
+        lib.NVMLError,
+        getattr(lib, "NVMLLibraryMismatchError", lib.NVMLError),
+    )
     try:
         lib.nvmlInit()
     except errors as exc:
         raise _error("local", "could not initialise NVML", exc) from exc
     try:
-        return tuple(_read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
-                     for i in range(lib.nvmlDeviceGetCount()))
+        return tuple(
+            _read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
+            for i in range(lib.nvmlDeviceGetCount())
+        )
     except errors as exc:
         raise _error("local", "an NVML health query failed", exc) from exc
     finally:
@@ -205,16 +217,27 @@ def _read_health(lib: Any, handle: Any) -> GpuReading:
             raise
         # The driver refuses to answer until the GPU is reset: that is the answer.
         pci = _optional(lib, lib.nvmlDeviceGetPciInfo, handle)
-        return GpuReading(uuid, normal_pci(_text(pci.busId)) if pci is not None else None,
-                          reset_required=True)
+        return GpuReading(
+            uuid, normal_pci(_text(pci.busId)) if pci is not None else None, reset_required=True
+        )
 
 
 def _read_state(lib: Any, handle: Any, uuid: str) -> GpuReading:
     uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-    volatile = _optional(lib, lib.nvmlDeviceGetTotalEccErrors, handle, uncorrected,
-                         getattr(lib, "NVML_VOLATILE_ECC", 0))
-    aggregate = _optional(lib, lib.nvmlDeviceGetTotalEccErrors, handle, uncorrected,
-                          getattr(lib, "NVML_AGGREGATE_ECC", 1))
+    volatile = _optional(
+        lib,
+        lib.nvmlDeviceGetTotalEccErrors,
+        handle,
+        uncorrected,
+        getattr(lib, "NVML_VOLATILE_ECC", 0),
+    )
+    aggregate = _optional(
+        lib,
+        lib.nvmlDeviceGetTotalEccErrors,
+        handle,
+        uncorrected,
+        getattr(lib, "NVML_AGGREGATE_ECC", 1),
+    )
     pending_pages = _optional(lib, lib.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     rows = _optional(lib, lib.nvmlDeviceGetRemappedRows, handle)
     pci = _optional(lib, lib.nvmlDeviceGetPciInfo, handle)
@@ -230,17 +253,22 @@ def _read_state(lib: Any, handle: Any, uuid: str) -> GpuReading:
         retired_pending=None if pending_pages is None else bool(pending_pages),
         remap_pending=None if rows is None else bool(rows[2]),
         remap_failure=None if rows is None else bool(rows[3]),
-        recovery_action=None if action is None else _RECOVERY_ACTIONS.get(action,
-                                                                           f"action {action}"),
+        recovery_action=None
+        if action is None
+        else _RECOVERY_ACTIONS.get(action, f"action {action}"),
         reset_required=None if reset is None else bool(reset),
-        drain_and_reset=None if drain is None else bool(drain))
+        drain_and_reset=None if drain is None else bool(drain),
+    )
 
 
 # The field values health reads, by the name nvidia-ml-py gives their id: the recovery
 # action (R570+), and the reset status nvidia-smi -q prints as GPU Reset Status (drivers
 # 535-560; deprecated since for the recovery action, so newer drivers may not answer).
-_FIELDS = ("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", "NVML_FI_DEV_RESET_STATUS",
-           "NVML_FI_DEV_DRAIN_AND_RESET_STATUS")
+_FIELDS = (
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "NVML_FI_DEV_RESET_STATUS",
+    "NVML_FI_DEV_DRAIN_AND_RESET_STATUS",
+)
 
 
 def _fields(lib: Any, handle: Any) -> dict[str, int]:

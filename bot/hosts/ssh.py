@@ -39,9 +39,11 @@ from bot.settings import HostSettings
 
 
 def _host_key_message(cfg: HostSettings) -> str:
-    return ("host key is unknown or has changed, so the connection was refused. Verify the "
-            "host's key out of band, then add it to the bot's known_hosts file, e.g. "
-            f"`ssh-keyscan -p {cfg.port} {cfg.address}` (check the fingerprint first).")
+    return (
+        "host key is unknown or has changed, so the connection was refused. Verify the "
+        "host's key out of band, then add it to the bot's known_hosts file, e.g. "
+        f"`ssh-keyscan -p {cfg.port} {cfg.address}` (check the fingerprint first)."
+    )
 
 
 class SshTransport:
@@ -88,10 +90,12 @@ class SshTransport:
             raise HostKeyError(self._name, _host_key_message(cfg)) from None
         except asyncssh.PermissionDenied:
             raise HostUnreachableError(
-                self._name, f"SSH authentication as {cfg.user} was refused") from None
+                self._name, f"SSH authentication as {cfg.user} was refused"
+            ) from None
         except TimeoutError:
             raise HostUnreachableError(
-                self._name, f"no SSH answer within {cfg.connect_timeout_s:g}s") from None
+                self._name, f"no SSH answer within {cfg.connect_timeout_s:g}s"
+            ) from None
         except (OSError, asyncssh.Error) as e:
             raise HostUnreachableError(self._name, f"cannot connect: {reason(e)}") from None
 
@@ -100,9 +104,14 @@ class SshTransport:
             self._conn.abort()
             self._conn = None
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float,
-                  on_line: LineCallback | None = None,
-                  stdin: bytes | None = None) -> CommandResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        on_line: LineCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         command = wrap_with_timeout(argv, timeout_s)
         conn = await self._connection()
         out, err = Capture(), Capture()
@@ -112,16 +121,17 @@ class SshTransport:
                 proc = await conn.create_process(command, encoding="utf-8", errors="replace")
             except (OSError, asyncssh.Error) as e:
                 self._drop()
-                raise HostUnreachableError(self._name, f"cannot run command: {reason(e)}"
-                                           ) from None
+                raise HostUnreachableError(self._name, f"cannot run command: {reason(e)}") from None
             local_timeout = False
             try:
                 if stdin is not None:
                     proc.stdin.write(stdin.decode("utf-8", "replace"))
                     proc.stdin.write_eof()
                 async with asyncio.timeout(timeout_s + KILL_AFTER_S + LOCAL_GRACE_S):
-                    await asyncio.gather(pump(proc.stdout, "stdout", out, on_line),
-                                         pump(proc.stderr, "stderr", err, on_line))
+                    await asyncio.gather(
+                        pump(proc.stdout, "stdout", out, on_line),
+                        pump(proc.stderr, "stderr", err, on_line),
+                    )
                     await proc.wait_closed()
             except TimeoutError:
                 # The remote timeout should have fired long ago: the host or link is stuck.
@@ -140,37 +150,54 @@ class SshTransport:
         status = None if (sig is not None or local_timeout) else proc.exit_status
         if status is None and sig is None and not local_timeout and conn.is_closed():
             self._drop()
-            raise HostUnreachableError(
-                self._name, f"connection lost while running `{argv[0]}`")
+            raise HostUnreachableError(self._name, f"connection lost while running `{argv[0]}`")
         timed_out = local_timeout or status in (TIMEOUT_EXIT, KILLED_EXIT)
-        return CommandResult(argv=tuple(argv), exit_status=status, stdout=out.text(),
-                             stderr=err.text(), duration_s=duration,
-                             signal=sig[0] if sig else None, timed_out=timed_out)
+        return CommandResult(
+            argv=tuple(argv),
+            exit_status=status,
+            stdout=out.text(),
+            stderr=err.text(),
+            duration_s=duration,
+            signal=sig[0] if sig else None,
+            timed_out=timed_out,
+        )
 
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
         return await self.http_request("GET", url, timeout_s=timeout_s)
 
-    async def http_request(self, method: str, url: str, *, timeout_s: float,
-                           body: bytes | None = None, content_type: str | None = None
-                           ) -> HttpResult:
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout_s: float,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> HttpResult:
         conn = await self._connection()
         async with self._sessions:
             try:
-                return await exchange(conn.open_connection, method, url,
-                                      timeout_s=timeout_s, body=body,
-                                      content_type=content_type)
+                return await exchange(
+                    conn.open_connection,
+                    method,
+                    url,
+                    timeout_s=timeout_s,
+                    body=body,
+                    content_type=content_type,
+                )
             except asyncssh.ChannelOpenError as e:
                 # Refused while the model loads is normal; the gate keeps polling.
                 refused = e.code == asyncssh.OPEN_CONNECT_FAILED
-                return HttpResult(url, None, error="connection refused" if refused
-                                  else f"channel refused: {e.reason}")
-            except (asyncio.IncompleteReadError, ConnectionError, asyncssh.ChannelListenError
-                    ) as e:
+                return HttpResult(
+                    url,
+                    None,
+                    error="connection refused" if refused else f"channel refused: {e.reason}",
+                )
+            except (asyncio.IncompleteReadError, ConnectionError, asyncssh.ChannelListenError) as e:
                 return HttpResult(url, None, error=f"connection closed: {reason(e)}")
             except (OSError, asyncssh.Error) as e:
                 self._drop()
-                raise HostUnreachableError(self._name, f"connection lost: {reason(e)}"
-                                           ) from None
+                raise HostUnreachableError(self._name, f"connection lost: {reason(e)}") from None
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -91,7 +91,7 @@ class LineSplitter:
     def _keep(self, text: str, start: int, end: int) -> None:
         take = min(end - start, self.limit - self._kept)
         if take > 0:
-            self._parts.append(text[start:start + take])
+            self._parts.append(text[start : start + take])
             self._kept += take
         self._total += end - start
 
@@ -107,8 +107,9 @@ class ChunkReader(Protocol):
     async def read(self, n: int = -1) -> str | bytes: ...
 
 
-async def pump(reader: ChunkReader, stream: Stream, capture: Capture,
-               on_line: LineCallback | None) -> None:
+async def pump(
+    reader: ChunkReader, stream: Stream, capture: Capture, on_line: LineCallback | None
+) -> None:
     splitter = LineSplitter()
     # A local pipe gives bytes, and a chunk may end inside a UTF-8 character.
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -124,7 +125,7 @@ async def pump(reader: ChunkReader, stream: Stream, capture: Capture,
             break
         text = chunk if isinstance(chunk, str) else decoder.decode(chunk)
         for start in range(0, len(text), SLICE_CHARS):
-            for line in splitter.feed(text[start:start + SLICE_CHARS]):
+            for line in splitter.feed(text[start : start + SLICE_CHARS]):
                 deliver(line)
             # read() returns at once while data is buffered: without this a host that
             # prints without pause would keep every other task (Slack acks) waiting.

@@ -45,8 +45,9 @@ def fast_client() -> Path | None:
         # whole program.
         fd, partial = tempfile.mkstemp(dir=home, prefix=".build-")
         os.close(fd)
-        done = subprocess.run([compiler, "-O2", "-o", partial, str(SOURCE)],
-                              capture_output=True, timeout=60)
+        done = subprocess.run(
+            [compiler, "-O2", "-o", partial, str(SOURCE)], capture_output=True, timeout=60
+        )
         if done.returncode != 0:
             os.unlink(partial)
             return None

@@ -44,12 +44,19 @@ def _via(s: _socket.socket, argv: list[str]) -> None:
     os.umask(umask)
     # NUL-separated, as no argument, variable or path can hold a NUL: umask, cwd, argc,
     # the arguments, then the environment's NAME=value entries.
-    data = b"\0".join([str(umask).encode(), os.fsencode(os.getcwd()), str(len(argv)).encode(),
-                       *map(os.fsencode, argv),
-                       *(k + b"=" + v for k, v in os.environb.items())])
+    data = b"\0".join(
+        [
+            str(umask).encode(),
+            os.fsencode(os.getcwd()),
+            str(len(argv)).encode(),
+            *map(os.fsencode, argv),
+            *(k + b"=" + v for k, v in os.environb.items()),
+        ]
+    )
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
-    s.sendmsg([len(data).to_bytes(8, "big") + data],
-              [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    s.sendmsg(
+        [len(data).to_bytes(8, "big") + data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)]
+    )
 
     def forward(signo: int, _frame: object) -> None:
         try:

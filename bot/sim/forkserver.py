@@ -59,8 +59,12 @@ def shared_socket() -> Path:
     env.pop(SOCKET_ENV, None)
     env.pop(STATE_DIR_ENV, None)
     proc = subprocess.Popen(
-        [sys.executable, "-S", "-m", MODULE, str(path), str(os.getpid())], env=env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+        [sys.executable, "-S", "-m", MODULE, str(path), str(os.getpid())],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        close_fds=True,
+    )
     _started = (os.getpid(), path, proc)
     atexit.register(_stop, proc, path)
     return path
@@ -93,8 +97,10 @@ def _recv_request(conn: socket.socket) -> tuple[list[int], bytes]:
     data, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
     for level, kind, raw in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += [int.from_bytes(raw[i:i + 4], sys.byteorder)
-                    for i in range(0, len(raw) - len(raw) % 4, 4)]
+            fds += [
+                int.from_bytes(raw[i : i + 4], sys.byteorder)
+                for i in range(0, len(raw) - len(raw) % 4, 4)
+            ]
     if len(data) < 8:
         raise ValueError("short request")
     size = int.from_bytes(data[:8], "big")
@@ -119,8 +125,9 @@ def _decode(body: bytes) -> tuple[list[str], dict[bytes, bytes], bytes, int]:
 
 def _peer(conn: socket.socket) -> tuple[int, int]:
     """The client's pid and uid, from the kernel (``SO_PEERCRED``)."""
-    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
-        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    pid, uid, _gid = struct.unpack(
+        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )
     return pid, uid
 
 
@@ -201,8 +208,12 @@ class _Server:
     def _open_fds(self) -> list[int]:
         # A call whose client vanished keeps its entry until its child is reaped, with its
         # connection closed already (fileno -1): the child must not try to close that.
-        return [self.listener.fileno(), self.wake_r, self.wake_w,
-                *(fd for c in self.calls.values() if (fd := c.conn.fileno()) >= 0)]
+        return [
+            self.listener.fileno(),
+            self.wake_r,
+            self.wake_w,
+            *(fd for c in self.calls.values() if (fd := c.conn.fileno()) >= 0),
+        ]
 
     def _accept(self) -> None:
         try:
@@ -269,8 +280,11 @@ class _Server:
             call = self.calls.pop(pid, None)
             if call is None:
                 continue
-            how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-                   else f"exit {os.waitstatus_to_exitcode(status)}")
+            how = (
+                f"signal {os.WTERMSIG(status)}"
+                if os.WIFSIGNALED(status)
+                else f"exit {os.waitstatus_to_exitcode(status)}"
+            )
             if call.conn.fileno() >= 0:
                 try:
                     call.conn.sendall(f"{how}\n".encode())

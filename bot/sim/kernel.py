@@ -24,10 +24,16 @@ FILE = "kernel.jsonl"
 # fault -> (Xid code, what follows "pid=..., ", the MIG GPU instance or None).
 FAULT_XIDS: dict[str, tuple[int, str, int | None]] = {
     "xid_79": (79, "GPU has fallen off the bus.", None),
-    "pending_remap": (63, "Row remapper: a new row is marked for remapping; reset the GPU "
-                          "to activate it.", None),
-    "ecc_uncorrected": (48, "An uncorrectable double-bit error (DBE) was detected in the "
-                            "framebuffer.", None),
+    "pending_remap": (
+        63,
+        "Row remapper: a new row is marked for remapping; reset the GPU to activate it.",
+        None,
+    ),
+    "ecc_uncorrected": (
+        48,
+        "An uncorrectable double-bit error (DBE) was detected in the framebuffer.",
+        None,
+    ),
     # A contained error in one MIG instance: the driver names the instance, and says
     # no reset is needed (RST: No, D-RST: No), as its error-containment lines do.
     "mig_xid": (94, "Contained: SM (0x1). RST: No, D-RST: No", 5),

@@ -61,7 +61,10 @@ READY_TIMEOUT_S = 10.0
 
 # Sub-second host timings, so a whole redeploy against the simulator takes about a second.
 FAST_TIMINGS: dict[str, Any] = {
-    "release_delay_s": 0.3, "load_delay_s": 0.3, "fail_delay_s": 0.1, "stop_delay_s": 0.05,
+    "release_delay_s": 0.3,
+    "load_delay_s": 0.3,
+    "fail_delay_s": 0.1,
+    "stop_delay_s": 0.05,
     "install_duration_s": 0.3,
 }
 # Engine settings scaled to those timings. Each drain or health poll is a few commands
@@ -69,16 +72,26 @@ FAST_TIMINGS: dict[str, Any] = {
 # longer waits spent about a sixth more CPU on a 2-core machine that the suite keeps busy,
 # for the same wall time; every 0.25 s still sees each simulated phase several times.
 TEST_SERVICE_SETTINGS: dict[str, Any] = {
-    "drain_threshold_mib": 1024, "drain_timeout_s": 5.0, "drain_poll_s": 0.25,
-    "start_timeout_s": 10.0, "health_poll_s": 0.25, "stop_timeout_s": 10.0,
-    "install_timeout_s": 30.0, "command_timeout_s": 10.0, "min_free_disk_mib": 64,
+    "drain_threshold_mib": 1024,
+    "drain_timeout_s": 5.0,
+    "drain_poll_s": 0.25,
+    "start_timeout_s": 10.0,
+    "health_poll_s": 0.25,
+    "stop_timeout_s": 10.0,
+    "install_timeout_s": 30.0,
+    "command_timeout_s": 10.0,
+    "min_free_disk_mib": 64,
 }
 # The readiness keys for the simulated server: its model, and a smoke test it passes.
 READY_SETTINGS: dict[str, Any] = {
-    "served_model": "kimi-k2.5", "smoke_prompt": "The capital of France is",
-    "smoke_expect": "Paris"}
+    "served_model": "kimi-k2.5",
+    "smoke_prompt": "The capital of France is",
+    "smoke_expect": "Paris",
+}
 TEST_HOST_SETTINGS: dict[str, Any] = {
-    "connect_timeout_s": 5.0, "keepalive_interval_s": 1.0, "keepalive_count_max": 3,
+    "connect_timeout_s": 5.0,
+    "keepalive_interval_s": 1.0,
+    "keepalive_count_max": 3,
 }
 
 
@@ -90,11 +103,19 @@ def fast_config(**overrides: Any) -> HostConfig:
 class SimKit:
     """One simulated host: state directory, keys, fake vLLM server and SSH access."""
 
-    def __init__(self, root: Path, *, config: HostConfig | None = None,
-                 installed_version: str | None = DEFAULT_VERSION, running: bool = True,
-                 access: Access = "embedded", venv_dir: Path | None = None,
-                 service_port: int | None = None, link: bool = False,
-                 user: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        config: HostConfig | None = None,
+        installed_version: str | None = DEFAULT_VERSION,
+        running: bool = True,
+        access: Access = "embedded",
+        venv_dir: Path | None = None,
+        service_port: int | None = None,
+        link: bool = False,
+        user: str | None = None,
+    ) -> None:
         """Nothing starts until ``start()`` (or ``async with``).
 
         venv_dir: where the service's venv is (default ``<root>/venv``); hosts of one
@@ -138,13 +159,19 @@ class SimKit:
             await self._wait_listening()
         if self.access == "sshd":
             self._server = await SshdServer.start(
-                self.root / "sshd", authorized_keys=self.authorized_keys, env=self.env(),
-                user=self.user)
+                self.root / "sshd",
+                authorized_keys=self.authorized_keys,
+                env=self.env(),
+                user=self.user,
+            )
         else:
             self._server = await EmbeddedSshServer.start(
-                env=self.env(), cwd=Path.home(), user=self.user,
+                env=self.env(),
+                cwd=Path.home(),
+                user=self.user,
                 authorized_keys=self.authorized_keys,
-                port_map={self.service_port: self.health_port})
+                port_map={self.service_port: self.health_port},
+            )
         self.port = self._server.port
         if self._want_link:
             self._link = await FaultyLink.start(self._server.port)
@@ -176,8 +203,12 @@ class SimKit:
             await self.close()
             raise
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     def _lay_out(self) -> None:
@@ -196,7 +227,8 @@ class SimKit:
                 f'  PYTHONPATH="{REPO_ROOT}" exec "${FAST_CLIENT_ENV}" -S "{CLIENT}" python "$@"\n'
                 "fi\n"
                 f'PYTHONPATH="{REPO_ROOT}" exec "${{SIM_PYTHON:-python3}}" -S '
-                f'"{CLIENT}" python "$@"\n')
+                f'"{CLIENT}" python "$@"\n'
+            )
             self.python.chmod(0o755)
         key = asyncssh.generate_private_key("ssh-ed25519", comment="sim-client")
         # Created 0600 from the start: ssh refuses a private key others can read.
@@ -208,13 +240,23 @@ class SimKit:
         self.authorized_keys.write_bytes(public)
         env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
         # The venv was installed with uv on this host: its wheels are in uv's cache.
-        cached = [*(sim_packages.pin(n, v) for n, v in env.items()),
-                  *([sim_packages.pin("vllm", self._installed)] if self._installed else [])]
-        self.store.create(HostState(
-            config=self.config, venv=str(self.venv_dir), health_port=self.health_port,
-            service_port=self.service_port, owner_pid=os.getpid(),
-            installed_version=self._installed, packages=env, cache=tuple(cached),
-            boot_version=self._installed))
+        cached = [
+            *(sim_packages.pin(n, v) for n, v in env.items()),
+            *([sim_packages.pin("vllm", self._installed)] if self._installed else []),
+        ]
+        self.store.create(
+            HostState(
+                config=self.config,
+                venv=str(self.venv_dir),
+                health_port=self.health_port,
+                service_port=self.service_port,
+                owner_pid=os.getpid(),
+                installed_version=self._installed,
+                packages=env,
+                cache=tuple(cached),
+                boot_version=self._installed,
+            )
+        )
 
     async def _wait_listening(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -224,7 +266,8 @@ class SimKit:
             except OSError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"simulated vLLM server never listened on {self.health_port}") from None
+                        f"simulated vLLM server never listened on {self.health_port}"
+                    ) from None
                 await asyncio.sleep(0.02)
             else:
                 writer.close()
@@ -234,10 +277,15 @@ class SimKit:
     async def connect(self, **options: Any) -> asyncssh.SSHClientConnection:
         """A client connection the way the engine makes one: the kit's key and strict
         known_hosts (``options`` override, e.g. ``known_hosts=`` another file)."""
-        kwargs: dict[str, Any] = {"username": self.user, "client_keys": [str(self.client_key)],
-                                  "known_hosts": str(self.known_hosts), **options}
+        kwargs: dict[str, Any] = {
+            "username": self.user,
+            "client_keys": [str(self.client_key)],
+            "known_hosts": str(self.known_hosts),
+            **options,
+        }
         conn: asyncssh.SSHClientConnection = await asyncssh.connect(
-            "127.0.0.1", self.port, **kwargs)
+            "127.0.0.1", self.port, **kwargs
+        )
         return conn
 
     @property
@@ -252,9 +300,14 @@ class SimKit:
     def env(self) -> dict[str, str]:
         """The environment a login on this host gets: run the tools directly with it."""
         env = {
-            "PATH": f"{BIN_DIR}:{SYSTEM_PATH}", STATE_DIR_ENV: str(self.state_dir),
-            "SIM_PYTHON": sys.executable, "HOME": str(Path.home()), "USER": self.user,
-            "LOGNAME": self.user, "SHELL": "/bin/sh", "LANG": "C.UTF-8",
+            "PATH": f"{BIN_DIR}:{SYSTEM_PATH}",
+            STATE_DIR_ENV: str(self.state_dir),
+            "SIM_PYTHON": sys.executable,
+            "HOME": str(Path.home()),
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "SHELL": "/bin/sh",
+            "LANG": "C.UTF-8",
             # Each tool call is a fork of a server that has the simulator imported
             # (bot.sim.forkserver): a fresh interpreter per call was most of a test's CPU.
             forkclient.SOCKET_ENV: str(forkserver.shared_socket()),
@@ -276,25 +329,41 @@ class SimKit:
         return f"http://127.0.0.1:{self.service_port}/health"
 
     def host_settings(self, **overrides: Any) -> dict[str, Any]:
-        return {"address": "127.0.0.1", "port": self.port, "user": self.user,
-                "key_file": str(self.client_key), "known_hosts": str(self.known_hosts),
-                **TEST_HOST_SETTINGS, **overrides}
+        return {
+            "address": "127.0.0.1",
+            "port": self.port,
+            "user": self.user,
+            "key_file": str(self.client_key),
+            "known_hosts": str(self.known_hosts),
+            **TEST_HOST_SETTINGS,
+            **overrides,
+        }
 
-    def service_settings(self, hosts: Sequence[str] | None = None,
-                         **overrides: Any) -> dict[str, Any]:
+    def service_settings(
+        self, hosts: Sequence[str] | None = None, **overrides: Any
+    ) -> dict[str, Any]:
         # The leftover script runs ps and kill by the absolute paths the settings give
         # (it finds nothing through PATH): here, the simulated ones.
-        return {"hosts": list(hosts) if hosts is not None else [self.hostname],
-                "unit": self.config.unit, "python": str(self.python),
-                "health_url": self.health_url, "indexes": dict(INDEXES),
-                "ps": str(BIN_DIR / "ps"), "kill": str(BIN_DIR / "kill"),
-                **TEST_SERVICE_SETTINGS, **overrides}
+        return {
+            "hosts": list(hosts) if hosts is not None else [self.hostname],
+            "unit": self.config.unit,
+            "python": str(self.python),
+            "health_url": self.health_url,
+            "indexes": dict(INDEXES),
+            "ps": str(BIN_DIR / "ps"),
+            "kill": str(BIN_DIR / "kill"),
+            **TEST_SERVICE_SETTINGS,
+            **overrides,
+        }
 
-    def settings_fragment(self, *, service: str = SERVICE,
-                          **service_overrides: Any) -> dict[str, Any]:
+    def settings_fragment(
+        self, *, service: str = SERVICE, **service_overrides: Any
+    ) -> dict[str, Any]:
         """``hosts`` and ``services`` for ``load_settings(path, **fragment)``."""
-        return {"hosts": {self.hostname: self.host_settings()},
-                "services": {service: self.service_settings(**service_overrides)}}
+        return {
+            "hosts": {self.hostname: self.host_settings()},
+            "services": {service: self.service_settings(**service_overrides)},
+        }
 
     # --- faults and knobs ----------------------------------------------------------------
 
@@ -302,8 +371,7 @@ class SimKit:
         """Flip fault switches (names as in ``Faults``); takes effect on the next tool call."""
         # A hardware fault logs the Xid a real driver logs for it (bot.sim.kernel).
         before = self.state()
-        kernel.on_faults(self.store, before.config, before.faults,
-                         replace(before.faults, **flags))
+        kernel.on_faults(self.store, before.config, before.faults, replace(before.faults, **flags))
         with self.store.transaction() as tx:
             st = replace(tx.state, faults=replace(tx.state.faults, **flags))
             if flags.get("busy") and not tx.state.faults.busy:
@@ -367,9 +435,15 @@ class SimKit:
             elif a[:3] == ("uv", "pip", "sync"):
                 out.append("rollback")
             elif a[:3] == ("uv", "pip", "install"):
-                out.append("dry-run" if "--dry-run" in a else
-                           "prefetch" if str(self.python) not in a else
-                           "rollback" if "--reinstall-package" in a else "install")
+                out.append(
+                    "dry-run"
+                    if "--dry-run" in a
+                    else "prefetch"
+                    if str(self.python) not in a
+                    else "rollback"
+                    if "--reinstall-package" in a
+                    else "install"
+                )
         return out
 
     def environment(self) -> dict[str, str]:
@@ -403,8 +477,9 @@ class SimKit:
         return [format_journal(e, host) for e in self.store.journal() if e.ts <= now]
 
 
-def fleet_fragment(kits: Sequence[SimKit], *, service: str = SERVICE,
-                   **service_overrides: Any) -> dict[str, Any]:
+def fleet_fragment(
+    kits: Sequence[SimKit], *, service: str = SERVICE, **service_overrides: Any
+) -> dict[str, Any]:
     """Settings for one service spread over several kits.
 
     The kits must share ``venv_dir`` and ``service_port`` (a service has one
@@ -414,6 +489,9 @@ def fleet_fragment(kits: Sequence[SimKit], *, service: str = SERVICE,
     for k in kits[1:]:
         if (k.python, k.service_port) != (first.python, first.service_port):
             raise ValueError("fleet kits must share venv_dir and service_port")
-    return {"hosts": {k.hostname: k.host_settings() for k in kits},
-            "services": {service: first.service_settings(
-                [k.hostname for k in kits], **service_overrides)}}
+    return {
+        "hosts": {k.hostname: k.host_settings() for k in kits},
+        "services": {
+            service: first.service_settings([k.hostname for k in kits], **service_overrides)
+        },
+    }

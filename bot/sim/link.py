@@ -93,14 +93,16 @@ class FaultyLink:
         pair = _Pair(writer, up_writer)
         self._pairs.add(pair)
         try:
-            await asyncio.gather(self._pump(reader, up_writer, pair),
-                                 self._pump(up_reader, writer, pair))
+            await asyncio.gather(
+                self._pump(reader, up_writer, pair), self._pump(up_reader, writer, pair)
+            )
         finally:
             self._pairs.discard(pair)
             pair.abort()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    pair: _Pair) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: _Pair
+    ) -> None:
         try:
             while chunk := await reader.read(CHUNK):
                 if self.mode != "pass":

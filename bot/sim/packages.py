@@ -27,29 +27,64 @@ PACKAGE = "vllm"
 
 # Every release needs these, at these versions.
 BASE: dict[str, str] = {
-    "aiohttp": "3.13.2", "anyio": "4.11.0", "blake3": "1.0.8", "cachetools": "6.2.1",
-    "cloudpickle": "3.1.2", "compressed-tensors": "0.12.2", "einops": "0.8.1",
-    "fastapi": "0.121.1", "filelock": "3.20.0", "huggingface-hub": "0.36.0", "jinja2": "3.1.6",
-    "msgspec": "0.19.0", "ninja": "1.13.0", "numpy": "2.2.6", "openai": "2.7.1",
-    "pillow": "12.0.0", "prometheus-client": "0.23.1", "protobuf": "6.33.0",
-    "psutil": "7.1.3", "pydantic": "2.12.4", "pyyaml": "6.0.3", "pyzmq": "27.1.0",
-    "regex": "2025.11.3", "requests": "2.32.5", "safetensors": "0.6.2",
-    "sentencepiece": "0.2.1", "tiktoken": "0.12.0", "tokenizers": "0.22.1", "tqdm": "4.67.1",
-    "uvicorn": "0.38.0", "xgrammar": "0.1.25",
+    "aiohttp": "3.13.2",
+    "anyio": "4.11.0",
+    "blake3": "1.0.8",
+    "cachetools": "6.2.1",
+    "cloudpickle": "3.1.2",
+    "compressed-tensors": "0.12.2",
+    "einops": "0.8.1",
+    "fastapi": "0.121.1",
+    "filelock": "3.20.0",
+    "huggingface-hub": "0.36.0",
+    "jinja2": "3.1.6",
+    "msgspec": "0.19.0",
+    "ninja": "1.13.0",
+    "numpy": "2.2.6",
+    "openai": "2.7.1",
+    "pillow": "12.0.0",
+    "prometheus-client": "0.23.1",
+    "protobuf": "6.33.0",
+    "psutil": "7.1.3",
+    "pydantic": "2.12.4",
+    "pyyaml": "6.0.3",
+    "pyzmq": "27.1.0",
+    "regex": "2025.11.3",
+    "requests": "2.32.5",
+    "safetensors": "0.6.2",
+    "sentencepiece": "0.2.1",
+    "tiktoken": "0.12.0",
+    "tokenizers": "0.22.1",
+    "tqdm": "4.67.1",
+    "uvicorn": "0.38.0",
+    "xgrammar": "0.1.25",
 }
 _CU128: dict[str, str] = {
-    "torch": "2.9.1", "torchvision": "0.24.1", "torchaudio": "2.9.1", "triton": "3.5.1",
-    "flashinfer-python": "0.5.2", "transformers": "4.57.1",
-    "nvidia-cublas-cu12": "12.8.4.1", "nvidia-cuda-runtime-cu12": "12.8.90",
-    "nvidia-cudnn-cu12": "9.10.2.21", "nvidia-nccl-cu12": "2.27.5",
+    "torch": "2.9.1",
+    "torchvision": "0.24.1",
+    "torchaudio": "2.9.1",
+    "triton": "3.5.1",
+    "flashinfer-python": "0.5.2",
+    "transformers": "4.57.1",
+    "nvidia-cublas-cu12": "12.8.4.1",
+    "nvidia-cuda-runtime-cu12": "12.8.90",
+    "nvidia-cudnn-cu12": "9.10.2.21",
+    "nvidia-nccl-cu12": "2.27.5",
     "nvidia-cusparse-cu12": "12.5.8.93",
 }
 _CU130: dict[str, str] = {
-    "torch": "2.10.0", "torchvision": "0.25.0", "torchaudio": "2.10.0", "triton": "3.6.0",
-    "flashinfer-python": "0.6.1", "transformers": "4.57.6",
-    "nvidia-cublas": "13.1.0.3", "nvidia-cuda-runtime": "13.0.96",
-    "nvidia-cudnn-cu13": "9.15.1.9", "nvidia-nccl-cu13": "2.28.9",
-    "nvidia-cusparse": "12.6.3.3", "orjson": "3.11.4",
+    "torch": "2.10.0",
+    "torchvision": "0.25.0",
+    "torchaudio": "2.10.0",
+    "triton": "3.6.0",
+    "flashinfer-python": "0.6.1",
+    "transformers": "4.57.6",
+    "nvidia-cublas": "13.1.0.3",
+    "nvidia-cuda-runtime": "13.0.96",
+    "nvidia-cudnn-cu13": "9.15.1.9",
+    "nvidia-nccl-cu13": "2.28.9",
+    "nvidia-cusparse": "12.6.3.3",
+    "orjson": "3.11.4",
 }
 # vLLM version -> the packages it pulls in (BASE included). A version not listed pulls in
 # the newest release's set.
@@ -61,9 +96,15 @@ RELEASES: dict[str, dict[str, str]] = {
 NEWEST = "0.16.0"
 # The newest release built for CUDA 12.8 (cu128_on_cuda_12_7).
 CU128_NEWEST: dict[str, str] = {
-    **BASE, **_CU128, "torch": "2.10.0+cu128", "torchvision": "0.25.0+cu128",
-    "torchaudio": "2.10.0+cu128", "triton": "3.6.0", "flashinfer-python": "0.6.1",
-    "transformers": "4.57.6", "orjson": "3.11.4",
+    **BASE,
+    **_CU128,
+    "torch": "2.10.0+cu128",
+    "torchvision": "0.25.0+cu128",
+    "torchaudio": "2.10.0+cu128",
+    "triton": "3.6.0",
+    "flashinfer-python": "0.6.1",
+    "transformers": "4.57.6",
+    "orjson": "3.11.4",
 }
 # torch version -> torch.version.cuda of its wheel.
 TORCH_CUDA: dict[str, str] = {"2.9.1": "12.8", "2.10.0": "13.0", "2.10.0+cu128": "12.8"}
@@ -78,12 +119,26 @@ DUPLICATE_PINS = ("pip==21.3.1", "pip==22.1.1")
 _BUILD_LABEL = re.compile(r"[+.](?:cu[0-9]+|rocm[0-9]+|precompiled|cpu|xpu|tpu|empty)$")
 # Wheel sizes in MiB; anything not listed is a small pure-Python wheel.
 SIZE_MIB: dict[str, float] = {
-    "torch": 880.0, "vllm": 420.0, "nvidia-cudnn-cu12": 674.0, "nvidia-cudnn-cu13": 690.0,
-    "nvidia-cublas-cu12": 566.0, "nvidia-cublas": 520.0, "nvidia-nccl-cu12": 306.0,
-    "nvidia-nccl-cu13": 290.0, "triton": 160.0, "flashinfer-python": 420.0,
-    "nvidia-cusparse-cu12": 275.0, "nvidia-cusparse": 260.0, "torchvision": 8.0,
-    "torchaudio": 4.0, "transformers": 11.5, "nvidia-cuda-runtime-cu12": 0.9,
-    "nvidia-cuda-runtime": 2.2, "numpy": 16.0, "pillow": 6.5, "orjson": 0.9,
+    "torch": 880.0,
+    "vllm": 420.0,
+    "nvidia-cudnn-cu12": 674.0,
+    "nvidia-cudnn-cu13": 690.0,
+    "nvidia-cublas-cu12": 566.0,
+    "nvidia-cublas": 520.0,
+    "nvidia-nccl-cu12": 306.0,
+    "nvidia-nccl-cu13": 290.0,
+    "triton": 160.0,
+    "flashinfer-python": 420.0,
+    "nvidia-cusparse-cu12": 275.0,
+    "nvidia-cusparse": 260.0,
+    "torchvision": 8.0,
+    "torchaudio": 4.0,
+    "transformers": 11.5,
+    "nvidia-cuda-runtime-cu12": 0.9,
+    "nvidia-cuda-runtime": 2.2,
+    "numpy": 16.0,
+    "pillow": 6.5,
+    "orjson": 0.9,
 }
 SMALL_MIB = 0.4
 
@@ -163,8 +218,10 @@ def import_problem(st: HostState, env: Mapping[str, str] | None = None) -> str |
     if "torch" not in env:
         return "ModuleNotFoundError: No module named 'torch'"
     if st.faults.import_error and env[PACKAGE] != st.boot_version:
-        return (f"ImportError: {st.venv}/lib/python3.12/site-packages/vllm/_C.abi3.so: "
-                "undefined symbol: _ZN3c104cuda9SetDeviceEab")
+        return (
+            f"ImportError: {st.venv}/lib/python3.12/site-packages/vllm/_C.abi3.so: "
+            "undefined symbol: _ZN3c104cuda9SetDeviceEab"
+        )
     return None
 
 
@@ -178,7 +235,10 @@ def cuda_problem(st: HostState) -> str | None:
 
     def major(v: str) -> int:
         return int(v.split(".")[0])
+
     if major(built) > major(driver_cuda(st)):
-        return ("RuntimeError: The NVIDIA driver on your system is too old (found version "
-                f"{driver_cuda(st).replace('.', '0')}0).")
+        return (
+            "RuntimeError: The NVIDIA driver on your system is too old (found version "
+            f"{driver_cuda(st).replace('.', '0')}0)."
+        )
     return None

@@ -24,7 +24,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
     except OSError:
         return None
     # The command name may contain spaces and parentheses: parse after the last ')'.
-    rest = raw[raw.rindex(")") + 2:].split()
+    rest = raw[raw.rindex(")") + 2 :].split()
     return int(rest[1]), int(rest[3])
 
 
@@ -35,7 +35,7 @@ def start_time(pid: int) -> int | None:
         raw = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return int(raw[raw.rindex(")") + 2:].split()[19])
+    return int(raw[raw.rindex(")") + 2 :].split()[19])
 
 
 def _pids() -> list[int]:

@@ -28,5 +28,9 @@ def run_pth(venv: str) -> None:
     """Run the venv's ``.pth`` files' import lines, as this process's account."""
     for site in site_dirs(venv):
         if any(site.glob("*.pth")):
-            subprocess.run([sys.executable, "-S", "-c", _ADD_SITE, str(site)], check=False,
-                           env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-S", "-c", _ADD_SITE, str(site)],
+                check=False,
+                env={"PATH": "/usr/bin:/bin"},
+                stdin=subprocess.DEVNULL,
+            )

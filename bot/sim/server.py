@@ -80,8 +80,9 @@ class _ExecSession(asyncssh.SSHServerSession[bytes]):
             if self._proc is not None:
                 self._server.end_session(self._proc.pid)
 
-    async def _pump(self, reader: asyncio.StreamReader | None,
-                    write: Callable[[bytes], None]) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader | None, write: Callable[[bytes], None]
+    ) -> None:
         assert reader is not None
         while chunk := await reader.read(CHUNK):
             await self._writable.wait()
@@ -91,14 +92,22 @@ class _ExecSession(asyncssh.SSHServerSession[bytes]):
         chan = self._chan
         assert chan is not None
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", self._command, env=dict(self._server.env), cwd=self._server.cwd,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            "/bin/sh",
+            "-c",
+            self._command,
+            env=dict(self._server.env),
+            cwd=self._server.cwd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         self._proc = proc
         for data in self._stdin:
             self._feed(data)
-        await asyncio.gather(self._pump(proc.stdout, chan.write),
-                             self._pump(proc.stderr, chan.write_stderr))
+        await asyncio.gather(
+            self._pump(proc.stdout, chan.write), self._pump(proc.stderr, chan.write_stderr)
+        )
         status = await proc.wait()
         if status < 0:
             chan.exit_with_signal(signal.Signals(-status).name.removeprefix("SIG"))
@@ -131,16 +140,21 @@ class _Server(asyncssh.SSHServer):
     def session_requested(self) -> _ExecSession:
         return _ExecSession(self._owner)
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str,
-                             orig_port: int) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
         if dest_host not in LOOPBACK or self._conn is None:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
-                                            f"forwarding to {dest_host} is not permitted")
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                f"forwarding to {dest_host} is not permitted",
+            )
         # A refused connect comes back to the client as "Connection refused", as from sshd.
         port = self._owner.port_map.get(dest_port, dest_port)
         # The same forwarder asyncssh itself returns for `True`, and cast the same way.
-        return cast(Awaitable[asyncssh.SSHTCPSession[bytes]],
-                    self._conn.forward_connection("127.0.0.1", port))
+        return cast(
+            Awaitable[asyncssh.SSHTCPSession[bytes]],
+            self._conn.forward_connection("127.0.0.1", port),
+        )
 
 
 class EmbeddedSshServer:
@@ -150,8 +164,15 @@ class EmbeddedSshServer:
     service port the host claims (say 8000) reaches the port its server really has.
     """
 
-    def __init__(self, *, env: Mapping[str, str], cwd: Path, user: str,
-                 authorized_keys: Path, port_map: Mapping[int, int]) -> None:
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        user: str,
+        authorized_keys: Path,
+        port_map: Mapping[int, int],
+    ) -> None:
         self.env = env
         self.cwd = cwd
         self.user = user
@@ -164,14 +185,28 @@ class EmbeddedSshServer:
         self.port = 0
 
     @classmethod
-    async def start(cls, *, env: Mapping[str, str], cwd: Path, user: str,
-                    authorized_keys: Path, port_map: Mapping[int, int]) -> EmbeddedSshServer:
-        server = cls(env=env, cwd=cwd, user=user, authorized_keys=authorized_keys,
-                     port_map=port_map)
+    async def start(
+        cls,
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        user: str,
+        authorized_keys: Path,
+        port_map: Mapping[int, int],
+    ) -> EmbeddedSshServer:
+        server = cls(
+            env=env, cwd=cwd, user=user, authorized_keys=authorized_keys, port_map=port_map
+        )
         server._acceptor = await asyncssh.listen(
-            "127.0.0.1", 0, server_factory=lambda: _Server(server),
-            server_host_keys=[server._host_key], encoding=None, allow_scp=False,
-            agent_forwarding=False, x11_forwarding=False)
+            "127.0.0.1",
+            0,
+            server_factory=lambda: _Server(server),
+            server_host_keys=[server._host_key],
+            encoding=None,
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+        )
         server.port = server._acceptor.get_port()
         return server
 
@@ -188,7 +223,8 @@ class EmbeddedSshServer:
         """Terminate what a dropped channel left running (``timeout`` takes its own
         process group, so the whole session is ended, not just the group)."""
         fut = asyncio.get_running_loop().run_in_executor(
-            None, lambda: procfs.terminate(procfs.session_members(sid)))
+            None, lambda: procfs.terminate(procfs.session_members(sid))
+        )
         self._cleanups.add(fut)
         fut.add_done_callback(self._cleanups.discard)
 

@@ -85,8 +85,11 @@ def _prepare(workdir: Path, env: Mapping[str, str]) -> tuple[Path, str, Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     host_key = workdir / "ssh_host_ed25519_key"
     if not host_key.exists():
-        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "sim-host", "-f",
-                        str(host_key)], check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "sim-host", "-f", str(host_key)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
     public = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
     command = workdir / "session.sh"
     command.write_text(_wrapper(env))
@@ -99,8 +102,9 @@ def _prepare(workdir: Path, env: Mapping[str, str]) -> tuple[Path, str, Path]:
 class SshdServer:
     """Start with ``await SshdServer.start(...)``; stop with ``await close()``."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, port: int, host_public_key: str,
-                 log: deque[str]) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, port: int, host_public_key: str, log: deque[str]
+    ) -> None:
         self._proc = proc
         self.port = port
         self.host_public_key = host_public_key
@@ -113,8 +117,14 @@ class SshdServer:
         return list(self._log)
 
     @classmethod
-    async def start(cls, workdir: Path, *, authorized_keys: Path,
-                    env: Mapping[str, str], user: str | None = None) -> SshdServer:
+    async def start(
+        cls,
+        workdir: Path,
+        *,
+        authorized_keys: Path,
+        env: Mapping[str, str],
+        user: str | None = None,
+    ) -> SshdServer:
         """``user``: the one account that may log in (default: this process's); another
         one needs this process to be root, as sshd must switch to it."""
         host_key, public, command = await asyncio.to_thread(_prepare, workdir, env)
@@ -125,8 +135,15 @@ class SshdServer:
             text = _config(port, host_key, authorized_keys, command, user or getpass.getuser())
             await asyncio.to_thread(config.write_text, text)
             proc = await asyncio.create_subprocess_exec(
-                str(SSHD), "-D", "-e", "-f", str(config), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                str(SSHD),
+                "-D",
+                "-e",
+                "-f",
+                str(config),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
             if await _listening(proc, port, log):
                 server = cls(proc, port, public, log)
                 server._drain = asyncio.create_task(_drain(proc, log))

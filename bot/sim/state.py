@@ -109,10 +109,18 @@ class HostConfig:
             raise ValueError("service_used_mib must be between 0 and gpu_total_mib")
         if not 0 <= self.stuck_worker_mib <= self.gpu_total_mib:
             raise ValueError("stuck_worker_mib must be between 0 and gpu_total_mib")
-        for name in ("release_delay_s", "load_delay_s", "startup_phase_min_s",
-                     "fail_delay_s", "stop_delay_s",
-                     "install_duration_s", "install_output_lines", "flood_chars",
-                     "download_mib_per_s", "download_delay_s"):
+        for name in (
+            "release_delay_s",
+            "load_delay_s",
+            "startup_phase_min_s",
+            "fail_delay_s",
+            "stop_delay_s",
+            "install_duration_s",
+            "install_output_lines",
+            "flood_chars",
+            "download_mib_per_s",
+            "download_delay_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.latest_version not in self.available_versions:
@@ -248,8 +256,11 @@ class HostState:
             faults=Faults(**data["faults"]),
             run=Run(**data["run"]),
             cache=tuple(data.get("cache", ())),
-            **{f.name: data[f.name] for f in fields(cls)
-               if f.name not in ("config", "faults", "run", "cache") and f.name in data},
+            **{
+                f.name: data[f.name]
+                for f in fields(cls)
+                if f.name not in ("config", "faults", "run", "cache") and f.name in data
+            },
         )
 
 
@@ -421,8 +432,7 @@ def ended_at(run: Run, now: float) -> float | None:
 
 def is_serving(run: Run, now: float) -> bool:
     """The model is loaded and the port should answer."""
-    return (unit_state(run, now)[0] == "active" and run.ready_at is not None
-            and now >= run.ready_at)
+    return unit_state(run, now)[0] == "active" and run.ready_at is not None and now >= run.ready_at
 
 
 def gpu_uuid(hostname: str, index: int) -> str:
@@ -469,27 +479,54 @@ def _unit_procs(st: HostState, now: float) -> tuple[list[SimProcess], dict[int, 
     held: dict[int, int] = {}
     mine = unit_gpus(cfg)
     if alive and end is None:
-        procs.append(SimProcess(
-            run.main_pid,
-            f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve {cfg.model} "
-            f"--tensor-parallel-size {len(mine)} --port {st.service_port}", None, 0,
-            started=started, unit=unit, user=cfg.unit_user))
+        procs.append(
+            SimProcess(
+                run.main_pid,
+                f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve {cfg.model} "
+                f"--tensor-parallel-size {len(mine)} --port {st.service_port}",
+                None,
+                0,
+                started=started,
+                unit=unit,
+                user=cfg.unit_user,
+            )
+        )
     engine = run.main_pid + ENGINE_PID_OFFSET
-    if (alive and end is None) or (end is not None and st.faults.orphan_workers
-                                   and engine not in st.dead):
-        procs.append(SimProcess(engine, "VLLM::EngineCore", None, 0, started=started,
-                                unit=unit, user=cfg.unit_user))
+    if (alive and end is None) or (
+        end is not None and st.faults.orphan_workers and engine not in st.dead
+    ):
+        procs.append(
+            SimProcess(
+                engine, "VLLM::EngineCore", None, 0, started=started, unit=unit, user=cfg.unit_user
+            )
+        )
     for tp, i in enumerate(mine):
         pid = run.main_pid + WORKER_PID_OFFSET + tp
         state = "Sl" if alive else (_lingers(st, pid, i) if end is not None else None)
         if state is None:
             continue
-        used = level if alive else (cfg.stuck_worker_mib if (
-            i == cfg.stuck_gpu and (st.faults.stuck_worker or st.faults.d_state_worker))
-            else _loaded_mib(st, run, end or now))
+        used = (
+            level
+            if alive
+            else (
+                cfg.stuck_worker_mib
+                if (i == cfg.stuck_gpu and (st.faults.stuck_worker or st.faults.d_state_worker))
+                else _loaded_mib(st, run, end or now)
+            )
+        )
         held[i] = used
-        procs.append(SimProcess(pid, f"VLLM::Worker_TP{tp}", i, max(used - CONTEXT_MIB, 0),
-                                state=state, started=started, unit=unit, user=cfg.unit_user))
+        procs.append(
+            SimProcess(
+                pid,
+                f"VLLM::Worker_TP{tp}",
+                i,
+                max(used - CONTEXT_MIB, 0),
+                state=state,
+                started=started,
+                unit=unit,
+                user=cfg.unit_user,
+            )
+        )
     return procs, held
 
 
@@ -498,17 +535,41 @@ def _neighbour_procs(st: HostState) -> list[SimProcess]:
     if not cfg.neighbour_unit:
         return []
     up, unit = NEIGHBOUR_STARTED, cfg.neighbour_unit
-    procs = [SimProcess(NEIGHBOUR_PID, f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve "
-                        f"/models/neighbour --tensor-parallel-size {len(cfg.neighbour_gpus)}",
-                        None, 0, started=up, unit=unit, user=cfg.unit_user),
-             SimProcess(NEIGHBOUR_PID + ENGINE_PID_OFFSET, "VLLM::EngineCore", None, 0,
-                        started=up, unit=unit, user=cfg.unit_user)]
+    procs = [
+        SimProcess(
+            NEIGHBOUR_PID,
+            f"{st.venv}/bin/python3 {st.venv}/bin/vllm serve "
+            f"/models/neighbour --tensor-parallel-size {len(cfg.neighbour_gpus)}",
+            None,
+            0,
+            started=up,
+            unit=unit,
+            user=cfg.unit_user,
+        ),
+        SimProcess(
+            NEIGHBOUR_PID + ENGINE_PID_OFFSET,
+            "VLLM::EngineCore",
+            None,
+            0,
+            started=up,
+            unit=unit,
+            user=cfg.unit_user,
+        ),
+    ]
     for tp, i in enumerate(cfg.neighbour_gpus):
         pid = NEIGHBOUR_PID + WORKER_PID_OFFSET + tp
         if pid not in st.dead:
-            procs.append(SimProcess(pid, f"VLLM::Worker_TP{tp}", i,
-                                    cfg.neighbour_used_mib - CONTEXT_MIB, started=up,
-                                    unit=unit, user=cfg.unit_user))
+            procs.append(
+                SimProcess(
+                    pid,
+                    f"VLLM::Worker_TP{tp}",
+                    i,
+                    cfg.neighbour_used_mib - CONTEXT_MIB,
+                    started=up,
+                    unit=unit,
+                    user=cfg.unit_user,
+                )
+            )
     return [p for p in procs if p.pid not in st.dead]
 
 
@@ -527,13 +588,21 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
         busy = serving or i in cfg.neighbour_gpus
         util = (int(now * 2) * 7919 + i * 104729) % 36 if busy else 0
         sick = i == cfg.stuck_gpu
-        gpus.append(SimGpu(i, gpu_uuid(cfg.hostname, i), cfg.gpu_name, used,
-                           cfg.gpu_total_mib, util,
-                           memory_reported=not st.faults.unified_memory,
-                           lost=st.faults.xid_79 and sick,
-                           remap_pending=st.faults.pending_remap and sick,
-                           ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0,
-                           reset_required=st.faults.reset_required and sick))
+        gpus.append(
+            SimGpu(
+                i,
+                gpu_uuid(cfg.hostname, i),
+                cfg.gpu_name,
+                used,
+                cfg.gpu_total_mib,
+                util,
+                memory_reported=not st.faults.unified_memory,
+                lost=st.faults.xid_79 and sick,
+                remap_pending=st.faults.pending_remap and sick,
+                ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0,
+                reset_required=st.faults.reset_required and sick,
+            )
+        )
     if st.faults.no_gpus:
         gpus = []
     return gpus, procs

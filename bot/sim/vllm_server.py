@@ -58,8 +58,12 @@ def spawn(state_dir: Path, generation: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), **{STATE_DIR_ENV: str(state_dir)})
     subprocess.run(
         ["setsid", "--fork", sys.executable, "-S", "-m", MODULE, str(state_dir), str(generation)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, check=True, close_fds=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+        close_fds=True,
     )
 
 
@@ -142,8 +146,11 @@ def _current(store: StateStore, generation: int) -> HostState | None:
         return None
     st = store.read()
     now = time.time()
-    if (st.run.generation != generation or unit_state(st.run, now)[0] != "active"
-            or not _owner_alive(st.owner_pid)):
+    if (
+        st.run.generation != generation
+        or unit_state(st.run, now)[0] != "active"
+        or not _owner_alive(st.owner_pid)
+    ):
         return None
     return st
 
@@ -189,8 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, answer = 404, {"detail": "Not Found"}
         self._answer("POST", path, status, json.dumps(answer).encode(), "application/json", st)
 
-    def _answer(self, method: str, path: str, status: int, body: bytes, kind: str,
-                st: HostState) -> None:
+    def _answer(
+        self, method: str, path: str, status: int, body: bytes, kind: str, st: HostState
+    ) -> None:
         self.send_response(status)
         if body:
             self.send_header("content-type", kind)
@@ -225,20 +233,41 @@ def _models(st: HostState) -> dict[str, Any]:
     cfg = st.config
     served = "Kimi-K2-Instruct" if _api_fault(st, st.faults.wrong_model) else cfg.served_model
     started = int(st.run.started_at or 0)
-    return {"object": "list", "data": [{
-        "id": served, "object": "model", "created": started, "owned_by": "vllm",
-        "root": cfg.model, "parent": None, "max_model_len": 262144, "permission": [{
-            "id": f"modelperm-{st.run.generation:08x}", "object": "model_permission",
-            "created": started, "allow_create_engine": False, "allow_sampling": True,
-            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-            "allow_fine_tuning": False, "organization": "*", "group": None,
-            "is_blocking": False}]}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": served,
+                "object": "model",
+                "created": started,
+                "owned_by": "vllm",
+                "root": cfg.model,
+                "parent": None,
+                "max_model_len": 262144,
+                "permission": [
+                    {
+                        "id": f"modelperm-{st.run.generation:08x}",
+                        "object": "model_permission",
+                        "created": started,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }
 
 
 def _error(message: str, kind: str, code: int) -> tuple[int, dict[str, Any]]:
     """vLLM's ErrorResponse."""
-    return code, {"object": "error", "message": message, "type": kind, "param": None,
-                  "code": code}
+    return code, {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
 
 def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -246,14 +275,16 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
     cfg = st.config
     served = _models(st)["data"][0]["id"]
     if request.get("model") != served:
-        return _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError",
-                      404)
+        return _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError", 404)
     if _api_fault(st, st.faults.smoke_fail):
-        return _error("EngineCore encountered an issue. See stack trace (above) for the root "
-                      "cause.", "InternalServerError", 500)
+        return _error(
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            "InternalServerError",
+            500,
+        )
     words = cfg.completion_text.split(" ")
     max_tokens = int(request.get("max_tokens") or 16)
-    text = " ".join(words[:max_tokens + 1])
+    text = " ".join(words[: max_tokens + 1])
     prompt = str(request.get("prompt", ""))
     n_prompt, n_out = len(prompt.split()), min(len(words), max_tokens)
     finish = "length"
@@ -261,11 +292,26 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
         text, n_out, finish = "", 1, "stop"
     now = int(time.time())
     return 200, {
-        "id": f"cmpl-{now:x}", "object": "text_completion", "created": now, "model": served,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                     "stop_reason": None, "prompt_logprobs": None}],
-        "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
-                  "completion_tokens": n_out}}
+        "id": f"cmpl-{now:x}",
+        "object": "text_completion",
+        "created": now,
+        "model": served,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + n_out,
+            "completion_tokens": n_out,
+        },
+    }
 
 
 def metrics_text(st: HostState, now: float) -> str:
@@ -279,15 +325,17 @@ def metrics_text(st: HostState, now: float) -> str:
     labels = f'engine="0",model_name="{st.config.served_model}"'
     kv = min(0.05 * (running + waiting), 1.0)
     gauges = [
-        ("vllm:num_requests_running", "Number of requests in model execution batches.",
-         running),
+        ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv),
     ]
     out = []
     for name, doc, value in gauges:
-        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge",
-                f"{name}{{{labels}}} {float(value)!r}"]
+        out += [
+            f"# HELP {name} {doc}",
+            f"# TYPE {name} gauge",
+            f"{name}{{{labels}}} {float(value)!r}",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -298,18 +346,36 @@ def _process_metrics(st: HostState, now: float) -> str:
     show: python_gc_*, python_info, process_*)."""
     started = st.run.started_at or now
     families: list[tuple[str, str, str, list[tuple[str, float]]]] = [
-        ("python_gc_objects_collected_total", "Objects collected during gc", "counter",
-         [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((8841, 1102, 67))]),
-        ("python_gc_collections_total", "Number of times this generation was collected",
-         "counter", [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((903, 81, 6))]),
-        ("python_info", "Python platform information", "gauge",
-         [('{implementation="CPython",major="3",minor="12",patchlevel="3",version="3.12.3"}',
-           1.0)]),
-        ("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
-         [("", 3.1e9)]),
-        ("process_start_time_seconds",
-         "Start time of the process since unix epoch in seconds.", "gauge",
-         [("", float(round(started, 2)))]),
+        (
+            "python_gc_objects_collected_total",
+            "Objects collected during gc",
+            "counter",
+            [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((8841, 1102, 67))],
+        ),
+        (
+            "python_gc_collections_total",
+            "Number of times this generation was collected",
+            "counter",
+            [(f'{{generation="{g}"}}', float(n)) for g, n in enumerate((903, 81, 6))],
+        ),
+        (
+            "python_info",
+            "Python platform information",
+            "gauge",
+            [
+                (
+                    '{implementation="CPython",major="3",minor="12",patchlevel="3",version="3.12.3"}',
+                    1.0,
+                )
+            ],
+        ),
+        ("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge", [("", 3.1e9)]),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            "gauge",
+            [("", float(round(started, 2)))],
+        ),
         ("process_open_fds", "Number of open file descriptors.", "gauge", [("", 97.0)]),
     ]
     out = []
@@ -324,8 +390,21 @@ def _bind_failed(store: StateStore, generation: int, err: OSError) -> int:
     with store.transaction() as tx:
         st = tx.state
         if st.run.generation == generation:
-            tx.journal_add([JournalEntry(now, "python3", st.run.main_pid, vllm_line(
-                now, "ERROR", "api_server.py:1960", f"[Errno {err.errno}] {err.strerror}"))])
+            tx.journal_add(
+                [
+                    JournalEntry(
+                        now,
+                        "python3",
+                        st.run.main_pid,
+                        vllm_line(
+                            now,
+                            "ERROR",
+                            "api_server.py:1960",
+                            f"[Errno {err.errno}] {err.strerror}",
+                        ),
+                    )
+                ]
+            )
             tx.state = replace_run(st, fail_at=now)
     return 1
 

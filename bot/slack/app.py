@@ -55,33 +55,40 @@ To run it in Slack:
      HTTP mode: set SLACK_SIGNING_SECRET and expose PORT (default 3000) at /slack/events
 """
 
+
 def make_client(settings: Settings) -> AsyncWebClient:
     """The Web API client: retries 429s (after Retry-After), connection errors and 5xx."""
     token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
     base_url = settings.slack_api_url or DEFAULT_API_URL
     # slack_sdk joins base_url and the method name with urljoin: it must end with '/'.
     base_url = base_url if base_url.endswith("/") else base_url + "/"
-    return AsyncWebClient(token=token, base_url=base_url, retry_handlers=[
-        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
-        AsyncConnectionErrorRetryHandler(max_retry_count=3),
-        AsyncServerErrorRetryHandler(max_retry_count=2),
-    ])
+    return AsyncWebClient(
+        token=token,
+        base_url=base_url,
+        retry_handlers=[
+            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+            AsyncConnectionErrorRetryHandler(max_retry_count=3),
+            AsyncServerErrorRetryHandler(max_retry_count=2),
+        ],
+    )
 
 
-def make_front_end(runtime: Runtime, *, client: AsyncWebClient | None = None,
-                   sleep: Sleep = asyncio.sleep) -> SlackFrontEnd:
+def make_front_end(
+    runtime: Runtime, *, client: AsyncWebClient | None = None, sleep: Sleep = asyncio.sleep
+) -> SlackFrontEnd:
     """The Slack front end over ``runtime``'s engine (``sleep``: what its expiry timers
     wait with; tests pass their manual clock's)."""
     settings = runtime.settings
     client = client if client is not None else make_client(settings)
     poster = Poster(client, runtime.redact, post_interval_s=settings.slack.post_interval_s)
-    return SlackFrontEnd(runtime, poster,
-                         MembershipCache(client, settings.policy.usergroup_cache_ttl_s),
-                         sleep=sleep)
+    return SlackFrontEnd(
+        runtime, poster, MembershipCache(client, settings.policy.usergroup_cache_ttl_s), sleep=sleep
+    )
 
 
-def create_app(front_end: SlackFrontEnd, *,
-               rate_clock: Callable[[], float] = time.monotonic) -> AsyncApp:
+def create_app(
+    front_end: SlackFrontEnd, *, rate_clock: Callable[[], float] = time.monotonic
+) -> AsyncApp:
     """The bolt app with every listener registered, handing its work to ``front_end``
     (``rate_clock``: what refills each person's allowance of read-only commands; tests
     pass a manual clock)."""
@@ -92,10 +99,13 @@ def create_app(front_end: SlackFrontEnd, *,
     # Bolt's own signature check is off: in HTTP mode ``start_http``'s edge has verified
     # the raw bytes before bolt parses them (bolt's check logs refused bodies whole and
     # raises on a non-numeric timestamp); Socket Mode needs none.
-    app = AsyncApp(client=front_end.poster.client,
-                   signing_secret=secret.get_secret_value() if secret is not None else "",
-                   name="vllm-chatops", process_before_response=True,
-                   request_verification_enabled=False)
+    app = AsyncApp(
+        client=front_end.poster.client,
+        signing_secret=secret.get_secret_value() if secret is not None else "",
+        name="vllm-chatops",
+        process_before_response=True,
+        request_verification_enabled=False,
+    )
 
     async def attach(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         # bolt passes middleware arguments by name: it must be called `next`.
@@ -108,8 +118,9 @@ def create_app(front_end: SlackFrontEnd, *,
     return app
 
 
-async def start_http(app: AsyncApp, *, port: int, signing_secret: str,
-                     host: str = "0.0.0.0") -> web.AppRunner:
+async def start_http(
+    app: AsyncApp, *, port: int, signing_secret: str, host: str = "0.0.0.0"
+) -> web.AppRunner:
     """Serve ``app`` at ``EVENTS_PATH`` behind the edge (``bot.slack.edge``: bounded
     body, signature verified on the raw bytes, short rate-limited log lines for refused
     requests); ``runner.addresses`` tells the bound port."""
@@ -128,12 +139,16 @@ def _check_credentials(settings: Settings, err: TextIO) -> bool:
         return False
     if settings.services and not settings.policy.approvers:
         # An empty list would let anyone in the workspace approve stopping a GPU service.
-        err.write("error: [policy].approvers is empty: name the Slack users or user groups "
-                  "who may approve redeploys and restarts\n")
+        err.write(
+            "error: [policy].approvers is empty: name the Slack users or user groups "
+            "who may approve redeploys and restarts\n"
+        )
         return False
     if settings.slack_app_token is None and settings.slack_signing_secret is None:
-        err.write("error: HTTP mode needs SLACK_SIGNING_SECRET to verify requests "
-                  "(or set SLACK_APP_TOKEN for Socket Mode)\n")
+        err.write(
+            "error: HTTP mode needs SLACK_SIGNING_SECRET to verify requests "
+            "(or set SLACK_APP_TOKEN for Socket Mode)\n"
+        )
         return False
     return True
 
@@ -143,8 +158,10 @@ async def _auth_test(client: AsyncWebClient, err: TextIO) -> dict[str, Any] | No
         resp = await client.auth_test()
     except SlackApiError as exc:
         error = exc.response.get("error") if hasattr(exc.response, "get") else exc
-        err.write(f"error: Slack refused SLACK_BOT_TOKEN ({error}); copy the Bot User "
-                  "OAuth Token (xoxb-...) from the app's OAuth & Permissions page\n")
+        err.write(
+            f"error: Slack refused SLACK_BOT_TOKEN ({error}); copy the Bot User "
+            "OAuth Token (xoxb-...) from the app's OAuth & Permissions page\n"
+        )
         return None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         err.write(f"error: cannot reach the Slack API at {client.base_url}: {exc}\n")
@@ -152,8 +169,9 @@ async def _auth_test(client: AsyncWebClient, err: TextIO) -> dict[str, Any] | No
     return dict(resp.data) if isinstance(resp.data, dict) else {}
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
-                err: TextIO | None = None) -> int:
+async def serve(
+    settings: Settings, *, stop: asyncio.Event | None = None, err: TextIO | None = None
+) -> int:
     """Run the bot until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
     err = err or sys.stderr
     if not _check_credentials(settings, err):
@@ -176,7 +194,8 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
         try:
             if settings.slack_app_token is not None:
                 handler = AsyncSocketModeHandler(
-                    app, settings.slack_app_token.get_secret_value(), web_client=client)
+                    app, settings.slack_app_token.get_secret_value(), web_client=client
+                )
                 await handler.connect_async()  # type: ignore[no-untyped-call]
                 err.write(f"connected to Slack as {who} (Socket Mode)\n")
                 try:
@@ -186,8 +205,10 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None,
             else:
                 assert settings.slack_signing_secret is not None  # _check_credentials
                 runner = await start_http(
-                    app, port=settings.port,
-                    signing_secret=settings.slack_signing_secret.get_secret_value())
+                    app,
+                    port=settings.port,
+                    signing_secret=settings.slack_signing_secret.get_secret_value(),
+                )
                 err.write(f"serving Slack events for {who} on :{settings.port}{EVENTS_PATH}\n")
                 try:
                     await stop.wait()

@@ -70,8 +70,13 @@ def _safe_end(text: str, end: int) -> int:
         kept = text[:end]
         amp, lt = kept.rfind("&"), kept.rfind("<")
         space = max(kept.rfind(" "), kept.rfind("\n"))
-        if (kept and end < len(text) and not text[end].isspace() and not kept[-1].isspace()
-                and space >= max(end - _WORD_BACKOFF, 1)):
+        if (
+            kept
+            and end < len(text)
+            and not text[end].isspace()
+            and not kept[-1].isspace()
+            and space >= max(end - _WORD_BACKOFF, 1)
+        ):
             new = space
         elif amp >= 0 and ";" not in kept[amp:]:
             new = amp  # never half of "&amp;"
@@ -96,7 +101,7 @@ def cut(text: str, limit: int) -> str:
     if text[:room].count(FENCE) % 2:
         # Inside a code block: keep room to close it after the ellipsis.
         room = max(room - len(FENCE) - 1, 0)
-    kept = text[:_safe_end(text, room)].rstrip()
+    kept = text[: _safe_end(text, room)].rstrip()
     if kept.count(FENCE) % 2:
         return f"{kept}{ELLIPSIS}\n{FENCE}"
     return kept + ELLIPSIS
@@ -130,10 +135,10 @@ def code_tail(text: str, limit: int = MAX_SECTION_TEXT) -> tuple[str, bool]:
     if len(body) <= room:
         return f"{FENCE}\n{body}\n{FENCE}", False
     marker = f"{ELLIPSIS} (earlier output cut)\n"
-    kept = body[len(body) - (room - len(marker)):]
+    kept = body[len(body) - (room - len(marker)) :]
     newline = kept.find("\n")
     if 0 <= newline < len(kept) - 1:
-        kept = kept[newline + 1:]
+        kept = kept[newline + 1 :]
     return f"{FENCE}\n{marker}{kept}\n{FENCE}", True
 
 
@@ -165,7 +170,7 @@ def pack(lines: Sequence[str], limit: int, max_sections: int) -> list[str]:
     if current:
         chunks.append(current)
     if len(chunks) > max_sections:
-        dropped = sum(c.count("\n") + 1 for c in chunks[max_sections - 1:])
+        dropped = sum(c.count("\n") + 1 for c in chunks[max_sections - 1 :])
         chunks = [*chunks[: max_sections - 1], f"{ELLIPSIS} {dropped} more lines not shown"]
     return chunks
 
@@ -174,31 +179,51 @@ def pack(lines: Sequence[str], limit: int, max_sections: int) -> list[str]:
 
 
 def section(text: str) -> Block:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": cut(text or " ",
-                                                                       MAX_SECTION_TEXT)}}
+    return {
+        "type": "section",
+        "text": {"type": "mrkdwn", "text": cut(text or " ", MAX_SECTION_TEXT)},
+    }
 
 
 def header(text: str) -> Block:
-    return {"type": "header",
-            "text": {"type": "plain_text", "text": cut(text or " ", MAX_HEADER_TEXT)}}
+    return {
+        "type": "header",
+        "text": {"type": "plain_text", "text": cut(text or " ", MAX_HEADER_TEXT)},
+    }
 
 
 def context(*texts: str) -> Block:
     elements = [{"type": "mrkdwn", "text": cut(t, MAX_SECTION_TEXT)} for t in texts if t]
-    return {"type": "context", "elements": elements[:MAX_CONTEXT_ELEMENTS] or
-            [{"type": "mrkdwn", "text": " "}]}
+    return {
+        "type": "context",
+        "elements": elements[:MAX_CONTEXT_ELEMENTS] or [{"type": "mrkdwn", "text": " "}],
+    }
 
 
 def fields(pairs: Sequence[tuple[str, str]]) -> Block:
-    return {"type": "section", "fields": [
-        {"type": "mrkdwn", "text": cut(f"*{label}*\n{value}", MAX_FIELD_TEXT)}
-        for label, value in pairs[:MAX_FIELDS]]}
+    return {
+        "type": "section",
+        "fields": [
+            {"type": "mrkdwn", "text": cut(f"*{label}*\n{value}", MAX_FIELD_TEXT)}
+            for label, value in pairs[:MAX_FIELDS]
+        ],
+    }
 
 
-def button(text: str, action_id: str, value: str, *, style: str | None = None,
-           confirm: dict[str, Any] | None = None) -> Block:
-    b: Block = {"type": "button", "action_id": action_id, "value": value,
-                "text": {"type": "plain_text", "text": cut(text, MAX_BUTTON_TEXT)}}
+def button(
+    text: str,
+    action_id: str,
+    value: str,
+    *,
+    style: str | None = None,
+    confirm: dict[str, Any] | None = None,
+) -> Block:
+    b: Block = {
+        "type": "button",
+        "action_id": action_id,
+        "value": value,
+        "text": {"type": "plain_text", "text": cut(text, MAX_BUTTON_TEXT)},
+    }
     if style is not None:
         b["style"] = style
     if confirm is not None:
@@ -207,11 +232,13 @@ def button(text: str, action_id: str, value: str, *, style: str | None = None,
 
 
 def confirm_dialog(title: str, text: str, yes: str, no: str = "Back") -> dict[str, Any]:
-    return {"title": {"type": "plain_text", "text": cut(title, 100)},
-            "text": {"type": "mrkdwn", "text": cut(text, 300)},
-            "confirm": {"type": "plain_text", "text": cut(yes, 30)},
-            "deny": {"type": "plain_text", "text": cut(no, 30)},
-            "style": "danger"}
+    return {
+        "title": {"type": "plain_text", "text": cut(title, 100)},
+        "text": {"type": "mrkdwn", "text": cut(text, 300)},
+        "confirm": {"type": "plain_text", "text": cut(yes, 30)},
+        "deny": {"type": "plain_text", "text": cut(no, 30)},
+        "style": "danger",
+    }
 
 
 def message(text: str, blocks: Sequence[Block]) -> Message:

@@ -70,8 +70,11 @@ STATUS_WORDS: dict[RunStatus, str] = {
     RunStatus.ABORTED: "aborted (nothing changed)",
 }  # the others read as their own word
 
-_HEALTH_ICONS: dict[Level | None, str] = {Level.CRITICAL: ":no_entry:", Level.WARN: ":warning:",
-                                          None: ":grey_question:"}
+_HEALTH_ICONS: dict[Level | None, str] = {
+    Level.CRITICAL: ":no_entry:",
+    Level.WARN: ":warning:",
+    None: ":grey_question:",
+}
 # A host's line is shown up to this long; the GPU check's step has every finding.
 _HEALTH_LINE_CHARS = 1_500
 _MAX_HEALTH_SECTIONS = 3
@@ -81,8 +84,11 @@ def gpu_health_blocks(notes: Sequence[HealthNote]) -> list[Block]:
     """A line per host whose GPUs are not all ok at the request (critical first), so
     approvers see a warning, a refusal to come, or a host nobody could read, before they
     approve: ``:warning: GPU health: gpu-node-1: GPU 3 warn: what (action)``."""
-    lines = [f"{_HEALTH_ICONS.get(n.level, ':grey_question:')} GPU health: "
-             f"{escape(one_line(n.text, _HEALTH_LINE_CHARS))}" for n in notes]
+    lines = [
+        f"{_HEALTH_ICONS.get(n.level, ':grey_question:')} GPU health: "
+        f"{escape(one_line(n.text, _HEALTH_LINE_CHARS))}"
+        for n in notes
+    ]
     return [section(c) for c in pack(lines, MAX_SECTION_TEXT, _MAX_HEALTH_SECTIONS)]
 
 
@@ -99,6 +105,7 @@ def _packages(view: CardView) -> list[Block]:
     code, _ = code_head("\n".join(view.packages))
     return [section(head), section(code)]
 
+
 def _facts(view: CardView) -> Block:
     pairs, _ = plan_fields(view)
     pairs.append(("Requested by", mention(view.requested_by)))
@@ -106,11 +113,11 @@ def _facts(view: CardView) -> Block:
     people = tuple(a for a in view.approvals if not a.startswith(SYSTEM_PREFIX))
     if view.status == RunStatus.PENDING_APPROVAL or people:
         noun = "approval" if view.needed == 1 else "approvals"
-        pairs.append(("Approved by", f"{mentions(people)} "
-                      f"({len(people)} of {view.needed} {noun})"))
+        pairs.append(("Approved by", f"{mentions(people)} ({len(people)} of {view.needed} {noun})"))
     if view.denied_by:
         pairs.append(("Denied by", mentions(view.denied_by)))
     return fields(pairs)
+
 
 def duration_text(seconds: float | None) -> str:
     if seconds is None:
@@ -165,23 +172,46 @@ def run_card(view: CardView) -> Message:
         blocks.extend(gpu_health_blocks(view.gpu_health))
         blocks.extend(_packages(view))
         blocks.extend(command_blocks(view.plan))
-        blocks.append(context(f"Needs {view.needed} approver(s); the requester cannot approve "
-                              "their own run unless the policy allows it.", _expiry(view),
-                              *(escape(n) for n in view.notes)))
-        blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
-            button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
-            button("Deny", ACTION_DENY, str(view.run_id), style="danger",
-                   confirm=confirm_dialog(f"Deny run #{view.run_id}?",
-                                          "This closes the request to "
-                                          f"{escape(what_of(view.plan))}.",
-                                          "Deny")),
-        ]})
-        text = (f"Approval needed: run #{view.run_id} {what_of(view.plan)} ({view.plan.spec}) "
-                f"requested by {mention(view.requested_by)}")
+        blocks.append(
+            context(
+                f"Needs {view.needed} approver(s); the requester cannot approve "
+                "their own run unless the policy allows it.",
+                _expiry(view),
+                *(escape(n) for n in view.notes),
+            )
+        )
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": f"run-{view.run_id}",
+                "elements": [
+                    button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
+                    button(
+                        "Deny",
+                        ACTION_DENY,
+                        str(view.run_id),
+                        style="danger",
+                        confirm=confirm_dialog(
+                            f"Deny run #{view.run_id}?",
+                            f"This closes the request to {escape(what_of(view.plan))}.",
+                            "Deny",
+                        ),
+                    ),
+                ],
+            }
+        )
+        text = (
+            f"Approval needed: run #{view.run_id} {what_of(view.plan)} ({view.plan.spec}) "
+            f"requested by {mention(view.requested_by)}"
+        )
         return message(text, blocks)
-    if view.steps and status not in (RunStatus.DENIED, RunStatus.EXPIRED) and not (
-            status == RunStatus.CANCELLED
-            and all(s.state == StepStatus.PENDING for s in view.steps)):
+    if (
+        view.steps
+        and status not in (RunStatus.DENIED, RunStatus.EXPIRED)
+        and not (
+            status == RunStatus.CANCELLED and all(s.state == StepStatus.PENDING for s in view.steps)
+        )
+    ):
         blocks.extend(_checklist(view))
     else:
         blocks.extend(command_blocks(view.plan))
@@ -191,23 +221,40 @@ def run_card(view: CardView) -> Message:
     blocks.append(section(outcome))
     notes = [escape(n) for n in view.notes]
     if view.cancel_requested_by and status in (RunStatus.APPROVED, RunStatus.RUNNING):
-        notes.append(f"Cancel requested by {mention(view.cancel_requested_by)}: the run stops "
-                     "at its next safe point.")
+        notes.append(
+            f"Cancel requested by {mention(view.cancel_requested_by)}: the run stops "
+            "at its next safe point."
+        )
     if notes:
         blocks.append(context(*notes))
     if status in (RunStatus.APPROVED, RunStatus.RUNNING) and view.cancel_requested_by is None:
         blocks.extend(_leftovers(view))
-        blocks.append({"type": "actions", "block_id": f"run-{view.run_id}", "elements": [
-            button("Cancel", ACTION_CANCEL, str(view.run_id), style="danger",
-                   confirm=confirm_dialog(f"Cancel run #{view.run_id}?",
-                                          "The run stops at its next safe point; a reinstall "
-                                          "in progress is never cut in half.",
-                                          "Cancel the run", "Keep running")),
-        ]})
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": f"run-{view.run_id}",
+                "elements": [
+                    button(
+                        "Cancel",
+                        ACTION_CANCEL,
+                        str(view.run_id),
+                        style="danger",
+                        confirm=confirm_dialog(
+                            f"Cancel run #{view.run_id}?",
+                            "The run stops at its next safe point; a reinstall "
+                            "in progress is never cut in half.",
+                            "Cancel the run",
+                            "Keep running",
+                        ),
+                    ),
+                ],
+            }
+        )
     text = f"{icon} Run #{view.run_id} {what_of(view.plan)}: {word}"
     if view.summary:
         text += f" — {escape(view.summary)}"
     return message(text, blocks)
+
 
 # A host's list on the card keeps this much room for its heading and approvals line.
 _ASK_HEAD_CHARS = 600
@@ -221,17 +268,25 @@ def _leftovers(view: CardView) -> list[Block]:
     a card cut to fit keeps every list with its button, see ``message``)."""
     if not view.leftovers or view.status != RunStatus.RUNNING:
         return []
-    blocks = [section(":warning: *Leftover processes hold the service's GPUs.* Approvers "
-                      "may terminate each host's list with the button beside it; that host "
-                      "then goes on. Nobody pressing in time ends that host's run with its "
-                      "service stopped.")]
+    blocks = [
+        section(
+            ":warning: *Leftover processes hold the service's GPUs.* Approvers "
+            "may terminate each host's list with the button beside it; that host "
+            "then goes on. Nobody pressing in time ends that host's run with its "
+            "service stopped."
+        )
+    ]
     shown = view.leftovers[:_MAX_ASKS]
     blocks += [_ask_block(view.run_id, ask) for ask in shown]
     if len(view.leftovers) > len(shown):
         more = len(view.leftovers) - len(shown)
-        blocks.append(context(f"{more} more host(s) wait with leftover processes: each list "
-                              "shows here, with its button, once one above is answered (every "
-                              "list is in the thread now)."))
+        blocks.append(
+            context(
+                f"{more} more host(s) wait with leftover processes: each list "
+                "shows here, with its button, once one above is answered (every "
+                "list is in the thread now)."
+            )
+        )
     return blocks
 
 
@@ -242,14 +297,22 @@ def _ask_block(run_id: int, ask: LeftoverAsk) -> Block:
     if ask.approvals:
         progress += f" ({mentions(ask.approvals)})"
     pids = ", ".join(map(str, ask.pids))
-    block = section(f"*{escape(ask.host)}*: {len(ask.pids)} process"
-                    f"{'es' if len(ask.pids) != 1 else ''} · {progress}\n{code}")
+    block = section(
+        f"*{escape(ask.host)}*: {len(ask.pids)} process"
+        f"{'es' if len(ask.pids) != 1 else ''} · {progress}\n{code}"
+    )
     block["block_id"] = f"leftovers-{ask.question}"
     block["accessory"] = button(
-        "Terminate leftover processes", ACTION_TERMINATE,
-        terminate_value(run_id, ask.host, ask.question), style="primary",
-        confirm=confirm_dialog(f"Terminate on {ask.host}?",
-                               f"PIDs {escape(pids)} on {escape(ask.host)}: SIGTERM, then "
-                               "SIGKILL to those that remain, each only if it is still the "
-                               "same process.", "Terminate"))
+        "Terminate leftover processes",
+        ACTION_TERMINATE,
+        terminate_value(run_id, ask.host, ask.question),
+        style="primary",
+        confirm=confirm_dialog(
+            f"Terminate on {ask.host}?",
+            f"PIDs {escape(pids)} on {escape(ask.host)}: SIGTERM, then "
+            "SIGKILL to those that remain, each only if it is still the "
+            "same process.",
+            "Terminate",
+        ),
+    )
     return block

@@ -60,11 +60,12 @@ class CardUpdates:
             if record.status == RunStatus.PENDING_APPROVAL:
                 # The package change shown at the request, as recorded with the run.
                 previews = previews_of(await self.audit.environments(run_id))
-                view = dataclasses.replace(view, notes=(*view.notes,
-                                                        *self.notes.get(run_id, ())),
-                                           packages=tuple(preview_lines(previews,
-                                                                        limit=CARD_LIMIT)),
-                                           gpu_health=self.gpu_health.get(run_id, ()))
+                view = dataclasses.replace(
+                    view,
+                    notes=(*view.notes, *self.notes.get(run_id, ())),
+                    packages=tuple(preview_lines(previews, limit=CARD_LIMIT)),
+                    gpu_health=self.gpu_health.get(run_id, ()),
+                )
             else:
                 self.forget(run_id)
             if record.started_at is not None:
@@ -79,8 +80,9 @@ class CardUpdates:
         if record.channel is None or record.message_ts is None:
             return
         try:
-            await self.poster.post(record.channel, message(text, [section(text)]),
-                                   thread_ts=record.message_ts)
+            await self.poster.post(
+                record.channel, message(text, [section(text)]), thread_ts=record.message_ts
+            )
         except SLACK_ERRORS as exc:
             log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
 
@@ -92,9 +94,13 @@ class CardUpdates:
         if msg is not None:
             await self.poster.post(channel, msg, thread_ts=ts)
             return
-        await self.poster.upload(channel, filename=f"run-{view.run_id}-plan.txt",
-                                 content=full_plan(view.run_id, view.plan),
-                                 title=f"Run #{view.run_id}: the complete plan", thread_ts=ts)
+        await self.poster.upload(
+            channel,
+            filename=f"run-{view.run_id}-plan.txt",
+            content=full_plan(view.run_id, view.plan),
+            title=f"Run #{view.run_id}: the complete plan",
+            thread_ts=ts,
+        )
         await self.poster.post(channel, full_plan_note(view.run_id), thread_ts=ts)
 
     async def tell_recovered(self, item: Interrupted) -> None:

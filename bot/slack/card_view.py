@@ -79,5 +79,6 @@ class CardView:
     # (bot.engine.gpu_health): critical ones, the preflight will refuse.
     gpu_health: tuple[HealthNote, ...] = ()
 
+
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:
     return tuple(StepLine(host, s.step) for host in plan.hosts for s in plan.steps)

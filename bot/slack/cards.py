@@ -20,33 +20,49 @@ def plan_from_record(record: RunRecord) -> Plan:
     """The plan as it was requested and shown on the card (stored with the run)."""
     p = record.plan
     return Plan(
-        action=Action(p["action"]), service=p["service"], hosts=tuple(p["hosts"]),
-        unit=p["unit"], package=p["package"], version=p.get("version"), spec=p["spec"],
-        index_name=p.get("index_name"), index_url=p.get("index_url"),
+        action=Action(p["action"]),
+        service=p["service"],
+        hosts=tuple(p["hosts"]),
+        unit=p["unit"],
+        package=p["package"],
+        version=p.get("version"),
+        spec=p["spec"],
+        index_name=p.get("index_name"),
+        index_url=p.get("index_url"),
         steps=tuple(PlannedStep(Step(s["step"]), s["command"]) for s in p["steps"]),
-        dry_run=bool(p.get("dry_run")), batch_size=int(p.get("batch_size") or 1),
+        dry_run=bool(p.get("dry_run")),
+        batch_size=int(p.get("batch_size") or 1),
         # A run recorded before plans bound their hosts has none: the card shows names only.
         targets=tuple(HostTarget(**t) for t in p.get("targets") or ()),
     )
 
 
-def card_view(record: RunRecord, policy: PolicySettings,
-              membership: Membership | None = None) -> CardView:
+def card_view(
+    record: RunRecord, policy: PolicySettings, membership: Membership | None = None
+) -> CardView:
     """The card of ``record`` before any step output: with ``membership``, only the
     approvals that count under the policy now are shown (a pending card's progress)."""
     plan = plan_from_record(record)
     approvals = tuple(record.approved_by)
     if membership is not None:
-        approvals = counted_approvals(approvals, requester=record.requested_by,
-                                      policy=policy, membership=membership)
+        approvals = counted_approvals(
+            approvals, requester=record.requested_by, policy=policy, membership=membership
+        )
     return CardView(
-        run_id=record.id, plan=plan, requested_by=record.requested_by,
-        status=record.status, needed=policy.min_approvals, approvals=approvals,
-        denied_by=tuple(record.denied_by), version_now=record.version_before,
+        run_id=record.id,
+        plan=plan,
+        requested_by=record.requested_by,
+        status=record.status,
+        needed=policy.min_approvals,
+        approvals=approvals,
+        denied_by=tuple(record.denied_by),
+        version_now=record.version_before,
         version_after=record.version_after,
         expires_at=parse_ts(record.expires_at) if record.expires_at else None,
-        steps=initial_steps(plan), summary=record.summary if record.is_final else None,
-        notes=(DRY_RUN_NOTE,) if plan.dry_run else ())
+        steps=initial_steps(plan),
+        summary=record.summary if record.is_final else None,
+        notes=(DRY_RUN_NOTE,) if plan.dry_run else (),
+    )
 
 
 def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView:
@@ -57,14 +73,16 @@ def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView
         # A status this bot does not know (a newer bot wrote it) shows as a failure.
         state = rec.status if rec.status in StepStatus else StepStatus.FAILED
         line = StepLine(rec.host, Step(rec.step), state, rec.duration_s)
-        index = next((i for i, s in enumerate(lines)
-                      if (s.host, s.step) == (line.host, line.step)), None)
+        index = next(
+            (i for i, s in enumerate(lines) if (s.host, s.step) == (line.host, line.step)), None
+        )
         if index is None:
             lines.append(line)
         else:
             lines[index] = line
     if view.status in FINAL_STATUSES:
-        lines = [dataclasses.replace(s, state=StepStatus.SKIPPED)
-                 if s.state == StepStatus.PENDING else s
-                 for s in lines]
+        lines = [
+            dataclasses.replace(s, state=StepStatus.SKIPPED) if s.state == StepStatus.PENDING else s
+            for s in lines
+        ]
     return dataclasses.replace(view, steps=tuple(lines))

@@ -71,8 +71,13 @@ class RejectionLog:
     """One short line per refused request, at most ``per_minute`` lines a minute; the
     first line after a full minute says how many were not logged (so does ``flush``)."""
 
-    def __init__(self, logger: logging.Logger = log, *, per_minute: int = LINES_PER_MINUTE,
-                 clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger = log,
+        *,
+        per_minute: int = LINES_PER_MINUTE,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.per_minute = per_minute
         self._clock = clock
@@ -94,8 +99,11 @@ class RejectionLog:
 
     def flush(self) -> None:
         if self.suppressed:
-            self.logger.warning("%d more refused Slack requests were not logged "
-                                "(at most %d lines a minute)", self.suppressed, self.per_minute)
+            self.logger.warning(
+                "%d more refused Slack requests were not logged (at most %d lines a minute)",
+                self.suppressed,
+                self.per_minute,
+            )
             self.suppressed = 0
 
 
@@ -145,8 +153,10 @@ async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
 
 
 def _refused(refusal: Refusal) -> web.Response:
-    resp = web.json_response({"error": "invalid request" if refusal.status == 401
-                              else "request body too large"}, status=refusal.status)
+    resp = web.json_response(
+        {"error": "invalid request" if refusal.status == 401 else "request body too large"},
+        status=refusal.status,
+    )
     if refusal.status == 413:
         # The rest of the body is never read: close rather than keep the connection.
         resp.force_close()
@@ -157,8 +167,14 @@ class SlackEdge:
     """The aiohttp handler in front of ``app``: bounded body, verified signature, then
     bolt with the verified bytes."""
 
-    def __init__(self, app: AsyncApp, verifier: RequestVerifier, *,
-                 max_body: int = MAX_BODY_BYTES, rejections: RejectionLog | None = None) -> None:
+    def __init__(
+        self,
+        app: AsyncApp,
+        verifier: RequestVerifier,
+        *,
+        max_body: int = MAX_BODY_BYTES,
+        rejections: RejectionLog | None = None,
+    ) -> None:
         self.app = app
         self.verifier = verifier
         self.max_body = max_body
@@ -167,8 +183,10 @@ class SlackEdge:
     def _refuse(self, request: web.Request, refusal: Refusal, size: str) -> web.Response:
         timestamp = request.headers.get("X-Slack-Request-Timestamp")
         shown = "none" if timestamp is None else repr(printable(timestamp))
-        self.rejections(f"refused a request from {printable(request.remote or '?')}: "
-                        f"{refusal.reason} ({size}, timestamp {shown})")
+        self.rejections(
+            f"refused a request from {printable(request.remote or '?')}: "
+            f"{refusal.reason} ({size}, timestamp {shown})"
+        )
         return _refused(refusal)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -177,16 +195,22 @@ class SlackEdge:
             return self._refuse(request, Refusal(413, "body too large"), f"{length} bytes")
         body = await _read_bounded(request, self.max_body)
         if body is None:
-            return self._refuse(request, Refusal(413, "body too large"),
-                                f"over {self.max_body} bytes")
-        refusal = self.verifier.check(request.headers.get("X-Slack-Request-Timestamp"),
-                                      request.headers.get("X-Slack-Signature"), body)
+            return self._refuse(
+                request, Refusal(413, "body too large"), f"over {self.max_body} bytes"
+            )
+        refusal = self.verifier.check(
+            request.headers.get("X-Slack-Request-Timestamp"),
+            request.headers.get("X-Slack-Signature"),
+            body,
+        )
         if refusal is not None:
             return self._refuse(request, refusal, f"{len(body)} bytes")
         headers: dict[str, str | Sequence[str]] = {
-            name: request.headers.getall(name) for name in request.headers}
-        bolt_req = AsyncBoltRequest(body=body.decode("utf-8", errors="replace"),
-                                    query=request.query_string, headers=headers)
+            name: request.headers.getall(name) for name in request.headers
+        }
+        bolt_req = AsyncBoltRequest(
+            body=body.decode("utf-8", errors="replace"), query=request.query_string, headers=headers
+        )
         return await to_aiohttp_response(await self.app.async_dispatch(bolt_req))
 
 
@@ -206,17 +230,26 @@ class _UnparsableRequests(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         peer = str(args[0]) if args else "?"
         what = exc.message.strip().splitlines()[0] if exc.message.strip() else "?"
-        self.rejections(f"refused a request from {printable(peer)}: "
-                        f"unparsable HTTP ({exc.code}: {printable(what)})")
+        self.rejections(
+            f"refused a request from {printable(peer)}: "
+            f"unparsable HTTP ({exc.code}: {printable(what)})"
+        )
         return False
 
 
-def runner(app: AsyncApp, *, path: str, signing_secret: str, clock: Clock = time.time,
-           max_body: int = MAX_BODY_BYTES,
-           rejections: RejectionLog | None = None) -> web.AppRunner:
+def runner(
+    app: AsyncApp,
+    *,
+    path: str,
+    signing_secret: str,
+    clock: Clock = time.time,
+    max_body: int = MAX_BODY_BYTES,
+    rejections: RejectionLog | None = None,
+) -> web.AppRunner:
     """An aiohttp runner serving ``app`` at ``path`` behind the edge checks."""
-    edge = SlackEdge(app, RequestVerifier(signing_secret, clock=clock), max_body=max_body,
-                     rejections=rejections)
+    edge = SlackEdge(
+        app, RequestVerifier(signing_secret, clock=clock), max_body=max_body, rejections=rejections
+    )
     # aiohttp's own bound on a body read through it; the edge reads the body itself.
     web_app = web.Application(client_max_size=max_body)
     web_app.add_routes([web.post(path, edge.handle)])

@@ -23,8 +23,9 @@ Sleep = Callable[[float], Awaitable[None]]
 class ExpiryTimers:
     """``due(run_id)`` runs once the clock reaches the deadline a run was armed with."""
 
-    def __init__(self, due: Callable[[int], Awaitable[object]], *, clock: Clock,
-                 sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self, due: Callable[[int], Awaitable[object]], *, clock: Clock, sleep: Sleep = asyncio.sleep
+    ) -> None:
         self._due = due
         self._clock = clock
         self._sleep = sleep
@@ -35,8 +36,9 @@ class ExpiryTimers:
         old = self._timers.pop(run_id, None)
         if old is not None:
             old.cancel()
-        self._timers[run_id] = asyncio.create_task(self._wait(run_id, deadline),
-                                                   name=f"expiry-{run_id}")
+        self._timers[run_id] = asyncio.create_task(
+            self._wait(run_id, deadline), name=f"expiry-{run_id}"
+        )
 
     def disarm(self, run_id: int) -> None:
         """The request was decided: its timer goes (unless it is the one firing now)."""

@@ -89,24 +89,26 @@ class CardRef:
     message_ts: str | None
 
 
-async def read_for_card(runtime: Runtime, cards: CardUpdates, plan: Plan,
-                        view: CardView) -> CardView:
+async def read_for_card(
+    runtime: Runtime, cards: CardUpdates, plan: Plan, view: CardView
+) -> CardView:
     """What a request's card shows beyond its record, read on the hosts now (read-only),
     kept for the card's later renders (``cards``) and, the package change, with the run:
     the load (what the stop would wait for, or --force would interrupt), what the
     redeploy changes besides vLLM (torch, CUDA wheels..., issue 10) and the service's
     GPUs' health as the run's GPU check reads it (issue 12), before anyone approves."""
     run_id = view.run_id
-    reads = await read_at_request(runtime.settings, runtime.pool, plan,
-                                  load=not plan.dry_run)
+    reads = await read_at_request(runtime.settings, runtime.pool, plan, load=not plan.dry_run)
     if reads.load is not None:
         cards.notes[run_id] = (reads.load,)
         view = dataclasses.replace(view, notes=(*view.notes, reads.load))
     await record_previews(runtime.audit, run_id, reads.previews)
     cards.gpu_health[run_id] = reads.health
-    return dataclasses.replace(view, packages=tuple(preview_lines(reads.previews,
-                                                                  limit=CARD_LIMIT)),
-                               gpu_health=reads.health)
+    return dataclasses.replace(
+        view,
+        packages=tuple(preview_lines(reads.previews, limit=CARD_LIMIT)),
+        gpu_health=reads.health,
+    )
 
 
 class SlackFrontEnd:
@@ -114,9 +116,15 @@ class SlackFrontEnd:
 
     ``sleep`` is what the expiry timers wait with (tests pass their manual clock's)."""
 
-    def __init__(self, runtime: Runtime, poster: Poster, members: MembershipCache, *,
-                 flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
-                 sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        poster: Poster,
+        members: MembershipCache,
+        *,
+        flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.runtime = runtime
         self.poster = poster
         self.members = members
@@ -166,28 +174,33 @@ class SlackFrontEnd:
             if record.expires_at is not None:
                 self.timers.arm(record.id, parse_ts(record.expires_at))
 
-    def start_sweep(self, *, every_s: float = SWEEP_EVERY_S,
-                    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def start_sweep(
+        self,
+        *,
+        every_s: float = SWEEP_EVERY_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         """Every ``every_s``, recover the runs whose driver died while nobody asked (a
         CLI killed with no request after it), and tell their threads."""
         self.sweep.start(every_s=every_s, sleep=sleep)
 
     # ---- refusals ---------------------------------------------------------------------------
 
-    async def refuse(self, *, user: str, channel: str | None, command: str, reason: str,
-                     code: Refusal) -> str:
+    async def refuse(
+        self, *, user: str, channel: str | None, command: str, reason: str, code: Refusal
+    ) -> str:
         """A refusal this front end judged, recorded by the service; returns the sentence
         for the person."""
-        refused = await self.operations.refuse(user=user, channel=channel, command=command,
-                                               reason=reason, code=code)
+        refused = await self.operations.refuse(
+            user=user, channel=channel, command=command, reason=reason, code=code
+        )
         return refused.text
 
     async def membership(self) -> Membership:
         """User-group members as cached: for what only shows, or who may ask."""
         return await self.members.resolve(groups_to_resolve(self.policy))
 
-    async def _judging(self, user: str, channel: str | None, command: str
-                       ) -> Membership | str:
+    async def _judging(self, user: str, channel: str | None, command: str) -> Membership | str:
         """Members read from Slack now, for a decision; or, when Slack cannot say, the
         refusal's sentence (recorded): judging on a stale or partial answer could let in
         someone just removed from the approvers' group."""
@@ -196,15 +209,18 @@ class SlackFrontEnd:
         if fresh is not None:
             return fresh
         return await self.refuse(
-            user=user, channel=channel, command=command, code=Refusal.MEMBERSHIP_UNKNOWN,
+            user=user,
+            channel=channel,
+            command=command,
+            code=Refusal.MEMBERSHIP_UNKNOWN,
             reason="Slack did not answer who is in the user group(s) "
-                   f"{', '.join(sorted(groups))} just now, so this click cannot be judged "
-                   "and nothing was recorded. Try again in a moment.")
+            f"{', '.join(sorted(groups))} just now, so this click cannot be judged "
+            "and nothing was recorded. Try again in a moment.",
+        )
 
     # ---- which card a click was on ------------------------------------------------------
 
-    async def off_card(self, run_id: int, *, user: str, card: CardRef,
-                       command: str) -> str | None:
+    async def off_card(self, run_id: int, *, user: str, card: CardRef, command: str) -> str | None:
         """Why a click cannot decide run ``run_id`` (recorded as a refusal), or None when
         it was on that run's own card in an allowed channel.
 
@@ -213,26 +229,35 @@ class SlackFrontEnd:
         if allowed and card.channel not in allowed:
             where = ", ".join(f"<#{c}>" for c in allowed)
             return await self.refuse(
-                user=user, channel=card.channel, command=command, code=Refusal.WRONG_CHANNEL,
+                user=user,
+                channel=card.channel,
+                command=command,
+                code=Refusal.WRONG_CHANNEL,
                 reason=f"Buttons of this bot only work on its cards in {where}; nothing "
-                       f"was recorded for run #{run_id}.")
+                f"was recorded for run #{run_id}.",
+            )
         try:
             record = await self.runtime.audit.get_run(run_id)
         except RunNotFoundError:
             return None
         if record.message_ts is None:
             # The card is recorded only once its full plan is in its thread (request()).
-            reason = (f"Run #{run_id}'s card is not complete yet (its full plan is still "
-                      "being posted in its thread), so it cannot be decided yet. Try again "
-                      "in a moment.")
+            reason = (
+                f"Run #{run_id}'s card is not complete yet (its full plan is still "
+                "being posted in its thread), so it cannot be decided yet. Try again "
+                "in a moment."
+            )
         elif (record.channel, record.message_ts) != (card.channel, card.message_ts):
-            reason = (f"That button is not on run #{run_id}'s card, so it cannot decide "
-                      f"run #{run_id}; nothing was recorded. Use the buttons on the run's "
-                      "own card.")
+            reason = (
+                f"That button is not on run #{run_id}'s card, so it cannot decide "
+                f"run #{run_id}; nothing was recorded. Use the buttons on the run's "
+                "own card."
+            )
         else:
             return None
-        return await self.refuse(user=user, channel=card.channel, command=command,
-                                 reason=reason, code=Refusal.OFF_CARD)
+        return await self.refuse(
+            user=user, channel=card.channel, command=command, reason=reason, code=Refusal.OFF_CARD
+        )
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -242,7 +267,8 @@ class SlackFrontEnd:
         # A dry run changes nothing on the host, so the service has it approved by the
         # system (see module doc).
         result = await self.operations.request(
-            plan, by=ChatUser(user, channel, command, self.membership))
+            plan, by=ChatUser(user, channel, command, self.membership)
+        )
         match result:
             case Requested(record=record):
                 pass
@@ -252,14 +278,12 @@ class SlackFrontEnd:
                 return result.text
             case _:
                 assert_never(result)
-        view = await read_for_card(self.runtime, self.cards, plan,
-                                   card_view(record, self.policy))
+        view = await read_for_card(self.runtime, self.cards, plan, card_view(record, self.policy))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
             # Without a card nobody can approve it: close it rather than leave it pending.
-            await self.operations.withdraw(record.id,
-                                           f"could not post the card to Slack: {exc}")
+            await self.operations.withdraw(record.id, f"could not post the card to Slack: {exc}")
             return f"Could not post the approval card for run #{record.id}; nothing was run."
         if card_hides_plan(view):
             # The card summarises the plan, so the whole of it goes in the thread first.
@@ -272,12 +296,15 @@ class SlackFrontEnd:
                 await self.cards.post_full_plan(view, channel, ts)
             except SLACK_ERRORS as exc:
                 await self.operations.withdraw(
-                    record.id, f"could not post the complete plan in the card's thread: {exc}")
+                    record.id, f"could not post the complete plan in the card's thread: {exc}"
+                )
                 await self.runtime.audit.set_message(record.id, channel, ts)
                 await self.cards.refresh(record.id)  # closed: its buttons go
-                return (f"Could not post the complete plan of run #{record.id} in its card's "
-                        "thread, so nobody could see what they would approve; it was closed "
-                        "and nothing was run.")
+                return (
+                    f"Could not post the complete plan of run #{record.id} in its card's "
+                    "thread, so nobody could see what they would approve; it was closed "
+                    "and nothing was run."
+                )
         await self.runtime.audit.set_message(record.id, channel, ts)
         if plan.dry_run:
             self.start_run(record.id)
@@ -301,14 +328,16 @@ class SlackFrontEnd:
 
     # ---- clicks -----------------------------------------------------------------------------
 
-    async def decide(self, run_id: int, *, user: str, action: Decision,
-                     channel: str | None) -> str | None:
+    async def decide(
+        self, run_id: int, *, user: str, action: Decision, channel: str | None
+    ) -> str | None:
         """One Approve or Deny click. Returns an ephemeral sentence for the clicker."""
         membership = await self._judging(user, channel, f"{action} run #{run_id}")
         if isinstance(membership, str):
             return membership
-        result = await self.operations.decide(run_id, action, user=user,
-                                              membership=membership, channel=channel)
+        result = await self.operations.decide(
+            run_id, action, user=user, membership=membership, channel=channel
+        )
         match result:
             case Approved(start=True):
                 self.timers.disarm(run_id)
@@ -336,8 +365,9 @@ class SlackFrontEnd:
         membership = await self._judging(user, channel, f"{Decision.CANCEL} run #{run_id}")
         if isinstance(membership, str):
             return membership
-        result = await self.operations.cancel(run_id, user=user, membership=membership,
-                                              channel=channel)
+        result = await self.operations.cancel(
+            run_id, user=user, membership=membership, channel=channel
+        )
         match result:
             case Cancelled(was=RunStatus.PENDING_APPROVAL):
                 await self._closed(run_id)
@@ -351,8 +381,7 @@ class SlackFrontEnd:
 
     # ---- leftover processes (issue 12) ------------------------------------------------------
 
-    async def terminate(self, run_id: int, value: str, *, user: str,
-                        channel: str | None) -> str:
+    async def terminate(self, run_id: int, value: str, *, user: str, channel: str | None) -> str:
         """A host's Terminate leftover processes button (``value`` names the run, the
         host and the question): who is an approver is read from Slack now, and the desk
         decides on the press (``LeftoverDesk.press``)."""
@@ -360,8 +389,9 @@ class SlackFrontEnd:
         membership = await self._judging(user, channel, command)
         if isinstance(membership, str):
             return membership
-        return await self.leftovers.press(run_id, value, user=user, membership=membership,
-                                          channel=channel, command=command)
+        return await self.leftovers.press(
+            run_id, value, user=user, membership=membership, channel=channel, command=command
+        )
 
     # ---- execution --------------------------------------------------------------------------
 
@@ -376,15 +406,20 @@ class SlackFrontEnd:
         # long-lived bot approved would keep its lines in memory.
         self.cards.forget(run_id)
         settings = self.runtime.settings
-        reporter = SlackReporter(self.poster, channel=record.channel, ts=record.message_ts,
-                                 view=card_view(record, self.policy),
-                                 update_interval_s=settings.slack.update_interval_s)
+        reporter = SlackReporter(
+            self.poster,
+            channel=record.channel,
+            ts=record.message_ts,
+            view=card_view(record, self.policy),
+            update_interval_s=settings.slack.update_interval_s,
+        )
         self._reporters[run_id] = reporter
         reporter.start()
         reporter.refresh()
         try:
-            result = await self.runtime.engine.execute(run_id, reporter,
-                                                        gate=self.leftovers.gate(reporter))
+            result = await self.runtime.engine.execute(
+                run_id, reporter, gate=self.leftovers.gate(reporter)
+            )
             reporter.conclude(result.status, result.summary)
         except LockHeldError as exc:
             await self._close(run_id, reporter, RunStatus.REFUSED, f"not started: {exc}")
@@ -398,9 +433,9 @@ class SlackFrontEnd:
             self._reporters.pop(run_id, None)
             await reporter.flush(self.flush_timeout_s)
 
-    async def _close(self, run_id: int, reporter: SlackReporter, status: RunStatus,
-                     summary: str) -> None:
+    async def _close(
+        self, run_id: int, reporter: SlackReporter, status: RunStatus, summary: str
+    ) -> None:
         await self.operations.abandon(run_id, status, summary)
         record = await self.runtime.audit.get_run(run_id)
         reporter.conclude(record.status, record.summary or summary)
-

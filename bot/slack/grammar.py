@@ -38,8 +38,9 @@ USAGE: dict[str, str] = {name: c.chat_usage() for name, c in _CHAT.items()}
 
 def _flags(name: str) -> dict[str, bool]:
     """The options of a command: each flag and whether it takes a value."""
-    return {a.name: a.kind is not Kind.FLAG for a in _CHAT[name].args_of(Front.CHAT)
-            if not a.positional}
+    return {
+        a.name: a.kind is not Kind.FLAG for a in _CHAT[name].args_of(Front.CHAT) if not a.positional
+    }
 
 
 # Split on spaces and tabs only; newlines and every other control character are
@@ -122,8 +123,7 @@ def _show(text: str) -> str:
     (so ``<!channel>`` or ``<https://evil|click>`` stays text, never a mention or a
     link), long text cut short."""
     shown = text if len(text) <= _SHOW_MAX else text[:_SHOW_MAX] + "..."
-    return escape("'" + shown.encode("unicode_escape").decode("ascii").replace("'", "\\'")
-                  + "'")
+    return escape("'" + shown.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'")
 
 
 def _check_chars(token: str, position: int) -> None:
@@ -334,19 +334,22 @@ _Parser = Callable[[_Args, Settings], Command]
 _BUILDERS: dict[str, _Parser] = {
     "help": _parse_help,
     "redeploy": _parse_redeploy,
-    "restart": lambda a, s: Restart(_service(a.required("service name"), s),
-                                    force="--force" in a.values),
+    "restart": lambda a, s: Restart(
+        _service(a.required("service name"), s), force="--force" in a.values
+    ),
     "status": lambda a, s: Status(_optional_service(a, s)),
     "gpus": _parse_gpus,
-    "logs": lambda a, s: Logs(_service(a.required("service name"), s),
-                              a.integer("-n", LOGS_DEFAULT, LOGS_MAX)),
+    "logs": lambda a, s: Logs(
+        _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX)
+    ),
     "audit": lambda a, s: _parse_audit(a, s),
     "cancel": lambda a, s: _parse_cancel(a),
     # The same targets as gpus: everything, a host, or a service's hosts.
     "doctor": lambda a, s: Doctor(*_target(_parse_gpus(a, s))),
 }
 _PARSERS: dict[str, tuple[dict[str, bool], _Parser]] = {
-    name: (_flags(name), _BUILDERS[name]) for name in COMMANDS}
+    name: (_flags(name), _BUILDERS[name]) for name in COMMANDS
+}
 
 
 def _target(g: Gpus) -> tuple[str | None, Literal["host", "service"] | None]:

@@ -74,28 +74,44 @@ class LeftoverDesk:
 
     def waiting(self, run_id: int) -> list[str]:
         """The hosts of run ``run_id`` whose question is open."""
-        return [q.request.host for q in self._open.values()
-                if q.request.run_id == run_id and not q.answer.done()]
+        return [
+            q.request.host
+            for q in self._open.values()
+            if q.request.run_id == run_id and not q.answer.done()
+        ]
 
     def _find(self, run_id: int, value: str) -> _Question | None:
         named = parse_terminate_value(value)
         if named is None:
             return None
         q = self._open.get(named[1])
-        if q is None or q.answer.done() or (q.request.run_id, q.request.host) != (run_id,
-                                                                               named[0]):
+        if q is None or q.answer.done() or (q.request.run_id, q.request.host) != (run_id, named[0]):
             return None
         return q
 
-    async def press(self, run_id: int, value: str, *, user: str, membership: Membership,
-                    channel: str | None, command: str) -> str:
+    async def press(
+        self,
+        run_id: int,
+        value: str,
+        *,
+        user: str,
+        membership: Membership,
+        channel: str | None,
+        command: str,
+    ) -> str:
         """A host's Terminate leftover processes button (its value names the run, the
         host and the question), pressed by ``user`` (judged on ``membership`` read at
         the press). Returns the sentence for the presser; every refusal is recorded."""
         q = self._find(run_id, value)
         result = await self.operations.terminate_leftovers(
-            None if q is None else q.vote, run_id=run_id, user=user, membership=membership,
-            channel=channel, command=command, waiting=self.waiting(run_id))
+            None if q is None else q.vote,
+            run_id=run_id,
+            user=user,
+            membership=membership,
+            channel=channel,
+            command=command,
+            waiting=self.waiting(run_id),
+        )
         match result:
             case LeftoversCounted() | LeftoversApproved() if q is not None and q.answer.done():
                 return LeftoversTooLate(run_id, q.request.host).text
@@ -103,17 +119,22 @@ class LeftoverDesk:
                 q.progress(counted)
             case LeftoversApproved(approved_by=counted) if q is not None:
                 q.answer.set_result(Approval(", ".join(counted)))
-            case (LeftoversCounted() | LeftoversApproved() | LeftoversAlreadyCounted()
-                  | LeftoversTooLate() | Refused()):
+            case (
+                LeftoversCounted()
+                | LeftoversApproved()
+                | LeftoversAlreadyCounted()
+                | LeftoversTooLate()
+                | Refused()
+            ):
                 pass
             case _:
                 assert_never(result)
         return result.text
 
-    async def wait(self, request: LeftoverRequest, question: str,
-                   progress: Progress) -> Approval:
-        q = _Question(LeftoverVote(request, question), progress,
-                      asyncio.get_running_loop().create_future())
+    async def wait(self, request: LeftoverRequest, question: str, progress: Progress) -> Approval:
+        q = _Question(
+            LeftoverVote(request, question), progress, asyncio.get_running_loop().create_future()
+        )
         self._open[question] = q
         try:
             return await q.answer
@@ -130,18 +151,29 @@ class SlackGate:
         self._reporter = reporter
 
     async def ask(self, request: LeftoverRequest) -> Approval:
-        ask = LeftoverAsk(request.host, new_question(), request.question, request.pids,
-                          needed=self._desk.policy.min_approvals)
+        ask = LeftoverAsk(
+            request.host,
+            new_question(),
+            request.question,
+            request.pids,
+            needed=self._desk.policy.min_approvals,
+        )
         self._reporter.offer_leftovers(ask)
         pids = ", ".join(map(str, request.pids))
-        note = (f"{request.host}: the wait for approvers ended without enough presses (the "
-                "window closed or the run was cancelled); nothing was signalled.")
+        note = (
+            f"{request.host}: the wait for approvers ended without enough presses (the "
+            "window closed or the run was cancelled); nothing was signalled."
+        )
         try:
             answer = await self._desk.wait(
-                request, ask.question,
-                lambda approvals: self._reporter.leftovers_progress(ask.question, approvals))
-            note = (f"{request.host}: leftover processes {pids}: termination approved by "
-                    f"{answer.approved_by}.")
+                request,
+                ask.question,
+                lambda approvals: self._reporter.leftovers_progress(ask.question, approvals),
+            )
+            note = (
+                f"{request.host}: leftover processes {pids}: termination approved by "
+                f"{answer.approved_by}."
+            )
             return answer
         finally:
             self._reporter.close_leftovers(ask.question, note)

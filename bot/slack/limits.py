@@ -24,8 +24,9 @@ class UserRateLimit:
     """A token bucket per user: ``per_minute`` requests at once, refilled at
     ``per_minute`` a minute."""
 
-    def __init__(self, per_minute: int = READ_ONLY_PER_MINUTE, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_minute: int = READ_ONLY_PER_MINUTE, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if per_minute < 1:
             raise ValueError("per_minute must be at least 1")
         self.per_minute = per_minute
@@ -51,5 +52,6 @@ class UserRateLimit:
 
     def _prune(self, now: float) -> None:
         if len(self._buckets) > _PRUNE_AT:
-            self._buckets = {u: b for u, b in self._buckets.items()
-                             if self._tokens(u, now) < self.per_minute}
+            self._buckets = {
+                u: b for u, b in self._buckets.items() if self._tokens(u, now) < self.per_minute
+            }

@@ -25,8 +25,9 @@ class MembershipCache:
     grants nothing: the policy fails closed.
     """
 
-    def __init__(self, client: AsyncWebClient, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, client: AsyncWebClient, ttl_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.client = client
         self.ttl_s = ttl_s
         self._clock = clock
@@ -67,8 +68,7 @@ class MembershipCache:
         try:
             resp = await self.client.usergroups_users_list(usergroup=group)
         except SLACK_ERRORS as exc:
-            log.warning("cannot list members of user group %s (it grants nothing): %s",
-                        group, exc)
+            log.warning("cannot list members of user group %s (it grants nothing): %s", group, exc)
             return None
         members = frozenset(str(u) for u in resp.get("users") or ())
         self._cache[group] = (self._clock() + self.ttl_s, members)

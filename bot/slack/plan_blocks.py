@@ -42,6 +42,7 @@ _MAX_COMMAND_SECTIONS = 8
 _VERSION_CHARS = 100
 IN_THREAD = "full list in the thread"
 
+
 def what_of(plan: Plan) -> str:
     what = f"{plan.action} {plan.service}"
     return what + (" (dry run)" if plan.dry_run else "")
@@ -58,8 +59,11 @@ def _plan_value(label: str, value: str) -> tuple[str, bool]:
 
 def _package(view: CardView) -> str:
     plan = view.plan
-    now = one_line(view.version_now, _VERSION_CHARS) if view.version_now else (
-        "unknown until preflight")
+    now = (
+        one_line(view.version_now, _VERSION_CHARS)
+        if view.version_now
+        else ("unknown until preflight")
+    )
     if plan.action == Action.REDEPLOY:
         target = plan.version or "latest"
         line = f"`{escape(plan.package)}` {escape(now)} → {escape(target)}"
@@ -83,8 +87,9 @@ def host_line(name: str, target: HostTarget | None) -> str:
     ``ssh-keygen -lf``)."""
     if target is None:
         return f"`{escape(name)}`"
-    return " ".join(p for p in (f"`{escape(name)}`", escape(target.endpoint),
-                                _key_text(target.host_key)) if p)
+    return " ".join(
+        p for p in (f"`{escape(name)}`", escape(target.endpoint), _key_text(target.host_key)) if p
+    )
 
 
 def _targets(plan: Plan) -> dict[str, HostTarget]:
@@ -112,12 +117,19 @@ def plan_fields(view: CardView) -> tuple[list[tuple[str, str]], bool]:
     """The fields that describe what is approved, and whether any was summarised."""
     plan = view.plan
     # By name and host: the URL may hold credentials (bot.core.remote.index_host).
-    index = (f"`{escape(plan.index_name)}` ({escape(remote.index_host(plan.index_url or ''))})"
-             if plan.index_name else "default")
+    index = (
+        f"`{escape(plan.index_name)}` ({escape(remote.index_host(plan.index_url or ''))})"
+        if plan.index_name
+        else "default"
+    )
     hosts, hidden = _hosts(plan)
     pairs = [("Host(s)", hosts)]
-    for label, value in (("Unit", f"`{escape(plan.unit)}`"), ("Package", _package(view)),
-                         ("Spec", f"`{escape(plan.spec)}`"), ("Index", index)):
+    for label, value in (
+        ("Unit", f"`{escape(plan.unit)}`"),
+        ("Package", _package(view)),
+        ("Spec", f"`{escape(plan.spec)}`"),
+        ("Index", index),
+    ):
         shown, replaced = _plan_value(label, value)
         pairs.append((label, shown))
         hidden = hidden or replaced
@@ -138,20 +150,28 @@ def _commands_and_hidden(plan: Plan) -> tuple[list[Block], bool]:
     # never cut (half a command reads as a different command).
     out = [section(title)]
     hidden = False
-    for i, (line, step) in enumerate(zip(lines[:_MAX_COMMAND_SECTIONS], plan.steps,
-                                         strict=False), 1):
+    for i, (line, step) in enumerate(
+        zip(lines[:_MAX_COMMAND_SECTIONS], plan.steps, strict=False), 1
+    ):
         code, too_long = code_head(line)
         if too_long:
             hidden = True
-            out.append(section(f"{i}. {escape(STEP_TITLES[step.step])}: a command of "
-                               f"{len(step.command):,} characters, too long for the card: "
-                               "in full in the thread"))
+            out.append(
+                section(
+                    f"{i}. {escape(STEP_TITLES[step.step])}: a command of "
+                    f"{len(step.command):,} characters, too long for the card: "
+                    "in full in the thread"
+                )
+            )
         else:
             out.append(section(code))
     if len(lines) > _MAX_COMMAND_SECTIONS:
         hidden = True
-        out.append(context(f"{ELLIPSIS} {len(lines) - _MAX_COMMAND_SECTIONS} more steps, "
-                           "in full in the thread"))
+        out.append(
+            context(
+                f"{ELLIPSIS} {len(lines) - _MAX_COMMAND_SECTIONS} more steps, in full in the thread"
+            )
+        )
     return out, hidden
 
 
@@ -171,21 +191,35 @@ def full_plan(run_id: int, plan: Plan) -> str:
     targets = _targets(plan)
     n = len(plan.hosts)
     lines = [f"Run #{run_id}: {what_of(plan)}: the complete plan", ""]
-    lines.append(f"Hosts: {n}, {plan.batch_size} at a time, in this order:" if n > 1
-                 else "Host:")
+    lines.append(f"Hosts: {n}, {plan.batch_size} at a time, in this order:" if n > 1 else "Host:")
     width = len(str(n))
     for i, name in enumerate(plan.hosts, 1):
         t = targets.get(name)
-        where = "" if t is None else (
-            f"  {t.endpoint}  host key {t.host_key}"
-            + (f"  key file {t.key_file}" if t.key_file else ""))
+        where = (
+            ""
+            if t is None
+            else (
+                f"  {t.endpoint}  host key {t.host_key}"
+                + (f"  key file {t.key_file}" if t.key_file else "")
+            )
+        )
         lines.append(f"  {i:>{width}}. {name}{where}")
     target = f" → {plan.version or 'latest'}" if plan.action == Action.REDEPLOY else ""
-    index = (f"{plan.index_name} ({remote.index_host(plan.index_url or '')})"
-             if plan.index_name else "default")
-    lines += ["", f"Unit: {plan.unit}", f"Package: {plan.package}{target}",
-              f"Spec: {plan.spec}", f"Index: {index}", "", "Commands, on each host in order:",
-              *(f"  {line}" for line in _command_lines(plan))]
+    index = (
+        f"{plan.index_name} ({remote.index_host(plan.index_url or '')})"
+        if plan.index_name
+        else "default"
+    )
+    lines += [
+        "",
+        f"Unit: {plan.unit}",
+        f"Package: {plan.package}{target}",
+        f"Spec: {plan.spec}",
+        f"Index: {index}",
+        "",
+        "Commands, on each host in order:",
+        *(f"  {line}" for line in _command_lines(plan)),
+    ]
     return "\n".join(lines)
 
 
@@ -204,15 +238,20 @@ def full_plan_message(run_id: int, plan: Plan) -> Message | None:
             chunks.append(line or " ")
     if len(chunks) > MAX_PLAN_SECTIONS:
         return None
-    head = section(f"*The complete plan of run #{run_id}*: the card shows a summary; "
-                   "an approval approves all of this.")
-    return message(f"Run #{run_id}: the complete plan ({len(plan.hosts)} hosts, "
-                   f"{len(plan.steps)} steps)",
-                   [head, *(section(f"{FENCE}\n{c}\n{FENCE}") for c in chunks)])
+    head = section(
+        f"*The complete plan of run #{run_id}*: the card shows a summary; "
+        "an approval approves all of this."
+    )
+    return message(
+        f"Run #{run_id}: the complete plan ({len(plan.hosts)} hosts, {len(plan.steps)} steps)",
+        [head, *(section(f"{FENCE}\n{c}\n{FENCE}") for c in chunks)],
+    )
 
 
 def full_plan_note(run_id: int) -> Message:
     """Follows the file with the complete plan (too long for one message)."""
-    text = (f"*The complete plan of run #{run_id}* is in the file above: the card shows a "
-            "summary; an approval approves all of it.")
+    text = (
+        f"*The complete plan of run #{run_id}* is in the file above: the card shows a "
+        "summary; an approval approves all of it."
+    )
     return message(f"Run #{run_id}: the complete plan is attached", [section(text)])

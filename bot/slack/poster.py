@@ -26,8 +26,9 @@ Redact = Callable[[str], str]
 
 # Slack errors that a later retry can fix; anything else is a bug in what we sent
 # (or a missing permission), so retrying it forever would only block the queue.
-_TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error",
-                               "service_unavailable", "request_timeout"})
+_TRANSIENT_ERRORS = frozenset(
+    {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+)
 # Redacting a large log takes a while: do it off the event loop.
 _THREAD_REDACT_CHARS = 256 * 1024
 
@@ -46,8 +47,7 @@ _TOO_LARGE_ERRORS = frozenset({"request_too_large", "file_too_large", "msg_too_l
 def _http_status(exc: BaseException) -> int | None:
     if isinstance(exc, SlackApiError):
         # An AsyncSlackResponse has status_code; a body that was not JSON leaves aiohttp's own.
-        status = getattr(exc.response, "status_code", None) or getattr(exc.response, "status",
-                                                                      None)
+        status = getattr(exc.response, "status_code", None) or getattr(exc.response, "status", None)
         return status if isinstance(status, int) else None
     if isinstance(exc, SlackRequestError):
         match = _UPLOAD_STATUS.search(str(exc))
@@ -123,9 +123,15 @@ class Poster:
     the slot goes to the most urgent (``Priority``), first come first served within a
     priority.  ``answers()`` is the same poster for read-only answers."""
 
-    def __init__(self, client: AsyncWebClient, redact: Redact, *, post_interval_s: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        redact: Redact,
+        *,
+        post_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.client = client
         self.redact = redact
         self.post_interval_s = post_interval_s
@@ -175,9 +181,14 @@ class Poster:
     async def post(self, channel: str, msg: Message, *, thread_ts: str | None = None) -> str:
         text, blocks = self.clean(msg)
         await self._pace(channel)
-        resp = await self.client.chat_postMessage(channel=channel, text=text, blocks=blocks,
-                                                  thread_ts=thread_ts, unfurl_links=False,
-                                                  unfurl_media=False)
+        resp = await self.client.chat_postMessage(
+            channel=channel,
+            text=text,
+            blocks=blocks,
+            thread_ts=thread_ts,
+            unfurl_links=False,
+            unfurl_media=False,
+        )
         return str(resp["ts"])
 
     async def permalink(self, channel: str, ts: str) -> str | None:
@@ -193,15 +204,20 @@ class Poster:
         text, blocks = self.clean(msg)
         await self.client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
 
-    async def upload(self, channel: str, *, filename: str, content: str, title: str,
-                     thread_ts: str | None = None) -> None:
+    async def upload(
+        self, channel: str, *, filename: str, content: str, title: str, thread_ts: str | None = None
+    ) -> None:
         # The share is a message in the channel too: it takes a posting slot.
         await self._pace(channel)
         # Off the event loop when large: a 16 MiB log takes about a second to redact.
         content = await redact_large(self.redact, content)
-        await self.client.files_upload_v2(channel=channel, thread_ts=thread_ts,
-                                          filename=filename, title=self.redact(title),
-                                          content=content)
+        await self.client.files_upload_v2(
+            channel=channel,
+            thread_ts=thread_ts,
+            filename=filename,
+            title=self.redact(title),
+            content=content,
+        )
 
 
 async def redact_large(redact: Redact, text: str) -> str:

@@ -28,12 +28,15 @@ class RecoverySweep:
             await self.cards.tell_recovered(item)
         await self.cards.tell_untold()
 
-    def start(self, *, every_s: float = SWEEP_EVERY_S,
-              sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def start(
+        self,
+        *,
+        every_s: float = SWEEP_EVERY_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         """Sweep every ``every_s`` from now on (once started, a second call does nothing)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._every(every_s, sleep),
-                                             name="recovery-sweep")
+            self._task = asyncio.create_task(self._every(every_s, sleep), name="recovery-sweep")
 
     async def _every(self, every_s: float, sleep: Callable[[float], Awaitable[None]]) -> None:
         while True:

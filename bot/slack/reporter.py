@@ -95,8 +95,11 @@ class _Log:
         if not self.lines:
             return event_output
         own_tail = "\n".join(list(self.lines)[-TAIL_LINES:])
-        extra = (event_output[len(own_tail):] if event_output.startswith(own_tail)
-                 else "\n" + event_output)
+        extra = (
+            event_output[len(own_tail) :]
+            if event_output.startswith(own_tail)
+            else "\n" + event_output
+        )
         head = f"[{self.dropped} earlier lines not kept]\n" if self.dropped else ""
         return head + "\n".join(self.lines) + extra
 
@@ -117,11 +120,18 @@ class _Reply:
 class SlackReporter:
     """Drives one run's card and thread. ``start()``, feed events, ``await flush()``."""
 
-    def __init__(self, poster: Poster, *, channel: str, ts: str, view: CardView,
-                 update_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 backoff: Backoff = BACKOFF,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        poster: Poster,
+        *,
+        channel: str,
+        ts: str,
+        view: CardView,
+        update_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Backoff = BACKOFF,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.poster = poster
         self.channel = channel
         self.ts = ts
@@ -151,12 +161,20 @@ class SlackReporter:
                 self._logs.setdefault((event.host, event.step), _Log()).add(event.line)
                 return  # output alone never changes the card
             case ev.RunStarted():
-                self._set(status=RunStatus.RUNNING, approvals=tuple(event.approved_by) or
-                          self.view.approvals)
+                self._set(
+                    status=RunStatus.RUNNING,
+                    approvals=tuple(event.approved_by) or self.view.approvals,
+                )
             case ev.StepStarted():
                 self._logs[(event.host, event.step)] = _Log()
-                self._step(event.host, event.step, state=StepStatus.RUNNING,
-                           duration_s=None, summary="", progress="")
+                self._step(
+                    event.host,
+                    event.step,
+                    state=StepStatus.RUNNING,
+                    duration_s=None,
+                    summary="",
+                    progress="",
+                )
             case ev.StepProgress():
                 # In place on the card, coalesced with every other change
                 # (update_interval_s).
@@ -191,20 +209,31 @@ class SlackReporter:
         environment compares with the snapshot), as a code block in the thread."""
         match event:
             case ev.GpuTable():
-                self._replies.append(_Reply(title=f"{event.host}: GPU memory {event.label}",
-                                            table=render_table(event.snapshot)))
+                self._replies.append(
+                    _Reply(
+                        title=f"{event.host}: GPU memory {event.label}",
+                        table=render_table(event.snapshot),
+                    )
+                )
             case ev.PackagesKnown():
                 report = change_report(event.kind, event.diff, event.note)
                 if report is not None:
                     title, _, body = report.partition("\n")
-                    self._replies.append(_Reply(title=f"{event.host}: {title.rstrip(':')}",
-                                                table=body or title))
+                    self._replies.append(
+                        _Reply(title=f"{event.host}: {title.rstrip(':')}", table=body or title)
+                    )
             case _:
                 assert_never(event)
 
     def _finished(self, event: ev.StepFinished) -> None:
-        line = self._step(event.host, event.step, state=event.status,
-                          duration_s=event.duration_s, summary=event.summary, progress="")
+        line = self._step(
+            event.host,
+            event.step,
+            state=event.status,
+            duration_s=event.duration_s,
+            summary=event.summary,
+            progress="",
+        )
         collected = self._logs.pop((event.host, event.step), _Log())
         output = collected.full_output(event.output)
         if output.strip() or event.status != StepStatus.OK:
@@ -244,9 +273,12 @@ class SlackReporter:
     def leftovers_progress(self, question: str, approvals: tuple[str, ...]) -> None:
         """An approval counted for one host's question, more are needed: the card says
         how many ("1 of 2 approvals")."""
-        self._set(leftovers=tuple(dataclasses.replace(a, approvals=approvals)
-                                  if a.question == question else a
-                                  for a in self.view.leftovers))
+        self._set(
+            leftovers=tuple(
+                dataclasses.replace(a, approvals=approvals) if a.question == question else a
+                for a in self.view.leftovers
+            )
+        )
         self._touch()
 
     def close_leftovers(self, question: str, note: str) -> None:
@@ -266,19 +298,27 @@ class SlackReporter:
         self._replies.append(_Reply(msg=cancel_reply(user)))
         self._touch()
 
-    def conclude(self, status: RunStatus, summary: str, *,
-                 version_after: str | None = None) -> None:
+    def conclude(
+        self, status: RunStatus, summary: str, *, version_after: str | None = None
+    ) -> None:
         """The run's final state; steps that never ran are shown as skipped."""
         if self._concluded:
             return
         self._concluded = True
         steps = tuple(
-            dataclasses.replace(s, state=StepStatus.SKIPPED) if s.state == StepStatus.PENDING
+            dataclasses.replace(s, state=StepStatus.SKIPPED)
+            if s.state == StepStatus.PENDING
             else dataclasses.replace(s, state=StepStatus.INTERRUPTED)
-            if s.state == StepStatus.RUNNING else s
-            for s in self.view.steps)
-        self._set(status=status, summary=summary, steps=steps,
-                  version_after=version_after or self.view.version_after)
+            if s.state == StepStatus.RUNNING
+            else s
+            for s in self.view.steps
+        )
+        self._set(
+            status=status,
+            summary=summary,
+            steps=steps,
+            version_after=version_after or self.view.version_after,
+        )
         self._replies.append(_Reply(msg=outcome_reply(self.view)))
         self._touch()
 
@@ -302,8 +342,12 @@ class SlackReporter:
         try:
             await asyncio.wait_for(self._task, timeout_s)
         except TimeoutError:
-            log.warning("Slack thread %s/%s: gave up after %.0fs with updates still queued",
-                        self.channel, self.ts, timeout_s)
+            log.warning(
+                "Slack thread %s/%s: gave up after %.0fs with updates still queued",
+                self.channel,
+                self.ts,
+                timeout_s,
+            )
             return False
         return not self.pending
 
@@ -332,22 +376,33 @@ class SlackReporter:
             except Exception as exc:
                 self.failures += 1
                 if not is_transient(exc):
-                    log.error("Slack thread %s/%s: dropping an update Slack refused: %s",
-                              self.channel, self.ts, exc)
+                    log.error(
+                        "Slack thread %s/%s: dropping an update Slack refused: %s",
+                        self.channel,
+                        self.ts,
+                        exc,
+                    )
                     if card:
                         self._dirty = False
                     else:
                         refused = self._replies.popleft()
                         if refused.posted and refused.file is not None:
                             # The reply already out says a file follows: correct it.
-                            self._replies.appendleft(_Reply(msg=attachment_refused(
-                                refused.file[2], len(refused.file[1]),
-                                too_large=too_large(exc))))
+                            self._replies.appendleft(
+                                _Reply(
+                                    msg=attachment_refused(
+                                        refused.file[2],
+                                        len(refused.file[1]),
+                                        too_large=too_large(exc),
+                                    )
+                                )
+                            )
                     continue
                 failed += 1
                 delay = self._backoff.delay(failed)
-                log.warning("Slack thread %s/%s: %s; retrying in %.1fs", self.channel,
-                            self.ts, exc, delay)
+                log.warning(
+                    "Slack thread %s/%s: %s; retrying in %.1fs", self.channel, self.ts, exc, delay
+                )
                 await self._sleep(delay)
 
     async def _idle(self, seconds: float) -> None:
@@ -390,6 +445,6 @@ class SlackReporter:
             reply.posted = True
         if reply.file is not None:
             name, content, title = reply.file
-            await self.poster.upload(self.channel, filename=name, content=content, title=title,
-                                     thread_ts=self.ts)
-
+            await self.poster.upload(
+                self.channel, filename=name, content=content, title=title, thread_ts=self.ts
+            )

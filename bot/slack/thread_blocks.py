@@ -39,8 +39,13 @@ def step_reply(line: StepLine, output: str, *, full_log_attached: bool) -> Messa
         code, truncated = code_tail(output)
         blocks.append(section(code))
         if truncated or full_log_attached:
-            blocks.append(context("The full output is attached below."
-                                  if full_log_attached else "Earlier output was cut."))
+            blocks.append(
+                context(
+                    "The full output is attached below."
+                    if full_log_attached
+                    else "Earlier output was cut."
+                )
+            )
     state = line.state if line.state == StepStatus.OK else line.state.upper()
     return message(f"{line.host}: {title} {state}{duration_text(line.duration_s)}", blocks)
 
@@ -77,8 +82,10 @@ def code_pages_answer(title: str, body: str, *, rest: str) -> Message:
             left = len(lines) - i
             chunks.append(f"{ELLIPSIS} {left} more line{'s' if left != 1 else ''}")
             break
-    blocks = [section(f"*{escape(title)}*"), *(section(f"{FENCE}\n{c}\n{FENCE}")
-                                               for c in chunks[:MAX_PLAN_SECTIONS])]
+    blocks = [
+        section(f"*{escape(title)}*"),
+        *(section(f"{FENCE}\n{c}\n{FENCE}") for c in chunks[:MAX_PLAN_SECTIONS]),
+    ]
     if len(chunks) > MAX_PLAN_SECTIONS:
         blocks.append(context(f"{escape(chunks[-1])} not shown: {rest}"))
     return message(title, blocks)
@@ -97,8 +104,10 @@ def outcome_reply(view: CardView) -> Message:
         body += f": {escape(cut(view.summary, MAX_SECTION_TEXT - 200))}"
         text += f" — {escape(view.summary)}"
     if view.version_now or view.version_after:
-        body += (f"\n`{escape(view.plan.package)}` {escape(view.version_now or '?')} → "
-                 f"{escape(view.version_after or '?')}")
+        body += (
+            f"\n`{escape(view.plan.package)}` {escape(view.version_now or '?')} → "
+            f"{escape(view.version_after or '?')}"
+        )
     return message(text, [section(body)])
 
 
@@ -107,27 +116,41 @@ def leftovers_reply(text: str) -> Message:
     code, _ = code_head(text)
     # The fallback text is what notifications show, and mrkdwn there too: the host's
     # text is escaped like everywhere else, or a process name could ping the channel.
-    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
-                   [section(":warning: *Waiting for an approver:* press *Terminate leftover "
-                            "processes* on the card to end these, or Cancel."), section(code)])
+    return message(
+        one_line(escape(text), MAX_MESSAGE_TEXT),
+        [
+            section(
+                ":warning: *Waiting for an approver:* press *Terminate leftover "
+                "processes* on the card to end these, or Cancel."
+            ),
+            section(code),
+        ],
+    )
 
 
 def notice_reply(text: str) -> Message:
     """Something about the run that is no step of it (``events.Notice``)."""
-    return message(one_line(escape(text), MAX_MESSAGE_TEXT),
-                   [section(f":warning: {escape(text)}")])
+    return message(one_line(escape(text), MAX_MESSAGE_TEXT), [section(f":warning: {escape(text)}")])
 
 
 def cancel_reply(user: str) -> Message:
-    return message(f"Cancel requested by {user}",
-                   [section(f":no_entry_sign: Cancel requested by {mention(user)}: the run stops "
-                            "at its next safe point.")])
+    return message(
+        f"Cancel requested by {user}",
+        [
+            section(
+                f":no_entry_sign: Cancel requested by {mention(user)}: the run stops "
+                "at its next safe point."
+            )
+        ],
+    )
 
 
 def attachment_refused(title: str, chars: int, *, too_large: bool) -> Message:
     """Follows a reply that promised an attached file Slack then refused: only the end of
     the output, already in that reply, is in the thread."""
     why = "as too large" if too_large else "for good"
-    text = (f":warning: The full {escape(title)} ({chars:,} characters) could not be "
-            f"attached: Slack refused the file {why}. Only its end, above, is in the thread.")
+    text = (
+        f":warning: The full {escape(title)} ({chars:,} characters) could not be "
+        f"attached: Slack refused the file {why}. Only its end, above, is in the thread."
+    )
     return message(f"{title}: not attached", [section(text)])

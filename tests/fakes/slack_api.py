@@ -697,8 +697,9 @@ class FakeSlack:
             upload.content = await request.read()
         if self.max_upload_bytes is not None and len(upload.content) > self.max_upload_bytes:
             upload.content = None
-            return web.Response(status=413, text="Request Entity Too Large",
-                                content_type="text/plain")
+            return web.Response(
+                status=413, text="Request Entity Too Large", content_type="text/plain"
+            )
         self.signal.notify()
         return web.Response(text=f"OK - {len(upload.content)}", content_type="text/plain")
 

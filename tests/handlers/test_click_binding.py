@@ -31,7 +31,8 @@ from tests.slack_harness import (
 async def _pending(bot: SlackBot, text: str = f"restart {SERVICE}") -> int:
     await bot.command(text, user=ALICE)
     record = await bot.wait_for_run(
-        lambda r: r.message_ts is not None and r.status == "pending_approval", "the card")
+        lambda r: r.message_ts is not None and r.status == "pending_approval", "the card"
+    )
     return record.id
 
 
@@ -39,16 +40,23 @@ async def _send(bot: SlackBot, payload: dict[str, Any]) -> None:
     assert (await bot.signer.interactive(payload).post(bot.url)).status == 200
 
 
-def _forged(bot: SlackBot, action: str, value: str, *, channel: str, ts: str,
-            user: str = BOB) -> dict[str, Any]:
+def _forged(
+    bot: SlackBot, action: str, value: str, *, channel: str, ts: str, user: str = BOB
+) -> dict[str, Any]:
     """A signed click built by hand: any value, any channel, any message ts."""
-    return block_actions_payload(action_id=action, value=value, message_ts=ts,
-                                 channel_id=channel, user_id=user,
-                                 response_url=bot.fake.new_response_url(channel, user))
+    return block_actions_payload(
+        action_id=action,
+        value=value,
+        message_ts=ts,
+        channel_id=channel,
+        user_id=user,
+        response_url=bot.fake.new_response_url(channel, user),
+    )
 
 
 async def test_a_click_naming_another_run_or_from_another_channel_decides_nothing(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         victim = await _pending(bot)
         card_ts = (await bot.run(victim)).message_ts
@@ -56,8 +64,9 @@ async def test_a_click_naming_another_run_or_from_another_channel_decides_nothin
         # Another card in the allowed channel: a dry run's (it takes no locks), whose
         # Cancel button an approver may click; its value is rewritten to the victim.
         await bot.command(f"redeploy {SERVICE} --dry-run", user=ALICE)
-        dry = await bot.wait_for_run(lambda r: r.dry_run and r.message_ts is not None,
-                                     "the dry run's card")
+        dry = await bot.wait_for_run(
+            lambda r: r.dry_run and r.message_ts is not None, "the dry run's card"
+        )
         assert dry.message_ts is not None
         elsewhere = bot.fake.add_message(OTHER_CHANNEL, "a message with a copied button")
         forged = [
@@ -67,13 +76,19 @@ async def test_a_click_naming_another_run_or_from_another_channel_decides_nothin
             _forged(bot, "approve", str(victim), channel=OTHER_CHANNEL, ts=card_ts),
             # The allowed channel, but another message: the dry run's card, and a chat line.
             _forged(bot, "approve", str(victim), channel=CHANNEL, ts=dry.message_ts),
-            _forged(bot, "deny", str(victim), channel=CHANNEL,
-                    ts=bot.fake.add_message(CHANNEL, "just a message")),
+            _forged(
+                bot,
+                "deny",
+                str(victim),
+                channel=CHANNEL,
+                ts=bot.fake.add_message(CHANNEL, "just a message"),
+            ),
             _forged(bot, "cancel", str(victim), channel=CHANNEL, ts=dry.message_ts),
         ]
         # A payload whose two places for the channel disagree (Slack's never do).
-        split = bot.fake.block_action("approve", str(victim), channel_id=CHANNEL,
-                                      message_ts=card_ts, user_id=BOB)
+        split = bot.fake.block_action(
+            "approve", str(victim), channel_id=CHANNEL, message_ts=card_ts, user_id=BOB
+        )
         split["container"]["channel_id"] = OTHER_CHANNEL
         forged.append(split)
         for payload in forged:
@@ -84,7 +99,8 @@ async def test_a_click_naming_another_run_or_from_another_channel_decides_nothin
         rows = await bot.refusals(len(forged))
         assert {r.user for r in rows} == {BOB}
         assert sorted(r.command.split(" run ")[0] for r in rows) == sorted(
-            ["approve"] * 4 + ["deny", "cancel"])
+            ["approve"] * 4 + ["deny", "cancel"]
+        )
         assert all(f"run #{victim}" in r.command for r in rows)
         run = await bot.run(victim)
         assert run.status == "pending_approval" and run.approved_by == [] == run.denied_by
@@ -98,13 +114,15 @@ async def test_a_click_naming_another_run_or_from_another_channel_decides_nothin
 
 
 async def test_a_click_on_a_run_whose_card_is_not_recorded_yet_is_refused(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     # A request's card is recorded only once its full plan is in the thread; until then
     # (here: never) no click decides it, whatever message it claims to be on.
     async with slack_bot(tmp_path, sim_host) as bot:
         plan = bot.runtime.engine.plan(Action.RESTART, SERVICE)
-        record = await bot.runtime.lifecycle.request(plan, requested_by=ALICE,
-                                                     source=Source.SLACK, channel=CHANNEL)
+        record = await bot.runtime.lifecycle.request(
+            plan, requested_by=ALICE, source=Source.SLACK, channel=CHANNEL
+        )
         ts = bot.fake.add_message(CHANNEL, "looks like a card")
         await _send(bot, _forged(bot, "approve", str(record.id), channel=CHANNEL, ts=ts))
         note = (await bot.ephemerals_for(BOB))[-1]["text"]
@@ -113,8 +131,7 @@ async def test_a_click_on_a_run_whose_card_is_not_recorded_yet_is_refused(
         assert (await bot.run(record.id)).status == "pending_approval"
 
 
-async def test_approvers_are_read_fresh_at_each_click(tmp_path: Path,
-                                                      sim_host: SimKit) -> None:
+async def test_approvers_are_read_fresh_at_each_click(tmp_path: Path, sim_host: SimKit) -> None:
     # The cache would keep BOB for usergroup_cache_ttl_s (default 300 s): the request
     # itself filled it (who may ask is judged on the cache), with BOB in the group.
     async with slack_bot(tmp_path, sim_host) as bot:
@@ -137,7 +154,8 @@ async def test_approvers_are_read_fresh_at_each_click(tmp_path: Path,
 
 
 async def test_an_earlier_approval_stops_counting_when_its_approver_leaves_the_group(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host, policy=default_policy(min_approvals=2)) as bot:
         run_id = await _pending(bot)
         await bot.click("approve", run_id, user=BOB)
@@ -150,8 +168,9 @@ async def test_an_earlier_approval_stops_counting_when_its_approver_leaves_the_g
         assert not any(c.argv[:2] == ("systemctl", "stop") for c in sim_host.calls())
 
 
-async def test_a_click_slack_cannot_judge_is_refused_not_guessed(tmp_path: Path,
-                                                                 sim_host: SimKit) -> None:
+async def test_a_click_slack_cannot_judge_is_refused_not_guessed(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         run_id = await _pending(bot)  # the cache now holds BOB as an approver
         bot.fake.fail_next("usergroups.users.list", "internal_error")

@@ -44,7 +44,8 @@ BAD_INPUTS = [
 
 
 async def test_bad_input_is_refused_ephemerally_recorded_and_never_reaches_a_host(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         for n, (text, phrase) in enumerate(BAD_INPUTS, start=1):
             res = await bot.command(text)
@@ -60,8 +61,7 @@ async def test_bad_input_is_refused_ephemerally_recorded_and_never_reaches_a_hos
         assert sim_host.calls() == []
 
 
-async def test_commands_from_other_channels_are_refused(tmp_path: Path,
-                                                        sim_host: SimKit) -> None:
+async def test_commands_from_other_channels_are_refused(tmp_path: Path, sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         res = await bot.command(f"redeploy {SERVICE}", channel=OTHER_CHANNEL)
         assert f"<#{CHANNEL}>" in ack_text(res.text)
@@ -72,8 +72,7 @@ async def test_commands_from_other_channels_are_refused(tmp_path: Path,
         assert sim_host.calls() == []
 
 
-async def test_requesters_outside_the_policy_are_refused(tmp_path: Path,
-                                                         sim_host: SimKit) -> None:
+async def test_requesters_outside_the_policy_are_refused(tmp_path: Path, sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         res = await bot.command(f"redeploy {SERVICE}", user=MALLORY)
         assert res.status == 200
@@ -86,8 +85,7 @@ async def test_requesters_outside_the_policy_are_refused(tmp_path: Path,
         assert sim_host.calls() == []
 
 
-async def test_help_lists_every_command_with_its_usage(tmp_path: Path,
-                                                       sim_host: SimKit) -> None:
+async def test_help_lists_every_command_with_its_usage(tmp_path: Path, sim_host: SimKit) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         answer = ack_text((await bot.command("help")).text)
         listed = [line for line in answer.splitlines() if line.startswith("• ")]
@@ -109,7 +107,8 @@ def test_readme_and_manifest_list_every_command() -> None:
 
 
 async def test_status_runs_the_read_only_action_and_posts_the_answer(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     # Requests in flight, finishing over 10 minutes: the counts hold while the test reads.
     sim_host.update_config(busy_running=4, busy_waiting=2, busy_drain_s=600.0)
     sim_host.set_faults(busy=True)
@@ -140,9 +139,9 @@ async def test_gpus_answers_with_a_code_block(tmp_path: Path, sim_host: SimKit) 
 
 
 async def test_a_fleet_too_big_for_one_message_gets_a_summary_and_the_full_file(
-        tmp_path: Path, make_sim_host: MakeSimHost) -> None:
-    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}"))
-            for i in range(1, 5)]
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
+    kits = [await make_sim_host(config=fast_config(hostname=f"gpu-node-{i}")) for i in range(1, 5)]
     hosts = {k.hostname: k.host_settings() for k in kits}
     # And two hosts that cannot answer: a closed port and an unknown host key.
     hosts["gpu-node-dead"] = {**kits[0].host_settings(), "port": free_port()}
@@ -182,18 +181,21 @@ async def test_audit_posts_the_table(tmp_path: Path, sim_host: SimKit) -> None:
 
 
 async def test_audit_of_one_run_posts_its_view_with_the_package_change(
-        tmp_path: Path, sim_host: SimKit) -> None:
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         await bot.command(f"redeploy {SERVICE} --version 0.16.0 --index nightly")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await bot.click("approve", record.id, user=BOB)
-        done = await bot.wait_status(record.id, "succeeded", "failed", "rolled_back",
-                                     "aborted", timeout_s=60)
+        done = await bot.wait_status(
+            record.id, "succeeded", "failed", "rolled_back", "aborted", timeout_s=60
+        )
         assert done.status == "succeeded", done.summary
 
         await bot.command(f"audit #{record.id}")
         msg = await bot.fake.wait_for_message(
-            CHANNEL, lambda m: m.get("text", "") == f"Run #{record.id}")
+            CHANNEL, lambda m: m.get("text", "") == f"Run #{record.id}"
+        )
         text = blocks_text(msg)
         assert f"run #{record.id}: redeploy {SERVICE} on gpu-node-1: succeeded" in text
         # The install's own change (torch moved with vLLM), not only the dry run's plan.
@@ -205,8 +207,9 @@ async def test_audit_of_one_run_posts_its_view_with_the_package_change(
         assert notes[-1]["text"] == f"There is no run #{record.id + 1} in the audit log."
 
 
-async def test_doctor_is_for_requesters_and_answers_the_asker_alone(tmp_path: Path,
-                                                                    sim_host: SimKit) -> None:
+async def test_doctor_is_for_requesters_and_answers_the_asker_alone(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         refused = ack_text((await bot.command("doctor", user=MALLORY)).text)
         assert "cannot run doctor" in refused

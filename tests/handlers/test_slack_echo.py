@@ -29,8 +29,9 @@ def ack_text(body: str) -> str:
 
 
 @pytest.mark.parametrize(("typed", "shown"), HOSTILE)
-async def test_a_refusal_echoes_what_was_typed_escaped(tmp_path: Path, sim_host: SimKit,
-                                                       typed: str, shown: str) -> None:
+async def test_a_refusal_echoes_what_was_typed_escaped(
+    tmp_path: Path, sim_host: SimKit, typed: str, shown: str
+) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
         res = await bot.command(typed)
         assert res.status == 200

@@ -24,8 +24,12 @@ def svc(kit: SimKit) -> ServiceSettings:
 
 async def run_in(kit: SimKit, argv: tuple[str, ...], stdin: bytes | None = None) -> Ran:
     proc = await asyncio.create_subprocess_exec(
-        *argv, env=kit.env(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        *argv,
+        env=kit.env(),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate(stdin or b"")
     assert proc.returncode is not None
     return Ran(proc.returncode, out.decode(), err.decode())
@@ -79,13 +83,15 @@ async def test_offline_finds_only_what_is_cached(sim_host: SimKit) -> None:
     sim_host.set_installed_version(None)  # as a killed install leaves it
     # Drop the old vllm wheel from the cache: offline cannot bring it back.
     with sim_host.store.transaction() as tx:
-        tx.state = replace(tx.state, cache=tuple(c for c in tx.state.cache
-                                                 if not c.startswith("vllm==")))
+        tx.state = replace(
+            tx.state, cache=tuple(c for c in tx.state.cache if not c.startswith("vllm=="))
+        )
     r = await run(sim_host, *remote.sync_lock(svc(sim_host), path, offline=True))
     assert r.status == 2
-    assert (f"error: Failed to download `vllm=={DEFAULT_VERSION}`\n  Caused by: Network "
-            "connectivity is disabled, but the requested data wasn't found in the cache") \
-        in r.stderr
+    assert (
+        f"error: Failed to download `vllm=={DEFAULT_VERSION}`\n  Caused by: Network "
+        "connectivity is disabled, but the requested data wasn't found in the cache"
+    ) in r.stderr
     r = await run(sim_host, *remote.sync_lock(svc(sim_host), path, offline=False))
     assert r.status == 0 and sim_host.installed_version == DEFAULT_VERSION
 
@@ -105,8 +111,9 @@ async def test_downloads_happen_once_then_come_from_the_cache(sim_host: SimKit) 
     # cache were fetched into it, each announced by a Downloading line but orjson (uv
     # announces no wheel under 1 MiB; it is 0.9 MiB).
     assert sim_host.cached() - cached == {f"{c.name}=={c.after}" for c in wanted}
-    announced = [line.split()[1] for line in fetched.stderr.splitlines()
-                 if line.startswith("Downloading ")]
+    announced = [
+        line.split()[1] for line in fetched.stderr.splitlines() if line.startswith("Downloading ")
+    ]
     assert sorted(announced) == sorted(c.name for c in wanted if c.name != "orjson")
     assert len(announced) == 12 and "Downloading torch (880.0MiB)" in fetched.stderr
     assert sim_host.environment()["torch"] == "2.9.1"  # a prefetch installs nothing here
@@ -121,8 +128,9 @@ async def test_the_venv_interpreter_runs_the_gate(sim_host: SimKit) -> None:
     assert r.status == 0, r.stderr
     assert parse_gate_output(r.stdout) == GateReport(DEFAULT_VERSION, "2.9.1", "12.8")
     await run(sim_host, *remote.install(svc(sim_host), "vllm==0.16.0", None))
-    assert parse_gate_output((await run(sim_host, *remote.import_gate(svc(sim_host)))).stdout) \
-        == GateReport("0.16.0", "2.10.0", "13.0")
+    assert parse_gate_output(
+        (await run(sim_host, *remote.import_gate(svc(sim_host)))).stdout
+    ) == GateReport("0.16.0", "2.10.0", "13.0")
 
 
 async def test_import_error_spares_only_the_boot_version(sim_host: SimKit) -> None:

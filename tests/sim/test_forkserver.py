@@ -14,14 +14,17 @@ from bot.sim.state import DEFAULT_VERSION
 from tests.polling import eventually
 
 
-async def ran(kit: SimKit, *argv: str, fork: bool, stdin: bytes = b""
-              ) -> tuple[int, bytes, bytes]:
+async def ran(kit: SimKit, *argv: str, fork: bool, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
     env = kit.env()
     if not fork:
         del env[SOCKET_ENV]  # the client runs the tool in its own process
     proc = await asyncio.create_subprocess_exec(
-        *argv, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        *argv,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate(stdin)
     assert proc.returncode is not None
     return proc.returncode, out, err
@@ -30,8 +33,11 @@ async def ran(kit: SimKit, *argv: str, fork: bool, stdin: bytes = b""
 def untimed(result: tuple[int, bytes, bytes]) -> tuple[int, bytes, bytes]:
     """Without nvidia-smi -q's Timestamp line: the two calls may fall in different seconds."""
     status, out, err = result
-    return status, b"\n".join(ln for ln in out.split(b"\n")
-                               if not ln.startswith(b"Timestamp ")), err
+    return (
+        status,
+        b"\n".join(ln for ln in out.split(b"\n") if not ln.startswith(b"Timestamp ")),
+        err,
+    )
 
 
 def server_children() -> list[int]:
@@ -44,8 +50,11 @@ async def test_calls_through_the_server_match_the_tool_run_by_itself(sim_host: S
     nvidia_q = ("nvidia-smi", "-q", "-i", "3")
     usage = ("systemctl", "frobnicate")  # exit 1 and a message on stderr
     # The venv's interpreter (a tool too) reading its stdin.
-    echo = (str(sim_host.python), "-c",
-            "import sys, vllm; print(vllm.__version__, sys.stdin.read().upper())")
+    echo = (
+        str(sim_host.python),
+        "-c",
+        "import sys, vllm; print(vllm.__version__, sys.stdin.read().upper())",
+    )
     for argv, stdin in ((nvidia_q, b""), (usage, b""), (echo, b"from stdin")):
         forked = await ran(sim_host, *argv, fork=True, stdin=stdin)
         alone = await ran(sim_host, *argv, fork=False, stdin=stdin)
@@ -60,8 +69,17 @@ async def test_calls_through_the_server_match_the_tool_run_by_itself(sim_host: S
 async def stalled_install(kit: SimKit) -> asyncio.subprocess.Process:
     kit.set_faults(uv_stalls=True)
     proc = await asyncio.create_subprocess_exec(
-        "uv", "pip", "install", "--python", str(kit.python), "--force-reinstall", "vllm==0.16.0",
-        env=kit.env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        str(kit.python),
+        "--force-reinstall",
+        "vllm==0.16.0",
+        env=kit.env(),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stderr is not None
     assert (await proc.stderr.readline()).startswith(b"Resolved ")  # the tool runs, stalled
     return proc
@@ -82,20 +100,22 @@ async def test_a_client_killed_outright_takes_its_tool_with_it(sim_host: SimKit)
     assert await proc.wait() == -signal.SIGKILL
     # The next call is served at once, whether or not that child was reaped yet.
     assert (await ran(sim_host, "systemctl", "is-active", "vllm-kimi-k25", fork=True))[:2] == (
-        0, b"active\n")
+        0,
+        b"active\n",
+    )
     await eventually(lambda: server_children() == [], "the tool ended with its client")
 
 
-async def test_pgrep_lists_the_client_as_the_tool_and_leaves_itself_out(
-        sim_host: SimKit) -> None:
+async def test_pgrep_lists_the_client_as_the_tool_and_leaves_itself_out(sim_host: SimKit) -> None:
     proc = await stalled_install(sim_host)
     try:
-        status, out, _ = await ran(sim_host, "pgrep", "-a", "-f", "^(uv pip install|pgrep) ",
-                                   fork=True)
+        status, out, _ = await ran(
+            sim_host, "pgrep", "-a", "-f", "^(uv pip install|pgrep) ", fork=True
+        )
         assert status == 0
         assert out.decode().splitlines() == [
-            f"{proc.pid} uv pip install --python {sim_host.python} --force-reinstall "
-            "vllm==0.16.0"]
+            f"{proc.pid} uv pip install --python {sim_host.python} --force-reinstall vllm==0.16.0"
+        ]
     finally:
         proc.kill()
         await proc.wait()

@@ -34,8 +34,9 @@ async def health(kit: SimKit) -> tuple[int, Level, str]:
     q = await run(kit, *HEALTH_QUERY_ARGV)
     x = await run(kit, *XID_JOURNAL_ARGV)
     listed = parse_gpu_csv(kit.hostname, gpus.stdout.split("Unable")[0])
-    h = judge(kit.hostname, listed, parse_health_query(kit.hostname, q.stdout),
-              parse_xid_lines(x.stdout))
+    h = judge(
+        kit.hostname, listed, parse_health_query(kit.hostname, q.stdout), parse_xid_lines(x.stdout)
+    )
     return gpus.status, h.level(), h.summary()
 
 
@@ -60,14 +61,22 @@ async def test_each_hardware_fault_reads_as_critical_with_its_xid(sim_host: SimK
     listed = await run(sim_host, *GPU_QUERY_ARGV)
     assert "Unable to determine the device handle for GPU" in listed.stdout
     assert [g.index for g in parse_gpu_csv("h", listed.stdout.split("Unable")[0])] == [
-        0, 1, 2, 4, 5, 6, 7]
+        0,
+        1,
+        2,
+        4,
+        5,
+        6,
+        7,
+    ]
 
 
 async def test_unified_memory_and_no_gpus(sim_host: SimKit) -> None:
     sim_host.set_faults(unified_memory=True)
     gpus = parse_gpu_csv("h", (await run(sim_host, *GPU_QUERY_ARGV)).stdout)
     assert {(g.memory_used_mib, g.memory_total_mib, g.memory_note) for g in gpus} == {
-        (None, None, "[N/A]")}
+        (None, None, "[N/A]")
+    }
     apps = parse_apps_csv("h", (await run(sim_host, *APPS_QUERY_ARGV)).stdout)
     assert apps and {p.used_mib for p in apps} == {None}
     sim_host.set_faults(unified_memory=False, no_gpus=True)
@@ -82,8 +91,9 @@ async def test_ps_and_kill_see_the_simulated_processes_only(sim_host: SimKit) ->
     assert facts[STUCK].units() == ("vllm-kimi-k25.service",) and facts[STUCK].user == "vllm"
     r = await run(sim_host, "kill", "-s", "TERM", "1")
     assert r.status == 1 and "No such process" in r.stderr  # never a real PID
-    assert (await run(sim_host, "systemctl", "show", "-p", "User", "--value", "--",
-                      "vllm-kimi-k25")).stdout == "vllm\n"
+    assert (
+        await run(sim_host, "systemctl", "show", "-p", "User", "--value", "--", "vllm-kimi-k25")
+    ).stdout == "vllm\n"
 
 
 async def test_orphan_workers_outlive_the_stop_and_end_on_sigterm(sim_host: SimKit) -> None:
@@ -113,11 +123,14 @@ async def test_a_d_state_worker_survives_sigkill(sim_host: SimKit) -> None:
 
 
 async def test_a_neighbour_service_runs_on_its_own_gpus(make_sim_host: MakeSimHost) -> None:
-    kit = await make_sim_host(config=fast_config(neighbour_unit="vllm-other",
-                                                 neighbour_gpus=(4, 5, 6, 7)))
+    kit = await make_sim_host(
+        config=fast_config(neighbour_unit="vllm-other", neighbour_gpus=(4, 5, 6, 7))
+    )
     await run(kit, "systemctl", "stop", "vllm-kimi-k25")
-    await eventually(lambda: [g.used_mib > 0 for g in kit.gpus()] == [False] * 4 + [True] * 4,
-                     "the unit's GPUs free, the neighbour's held")
+    await eventually(
+        lambda: [g.used_mib > 0 for g in kit.gpus()] == [False] * 4 + [True] * 4,
+        "the unit's GPUs free, the neighbour's held",
+    )
     workers = (await run(kit, "pgrep", "-a", "-f", "^VLLM::")).stdout
     assert f"{NEIGHBOUR_PID + 88} VLLM::Worker_TP0" in workers
     (f,) = parse_facts((await run(kit, *facts_query([NEIGHBOUR_PID + 88]))).stdout).values()
@@ -149,5 +162,6 @@ async def test_reset_required_and_a_mig_xid(sim_host: SimKit) -> None:
     assert "kernel: NVRM: Xid (PCI:0000:61:00 GPU-I:05): 94, " in x
     status, level, said = await health(sim_host)
     assert (status, level) == (0, Level.WARN)
-    assert said.startswith("warning: GPU 3: Xid 94 (contained ECC error) on MIG instance "
-                           "GPU-I:05, last at ")
+    assert said.startswith(
+        "warning: GPU 3: Xid 94 (contained ECC error) on MIG instance GPU-I:05, last at "
+    )

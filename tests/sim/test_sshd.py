@@ -23,12 +23,29 @@ def wrapped(*argv: str, seconds: int = 10) -> str:
 
 async def openssh(kit: SimKit, known_hosts: Path, command: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        "ssh", "-F", "/dev/null", "-i", str(kit.client_key), "-o", "IdentitiesOnly=yes",
-        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-        "-p", str(kit.port), f"{kit.user}@127.0.0.1", command,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(kit.client_key),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-p",
+        str(kit.port),
+        f"{kit.user}@127.0.0.1",
+        command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -43,10 +60,14 @@ def wrong_known_hosts(kit: SimKit, tmp_path: Path) -> Path:
 
 async def test_commands_run_through_force_command(sim_sshd_host: SimKit) -> None:
     async with await sim_sshd_host.connect() as conn:
-        r = await conn.run(wrapped("systemctl", "show", UNIT, "-p",
-                                   "LoadState,ActiveState,SubState,MainPID"))
+        r = await conn.run(
+            wrapped("systemctl", "show", UNIT, "-p", "LoadState,ActiveState,SubState,MainPID")
+        )
         assert (r.exit_status, r.stdout, r.stderr) == (
-            0, "MainPID=48213\nLoadState=loaded\nActiveState=active\nSubState=running\n", "")
+            0,
+            "MainPID=48213\nLoadState=loaded\nActiveState=active\nSubState=running\n",
+            "",
+        )
         r = await conn.run(wrapped("uv", "pip", "show", "--python", "/nope/bin/python", "vllm"))
         assert r.exit_status == 2 and isinstance(r.stderr, str)
         assert r.stderr.startswith("error: Failed to inspect Python")
@@ -58,9 +79,17 @@ async def test_commands_run_through_force_command(sim_sshd_host: SimKit) -> None
 async def test_output_streams_before_the_command_ends(sim_sshd_host: SimKit) -> None:
     sim_sshd_host.update_config(install_duration_s=1.0)
     async with await sim_sshd_host.connect() as conn:
-        proc = await conn.create_process(wrapped(
-            "uv", "pip", "install", "--python", str(sim_sshd_host.python),
-            "--force-reinstall", "vllm==0.16.0"))
+        proc = await conn.create_process(
+            wrapped(
+                "uv",
+                "pip",
+                "install",
+                "--python",
+                str(sim_sshd_host.python),
+                "--force-reinstall",
+                "vllm==0.16.0",
+            )
+        )
         # The count is the sim's own resolution of that release (its deps and vllm).
         resolved = len({**packages.deps_of("0.16.0"), packages.PACKAGE: "0.16.0"})
         assert (await proc.stderr.readline()).startswith(f"Resolved {resolved} packages in ")
@@ -88,8 +117,9 @@ async def test_wrong_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path) 
     with pytest.raises(asyncssh.HostKeyNotVerifiable):
         await sim_sshd_host.connect(known_hosts=str(wrong))
     # OpenSSH's own client agrees with the kit's known_hosts file, and refuses the wrong one.
-    assert await openssh(sim_sshd_host, sim_sshd_host.known_hosts,
-                         f"systemctl is-active {UNIT}") == (0, "active\n", "")
+    assert await openssh(
+        sim_sshd_host, sim_sshd_host.known_hosts, f"systemctl is-active {UNIT}"
+    ) == (0, "active\n", "")
     status, _, err = await openssh(sim_sshd_host, wrong, "true")
     assert status == 255 and "Host key verification failed." in err
 
@@ -97,9 +127,18 @@ async def test_wrong_host_key_is_refused(sim_sshd_host: SimKit, tmp_path: Path) 
 async def test_close_stops_sshd_and_its_sessions(sim_sshd_host: SimKit) -> None:
     sim_sshd_host.update_config(install_duration_s=60)
     conn = await sim_sshd_host.connect()
-    await conn.create_process(wrapped("uv", "pip", "install", "--python",
-                                      str(sim_sshd_host.python), "--force-reinstall", "vllm",
-                                      seconds=60))
+    await conn.create_process(
+        wrapped(
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            str(sim_sshd_host.python),
+            "--force-reinstall",
+            "vllm",
+            seconds=60,
+        )
+    )
     await sim_sshd_host.close()
     assert procfs.with_env(STATE_DIR_ENV, str(sim_sshd_host.state_dir)) == []
     with pytest.raises(OSError):

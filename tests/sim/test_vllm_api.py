@@ -35,13 +35,20 @@ async def test_models_completions_version_and_metrics(sim_host: SimKit) -> None:
         assert json.loads(models.body)["data"][0]["owned_by"] == "vllm"
         version = await t.http_request("GET", api(sim_host, "/version"), timeout_s=5)
         assert reported_version(version.body) == DEFAULT_VERSION
-        done = await t.http_request("POST", api(sim_host, "/v1/completions"), timeout_s=5,
-                                    body=completion_body("kimi-k2.5", "The capital of France is",
-                                                         2),
-                                    content_type="application/json")
+        done = await t.http_request(
+            "POST",
+            api(sim_host, "/v1/completions"),
+            timeout_s=5,
+            body=completion_body("kimi-k2.5", "The capital of France is", 2),
+            content_type="application/json",
+        )
         assert done.status == 200 and completion_text(done.body) == " Paris. It"
-        wrong = await t.http_request("POST", api(sim_host, "/v1/completions"), timeout_s=5,
-                                     body=completion_body("llama", "x", 2))
+        wrong = await t.http_request(
+            "POST",
+            api(sim_host, "/v1/completions"),
+            timeout_s=5,
+            body=completion_body("llama", "x", 2),
+        )
         assert wrong.status == 404 and "does not exist" in wrong.body
         metrics = await t.http_request("GET", api(sim_host, "/metrics"), timeout_s=5)
         load = parse_load(metrics.body)
@@ -59,29 +66,37 @@ async def test_faults_wrong_model_smoke_fail_and_busy(sim_host: SimKit) -> None:
     try:
         models = await t.http_request("GET", api(sim_host, "/v1/models"), timeout_s=5)
         assert model_ids(models.body) == ["Kimi-K2-Instruct"]
-        smoke = await t.http_request("POST", api(sim_host, "/v1/completions"), timeout_s=5,
-                                     body=completion_body("Kimi-K2-Instruct", "x", 2))
+        smoke = await t.http_request(
+            "POST",
+            api(sim_host, "/v1/completions"),
+            timeout_s=5,
+            body=completion_body("Kimi-K2-Instruct", "x", 2),
+        )
         assert smoke.status == 500 and "EngineCore" in smoke.body
-        first = parse_load((await t.http_request("GET", api(sim_host, "/metrics"),
-                                                 timeout_s=5)).body)
+        first = parse_load(
+            (await t.http_request("GET", api(sim_host, "/metrics"), timeout_s=5)).body
+        )
         assert first.running == 3 and first.waiting in (0, 1)
 
         async def idle() -> bool:
             r = await t.http_request("GET", api(sim_host, "/metrics"), timeout_s=5)
             return parse_load(r.body).idle
+
         await eventually(idle, "the busy requests to finish", 10)
     finally:
         await t.close()
 
 
 async def test_a_start_logs_its_phases_and_the_journal_follows_by_cursor(
-        make_sim_host: MakeSimHost) -> None:
+    make_sim_host: MakeSimHost,
+) -> None:
     kit = await make_sim_host(config=fast_config(load_delay_s=1.0))
     t = transport(kit)
     unit = kit.config.unit
     try:
-        before = await t.run(["journalctl", "-u", unit, "-n", "1", "--show-cursor", "-o", "cat",
-                              "-q"], timeout_s=10)
+        before = await t.run(
+            ["journalctl", "-u", unit, "-n", "1", "--show-cursor", "-o", "cat", "-q"], timeout_s=10
+        )
         cursor = new_lines(before.stdout)[1]
         assert cursor is not None
         await t.run(["systemctl", "stop", unit], timeout_s=10)
@@ -91,13 +106,27 @@ async def test_a_start_logs_its_phases_and_the_journal_follows_by_cursor(
 
         async def ready() -> bool:
             nonlocal cursor
-            r = await t.run(["journalctl", "-u", unit, f"--after-cursor={cursor}", "-n", "1000",
-                             "--show-cursor", "-o", "cat", "-q"], timeout_s=10)
+            r = await t.run(
+                [
+                    "journalctl",
+                    "-u",
+                    unit,
+                    f"--after-cursor={cursor}",
+                    "-n",
+                    "1000",
+                    "--show-cursor",
+                    "-o",
+                    "cat",
+                    "-q",
+                ],
+                timeout_s=10,
+            )
             lines, cursor = new_lines(r.stdout)[0], new_lines(r.stdout)[1] or cursor
             for line in lines:  # line by line: every phase counts, however late the poll
                 watch.feed([line])
                 phases.append(watch.text())
             return watch.text() == "API server up"
+
         await eventually(ready, "the start-up to end", 15)
     finally:
         await t.close()
@@ -105,8 +134,7 @@ async def test_a_start_logs_its_phases_and_the_journal_follows_by_cursor(
     assert len(dict.fromkeys(phases)) >= 3, phases
 
 
-async def test_oom_at_start_logs_a_traceback_then_exits_later(make_sim_host: MakeSimHost
-                                                              ) -> None:
+async def test_oom_at_start_logs_a_traceback_then_exits_later(make_sim_host: MakeSimHost) -> None:
     kit = await make_sim_host(config=fast_config(load_delay_s=1.0, oom_exit_delay_s=3.0))
     kit.set_faults(oom_at_start=True)
     t = transport(kit)
@@ -114,8 +142,9 @@ async def test_oom_at_start_logs_a_traceback_then_exits_later(make_sim_host: Mak
     try:
         await t.run(["systemctl", "stop", unit], timeout_s=10)
         await t.run(["systemctl", "start", unit], timeout_s=10)
-        await eventually(lambda: any("CUDA out of memory" in ln for ln in kit.journal()),
-                         "the OOM traceback", 10)
+        await eventually(
+            lambda: any("CUDA out of memory" in ln for ln in kit.journal()), "the OOM traceback", 10
+        )
         await eventually(lambda: kit.unit_state() == "failed", "the exit", 15)
         health = await t.http_request("GET", kit.health_url, timeout_s=5)
         assert health.status is None  # it never served

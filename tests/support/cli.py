@@ -50,7 +50,8 @@ def _forkable(env: dict[str, str] | None) -> bool:
     """A fork has passed the interpreter's start: a run whose environment sets how an
     interpreter starts (``PYTHONPROFILEIMPORTTIME``, ...) gets a real one."""
     return zygote_enabled() and not any(
-        k.startswith("PYTHON") and k != "PYTHONPATH" for k in env or {})
+        k.startswith("PYTHON") and k != "PYTHONPATH" for k in env or {}
+    )
 
 
 def _read_all(fd: int) -> bytes:
@@ -60,23 +61,31 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _forked(args: tuple[str, ...], *, cwd: Path, env: dict[str, str] | None,
-                  stdin: int) -> tuple[int, str, str]:
+async def _forked(
+    args: tuple[str, ...], *, cwd: Path, env: dict[str, str] | None, stdin: int
+) -> tuple[int, str, str]:
     """``python -m bot *args`` as a fork of an interpreter that has imported the bot
     (tests.support.cli_zygote): the same process but for 0.8 s of imports."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
         try:
-            conn = zygote_start(list(args), env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
-                                                 **(env or {})},
-                                cwd=cwd, stdin=stdin, stdout=out_w, stderr=err_w)
+            conn = zygote_start(
+                list(args),
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+                cwd=cwd,
+                stdin=stdin,
+                stdout=out_w,
+                stderr=err_w,
+            )
         finally:
             os.close(out_w)
             os.close(err_w)
-        out, err, code = await asyncio.gather(asyncio.to_thread(_read_all, out_r),
-                                              asyncio.to_thread(_read_all, err_r),
-                                              zygote_wait(conn))
+        out, err, code = await asyncio.gather(
+            asyncio.to_thread(_read_all, out_r),
+            asyncio.to_thread(_read_all, err_r),
+            zygote_wait(conn),
+        )
     finally:
         os.close(out_r)
         os.close(err_r)
@@ -89,16 +98,24 @@ async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple
         with open(os.devnull, "rb") as devnull:
             return await _forked(args, cwd=cwd, env=env, stdin=devnull.fileno())
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *args, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+    )
     out, err = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
-async def cli_on_terminal(*args: str, answer: str, cwd: Path,
-                          env: dict[str, str] | None = None) -> tuple[int, str, str]:
+async def cli_on_terminal(
+    *args: str, answer: str, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """``python -m bot *args`` with a terminal (a pty) as its stdin, on which ``answer``
     was typed: what an operator at a prompt sees (stdout and stderr stay pipes)."""
     master, slave = pty.openpty()
@@ -107,9 +124,16 @@ async def cli_on_terminal(*args: str, answer: str, cwd: Path,
         if _forkable(env):
             return await _forked(args, cwd=cwd, env=env, stdin=slave)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", *args, cwd=cwd, stdin=slave,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+            sys.executable,
+            "-m",
+            "bot",
+            *args,
+            cwd=cwd,
+            stdin=slave,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+        )
         out, err = await proc.communicate()
     finally:
         os.close(slave)

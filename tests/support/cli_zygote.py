@@ -49,10 +49,20 @@ def _socket_path() -> Path:
         return _started[1]
     path = Path(tempfile.mkdtemp(prefix="cli-zygote-")) / "socket"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from tests.support.cli_zygote import serve; import sys; "
-         "serve(sys.argv[1], int(sys.argv[2]))", str(path), str(os.getpid())],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-c",
+            "from tests.support.cli_zygote import serve; import sys; "
+            "serve(sys.argv[1], int(sys.argv[2]))",
+            str(path),
+            str(os.getpid()),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _started = (os.getpid(), path, proc)
     atexit.register(_stop, proc, path)
     return path
@@ -68,8 +78,9 @@ def _stop(proc: subprocess.Popen[bytes], path: Path) -> None:
     path.parent.rmdir()
 
 
-def zygote_start(argv: list[str], *, env: dict[str, str], cwd: Path, stdin: int,
-                 stdout: int, stderr: int) -> socket.socket:
+def zygote_start(
+    argv: list[str], *, env: dict[str, str], cwd: Path, stdin: int, stdout: int, stderr: int
+) -> socket.socket:
     """Hand ``python -m bot *argv`` to the server; the descriptors are passed (the
     caller may close its own at once). ``zygote_wait`` the connection for its end."""
     path = _socket_path()
@@ -86,8 +97,10 @@ def zygote_start(argv: list[str], *, env: dict[str, str], cwd: Path, stdin: int,
     try:
         conn.connect(str(path))
         fds = array.array("i", [stdin, stdout, stderr])
-        conn.sendmsg([len(request).to_bytes(8, "big") + request],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        conn.sendmsg(
+            [len(request).to_bytes(8, "big") + request],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
+        )
     except BaseException:
         conn.close()
         raise
@@ -113,12 +126,13 @@ async def zygote_wait(conn: socket.socket) -> int:
 
 # ---- the server ---------------------------------------------------------------------------
 
+
 def _recv(conn: socket.socket) -> tuple[list[int], dict[str, object]]:
     fds: list[int] = []
     data, ancdata, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
     for level, kind, raw in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += array.array("i", raw[:len(raw) - len(raw) % 4]).tolist()
+            fds += array.array("i", raw[: len(raw) - len(raw) % 4]).tolist()
     size = int.from_bytes(data[:8], "big")
     body = data[8:]
     while len(body) < size:
@@ -176,8 +190,9 @@ def _child(fds: list[int], request: dict[str, object], keep_closed: list[int]) -
     os._exit(code)
 
 
-def _waiter(conn: socket.socket, fds: list[int], request: dict[str, object],
-            listener: socket.socket) -> None:
+def _waiter(
+    conn: socket.socket, fds: list[int], request: dict[str, object], listener: socket.socket
+) -> None:
     """A fork that forks the run, waits for it and says how it ended; a caller that
     hangs up (a test cancelled) takes its run with it."""
     code = 1

@@ -22,8 +22,9 @@ def keygen_fingerprint(known_hosts: Path) -> str:
         if os.environ.get("CI"):
             pytest.fail("ssh-keygen is missing and CI is set: install openssh-client")
         pytest.skip("ssh-keygen is not installed (apt-get install openssh-client)")
-    out = subprocess.run([tool, "-lf", str(known_hosts)], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [tool, "-lf", str(known_hosts)], check=True, capture_output=True, text=True
+    ).stdout
     return out.split()[1]
 
 

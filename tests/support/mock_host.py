@@ -51,21 +51,36 @@ def mock_host(root: Path, transport: MockTransport | None = None) -> MockHost:
     client_key.chmod(0o600)
     known_hosts = root / "known_hosts"
     known_hosts.write_text(key_line(PORT))
-    return MockHost(HOSTNAME, PORT, "chatops", client_key, known_hosts,
-                    transport or MockTransport(HOSTNAME))
+    return MockHost(
+        HOSTNAME, PORT, "chatops", client_key, known_hosts, transport or MockTransport(HOSTNAME)
+    )
 
 
-def mock_settings(host: MockHost, tmp_path: Path, *, host_overrides: dict[str, Any] | None = None,
-                  **service: Any) -> Settings:
+def mock_settings(
+    host: MockHost, tmp_path: Path, *, host_overrides: dict[str, Any] | None = None, **service: Any
+) -> Settings:
     """As ``tests.support.sim.sim_settings`` gives for a simulated host."""
-    cfg = {"address": "127.0.0.1", "port": host.port, "user": host.user,
-           "key_file": str(host.client_key), "known_hosts": str(host.known_hosts),
-           **TEST_HOST_SETTINGS, **(host_overrides or {})}
-    svc = {"hosts": [host.hostname], "unit": UNIT, "python": "/opt/vllm/bin/python",
-           "health_url": "http://127.0.0.1:8000/health", "indexes": dict(INDEXES),
-           **TEST_SERVICE_SETTINGS, **service}
-    return Settings(hosts={host.hostname: cfg}, services={SERVICE: svc},
-                    db_path=tmp_path / "audit.db")
+    cfg = {
+        "address": "127.0.0.1",
+        "port": host.port,
+        "user": host.user,
+        "key_file": str(host.client_key),
+        "known_hosts": str(host.known_hosts),
+        **TEST_HOST_SETTINGS,
+        **(host_overrides or {}),
+    }
+    svc = {
+        "hosts": [host.hostname],
+        "unit": UNIT,
+        "python": "/opt/vllm/bin/python",
+        "health_url": "http://127.0.0.1:8000/health",
+        "indexes": dict(INDEXES),
+        **TEST_SERVICE_SETTINGS,
+        **service,
+    }
+    return Settings(
+        hosts={host.hostname: cfg}, services={SERVICE: svc}, db_path=tmp_path / "audit.db"
+    )
 
 
 @asynccontextmanager

@@ -45,20 +45,26 @@ REPO_ROOT = BIN_DIR.parents[2]
 # By absolute paths: a real systemctl or uv finds nothing through the caller's PATH.
 _GUARDS = {
     # systemd 252 through polkit, for a user with no rule for the unit.
-    "systemctl": ('case "$1" in stop|start) if [ "$(/usr/bin/id -u)" != 0 ]; then '
-                  'echo "Failed to $1 $3.service: Access denied" >&2; '
-                  'echo "See system logs and \'systemctl status $3.service\' for details." >&2; '
-                  "exit 4; fi;; esac\n"),
+    "systemctl": (
+        'case "$1" in stop|start) if [ "$(/usr/bin/id -u)" != 0 ]; then '
+        'echo "Failed to $1 $3.service: Access denied" >&2; '
+        "echo \"See system logs and 'systemctl status $3.service' for details.\" >&2; "
+        "exit 4; fi;; esac\n"
+    ),
     # journalctl 252 for a user outside the adm and systemd-journal groups.
-    "journalctl": ('if [ "$(/usr/bin/id -u)" != 0 ]; then echo "Hint: You are currently not seeing '
-                   "messages from other users and the system. Users in groups 'adm', "
-                   "'systemd-journal' can see all messages. Pass -q to turn off this "
-                   'notice." >&2; echo "-- No entries --"; exit 0; fi\n'),
+    "journalctl": (
+        'if [ "$(/usr/bin/id -u)" != 0 ]; then echo "Hint: You are currently not seeing '
+        "messages from other users and the system. Users in groups 'adm', "
+        "'systemd-journal' can see all messages. Pass -q to turn off this "
+        'notice." >&2; echo "-- No entries --"; exit 0; fi\n'
+    ),
     # uv writing a venv its account cannot write (uv 0.13: os error 13).
-    "uv": ('case "$1 $2" in "pip install"|"pip sync") case " $* " in *" --dry-run "*) ;; '
-           '*) if [ "$(/usr/bin/id -un)" != "{owner}" ]; then echo "error: failed to remove file '
-           '\\`{venv}/lib/python3.12/site-packages/vllm/__init__.py\\`: Permission denied '
-           '(os error 13)" >&2; exit 2; fi;; esac;; esac\n'),
+    "uv": (
+        'case "$1 $2" in "pip install"|"pip sync") case " $* " in *" --dry-run "*) ;; '
+        '*) if [ "$(/usr/bin/id -un)" != "{owner}" ]; then echo "error: failed to remove file '
+        "\\`{venv}/lib/python3.12/site-packages/vllm/__init__.py\\`: Permission denied "
+        '(os error 13)" >&2; exit 2; fi;; esac;; esac\n'
+    ),
 }
 
 
@@ -84,8 +90,9 @@ class Accounts:
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
 
 
 def _checked(*argv: str) -> None:
@@ -126,8 +133,11 @@ def copy_sim(dest: Path) -> Path:
     """``bot/__init__.py`` and ``bot/sim`` (all the tools import) where anyone can read."""
     (dest / "bot").mkdir(parents=True)
     shutil.copy2(REPO_ROOT / "bot" / "__init__.py", dest / "bot" / "__init__.py")
-    shutil.copytree(REPO_ROOT / "bot" / "sim", dest / "bot" / "sim",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        REPO_ROOT / "bot" / "sim",
+        dest / "bot" / "sim",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     return dest
 
 
@@ -135,9 +145,17 @@ class NonRootKit(SimKit):
     """A SimKit behind the real sshd, logged into as ``accounts.login``; its tools at
     ``tool(name)`` (absolute paths, for the settings and the sudoers rules)."""
 
-    def __init__(self, root: Path, *, who: Accounts, python: str, tree: Path,
-                 path_first: Path | None = None, keys_in_home: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        who: Accounts,
+        python: str,
+        tree: Path,
+        path_first: Path | None = None,
+        keys_in_home: bool = False,
+        **kwargs: Any,
+    ) -> None:
         """``path_first``: a directory the login puts first in its PATH (its own tools).
         ``keys_in_home``: sshd reads the key from the login's own ~/.ssh/authorized_keys
         (OpenSSH's default place) instead of a file root owns."""
@@ -158,32 +176,39 @@ class NonRootKit(SimKit):
     def env(self) -> dict[str, str]:
         env = super().env()
         first = f"{self.path_first}:" if self.path_first is not None else ""
-        env.update(PATH=f"{first}{self.tools}:{SYSTEM_PATH}", SIM_PYTHON=self.sim_python,
-                   HOME=str(self.home))
+        env.update(
+            PATH=f"{first}{self.tools}:{SYSTEM_PATH}",
+            SIM_PYTHON=self.sim_python,
+            HOME=str(self.home),
+        )
         return env
 
     def _wrappers(self) -> None:
         self.tools.mkdir(parents=True, exist_ok=True)
         for name in TOOLS:
             guard = _GUARDS.get(name, "").format(owner=self.who.owner, venv=self.venv_dir)
-            text = ("#!/bin/sh\n" + guard + "umask 000\n"  # every account shares the state
-                    f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
-                    f"SIM_PYTHON={shlex.quote(self.sim_python)}; "
-                    f"PYTHONPATH={shlex.quote(str(self.tree))}; "
-                    "export SIM_STATE_DIR SIM_PYTHON PYTHONPATH\n"
-                    f'exec "$SIM_PYTHON" -S -m bot.sim.tools {name} "$@"\n')
+            text = (
+                "#!/bin/sh\n" + guard + "umask 000\n"  # every account shares the state
+                f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
+                f"SIM_PYTHON={shlex.quote(self.sim_python)}; "
+                f"PYTHONPATH={shlex.quote(str(self.tree))}; "
+                "export SIM_STATE_DIR SIM_PYTHON PYTHONPATH\n"
+                f'exec "$SIM_PYTHON" -S -m bot.sim.tools {name} "$@"\n'
+            )
             path = self.tools / name
             path.write_text(text)
             path.chmod(0o755)
         # The venv's interpreter (the import gate runs it as the venv's owner, under sudo,
         # which clears the environment: it names the host's state itself, like the tools).
         self.python.parent.mkdir(parents=True, exist_ok=True)
-        self.python.write_text("#!/bin/sh\numask 000\n"
-                               f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
-                               f"PYTHONPATH={shlex.quote(str(self.tree))}; "
-                               "export SIM_STATE_DIR PYTHONPATH\n"
-                               f"exec {shlex.quote(self.sim_python)} -S -m bot.sim.tools "
-                               'python "$@"\n')
+        self.python.write_text(
+            "#!/bin/sh\numask 000\n"
+            f"SIM_STATE_DIR={shlex.quote(str(self.state_dir))}; "
+            f"PYTHONPATH={shlex.quote(str(self.tree))}; "
+            "export SIM_STATE_DIR PYTHONPATH\n"
+            f"exec {shlex.quote(self.sim_python)} -S -m bot.sim.tools "
+            'python "$@"\n'
+        )
         self.python.chmod(0o755)
 
     async def start(self) -> NonRootKit:
@@ -210,29 +235,59 @@ class NonRootKit(SimKit):
         key = self.authorized_keys.read_text().strip()
         self.authorized_keys.write_text(
             f'restrict,port-forwarding,permitopen="127.0.0.1:{self.service_port}",'
-            f'from="127.0.0.1" {key}\n')
+            f'from="127.0.0.1" {key}\n'
+        )
         if self.keys_in_home:  # the login's own file, as ssh-copy-id leaves it
-            _checked("chown", "-R", f"{self.who.login}:{self.who.login}",
-                     str(self.authorized_keys.parent))
+            _checked(
+                "chown",
+                "-R",
+                f"{self.who.login}:{self.who.login}",
+                str(self.authorized_keys.parent),
+            )
         return self
 
     def service_settings(self, hosts: Any = None, **overrides: Any) -> dict[str, Any]:
-        return super().service_settings(hosts, **{
-            "uv": self.tool("uv"), "systemctl": self.tool("systemctl"),
-            "journalctl": self.tool("journalctl"), "ps": self.tool("ps"),
-            "kill": self.tool("kill"), "venv_user": self.who.owner, **overrides})
+        return super().service_settings(
+            hosts,
+            **{
+                "uv": self.tool("uv"),
+                "systemctl": self.tool("systemctl"),
+                "journalctl": self.tool("journalctl"),
+                "ps": self.tool("ps"),
+                "kill": self.tool("kill"),
+                "venv_user": self.who.owner,
+                **overrides,
+            },
+        )
 
     def host_settings(self, **overrides: Any) -> dict[str, Any]:
         # doctor reads the AuthorizedKeysFile of the sshd that serves this host.
-        return super().host_settings(**{"become": "sudo",
-                                        "sshd_config": str(self.root / "sshd" / "sshd_config"),
-                                        **overrides})
+        return super().host_settings(
+            **{
+                "become": "sudo",
+                "sshd_config": str(self.root / "sshd" / "sshd_config"),
+                **overrides,
+            }
+        )
 
 
 # What a fixed script run with rights could find by name: the simulated tools, and the
 # coreutils the scripts beside the venv use.
-PLANTED = ("ps", "kill", "env", "sh", "cat", "mkdir", "mv", "rm", "stat", "readlink",
-           "mktemp", "id", "dirname")
+PLANTED = (
+    "ps",
+    "kill",
+    "env",
+    "sh",
+    "cat",
+    "mkdir",
+    "mv",
+    "rm",
+    "stat",
+    "readlink",
+    "mktemp",
+    "id",
+    "dirname",
+)
 
 
 def plant_tools(directory: Path, marker: Path, kit_tools: Path, owner: str) -> None:
@@ -248,16 +303,21 @@ def plant_tools(directory: Path, marker: Path, kit_tools: Path, owner: str) -> N
         if not real.exists() and name not in TOOLS:
             real = Path("/bin") / name
         path = directory / name
-        path.write_text(f'#!/bin/sh\necho "$(/usr/bin/id -un) {name}" >> {shlex.quote(str(marker))}'
-                        f'\nexec {shlex.quote(str(real))} "$@"\n')
+        path.write_text(
+            f'#!/bin/sh\necho "$(/usr/bin/id -un) {name}" >> {shlex.quote(str(marker))}'
+            f'\nexec {shlex.quote(str(real))} "$@"\n'
+        )
         path.chmod(0o755)
     _checked("chown", "-R", f"{owner}:{owner}", str(directory))
 
 
 def marked(marker: Path) -> list[tuple[str, str]]:
     """(account, tool) for every run of a planted tool, in order."""
-    return [(w[0], w[1]) for w in (line.split() for line in marker.read_text().splitlines())
-            if len(w) == 2]
+    return [
+        (w[0], w[1])
+        for w in (line.split() for line in marker.read_text().splitlines())
+        if len(w) == 2
+    ]
 
 
 @contextmanager
@@ -274,8 +334,10 @@ def sudoers_installed(text: str) -> Iterator[Path]:
     # block, as a CI timeout does, leaves its file; the kernel drops its lock). Left
     # there it redefines the same aliases, and sudo keeps whichever file sorts first: a
     # later run then failed about half its sudo tests, by the random names' order.
-    for stale in [*SUDOERS_D.glob("vllm_chatops_test_*"),
-                  *SUDOERS_D.glob(".vllm_chatops_test_*.new")]:
+    for stale in [
+        *SUDOERS_D.glob("vllm_chatops_test_*"),
+        *SUDOERS_D.glob(".vllm_chatops_test_*.new"),
+    ]:
         stale.unlink(missing_ok=True)
     # Written beside it under a name sudo skips (it has a "."), then renamed: a test running
     # sudo meanwhile never reads half a file (a copy from /tmp, on another file system,

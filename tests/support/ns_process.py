@@ -35,10 +35,10 @@ SERVICE = "svc"
 def settings(db: Path) -> Settings:
     return Settings(
         hosts={"gpu1": {"address": LOCAL}},
-        services={SERVICE: {"hosts": ["gpu1"], "unit": "vllm-svc",
-                            "python": "/opt/v/bin/python"}},
+        services={SERVICE: {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"}},
         policy={"approvers": ["U0BOB"], "min_approvals": 1, "approval_ttl_s": 600},
-        db_path=db)
+        db_path=db,
+    )
 
 
 async def _line() -> str:
@@ -58,8 +58,9 @@ async def owner(db: Path) -> None:
     s = settings(db)
     async with AuditLog.open(db) as audit:
         life = RunLifecycle(s, audit, sleep=beat_when_told)
-        record = await life.request(make_plan(s, Action.RESTART, SERVICE),
-                                    requested_by="cli:ns@inside", source=Source.CLI)
+        record = await life.request(
+            make_plan(s, Action.RESTART, SERVICE), requested_by="cli:ns@inside", source=Source.CLI
+        )
         assert await life.confirm(record.id, "cli:ns@inside")
         assert await life.start(record.id) is not None
         _say({"run": record.id, "owner": (await audit.get_run(record.id)).owner})
@@ -80,8 +81,11 @@ async def judge(db: Path) -> None:
                 _say({"recovered": [item.run.id for item in await life.recover()]})
             else:
                 try:
-                    record = await life.request(make_plan(s, Action.RESTART, SERVICE),
-                                                requested_by="cli:judge", source=Source.CLI)
+                    record = await life.request(
+                        make_plan(s, Action.RESTART, SERVICE),
+                        requested_by="cli:judge",
+                        source=Source.CLI,
+                    )
                 except LockHeldError as exc:
                     _say({"busy": str(exc)})
                 else:

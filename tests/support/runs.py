@@ -14,15 +14,17 @@ from bot.engine.runtime import Runtime
 from bot.sim.kit import SERVICE
 
 
-async def run(rt: Runtime, action: Action, *, gate: LeftoverGate | None = None,
-              **plan: Any) -> tuple[RunResult, str]:
+async def run(
+    rt: Runtime, action: Action, *, gate: LeftoverGate | None = None, **plan: Any
+) -> tuple[RunResult, str]:
     """Request, approve (U0BOB for U0ALICE) and execute; the result and the terminal text.
     ``gate``: who is asked about leftover workers (none: nobody can be asked)."""
     out = io.StringIO()
     p = rt.engine.plan(action, SERVICE, **plan)
     record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
     await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
-    assert await rt.audit.transition(record.id, RunStatus.APPROVED,
-                                     expect=(RunStatus.PENDING_APPROVAL,))
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
     result = await rt.engine.execute(record.id, TerminalSink(out), gate=gate)
     return result, out.getvalue()

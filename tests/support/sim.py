@@ -30,20 +30,28 @@ def require_sshd() -> None:
     pytest.skip(f"{SSHD} is not installed (apt-get install openssh-server)")
 
 
-def sim_settings(kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = None,
-                 **service: Any) -> Settings:
+def sim_settings(
+    kit: SimKit, tmp_path: Path, *, host: dict[str, Any] | None = None, **service: Any
+) -> Settings:
     """One host, the service on it, the audit DB in ``tmp_path``; ``host`` and ``service``
     override the simulated host's own settings."""
-    return Settings(hosts={kit.hostname: kit.host_settings(**(host or {}))},
-                    services={SERVICE: kit.service_settings(**service)},
-                    db_path=tmp_path / "audit.db")
+    return Settings(
+        hosts={kit.hostname: kit.host_settings(**(host or {}))},
+        services={SERVICE: kit.service_settings(**service)},
+        db_path=tmp_path / "audit.db",
+    )
 
 
 # The GPU check's reads, exactly as the card's GPU health read (``bot.engine.gpu_health``)
 # runs them: the GPU and compute-app queries, ``nvidia-smi -q`` and this boot's Xid lines
 # of the kernel log (dmesg is its fallback). Every one only reads.
-_GPU_HEALTH_READS = {GPU_QUERY_ARGV, APPS_QUERY_ARGV, HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV,
-                     XID_DMESG_ARGV}
+_GPU_HEALTH_READS = {
+    GPU_QUERY_ARGV,
+    APPS_QUERY_ARGV,
+    HEALTH_QUERY_ARGV,
+    XID_JOURNAL_ARGV,
+    XID_DMESG_ARGV,
+}
 
 
 def touched(kit: SimKit) -> list[Call]:
@@ -53,7 +61,11 @@ def touched(kit: SimKit) -> list[Call]:
     GPU check's reads that show the GPUs' health (``bot.engine.gpu_health``; these
     exact commands only, so a ``nvidia-smi -r`` would still count). Before approval,
     this must be empty."""
-    return [c for c in kit.calls() if (c.tool, c.argv) != ("http", ("GET", "/metrics"))
-            and c.argv[:3] != ("uv", "pip", "freeze")
-            and not (c.argv[:3] == ("uv", "pip", "install") and "--dry-run" in c.argv)
-            and c.argv not in _GPU_HEALTH_READS]
+    return [
+        c
+        for c in kit.calls()
+        if (c.tool, c.argv) != ("http", ("GET", "/metrics"))
+        and c.argv[:3] != ("uv", "pip", "freeze")
+        and not (c.argv[:3] == ("uv", "pip", "install") and "--dry-run" in c.argv)
+        and c.argv not in _GPU_HEALTH_READS
+    ]

@@ -134,8 +134,7 @@ class Progress:
     start_up: bool = False
 
 
-Action = (RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Progress
-          | AskApproval)
+Action = RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Progress | AskApproval
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,19 +185,31 @@ def _expect(reply: Reply, kind: type[R], action: Action) -> R:
     """The reply narrowed to what ``action`` is answered with; anything else is a bug of
     whoever drives the flow (the executor, a test's host), said at once."""
     if not isinstance(reply, kind):
-        raise TypeError(f"{type(action).__name__} was answered with "
-                        f"{type(reply).__name__}, not {kind.__name__}")
+        raise TypeError(
+            f"{type(action).__name__} was answered with {type(reply).__name__}, not {kind.__name__}"
+        )
     return reply
 
 
-def run(step: Step, argv: tuple[str, ...], timeout: float, *, quiet: bool = False,
-        stdin: bytes | None = None) -> Phase[CommandResult]:
+def run(
+    step: Step,
+    argv: tuple[str, ...],
+    timeout: float,
+    *,
+    quiet: bool = False,
+    stdin: bytes | None = None,
+) -> Phase[CommandResult]:
     action = RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
     return _expect((yield action), CommandResult, action)
 
 
-def http(url: str, timeout_s: float, method: str = "GET", body: bytes | None = None,
-         content_type: str | None = None) -> Phase[HttpResult]:
+def http(
+    url: str,
+    timeout_s: float,
+    method: str = "GET",
+    body: bytes | None = None,
+    content_type: str | None = None,
+) -> Phase[HttpResult]:
     action = HttpCheck(url, timeout_s, method, body, content_type)
     return _expect((yield action), HttpResult, action)
 

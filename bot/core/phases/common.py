@@ -55,8 +55,7 @@ def tail_of(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def read_snapshot(step: Step, svc: ServiceSettings, host: str
-              ) -> Phase[GpuSnapshot]:
+def read_snapshot(step: Step, svc: ServiceSettings, host: str) -> Phase[GpuSnapshot]:
     """Query GPUs and compute apps; raises GpuQueryError when nvidia-smi fails
     (``HostLost`` when its result never came back)."""
     gpus = yield from run(step, remote.gpu_query(), svc.command_timeout_s, quiet=True)
@@ -65,8 +64,9 @@ def read_snapshot(step: Step, svc: ServiceSettings, host: str
     apps = yield from run(step, remote.apps_query(), svc.command_timeout_s, quiet=True)
     check_reached(host, apps)
     check_nvidia_smi(host, apps)
-    return _in_scope(svc, build_snapshot(host, gpus.stdout, apps.stdout,
-                                         (gpus.stderr, apps.stderr)))
+    return _in_scope(
+        svc, build_snapshot(host, gpus.stdout, apps.stdout, (gpus.stderr, apps.stderr))
+    )
 
 
 def check_reached(host: str, r: CommandResult) -> None:
@@ -79,8 +79,7 @@ def read_installed(step: Step, svc: ServiceSettings) -> Phase[str | None]:
     return version
 
 
-def read_version(step: Step, svc: ServiceSettings
-                  ) -> Phase[tuple[str | None, str, str]]:
+def read_version(step: Step, svc: ServiceSettings) -> Phase[tuple[str | None, str, str]]:
     """(version, why it is unknown, the output that says so).  The query is quiet, so
     its output reaches no one unless the caller keeps it: uv's own words ("No virtual
     environment or system Python installation found for path ...") are the reason."""
@@ -106,8 +105,7 @@ def evidence_of(argv: tuple[str, ...], r: CommandResult) -> str:
     return f"$ {cmd(argv)}\n{tail_of(r.output) or '(' + reason_of(r) + ')'}"
 
 
-def unit_state(step: Step, svc: ServiceSettings
-                ) -> Phase[tuple[CommandResult, dict[str, str]]]:
+def unit_state(step: Step, svc: ServiceSettings) -> Phase[tuple[CommandResult, dict[str, str]]]:
     r = yield from run(step, remote.unit_show(svc), svc.command_timeout_s)
     return r, remote.parse_unit_show(r.stdout)
 
@@ -135,8 +133,9 @@ def check_unit(svc: ServiceSettings, r: CommandResult, props: dict[str, str]) ->
     if not r.ok:
         return f"cannot read the state of {svc.unit} ({reason_of(r)}): {tail_of(r.output, 3)}"
     if props.get("LoadState") != "loaded":
-        return (f"unit {svc.unit} is not loaded on this host "
-                f"(LoadState={props.get('LoadState', '?')})")
+        return (
+            f"unit {svc.unit} is not loaded on this host (LoadState={props.get('LoadState', '?')})"
+        )
     return None
 
 
@@ -170,9 +169,9 @@ def _in_scope(svc: ServiceSettings, snap: GpuSnapshot) -> GpuSnapshot:
     return scoped(snap, select_gpus(snap.gpus, svc.gpus))
 
 
-def service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
-                     workers: tuple[tuple[int, str], ...]
-                     ) -> Phase[tuple[tuple[int, str], ...]]:
+def service_workers(
+    svc: ServiceSettings, host: str, snap: GpuSnapshot, workers: tuple[tuple[int, str], ...]
+) -> Phase[tuple[tuple[int, str], ...]]:
     """The ``VLLM::`` processes that may be this service's. On a host the service has to
     itself (``gpus`` unset) every one counts, as it always did. With ``gpus`` set another
     service runs beside it: a worker nvidia-smi lists on another GPU, or one in another
@@ -181,14 +180,17 @@ def service_workers(svc: ServiceSettings, host: str, snap: GpuSnapshot,
     unlisted = [w for w in workers if w[0] not in listed]
     if svc.gpus is None or not unlisted:
         return workers
-    r = yield from run(Step.DRAIN, facts_query(p for p, _ in unlisted), svc.command_timeout_s,
-                        quiet=True)
+    r = yield from run(
+        Step.DRAIN, facts_query(p for p, _ in unlisted), svc.command_timeout_s, quiet=True
+    )
     check_reached(host, r)
     if r.exit_status not in (0, 1):
         return workers  # cannot tell whose they are: each still counts
     facts = parse_facts(r.stdout)
     ours = service_name(svc.unit)
-    keep = {p for p, _ in unlisted
-            if p in facts and not facts[p].zombie
-            and (ours in facts[p].units() or not facts[p].units())}
+    keep = {
+        p
+        for p, _ in unlisted
+        if p in facts and not facts[p].zombie and (ours in facts[p].units() or not facts[p].units())
+    }
     return tuple(w for w in workers if w[0] in listed or w[0] in keep)

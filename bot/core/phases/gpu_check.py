@@ -39,14 +39,19 @@ from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
-def _read_health(step: Step, svc: ServiceSettings, host: str, gpus: tuple[Gpu, ...],
-                 warnings: tuple[DriverWarning, ...] = ()
-                 ) -> Phase[tuple[HostHealth, GpuStateRead]]:
+def _read_health(
+    step: Step,
+    svc: ServiceSettings,
+    host: str,
+    gpus: tuple[Gpu, ...],
+    warnings: tuple[DriverWarning, ...] = (),
+) -> Phase[tuple[HostHealth, GpuStateRead]]:
     """The GPUs' state (NVML or ``nvidia-smi -q``, as the executor can) and the kernel's
     Xid lines, judged per GPU (bot.core.health): the same verdict whichever source.
     ``warnings``: what the GPU query warned about (a corrupted infoROM)."""
-    fallback = RunCommand(step, HEALTH_QUERY_ARGV, svc.command_timeout_s, True,
-                          run_as=run_as_of(HEALTH_QUERY_ARGV))
+    fallback = RunCommand(
+        step, HEALTH_QUERY_ARGV, svc.command_timeout_s, True, run_as=run_as_of(HEALTH_QUERY_ARGV)
+    )
     state = yield from read_gpu_state(fallback)
     readings, notes = state.judged(host)
     reads = health_reads(host, gpus, readings, notes, warnings)
@@ -83,12 +88,12 @@ def _read_gpu_check(svc: ServiceSettings, host: str) -> Phase[GpuCheck]:
     reasons = [listing] if listing else []
     if critical:
         reasons.append(f"not fit to run on: {'; '.join(critical)}")
-    return GpuCheck("; ".join(reasons) or None, health, scope, selection.wanted, listing,
-                    state.said())
+    return GpuCheck(
+        "; ".join(reasons) or None, health, scope, selection.wanted, listing, state.said()
+    )
 
 
-def gpu_check(svc: ServiceSettings, host: str, local: bool
-               ) -> Phase[GpuCheck]:
+def gpu_check(svc: ServiceSettings, host: str, local: bool) -> Phase[GpuCheck]:
     """Before anything changes: the host lists every GPU the service needs (a host with
     none, or fewer, is never drained) and none of them is critical (ECC, row remap,
     recovery action, Xid errors); warnings go on the card. Refusing leaves the service
@@ -105,9 +110,15 @@ def gpu_check(svc: ServiceSettings, host: str, local: bool
         yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal, None, evidence))
         return check
     warned = bool(health.problems(Level.WARN, scope))
-    yield Emit(EndStep(Step.GPU_CHECK, True, f"{check.wanted} listed; "
-                       f"{health.summary(scope)}", None,
-                       evidence if warned else check.read_with))
+    yield Emit(
+        EndStep(
+            Step.GPU_CHECK,
+            True,
+            f"{check.wanted} listed; {health.summary(scope)}",
+            None,
+            evidence if warned else check.read_with,
+        )
+    )
     return check
 
 
@@ -119,19 +130,21 @@ def gpu_health_flow(svc: ServiceSettings, host: str) -> Flow:
     yield Emit(Health(check))
     # It reads the GPUs, not the unit: how the service is, it does not say.
     if check.health is None:
-        return HostOutcome(HostStatus.FAILED, check.refusal or "not reached",
-                           ServiceState.UNKNOWN)
-    return HostOutcome(HostStatus.SUCCEEDED, check.refusal or check.health.summary(check.scope),
-                       ServiceState.UNKNOWN)
+        return HostOutcome(HostStatus.FAILED, check.refusal or "not reached", ServiceState.UNKNOWN)
+    return HostOutcome(
+        HostStatus.SUCCEEDED,
+        check.refusal or check.health.summary(check.scope),
+        ServiceState.UNKNOWN,
+    )
 
 
-def gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
-                 outcome: HostOutcome, local: bool) -> Flow:
+def gpu_recheck(
+    svc: ServiceSettings, host: str, check: GpuCheck, outcome: HostOutcome, local: bool
+) -> Flow:
     """After a run that left the service up: the GPU check again, and the Xid errors
     that appeared during the run. They do not undo the run (the service passed its
     gates); they are named in its summary, with NVIDIA's action."""
-    if check.health is None or outcome.status not in (HostStatus.SUCCEEDED,
-                                                      HostStatus.ROLLED_BACK):
+    if check.health is None or outcome.status not in (HostStatus.SUCCEEDED, HostStatus.ROLLED_BACK):
         return outcome
     yield Emit(BeginStep(Step.GPU_RECHECK, gpu_recheck_command(local)))
     warnings: tuple[DriverWarning, ...] = ()
@@ -144,15 +157,28 @@ def gpu_recheck(svc: ServiceSettings, host: str, check: GpuCheck,
     new = new_xids(check.health.xids, health.xids)
     critical = health.problems(Level.CRITICAL, check.scope)
     if not new and not critical:
-        yield Emit(EndStep(Step.GPU_RECHECK, True, f"no new Xid error during the run; "
-                           f"{health.summary(check.scope)}", None, state.said()))
+        yield Emit(
+            EndStep(
+                Step.GPU_RECHECK,
+                True,
+                f"no new Xid error during the run; {health.summary(check.scope)}",
+                None,
+                state.said(),
+            )
+        )
         return outcome
     judged = judge(host, gpus, health.readings, new)
     news = judged.problems(Level.CRITICAL) + judged.problems(Level.WARN)
-    said = (f"{len(new)} NEW Xid error(s) during the run: {'; '.join(news)}" if new
-            else "no new Xid error")
+    said = (
+        f"{len(new)} NEW Xid error(s) during the run: {'; '.join(news)}"
+        if new
+        else "no new Xid error"
+    )
     said += f"; CRITICAL now: {'; '.join(critical)}" if critical else ""
-    yield Emit(EndStep(Step.GPU_RECHECK, False, said, None,
-                       f"{state.said()}\n{details(health, check.scope)}"))
+    yield Emit(
+        EndStep(
+            Step.GPU_RECHECK, False, said, None, f"{state.said()}\n{details(health, check.scope)}"
+        )
+    )
     # The service stays as the run left it (it passed its gates); only the summary grows.
     return replace(outcome, summary=f"{outcome.summary}; {said}")

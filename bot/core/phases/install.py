@@ -27,8 +27,7 @@ class _Settled:
     why: str  # when not known: what stood in the way
 
 
-def _settle_install(svc: ServiceSettings, step: Step, started: float
-                    ) -> Phase[_Settled]:
+def _settle_install(svc: ServiceSettings, step: Step, started: float) -> Phase[_Settled]:
     """The result of an install never came back.  uv may still be running on the host
     (OpenSSH does not end a command without a pty when its channel closes; ``timeout``
     only ends it at the install timeout), and installing anything else meanwhile
@@ -39,8 +38,7 @@ def _settle_install(svc: ServiceSettings, step: Step, started: float
     while True:
         p = yield from run(step, remote.installs_query(svc), svc.command_timeout_s, quiet=True)
         if p.exit_status == 1:  # no install running
-            r = yield from run(step, remote.package_show(svc), svc.command_timeout_s,
-                                quiet=True)
+            r = yield from run(step, remote.package_show(svc), svc.command_timeout_s, quiet=True)
             if not lost(r):
                 version = remote.parse_package_version(r.stdout) if r.ok else None
                 return _Settled(True, version, "")
@@ -57,39 +55,51 @@ def _settle_install(svc: ServiceSettings, step: Step, started: float
             return _Settled(False, None, why)
 
 
-def import_gate(svc: ServiceSettings, env: Env, target: str | None
-          ) -> Phase[str | None]:
+def import_gate(svc: ServiceSettings, env: Env, target: str | None) -> Phase[str | None]:
     """Between install and start: record what the install really changed, then let the
     venv's own interpreter import vllm and torch and compare torch's CUDA build with what
     the driver supports. None when the new environment may start, else which check
     failed and why (the step's output holds the interpreter's words)."""
-    yield Emit(BeginStep(Step.GATE, f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
-                         f"{svc.python} -c 'import vllm, torch'"))
+    yield Emit(
+        BeginStep(
+            Step.GATE,
+            f"{cmd(remote.freeze(svc))}; {cmd(remote.driver_info())}; "
+            f"{svc.python} -c 'import vllm, torch'",
+        )
+    )
     yield from record_change(svc, env, EnvKind.INSTALLED)
     smi = yield from run(Step.GATE, remote.driver_info(), svc.command_timeout_s, quiet=True)
     driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
     g = yield from run(Step.GATE, remote.import_gate(svc), svc.gate_timeout_s)
     report = parse_gate_output(g.stdout) if g.ok else None
-    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda,
-                           package=svc.package)
+    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
     if verdict.ok:
         # A warning (torch's CUDA minor newer than the driver's) goes in the output too.
-        yield Emit(EndStep(Step.GATE, True, verdict.reason, g.exit_status,
-                           f"WARNING: {verdict.warning}" if verdict.warning else ""))
+        yield Emit(
+            EndStep(
+                Step.GATE,
+                True,
+                verdict.reason,
+                g.exit_status,
+                f"WARNING: {verdict.warning}" if verdict.warning else "",
+            )
+        )
         return None
     said = tail_of(g.output, 1) if report is None else ""
     why = verdict.reason + (f": {said}" if said else f" ({reason_of(g)})" if not g.ok else "")
-    yield Emit(EndStep(Step.GATE, False, f"{verdict.check} check failed: {why}",
-                       g.exit_status))
+    yield Emit(EndStep(Step.GATE, False, f"{verdict.check} check failed: {why}", g.exit_status))
     return f"the import gate refused the start ({verdict.check} check failed: {why})"
 
 
-def record_change(svc: ServiceSettings, env: Env, kind: EnvKind
-                   ) -> Phase[PackageDiff | None]:
+def record_change(svc: ServiceSettings, env: Env, kind: EnvKind) -> Phase[PackageDiff | None]:
     """The freeze now, compared with the snapshot, recorded as ``kind``; None (and a
     note saying why) when the freeze cannot be read."""
-    r = yield from run(Step.GATE if kind == EnvKind.INSTALLED else Step.POSTCHECK,
-                        remote.freeze(svc), svc.command_timeout_s, quiet=True)
+    r = yield from run(
+        Step.GATE if kind == EnvKind.INSTALLED else Step.POSTCHECK,
+        remote.freeze(svc),
+        svc.command_timeout_s,
+        quiet=True,
+    )
     if not r.ok:
         yield Emit(Packages(kind, None, note=f"`{cmd(remote.freeze(svc))}`: {explain(r)}"))
         return None
@@ -98,9 +108,15 @@ def record_change(svc: ServiceSettings, env: Env, kind: EnvKind
     return diff
 
 
-def run_install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target: str | None,
-             what: str, done: str, stdin: bytes | None
-             ) -> Phase[tuple[InstallEnd, str]]:
+def run_install(
+    svc: ServiceSettings,
+    step: Step,
+    argv: tuple[str, ...],
+    target: str | None,
+    what: str,
+    done: str,
+    stdin: bytes | None,
+) -> Phase[tuple[InstallEnd, str]]:
     """Run an install (the reinstall or the rollback): how it ended, and why.
 
     A cut connection may leave uv running on the host, and installing anything else
@@ -117,12 +133,20 @@ def run_install(svc: ServiceSettings, step: Step, argv: tuple[str, ...], target:
             yield Emit(EndStep(step, False, why))
             return "unknown", why
         if not same_release(settled.installed, target):
-            why = (f"{cut}; once uv had ended, {svc.package} was "
-                   f"{settled.installed or 'missing'}, not {target or 'a known version'}")
+            why = (
+                f"{cut}; once uv had ended, {svc.package} was "
+                f"{settled.installed or 'missing'}, not {target or 'a known version'}"
+            )
             yield Emit(EndStep(step, False, why))
             return "failed", why
-        yield Emit(EndStep(step, True, f"{cut}; uv finished on the host and {svc.package} "
-                           f"{settled.installed} is installed"))
+        yield Emit(
+            EndStep(
+                step,
+                True,
+                f"{cut}; uv finished on the host and {svc.package} "
+                f"{settled.installed} is installed",
+            )
+        )
         return "ok", ""
     if not r.ok:
         why = failed_msg(what, r, svc.install_timeout_s)

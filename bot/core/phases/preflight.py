@@ -71,8 +71,9 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
     """Everything that can refuse does so while the service is untouched: the unit is
     loaded, the installed version is known (a rollback needs it), the venv's disk has
     room and the install resolves."""
-    yield Emit(BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps
-                                              if s.step == Step.PREFLIGHT)))
+    yield Emit(
+        BeginStep(Step.PREFLIGHT, next(s.command for s in plan.steps if s.step == Step.PREFLIGHT))
+    )
     before: str | None = None
     state = ServiceState.UNKNOWN
     try:
@@ -85,23 +86,27 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason, None, e.evidence))
         return _Preflight(before, None, state, e.reason)
     yield Emit(Versions(before, None))
-    yield Emit(EndStep(Step.PREFLIGHT, True,
-                       f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
-                       f"{avail:,} MiB free, {plan.spec} resolves"
-                       + (f" to {target}" if target and not plan.version else "")
-                       + f"; changes: {env.planned.headline()}; snapshot of "
-                       f"{env.freeze.count} packages"
-                       + ("" if plan.dry_run else f" kept as {env.lock}")))
+    yield Emit(
+        EndStep(
+            Step.PREFLIGHT,
+            True,
+            f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}, "
+            f"{avail:,} MiB free, {plan.spec} resolves"
+            + (f" to {target}" if target and not plan.version else "")
+            + f"; changes: {env.planned.headline()}; snapshot of "
+            f"{env.freeze.count} packages" + ("" if plan.dry_run else f" kept as {env.lock}"),
+        )
+    )
     return _Preflight(before, target, state, env=env)
 
 
-def preflight_unit(svc: ServiceSettings, host: str
-                   ) -> Phase[tuple[dict[str, str], ServiceState]]:
+def preflight_unit(svc: ServiceSettings, host: str) -> Phase[tuple[dict[str, str], ServiceState]]:
     """The unit's properties and the service's state they say; refuses when the host is
     unreachable or the unit not loaded."""
     r, props = yield from unit_state(Step.PREFLIGHT, svc)
-    refusal = (f"cannot reach {host} over SSH: {reason_of(r)}" if lost(r)
-               else check_unit(svc, r, props))
+    refusal = (
+        f"cannot reach {host} over SSH: {reason_of(r)}" if lost(r) else check_unit(svc, r, props)
+    )
     if refusal is not None:
         raise Refused(refusal)
     return props, read_state(r, props)
@@ -110,8 +115,11 @@ def preflight_unit(svc: ServiceSettings, host: str
 def _preflight_version(svc: ServiceSettings) -> Phase[str]:
     before, why, evidence = yield from read_version(Step.PREFLIGHT, svc)
     if before is None:
-        raise Refused(f"cannot read the installed {svc.package} version, so a rollback "
-                       f"would be impossible ({why})", evidence)
+        raise Refused(
+            f"cannot read the installed {svc.package} version, so a rollback "
+            f"would be impossible ({why})",
+            evidence,
+        )
     return before
 
 
@@ -122,18 +130,19 @@ def _preflight_disk(svc: ServiceSettings) -> Phase[int]:
     if avail is None:
         raise Refused(f"cannot read free disk space of {svc.venv_dir} ({explain(df)})")
     if avail < svc.min_free_disk_mib:
-        raise Refused(f"only {avail:,} MiB free on {svc.venv_dir}; "
-                       f"need {svc.min_free_disk_mib:,} MiB")
+        raise Refused(
+            f"only {avail:,} MiB free on {svc.venv_dir}; need {svc.min_free_disk_mib:,} MiB"
+        )
     return avail
 
 
-def _preflight_dry_run(plan: Plan, svc: ServiceSettings
-                       ) -> Phase[tuple[str | None, str]]:
+def _preflight_dry_run(plan: Plan, svc: ServiceSettings) -> Phase[tuple[str | None, str]]:
     """``uv pip install --dry-run``; returns the version the install should leave, and
     uv's report (its `` - ``/`` + ``/`` ~ `` lines, on stderr)."""
     dry_argv = remote.install_dry_run(svc, plan.spec, plan.index_url)
-    dry = yield from run(Step.PREFLIGHT, dry_argv, svc.install_timeout_s,
-                          stdin=remote.index_input(plan.index_url))
+    dry = yield from run(
+        Step.PREFLIGHT, dry_argv, svc.install_timeout_s, stdin=remote.index_input(plan.index_url)
+    )
     if not dry.ok:
         raise Refused(f"install dry run failed ({reason_of(dry)}): {tail_of(dry.output, 4)}")
     if plan.version is not None:
@@ -156,34 +165,44 @@ class Env:
     installs: Mapping[str, str] = field(default_factory=dict)
 
 
-def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
-                        ) -> Phase[Env]:
+def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str) -> Phase[Env]:
     """``uv pip freeze`` of the venv, kept on the host next to it (so a rollback never
     depends on the bot) and recorded in the audit log. A snapshot that cannot be taken
     or saved refuses the run: without it no rollback could restore what was there."""
     argv = remote.freeze(svc)
     r = yield from run(Step.PREFLIGHT, argv, svc.command_timeout_s, quiet=True)
     if not r.ok:
-        raise Refused(f"cannot take the environment snapshot, so a rollback could not "
-                       f"restore it (`{cmd(argv)}`: {explain(r)})", evidence_of(argv, r))
+        raise Refused(
+            f"cannot take the environment snapshot, so a rollback could not "
+            f"restore it (`{cmd(argv)}`: {explain(r)})",
+            evidence_of(argv, r),
+        )
     snapshot = parse_freeze(r.stdout)
     if not snapshot.versions:
-        raise Refused(f"the environment snapshot is empty (`{cmd(argv)}` listed no "
-                       "package), so a rollback could not restore it", evidence_of(argv, r))
+        raise Refused(
+            f"the environment snapshot is empty (`{cmd(argv)}` listed no "
+            "package), so a rollback could not restore it",
+            evidence_of(argv, r),
+        )
     twice = snapshot.unrestorable()
     if twice is not None:  # `uv pip sync` of it would fail: no rollback could work
-        raise Refused(f"snapshot not restorable: {twice}; `uv pip sync` cannot require "
-                       "two versions of one package. Remove the stale `.dist-info` "
-                       f"directory from {svc.venv_dir}'s site-packages, then ask again",
-                       evidence_of(argv, r))
+        raise Refused(
+            f"snapshot not restorable: {twice}; `uv pip sync` cannot require "
+            "two versions of one package. Remove the stale `.dist-info` "
+            f"directory from {svc.venv_dir}'s site-packages, then ask again",
+            evidence_of(argv, r),
+        )
     lock = remote.lock_path(svc, snapshot.digest)
     if not plan.dry_run:  # a dry run writes nothing on the host
         save = remote.save_lock(svc, lock)
-        s = yield from run(Step.PREFLIGHT, save, svc.command_timeout_s, quiet=True,
-                            stdin=snapshot.text.encode())
+        s = yield from run(
+            Step.PREFLIGHT, save, svc.command_timeout_s, quiet=True, stdin=snapshot.text.encode()
+        )
         if not s.ok:
-            raise Refused(f"cannot save the environment snapshot on the host as {lock} "
-                           f"({explain(s)})", evidence_of(save, s))
+            raise Refused(
+                f"cannot save the environment snapshot on the host as {lock} ({explain(s)})",
+                evidence_of(save, s),
+            )
     changes = parse_install_changes(dry_output)
     env = Env(snapshot, lock, planned_diff(snapshot, changes), parse_install_set(dry_output))
     yield Emit(Packages(EnvKind.SNAPSHOT, None, snapshot.text, None if plan.dry_run else lock))
@@ -194,8 +213,11 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str
 def _size(n: int | None) -> str:
     if n is None:
         return "nothing downloaded"
-    return f"{n / 1024**3:.1f} GiB downloaded" if n >= 1024**3 else (
-        f"{n / 1024**2:.1f} MiB downloaded")
+    return (
+        f"{n / 1024**3:.1f} GiB downloaded"
+        if n >= 1024**3
+        else (f"{n / 1024**2:.1f} MiB downloaded")
+    )
 
 
 def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
@@ -211,11 +233,20 @@ def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
     r = yield from run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
     took = (yield from pause(0.0)).now - started
     if not r.ok:
-        why = ("connection lost during the prefetch" if lost(r)
-               else failed_msg("prefetch", r, svc.install_timeout_s))
+        why = (
+            "connection lost during the prefetch"
+            if lost(r)
+            else failed_msg("prefetch", r, svc.install_timeout_s)
+        )
         yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
         return f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why
-    yield Emit(EndStep(Step.PREFETCH, True,
-                       f"{len(env.installs)} packages in uv's cache, "
-                       f"{_size(downloaded_bytes(r.output))} in {took:.1f}s", r.exit_status))
+    yield Emit(
+        EndStep(
+            Step.PREFETCH,
+            True,
+            f"{len(env.installs)} packages in uv's cache, "
+            f"{_size(downloaded_bytes(r.output))} in {took:.1f}s",
+            r.exit_status,
+        )
+    )
     return None

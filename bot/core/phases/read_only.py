@@ -46,8 +46,11 @@ def _serving(svc: ServiceSettings, props: dict[str, str]) -> Phase[str]:
     url = f"{api_base(svc)}/v1/models"
     h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     ids = model_ids(h.body) if h.ok else None
-    models = (f"serving {', '.join(ids) or 'no model'}" if ids is not None
-              else f"models unknown ({http_why(h) if not h.ok else 'not a model list'})")
+    models = (
+        f"serving {', '.join(ids) or 'no model'}"
+        if ids is not None
+        else f"models unknown ({http_why(h) if not h.ok else 'not a model list'})"
+    )
     load, why = yield from read_load(svc)
     return f"{models}; {load.describe() if load is not None else f'load unknown: {why}'}"
 
@@ -57,17 +60,26 @@ def preview_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     the freeze and the install's dry run, compared. Changes nothing on the host; the
     change is emitted as a ``Packages(PREVIEW)`` notice, and the outcome says why not
     when it cannot be read."""
-    frozen = yield from run(Step.PREFLIGHT, remote.freeze(svc), svc.command_timeout_s,
-                             quiet=True)
+    frozen = yield from run(Step.PREFLIGHT, remote.freeze(svc), svc.command_timeout_s, quiet=True)
     if not frozen.ok:
-        return HostOutcome(HostStatus.FAILED, f"cannot read the environment "
-                           f"(`{cmd(remote.freeze(svc))}`: {explain(frozen)})", _NOT_READ)
-    dry = yield from run(Step.PREFLIGHT, remote.install_dry_run(svc, plan.spec, plan.index_url),
-                          svc.install_timeout_s, quiet=True,
-                          stdin=remote.index_input(plan.index_url))
+        return HostOutcome(
+            HostStatus.FAILED,
+            f"cannot read the environment (`{cmd(remote.freeze(svc))}`: {explain(frozen)})",
+            _NOT_READ,
+        )
+    dry = yield from run(
+        Step.PREFLIGHT,
+        remote.install_dry_run(svc, plan.spec, plan.index_url),
+        svc.install_timeout_s,
+        quiet=True,
+        stdin=remote.index_input(plan.index_url),
+    )
     if not dry.ok:
-        return HostOutcome(HostStatus.FAILED, f"install dry run failed ({reason_of(dry)}): "
-                           f"{tail_of(dry.output, 3)}", _NOT_READ)
+        return HostOutcome(
+            HostStatus.FAILED,
+            f"install dry run failed ({reason_of(dry)}): {tail_of(dry.output, 3)}",
+            _NOT_READ,
+        )
     diff = planned_diff(parse_freeze(frozen.stdout), parse_install_changes(dry.output))
     yield Emit(Packages(EnvKind.PREVIEW, diff))
     return HostOutcome(HostStatus.SUCCEEDED, diff.headline(), _NOT_READ)
@@ -83,8 +95,14 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     r, props = yield from unit_state(Step.STATUS, svc)
     version = yield from read_installed(Step.STATUS, svc)
     yield Emit(Versions(version, None))
-    state = (f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')}), "
-             f"MainPID {props.get('MainPID', '?')}") if r.ok else f"unknown ({reason_of(r)})"
+    state = (
+        (
+            f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')}), "
+            f"MainPID {props.get('MainPID', '?')}"
+        )
+        if r.ok
+        else f"unknown ({reason_of(r)})"
+    )
     api = yield from _serving(svc, props)
     left = read_state(r, props)
     try:
@@ -94,7 +112,8 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
         return HostOutcome(HostStatus.FAILED, summary, left, version, version)
     yield Emit(Snapshot("now", snap))
-    summary = (f"{svc.unit}: {state}; {svc.package} {version}; {api}; "
-               f"{memory_summary(snap, 'GPU memory')}")
+    summary = (
+        f"{svc.unit}: {state}; {svc.package} {version}; {api}; {memory_summary(snap, 'GPU memory')}"
+    )
     yield Emit(EndStep(Step.STATUS, True, summary))
     return HostOutcome(HostStatus.SUCCEEDED, summary, left, version, version)

@@ -19,8 +19,10 @@ from bot.core.readiness import (
 from bot.core.versions import same_release
 from bot.settings import ServiceSettings
 
-READINESS_OF: dict[Step, Step] = {Step.HEALTH: Step.READINESS,
-                                  Step.ROLLBACK_HEALTH: Step.ROLLBACK_READINESS}
+READINESS_OF: dict[Step, Step] = {
+    Step.HEALTH: Step.READINESS,
+    Step.ROLLBACK_HEALTH: Step.ROLLBACK_READINESS,
+}
 
 
 class _NotReady(Exception):
@@ -47,14 +49,19 @@ def readiness_checks(svc: ServiceSettings, step: Step) -> Phase[str | None]:
         # The checks last, so that a tail (the thread's, the audit log's) keeps them.
         yield Emit(EndStep(step, False, e.reason, None, journal + "\n\n" + "\n".join(checks)))
         return f"not ready: {e.reason}"
-    yield Emit(EndStep(step, True, f"{len(checks)} check(s) passed: "
-                       + "; ".join(c.split(": ", 1)[1] for c in checks), None,
-                       "\n".join(checks)))
+    yield Emit(
+        EndStep(
+            step,
+            True,
+            f"{len(checks)} check(s) passed: " + "; ".join(c.split(": ", 1)[1] for c in checks),
+            None,
+            "\n".join(checks),
+        )
+    )
     return None
 
 
-def _check_models(svc: ServiceSettings, checks: list[str]
-                  ) -> Phase[str | None]:
+def _check_models(svc: ServiceSettings, checks: list[str]) -> Phase[str | None]:
     """``GET /v1/models`` lists ``served_model``; returns the model the smoke test asks
     (``served_model``, or the first listed), None when neither check is configured."""
     if svc.served_model is None and svc.smoke_prompt is None:
@@ -69,24 +76,25 @@ def _check_models(svc: ServiceSettings, checks: list[str]
             raise _NotReady(f"GET {url} lists no model")
         return ids[0]
     if svc.served_model not in ids:
-        raise _NotReady(f"GET {url} lists {', '.join(ids) or 'no model'}, not "
-                        f"{svc.served_model}")
+        raise _NotReady(f"GET {url} lists {', '.join(ids) or 'no model'}, not {svc.served_model}")
     checks.append(f"ok: GET {url} lists {svc.served_model}")
     return svc.served_model
 
 
-def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str]
-                 ) -> Phase[None]:
+def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str]) -> Phase[None]:
     url = f"{api_base(svc)}/v1/completions"
-    h = yield from http(url, svc.smoke_timeout_s, "POST",
-                                    completion_body(model, prompt, svc.smoke_max_tokens),
-                                    "application/json")
+    h = yield from http(
+        url,
+        svc.smoke_timeout_s,
+        "POST",
+        completion_body(model, prompt, svc.smoke_max_tokens),
+        "application/json",
+    )
     if h.status != 200:
         raise _NotReady(f"POST {url} (model {model}): {http_why(h)}")
     text = completion_text(h.body)
     if text is None:
-        raise _NotReady(f"POST {url} answered 200 without a completion: "
-                        f"{error_message(h.body)}")
+        raise _NotReady(f"POST {url} answered 200 without a completion: {error_message(h.body)}")
     shown = repr(text[:120])
     if svc.smoke_expect is not None and not re.search(svc.smoke_expect, text):
         raise _NotReady(f"the smoke completion {shown} does not match {svc.smoke_expect!r}")
@@ -96,24 +104,30 @@ def _check_smoke(svc: ServiceSettings, prompt: str, model: str, checks: list[str
     checks.append(f"ok: POST {url} answered {shown}{matched}")
 
 
-def _check_version(svc: ServiceSettings, step: Step, checks: list[str]
-                   ) -> Phase[None]:
+def _check_version(svc: ServiceSettings, step: Step, checks: list[str]) -> Phase[None]:
     url = f"{api_base(svc)}/version"
     h = yield from http(url, HEALTH_REQUEST_TIMEOUT_S)
     reported = reported_version(h.body) if h.ok else None
     if reported is None:
-        checks.append(f"skipped: GET {url} reports no version "
-                      f"({http_why(h) if not h.ok else 'no version in the answer'})")
+        checks.append(
+            f"skipped: GET {url} reports no version "
+            f"({http_why(h) if not h.ok else 'no version in the answer'})"
+        )
         return
     installed, why, _ = yield from read_version(step, svc)
     if installed is None:
-        checks.append(f"skipped: GET {url} reports {reported}; the installed version is "
-                      f"unknown ({why})")
+        checks.append(
+            f"skipped: GET {url} reports {reported}; the installed version is unknown ({why})"
+        )
         return
     if not same_release(reported, installed):
-        raise _NotReady(f"the server reports version {reported}, but {svc.package} "
-                        f"{installed} is installed")
+        raise _NotReady(
+            f"the server reports version {reported}, but {svc.package} {installed} is installed"
+        )
     # vLLM's own version has no `+cu129` label; the wheel's metadata has (versions.py).
-    same = "the installed version" if reported == installed else (
-        f"the release of the installed {installed}")
+    same = (
+        "the installed version"
+        if reported == installed
+        else (f"the release of the installed {installed}")
+    )
     checks.append(f"ok: GET {url} reports {reported}, {same}")

@@ -53,8 +53,9 @@ class StartFailed:
     in_journal: bool = False
 
 
-def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
-                   ) -> Phase[StartFailed | None]:
+def start_and_gate(
+    svc: ServiceSettings, start_step: Step, health_step: Step
+) -> Phase[StartFailed | None]:
     """systemctl start, then wait for the unit to stay up and /health to answer 200
     (following the journal meanwhile), then the readiness checks. Returns None when
     ready, else why not (journal tail in the failed step's detail)."""
@@ -68,8 +69,7 @@ def start_and_gate(svc: ServiceSettings, start_step: Step, health_step: Step
     return None if not_ready is None else StartFailed(not_ready)
 
 
-def left_as(svc: ServiceSettings, step: Step, err: StartFailed
-            ) -> Phase[tuple[ServiceState, str]]:
+def left_as(svc: ServiceSettings, step: Step, err: StartFailed) -> Phase[tuple[ServiceState, str]]:
     """What a failed start (``err``) left, as systemd says now. UP but NOT READY only for
     a unit that runs a server that may answer clients (failed /health or readiness:
     another model, a failing smoke test). DOWN when the unit does not run, when systemd
@@ -82,8 +82,11 @@ def left_as(svc: ServiceSettings, step: Step, err: StartFailed
         return ServiceState.STOPPED, f"{service_is(ServiceState.STOPPED)}."
     r = yield from run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
     unit = r.stdout.strip()
-    left, detail = _left_by(unit, err) if unit and not lost(r) else (
-        ServiceState.UNKNOWN, f" ({reason_of(r)})")
+    left, detail = (
+        _left_by(unit, err)
+        if unit and not lost(r)
+        else (ServiceState.UNKNOWN, f" ({reason_of(r)})")
+    )
     return left, f"{service_is(left)}{detail}."
 
 
@@ -93,38 +96,48 @@ def _left_by(unit: str, err: StartFailed) -> tuple[ServiceState, str]:
     if unit in ("inactive", "failed", "deactivating"):
         return ServiceState.DOWN, ""
     if unit == "activating":
-        return ServiceState.DOWN, (" (unit activating: systemd is starting it again or "
-                                   "still starting it)")
+        return ServiceState.DOWN, (
+            " (unit activating: systemd is starting it again or still starting it)"
+        )
     if err.in_journal:
-        return ServiceState.DOWN, (f": its start failed (the unit is still {unit} until "
-                                   "its process exits; it may hold the GPUs until then)")
+        return ServiceState.DOWN, (
+            f": its start failed (the unit is still {unit} until "
+            "its process exits; it may hold the GPUs until then)"
+        )
     if unit in ("active", "reloading"):
         return ServiceState.UP_NOT_READY, f" (unit {unit})"
     return ServiceState.UNKNOWN, f" (unit {unit})"
 
 
-def _start_unit(svc: ServiceSettings, start_step: Step
-                ) -> Phase[tuple[StartFailed | None, str | None]]:
+def _start_unit(
+    svc: ServiceSettings, start_step: Step
+) -> Phase[tuple[StartFailed | None, str | None]]:
     """systemctl start. (None, the journal's cursor before the start) when started (or
     the connection was lost: systemd carries on, the health gate decides); else why not."""
     argv = remote.unit_start(svc)
     yield Emit(BeginStep(start_step, cmd(argv)))
     # Where the unit's journal is now: following the start reads only what comes after,
     # so an old run's traceback never ends this one's wait.
-    c = yield from run(start_step, remote.journal_cursor(svc), svc.command_timeout_s,
-                        quiet=True)
+    c = yield from run(start_step, remote.journal_cursor(svc), svc.command_timeout_s, quiet=True)
     cursor = new_lines(c.stdout)[1] if c.ok else None
     r = yield from run(start_step, argv, svc.command_timeout_s)
     if lost(r):
         # systemd carries on with a start job whose client went away; if the command
         # never arrived, the gate finds the unit inactive and says so.
-        yield Emit(EndStep(start_step, True, f"connection lost while systemctl start ran "
-                           f"({reason_of(r)}); the health gate decides"))
+        yield Emit(
+            EndStep(
+                start_step,
+                True,
+                f"connection lost while systemctl start ran "
+                f"({reason_of(r)}); the health gate decides",
+            )
+        )
     elif not r.ok:
         msg = f"systemctl start failed ({reason_of(r)})"
         journal = yield from journal_tail(start_step, svc)
-        yield Emit(EndStep(start_step, False, msg, r.exit_status,
-                           tail_of(r.output) + "\n" + journal))
+        yield Emit(
+            EndStep(start_step, False, msg, r.exit_status, tail_of(r.output) + "\n" + journal)
+        )
         return StartFailed(msg, never_ran=r.refused is not None), None
     else:
         yield Emit(EndStep(start_step, True, f"{svc.unit} started", r.exit_status))
@@ -170,14 +183,16 @@ FOLLOW_READS_PER_POLL = 10
 FOLLOW_FAILED_READS = 3
 
 
-def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
-            now: float) -> Phase[None]:
+def _follow(
+    svc: ServiceSettings, step: Step, follow: _Follow, started: float, now: float
+) -> Phase[None]:
     """Read the journal's new lines (``journal_follow_lines`` a read, until caught up)
     and show the phase: at once when it changes, else every ``progress_interval_s``
     (the elapsed time), so the card's updates do not grow with the log."""
     for _ in range(FOLLOW_READS_PER_POLL if follow.unreadable is None else 0):
-        r = yield from run(step, remote.journal_follow(svc, follow.cursor),
-                            svc.command_timeout_s, quiet=True)
+        r = yield from run(
+            step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s, quiet=True
+        )
         if not r.ok:
             # Refused by sudo, it would be the same at every poll: say so once and stop
             # reading (the health gate decides as ever). Anything else (a lost result, a
@@ -194,8 +209,11 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
         lines, cursor = new_lines(r.stdout)
         follow.watch.feed(lines)
         follow.cursor = cursor or follow.cursor
-        if (len(lines) < svc.journal_follow_lines or cursor is None
-                or follow.watch.failure is not None):
+        if (
+            len(lines) < svc.journal_follow_lines
+            or cursor is None
+            or follow.watch.failure is not None
+        ):
             break
     text = follow.text()
     if text != follow.shown or now - follow.shown_at >= svc.progress_interval_s:
@@ -203,12 +221,16 @@ def _follow(svc: ServiceSettings, step: Step, follow: _Follow, started: float,
         yield Progress(step, text, now - started, start_up=True)
 
 
-def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
-                 ) -> Phase[StartFailed | None]:
+def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None) -> Phase[StartFailed | None]:
     """Until the unit stays up and /health answers 200; a failure line in the journal
     (``bot.core.startup``) or the unit failing ends the wait at once."""
-    yield Emit(BeginStep(step, f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}; "
-                         f"{cmd(remote.journal_follow(svc, '<cursor>'))}"))
+    yield Emit(
+        BeginStep(
+            step,
+            f"{cmd(remote.unit_is_active(svc))}; GET {svc.health_url}; "
+            f"{cmd(remote.journal_follow(svc, '<cursor>'))}",
+        )
+    )
     start = (yield from pause(0.0)).now
     follow = _Follow(cursor)
     last = "no answer yet"
@@ -216,8 +238,7 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
         yield from _follow(svc, step, follow, start, (yield from pause(0.0)).now)
         if follow.watch.failure is not None:
             return (yield from _failed_start(svc, step, follow))
-        active = yield from run(step, remote.unit_is_active(svc), svc.command_timeout_s,
-                                 quiet=True)
+        active = yield from run(step, remote.unit_is_active(svc), svc.command_timeout_s, quiet=True)
         state = active.stdout.strip() or reason_of(active)
         if state in ("failed", "inactive"):
             msg = f"{svc.unit} is {state} after start"
@@ -235,9 +256,16 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
                     return (yield from _failed_start(svc, step, follow))
                 # A thread's death is a warning: its lines go in the step's output, its
                 # last line is in the summary's phase text.
-                yield Emit(EndStep(step, True, f"{svc.health_url} answered 200 after "
-                                   f"{now - start:.1f}s (last phase: {follow.text()})", None,
-                                   thread_block(follow.watch)))
+                yield Emit(
+                    EndStep(
+                        step,
+                        True,
+                        f"{svc.health_url} answered 200 after "
+                        f"{now - start:.1f}s (last phase: {follow.text()})",
+                        None,
+                        thread_block(follow.watch),
+                    )
+                )
                 return None
             last = f"HTTP {h.status}" if h.status is not None else (h.error or "no response")
         else:
@@ -254,12 +282,12 @@ def _health_wait(svc: ServiceSettings, step: Step, cursor: str | None
 STARTUP_FAILED = "start-up failed: "
 
 
-def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
-                  ) -> Phase[StartFailed]:
+def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow) -> Phase[StartFailed]:
     """A journal line said the start failed: read once more (the rest of a traceback
     names its cause), then end with those lines and the journal's tail."""
-    r = yield from run(step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s,
-                        quiet=True)
+    r = yield from run(
+        step, remote.journal_follow(svc, follow.cursor), svc.command_timeout_s, quiet=True
+    )
     if r.ok:
         follow.watch.feed(new_lines(r.stdout)[0])
     failure = follow.watch.failure
@@ -273,30 +301,39 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow
 
 
 def postcheck(svc: ServiceSettings, host: str) -> Phase[str | None]:
-    yield Emit(BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; "
-                         f"{cmd(remote.gpu_query())}"))
+    yield Emit(
+        BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}")
+    )
     after = yield from read_installed(Step.POSTCHECK, svc)
     try:
         snap = yield from read_snapshot(Step.POSTCHECK, svc, host)
     except GpuQueryError as e:
-        yield Emit(EndStep(Step.POSTCHECK, True,
-                           f"version {after}; GPU table unavailable: {e.reason}"))
+        yield Emit(
+            EndStep(Step.POSTCHECK, True, f"version {after}; GPU table unavailable: {e.reason}")
+        )
         return after
     yield Emit(Snapshot("after restart", snap))
-    yield Emit(EndStep(Step.POSTCHECK, True,
-                       f"version {after}; {memory_summary(snap)}"))
+    yield Emit(EndStep(Step.POSTCHECK, True, f"version {after}; {memory_summary(snap)}"))
     return after
 
 
-def recover_after_cancel(svc: ServiceSettings, host: str, before: str | None,
-                          what: str) -> Flow:
+def recover_after_cancel(svc: ServiceSettings, host: str, before: str | None, what: str) -> Flow:
     """Cancelled once the service is down: bring it back on what is installed."""
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"cancelled {what}; restarting failed: "
-                           f"{err.reason}. "
-                           f"{left}", state, before, None)
+        return HostOutcome(
+            HostStatus.FAILED,
+            f"cancelled {what}; restarting failed: {err.reason}. {left}",
+            state,
+            before,
+            None,
+        )
     after = yield from postcheck(svc, host)
-    return HostOutcome(HostStatus.CANCELLED, f"cancelled {what}; service restarted on {after}",
-                       ServiceState.UP, before, after)
+    return HostOutcome(
+        HostStatus.CANCELLED,
+        f"cancelled {what}; service restarted on {after}",
+        ServiceState.UP,
+        before,
+        after,
+    )

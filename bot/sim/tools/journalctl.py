@@ -36,20 +36,23 @@ def _place(cursor: str) -> tuple[float, int] | None:
         return None
 
 
-def entries(store: StateStore, st: HostState, n: int | None, *, cat: bool = False,
-            after: str | None = None) -> tuple[list[str], str | None]:
+def entries(
+    store: StateStore, st: HostState, n: int | None, *, cat: bool = False, after: str | None = None
+) -> tuple[list[str], str | None]:
     """The entries up to now in time order (as journald interleaves them): the last ``n``,
     or with the cursor ``after`` the first ``n`` after it, as journalctl does (systemd
     issue #14722), so that a reader that falls behind reads on from there; and the
     cursor of the last one shown."""
     now = time.time()
-    shown = sorted(((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now),
-                   key=lambda x: (x[0], x[1]))
+    shown = sorted(
+        ((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now),
+        key=lambda x: (x[0], x[1]),
+    )
     if after is not None:
         place = _place(after)
         shown = [x for x in shown if place is None or (x[0], x[1]) > place]
     if n is not None and after is not None:
-        shown = shown[:max(n, 0)]
+        shown = shown[: max(n, 0)]
     elif n is not None:
         shown = shown[-n:] if n > 0 else []
     host = st.config.hostname
@@ -62,8 +65,16 @@ class _Unrecognized(Exception):
 
 
 # The options that take a value, by their short and long names.
-_VALUE_OPTIONS = {"-u": "unit", "--unit": "unit", "-n": "lines", "--lines": "lines",
-                  "-o": "output", "--output": "output", "-g": "grep", "--grep": "grep"}
+_VALUE_OPTIONS = {
+    "-u": "unit",
+    "--unit": "unit",
+    "-n": "lines",
+    "--lines": "lines",
+    "-o": "output",
+    "--output": "output",
+    "-g": "grep",
+    "--grep": "grep",
+}
 _VALUE_OPTIONS["--after-cursor"] = "after"  # following a start from where it was
 _IGNORED = frozenset({"--no-pager", "-b", "--boot", "-e", "--pager-end", "-x", "--catalog"})
 
@@ -142,8 +153,7 @@ def main(store: StateStore, args: list[str]) -> int:
         if "=" not in str(e):  # what systemd 252's journalctl says of it
             print(f"Failed to add match '{e}': Invalid argument", file=sys.stderr)
         else:
-            print(f"journalctl (simulated): matches are not implemented: '{e}'",
-                  file=sys.stderr)
+            print(f"journalctl (simulated): matches are not implemented: '{e}'", file=sys.stderr)
         return 1
     except (StopIteration, ValueError):
         print("journalctl: option requires a valid argument", file=sys.stderr)

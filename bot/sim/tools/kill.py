@@ -14,8 +14,17 @@ from dataclasses import replace
 
 from bot.sim.state import StateStore, host_view
 
-_NAMES = {"TERM": "TERM", "15": "TERM", "KILL": "KILL", "9": "KILL", "INT": "INT",
-          "2": "INT", "HUP": "HUP", "1": "HUP", "0": "0"}
+_NAMES = {
+    "TERM": "TERM",
+    "15": "TERM",
+    "KILL": "KILL",
+    "9": "KILL",
+    "INT": "INT",
+    "2": "INT",
+    "HUP": "HUP",
+    "1": "HUP",
+    "0": "0",
+}
 
 
 def _parse(args: list[str]) -> tuple[str, list[str]]:
@@ -45,8 +54,11 @@ def main(store: StateStore, args: list[str]) -> int:
                 print(f"kill: ({t}) - No such process", file=sys.stderr)
                 status = 1
                 continue
-            survives = sig == "0" or p.state.startswith("D") or (
-                sig != "KILL" and st.faults.stuck_worker and p.gpu == st.config.stuck_gpu)
+            survives = (
+                sig == "0"
+                or p.state.startswith("D")
+                or (sig != "KILL" and st.faults.stuck_worker and p.gpu == st.config.stuck_gpu)
+            )
             if not survives:
                 dead.append(p.pid)
         tx.state = replace(st, dead=tuple(dead))

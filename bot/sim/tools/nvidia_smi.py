@@ -18,8 +18,10 @@ from bot.sim.packages import driver_cuda
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
 from bot.sim.tools import nvidia_smi_q
 
-NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-             "Make sure that the latest NVIDIA driver is installed and running.")
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
 NO_DRIVER_EXIT = 9
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 DRIVER_VERSION = "590.44.01"
@@ -54,8 +56,11 @@ _GPU_FIELDS: dict[str, _GpuField] = {
     "persistence_mode": ("", lambda g: "Enabled"),
     "pstate": ("", lambda g: "P0" if g.used_mib else "P8"),
 }
-_GPU_FIELDS |= {"gpu_name": _GPU_FIELDS["name"], "gpu_uuid": _GPU_FIELDS["uuid"],
-                "gpu_bus_id": _GPU_FIELDS["pci.bus_id"]}
+_GPU_FIELDS |= {
+    "gpu_name": _GPU_FIELDS["name"],
+    "gpu_uuid": _GPU_FIELDS["uuid"],
+    "gpu_bus_id": _GPU_FIELDS["pci.bus_id"],
+}
 
 _AppField = tuple[str, str, Callable[[SimProcess, SimGpu], str]]  # header name, unit, value
 _APP_FIELDS: dict[str, _AppField] = {
@@ -66,8 +71,7 @@ _APP_FIELDS: dict[str, _AppField] = {
     "gpu_bus_id": ("gpu_bus_id", "", lambda p, g: _bus_id(g.index)),
     "gpu_name": ("gpu_name", "", lambda p, g: g.name),
 }
-_APP_FIELDS |= {"name": _APP_FIELDS["process_name"],
-                "used_gpu_memory": _APP_FIELDS["used_memory"]}
+_APP_FIELDS |= {"name": _APP_FIELDS["process_name"], "used_gpu_memory": _APP_FIELDS["used_memory"]}
 
 
 def _memory(g: SimGpu, mib: int) -> str:
@@ -85,8 +89,7 @@ LOST_EXIT = 15
 
 
 def _lost_line(g: SimGpu) -> str:
-    return (f"Unable to determine the device handle for GPU{_bus_id(g.index)[4:]}: "
-            "Unknown Error")
+    return f"Unable to determine the device handle for GPU{_bus_id(g.index)[4:]}: Unknown Error"
 
 
 def _header(name: str, unit: str) -> str:
@@ -98,13 +101,15 @@ def _query_gpu(gpus: list[SimGpu], names: list[str], header: bool, nounits: bool
     if header:
         rows.append(", ".join(_header(n, _GPU_FIELDS[n][0]) for n in names))
     for g in gpus:
-        rows.append(", ".join(_cell(_GPU_FIELDS[n][1](g), _GPU_FIELDS[n][0], nounits)
-                              for n in names))
+        rows.append(
+            ", ".join(_cell(_GPU_FIELDS[n][1](g), _GPU_FIELDS[n][0], nounits) for n in names)
+        )
     return "".join(r + "\n" for r in rows)
 
 
-def _query_apps(gpus: list[SimGpu], procs: list[SimProcess], names: list[str], header: bool,
-                nounits: bool) -> str:
+def _query_apps(
+    gpus: list[SimGpu], procs: list[SimProcess], names: list[str], header: bool, nounits: bool
+) -> str:
     rows = []
     if header:
         rows.append(", ".join(_header(_APP_FIELDS[n][0], _APP_FIELDS[n][1]) for n in names))
@@ -113,8 +118,9 @@ def _query_apps(gpus: list[SimGpu], procs: list[SimProcess], names: list[str], h
         if p.gpu is None or p.gpu not in by_index:
             continue
         g = by_index[p.gpu]
-        rows.append(", ".join(_cell(_APP_FIELDS[n][2](p, g), _APP_FIELDS[n][1], nounits)
-                              for n in names))
+        rows.append(
+            ", ".join(_cell(_APP_FIELDS[n][2](p, g), _APP_FIELDS[n][1], nounits) for n in names)
+        )
     return "".join(r + "\n" for r in rows)
 
 
@@ -137,39 +143,64 @@ def _wide(text: str) -> str:
 def _table(gpus: list[SimGpu], procs: list[SimProcess], cuda: str = CUDA_VERSION) -> str:
     """An approximation of the default nvidia-smi screen."""
     full = "+" + "-" * _WIDE + "+"
-    out = [time.strftime("%a %b %d %H:%M:%S %Y"), full,
-           _wide(f"NVIDIA-SMI {DRIVER_VERSION}             Driver Version: {DRIVER_VERSION}"
-                 f"     CUDA Version: {cuda}"),
-           _rule(),
-           _row("GPU  Name                 Persistence-M", "Bus-Id          Disp.A",
-                "Volatile Uncorr. ECC"),
-           _row("Fan  Temp   Perf          Pwr:Usage/Cap", "          Memory-Usage",
-                "GPU-Util  Compute M."),
-           _row("", "", "              MIG M."),
-           _rule("=", "|")]
+    out = [
+        time.strftime("%a %b %d %H:%M:%S %Y"),
+        full,
+        _wide(
+            f"NVIDIA-SMI {DRIVER_VERSION}             Driver Version: {DRIVER_VERSION}"
+            f"     CUDA Version: {cuda}"
+        ),
+        _rule(),
+        _row(
+            "GPU  Name                 Persistence-M",
+            "Bus-Id          Disp.A",
+            "Volatile Uncorr. ECC",
+        ),
+        _row(
+            "Fan  Temp   Perf          Pwr:Usage/Cap",
+            "          Memory-Usage",
+            "GPU-Util  Compute M.",
+        ),
+        _row("", "", "              MIG M."),
+        _rule("=", "|"),
+    ]
     for g in gpus:
         name = g.name if len(g.name) <= 24 else g.name[:21] + "..."
         power = f"{_power(g):.0f}W /  {POWER_CAP_W}W"
         out += [
             _row(f"{g.index:>3}  {name:<24}      On", f"  {_bus_id(g.index)} Off", f"{'Off':>20}"),
-            _row(f"30%   {34 + g.util_pct // 2:>2}C    {'P0' if g.used_mib else 'P8'}"
-                 f"  {power:>21}", f"{g.used_mib}MiB /  {g.total_mib}MiB".rjust(22),
-                 f"{g.util_pct:>5}%      Default"),
+            _row(
+                f"30%   {34 + g.util_pct // 2:>2}C    {'P0' if g.used_mib else 'P8'}  {power:>21}",
+                f"{g.used_mib}MiB /  {g.total_mib}MiB".rjust(22),
+                f"{g.util_pct:>5}%      Default",
+            ),
             _row("", "", f"{'N/A':>20}"),
             _rule(),
         ]
-    out += ["", full, _wide("Processes:"),
-            _wide(" GPU   GI   CI              PID   Type   Process name"
-                  "                        GPU Memory"),
-            _wide("       ID   ID                                           "
-                  "                    Usage      "),
-            "|" + "=" * _WIDE + "|"]
+    out += [
+        "",
+        full,
+        _wide("Processes:"),
+        _wide(
+            " GPU   GI   CI              PID   Type   Process name"
+            "                        GPU Memory"
+        ),
+        _wide(
+            "       ID   ID                                           "
+            "                    Usage      "
+        ),
+        "|" + "=" * _WIDE + "|",
+    ]
     shown = [p for p in procs if p.gpu is not None]
     if not shown:
         out.append(_wide(" No running processes found"))
     for p in shown:
-        out.append(_wide(f"{p.gpu:>4}   N/A  N/A  {p.pid:>14}      C   {p.cmdline[:32]:<32}"
-                         f"{p.used_mib:>8}MiB"))
+        out.append(
+            _wide(
+                f"{p.gpu:>4}   N/A  N/A  {p.pid:>14}      C   {p.cmdline[:32]:<32}"
+                f"{p.used_mib:>8}MiB"
+            )
+        )
     out.append(full)
     return "\n".join(out) + "\n"
 
@@ -191,8 +222,7 @@ class _Args:
     query_all: bool = False  # -q: the full report (bot.sim.tools.nvidia_smi_q)
 
 
-_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i", "-d",
-                "--display")
+_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i", "-d", "--display")
 
 
 def _parse(args: list[str]) -> _Args:
@@ -240,8 +270,7 @@ def _csv(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
     return _query_apps(gpus, procs, names, header, nounits)
 
 
-def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess],
-            cuda: str = CUDA_VERSION) -> str:
+def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess], cuda: str = CUDA_VERSION) -> str:
     if a.query_gpu is not None or a.query_apps is not None:
         return _csv(a, gpus, procs)
     if a.fmt is not None:

@@ -38,19 +38,23 @@ def _head(depth: int, name: str) -> str:
 
 
 def _ecc(kind: str, dram_uncorrectable: int) -> list[str]:
-    return [_head(2, kind),
-            _kv(3, "SRAM Correctable", "0"),
-            _kv(3, "SRAM Uncorrectable Parity", "0"),
-            _kv(3, "SRAM Uncorrectable SEC-DED", "0"),
-            _kv(3, "DRAM Correctable", "0"),
-            _kv(3, "DRAM Uncorrectable", str(dram_uncorrectable))]
+    return [
+        _head(2, kind),
+        _kv(3, "SRAM Correctable", "0"),
+        _kv(3, "SRAM Uncorrectable Parity", "0"),
+        _kv(3, "SRAM Uncorrectable SEC-DED", "0"),
+        _kv(3, "DRAM Correctable", "0"),
+        _kv(3, "DRAM Uncorrectable", str(dram_uncorrectable)),
+    ]
 
 
 def _reset_status(g: SimGpu, legacy: bool) -> list[str]:
     said = "Yes" if g.reset_required else "No"
-    lines = [_head(1, "GPU Reset Status"),
-             _kv(2, "Reset Required", said),
-             _kv(2, "Drain and Reset Recommended", said)]
+    lines = [
+        _head(1, "GPU Reset Status"),
+        _kv(2, "Reset Required", said),
+        _kv(2, "Drain and Reset Recommended", said),
+    ]
     return lines if legacy else [*lines, _kv(1, "GPU Recovery Action", "None")]
 
 
@@ -91,11 +95,16 @@ def section(g: SimGpu, legacy: bool = False) -> list[str]:
 
 def render(gpus: list[SimGpu], attached: int, cuda: str = CUDA_VERSION) -> str:
     """``attached``: every GPU the host has, the lost ones included (the header says so)."""
-    out = ["", "==============NVSMI LOG==============", "",
-           _kv(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
-           _kv(0, "Driver Version", DRIVER_VERSION),
-           _kv(0, "CUDA Version", cuda), "",
-           _kv(0, "Attached GPUs", str(attached))]
+    out = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        _kv(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+        _kv(0, "Driver Version", DRIVER_VERSION),
+        _kv(0, "CUDA Version", cuda),
+        "",
+        _kv(0, "Attached GPUs", str(attached)),
+    ]
     legacy = any(g.reset_required for g in gpus)
     for g in gpus:
         out += section(g, legacy)

@@ -47,8 +47,12 @@ def main(store: StateStore, args: list[str]) -> int:
         else:
             patterns.append(a)
     if len(patterns) != 1:
-        print("pgrep: no matching criteria specified" if not patterns
-              else "pgrep: only one pattern can be provided", file=sys.stderr)
+        print(
+            "pgrep: no matching criteria specified"
+            if not patterns
+            else "pgrep: only one pattern can be provided",
+            file=sys.stderr,
+        )
         print("Try `pgrep --help' for more information.", file=sys.stderr)
         return 2
     try:
@@ -63,8 +67,13 @@ def main(store: StateStore, args: list[str]) -> int:
         subject = cmdline if "f" in flags else comm
         hit = rx.fullmatch(subject) if "x" in flags else rx.search(subject)
         if hit:
-            found.append(f"{pid} {cmdline}" if "a" in flags
-                         else f"{pid} {comm}" if "l" in flags else str(pid))
+            found.append(
+                f"{pid} {cmdline}"
+                if "a" in flags
+                else f"{pid} {comm}"
+                if "l" in flags
+                else str(pid)
+            )
     if "c" in flags:
         print(len(found))
     elif found:

@@ -58,7 +58,7 @@ def main(store: StateStore, args: list[str]) -> int:
             return _usage(f"unsupported option {a}")
     unknown = [f for f in fields if f not in _FIELDS]
     if unknown or not fields:
-        return _usage(f"unknown user-defined format specifier \"{(unknown or [''])[0]}\"")
+        return _usage(f'unknown user-defined format specifier "{(unknown or [""])[0]}"')
     procs = [p for p in host_view(store.read(), time.time())[1] if p.pid in pids]
     for p in sorted(procs, key=lambda p: p.pid):
         print(" ".join(_FIELDS[f](p) for f in fields))

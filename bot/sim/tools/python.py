@@ -28,14 +28,17 @@ def _lay_out(site: Path, st: HostState) -> None:
     problem = packages.import_problem(st)
     if packages.PACKAGE in env:
         (site / "vllm").mkdir()
-        body = (f"raise ImportError({problem.split(': ', 1)[1]!r})\n"
-                if problem is not None and problem.startswith("ImportError") else
-                f"__version__ = {packages.module_version(env[packages.PACKAGE])!r}\n")
+        body = (
+            f"raise ImportError({problem.split(': ', 1)[1]!r})\n"
+            if problem is not None and problem.startswith("ImportError")
+            else f"__version__ = {packages.module_version(env[packages.PACKAGE])!r}\n"
+        )
         (site / "vllm" / "__init__.py").write_text(body)
     if "torch" in env:
         (site / "torch").mkdir()
         (site / "torch" / "__init__.py").write_text(
-            f"__version__ = {env['torch']!r}\nfrom torch import version\n")
+            f"__version__ = {env['torch']!r}\nfrom torch import version\n"
+        )
         cuda = packages.TORCH_CUDA.get(env["torch"])
         (site / "torch" / "version.py").write_text(f"cuda = {cuda!r}\n")
 
@@ -47,8 +50,10 @@ def main(store: StateStore, args: list[str]) -> int:
     try:
         _lay_out(site, st)
         # -S: no site-packages of the test's own interpreter; -I would drop PYTHONPATH.
-        return subprocess.run([sys.executable, "-S", *args],
-                              env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                              check=False).returncode
+        return subprocess.run(
+            [sys.executable, "-S", *args],
+            env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+            check=False,
+        ).returncode
     finally:
         shutil.rmtree(site, ignore_errors=True)

@@ -18,10 +18,25 @@ from bot.sim.tools import journalctl, unit
 
 # The order systemd itself prints these in.
 _ORDER = (
-    "Type", "Restart", "MainPID", "ExecMainStartTimestamp", "ExecMainPID", "Result",
-    "NRestarts", "Id", "Names", "Description", "LoadState", "ActiveState", "SubState",
-    "FragmentPath", "UnitFileState", "ActiveEnterTimestamp", "InactiveEnterTimestamp",
-    "LoadError", "User",
+    "Type",
+    "Restart",
+    "MainPID",
+    "ExecMainStartTimestamp",
+    "ExecMainPID",
+    "Result",
+    "NRestarts",
+    "Id",
+    "Names",
+    "Description",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "FragmentPath",
+    "UnitFileState",
+    "ActiveEnterTimestamp",
+    "InactiveEnterTimestamp",
+    "LoadError",
+    "User",
 )
 _NEEDS_UNIT = ("start", "stop", "restart", "is-active", "reset-failed")
 
@@ -33,20 +48,37 @@ def _stamp(ts: float | None) -> str:
 def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
     svc = unit.service_name(name)
     if not unit.is_ours(st, name):
-        return {"MainPID": "0", "Result": "success", "Id": svc, "Names": svc,
-                "Description": svc, "LoadState": "not-found", "ActiveState": "inactive",
-                "SubState": "dead", "UnitFileState": "",
-                "LoadError": f'org.freedesktop.systemd1.NoSuchUnit "Unit {svc} not found."'}
+        return {
+            "MainPID": "0",
+            "Result": "success",
+            "Id": svc,
+            "Names": svc,
+            "Description": svc,
+            "LoadState": "not-found",
+            "ActiveState": "inactive",
+            "SubState": "dead",
+            "UnitFileState": "",
+            "LoadError": f'org.freedesktop.systemd1.NoSuchUnit "Unit {svc} not found."',
+        }
     run = st.run
     active, sub = unit_state(run, now)
     ended = run.stopped_at if active in ("inactive", "deactivating") else run.fail_at
     return {
-        "Type": "simple", "Restart": "no", "MainPID": str(main_pid(run, now)),
-        "ExecMainStartTimestamp": _stamp(run.started_at), "ExecMainPID": str(run.main_pid),
-        "Result": "exit-code" if active == "failed" else "success", "NRestarts": "0",
-        "Id": svc, "Names": svc, "Description": st.config.description,
-        "LoadState": "loaded", "ActiveState": active, "SubState": sub,
-        "FragmentPath": f"/etc/systemd/system/{svc}", "UnitFileState": "enabled",
+        "Type": "simple",
+        "Restart": "no",
+        "MainPID": str(main_pid(run, now)),
+        "ExecMainStartTimestamp": _stamp(run.started_at),
+        "ExecMainPID": str(run.main_pid),
+        "Result": "exit-code" if active == "failed" else "success",
+        "NRestarts": "0",
+        "Id": svc,
+        "Names": svc,
+        "Description": st.config.description,
+        "LoadState": "loaded",
+        "ActiveState": active,
+        "SubState": sub,
+        "FragmentPath": f"/etc/systemd/system/{svc}",
+        "UnitFileState": "enabled",
         "ActiveEnterTimestamp": _stamp(run.started_at),
         "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
         "User": st.config.unit_user,
@@ -59,8 +91,9 @@ def _show(st: HostState, units: list[str], props: list[str], value_only: bool) -
     for name in units:
         values = _properties(st, name, now)
         keys = [k for k in _ORDER if k in values and (not props or k in props)]
-        blocks.append("".join(values[k] + "\n" if value_only else f"{k}={values[k]}\n"
-                              for k in keys))
+        blocks.append(
+            "".join(values[k] + "\n" if value_only else f"{k}={values[k]}\n" for k in keys)
+        )
     sys.stdout.write("\n".join(blocks))
     return 0
 
@@ -84,8 +117,10 @@ def _status(store: StateStore, st: HostState, name: str, lines: int) -> int:
     since = run.started_at if active == "active" else (run.fail_at or run.stopped_at)
     mark = {"active": "●", "failed": "×"}.get(active, "○")
     result = " (Result: exit-code)" if active == "failed" else f" ({sub})"
-    out = [f"{mark} {svc} - {st.config.description}",
-           f"     Loaded: loaded (/etc/systemd/system/{svc}; enabled; preset: enabled)"]
+    out = [
+        f"{mark} {svc} - {st.config.description}",
+        f"     Loaded: loaded (/etc/systemd/system/{svc}; enabled; preset: enabled)",
+    ]
     when = "" if since is None else f" since {_stamp(since)}; {_ago(now - since)}"
     out.append(f"     Active: {active}{result}{when}")
     pid = main_pid(run, now)
@@ -93,8 +128,10 @@ def _status(store: StateStore, st: HostState, name: str, lines: int) -> int:
         out.append(f"   Main PID: {pid} (python3)")
         procs = host_view(st, now)[1]
         out.append(f"     CGroup: /system.slice/{svc}")
-        out += [f"             {'└─' if i == len(procs) - 1 else '├─'}{p.pid} {p.cmdline}"
-                for i, p in enumerate(procs)]
+        out += [
+            f"             {'└─' if i == len(procs) - 1 else '├─'}{p.pid} {p.cmdline}"
+            for i, p in enumerate(procs)
+        ]
     journal = journalctl.lines(store, st, lines)
     sys.stdout.write("\n".join(out) + "\n" + ("\n" + "\n".join(journal) + "\n" if journal else ""))
     return 0 if active == "active" else 3
@@ -106,11 +143,19 @@ def _restart(store: StateStore) -> None:
 
 
 _JOBS: dict[str, Callable[[StateStore], None]] = {
-    "start": unit.start, "stop": unit.stop, "restart": _restart}
+    "start": unit.start,
+    "stop": unit.stop,
+    "restart": _restart,
+}
 
 
-def _each(store: StateStore, st: HostState, units: list[str], what: str,
-          action: Callable[[StateStore], None]) -> int:
+def _each(
+    store: StateStore,
+    st: HostState,
+    units: list[str],
+    what: str,
+    action: Callable[[StateStore], None],
+) -> int:
     for name in units:
         if not unit.is_ours(st, name):
             svc = unit.service_name(name)
@@ -189,8 +234,9 @@ def _verb_and_units(operands: list[str]) -> tuple[str, list[str]]:
 
 
 def _is_active(st: HostState, units: list[str], quiet: bool) -> int:
-    states = [unit_state(st.run, time.time())[0] if unit.is_ours(st, u) else "inactive"
-              for u in units]
+    states = [
+        unit_state(st.run, time.time())[0] if unit.is_ours(st, u) else "inactive" for u in units
+    ]
     if not quiet:
         sys.stdout.write("".join(s + "\n" for s in states))
     return 0 if "active" in states else 3

@@ -67,13 +67,26 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     steps: list[tuple[float, str, str, str]] = [
         (0.02, "", "__init__.py:216", "Automatically detected platform cuda."),
         (0.05, "", "api_server.py:1839", f"vLLM API server version {version}"),
-        (0.06, "", "utils.py:253", f"non-default args: {{'model': '{cfg.model}', "
-                                   f"'tensor_parallel_size': {cfg.gpus}, "
-                                   f"'port': {st.service_port}}}"),
-        (0.10, engine, "core.py:93", f"Initializing a V1 LLM engine (v{version}) "
-                                     f"with config: model='{cfg.model}'"),
-        (_LOADING_FROM, worker, "gpu_model_runner.py:2653",
-         f"Starting to load model {cfg.model}..."),
+        (
+            0.06,
+            "",
+            "utils.py:253",
+            f"non-default args: {{'model': '{cfg.model}', "
+            f"'tensor_parallel_size': {cfg.gpus}, "
+            f"'port': {st.service_port}}}",
+        ),
+        (
+            0.10,
+            engine,
+            "core.py:93",
+            f"Initializing a V1 LLM engine (v{version}) with config: model='{cfg.model}'",
+        ),
+        (
+            _LOADING_FROM,
+            worker,
+            "gpu_model_runner.py:2653",
+            f"Starting to load model {cfg.model}...",
+        ),
     ]
     out = [_at(st, run, t0, f, prefix, src, text) for f, prefix, src, text in steps]
     for k in range(1, 5):
@@ -81,24 +94,52 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
         done = SHARDS * k // 4
         # vllm/model_executor/model_loader/weight_utils.py's _BAR_FORMAT.
         spent = f * cfg.load_delay_s
-        out.append(JournalEntry(t0 + since_start(cfg, f), "python3", pid,
-                                f"{worker}Loading safetensors checkpoint shards: "
-                                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
-                                f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
-                                f"{done / max(spent, 1e-3):6.2f}it/s]"))
+        out.append(
+            JournalEntry(
+                t0 + since_start(cfg, f),
+                "python3",
+                pid,
+                f"{worker}Loading safetensors checkpoint shards: "
+                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
+                f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
+                f"{done / max(spent, 1e-3):6.2f}it/s]",
+            )
+        )
     out += _verbose(st, run, t0)
     t_ready = t0 + since_start(cfg, 1.0)
     out += [
-        _at(st, run, t0, 0.85, worker, "gpu_model_runner.py:2707",
-            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB"),
+        _at(
+            st,
+            run,
+            t0,
+            0.85,
+            worker,
+            "gpu_model_runner.py:2707",
+            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB",
+        ),
         *_warm_up(st, run, t0),
-        _at(st, run, t0, 0.95, engine, "kv_cache_utils.py:1087",
-            "GPU KV cache size: 1,017,856 tokens"),
+        _at(
+            st,
+            run,
+            t0,
+            0.95,
+            engine,
+            "kv_cache_utils.py:1087",
+            "GPU KV cache size: 1,017,856 tokens",
+        ),
         *_graphs(st, run, t0),
         *_usage_thread(st, run, t0),
-        JournalEntry(t_ready, "python3", pid, vllm_line(
-            t_ready, "INFO", "api_server.py:1024",
-            f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}")),
+        JournalEntry(
+            t_ready,
+            "python3",
+            pid,
+            vllm_line(
+                t_ready,
+                "INFO",
+                "api_server.py:1024",
+                f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}",
+            ),
+        ),
         JournalEntry(t_ready, "python3", pid, f"INFO:     Started server process [{pid}]"),
         JournalEntry(t_ready, "python3", pid, "INFO:     Waiting for application startup."),
         JournalEntry(t_ready, "python3", pid, "INFO:     Application startup complete."),
@@ -112,8 +153,9 @@ def _clock(seconds: float) -> str:
     return f"{s // 60:02d}:{s % 60:02d}"
 
 
-def _at(st: HostState, run: Run, t0: float, f: float, prefix: str, source: str,
-        text: str) -> JournalEntry:
+def _at(
+    st: HostState, run: Run, t0: float, f: float, prefix: str, source: str, text: str
+) -> JournalEntry:
     ts = t0 + since_start(st.config, f)
     return JournalEntry(ts, "python3", run.main_pid, prefix + vllm_line(ts, "INFO", source, text))
 
@@ -124,10 +166,24 @@ def _warm_up(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     engine = f"(EngineCore_DP0 pid={run.main_pid + ENGINE_PID_OFFSET}) "
     load = st.config.load_delay_s
     return [
-        _at(st, run, t0, 0.87, engine, "backends.py:559",
-            f"Dynamo bytecode transform time: {0.02 * load:.2f} s"),
-        _at(st, run, t0, 0.90, engine, "monitor.py:34",
-            f"torch.compile takes {0.05 * load:.2f} s in total"),
+        _at(
+            st,
+            run,
+            t0,
+            0.87,
+            engine,
+            "backends.py:559",
+            f"Dynamo bytecode transform time: {0.02 * load:.2f} s",
+        ),
+        _at(
+            st,
+            run,
+            t0,
+            0.90,
+            engine,
+            "monitor.py:34",
+            f"torch.compile takes {0.05 * load:.2f} s in total",
+        ),
     ]
 
 
@@ -140,15 +196,37 @@ def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     for k, f in enumerate((0.96, 0.97, 0.98), 1):
         done = 67 * k // 3
         bar = ("█" * (10 * k // 3)).ljust(10)
-        out.append(JournalEntry(t0 + since_start(st.config, f), "python3", pid,
-                                f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
-                                f"{100 * k // 3:3d}%|{bar}| {done}/67 "
-                                f"[{_clock(0.01 * k * load)}<{_clock(0.01 * (3 - k) * load)}, "
-                                " 5.43it/s]"))
-    out += [_at(st, run, t0, 0.985, engine, "gpu_model_runner.py:3480",
-                f"Graph capturing finished in {max(round(0.03 * load), 1)} secs, took 0.53 GiB"),
-            _at(st, run, t0, 0.99, engine, "core.py:210", "init engine (profile, create kv "
-                f"cache, warmup model) took {0.99 * load:.2f} seconds")]
+        out.append(
+            JournalEntry(
+                t0 + since_start(st.config, f),
+                "python3",
+                pid,
+                f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+                f"{100 * k // 3:3d}%|{bar}| {done}/67 "
+                f"[{_clock(0.01 * k * load)}<{_clock(0.01 * (3 - k) * load)}, "
+                " 5.43it/s]",
+            )
+        )
+    out += [
+        _at(
+            st,
+            run,
+            t0,
+            0.985,
+            engine,
+            "gpu_model_runner.py:3480",
+            f"Graph capturing finished in {max(round(0.03 * load), 1)} secs, took 0.53 GiB",
+        ),
+        _at(
+            st,
+            run,
+            t0,
+            0.99,
+            engine,
+            "core.py:210",
+            f"init engine (profile, create kv cache, warmup model) took {0.99 * load:.2f} seconds",
+        ),
+    ]
     return out
 
 
@@ -186,12 +264,21 @@ def _verbose(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     """startup_log_lines more lines while the weights load, as a verbose start logs."""
     n = st.config.startup_log_lines
     worker = f"(Worker_TP1 pid={run.main_pid + WORKER_PID_OFFSET + 1}) "
-    return [_at(st, run, t0, 0.3 + 0.5 * i / max(n, 1), worker, "custom_all_reduce.py:203",
-                f"Registering {i} cuda graph addresses") for i in range(n)]
+    return [
+        _at(
+            st,
+            run,
+            t0,
+            0.3 + 0.5 * i / max(n, 1),
+            worker,
+            "custom_all_reduce.py:203",
+            f"Registering {i} cuda graph addresses",
+        )
+        for i in range(n)
+    ]
 
 
-def _oom(st: HostState, run: Run, plan: list[JournalEntry]
-         ) -> tuple[Run, list[JournalEntry]]:
+def _oom(st: HostState, run: Run, plan: list[JournalEntry]) -> tuple[Run, list[JournalEntry]]:
     """oom_at_start: the engine runs out of GPU memory while loading and logs the
     traceback; the API server exits oom_exit_delay_s later, and never serves."""
     cfg = st.config
@@ -213,8 +300,13 @@ def _oom(st: HostState, run: Run, plan: list[JournalEntry]
         "Including non-PyTorch memory, this process has 95.26 GiB memory in use.",
     ]
     crash = [JournalEntry(at, "python3", pid, line) for line in lines] + [
-        JournalEntry(exit_at, "python3", pid, "RuntimeError: Engine core initialization "
-                     "failed. See root cause above. Failed core proc(s): {}"),
+        JournalEntry(
+            exit_at,
+            "python3",
+            pid,
+            "RuntimeError: Engine core initialization "
+            "failed. See root cause above. Failed core proc(s): {}",
+        ),
         _systemd(exit_at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
         _systemd(exit_at, f"{svc}: Failed with result 'exit-code'."),
     ]
@@ -263,9 +355,14 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     # A venv that cannot import vllm, or a torch the driver is too old for, crashes too.
     broken = import_problem(st) is not None or cuda_problem(st) is not None
     fails = may_fail and (version is None or st.faults.start_fails or broken)
-    run = Run(generation=st.run.generation + 1, main_pid=st.next_pid, version=version,
-              started_at=t0, ready_at=t0 + since_start(cfg, 1.0),
-              fail_at=t0 + cfg.fail_delay_s if fails else None)
+    run = Run(
+        generation=st.run.generation + 1,
+        main_pid=st.next_pid,
+        version=version,
+        started_at=t0,
+        ready_at=t0 + since_start(cfg, 1.0),
+        fail_at=t0 + cfg.fail_delay_s if fails else None,
+    )
     plan = [_systemd(t0, f"Started {service_name(cfg.unit)} - {cfg.description}.")]
     plan += _load_plan(st, run, t0)
     if run.fail_at is not None:
@@ -320,13 +417,20 @@ def stop(store: StateStore) -> None:
                 f"INFO:     Finished server process [{run.main_pid}]",
             ]
             plan = [_systemd(now, f"Stopping {svc} - {cfg.description}...")]
-            plan += [JournalEntry(now + (k + 1) * step, "python3", run.main_pid, line)
-                     for k, line in enumerate(py)]
+            plan += [
+                JournalEntry(now + (k + 1) * step, "python3", run.main_pid, line)
+                for k, line in enumerate(py)
+            ]
             if st.faults.stuck_worker:
                 stuck = run.main_pid + WORKER_PID_OFFSET + cfg.stuck_gpu
-                plan.append(_systemd(end, f"{svc}: Unit process {stuck} "
-                                          f"(VLLM::Worker_TP{cfg.stuck_gpu}) remains running "
-                                          "after unit stopped."))
+                plan.append(
+                    _systemd(
+                        end,
+                        f"{svc}: Unit process {stuck} "
+                        f"(VLLM::Worker_TP{cfg.stuck_gpu}) remains running "
+                        "after unit stopped.",
+                    )
+                )
             plan += [
                 _systemd(end, f"{svc}: Deactivated successfully."),
                 _systemd(end, f"Stopped {svc} - {cfg.description}."),

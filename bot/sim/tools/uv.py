@@ -39,8 +39,10 @@ REQUIRES = (
     "tokenizers, torch, torchaudio, torchvision, tqdm, transformers, typing-extensions, "
     "watchfiles, xgrammar"
 )
-NO_VENV = ("error: No virtual environment found; run `uv venv` to create an environment, "
-           "or pass `--system` to install into a non-virtual environment")
+NO_VENV = (
+    "error: No virtual environment found; run `uv venv` to create an environment, "
+    "or pass `--system` to install into a non-virtual environment"
+)
 OUTPUT_BATCHES = 50
 FLOOD_BLOCK = 1024 * 1024
 STALL_POLL_S = 0.05
@@ -80,9 +82,11 @@ def _python_error(python: str | None) -> str | None:
     if python is None:
         return NO_VENV
     if not os.path.exists(python):
-        return (f"error: Failed to inspect Python interpreter from provided path at `{python}`\n"
-                "  Caused by: Failed to query Python interpreter\n"
-                "  Caused by: No such file or directory (os error 2)")
+        return (
+            f"error: Failed to inspect Python interpreter from provided path at `{python}`\n"
+            "  Caused by: Failed to query Python interpreter\n"
+            "  Caused by: No such file or directory (os error 2)"
+        )
     return None
 
 
@@ -100,15 +104,19 @@ def _throwaway(python: str) -> bool:
 
 
 def _unexpected(arg: str, sub: str) -> int:
-    _err(f"error: unexpected argument '{arg}' found\n\n"
-         f"Usage: uv pip {sub} [OPTIONS] <PACKAGE>\n\nFor more information, try '--help'.")
+    _err(
+        f"error: unexpected argument '{arg}' found\n\n"
+        f"Usage: uv pip {sub} [OPTIONS] <PACKAGE>\n\nFor more information, try '--help'."
+    )
     return 2
 
 
 def _externally_managed(python: str) -> int:
-    _err(f"error: The interpreter at {os.path.dirname(os.path.dirname(python))} is "
-         "externally managed, and indicates the following:\n\n"
-         "  To install Python packages system-wide, try apt install python3-xyz")
+    _err(
+        f"error: The interpreter at {os.path.dirname(os.path.dirname(python))} is "
+        "externally managed, and indicates the following:\n\n"
+        "  To install Python packages system-wide, try apt install python3-xyz"
+    )
     return 2
 
 
@@ -137,9 +145,11 @@ def _show(store: StateStore, args: list[str]) -> int:
         if name.lower() != PACKAGE or version is None:
             missing.append(name)
             continue
-        blocks.append(f"Name: {PACKAGE}\nVersion: {version}\n"
-                      f"Location: {st.venv}/lib/python3.12/site-packages\n"
-                      f"Requires: {REQUIRES}\nRequired-by:\n")
+        blocks.append(
+            f"Name: {PACKAGE}\nVersion: {version}\n"
+            f"Location: {st.venv}/lib/python3.12/site-packages\n"
+            f"Requires: {REQUIRES}\nRequired-by:\n"
+        )
     sys.stdout.write("---\n".join(blocks))
     if missing:
         _err(f"warning: Package(s) not found for: {', '.join(missing)}")
@@ -164,14 +174,26 @@ class _Request:
         return self.reinstall_all or PACKAGE in self.reinstall
 
 
-_VALUE_OPTIONS = ("--python", "-p", "--reinstall-package", "--extra-index-url", "--index-url",
-                  "-i", "-r", "--requirement")
-_FLAGS = {"--dry-run": "dry_run", "--force-reinstall": "reinstall_all",
-          "--reinstall": "reinstall_all", "--offline": "offline", "--no-deps": "no_deps"}
+_VALUE_OPTIONS = (
+    "--python",
+    "-p",
+    "--reinstall-package",
+    "--extra-index-url",
+    "--index-url",
+    "-i",
+    "-r",
+    "--requirement",
+)
+_FLAGS = {
+    "--dry-run": "dry_run",
+    "--force-reinstall": "reinstall_all",
+    "--reinstall": "reinstall_all",
+    "--offline": "offline",
+    "--no-deps": "no_deps",
+}
 
 
-def _parse_install(args: list[str], env: Mapping[str, str] = os.environ
-                   ) -> _Request | str:
+def _parse_install(args: list[str], env: Mapping[str, str] = os.environ) -> _Request | str:
     req = _Request()
     extra_flag = index_flag = False
     it = iter(args)
@@ -200,8 +222,9 @@ def _parse_install(args: list[str], env: Mapping[str, str] = os.environ
     return _from_env(req, env, extra_flag=extra_flag, index_flag=index_flag)
 
 
-def _from_env(req: _Request, env: Mapping[str, str], *, extra_flag: bool,
-              index_flag: bool) -> _Request:
+def _from_env(
+    req: _Request, env: Mapping[str, str], *, extra_flag: bool, index_flag: bool
+) -> _Request:
     # As uv's clap options do: the variable stands in for its flag when the flag is absent
     # (UV_EXTRA_INDEX_URL holds space-separated URLs).
     if not extra_flag:
@@ -223,24 +246,31 @@ def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
     name, _, version = spec.partition("==")
     name = name.strip().lower()
     if any(c in name for c in "<>=!~ ;@["):
-        _err(f"error: the simulator only handles `{PACKAGE}` and `{PACKAGE}==<version>`, "
-             f"not `{spec}`")
+        _err(
+            f"error: the simulator only handles `{PACKAGE}` and `{PACKAGE}==<version>`, "
+            f"not `{spec}`"
+        )
         return 2
     if name != PACKAGE:
-        return _no_solution(f"Because {name} was not found in the package registry and you "
-                            f"require {name}, we can conclude that your requirements are "
-                            "unsatisfiable.")
+        return _no_solution(
+            f"Because {name} was not found in the package registry and you "
+            f"require {name}, we can conclude that your requirements are "
+            "unsatisfiable."
+        )
     target = pk.wheel_of(st, version or st.config.latest_version)
     if not pk.served(st, PACKAGE, target, indexes):
-        return _no_solution(f"Because there is no version of {spec} and you require {spec}, "
-                            "we can conclude that your requirements are unsatisfiable.")
+        return _no_solution(
+            f"Because there is no version of {spec} and you require {spec}, "
+            "we can conclude that your requirements are unsatisfiable."
+        )
     if st.faults.resolve_fails:
         return _no_solution(
             f"Because {PACKAGE}=={target} depends on torch==2.10.0 and torch==2.10.0 has no "
             "wheels with a matching platform tag (e.g., `manylinux_2_39_x86_64`), we can "
             f"conclude that {PACKAGE}=={target} cannot be used.\n"
             f"      And because you require {PACKAGE}=={target}, we can conclude that your "
-            "requirements are unsatisfiable.")
+            "requirements are unsatisfiable."
+        )
     return target
 
 
@@ -262,10 +292,12 @@ def _read_requirements(paths: list[str]) -> dict[str, str] | tuple[str, int]:
             name, sep, version = line.strip().partition("==")
             name, version = name.strip().lower(), version.strip()
             if sep and pins.get(name, version) != version:
-                return ("error: No solution found when resolving dependencies\n  cause: "
-                        f"Because you require {pk.pin(name, pins[name])} and "
-                        f"{pk.pin(name, version)}, we can conclude that your requirements "
-                        "are unsatisfiable."), 1
+                return (
+                    "error: No solution found when resolving dependencies\n  cause: "
+                    f"Because you require {pk.pin(name, pins[name])} and "
+                    f"{pk.pin(name, version)}, we can conclude that your requirements "
+                    "are unsatisfiable."
+                ), 1
             if sep:
                 pins[name] = version
     return pins
@@ -296,13 +328,17 @@ def _missing(st: HostState, wanted: Mapping[str, str], req: _Request) -> list[st
     for name, version in sorted(wanted.items()):
         p = pk.pin(name, version)
         if req.offline and p not in cache:
-            _err(f"error: Failed to download `{p}`\n  Caused by: Network connectivity is "
-                 "disabled, but the requested data wasn't found in the cache for: "
-                 f"`{_wheel_url(req, name, version)}`")
+            _err(
+                f"error: Failed to download `{p}`\n  Caused by: Network connectivity is "
+                "disabled, but the requested data wasn't found in the cache for: "
+                f"`{_wheel_url(req, name, version)}`"
+            )
             return 2
         if not req.offline and not pk.served(st, name, version, req.indexes):
-            return _no_solution(f"Because there is no version of {p} and you require {p}, "
-                                "we can conclude that your requirements are unsatisfiable.")
+            return _no_solution(
+                f"Because there is no version of {p} and you require {p}, "
+                "we can conclude that your requirements are unsatisfiable."
+            )
     return [pk.pin(n, v) for n, v in sorted(wanted.items()) if pk.pin(n, v) not in cache]
 
 
@@ -316,8 +352,9 @@ def _download(store: StateStore, need: list[str], t0: float) -> float:
     t = t0
     for p in need:
         name = p.partition("==")[0]
-        t += cfg.download_delay_s + (pk.size_mib(name) / cfg.download_mib_per_s
-                                     if cfg.download_mib_per_s > 0 else 0.0)
+        t += cfg.download_delay_s + (
+            pk.size_mib(name) / cfg.download_mib_per_s if cfg.download_mib_per_s > 0 else 0.0
+        )
         _sleep_until(t)
         with store.transaction() as tx:
             if p not in tx.state.cache:
@@ -343,8 +380,11 @@ def _install(store: StateStore, args: list[str]) -> int:
     if not _ours(st, req.python):
         return _externally_managed(req.python)
     if len(req.specs) != 1:
-        _err("error: the following required arguments were not provided:\n  <PACKAGE>"
-             if not req.specs else "error: the simulator installs one package spec at a time")
+        _err(
+            "error: the following required arguments were not provided:\n  <PACKAGE>"
+            if not req.specs
+            else "error: the simulator installs one package spec at a time"
+        )
         return 2
     duration = st.config.install_duration_s
     _sleep_until(t0 + 0.1 * duration)
@@ -359,8 +399,9 @@ def _install(store: StateStore, args: list[str]) -> int:
         _err("Would make no changes" if req.dry_run else f"Audited {len(wanted)} packages in 2ms")
         return 0
     # What is installed: every moved package, or all of them for a full reinstall.
-    fetch = wanted if req.reinstall_all else (
-        {**moved, PACKAGE: target} if req.reinstalls else moved)
+    fetch = (
+        wanted if req.reinstall_all else ({**moved, PACKAGE: target} if req.reinstalls else moved)
+    )
     need = _missing(st, fetch, req)
     if isinstance(need, int):
         return need
@@ -431,17 +472,22 @@ def _fails_midway(store: StateStore) -> bool:
 
 def _download_error(req: _Request, pinned: str) -> int:
     name, _, version = pinned.partition("==")
-    _err(f"error: Failed to download `{pinned}`\n"
-         "  Caused by: Request failed after 3 retries\n"
-         f"  Caused by: error sending request for url ({_wheel_url(req, name, version)})\n"
-         "  Caused by: client error (Connect)\n"
-         "  Caused by: tcp connect error: Connection timed out (os error 110)")
+    _err(
+        f"error: Failed to download `{pinned}`\n"
+        "  Caused by: Request failed after 3 retries\n"
+        f"  Caused by: error sending request for url ({_wheel_url(req, name, version)})\n"
+        "  Caused by: client error (Connect)\n"
+        "  Caused by: tcp connect error: Connection timed out (os error 110)"
+    )
     return 2
 
 
 def _wheel_url(req: _Request, name: str, version: str) -> str:
-    base = (_without_credentials(req.indexes[0]).rstrip("/") if req.indexes
-            else "https://files.pythonhosted.org/packages")
+    base = (
+        _without_credentials(req.indexes[0]).rstrip("/")
+        if req.indexes
+        else "https://files.pythonhosted.org/packages"
+    )
     return f"{base}/{name}-{version.replace('+', '%2B')}-cp38-abi3-manylinux_2_31_x86_64.whl"
 
 
@@ -460,11 +506,12 @@ def _stream_output(n: int, version: str, start: float, end: float) -> None:
     lines = [f"Downloading {PACKAGE} (412.3MiB)"] + [
         f"      [{k}/{n - 1}] Building CUDA object CMakeFiles/_C.dir/csrc/"
         f"attention/paged_attention_v{k % 2 + 1}.cu.o ({PACKAGE}=={version})"
-        for k in range(1, n)]
+        for k in range(1, n)
+    ]
     batches = min(OUTPUT_BATCHES, n)
     for b in range(batches):
         _sleep_until(start + (end - start) * b / batches)
-        chunk = lines[b * n // batches:(b + 1) * n // batches]
+        chunk = lines[b * n // batches : (b + 1) * n // batches]
         _write("".join(line + "\n" for line in chunk))
 
 
@@ -472,7 +519,7 @@ def _flood(chars: int) -> None:
     """One line of ``chars`` characters, written as fast as the reader takes it."""
     block = "C" * FLOOD_BLOCK
     for start in range(0, chars, FLOOD_BLOCK):
-        _write(block[:min(FLOOD_BLOCK, chars - start)])
+        _write(block[: min(FLOOD_BLOCK, chars - start)])
     _write("\n")
 
 
@@ -482,8 +529,15 @@ def _set_env(tx_state: HostState, env: Mapping[str, str]) -> HostState:
     return replace(tx_state, packages=others, installed_version=env.get(PACKAGE))
 
 
-def _apply(store: StateStore, req: _Request, target: str, fetch: Mapping[str, str],
-           need: list[str], lines: list[str], t0: float) -> int:
+def _apply(
+    store: StateStore,
+    req: _Request,
+    target: str,
+    fetch: Mapping[str, str],
+    need: list[str],
+    lines: list[str],
+    t0: float,
+) -> int:
     t0 += _stall(store)
     st = store.read()
     cfg = st.config
@@ -517,9 +571,11 @@ def _apply(store: StateStore, req: _Request, target: str, fetch: Mapping[str, st
             del new[PACKAGE]
         tx.state = _set_env(tx.state, new)
     if midway:
-        _err(f"error: Failed to install: {PACKAGE}-{target}-cp38-abi3-manylinux_2_31_x86_64."
-             f"whl ({PACKAGE}=={target})\n  Caused by: failed to write to file `{st.venv}/lib/"
-             "python3.12/site-packages/vllm/_C.abi3.so`: No space left on device (os error 28)")
+        _err(
+            f"error: Failed to install: {PACKAGE}-{target}-cp38-abi3-manylinux_2_31_x86_64."
+            f"whl ({PACKAGE}=={target})\n  Caused by: failed to write to file `{st.venv}/lib/"
+            "python3.12/site-packages/vllm/_C.abi3.so`: No space left on device (os error 28)"
+        )
         return 2
     _err(f"Installed {_plural(len(fetch))} in {_elapsed(time.time() - at[3])}")
     _err("\n".join(lines))
@@ -555,8 +611,9 @@ def _sync(store: StateStore, args: list[str]) -> int:
     st = store.read()
     problem = _python_error(req.python)
     if problem or not req.specs:
-        _err(problem or "error: the following required arguments were not provided:\n"
-             "  <SRC_FILE>...")
+        _err(
+            problem or "error: the following required arguments were not provided:\n  <SRC_FILE>..."
+        )
         return 2
     assert req.python is not None
     if not _ours(st, req.python):
@@ -614,8 +671,10 @@ def _venv(args: list[str]) -> int:
     (venv / "bin" / "python").write_text("#!/bin/sh\nexit 127\n")
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n" + VENV_MARK)
     if not quiet:
-        _err(f"Using CPython 3.12.3\nCreating virtual environment at: {path}\n"
-             f"Activate with: source {path}/bin/activate")
+        _err(
+            f"Using CPython 3.12.3\nCreating virtual environment at: {path}\n"
+            f"Activate with: source {path}/bin/activate"
+        )
     return 0
 
 
@@ -624,7 +683,7 @@ def _query_interpreter(store: StateStore, args: list[str]) -> None:
     its cache), which runs the venv's ``.pth`` files (``bot.sim.pth``)."""
     if "--python" not in args:
         return
-    named = args[args.index("--python") + 1:][:1]
+    named = args[args.index("--python") + 1 :][:1]
     venv = store.read().venv
     if named == [f"{venv}/bin/python"]:
         pth.run_pth(venv)
@@ -641,6 +700,8 @@ def main(store: StateStore, args: list[str]) -> int:
     if len(args) >= 2 and args[0] == "pip" and (args[1] in subs or args[1] == "show"):
         return _show(store, args[2:]) if args[1] == "show" else subs[args[1]](store, args[2:])
     sub = " ".join(args[:2]) or "(none)"
-    _err(f"error: unrecognized subcommand '{sub}'\n\nUsage: uv [OPTIONS] <COMMAND>\n\n"
-         "For more information, try '--help'.")
+    _err(
+        f"error: unrecognized subcommand '{sub}'\n\nUsage: uv [OPTIONS] <COMMAND>\n\n"
+        "For more information, try '--help'."
+    )
     return 2

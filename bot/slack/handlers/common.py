@@ -38,8 +38,9 @@ def front_end_of(context: AsyncBoltContext) -> SlackFrontEnd:
 async def tell(front_end: SlackFrontEnd, respond: AsyncRespond, text: str) -> None:
     """An ephemeral answer to the person (through the response_url), redacted."""
     try:
-        await respond(text=front_end.poster.redact(text), response_type="ephemeral",
-                      replace_original=False)
+        await respond(
+            text=front_end.poster.redact(text), response_type="ephemeral", replace_original=False
+        )
     except Exception:
         # A lost ephemeral note must not take the work it reports on down with it.
         log.exception("cannot send an ephemeral reply")
@@ -84,10 +85,19 @@ class CommandRequest:
         # end): it waits behind any card or run update queued for the channel.
         return self.front_end.poster.answers()
 
-    def plan(self, action: Action, service: str, *, version: str | None = None,
-             index: str | None = None, dry_run: bool = False, force: bool = False) -> Plan:
-        return self.engine.plan(action, service, version=version, index=index,
-                                dry_run=dry_run, force=force)
+    def plan(
+        self,
+        action: Action,
+        service: str,
+        *,
+        version: str | None = None,
+        index: str | None = None,
+        dry_run: bool = False,
+        force: bool = False,
+    ) -> Plan:
+        return self.engine.plan(
+            action, service, version=version, index=index, dry_run=dry_run, force=force
+        )
 
     async def reply_now(self, text: str) -> None:
         """The ack itself carries the ephemeral answer (help, errors)."""
@@ -99,17 +109,20 @@ class CommandRequest:
     async def tell_message(self, msg: Message) -> None:
         """An ephemeral answer with blocks (a table), redacted: for the asker's eyes only."""
         text, blocks = self.front_end.poster.clean(msg)
-        await self.respond(text=text, blocks=blocks, response_type="ephemeral",
-                           replace_original=False)
+        await self.respond(
+            text=text, blocks=blocks, response_type="ephemeral", replace_original=False
+        )
 
     def later(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Continue after the ack; whatever goes wrong, the person hears about it."""
+
         async def guarded() -> None:
             try:
                 await coro
             except Exception as exc:
                 log.exception("/vllm %s failed", name)
                 await self.tell(f"`{escape(self.typed)}` failed: {escape(str(exc))}")
+
         self.front_end.spawn(guarded(), name=f"cmd-{name}")
 
 
@@ -118,16 +131,18 @@ async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
     await req.ack()
 
     async def work() -> None:
-        answer = await req.front_end.request(plan, user=req.user, channel=req.channel,
-                                             command=req.typed)
+        answer = await req.front_end.request(
+            plan, user=req.user, channel=req.channel, command=req.typed
+        )
         if answer:
             await req.tell(answer)
 
     req.later(work(), name)
 
 
-async def post_code(req: CommandRequest, title: str, body: str, *, filename: str,
-                    tail: bool = False) -> str:
+async def post_code(
+    req: CommandRequest, title: str, body: str, *, filename: str, tail: bool = False
+) -> str:
     """Post ``body`` in a code block in the request's channel; when it does not fit, the
     full text goes into the message's thread as a file. Returns the message ts."""
     poster = req.poster
@@ -136,8 +151,7 @@ async def post_code(req: CommandRequest, title: str, body: str, *, filename: str
     msg = tail_answer(title, body) if tail else code_answer(title, body, attached=not fits)
     ts = await poster.post(req.channel, msg)
     if not fits:
-        await poster.upload(req.channel, filename=filename, content=body, title=title,
-                            thread_ts=ts)
+        await poster.upload(req.channel, filename=filename, content=body, title=title, thread_ts=ts)
     return ts
 
 
@@ -162,8 +176,14 @@ class Click:
     value: str = ""  # the button's value as sent (a Terminate button's names more)
 
     @classmethod
-    def of(cls, body: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond, *,
-           run_of: Callable[[str], int | None] = run_id_of) -> Click:
+    def of(
+        cls,
+        body: dict[str, Any],
+        context: AsyncBoltContext,
+        respond: AsyncRespond,
+        *,
+        run_of: Callable[[str], int | None] = run_id_of,
+    ) -> Click:
         """``run_of`` reads the run id from the button's value (the whole value, but for
         a Terminate button's ``<run>:<host>:<question>``)."""
         actions = body.get("actions") or [{}]
@@ -171,26 +191,41 @@ class Click:
         container = body.get("container") or {}
         channel = _agreed((body.get("channel") or {}).get("id"), container.get("channel_id"))
         message_ts = _agreed(container.get("message_ts"), (body.get("message") or {}).get("ts"))
-        return cls(front_end=front_end_of(context), user=str(body["user"]["id"]),
-                   channel=channel, run_id=run_of(value), respond=respond,
-                   message_ts=message_ts, value=value)
+        return cls(
+            front_end=front_end_of(context),
+            user=str(body["user"]["id"]),
+            channel=channel,
+            run_id=run_of(value),
+            respond=respond,
+            message_ts=message_ts,
+            value=value,
+        )
 
     def later(self, work: Callable[[int], Awaitable[str | None]], name: str) -> None:
         """Judge the click after the ack; the clicker gets any answer ephemerally."""
+
         async def go() -> None:
             if self.run_id is None:
                 answer: str | None = await self.front_end.refuse(
-                    user=self.user, channel=self.channel, command=name,
-                    reason="That button does not name a run.", code=Refusal.BAD_INPUT)
+                    user=self.user,
+                    channel=self.channel,
+                    command=name,
+                    reason="That button does not name a run.",
+                    code=Refusal.BAD_INPUT,
+                )
             else:
                 # The value names a run; only the card it was on may decide that run.
                 answer = await self.front_end.off_card(
-                    self.run_id, user=self.user, card=CardRef(self.channel, self.message_ts),
-                    command=f"{name} run #{self.run_id}")
+                    self.run_id,
+                    user=self.user,
+                    card=CardRef(self.channel, self.message_ts),
+                    command=f"{name} run #{self.run_id}",
+                )
                 if answer is None:
                     answer = await work(self.run_id)
             if answer:
                 await tell(self.front_end, self.respond, answer)
+
         self.front_end.spawn(self._answered(go()), name=f"click-{name}")
 
     async def _answered(self, work: Coroutine[Any, Any, None]) -> None:
@@ -199,6 +234,9 @@ class Click:
             await work
         except AuditError as exc:
             log.warning("click on run #%s not carried out: %s", self.run_id, exc)
-            await tell(self.front_end, self.respond,
-                       f"The audit log cannot be written right now ({escape(str(exc))}), so "
-                       "this click did nothing: the run is as it was. Try again in a minute.")
+            await tell(
+                self.front_end,
+                self.respond,
+                f"The audit log cannot be written right now ({escape(str(exc))}), so "
+                "this click did nothing: the run is as it was. Try again in a minute.",
+            )

@@ -14,9 +14,12 @@ def register(app: AsyncApp) -> None:
     app.action(ACTION_CANCEL)(on_cancel)
 
 
-async def on_cancel(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext,
-             respond: AsyncRespond) -> None:
+async def on_cancel(
+    ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond
+) -> None:
     await ack()
     click = Click.of(body, context, respond)
-    click.later(lambda run_id: click.front_end.cancel(run_id, user=click.user,
-                                                      channel=click.channel), "cancel")
+    click.later(
+        lambda run_id: click.front_end.cancel(run_id, user=click.user, channel=click.channel),
+        "cancel",
+    )

@@ -15,9 +15,14 @@ def register(app: AsyncApp) -> None:
     app.action(ACTION_DENY)(on_deny)
 
 
-async def on_deny(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext,
-             respond: AsyncRespond) -> None:
+async def on_deny(
+    ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond
+) -> None:
     await ack()
     click = Click.of(body, context, respond)
-    click.later(lambda run_id: click.front_end.decide(
-        run_id, user=click.user, action=Decision.DENY, channel=click.channel), "deny")
+    click.later(
+        lambda run_id: click.front_end.decide(
+            run_id, user=click.user, action=Decision.DENY, channel=click.channel
+        ),
+        "deny",
+    )

@@ -22,9 +22,14 @@ def run_of_terminate(value: str) -> int | None:
     return run_id_of(value.partition(":")[0])
 
 
-async def on_terminate(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext,
-                       respond: AsyncRespond) -> None:
+async def on_terminate(
+    ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond
+) -> None:
     await ack()
     click = Click.of(body, context, respond, run_of=run_of_terminate)
-    click.later(lambda run_id: click.front_end.terminate(run_id, click.value, user=click.user,
-                                                         channel=click.channel), "terminate")
+    click.later(
+        lambda run_id: click.front_end.terminate(
+            run_id, click.value, user=click.user, channel=click.channel
+        ),
+        "terminate",
+    )

@@ -60,16 +60,23 @@ def _channels(ids: list[str]) -> str:
     return ", ".join(f"<#{c}>" for c in ids)
 
 
-async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext,
-                     respond: AsyncRespond) -> None:
+async def on_command(
+    ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext, respond: AsyncRespond
+) -> None:
     text = str(command.get("text") or "")
-    req = CommandRequest(front_end=front_end_of(context), user=str(command["user_id"]),
-                         channel=str(command["channel_id"]),
-                         typed=f"{PREFIX} {text}".strip(), ack=ack, respond=respond)
+    req = CommandRequest(
+        front_end=front_end_of(context),
+        user=str(command["user_id"]),
+        channel=str(command["channel_id"]),
+        typed=f"{PREFIX} {text}".strip(),
+        ack=ack,
+        respond=respond,
+    )
     allowed = req.settings.slack.channels
     if allowed and req.channel not in allowed:
-        await _refuse(req, f"`{PREFIX}` is only taken in {_channels(allowed)}.",
-                      Refusal.WRONG_CHANNEL)
+        await _refuse(
+            req, f"`{PREFIX}` is only taken in {_channels(allowed)}.", Refusal.WRONG_CHANNEL
+        )
         return
     try:
         parsed = parse_command(text, req.settings)
@@ -80,16 +87,22 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
         limit = cast(UserRateLimit, context[LIMIT_KEY])
         wait_s = limit.take(req.user)
         if wait_s is not None:
-            await _refuse(req, f"Slow down: each person may send {limit.per_minute} "
-                               f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
-                               f"`audit`, `doctor`) a minute. Try again in {wait_s} s.",
-                          Refusal.RATE_LIMITED)
+            await _refuse(
+                req,
+                f"Slow down: each person may send {limit.per_minute} "
+                f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
+                f"`audit`, `doctor`) a minute. Try again in {wait_s} s.",
+                Refusal.RATE_LIMITED,
+            )
             return
     await HANDLERS[type(parsed)](req, parsed)
 
 
 async def _refuse(req: CommandRequest, reason: str, code: Refusal) -> None:
     await req.reply_now(reason)
-    req.front_end.spawn(req.front_end.refuse(user=req.user, channel=req.channel,
-                                             command=req.typed, reason=reason, code=code),
-                        name="refusal")
+    req.front_end.spawn(
+        req.front_end.refuse(
+            user=req.user, channel=req.channel, command=req.typed, reason=reason, code=code
+        ),
+        name="refusal",
+    )

@@ -19,13 +19,18 @@ async def handle(req: CommandRequest, cmd: Audit) -> None:
             except RunNotFoundError:
                 await req.tell(f"There is no run #{cmd.run_id} in the audit log.")
                 return
-            text = run_view(record, await req.audit.steps(record.id),
-                            await req.audit.environments(record.id))
+            text = run_view(
+                record, await req.audit.steps(record.id), await req.audit.environments(record.id)
+            )
             await post_code(req, f"Run #{record.id}", text, filename=f"run-{record.id}.txt")
             return
         records = await req.audit.list_runs(service=cmd.service, limit=cmd.limit)
         scope = cmd.service or "all services"
-        await post_code(req, f"Audit log: {scope}, last {cmd.limit} runs",
-                        runs_table(records), filename="audit.txt")
+        await post_code(
+            req,
+            f"Audit log: {scope}, last {cmd.limit} runs",
+            runs_table(records),
+            filename="audit.txt",
+        )
 
     req.later(work(), "audit")

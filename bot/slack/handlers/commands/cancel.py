@@ -10,7 +10,6 @@ async def handle(req: CommandRequest, cmd: Cancel) -> None:
     await req.ack()
 
     async def work() -> None:
-        await req.tell(await req.front_end.cancel(cmd.run_id, user=req.user,
-                                                  channel=req.channel))
+        await req.tell(await req.front_end.cancel(cmd.run_id, user=req.user, channel=req.channel))
 
     req.later(work(), "cancel")

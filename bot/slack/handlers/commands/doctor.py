@@ -25,12 +25,21 @@ WHOLE = "`python -m bot doctor` on the bot's machine prints the whole table."
 async def handle(req: CommandRequest, cmd: Doctor) -> None:
     front_end = req.front_end
     if not is_requester(req.user, req.settings.policy, await front_end.membership()):
-        reason = ("You are not on the requesters list, so you cannot run doctor (it shows how "
-                  "the hosts are set up). Ask someone who is, or an admin to add you.")
+        reason = (
+            "You are not on the requesters list, so you cannot run doctor (it shows how "
+            "the hosts are set up). Ask someone who is, or an admin to add you."
+        )
         await req.reply_now(reason)
-        front_end.spawn(front_end.refuse(user=req.user, channel=req.channel,
-                                         command=req.typed, reason=reason,
-                                         code=Refusal.NOT_REQUESTER), name="refusal")
+        front_end.spawn(
+            front_end.refuse(
+                user=req.user,
+                channel=req.channel,
+                command=req.typed,
+                reason=reason,
+                code=Refusal.NOT_REQUESTER,
+            ),
+            name="refusal",
+        )
         return
     hosts = resolve_targets(req.settings, cmd.target)
     service = cmd.target if cmd.kind == "service" else None
@@ -40,7 +49,6 @@ async def handle(req: CommandRequest, cmd: Doctor) -> None:
         checks = await run_doctor(req.settings, req.pool, hosts, service)
         verdict = "all checks passed" if passed(checks) else "checks FAILED"
         title = f"doctor: {cmd.kind} {cmd.target}" if cmd.target else "doctor: all hosts"
-        await req.tell_message(code_pages_answer(f"{title}: {verdict}", render(checks),
-                                                 rest=WHOLE))
+        await req.tell_message(code_pages_answer(f"{title}: {verdict}", render(checks), rest=WHOLE))
 
     req.later(work(), "doctor")

@@ -28,16 +28,25 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
         if cmd.health:
             text = health_details(results)
             attach = code_head(text)[1]
-            ts = await poster.post(req.channel, code_answer(f"GPU health: {cmd.target or 'all'}",
-                                                            text, attached=attach))
+            ts = await poster.post(
+                req.channel,
+                code_answer(f"GPU health: {cmd.target or 'all'}", text, attached=attach),
+            )
             if attach:
-                await poster.upload(req.channel, filename="gpu-health.txt", content=text,
-                                    title="GPU health", thread_ts=ts)
+                await poster.upload(
+                    req.channel,
+                    filename="gpu-health.txt",
+                    content=text,
+                    title="GPU health",
+                    thread_ts=ts,
+                )
             return
-        ts = await poster.post(req.channel, code_answer(
-            title, answer.text, attached=answer.attachment is not None))
+        ts = await poster.post(
+            req.channel, code_answer(title, answer.text, attached=answer.attachment is not None)
+        )
         if answer.attachment is not None:
-            await poster.upload(req.channel, filename=FILENAME, content=answer.attachment,
-                                title=title, thread_ts=ts)
+            await poster.upload(
+                req.channel, filename=FILENAME, content=answer.attachment, title=title, thread_ts=ts
+            )
 
     req.later(work(), "gpus")

@@ -21,18 +21,32 @@ async def handle(req: CommandRequest, cmd: Logs) -> None:
     async def one(host: str) -> str:
         try:
             # As root under sudo on a non-root host: the same rule as the health gate's tail.
-            result = await run_command(req.pool.get(host),
-                                       become_for(req.settings, host, cmd.service), argv,
-                                       run_as_of(argv), timeout_s=svc.command_timeout_s)
+            result = await run_command(
+                req.pool.get(host),
+                become_for(req.settings, host, cmd.service),
+                argv,
+                run_as_of(argv),
+                timeout_s=svc.command_timeout_s,
+            )
         except HostError as exc:
             return f"== {host}: unreachable: {exc.reason}"
-        status = ("" if result.ok else f" ({result.refused})" if result.refused
-                  else f" (exit {result.exit_status})")
+        status = (
+            ""
+            if result.ok
+            else f" ({result.refused})"
+            if result.refused
+            else f" (exit {result.exit_status})"
+        )
         return f"== {host}{status}\n{result.output.rstrip()}"
 
     async def work() -> None:
         parts = await asyncio.gather(*(one(h) for h in svc.hosts))
-        await post_code(req, f"journalctl -u {svc.unit} -n {cmd.lines}: {cmd.service}",
-                        "\n\n".join(parts), filename=f"{cmd.service}-journal.log", tail=True)
+        await post_code(
+            req,
+            f"journalctl -u {svc.unit} -n {cmd.lines}: {cmd.service}",
+            "\n\n".join(parts),
+            filename=f"{cmd.service}-journal.log",
+            tail=True,
+        )
 
     req.later(work(), "logs")

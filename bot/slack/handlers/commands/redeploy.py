@@ -9,6 +9,12 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Redeploy) -> None:
-    plan = req.plan(Action.REDEPLOY, cmd.service, version=cmd.version, index=cmd.index,
-                    dry_run=cmd.dry_run, force=cmd.force)
+    plan = req.plan(
+        Action.REDEPLOY,
+        cmd.service,
+        version=cmd.version,
+        index=cmd.index,
+        dry_run=cmd.dry_run,
+        force=cmd.force,
+    )
     await ask_for_approval(req, plan, Action.REDEPLOY)

@@ -35,8 +35,9 @@ class _Collect:
 async def _one(req: CommandRequest, service: str) -> str:
     plan = req.plan(Action.STATUS, service)
     # The service has it approved by system:read-only: it asks nobody and takes no lock.
-    asked = await req.operations.request(plan, by=ChatUser(
-        req.user, req.channel, req.typed, req.front_end.membership))
+    asked = await req.operations.request(
+        plan, by=ChatUser(req.user, req.channel, req.typed, req.front_end.membership)
+    )
     if not isinstance(asked, Requested):
         return f"== {service}\n{asked.text}"
     record = asked.record
