@@ -117,16 +117,9 @@ def needs_locks(plan: Plan) -> bool:
     return plan.action != Action.STATUS and not plan.dry_run
 
 
-class RunLifecycle:
-    """Every transition of a run: the decisions and status changes are here; driving
-    runs (cancel tokens, heartbeats) is its ``driver``'s job (``bot.engine.run_driver``),
-    locks and recovery its ``locks``' (``bot.engine.run_locks``). One instance per
-    process, shared by the engine and the front ends (so a cancel reaches the token of
-    the run this process drives).
-
-    ``clock`` is the wall clock and ``wall_id`` whose it is (None: this machine's);
-    ``monotonic`` the clock the judge measures lengths of time on (None: this
-    machine's)."""
+class _RunLife:
+    """A run once it is asked for: its expiry, start, end and recovery, and its locks (the
+    status changes that are no one's decision); ``RunLifecycle`` adds the decisions."""
 
     def __init__(
         self,
@@ -164,6 +157,92 @@ class RunLifecycle:
         """Told of each overdue request this process expires on meeting its lock (a CLI,
         or a bot that was down at its deadline): the Slack front end closes its card."""
         return self.locks.expired
+
+    # ---- expire -------------------------------------------------------------------------
+
+    async def expire(self, run_id: int) -> bool:
+        """Close a request nobody approved in time; False if it was decided first, or
+        its window has not closed by this process's evidence (another clock's card this
+        process has not yet watched for the window's length: its sweep expires it
+        then)."""
+        await self.judge.look(self.audit, [run_id])
+        return bool(await self.audit.expire_closed(self.judge.window_closed, run_ids=[run_id]))
+
+    async def expire_overdue(self) -> list[RunRecord]:
+        """Every request still pending past its window (after a restart, and at each
+        sweep) becomes 'expired'."""
+        await self.judge.look(self.audit)
+        return await self.audit.expire_closed(self.judge.window_closed)
+
+    async def pending(self) -> list[RunRecord]:
+        """The requests awaiting approval, newest first."""
+        return await self.audit.list_runs(statuses=[RunStatus.PENDING_APPROVAL], limit=10_000)
+
+    # ---- start, finish, interrupt -------------------------------------------------------
+
+    async def start(self, run_id: int) -> CancelToken | None:
+        """approved -> running, recording this process as the owner. Returns the run's
+        cancel token, or None when the run was not 'approved' (nothing started)."""
+        if not await self.audit.transition(
+            run_id,
+            RunStatus.RUNNING,
+            expect=(RunStatus.APPROVED,),
+            owner=self._owner(),
+            lease_until=self._lease_end(),
+        ):
+            return None
+        return self.driver.drive(run_id)
+
+    async def released(self, run_id: int) -> None:
+        """The driver is done with the run (whatever its end): no more cancels, and who
+        cancelled it is on disk before this returns."""
+        await self.driver.released(run_id)
+
+    async def finish(self, run_id: int, status: RunStatus, summary: str) -> bool:
+        """running -> its final status (the worst of its hosts')."""
+        return await self.audit.transition(
+            run_id, status, expect=(RunStatus.RUNNING,), summary=summary
+        )
+
+    async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
+        """The driver could not carry the run out (its locks were taken meanwhile, the
+        config no longer has the service, a bug): it ends ``status`` with why."""
+        return await self.audit.transition(
+            run_id, status, expect=(RunStatus.APPROVED, RunStatus.RUNNING), summary=summary
+        )
+
+    async def interrupt(self, run_id: int) -> bool:
+        """Its driver stopped mid-run (cancelled at shutdown, broken): the run becomes
+        'interrupted' with what that means for the service, at once."""
+        record = await self.audit.get_run(run_id)
+        return await self.audit.interrupt(run_id, interrupted_message(record))
+
+    async def recover(self) -> list[Interrupted]:
+        """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),
+        and overdue requests 'expired' (``expired`` is told of them)."""
+        return await self.locks.recover()
+
+    # ---- locks --------------------------------------------------------------------------
+
+    def _lease_end(self) -> datetime:
+        return self.clock() + timedelta(seconds=LEASE_S)
+
+    async def take_locks(self, run_id: int, scopes: Sequence[str]) -> None:
+        """Take the locks (``RunLocks.take_locks``): a dead holder is recovered, an
+        overdue request expired, a live one raises ``LockHeldError``."""
+        await self.locks.take_locks(run_id, scopes)
+
+
+class RunLifecycle(_RunLife):
+    """Every transition of a run: the decisions and status changes are here; driving
+    runs (cancel tokens, heartbeats) is its ``driver``'s job (``bot.engine.run_driver``),
+    locks and recovery its ``locks``' (``bot.engine.run_locks``). One instance per
+    process, shared by the engine and the front ends (so a cancel reaches the token of
+    the run this process drives).
+
+    ``clock`` is the wall clock and ``wall_id`` whose it is (None: this machine's);
+    ``monotonic`` the clock the judge measures lengths of time on (None: this
+    machine's)."""
 
     # ---- request ------------------------------------------------------------------------
 
@@ -360,26 +439,6 @@ class RunLifecycle:
         await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
         return Refused(reason, expired=expired, code=code)
 
-    # ---- expire -------------------------------------------------------------------------
-
-    async def expire(self, run_id: int) -> bool:
-        """Close a request nobody approved in time; False if it was decided first, or
-        its window has not closed by this process's evidence (another clock's card this
-        process has not yet watched for the window's length: its sweep expires it
-        then)."""
-        await self.judge.look(self.audit, [run_id])
-        return bool(await self.audit.expire_closed(self.judge.window_closed, run_ids=[run_id]))
-
-    async def expire_overdue(self) -> list[RunRecord]:
-        """Every request still pending past its window (after a restart, and at each
-        sweep) becomes 'expired'."""
-        await self.judge.look(self.audit)
-        return await self.audit.expire_closed(self.judge.window_closed)
-
-    async def pending(self) -> list[RunRecord]:
-        """The requests awaiting approval, newest first."""
-        return await self.audit.list_runs(statuses=[RunStatus.PENDING_APPROVAL], limit=10_000)
-
     # ---- cancel -------------------------------------------------------------------------
 
     async def cancel(
@@ -443,57 +502,3 @@ class RunLifecycle:
             expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED),
             summary=reason,
         )
-
-    # ---- start, finish, interrupt -------------------------------------------------------
-
-    async def start(self, run_id: int) -> CancelToken | None:
-        """approved -> running, recording this process as the owner. Returns the run's
-        cancel token, or None when the run was not 'approved' (nothing started)."""
-        if not await self.audit.transition(
-            run_id,
-            RunStatus.RUNNING,
-            expect=(RunStatus.APPROVED,),
-            owner=self._owner(),
-            lease_until=self._lease_end(),
-        ):
-            return None
-        return self.driver.drive(run_id)
-
-    async def released(self, run_id: int) -> None:
-        """The driver is done with the run (whatever its end): no more cancels, and who
-        cancelled it is on disk before this returns."""
-        await self.driver.released(run_id)
-
-    async def finish(self, run_id: int, status: RunStatus, summary: str) -> bool:
-        """running -> its final status (the worst of its hosts')."""
-        return await self.audit.transition(
-            run_id, status, expect=(RunStatus.RUNNING,), summary=summary
-        )
-
-    async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
-        """The driver could not carry the run out (its locks were taken meanwhile, the
-        config no longer has the service, a bug): it ends ``status`` with why."""
-        return await self.audit.transition(
-            run_id, status, expect=(RunStatus.APPROVED, RunStatus.RUNNING), summary=summary
-        )
-
-    async def interrupt(self, run_id: int) -> bool:
-        """Its driver stopped mid-run (cancelled at shutdown, broken): the run becomes
-        'interrupted' with what that means for the service, at once."""
-        record = await self.audit.get_run(run_id)
-        return await self.audit.interrupt(run_id, interrupted_message(record))
-
-    async def recover(self) -> list[Interrupted]:
-        """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),
-        and overdue requests 'expired' (``expired`` is told of them)."""
-        return await self.locks.recover()
-
-    # ---- locks --------------------------------------------------------------------------
-
-    def _lease_end(self) -> datetime:
-        return self.clock() + timedelta(seconds=LEASE_S)
-
-    async def take_locks(self, run_id: int, scopes: Sequence[str]) -> None:
-        """Take the locks (``RunLocks.take_locks``): a dead holder is recovered, an
-        overdue request expired, a live one raises ``LockHeldError``."""
-        await self.locks.take_locks(run_id, scopes)

@@ -161,6 +161,46 @@ def _expiry(view: CardView) -> str:
     return f"Expires <!date^{stamp}^{{date_short_pretty}} {{time}}|{fallback}>"
 
 
+def _approval_card(view: CardView, blocks: list[Block]) -> Message:
+    """The card while the run waits for approvers: what it will do, then the buttons."""
+    blocks.extend(gpu_health_blocks(view.gpu_health))
+    blocks.extend(_packages(view))
+    blocks.extend(command_blocks(view.plan))
+    blocks.append(
+        context(
+            f"Needs {view.needed} approver(s); the requester cannot approve "
+            "their own run unless the policy allows it.",
+            _expiry(view),
+            *(escape(n) for n in view.notes),
+        )
+    )
+    blocks.append(
+        {
+            "type": "actions",
+            "block_id": f"run-{view.run_id}",
+            "elements": [
+                button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
+                button(
+                    "Deny",
+                    ACTION_DENY,
+                    str(view.run_id),
+                    style="danger",
+                    confirm=confirm_dialog(
+                        f"Deny run #{view.run_id}?",
+                        f"This closes the request to {escape(what_of(view.plan))}.",
+                        "Deny",
+                    ),
+                ),
+            ],
+        }
+    )
+    text = (
+        f"Approval needed: run #{view.run_id} {what_of(view.plan)} ({view.plan.spec}) "
+        f"requested by {mention(view.requested_by)}"
+    )
+    return message(text, blocks)
+
+
 def run_card(view: CardView) -> Message:
     """The approval card while pending; the live status card after; the outcome at the end."""
     status = view.status
@@ -169,42 +209,7 @@ def run_card(view: CardView) -> Message:
     title = f"Run #{view.run_id}: {what_of(view.plan)} — {word}"
     blocks: list[Block] = [header(title), _facts(view)]
     if status == RunStatus.PENDING_APPROVAL:
-        blocks.extend(gpu_health_blocks(view.gpu_health))
-        blocks.extend(_packages(view))
-        blocks.extend(command_blocks(view.plan))
-        blocks.append(
-            context(
-                f"Needs {view.needed} approver(s); the requester cannot approve "
-                "their own run unless the policy allows it.",
-                _expiry(view),
-                *(escape(n) for n in view.notes),
-            )
-        )
-        blocks.append(
-            {
-                "type": "actions",
-                "block_id": f"run-{view.run_id}",
-                "elements": [
-                    button("Approve", ACTION_APPROVE, str(view.run_id), style="primary"),
-                    button(
-                        "Deny",
-                        ACTION_DENY,
-                        str(view.run_id),
-                        style="danger",
-                        confirm=confirm_dialog(
-                            f"Deny run #{view.run_id}?",
-                            f"This closes the request to {escape(what_of(view.plan))}.",
-                            "Deny",
-                        ),
-                    ),
-                ],
-            }
-        )
-        text = (
-            f"Approval needed: run #{view.run_id} {what_of(view.plan)} ({view.plan.spec}) "
-            f"requested by {mention(view.requested_by)}"
-        )
-        return message(text, blocks)
+        return _approval_card(view, blocks)
     if (
         view.steps
         and status not in (RunStatus.DENIED, RunStatus.EXPIRED)

@@ -111,10 +111,9 @@ async def read_for_card(
     )
 
 
-class SlackFrontEnd:
-    """Requests, clicks, cancels and run tasks: what the Slack listeners hand work to.
-
-    ``sleep`` is what the expiry timers wait with (tests pass their manual clock's)."""
+class _FrontDesk:
+    """The front end's own housekeeping: its tasks, start-up, expiry, refusals, whose
+    judgement a click gets and which card it was on."""
 
     def __init__(
         self,
@@ -259,6 +258,31 @@ class SlackFrontEnd:
             user=user, channel=card.channel, command=command, reason=reason, code=Refusal.OFF_CARD
         )
 
+    # ---- expiry -----------------------------------------------------------------------------
+
+    async def expire(self, run_id: int) -> bool:
+        """Its timer is due: close a request nobody approved in time; False if it was
+        decided first."""
+        self.timers.disarm(run_id)
+        if not await self.operations.expire(run_id):
+            if (await self.runtime.audit.get_run(run_id)).status == RunStatus.EXPIRED:
+                # Another process (a CLI meeting its lock) expired it: the card says so.
+                await self.cards.refresh(run_id)
+            return False
+        await self.cards.refresh(run_id)
+        return True
+
+    async def _closed(self, run_id: int) -> None:
+        """The life cycle closed a pending request: its timer and buttons go."""
+        self.timers.disarm(run_id)
+        await self.cards.refresh(run_id)
+
+
+class SlackFrontEnd(_FrontDesk):
+    """Requests, clicks, cancels and run tasks: what the Slack listeners hand work to.
+
+    ``sleep`` is what the expiry timers wait with (tests pass their manual clock's)."""
+
     # ---- requests ---------------------------------------------------------------------------
 
     async def request(self, plan: Plan, *, user: str, channel: str, command: str) -> str | None:
@@ -312,20 +336,6 @@ class SlackFrontEnd:
             self.timers.arm(record.id, parse_ts(record.expires_at))
         return None
 
-    # ---- expiry -----------------------------------------------------------------------------
-
-    async def expire(self, run_id: int) -> bool:
-        """Its timer is due: close a request nobody approved in time; False if it was
-        decided first."""
-        self.timers.disarm(run_id)
-        if not await self.operations.expire(run_id):
-            if (await self.runtime.audit.get_run(run_id)).status == RunStatus.EXPIRED:
-                # Another process (a CLI meeting its lock) expired it: the card says so.
-                await self.cards.refresh(run_id)
-            return False
-        await self.cards.refresh(run_id)
-        return True
-
     # ---- clicks -----------------------------------------------------------------------------
 
     async def decide(
@@ -351,11 +361,6 @@ class SlackFrontEnd:
             case _:
                 assert_never(result)
         return result.text
-
-    async def _closed(self, run_id: int) -> None:
-        """The life cycle closed a pending request: its timer and buttons go."""
-        self.timers.disarm(run_id)
-        await self.cards.refresh(run_id)
 
     # ---- cancel -----------------------------------------------------------------------------
 

@@ -117,8 +117,9 @@ class _Reply:
     posted: bool = False
 
 
-class SlackReporter:
-    """Drives one run's card and thread. ``start()``, feed events, ``await flush()``."""
+class _CardDelivery:
+    """How one run's card and thread reach Slack: the replies and card updates, sent in
+    order and retried with the one back-off, never blocking the run that feeds them."""
 
     def __init__(
         self,
@@ -149,6 +150,137 @@ class SlackReporter:
         self._concluded = False
         self._task: asyncio.Task[None] | None = None
         self.failures = 0
+
+    # ---- delivery ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name=f"slack-thread-{self.ts}")
+
+    @property
+    def pending(self) -> bool:
+        return self._dirty or bool(self._replies)
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Deliver what is queued, waiting at most ``timeout_s``; True when all went out."""
+        self._closing = True
+        self._wake.set()
+        if self._task is None:
+            self.start()
+        assert self._task is not None
+        try:
+            await asyncio.wait_for(self._task, timeout_s)
+        except TimeoutError:
+            log.warning(
+                "Slack thread %s/%s: gave up after %.0fs with updates still queued",
+                self.channel,
+                self.ts,
+                timeout_s,
+            )
+            return False
+        return not self.pending
+
+    async def _drain(self) -> None:
+        # Failed calls in a row: one back-off for the queue, whichever call failed (the
+        # next try may be another one: the card, when it fell due meanwhile).
+        failed = 0
+        while True:
+            if not self.pending:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            card = self._dirty and self._clock() >= self._next_update
+            if not card and not self._replies:
+                await self._idle(self._next_update - self._clock())
+                continue
+            try:
+                if card:
+                    await self._update_card()
+                else:
+                    await self._send(self._replies[0])
+                    self._replies.popleft()
+                failed = 0
+            except Exception as exc:
+                self.failures += 1
+                if not is_transient(exc):
+                    log.error(
+                        "Slack thread %s/%s: dropping an update Slack refused: %s",
+                        self.channel,
+                        self.ts,
+                        exc,
+                    )
+                    if card:
+                        self._dirty = False
+                    else:
+                        refused = self._replies.popleft()
+                        if refused.posted and refused.file is not None:
+                            # The reply already out says a file follows: correct it.
+                            self._replies.appendleft(
+                                _Reply(
+                                    msg=attachment_refused(
+                                        refused.file[2],
+                                        len(refused.file[1]),
+                                        too_large=too_large(exc),
+                                    )
+                                )
+                            )
+                    continue
+                failed += 1
+                delay = self._backoff.delay(failed)
+                log.warning(
+                    "Slack thread %s/%s: %s; retrying in %.1fs", self.channel, self.ts, exc, delay
+                )
+                await self._sleep(delay)
+
+    async def _idle(self, seconds: float) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), max(seconds, 0.0))
+        except TimeoutError:
+            pass
+
+    async def _update_card(self) -> None:
+        self._dirty = False
+        self._next_update = self._clock() + self.update_interval_s
+        try:
+            await self.poster.update(self.channel, self.ts, run_card(self.view))
+        except BaseException:
+            self._dirty = True
+            raise
+
+    async def _render(self, reply: _Reply) -> None:
+        redact = self.poster.redact
+        if reply.line is not None:
+            output = await redact_large(redact, reply.output)
+            _, cut = code_tail(output)
+            if cut:
+                name = f"run{self.view.run_id}-{reply.line.host}-{reply.line.step}.log"
+                reply.file = (name, output, f"{reply.line.host} {reply.line.step} output")
+            reply.msg = step_reply(reply.line, output, full_log_attached=cut)
+        else:
+            attach = not fits_code_block(reply.table)
+            reply.msg = code_answer(reply.title, reply.table, attached=attach)
+            if attach:
+                reply.file = (f"run{self.view.run_id}-gpus.txt", reply.table, reply.title)
+
+    async def _send(self, reply: _Reply) -> None:
+        if reply.msg is None:
+            await self._render(reply)
+        assert reply.msg is not None
+        if not reply.posted:
+            await self.poster.post(self.channel, reply.msg, thread_ts=self.ts)
+            reply.posted = True
+        if reply.file is not None:
+            name, content, title = reply.file
+            await self.poster.upload(
+                self.channel, filename=name, content=content, title=title, thread_ts=self.ts
+            )
+
+
+class SlackReporter(_CardDelivery):
+    """Drives one run's card and thread. ``start()``, feed events, ``await flush()``."""
 
     # ---- state changes: synchronous, never touch Slack ----------------------------------
 
@@ -321,130 +453,3 @@ class SlackReporter:
         )
         self._replies.append(_Reply(msg=outcome_reply(self.view)))
         self._touch()
-
-    # ---- delivery ------------------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain(), name=f"slack-thread-{self.ts}")
-
-    @property
-    def pending(self) -> bool:
-        return self._dirty or bool(self._replies)
-
-    async def flush(self, timeout_s: float) -> bool:
-        """Deliver what is queued, waiting at most ``timeout_s``; True when all went out."""
-        self._closing = True
-        self._wake.set()
-        if self._task is None:
-            self.start()
-        assert self._task is not None
-        try:
-            await asyncio.wait_for(self._task, timeout_s)
-        except TimeoutError:
-            log.warning(
-                "Slack thread %s/%s: gave up after %.0fs with updates still queued",
-                self.channel,
-                self.ts,
-                timeout_s,
-            )
-            return False
-        return not self.pending
-
-    async def _drain(self) -> None:
-        # Failed calls in a row: one back-off for the queue, whichever call failed (the
-        # next try may be another one: the card, when it fell due meanwhile).
-        failed = 0
-        while True:
-            if not self.pending:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            card = self._dirty and self._clock() >= self._next_update
-            if not card and not self._replies:
-                await self._idle(self._next_update - self._clock())
-                continue
-            try:
-                if card:
-                    await self._update_card()
-                else:
-                    await self._send(self._replies[0])
-                    self._replies.popleft()
-                failed = 0
-            except Exception as exc:
-                self.failures += 1
-                if not is_transient(exc):
-                    log.error(
-                        "Slack thread %s/%s: dropping an update Slack refused: %s",
-                        self.channel,
-                        self.ts,
-                        exc,
-                    )
-                    if card:
-                        self._dirty = False
-                    else:
-                        refused = self._replies.popleft()
-                        if refused.posted and refused.file is not None:
-                            # The reply already out says a file follows: correct it.
-                            self._replies.appendleft(
-                                _Reply(
-                                    msg=attachment_refused(
-                                        refused.file[2],
-                                        len(refused.file[1]),
-                                        too_large=too_large(exc),
-                                    )
-                                )
-                            )
-                    continue
-                failed += 1
-                delay = self._backoff.delay(failed)
-                log.warning(
-                    "Slack thread %s/%s: %s; retrying in %.1fs", self.channel, self.ts, exc, delay
-                )
-                await self._sleep(delay)
-
-    async def _idle(self, seconds: float) -> None:
-        self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), max(seconds, 0.0))
-        except TimeoutError:
-            pass
-
-    async def _update_card(self) -> None:
-        self._dirty = False
-        self._next_update = self._clock() + self.update_interval_s
-        try:
-            await self.poster.update(self.channel, self.ts, run_card(self.view))
-        except BaseException:
-            self._dirty = True
-            raise
-
-    async def _render(self, reply: _Reply) -> None:
-        redact = self.poster.redact
-        if reply.line is not None:
-            output = await redact_large(redact, reply.output)
-            _, cut = code_tail(output)
-            if cut:
-                name = f"run{self.view.run_id}-{reply.line.host}-{reply.line.step}.log"
-                reply.file = (name, output, f"{reply.line.host} {reply.line.step} output")
-            reply.msg = step_reply(reply.line, output, full_log_attached=cut)
-        else:
-            attach = not fits_code_block(reply.table)
-            reply.msg = code_answer(reply.title, reply.table, attached=attach)
-            if attach:
-                reply.file = (f"run{self.view.run_id}-gpus.txt", reply.table, reply.title)
-
-    async def _send(self, reply: _Reply) -> None:
-        if reply.msg is None:
-            await self._render(reply)
-        assert reply.msg is not None
-        if not reply.posted:
-            await self.poster.post(self.channel, reply.msg, thread_ts=self.ts)
-            reply.posted = True
-        if reply.file is not None:
-            name, content, title = reply.file
-            await self.poster.upload(
-                self.channel, filename=name, content=content, title=title, thread_ts=self.ts
-            )
