@@ -9,6 +9,7 @@ needs no approval.
 from __future__ import annotations
 
 import asyncio
+from typing import assert_never
 
 from bot.core import events as ev
 from bot.core.gpu import render_table
@@ -26,10 +27,28 @@ class _Collect:
         self.lines: list[str] = []
 
     async def handle(self, event: ev.Event) -> None:
-        if isinstance(event, ev.HostFinished):
-            self.lines.append(f"{event.host}: {event.status}: {event.summary}")
-        elif isinstance(event, ev.GpuTable):
-            self.lines.append(render_table(event.snapshot))
+        match event:
+            case ev.HostFinished():
+                self.lines.append(f"{event.host}: {event.status}: {event.summary}")
+            case ev.GpuTable():
+                self.lines.append(render_table(event.snapshot))
+            # The answer is each host's end and its GPU table; the rest is a run's live
+            # news, which a one-shot status answer does not show.
+            case (
+                ev.RunStarted()
+                | ev.StepStarted()
+                | ev.StepProgress()
+                | ev.OutputLine()
+                | ev.StepFinished()
+                | ev.VersionsKnown()
+                | ev.PackagesKnown()
+                | ev.GpuHealthKnown()
+                | ev.RunFinished()
+                | ev.Notice()
+            ):
+                pass
+            case _:
+                assert_never(event)
 
 
 async def _one(req: CommandRequest, service: str) -> str:
