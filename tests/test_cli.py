@@ -119,7 +119,10 @@ async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_no
     sim_host: SimKit, tmp_path: Path
 ) -> None:
     env = setup(sim_host, tmp_path)
-    sim_host.set_faults(busy=True)  # requests running on the server now
+    # Requests running on the server now, and still when the CLI reads the load: the
+    # default 3 s window could end during a slow interpreter start on a loaded machine.
+    sim_host.update_config(busy_drain_s=600.0)
+    sim_host.set_faults(busy=True)
     code, out, err = await cli_on_terminal(
         "redeploy",
         SERVICE,
