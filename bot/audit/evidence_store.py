@@ -9,9 +9,9 @@ from typing import Any
 
 from bot.audit import environments as environments_sql
 from bot.audit import refusals as refusals_sql
-from bot.audit import runs as runs_sql
 from bot.audit import snapshots as snapshots_sql
 from bot.audit import steps as steps_sql
+from bot.audit import writes as w
 from bot.audit.records import (
     OUTPUT_TAIL_CHARS,
     EnvironmentRecord,
@@ -35,15 +35,24 @@ class EvidenceStore(StoreBase):
 
     # -- steps and snapshots -----------------------------------------------------
 
+    async def _apply(self, record: w.AuditRecord) -> int | None:
+        """One typed write in its own transaction, through the one ``bot.audit.writes.apply``
+        the resilient writer and the journal's replay use: no second SQL path."""
+        async with self._db.transaction(write=True) as conn:
+            return await w.apply(conn, record, at=now_ts(), row_ids={})
+
+    async def _row(self, record: w.StepStarted | w.Snapshot | w.Environment) -> int:
+        row_id = await self._apply(record)
+        assert row_id is not None  # these records always make a row
+        return row_id
+
     @shielded
     async def step_started(self, run_id: int, host: str, step: str, command: str) -> int:
         """Record a step as running and make it the run's current step, in one
         transaction: one fsync before each remote action instead of two."""
-        host, step, command, now = self._r(host), self._r(step), self._r(command), now_ts()
-        async with self._db.transaction(write=True) as conn:
-            step_id = await steps_sql.start(conn, run_id, host, step, command, now)
-            await runs_sql.update(conn, run_id, {"current_step": step})
-            return step_id
+        r = self._r
+        record = w.StepStarted(run_id=run_id, host=r(host), step=r(step), command=r(command))
+        return await self._row(record)
 
     @shielded
     async def step_finished(
@@ -63,17 +72,15 @@ class EvidenceStore(StoreBase):
             )
         # Redact before cutting: cutting first could leave half a secret unrecognised.
         tail = self._r(output_tail)[-OUTPUT_TAIL_CHARS:]
-        now = now_ts()
-        async with self._db.transaction(write=True) as conn:
-            await steps_sql.finish(
-                conn,
-                step_id,
+        await self._apply(
+            w.StepFinished(
                 status=status,
                 exit_status=exit_status,
                 duration_s=duration_s,
                 output_tail=tail,
-                now=now,
+                step_id=step_id,
             )
+        )
 
     @shielded
     async def steps(self, run_id: int) -> list[StepRecord]:
@@ -92,9 +99,10 @@ class EvidenceStore(StoreBase):
     async def add_snapshot(
         self, run_id: int | None, host: str, label: str, data: Mapping[str, Any]
     ) -> int:
-        host, label, data_json, now = self._r(host), self._r(label), self._r.json(data), now_ts()
-        async with self._db.transaction(write=True) as conn:
-            return await snapshots_sql.add(conn, run_id, host, label, data_json, now)
+        r = self._r
+        return await self._row(
+            w.Snapshot(run_id=run_id, host=r(host), label=r(label), data=r.json(data))
+        )
 
     @shielded
     async def snapshots(self, run_id: int) -> list[SnapshotRecord]:
@@ -108,9 +116,10 @@ class EvidenceStore(StoreBase):
         self, run_id: int, host: str, kind: str, data: Mapping[str, Any]
     ) -> int:
         """A package set of one host's run (``bot.core.packages.EnvKind``), as JSON."""
-        host, kind, data_json, now = self._r(host), self._r(kind), self._r.json(data), now_ts()
-        async with self._db.transaction(write=True) as conn:
-            return await environments_sql.add(conn, run_id, host, kind, data_json, now)
+        r = self._r
+        return await self._row(
+            w.Environment(run_id=run_id, host=r(host), kind=r(kind), data=r.json(data))
+        )
 
     @shielded
     async def environments(self, run_id: int) -> list[EnvironmentRecord]:

@@ -239,7 +239,8 @@ async def apply(
     conn: aiosqlite.Connection, record: AuditRecord, *, at: str, row_ids: Mapping[str, int]
 ) -> int | None:
     """The statements of ``record``, as of ``at`` (when it happened), in the caller's
-    transaction; the new row's id for a ``StepStarted``. ``row_ids``: the steps made
+    transaction; the new row's id for a ``StepStarted``, a ``Snapshot`` or an
+    ``Environment``. ``row_ids``: the steps made
     earlier in the same merge (journal record id -> row id)."""
     match record:
         case StepStarted():
@@ -259,9 +260,13 @@ async def apply(
                 now=at,
             )
         case Snapshot():
-            await snapshots.add(conn, record.run_id, record.host, record.label, record.data, at)
+            return await snapshots.add(
+                conn, record.run_id, record.host, record.label, record.data, at
+            )
         case Environment():
-            await environments.add(conn, record.run_id, record.host, record.kind, record.data, at)
+            return await environments.add(
+                conn, record.run_id, record.host, record.kind, record.data, at
+            )
         case HostFinished():
             await host_outcomes.add(
                 conn, record.run_id, record.host, record.status, record.summary, record.state, at
