@@ -3,11 +3,12 @@ the state it left the service in (``bot.core.service_state``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiosqlite
 
-from bot.audit.db import fetch, insert
+from bot.audit.db import fetch, insert, qmarks
 from bot.core.service_state import ServiceState
 
 
@@ -38,12 +39,15 @@ async def add(
     )
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[HostOutcome]:
+async def of_runs(conn: aiosqlite.Connection, run_ids: Sequence[int]) -> list[HostOutcome]:
+    """Every host outcome of these runs, in the order they were written."""
+    if not run_ids:
+        return []
     rows = await fetch(
         conn,
-        "SELECT run_id, host, status, summary, service_state, at "
-        "FROM host_outcomes WHERE run_id = ? ORDER BY id",
-        (run_id,),
+        "SELECT run_id, host, status, summary, service_state, at "  # noqa: S608 - constant
+        f"FROM host_outcomes WHERE run_id IN ({qmarks(run_ids)}) ORDER BY id",
+        tuple(run_ids),
     )
     return [
         HostOutcome(

@@ -140,10 +140,18 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
             return await replay_sql.apply(conn, list(records), merge=merge, now=now)
 
     @shielded
-    async def host_outcomes(self, run_id: int) -> list[host_outcomes_sql.HostOutcome]:
-        """How each host of the run ended, with the service state it left (issue 18)."""
+    async def host_outcomes(
+        self, run_ids: Sequence[int]
+    ) -> dict[int, list[host_outcomes_sql.HostOutcome]]:
+        """How each host of these runs ended, with the service state it left (issue 18),
+        in one query, as ``packages_changed`` and ``restorations`` read theirs; a run with
+        no host outcome is missing."""
         async with self._db.transaction(write=False) as conn:
-            return await host_outcomes_sql.of_run(conn, run_id)
+            rows = await host_outcomes_sql.of_runs(conn, run_ids)
+        outcomes: dict[int, list[host_outcomes_sql.HostOutcome]] = {}
+        for row in rows:
+            outcomes.setdefault(row.run_id, []).append(row)
+        return outcomes
 
     @shielded
     async def journal_rejects(self) -> list[tuple[str, str]]:

@@ -390,14 +390,13 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
     if not args.json:
         print(visible(runs_table(records)))
         return 0
-    hosts = {i: await rt.audit.host_outcomes(i) for i in ids}
     print(
         visible(
             runs_json(
                 records,
                 await rt.audit.packages_changed(ids),
                 await rt.audit.restorations(ids),
-                hosts,
+                await rt.audit.host_outcomes(ids),
             )
         )
     )
