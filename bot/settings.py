@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -137,6 +138,83 @@ class HostSettings(_Section):
         return self.address == LOCAL
 
 
+RouterKind = Literal["haproxy", "vllm-router", "command"]
+# The one argument of a router command the bot fills in: the replica's server name.
+SERVER_FIELD = "{server}"
+
+
+def _argv(key: str, v: list[str] | None) -> list[str] | None:
+    if v is None:
+        return None
+    if not v or not SUDO_PATH_RE.match(v[0]):
+        raise ValueError(f"{key}: the first element must be an absolute path to the program")
+    for arg in v:
+        if SERVER_FIELD in arg and arg != SERVER_FIELD:
+            # One whole argument, never spliced into another: the value never meets a shell.
+            raise ValueError(f"{key}: {SERVER_FIELD} must be an argument of its own")
+    return v
+
+
+class RouterSettings(_Section):
+    """A router in front of a service's replicas (issue 19), reached through SSH from
+    ``host`` like everything else: nothing on the bot's side listens."""
+
+    kind: RouterKind
+    host: Name
+    # haproxy: the Runtime API socket (`stats socket ... level admin`) and the backend.
+    socket: str | None = None
+    backend: Name | None = None
+    # haproxy: what speaks to the socket on `host`, the command on its stdin.
+    socat: str = "/usr/bin/socat"
+    # vllm-router: its admin API as seen from `host`.
+    admin_url: HealthUrl | None = None
+    # command: argv lists; "{server}" is one argument, the replica's server.
+    drain: list[str] | None = None
+    undrain: list[str] | None = None
+    in_flight: list[str] | None = None
+    # After taking a replica out, before judging its in-flight requests: a router that
+    # balances by connection may still hand it a request it had already picked.
+    settle_s: float = Field(5.0, ge=0)
+    # How long the router may take to show no session for a replica taken out, and to
+    # show one put back as up.
+    drain_timeout_s: float = Field(300.0, gt=0)
+    confirm_timeout_s: float = Field(60.0, gt=0)
+    poll_s: float = Field(1.0, gt=0)
+    command_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("socket", "socat")
+    @classmethod
+    def _abs(cls, v: str | None) -> str | None:
+        if v is not None and not SUDO_PATH_RE.match(v):
+            raise ValueError(f"{v!r} must be an absolute path")
+        return v
+
+    @field_validator("drain", "undrain", "in_flight")
+    @classmethod
+    def _argvs(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        return _argv(str(info.field_name), v)
+
+    @model_validator(mode="after")
+    def _kind_keys(self) -> RouterSettings:
+        need: dict[str, tuple[str, ...]] = {
+            "haproxy": ("socket", "backend"),
+            "vllm-router": ("admin_url",),
+            "command": ("drain", "undrain"),
+        }
+        missing = [k for k in need[self.kind] if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f'kind = "{self.kind}" needs {", ".join(missing)}')
+        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight"} - set(
+            need[self.kind]
+        )
+        if self.kind == "command":
+            foreign.discard("in_flight")
+        extra = sorted(k for k in foreign if getattr(self, k) is not None)
+        if extra:
+            raise ValueError(f'kind = "{self.kind}" takes no {", ".join(extra)}')
+        return self
+
+
 class ServiceSettings(_Section):
     hosts: list[Name] = Field(min_length=1)
     unit: str
@@ -197,6 +275,12 @@ class ServiceSettings(_Section):
     # The import gate (`python -c "import vllm, torch"`): importing a large vLLM takes a
     # while on a cold page cache.
     gate_timeout_s: float = Field(300, gt=0)
+    # Issue 19: the router in front of this service's replicas ([routers.*]), each host's
+    # server there (haproxy server name, vllm-router worker URL, the command's {server}),
+    # and how many other replicas must be serving before one is taken out.
+    router: Name | None = None
+    router_servers: dict[Name, str] = Field(default_factory=dict)
+    min_serving: int = Field(1, ge=0)
 
     @field_validator("gpus")
     @classmethod
@@ -315,6 +399,7 @@ class Settings(BaseSettings):
     audit: AuditSettings = AuditSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)
     services: dict[Name, ServiceSettings] = Field(default_factory=dict)
+    routers: dict[Name, RouterSettings] = Field(default_factory=dict)
 
     # Environment-only values: secrets and deployment paths never live in the TOML file.
     db_path: Path = Field(Path("chatops.db"), validation_alias="CHATOPS_DB")
@@ -335,6 +420,10 @@ class Settings(BaseSettings):
                     )
                 if self.hosts[h].become == "sudo":
                     _check_sudo_paths(name, svc, h)
+            _check_router(self, name, svc)
+        for name, r in self.routers.items():
+            if r.host not in self.hosts:
+                raise ValueError(f"routers.{name}.host names unknown host {r.host!r}")
         return self
 
     @classmethod
@@ -357,6 +446,39 @@ class Settings(BaseSettings):
             if s is not None:
                 out.append(s.get_secret_value())
         return [v for v in out if len(v) >= 4]
+
+
+def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
+    """A service behind a router names each of its hosts' server there, and nothing else."""
+    if svc.router is None:
+        if svc.router_servers:
+            raise ValueError(f"services.{name}.router_servers is set but router is not")
+        return
+    router = settings.routers.get(svc.router)
+    if router is None:
+        known = ", ".join(sorted(settings.routers)) or "none configured"
+        raise ValueError(f"services.{name}.router names unknown router {svc.router!r} ({known})")
+    missing = [h for h in svc.hosts if h not in svc.router_servers]
+    stray = [h for h in svc.router_servers if h not in svc.hosts]
+    if missing or stray:
+        raise ValueError(
+            f"services.{name}.router_servers must name a server for each of its hosts "
+            f"(missing: {', '.join(missing) or 'none'}; not a host of it: "
+            f"{', '.join(stray) or 'none'})"
+        )
+    servers = list(svc.router_servers.values())
+    if len(set(servers)) != len(servers):
+        raise ValueError(f"services.{name}.router_servers names one server twice")
+    for h, server in svc.router_servers.items():
+        if router.kind == "vllm-router":
+            _http_url(server)
+        elif not NAME_RE.match(server):
+            raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")
+    if svc.min_serving >= len(svc.hosts):
+        raise ValueError(
+            f"services.{name}.min_serving = {svc.min_serving} would never let one of its "
+            f"{len(svc.hosts)} replicas out (at most {len(svc.hosts) - 1})"
+        )
 
 
 def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:

@@ -225,6 +225,23 @@ CREATE TABLE host_outcomes (
 CREATE INDEX host_outcomes_run ON host_outcomes(run_id);
 """
 
+# Issue 19: each change of a replica's place in its router's rotation.
+_ROTATIONS = """
+CREATE TABLE rotations (
+    id      INTEGER PRIMARY KEY,
+    run_id  INTEGER NOT NULL REFERENCES runs(id),
+    host    TEXT NOT NULL,
+    router  TEXT NOT NULL,
+    server  TEXT NOT NULL,
+    change  TEXT NOT NULL CHECK (change IN ('out', 'in')),
+    ok      INTEGER NOT NULL,
+    detail  TEXT NOT NULL,
+    at      TEXT NOT NULL
+);
+CREATE INDEX rotations_run ON rotations(run_id);
+CREATE INDEX rotations_server ON rotations(router, server);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -236,6 +253,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0008_expires_clock", _EXPIRES_CLOCK),
     Migration("0009_leftover_approvals", _LEFTOVER_APPROVALS),
     Migration("0010_service_state", _SERVICE_STATE),
+    Migration("0011_rotations", _ROTATIONS),
 )
 
 

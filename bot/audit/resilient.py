@@ -399,6 +399,32 @@ class AuditWriter(JournaledWriter):
             )
         )
 
+    async def rotation_changed(
+        self,
+        run_id: int,
+        host: str,
+        router: str,
+        server: str,
+        change: str,
+        ok: bool,
+        detail: str,
+    ) -> Written:
+        """A replica taken out of its router's rotation or put back (issue 19)."""
+        r = self.audit.redaction
+        return await self.write(
+            self._record(
+                w.RotationChanged(
+                    run_id=run_id,
+                    host=r(host),
+                    router=router,
+                    server=r(server),
+                    change=change,
+                    ok=ok,
+                    detail=r(detail),
+                )
+            )
+        )
+
     async def finish(
         self,
         run_id: int,

@@ -20,7 +20,16 @@ from typing import Any, ClassVar, Union, assert_never, get_args, get_origin, get
 
 import aiosqlite
 
-from bot.audit import decisions, environments, host_outcomes, locks, runs, snapshots, steps
+from bot.audit import (
+    decisions,
+    environments,
+    host_outcomes,
+    locks,
+    rotations,
+    runs,
+    snapshots,
+    steps,
+)
 from bot.audit.db import fetch
 from bot.core.service_state import ServiceState
 from bot.core.status import Decision, RunStatus, StepStatus
@@ -132,6 +141,20 @@ class HostFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class RotationChanged:
+    """A replica out of its router's rotation or back in (issue 19)."""
+
+    OP: ClassVar[str] = "rotation"
+    run_id: int
+    host: str
+    router: str
+    server: str
+    change: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Interrupt:
     OP: ClassVar[str] = "interrupt"
     run_id: int
@@ -154,6 +177,7 @@ AuditRecord = (
     | Finish
     | RunServiceState
     | HostFinished
+    | RotationChanged
     | Interrupt
     | ReleaseLocks
 )
@@ -270,6 +294,18 @@ async def apply(
         case HostFinished():
             await host_outcomes.add(
                 conn, record.run_id, record.host, record.status, record.summary, record.state, at
+            )
+        case RotationChanged():
+            await rotations.add(
+                conn,
+                record.run_id,
+                record.host,
+                record.router,
+                record.server,
+                record.change,
+                record.ok,
+                record.detail,
+                at,
             )
         case _:
             await _apply_to_run(conn, record, at)

@@ -144,12 +144,29 @@ class TerminalSink:
                     f"run #{event.run_id} {event.status.upper()}"
                     f"{self._versions(event)}: {event.summary}"
                 )
-            case ev.Notice():
-                self._print(f"run #{event.run_id}: ! {event.text}")
+            case ev.Notice() | ev.RotationChanged():
+                self._print(self._said(event))
             case ev.VersionsKnown() | ev.GpuHealthKnown():
                 # The versions are in the run's closing line; a GPU health verdict is
                 # read for an approval card, which a terminal run does not have.
                 pass
+            case _:
+                assert_never(event)
+
+    @staticmethod
+    def _said(event: ev.Notice | ev.RotationChanged) -> str:
+        """A line about the run that is no step of it: a notice, a rotation change."""
+        match event:
+            case ev.Notice():
+                return f"run #{event.run_id}: ! {event.text}"
+            case ev.RotationChanged():
+                where = f"router {event.router}, server {event.server}"
+                if not event.ok:
+                    return (
+                        f"[{event.host}] ! rotation {event.change} failed ({where}): {event.detail}"
+                    )
+                moved = "out of rotation" if event.change == "out" else "back in rotation"
+                return f"[{event.host}] {moved} ({where})"
             case _:
                 assert_never(event)
 

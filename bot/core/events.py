@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck
@@ -112,6 +112,20 @@ class GpuHealthKnown:
 
 
 @dataclass(frozen=True, slots=True)
+class RotationChanged:
+    """A replica taken out of its router's rotation or put back (issue 19): who is in the
+    run's record, when is the row's time, which router and server, and the result."""
+
+    run_id: int
+    host: str
+    router: str
+    server: str
+    change: Literal["out", "in"]
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class HostFinished:
     run_id: int
     host: str
@@ -153,6 +167,7 @@ Event = (
     | VersionsKnown
     | PackagesKnown
     | GpuHealthKnown
+    | RotationChanged
     | HostFinished
     | RunFinished
     | Notice

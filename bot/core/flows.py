@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from bot.core import remote
 from bot.core.packages import EnvKind
+from bot.core.phases import rotation
 from bot.core.phases.actions import (
     Action,
     BeginStep,
@@ -40,9 +41,11 @@ from bot.core.phases.actions import (
     HttpCheck,
     Notice,
     Packages,
+    Phase,
     Progress,
     ReadGpuState,
     Reply,
+    RotationChange,
     RunCommand,
     Sleep,
     Snapshot,
@@ -104,6 +107,7 @@ __all__ = [
     "Progress",
     "ReadGpuState",
     "Reply",
+    "RotationChange",
     "RunCommand",
     "Sleep",
     "Snapshot",
@@ -165,17 +169,16 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             None,
         )
 
-    if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
-        return ended
-    if (ended := (yield from quiesce_and_stop(plan, svc, before, untouched))) is not None:
+    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
 
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
-        return (yield from recover_after_cancel(svc, host, before, "during drain"))
+        ended = yield from recover_after_cancel(svc, host, before, "during drain")
+        return (yield from _back_in(plan, svc, host, ended))
     if drain == "failed":
         stopped = ServiceState.STOPPED
-        return HostOutcome(
+        failed = HostOutcome(
             HostStatus.FAILED,
             f"{reason}. {service_is(stopped)} and nothing "
             "was reinstalled; free the GPUs, then restart it.",
@@ -183,8 +186,51 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
+        return (yield from _back_in(plan, svc, host, failed))
     outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
-    return (yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host)))
+    outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
+    return (yield from _back_in(plan, svc, host, outcome))
+
+
+def _out_and_stop(
+    plan: Plan, svc: ServiceSettings, host: str, before: str | None, untouched: ServiceState
+) -> Phase[HostOutcome | None]:
+    """Behind a router: out of rotation first (bot.core.phases.rotation), then the
+    request drain and the stop. None once stopped; else the run's end, the service
+    untouched and, where it was taken out, back in rotation."""
+    if plan.router is not None:
+        refused = yield from rotation.take_out(plan, svc, host, _batch_of(plan, host))
+        if refused is not None:
+            return HostOutcome(
+                HostStatus.ABORTED, f"{refused}; service untouched", untouched, before, None
+            )
+    ended = yield from cancelled_before_change(before, untouched)
+    if ended is None:
+        ended = yield from quiesce_and_stop(plan, svc, before, untouched)
+    if ended is not None and plan.router is not None and ended.state == untouched:
+        return (yield from rotation.untouched_end(plan, svc, host, ended))
+    if ended is not None and plan.router is not None:
+        return HostOutcome(
+            ended.status,
+            f"{ended.summary.rstrip('.')}. {rotation.stays_out(plan, host)}",
+            ended.state,
+            ended.version_before,
+            ended.version_after,
+        )
+    return ended
+
+
+def _back_in(plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome) -> Flow:
+    """The end of a change that stopped the service: behind a router, back in rotation
+    when it ended healthy, else out of it and the outcome says how to put it back."""
+    if plan.router is None:
+        return outcome
+    return (yield from rotation.rotated_end(plan, svc, host, outcome))
+
+
+def _batch_of(plan: Plan, host: str) -> tuple[str, ...]:
+    """The hosts out of rotation together with ``host`` (its batch of the rollout)."""
+    return next(b for b in plan.batches() if host in b)
 
 
 def _reinstall_and_start(
@@ -269,35 +315,40 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
-    if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
-        return ended
-    if (ended := (yield from quiesce_and_stop(plan, svc, before, untouched))) is not None:
+    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
     if drain == "failed":
         stopped = ServiceState.STOPPED
-        return HostOutcome(
-            HostStatus.FAILED,
-            f"{reason}. {service_is(stopped)}; free the GPUs, then restart it.",
-            stopped,
-            before,
-            None,
+        return (
+            yield from _back_in(
+                plan,
+                svc,
+                host,
+                HostOutcome(
+                    HostStatus.FAILED,
+                    f"{reason}. {service_is(stopped)}; free the GPUs, then restart it.",
+                    stopped,
+                    before,
+                    None,
+                ),
+            )
         )
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
-        return HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
+        failed = HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
+        return (yield from _back_in(plan, svc, host, failed))
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
-    return (
-        yield from gpu_recheck(
-            svc,
-            host,
-            check,
-            HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
-            plan.is_local(host),
-        )
+    outcome = yield from gpu_recheck(
+        svc,
+        host,
+        check,
+        HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
+        plan.is_local(host),
     )
+    return (yield from _back_in(plan, svc, host, outcome))
 
 
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {

@@ -13,6 +13,8 @@ from packaging.version import InvalidVersion, Version
 from bot.core import remote
 from bot.core.health import HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV
 from bot.core.readiness import api_base, metrics_url
+from bot.core.routers.target import RouterTarget, router_target
+from bot.core.routers.text import rotation_in_command, rotation_out_command
 from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import LOCAL, ServiceSettings, Settings
@@ -53,6 +55,9 @@ class Step(StrEnum):
     GPU_CHECK = "gpu_check"
     LEFTOVERS = "leftovers"
     GPU_RECHECK = "gpu_recheck"
+    # Issue 19: a replica taken out of its router's rotation and put back.
+    ROTATION_OUT = "rotation_out"
+    ROTATION_IN = "rotation_in"
 
 
 STEP_TITLES: dict[Step, str] = {
@@ -76,6 +81,8 @@ STEP_TITLES: dict[Step, str] = {
     Step.GPU_CHECK: "GPU check (count, ECC, row remaps, reset status, Xid errors)",
     Step.LEFTOVERS: "Terminate leftover processes (approved)",
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
+    Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
+    Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
 }
 
 
@@ -129,6 +136,8 @@ class Plan:
     targets: tuple[HostTarget, ...] = ()
     # --force: stop without waiting for in-flight requests (the card says how many).
     force: bool = False
+    # Issue 19: the router each replica is taken out of before its stop, as approved.
+    router: RouterTarget | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -137,6 +146,8 @@ class Plan:
         d["targets"] = [asdict(t) for t in self.targets]
         if not self.force:
             del d["force"]  # so plans stored before --force existed still compare equal
+        if self.router is None:
+            del d["router"]  # likewise for plans of services without a router
         return d
 
     def is_local(self, host: str) -> bool:
@@ -363,10 +374,11 @@ def make_plan(
     # True: the bot runs on every host, so NVML reads their GPUs; None: on some of them.
     kinds = {t.local for t in targets}
     local = None if len(kinds) > 1 else kinds == {True}
+    router = router_target(settings, service) if action != Action.STATUS else None
     if action == Action.REDEPLOY:
-        steps = redeploy_steps(svc, spec, index_url, local)
+        steps = with_rotation(redeploy_steps(svc, spec, index_url, local), router)
     elif action == Action.RESTART:
-        steps = restart_steps(svc, local)
+        steps = with_rotation(restart_steps(svc, local), router)
     else:
         steps = (
             PlannedStep(
@@ -391,7 +403,22 @@ def make_plan(
         batch_size=batch if batch is not None else svc.max_unavailable,
         targets=targets,
         force=force,
+        router=router,
     )
+
+
+def with_rotation(
+    steps: tuple[PlannedStep, ...], router: RouterTarget | None
+) -> tuple[PlannedStep, ...]:
+    """A change behind a router: each replica out of rotation before its stop's request
+    drain, back in after its post-checks (bot.core.phases.rotation)."""
+    if router is None:
+        return steps
+    out = PlannedStep(Step.ROTATION_OUT, rotation_out_command(router))
+    back = PlannedStep(Step.ROTATION_IN, rotation_in_command(router))
+    i = next((i for i, s in enumerate(steps) if s.step == Step.REQUESTS), len(steps))
+    before = list(steps[:i])
+    return (*before, out, *steps[i:], back)
 
 
 _TARGET_FIELDS = ("address", "port", "user", "key_file", "host_key")

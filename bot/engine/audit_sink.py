@@ -149,6 +149,16 @@ class RunAudit:
                 written = await w.host_finished(
                     run_id, event.host, str(event.status), event.summary, state=event.state
                 )
+            case ev.RotationChanged():
+                written = await w.rotation_changed(
+                    run_id,
+                    event.host,
+                    event.router,
+                    event.server,
+                    event.change,
+                    event.ok,
+                    event.detail,
+                )
             case ev.RunFinished():
                 # The run's end itself is written by the life cycle (``finish`` below).
                 await self._still_waiting()

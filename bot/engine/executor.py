@@ -33,6 +33,7 @@ from bot.core.flows import (
     Progress,
     ReadGpuState,
     Reply,
+    RotationChange,
     RunCommand,
     Sleep,
     Snapshot,
@@ -57,6 +58,10 @@ from bot.hosts.base import (
     cut_line,
 )
 from bot.hosts.nvml import LocalGpuHealth
+
+# How the executor reaches another configured host: its transport, and how it runs
+# commands with rights there (its own ``become``).
+Reach = Callable[[str], tuple[HostTransport, Become | None]]
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -115,8 +120,12 @@ class Executor:
         history: StartHistory | None = None,
         become: Become | None = None,
         gpu_health: LocalGpuHealth | None = None,
+        reach: Reach | None = None,
     ) -> None:
         self.run_id = run_id
+        # Other configured hosts an action may name (``on``): a router's host, a sibling
+        # replica whose readiness a rotation checks. None: the flow's host only.
+        self.reach = reach
         # NVML's reads of the GPUs' state where the bot runs on the host; None: the host
         # is remote, and ``nvidia-smi -q`` reads them.
         self.gpu_health = gpu_health
@@ -208,9 +217,10 @@ class Executor:
         # Lines reach the sinks while the command runs, not after it.
         pump = asyncio.create_task(self._pump_lines())
         try:
+            transport, become = self._where(action.on)
             result = await run_command(
-                self.transport,
-                self.become,
+                transport,
+                become,
                 action.argv,
                 action.run_as,
                 timeout_s=action.timeout_s,
@@ -240,9 +250,19 @@ class Executor:
         result = await self._run(action.fallback)
         return GpuStateRead(HealthSource.NVIDIA_SMI, result=result, nvml_error=failed)
 
+    def _where(self, on: str | None) -> tuple[HostTransport, Become | None]:
+        """The transport and ``become`` of the host an action names (the flow's own for
+        None). A flow names only configured hosts (bot.core.routers.target)."""
+        if on is None or on == self.host:
+            return self.transport, self.become
+        if self.reach is None:
+            raise HostError(on, f"this run cannot reach host {on}")
+        return self.reach(on)
+
     async def _http(self, action: HttpCheck) -> HttpResult:
         try:
-            return await self.transport.http_request(
+            transport, _ = self._where(action.on)
+            return await transport.http_request(
                 action.method,
                 action.url,
                 timeout_s=action.timeout_s,
@@ -314,5 +334,17 @@ class Executor:
                 )
             case Health():
                 await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host, notice.check))
+            case RotationChange():
+                await self.sink.handle(
+                    ev.RotationChanged(
+                        self.run_id,
+                        self.host,
+                        notice.router,
+                        notice.server,
+                        notice.change,
+                        notice.ok,
+                        notice.detail,
+                    )
+                )
             case _:
                 assert_never(notice)

@@ -52,6 +52,7 @@ class _Collect:
                 | ev.HostFinished()
                 | ev.RunFinished()
                 | ev.Notice()
+                | ev.RotationChanged()
             ):
                 # Only the verdict goes on the approval card; the read's own steps and
                 # output are not shown to anyone.

@@ -58,6 +58,7 @@ class _Collect:
                 | ev.HostFinished()
                 | ev.RunFinished()
                 | ev.Notice()
+                | ev.RotationChanged()
             ):
                 # A preview only wants the planned change; a package event without one
                 # (the dry run could not tell) leaves it unknown, and the rest are the

@@ -85,6 +85,7 @@ from bot.slack.thread_blocks import (
     leftovers_reply,
     notice_reply,
     outcome_reply,
+    rotation_reply,
     step_reply,
     tail_answer,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "notice_reply",
     "one_line",
     "outcome_reply",
+    "rotation_reply",
     "run_card",
     "section",
     "step_reply",

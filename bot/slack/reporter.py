@@ -56,6 +56,7 @@ from bot.slack.blocks import (
     leftovers_reply,
     notice_reply,
     outcome_reply,
+    rotation_reply,
     run_card,
     step_reply,
 )
@@ -322,8 +323,15 @@ class SlackReporter(_CardDelivery):
             case ev.RunFinished():
                 self.conclude(event.status, event.summary, version_after=event.version_after)
                 return
-            case ev.Notice():
-                self._replies.append(_Reply(msg=notice_reply(event.text)))
+            case ev.Notice() | ev.RotationChanged():
+                # No step of the run: a reply of its own in the thread.
+                self._replies.append(
+                    _Reply(
+                        msg=notice_reply(event.text)
+                        if isinstance(event, ev.Notice)
+                        else rotation_reply(event)
+                    )
+                )
             case ev.GpuHealthKnown():
                 # Read at the request, for the approval card the front end renders itself
                 # (bot.engine.gpu_health); a run's own GPU check is its step.

@@ -3,6 +3,7 @@ commands (code blocks of tables, lists and logs)."""
 
 from __future__ import annotations
 
+from bot.core.events import RotationChanged
 from bot.core.plan import (
     STEP_TITLES,
 )
@@ -131,6 +132,20 @@ def leftovers_reply(text: str) -> Message:
 def notice_reply(text: str) -> Message:
     """Something about the run that is no step of it (``events.Notice``)."""
     return message(one_line(escape(text), MAX_MESSAGE_TEXT), [section(f":warning: {escape(text)}")])
+
+
+def rotation_reply(event: RotationChanged) -> Message:
+    """A replica taken out of its router's rotation or put back, or a change that failed."""
+    where = f"(router {event.router}, server {event.server})"
+    if not event.ok:
+        way = "out of" if event.change == "out" else "back into"
+        said = f"{event.host}: taking it {way} rotation {where} failed: {event.detail}"
+        icon = ":warning:"
+    elif event.change == "out":
+        said, icon = f"{event.host} out of rotation {where}", ":arrow_right_hook:"
+    else:
+        said, icon = f"{event.host} back in rotation {where}", ":leftwards_arrow_with_hook:"
+    return message(one_line(escape(said), MAX_MESSAGE_TEXT), [section(f"{icon} {escape(said)}")])
 
 
 def cancel_reply(user: str) -> Message:

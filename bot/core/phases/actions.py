@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypeVar, assert_never
+from typing import Literal, TypeAlias, TypeVar, assert_never
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck, GpuStateRead
@@ -32,6 +32,9 @@ class RunCommand:
     # The account it needs, as its builder in bot.core.remote said; the executor turns
     # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.sudoers.become).
     run_as: Privilege = Privilege.NONE
+    # Where it runs: None, the flow's own host; else another configured host (a router's
+    # host, a sibling replica), which the executor reaches through the engine's pool.
+    on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,8 @@ class HttpCheck:
     method: str = "GET"
     body: bytes | None = field(default=None, repr=False)
     content_type: str | None = None
+    # As ``RunCommand.on``: asked from the flow's host, or from another configured host.
+    on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +119,22 @@ class Health:
     check: GpuCheck
 
 
-Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health
+RotationChangeKind = Literal["out", "in"]
+
+
+@dataclass(frozen=True, slots=True)
+class RotationChange:
+    """A replica taken out of its router's rotation or put back (issue 19), whether the
+    router took the change (``ok``), and what it said: every one is an audit row."""
+
+    router: str
+    server: str
+    change: RotationChangeKind
+    ok: bool
+    detail: str = ""
+
+
+Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health | RotationChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +218,9 @@ def run(
     *,
     quiet: bool = False,
     stdin: bytes | None = None,
+    on: str | None = None,
 ) -> Phase[CommandResult]:
-    action = RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv))
+    action = RunCommand(step, argv, timeout, quiet, stdin, run_as_of(argv), on)
     return _expect((yield action), CommandResult, action)
 
 
@@ -209,8 +230,9 @@ def http(
     method: str = "GET",
     body: bytes | None = None,
     content_type: str | None = None,
+    on: str | None = None,
 ) -> Phase[HttpResult]:
-    action = HttpCheck(url, timeout_s, method, body, content_type)
+    action = HttpCheck(url, timeout_s, method, body, content_type, on)
     return _expect((yield action), HttpResult, action)
 
 

@@ -45,6 +45,7 @@ class _Collect:
                 | ev.GpuHealthKnown()
                 | ev.RunFinished()
                 | ev.Notice()
+                | ev.RotationChanged()
             ):
                 pass
             case _:
