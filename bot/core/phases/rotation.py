@@ -150,7 +150,7 @@ def _wait_idle(plan: Plan, t: RouterTarget, host: str, server: str) -> Phase[str
     else why not (``--force``: no wait for the sessions)."""
     start = (yield from pause(t.settle_s)).now - t.settle_s
     while True:
-        read = yield from ops.read(t, Step.ROTATION_OUT, [server])
+        read = yield from ops.read(t, Step.ROTATION_OUT, [server], counts=True)
         view = read.of(server)
         now = (yield from pause()).now
         if read.error is None and (view.sessions in (None, 0) or plan.force):

@@ -24,11 +24,14 @@ def _failed(what: str, exit_status: int | None, stderr: str, stdout: str = "") -
     return f"{what} failed ({code}){': ' + said if said else ''}"
 
 
-def read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[RouterRead]:
-    """Each of ``servers`` as the router sees it now."""
+def read(
+    t: RouterTarget, step: Step, servers: Sequence[str], *, counts: bool = False
+) -> Phase[RouterRead]:
+    """Each of ``servers`` as the router sees it now; ``counts``: their sessions too,
+    where that costs a command of its own (the command kind's ``in_flight``)."""
     match t.kind:
         case "command":
-            return (yield from _command_read(t, step, servers))
+            return (yield from _command_read(t, step, servers, counts))
         case "haproxy" | "vllm-router":
             raise NotImplementedError(t.kind)
         case _:
@@ -83,14 +86,16 @@ def _command_change(t: RouterTarget, step: Step, argv: tuple[str, ...], what: st
     return None if r.ok else _failed(f"`{what}` on {t.host}", r.exit_status, r.stderr, r.stdout)
 
 
-def _command_read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[RouterRead]:
+def _command_read(
+    t: RouterTarget, step: Step, servers: Sequence[str], counts: bool
+) -> Phase[RouterRead]:
     """The command kind cannot say whether a server is in rotation (UNKNOWN: the bot
     judges by its own records and readiness); its ``in_flight`` gives the sessions."""
     views: dict[str, ServerView] = {}
     for server in servers:
         sessions = None
-        detail = "no in_flight command configured"
-        if t.in_flight is not None:
+        detail = "no in_flight command configured" if t.in_flight is None else ""
+        if t.in_flight is not None and counts:
             r = yield from run(
                 step, command.fill(t.in_flight, server), t.command_timeout_s, quiet=True, on=t.host
             )
