@@ -20,13 +20,14 @@ from bot.core.plan import Plan, drift, make_plan
 from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
-from bot.core.sudoers import become_for
+from bot.core.sudoers import Become, become_for
 from bot.engine.audit_sink import RunAudit
-from bot.engine.executor import CancelToken, Executor
+from bot.engine.executor import CancelToken, Executor, Reach
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.known_hosts import host_keys
+from bot.hosts.base import HostTransport
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -220,6 +221,7 @@ class Engine:
                     history=history,
                     become=become_for(self.settings, host, plan.service),
                     gpu_health=self.pool.gpu_health(host),
+                    reach=self._reach(plan),
                 )
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
@@ -288,6 +290,21 @@ class Engine:
             )
         )
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
+
+    def _reach(self, plan: Plan) -> Reach | None:
+        """The other hosts a run's actions may name (``on``): its router's host and its
+        service's hosts (a sibling's readiness), each with its own ``become``; a plan
+        without a router names none."""
+        if plan.router is None:
+            return None
+        allowed = {plan.router.host, *plan.hosts}
+
+        def reach(host: str) -> tuple[HostTransport, Become | None]:
+            if host not in allowed:
+                raise HostError(host, f"not a host of run {plan.service}'s plan")
+            return self.pool.get(host), become_for(self.settings, host, plan.service)
+
+        return reach
 
     async def _start_history(self, plan: Plan) -> StartHistory | None:
         """This service's previous start times, for the progress of this run's starts;
