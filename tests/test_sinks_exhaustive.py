@@ -62,6 +62,7 @@ EXAMPLES: dict[type, ev.Event] = {
             1, RunStatus.SUCCEEDED, "vllm 0.15.1 -> 0.16.0", "0.15.1", "0.16.0", ServiceState.UP
         ),
         ev.Notice(1, "the audit log cannot be written"),
+        ev.RotationChanged(1, "gpu-1", "front", "node1", "out", True, "draining"),
     )
 }
 EVENT_TYPES = sorted(get_args(ev.Event), key=lambda t: t.__name__)

@@ -66,6 +66,11 @@ foreign key to ``runs``, enforced):
     id, run_id, host, status, summary, service_state (``ServiceState`` or NULL), at:
     how each host of a run ended (issue 18; added by ``0010_service_state``, which also
     gives ``runs`` its ``service_state``). Index: (run_id).
+``rotations``
+    id, run_id, host, router, server, change (out|in), ok (1: the router took it),
+    detail, at: every change of a replica's place in its router's rotation a run made
+    (issue 19; added by ``0011_rotations``); who made it is the run's requester and
+    approvers. Indexes: (run_id), (router, server).
 ``refusals``
     id, at, user, channel, command (as typed), reason: one row per refused command or
     click.

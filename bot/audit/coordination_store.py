@@ -10,9 +10,11 @@ from datetime import datetime
 
 from bot.audit import decisions as decisions_sql
 from bot.audit import locks as locks_sql
+from bot.audit import rotations as rotations_sql
 from bot.audit import runs as runs_sql
 from bot.audit import sightings as sightings_sql
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, format_ts, now_ts
+from bot.audit.rotations import RotationRow
 from bot.audit.sightings import Sighting
 from bot.audit.store_base import StoreBase, shielded
 from bot.core.status import Decision, RunStatus
@@ -81,7 +83,7 @@ class CoordinationStore(StoreBase):
         """
         return await self.recover_dead(
             (lambda run: True) if alive is None else (lambda run: not alive(run.owner)),
-            summary=lambda run: runs_sql.interrupted_summary(run.status, run.current_step),
+            summary=lambda run, _: runs_sql.interrupted_summary(run.status, run.current_step),
         )
 
     @shielded
@@ -89,7 +91,7 @@ class CoordinationStore(StoreBase):
         self,
         dead: Callable[[RunRecord], bool],
         *,
-        summary: Callable[[RunRecord], str],
+        summary: Callable[[RunRecord, Sequence[RotationRow]], str],
         run_ids: Collection[int] | None = None,
         by: str | None = None,
     ) -> list[RunRecord]:
@@ -115,7 +117,10 @@ class CoordinationStore(StoreBase):
                 run = await runs_sql.get(conn, row["id"])
                 if not dead(run):
                     continue
-                await runs_sql.interrupt(conn, run.id, self._r(summary(run)), now)
+                # A replica the run took out of its router's rotation stays out: the
+                # message says so, and how to put it back (issue 19).
+                out = rotations_sql.left_out(await rotations_sql.of_runs(conn, [run.id]))
+                await runs_sql.interrupt(conn, run.id, self._r(summary(run, out)), now)
                 if by is not None:
                     await decisions_sql.record(conn, run.id, by, Decision.RECOVER, now)
                 recovered.append(await runs_sql.get(conn, run.id))

@@ -23,6 +23,7 @@ from typing import Any
 
 from bot.audit import host_outcomes as host_outcomes_sql
 from bot.audit import replay as replay_sql
+from bot.audit import rotations as rotations_sql
 from bot.audit.coordination_store import CoordinationStore
 from bot.audit.db import Database, Opening, fetch
 from bot.audit.evidence_store import EvidenceStore
@@ -152,6 +153,17 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         for row in rows:
             outcomes.setdefault(row.run_id, []).append(row)
         return outcomes
+
+    @shielded
+    async def rotations(self, run_ids: Sequence[int]) -> dict[int, list[rotations_sql.RotationRow]]:
+        """Each of these runs' rotation changes (issue 19), in the order made, in one query;
+        a run that changed none is missing."""
+        async with self._db.transaction(write=False) as conn:
+            rows = await rotations_sql.of_runs(conn, run_ids)
+        out: dict[int, list[rotations_sql.RotationRow]] = {}
+        for row in rows:
+            out.setdefault(row.run_id, []).append(row)
+        return out
 
     @shielded
     async def journal_rejects(self) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from typing import assert_never
 
 from bot.audit.journal import Journal
 from bot.audit.resilient import AuditWriter, StepRef, Written, unavailable
+from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog
 from bot.core import events as ev
 from bot.core.gpu import GpuSnapshot
@@ -250,7 +251,9 @@ class RunAudit:
             if not unavailable(exc):
                 raise
         try:
-            text = interrupted_message(await self.writer.audit.get_run(self.run_id))
+            audit, run_id = self.writer.audit, self.run_id
+            out = left_out((await audit.rotations([run_id])).get(run_id, []))
+            text = interrupted_message(await audit.get_run(run_id), out)
         except AuditError:
             text = "interrupted: the bot stopped while the audit log could not be written"
         await self._check(await self.writer.interrupt(self.run_id, text, direct=direct))

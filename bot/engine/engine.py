@@ -26,8 +26,8 @@ from bot.engine.executor import CancelToken, Executor, Reach
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import AuditError, HostError, LockHeldError
-from bot.hosts.known_hosts import host_keys
 from bot.hosts.base import HostTransport
+from bot.hosts.known_hosts import host_keys
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 

@@ -49,6 +49,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
+from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
@@ -215,7 +216,8 @@ class _RunLife:
         """Its driver stopped mid-run (cancelled at shutdown, broken): the run becomes
         'interrupted' with what that means for the service, at once."""
         record = await self.audit.get_run(run_id)
-        return await self.audit.interrupt(run_id, interrupted_message(record))
+        out = left_out((await self.audit.rotations([run_id])).get(run_id, []))
+        return await self.audit.interrupt(run_id, interrupted_message(record, out))
 
     async def recover(self) -> list[Interrupted]:
         """The runs of dead processes become 'interrupted' (at start, and the bot's sweep),

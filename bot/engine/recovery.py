@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from bot.audit.rotations import RotationRow, left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.plan import Step
 from bot.core.status import Decision, RunStatus, Source
@@ -114,6 +115,10 @@ _STATE_AFTER: dict[str, str] = {
     "end were being signalled; some may still hold its GPUs (see the "
     "thread's list of PIDs).",
     Step.GPU_RECHECK: "The service had passed its gates; only the GPU recheck was left.",
+    Step.ROTATION_OUT: "The replica was being taken out of its router's rotation; the service "
+    "itself was not touched and should still be running.",
+    Step.ROTATION_IN: "The service had passed its gates and was being put back in its "
+    "router's rotation.",
 }
 
 
@@ -130,9 +135,22 @@ def _driver(run: RunRecord) -> str:
     return _DRIVERS.get(run.source, "the bot")
 
 
-def interrupted_message(run: RunRecord) -> str:
+def out_of_rotation(run: RunRecord, left_out: Sequence[RotationRow]) -> str:
+    """What a run that stopped left out of its router's rotation (issue 19), and how to
+    put each replica back; "" when it left none out."""
+    return "".join(
+        f" {r.host} may be OUT of rotation at router {r.router} (server {r.server}; its "
+        f"last change: {r.change}{'' if r.ok else ', failed'}): once `/vllm status "
+        f"{run.service}` shows it healthy, put it back with `/vllm undrain {run.service} "
+        f"{r.host}` (or `python -m bot undrain {run.service} {r.host}`)."
+        for r in left_out
+    )
+
+
+def interrupted_message(run: RunRecord, left_out: Sequence[RotationRow] = ()) -> str:
     """The sentence for an interrupted run's thread: where it stopped, what the service
-    may look like, what to run next."""
+    may look like, what to run next (``left_out``: replicas the run may have left out of
+    its router's rotation)."""
     if run.started_at is None:
         return (
             f"Run #{run.id} ({run.action} {run.service}) was approved, but "
@@ -146,6 +164,7 @@ def interrupted_message(run: RunRecord) -> str:
         f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
         f"stopped {where}. {state} Check with `/vllm status {run.service}` (or "
         f"`python -m bot status {run.service}`) before doing anything else."
+        f"{out_of_rotation(run, left_out)}"
     )
 
 
@@ -166,7 +185,10 @@ async def _recover(
     run_ids: Sequence[int] | None = None,
 ) -> list[Interrupted]:
     runs = await audit.recover_dead(dead, summary=interrupted_message, run_ids=run_ids, by=by)
-    return [Interrupted(run, interrupted_message(run)) for run in runs]
+    out = await audit.rotations([r.id for r in runs]) if runs else {}
+    return [
+        Interrupted(run, interrupted_message(run, left_out(out.get(run.id, [])))) for run in runs
+    ]
 
 
 async def recover(
