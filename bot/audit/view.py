@@ -11,6 +11,7 @@ from typing import Any
 
 from bot.audit.host_outcomes import HostOutcome
 from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
+from bot.audit.rotations import RotationRow
 from bot.core import table
 from bot.core.packages import PackageDiff, Restoration
 from bot.core.table import Column
@@ -66,6 +67,7 @@ def runs_json(
     packages_changed: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
     restorations: Mapping[int, Restoration] | None = None,
     hosts: Mapping[int, Sequence[HostOutcome]] | None = None,
+    rotations: Mapping[int, Sequence[RotationRow]] | None = None,
 ) -> str:
     """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
     ``packages_changed``: what the run's install really changed on its first host
@@ -73,8 +75,11 @@ def runs_json(
     ``environment_after_rollback``: on that host, after a rollback, ``equals_snapshot``
     (those changes were undone), ``differs_from_snapshot`` or ``unknown``; null when no
     rollback ran there (the changes are what the host has); and ``host_outcomes``: each host's
-    end, ``[{host, status, service_state}]`` (empty for a run that reached none)."""
+    end, ``[{host, status, service_state}]`` (empty for a run that reached none); and
+    ``rotations``: each change of a replica's place in its router's rotation, in order,
+    ``[{host, router, server, change, ok, detail, at}]`` (issue 19)."""
     changed, restored, ends = packages_changed or {}, restorations or {}, hosts or {}
+    moved = rotations or {}
     return json.dumps(
         [
             {
@@ -88,6 +93,18 @@ def runs_json(
                         "service_state": None if h.service_state is None else str(h.service_state),
                     }
                     for h in ends.get(r.id, ())
+                ],
+                "rotations": [
+                    {
+                        "host": m.host,
+                        "router": m.router,
+                        "server": m.server,
+                        "change": m.change,
+                        "ok": m.ok,
+                        "detail": m.detail,
+                        "at": m.at,
+                    }
+                    for m in moved.get(r.id, ())
                 ],
             }
             for r in records

@@ -397,6 +397,7 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
                 await rt.audit.packages_changed(ids),
                 await rt.audit.restorations(ids),
                 await rt.audit.host_outcomes(ids),
+                await rt.audit.rotations(ids),
             )
         )
     )
