@@ -19,6 +19,7 @@ from bot.core.doctor_types import (
 )
 from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
 from bot.core.results import CommandResult
+from bot.core.routers import doctor as router_doctor
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings, Settings
 
@@ -289,6 +290,7 @@ _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "disk": _disk,
     **doctor_sudo.JUDGES,
     **doctor_keys.JUDGES,
+    **router_doctor.JUDGES,
 }
 
 

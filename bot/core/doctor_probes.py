@@ -10,11 +10,13 @@ from bot.core.doctor_keys import SSHD_KEYS_SCRIPT, check_key_files
 from bot.core.doctor_types import Argv, Kind, Probe
 from bot.core.leftovers import unit_user_query
 from bot.core.privilege import SH, Privilege
+from bot.core.routers.doctor import router_probes
 from bot.core.sudoers import Grant, grants
 from bot.settings import HostSettings, ServiceSettings, Settings
 
 
-def _host_probes(name: str, cfg: HostSettings) -> list[Probe]:
+def _host_probes(name: str, cfg: HostSettings, gpus: bool = True) -> list[Probe]:
+    """``gpus``: the host serves a service (a router's host alone has none to list)."""
     out = [Probe(name, None, "login account", Kind.CONFIG)]
     if not cfg.is_local:
         out += [
@@ -44,9 +46,10 @@ def _host_probes(name: str, cfg: HostSettings) -> list[Probe]:
                 then=check_key_files,
             )
         )
-    out.append(
-        Probe(name, None, "nvidia-smi", Kind.COMMANDS, ((remote.gpu_query(), Privilege.NONE),))
-    )
+    if gpus:
+        out.append(
+            Probe(name, None, "nvidia-smi", Kind.COMMANDS, ((remote.gpu_query(), Privilege.NONE),))
+        )
     return out
 
 
@@ -119,10 +122,24 @@ def probes(settings: Settings, hosts: Sequence[str], service: str | None = None)
     """The checks for ``hosts`` and the services on them (only ``service`` when given),
     host by host, each host's own checks first."""
     out: list[Probe] = []
+    serving = {h for svc in settings.services.values() for h in svc.hosts}
     for host in hosts:
         cfg = settings.hosts[host]
-        out += _host_probes(host, cfg)
+        out += _host_probes(host, cfg, gpus=host in serving)
         for name, svc in settings.services.items():
             if host in svc.hosts and service in (None, name):
                 out += _service_probes(host, cfg, name, svc)
+    # Each router in front of a service checked, or on a host checked (issue 19); its
+    # host's own checks first when that host was not asked for.
+    for rname, router in settings.routers.items():
+        fronted = [
+            n
+            for n, svc in settings.services.items()
+            if svc.router == rname and (service in (None, n)) and set(svc.hosts) & set(hosts)
+        ]
+        if router.host not in hosts and not fronted:
+            continue
+        if router.host not in hosts and not any(p.host == router.host for p in out):
+            out += _host_probes(router.host, settings.hosts[router.host], router.host in serving)
+        out += router_probes(settings, rname)
     return out

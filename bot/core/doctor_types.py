@@ -52,6 +52,10 @@ class Probe:
     gate: bool = False
     # What to run next, from what ``commands`` answered (pure; none: nothing more).
     then: Callable[[tuple[CommandResult, ...]], tuple[tuple[Argv, Privilege], ...]] | None = None
+    # What each of ``commands`` reads on stdin (a router's Runtime API command).
+    stdin: bytes | None = None
+    # The router a probe checks (issue 19), a ``[routers.*]`` name.
+    router: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,10 @@ async def run_doctor(
     """Every check for ``hosts`` (and the services on them, or only ``service``), in the
     order ``bot.core.doctor.probes`` lists them."""
     wanted = probes(settings, hosts, service)
+    # The hosts asked for, then the routers' hosts their services need (issue 19).
+    every = dict.fromkeys([*hosts, *(p.host for p in wanted)])
     per_host = await asyncio.gather(
-        *(_host(settings, pool, [p for p in wanted if p.host == h]) for h in hosts)
+        *(_host(settings, pool, [p for p in wanted if p.host == h]) for h in every)
     )
     return [c for checks in per_host for c in checks]
 
@@ -64,7 +66,9 @@ async def _ask(settings: Settings, pool: HostPool, probe: Probe) -> Answer:
             transport = pool.get(probe.host)
             become = become_for(settings, probe.host, probe.service)
             results = [
-                await run_command(transport, become, argv, run_as, timeout_s=probe.timeout_s)
+                await run_command(
+                    transport, become, argv, run_as, timeout_s=probe.timeout_s, stdin=probe.stdin
+                )
                 for argv, run_as in probe.commands
             ]
             more = probe.then(tuple(results)) if probe.then is not None else ()
