@@ -743,6 +743,7 @@ async def test_runs_table_and_json(log: AuditLog) -> None:
             "packages_changed": None,
             "environment_after_rollback": None,
             "host_outcomes": [],
+            "rotations": [],
         }
         for r in records
     ]
