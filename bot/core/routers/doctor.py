@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import assert_never
 
-from bot.core.doctor_types import Answer, Check, Kind, Outcome, Probe, judged
+from bot.core.doctor_types import Answer, Check, Kind, Outcome, Probe, judged, reply
 from bot.core.privilege import Privilege
+from bot.core.routers import haproxy, vllm_router
+from bot.core.routers.view import Rotation
 from bot.settings import RouterSettings, Settings
 
 ROUTER = "router"
@@ -34,8 +36,27 @@ def router_probes(settings: Settings, name: str) -> list[Probe]:
             )
             commands = tuple((("test", "-x", p), Privilege.NONE) for p in programs)
             return [Probe(r.host, None, ROUTER, Kind.COMMANDS, commands, timeout_s=t, router=name)]
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(r.kind)
+        case "haproxy":
+            assert r.socket is not None  # settings require it for this kind
+            # The same command, account and stdin a rotation uses: a missing sudo rule
+            # or a socket the login cannot open shows here, not mid-roll.
+            socat = ((haproxy.socat_argv(r.socat, r.socket), Privilege.ROOT),)
+            return [
+                Probe(
+                    r.host,
+                    None,
+                    ROUTER,
+                    Kind.COMMANDS,
+                    socat,
+                    timeout_s=t,
+                    stdin=haproxy.show_stat_input(),
+                    router=name,
+                )
+            ]
+        case "vllm-router":
+            assert r.admin_url is not None
+            url = vllm_router.workers_url(r.admin_url)
+            return [Probe(r.host, None, ROUTER, Kind.HTTP, url=url, timeout_s=t, router=name)]
         case _:
             assert_never(r.kind)
 
@@ -56,14 +77,76 @@ def _command(p: Probe, a: Answer, r: RouterSettings) -> Check:
     return judged(p, Outcome.OK, f"router {p.router} (command): {named} present{note}")
 
 
+def _states(views: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in views.items())
+
+
+def _haproxy(p: Probe, a: Answer, r: RouterSettings, s: Settings) -> Check:
+    assert r.backend is not None
+    if a.error or not a.results:
+        return judged(p, Outcome.FAIL, f"router {p.router}: {a.error or 'nothing ran'}")
+    res = a.results[0]
+    if not res.ok:
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"router {p.router}: socat to {r.socket} on {p.host}: {reply(res)}",
+            "the socket needs `stats socket <path> mode 660 level admin` in haproxy.cfg, "
+            "and the login (or root through the sudo rule of `python -m bot sudoers`) "
+            "must be able to open it",
+        )
+    try:
+        views = haproxy.parse_show_stat(res.stdout, r.backend)
+    except ValueError as e:
+        return judged(p, Outcome.FAIL, f"router {p.router}: {e}")
+    wanted = _servers(s, str(p.router))
+    missing = [f"{server} ({svc})" for svc, server in wanted if server not in views]
+    if missing:
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"router {p.router}: backend {r.backend} has no server {', '.join(missing)} "
+            f"(it has: {', '.join(views) or 'none'})",
+            "router_servers must name the backend's `server` lines",
+        )
+    states = {srv: views[srv].detail for _, srv in wanted}
+    return judged(p, Outcome.OK, f"router {p.router} (haproxy {r.backend}): {_states(states)}")
+
+
+def _vllm_router(p: Probe, a: Answer, r: RouterSettings, s: Settings) -> Check:
+    if a.error or a.http is None:
+        return judged(p, Outcome.FAIL, f"router {p.router}: {a.error or 'no answer'}")
+    wanted = _servers(s, str(p.router))
+    read = vllm_router.parse_workers(
+        a.http.status, a.http.body, [w for _, w in wanted], a.http.error
+    )
+    if read.error is not None:
+        return judged(p, Outcome.FAIL, f"router {p.router}: {read.error} (from {p.host})")
+    absent = [f"{w} ({svc})" for svc, w in wanted if read.of(w).rotation == Rotation.OUT]
+    states = {w: read.of(w).detail for _, w in wanted}
+    if absent:
+        # A vllm-router forgets a removed worker: a replica drained by hand and a
+        # mistyped URL look the same, so this warns rather than fails.
+        return judged(
+            p,
+            Outcome.WARN,
+            f"router {p.router}: not among its workers: {', '.join(absent)}",
+            "a replica out of rotation comes back with `undrain`; otherwise router_servers "
+            "must be the worker URLs exactly as the router lists them (GET /workers)",
+        )
+    return judged(p, Outcome.OK, f"router {p.router} (vllm-router): {_states(states)}")
+
+
 def _router(p: Probe, a: Answer, s: Settings) -> Check:
     assert p.router is not None
     r = s.routers[p.router]
     match r.kind:
         case "command":
             return _command(p, a, r)
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(r.kind)
+        case "haproxy":
+            return _haproxy(p, a, r, s)
+        case "vllm-router":
+            return _vllm_router(p, a, r, s)
         case _:
             assert_never(r.kind)
 

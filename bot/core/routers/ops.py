@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import assert_never
 
-from bot.core.phases.actions import Phase, run
+from bot.core.phases.actions import Phase, http, run
 from bot.core.plan import Step
-from bot.core.routers import command
+from bot.core.privilege import Command, Privilege
+from bot.core.routers import command, haproxy, vllm_router
 from bot.core.routers.target import RouterTarget
 from bot.core.routers.view import Rotation, RouterRead, ServerView
 
@@ -32,8 +33,10 @@ def read(
     match t.kind:
         case "command":
             return (yield from _command_read(t, step, servers, counts))
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(t.kind)
+        case "haproxy":
+            return (yield from _haproxy_read(t, step, servers))
+        case "vllm-router":
+            return (yield from _vllm_router_read(t, servers))
         case _:
             assert_never(t.kind)
 
@@ -45,8 +48,10 @@ def take_out(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
         case "command":
             assert t.drain is not None  # settings require it for this kind
             return (yield from _command_change(t, step, command.fill(t.drain, server), "drain"))
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(t.kind)
+        case "haproxy":
+            return (yield from _haproxy_set(t, step, server, "drain"))
+        case "vllm-router":
+            return (yield from _vllm_router_change(t, server, add=False))
         case _:
             assert_never(t.kind)
 
@@ -58,7 +63,7 @@ def finish_out(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
         case "command" | "vllm-router":
             return None
         case "haproxy":
-            raise NotImplementedError(t.kind)
+            return (yield from _haproxy_set(t, step, server, "maint"))
         case _:
             assert_never(t.kind)
     yield from ()  # a phase, even where it yields nothing
@@ -72,8 +77,10 @@ def put_back(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
             assert t.undrain is not None
             argv = command.fill(t.undrain, server)
             return (yield from _command_change(t, step, argv, "undrain"))
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(t.kind)
+        case "haproxy":
+            return (yield from _haproxy_set(t, step, server, "ready"))
+        case "vllm-router":
+            return (yield from _vllm_router_change(t, server, add=True))
         case _:
             assert_never(t.kind)
 
@@ -107,3 +114,76 @@ def _command_read(
             )
         views[server] = ServerView(server, Rotation.UNKNOWN, None, sessions, detail)
     return RouterRead(views)
+
+
+# ---- haproxy ----------------------------------------------------------------------------
+
+
+def haproxy_argv(t: RouterTarget) -> Command:
+    """socat to the admin socket, as root: the socket is HAProxy's (mode 660, group
+    haproxy on Debian), so on a host with ``become = "sudo"`` this is the one exact
+    command its sudoers rule allows (``python -m bot sudoers``)."""
+    assert t.socket is not None  # settings require it for this kind
+    return Command(haproxy.socat_argv(t.socat, t.socket), Privilege.ROOT)
+
+
+def _haproxy_say(t: RouterTarget, step: Step, stdin: bytes) -> Phase[tuple[str | None, str]]:
+    """One Runtime API command: (why it failed to reach HAProxy or None, its reply)."""
+    r = yield from run(
+        step, haproxy_argv(t), t.command_timeout_s, quiet=True, stdin=stdin, on=t.host
+    )
+    if r.refused is not None:
+        return r.refused, ""
+    if not r.ok:
+        return _failed(f"socat to {t.socket} on {t.host}", r.exit_status, r.stderr, r.stdout), ""
+    return None, r.stdout
+
+
+def _haproxy_read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[RouterRead]:
+    assert t.backend is not None
+    failed, reply = yield from _haproxy_say(t, step, haproxy.show_stat_input())
+    if failed is not None:
+        return RouterRead({}, failed)
+    try:
+        views = haproxy.parse_show_stat(reply, t.backend)
+    except ValueError as e:
+        return RouterRead({}, f"show stat: {e}")
+    missing = [s for s in servers if s not in views]
+    if missing:
+        # A configured name HAProxy does not have is a wrong config, never "serving".
+        return RouterRead(views, f"backend {t.backend} has no server {', '.join(missing)}")
+    return RouterRead(views)
+
+
+def _haproxy_set(t: RouterTarget, step: Step, server: str, state: haproxy.State) -> Phase[Change]:
+    assert t.backend is not None
+    failed, reply = yield from _haproxy_say(
+        t, step, haproxy.set_state_input(t.backend, server, state)
+    )
+    if failed is not None:
+        return failed
+    said = haproxy.parse_answer(reply)
+    return None if said is None else f"set server {t.backend}/{server} state {state}: {said}"
+
+
+# ---- vllm-router ------------------------------------------------------------------------
+
+
+def _vllm_router_read(t: RouterTarget, servers: Sequence[str]) -> Phase[RouterRead]:
+    assert t.admin_url is not None  # settings require it for this kind
+    r = yield from http(vllm_router.workers_url(t.admin_url), t.command_timeout_s, on=t.host)
+    return vllm_router.parse_workers(r.status, r.body, servers, r.error)
+
+
+def _vllm_router_change(t: RouterTarget, server: str, *, add: bool) -> Phase[Change]:
+    assert t.admin_url is not None
+    url = (vllm_router.add_worker_url if add else vllm_router.remove_worker_url)(
+        t.admin_url, server
+    )
+    # add_worker answers only once the router's own health check passed (up to its
+    # --worker-startup-timeout-secs): give it the confirm window, not a command's.
+    timeout = max(t.command_timeout_s, t.confirm_timeout_s) if add else t.command_timeout_s
+    r = yield from http(url, timeout, method="POST", on=t.host)
+    said = vllm_router.parse_change(r.status, r.body, r.error, add=add)
+    what = "add_worker" if add else "remove_worker"
+    return None if said is None else f"POST /{what} on {t.host}: {said}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from bot.core import remote
-from bot.core.routers import command
+from bot.core.routers import command, haproxy, vllm_router
 from bot.core.routers.target import RouterTarget
 
 # How the plan's steps name "each replica's server" before a host is picked.
@@ -24,8 +24,14 @@ def shown_out(t: RouterTarget, server: str) -> str:
                 else ""
             )
             return f"on {t.host}: {remote.shown(command.fill(t.drain, server))}{tail}"
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(t.kind)
+        case "haproxy":
+            return (
+                f"on {t.host}: {_haproxy(t, server, 'drain')}; `show stat` until its scur is "
+                f"0; {_haproxy(t, server, 'maint')}"
+            )
+        case "vllm-router":
+            assert t.admin_url is not None
+            return f"from {t.host}: POST {vllm_router.remove_worker_url(t.admin_url, server)}"
         case _:
             assert_never(t.kind)
 
@@ -36,10 +42,20 @@ def shown_in(t: RouterTarget, server: str) -> str:
         case "command":
             assert t.undrain is not None
             return f"on {t.host}: {remote.shown(command.fill(t.undrain, server))}"
-        case "haproxy" | "vllm-router":
-            raise NotImplementedError(t.kind)
+        case "haproxy":
+            return f"on {t.host}: {_haproxy(t, server, 'ready')}"
+        case "vllm-router":
+            assert t.admin_url is not None
+            return f"from {t.host}: POST {vllm_router.add_worker_url(t.admin_url, server)}"
         case _:
             assert_never(t.kind)
+
+
+def _haproxy(t: RouterTarget, server: str, state: haproxy.State) -> str:
+    """The Runtime API command and the socat that carries it, as an operator would type it."""
+    assert t.socket is not None and t.backend is not None  # settings require them
+    line = haproxy.set_state_input(t.backend, server, state).decode().strip()
+    return f"echo '{line}' | {remote.shown(haproxy.socat_argv(t.socat, t.socket))}"
 
 
 def _servers(t: RouterTarget) -> str:

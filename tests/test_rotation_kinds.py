@@ -1,0 +1,319 @@
+"""Rotation through HAProxy's Runtime API and the vLLM Router's admin API (issue 19), in
+the pure flow: what the flow sends the router's host, in what order, and how it judges
+the replies. The replies are the real routers' formats: ``show stat`` rows are built on
+the header HAProxy 2.6.12 printed (tests/samples/routers/ha_show_stat.txt), the worker
+list on vllm-router 0.1.17's ``GET /workers`` (vr_workers_two.txt). The real routers
+themselves run in tests/test_rotation_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from bot.core.flows import HttpCheck, RunCommand, redeploy_flow
+from bot.core.plan import make_plan
+from bot.core.privilege import Privilege
+from bot.core.routers import text
+from bot.core.routers.target import router_target
+from bot.hosts.base import CommandResult, HttpResult
+from bot.settings import Settings
+from tests.test_rotation_flow import rotations
+from tests.test_rotation_flow import settings as command_settings
+from tests.test_sequence import Host, drive, ok, steps, verbs
+
+SAMPLES = Path(__file__).parent / "samples" / "routers"
+HEADER = (SAMPLES / "ha_show_stat.txt").read_text().lstrip("\n").splitlines()[0]
+COLUMNS = HEADER[2:].split(",")
+SOCKET = "/run/haproxy/admin.sock"
+ADMIN = "http://127.0.0.1:30080"
+URLS = {"h1": "http://10.0.0.1:8000", "h2": "http://10.0.0.2:8000"}
+
+
+def haproxy_settings(**svc: Any) -> Settings:
+    return command_settings(
+        router={
+            "kind": "haproxy",
+            "socket": SOCKET,
+            "backend": "vllm_kimi",
+            "drain": None,
+            "undrain": None,
+            "in_flight": None,
+        },
+        **svc,
+    )
+
+
+def vllm_router_settings(**svc: Any) -> Settings:
+    return command_settings(
+        router={
+            "kind": "vllm-router",
+            "admin_url": ADMIN,
+            "drain": None,
+            "undrain": None,
+            "in_flight": None,
+        },
+        router_servers=URLS,
+        **svc,
+    )
+
+
+def stat_row(backend: str, server: str, status: str, scur: int) -> str:
+    row = dict.fromkeys(COLUMNS, "")
+    row.update(pxname=backend, svname=server, status=status, scur=str(scur), qcur="0")
+    return ",".join(row[c] for c in COLUMNS)
+
+
+@dataclass
+class HAProxy:
+    """The admin socket's side: each server's status and open sessions."""
+
+    status: dict[str, str] = field(default_factory=lambda: {"node1": "UP", "node2": "UP"})
+    # scur of node1 at each `show stat` after its drain (the last one repeats)
+    scur: list[int] = field(default_factory=lambda: [3, 1, 0])
+    refuse: dict[str, str] = field(default_factory=dict)  # state -> HAProxy's sentence
+    said: list[str] = field(default_factory=list)
+
+    def answer(self, line: str) -> str:
+        self.said.append(line)
+        if line == "show stat":
+            rows = [stat_row("fe", "FRONTEND", "OPEN", 0)]
+            for server, status in self.status.items():
+                n = 0
+                if server == "node1" and status != "UP":
+                    n = self.scur.pop(0) if len(self.scur) > 1 else self.scur[0]
+                rows.append(stat_row("vllm_kimi", server, status, n))
+            rows.append(stat_row("vllm_kimi", "BACKEND", "UP", 0))
+            return HEADER + "\n" + "\n".join(rows) + "\n\n"
+        _, _, target, _, state = line.split(" ")
+        backend, _, server = target.partition("/")
+        if state in self.refuse:
+            return self.refuse[state] + "\n\n"
+        if backend != "vllm_kimi":
+            return "No such backend.\n\n"
+        if server not in self.status:
+            return "No such server.\n\n"
+        self.status[server] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[state]
+        return "\n"
+
+
+@dataclass
+class VllmRouter:
+    """The admin API's side: the worker list, as add_worker and remove_worker leave it."""
+
+    workers: list[str] = field(default_factory=lambda: list(URLS.values()))
+    healthy: bool = True
+    up: bool = True  # the admin API answers at all
+    posts: list[str] = field(default_factory=list)
+
+    def answer(self, a: HttpCheck) -> HttpResult:
+        if not self.up:
+            return HttpResult(a.url, None, error="connection refused")
+        u = urlsplit(a.url)
+        if u.path == "/workers":
+            listed = [
+                {"url": w, "is_healthy": self.healthy, "load": 0, "worker_type": "regular"}
+                for w in self.workers
+            ]
+            return HttpResult(a.url, 200, json.dumps({"workers": listed, "total": len(listed)}))
+        assert a.method == "POST", a
+        url = parse_qs(u.query)["url"][0]
+        self.posts.append(f"{u.path} {url}")
+        if u.path == "/remove_worker":
+            if url in self.workers:
+                self.workers.remove(url)
+            return HttpResult(a.url, 200, f"Successfully removed worker: {url}")
+        if url in self.workers:
+            return HttpResult(a.url, 400, f"Worker {url} already exists")
+        self.workers.append(url)
+        return HttpResult(a.url, 200, f"Successfully added worker: {url}")
+
+
+@dataclass
+class LbHost(Host):
+    haproxy: HAProxy = field(default_factory=HAProxy)
+    vllm_router: VllmRouter = field(default_factory=VllmRouter)
+    sibling_health: int = 200
+    socat: list[RunCommand] = field(default_factory=list)
+
+    def respond(self, action: Any) -> Any:
+        if isinstance(action, RunCommand) and action.on == "lb-1":
+            return self.lb(action)
+        if isinstance(action, HttpCheck) and action.on == "lb-1":
+            return self.vllm_router.answer(action)
+        if isinstance(action, HttpCheck) and action.on is not None and action.on != "h1":
+            return HttpResult(action.url, self.sibling_health)
+        return super().respond(action)
+
+    def lb(self, a: RunCommand) -> CommandResult:
+        self.socat.append(a)
+        assert a.argv == ("/usr/bin/socat", "-t", "5", "stdio", f"unix-connect:{SOCKET}")
+        assert a.stdin is not None and a.stdin.endswith(b"\n")
+        return ok(a.argv, self.haproxy.answer(a.stdin.decode().strip()))
+
+
+def run(h: LbHost, s: Settings) -> Any:
+    plan = make_plan(s, "redeploy", "kimi", version="0.16.0")  # type: ignore[arg-type]
+    return drive(redeploy_flow(plan, s.services["kimi"], "h1"), h)
+
+
+def haproxy_changes(h: LbHost) -> list[str]:
+    return [line for line in h.haproxy.said if line != "show stat"]
+
+
+# ---- haproxy ---------------------------------------------------------------------------
+
+
+def test_haproxy_drain_until_no_session_then_maint_and_ready_after_the_redeploy() -> None:
+    h = LbHost()
+    out = run(h, haproxy_settings())
+    assert out.status == "succeeded", out.summary
+    assert haproxy_changes(h) == [
+        "set server vllm_kimi/node1 state drain",
+        "set server vllm_kimi/node1 state maint",
+        "set server vllm_kimi/node1 state ready",
+    ]
+    said = h.haproxy.said
+    # maint only once scur read 0: three reads after the drain (3, 1, 0)
+    between = said[
+        said.index("set server vllm_kimi/node1 state drain") + 1 : said.index(
+            "set server vllm_kimi/node1 state maint"
+        )
+    ]
+    assert between == ["show stat"] * 3
+    # the socket is the router's, reached as root (sudo on a host that says so)
+    assert {a.run_as for a in h.socat} == {Privilege.ROOT}
+    # out before the stop, back after the start
+    v = verbs(h)
+    assert v.index("stop") < v.index("start")
+    assert rotations(h) == [("out", "node1", True), ("in", "node1", True)]
+    assert h.haproxy.status == {"node1": "UP", "node2": "UP"}
+
+
+def test_haproxy_sibling_down_refuses_before_any_change() -> None:
+    h = LbHost(haproxy=HAProxy(status={"node1": "UP", "node2": "DOWN"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "0 of 1 others serving" in out.summary and "DOWN" in out.summary
+    assert haproxy_changes(h) == [] and "stop" not in verbs(h)
+
+
+def test_haproxy_sibling_in_maint_counts_as_not_serving() -> None:
+    h = LbHost(haproxy=HAProxy(status={"node1": "UP", "node2": "MAINT"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted" and haproxy_changes(h) == []
+
+
+def test_haproxy_server_name_it_does_not_have_is_refused_not_serving() -> None:
+    # router_servers names node2, HAProxy's backend has only node1 and node9
+    h = LbHost(haproxy=HAProxy(status={"node1": "UP", "node9": "UP"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted"
+    assert "backend vllm_kimi has no server node2" in out.summary
+    assert haproxy_changes(h) == []
+
+
+def test_haproxy_refused_drain_leaves_it_in_and_the_service_untouched() -> None:
+    h = LbHost(haproxy=HAProxy(refuse={"drain": "Permission denied"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "state drain: Permission denied" in out.summary
+    assert "stop" not in verbs(h)
+    # the undo put it back as it was
+    assert haproxy_changes(h)[-1] == "set server vllm_kimi/node1 state ready"
+
+
+def test_haproxy_failed_redeploy_stays_in_maint() -> None:
+    h = LbHost(install_fails=9)
+    out = run(h, haproxy_settings())
+    assert out.status != "succeeded"
+    assert h.haproxy.status["node1"] == "MAINT"
+    assert "ready" not in " ".join(haproxy_changes(h))
+    assert "stays out of rotation" in out.summary and "/vllm undrain kimi h1" in out.summary
+
+
+def test_haproxy_unreachable_socket_refuses() -> None:
+    class Broken(LbHost):
+        def lb(self, a: RunCommand) -> CommandResult:
+            return ok(
+                a.argv,
+                stderr=f'socat[9] E connect(, AF=1 "{SOCKET}", 23): Permission denied',
+                status=1,
+            )
+
+    out = run(Broken(), haproxy_settings())
+    assert out.status == "aborted"
+    assert "socat to /run/haproxy/admin.sock on lb-1 failed (exit 1)" in out.summary
+    assert "Permission denied" in out.summary
+
+
+def test_haproxy_plan_lists_the_runtime_api_commands() -> None:
+    t = router_target(haproxy_settings(), "kimi")
+    assert t is not None
+    socat = f"/usr/bin/socat -t 5 stdio unix-connect:{SOCKET}"
+    assert text.shown_out(t, "node1") == (
+        f"on lb-1: echo 'set server vllm_kimi/node1 state drain' | {socat}; `show stat` "
+        f"until its scur is 0; echo 'set server vllm_kimi/node1 state maint' | {socat}"
+    )
+    assert text.shown_in(t, "node1") == (
+        f"on lb-1: echo 'set server vllm_kimi/node1 state ready' | {socat}"
+    )
+
+
+# ---- vllm-router -----------------------------------------------------------------------
+
+
+def test_vllm_router_remove_then_add_after_the_redeploy() -> None:
+    h = LbHost()
+    out = run(h, vllm_router_settings())
+    assert out.status == "succeeded", out.summary
+    assert h.vllm_router.posts == [f"/remove_worker {URLS['h1']}", f"/add_worker {URLS['h1']}"]
+    assert rotations(h) == [
+        ("out", URLS["h1"], True),
+        ("in", URLS["h1"], True),
+    ]
+    assert sorted(h.vllm_router.workers) == sorted(URLS.values())
+    names = [s for s, _ in steps(h)]
+    assert names.index("rotation_out") < names.index("requests") and names[-1] == "rotation_in"
+
+
+def test_vllm_router_unreachable_refuses_before_any_change() -> None:
+    h = LbHost(vllm_router=VllmRouter(up=False))
+    out = run(h, vllm_router_settings())
+    assert out.status == "aborted", out.summary
+    assert "GET /workers: connection refused" in out.summary
+    assert h.vllm_router.posts == [] and "stop" not in verbs(h)
+
+
+def test_vllm_router_sibling_unhealthy_refuses() -> None:
+    h = LbHost(vllm_router=VllmRouter(healthy=False))
+    out = run(h, vllm_router_settings())
+    assert out.status == "aborted" and h.vllm_router.posts == []
+    assert "the router's health check says down" in out.summary
+
+
+def test_vllm_router_sibling_already_removed_refuses() -> None:
+    h = LbHost(vllm_router=VllmRouter(workers=[URLS["h1"]]))
+    out = run(h, vllm_router_settings())
+    assert out.status == "aborted" and h.vllm_router.posts == []
+
+
+def test_vllm_router_failed_redeploy_stays_removed() -> None:
+    h = LbHost(install_fails=9)
+    out = run(h, vllm_router_settings())
+    assert out.status != "succeeded"
+    assert h.vllm_router.posts == [f"/remove_worker {URLS['h1']}"]
+    assert URLS["h1"] not in h.vllm_router.workers
+
+
+def test_vllm_router_plan_lists_the_admin_requests() -> None:
+    t = router_target(vllm_router_settings(), "kimi")
+    assert t is not None
+    assert text.shown_out(t, URLS["h1"]) == (
+        f"from lb-1: POST {ADMIN}/remove_worker?url=http%3A%2F%2F10.0.0.1%3A8000"
+    )
+    assert text.shown_in(t, URLS["h1"]) == (
+        f"from lb-1: POST {ADMIN}/add_worker?url=http%3A%2F%2F10.0.0.1%3A8000"
+    )
