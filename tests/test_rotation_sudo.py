@@ -1,0 +1,109 @@
+"""HAProxy's admin socket reached as an ordinary account under real sudo (issue 19): the
+router host `lb-1` is logged into as a non-root login (real sshd, `become = "sudo"`), the
+socket is root's (mode 600), so only the rule `python -m bot sudoers` prints lets the bot
+speak to it. Without the rule the check names sudo's refusal; as the login itself
+(`become = "none"`) socat is refused by the socket."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.doctor_types import Check, Outcome
+from bot.core.sudoers import render, router_grants
+from bot.engine.doctor import run_doctor
+from bot.engine.runtime import open_runtime
+from bot.settings import Settings
+from bot.sim.kit import SERVICE, SimKit, fast_config, fleet_fragment
+from tests.support import routers
+from tests.support.nonroot import (
+    NonRootKit,
+    accounts,
+    copy_sim,
+    require_root_and_sudo,
+    sudoers_installed,
+    usable_python,
+    workspace,
+)
+from tests.support.sim import MakeSimHost
+
+
+@pytest.fixture
+async def lb() -> AsyncIterator[tuple[NonRootKit, Path]]:
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(
+            base / "lb",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(hostname="lb-1"),
+        )
+        try:
+            yield await kit.start(), base
+        finally:
+            await kit.close()
+
+
+def settings(kits: list[SimKit], lb: NonRootKit, h: routers.HAProxy, **host: Any) -> Settings:
+    frag = fleet_fragment(
+        kits,
+        router="front",
+        router_servers={k.hostname: f"node{i}" for i, k in enumerate(kits, 1)},
+        min_serving=1,
+    )
+    frag["hosts"]["lb-1"] = lb.host_settings(**host)
+    frag["routers"] = {
+        "front": {"kind": "haproxy", "host": "lb-1", "socket": str(h.socket), "backend": h.backend}
+    }
+    return Settings(**frag, db_path=lb.root / "audit.db")
+
+
+async def router_check(s: Settings) -> Check:
+    async with open_runtime(s) as rt:
+        checks = await run_doctor(rt.settings, rt.pool, ["gpu-node-1"], SERVICE)
+    [check] = [c for c in checks if c.name == "router"]
+    return check
+
+
+async def test_the_socat_rule_is_what_lets_a_non_root_login_reach_the_socket(
+    make_sim_host: MakeSimHost, lb: tuple[NonRootKit, Path]
+) -> None:
+    kit, base = lb
+    venv = base / "opt-venv"
+    kits = list(
+        await asyncio.gather(
+            *(
+                make_sim_host(
+                    config=fast_config(hostname=f"gpu-node-{i}"), venv_dir=venv, service_port=8000
+                )
+                for i in (1, 2)
+            )
+        )
+    )
+    ports = [(f"node{i}", k.health_port) for i, k in enumerate(kits, 1)]
+    async with routers.haproxy(base / "haproxy", ports) as h:
+        assert h.socket.stat().st_mode & 0o777 == 0o600  # root's alone
+        s = settings(kits, kit, h)
+        [(_, grant)] = router_grants(s, ["lb-1"])
+        text = render(s, kit.who.login, ["lb-1"])
+        assert "Cmnd_Alias ROUTER_FRONT_ROOT" in text and grant.line() in text
+        assert grant.line() == f"/usr/bin/socat -t 5 stdio unix-connect\\:{h.socket}"
+
+        with sudoers_installed(text):
+            ok = await router_check(s)
+        assert ok.outcome == Outcome.OK, ok.detail
+        assert "node1 UP" in ok.detail and "node2 UP" in ok.detail
+
+        with sudoers_installed(render(s, kit.who.login, ["lb-1"], omit=[grant.line()])):
+            refused = await router_check(s)
+        assert refused.outcome == Outcome.FAIL
+        assert "sudo refused" in refused.detail, refused.detail
+
+        # the login itself cannot open root's socket: the rule is needed
+        denied = await router_check(settings(kits, kit, h, become="none"))
+        assert denied.outcome == Outcome.FAIL and "Permission denied" in denied.detail
