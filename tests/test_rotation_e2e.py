@@ -358,3 +358,46 @@ async def test_doctor_reads_the_real_vllm_router_and_warns_of_a_worker_it_lacks(
         down = {"kind": "vllm-router", "admin_url": "http://127.0.0.1:9"}
         [gone] = await router_checks(settings(kits, lb, tmp_path, down, servers))
         assert gone.outcome == Outcome.FAIL and "GET /workers" in gone.detail
+
+
+# ---- the command kind, driving the same real HAProxy through the operator's script -----
+
+LB_SCRIPT = """#!/bin/sh
+# An operator's own wrapper: out / in / sessions SERVER, on HAProxy's admin socket.
+say() {{ echo "$1" | {socat} -t 5 stdio unix-connect:{socket}; }}
+case "$1" in
+  out) say "set server {backend}/$2 state drain" ;;
+  in) say "set server {backend}/$2 state ready" ;;
+  sessions) say "show stat" | awk -F, -v s="$2" '$1 == "{backend}" && $2 == s {{ print $5 }}' ;;
+  *) echo "usage: lb out|in|sessions SERVER" >&2; exit 2 ;;
+esac
+"""
+
+
+async def test_command_kind_rolling_redeploy_loses_no_request(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    kits, lb = await fleet(make_sim_host, tmp_path)
+    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
+    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    async with routers.haproxy(tmp_path / "haproxy", ports) as h:
+        script = tmp_path / "lb"
+        script.write_text(LB_SCRIPT.format(socat=routers.SOCAT, socket=h.socket, backend=h.backend))
+        script.chmod(0o755)
+        lb_cmd = str(script)
+        router = {
+            "kind": "command",
+            "drain": [lb_cmd, "out", "{server}"],
+            "undrain": [lb_cmd, "in", "{server}"],
+            "in_flight": [lb_cmd, "sessions", "{server}"],
+        }
+        s = settings(kits, lb, tmp_path, router, servers)
+        async with runtime(s) as rt:
+            watch = routers.Watch(routers.haproxy_view(h))
+            async with watch.running(), routers.Load(h.port, MODEL).running() as load:
+                result, _ = await redeploy(rt, version="0.16.0")
+            rows = await rotation_rows(rt, result.run_id)
+        assert result.status == "succeeded", result.summary
+        assert load.failed == 0, load.failures[:5]
+        assert load.ok > 50
+        assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
