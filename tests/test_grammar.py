@@ -30,8 +30,11 @@ from bot.slack.grammar import (
     Help,
     Logs,
     Redeploy,
+    Drain,
     Restart,
+    Rotation,
     Status,
+    Undrain,
     parse_command,
     run_id_of,
     usage,
@@ -67,7 +70,18 @@ def make_settings() -> Settings:
                 "hosts": ["gpu01", "gpu02"],
                 "unit": "vllm-shared.service",
                 "python": "/opt/venvs/shared/bin/python",
+                # Two replicas behind a router: the rotation commands take it.
+                "router": "front",
+                "router_servers": {"gpu01": "node1", "gpu02": "node2"},
             },
+        },
+        routers={
+            "front": {
+                "kind": "command",
+                "host": "shared",
+                "drain": ["/usr/local/bin/lb", "out", "{server}"],
+                "undrain": ["/usr/local/bin/lb", "in", "{server}"],
+            }
         },
     )
 
@@ -164,6 +178,9 @@ def test_usage_covers_every_command_in_order() -> None:
         "redeploy": "redeploy kimi-k25",
         "restart": "restart kimi-k25",
         "status": "status",
+        "rotation": "rotation shared",
+        "drain": "drain shared gpu01",
+        "undrain": "undrain shared gpu02",
         "gpus": "gpus",
         "logs": "logs kimi-k25",
         "audit": "audit",
@@ -418,6 +435,10 @@ def assert_safe(cmd: Command) -> None:
             )
         case Cancel(run_id=r):
             assert 1 <= r <= 2**63 - 1
+        case Rotation(service=s):
+            assert SETTINGS.services[s].router is not None
+        case Drain(service=s, host=h) | Undrain(service=s, host=h):
+            assert SETTINGS.services[s].router is not None and h in SETTINGS.services[s].hosts
         case _:
             raise AssertionError(f"unexpected command {cmd!r}")
     for field in dataclasses.fields(cmd):
@@ -511,6 +532,15 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
             None if target is None else "host" if target in SETTINGS.hosts else "service"
         )
         expected = Gpus(target, kind) if name == "gpus" else Doctor(target, kind)
+    elif name == "rotation":
+        head.append("shared")
+        expected = Rotation("shared")
+    elif name in ("drain", "undrain"):
+        host = draw(st.sampled_from(["gpu01", "gpu02"]))
+        head += ["shared", host]
+        expected = Drain("shared", host) if name == "drain" else Undrain("shared", host)
+        # the two positionals keep their order; only flags could move (there are none)
+        return draw(st.sampled_from([" ", "  ", "\t"])).join(head), expected
     elif name == "cancel":
         run_id = draw(st.integers(1, 2**63 - 1))
         head.append(draw(st.sampled_from(["", "#"])) + str(run_id))
@@ -581,3 +611,22 @@ def test_cancel_takes_the_same_run_ids() -> None:
     # Typed text meets the character check first.
     with pytest.raises(InputError, match="not allowed"):
         parse_command("cancel \u0661\u0662", settings)
+
+
+# --- the rotation commands (issue 19) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("rotation kimi-k25", "kimi-k25 has no router configured"),
+        ("drain kimi-k25 gpu01", "kimi-k25 has no router configured"),
+        ("drain shared", "Give the service and one of its hosts."),
+        ("undrain shared gpu01 gpu02", "Give the service and one of its hosts."),
+        ("drain shared lb-9", "'lb-9' is not a host of shared. Its hosts: gpu01, gpu02."),
+        ("undrain nope gpu01", "Unknown service 'nope'"),
+        ("rotation", "Missing the service name."),
+    ],
+)
+def test_rotation_commands_take_only_a_routed_service_and_its_hosts(text: str, needle: str) -> None:
+    assert needle in error(text)

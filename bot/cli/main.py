@@ -309,6 +309,44 @@ async def _no_slack(settings: Settings) -> int:
     raise ConfigError("this entry point cannot run the Slack bot; use `python -m bot`")
 
 
+# The commands that are a run of the engine (a change, or a read-only status/rotation).
+_RUNS = ("redeploy", "restart", "status", "rotation", "drain", "undrain")
+
+
+async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
+    if args.command == "redeploy":
+        plan = rt.engine.plan(
+            Action.REDEPLOY,
+            args.service,
+            version=args.version,
+            index=args.index,
+            dry_run=args.dry_run,
+            batch=args.batch,
+            force=args.force,
+        )
+        return await run_change(
+            rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+        )
+    if args.command == "restart":
+        plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch, force=args.force)
+        return await run_change(
+            rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+        )
+    if args.command == "status":
+        plan = rt.engine.plan(Action.STATUS, args.service)
+        code = await run_change(rt, plan, yes=True, user=cli_user())
+        print(visible(history_line(await rt.audit.start_history(args.service))))
+        return code
+    if args.command == "rotation":
+        plan = rt.engine.plan(Action.ROTATION, args.service)
+        return await run_change(rt, plan, yes=True, user=cli_user())
+    if args.command in ("drain", "undrain"):
+        action = Action.DRAIN if args.command == "drain" else Action.UNDRAIN
+        plan = rt.engine.plan(action, args.service, host=args.host)
+        return await run_change(rt, plan, yes=args.yes, user=cli_user())
+    raise InputError(f"unknown command {args.command}")
+
+
 async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     if args.command == "demo":
         from bot.cli.demo import run_demo
@@ -335,29 +373,8 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
             else doctor(settings, args.target, as_json=args.json)
         )
     async with open_runtime(settings) as rt:
-        if args.command == "redeploy":
-            plan = rt.engine.plan(
-                Action.REDEPLOY,
-                args.service,
-                version=args.version,
-                index=args.index,
-                dry_run=args.dry_run,
-                batch=args.batch,
-                force=args.force,
-            )
-            return await run_change(
-                rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
-            )
-        if args.command == "restart":
-            plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch, force=args.force)
-            return await run_change(
-                rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
-            )
-        if args.command == "status":
-            plan = rt.engine.plan(Action.STATUS, args.service)
-            code = await run_change(rt, plan, yes=True, user=cli_user())
-            print(visible(history_line(await rt.audit.start_history(args.service))))
-            return code
+        if args.command in _RUNS:
+            return await _run_command(rt, args)
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)

@@ -89,6 +89,7 @@ def _flag(*names: str, help: str | None = None, fronts: Front = Front.BOTH) -> A
 
 
 _SERVICE = Arg(("service",), shown="service")
+_HOST = Arg(("host",), help="one of the service's hosts", shown="host")
 _FORCE_ALL = "stop without waiting for in-flight requests"
 _YES = "do not ask for confirmation"
 
@@ -160,6 +161,26 @@ COMMANDS: tuple[Command, ...] = (
             Arg(("service",), optional=True, fronts=Front.CHAT),
         ),
         chat="unit state, installed version and GPU memory (read-only)",
+    ),
+    Command(
+        "rotation",
+        "each replica in or out of its router's rotation, its sessions and health",
+        (_SERVICE,),
+        chat="each replica in or out of its router's rotation, its sessions and health (read-only)",
+    ),
+    Command(
+        "drain",
+        "take one replica out of its router's rotation (the service keeps running)",
+        (_SERVICE, _HOST, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
+        chat="take one replica out of its router's rotation, after approval (the service "
+        "keeps running)",
+    ),
+    Command(
+        "undrain",
+        "put one replica back in its router's rotation, once it is ready",
+        (_SERVICE, _HOST, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
+        chat="put one replica back in its router's rotation, after approval; an unready "
+        "replica is refused",
     ),
     Command(
         "gpus",

@@ -67,6 +67,7 @@ from bot.core.phases.install import INSTALL_KILL_GRACE_S, import_gate, record_ch
 from bot.core.phases.preflight import Env, Refused, prefetch, preflight, preflight_unit
 from bot.core.phases.read_only import preview_flow, status_flow
 from bot.core.phases.rollback import rollback, rollback_command, unhealthy
+from bot.core.phases.rotation_ops import drain_flow, rotation_flow, undrain_flow
 from bot.core.phases.start import (
     FOLLOW_FAILED_READS,
     STARTUP_FAILED,
@@ -355,4 +356,7 @@ FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {
     RunAction.REDEPLOY: redeploy_flow,
     RunAction.RESTART: restart_flow,
     RunAction.STATUS: status_flow,
+    RunAction.ROTATION: rotation_flow,
+    RunAction.DRAIN: drain_flow,
+    RunAction.UNDRAIN: undrain_flow,
 }

@@ -14,7 +14,12 @@ from bot.core import remote
 from bot.core.health import HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV
 from bot.core.readiness import api_base, metrics_url
 from bot.core.routers.target import RouterTarget, router_target
-from bot.core.routers.text import rotation_in_command, rotation_out_command
+from bot.core.routers.text import (
+    rotation_in_command,
+    rotation_out_command,
+    shown_in,
+    shown_out,
+)
 from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import LOCAL, ServiceSettings, Settings
@@ -58,6 +63,7 @@ class Step(StrEnum):
     # Issue 19: a replica taken out of its router's rotation and put back.
     ROTATION_OUT = "rotation_out"
     ROTATION_IN = "rotation_in"
+    ROTATION = "rotation"  # the read-only `rotation` command
 
 
 STEP_TITLES: dict[Step, str] = {
@@ -83,6 +89,7 @@ STEP_TITLES: dict[Step, str] = {
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
     Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
     Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
+    Step.ROTATION: "Each replica in or out of rotation (router), its sessions and health",
 }
 
 
@@ -157,7 +164,7 @@ class Plan:
     @property
     def system_approver(self) -> str | None:
         """Who approves a run that changes nothing, or None when people must."""
-        if self.action == Action.STATUS:
+        if self.action.read_only:
             return READ_ONLY_APPROVER
         return DRY_RUN_APPROVER if self.dry_run else None
 
@@ -345,6 +352,7 @@ def make_plan(
     batch: int | None = None,
     host_keys: Mapping[str, str] | None = None,
     force: bool = False,
+    host: str | None = None,
 ) -> Plan:
     """Build the plan from config and validated input; raise InputError for anything else.
 
@@ -368,9 +376,12 @@ def make_plan(
     spec = remote.package_spec(svc, version)
     if batch is not None and batch < 1:
         raise InputError("--batch must be at least 1")
-    if force and (action == Action.STATUS or dry_run):
+    if force and (action not in (Action.REDEPLOY, Action.RESTART) or dry_run):
         raise InputError("--force only applies to a redeploy or restart that stops the service")
-    targets = host_targets(settings, tuple(svc.hosts), host_keys or {})
+    if dry_run and action not in (Action.REDEPLOY, Action.RESTART):
+        raise InputError("--dry-run only applies to a redeploy or restart")
+    hosts = _hosts_of(settings, action, service, host)
+    targets = host_targets(settings, hosts, host_keys or {})
     # True: the bot runs on every host, so NVML reads their GPUs; None: on some of them.
     kinds = {t.local for t in targets}
     local = None if len(kinds) > 1 else kinds == {True}
@@ -379,6 +390,9 @@ def make_plan(
         steps = with_rotation(redeploy_steps(svc, spec, index_url, local), router)
     elif action == Action.RESTART:
         steps = with_rotation(restart_steps(svc, local), router)
+    elif action in (Action.ROTATION, Action.DRAIN, Action.UNDRAIN):
+        assert router is not None  # _hosts_of refused a service without one
+        steps = rotation_steps(action, router, svc, hosts)
     else:
         steps = (
             PlannedStep(
@@ -391,7 +405,7 @@ def make_plan(
     return Plan(
         action=action,
         service=service,
-        hosts=tuple(svc.hosts),
+        hosts=hosts,
         unit=svc.unit,
         package=svc.package,
         version=version,
@@ -405,6 +419,71 @@ def make_plan(
         force=force,
         router=router,
     )
+
+
+def _hosts_of(
+    settings: Settings, action: Action, service: str, host: str | None
+) -> tuple[str, ...]:
+    """The hosts a run works on: the service's, or the one a drain/undrain names (it
+    must be one of them, from the config). Rotation commands need a router."""
+    svc = settings.services[service]
+    if action in (Action.ROTATION, Action.DRAIN, Action.UNDRAIN) and svc.router is None:
+        raise InputError(
+            f"{service} has no router configured (`router` in [services.{service}]): "
+            f"there is no rotation to {'read' if action == Action.ROTATION else str(action)}"
+        )
+    if not action.one_host:
+        if host is not None:
+            raise InputError(f"a host only applies to drain and undrain, not {action}")
+        return tuple(svc.hosts)
+    if host is None:
+        raise InputError(f"{action} needs the host: one of {', '.join(svc.hosts)}")
+    if host not in svc.hosts:
+        raise InputError(
+            f"`{host[:64]}` is not a host of {service}; its hosts: {', '.join(svc.hosts)}"
+        )
+    return (host,)
+
+
+def rotation_steps(
+    action: Action, router: RouterTarget, svc: ServiceSettings, hosts: tuple[str, ...]
+) -> tuple[PlannedStep, ...]:
+    """The steps of a rotation command, with the router commands exactly."""
+    match action:
+        case Action.ROTATION:
+            return (
+                PlannedStep(
+                    Step.ROTATION,
+                    f"router {router.name} ({router.kind}) read from {router.host}; "
+                    f"GET {svc.health_url} from each host",
+                ),
+            )
+        case Action.DRAIN:
+            t, server = router, router.server(hosts[0])
+            return (
+                PlannedStep(
+                    Step.ROTATION_OUT,
+                    f"router {t.name} ({t.kind}): refuse unless at least {t.min_serving} "
+                    f"other replica(s) serve; {shown_out(t, server)}; wait {t.settle_s:g}s, "
+                    f"then up to {t.drain_timeout_s:g}s until the router shows no session "
+                    f"for it; {svc.unit} on {hosts[0]} keeps running",
+                ),
+            )
+        case Action.UNDRAIN:
+            return (
+                PlannedStep(
+                    Step.READINESS,
+                    f"GET {svc.health_url}, then the readiness checks (model, smoke test, "
+                    "version) from the host; an unready replica is refused",
+                ),
+                PlannedStep(
+                    Step.ROTATION_IN,
+                    f"{shown_in(router, router.server(hosts[0]))}; up to "
+                    f"{router.confirm_timeout_s:g}s until the router shows it serving",
+                ),
+            )
+        case _:
+            raise AssertionError(action)
 
 
 def with_rotation(

@@ -70,6 +70,21 @@ class Action(StrEnum):
     REDEPLOY = "redeploy"
     RESTART = "restart"
     STATUS = "status"
+    # Issue 19: one replica's place in its router's rotation, read (ROTATION) or
+    # changed by hand (DRAIN: out, UNDRAIN: back in); the service itself is not touched.
+    ROTATION = "rotation"
+    DRAIN = "drain"
+    UNDRAIN = "undrain"
+
+    @property
+    def read_only(self) -> bool:
+        """It changes nothing: approved by the system, no locks, anyone may ask."""
+        return self in (Action.STATUS, Action.ROTATION)
+
+    @property
+    def one_host(self) -> bool:
+        """It names one host of the service (``drain|undrain <service> <host>``)."""
+        return self in (Action.DRAIN, Action.UNDRAIN)
 
 
 class Decision(StrEnum):

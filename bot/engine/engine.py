@@ -46,7 +46,7 @@ NOT_STARTED = HostStatus.NOT_STARTED
 def rollout_batches(plan: Plan) -> list[tuple[str, ...]]:
     """The hosts in the order they are worked on: a change goes ``plan.batches()`` one
     after the other; a read-only status asks every host at once."""
-    return [plan.hosts] if plan.action == Action.STATUS else plan.batches()
+    return [plan.hosts] if plan.action.read_only else plan.batches()
 
 
 def overall_status(outcomes: Sequence[HostOutcome]) -> RunStatus:
@@ -108,6 +108,7 @@ class Engine:
         dry_run: bool = False,
         batch: int | None = None,
         force: bool = False,
+        host: str | None = None,
     ) -> Plan:
         return make_plan(
             self.settings,
@@ -119,6 +120,7 @@ class Engine:
             batch=batch,
             host_keys=self._host_keys(service),
             force=force,
+            host=host,
         )
 
     def plan_of(self, record: RunRecord) -> Plan:
@@ -135,6 +137,8 @@ class Engine:
             batch=p.get("batch_size"),
             host_keys=self._host_keys(record.service),
             force=bool(p.get("force")),
+            # drain/undrain: the one host named, as recorded
+            host=(p.get("hosts") or [None])[0] if Action(record.action).one_host else None,
         )
 
     def _host_keys(self, service: str) -> dict[str, str]:
@@ -297,7 +301,9 @@ class Engine:
         without a router names none."""
         if plan.router is None:
             return None
-        allowed = {plan.router.host, *plan.hosts}
+        # Every replica behind the router, not only the plan's: a drain of one host asks
+        # its siblings whether they serve.
+        allowed = {plan.router.host, *plan.hosts, *(h for h, _ in plan.router.servers)}
 
         def reach(host: str) -> tuple[HostTransport, Become | None]:
             if host not in allowed:
@@ -309,7 +315,7 @@ class Engine:
     async def _start_history(self, plan: Plan) -> StartHistory | None:
         """This service's previous start times, for the progress of this run's starts;
         a database that cannot answer now costs only the estimate."""
-        if plan.action == Action.STATUS:
+        if plan.action.read_only or plan.action.one_host:
             return None
         try:
             return await self.audit.start_history(plan.service)

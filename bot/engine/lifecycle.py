@@ -53,7 +53,7 @@ from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
-from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.status import Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic, system_monotonic, wall_clock_id
 from bot.engine.executor import CancelToken
 from bot.engine.heartbeat import LEASE_S
@@ -115,7 +115,7 @@ def lock_scopes(plan: Plan) -> list[str]:
 
 def needs_locks(plan: Plan) -> bool:
     """Status queries and dry runs change nothing, so they never wait behind a job."""
-    return plan.action != Action.STATUS and not plan.dry_run
+    return not plan.action.read_only and not plan.dry_run
 
 
 class _RunLife:

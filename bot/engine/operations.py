@@ -30,7 +30,7 @@ from typing import assert_never
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.plan import Plan
 from bot.core.policy import Membership, counted_approvals, is_approver, is_requester
-from bot.core.status import Action, Decision, RunStatus, Source
+from bot.core.status import Decision, RunStatus, Source
 from bot.engine.leftover_gate import LeftoverRequest, new_question
 from bot.engine.lifecycle import RunLifecycle
 from bot.engine.liveness import DRIVEN, Verdict
@@ -233,7 +233,7 @@ class Operations:
         match by:
             case ChatUser():
                 # A status query asks nobody and changes nothing: anyone may.
-                if plan.action != Action.STATUS and not is_requester(
+                if not plan.action.read_only and not is_requester(
                     by.user, self.policy, await by.membership()
                 ):
                     return await self.refuse(

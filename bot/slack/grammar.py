@@ -79,6 +79,23 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class Rotation:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    service: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Undrain:
+    service: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
 class Gpus:
     target: str | None = None
     kind: Literal["host", "service"] | None = None
@@ -109,7 +126,20 @@ class Doctor:
     kind: Literal["host", "service"] | None = None
 
 
-Command = Help | Redeploy | Restart | Status | Gpus | Logs | Audit | Cancel | Doctor
+Command = (
+    Help
+    | Redeploy
+    | Restart
+    | Status
+    | Rotation
+    | Drain
+    | Undrain
+    | Gpus
+    | Logs
+    | Audit
+    | Cancel
+    | Doctor
+)
 
 
 def usage(name: str) -> str:
@@ -324,6 +354,28 @@ def _parse_audit(args: _Args, settings: Settings) -> Audit:
     return Audit(_service(name, settings), limit)
 
 
+def _routed(name: str, settings: Settings) -> str:
+    """A configured service with a router: the rotation commands have nothing else."""
+    service = _service(name, settings)
+    if settings.services[service].router is None:
+        raise InputError(f"{service} has no router configured: it has no rotation.")
+    return service
+
+
+def _replica(args: _Args, settings: Settings) -> tuple[str, str]:
+    """``<service> <host>``: a service with a router and one of its configured hosts."""
+    if len(args.positionals) != 2:
+        args.fail("Give the service and one of its hosts.")
+    service = _routed(args.positionals[0], settings)
+    host = args.positionals[1]
+    hosts = settings.services[service].hosts
+    if host not in hosts:
+        raise InputError(
+            f"{_show(host)} is not a host of {service}. Its hosts: {', '.join(hosts)}."
+        )
+    return service, host
+
+
 def _optional_service(args: _Args, settings: Settings) -> str | None:
     name = args.positional()
     return None if name is None else _service(name, settings)
@@ -338,6 +390,9 @@ _BUILDERS: dict[str, _Parser] = {
         _service(a.required("service name"), s), force="--force" in a.values
     ),
     "status": lambda a, s: Status(_optional_service(a, s)),
+    "rotation": lambda a, s: Rotation(_routed(a.required("service name"), s)),
+    "drain": lambda a, s: Drain(*_replica(a, s)),
+    "undrain": lambda a, s: Undrain(*_replica(a, s)),
     "gpus": _parse_gpus,
     "logs": lambda a, s: Logs(
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX)

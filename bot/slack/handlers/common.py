@@ -94,9 +94,10 @@ class CommandRequest:
         index: str | None = None,
         dry_run: bool = False,
         force: bool = False,
+        host: str | None = None,
     ) -> Plan:
         return self.engine.plan(
-            action, service, version=version, index=index, dry_run=dry_run, force=force
+            action, service, version=version, index=index, dry_run=dry_run, force=force, host=host
         )
 
     async def reply_now(self, text: str) -> None:

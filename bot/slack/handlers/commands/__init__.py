@@ -22,11 +22,14 @@ from bot.slack.handlers.commands import (
     audit,
     cancel,
     doctor,
+    drain,
     gpus,
     logs,
     redeploy,
     restart,
+    rotation,
     status,
+    undrain,
 )
 from bot.slack.handlers.commands import help as help_command
 from bot.slack.handlers.common import CommandRequest, front_end_of
@@ -39,6 +42,9 @@ HANDLERS: dict[type, Handler] = {
     grammar.Redeploy: redeploy.handle,
     grammar.Restart: restart.handle,
     grammar.Status: status.handle,
+    grammar.Rotation: rotation.handle,
+    grammar.Drain: drain.handle,
+    grammar.Undrain: undrain.handle,
     grammar.Gpus: gpus.handle,
     grammar.Logs: logs.handle,
     grammar.Audit: audit.handle,
@@ -49,7 +55,14 @@ HANDLERS: dict[type, Handler] = {
 
 # They need no approval and each posts an answer in the channel: a person may send only
 # so many a minute (``bot.slack.limits``), so nobody can keep the channel's queue full.
-READ_ONLY = (grammar.Status, grammar.Gpus, grammar.Logs, grammar.Audit, grammar.Doctor)
+READ_ONLY = (
+    grammar.Status,
+    grammar.Rotation,
+    grammar.Gpus,
+    grammar.Logs,
+    grammar.Audit,
+    grammar.Doctor,
+)
 
 
 def register(app: AsyncApp) -> None:
