@@ -32,7 +32,7 @@ from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit, fast_config, fleet_fragment
 from tests.polling import eventually
 from tests.support import routers
-from tests.support.cli import write_toml
+from tests.support.cli import cli, write_toml
 from tests.support.sim import MakeSimHost
 from tests.test_rollout import first_ts, redeploy, stopped_at
 
@@ -401,3 +401,59 @@ async def test_command_kind_rolling_redeploy_loses_no_request(
         assert load.failed == 0, load.failures[:5]
         assert load.ok > 50
         assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
+
+
+# ---- drain, rotation and undrain by hand, from the terminal -------------------------------
+
+
+async def test_drain_rotation_undrain_from_the_cli_against_the_real_haproxy(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    kits, lb = await fleet(make_sim_host, tmp_path)
+    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
+    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    async with routers.haproxy(tmp_path / "haproxy", ports) as h:
+        config = write_toml(
+            tmp_path / "chatops.toml", fragment(kits, lb, haproxy_router(h), servers)
+        )
+        env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
+
+        async def bot(*args: str) -> tuple[int, str]:
+            code, out, err = await cli(*args, cwd=tmp_path, env=env)
+            return code, out + err
+
+        async def states() -> dict[str, str]:
+            views = parse_show_stat(await h.say("show stat"), h.backend)
+            return {n: v.detail.split(" ")[0] for n, v in views.items()}
+
+        async with routers.Load(h.port, MODEL).running() as load:
+            code, out = await bot("drain", SERVICE, "gpu-node-1", "--yes")
+            assert code == 0, out
+            assert await states() == {"node1": "MAINT", "node2": "UP"}
+            code, out = await bot("rotation", SERVICE)
+            assert code == 0, out
+            assert "gpu-node-1" in out and "OUT of rotation (MAINT" in out
+            assert "in rotation (UP" in out
+            # the only serving replica stays in
+            code, out = await bot("drain", SERVICE, "gpu-node-2", "--yes")
+            assert code != 0
+            assert "refused to take gpu-node-2 out of rotation: 0 of 1 others serving" in out
+            assert await states() == {"node1": "MAINT", "node2": "UP"}
+            code, out = await bot("undrain", SERVICE, "gpu-node-1", "--yes")
+            assert code == 0, out
+            assert await states() == {"node1": "UP", "node2": "UP"}
+        assert load.failed == 0, load.failures[:5]
+        # nothing was stopped or started by any of them
+        for kit in kits:
+            assert "stop" not in kit.changes() and "start" not in kit.changes()
+        async with AuditLog.open(tmp_path / "audit.db") as audit:
+            runs = await audit.list_runs()
+            by_action = {(r.action, r.status) for r in runs}
+            assert {("drain", "succeeded"), ("drain", "aborted"), ("undrain", "succeeded")} <= (
+                by_action
+            )
+            moved = await audit.rotations([r.id for r in runs])
+        changes = sorted(
+            (r.run_id, r.host, r.change, r.ok) for rows in moved.values() for r in rows
+        )
+        assert [c[1:] for c in changes] == [("gpu-node-1", "out", True), ("gpu-node-1", "in", True)]
