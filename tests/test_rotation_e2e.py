@@ -82,6 +82,12 @@ def fragment(
     return frag
 
 
+def haproxy_servers(kits: list[SimKit]) -> tuple[dict[str, str], list[tuple[str, int]]]:
+    """Each replica's HAProxy server name (``node1``...) and the port it really serves on."""
+    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
+    return servers, [(servers[k.hostname], k.health_port) for k in kits]
+
+
 def haproxy_router(h: routers.HAProxy) -> dict[str, Any]:
     return {"kind": "haproxy", "socket": str(h.socket), "backend": h.backend}
 
@@ -139,8 +145,7 @@ async def test_haproxy_rolling_redeploy_loses_no_request(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
         async with runtime(s) as rt:
@@ -184,8 +189,7 @@ async def test_haproxy_failed_redeploy_stays_out_and_the_other_serves(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     kits[0].set_faults(uv_fails=True)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
@@ -207,8 +211,7 @@ async def test_haproxy_min_serving_refuses_to_take_out_the_only_serving_replica(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         # node2 was put in maintenance by hand: node1 is the only one serving
         assert (await h.say(f"set server {h.backend}/node2 state maint")).strip() == ""
@@ -253,8 +256,7 @@ async def test_a_bot_killed_mid_roll_leaves_the_replica_out_and_recovery_says_so
     gpu-node-2 serving (no client request fails), and the restarted bot's recovery names
     the replica out of rotation and the command that puts it back."""
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     kits[0].set_faults(uv_stalls=True)  # the reinstall goes on until the kill
     db = tmp_path / "audit.db"
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
@@ -325,8 +327,7 @@ async def test_doctor_reads_the_real_haproxy_and_names_a_server_it_lacks(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         [good] = await router_checks(settings(kits, lb, tmp_path, haproxy_router(h), servers))
         assert (good.host, good.outcome) == ("lb-1", Outcome.OK), good.detail
@@ -378,8 +379,7 @@ async def test_command_kind_rolling_redeploy_loses_no_request(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         script = tmp_path / "lb"
         script.write_text(LB_SCRIPT.format(socat=routers.SOCAT, socket=h.socket, backend=h.backend))
@@ -410,8 +410,7 @@ async def test_drain_rotation_undrain_from_the_cli_against_the_real_haproxy(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         config = write_toml(
             tmp_path / "chatops.toml", fragment(kits, lb, haproxy_router(h), servers)

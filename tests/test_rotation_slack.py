@@ -13,15 +13,14 @@ from bot.sim.kit import SERVICE
 from tests.slack_harness import ALICE, BOB, CHANNEL, blocks_text, buttons, slack_bot
 from tests.support import routers
 from tests.support.sim import MakeSimHost
-from tests.test_rotation_e2e import fleet, fragment, haproxy_router
+from tests.test_rotation_e2e import fleet, fragment, haproxy_router, haproxy_servers
 
 
 async def test_drain_and_undrain_with_approval_and_rotation_read_only(
     make_sim_host: MakeSimHost, tmp_path: Path
 ) -> None:
     kits, lb = await fleet(make_sim_host, tmp_path)
-    servers = {k.hostname: f"node{i}" for i, k in enumerate(kits, 1)}
-    ports = [(servers[k.hostname], k.health_port) for k in kits]
+    servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         frag = fragment(kits, lb, haproxy_router(h), servers)
 

@@ -191,6 +191,10 @@ async def vllm_router(root: Path, workers: Sequence[str]) -> AsyncIterator[VllmR
         # add_worker waits for the worker's health; the bot only puts back a ready one.
         "--worker-startup-timeout-secs",
         "30",
+        # Its metrics exporter binds 29000 by default: two routers at once (xdist
+        # workers) collided there and the second one exited ("Address already in use").
+        "--prometheus-port",
+        str(free_port()),
     ]
     with r.log.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)

@@ -4,43 +4,11 @@ sessions and its own health, posted in the channel. Read-only: a run in the audi
 
 from __future__ import annotations
 
-from typing import assert_never
-
-from bot.core import events as ev
 from bot.core.status import Action
 from bot.engine.operations import ChatUser, Requested
 from bot.slack.grammar import Rotation
+from bot.slack.handlers.commands.status import Collect
 from bot.slack.handlers.common import CommandRequest, post_code
-
-
-class _Collect:
-    """Each replica's line, for one answer at the end."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    async def handle(self, event: ev.Event) -> None:
-        match event:
-            case ev.HostFinished():
-                self.lines.append(f"{event.host}: {event.summary}")
-            # The answer is each replica's line; the rest is a run's live news.
-            case (
-                ev.RunStarted()
-                | ev.StepStarted()
-                | ev.StepProgress()
-                | ev.OutputLine()
-                | ev.StepFinished()
-                | ev.VersionsKnown()
-                | ev.PackagesKnown()
-                | ev.GpuHealthKnown()
-                | ev.GpuTable()
-                | ev.RunFinished()
-                | ev.Notice()
-                | ev.RotationChanged()
-            ):
-                pass
-            case _:
-                assert_never(event)
 
 
 async def handle(req: CommandRequest, cmd: Rotation) -> None:
@@ -54,7 +22,7 @@ async def handle(req: CommandRequest, cmd: Rotation) -> None:
         if not isinstance(asked, Requested):
             await req.tell(asked.text)
             return
-        sink = _Collect()
+        sink = Collect(tables=False, with_status=False)
         result = await req.engine.execute(asked.record.id, sink)
         assert plan.router is not None  # the grammar takes only services with a router
         r = plan.router

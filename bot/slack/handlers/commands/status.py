@@ -20,20 +20,25 @@ from bot.slack.grammar import Status
 from bot.slack.handlers.common import CommandRequest, post_code
 
 
-class _Collect:
-    """Keeps what a status run reports, for one answer at the end."""
+class Collect:
+    """Keeps what a read-only run reports, for one answer at the end: each host's end
+    (``with_status``: "host: succeeded: ..."), and its GPU table (``tables``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tables: bool = True, with_status: bool = True) -> None:
         self.lines: list[str] = []
+        self.tables = tables
+        self.with_status = with_status
 
     async def handle(self, event: ev.Event) -> None:
         match event:
             case ev.HostFinished():
-                self.lines.append(f"{event.host}: {event.status}: {event.summary}")
+                status = f"{event.status}: " if self.with_status else ""
+                self.lines.append(f"{event.host}: {status}{event.summary}")
             case ev.GpuTable():
-                self.lines.append(render_table(event.snapshot))
-            # The answer is each host's end and its GPU table; the rest is a run's live
-            # news, which a one-shot status answer does not show.
+                if self.tables:
+                    self.lines.append(render_table(event.snapshot))
+            # The answer is each host's end (and its GPU table); the rest is a run's live
+            # news, which a one-shot answer does not show.
             case (
                 ev.RunStarted()
                 | ev.StepStarted()
@@ -61,7 +66,7 @@ async def _one(req: CommandRequest, service: str) -> str:
     if not isinstance(asked, Requested):
         return f"== {service}\n{asked.text}"
     record = asked.record
-    sink = _Collect()
+    sink = Collect()
     result = await req.engine.execute(record.id, sink)
     body = "\n".join(sink.lines) or result.summary
     history = history_line(await req.audit.start_history(service))
