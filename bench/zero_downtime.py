@@ -4,8 +4,9 @@ redeploy that takes each replica out of rotation first.
 
     ./dev python bench/zero_downtime.py [--load-s 8] [--rate 20] [--routers haproxy vllm-router]
 
-For each router (Debian's HAProxy 2.6 with `check inter 200ms fall 2 rise 1`; PyPI's
-vllm-router 0.1.17 with `--health-check-interval-secs 1`), two fresh simulated replicas
+For each router (Debian's HAProxy 2.6 with `check inter 200ms fall 3 rise 1`,
+`timeout check 2s`; PyPI's vllm-router 0.1.17 with `--health-check-interval-secs 1`), two
+fresh simulated replicas
 (the model loads in ``--load-s``) and a client that sends ``--rate`` completions a second
 through the router, each on its own connection (tests/support/routers.py), for:
 

@@ -202,3 +202,37 @@ def test_the_plan_lists_the_router_commands_exactly() -> None:
     moved = settings(router={"undrain": [*LB, "enable", "{server}"]})
     again = make_plan(moved, "redeploy", "kimi", version="0.16.0")  # type: ignore[arg-type]
     assert again.to_json() != plan.to_json()
+
+
+# ---- found by the issue's review (cutting wires) ----------------------------------------
+
+
+def test_a_replica_the_records_hold_out_does_not_count_as_serving() -> None:
+    """The command kind cannot read its router: a sibling drained by hand (its unit still
+    running, its health 200) is out by the audit log's last change, so min_serving keeps
+    the only replica in rotation instead of taking both out."""
+    h = RoutedHost(held_out={"node2": "run #7 took it out"})
+    out = run(h)
+    assert out.status == "aborted", out.summary
+    assert "refused to take h1 out of rotation: 0 of 1 others serving" in out.summary
+    assert "run #7 took it out" in out.summary
+    assert h.router.calls == [] and verbs(h) == []
+
+
+def test_an_unreadable_session_count_is_not_zero() -> None:
+    """`in_flight` printing no number: the wait goes on until drain_timeout_s, then the
+    take-out is undone and the service is left untouched (never stopped on a guess)."""
+
+    class Garbled(RoutedHost):
+        def lb(self, a: tuple[str, ...]) -> CommandResult:
+            if a[1] == "sessions":
+                self.router.calls.append(a)
+                return ok(a, "sessions: unknown\n")
+            return super().lb(a)
+
+    h = Garbled()
+    out = run(h)
+    assert out.status == "aborted", out.summary
+    assert "in_flight printed no count" in out.summary and "after 10s" in out.summary
+    assert "stop" not in verbs(h)
+    assert rotations(h) == [("out", "node1", True), ("in", "node1", True)]

@@ -317,3 +317,12 @@ def test_vllm_router_plan_lists_the_admin_requests() -> None:
     assert text.shown_in(t, URLS["h1"]) == (
         f"from lb-1: POST {ADMIN}/add_worker?url=http%3A%2F%2F10.0.0.1%3A8000"
     )
+
+
+def test_haproxy_status_it_does_not_name_is_not_serving() -> None:
+    # found by the review: an unrecognised status word read as UNKNOWN counted as serving
+    h = LbHost(haproxy=HAProxy(status={"node1": "UP", "node2": "SOMETHING NEW"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "the router's state for it is unknown (SOMETHING NEW)" in out.summary
+    assert haproxy_changes(h) == []

@@ -32,6 +32,7 @@ from bot.core.flows import (
 )
 from bot.core.health import GpuReading, GpuStateRead
 from bot.core.leftovers import Approval, AskApproval
+from bot.core.phases.actions import ReadRotationRecords, RotationRecords
 from bot.core.plan import Step, make_plan
 from bot.core.service_state import ServiceState
 from bot.core.status import HealthSource
@@ -127,6 +128,8 @@ class Host:
     # a remote host, or NVML failing: the executor runs nvidia-smi -q instead).
     health_q: str = ""
     nvml: tuple[GpuReading, ...] | None = None
+    # Issue 19: servers the audit log says a run left out of rotation, with why.
+    held_out: dict[str, str] = field(default_factory=dict)
 
     def respond(self, action: Any) -> Any:
         if self.cancel_at is not None and self.cancel_at(action):
@@ -147,6 +150,9 @@ class Host:
         if isinstance(action, AskApproval):
             self.asked.append(action)
             return self.approval
+        if isinstance(action, ReadRotationRecords):
+            # The audit log's word on which replicas a run left out (issue 19).
+            return RotationRecords(dict(self.held_out))
         if isinstance(action, ReadGpuState):
             if self.nvml is not None:
                 return GpuStateRead(HealthSource.NVML, self.nvml)

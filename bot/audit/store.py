@@ -166,6 +166,14 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         return out
 
     @shielded
+    async def latest_rotations(
+        self, router: str, servers: Sequence[str]
+    ) -> dict[str, rotations_sql.RotationRow]:
+        """Each server's last recorded rotation change at ``router``, by any run."""
+        async with self._db.transaction(write=False) as conn:
+            return await rotations_sql.latest(conn, router, servers)
+
+    @shielded
     async def journal_rejects(self) -> list[tuple[str, str]]:
         """The journal records a merge could not apply: (record id, record and reason)."""
         async with self._db.transaction(write=False) as conn:

@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.audit.resilient import AuditWriter
+from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
+from bot.core.phases.actions import RotationRecords
 from bot.core.plan import Plan, drift, make_plan
 from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
@@ -226,6 +228,7 @@ class Engine:
                     become=become_for(self.settings, host, plan.service),
                     gpu_health=self.pool.gpu_health(host),
                     reach=self._reach(plan),
+                    records=self._records,
                 )
                 return await executor.drive(flow(plan, svc, host))
             except (HostError, OSError) as e:
@@ -294,6 +297,22 @@ class Engine:
             )
         )
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
+
+    async def _records(self, router: str, servers: tuple[str, ...]) -> RotationRecords:
+        """Which of ``servers`` the audit log says a run left out of ``router``'s
+        rotation; an unreadable log is an error, never "none held out"."""
+        try:
+            last = await self.audit.latest_rotations(router, servers)
+        except AuditError as e:
+            return RotationRecords({}, f"the audit log cannot say: {e}")
+        held = left_out(list(last.values()))
+        return RotationRecords(
+            {
+                r.server: f"run #{r.run_id} "
+                + ("took it out" if r.change == "out" else "could not put it back")
+                for r in held
+            }
+        )
 
     def _reach(self, plan: Plan) -> Reach | None:
         """The other hosts a run's actions may name (``on``): its router's host and its

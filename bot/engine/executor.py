@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
@@ -42,6 +42,7 @@ from bot.core.flows import (
 )
 from bot.core.health import GpuStateRead
 from bot.core.leftovers import AskApproval
+from bot.core.phases.actions import ReadRotationRecords, RotationRecords
 from bot.core.plan import Step
 from bot.core.privilege import Privilege
 from bot.core.startup import StartHistory
@@ -62,6 +63,8 @@ from bot.hosts.nvml import LocalGpuHealth
 # How the executor reaches another configured host: its transport, and how it runs
 # commands with rights there (its own ``become``).
 Reach = Callable[[str], tuple[HostTransport, Become | None]]
+# The audit log's rotation records for (router, servers), as the engine reads them.
+Records = Callable[[str, tuple[str, ...]], Awaitable[RotationRecords]]
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -121,8 +124,11 @@ class Executor:
         become: Become | None = None,
         gpu_health: LocalGpuHealth | None = None,
         reach: Reach | None = None,
+        records: Records | None = None,
     ) -> None:
         self.run_id = run_id
+        # The audit log's rotation records (issue 19): which replicas a run left out.
+        self.records = records
         # Other configured hosts an action may name (``on``): a router's host, a sibling
         # replica whose readiness a rotation checks. None: the flow's host only.
         self.reach = reach
@@ -182,6 +188,10 @@ class Executor:
                 return Tick(self.clock(), self.cancel.requested)
             case Checkpoint():
                 return Tick(self.clock(), self.cancel.requested)
+            case ReadRotationRecords():
+                if self.records is None:
+                    return RotationRecords({}, "no audit log to read the rotation records from")
+                return await self.records(action.router, action.servers)
             case Emit():
                 await self._notice(action.notice)
                 return None

@@ -125,8 +125,15 @@ class SshTransport:
             local_timeout = False
             try:
                 if stdin is not None:
-                    proc.stdin.write(stdin.decode("utf-8", "replace"))
-                    proc.stdin.write_eof()
+                    try:
+                        proc.stdin.write(stdin.decode("utf-8", "replace"))
+                        proc.stdin.write_eof()
+                    except BrokenPipeError:
+                        # The command ended before reading its stdin (sudo refusing at
+                        # once: "a password is required"): its output and exit status
+                        # say why, not a lost connection (asyncssh: "Channel not open
+                        # for sending", seen under load in tests/test_rotation_sudo.py).
+                        pass
                 async with asyncio.timeout(timeout_s + KILL_AFTER_S + LOCAL_GRACE_S):
                     await asyncio.gather(
                         pump(proc.stdout, "stdout", out, on_line),

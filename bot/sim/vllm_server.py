@@ -155,6 +155,14 @@ def _current(store: StateStore, generation: int) -> HostState | None:
     return st
 
 
+class _Server(HTTPServer):
+    # uvicorn's listen backlog (its --backlog default), not http.server's 5: behind a
+    # router under load (issue 19's client at 50 requests/s, the router's checks) a
+    # backlog of 5 overflowed on a busy machine and refused connections a real vLLM
+    # would have queued, so the router marked a healthy replica DOWN.
+    request_queue_size = 2048
+
+
 class _Handler(BaseHTTPRequestHandler):
     timeout = 5.0  # a client that connects and says nothing must not wedge the server
     store: StateStore  # set on the subclass made in serve()
@@ -421,7 +429,7 @@ def serve(store: StateStore, generation: int) -> int:
         time.sleep(min(wait, POLL_S))
     handler = type("Handler", (_Handler,), {"store": store})
     try:
-        httpd = HTTPServer(("127.0.0.1", st.health_port), handler)
+        httpd = _Server(("127.0.0.1", st.health_port), handler)
     except OSError as e:
         return _bind_failed(store, generation, e)
     httpd.timeout = POLL_S

@@ -78,8 +78,8 @@ class HAProxy:
 def haproxy_config(
     socket: Path, port: int, backend: str, servers: Sequence[tuple[str, int]]
 ) -> str:
-    # The health check every 200 ms, down after 2 failures: HAProxy alone would still send
-    # requests to a stopped replica for up to ~0.4 s, and the load loop would see them
+    # The health check every 200 ms, down after 3 failures: HAProxy alone would still send
+    # requests to a stopped replica for up to ~0.6 s, and the load loop would see them
     # fail (the control test shows it). No `retries`/`redispatch`: those would hide a
     # replica that was not taken out first.
     lines = [
@@ -91,13 +91,17 @@ def haproxy_config(
         "    timeout client 10s",
         "    timeout server 10s",
         "    retries 0",
+        # A check's own timeout is `inter` (200 ms) unless set: on a loaded 2-core machine
+        # a healthy replica's answer came later than that, HAProxy marked it DOWN while
+        # the other was in maintenance, and clients got 503s the bot did not cause.
+        "    timeout check 2s",
         "frontend fe",
         f"    bind 127.0.0.1:{port}",
         f"    default_backend {backend}",
         f"backend {backend}",
         "    option httpchk GET /health",
         *(
-            f"    server {name} 127.0.0.1:{p} check inter 200ms fall 2 rise 1"
+            f"    server {name} 127.0.0.1:{p} check inter 200ms fall 3 rise 1"
             for name, p in servers
         ),
     ]

@@ -138,6 +138,24 @@ Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health | Rotatio
 
 
 @dataclass(frozen=True, slots=True)
+class ReadRotationRecords:
+    """The audit log's word on which of ``servers`` a run left out of ``router``'s
+    rotation (their last recorded change an "out", or a failed "in"): what the command
+    kind, whose router cannot say, goes by before it counts a replica as serving."""
+
+    router: str
+    servers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RotationRecords:
+    """Each server the records hold out, with why; ``error``: the log could not say."""
+
+    held_out: dict[str, str]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Emit:
     notice: Notice
 
@@ -154,7 +172,17 @@ class Progress:
     start_up: bool = False
 
 
-Action = RunCommand | HttpCheck | ReadGpuState | Sleep | Checkpoint | Emit | Progress | AskApproval
+Action = (
+    RunCommand
+    | HttpCheck
+    | ReadGpuState
+    | Sleep
+    | Checkpoint
+    | Emit
+    | Progress
+    | AskApproval
+    | ReadRotationRecords
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +218,13 @@ def service_is(state: ServiceState, *, mid: bool = False) -> str:
 
 # What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->
 # HttpResult; ReadGpuState -> GpuStateRead; AskApproval -> Approval; Sleep and
-# Checkpoint -> Tick; Emit and Progress -> None. The helpers below yield one action and
-# narrow its reply, so no flow code handles a reply of the wrong type.
-Reply = CommandResult | HttpResult | GpuStateRead | Tick | Approval | None
+# Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; Emit and Progress -> None.
+# The helpers below yield one action and narrow its reply, so no flow code handles a
+# reply of the wrong type.
+Reply = CommandResult | HttpResult | GpuStateRead | Tick | Approval | RotationRecords | None
 
 T = TypeVar("T")
-R = TypeVar("R", CommandResult, HttpResult, GpuStateRead, Tick, Approval)
+R = TypeVar("R", CommandResult, HttpResult, GpuStateRead, Tick, Approval, RotationRecords)
 # A part of a flow: yields actions, is answered with replies, returns a T.
 Phase: TypeAlias = Generator[Action, Reply, T]
 Flow = Phase[HostOutcome]
@@ -250,3 +279,8 @@ def pause(seconds: float | None = None) -> Phase[Tick]:
     """A safe point (``None``) or a sleep; either way the clock and the cancel flag."""
     action = Checkpoint() if seconds is None else Sleep(seconds)
     return _expect((yield action), Tick, action)
+
+
+def rotation_records(router: str, servers: tuple[str, ...]) -> Phase[RotationRecords]:
+    action = ReadRotationRecords(router, servers)
+    return _expect((yield action), RotationRecords, action)

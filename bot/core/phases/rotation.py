@@ -67,11 +67,15 @@ def _target(plan: Plan) -> RouterTarget:
     return plan.router
 
 
-def _serving(view: ServerView) -> str | None:
-    """Why the router does not send this server requests, or None when it does (a kind
-    that cannot tell, UNKNOWN, counts as serving if its readiness answers)."""
+def _serving(t: RouterTarget, view: ServerView) -> str | None:
+    """Why the router does not send this server requests, or None when it does. UNKNOWN
+    counts as serving (if its readiness answers) only for the command kind, which can
+    never tell and whose held-out replicas the audit records mark OUT; from a router that
+    can tell, a state it did not name is no proof of serving."""
     if view.rotation in (Rotation.OUT, Rotation.DRAINING):
         return f"{view.rotation} of rotation ({view.detail})" if view.detail else str(view.rotation)
+    if view.rotation == Rotation.UNKNOWN and t.kind != "command":
+        return f"the router's state for it is unknown ({view.detail or 'no detail'})"
     if view.up is False:
         return f"the router's health check says down ({view.detail})"
     return None
@@ -88,7 +92,7 @@ def others_serving(
     for host, server in t.servers:
         if host in out:
             continue
-        why = read.error or _serving(read.of(server))
+        why = read.error or _serving(t, read.of(server))
         if why is None:
             r = yield from http(svc.health_url, HEALTH_REQUEST_TIMEOUT_S, on=host)
             if r.status != 200:
@@ -107,7 +111,7 @@ def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) ->
     t = _target(plan)
     server = t.server(host)
     yield Emit(BeginStep(Step.ROTATION_OUT, text.shown_out(t, server)))
-    read = yield from ops.read(t, Step.ROTATION_OUT, [s for _, s in t.servers])
+    read = yield from ops.read(t, Step.ROTATION_OUT, [s for _, s in t.servers], records=True)
     others = yield from others_serving(plan, svc, Step.ROTATION_OUT, out, read)
     total = len(t.servers) - len(out)
     if len(others.serving) < t.min_serving:
@@ -195,7 +199,8 @@ def _confirm(t: RouterTarget, server: str) -> Phase[str | None]:
     while True:
         read = yield from ops.read(t, Step.ROTATION_IN, [server])
         view = read.of(server)
-        if read.error is None and view.rotation in (Rotation.IN, Rotation.UNKNOWN):
+        known = (Rotation.IN, Rotation.UNKNOWN) if t.kind == "command" else (Rotation.IN,)
+        if read.error is None and view.rotation in known:
             if view.up is not False:
                 return None
         now = (yield from pause()).now

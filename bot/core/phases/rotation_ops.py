@@ -52,7 +52,7 @@ def rotation_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     t = _router(plan)
     server = t.server(host)
     yield Emit(BeginStep(Step.ROTATION, plan.steps[0].command))
-    read = yield from ops.read(t, Step.ROTATION, [server], counts=True)
+    read = yield from ops.read(t, Step.ROTATION, [server], counts=True, records=True)
     healthy, health = yield from _health(svc)
     state = ServiceState.UP if healthy else ServiceState.UNKNOWN
     if read.error is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import assert_never
 
-from bot.core.phases.actions import Phase, http, run
+from bot.core.phases.actions import Phase, http, rotation_records, run
 from bot.core.plan import Step
 from bot.core.privilege import Command, Privilege
 from bot.core.routers import command, haproxy, vllm_router
@@ -26,13 +26,20 @@ def _failed(what: str, exit_status: int | None, stderr: str, stdout: str = "") -
 
 
 def read(
-    t: RouterTarget, step: Step, servers: Sequence[str], *, counts: bool = False
+    t: RouterTarget,
+    step: Step,
+    servers: Sequence[str],
+    *,
+    counts: bool = False,
+    records: bool = False,
 ) -> Phase[RouterRead]:
     """Each of ``servers`` as the router sees it now; ``counts``: their sessions too,
-    where that costs a command of its own (the command kind's ``in_flight``)."""
+    where that costs a command of its own (the command kind's ``in_flight``);
+    ``records``: for a kind that cannot say, the audit log's word on which a run left
+    out (a replica drained by hand must never count as serving)."""
     match t.kind:
         case "command":
-            return (yield from _command_read(t, step, servers, counts))
+            return (yield from _command_read(t, step, servers, counts, records))
         case "haproxy":
             return (yield from _haproxy_read(t, step, servers))
         case "vllm-router":
@@ -94,12 +101,23 @@ def _command_change(t: RouterTarget, step: Step, argv: tuple[str, ...], what: st
 
 
 def _command_read(
-    t: RouterTarget, step: Step, servers: Sequence[str], counts: bool
+    t: RouterTarget, step: Step, servers: Sequence[str], counts: bool, records: bool
 ) -> Phase[RouterRead]:
     """The command kind cannot say whether a server is in rotation (UNKNOWN: the bot
-    judges by its own records and readiness); its ``in_flight`` gives the sessions."""
+    judges by its own records and readiness); its ``in_flight`` gives the sessions. An
+    ``in_flight`` that cannot be read is an error: an unreadable count is not zero."""
+    held: dict[str, str] = {}
+    if records:
+        rec = yield from rotation_records(t.name, tuple(servers))
+        if rec.error is not None:
+            return RouterRead({}, rec.error)
+        held = rec.held_out
     views: dict[str, ServerView] = {}
+    unread: list[str] = []
     for server in servers:
+        if server in held:
+            views[server] = ServerView(server, Rotation.OUT, None, None, held[server])
+            continue
         sessions = None
         detail = "no in_flight command configured" if t.in_flight is None else ""
         if t.in_flight is not None and counts:
@@ -107,13 +125,18 @@ def _command_read(
                 step, command.fill(t.in_flight, server), t.command_timeout_s, quiet=True, on=t.host
             )
             sessions = command.parse_in_flight(r.stdout) if r.ok else None
-            detail = (
-                f"{sessions} in flight"
-                if sessions is not None
-                else _failed("in_flight", r.exit_status, r.stderr, r.stdout)
-            )
+            if sessions is None:
+                unread.append(
+                    f"{server}: "
+                    + (
+                        _failed("in_flight", r.exit_status, r.stderr, r.stdout)
+                        if not r.ok
+                        else f"in_flight printed no count ({r.stdout.strip()[:80]!r})"
+                    )
+                )
+            detail = f"{sessions} in flight" if sessions is not None else "count unreadable"
         views[server] = ServerView(server, Rotation.UNKNOWN, None, sessions, detail)
-    return RouterRead(views)
+    return RouterRead(views, "; ".join(unread) if unread else None)
 
 
 # ---- haproxy ----------------------------------------------------------------------------
