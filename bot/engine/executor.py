@@ -152,10 +152,12 @@ class Executor:
 
     async def drive(self, flow: Flow) -> HostOutcome:
         """Perform the flow's actions in turn. Its notices (``Emit``) are turned into events
-        at once but delivered together just before its next other action (a command, a
-        wait, a question) or its end: a step's end, what the step found and the next
-        step's start then reach the audit log as one transaction, still on disk before
-        that action runs, and before any other sink hears of them."""
+        at once but delivered together just before its next other action (a command, an
+        HTTP check, a wait, a checkpoint, a question) or its end: a step's end, what the
+        step found and the next step's start then reach the audit log as one transaction,
+        still on disk before that action runs, and before any other sink hears of them. A
+        wait's or a checkpoint's reply says whether the run is cancelled, so a cancel that
+        an audit write falling to the journal set off is seen there, as before."""
         reply: Reply = None
         try:
             while True:
