@@ -166,6 +166,52 @@ def test_dropping_merged_records_keeps_the_rest_and_removes_an_empty_file(tmp_pa
 # ---- the merge ----------------------------------------------------------------------------
 
 
+async def test_a_batch_the_database_refuses_goes_to_the_journal_whole_and_in_order(
+    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+) -> None:
+    """``write_all`` (the records of events made together, issue 18): one transaction
+    when the database takes it; else every record into the journal, in order, a step
+    started and finished within it named by its record, and merged as written."""
+    run_id = await new_run(audit)
+    t = FakeTime()
+    w = writer_for(audit, tmp_path, t, retry_s=0.0)
+    first = w.step_started_record(run_id, "h1", "preflight", "uv pip show")
+    written = await w.write_all([first])
+    assert not written.journaled and isinstance(written.row_ids[first.id], int)
+    done = w.step_finished_record(
+        written.row_ids[first.id],
+        status=StepStatus.OK,
+        exit_status=0,
+        duration_s=0.1,
+        output_tail="ok",
+    )
+    lock(locker)
+    stop = w.step_started_record(run_id, "h1", "stop", "systemctl stop u")
+    batch = [
+        done,
+        stop,
+        w.step_finished_record(
+            stop.id,
+            status=StepStatus.FAILED,
+            exit_status=1,
+            duration_s=0.2,
+            output_tail=f"refused {SECRET}",
+        ),
+        w.versions_record(run_id, before="0.15.1", after=None),
+    ]
+    written = await w.write_all(batch)
+    assert written.journaled and not written.row_ids
+    assert [r.id for r in await asyncio.to_thread(w.journal.read)] == [r.id for r in batch]
+    unlock(locker)
+    assert await w.merge() == 4
+    steps = await audit.steps(run_id)
+    assert [(s.step, s.status, s.output_tail) for s in steps] == [
+        ("preflight", "ok", "ok"),
+        ("stop", "failed", "refused ***"),
+    ]
+    assert (await audit.get_run(run_id)).version_before == "0.15.1"
+
+
 async def test_a_journal_merged_twice_is_applied_once(
     audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
 ) -> None:

@@ -13,6 +13,7 @@ from bot.audit import locks as locks_sql
 from bot.audit import rotations as rotations_sql
 from bot.audit import runs as runs_sql
 from bot.audit import sightings as sightings_sql
+from bot.audit.db import Conn
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, format_ts, now_ts
 from bot.audit.rotations import RotationRow
 from bot.audit.sightings import Sighting
@@ -37,7 +38,8 @@ class CoordinationStore(StoreBase):
         if isinstance(scopes, str):
             raise TypeError("scopes must be a sequence of scopes, not one string")
         wanted, now = list(dict.fromkeys(scopes)), now_ts()
-        async with self._db.transaction(write=True) as conn:
+
+        async def take(conn: Conn) -> None:
             conflict = await locks_sql.acquire(conn, run_id, wanted, now)
             if conflict is not None:
                 scope, holder_id = conflict
@@ -49,10 +51,12 @@ class CoordinationStore(StoreBase):
                     requested_by=holder.requested_by,
                 )
 
+        # Statements only: one call on the database's thread (``Database.inline``).
+        await self._db.inline(take, write=True)
+
     @shielded
     async def release_locks(self, run_id: int) -> None:
-        async with self._db.transaction(write=True) as conn:
-            await locks_sql.release(conn, run_id)
+        await self._db.inline(lambda conn: locks_sql.release(conn, run_id), write=True)
 
     @shielded
     async def locks_held(self) -> dict[int, list[str]]:

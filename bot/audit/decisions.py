@@ -6,16 +6,12 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
-import aiosqlite
-
-from bot.audit.db import execute, fetch, run_not_found
+from bot.audit.db import Conn, execute, fetch, run_not_found
 from bot.audit.records import DecisionRecord, stored
 from bot.core.status import Decision
 
 
-async def record(
-    conn: aiosqlite.Connection, run_id: int, user: str, decision: Decision, at: str
-) -> bool:
+async def record(conn: Conn, run_id: int, user: str, decision: Decision, at: str) -> bool:
     """False when this user already made this decision on this run (a double click)."""
     try:
         changed = await execute(
@@ -29,7 +25,7 @@ async def record(
     return changed == 1
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[DecisionRecord]:
+async def of_run(conn: Conn, run_id: int) -> list[DecisionRecord]:
     rows = await fetch(
         conn, "SELECT user, decision, at FROM decisions WHERE run_id = ? ORDER BY id", (run_id,)
     )
@@ -39,9 +35,7 @@ async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[DecisionRecord
     ]
 
 
-async def deciders(
-    conn: aiosqlite.Connection, run_ids: Sequence[int]
-) -> dict[Decision, dict[int, list[str]]]:
+async def deciders(conn: Conn, run_ids: Sequence[int]) -> dict[Decision, dict[int, list[str]]]:
     """For each run, who approved it, who denied it and who recovered it (marked it
     interrupted after its driver died), in the order they did."""
     found: dict[Decision, dict[int, list[str]]] = {

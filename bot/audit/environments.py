@@ -8,17 +8,13 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
-import aiosqlite
-
-from bot.audit.db import fetch, insert, qmarks, run_not_found
+from bot.audit.db import Conn, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EnvironmentRecord
 
 _COLUMNS = "id, run_id, host, kind, taken_at, data"
 
 
-async def add(
-    conn: aiosqlite.Connection, run_id: int, host: str, kind: str, data_json: str, now: str
-) -> int:
+async def add(conn: Conn, run_id: int, host: str, kind: str, data_json: str, now: str) -> int:
     try:
         return await insert(
             conn,
@@ -35,7 +31,7 @@ def _record(r: sqlite3.Row) -> EnvironmentRecord:
     )
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[EnvironmentRecord]:
+async def of_run(conn: Conn, run_id: int) -> list[EnvironmentRecord]:
     rows = await fetch(
         conn,
         f"SELECT {_COLUMNS} FROM environments WHERE run_id = ? ORDER BY id",  # noqa: S608
@@ -44,9 +40,7 @@ async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[EnvironmentRec
     return [_record(r) for r in rows]
 
 
-async def of_kind(
-    conn: aiosqlite.Connection, run_ids: Sequence[int], kind: str
-) -> list[EnvironmentRecord]:
+async def of_kind(conn: Conn, run_ids: Sequence[int], kind: str) -> list[EnvironmentRecord]:
     """Every record of ``kind`` for these runs, oldest first."""
     if not run_ids:
         return []

@@ -91,8 +91,10 @@ class EvidenceStore(StoreBase):
     async def start_history(self, service: str, limit: int = 20) -> StartHistory:
         """This service's last successful starts (``bot.core.startup.StartHistory``): what
         a start's progress compares with, and what ``status`` shows."""
-        async with self._db.transaction(write=False) as conn:
-            durations = await steps_sql.start_durations(conn, self._r(service), limit)
+        name = self._r(service)
+        durations = await self._db.inline(
+            lambda conn: steps_sql.start_durations(conn, name, limit), write=False
+        )
         return StartHistory(tuple(durations))
 
     @shielded

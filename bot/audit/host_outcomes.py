@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiosqlite
-
-from bot.audit.db import fetch, insert, qmarks
+from bot.audit.db import Conn, fetch, insert, qmarks
 from bot.core.service_state import ServiceState
 
 
@@ -23,7 +21,7 @@ class HostOutcome:
 
 
 async def add(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     run_id: int,
     host: str,
     status: str,
@@ -39,7 +37,7 @@ async def add(
     )
 
 
-async def of_runs(conn: aiosqlite.Connection, run_ids: Sequence[int]) -> list[HostOutcome]:
+async def of_runs(conn: Conn, run_ids: Sequence[int]) -> list[HostOutcome]:
     """Every host outcome of these runs, in the order they were written."""
     if not run_ids:
         return []

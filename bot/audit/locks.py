@@ -9,13 +9,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-import aiosqlite
-
-from bot.audit.db import execute, fetch, qmarks, run_not_found
+from bot.audit.db import Conn, execute, fetch, qmarks, run_not_found
 
 
 async def acquire(
-    conn: aiosqlite.Connection, run_id: int, scopes: Sequence[str], now: str
+    conn: Conn, run_id: int, scopes: Sequence[str], now: str
 ) -> tuple[str, int] | None:
     """Take every scope for ``run_id`` (those it holds already are fine), or none of
     them: then returns the first scope another run holds, and that run's id."""
@@ -44,17 +42,17 @@ async def acquire(
     return None
 
 
-async def release(conn: aiosqlite.Connection, run_id: int) -> None:
+async def release(conn: Conn, run_id: int) -> None:
     await execute(conn, "DELETE FROM locks WHERE run_id = ?", (run_id,))
 
 
-async def holder(conn: aiosqlite.Connection, scope: str) -> int | None:
+async def holder(conn: Conn, scope: str) -> int | None:
     """The id of the run holding ``scope``, or None."""
     rows = await fetch(conn, "SELECT run_id FROM locks WHERE scope = ?", (scope,))
     return int(rows[0]["run_id"]) if rows else None
 
 
-async def held(conn: aiosqlite.Connection) -> dict[int, list[str]]:
+async def held(conn: Conn) -> dict[int, list[str]]:
     """Every held scope, by the run holding it (scopes in name order)."""
     rows = await fetch(conn, "SELECT run_id, scope FROM locks ORDER BY scope")
     out: dict[int, list[str]] = {}

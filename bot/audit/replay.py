@@ -20,10 +20,8 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 
-import aiosqlite
-
 from bot.audit import writes
-from bot.audit.db import execute, fetch
+from bot.audit.db import Conn, execute, fetch
 from bot.audit.journal import JournalRecord
 from bot.errors import RunNotFoundError
 
@@ -38,9 +36,7 @@ class Applied:
     rejected: list[tuple[JournalRecord, str]] = field(default_factory=list)
 
 
-async def apply(
-    conn: aiosqlite.Connection, records: list[JournalRecord], *, merge: bool, now: str
-) -> Applied:
+async def apply(conn: Conn, records: list[JournalRecord], *, merge: bool, now: str) -> Applied:
     """Apply ``records`` in order. ``merge``: they come from the journal, so each is
     applied at most once (``journal_applied``) and one the database refuses is kept
     there with the reason; otherwise (the direct path) a refusal raises."""
@@ -84,7 +80,7 @@ async def apply(
     return done
 
 
-async def rejected(conn: aiosqlite.Connection) -> list[tuple[str, str]]:
+async def rejected(conn: Conn) -> list[tuple[str, str]]:
     """(record id, what was refused and why) of every record a merge kept aside."""
     rows = await fetch(
         conn, "SELECT id, rejected FROM journal_applied WHERE rejected IS NOT NULL ORDER BY rowid"

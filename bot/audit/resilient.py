@@ -39,8 +39,8 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from bot.audit import writes as w
@@ -79,6 +79,8 @@ class Written:
     row_id: int | None = None  # the row a direct ``step_started`` made
     journaled: bool = False  # kept in the fallback journal: the database could not take it
     reason: str | None = None  # why not, when journaled
+    # Of a ``write_all``: each record id -> the row it made (steps, snapshots, environments).
+    row_ids: Mapping[str, int] = field(default_factory=dict)
 
 
 class JournaledWriter:
@@ -128,13 +130,29 @@ class JournaledWriter:
     ) -> Written:
         """``record`` into the database (through ``direct`` when given), retried; else into
         the journal."""
+        if direct is None:
+            written = await self.write_all([record])
+            return replace(written, row_id=written.row_ids.get(record.id))
+        return await self._write([record], direct)
+
+    async def write_all(self, records: Sequence[JournalRecord]) -> Written:
+        """``records`` into the database in one transaction, retried; else every one of
+        them into the journal, in order. The engine's audit sink writes the records of
+        events made with no remote action between them so (a step's end, what it found,
+        the next step's start): one commit, on disk before the next action as each alone
+        would be."""
+        return await self._write(records, None)
+
+    async def _write(
+        self, records: Sequence[JournalRecord], direct: Callable[[], Awaitable[object]] | None
+    ) -> Written:
         async with self._lock:
             if self.down is None:
                 try:
                     if direct is not None:
                         await self._retrying(direct)
                         return Written()
-                    return Written(row_id=await self._retrying(lambda: self._direct(record)))
+                    return Written(row_ids=await self._retrying(lambda: self._direct(records)))
                 except AuditError as exc:
                     if not unavailable(exc):
                         raise
@@ -145,13 +163,13 @@ class JournaledWriter:
                         exc,
                         ", ".join(map(str, self.journal.paths)),
                     )
-            await self._keep(record)
+            await self._keep(records)
             self._start_merger()
             return Written(journaled=True, reason=self.down)
 
-    async def _direct(self, record: JournalRecord) -> int | None:
-        applied = await self.audit.write_records([record], merge=False)
-        return applied.row_ids.get(record.id)
+    async def _direct(self, records: Sequence[JournalRecord]) -> dict[str, int]:
+        applied = await self.audit.write_records(records, merge=False)
+        return applied.row_ids
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt`` until it succeeds, retrying while the database is unavailable:
@@ -166,10 +184,10 @@ class JournaledWriter:
             sleep=self._sleep,
         )
 
-    async def _keep(self, record: JournalRecord) -> None:
+    async def _keep(self, records: Sequence[JournalRecord]) -> None:
         """Append to the journal, behind anything held in memory."""
-        self._held.append(record)
-        self.waiting += 1
+        self._held.extend(records)
+        self.waiting += len(records)
         try:
             where = await asyncio.to_thread(self.journal.append, list(self._held))
         except OSError as exc:
@@ -302,18 +320,49 @@ class JournaledWriter:
 
 
 class AuditWriter(JournaledWriter):
-    """The resilient writes of the runs this process drives; one per process. Each method
-    builds one typed record (``bot.audit.writes``), redacted as the database stores it."""
+    """The resilient writes of the runs this process drives; one per process. Each
+    ``*_record`` method builds one typed record (``bot.audit.writes``), redacted as the
+    database stores it, for ``write_all``; the method of the same name writes it alone."""
+
+    def step_started_record(self, run_id: int, host: str, step: str, command: str) -> JournalRecord:
+        r = self.audit.redaction
+        return self._record(
+            w.StepStarted(run_id=run_id, host=r(host), step=r(step), command=r(command))
+        )
 
     async def step_started(
         self, run_id: int, host: str, step: str, command: str
     ) -> tuple[StepRef, Written]:
-        r = self.audit.redaction
-        record = self._record(
-            w.StepStarted(run_id=run_id, host=r(host), step=r(step), command=r(command))
-        )
+        record = self.step_started_record(run_id, host, step, command)
         written = await self.write(record)
         return (written.row_id if written.row_id is not None else record.id), written
+
+    def step_finished_record(
+        self,
+        step: StepRef,
+        *,
+        status: StepStatus,
+        exit_status: int | None,
+        duration_s: float | None,
+        output_tail: str,
+    ) -> JournalRecord:
+        status = checked(StepStatus, status, "step status")
+        if status not in _STEP_ENDS:
+            raise ValueError(f"a step cannot end with step status {status.value!r}")
+        if isinstance(step, str) and step in self._row_ids:
+            step = self._row_ids[step]  # merged since: its row id is known
+        # Redact before cutting, as the database does: a cut could hide half a secret.
+        tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
+        return self._record(
+            w.StepFinished(
+                status=status,
+                exit_status=exit_status,
+                duration_s=duration_s,
+                output_tail=tail,
+                step_id=step if isinstance(step, int) else None,
+                step_ref=step if isinstance(step, str) else None,
+            )
+        )
 
     async def step_finished(
         self,
@@ -324,55 +373,77 @@ class AuditWriter(JournaledWriter):
         duration_s: float | None,
         output_tail: str,
     ) -> Written:
-        status = checked(StepStatus, status, "step status")
-        if status not in _STEP_ENDS:
-            raise ValueError(f"a step cannot end with step status {status.value!r}")
-        if isinstance(step, str) and step in self._row_ids:
-            step = self._row_ids[step]  # merged since: its row id is known
-        # Redact before cutting, as the database does: a cut could hide half a secret.
-        tail = self.audit.redaction(output_tail)[-OUTPUT_TAIL_CHARS:]
         return await self.write(
-            self._record(
-                w.StepFinished(
-                    status=status,
-                    exit_status=exit_status,
-                    duration_s=duration_s,
-                    output_tail=tail,
-                    step_id=step if isinstance(step, int) else None,
-                    step_ref=step if isinstance(step, str) else None,
-                )
+            self.step_finished_record(
+                step,
+                status=status,
+                exit_status=exit_status,
+                duration_s=duration_s,
+                output_tail=output_tail,
             )
+        )
+
+    def snapshot_record(
+        self, run_id: int, host: str, label: str, data: Mapping[str, Any]
+    ) -> JournalRecord:
+        r = self.audit.redaction
+        return self._record(
+            w.Snapshot(run_id=run_id, host=r(host), label=r(label), data=r.json(data))
         )
 
     async def add_snapshot(
         self, run_id: int, host: str, label: str, data: Mapping[str, Any]
     ) -> Written:
+        return await self.write(self.snapshot_record(run_id, host, label, data))
+
+    def versions_record(
+        self, run_id: int, *, before: str | None, after: str | None
+    ) -> JournalRecord:
         r = self.audit.redaction
-        return await self.write(
-            self._record(w.Snapshot(run_id=run_id, host=r(host), label=r(label), data=r.json(data)))
-        )
+        return self._record(w.Versions(run_id=run_id, before=r.opt(before), after=r.opt(after)))
 
     async def set_versions(self, run_id: int, *, before: str | None, after: str | None) -> Written:
+        return await self.write(self.versions_record(run_id, before=before, after=after))
+
+    def environment_record(
+        self, run_id: int, host: str, kind: str, data: Mapping[str, Any]
+    ) -> JournalRecord:
         r = self.audit.redaction
-        return await self.write(
-            self._record(w.Versions(run_id=run_id, before=r.opt(before), after=r.opt(after)))
+        return self._record(
+            w.Environment(run_id=run_id, host=r(host), kind=r(kind), data=r.json(data))
         )
 
     async def add_environment(
         self, run_id: int, host: str, kind: str, data: Mapping[str, Any]
     ) -> Written:
-        r = self.audit.redaction
-        return await self.write(
-            self._record(
-                w.Environment(run_id=run_id, host=r(host), kind=r(kind), data=r.json(data))
-            )
-        )
+        return await self.write(self.environment_record(run_id, host, kind, data))
 
     async def record_decision(self, run_id: int, user: str, decision: Decision) -> Written:
         decision = checked(Decision, decision, "decision")
         return await self.write(
             self._record(
                 w.DecisionMade(run_id=run_id, user=self.audit.redaction(user), decision=decision)
+            )
+        )
+
+    def host_finished_record(
+        self,
+        run_id: int,
+        host: str,
+        status: str,
+        summary: str,
+        *,
+        state: ServiceState | None = None,
+    ) -> JournalRecord:
+        """One host's outcome, and the state it left the service in."""
+        r = self.audit.redaction
+        return self._record(
+            w.HostFinished(
+                run_id=run_id,
+                host=r(host),
+                status=str(status),
+                summary=r(summary),
+                state=None if state is None else checked(ServiceState, state, "service state"),
             )
         )
 
@@ -385,17 +456,31 @@ class AuditWriter(JournaledWriter):
         *,
         state: ServiceState | None = None,
     ) -> Written:
-        """One host's outcome, and the state it left the service in."""
-        r = self.audit.redaction
         return await self.write(
-            self._record(
-                w.HostFinished(
-                    run_id=run_id,
-                    host=r(host),
-                    status=str(status),
-                    summary=r(summary),
-                    state=None if state is None else checked(ServiceState, state, "service state"),
-                )
+            self.host_finished_record(run_id, host, status, summary, state=state)
+        )
+
+    def rotation_record(
+        self,
+        run_id: int,
+        host: str,
+        router: str,
+        server: str,
+        change: str,
+        ok: bool,
+        detail: str,
+    ) -> JournalRecord:
+        """A replica taken out of its router's rotation or put back (issue 19)."""
+        r = self.audit.redaction
+        return self._record(
+            w.RotationChanged(
+                run_id=run_id,
+                host=r(host),
+                router=router,
+                server=r(server),
+                change=change,
+                ok=ok,
+                detail=r(detail),
             )
         )
 
@@ -409,20 +494,8 @@ class AuditWriter(JournaledWriter):
         ok: bool,
         detail: str,
     ) -> Written:
-        """A replica taken out of its router's rotation or put back (issue 19)."""
-        r = self.audit.redaction
         return await self.write(
-            self._record(
-                w.RotationChanged(
-                    run_id=run_id,
-                    host=r(host),
-                    router=router,
-                    server=r(server),
-                    change=change,
-                    ok=ok,
-                    detail=r(detail),
-                )
-            )
+            self.rotation_record(run_id, host, router, server, change, ok, detail)
         )
 
     async def finish(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import aiosqlite
 
-from bot.audit.db import fetch, insert, qmarks
+from bot.audit.db import Conn, fetch, insert, qmarks
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class RotationRow:
 
 
 async def add(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     run_id: int,
     host: str,
     router: str,
@@ -57,7 +57,7 @@ def _row(r: aiosqlite.Row) -> RotationRow:
     )
 
 
-async def of_runs(conn: aiosqlite.Connection, run_ids: Sequence[int]) -> list[RotationRow]:
+async def of_runs(conn: Conn, run_ids: Sequence[int]) -> list[RotationRow]:
     """Every rotation change of these runs, in the order they were made."""
     if not run_ids:
         return []
@@ -80,9 +80,7 @@ def left_out(rows: Sequence[RotationRow]) -> list[RotationRow]:
     return [r for r in last.values() if r.change == "out" or not r.ok]
 
 
-async def latest(
-    conn: aiosqlite.Connection, router: str, servers: Sequence[str]
-) -> dict[str, RotationRow]:
+async def latest(conn: Conn, router: str, servers: Sequence[str]) -> dict[str, RotationRow]:
     """Each server's last recorded change at ``router`` by any run (what the command kind,
     which cannot read its state, goes by)."""
     if not servers:

@@ -56,13 +56,12 @@ class RunStore(StoreBase):
             expires_clock=expires_clock,
         )
         now = now_ts()
-        async with self._db.transaction(write=True) as conn:
-            return await runs_sql.create(conn, new, now)
+        # Statements only: one call on the database's thread (``Database.inline``).
+        return await self._db.inline(lambda conn: runs_sql.create(conn, new, now), write=True)
 
     @shielded
     async def _update_run(self, run_id: int, sets: Mapping[str, Any]) -> None:
-        async with self._db.transaction(write=True) as conn:
-            await runs_sql.update(conn, run_id, sets)
+        await self._db.inline(lambda conn: runs_sql.update(conn, run_id, sets), write=True)
 
     async def set_message(self, run_id: int, channel: str, ts: str) -> None:
         await self._update_run(run_id, {"channel": self._r(channel), "message_ts": self._r(ts)})
@@ -107,8 +106,9 @@ class RunStore(StoreBase):
         expected = None if expect is None else [checked(RunStatus, s, "status") for s in expect]
         summary = self._r.opt(summary)
         now = now_ts()
-        async with self._db.transaction(write=True) as conn:
-            return await runs_sql.transition(
+        lease = None if lease_until is None else format_ts(lease_until)
+        return await self._db.inline(
+            lambda conn: runs_sql.transition(
                 conn,
                 run_id,
                 to,
@@ -116,8 +116,10 @@ class RunStore(StoreBase):
                 summary=summary,
                 owner=owner,
                 now=now,
-                lease_until=None if lease_until is None else format_ts(lease_until),
-            )
+                lease_until=lease,
+            ),
+            write=True,
+        )
 
     @shielded
     async def renew_lease(self, run_id: int, owner: str, until: datetime) -> bool:
@@ -125,13 +127,13 @@ class RunStore(StoreBase):
         and its renewal count goes up by one. False when the run is no longer 'running'
         under ``owner`` (it ended, or was recovered): there is nothing left to vouch for."""
         stamp = format_ts(until)
-        async with self._db.transaction(write=True) as conn:
-            return await runs_sql.renew_lease(conn, run_id, owner, stamp)
+        return await self._db.inline(
+            lambda conn: runs_sql.renew_lease(conn, run_id, owner, stamp), write=True
+        )
 
     @shielded
     async def get_run(self, run_id: int) -> RunRecord:
-        async with self._db.transaction(write=False) as conn:
-            return await runs_sql.get(conn, run_id)
+        return await self._db.inline(lambda conn: runs_sql.get(conn, run_id), write=False)
 
     @shielded
     async def list_runs(
@@ -161,8 +163,9 @@ class RunStore(StoreBase):
         """False when this user already made this decision on this run (a double click)."""
         decision = checked(Decision, decision, "decision")
         user, now = self._r(user), now_ts()
-        async with self._db.transaction(write=True) as conn:
-            return await decisions_sql.record(conn, run_id, user, decision, now)
+        return await self._db.inline(
+            lambda conn: decisions_sql.record(conn, run_id, user, decision, now), write=True
+        )
 
     @shielded
     async def decisions(self, run_id: int) -> list[DecisionRecord]:

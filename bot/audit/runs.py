@@ -13,10 +13,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from bot.audit import decisions, locks, steps
-from bot.audit.db import execute, fetch, insert, qmarks, run_not_found
+from bot.audit.db import Conn, execute, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, stored
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, Decision, RunStatus, Source
@@ -70,7 +68,7 @@ class NewRun:
     expires_clock: str | None = None
 
 
-async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
+async def create(conn: Conn, new: NewRun, now: str) -> int:
     return await insert(
         conn,
         "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
@@ -98,7 +96,7 @@ async def create(conn: aiosqlite.Connection, new: NewRun, now: str) -> int:
     )
 
 
-async def update(conn: aiosqlite.Connection, run_id: int, sets: Mapping[str, Any]) -> None:
+async def update(conn: Conn, run_id: int, sets: Mapping[str, Any]) -> None:
     """Set columns (names from our code, never from input) of one run."""
     assignments = ", ".join(f"{column} = ?" for column in sets)
     changed = await execute(
@@ -111,7 +109,7 @@ async def update(conn: aiosqlite.Connection, run_id: int, sets: Mapping[str, Any
 
 
 async def transition(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     run_id: int,
     to: RunStatus,
     *,
@@ -153,7 +151,7 @@ async def transition(
     return True
 
 
-async def renew_lease(conn: aiosqlite.Connection, run_id: int, owner: str, until: str) -> bool:
+async def renew_lease(conn: Conn, run_id: int, owner: str, until: str) -> bool:
     """Extend the lease of a run still 'running' under ``owner`` and count the renewal
     (the count is what a judge with another wall clock watches); False when it is not
     (it ended, or was recovered meanwhile): then there is nothing left to vouch for."""
@@ -167,7 +165,7 @@ async def renew_lease(conn: aiosqlite.Connection, run_id: int, owner: str, until
     )
 
 
-async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: str) -> None:
+async def interrupt(conn: Conn, run_id: int, summary: str, now: str) -> None:
     """The run, and its running steps, become 'interrupted'; its locks are released."""
     await execute(
         conn,
@@ -178,7 +176,7 @@ async def interrupt(conn: aiosqlite.Connection, run_id: int, summary: str, now: 
     await locks.release(conn, run_id)
 
 
-async def untold_recoveries(conn: aiosqlite.Connection) -> list[int]:
+async def untold_recoveries(conn: Conn) -> list[int]:
     """Runs recovered from a dead driver (a 'recover' decision) whose Slack thread has
     not been told yet, oldest first."""
     rows = await fetch(
@@ -191,7 +189,7 @@ async def untold_recoveries(conn: aiosqlite.Connection) -> list[int]:
     return [int(row["id"]) for row in rows]
 
 
-async def mark_told(conn: aiosqlite.Connection, run_id: int, now: str) -> bool:
+async def mark_told(conn: Conn, run_id: int, now: str) -> bool:
     """Claim the telling of a recovered run's thread: True for the one caller that may."""
     return bool(
         await execute(
@@ -214,9 +212,7 @@ def interrupted_summary(status: str, current_step: str | None) -> str:
     return "interrupted: the bot stopped before the first step"
 
 
-async def expire_due(
-    conn: aiosqlite.Connection, now: str, run_ids: Sequence[int] | None = None
-) -> list[int]:
+async def expire_due(conn: Conn, now: str, run_ids: Sequence[int] | None = None) -> list[int]:
     """Runs awaiting approval whose window closed by ``now`` (only ``run_ids`` when given)
     become 'expired' and release their locks; returns their ids, oldest first."""
     only = f" AND id IN ({qmarks(run_ids)})" if run_ids is not None else ""
@@ -236,9 +232,7 @@ async def expire_due(
     return [int(row["id"]) for row in rows]
 
 
-async def with_status(
-    conn: aiosqlite.Connection, statuses: Collection[RunStatus]
-) -> list[sqlite3.Row]:
+async def with_status(conn: Conn, statuses: Collection[RunStatus]) -> list[sqlite3.Row]:
     """``id, status, current_step, owner, lease_until`` of the runs in ``statuses``,
     oldest first."""
     where = f"status IN ({qmarks(statuses)})"
@@ -249,13 +243,13 @@ async def with_status(
     return await fetch(conn, sql, list(statuses))
 
 
-async def has_status(conn: aiosqlite.Connection, run_id: int, status: RunStatus) -> bool:
+async def has_status(conn: Conn, run_id: int, status: RunStatus) -> bool:
     return bool(
         await fetch(conn, "SELECT 1 FROM runs WHERE id = ? AND status = ?", (run_id, status))
     )
 
 
-async def get(conn: aiosqlite.Connection, run_id: int) -> RunRecord:
+async def get(conn: Conn, run_id: int) -> RunRecord:
     sql = f"SELECT {_COLUMNS} FROM runs WHERE id = ?"  # noqa: S608 - constant columns
     rows = await fetch(conn, sql, (run_id,))
     if not rows:
@@ -264,7 +258,7 @@ async def get(conn: aiosqlite.Connection, run_id: int) -> RunRecord:
 
 
 async def listed(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     *,
     service: str | None,
     statuses: Collection[RunStatus] | None,
@@ -275,7 +269,7 @@ async def listed(
     return await _records(conn, await fetch(conn, sql, params))
 
 
-async def _records(conn: aiosqlite.Connection, rows: Sequence[sqlite3.Row]) -> list[RunRecord]:
+async def _records(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[RunRecord]:
     who = await decisions.deciders(conn, [row["id"] for row in rows])
     approved, denied = who[Decision.APPROVE], who[Decision.DENY]
     return [

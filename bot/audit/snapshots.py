@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import aiosqlite
-
-from bot.audit.db import fetch, insert, run_not_found
+from bot.audit.db import Conn, fetch, insert, run_not_found
 from bot.audit.records import SnapshotRecord
 
 
 async def add(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     run_id: int | None,
     host: str,
     label: str,
@@ -30,7 +28,7 @@ async def add(
         raise run_not_found(run_id or 0) from exc
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[SnapshotRecord]:
+async def of_run(conn: Conn, run_id: int) -> list[SnapshotRecord]:
     rows = await fetch(
         conn,
         "SELECT id, run_id, host, label, taken_at, data FROM gpu_snapshots "

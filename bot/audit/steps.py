@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-import aiosqlite
-
-from bot.audit.db import execute, fetch, insert, run_not_found
+from bot.audit.db import Conn, execute, fetch, insert, run_not_found
 from bot.audit.records import StepRecord, stored
 from bot.core.status import RunStatus, StepStatus
 
@@ -16,9 +14,7 @@ _COLUMNS = (
 )
 
 
-async def start(
-    conn: aiosqlite.Connection, run_id: int, host: str, step: str, command: str, now: str
-) -> int:
+async def start(conn: Conn, run_id: int, host: str, step: str, command: str, now: str) -> int:
     """A new step, 'running' from ``now``; returns its id."""
     try:
         return await insert(
@@ -32,7 +28,7 @@ async def start(
 
 
 async def finish(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     step_id: int,
     *,
     status: StepStatus,
@@ -51,7 +47,7 @@ async def finish(
         raise ValueError(f"there is no step #{step_id} in the audit log")
 
 
-async def interrupt_running(conn: aiosqlite.Connection, run_id: int, now: str) -> None:
+async def interrupt_running(conn: Conn, run_id: int, now: str) -> None:
     """The run's driver is gone: its running steps will never finish."""
     await execute(
         conn,
@@ -60,7 +56,7 @@ async def interrupt_running(conn: aiosqlite.Connection, run_id: int, now: str) -
     )
 
 
-async def start_durations(conn: aiosqlite.Connection, service: str, limit: int) -> list[float]:
+async def start_durations(conn: Conn, service: str, limit: int) -> list[float]:
     """How long the health gate of this service's last successful runs took (from
     ``systemctl start`` to /health answering 200), newest first."""
     rows = await fetch(
@@ -73,7 +69,7 @@ async def start_durations(conn: aiosqlite.Connection, service: str, limit: int) 
     return [float(r["duration_s"]) for r in rows]
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[StepRecord]:
+async def of_run(conn: Conn, run_id: int) -> list[StepRecord]:
     rows = await fetch(
         conn,
         f"SELECT {_COLUMNS} FROM steps WHERE run_id = ? ORDER BY id",  # noqa: S608 - constant

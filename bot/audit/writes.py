@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union, assert_never, get_args, get_origin, get_type_hints
 
-import aiosqlite
-
 from bot.audit import (
     decisions,
     environments,
@@ -30,7 +28,7 @@ from bot.audit import (
     snapshots,
     steps,
 )
-from bot.audit.db import fetch
+from bot.audit.db import Conn, fetch
 from bot.core.service_state import ServiceState
 from bot.core.status import Decision, RunStatus, StepStatus
 
@@ -232,9 +230,7 @@ def from_fields(op: str, fields: Mapping[str, Any]) -> AuditRecord:
 # ---- writing one record -----------------------------------------------------------------
 
 
-async def _step_id(
-    conn: aiosqlite.Connection, record: StepFinished, row_ids: Mapping[str, int]
-) -> int:
+async def _step_id(conn: Conn, record: StepFinished, row_ids: Mapping[str, int]) -> int:
     if record.step_id is not None:
         return record.step_id
     ref = str(record.step_ref)
@@ -246,7 +242,7 @@ async def _step_id(
     raise Rejected(f"the step it finishes (journal record {ref}) was never recorded")
 
 
-async def _finish(conn: aiosqlite.Connection, r: Finish, at: str) -> None:
+async def _finish(conn: Conn, r: Finish, at: str) -> None:
     # A finish that waited in the journal may find the run 'interrupted' by a recovery
     # that took the silence for a dead driver: what the driver recorded is the evidence,
     # so it wins over that guess.
@@ -260,7 +256,7 @@ async def _finish(conn: aiosqlite.Connection, r: Finish, at: str) -> None:
 
 
 async def apply(
-    conn: aiosqlite.Connection, record: AuditRecord, *, at: str, row_ids: Mapping[str, int]
+    conn: Conn, record: AuditRecord, *, at: str, row_ids: Mapping[str, int]
 ) -> int | None:
     """The statements of ``record``, as of ``at`` (when it happened), in the caller's
     transaction; the new row's id for a ``StepStarted``, a ``Snapshot`` or an
@@ -315,7 +311,7 @@ async def apply(
 RunWrite = Versions | DecisionMade | Finish | RunServiceState | Interrupt | ReleaseLocks
 
 
-async def _apply_to_run(conn: aiosqlite.Connection, record: RunWrite, at: str) -> None:
+async def _apply_to_run(conn: Conn, record: RunWrite, at: str) -> None:
     """The records that change the run itself (its row, decisions, locks)."""
     match record:
         case Versions():

@@ -4,8 +4,9 @@ audit log are sinks of the same stream, so the engine never imports any of them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck
@@ -181,6 +182,25 @@ class EventSink(Protocol):
     async def handle(self, event: Event) -> None: ...
 
 
+@runtime_checkable
+class BatchSink(Protocol):
+    """A sink that takes events made together at once (the audit sink: one transaction)."""
+
+    async def handle(self, event: Event) -> None: ...
+
+    async def handle_all(self, events: Sequence[Event]) -> None: ...
+
+
+async def deliver_all(sink: EventSink, events: Sequence[Event]) -> None:
+    """``events`` to ``sink`` in order: together where it takes them so (``BatchSink``),
+    else one by one."""
+    if isinstance(sink, BatchSink):
+        await sink.handle_all(events)
+        return
+    for event in events:
+        await sink.handle(event)
+
+
 class FanOut:
     """Deliver each event to several sinks in order (the audit sink first, so the
     record is on disk before anything slower runs)."""
@@ -191,6 +211,12 @@ class FanOut:
     async def handle(self, event: Event) -> None:
         for sink in self.sinks:
             await sink.handle(event)
+
+    async def handle_all(self, events: Sequence[Event]) -> None:
+        """Events made together: all of them to each sink in turn, so every one is on
+        the audit sink's disk before any later sink hears of the first."""
+        for sink in self.sinks:
+            await deliver_all(sink, events)
 
 
 class BestEffort:

@@ -23,10 +23,11 @@ to the journal too, so the database tells the whole story once the journal is me
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import assert_never
 
-from bot.audit.journal import Journal
+from bot.audit.journal import Journal, JournalRecord
 from bot.audit.resilient import AuditWriter, StepRef, Written, unavailable
 from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog
@@ -92,6 +93,16 @@ def environment_json(e: ev.PackagesKnown) -> dict[str, object]:
     return data
 
 
+@dataclass
+class _Batch:
+    """What ``RunAudit.handle_all`` gathers from the events it is given."""
+
+    records: list[JournalRecord] = field(default_factory=list)
+    # The steps started among them, by (host, step), with the record that starts each.
+    started: list[tuple[tuple[str, str], JournalRecord]] = field(default_factory=list)
+    run_finished: bool = False
+
+
 class RunAudit:
     """Writes one run's steps, snapshots and versions as they happen, and its end; see
     the module doc for what happens when they cannot reach the database.
@@ -111,19 +122,45 @@ class RunAudit:
         self.fell: str | None = None  # why the audit log could not be written, if it could not
 
     async def handle(self, event: ev.Event) -> None:
+        await self.handle_all((event,))
+
+    async def handle_all(self, events: Sequence[ev.Event]) -> None:
+        """Events the executor delivers together (made with no remote action between
+        them: a step's end, what it found, the next step's start): their records in one
+        transaction, on disk before the executor's next action as each alone would be,
+        and before any other sink hears of them (``FanOut``)."""
+        batch = _Batch()
+        for event in events:
+            if (record := self._record_of(event, batch)) is not None:
+                batch.records.append(record)
+        if batch.records:
+            written = await self.writer.write_all(batch.records)
+            for key, record in batch.started:
+                # A step started and finished in the same batch was named by its record
+                # (the writer resolves that); one still open is named by its row from now.
+                if self._open.get(key) == record.id and record.id in written.row_ids:
+                    self._open[key] = written.row_ids[record.id]
+            await self._check(written)
+        if batch.run_finished:
+            await self._still_waiting()
+
+    def _record_of(self, event: ev.Event, batch: _Batch) -> JournalRecord | None:
+        """The audit record of ``event``, or None for an event this sink does not record
+        (what ``batch`` must know of it is noted there)."""
         w, run_id = self.writer, self.run_id
         match event:
             case ev.StepStarted():
                 # Also makes it the run's current step (what recovery reports after a crash).
-                ref, written = await w.step_started(
-                    run_id, event.host, str(event.step), event.command
-                )
-                self._open[(event.host, event.step)] = ref
+                # Named by its record until its row is known (see ``handle_all``).
+                record = w.step_started_record(run_id, event.host, str(event.step), event.command)
+                self._open[(event.host, event.step)] = record.id
+                batch.started.append(((event.host, event.step), record))
+                return record
             case ev.StepFinished():
                 step = self._open.pop((event.host, event.step), None)
                 if step is None:
-                    return
-                written = await w.step_finished(
+                    return None
+                return w.step_finished_record(
                     step,
                     status=StepStatus(event.status),
                     exit_status=event.exit_status,
@@ -132,26 +169,26 @@ class RunAudit:
                     output_tail=event.output,
                 )
             case ev.GpuTable():
-                written = await w.add_snapshot(
+                return w.snapshot_record(
                     run_id, event.host, event.label, snapshot_json(event.snapshot)
                 )
             case ev.PackagesKnown():
-                written = await w.add_environment(
+                return w.environment_record(
                     run_id, event.host, str(event.kind), environment_json(event)
                 )
             case ev.VersionsKnown():
                 if self._versions_seen:
-                    return
+                    return None
                 # The first host's versions stand for the run; every host's are in its steps.
                 self._versions_seen = True
-                written = await w.set_versions(run_id, before=event.before, after=event.after)
+                return w.versions_record(run_id, before=event.before, after=event.after)
             case ev.HostFinished():
                 # Each host's end and the state it left the service in (`audit --json`).
-                written = await w.host_finished(
+                return w.host_finished_record(
                     run_id, event.host, str(event.status), event.summary, state=event.state
                 )
             case ev.RotationChanged():
-                written = await w.rotation_changed(
+                return w.rotation_record(
                     run_id,
                     event.host,
                     event.router,
@@ -162,8 +199,8 @@ class RunAudit:
                 )
             case ev.RunFinished():
                 # The run's end itself is written by the life cycle (``finish`` below).
-                await self._still_waiting()
-                return
+                batch.run_finished = True
+                return None
             # Not recorded here: the run's row is made by the life cycle at the request
             # (RunStarted); progress and output lines are live news for the thread, the
             # step's output is in its end (StepProgress, OutputLine); the approval card's
@@ -176,10 +213,9 @@ class RunAudit:
                 | ev.GpuHealthKnown()
                 | ev.Notice()
             ):
-                return
+                return None
             case _:
                 assert_never(event)
-        await self._check(written)
 
     async def _check(self, written: Written) -> None:
         if not written.journaled or self.fell is not None:

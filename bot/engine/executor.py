@@ -149,23 +149,43 @@ class Executor:
         self._step_started = 0.0
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._lines: asyncio.Queue[ev.OutputLine | None] = asyncio.Queue()
+        # The events of the flow's notices since its last other action: see ``drive``.
+        self._held: list[ev.Event] = []
 
     @property
     def host(self) -> str:
         return self.transport.host
 
     async def drive(self, flow: Flow) -> HostOutcome:
+        """Perform the flow's actions in turn. Its notices (``Emit``) are turned into events
+        at once but delivered together just before its next other action (a command, an
+        HTTP check, a wait, a checkpoint, a question) or its end: a step's end, what the
+        step found and the next step's start then reach the audit log as one transaction,
+        still on disk before that action runs, and before any other sink hears of them. A
+        wait's or a checkpoint's reply says whether the run is cancelled, so a cancel that
+        an audit write falling to the journal set off is seen there, as before."""
         reply: Reply = None
         try:
             while True:
                 action = flow.send(reply)
+                if not isinstance(action, Emit):
+                    await self._deliver()
                 reply = await self._perform(action)
         except StopIteration as stop:
             outcome: HostOutcome = stop.value
-        await self.sink.handle(
+        except BaseException:
+            await self._deliver()  # what the flow told before it broke is still recorded
+            raise
+        self._held.append(
             ev.HostFinished(self.run_id, self.host, outcome.status, outcome.summary, outcome.state)
         )
+        await self._deliver()
         return outcome
+
+    async def _deliver(self) -> None:
+        events, self._held = self._held, []
+        if events:
+            await ev.deliver_all(self.sink, events)
 
     async def _perform(self, action: Action) -> Reply:
         # Exhaustive: an action added to ``Action`` and not handled here fails mypy.
@@ -193,7 +213,8 @@ class Executor:
                     return RotationRecords({}, "no audit log to read the rotation records from")
                 return await self.records(action.router, action.servers)
             case Emit():
-                await self._notice(action.notice)
+                # Held until the flow's next other action (``drive``).
+                self._held.append(self._event_of(action.notice))
                 return None
             case Progress():
                 await self.sink.handle(
@@ -297,64 +318,52 @@ class Executor:
         while (line := await self._lines.get()) is not None:
             await self.sink.handle(line)
 
-    async def _notice(self, notice: Notice) -> None:
+    def _event_of(self, notice: Notice) -> ev.Event:
         # Exhaustive as ``_perform``: a notice nobody turns into an event fails mypy.
         match notice:
             case BeginStep():
                 self._step_started = self.clock()
                 self._tail.clear()
-                await self.sink.handle(
-                    ev.StepStarted(self.run_id, self.host, notice.step, notice.command)
-                )
+                return ev.StepStarted(self.run_id, self.host, notice.step, notice.command)
             case EndStep():
                 output = "\n".join(self._tail)
                 if notice.detail:
                     output = f"{output}\n{notice.detail}" if output else notice.detail
-                await self.sink.handle(
-                    ev.StepFinished(
-                        self.run_id,
-                        self.host,
-                        notice.step,
-                        StepStatus.OK if notice.ok else StepStatus.FAILED,
-                        notice.exit_status,
-                        self.clock() - self._step_started,
-                        notice.summary,
-                        output,
-                    )
+                return ev.StepFinished(
+                    self.run_id,
+                    self.host,
+                    notice.step,
+                    StepStatus.OK if notice.ok else StepStatus.FAILED,
+                    notice.exit_status,
+                    self.clock() - self._step_started,
+                    notice.summary,
+                    output,
                 )
             case Snapshot():
-                await self.sink.handle(
-                    ev.GpuTable(self.run_id, self.host, notice.label, notice.snapshot)
-                )
+                return ev.GpuTable(self.run_id, self.host, notice.label, notice.snapshot)
             case Versions():
-                await self.sink.handle(
-                    ev.VersionsKnown(self.run_id, self.host, notice.before, notice.after)
-                )
+                return ev.VersionsKnown(self.run_id, self.host, notice.before, notice.after)
             case Packages():
-                await self.sink.handle(
-                    ev.PackagesKnown(
-                        self.run_id,
-                        self.host,
-                        notice.kind,
-                        notice.diff,
-                        notice.freeze,
-                        notice.lock,
-                        notice.note,
-                    )
+                return ev.PackagesKnown(
+                    self.run_id,
+                    self.host,
+                    notice.kind,
+                    notice.diff,
+                    notice.freeze,
+                    notice.lock,
+                    notice.note,
                 )
             case Health():
-                await self.sink.handle(ev.GpuHealthKnown(self.run_id, self.host, notice.check))
+                return ev.GpuHealthKnown(self.run_id, self.host, notice.check)
             case RotationChange():
-                await self.sink.handle(
-                    ev.RotationChanged(
-                        self.run_id,
-                        self.host,
-                        notice.router,
-                        notice.server,
-                        notice.change,
-                        notice.ok,
-                        notice.detail,
-                    )
+                return ev.RotationChanged(
+                    self.run_id,
+                    self.host,
+                    notice.router,
+                    notice.server,
+                    notice.change,
+                    notice.ok,
+                    notice.detail,
                 )
             case _:
                 assert_never(notice)
