@@ -15,8 +15,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -135,10 +134,25 @@ def assert_out_exactly_around_its_own_redeploy(
     assert first_back <= second_out
 
 
-@asynccontextmanager
-async def runtime(s: Settings) -> AsyncIterator[Runtime]:
+async def roll_under_load(
+    s: Settings,
+    port: int,
+    view: Callable[[], Awaitable[dict[str, bool]]],
+    kits: list[SimKit],
+    servers: dict[str, str],
+) -> None:
+    """A rolling redeploy of both replicas with the client sending through the router at
+    ``port`` and a watcher reading the router's own view: it succeeds, no request fails,
+    requests really flowed, and each replica was out exactly around its own redeploy."""
     async with open_runtime(s) as rt:
-        yield rt
+        watch = routers.Watch(view)
+        async with watch.running(), routers.Load(port, MODEL).running() as load:
+            result, _ = await redeploy(rt, version="0.16.0")
+        rows = await rotation_rows(rt, result.run_id)
+    assert result.status == "succeeded", result.summary
+    assert load.failed == 0, load.failures[:5]
+    assert load.ok > 50  # requests really flowed through the whole roll
+    assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
 
 
 async def test_haproxy_rolling_redeploy_loses_no_request(
@@ -148,15 +162,7 @@ async def test_haproxy_rolling_redeploy_loses_no_request(
     servers, ports = haproxy_servers(kits)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
-        async with runtime(s) as rt:
-            watch = routers.Watch(routers.haproxy_view(h))
-            async with watch.running(), routers.Load(h.port, MODEL).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
-            rows = await rotation_rows(rt, result.run_id)
-        assert result.status == "succeeded", result.summary
-        assert load.failed == 0, load.failures[:5]
-        assert load.ok > 50  # requests really flowed through the whole roll
-        assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
+        await roll_under_load(s, h.port, routers.haproxy_view(h), kits, servers)
         stat = await h.say("show stat")
         views = parse_show_stat(stat, h.backend)
         assert {n: (v.detail.split(" ")[0]) for n, v in views.items()} == {
@@ -177,7 +183,7 @@ async def test_without_a_router_the_same_client_sees_the_outage(
     ports = [(f"node{i}", k.health_port) for i, k in enumerate(kits, 1)]
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         s = settings(kits, lb, tmp_path, None, {})
-        async with runtime(s) as rt:
+        async with open_runtime(s) as rt:
             async with routers.Load(h.port, MODEL).running() as load:
                 result, _ = await redeploy(rt, version="0.16.0")
             assert await rotation_rows(rt, result.run_id) == []
@@ -193,7 +199,7 @@ async def test_haproxy_failed_redeploy_stays_out_and_the_other_serves(
     kits[0].set_faults(uv_fails=True)
     async with routers.haproxy(tmp_path / "haproxy", ports) as h:
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
-        async with runtime(s) as rt:
+        async with open_runtime(s) as rt:
             async with routers.Load(h.port, MODEL).running() as load:
                 result, _ = await redeploy(rt, version="0.16.0")
             rows = await rotation_rows(rt, result.run_id)
@@ -216,7 +222,7 @@ async def test_haproxy_min_serving_refuses_to_take_out_the_only_serving_replica(
         # node2 was put in maintenance by hand: node1 is the only one serving
         assert (await h.say(f"set server {h.backend}/node2 state maint")).strip() == ""
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
-        async with runtime(s) as rt:
+        async with open_runtime(s) as rt:
             result, _ = await redeploy(rt, version="0.16.0")
             rows = await rotation_rows(rt, result.run_id)
         assert result.status == "aborted", result.summary
@@ -236,15 +242,8 @@ async def test_vllm_router_rolling_redeploy_loses_no_request(
     async with routers.vllm_router(tmp_path / "vr", list(servers.values())) as vr:
         router = {"kind": "vllm-router", "admin_url": vr.url}
         s = settings(kits, lb, tmp_path, router, servers)
-        async with runtime(s) as rt:
-            watch = routers.Watch(routers.vllm_router_view(vr, list(servers.values())))
-            async with watch.running(), routers.Load(vr.port, MODEL).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
-            rows = await rotation_rows(rt, result.run_id)
-        assert result.status == "succeeded", result.summary
-        assert load.failed == 0, load.failures[:5]
-        assert load.ok > 50
-        assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
+        view = routers.vllm_router_view(vr, list(servers.values()))
+        await roll_under_load(s, vr.port, view, kits, servers)
         status, body = await routers.http(vr.port, "GET", "/workers")
         assert status == 200 and all(u.encode() in body for u in servers.values())
 
@@ -392,15 +391,7 @@ async def test_command_kind_rolling_redeploy_loses_no_request(
             "in_flight": [lb_cmd, "sessions", "{server}"],
         }
         s = settings(kits, lb, tmp_path, router, servers)
-        async with runtime(s) as rt:
-            watch = routers.Watch(routers.haproxy_view(h))
-            async with watch.running(), routers.Load(h.port, MODEL).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
-            rows = await rotation_rows(rt, result.run_id)
-        assert result.status == "succeeded", result.summary
-        assert load.failed == 0, load.failures[:5]
-        assert load.ok > 50
-        assert_out_exactly_around_its_own_redeploy(kits, rows, servers, watch)
+        await roll_under_load(s, h.port, routers.haproxy_view(h), kits, servers)
 
 
 # ---- drain, rotation and undrain by hand, from the terminal -------------------------------

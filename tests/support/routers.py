@@ -14,10 +14,11 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -219,6 +220,22 @@ async def vllm_router(root: Path, workers: Sequence[str]) -> AsyncIterator[VllmR
         await proc.wait()
 
 
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _in_background(
+    value: T, run: Callable[[], Coroutine[Any, Any, None]], stop: asyncio.Event
+) -> AsyncIterator[T]:
+    """``run`` as a task while the block runs; then ``stop`` set and the task awaited."""
+    task = asyncio.create_task(run())
+    try:
+        yield value
+    finally:
+        stop.set()
+        await task
+
+
 # ---- the client ------------------------------------------------------------------------
 
 
@@ -269,14 +286,8 @@ class Load:
                 await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.monotonic()))
         await asyncio.gather(*self._inflight)
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[Load]:
-        task = asyncio.create_task(self.run())
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            await task
+    def running(self) -> AbstractAsyncContextManager[Load]:
+        return _in_background(self, self.run, self._stop)
 
 
 @dataclass
@@ -317,14 +328,8 @@ class Watch:
             out.append((start, float("inf")))
         return out
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[Watch]:
-        task = asyncio.create_task(self.run())
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            await task
+    def running(self) -> AbstractAsyncContextManager[Watch]:
+        return _in_background(self, self.run, self._stop)
 
 
 def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
