@@ -271,6 +271,29 @@ def test_idempotent(text: str, literals: list[str]) -> None:
 
 
 @hyp_settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXT, min_size=1, max_size=8), _LITERALS)
+def test_remembered_answers_are_the_computed_ones(texts: list[str], literals: list[str]) -> None:
+    # Short texts are answered from a cache the second time: it must never answer for
+    # another text or another redactor's secrets.
+    r, other = Redactor(literals), Redactor([])
+    for text in texts * 2:
+        assert r(text) == r.uncached(text)
+        assert other(text) == other.uncached(text)
+
+
+def test_the_cache_is_bounded_and_skips_long_texts() -> None:
+    r = Redactor(["s3cr3t-value"])
+    for i in range(20_000):
+        r(f"pkg{i}==1.0 s3cr3t-value")
+    info = r._short.cache_info()
+    assert info.currsize <= 8192 and info.maxsize == 8192
+    long = "token s3cr3t-value " + "x" * 300
+    before = r._short.cache_info().misses
+    assert "s3cr3t-value" not in r(long)
+    assert r._short.cache_info().misses == before  # computed, not cached
+
+
+@hyp_settings(max_examples=300, deadline=None)
 @given(_TEXT, _LITERALS)
 def test_literals_never_survive(text: str, literals: list[str]) -> None:
     out = Redactor(literals)(text)
