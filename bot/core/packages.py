@@ -25,6 +25,7 @@ change is shown.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
@@ -228,6 +229,10 @@ def _wheel_version(url: str, name: str) -> str:
     return str(version) if wheel_name == name else ""
 
 
+# A redeploy parses the same few hundred requirement lines several times (the freeze
+# before, the dry run, the install, the freeze after); packaging's parser costs ~30 us a
+# line. Entry is frozen, so a remembered one can be shared; the bound keeps memory bounded.
+@functools.lru_cache(maxsize=4096)
 def parse_entry(text: str) -> Entry | None:
     """A package as an install report or a freeze names it; None for anything else
     (a range, ``-e path``, a line that is no requirement)."""
