@@ -71,3 +71,13 @@ def _hang_after_readiness() -> HangsAt:
             return Host.http(self, action)
 
     return AfterReady()
+
+
+def test_a_cancel_in_the_window_stops_watching_and_leaves_the_new_version_up() -> None:
+    h = Host(cancel_at=lambda a: getattr(a, "seconds", None) == 60 and h.now >= 120)
+    out = run(h, svc=WATCH)
+    assert out.status == "cancelled", out.summary
+    assert "the new version is left running" in out.summary
+    assert out.state == ServiceState.UP
+    assert "rollback" not in verbs(h)
+    assert end(h, Step.WATCH).ok
