@@ -272,6 +272,11 @@ class ServiceSettings(_Section):
     # A new version that starts but never turns healthy: restore the environment snapshot
     # and start the old one (true), or stop there and say how to roll back (false).
     rollback_on_unhealthy: bool = True
+    # Issue 20: the watch window after a redeploy's start (bot.core.phases.watch): for
+    # watch_s after readiness (0: off), every watch_interval_s, the unit's state, the
+    # journal's failure lines, /health and the smoke completion; a failure rolls back.
+    watch_s: float = Field(0, ge=0, le=86400)
+    watch_interval_s: float = Field(30, ge=1, le=3600)
     # The import gate (`python -c "import vllm, torch"`): importing a large vLLM takes a
     # while on a cold page cache.
     gate_timeout_s: float = Field(300, gt=0)

@@ -22,6 +22,8 @@ DEMO_FAULTS: tuple[str, ...] = (
     "smoke_empty",
     "busy",
     "oom_at_start",
+    "engine_dies_after_ready",
+    "engine_hangs_after_ready",
     "torch_cuda_mismatch",
     "import_error",
     "index_drops_old",

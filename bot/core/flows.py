@@ -71,6 +71,7 @@ from bot.core.phases.rotation_ops import drain_flow, rotation_flow, undrain_flow
 from bot.core.phases.start import (
     FOLLOW_FAILED_READS,
     STARTUP_FAILED,
+    StartFailed,
     left_as,
     postcheck,
     recover_after_cancel,
@@ -78,6 +79,7 @@ from bot.core.phases.start import (
 )
 from bot.core.phases.stop import UNKNOWN_LOAD_READS, cancelled_before_change, quiesce_and_stop
 from bot.core.phases.terminate import drain_clean
+from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
@@ -276,10 +278,25 @@ def _reinstall_and_start(
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         return (yield from unhealthy(plan, svc, host, before, err, env))
+    # The watch window (watch_s > 0): a failure in it rolls back as a failed readiness; a
+    # cancel in it stops watching and leaves the new version running (README).
+    watched = yield from watch_window(svc)
+    if isinstance(watched, StartFailed):
+        return (yield from unhealthy(plan, svc, host, before, watched, env))
     after = yield from postcheck(svc, host)
+    if watched == "cancelled":
+        return HostOutcome(
+            HostStatus.CANCELLED,
+            f"{svc.package} {before} -> {after}, healthy; cancelled during the watch window: "
+            "watching stopped, the new version is left running",
+            ServiceState.UP,
+            before,
+            after,
+        )
     return HostOutcome(
         HostStatus.SUCCEEDED,
-        f"{svc.package} {before} -> {after}, healthy",
+        f"{svc.package} {before} -> {after}, healthy"
+        + (f", watched {svc.watch_s:g}s clean" if svc.watch_s > 0 else ""),
         ServiceState.UP,
         before,
         after,

@@ -64,6 +64,8 @@ class Step(StrEnum):
     ROTATION_OUT = "rotation_out"
     ROTATION_IN = "rotation_in"
     ROTATION = "rotation"  # the read-only `rotation` command
+    # Issue 20: the watch window after the start.
+    WATCH = "watch"
 
 
 STEP_TITLES: dict[Step, str] = {
@@ -87,6 +89,7 @@ STEP_TITLES: dict[Step, str] = {
     Step.GPU_CHECK: "GPU check (count, ECC, row remaps, reset status, Xid errors)",
     Step.LEFTOVERS: "Terminate leftover processes (approved)",
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
+    Step.WATCH: "Watch window (unit, journal, health, smoke) after the start",
     Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
     Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
     Step.ROTATION: "Each replica in or out of rotation (router), its sessions and health",
@@ -235,6 +238,7 @@ def redeploy_steps(
             "until 200",
         ),
         PlannedStep(Step.READINESS, readiness_command(svc)),
+        *((PlannedStep(Step.WATCH, watch_command(svc)),) if svc.watch_s > 0 else ()),
         PlannedStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}"),
         PlannedStep(
             Step.GPU_RECHECK,
@@ -293,6 +297,25 @@ def readiness_command(svc: ServiceSettings) -> str:
         )
     checks.append(f"GET {base}/version equals the installed version (when offered)")
     return "; ".join(checks)
+
+
+def watch_command(svc: ServiceSettings) -> str:
+    """The watch window as the card, the plan and the approval state it."""
+    checks = f"{cmd(remote.unit_show(svc))}; new journal lines against the known failure lines"
+    checks += f"; GET {svc.health_url} is 200"
+    if svc.smoke_prompt:
+        checks += f"; POST {api_base(svc)}/v1/completions (the smoke prompt)"
+    return (
+        f"watching for {_span(svc.watch_s)} after the start, every "
+        f"{_span(svc.watch_interval_s)}: {checks}; any failure rolls back"
+    )
+
+
+def _span(seconds: float) -> str:
+    s = round(seconds)
+    if s >= 60 and s % 60 == 0:
+        return f"{s // 60} min"
+    return f"{seconds:g}s"
 
 
 def restart_steps(svc: ServiceSettings, local: bool | None = False) -> tuple[PlannedStep, ...]:

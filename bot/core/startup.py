@@ -145,6 +145,8 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     ("engine core initialization failed", re.compile(r"Engine core initialization failed")),
+    # A served engine that died (vllm#44281; vllm-metal#112): the watch window's line.
+    ("engine dead", re.compile(r"EngineDeadError|AsyncLLM output_handler failed")),
     ("Python traceback", re.compile(r"Traceback \(most recent call last\):")),
 )
 # Never a failure, whatever else the line holds: logged during normal start-ups while

@@ -108,6 +108,8 @@ _STATE_AFTER: dict[str, str] = {
     Step.HEALTH: "The service was started but had not yet passed the health gate.",
     Step.ROLLBACK_HEALTH: "The previous environment was restored and started but had not yet "
     "passed the health gate.",
+    Step.WATCH: "The new version had passed readiness and was being watched; it may be "
+    "running or failed, and nothing was rolled back.",
     Step.POSTCHECK: "The service had passed the health gate; only the post-check was left.",
     Step.GPU_CHECK: "Nothing was changed: the bot stopped while checking the GPUs, before "
     "stopping the service, so it should still be running.",

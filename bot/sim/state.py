@@ -84,6 +84,13 @@ class HostConfig:
     # process exits oom_exit_delay_s after it (the API server waits for its engine).
     oom_at: float = 0.4
     oom_exit_delay_s: float = 30.0
+    # engine_dies_after_ready: the new build's engine dies this long after it is ready
+    # (EngineDeadError in the journal, the process exits, the unit goes failed).
+    die_after_ready_s: float = 60.0
+    # engine_hangs_after_ready: completions hang from this long after ready; each one is
+    # held engine_hang_s, then dropped unanswered; /health stays 200.
+    hang_after_ready_s: float = 60.0
+    engine_hang_s: float = 5.0
     # Extra journal lines a start logs while loading (a verbose start-up).
     startup_log_lines: int = 0
     # The highest CUDA the driver supports (nvidia-smi's header), and what it says with
@@ -114,6 +121,9 @@ class HostConfig:
             "load_delay_s",
             "startup_phase_min_s",
             "fail_delay_s",
+            "die_after_ready_s",
+            "hang_after_ready_s",
+            "engine_hang_s",
             "stop_delay_s",
             "install_duration_s",
             "install_output_lines",
@@ -159,6 +169,13 @@ class Faults:
     busy: bool = False
     # A start logs a CUDA OOM traceback while loading, then exits oom_exit_delay_s later.
     oom_at_start: bool = False
+    # Issue 20: a build other than the one the host booted with serves, then its engine
+    # dies die_after_ready_s after it is ready (the watch window must catch it; the
+    # rollback's build does not die).
+    engine_dies_after_ready: bool = False
+    # Issue 20: /health stays 200 but completions hang (the engine is hung) from
+    # hang_after_ready_s after ready; with api_faults_new_build_only, the new build only.
+    engine_hangs_after_ready: bool = False
     # Issue 10. The driver supports only old_driver_cuda, older than the CUDA the new
     # release's torch is built for: that torch cannot start on this host.
     torch_cuda_mismatch: bool = False

@@ -198,6 +198,12 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("content-length") or 0)
         request = _json_object(self.rfile.read(min(length, 1 << 20)))
+        if path == "/v1/completions" and _hung(st):
+            # A hung engine: the request is taken and never answered. Held engine_hang_s
+            # (bounded: this server is single-threaded), then the connection is dropped.
+            time.sleep(st.config.engine_hang_s)
+            self.close_connection = True
+            return
         if path == "/v1/completions":
             status, answer = _completion(st, request)
         else:
@@ -276,6 +282,17 @@ def _models(st: HostState) -> dict[str, Any]:
 def _error(message: str, kind: str, code: int) -> tuple[int, dict[str, Any]]:
     """vLLM's ErrorResponse."""
     return code, {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+def _hung(st: HostState) -> bool:
+    """engine_hangs_after_ready: a new build's engine hangs hang_after_ready_s after it is
+    ready; /health goes on answering 200 (vllm-project/vllm#36960)."""
+    ready = st.run.ready_at
+    return (
+        _api_fault(st, st.faults.engine_hangs_after_ready)
+        and ready is not None
+        and time.time() >= ready + st.config.hang_after_ready_s
+    )
 
 
 def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -349,6 +349,31 @@ def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
     ]
 
 
+def _engine_death(st: HostState, run: Run, at: float) -> list[JournalEntry]:
+    """A served engine dying, as vLLM logs it (tests/samples/SOURCES.md: vllm#44281,
+    vllm-metal#112): the API server's output handler fails with EngineDeadError, then
+    the process exits and systemd marks the unit failed."""
+    pid, svc = run.main_pid, service_name(st.config.unit)
+    api = f"(APIServer pid={pid}) "
+    where = "v1/engine/async_llm.py:704"
+    lines = [
+        api + vllm_line(at, "ERROR", where, "AsyncLLM output_handler failed."),
+        api + vllm_line(at, "ERROR", where, "Traceback (most recent call last):"),
+        api
+        + vllm_line(
+            at,
+            "ERROR",
+            where,
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+            "See stack trace (above) for the root cause.",
+        ),
+    ]
+    return [JournalEntry(at, "python3", pid, line) for line in lines] + [
+        _systemd(at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
+        _systemd(at, f"{svc}: Failed with result 'exit-code'."),
+    ]
+
+
 def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list[JournalEntry]]:
     cfg = st.config
     version = st.installed_version
@@ -369,6 +394,11 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
         plan = [e for e in plan if e.ts < run.fail_at] + _crash_plan(st, run, run.fail_at)
     elif may_fail and st.faults.oom_at_start:
         run, plan = _oom(st, run, plan)
+    elif may_fail and st.faults.engine_dies_after_ready and version != st.boot_version:
+        assert run.ready_at is not None
+        dies_at = run.ready_at + cfg.die_after_ready_s
+        run = replace(run, fail_at=dies_at)
+        plan = [e for e in plan if e.ts < dies_at] + _engine_death(st, run, dies_at)
     return replace(st, run=run, next_pid=st.next_pid + PID_STEP), plan
 
 
