@@ -24,6 +24,7 @@ DEMO_FAULTS: tuple[str, ...] = (
     "oom_at_start",
     "torch_cuda_mismatch",
     "import_error",
+    "stale_plugin",
     "index_drops_old",
     "uv_fails_midway",
     "xid_79",
