@@ -149,45 +149,83 @@ async def test_without_the_old_build_anywhere_the_run_says_how_to_restore(
     assert sim_sshd_host.unit_state() == "inactive"
 
 
-async def test_torch_cuda_mismatch_never_starts_the_new_version(
+def never_stopped(kit: SimKit) -> bool:
+    """The unit was never stopped (nor started): no such call in the host's log."""
+    return not any(
+        c.argv[:2] in (("systemctl", "stop"), ("systemctl", "start")) for c in kit.calls()
+    )
+
+
+def no_throwaway_venv(kit: SimKit) -> bool:
+    """The prefetch's throwaway venv is gone (its trap removed it)."""
+    return not list(kit.root.rglob("prefetch-*"))
+
+
+async def test_torch_cuda_mismatch_is_refused_before_the_stop(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
+    # Issue 20: the prefetch's throwaway venv holds the new build; its own interpreter
+    # runs the import and CUDA gate before the stop, so torch 2.10.0 (CUDA 13.0) on a
+    # 12.8 driver never costs an outage.
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
-        assert result.status == RunStatus.ROLLED_BACK, out
+        assert result.status == RunStatus.ABORTED, out
         assert (
             "CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
             "the driver supports"
         ) in result.summary
-        assert sim_sshd_host.changes() == [
-            "dry-run",
-            "prefetch",
-            "stop",
-            "install",
-            "rollback",
-            "start",
-        ]
-        assert starts_after_rollback_only(sim_sshd_host)
-        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
-        assert gate.status == "failed" and 'chatops-gate {"vllm": "0.16.0"' in gate.output_tail
+        assert "service untouched" in result.summary
+        assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
+        assert never_stopped(sim_sshd_host)
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+        assert "gate" not in steps and "stop" not in steps
+        fetch = steps["prefetch"]
+        assert fetch.status == "failed"
+        assert 'chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", "cuda": "13.0"}' in (
+            fetch.output_tail
+        )
+        assert (await rt.audit.get_run(result.run_id)).status == RunStatus.ABORTED
     assert sim_sshd_host.environment() == before
     assert sim_sshd_host.unit_state() == "active"
+    assert no_throwaway_venv(sim_sshd_host)
 
 
-async def test_an_import_error_never_starts_the_new_version(
+async def test_an_import_error_is_refused_before_the_stop(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
     sim_sshd_host.set_faults(import_error=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
+        assert result.status == RunStatus.ABORTED, out
+        assert "import check failed: import vllm, torch failed: ImportError:" in result.summary
+        assert never_stopped(sim_sshd_host)
+        fetch = next(s for s in await rt.audit.steps(result.run_id) if s.step == "prefetch")
+        assert "undefined symbol: _ZN3c104cuda9SetDeviceEab" in fetch.output_tail
+    assert sim_sshd_host.installed_version == DEFAULT_VERSION
+    assert no_throwaway_venv(sim_sshd_host)
+
+
+async def test_what_only_the_service_venv_breaks_is_caught_by_the_gate_after_the_install(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # A plugin the install leaves alone breaks the import: the throwaway venv lacks it,
+    # so the pre-stop gate passes; the gate after the install (on the real venv) still
+    # stops the new build from starting, and the snapshot comes back.
+    before = sim_sshd_host.environment()
+    sim_sshd_host.set_faults(stale_plugin=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
         assert result.status == RunStatus.ROLLED_BACK, out
         assert "import check failed: import vllm, torch failed: ImportError:" in result.summary
         assert starts_after_rollback_only(sim_sshd_host)
-        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
-        assert "undefined symbol: _ZN3c104cuda9SetDeviceEab" in gate.output_tail
-    assert sim_sshd_host.installed_version == DEFAULT_VERSION
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+        assert steps["prefetch"].status == "ok"
+        assert "passed the import gate" in out
+        assert "undefined symbol: _ZN3c104cuda9SetDeviceEab" in steps["gate"].output_tail
+    assert sim_sshd_host.environment() == before
+    assert sim_sshd_host.unit_state() == "active"
 
 
 async def test_an_unhealthy_start_rolls_back_the_whole_environment(
@@ -322,13 +360,13 @@ async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
     # D2's other side: a newer major (torch 2.10.0 for CUDA 13.0 on a 12.8 driver) is no
-    # minor-version case: refused before the new build ever starts.
+    # minor-version case: refused before the stop (issue 20).
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
-    assert result.status == RunStatus.ROLLED_BACK, out
+    assert result.status == RunStatus.ABORTED, out
     assert "another major version" in result.summary
-    assert starts_after_rollback_only(sim_sshd_host)
+    assert never_stopped(sim_sshd_host)
 
 
 async def test_a_cu129_wheel_whose_server_reports_no_label_is_the_version_asked_for(

@@ -105,7 +105,7 @@ async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
         async with open_runtime(settings) as rt:
             # The new vllm cannot be imported: the snapshot is restored (as the venv's
             # owner) and the old version started again (as root).
-            host.set_faults(import_error=True)
+            host.set_faults(stale_plugin=True)
             result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
             assert result.status == RunStatus.ROLLED_BACK, out
             assert host.installed_version == DEFAULT_VERSION

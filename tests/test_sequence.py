@@ -79,6 +79,7 @@ class Host:
     freeze_ok: bool = True
     save_ok: bool = True
     prefetch_ok: bool = True
+    prefetched: str | None = None  # the vllm the prefetch's venv holds (None: installed_after)
     gate_stdout: str | None = None  # None: the gate's line for what is installed
     gate_exit: int = 0
     driver_cuda: str = "13.1"
@@ -327,8 +328,16 @@ class Host:
                 )
             )
         if a[:3] == ("/bin/sh", "-c", remote.PREFETCH_SCRIPT):
+            # The script ends with the import gate in the throwaway venv (issue 20): the
+            # new build it holds, the resolved vllm and torch 2.10.0 (CUDA 13.0).
+            new = self.prefetched or self.installed_after
             return (
-                ok(a, stderr="Downloading torch (880.0MiB)\n Downloaded torch\n")
+                ok(
+                    a,
+                    f"{remote.PREFETCHED_MARK}\nchatops-gate "
+                    f'{{"vllm": "{new}", "torch": "2.10.0", "cuda": "{TORCH_CUDA["2.10.0"]}"}}\n',
+                    "Downloading torch (880.0MiB)\n Downloaded torch\n",
+                )
                 if self.prefetch_ok
                 else ok(a, stderr="error: Failed to download `torch==2.10.0`", status=2)
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.core import remote
+from bot.core.cuda import GATE_CODE
 from bot.core.flows import EndStep, Packages
 from bot.core.packages import Change, EnvKind
 from bot.core.plan import Step
@@ -98,10 +99,12 @@ def test_prefetch_runs_before_the_stop_with_the_pinned_set_on_stdin() -> None:
     fetched = ended(h, Step.PREFETCH)
     assert fetched.ok and "3 packages in uv's cache, 880.0 MiB downloaded" in fetched.summary
     prefetch = next(a for a, _ in h.index_env if a[:2] == ("/bin/sh", "-c") and "venv" in a[2])
-    assert prefetch[-3:] == (
+    assert prefetch[-5:] == (
         "/opt/venvs/.chatops/prefetch-vllm",
         "uv",
         "/opt/venvs/vllm/bin/python",
+        "300",  # gate_timeout_s, then the gate run in the throwaway venv (issue 20)
+        GATE_CODE,
     )
 
 
@@ -111,7 +114,8 @@ def test_prefetch_stdin_is_the_index_then_the_pins() -> None:
     respond = h.respond
 
     def spy(action: Any) -> Any:
-        if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
+        argv = getattr(action, "argv", None) or ()
+        if getattr(action, "step", None) == Step.PREFETCH and remote.PREFETCH_SCRIPT in argv:
             seen.append(action.stdin)
         return respond(action)
 
@@ -162,7 +166,8 @@ def test_prefetch_pins_a_package_from_a_url_by_its_url() -> None:
         return r
 
     def spy(action: Any) -> Any:
-        if getattr(action, "step", None) == Step.PREFETCH and getattr(action, "argv", None):
+        argv = getattr(action, "argv", None) or ()
+        if getattr(action, "step", None) == Step.PREFETCH and remote.PREFETCH_SCRIPT in argv:
             seen.append(action.stdin)
         return respond(action)
 
@@ -198,8 +203,14 @@ def test_an_import_error_never_starts_the_new_version() -> None:
 
 
 def test_a_torch_built_for_a_newer_cuda_than_the_driver_never_starts() -> None:
-    summary = _gate_refuses(Host(driver_cuda="12.8"), "CUDA")
-    assert "torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 the driver supports" in summary
+    # Issue 20: the throwaway venv's gate refuses it before the stop.
+    h = Host(driver_cuda="12.8")
+    out = run(h, version="0.16.0", index="nightly")
+    assert out.status == "aborted", out.summary
+    assert "torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 the driver supports" in (
+        out.summary
+    )
+    assert verbs(h) == []
 
 
 def test_another_vllm_than_the_target_never_starts() -> None:

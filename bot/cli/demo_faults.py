@@ -26,6 +26,7 @@ DEMO_FAULTS: tuple[str, ...] = (
     "engine_hangs_after_ready",
     "torch_cuda_mismatch",
     "import_error",
+    "stale_plugin",
     "index_drops_old",
     "uv_fails_midway",
     "xid_79",

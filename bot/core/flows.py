@@ -162,7 +162,7 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    fetch_failed = yield from prefetch(plan, svc, pre.env)
+    fetch_failed = yield from prefetch(plan, svc, pre.env, pre.target)
     if fetch_failed is not None:
         return HostOutcome(
             HostStatus.ABORTED,

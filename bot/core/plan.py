@@ -70,7 +70,8 @@ class Step(StrEnum):
 
 STEP_TITLES: dict[Step, str] = {
     Step.PREFLIGHT: "Preflight (unit, version, disk, install dry run, environment snapshot)",
-    Step.PREFETCH: "Prefetch packages into uv's cache (before the stop)",
+    Step.PREFETCH: "Prefetch packages into uv's cache, then the import and CUDA gate in that "
+    "new environment (before the stop)",
     Step.REQUESTS: "Drain in-flight requests",
     Step.STOP: "Stop service",
     Step.DRAIN: "Verify GPU memory drained",

@@ -281,25 +281,43 @@ def prefetch_dir(svc: ServiceSettings) -> str:
 # venv's name carries the shell's PID, so two prefetches never share one; a signal
 # (the step's timeout) still removes it. Its directory is checked as the snapshot's
 # (``_OWN_DIR``), so no other account can have put anything at that name.
+PREFETCHED_MARK = "chatops-prefetched"
 PREFETCH_SCRIPT = (
     # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
     # it), else as the login's own PATH finds it (become = "none": that account's own);
     # found before PATH is fixed, and nothing after is found through the caller's PATH.
     'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
     + SAFE_PRELUDE
-    + 'set -f; t="$1.$$"; py=$3; dir=${1%/*}; (umask 077; mkdir -p -- "$dir") || exit 1; '
-    + _OWN_DIR
-    + "set -e; "
+    + 'set -f; t="$1.$$"; py=$3; gt=$4; gc=$5; dir=${1%/*}; '
+    '(umask 077; mkdir -p -- "$dir") || exit 1; ' + _OWN_DIR + "set -e; "
     "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
     '"$uv" venv --quiet --python "$py" "$t"; '
-    '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin'
+    '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin; '
+    # The throwaway venv is the new environment: its own interpreter runs the import
+    # gate (GATE_CODE, "$5") before the venv is removed, bounded by gate_timeout_s ("$4");
+    # both kept before _OWN_DIR's `set --` replaces the positional parameters.
+    # The mark on stdout says the install itself succeeded, so a failure after it is the
+    # gate's (issue 20).
+    f"echo {PREFETCHED_MARK}; "
+    'timeout -k 10 "$gt" "$t/bin/python" -c "$gc"'
 )
 
 
 def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
     """Fetch the pinned set (on stdin, after the index URL when there is one)."""
     return _with_index(
-        _as_owner(SH, "-c", PREFETCH_SCRIPT, "sh", prefetch_dir(svc), svc.uv, svc.python), index_url
+        _as_owner(
+            SH,
+            "-c",
+            PREFETCH_SCRIPT,
+            "sh",
+            prefetch_dir(svc),
+            svc.uv,
+            svc.python,
+            f"{svc.gate_timeout_s:g}",
+            GATE_CODE,
+        ),
+        index_url,
     )
 
 
@@ -310,7 +328,9 @@ def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
     return (
         f"{shlex.join((svc.uv, 'venv', '--python', svc.python, t))} && {index}"
         f"{shlex.join((svc.uv, 'pip', 'install', '--python', t + '/bin/python'))} "
-        f"--no-deps -r <the dry run's pinned set>; rm -rf {shlex.quote(t)}"
+        f"--no-deps -r <the dry run's pinned set> && "
+        f"{shlex.quote(t + '/bin/python')} -c 'import vllm, torch' (the import and CUDA gate, "
+        f"before the stop); rm -rf {shlex.quote(t)}"
     )
 
 

@@ -209,15 +209,19 @@ def driver_cuda(st: HostState) -> str:
     return DRIVER_12_7 if st.faults.cu128_on_cuda_12_7 else st.config.driver_cuda
 
 
-def import_problem(st: HostState, env: Mapping[str, str] | None = None) -> str | None:
+def import_problem(
+    st: HostState, env: Mapping[str, str] | None = None, *, throwaway: bool = False
+) -> str | None:
     """Why `import vllm, torch` fails in this environment, as Python would say it; None
-    when it imports."""
+    when it imports. ``throwaway``: the prefetch's venv, which lacks what the install
+    leaves alone in the service's venv (the stale_plugin fault's plugin)."""
     env = environment(st) if env is None else env
     if PACKAGE not in env:
         return "ModuleNotFoundError: No module named 'vllm'"
     if "torch" not in env:
         return "ModuleNotFoundError: No module named 'torch'"
-    if st.faults.import_error and env[PACKAGE] != st.boot_version:
+    broken = st.faults.import_error or (st.faults.stale_plugin and not throwaway)
+    if broken and env[PACKAGE] != st.boot_version:
         return (
             f"ImportError: {st.venv}/lib/python3.12/site-packages/vllm/_C.abi3.so: "
             "undefined symbol: _ZN3c104cuda9SetDeviceEab"

@@ -182,6 +182,11 @@ class Faults:
     # `import vllm` fails for any vllm but the one the host booted with (a wheel built
     # against another torch: undefined symbol in vllm/_C.abi3.so).
     import_error: bool = False
+    # Issue 20. The same failed import, but caused by a package the install leaves alone
+    # in the service's venv (a vLLM plugin built for the old release): the prefetch's
+    # throwaway venv holds only the install's set, so only the gate after the install
+    # sees it (and the rollback restores the snapshot).
+    stale_plugin: bool = False
     # The index serves only the newest release's wheels: older builds (a nightly dev
     # build, the previous torch) are gone, and only uv's cache still has them.
     index_drops_old: bool = False

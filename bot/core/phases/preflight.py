@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bot.core import remote
+from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
 from bot.core.packages import (
     EnvKind,
     Freeze,
@@ -220,11 +221,17 @@ def _size(n: int | None) -> str:
     )
 
 
-def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
+def prefetch(
+    plan: Plan, svc: ServiceSettings, env: Env, target: str | None = None
+) -> Phase[str | None]:
     """Before the stop, fetch every wheel the install needs into uv's cache (what the
-    dry run says the install installs, pinned, installed into a throwaway venv that is
-    removed), so the outage holds no download. None when done, else why not (the
-    service is untouched)."""
+    dry run says the install installs, pinned, installed into a throwaway venv), then let
+    that venv's own interpreter run the import and CUDA gate (it is the new environment:
+    a torch built for a newer CUDA major than the driver's is refused here, before the
+    stop), then remove the venv (always: the script's trap). None when done, else why
+    not (the service is untouched)."""
+    smi = yield from run(Step.PREFETCH, remote.driver_info(), svc.command_timeout_s, quiet=True)
+    driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
     argv = remote.prefetch(svc, plan.index_url)
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
     pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
@@ -232,7 +239,8 @@ def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
     started = (yield from pause(0.0)).now
     r = yield from run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
     took = (yield from pause(0.0)).now - started
-    if not r.ok:
+    installed = remote.PREFETCHED_MARK in r.stdout.splitlines()
+    if not installed or lost(r):
         why = (
             "connection lost during the prefetch"
             if lost(r)
@@ -240,13 +248,28 @@ def prefetch(plan: Plan, svc: ServiceSettings, env: Env) -> Phase[str | None]:
         )
         yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
         return f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why
+    report = parse_gate_output(r.stdout) if r.ok else None
+    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
+    fetched = (
+        f"{len(env.installs)} packages in uv's cache, "
+        f"{_size(downloaded_bytes(r.output))} in {took:.1f}s"
+    )
+    if not verdict.ok:
+        said = tail_of(r.output, 1) if report is None else ""
+        gate_why = verdict.reason + (
+            f": {said}" if said else f" ({reason_of(r)})" if not r.ok else ""
+        )
+        why = f"{fetched}; the new environment's import gate refused it before the stop "
+        why += f"({verdict.check} check failed: {gate_why})"
+        yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
+        return why
     yield Emit(
         EndStep(
             Step.PREFETCH,
             True,
-            f"{len(env.installs)} packages in uv's cache, "
-            f"{_size(downloaded_bytes(r.output))} in {took:.1f}s",
+            f"{fetched}; the new environment passed the import gate: {verdict.reason}",
             r.exit_status,
+            f"WARNING: {verdict.warning}" if verdict.warning else "",
         )
     )
     return None

@@ -23,9 +23,12 @@ from bot.sim import packages, pth
 from bot.sim.state import HostState, StateStore
 
 
-def _lay_out(site: Path, st: HostState) -> None:
-    env = packages.environment(st)
-    problem = packages.import_problem(st)
+def _lay_out(site: Path, st: HostState, env: dict[str, str] | None = None) -> None:
+    """The packages of ``env`` (default: the host's venv; else a throwaway venv's) as
+    importable modules."""
+    throwaway = env is not None
+    env = packages.environment(st) if env is None else env
+    problem = packages.import_problem(st, env, throwaway=throwaway)
     if packages.PACKAGE in env:
         (site / "vllm").mkdir()
         body = (
@@ -46,9 +49,14 @@ def _lay_out(site: Path, st: HostState) -> None:
 def main(store: StateStore, args: list[str]) -> int:
     st = store.read()
     pth.run_pth(st.venv)  # what the real interpreter's start-up does (bot.sim.pth)
+    return run_over(store, st, None, args)
+
+
+def run_over(store: StateStore, st: HostState, env: dict[str, str] | None, args: list[str]) -> int:
+    """The real interpreter on ``args`` with ``env``'s packages (default: the host's)."""
     site = Path(tempfile.mkdtemp(prefix="site-", dir=store.directory))
     try:
-        _lay_out(site, st)
+        _lay_out(site, st, env)
         # -S: no site-packages of the test's own interpreter; -I would drop PYTHONPATH.
         return subprocess.run(
             [sys.executable, "-S", *args],

@@ -16,7 +16,9 @@ interpreter first, as real uv does to learn about it, which runs its ``.pth`` fi
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -48,6 +50,8 @@ FLOOD_BLOCK = 1024 * 1024
 STALL_POLL_S = 0.05
 # Written into a venv `uv venv` makes, so an install into it is known for a throwaway.
 VENV_MARK = "# simulated by bot.sim.tools.uv\n"
+# In a throwaway venv: name -> version of what was installed into it.
+THROWAWAY_SET = "sim-installed.json"
 
 
 def _elapsed(seconds: float) -> str:
@@ -435,6 +439,9 @@ def _prefetch(store: StateStore, req: _Request, t0: float) -> int:
     _err(f"Prepared {_plural(len(wanted))} in {_elapsed(done - t0)}")
     _err(f"Installed {_plural(len(wanted))} in 41ms")
     _err("\n".join(f" + {pk.pin(n, v)}" for n, v in sorted(wanted.items())))
+    # What the throwaway venv now holds, for its interpreter (bot.sim.tools.python).
+    if req.python is not None:  # _throwaway(req.python) brought it here
+        (Path(req.python).parent.parent / THROWAWAY_SET).write_text(json.dumps(wanted))
     return 0
 
 
@@ -668,7 +675,28 @@ def _venv(args: list[str]) -> int:
         path = ".venv"
     venv = Path(path)
     (venv / "bin").mkdir(parents=True, exist_ok=True)
-    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 127\n")
+    # The throwaway venv's interpreter: the simulated one (bot.sim.tools.python) over what
+    # was installed into this venv (THROWAWAY_SET), so a gate run with it sees the new build.
+    # The host's state directory (and the Python running the simulator) as this uv
+    # found them, kept in the launcher as bot.sim's tool wrappers keep them (a sudo
+    # host's environment is reset).
+    sim = Path(__file__).resolve().parents[1]
+    root = sim.parent.parent  # the repository: bot.sim importable
+    keep = "".join(
+        f"{k}={shlex.quote(os.environ[k])}; export {k}\n"
+        for k in ("SIM_STATE_DIR", "SIM_PYTHON")
+        if os.environ.get(k)
+    )
+    (venv / "bin" / "python").write_text(
+        "#!/bin/sh\n# Simulated throwaway-venv interpreter (bot/sim/tools/python.py).\n"
+        + keep
+        + 'if [ -x "${SIM_FORK_CLIENT:-}" ]; then\n'
+        f'  PYTHONPATH="{root}" exec "$SIM_FORK_CLIENT" -S "{sim}/forkclient.py" '
+        f'venv-python "{venv.resolve()}" "$@"\nfi\n'
+        f'PYTHONPATH="{root}" exec "${{SIM_PYTHON:-python3}}" -S "{sim}/forkclient.py" '
+        f'venv-python "{venv.resolve()}" "$@"\n'
+    )
+    (venv / "bin" / "python").chmod(0o755)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n" + VENV_MARK)
     if not quiet:
         _err(
