@@ -176,7 +176,10 @@ async def test_torch_cuda_mismatch_is_refused_before_the_stop(
             "CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
             "the driver supports"
         ) in result.summary
-        assert "service untouched" in result.summary
+        # Said as a refusal of the new build, not as a failed prefetch (it fetched fine).
+        assert result.summary.startswith(
+            "refused before the stop; service untouched: the new environment's import gate"
+        ), result.summary
         assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
         assert never_stopped(sim_sshd_host)
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}

@@ -162,15 +162,14 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    fetch_failed = yield from prefetch(plan, svc, pre.env, pre.target)
-    if fetch_failed is not None:
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"prefetch failed; service untouched: {fetch_failed}",
-            untouched,
-            before,
-            None,
-        )
+    fetch_ended = yield from prefetch(plan, svc, pre.env, pre.target)
+    if fetch_ended is not None:
+        match fetch_ended:
+            case ("prefetch", why):
+                said = f"prefetch failed; service untouched: {why}"
+            case ("gate", why):
+                said = f"refused before the stop; service untouched: {why}"
+        return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 
     if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from bot.core import remote
 from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
@@ -211,6 +212,11 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str) -> Ph
     return env
 
 
+# How a prefetch ended a run before the stop: the prefetch itself failed (no new
+# environment to judge), or the new environment's own gate refused it.
+PrefetchEnd = tuple[Literal["prefetch", "gate"], str] | None
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return "nothing downloaded"
@@ -223,13 +229,13 @@ def _size(n: int | None) -> str:
 
 def prefetch(
     plan: Plan, svc: ServiceSettings, env: Env, target: str | None = None
-) -> Phase[str | None]:
+) -> Phase[PrefetchEnd]:
     """Before the stop, fetch every wheel the install needs into uv's cache (what the
     dry run says the install installs, pinned, installed into a throwaway venv), then let
     that venv's own interpreter run the import and CUDA gate (it is the new environment:
     a torch built for a newer CUDA major than the driver's is refused here, before the
-    stop), then remove the venv (always: the script's trap). None when done, else why
-    not (the service is untouched)."""
+    stop), then remove the venv (always: the script's trap). None when done, else which
+    part ended it and why (the service is untouched)."""
     smi = yield from run(Step.PREFETCH, remote.driver_info(), svc.command_timeout_s, quiet=True)
     driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
     argv = remote.prefetch(svc, plan.index_url)
@@ -247,7 +253,10 @@ def prefetch(
             else failed_msg("prefetch", r, svc.install_timeout_s)
         )
         yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
-        return f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why
+        return (
+            "prefetch",
+            f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why,
+        )
     report = parse_gate_output(r.stdout) if r.ok else None
     verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
     fetched = (
@@ -259,10 +268,10 @@ def prefetch(
         gate_why = verdict.reason + (
             f": {said}" if said else f" ({reason_of(r)})" if not r.ok else ""
         )
-        why = f"{fetched}; the new environment's import gate refused it before the stop "
+        why = "the new environment's import gate refused it before the stop "
         why += f"({verdict.check} check failed: {gate_why})"
-        yield Emit(EndStep(Step.PREFETCH, False, why, r.exit_status))
-        return why
+        yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
+        return ("gate", why)
     yield Emit(
         EndStep(
             Step.PREFETCH,
