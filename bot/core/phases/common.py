@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from bot.core import remote
+from bot.core.cuda import GateReport, GateVerdict, parse_driver_cuda
 from bot.core.gpu import GpuSnapshot, build_snapshot, check_nvidia_smi, scoped, select_gpus
 from bot.core.leftovers import facts_query, parse_facts, service_name
 from bot.core.phases.actions import Phase, run
@@ -194,3 +195,18 @@ def service_workers(
         if p in facts and not facts[p].zombie and (ours in facts[p].units() or not facts[p].units())
     }
     return tuple(w for w in workers if w[0] in listed or w[0] in keep)
+
+
+def read_driver_cuda(step: Step, svc: ServiceSettings) -> Phase[str | None]:
+    """The CUDA version the driver supports (plain ``nvidia-smi``'s header), for a gate;
+    None when it cannot be read (the gate then judges without it)."""
+    smi = yield from run(step, remote.driver_info(), svc.command_timeout_s, quiet=True)
+    return parse_driver_cuda(smi.stdout) if smi.ok else None
+
+
+def gate_refusal(verdict: GateVerdict, report: GateReport | None, r: CommandResult) -> str:
+    """Why a gate refused, with the interpreter's last line when it printed no report, or
+    how the command ended when it failed: the same words before the stop and after the
+    install."""
+    said = tail_of(r.output, 1) if report is None else ""
+    return verdict.reason + (f": {said}" if said else f" ({reason_of(r)})" if not r.ok else "")

@@ -6,10 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.core import remote
-from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
+from bot.core.cuda import gate_verdict, parse_gate_output
 from bot.core.packages import EnvKind, PackageDiff, diff_freezes, parse_freeze
 from bot.core.phases.actions import BeginStep, Emit, EndStep, Packages, Phase, pause, run
-from bot.core.phases.common import InstallEnd, explain, failed_msg, lost, reason_of, tail_of
+from bot.core.phases.common import (
+    InstallEnd,
+    explain,
+    failed_msg,
+    gate_refusal,
+    lost,
+    read_driver_cuda,
+    reason_of,
+    tail_of,
+)
 from bot.core.phases.preflight import Env
 from bot.core.plan import Step, cmd
 from bot.core.versions import same_release
@@ -68,8 +77,7 @@ def import_gate(svc: ServiceSettings, env: Env, target: str | None) -> Phase[str
         )
     )
     yield from record_change(svc, env, EnvKind.INSTALLED)
-    smi = yield from run(Step.GATE, remote.driver_info(), svc.command_timeout_s, quiet=True)
-    driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
+    driver_cuda = yield from read_driver_cuda(Step.GATE, svc)
     g = yield from run(Step.GATE, remote.import_gate(svc), svc.gate_timeout_s)
     report = parse_gate_output(g.stdout) if g.ok else None
     verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
@@ -85,8 +93,7 @@ def import_gate(svc: ServiceSettings, env: Env, target: str | None) -> Phase[str
             )
         )
         return None
-    said = tail_of(g.output, 1) if report is None else ""
-    why = verdict.reason + (f": {said}" if said else f" ({reason_of(g)})" if not g.ok else "")
+    why = gate_refusal(verdict, report, g)
     yield Emit(EndStep(Step.GATE, False, f"{verdict.check} check failed: {why}", g.exit_status))
     return f"the import gate refused the start ({verdict.check} check failed: {why})"
 

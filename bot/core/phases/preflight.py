@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bot.core import remote
-from bot.core.cuda import gate_verdict, parse_driver_cuda, parse_gate_output
+from bot.core.cuda import gate_verdict, parse_gate_output
 from bot.core.packages import (
     EnvKind,
     Freeze,
@@ -35,7 +35,9 @@ from bot.core.phases.common import (
     evidence_of,
     explain,
     failed_msg,
+    gate_refusal,
     lost,
+    read_driver_cuda,
     read_state,
     read_version,
     reason_of,
@@ -236,8 +238,7 @@ def prefetch(
     a torch built for a newer CUDA major than the driver's is refused here, before the
     stop), then remove the venv (always: the script's trap). None when done, else which
     part ended it and why (the service is untouched)."""
-    smi = yield from run(Step.PREFETCH, remote.driver_info(), svc.command_timeout_s, quiet=True)
-    driver_cuda = parse_driver_cuda(smi.stdout) if smi.ok else None
+    driver_cuda = yield from read_driver_cuda(Step.PREFETCH, svc)
     argv = remote.prefetch(svc, plan.index_url)
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
     pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
@@ -264,10 +265,7 @@ def prefetch(
         f"{_size(downloaded_bytes(r.output))} in {took:.1f}s"
     )
     if not verdict.ok:
-        said = tail_of(r.output, 1) if report is None else ""
-        gate_why = verdict.reason + (
-            f": {said}" if said else f" ({reason_of(r)})" if not r.ok else ""
-        )
+        gate_why = gate_refusal(verdict, report, r)
         why = "the new environment's import gate refused it before the stop "
         why += f"({verdict.check} check failed: {gate_why})"
         yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
