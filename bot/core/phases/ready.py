@@ -39,9 +39,7 @@ def readiness_checks(svc: ServiceSettings, step: Step) -> Phase[str | None]:
     yield Emit(BeginStep(step, readiness_command(svc)))
     checks: list[str] = []
     try:
-        model = yield from _check_models(svc, checks)
-        if svc.smoke_prompt is not None and model is not None:
-            yield from _check_smoke(svc, svc.smoke_prompt, model, checks)
+        yield from _check_serving(svc, checks)
         yield from _check_version(svc, step, checks)
     except _NotReady as e:
         checks.append(f"FAILED: {e.reason}")
@@ -59,6 +57,22 @@ def readiness_checks(svc: ServiceSettings, step: Step) -> Phase[str | None]:
         )
     )
     return None
+
+
+def serves(svc: ServiceSettings) -> Phase[str | None]:
+    """The served model listed and, when configured, the smoke completion right: None
+    when both hold, else why not (the watch window asks this every round)."""
+    try:
+        yield from _check_serving(svc, [])
+    except _NotReady as e:
+        return e.reason
+    return None
+
+
+def _check_serving(svc: ServiceSettings, checks: list[str]) -> Phase[None]:
+    model = yield from _check_models(svc, checks)
+    if svc.smoke_prompt is not None and model is not None:
+        yield from _check_smoke(svc, svc.smoke_prompt, model, checks)
 
 
 def _check_models(svc: ServiceSettings, checks: list[str]) -> Phase[str | None]:

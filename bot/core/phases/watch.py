@@ -13,7 +13,7 @@ from typing import Literal
 from bot.core import remote
 from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, http, pause, run
 from bot.core.phases.common import HEALTH_REQUEST_TIMEOUT_S, http_why, reason_of, unit_state
-from bot.core.phases.ready import _check_models, _check_smoke, _NotReady
+from bot.core.phases.ready import serves
 from bot.core.phases.start import StartFailed
 from bot.core.plan import Step, watch_command
 from bot.core.startup import clean, duration, failure_of, new_lines
@@ -78,12 +78,7 @@ def _round(svc: ServiceSettings, cursor: str | None) -> Phase[tuple[str | None, 
     if h.status != 200:
         return f"GET {svc.health_url}: {http_why(h)}", cursor
     if svc.smoke_prompt is not None:
-        try:
-            model = yield from _check_models(svc, [])
-            if model is not None:
-                yield from _check_smoke(svc, svc.smoke_prompt, model, [])
-        except _NotReady as e:
-            return e.reason, cursor
+        return (yield from serves(svc)), cursor
     return None, cursor
 
 
