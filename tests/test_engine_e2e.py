@@ -27,7 +27,8 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
         assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         calls = sim_sshd_host.calls()
         tools = [c.argv[0] for c in calls]
-        assert tools[:2] == ["systemctl", "uv"]  # preflight reads state before anything else
+        # Preflight reads the unit (its state, then its ExecStart) before anything else.
+        assert tools[:3] == ["systemctl", "systemctl", "uv"]
         stop_i = next(i for i, c in enumerate(calls) if c.argv[:2] == ("systemctl", "stop"))
         install_i = next(
             i

@@ -18,11 +18,11 @@ from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.engine import RunResult
 from bot.engine.preview import preview, preview_lines, previews_of, record_previews
 from bot.engine.runtime import Runtime, open_runtime
-from bot.sim.kit import SERVICE, SimKit
+from bot.sim.kit import SERVICE, SimKit, fast_config
 from bot.sim.state import DEFAULT_VERSION
 from bot.slack.blocks import run_card
 from bot.slack.cards import card_view
-from tests.support.sim import sim_settings
+from tests.support.sim import MakeSimHost, sim_settings
 
 NEW = "0.16.0"
 
@@ -272,6 +272,8 @@ async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: 
         if line.startswith("Downloading ")
     ]
     assert len(announced) == 12 and "Downloading torch (880.0MiB)" in announced
+    # The unit's flags were judged against the new build's own help (issue 20).
+    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.16.0" in out, out
     assert len(sim_sshd_host.cached() - cached) == 13
     # ... and the install in the outage fetched nothing.
     assert "Downloading" not in steps["reinstall"].output_tail
@@ -283,6 +285,58 @@ async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: 
         if c.argv[:3] == ("uv", "pip", "install") and str(sim_sshd_host.python) not in c.argv
     )
     assert prefetch < stop
+
+
+async def test_a_flag_the_new_version_dropped_is_refused_before_the_stop(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # Issue 20: the unit passes `--task generate`; the new build's `vllm serve --help=all`
+    # (run in the prefetch's throwaway venv) does not list it, so the run ends before
+    # the stop instead of an outage, a start that exits with argparse's usage and a
+    # rollback.
+    sim_sshd_host.set_faults(removed_flag=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert result.status == RunStatus.ABORTED, out
+    assert result.summary.startswith(
+        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+    ), result.summary
+    assert steps["prefetch"].status == "failed" and "refuses the unit's flags" in out
+    assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
+    assert never_stopped(sim_sshd_host)
+    assert sim_sshd_host.installed_version == DEFAULT_VERSION
+    assert sim_sshd_host.unit_state() == "active"
+    assert no_throwaway_venv(sim_sshd_host)
+    # The help it judged by is the grouped one's full list (`--help=all`), not the summary.
+    help_runs = [c.argv for c in sim_sshd_host.calls() if c.argv[:1] == ("venv-vllm",)]
+    assert [a[2:] for a in help_runs] == [("serve", "--help=all")]
+
+
+async def test_a_wrapper_unit_is_said_unchecked_never_passed(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    # A unit that starts a script: its flags cannot be read, so the prefetch says so (a
+    # warning, not a pass) and goes on; here the build does drop the flag the script
+    # passes, the start fails as argparse makes it, and the rollback brings the old
+    # build back: what the check spares a unit it can read.
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(exec_wrapper=("/usr/local/bin/start-vllm.sh",))
+    )
+    kit.set_faults(removed_flag=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert steps["prefetch"].status == "ok", out
+    assert "every flag of the unit's ExecStart" not in out
+    assert (
+        "the unit's flags were not checked: the unit does not start `vllm serve` directly "
+        "(ExecStart: /usr/local/bin/start-vllm.sh)"
+    ) in out, out
+    assert not any(c.argv[:1] == ("venv-vllm",) for c in kit.calls())
+    assert result.status == RunStatus.ROLLED_BACK, out
+    assert "unrecognized arguments: --task generate" in out
+    assert kit.installed_version == DEFAULT_VERSION and kit.unit_state() == "active"
 
 
 async def test_a_snapshot_that_cannot_be_saved_refuses_before_the_stop(

@@ -4,6 +4,7 @@ and the rollback of the whole environment."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from bot.core import remote
@@ -11,6 +12,7 @@ from bot.core.cuda import GATE_CODE
 from bot.core.flows import EndStep, Packages
 from bot.core.packages import Change, EnvKind
 from bot.core.plan import Step
+from bot.core.unit_flags import HELP_BEGIN, HELP_END, HELP_FAILED
 from bot.hosts.base import CommandResult
 from tests.test_sequence import Host, is_rollback, ok, run, steps, verbs
 
@@ -99,12 +101,14 @@ def test_prefetch_runs_before_the_stop_with_the_pinned_set_on_stdin() -> None:
     fetched = ended(h, Step.PREFETCH)
     assert fetched.ok and "3 packages in uv's cache, 880.0 MiB downloaded" in fetched.summary
     prefetch = next(a for a, _ in h.index_env if a[:2] == ("/bin/sh", "-c") and "venv" in a[2])
-    assert prefetch[-5:] == (
+    assert prefetch[-6:] == (
         "/opt/venvs/.chatops/prefetch-vllm",
         "uv",
         "/opt/venvs/vllm/bin/python",
         "300",  # gate_timeout_s, then the gate run in the throwaway venv (issue 20)
         GATE_CODE,
+        # This host's `systemctl show` has no ExecStart: no help to list (unchecked).
+        "none",
     )
 
 
@@ -296,3 +300,78 @@ def test_rollback_on_unhealthy_off_ends_failed_with_the_exact_command() -> None:
         "/opt/venvs/vllm/bin/python --offline /opt/venvs/.chatops/vllm-"
     ) in out.summary
     assert verbs(h) == ["stop", "install", "start"]
+
+
+# Issue 20, item 2: the unit's flags, judged in the prefetch against the new version's
+# own option lines (the format of tests/samples/vllm_help/, two spaces in).
+EXEC_START = (
+    "ExecStart={ path=/opt/venvs/vllm/bin/vllm ; argv[]=/opt/venvs/vllm/bin/vllm serve "
+    "/models/Kimi-K2.5 --tensor-parallel-size 8 --max_model_len 65536 --task generate ; "
+    "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
+    "status=0/0 }\n"
+)
+HELP_LINES = [
+    "  --port PORT           Port number. (default: 8000)",
+    "  --max-model-len MAX_MODEL_LEN",
+    "  --tensor-parallel-size TENSOR_PARALLEL_SIZE, -tp TENSOR_PARALLEL_SIZE",
+]
+
+
+def _unit_and_help(h: Host, section: list[str] | None) -> list[tuple[str, ...]]:
+    """The unit's ExecStart, and ``section`` after the prefetch's output when it was
+    asked for the help; returns the prefetch argvs seen."""
+    inner, seen = h.command, []
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[1:4] == ("show", "-p", "ExecStart"):
+            return ok(a, EXEC_START)
+        r = inner(a)
+        if a[:2] == ("/bin/sh", "-c") and "venv" in a[2]:
+            seen.append(a)
+            if a[-1] == "serve" and section is not None:
+                return dataclasses.replace(r, stdout=r.stdout + "".join(f"{s}\n" for s in section))
+        return r
+
+    h.command = command  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_flag_the_new_help_lacks_refuses_before_the_stop() -> None:
+    h = Host()
+    seen = _unit_and_help(h, [HELP_BEGIN, *HELP_LINES, HELP_END])
+    out = run(h, version="0.16.0")
+    assert out.status == "aborted", out.summary
+    assert out.summary == (
+        "refused before the stop; service untouched: `--task` is not accepted by vllm "
+        "0.16.0 (the unit's ExecStart passes it; change the unit first)"
+    )
+    assert [a[-1] for a in seen] == ["serve"]
+    assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
+def test_flags_the_new_help_lists_pass_and_are_said() -> None:
+    h = Host()
+    _unit_and_help(h, [HELP_BEGIN, *HELP_LINES, "  --task TASK", HELP_END])
+    assert run(h, version="0.16.0").status == "succeeded"
+    said = ended(h, Step.PREFETCH).summary
+    assert "every flag of the unit's ExecStart (3) is accepted by vllm 0.16.0" in said
+
+
+def test_a_help_that_failed_is_unchecked_and_the_run_goes_on() -> None:
+    h = Host()
+    _unit_and_help(h, [HELP_BEGIN, f"{HELP_FAILED} exit 124: "])
+    assert run(h, version="0.16.0").status == "succeeded"
+    fetched = ended(h, Step.PREFETCH)
+    assert fetched.ok
+    assert (
+        "the unit's flags were not checked: `vllm serve --help` of the new version failed "
+        "(exit 124:)"
+    ) in fetched.summary
+    assert "WARNING: the unit's flags were not checked" in fetched.detail
+
+
+def test_a_prefetch_cut_before_the_help_ended_is_unchecked() -> None:
+    h = Host()
+    _unit_and_help(h, [HELP_BEGIN, *HELP_LINES])  # no end mark: the output was cut
+    assert run(h, version="0.16.0").status == "succeeded"
+    assert "prefetch printed no `vllm serve --help`" in ended(h, Step.PREFETCH).summary

@@ -299,6 +299,15 @@ def test_root_rules_have_no_wildcard_and_venv_rules_say_why_they_do() -> None:
     assert alias("9-lives.a", Privilege.ROOT) == "S_9_LIVES_A_ROOT"
 
 
+def test_no_argument_of_a_rule_holds_a_run_of_spaces() -> None:
+    # sudo compares a rule's arguments word by word: "a  b" in a rule is "a b", so an
+    # argument with two spaces in a row (a script's `grep '^  -'`) never matches its own
+    # rule, and real sudo asks for a password (tests/test_nonroot.py saw it).
+    for g in grants(service()):
+        for part in g.sample:
+            assert "  " not in part and "\t" not in part and "\n" not in part, g.line()
+
+
 def test_every_systemctl_and_journalctl_line_says_no_pager() -> None:
     # Issue 17, F10: systemd before 247 ran its pager (less, which runs a shell) as root
     # under sudo with a terminal (CVE-2023-26604). Every line the bot runs, and so every

@@ -43,4 +43,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "duplicate_dist_info",
     "metrics_no_vllm",
     "usage_thread_exception",
+    "removed_flag",
 )

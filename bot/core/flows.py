@@ -162,12 +162,12 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    fetch_ended = yield from prefetch(plan, svc, pre.env, pre.target)
+    fetch_ended = yield from prefetch(plan, svc, pre.env, pre.target, pre.serve)
     if fetch_ended is not None:
         match fetch_ended:
             case ("prefetch", why):
                 said = f"prefetch failed; service untouched: {why}"
-            case ("gate", why):
+            case ("gate" | "flags", why):
                 said = f"refused before the stop; service untouched: {why}"
         return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 

@@ -16,6 +16,7 @@ from bot.core.cuda import GATE_CODE
 from bot.core.gpu import APPS_QUERY_ARGV, GPU_QUERY_ARGV
 from bot.core.packages import parse_entry
 from bot.core.privilege import SAFE_PRELUDE, SH, Command, Privilege, run_as_of
+from bot.core.unit_flags import HELP_BEGIN, HELP_END, HELP_FAILED
 from bot.settings import ServiceSettings
 
 Argv = tuple[str, ...]
@@ -42,6 +43,13 @@ def unit_show(svc: ServiceSettings) -> Argv:
     return Command(
         (svc.systemctl, "show", "-p", UNIT_PROPERTIES, "--no-pager", "--", svc.unit), Privilege.ROOT
     )
+
+
+def unit_exec_start(svc: ServiceSettings) -> Argv:
+    """The unit's command line (issue 20: its flags are checked against the new vLLM).
+    No privilege: any account may read a unit's properties, and a separate read leaves
+    the sudo rule of ``unit_show`` as hosts already have it."""
+    return Command((svc.systemctl, "show", "-p", "ExecStart", "--no-pager", "--", svc.unit))
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
@@ -288,23 +296,38 @@ PREFETCH_SCRIPT = (
     # found before PATH is fixed, and nothing after is found through the caller's PATH.
     'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
     + SAFE_PRELUDE
-    + 'set -f; t="$1.$$"; py=$3; gt=$4; gc=$5; dir=${1%/*}; '
+    + 'set -f; t="$1.$$"; py=$3; gt=$4; gc=$5; hm=$6; dir=${1%/*}; '
     '(umask 077; mkdir -p -- "$dir") || exit 1; ' + _OWN_DIR + "set -e; "
     "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
     '"$uv" venv --quiet --python "$py" "$t"; '
     '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin; '
     # The throwaway venv is the new environment: its own interpreter runs the import
     # gate (GATE_CODE, "$5") before the venv is removed, bounded by gate_timeout_s ("$4");
-    # both kept before _OWN_DIR's `set --` replaces the positional parameters.
+    # both kept (and "$6", below) before _OWN_DIR's `set --` replaces the positional
+    # parameters.
     # The mark on stdout says the install itself succeeded, so a failure after it is the
     # gate's (issue 20).
     f"echo {PREFETCHED_MARK}; "
-    'timeout -k 10 "$gt" "$t/bin/python" -c "$gc"'
+    'timeout -k 10 "$gt" "$t/bin/python" -c "$gc"; '
+    # With "$6" ($hm) = serve (the unit starts `vllm serve`): the new version's own option list,
+    # for the unit's flags (issue 20). `--help=all` lists every option on the grouped help
+    # (vLLM 0.10 on), whose plain `--help` lists only the groups; before it, argparse
+    # refuses `--help=all` and `--help` lists them all. The help goes to a file in the
+    # venv (removed with it) and only its option lines, two spaces in, reach the output
+    # (written " {2}": sudoers reads a run of spaces in a rule as one).
+    'if [ "$hm" = serve ]; then h="$t/serve-help"; '
+    f"echo {HELP_BEGIN}; "
+    'if timeout -k 10 "$gt" "$t/bin/vllm" serve --help=all >"$h" 2>&1 '
+    '|| timeout -k 10 "$gt" "$t/bin/vllm" serve --help >"$h" 2>&1; '
+    "then grep -E '^ {2}--?[[:alpha:]]' \"$h\" || true; "
+    f"echo {HELP_END}; "
+    f'else e=$?; echo "{HELP_FAILED} exit $e: $(tail -n 2 "$h" | paste -s -d " " -)"; fi; fi'
 )
 
 
-def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
-    """Fetch the pinned set (on stdin, after the index URL when there is one)."""
+def prefetch(svc: ServiceSettings, index_url: str | None, *, check_flags: bool = False) -> Argv:
+    """Fetch the pinned set (on stdin, after the index URL when there is one); with
+    ``check_flags``, also list the new ``vllm serve``'s options."""
     return _with_index(
         _as_owner(
             SH,
@@ -316,6 +339,7 @@ def prefetch(svc: ServiceSettings, index_url: str | None) -> Argv:
             svc.python,
             f"{svc.gate_timeout_s:g}",
             GATE_CODE,
+            "serve" if check_flags else "none",
         ),
         index_url,
     )
@@ -330,7 +354,8 @@ def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
         f"{shlex.join((svc.uv, 'pip', 'install', '--python', t + '/bin/python'))} "
         f"--no-deps -r <the dry run's pinned set> && "
         f"{shlex.quote(t + '/bin/python')} -c 'import vllm, torch' (the import and CUDA gate, "
-        f"before the stop); rm -rf {shlex.quote(t)}"
+        f"before the stop) && {shlex.quote(t + '/bin/vllm')} serve --help=all (the unit's "
+        f"flags, when it starts `vllm serve`); rm -rf {shlex.quote(t)}"
     )
 
 

@@ -276,6 +276,11 @@ def _owner_grants(svc: ServiceSettings) -> list[Grant]:
             remote.prefetch(svc, None),
             "prefetch the new packages into uv's cache, through a throwaway venv",
         ),
+        _exact(
+            remote.prefetch(svc, None, check_flags=True),
+            "the same prefetch, which also lists the new `vllm serve`'s options "
+            "for the unit's flags",
+        ),
         _with_glob(
             remote.sync_lock(svc, lock, offline=True),
             _DIGEST_SAMPLE,

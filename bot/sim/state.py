@@ -108,6 +108,12 @@ class HostConfig:
     neighbour_unit: str = ""
     neighbour_gpus: tuple[int, ...] = ()
     neighbour_used_mib: int = 90000
+    # Issue 20. The flags the unit passes `vllm serve` beyond the model, the GPUs and the
+    # port (ExecStart in `systemctl show`); with the removed_flag fault, no build but the
+    # one the host booted with accepts `--task`. A wrapper: ExecStart runs this command
+    # instead of `vllm serve` (a script whose flags cannot be checked).
+    unit_flags: tuple[str, ...] = ("--served-model-name", "kimi-k2.5", "--task", "generate")
+    exec_wrapper: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -225,6 +231,10 @@ class Faults:
     # Issue 17: a start logs vLLM's usage-stats thread dying of a PermissionError (it cannot
     # write ~/.config/vllm under ProtectHome=): a thread's traceback, the start goes on.
     usage_thread_exception: bool = False
+    # Issue 20: the builds other than the one the host booted with no longer accept the
+    # `--task` flag the unit passes (vllm-project/vllm#18538): their `vllm serve --help`
+    # does not list it, and a start of one exits at once, as argparse does.
+    removed_flag: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,3 +664,27 @@ def vllm_line(ts: float, level: str, source: str, text: str) -> str:
 
 def replace_run(st: HostState, **changes: Any) -> HostState:
     return replace(st, run=replace(st.run, **changes))
+
+
+def exec_start(st: HostState) -> tuple[str, ...]:
+    """The unit's command line (ExecStart): `vllm serve` from the venv, or the wrapper."""
+    cfg = st.config
+    if cfg.exec_wrapper:
+        return cfg.exec_wrapper
+    return (
+        f"{st.venv}/bin/vllm",
+        "serve",
+        cfg.model,
+        "--tensor-parallel-size",
+        str(len(unit_gpus(cfg))),
+        "--port",
+        str(st.service_port),
+        *cfg.unit_flags,
+    )
+
+
+def refused_flags(st: HostState, version: str | None) -> tuple[str, ...]:
+    """The unit's flags that ``version`` of vllm does not accept (the removed_flag fault)."""
+    if not st.faults.removed_flag or version == st.boot_version:
+        return ()
+    return tuple(f for f in st.config.unit_flags if f == "--task")

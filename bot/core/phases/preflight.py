@@ -46,6 +46,15 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
+from bot.core.unit_flags import (
+    FlagVerdict,
+    ServeCommand,
+    help_section,
+    judge_flags,
+    parse_exec_start,
+    parse_help_options,
+    serve_command,
+)
 from bot.settings import ServiceSettings
 
 
@@ -69,6 +78,9 @@ class _Preflight:
     state: ServiceState
     refusal: str | None = None  # why it refused; None when every check passed
     env: Env | None = None  # the environment snapshot a rollback restores
+    # The unit's `vllm serve` command (its flags, checked against the new version in the
+    # prefetch), or why they cannot be checked.
+    serve: ServeCommand | str = "the unit's ExecStart was not read"
 
 
 def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
@@ -82,6 +94,7 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
     state = ServiceState.UNKNOWN
     try:
         props, state = yield from preflight_unit(svc, host)
+        serve = yield from _preflight_exec_start(svc)
         before = yield from _preflight_version(svc)
         avail = yield from _preflight_disk(svc)
         target, dry_output = yield from _preflight_dry_run(plan, svc)
@@ -101,7 +114,21 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
             f"{env.freeze.count} packages" + ("" if plan.dry_run else f" kept as {env.lock}"),
         )
     )
-    return _Preflight(before, target, state, env=env)
+    return _Preflight(before, target, state, env=env, serve=serve)
+
+
+def _preflight_exec_start(svc: ServiceSettings) -> Phase[ServeCommand | str]:
+    """The unit's ``vllm serve`` command from its ExecStart, or why its flags cannot be
+    checked. Never a refusal: a unit this cannot read is said as unchecked."""
+    r = yield from run(
+        Step.PREFLIGHT, remote.unit_exec_start(svc), svc.command_timeout_s, quiet=True
+    )
+    if not r.ok:
+        return f"cannot read the unit's ExecStart ({reason_of(r)})"
+    argv = parse_exec_start(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
+    if argv is None:
+        return "the unit's ExecStart names no command"
+    return serve_command(argv)
 
 
 def preflight_unit(svc: ServiceSettings, host: str) -> Phase[tuple[dict[str, str], ServiceState]]:
@@ -216,7 +243,7 @@ def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str) -> Ph
 
 # How a prefetch ended a run before the stop: the prefetch itself failed (no new
 # environment to judge), or the new environment's own gate refused it.
-PrefetchEnd = tuple[Literal["prefetch", "gate"], str] | None
+PrefetchEnd = tuple[Literal["prefetch", "gate", "flags"], str] | None
 
 
 def _size(n: int | None) -> str:
@@ -230,16 +257,22 @@ def _size(n: int | None) -> str:
 
 
 def prefetch(
-    plan: Plan, svc: ServiceSettings, env: Env, target: str | None = None
+    plan: Plan,
+    svc: ServiceSettings,
+    env: Env,
+    target: str | None = None,
+    serve: ServeCommand | str = "the unit's ExecStart was not read",
 ) -> Phase[PrefetchEnd]:
     """Before the stop, fetch every wheel the install needs into uv's cache (what the
     dry run says the install installs, pinned, installed into a throwaway venv), then let
     that venv's own interpreter run the import and CUDA gate (it is the new environment:
     a torch built for a newer CUDA major than the driver's is refused here, before the
-    stop), then remove the venv (always: the script's trap). None when done, else which
-    part ended it and why (the service is untouched)."""
+    stop), then, when the unit starts ``vllm serve``, judge its flags against that
+    version's own ``vllm serve --help`` (a flag it does not accept is refused here), then
+    remove the venv (always: the script's trap). None when done, else which part ended it
+    and why (the service is untouched)."""
     driver_cuda = yield from read_driver_cuda(Step.PREFETCH, svc)
-    argv = remote.prefetch(svc, plan.index_url)
+    argv = remote.prefetch(svc, plan.index_url, check_flags=isinstance(serve, ServeCommand))
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
     pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
     stdin = (remote.index_input(plan.index_url) or b"") + pins.encode()
@@ -270,13 +303,44 @@ def prefetch(
         why += f"({verdict.check} check failed: {gate_why})"
         yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
         return ("gate", why)
+    flags = _judge_flags(r.stdout, serve, svc.package, report.vllm if report else target)
+    if flags.outcome == "refused":
+        why = f"the new version refuses the unit's flags: {flags.reason}"
+        yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
+        return ("flags", flags.reason)
+    warnings = [w for w in (verdict.warning,) if w]
+    if flags.outcome == "unchecked":
+        warnings.append(f"the unit's flags were not checked: {flags.reason}")
+    said = f"{fetched}; the new environment passed the import gate: {verdict.reason}"
+    # Said on the step's line either way: unchecked is never read as a pass.
+    said += (
+        f"; {flags.reason}"
+        if flags.outcome == "accepted"
+        else f"; the unit's flags were not checked: {flags.reason}"
+    )
     yield Emit(
         EndStep(
             Step.PREFETCH,
             True,
-            f"{fetched}; the new environment passed the import gate: {verdict.reason}",
+            said,
             r.exit_status,
-            f"WARNING: {verdict.warning}" if verdict.warning else "",
+            "\n".join(f"WARNING: {w}" for w in warnings),
         )
     )
     return None
+
+
+def _judge_flags(
+    stdout: str, serve: ServeCommand | str, package: str, version: str | None
+) -> FlagVerdict:
+    """The unit's flags against the option lines the prefetch printed: unchecked (never
+    a pass) when the unit does not start ``vllm serve`` or the help could not be read."""
+    if isinstance(serve, str):
+        return FlagVerdict("unchecked", serve)
+    section = help_section(stdout)
+    if section is None:
+        return FlagVerdict("unchecked", "the prefetch printed no `vllm serve --help`")
+    lines, failed = section
+    if failed is not None:
+        return FlagVerdict("unchecked", f"`vllm serve --help` of the new version failed ({failed})")
+    return judge_flags(serve, parse_help_options(lines), package, version)

@@ -24,7 +24,7 @@ TOOLS = {
 }
 # Tools that are no command on PATH: the venv's interpreter (SimKit writes
 # <venv>/bin/python to run it).
-VENV_TOOLS = {"python": "python", "venv-python": "venv_python"}
+VENV_TOOLS = {"python": "python", "venv-python": "venv_python", "venv-vllm": "venv_vllm"}
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from bot.sim.state import HostState, StateStore, host_view, main_pid, unit_state
+from bot.sim.state import HostState, Run, StateStore, exec_start, host_view, main_pid, unit_state
 from bot.sim.tools import journalctl, unit
 
 # The order systemd itself prints these in.
@@ -37,6 +37,7 @@ _ORDER = (
     "InactiveEnterTimestamp",
     "LoadError",
     "User",
+    "ExecStart",
 )
 _NEEDS_UNIT = ("start", "stop", "restart", "is-active", "reset-failed")
 
@@ -82,7 +83,20 @@ def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
         "ActiveEnterTimestamp": _stamp(run.started_at),
         "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
         "User": st.config.unit_user,
+        "ExecStart": _exec_start(st, run, now),
     }
+
+
+def _exec_start(st: HostState, run: Run, now: float) -> str:
+    """As systemd 252 prints it (systemd/systemd#16051): the arguments joined by spaces,
+    unquoted, then the last run's times and status."""
+    argv = exec_start(st)
+    pid = main_pid(run, now)
+    return (
+        f"{{ path={argv[0]} ; argv[]={' '.join(argv)} ; ignore_errors=no ; "
+        f"start_time=[{_stamp(run.started_at) or 'n/a'}] ; stop_time=[n/a] ; "
+        f"pid={pid} ; code={'(null)' if pid else 'exited'} ; status=0/0 }}"
+    )
 
 
 def _show(st: HostState, units: list[str], props: list[str], value_only: bool) -> int:

@@ -20,6 +20,7 @@ from bot.sim.state import (
     JournalEntry,
     Run,
     StateStore,
+    refused_flags,
     replace_run,
     unit_state,
     vllm_line,
@@ -349,6 +350,28 @@ def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
     ]
 
 
+def _usage_error(
+    st: HostState, run: Run, at: float, refused: tuple[str, ...]
+) -> list[JournalEntry]:
+    """A flag the build does not know: argparse prints its usage and exits 2 before
+    anything loads."""
+    svc = service_name(st.config.unit)
+    args = " ".join(w for f in refused for w in (f, *_value_after(st.config.unit_flags, f)))
+    lines = [
+        "usage: vllm serve [model_tag] [options]",
+        f"vllm serve: error: unrecognized arguments: {args}",
+    ]
+    return [JournalEntry(at, "vllm", run.main_pid, line) for line in lines] + [
+        _systemd(at, f"{svc}: Main process exited, code=exited, status=2/INVALIDARGUMENT"),
+        _systemd(at, f"{svc}: Failed with result 'exit-code'."),
+    ]
+
+
+def _value_after(flags: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    i = flags.index(flag) + 1
+    return (flags[i],) if i < len(flags) and not flags[i].startswith("-") else ()
+
+
 def _engine_death(st: HostState, run: Run, at: float) -> list[JournalEntry]:
     """A served engine dying, as vLLM logs it (tests/samples/SOURCES.md: vllm#44281,
     vllm-metal#112): the API server's output handler fails with EngineDeadError, then
@@ -379,7 +402,8 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     version = st.installed_version
     # A venv that cannot import vllm, or a torch the driver is too old for, crashes too.
     broken = import_problem(st) is not None or cuda_problem(st) is not None
-    fails = may_fail and (version is None or st.faults.start_fails or broken)
+    refused = refused_flags(st, version) if may_fail else ()
+    fails = may_fail and (version is None or st.faults.start_fails or broken or bool(refused))
     run = Run(
         generation=st.run.generation + 1,
         main_pid=st.next_pid,
@@ -390,7 +414,9 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     )
     plan = [_systemd(t0, f"Started {service_name(cfg.unit)} - {cfg.description}.")]
     plan += _load_plan(st, run, t0)
-    if run.fail_at is not None:
+    if refused:
+        plan = plan[:1] + _usage_error(st, run, t0 + cfg.fail_delay_s, refused)
+    elif run.fail_at is not None:
         plan = [e for e in plan if e.ts < run.fail_at] + _crash_plan(st, run, run.fail_at)
     elif may_fail and st.faults.oom_at_start:
         run, plan = _oom(st, run, plan)

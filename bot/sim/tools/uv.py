@@ -687,16 +687,18 @@ def _venv(args: list[str]) -> int:
         for k in ("SIM_STATE_DIR", "SIM_PYTHON")
         if os.environ.get(k)
     )
-    (venv / "bin" / "python").write_text(
-        "#!/bin/sh\n# Simulated throwaway-venv interpreter (bot/sim/tools/python.py).\n"
-        + keep
-        + 'if [ -x "${SIM_FORK_CLIENT:-}" ]; then\n'
-        f'  PYTHONPATH="{root}" exec "$SIM_FORK_CLIENT" -S "{sim}/forkclient.py" '
-        f'venv-python "{venv.resolve()}" "$@"\nfi\n'
-        f'PYTHONPATH="{root}" exec "${{SIM_PYTHON:-python3}}" -S "{sim}/forkclient.py" '
-        f'venv-python "{venv.resolve()}" "$@"\n'
-    )
-    (venv / "bin" / "python").chmod(0o755)
+    # Its `vllm` too (bot.sim.tools.venv_vllm): the help of the vllm installed into it.
+    for name, tool in (("python", "venv-python"), ("vllm", "venv-vllm")):
+        (venv / "bin" / name).write_text(
+            f"#!/bin/sh\n# Simulated throwaway-venv {name} (bot/sim/tools/{tool}).\n"
+            + keep
+            + 'if [ -x "${SIM_FORK_CLIENT:-}" ]; then\n'
+            f'  PYTHONPATH="{root}" exec "$SIM_FORK_CLIENT" -S "{sim}/forkclient.py" '
+            f'{tool} "{venv.resolve()}" "$@"\nfi\n'
+            f'PYTHONPATH="{root}" exec "${{SIM_PYTHON:-python3}}" -S "{sim}/forkclient.py" '
+            f'{tool} "{venv.resolve()}" "$@"\n'
+        )
+        (venv / "bin" / name).chmod(0o755)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n" + VENV_MARK)
     if not quiet:
         _err(
