@@ -20,6 +20,7 @@ from bot.core.doctor_types import (
 from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
 from bot.core.results import CommandResult
 from bot.core.routers import doctor as router_doctor
+from bot.core.unit_flags import parse_exec_start, serve_command
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings, Settings
 
@@ -277,6 +278,34 @@ def _disk(p: Probe, a: Answer, s: Settings) -> Check:
     return judged(p, Outcome.OK, f"{avail:,} MiB free (min {svc.min_free_disk_mib:,})")
 
 
+def _unit_flags(p: Probe, a: Answer, s: Settings) -> Check:
+    """Whether a redeploy can check the unit's flags against the new version (issue 20):
+    a unit that starts a wrapper cannot be, which a redeploy says only once it runs."""
+    r = a.results[0] if a.results else None
+    if a.error or r is None or not r.ok:
+        return judged(
+            p,
+            Outcome.WARN,
+            a.error or "cannot read the unit's ExecStart" + (f" ({reply(r)})" if r else ""),
+        )
+    argv = parse_exec_start(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
+    command = serve_command(argv) if argv is not None else "the unit's ExecStart names no command"
+    if isinstance(command, str):
+        return judged(
+            p,
+            Outcome.WARN,
+            f"not checkable: {command}",
+            "a flag a new vLLM dropped then shows only when it starts (after the stop); "
+            "start `vllm serve` from the unit itself so each redeploy checks its flags first",
+        )
+    return judged(
+        p,
+        Outcome.OK,
+        f"`vllm serve` with {len(command.flags)} flags: each redeploy checks them against "
+        "the new version's `vllm serve --help=all` before the stop",
+    )
+
+
 _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "login account": _login_account,
     "tcp": _tcp,
@@ -285,6 +314,7 @@ _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "nvidia-smi": _nvidia_smi,
     "uv": _uv,
     "unit": _unit,
+    "unit flags": _unit_flags,
     "venv": _venv,
     "health": _health,
     "disk": _disk,

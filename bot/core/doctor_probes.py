@@ -96,6 +96,14 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
         Probe(
             host,
             name,
+            "unit flags",
+            Kind.COMMANDS,
+            ((remote.unit_exec_start(svc), Privilege.NONE),),
+            timeout_s=t,
+        ),
+        Probe(
+            host,
+            name,
             "venv",
             Kind.COMMANDS,
             (
