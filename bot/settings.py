@@ -303,6 +303,17 @@ class ServiceSettings(_Section):
             raise ValueError("a GPU is listed twice")
         return v
 
+    @model_validator(mode="after")
+    def _watch(self) -> ServiceSettings:
+        # A window shorter than its interval would check once, at its end: not a watch.
+        if self.watch_s and self.watch_interval_s > self.watch_s:
+            raise ValueError(
+                f"watch_interval_s ({self.watch_interval_s:g}) is longer than watch_s "
+                f"({self.watch_s:g}): the window would check once at most; shorten "
+                "watch_interval_s"
+            )
+        return self
+
     @field_validator("unit")
     @classmethod
     def _unit(cls, v: str) -> str:

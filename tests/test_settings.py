@@ -37,3 +37,15 @@ def test_an_ordinary_unit_name_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "chatops.toml"
     path.write_text(CONFIG.format(unit="vllm-kimi-k25.service"))
     assert load_settings(path).services["kimi"].unit == "vllm-kimi-k25.service"
+
+
+def test_a_watch_window_shorter_than_its_interval_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "chatops.toml"
+    path.write_text(CONFIG.format(unit="vllm-kimi.service") + "watch_s = 20\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)  # watch_interval_s defaults to 30
+    assert "watch_interval_s (30) is longer than watch_s (20)" in str(caught.value)
+    path.write_text(
+        CONFIG.format(unit="vllm-kimi.service") + "watch_s = 20\nwatch_interval_s = 5\n"
+    )
+    assert load_settings(path).services["kimi"].watch_interval_s == 5
