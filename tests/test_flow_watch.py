@@ -45,6 +45,9 @@ def test_a_clean_window_succeeds_only_after_it() -> None:
     names = [s for s, _ in steps(h)]
     assert names.index("watch") < names.index("postcheck")
     assert h.now >= 600
+    # Each clean round but the last is said in place on the card while the window runs.
+    shown = [p.text for p in h.progress if p.step == Step.WATCH]
+    assert shown[0] == "1 round(s) clean, at 1m00s of 10m00s" and len(shown) == 9, shown
 
 
 def test_a_hang_inside_the_window_rolls_back_with_the_check_and_the_time() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from bot.core import remote
-from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, http, pause, run
+from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, Progress, http, pause, run
 from bot.core.phases.common import HEALTH_REQUEST_TIMEOUT_S, http_why, reason_of, unit_state
 from bot.core.phases.ready import serves
 from bot.core.phases.start import StartFailed
@@ -54,6 +54,9 @@ def watch_window(svc: ServiceSettings) -> Phase[WatchEnd]:
             yield Emit(EndStep(step, False, reason, None, _out(rounds)))
             return StartFailed(reason, in_journal=why.startswith("journal:"))
         rounds.append(f"ok {at}")
+        if elapsed < svc.watch_s:
+            # In place on the card: a window of minutes must not look like a hang.
+            yield Progress(step, f"{n} round(s) clean, {at}", elapsed)
         if elapsed >= svc.watch_s:
             yield Emit(EndStep(step, True, _summary(n, elapsed, "clean"), None, _out(rounds)))
             return None
