@@ -97,6 +97,27 @@ class PolicySettings(_Section):
         return v
 
 
+class MetricsSettings(_Section):
+    # Where the bot serves Prometheus' /metrics ("127.0.0.1:9464"); None: not served.
+    listen: str | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{v!r} is not host:port (for example 127.0.0.1:9464)")
+        return v
+
+    def address(self) -> tuple[str, int] | None:
+        if self.listen is None:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
 class SlackSettings(_Section):
     channels: list[str] = Field(default_factory=list)
     post_interval_s: float = Field(1.0, ge=0)
@@ -411,6 +432,7 @@ class Settings(BaseSettings):
 
     policy: PolicySettings = PolicySettings()
     slack: SlackSettings = SlackSettings()
+    metrics: MetricsSettings = MetricsSettings()
     security: SecuritySettings = SecuritySettings()
     audit: AuditSettings = AuditSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)

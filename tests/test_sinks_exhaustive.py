@@ -12,6 +12,7 @@ import io
 from typing import get_args
 
 import pytest
+from prometheus_client.exposition import generate_latest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.cli.terminal import TerminalSink
@@ -24,6 +25,7 @@ from bot.core.redact import Redactor
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 from bot.engine import gpu_health, preview
+from bot.engine.exporter import Exporter
 from bot.slack.blocks import CardView, initial_steps
 from bot.slack.poster import Poster
 from bot.slack.reporter import SlackReporter
@@ -144,3 +146,23 @@ async def test_the_gpu_health_collector_handles(kind: type) -> None:
     collect = gpu_health._Collect()
     await collect.handle(example(kind))
     assert collect.check == (CHECK if kind is ev.GpuHealthKnown else None)
+
+
+# ---- the metrics: every event is taken; the counting ones count ---------------------
+
+
+@pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)
+async def test_the_metrics_sink_handles(kind: type) -> None:
+    exporter = Exporter(monotonic=lambda: 10.0)
+    sink = exporter.sink()
+    await sink.handle(example(ev.RunStarted))  # a run it knows
+    await sink.handle(example(kind))
+    text = generate_latest(exporter.registry).decode()
+    counted = {
+        ev.StepFinished: 'vllm_chatops_step_duration_seconds_count{action="redeploy",'
+        'step="preflight"} 1.0',
+        ev.RunFinished: 'vllm_chatops_runs_total{action="redeploy",service="svc",'
+        'status="succeeded"} 1.0',
+    }
+    for k, line in counted.items():
+        assert (line in text) == (k is kind), (kind, line)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 from pathlib import Path
+
+import aiohttp
 
 from bot.settings import Settings
 from bot.sim.kit import SimKit
@@ -89,3 +92,36 @@ async def test_an_empty_approvers_list_is_refused_at_start(
         assert await serve(settings, err=err) == 2
         assert "[policy].approvers is empty" in err.getvalue()
         assert fake.calls() == []  # refused before anything else
+
+
+async def test_the_bot_serves_its_metrics_where_configured(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    # A free port, taken back just before the bot binds it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with new_fake() as fake:
+        settings = make_settings(
+            tmp_path, sim_host, fake, app_token=True, metrics={"listen": f"127.0.0.1:{port}"}
+        )
+        err = io.StringIO()
+        stop = asyncio.Event()
+        bot = asyncio.create_task(serve(settings, stop=stop, err=err))
+        try:
+            await fake.socket_mode.wait_connected(timeout=10)  # metrics start before this
+            assert f"serving Prometheus metrics on 127.0.0.1:{port}/metrics" in err.getvalue()
+            # A command from a channel the bot does not serve: refused, and counted.
+            await fake.socket_mode.slash_command(
+                fake.slash_command(f"restart {SERVICE}", channel_id="C0OTHER")
+            )
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{port}/metrics") as resp,
+            ):
+                text = await resp.text()
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(bot, 10) == 0
+    assert 'vllm_chatops_refusals_total{reason="wrong_channel"} 1.0' in text, text
+    assert 'vllm_chatops_runs_in_flight{status="pending_approval"} 0.0' in text

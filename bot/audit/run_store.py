@@ -10,8 +10,10 @@ from typing import Any
 
 from bot.audit import decisions as decisions_sql
 from bot.audit import leftover_approvals as leftover_approvals_sql
+from bot.audit import metrics_reads as metrics_reads_sql
 from bot.audit import runs as runs_sql
 from bot.audit.leftover_approvals import LeftoverApproval
+from bot.audit.metrics_reads import MetricsReads
 from bot.audit.records import DecisionRecord, RunRecord, checked, format_ts, now_ts
 from bot.audit.store_base import StoreBase, shielded
 from bot.core.status import Action, Decision, RunStatus, Source
@@ -155,6 +157,12 @@ class RunStore(StoreBase):
                 statuses=None if statuses is None else list(statuses),
                 limit=limit,
             )
+
+    @shielded
+    async def metrics_reads(self) -> MetricsReads:
+        """What a metrics scrape reads (``bot.audit.metrics_reads``), in one read."""
+        async with self._db.transaction(write=False) as conn:
+            return await metrics_reads_sql.read(conn)
 
     # -- decisions ---------------------------------------------------------------
 

@@ -24,6 +24,8 @@ class RunStarted:
     plan: Plan
     requested_by: str
     approved_by: tuple[str, ...]
+    # From the request until this start (approvals included); None: not known.
+    waited_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bot.audit.records import parse_ts
 from bot.audit.resilient import AuditWriter
 from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
@@ -99,6 +100,8 @@ class Engine:
         self.lifecycle = lifecycle
         # A run's audit records: retried, or kept in the fallback journal (audit_sink).
         self.writer = writer
+        # Sinks that hear every run this process drives (bot.engine.exporter's).
+        self.observers: tuple[ev.EventSink, ...] = ()
 
     def plan(
         self,
@@ -186,8 +189,12 @@ class Engine:
         # stop a half-finished maintenance job.
         notify = ev.BestEffort(sink)
         audit = RunAudit(self.writer, run_id, token, notify)
+        # The process's own observers (its metrics) hear every run, best effort too.
+        watchers = [ev.BestEffort(o) for o in self.observers]
         try:
-            return await self._execute(record, plan, ev.FanOut(audit, notify), token, audit, gate)
+            return await self._execute(
+                record, plan, ev.FanOut(audit, notify, *watchers), token, audit, gate
+            )
         except BaseException:
             # Cancelled (the bot shutting down, a second Ctrl-C) or broken: the record
             # must say so at once, not wait for the next start's recovery.
@@ -207,8 +214,9 @@ class Engine:
         gate: LeftoverGate | None = None,
     ) -> RunResult:
         run_id = record.id
+        waited = (self.lifecycle.clock() - parse_ts(record.created_at)).total_seconds()
         await sink.handle(
-            ev.RunStarted(run_id, plan, record.requested_by, tuple(record.approved_by))
+            ev.RunStarted(run_id, plan, record.requested_by, tuple(record.approved_by), waited)
         )
         flow = FLOWS[plan.action]
         svc = self.settings.services[plan.service]

@@ -136,6 +136,8 @@ class _RunLife:
         self.settings = settings
         self.audit = audit
         self.clock = clock
+        # Told each refusal's reason code (the process's metrics; bot.engine.runtime).
+        self.on_refusal: Callable[[Refusal], None] = _ignore
         self.judge = Judge(
             wall=clock,
             monotonic=monotonic if monotonic is not None else system_monotonic(),
@@ -307,6 +309,7 @@ class RunLifecycle(_RunLife):
             command=f"{record.action} {record.service}",
             reason=reason,
         )
+        self.on_refusal(Refusal.NOT_STARTED)
         return moved
 
     # ---- approve, deny ------------------------------------------------------------------
@@ -439,6 +442,7 @@ class RunLifecycle(_RunLife):
         expired: bool = False,
     ) -> Refused:
         await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
+        self.on_refusal(code)
         return Refused(reason, expired=expired, code=code)
 
     # ---- cancel -------------------------------------------------------------------------
@@ -504,3 +508,7 @@ class RunLifecycle(_RunLife):
             expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED),
             summary=reason,
         )
+
+
+def _ignore(code: Refusal) -> None:
+    """No one listening for refusals (no metrics)."""

@@ -78,6 +78,8 @@ class Refusal(StrEnum):
     NOT_DRIVEN = "not_driven"  # recover: nothing drives the run
     OWNER_ALIVE = "owner_alive"  # recover: its owner is alive (and no --force)
     CHANGED = "changed"  # recover: the run changed between the look and the recovery
+    # Approved, but it could not start: its service was busy, or the plan drifted.
+    NOT_STARTED = "not_started"
 
 
 @dataclass(frozen=True, slots=True)

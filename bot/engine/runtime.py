@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from bot.audit.resilient import AuditWriter
 from bot.audit.store import AuditLog
 from bot.core.redact import Redactor
 from bot.engine.audit_sink import audit_writer
 from bot.engine.engine import Engine
+from bot.engine.exporter import Exporter
 from bot.engine.lifecycle import Clock, RunLifecycle, utc_now
 from bot.engine.operations import Operations
 from bot.hosts.pool import HostPool
@@ -28,6 +30,8 @@ class Runtime:
     lifecycle: RunLifecycle  # every status change of a run, for the engine and front ends
     # Every change a person asks of a run, for both front ends (on ``lifecycle``).
     operations: Operations
+    writer: AuditWriter  # the runs' resilient audit writes (its journal's depth: metrics)
+    metrics: Exporter  # what this process did, for Prometheus (bot.engine.metrics_http)
 
 
 @asynccontextmanager
@@ -47,15 +51,14 @@ async def open_runtime(
     await writer.start()
     pool = HostPool(settings, nvml=nvml)
     lifecycle = RunLifecycle(settings, audit, clock=clock)
+    # Always kept (cheap): served only where [metrics] listen is set (bot.slack.app).
+    metrics = Exporter()
+    engine = Engine(settings, audit, pool, lifecycle, writer)
+    engine.observers = (metrics.sink(),)
+    lifecycle.on_refusal = metrics.refused
     try:
         yield Runtime(
-            settings,
-            audit,
-            pool,
-            Engine(settings, audit, pool, lifecycle, writer),
-            redact,
-            lifecycle,
-            Operations(lifecycle),
+            settings, audit, pool, engine, redact, lifecycle, Operations(lifecycle), writer, metrics
         )
     finally:
         await pool.close()

@@ -29,6 +29,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.engine.metrics_http import METRICS_PATH, start_metrics
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
 from bot.slack import edge, handlers
@@ -191,7 +192,13 @@ async def serve(
         await front_end.resume()
         front_end.start_sweep()
         who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
+        metrics = None
         try:
+            if (address := settings.metrics.address()) is not None:
+                metrics, port = await start_metrics(
+                    runtime.metrics, runtime.audit, runtime.writer, *address
+                )
+                err.write(f"serving Prometheus metrics on {address[0]}:{port}{METRICS_PATH}\n")
             if settings.slack_app_token is not None:
                 handler = AsyncSocketModeHandler(
                     app, settings.slack_app_token.get_secret_value(), web_client=client
@@ -215,6 +222,8 @@ async def serve(
                 finally:
                     await runner.cleanup()
         finally:
+            if metrics is not None:
+                await metrics.cleanup()
             await front_end.aclose()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):

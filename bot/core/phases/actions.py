@@ -114,7 +114,8 @@ class Packages:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """The GPU check's verdict on a host, read at the request for the approval card."""
+    """The GPU check's verdict on a host: read at the request for the approval card, and
+    by a run's own GPU check (its step shows it; the metrics keep it)."""
 
     check: GpuCheck
 

@@ -100,6 +100,9 @@ def gpu_check(svc: ServiceSettings, host: str, local: bool) -> Phase[GpuCheck]:
     untouched. ``local``: the bot runs on the host, so NVML reads the GPUs' state."""
     yield Emit(BeginStep(Step.GPU_CHECK, gpu_check_command(svc, local)))
     check = yield from _read_gpu_check(svc, host)
+    # The verdict as a notice too: the sinks that keep each GPU's state (the metrics) hear
+    # it from every run; the card and the terminal show the step instead.
+    yield Emit(Health(check))
     health, scope = check.health, check.scope
     if health is None:
         yield Emit(EndStep(Step.GPU_CHECK, False, check.refusal or "not reached"))
