@@ -98,6 +98,12 @@ class Exporter:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
+        self._define_state(r)
+        # The runs this process drives now: bounded by the locks (one per service).
+        self._runs: dict[int, _Run] = {}
+
+    def _define_state(self, r: CollectorRegistry) -> None:
+        """What is counted beside the runs' own timings, and the shared state's gauges."""
         self.rollbacks = Counter(
             "vllm_chatops_rollbacks",
             "Hosts a run rolled back to the previous version.",
@@ -148,8 +154,6 @@ class Exporter:
         Info("vllm_chatops_build", "The bot's build.", registry=r).info(
             {"version": _build_version()}
         )
-        # The runs this process drives now: bounded by the locks (one per service).
-        self._runs: dict[int, _Run] = {}
 
     def sink(self) -> ev.EventSink:
         return _ExporterSink(self)
