@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, assert_never
 
 from packaging.version import InvalidVersion, Version
 
@@ -66,6 +66,11 @@ class Step(StrEnum):
     ROTATION = "rotation"  # the read-only `rotation` command
     # Issue 20: the watch window after the start.
     WATCH = "watch"
+    # Issue 20, item 3: side-by-side releases.
+    BUILD = "build"
+    SWITCH = "switch"
+    ROLLBACK_SWITCH = "rollback_switch"
+    PRUNE = "prune"
 
 
 STEP_TITLES: dict[Step, str] = {
@@ -91,6 +96,11 @@ STEP_TITLES: dict[Step, str] = {
     Step.LEFTOVERS: "Terminate leftover processes (approved)",
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
     Step.WATCH: "Watch window (unit, journal, health, smoke) after the start",
+    Step.BUILD: "Build the new release beside the live one, then the import and CUDA gate "
+    "with its own interpreter (before the stop)",
+    Step.SWITCH: "Switch the venv's link to the new release",
+    Step.ROLLBACK_SWITCH: "Rollback: switch the venv's link back to the previous release",
+    Step.PRUNE: "Prune old releases (never the live or the previous one)",
     Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
     Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
     Step.ROTATION: "Each replica in or out of rotation (router), its sessions and health",
@@ -198,6 +208,52 @@ def redeploy_steps(
     svc: ServiceSettings, spec: str, index_url: str | None, local: bool | None = False
 ) -> tuple[PlannedStep, ...]:
     """``local``: the bot runs on the hosts (None: on some), so NVML reads their GPUs."""
+    steps = _in_place_steps(svc, spec, index_url, local)
+    match svc.strategy:
+        case "in_place":
+            return steps
+        case "side_by_side":
+            return _side_by_side(svc, index_url, steps)
+        case _:
+            assert_never(svc.strategy)
+
+
+def _side_by_side(
+    svc: ServiceSettings, index_url: str | None, steps: tuple[PlannedStep, ...]
+) -> tuple[PlannedStep, ...]:
+    """The redeploy of a side-by-side service: the build (and its gate) where the prefetch
+    was, the switch where the reinstall and its gate were, the prune at the end."""
+    name = "<version>-<sha of the pinned set>"
+    out: list[PlannedStep] = []
+    for s in steps:
+        if s.step == Step.PREFETCH:
+            out.append(PlannedStep(Step.BUILD, remote.build_release_shown(svc, index_url, name)))
+        elif s.step == Step.REINSTALL:
+            out.append(
+                PlannedStep(
+                    Step.SWITCH,
+                    f"ln -s {svc.releases_dir}/{name} {svc.venv_dir}.new.<pid> && "
+                    f"mv -T {svc.venv_dir}.new.<pid> {svc.venv_dir} (no install after the "
+                    "stop; any failure from here: switch back and start the previous release)",
+                )
+            )
+        elif s.step != Step.GATE:
+            out.append(s)
+        if s.step == Step.POSTCHECK:
+            out.append(
+                PlannedStep(
+                    Step.PRUNE,
+                    f"{cmd(remote.releases_list(svc))}; keep the newest "
+                    f"{svc.keep_releases} releases, never removing the live or the previous "
+                    "one",
+                )
+            )
+    return tuple(out)
+
+
+def _in_place_steps(
+    svc: ServiceSettings, spec: str, index_url: str | None, local: bool | None
+) -> tuple[PlannedStep, ...]:
     return (
         PlannedStep(
             Step.PREFLIGHT,

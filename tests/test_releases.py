@@ -1,0 +1,192 @@
+"""Side-by-side releases (issue 20, item 3), the pure parts and the host scripts: the
+listing's parser, which releases a prune removes, the release names, the settings, the
+plan's steps, and the fixed scripts run by the real /bin/sh on real directories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from bot.core import remote
+from bot.core.plan import Step, redeploy_steps, restart_steps
+from bot.core.releases import Release, Releases, parse_releases, to_prune
+from bot.settings import ServiceSettings
+
+VENV = "/opt/venvs/vllm"
+
+
+def service(tmp: Path | None = None, **overrides: object) -> ServiceSettings:
+    python = f"{tmp}/venv/bin/python" if tmp is not None else f"{VENV}/bin/python"
+    return ServiceSettings.model_validate(
+        {"hosts": ["h"], "unit": "u", "python": python, "strategy": "side_by_side", **overrides}
+    )
+
+
+def test_the_listing_names_the_live_release_and_sorts_by_build_time() -> None:
+    text = (
+        f"live {VENV}.releases/0.16.0-aaaaaaaaaaaa\n"
+        f"release 1700000200.5 {VENV}.releases/0.16.0-aaaaaaaaaaaa\n"
+        f"release 1700000100.0 {VENV}.releases/0.15.1-bbbbbbbbbbbb\n"
+        "release 1700000300.0 /elsewhere/x-1\n"  # not in the releases directory
+        "release nonsense /opt/venvs/vllm.releases/y-2\n"
+    )
+    got = parse_releases(text, VENV)
+    assert got == Releases(
+        f"{VENV}.releases/0.16.0-aaaaaaaaaaaa",
+        "0.16.0-aaaaaaaaaaaa",
+        (
+            Release("0.15.1-bbbbbbbbbbbb", 1700000100.0),
+            Release("0.16.0-aaaaaaaaaaaa", 1700000200.5),
+        ),
+    )
+    assert got.previous() == "0.15.1-bbbbbbbbbbbb"
+    assert got.releases[0].version == "0.15.1"
+    # A relative link is read from the link's own directory.
+    rel = parse_releases("live vllm.releases/a-1\n", VENV)
+    assert rel is not None and rel.live == "a-1"
+    # A link elsewhere is no side-by-side layout; no listing at all is no answer.
+    other = parse_releases("live /opt/venvs/vllm-old\n", VENV)
+    assert other is not None and other.live is None
+    assert parse_releases("", VENV) is None
+
+
+def _rels(*names: str, live: str) -> Releases:
+    return Releases(
+        f"{VENV}.releases/{live}", live, tuple(Release(n, i) for i, n in enumerate(names))
+    )
+
+
+def test_a_prune_never_removes_the_live_or_the_protected_release() -> None:
+    # Oldest first: a, b, c, d; d live, a the one the run switched away from.
+    rels = _rels("a", "b", "c", "d", live="d")
+    assert to_prune(rels, 2, ("a",)) == ("b", "c")
+    assert to_prune(rels, 3, ("a",)) == ("b",)
+    assert to_prune(rels, 3, (None,)) == ("a",)
+    assert to_prune(rels, 10, ()) == ()
+    # A rollback by hand left an older release live: it stays, with the newest other.
+    assert to_prune(_rels("a", "b", "c", live="a"), 2, ()) == ("b",)
+
+
+def test_a_release_is_named_by_its_version_and_its_pinned_set() -> None:
+    one = remote.release_name("0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n")
+    assert one.startswith("0.16.0+cu129-") and len(one.rsplit("-", 1)[1]) == 12
+    assert one == remote.release_name("0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n")
+    assert one != remote.release_name("0.16.0+cu129", "torch==2.10.1\nvllm==0.16.0+cu129\n")
+    assert remote.release_name(None, "").startswith("unknown-")
+    assert remote.release_name("../x y", "").startswith("_x_y-")
+
+
+def test_keep_releases_is_at_least_two_and_in_place_stays_the_default() -> None:
+    assert ServiceSettings(hosts=["h"], unit="u", python=f"{VENV}/bin/python").strategy == (
+        "in_place"
+    )
+    assert service().releases_dir == f"{VENV}.releases"
+    with pytest.raises(ValidationError):
+        service(keep_releases=1)
+    with pytest.raises(ValidationError):
+        service(strategy="blue_green")
+
+
+def test_the_plan_builds_before_the_stop_switches_after_it_and_prunes() -> None:
+    steps = [s.step for s in redeploy_steps(service(), "vllm==0.16.0", None)]
+    assert Step.PREFETCH not in steps and Step.REINSTALL not in steps
+    assert steps.index(Step.BUILD) < steps.index(Step.STOP) < steps.index(Step.SWITCH)
+    assert steps.index(Step.SWITCH) < steps.index(Step.START)
+    assert steps.index(Step.POSTCHECK) < steps.index(Step.PRUNE)
+    assert {Step.BUILD, Step.SWITCH, Step.PRUNE}.isdisjoint(
+        s.step for s in restart_steps(service())
+    )
+
+
+# ---- the scripts, run by the real shell -------------------------------------------------
+
+
+def _layout(tmp: Path, *names: str, live: str) -> ServiceSettings:
+    tmp.chmod(0o755)
+    for n in names:
+        (tmp / "venv.releases" / n / "bin").mkdir(parents=True)
+        (tmp / "venv.releases" / n / remote.RELEASE_MARK).write_text(n)
+    (tmp / "venv.releases").chmod(0o755)
+    (tmp / "venv").symlink_to(tmp / "venv.releases" / live)
+    return service(tmp)
+
+
+def _sh(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, input="")
+
+
+def test_the_switch_replaces_the_link_and_refuses_what_is_no_release(tmp_path: Path) -> None:
+    svc = _layout(tmp_path, "a-1", "b-2", live="a-1")
+    r = _sh(remote.switch_release(svc, "b-2"))
+    assert r.returncode == 0, r.stderr
+    assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/b-2"
+    assert f"{remote.SWITCHED_MARK} {tmp_path}/venv.releases/a-1 -> " in r.stdout
+    listing = parse_releases(_sh(remote.releases_list(svc)).stdout, svc.venv_dir)
+    assert listing is not None and listing.live == "b-2" and listing.names() == ("a-1", "b-2")
+    for name in ("../a-1", "c-3", "-x", "a b"):
+        r = _sh(remote.switch_release(svc, name))
+        assert r.returncode != 0, name
+        assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/b-2"
+    # An in-place venv (a directory, no link) is never replaced.
+    os.unlink(tmp_path / "venv")
+    (tmp_path / "venv").mkdir()
+    r = _sh(remote.switch_release(svc, "a-1"))
+    assert r.returncode != 0 and "not a symbolic link" in r.stderr
+    assert (tmp_path / "venv").is_dir() and not (tmp_path / "venv").is_symlink()
+
+
+def test_the_switch_refuses_a_directory_someone_else_owns(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: gives the venv's directory to another uid")
+    svc = _layout(tmp_path, "a-1", "b-2", live="a-1")
+    os.chown(tmp_path, 12345, 12345)
+    r = _sh(remote.switch_release(svc, "b-2"))
+    assert r.returncode != 0 and "is owned by uid 12345" in r.stderr, r.stderr
+    assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/a-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.releases"]
+
+
+def test_the_prune_removes_what_it_is_told_but_never_the_live_release(tmp_path: Path) -> None:
+    svc = _layout(tmp_path, "a-1", "b-2", "c-3", live="b-2")
+    r = _sh(remote.prune_releases(svc, ["a-1", "b-2"]))
+    assert r.returncode == 0, r.stderr
+    assert "kept b-2: it is live" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "venv.releases").iterdir()) == ["b-2", "c-3"]
+    r = _sh(remote.prune_releases(svc, ["c-3", ".."]))
+    assert r.returncode != 0  # one bad name: nothing removed
+    assert (tmp_path / "venv.releases" / "c-3").is_dir() and tmp_path.is_dir()
+
+
+def _fake_uv(tmp: Path, fail: bool = False) -> Path:
+    uv = tmp / "uv"
+    uv.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = venv ]; then for a; do v=$a; done; mkdir -p "$v/bin"; '
+        'printf "#!/bin/sh\\necho gate-ran\\n" > "$v/bin/python"; chmod +x "$v/bin/python"; '
+        "exit 0; fi\n" + ("exit 5\n" if fail else "cat > /dev/null\n")
+    )
+    uv.chmod(0o755)
+    return uv
+
+
+def test_the_build_makes_a_complete_release_and_cleans_up_a_failed_one(tmp_path: Path) -> None:
+    _layout(tmp_path, "a-1", live="a-1")
+    svc = service(tmp_path, uv=str(_fake_uv(tmp_path)))
+    r = _sh(remote.build_release(svc, "b-2", None))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [remote.BUILT_MARK, "gate-ran"]
+    assert (tmp_path / "venv.releases" / "b-2" / remote.RELEASE_MARK).read_text() == "b-2\n"
+    again = _sh(remote.build_release(svc, "b-2", None))
+    assert again.stdout.splitlines()[0] == remote.REUSED_MARK
+    broken = service(tmp_path, uv=str(_fake_uv(tmp_path, fail=True)))
+    r = _sh(remote.build_release(broken, "c-3", None))
+    assert r.returncode == 5 and remote.BUILT_MARK not in r.stdout
+    assert not (tmp_path / "venv.releases" / "c-3").exists()
+    # A directory of that name that is no complete release is never built over.
+    (tmp_path / "venv.releases" / "d-4").mkdir()
+    r = _sh(remote.build_release(svc, "d-4", None))
+    assert r.returncode == 1 and "not a complete release" in r.stderr
