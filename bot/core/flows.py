@@ -25,6 +25,7 @@ means for it; see docs/reliability.md for the whole fault matrix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import assert_never
 
 from bot.core import remote
 from bot.core.packages import EnvKind
@@ -66,6 +67,7 @@ from bot.core.phases.gpu_check import gpu_check, gpu_health_flow, gpu_recheck
 from bot.core.phases.install import INSTALL_KILL_GRACE_S, import_gate, record_change, run_install
 from bot.core.phases.preflight import Env, Refused, prefetch, preflight, preflight_unit
 from bot.core.phases.read_only import preview_flow, status_flow
+from bot.core.phases.releases import Built, build, switch_and_start
 from bot.core.phases.rollback import rollback, rollback_command, unhealthy
 from bot.core.phases.rotation_ops import drain_flow, rotation_flow, undrain_flow
 from bot.core.phases.start import (
@@ -162,13 +164,8 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    fetch_ended = yield from prefetch(plan, svc, pre.env, pre.target)
-    if fetch_ended is not None:
-        match fetch_ended:
-            case ("prefetch", why):
-                said = f"prefetch failed; service untouched: {why}"
-            case ("gate", why):
-                said = f"refused before the stop; service untouched: {why}"
+    built, said = yield from _before_the_stop(plan, svc, pre.env, pre.target)
+    if said is not None:
         return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 
     if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
@@ -189,9 +186,46 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             None,
         )
         return (yield from _back_in(plan, svc, host, failed))
-    outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
+    if built is None:
+        outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
+    else:
+        outcome = yield from switch_and_start(plan, svc, host, before, built)
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
     return (yield from _back_in(plan, svc, host, outcome))
+
+
+def _before_the_stop(
+    plan: Plan, svc: ServiceSettings, env: Env, target: str | None
+) -> Phase[tuple[Built | None, str | None]]:
+    """The new environment fetched and gated while the old one serves (in place: in a
+    throwaway venv; side by side: the new release itself, kept). The built release (side
+    by side), and why the run ends here (None: it goes on to the stop)."""
+    built: Built | None = None
+    said: str | None = None
+    match svc.strategy:
+        case "in_place":
+            fetch_ended = yield from prefetch(plan, svc, env, target)
+            match fetch_ended:
+                case None:
+                    pass
+                case ("prefetch", why):
+                    said = f"prefetch failed; service untouched: {why}"
+                case ("gate", why):
+                    said = f"refused before the stop; service untouched: {why}"
+        case "side_by_side":
+            release = yield from build(plan, svc, env, target)
+            match release:
+                case Built():
+                    built = release
+                case ("layout", why):
+                    said = f"preflight refused; service untouched: {why}"
+                case ("build", why):
+                    said = f"building the new release failed; service untouched: {why}"
+                case ("gate", why):
+                    said = f"refused before the stop; service untouched: {why}"
+        case _:
+            assert_never(svc.strategy)
+    return built, said
 
 
 def _out_and_stop(
