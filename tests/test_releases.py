@@ -13,8 +13,10 @@ from pydantic import ValidationError
 
 from bot.core import remote
 from bot.core.plan import Step, redeploy_steps, restart_steps
+from bot.core.privilege import Privilege, run_as_of
 from bot.core.releases import Release, Releases, parse_releases, to_prune
-from bot.settings import ServiceSettings
+from bot.core.sudoers import grants, render, rule_for
+from bot.settings import ServiceSettings, Settings
 
 VENV = "/opt/venvs/vllm"
 
@@ -190,3 +192,50 @@ def test_the_build_makes_a_complete_release_and_cleans_up_a_failed_one(tmp_path:
     (tmp_path / "venv.releases" / "d-4").mkdir()
     r = _sh(remote.build_release(svc, "d-4", None))
     assert r.returncode == 1 and "not a complete release" in r.stderr
+
+
+def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
+    svc = service(
+        venv_user="vllm",
+        uv="/usr/local/bin/uv",
+        systemctl="/usr/bin/systemctl",
+        journalctl="/usr/bin/journalctl",
+    )
+    name = remote.release_name("0.16.0", "vllm==0.16.0\n")
+    for argv in (
+        remote.releases_list(svc),
+        remote.build_release(svc, name, None),
+        remote.build_release(svc, name, "https://user:tok@example.com/simple"),
+        remote.switch_release(svc, name),
+        remote.prune_releases(svc, (name,)),
+        remote.prune_releases(svc, (name, "0.15.1-0123456789ab")),
+    ):
+        # An install from an index keeps its stdin wrapper outside sudo (sudoers.become).
+        core = (
+            argv[len(remote.INDEX_FROM_STDIN) :]
+            if argv[:3] == remote.INDEX_FROM_STDIN[:3]
+            else argv
+        )
+        assert rule_for(core, svc) is not None, argv
+        assert run_as_of(argv) == Privilege.VENV_OWNER
+    for g in grants(svc):
+        assert g.matches(g.sample), g.line()
+    text = render(
+        Settings(
+            hosts={
+                "h": {
+                    "address": "10.0.0.5",
+                    "user": "chatops",
+                    "become": "sudo",
+                    "known_hosts": "/dev/null",
+                }
+            },
+            services={"svc": svc.model_dump()},
+            db_path=Path("/nonexistent/audit.db"),
+        ),
+        "chatops",
+    )
+    assert "switch the venv's link to a release" in text
+    # An in-place service has no release rules.
+    plain = service(venv_user="vllm", uv="/usr/local/bin/uv", strategy="in_place")
+    assert rule_for(remote.switch_release(plain, name), plain) is None

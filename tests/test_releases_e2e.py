@@ -125,3 +125,20 @@ async def test_a_venv_that_is_no_link_is_refused_before_anything_changes(
     assert result.status == RunStatus.ABORTED, out
     assert "not a side-by-side layout" in result.summary
     assert sim_sshd_host.changes() == ["dry-run"]
+
+
+async def test_a_release_its_gate_refuses_is_removed_and_nothing_stops(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    kit = await _host(make_sim_host)
+    old = kit.live_release()
+    kit.set_faults(torch_cuda_mismatch=True)  # the new torch needs a newer driver
+    settings = sim_settings(kit, tmp_path, strategy="side_by_side")
+    async with open_runtime(settings) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+    assert result.status == RunStatus.ABORTED, out
+    assert "refused before the stop; service untouched" in result.summary
+    assert "removed" in result.summary
+    assert kit.changes() == ["dry-run", "build"]
+    assert kit.live_release() == old and kit.releases() == [old]
+    assert kit.unit_state() == "active"
