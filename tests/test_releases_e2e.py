@@ -9,9 +9,10 @@ from pathlib import Path
 
 from bot.core import remote
 from bot.core.status import RunStatus, StepStatus
+from bot.engine.releases import releases_text
 from bot.engine.runtime import open_runtime
 from bot.sim import kit as sim_kit
-from bot.sim.kit import READY_SETTINGS, SimKit
+from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Call
 from tests.support.sim import MakeSimHost, sim_settings
 from tests.test_environment_e2e import NEW, redeploy
@@ -111,9 +112,16 @@ async def test_pruning_keeps_the_live_and_the_previous_release(
             assert result.status == RunStatus.SUCCEEDED, out
             lives.append(kit.live_release())
             assert kit.installed_version == version
+        # `python -m bot releases`: what the host holds, newest first, the live one marked.
+        text, ok = await releases_text(rt.settings, rt.pool, SERVICE)
     assert len(set(lives)) == 4  # a release per run, the last one a new build of the first
     assert kit.releases() == sorted(str(n) for n in lives[-2:])  # the live and the previous
     assert "pruned 1 old release" in result.summary
+    assert ok, text
+    rows = text.splitlines()
+    assert rows[0] == f"== {kit.hostname}: live {lives[-1]}"
+    assert rows[1].startswith(f"  * {DEFAULT_VERSION}") and rows[1].endswith(f"{lives[-1]}  (live)")
+    assert rows[2].startswith("    0.15.1 ") and len(rows) == 3
 
 
 async def test_a_venv_that_is_no_link_is_refused_before_anything_changes(
@@ -142,3 +150,14 @@ async def test_a_release_its_gate_refuses_is_removed_and_nothing_stops(
     assert kit.changes() == ["dry-run", "build"]
     assert kit.live_release() == old and kit.releases() == [old]
     assert kit.unit_state() == "active"
+
+
+async def test_releases_of_an_in_place_host_say_it_is_no_side_by_side_layout(
+    sim_host: SimKit, tmp_path: Path
+) -> None:
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
+        text, ok = await releases_text(rt.settings, rt.pool, SERVICE)
+    assert not ok
+    assert "configured in_place" in text
+    assert f"== {sim_host.hostname}: not a side-by-side layout (" in text
+    assert "is not a symbolic link" in text

@@ -37,6 +37,7 @@ from bot.engine.gpu_health import health_lines
 from bot.engine.operations import Busy, Operator, Requested
 from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
+from bot.engine.releases import releases_text
 from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
@@ -283,6 +284,17 @@ async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> in
     return 0 if passed(checks) else 1
 
 
+async def releases(settings: Settings, service: str) -> int:
+    """Exit 0 only when every host answered with a side-by-side listing."""
+    pool = HostPool(settings)
+    try:
+        text, ok = await releases_text(settings, pool, service)
+    finally:
+        await pool.close()
+    print(visible(Redactor.for_settings(settings)(text)))
+    return 0 if ok else 1
+
+
 async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
     """``runs`` and ``recover``: the operator's view of owners and locks, and way out."""
     if args.command == "runs":
@@ -365,6 +377,8 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     )
     if serving:
         return await serve(settings)
+    if args.command == "releases":
+        return await releases(settings, args.service)
     if args.command in ("sudoers", "doctor"):
         # Neither opens the audit database: doctor changes nothing anywhere.
         return await (

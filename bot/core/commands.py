@@ -183,6 +183,12 @@ COMMANDS: tuple[Command, ...] = (
         "replica is refused",
     ),
     Command(
+        "releases",
+        "a side-by-side service's releases on each host: version, built, live",
+        (_SERVICE,),
+        fronts=Front.CLI,
+    ),
+    Command(
         "gpus",
         "GPU memory on all hosts, a host, or a service's hosts",
         (

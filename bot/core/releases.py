@@ -5,6 +5,7 @@ its own, named ``<version>-<sha>`` (``bot.core.remote.release_name``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -80,3 +81,18 @@ def to_prune(releases: Releases, keep: int, protect: tuple[str | None, ...]) -> 
             break
         kept.add(r.name)
     return tuple(r.name for r in releases.releases if r.name not in kept)
+
+
+def render_releases(host: str, layout: Releases | None, error: str | None) -> str:
+    """One host's releases as ``python -m bot releases`` prints them, newest first: the
+    version, when its build ended (UTC), and which one is live."""
+    if layout is None:
+        return f"== {host}: {error or 'no listing'}"
+    head = f"== {host}: live {layout.live or f'(not a release: {layout.target})'}"
+    rows = [
+        f"  {'*' if r.name == layout.live else ' '} {r.version:<32} "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r.built))} UTC  {r.name}"
+        + ("  (live)" if r.name == layout.live else "")
+        for r in reversed(layout.releases)
+    ]
+    return "\n".join([head, *(rows or ["  (no complete release)"])])
