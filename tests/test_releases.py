@@ -12,9 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from bot.core import remote
+from bot.core.doctor import Answer, Outcome, judge, probes
 from bot.core.plan import Step, redeploy_steps, restart_steps
 from bot.core.privilege import Privilege, run_as_of
 from bot.core.releases import Release, Releases, parse_releases, to_prune
+from bot.core.results import CommandResult
 from bot.core.sudoers import grants, render, rule_for
 from bot.settings import ServiceSettings, Settings
 
@@ -239,3 +241,39 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
     # An in-place service has no release rules.
     plain = service(venv_user="vllm", uv="/usr/local/bin/uv", strategy="in_place")
     assert rule_for(remote.switch_release(plain, name), plain) is None
+
+
+def test_doctor_checks_a_side_by_side_layout() -> None:
+    svc = service()
+    s = Settings(
+        hosts={
+            "h": {
+                "address": "10.0.0.5",
+                "user": "chatops",
+                "known_hosts": "/dev/null",
+            }
+        },
+        services={"svc": svc.model_dump()},
+        db_path=Path("/nonexistent/audit.db"),
+    )
+    probe = next(p for p in probes(s, ["h"]) if p.name == "releases")
+    assert probe.commands == ((remote.releases_list(svc), Privilege.VENV_OWNER),)
+
+    def answer(code: int, out: str, err: str = "") -> Answer:
+        return Answer(results=(CommandResult(probe.commands[0][0], code, out, err, 0.1),))
+
+    good = f"live {VENV}.releases/a-1\nrelease 1700000000.0 {VENV}.releases/a-1\n"
+    ok = judge(probe, answer(0, good), s)
+    assert ok.outcome == Outcome.OK and f"{VENV} -> {VENV}.releases/a-1" in ok.detail
+    no_link = judge(probe, answer(3, "", f"{VENV} is not a symbolic link\n"), s)
+    assert no_link.outcome == Outcome.FAIL and "not a side-by-side layout" in no_link.detail
+    assert "converting an in-place venv" in no_link.fix
+    elsewhere = judge(probe, answer(0, "live /opt/venvs/vllm-old\n"), s)
+    assert elsewhere.outcome == Outcome.FAIL and "not at a release" in elsewhere.detail
+    incomplete = judge(probe, answer(0, f"live {VENV}.releases/a-1\n"), s)
+    assert incomplete.outcome == Outcome.FAIL and "not a complete release" in incomplete.detail
+    # An in-place service has no such check.
+    plain = s.model_copy(
+        update={"services": {"svc": svc.model_copy(update={"strategy": "in_place"})}}
+    )
+    assert "releases" not in [p.name for p in probes(plain, ["h"])]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from bot.core import remote
+from bot.settings import ServiceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,24 @@ def parse_releases(text: str, venv_dir: str) -> Releases | None:
     live = resolved.name if resolved.parent == rels and resolved.name else None
     found.sort(key=lambda r: (r.built, r.name))
     return Releases(target, live, tuple(found))
+
+
+def layout_refusal(svc: ServiceSettings, layout: Releases | None, why: str) -> str | None:
+    """Why ``venv_dir`` is not a side-by-side layout (None: it is)."""
+    convert = "convert it first (README: side-by-side releases)"
+    if layout is None:
+        return f"{svc.venv_dir} is not a side-by-side layout ({why}); {convert}"
+    if layout.live is None:
+        return (
+            f"{svc.venv_dir} points at {layout.target}, not at a release in "
+            f"{svc.releases_dir}; {convert}"
+        )
+    if layout.live not in layout.names():
+        return (
+            f"{svc.venv_dir} points at {layout.target}, which is not a complete release "
+            f"(no {remote.RELEASE_MARK} in it); {convert}"
+        )
+    return None
 
 
 def to_prune(releases: Releases, keep: int, protect: tuple[str | None, ...]) -> tuple[str, ...]:

@@ -40,7 +40,7 @@ from bot.core.phases.rollback import stop_for_rollback
 from bot.core.phases.start import StartFailed, left_as, postcheck, start_and_gate
 from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
-from bot.core.releases import Releases, parse_releases, to_prune
+from bot.core.releases import Releases, layout_refusal, parse_releases, to_prune
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.settings import ServiceSettings
@@ -68,24 +68,6 @@ def read_releases(step: Step, svc: ServiceSettings) -> Phase[tuple[Releases | No
     if layout is None:
         return None, f"`{cmd(argv)}`: {explain(r)}"
     return layout, ""
-
-
-def layout_refusal(svc: ServiceSettings, layout: Releases | None, why: str) -> str | None:
-    """Why ``venv_dir`` is not a side-by-side layout (None: it is)."""
-    convert = "convert it first (README: side-by-side releases)"
-    if layout is None:
-        return f"{svc.venv_dir} is not a side-by-side layout ({why}); {convert}"
-    if layout.live is None:
-        return (
-            f"{svc.venv_dir} points at {layout.target}, not at a release in "
-            f"{svc.releases_dir}; {convert}"
-        )
-    if layout.live not in layout.names():
-        return (
-            f"{svc.venv_dir} points at {layout.target}, which is not a complete release "
-            f"(no {remote.RELEASE_MARK} in it); {convert}"
-        )
-    return None
 
 
 def _pins(env: Env) -> str:
