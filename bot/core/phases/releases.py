@@ -229,7 +229,11 @@ def switch_and_start(
         HostStatus.SUCCEEDED,
         f"{svc.package} {before} -> {after}, healthy"
         + (f", watched {svc.watch_s:g}s clean" if svc.watch_s > 0 else "")
-        + f"; release {built.name} is live, {built.previous} kept to roll back to{pruned}",
+        + (
+            f"; release {built.name} is live, {built.previous} kept to roll back to{pruned}"
+            if built.name != built.previous
+            else f"; release {built.name} (the same pinned set as before) is live{pruned}"
+        ),
         ServiceState.UP,
         before,
         after,
