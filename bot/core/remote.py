@@ -354,12 +354,14 @@ _NAME_OK = (
 )
 
 # Lists the link's target and each complete release with when its build ended (the
-# mark's mtime, seconds since the epoch). Read-only.
+# mark's mtime, seconds since the epoch, to the nanosecond: two builds in one second
+# still sort). Read-only. No backslash anywhere (`-printf "...\n"`): real sudo then
+# matched no rule however the rule escaped it, so each line is echo's.
 RELEASES_LIST = (
     SAFE_PRELUDE + 'set -f; link=$1; [ $# -eq 1 ] || exit 2; rels="$link.releases"; '
     't=$(readlink -- "$link") || { echo "$link is not a symbolic link" >&2; exit 3; }; '
-    'echo "live $t"; [ -d "$rels" ] || exit 0; '
-    f'find "$rels" -mindepth 2 -maxdepth 2 -name {RELEASE_MARK} -printf "release %T@ %h\\n"'
+    f'echo "live $t"; set +f; for m in "$rels"/*/{RELEASE_MARK}; do [ -f "$m" ] || continue; '
+    't=$(find "$m" -maxdepth 0 -printf %T@) || continue; echo "release $t ${m%/*}"; done'
 )
 
 # Builds release "$6" beside the live one, as the prefetch does its throwaway venv (uv
