@@ -31,6 +31,7 @@ from bot.slack.grammar import (
     Help,
     Logs,
     Redeploy,
+    Releases,
     Restart,
     Rotation,
     Status,
@@ -183,6 +184,7 @@ def test_usage_covers_every_command_in_order() -> None:
         "undrain": "undrain shared gpu02",
         "gpus": "gpus",
         "logs": "logs kimi-k25",
+        "releases": "releases kimi-k25",
         "audit": "audit",
         "cancel": "cancel 1",
         "doctor": "doctor",
@@ -423,7 +425,7 @@ def assert_safe(cmd: Command) -> None:
             assert v is None or SAFE.fullmatch(v)
             assert i is None or i in SETTINGS.services[s].indexes
             assert isinstance(d, bool)
-        case Restart(service=s) | Logs(service=s):
+        case Restart(service=s) | Logs(service=s) | Releases(service=s):
             assert s in configured_services
         case Status(service=s) | Audit(service=s):
             assert s is None or s in configured_services
@@ -505,11 +507,13 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
             flags.append(["--dry-run"])
         canonical = None if version is None else str(Version(version))
         expected = Redeploy(svc, canonical, index, dry)
-    elif name in ("restart", "logs"):
+    elif name in ("restart", "logs", "releases"):
         svc = draw(st.sampled_from(services))
         head.append(svc)
         if name == "restart":
             expected = Restart(svc)
+        elif name == "releases":
+            expected = Releases(svc)
         else:
             n = draw(st.none() | st.integers(1, 1000))
             if n is not None:

@@ -186,7 +186,7 @@ COMMANDS: tuple[Command, ...] = (
         "releases",
         "a side-by-side service's releases on each host: version, built, live",
         (_SERVICE,),
-        fronts=Front.CLI,
+        chat="a side-by-side service's releases on each host: version, built, live (read-only)",
     ),
     Command(
         "gpus",

@@ -109,6 +109,11 @@ class Logs:
 
 
 @dataclass(frozen=True, slots=True)
+class Releases:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
 class Audit:
     service: str | None = None
     limit: int = AUDIT_DEFAULT
@@ -136,6 +141,7 @@ Command = (
     | Undrain
     | Gpus
     | Logs
+    | Releases
     | Audit
     | Cancel
     | Doctor
@@ -397,6 +403,7 @@ _BUILDERS: dict[str, _Parser] = {
     "logs": lambda a, s: Logs(
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX)
     ),
+    "releases": lambda a, s: Releases(_service(a.required("service name"), s)),
     "audit": lambda a, s: _parse_audit(a, s),
     "cancel": lambda a, s: _parse_cancel(a),
     # The same targets as gpus: everything, a host, or a service's hosts.

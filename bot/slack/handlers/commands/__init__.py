@@ -26,6 +26,7 @@ from bot.slack.handlers.commands import (
     gpus,
     logs,
     redeploy,
+    releases,
     restart,
     rotation,
     status,
@@ -47,6 +48,7 @@ HANDLERS: dict[type, Handler] = {
     grammar.Undrain: undrain.handle,
     grammar.Gpus: gpus.handle,
     grammar.Logs: logs.handle,
+    grammar.Releases: releases.handle,
     grammar.Audit: audit.handle,
     grammar.Cancel: cancel.handle,
     grammar.Doctor: doctor.handle,
@@ -60,6 +62,7 @@ READ_ONLY = (
     grammar.Rotation,
     grammar.Gpus,
     grammar.Logs,
+    grammar.Releases,
     grammar.Audit,
     grammar.Doctor,
 )
