@@ -193,3 +193,22 @@ def test_a_venv_that_is_no_link_is_refused_before_the_stop() -> None:
     assert out.status == "aborted", out.summary
     assert "not a side-by-side layout" in out.summary and "convert it first" in out.summary
     assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
+def test_a_rollback_by_hand_switches_to_the_release_before_the_live_one() -> None:
+    h = Releases(
+        link=f"{RELS}/b-2",
+        held={OLD: "0.16.0rc2.dev313+g662205d34", "b-2": "0.16.0"},
+        built_at={OLD: 1.0, "b-2": 2.0},
+    )
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "succeeded", out.summary
+    assert h.live == OLD and h.switches == [OLD] and installs_after_stop(h) == []
+    assert (out.version_before, out.version_after) == ("0.16.0", "0.16.0rc2.dev313+g662205d34")
+
+
+def test_a_rollback_by_hand_without_a_previous_release_changes_nothing() -> None:
+    h = Releases()
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "aborted" and "nothing to go back to" in out.summary
+    assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)

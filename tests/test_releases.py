@@ -13,11 +13,13 @@ from pydantic import ValidationError
 
 from bot.core import remote
 from bot.core.doctor import Answer, Outcome, judge, probes
-from bot.core.plan import Step, redeploy_steps, restart_steps
+from bot.core.plan import Step, make_plan, redeploy_steps, restart_steps
 from bot.core.privilege import Privilege, run_as_of
 from bot.core.releases import Release, Releases, parse_releases, to_prune
 from bot.core.results import CommandResult
+from bot.core.status import Action
 from bot.core.sudoers import grants, render, rule_for
+from bot.errors import InputError
 from bot.settings import ServiceSettings, Settings
 
 VENV = "/opt/venvs/vllm"
@@ -285,3 +287,20 @@ def test_doctor_checks_a_side_by_side_layout() -> None:
         update={"services": {"svc": svc.model_copy(update={"strategy": "in_place"})}}
     )
     assert "releases" not in [p.name for p in probes(plain, ["h"])]
+
+
+def test_a_rollback_by_hand_is_a_restart_with_the_switch_before_the_start() -> None:
+    s = Settings(
+        hosts={"h": {"address": "10.0.0.5", "user": "chatops", "known_hosts": "/dev/null"}},
+        services={
+            "svc": service().model_dump(),
+            "plain": {**service().model_dump(), "strategy": "in_place"},
+        },
+        db_path=Path("/nonexistent/audit.db"),
+    )
+    plan = make_plan(s, Action.ROLLBACK, "svc")
+    steps = [p.step for p in plan.steps]
+    assert steps.index(Step.DRAIN) < steps.index(Step.SWITCH) < steps.index(Step.START)
+    assert Step.BUILD not in steps and Step.REINSTALL not in steps
+    with pytest.raises(InputError, match="plain is in_place"):
+        make_plan(s, Action.ROLLBACK, "plain")

@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.core import remote
-from bot.core.status import RunStatus, StepStatus
+from bot.core.status import Action, RunStatus, StepStatus
 from bot.engine.releases import releases_text
 from bot.engine.runtime import open_runtime
 from bot.sim import kit as sim_kit
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Call
+from tests.support.runs import run
 from tests.support.sim import MakeSimHost, sim_settings
 from tests.test_environment_e2e import NEW, redeploy
 
@@ -72,6 +73,15 @@ async def test_a_side_by_side_redeploy_builds_first_then_only_switches(
     assert steps["switch"].status == StepStatus.OK
     assert f"live release {new}" in out
     assert f"release {new} is live, {old} kept" in result.summary
+
+    # A rollback by hand (`/vllm rollback`, `python -m bot rollback`): back to the previous
+    # release with a stop, a switch and a start; nothing installed.
+    async with open_runtime(settings) as rt:
+        back, out = await run(rt, Action.ROLLBACK)
+    assert back.status == RunStatus.SUCCEEDED, out
+    assert kit.live_release() == old and kit.installed_version == DEFAULT_VERSION
+    assert kit.changes()[-2:] == ["stop", "start"]
+    assert f"release {old} is live, {new} kept" in back.summary
 
 
 async def test_a_release_that_fails_readiness_is_switched_back_without_an_install(

@@ -322,7 +322,7 @@ async def _no_slack(settings: Settings) -> int:
 
 
 # The commands that are a run of the engine (a change, or a read-only status/rotation).
-_RUNS = ("redeploy", "restart", "status", "rotation", "drain", "undrain")
+_RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undrain")
 
 
 async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
@@ -344,6 +344,9 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
         return await run_change(
             rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
         )
+    if args.command == "rollback":
+        plan = rt.engine.plan(Action.ROLLBACK, args.service)
+        return await run_change(rt, plan, yes=args.yes, user=cli_user())
     if args.command == "status":
         plan = rt.engine.plan(Action.STATUS, args.service)
         code = await run_change(rt, plan, yes=True, user=cli_user())

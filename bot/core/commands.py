@@ -154,6 +154,13 @@ COMMANDS: tuple[Command, ...] = (
         chat="stop, drain, start and health-check, after approval",
     ),
     Command(
+        "rollback",
+        "switch a side-by-side service back to its previous release and restart it",
+        (_SERVICE, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
+        chat="switch a side-by-side service back to its previous release and restart it, "
+        "after approval (nothing is installed)",
+    ),
+    Command(
         "status",
         "unit state, installed version and GPU table",
         (

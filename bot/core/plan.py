@@ -394,6 +394,22 @@ def restart_steps(svc: ServiceSettings, local: bool | None = False) -> tuple[Pla
     )
 
 
+def _switch_back_steps(
+    service: str, svc: ServiceSettings, local: bool | None
+) -> tuple[PlannedStep, ...]:
+    """A rollback by hand (side by side): a restart with the switch to the previous
+    release (the newest before the live one) between the drain and the start."""
+    if svc.strategy != "side_by_side":
+        raise InputError(f"rollback switches side-by-side releases; {service} is in_place")
+    prev = "<the newest release before the live one>"
+    switch = PlannedStep(
+        Step.SWITCH,
+        f"{remote.switch_shown(svc, prev)}; a failed start switches back to the release live now",
+    )
+    steps = restart_steps(svc, local)
+    return tuple(x for s in steps for x in ((switch, s) if s.step == Step.START else (s,)))
+
+
 def host_targets(
     settings: Settings, hosts: tuple[str, ...], host_keys: Mapping[str, str]
 ) -> tuple[HostTarget, ...]:
@@ -470,6 +486,8 @@ def make_plan(
         steps = with_rotation(redeploy_steps(svc, spec, index_url, local), router)
     elif action == Action.RESTART:
         steps = with_rotation(restart_steps(svc, local), router)
+    elif action == Action.ROLLBACK:
+        steps = with_rotation(_switch_back_steps(service, svc, local), router)
     elif action in (Action.ROTATION, Action.DRAIN, Action.UNDRAIN):
         assert router is not None  # _hosts_of refused a service without one
         steps = rotation_steps(action, router, svc, hosts)

@@ -40,6 +40,7 @@ BAD_INPUTS = [
     ("restart kimi-k25 extra words", "Unexpected extra words"),
     ("cancel twelve", "not a run id"),
     ("audit --limit 100000", "--limit must be a whole number"),
+    ("rollback kimi-k25", "rollback switches side-by-side releases; kimi-k25 is in_place"),
 ]
 
 
