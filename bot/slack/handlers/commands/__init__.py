@@ -109,7 +109,7 @@ async def on_command(
                 req,
                 f"Slow down: each person may send {limit.per_minute} "
                 f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
-                f"`audit`, `doctor`) a minute. Try again in {wait_s} s.",
+                f"`releases`, `audit`, `doctor`) a minute. Try again in {wait_s} s.",
                 Refusal.RATE_LIMITED,
             )
             return
