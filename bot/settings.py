@@ -160,6 +160,7 @@ class HostSettings(_Section):
 
 
 RouterKind = Literal["haproxy", "vllm-router", "command"]
+Strategy = Literal["in_place", "side_by_side"]
 # The one argument of a router command the bot fills in: the replica's server name.
 SERVER_FIELD = "{server}"
 
@@ -307,6 +308,15 @@ class ServiceSettings(_Section):
     router: Name | None = None
     router_servers: dict[Name, str] = Field(default_factory=dict)
     min_serving: int = Field(1, ge=0)
+    # Issue 20, item 3: how a redeploy changes the environment. "in_place" reinstalls the
+    # venv while the service is stopped (the snapshot restores it on failure);
+    # "side_by_side" builds each version in its own directory under <venv_dir>.releases
+    # while the old one serves, and `venv_dir` is a symlink switched between them, so the
+    # outage holds no install and a rollback is a switch back and a restart (README).
+    strategy: Strategy = "in_place"
+    # Release directories kept after a successful side-by-side run; never fewer than 2,
+    # the live one and the one a rollback goes back to.
+    keep_releases: int = Field(3, ge=2, le=100)
 
     @field_validator("gpus")
     @classmethod
@@ -399,6 +409,12 @@ class ServiceSettings(_Section):
     def venv_dir(self) -> str:
         # /opt/venvs/vllm/bin/python -> /opt/venvs/vllm
         return str(Path(self.python).parent.parent)
+
+    @property
+    def releases_dir(self) -> str:
+        """Where side-by-side releases live: beside the venv's link (/opt/venvs/vllm ->
+        /opt/venvs/vllm.releases/<version>-<sha>)."""
+        return f"{self.venv_dir}.releases"
 
 
 class SecuritySettings(_Section):

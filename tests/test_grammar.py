@@ -31,7 +31,9 @@ from bot.slack.grammar import (
     Help,
     Logs,
     Redeploy,
+    Releases,
     Restart,
+    Rollback,
     Rotation,
     Status,
     Undrain,
@@ -65,6 +67,8 @@ def make_settings() -> Settings:
                 "hosts": ["gpu02"],
                 "unit": "vllm-qwen.service",
                 "python": "/opt/venvs/qwen/bin/python",
+                # Side by side: the only service `rollback` takes.
+                "strategy": "side_by_side",
             },
             "shared": {
                 "hosts": ["gpu01", "gpu02"],
@@ -177,12 +181,14 @@ def test_usage_covers_every_command_in_order() -> None:
         "help": "help",
         "redeploy": "redeploy kimi-k25",
         "restart": "restart kimi-k25",
+        "rollback": "rollback qwen3",
         "status": "status",
         "rotation": "rotation shared",
         "drain": "drain shared gpu01",
         "undrain": "undrain shared gpu02",
         "gpus": "gpus",
         "logs": "logs kimi-k25",
+        "releases": "releases kimi-k25",
         "audit": "audit",
         "cancel": "cancel 1",
         "doctor": "doctor",
@@ -423,7 +429,7 @@ def assert_safe(cmd: Command) -> None:
             assert v is None or SAFE.fullmatch(v)
             assert i is None or i in SETTINGS.services[s].indexes
             assert isinstance(d, bool)
-        case Restart(service=s) | Logs(service=s):
+        case Restart(service=s) | Logs(service=s) | Releases(service=s) | Rollback(service=s):
             assert s in configured_services
         case Status(service=s) | Audit(service=s):
             assert s is None or s in configured_services
@@ -505,11 +511,15 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
             flags.append(["--dry-run"])
         canonical = None if version is None else str(Version(version))
         expected = Redeploy(svc, canonical, index, dry)
-    elif name in ("restart", "logs"):
-        svc = draw(st.sampled_from(services))
+    elif name in ("restart", "logs", "releases", "rollback"):
+        svc = "qwen3" if name == "rollback" else draw(st.sampled_from(services))
         head.append(svc)
         if name == "restart":
             expected = Restart(svc)
+        elif name == "releases":
+            expected = Releases(svc)
+        elif name == "rollback":
+            expected = Rollback(svc)
         else:
             n = draw(st.none() | st.integers(1, 1000))
             if n is not None:

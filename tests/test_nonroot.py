@@ -31,7 +31,7 @@ from bot.core.sudoers import grants, render
 from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import ServiceSettings, Settings
-from bot.sim.kit import SERVICE, fast_config
+from bot.sim.kit import READY_SETTINGS, SERVICE, fast_config
 from bot.sim.sshd import free_port
 from bot.sim.state import DEFAULT_VERSION
 from tests.support.nonroot import (
@@ -120,6 +120,50 @@ async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
     # The snapshot the rollback restored was written by the venv's owner, not the login.
     snapshots = list((host.venv_dir.parent / ".chatops").glob("*.freeze.txt"))
     assert snapshots and all(p.owner() == host.who.owner for p in snapshots)
+
+
+async def test_side_by_side_releases_under_real_sudo(tmp_path: Path) -> None:
+    # Issue 20, item 3: the build, the switch, the switch back and the prune run as the
+    # venv's owner under the printed rules, in directories that account owns.
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(
+            base / "host",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(api_faults_new_build_only=True),
+            venv_dir=base / "host" / "venvs" / "vllm",
+            side_by_side=True,
+        )
+        try:
+            await kit.start()
+            old = kit.live_release()
+            settings = settings_of(
+                kit, tmp_path, strategy="side_by_side", keep_releases=2, **READY_SETTINGS
+            )
+            with sudoers_installed(render(settings, who.login)):
+                async with open_runtime(settings) as rt:
+                    # The new build's smoke test fails: switched back, nothing installed.
+                    kit.set_faults(smoke_fail=True)
+                    result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+                    assert result.status == RunStatus.ROLLED_BACK, out
+                    assert kit.live_release() == old and kit.unit_state() == "active"
+                    kit.clear_faults()
+                    result, out = await run(rt, Action.REDEPLOY, version="0.15.1", index="nightly")
+                    assert result.status == RunStatus.SUCCEEDED, out
+            new = kit.live_release()
+            assert new is not None and new.startswith("0.15.1-")
+            assert kit.installed_version == "0.15.1"
+            # keep_releases 2: the refused 0.16.0 release went, the previous one stayed.
+            assert kit.releases() == sorted([str(old), new]), out
+            assert "pruned 1 old release" in result.summary
+            assert (
+                all((kit.releases_dir / n).owner() == who.owner for n in kit.releases())
+                and kit.venv_dir.owner() == who.owner
+            )
+        finally:
+            await kit.close()
 
 
 async def test_without_sudo_the_login_cannot_stop_the_unit(

@@ -13,7 +13,8 @@ import pytest
 
 from bot.audit.store import RunRecord
 from bot.core import events as ev
-from bot.core.plan import UNKNOWN_HOST_KEY, drift, make_plan
+from bot.core.plan import UNKNOWN_HOST_KEY, make_plan
+from bot.core.plan_drift import drift
 from bot.core.status import Action, RunStatus, Source
 from bot.engine.runtime import open_runtime
 from bot.hosts.known_hosts import host_key_of, host_keys

@@ -27,6 +27,7 @@ from bot.core.flows import (
     Tick,
     Versions,
     redeploy_flow,
+    release_rollback_flow,
     restart_flow,
     status_flow,
 )
@@ -383,7 +384,12 @@ def run(
 ) -> HostOutcome:
     s = settings(**(svc or {}))
     plan = make_plan(s, action, "kimi", **plan_kw)  # type: ignore[arg-type]
-    flow = {"redeploy": redeploy_flow, "restart": restart_flow, "status": status_flow}[action]
+    flow = {
+        "redeploy": redeploy_flow,
+        "restart": restart_flow,
+        "status": status_flow,
+        "rollback": release_rollback_flow,
+    }[action]
     return drive(flow(plan, s.services["kimi"], "h1"), host)
 
 

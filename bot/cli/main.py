@@ -37,6 +37,7 @@ from bot.engine.gpu_health import health_lines
 from bot.engine.operations import Busy, Operator, Requested
 from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
+from bot.engine.releases import releases_text
 from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
@@ -283,6 +284,17 @@ async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> in
     return 0 if passed(checks) else 1
 
 
+async def releases(settings: Settings, service: str) -> int:
+    """Exit 0 only when every host answered with a side-by-side listing."""
+    pool = HostPool(settings)
+    try:
+        text, ok = await releases_text(settings, pool, service)
+    finally:
+        await pool.close()
+    print(visible(Redactor.for_settings(settings)(text)))
+    return 0 if ok else 1
+
+
 async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
     """``runs`` and ``recover``: the operator's view of owners and locks, and way out."""
     if args.command == "runs":
@@ -310,7 +322,7 @@ async def _no_slack(settings: Settings) -> int:
 
 
 # The commands that are a run of the engine (a change, or a read-only status/rotation).
-_RUNS = ("redeploy", "restart", "status", "rotation", "drain", "undrain")
+_RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undrain")
 
 
 async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
@@ -332,6 +344,9 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
         return await run_change(
             rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
         )
+    if args.command == "rollback":
+        plan = rt.engine.plan(Action.ROLLBACK, args.service)
+        return await run_change(rt, plan, yes=args.yes, user=cli_user())
     if args.command == "status":
         plan = rt.engine.plan(Action.STATUS, args.service)
         code = await run_change(rt, plan, yes=True, user=cli_user())
@@ -365,6 +380,8 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     )
     if serving:
         return await serve(settings)
+    if args.command == "releases":
+        return await releases(settings, args.service)
     if args.command in ("sudoers", "doctor"):
         # Neither opens the audit database: doctor changes nothing anywhere.
         return await (

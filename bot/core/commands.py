@@ -154,6 +154,13 @@ COMMANDS: tuple[Command, ...] = (
         chat="stop, drain, start and health-check, after approval",
     ),
     Command(
+        "rollback",
+        "switch a side-by-side service back to its previous release and restart it",
+        (_SERVICE, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
+        chat="switch a side-by-side service back to its previous release and restart it, "
+        "after approval (nothing is installed)",
+    ),
+    Command(
         "status",
         "unit state, installed version and GPU table",
         (
@@ -181,6 +188,12 @@ COMMANDS: tuple[Command, ...] = (
         (_SERVICE, _HOST, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
         chat="put one replica back in its router's rotation, after approval; an unready "
         "replica is refused",
+    ),
+    Command(
+        "releases",
+        "a side-by-side service's releases on each host: version, built, live",
+        (_SERVICE,),
+        chat="a side-by-side service's releases on each host: version, built, live (read-only)",
     ),
     Command(
         "gpus",

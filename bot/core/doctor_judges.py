@@ -18,6 +18,7 @@ from bot.core.doctor_types import (
     reply,
 )
 from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
+from bot.core.releases import layout_refusal, parse_releases
 from bot.core.results import CommandResult
 from bot.core.routers import doctor as router_doctor
 from bot.core.unit_flags import parse_exec_start, serve_command
@@ -306,6 +307,31 @@ def _unit_flags(p: Probe, a: Answer, s: Settings) -> Check:
     )
 
 
+def _releases(p: Probe, a: Answer, s: Settings) -> Check:
+    """A side-by-side service: its venv path is a link to a complete release in its
+    releases directory (issue 20, item 3)."""
+    assert p.service is not None
+    svc = s.services[p.service]
+    r = a.results[0] if a.results else None
+    layout = parse_releases(r.stdout, svc.venv_dir) if r is not None and r.ok else None
+    refusal = layout_refusal(svc, layout, a.error or (reply(r) if r is not None else "no answer"))
+    if refusal is not None or layout is None:
+        return judged(
+            p,
+            Outcome.FAIL,
+            refusal or "no listing",
+            f"convert {svc.venv_dir} into a link to a release in {svc.releases_dir} "
+            "(README: side-by-side releases, converting an in-place venv), and make the "
+            f"unit's ExecStart run {svc.venv_dir}/bin/...",
+        )
+    return judged(
+        p,
+        Outcome.OK,
+        f"{svc.venv_dir} -> {layout.target}; {len(layout.releases)} release(s), "
+        f"keep_releases {svc.keep_releases}",
+    )
+
+
 _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "login account": _login_account,
     "tcp": _tcp,
@@ -316,6 +342,7 @@ _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "unit": _unit,
     "unit flags": _unit_flags,
     "venv": _venv,
+    "releases": _releases,
     "health": _health,
     "disk": _disk,
     **doctor_sudo.JUDGES,

@@ -113,6 +113,20 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
             ),
             timeout_s=t,
         ),
+        *(
+            (
+                Probe(
+                    host,
+                    name,
+                    "releases",
+                    Kind.COMMANDS,
+                    ((remote.releases_list(svc), Privilege.VENV_OWNER),),
+                    timeout_s=t,
+                ),
+            )
+            if svc.strategy == "side_by_side"
+            else ()
+        ),
         Probe(host, name, "health", Kind.HTTP, url=svc.health_url, timeout_s=t),
         Probe(
             host,

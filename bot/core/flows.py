@@ -25,6 +25,7 @@ means for it; see docs/reliability.md for the whole fault matrix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import assert_never
 
 from bot.core import remote
 from bot.core.packages import EnvKind
@@ -66,6 +67,7 @@ from bot.core.phases.gpu_check import gpu_check, gpu_health_flow, gpu_recheck
 from bot.core.phases.install import INSTALL_KILL_GRACE_S, import_gate, record_change, run_install
 from bot.core.phases.preflight import Env, Refused, prefetch, preflight, preflight_unit
 from bot.core.phases.read_only import preview_flow, status_flow
+from bot.core.phases.releases import Built, build, read_releases, switch_and_start
 from bot.core.phases.rollback import rollback, rollback_command, unhealthy
 from bot.core.phases.rotation_ops import drain_flow, rotation_flow, undrain_flow
 from bot.core.phases.start import (
@@ -81,9 +83,11 @@ from bot.core.phases.stop import UNKNOWN_LOAD_READS, cancelled_before_change, qu
 from bot.core.phases.terminate import drain_clean
 from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
+from bot.core.releases import layout_refusal
 from bot.core.service_state import ServiceState
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
+from bot.core.unit_flags import ServeCommand
 from bot.settings import ServiceSettings
 
 # What the rest of the bot imports from here (the executor, the engine, the tests).
@@ -120,6 +124,7 @@ __all__ = [
     "lost",
     "preview_flow",
     "redeploy_flow",
+    "release_rollback_flow",
     "restart_flow",
     "rollback_command",
     "status_flow",
@@ -162,13 +167,8 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     # A cancel that came during the preflight takes effect before the prefetch's downloads.
     if (ended := (yield from cancelled_before_change(before, untouched))) is not None:
         return ended
-    fetch_ended = yield from prefetch(plan, svc, pre.env, pre.target, pre.serve)
-    if fetch_ended is not None:
-        match fetch_ended:
-            case ("prefetch", why):
-                said = f"prefetch failed; service untouched: {why}"
-            case ("gate" | "flags", why):
-                said = f"refused before the stop; service untouched: {why}"
+    built, said = yield from _before_the_stop(plan, svc, pre.env, pre.target, pre.serve)
+    if said is not None:
         return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 
     if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
@@ -189,9 +189,46 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             None,
         )
         return (yield from _back_in(plan, svc, host, failed))
-    outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
+    if built is None:
+        outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
+    else:
+        outcome = yield from switch_and_start(plan, svc, host, before, built)
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
     return (yield from _back_in(plan, svc, host, outcome))
+
+
+def _before_the_stop(
+    plan: Plan, svc: ServiceSettings, env: Env, target: str | None, serve: ServeCommand | str
+) -> Phase[tuple[Built | None, str | None]]:
+    """The new environment fetched and gated while the old one serves (in place: in a
+    throwaway venv; side by side: the new release itself, kept). The built release (side
+    by side), and why the run ends here (None: it goes on to the stop)."""
+    built: Built | None = None
+    said: str | None = None
+    match svc.strategy:
+        case "in_place":
+            fetch_ended = yield from prefetch(plan, svc, env, target, serve)
+            match fetch_ended:
+                case None:
+                    pass
+                case ("prefetch", why):
+                    said = f"prefetch failed; service untouched: {why}"
+                case ("gate" | "flags", why):
+                    said = f"refused before the stop; service untouched: {why}"
+        case "side_by_side":
+            release = yield from build(plan, svc, env, target)
+            match release:
+                case Built():
+                    built = release
+                case ("layout", why):
+                    said = f"preflight refused; service untouched: {why}"
+                case ("build", why):
+                    said = f"building the new release failed; service untouched: {why}"
+                case ("gate", why):
+                    said = f"refused before the stop; service untouched: {why}"
+        case _:
+            assert_never(svc.strategy)
+    return built, said
 
 
 def _out_and_stop(
@@ -368,9 +405,71 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     return (yield from _back_in(plan, svc, host, outcome))
 
 
+def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
+    """A rollback by hand of a side-by-side service: stop, switch the link to the newest
+    release before the live one, start and gate it; a failed start switches back to the
+    release that was live (``switch_and_start``). Nothing is installed."""
+    yield Emit(BeginStep(Step.PREFLIGHT, f"{cmd(remote.unit_show(svc))}; the releases"))
+    try:
+        _, untouched = yield from preflight_unit(svc, host)
+    except Refused as e:
+        yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {e.reason}",
+            ServiceState.UNKNOWN,
+        )
+    before = yield from read_installed(Step.PREFLIGHT, svc)
+    layout, why = yield from read_releases(Step.PREFLIGHT, svc)
+    refused = layout_refusal(svc, layout, why)
+    previous = layout.previous() if layout is not None else None
+    if refused is None and previous is None:
+        refused = f"{svc.releases_dir} holds no release but the live one: nothing to go back to"
+    if refused is not None or layout is None or layout.live is None or previous is None:
+        said = refused or "no live release"
+        yield Emit(EndStep(Step.PREFLIGHT, False, said))
+        return HostOutcome(
+            HostStatus.ABORTED, f"preflight refused; service untouched: {said}", untouched, before
+        )
+    yield Emit(Versions(before, None))
+    yield Emit(
+        EndStep(Step.PREFLIGHT, True, f"live release {layout.live}; switching to {previous}")
+    )
+    check = yield from gpu_check(svc, host, plan.is_local(host))
+    if check.refusal is not None:
+        return HostOutcome(
+            HostStatus.ABORTED,
+            f"preflight refused; service untouched: {check.refusal}",
+            untouched,
+            before,
+            None,
+        )
+    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
+        return ended
+    drain, reason = yield from drain_clean(svc, host)
+    if drain == "cancelled":
+        ended = yield from recover_after_cancel(svc, host, before, "during drain")
+        return (yield from _back_in(plan, svc, host, ended))
+    if drain == "failed":
+        stopped = ServiceState.STOPPED
+        failed = HostOutcome(
+            HostStatus.FAILED,
+            f"{reason}. {service_is(stopped)} and nothing was switched; free the GPUs, then "
+            "restart it.",
+            stopped,
+            before,
+            None,
+        )
+        return (yield from _back_in(plan, svc, host, failed))
+    outcome = yield from switch_and_start(plan, svc, host, before, Built(previous, layout.live))
+    outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
+    return (yield from _back_in(plan, svc, host, outcome))
+
+
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {
     RunAction.REDEPLOY: redeploy_flow,
     RunAction.RESTART: restart_flow,
+    RunAction.ROLLBACK: release_rollback_flow,
     RunAction.STATUS: status_flow,
     RunAction.ROTATION: rotation_flow,
     RunAction.DRAIN: drain_flow,

@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, assert_never
 
 from packaging.version import InvalidVersion, Version
 
@@ -66,6 +66,11 @@ class Step(StrEnum):
     ROTATION = "rotation"  # the read-only `rotation` command
     # Issue 20: the watch window after the start.
     WATCH = "watch"
+    # Issue 20, item 3: side-by-side releases.
+    BUILD = "build"
+    SWITCH = "switch"
+    ROLLBACK_SWITCH = "rollback_switch"
+    PRUNE = "prune"
 
 
 STEP_TITLES: dict[Step, str] = {
@@ -91,6 +96,11 @@ STEP_TITLES: dict[Step, str] = {
     Step.LEFTOVERS: "Terminate leftover processes (approved)",
     Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
     Step.WATCH: "Watch window (unit, journal, health, smoke) after the start",
+    Step.BUILD: "Build the new release beside the live one, then the import and CUDA gate "
+    "with its own interpreter (before the stop)",
+    Step.SWITCH: "Switch the venv's link to the new release",
+    Step.ROLLBACK_SWITCH: "Rollback: switch the venv's link back to the previous release",
+    Step.PRUNE: "Prune old releases (never the live or the previous one)",
     Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
     Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
     Step.ROTATION: "Each replica in or out of rotation (router), its sessions and health",
@@ -198,6 +208,52 @@ def redeploy_steps(
     svc: ServiceSettings, spec: str, index_url: str | None, local: bool | None = False
 ) -> tuple[PlannedStep, ...]:
     """``local``: the bot runs on the hosts (None: on some), so NVML reads their GPUs."""
+    steps = _in_place_steps(svc, spec, index_url, local)
+    match svc.strategy:
+        case "in_place":
+            return steps
+        case "side_by_side":
+            return _side_by_side(svc, index_url, steps)
+        case _:
+            assert_never(svc.strategy)
+
+
+def _side_by_side(
+    svc: ServiceSettings, index_url: str | None, steps: tuple[PlannedStep, ...]
+) -> tuple[PlannedStep, ...]:
+    """The redeploy of a side-by-side service: the build (and its gate) where the prefetch
+    was, the switch where the reinstall and its gate were, the prune at the end."""
+    name = "<version>-<sha of the pinned set>"
+    out: list[PlannedStep] = []
+    for s in steps:
+        if s.step == Step.PREFETCH:
+            out.append(PlannedStep(Step.BUILD, remote.build_release_shown(svc, index_url, name)))
+        elif s.step == Step.REINSTALL:
+            out.append(
+                PlannedStep(
+                    Step.SWITCH,
+                    f"ln -s {svc.releases_dir}/{name} {svc.venv_dir}.new.<pid> && "
+                    f"mv -T {svc.venv_dir}.new.<pid> {svc.venv_dir} (no install after the "
+                    "stop; any failure from here: switch back and start the previous release)",
+                )
+            )
+        elif s.step != Step.GATE:
+            out.append(s)
+        if s.step == Step.POSTCHECK:
+            out.append(
+                PlannedStep(
+                    Step.PRUNE,
+                    f"{cmd(remote.releases_list(svc))}; keep the newest "
+                    f"{svc.keep_releases} releases, never removing the live or the previous "
+                    "one",
+                )
+            )
+    return tuple(out)
+
+
+def _in_place_steps(
+    svc: ServiceSettings, spec: str, index_url: str | None, local: bool | None
+) -> tuple[PlannedStep, ...]:
     return (
         PlannedStep(
             Step.PREFLIGHT,
@@ -338,6 +394,22 @@ def restart_steps(svc: ServiceSettings, local: bool | None = False) -> tuple[Pla
     )
 
 
+def _switch_back_steps(
+    service: str, svc: ServiceSettings, local: bool | None
+) -> tuple[PlannedStep, ...]:
+    """A rollback by hand (side by side): a restart with the switch to the previous
+    release (the newest before the live one) between the drain and the start."""
+    if svc.strategy != "side_by_side":
+        raise InputError(f"rollback switches side-by-side releases; {service} is in_place")
+    prev = "<the newest release before the live one>"
+    switch = PlannedStep(
+        Step.SWITCH,
+        f"{remote.switch_shown(svc, prev)}; a failed start switches back to the release live now",
+    )
+    steps = restart_steps(svc, local)
+    return tuple(x for s in steps for x in ((switch, s) if s.step == Step.START else (s,)))
+
+
 def host_targets(
     settings: Settings, hosts: tuple[str, ...], host_keys: Mapping[str, str]
 ) -> tuple[HostTarget, ...]:
@@ -414,6 +486,8 @@ def make_plan(
         steps = with_rotation(redeploy_steps(svc, spec, index_url, local), router)
     elif action == Action.RESTART:
         steps = with_rotation(restart_steps(svc, local), router)
+    elif action == Action.ROLLBACK:
+        steps = with_rotation(_switch_back_steps(service, svc, local), router)
     elif action in (Action.ROTATION, Action.DRAIN, Action.UNDRAIN):
         assert router is not None  # _hosts_of refused a service without one
         steps = rotation_steps(action, router, svc, hosts)
@@ -522,58 +596,3 @@ def with_rotation(
     i = next((i for i, s in enumerate(steps) if s.step == Step.REQUESTS), len(steps))
     before = list(steps[:i])
     return (*before, out, *steps[i:], back)
-
-
-_TARGET_FIELDS = ("address", "port", "user", "key_file", "host_key")
-# Fields whose old and new values the refusal may quote; others (an index URL may hold
-# credentials, commands are long) are named only.
-_QUOTED_FIELDS = frozenset(
-    {
-        "action",
-        "service",
-        "unit",
-        "package",
-        "version",
-        "spec",
-        "index_name",
-        "dry_run",
-        "batch_size",
-        "force",
-    }
-)
-
-
-def _shown(value: Any) -> str:
-    text = "none" if value is None else str(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def drift(approved: Mapping[str, Any], now: Mapping[str, Any], *, limit: int = 3) -> str:
-    """What differs between the plan as approved and as the config gives it now (both as
-    stored), for the refusal: "gpu-node-1 port: 2222 → 2223", "gpu-node-1 host key:
-    SHA256:… → SHA256:…", "steps". At most ``limit`` items, then how many more."""
-    changes: list[str] = []
-    before = {t.get("host"): t for t in approved.get("targets") or ()}
-    after = {t.get("host"): t for t in now.get("targets") or ()}
-    for host in dict.fromkeys([*before, *after]):
-        old, new = before.get(host), after.get(host)
-        if old is None or new is None:
-            changes.append(f"host {host} {'added' if old is None else 'removed'}")
-            continue
-        changes += [
-            f"{host} {name.replace('_', ' ')}: {_shown(old.get(name))} → {_shown(new.get(name))}"
-            for name in _TARGET_FIELDS
-            if old.get(name) != new.get(name)
-        ]
-    for key in sorted((set(approved) | set(now)) - {"targets"}):
-        old, new = approved.get(key), now.get(key)
-        if old == new:
-            continue
-        if key in _QUOTED_FIELDS:
-            changes.append(f"{key.replace('_', ' ')}: {_shown(old)} → {_shown(new)}")
-        else:
-            changes.append(key.replace("_", " "))
-    if not changes:
-        return "no difference found"
-    more = len(changes) - limit
-    return "; ".join(changes[:limit]) + (f"; and {more} more" if more > 0 else "")

@@ -75,6 +75,8 @@ class Action(StrEnum):
     ROTATION = "rotation"
     DRAIN = "drain"
     UNDRAIN = "undrain"
+    # Issue 20, item 3: a side-by-side service switched back to its previous release.
+    ROLLBACK = "rollback"
 
     @property
     def read_only(self) -> bool:

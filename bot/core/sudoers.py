@@ -296,10 +296,43 @@ def _owner_grants(svc: ServiceSettings) -> list[Grant]:
     ]
 
 
+# A release's name in a rule: the scripts take it last, refuse it unless it is one plain
+# file name, and check their argument count, so the wildcard can add nothing after it.
+_RELEASE_SAMPLE = f"{_VERSION_SAMPLE}-{_DIGEST_SAMPLE[:12]}"
+
+
+def _release_grants(svc: ServiceSettings) -> list[Grant]:
+    """A side-by-side service's: as the venv's owner, who owns the releases and the link."""
+    return [
+        _exact(remote.releases_list(svc), "list the releases and the one the venv's link names"),
+        _with_glob(
+            remote.build_release(svc, _RELEASE_SAMPLE, None),
+            _RELEASE_SAMPLE,
+            "*",
+            "build a new release beside the live one (uv venv, then the pinned set), and "
+            "gate it with its own interpreter",
+        ),
+        _with_glob(
+            remote.switch_release(svc, _RELEASE_SAMPLE),
+            _RELEASE_SAMPLE,
+            "*",
+            "switch the venv's link to a release (a new link, then mv -T over the old one)",
+        ),
+        _with_glob(
+            remote.prune_releases(svc, (_RELEASE_SAMPLE,)),
+            _RELEASE_SAMPLE,
+            "*",
+            "remove old releases (never the live one), or one its gate refused",
+        ),
+    ]
+
+
 def grants(svc: ServiceSettings) -> list[Grant]:
     """Every command line the bot may run under sudo for ``svc``: as root (the unit), then
     as its ``venv_user`` (none when it has none: the login user installs itself)."""
     owner = _owner_grants(svc) if svc.venv_user else []
+    if svc.venv_user and svc.strategy == "side_by_side":
+        owner += _release_grants(svc)
     return _root_grants(svc) + owner
 
 

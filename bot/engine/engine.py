@@ -19,7 +19,8 @@ from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import FLOWS, HostOutcome
 from bot.core.phases.actions import RotationRecords
-from bot.core.plan import Plan, drift, make_plan
+from bot.core.plan import Plan, make_plan
+from bot.core.plan_drift import drift
 from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus

@@ -27,7 +27,7 @@ from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
 # The actions whose run has a GPU check before the stop.
-CHECKED = (Action.REDEPLOY, Action.RESTART)
+CHECKED = (Action.REDEPLOY, Action.RESTART, Action.ROLLBACK)
 # Critical first, then the hosts nobody could read, then warnings.
 _ORDER = {Level.CRITICAL: 0, None: 1, Level.WARN: 2}
 

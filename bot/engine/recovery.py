@@ -111,6 +111,16 @@ _STATE_AFTER: dict[str, str] = {
     Step.WATCH: "The new version had passed readiness and was being watched; it may be "
     "running or failed, and nothing was rolled back.",
     Step.POSTCHECK: "The service had passed the health gate; only the post-check was left.",
+    Step.BUILD: "Nothing was changed: the bot stopped while building the new release beside "
+    "the live one, before stopping the service, so it should still be running; a "
+    "half-built release directory may be left in the releases directory.",
+    Step.SWITCH: "The service is STOPPED, and the venv's link may point at the new release "
+    "or still at the previous one (`readlink` it).",
+    Step.ROLLBACK_SWITCH: "The new release had started but was not healthy; the venv's link "
+    "may point at it or back at the previous release (`readlink` it), and the service is "
+    "probably STOPPED.",
+    Step.PRUNE: "The new release had passed its gates and was serving; old releases were "
+    "being removed.",
     Step.GPU_CHECK: "Nothing was changed: the bot stopped while checking the GPUs, before "
     "stopping the service, so it should still be running.",
     Step.LEFTOVERS: "The service is STOPPED, and leftover processes an approver let the bot "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import json
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ from bot.sim.sshd import SshdServer, free_port
 from bot.sim.state import (
     DEFAULT_VERSION,
     STATE_DIR_ENV,
+    VENV_SET,
     Call,
     Faults,
     HostConfig,
@@ -49,6 +51,7 @@ from bot.sim.state import (
     unit_state,
 )
 from bot.sim.tools import TOOLS, unit
+from bot.sim.tools import uv as sim_uv
 
 Access = Literal["embedded", "sshd"]
 BIN_DIR = Path(__file__).resolve().parent / "bin"
@@ -88,6 +91,9 @@ READY_SETTINGS: dict[str, Any] = {
     "smoke_prompt": "The capital of France is",
     "smoke_expect": "Paris",
 }
+# What the bot's build writes last into a side-by-side release (bot.core.remote's
+# RELEASE_MARK; a test keeps them equal): the kit's first release is a complete one.
+RELEASE_MARK = ".chatops-release"
 TEST_HOST_SETTINGS: dict[str, Any] = {
     "connect_timeout_s": 5.0,
     "keepalive_interval_s": 1.0,
@@ -115,6 +121,7 @@ class SimKit:
         service_port: int | None = None,
         link: bool = False,
         user: str | None = None,
+        side_by_side: bool = False,
     ) -> None:
         """Nothing starts until ``start()`` (or ``async with``).
 
@@ -125,6 +132,8 @@ class SimKit:
         port onto the real one, which is what lets hosts of a fleet share one.
         link: reach the server through a ``FaultyLink`` (``self.link``); ``port`` is
         then the link's, so settings and known_hosts name the path the engine takes.
+        side_by_side: the venv's path is a symlink to a release in ``<venv>.releases``
+        (issue 20), built as the bot builds one (``uv venv``, then its set installed).
         """
         self.root = root.resolve()
         self.config = config if config is not None else HostConfig()
@@ -148,6 +157,7 @@ class SimKit:
         self._link: FaultyLink | None = None
         self._installed = installed_version
         self._running = running
+        self._side_by_side = side_by_side
         self._server: EmbeddedSshServer | SshdServer | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -216,6 +226,9 @@ class SimKit:
             if not os.access(BIN_DIR / tool, os.X_OK):
                 raise RuntimeError(f"{BIN_DIR / tool} is not executable (chmod +x it)")
         self.root.mkdir(parents=True, exist_ok=True)
+        env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
+        if self._side_by_side:
+            self._lay_out_release(env)
         self.python.parent.mkdir(parents=True, exist_ok=True)
         if not self.python.exists():
             # `df` on the venv is real, so the directory must be. The interpreter runs the
@@ -238,7 +251,6 @@ class SimKit:
         public = key.export_public_key("openssh")
         self.client_key.with_suffix(".pub").write_bytes(public)
         self.authorized_keys.write_bytes(public)
-        env = sim_packages.deps_of(self._installed or DEFAULT_VERSION)
         # The venv was installed with uv on this host: its wheels are in uv's cache.
         cached = [
             *(sim_packages.pin(n, v) for n, v in env.items()),
@@ -257,6 +269,33 @@ class SimKit:
                 boot_version=self._installed,
             )
         )
+
+    def _lay_out_release(self, env: dict[str, str]) -> None:
+        """The first release, as the bot builds one, and the venv's link to it."""
+        if self.venv_dir.is_symlink() or self.venv_dir.exists():
+            return  # hosts of a fleet share the path; the first kit made it
+        name = f"{self._installed or 'none'}-{'0' * 12}"
+        rel = self.releases_dir / name
+        sim_uv.make_venv(rel)
+        full = {**env, **({"vllm": self._installed} if self._installed else {})}
+        (rel / VENV_SET).write_text(json.dumps(full))
+        (rel / RELEASE_MARK).write_text(name + "\n")
+        self.venv_dir.symlink_to(rel)
+
+    @property
+    def releases_dir(self) -> Path:
+        return Path(f"{self.venv_dir}.releases")
+
+    def live_release(self) -> str | None:
+        """The release the venv's link points at now (None: not a link)."""
+        if not self.venv_dir.is_symlink():
+            return None
+        return Path(os.readlink(self.venv_dir)).name
+
+    def releases(self) -> list[str]:
+        """The release directories, by name."""
+        d = self.releases_dir
+        return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
     async def _wait_listening(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -438,6 +477,8 @@ class SimKit:
                 out.append(
                     "dry-run"
                     if "--dry-run" in a
+                    else "build"
+                    if any(".releases/" in x for x in a)
                     else "prefetch"
                     if str(self.python) not in a
                     else "rollback"

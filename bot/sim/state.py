@@ -333,6 +333,26 @@ class Transaction:
         os.replace(tmp, self._store.journal_path)
 
 
+# In a venv `uv venv` made (a prefetch's throwaway venv, a side-by-side release): name ->
+# version of what was installed into it (bot.sim.tools.uv writes it).
+VENV_SET = "sim-installed.json"
+
+
+def following_link(st: HostState) -> HostState:
+    """A side-by-side venv (its path a symlink to a release, issue 20): what is installed
+    is what the release the link points at holds, so switching the link switches what
+    the unit starts and what uv reports. A plain venv is the state's own."""
+    venv = Path(st.venv)
+    if not venv.is_symlink():
+        return st
+    try:
+        raw = json.loads((venv / VENV_SET).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raw = {}  # a dangling link, or a release nothing was installed into
+    env = {str(k): str(v) for k, v in raw.items()}
+    return replace(st, installed_version=env.pop("vllm", None), packages=env)
+
+
 class StateStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -367,7 +387,8 @@ class StateStore:
         os.replace(tmp, self.state_path)
 
     def _read_unlocked(self) -> HostState:
-        return HostState.from_json(json.loads(self.state_path.read_text(encoding="utf-8")))
+        st = HostState.from_json(json.loads(self.state_path.read_text(encoding="utf-8")))
+        return following_link(st)
 
     def read(self) -> HostState:
         with self._locked(fcntl.LOCK_SH):

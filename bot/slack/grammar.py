@@ -109,6 +109,16 @@ class Logs:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollback:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Releases:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
 class Audit:
     service: str | None = None
     limit: int = AUDIT_DEFAULT
@@ -130,12 +140,14 @@ Command = (
     Help
     | Redeploy
     | Restart
+    | Rollback
     | Status
     | Rotation
     | Drain
     | Undrain
     | Gpus
     | Logs
+    | Releases
     | Audit
     | Cancel
     | Doctor
@@ -362,6 +374,14 @@ def _routed(name: str, settings: Settings) -> str:
     return service
 
 
+def _side_by_side(name: str, settings: Settings) -> str:
+    """A configured side-by-side service: only it has releases to switch back to."""
+    service = _service(name, settings)
+    if settings.services[service].strategy != "side_by_side":
+        raise InputError(f"rollback switches side-by-side releases; {service} is in_place")
+    return service
+
+
 def _replica(args: _Args, settings: Settings) -> tuple[str, str]:
     """``<service> <host>``: a service with a router and one of its configured hosts."""
     if len(args.positionals) != 2:
@@ -389,6 +409,7 @@ _BUILDERS: dict[str, _Parser] = {
     "restart": lambda a, s: Restart(
         _service(a.required("service name"), s), force="--force" in a.values
     ),
+    "rollback": lambda a, s: Rollback(_side_by_side(a.required("service name"), s)),
     "status": lambda a, s: Status(_optional_service(a, s)),
     "rotation": lambda a, s: Rotation(_routed(a.required("service name"), s)),
     "drain": lambda a, s: Drain(*_replica(a, s)),
@@ -397,6 +418,7 @@ _BUILDERS: dict[str, _Parser] = {
     "logs": lambda a, s: Logs(
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX)
     ),
+    "releases": lambda a, s: Releases(_service(a.required("service name"), s)),
     "audit": lambda a, s: _parse_audit(a, s),
     "cancel": lambda a, s: _parse_cancel(a),
     # The same targets as gpus: everything, a host, or a service's hosts.

@@ -40,6 +40,7 @@ BAD_INPUTS = [
     ("restart kimi-k25 extra words", "Unexpected extra words"),
     ("cancel twelve", "not a run id"),
     ("audit --limit 100000", "--limit must be a whole number"),
+    ("rollback kimi-k25", "rollback switches side-by-side releases; kimi-k25 is in_place"),
 ]
 
 
@@ -227,3 +228,15 @@ async def test_doctor_is_for_requesters_and_answers_the_asker_alone(
         assert bot.fake.files == []
         # It read the host and changed nothing there.
         assert sim_host.calls("nvidia-smi") and sim_host.changes() == []
+
+
+async def test_releases_posts_each_hosts_releases(
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
+    kit = await make_sim_host(side_by_side=True)
+    async with slack_bot(tmp_path, kit) as bot:
+        await bot.command(f"releases {SERVICE}")
+        msg = await bot.fake.wait_for_message(CHANNEL, lambda m: "releases:" in m.get("text", ""))
+        text = blocks_text(msg)
+        assert f"== gpu-node-1: live {kit.live_release()}" in text, text
+        assert "(live)" in text

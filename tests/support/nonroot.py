@@ -18,6 +18,7 @@ tools: what the tests of ``become = "sudo"`` run against.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shlex
@@ -33,7 +34,9 @@ from typing import Any
 
 import pytest
 
-from bot.sim.kit import BIN_DIR, SYSTEM_PATH, SimKit
+from bot.sim import packages as sim_packages
+from bot.sim.kit import BIN_DIR, RELEASE_MARK, SYSTEM_PATH, SimKit
+from bot.sim.state import DEFAULT_VERSION, VENV_SET
 from bot.sim.tools import TOOLS
 from tests.support.sim import require_sshd
 
@@ -200,6 +203,14 @@ class NonRootKit(SimKit):
             path.chmod(0o755)
         # The venv's interpreter (the import gate runs it as the venv's owner, under sudo,
         # which clears the environment: it names the host's state itself, like the tools).
+        # Side by side: the venv's path is a link to the first release, which holds it.
+        if self._side_by_side:
+            rel = self.releases_dir / f"{DEFAULT_VERSION}-{'0' * 12}"
+            env = {**sim_packages.deps_of(DEFAULT_VERSION), "vllm": DEFAULT_VERSION}
+            (rel / "bin").mkdir(parents=True)
+            (rel / VENV_SET).write_text(json.dumps(env))
+            (rel / RELEASE_MARK).write_text(rel.name + "\n")
+            self.venv_dir.symlink_to(rel)
         self.python.parent.mkdir(parents=True, exist_ok=True)
         self.python.write_text(
             "#!/bin/sh\numask 000\n"
@@ -230,6 +241,11 @@ class NonRootKit(SimKit):
         beside.mkdir(exist_ok=True)
         for p in (self.venv_dir, beside):
             _checked("chown", "-R", f"{self.who.owner}:{self.who.owner}", str(p))
+        if self._side_by_side:
+            # The releases, and the directory the switch writes the new link in.
+            for p in (self.releases_dir, self.venv_dir.parent):
+                _checked("chown", "-R", f"{self.who.owner}:{self.who.owner}", str(p))
+                p.chmod(0o755)
         # The key as the README installs it: no pty, no forwarding but to the model
         # server's port, only from the bot's address (sshd reads it at each login).
         key = self.authorized_keys.read_text().strip()

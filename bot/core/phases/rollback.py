@@ -76,7 +76,7 @@ def rollback_command(svc: ServiceSettings, lock: str) -> str:
     )
 
 
-def _rollback_stop(svc: ServiceSettings, host: str) -> Phase[tuple[str, ServiceState] | None]:
+def stop_for_rollback(svc: ServiceSettings, host: str) -> Phase[tuple[str, ServiceState] | None]:
     """Stop the new version that never turned healthy and wait for its GPU memory, so
     the snapshot can be restored under a stopped service. None when stopped and free;
     else why not and how the service is (a failed stop: unknown; stopped, its GPU
@@ -125,7 +125,7 @@ def unhealthy(
             before,
             None,
         )
-    stop_failed = yield from _rollback_stop(svc, host)
+    stop_failed = yield from stop_for_rollback(svc, host)
     if stop_failed is not None:
         stopped, state = stop_failed
         return HostOutcome(

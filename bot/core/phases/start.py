@@ -300,20 +300,21 @@ def _failed_start(svc: ServiceSettings, step: Step, follow: _Follow) -> Phase[St
     return StartFailed(msg, in_journal=True)
 
 
-def postcheck(svc: ServiceSettings, host: str) -> Phase[str | None]:
+def postcheck(svc: ServiceSettings, host: str, note: str = "") -> Phase[str | None]:
+    """The version and the GPUs after a start; ``note`` (which release is live, for a
+    side-by-side service) goes in the summary after the version."""
     yield Emit(
         BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}")
     )
     after = yield from read_installed(Step.POSTCHECK, svc)
+    said = f"version {after}" + (f"; {note}" if note else "")
     try:
         snap = yield from read_snapshot(Step.POSTCHECK, svc, host)
     except GpuQueryError as e:
-        yield Emit(
-            EndStep(Step.POSTCHECK, True, f"version {after}; GPU table unavailable: {e.reason}")
-        )
+        yield Emit(EndStep(Step.POSTCHECK, True, f"{said}; GPU table unavailable: {e.reason}"))
         return after
     yield Emit(Snapshot("after restart", snap))
-    yield Emit(EndStep(Step.POSTCHECK, True, f"version {after}; {memory_summary(snap)}"))
+    yield Emit(EndStep(Step.POSTCHECK, True, f"{said}; {memory_summary(snap)}"))
     return after
 
 

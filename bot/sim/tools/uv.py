@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from bot.sim import packages as pk
 from bot.sim import pth
-from bot.sim.state import HostState, StateStore
+from bot.sim.state import VENV_SET, HostState, StateStore
 
 UV_VERSION = "uv 0.13.9"
 PACKAGE = pk.PACKAGE
@@ -50,8 +50,8 @@ FLOOD_BLOCK = 1024 * 1024
 STALL_POLL_S = 0.05
 # Written into a venv `uv venv` makes, so an install into it is known for a throwaway.
 VENV_MARK = "# simulated by bot.sim.tools.uv\n"
-# In a throwaway venv: name -> version of what was installed into it.
-THROWAWAY_SET = "sim-installed.json"
+# In a throwaway venv (or a side-by-side release): name -> version of what was installed.
+THROWAWAY_SET = VENV_SET
 
 
 def _elapsed(seconds: float) -> str:
@@ -379,7 +379,8 @@ def _install(store: StateStore, args: list[str]) -> int:
         _err(problem)
         return 2
     assert req.python is not None
-    if _throwaway(req.python):
+    # A side-by-side venv's path leads to a release `uv venv` made: it is still the host's.
+    if _throwaway(req.python) and not _ours(st, req.python):
         return _prefetch(store, req, t0)
     if not _ours(st, req.python):
         return _externally_managed(req.python)
@@ -673,7 +674,17 @@ def _venv(args: list[str]) -> int:
             path = a
     if path is None:
         path = ".venv"
-    venv = Path(path)
+    make_venv(Path(path))
+    if not quiet:
+        _err(
+            f"Using CPython 3.12.3\nCreating virtual environment at: {path}\n"
+            f"Activate with: source {path}/bin/activate"
+        )
+    return 0
+
+
+def make_venv(venv: Path) -> None:
+    """What ``uv venv`` lays out: the interpreter's launcher and ``pyvenv.cfg``."""
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     # The throwaway venv's interpreter: the simulated one (bot.sim.tools.python) over what
     # was installed into this venv (THROWAWAY_SET), so a gate run with it sees the new build.
@@ -700,12 +711,6 @@ def _venv(args: list[str]) -> int:
         )
         (venv / "bin" / name).chmod(0o755)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n" + VENV_MARK)
-    if not quiet:
-        _err(
-            f"Using CPython 3.12.3\nCreating virtual environment at: {path}\n"
-            f"Activate with: source {path}/bin/activate"
-        )
-    return 0
 
 
 def _query_interpreter(store: StateStore, args: list[str]) -> None:

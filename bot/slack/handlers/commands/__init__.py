@@ -26,7 +26,9 @@ from bot.slack.handlers.commands import (
     gpus,
     logs,
     redeploy,
+    releases,
     restart,
+    rollback,
     rotation,
     status,
     undrain,
@@ -41,12 +43,14 @@ HANDLERS: dict[type, Handler] = {
     grammar.Help: help_command.handle,
     grammar.Redeploy: redeploy.handle,
     grammar.Restart: restart.handle,
+    grammar.Rollback: rollback.handle,
     grammar.Status: status.handle,
     grammar.Rotation: rotation.handle,
     grammar.Drain: drain.handle,
     grammar.Undrain: undrain.handle,
     grammar.Gpus: gpus.handle,
     grammar.Logs: logs.handle,
+    grammar.Releases: releases.handle,
     grammar.Audit: audit.handle,
     grammar.Cancel: cancel.handle,
     grammar.Doctor: doctor.handle,
@@ -60,6 +64,7 @@ READ_ONLY = (
     grammar.Rotation,
     grammar.Gpus,
     grammar.Logs,
+    grammar.Releases,
     grammar.Audit,
     grammar.Doctor,
 )
@@ -104,7 +109,7 @@ async def on_command(
                 req,
                 f"Slow down: each person may send {limit.per_minute} "
                 f"read-only commands (`{PREFIX} status`, `gpus`, `logs`, "
-                f"`audit`, `doctor`) a minute. Try again in {wait_s} s.",
+                f"`releases`, `audit`, `doctor`) a minute. Try again in {wait_s} s.",
                 Refusal.RATE_LIMITED,
             )
             return
