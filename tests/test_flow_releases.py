@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.core import remote
+from bot.core import remote_releases
 from bot.core.flows import HttpCheck
 from bot.core.plan import Step
 from bot.core.service_state import ServiceState
@@ -45,27 +45,27 @@ class Releases(Host):
                 self.version = self.held[self.live]
             return super().command(a)
         script, args = a[2], a[4:]
-        if script == remote.RELEASES_LIST:
+        if script == remote_releases.RELEASES_LIST:
             if self.link is None:
                 return ok(a, stderr=f"{args[0]} is not a symbolic link", status=3)
             rows = "".join(f"release {t} {RELS}/{n}\n" for n, t in self.built_at.items())
             return ok(a, f"live {self.link}\n{rows}")
-        if script == remote.BUILD_RELEASE:
+        if script == remote_releases.BUILD_RELEASE:
             name = args[-1]
             self.held[name] = self.installed_after
             self.built_at[name] = self.now
             gate = {"vllm": self.installed_after, "torch": "2.10.0", "cuda": TORCH_CUDA["2.10.0"]}
             line = "chatops-gate " + str(gate).replace("'", '"')
-            return ok(a, f"{remote.BUILT_MARK}\n{line}\n")
-        if script == remote.SWITCH_RELEASE:
+            return ok(a, f"{remote_releases.BUILT_MARK}\n{line}\n")
+        if script == remote_releases.SWITCH_RELEASE:
             name = args[-1]
             self.switches.append(name)
             if self.switch_fails(name):
                 return ok(a, stderr="mv: cannot move: Read-only file system", status=1)
             old, self.link = self.link, f"{RELS}/{name}"
             self.version = self.held[name]
-            return ok(a, f"{remote.SWITCHED_MARK} {old} -> {self.link}\n")
-        if script == remote.PRUNE_RELEASES:
+            return ok(a, f"{remote_releases.SWITCHED_MARK} {old} -> {self.link}\n")
+        if script == remote_releases.PRUNE_RELEASES:
             if not self.prune_ok:
                 return ok(a, stderr="rm: cannot remove: Permission denied", status=1)
             for name in args[1:]:
@@ -85,7 +85,7 @@ def installs_after_stop(h: Host) -> list[tuple[str, ...]]:
     return [
         a
         for a in h.calls[stop:]
-        if a[1:3] in (("pip", "install"), ("pip", "sync")) or remote.BUILD_RELEASE in a
+        if a[1:3] in (("pip", "install"), ("pip", "sync")) or remote_releases.BUILD_RELEASE in a
     ]
 
 
@@ -151,7 +151,7 @@ def test_a_switch_that_fails_leaves_the_link_and_starts_the_previous_release() -
 
 
 def test_a_switch_whose_result_is_lost_stops_there_and_says_so() -> None:
-    h = Releases(lose=lambda a: remote.SWITCH_RELEASE in a)
+    h = Releases(lose=lambda a: remote_releases.SWITCH_RELEASE in a)
     out = run(h, svc=SBS, version="0.16.0")
     assert out.status == "failed", out.summary
     assert out.state == ServiceState.STOPPED and "is unknown" in out.summary

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bot.core import remote
+from bot.core import remote, remote_releases
 from bot.core.doctor import Answer, Outcome, judge, probes
 from bot.core.plan import Step, make_plan, redeploy_steps, restart_steps
 from bot.core.privilege import Privilege, run_as_of
@@ -78,12 +78,16 @@ def test_a_prune_never_removes_the_live_or_the_protected_release() -> None:
 
 
 def test_a_release_is_named_by_its_version_and_its_pinned_set() -> None:
-    one = remote.release_name("0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n")
+    one = remote_releases.release_name("0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n")
     assert one.startswith("0.16.0+cu129-") and len(one.rsplit("-", 1)[1]) == 12
-    assert one == remote.release_name("0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n")
-    assert one != remote.release_name("0.16.0+cu129", "torch==2.10.1\nvllm==0.16.0+cu129\n")
-    assert remote.release_name(None, "").startswith("unknown-")
-    assert remote.release_name("../x y", "").startswith("_x_y-")
+    assert one == remote_releases.release_name(
+        "0.16.0+cu129", "torch==2.10.0\nvllm==0.16.0+cu129\n"
+    )
+    assert one != remote_releases.release_name(
+        "0.16.0+cu129", "torch==2.10.1\nvllm==0.16.0+cu129\n"
+    )
+    assert remote_releases.release_name(None, "").startswith("unknown-")
+    assert remote_releases.release_name("../x y", "").startswith("_x_y-")
 
 
 def test_keep_releases_is_at_least_two_and_in_place_stays_the_default() -> None:
@@ -115,7 +119,7 @@ def _layout(tmp: Path, *names: str, live: str) -> ServiceSettings:
     tmp.chmod(0o755)
     for n in names:
         (tmp / "venv.releases" / n / "bin").mkdir(parents=True)
-        (tmp / "venv.releases" / n / remote.RELEASE_MARK).write_text(n)
+        (tmp / "venv.releases" / n / remote_releases.RELEASE_MARK).write_text(n)
     (tmp / "venv.releases").chmod(0o755)
     (tmp / "venv").symlink_to(tmp / "venv.releases" / live)
     return service(tmp)
@@ -127,20 +131,20 @@ def _sh(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
 
 def test_the_switch_replaces_the_link_and_refuses_what_is_no_release(tmp_path: Path) -> None:
     svc = _layout(tmp_path, "a-1", "b-2", live="a-1")
-    r = _sh(remote.switch_release(svc, "b-2"))
+    r = _sh(remote_releases.switch_release(svc, "b-2"))
     assert r.returncode == 0, r.stderr
     assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/b-2"
-    assert f"{remote.SWITCHED_MARK} {tmp_path}/venv.releases/a-1 -> " in r.stdout
-    listing = parse_releases(_sh(remote.releases_list(svc)).stdout, svc.venv_dir)
+    assert f"{remote_releases.SWITCHED_MARK} {tmp_path}/venv.releases/a-1 -> " in r.stdout
+    listing = parse_releases(_sh(remote_releases.releases_list(svc)).stdout, svc.venv_dir)
     assert listing is not None and listing.live == "b-2" and listing.names() == ("a-1", "b-2")
     for name in ("../a-1", "c-3", "-x", "a b"):
-        r = _sh(remote.switch_release(svc, name))
+        r = _sh(remote_releases.switch_release(svc, name))
         assert r.returncode != 0, name
         assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/b-2"
     # An in-place venv (a directory, no link) is never replaced.
     os.unlink(tmp_path / "venv")
     (tmp_path / "venv").mkdir()
-    r = _sh(remote.switch_release(svc, "a-1"))
+    r = _sh(remote_releases.switch_release(svc, "a-1"))
     assert r.returncode != 0 and "not a symbolic link" in r.stderr
     assert (tmp_path / "venv").is_dir() and not (tmp_path / "venv").is_symlink()
 
@@ -150,7 +154,7 @@ def test_the_switch_refuses_a_directory_someone_else_owns(tmp_path: Path) -> Non
         pytest.skip("needs root: gives the venv's directory to another uid")
     svc = _layout(tmp_path, "a-1", "b-2", live="a-1")
     os.chown(tmp_path, 12345, 12345)
-    r = _sh(remote.switch_release(svc, "b-2"))
+    r = _sh(remote_releases.switch_release(svc, "b-2"))
     assert r.returncode != 0 and "is owned by uid 12345" in r.stderr, r.stderr
     assert os.readlink(tmp_path / "venv") == f"{tmp_path}/venv.releases/a-1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.releases"]
@@ -158,11 +162,11 @@ def test_the_switch_refuses_a_directory_someone_else_owns(tmp_path: Path) -> Non
 
 def test_the_prune_removes_what_it_is_told_but_never_the_live_release(tmp_path: Path) -> None:
     svc = _layout(tmp_path, "a-1", "b-2", "c-3", live="b-2")
-    r = _sh(remote.prune_releases(svc, ["a-1", "b-2"]))
+    r = _sh(remote_releases.prune_releases(svc, ["a-1", "b-2"]))
     assert r.returncode == 0, r.stderr
     assert "kept b-2: it is live" in r.stdout
     assert sorted(p.name for p in (tmp_path / "venv.releases").iterdir()) == ["b-2", "c-3"]
-    r = _sh(remote.prune_releases(svc, ["c-3", ".."]))
+    r = _sh(remote_releases.prune_releases(svc, ["c-3", ".."]))
     assert r.returncode != 0  # one bad name: nothing removed
     assert (tmp_path / "venv.releases" / "c-3").is_dir() and tmp_path.is_dir()
 
@@ -182,19 +186,21 @@ def _fake_uv(tmp: Path, fail: bool = False) -> Path:
 def test_the_build_makes_a_complete_release_and_cleans_up_a_failed_one(tmp_path: Path) -> None:
     _layout(tmp_path, "a-1", live="a-1")
     svc = service(tmp_path, uv=str(_fake_uv(tmp_path)))
-    r = _sh(remote.build_release(svc, "b-2", None))
+    r = _sh(remote_releases.build_release(svc, "b-2", None))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [remote.BUILT_MARK, "gate-ran"]
-    assert (tmp_path / "venv.releases" / "b-2" / remote.RELEASE_MARK).read_text() == "b-2\n"
-    again = _sh(remote.build_release(svc, "b-2", None))
-    assert again.stdout.splitlines()[0] == remote.REUSED_MARK
+    assert r.stdout.splitlines() == [remote_releases.BUILT_MARK, "gate-ran"]
+    assert (
+        tmp_path / "venv.releases" / "b-2" / remote_releases.RELEASE_MARK
+    ).read_text() == "b-2\n"
+    again = _sh(remote_releases.build_release(svc, "b-2", None))
+    assert again.stdout.splitlines()[0] == remote_releases.REUSED_MARK
     broken = service(tmp_path, uv=str(_fake_uv(tmp_path, fail=True)))
-    r = _sh(remote.build_release(broken, "c-3", None))
-    assert r.returncode == 5 and remote.BUILT_MARK not in r.stdout
+    r = _sh(remote_releases.build_release(broken, "c-3", None))
+    assert r.returncode == 5 and remote_releases.BUILT_MARK not in r.stdout
     assert not (tmp_path / "venv.releases" / "c-3").exists()
     # A directory of that name that is no complete release is never built over.
     (tmp_path / "venv.releases" / "d-4").mkdir()
-    r = _sh(remote.build_release(svc, "d-4", None))
+    r = _sh(remote_releases.build_release(svc, "d-4", None))
     assert r.returncode == 1 and "not a complete release" in r.stderr
 
 
@@ -205,14 +211,14 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
         systemctl="/usr/bin/systemctl",
         journalctl="/usr/bin/journalctl",
     )
-    name = remote.release_name("0.16.0", "vllm==0.16.0\n")
+    name = remote_releases.release_name("0.16.0", "vllm==0.16.0\n")
     for argv in (
-        remote.releases_list(svc),
-        remote.build_release(svc, name, None),
-        remote.build_release(svc, name, "https://user:tok@example.com/simple"),
-        remote.switch_release(svc, name),
-        remote.prune_releases(svc, (name,)),
-        remote.prune_releases(svc, (name, "0.15.1-0123456789ab")),
+        remote_releases.releases_list(svc),
+        remote_releases.build_release(svc, name, None),
+        remote_releases.build_release(svc, name, "https://user:tok@example.com/simple"),
+        remote_releases.switch_release(svc, name),
+        remote_releases.prune_releases(svc, (name,)),
+        remote_releases.prune_releases(svc, (name, "0.15.1-0123456789ab")),
     ):
         # An install from an index keeps its stdin wrapper outside sudo (sudoers.become).
         core = (
@@ -227,10 +233,10 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
         # Real sudo matched no rule for a command line with a backslash in it
         # (tests/test_nonroot.py found it): the release scripts hold none.
         assert "\\" not in " ".join(g.sample) or g.sample[2] not in (
-            remote.RELEASES_LIST,
-            remote.BUILD_RELEASE,
-            remote.SWITCH_RELEASE,
-            remote.PRUNE_RELEASES,
+            remote_releases.RELEASES_LIST,
+            remote_releases.BUILD_RELEASE,
+            remote_releases.SWITCH_RELEASE,
+            remote_releases.PRUNE_RELEASES,
         ), g.line()
     text = render(
         Settings(
@@ -250,7 +256,7 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
     assert "switch the venv's link to a release" in text
     # An in-place service has no release rules.
     plain = service(venv_user="vllm", uv="/usr/local/bin/uv", strategy="in_place")
-    assert rule_for(remote.switch_release(plain, name), plain) is None
+    assert rule_for(remote_releases.switch_release(plain, name), plain) is None
 
 
 def test_doctor_checks_a_side_by_side_layout() -> None:
@@ -267,7 +273,7 @@ def test_doctor_checks_a_side_by_side_layout() -> None:
         db_path=Path("/nonexistent/audit.db"),
     )
     probe = next(p for p in probes(s, ["h"]) if p.name == "releases")
-    assert probe.commands == ((remote.releases_list(svc), Privilege.VENV_OWNER),)
+    assert probe.commands == ((remote_releases.releases_list(svc), Privilege.VENV_OWNER),)
 
     def answer(code: int, out: str, err: str = "") -> Answer:
         return Answer(results=(CommandResult(probe.commands[0][0], code, out, err, 0.1),))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.core import remote
+from bot.core import remote_releases
 from bot.core.status import Action, RunStatus, StepStatus
 from bot.engine.releases import releases_text
 from bot.engine.runtime import open_runtime
@@ -37,7 +37,7 @@ def _installs(calls: list[Call]) -> list[Call]:
 
 
 def test_the_sims_release_mark_is_the_bots() -> None:
-    assert sim_kit.RELEASE_MARK == remote.RELEASE_MARK
+    assert sim_kit.RELEASE_MARK == remote_releases.RELEASE_MARK
 
 
 async def _host(make_sim_host: MakeSimHost) -> SimKit:

@@ -39,13 +39,13 @@ from bot.core.privilege import SAFE_PRELUDE, Command, Privilege, run_as_of, sudo
 from bot.core.sudoers import (
     LOGS_MAX,
     Become,
-    Wild,
     alias,
     become,
     grants,
     render,
     rule_for,
 )
+from bot.core.sudoers_rules import Wild
 from bot.errors import ConfigError
 from bot.hosts.base import CommandResult
 from bot.settings import HostSettings, ServiceSettings, Settings, load_settings

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.core import remote
+from bot.core import remote, remote_releases
 from bot.core.doctor_keys import SSHD_KEYS_SCRIPT, check_key_files
 from bot.core.doctor_types import Argv, Kind, Probe
 from bot.core.leftovers import unit_user_query
 from bot.core.privilege import SH, Privilege
 from bot.core.routers.doctor import router_probes
-from bot.core.sudoers import Grant, grants
+from bot.core.sudoers import grants
+from bot.core.sudoers_rules import Grant
 from bot.settings import HostSettings, ServiceSettings, Settings
 
 
@@ -120,7 +121,7 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
                     name,
                     "releases",
                     Kind.COMMANDS,
-                    ((remote.releases_list(svc), Privilege.VENV_OWNER),),
+                    ((remote_releases.releases_list(svc), Privilege.VENV_OWNER),),
                     timeout_s=t,
                 ),
             )

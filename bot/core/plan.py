@@ -10,16 +10,12 @@ from typing import Any, assert_never
 
 from packaging.version import InvalidVersion, Version
 
-from bot.core import remote
+from bot.core import remote, remote_releases
 from bot.core.health import HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV
 from bot.core.readiness import api_base, metrics_url
+from bot.core.remote_releases import switch_shown
 from bot.core.routers.target import RouterTarget, router_target
-from bot.core.routers.text import (
-    rotation_in_command,
-    rotation_out_command,
-    shown_in,
-    shown_out,
-)
+from bot.core.routers.text import rotation_in_command, rotation_out_command, shown_in, shown_out
 from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import LOCAL, ServiceSettings, Settings
@@ -227,7 +223,9 @@ def _side_by_side(
     out: list[PlannedStep] = []
     for s in steps:
         if s.step == Step.PREFETCH:
-            out.append(PlannedStep(Step.BUILD, remote.build_release_shown(svc, index_url, name)))
+            out.append(
+                PlannedStep(Step.BUILD, remote_releases.build_release_shown(svc, index_url, name))
+            )
         elif s.step == Step.REINSTALL:
             out.append(
                 PlannedStep(
@@ -243,7 +241,7 @@ def _side_by_side(
             out.append(
                 PlannedStep(
                     Step.PRUNE,
-                    f"{cmd(remote.releases_list(svc))}; keep the newest "
+                    f"{cmd(remote_releases.releases_list(svc))}; keep the newest "
                     f"{svc.keep_releases} releases, never removing the live or the previous "
                     "one",
                 )
@@ -404,7 +402,7 @@ def _switch_back_steps(
     prev = "<the newest release before the live one>"
     switch = PlannedStep(
         Step.SWITCH,
-        f"{remote.switch_shown(svc, prev)}; a failed start switches back to the release live now",
+        f"{switch_shown(svc, prev)}; a failed start switches back to the release live now",
     )
     steps = restart_steps(svc, local)
     return tuple(x for s in steps for x in ((switch, s) if s.step == Step.START else (s,)))

@@ -1,7 +1,7 @@
 """Side-by-side releases (issue 20, item 3), the pure parts: what the host's listing
-(``bot.core.remote.RELEASES_LIST``) says, which release is live, and which ones a prune
+(``bot.core.remote_releases.RELEASES_LIST``) says, which release is live, and which ones a prune
 removes. The venv's path is a symlink into ``<venv>.releases``; each release a venv of
-its own, named ``<version>-<sha>`` (``bot.core.remote.release_name``)."""
+its own, named ``<version>-<sha>`` (``bot.core.remote_releases.release_name``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from bot.core import remote
+from bot.core import remote_releases
 from bot.settings import ServiceSettings
 
 
@@ -52,10 +52,10 @@ def parse_releases(text: str, venv_dir: str) -> Releases | None:
     target: str | None = None
     found: list[Release] = []
     for line in text.splitlines():
-        if line.startswith(remote.LIVE_PREFIX) and target is None:
-            target = line[len(remote.LIVE_PREFIX) :]
-        elif line.startswith(remote.RELEASE_PREFIX):
-            stamp, _, where = line[len(remote.RELEASE_PREFIX) :].partition(" ")
+        if line.startswith(remote_releases.LIVE_PREFIX) and target is None:
+            target = line[len(remote_releases.LIVE_PREFIX) :]
+        elif line.startswith(remote_releases.RELEASE_PREFIX):
+            stamp, _, where = line[len(remote_releases.RELEASE_PREFIX) :].partition(" ")
             path = PurePosixPath(where)
             try:
                 built = float(stamp)
@@ -85,7 +85,7 @@ def layout_refusal(svc: ServiceSettings, layout: Releases | None, why: str) -> s
     if layout.live not in layout.names():
         return (
             f"{svc.venv_dir} points at {layout.target}, which is not a complete release "
-            f"(no {remote.RELEASE_MARK} in it); {convert}"
+            f"(no {remote_releases.RELEASE_MARK} in it); {convert}"
         )
     return None
 

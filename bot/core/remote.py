@@ -7,10 +7,8 @@ that was looked up in the config; the SSH layer then quotes every element.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
-from collections.abc import Sequence
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -120,8 +118,8 @@ def journal_follow(svc: ServiceSettings, cursor: str | None) -> Argv:
 
 def package_show(svc: ServiceSettings) -> Argv:
     # As the venv's owner, like everything that reads the venv through its interpreter
-    # (``_as_owner``): uv runs the interpreter to learn about it.
-    return _as_owner(svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
+    # (``as_owner``): uv runs the interpreter to learn about it.
+    return as_owner(svc.uv, "pip", "show", "--python", svc.python, _bare_name(svc.package))
 
 
 def free_disk(svc: ServiceSettings) -> Argv:
@@ -146,7 +144,7 @@ INDEX_FROM_STDIN: Argv = (
 )
 
 
-def _with_index(argv: Argv, index_url: str | None) -> Argv:
+def with_index(argv: Argv, index_url: str | None) -> Argv:
     # The wrapper itself needs no rights: the command it execs keeps its own.
     return argv if index_url is None else Command((*INDEX_FROM_STDIN, *argv), run_as_of(argv))
 
@@ -175,7 +173,7 @@ def index_host(index_url: str) -> str:
         return "?"
 
 
-def _as_owner(*argv: str) -> Command:
+def as_owner(*argv: str) -> Command:
     """What writes the venv runs as its owner (``venv_user``).  The dry run too: uv
     locks the venv, and it fills the cache the install then reads.  And so does what
     runs the venv's interpreter (uv runs it to learn about it; the import gate): a
@@ -186,8 +184,8 @@ def _as_owner(*argv: str) -> Command:
 
 
 def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index(
-        _as_owner(
+    return with_index(
+        as_owner(
             svc.uv, "pip", "install", "--python", svc.python, "--dry-run", "--force-reinstall", spec
         ),
         index_url,
@@ -195,8 +193,8 @@ def install_dry_run(svc: ServiceSettings, spec: str, index_url: str | None) -> A
 
 
 def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
-    return _with_index(
-        _as_owner(svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall", spec),
+    return with_index(
+        as_owner(svc.uv, "pip", "install", "--python", svc.python, "--force-reinstall", spec),
         index_url,
     )
 
@@ -204,8 +202,8 @@ def install(svc: ServiceSettings, spec: str, index_url: str | None) -> Argv:
 def install_previous(svc: ServiceSettings, version: str, index_url: str | None) -> Argv:
     # Only the one package is reinstalled: the rollback should touch as little as possible.
     name = _bare_name(svc.package)
-    return _with_index(
-        _as_owner(
+    return with_index(
+        as_owner(
             svc.uv,
             "pip",
             "install",
@@ -224,7 +222,7 @@ def install_previous(svc: ServiceSettings, version: str, index_url: str | None) 
 
 def freeze(svc: ServiceSettings) -> Argv:
     """The venv's every package, pinned, on stdout (its ``Using Python`` line on stderr)."""
-    return _as_owner(svc.uv, "pip", "freeze", "--python", svc.python)
+    return as_owner(svc.uv, "pip", "freeze", "--python", svc.python)
 
 
 def state_dir(svc: ServiceSettings) -> str:
@@ -250,7 +248,7 @@ def lock_path(svc: ServiceSettings, digest: str) -> str:
 # they write only into a directory ("$dir") that their own account (or root) owns and no
 # other account can write, every directory above it owned by root or that account and
 # not writable by all (a sticky /tmp is fine): then nobody else can plant anything there.
-_OWN_DIR = (
+OWN_DIR = (
     'me=$(id -u); d=$(readlink -f -- "$dir") || exit 1; top=$d; '
     'while :; do s=$(stat -c "%u %a" -- "$d") || exit 1; set -- $s; '
     'case $1 in 0|"$me") ;; *) echo "$d is owned by uid $1, not by $(id -un) who writes '
@@ -270,7 +268,7 @@ _OWN_DIR = (
 SAVE_FROM_STDIN = (
     SAFE_PRELUDE
     + 'umask 077; set -f; dir=$1; out=$2; mkdir -p -- "$dir" || exit 1; '
-    + _OWN_DIR
+    + OWN_DIR
     + 't=$(mktemp -- "$out.tmp.XXXXXXXXXX") || exit 1; '
     'if cat >> "$t" && mv -f -T -- "$t" "$out"; then exit 0; fi; rm -f -- "$t"; exit 1'
 )
@@ -278,7 +276,7 @@ SAVE_FROM_STDIN = (
 
 def save_lock(svc: ServiceSettings, path: str) -> Argv:
     """Keep the snapshot (given on stdin) at ``path``."""
-    return _as_owner(SH, "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
+    return as_owner(SH, "-c", SAVE_FROM_STDIN, "sh", state_dir(svc), path)
 
 
 def prefetch_dir(svc: ServiceSettings) -> str:
@@ -290,7 +288,7 @@ def prefetch_dir(svc: ServiceSettings) -> str:
 # downloads nothing. --no-deps: the set is complete and pinned, nothing to resolve. The
 # venv's name carries the shell's PID, so two prefetches never share one; a signal
 # (the step's timeout) still removes it. Its directory is checked as the snapshot's
-# (``_OWN_DIR``), so no other account can have put anything at that name.
+# (``OWN_DIR``), so no other account can have put anything at that name.
 PREFETCHED_MARK = "chatops-prefetched"
 PREFETCH_SCRIPT = (
     # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
@@ -299,13 +297,13 @@ PREFETCH_SCRIPT = (
     'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
     + SAFE_PRELUDE
     + 'set -f; t="$1.$$"; py=$3; gt=$4; gc=$5; hm=$6; dir=${1%/*}; '
-    '(umask 077; mkdir -p -- "$dir") || exit 1; ' + _OWN_DIR + "set -e; "
+    '(umask 077; mkdir -p -- "$dir") || exit 1; ' + OWN_DIR + "set -e; "
     "trap 'rm -rf -- \"$t\"' EXIT; trap 'exit 143' HUP INT TERM; "
     '"$uv" venv --quiet --python "$py" "$t"; '
     '"$uv" pip install --python "$t/bin/python" --no-deps -r /dev/stdin; '
     # The throwaway venv is the new environment: its own interpreter runs the import
     # gate (GATE_CODE, "$5") before the venv is removed, bounded by gate_timeout_s ("$4");
-    # both kept (and "$6", below) before _OWN_DIR's `set --` replaces the positional
+    # both kept (and "$6", below) before OWN_DIR's `set --` replaces the positional
     # parameters.
     # The mark on stdout says the install itself succeeded, so a failure after it is the
     # gate's (issue 20).
@@ -330,8 +328,8 @@ PREFETCH_SCRIPT = (
 def prefetch(svc: ServiceSettings, index_url: str | None, *, check_flags: bool = False) -> Argv:
     """Fetch the pinned set (on stdin, after the index URL when there is one); with
     ``check_flags``, also list the new ``vllm serve``'s options."""
-    return _with_index(
-        _as_owner(
+    return with_index(
+        as_owner(
             SH,
             "-c",
             PREFETCH_SCRIPT,
@@ -361,166 +359,20 @@ def prefetch_shown(svc: ServiceSettings, index_url: str | None) -> str:
     )
 
 
-# ---- side-by-side releases (issue 20, item 3) -------------------------------------------
-# The venv's path is a symlink into "<venv>.releases"; each release is a venv of its own.
-# Every script gets the link's path first and finds the releases directory from it, so no
-# argument can name a directory elsewhere; a release's name (the last arguments, the only
-# ones a sudo rule lets vary) is refused unless it is one plain file name.
-RELEASE_MARK = ".chatops-release"  # written last into a release: its build completed
-BUILT_MARK = "chatops-built"  # on stdout: the release is built, what follows is the gate
-REUSED_MARK = "chatops-reused"  # on stdout: a complete release of that name was there
-SWITCHED_MARK = "chatops-switched"
-LIVE_PREFIX = "live "
-RELEASE_PREFIX = "release "
-
-_NAME_OK = (
-    'case $name in ""|.|..|-*|*[!A-Za-z0-9._+-]*) echo "not a release name: $name" >&2; '
-    "exit 2;; esac; "
-)
-
-# Lists the link's target and each complete release with when its build ended (the
-# mark's mtime, seconds since the epoch, to the nanosecond: two builds in one second
-# still sort). Read-only. No backslash anywhere (`-printf "...\n"`): real sudo then
-# matched no rule however the rule escaped it, so each line is echo's.
-RELEASES_LIST = (
-    SAFE_PRELUDE + 'set -f; link=$1; [ $# -eq 1 ] || exit 2; rels="$link.releases"; '
-    't=$(readlink -- "$link") || { echo "$link is not a symbolic link" >&2; exit 3; }; '
-    f'echo "live $t"; set +f; for m in "$rels"/*/{RELEASE_MARK}; do [ -f "$m" ] || continue; '
-    't=$(find "$m" -maxdepth 0 -printf %T@) || continue; echo "release $t ${m%/*}"; done'
-)
-
-# Builds release "$6" beside the live one, as the prefetch does its throwaway venv (uv
-# found before PATH is fixed; the pinned set on stdin, after the index URL when there is
-# one), in place: a venv's scripts name its own path (`#!<release>/bin/python`), so it
-# can never be built elsewhere and moved. A name already built is reused; a directory of
-# that name without the mark (a build cut short) is refused, never removed here (it could
-# be someone's). A failed build removes what it made (the trap). Then the release's own
-# interpreter runs the import gate, bounded by gate_timeout_s ("$4"). umask 022: the
-# unit's account, maybe not the venv's owner, must read the release.
-BUILD_RELEASE = (
-    'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
-    + SAFE_PRELUDE
-    + "[ $# -eq 6 ] || exit 2; set -f; link=$1; py=$3; gt=$4; gc=$5; name=$6; "
-    + _NAME_OK
-    + 'rels="$link.releases"; rel="$rels/$name"; umask 022; mkdir -p -- "$rels" || exit 1; '
-    "dir=$rels; " + _OWN_DIR + f'if [ -e "$rel/{RELEASE_MARK}" ]; then echo {REUSED_MARK}; '
-    'elif [ -e "$rel" ] || [ -L "$rel" ]; then echo "$rel exists but is not a complete '
-    'release: remove it, then ask again" >&2; exit 1; '
-    "else ( set -e; trap 'rm -rf -- \"$rel\"' EXIT; trap 'exit 143' HUP INT TERM; "
-    '"$uv" venv --quiet --python "$py" "$rel"; '
-    '"$uv" pip install --python "$rel/bin/python" --no-deps -r /dev/stdin; '
-    # Not `( ... ) || exit`: set -e is off in a command that `||` follows (POSIX).
-    f'echo "$name" > "$rel/{RELEASE_MARK}"; trap - EXIT ); st=$?; [ $st -eq 0 ] || exit $st; '
-    "fi; "
-    f"echo {BUILT_MARK}; "
-    'timeout -k 10 "$gt" "$rel/bin/python" -c "$gc"'
-)
-
-# Points the link at release "$2", atomically: a new link beside it, then rename(2) over
-# the old one (`mv -T`: never into a directory at that name). Only in a directory its own
-# account (or root) owns and no other can write (``_OWN_DIR``): the new link's name is
-# then nobody else's to plant. The old target is printed, for the audit log.
-SWITCH_RELEASE = (
-    SAFE_PRELUDE
-    + "[ $# -eq 2 ] || exit 2; set -f; link=$1; name=$2; "
-    + _NAME_OK
-    + 'rel="$link.releases/$name"; dir=${link%/*}; dir=${dir:-/}; '
-    + _OWN_DIR
-    + f'[ -d "$rel" ] && [ ! -L "$rel" ] && [ -e "$rel/{RELEASE_MARK}" ] || '
-    '{ echo "$rel is not a built release" >&2; exit 1; }; '
-    'old=$(readlink -- "$link") || { echo "$link is not a symbolic link: convert the venv '
-    'first (README: side-by-side releases)" >&2; exit 1; }; '
-    'new="$link.new.$$"; rm -f -- "$new"; '
-    'if ln -s -- "$rel" "$new" && mv -f -T -- "$new" "$link"; then '
-    f'echo "{SWITCHED_MARK} $old -> $rel"; exit 0; fi; rm -f -- "$new"; exit 1'
-)
-
-# Removes the named releases ("$2"...), never the one the link points at.
-PRUNE_RELEASES = (
-    SAFE_PRELUDE + '[ $# -ge 2 ] || exit 2; set -f; link=$1; shift; rels="$link.releases"; '
-    'live=$(readlink -f -- "$link") || live=; dir=$rels; '
-    'for name in "$@"; do ' + _NAME_OK + 'done; keep="$*"; ' + _OWN_DIR + "set -- $keep; "
-    'for name in "$@"; do rel="$rels/$name"; '
-    'if [ "$(readlink -f -- "$rel")" = "$live" ]; then echo "kept $name: it is live"; '
-    'elif rm -rf -- "$rel"; then echo "removed $name"; else exit 1; fi; done'
-)
-
-
-def release_name(version: str | None, pins: str) -> str:
-    """``<version>-<12 hex of the pinned set's SHA-256>``: the same set always gets the
-    same name, another build of one version another. Only characters a file name and a
-    sudo rule take as they are."""
-    digest = hashlib.sha256(pins.encode()).hexdigest()[:12]
-    v = re.sub(r"[^A-Za-z0-9._+]", "_", version or "unknown").lstrip(".-") or "unknown"
-    return f"{v}-{digest}"
-
-
-def releases_list(svc: ServiceSettings) -> Argv:
-    return _as_owner(SH, "-c", RELEASES_LIST, "sh", svc.venv_dir)
-
-
-def build_release(svc: ServiceSettings, name: str, index_url: str | None) -> Argv:
-    """Build release ``name`` from the pinned set on stdin, then gate it."""
-    return _with_index(
-        _as_owner(
-            SH,
-            "-c",
-            BUILD_RELEASE,
-            "sh",
-            svc.venv_dir,
-            svc.uv,
-            svc.python,
-            f"{svc.gate_timeout_s:g}",
-            GATE_CODE,
-            name,
-        ),
-        index_url,
-    )
-
-
-def build_release_shown(svc: ServiceSettings, index_url: str | None, name: str) -> str:
-    rel = f"{svc.releases_dir}/{name}"
-    index = f"{INDEX_ENV}=<index URL, on stdin> " if index_url else ""
-    return (
-        f"{shlex.join((svc.uv, 'venv', '--python', svc.python, rel))} && {index}"
-        f"{shlex.join((svc.uv, 'pip', 'install', '--python', rel + '/bin/python'))} "
-        f"--no-deps -r <the dry run's pinned set> && "
-        f"{shlex.quote(rel + '/bin/python')} -c 'import vllm, torch' (the import and CUDA "
-        "gate, before the stop; a refused release is removed)"
-    )
-
-
-def switch_release(svc: ServiceSettings, name: str) -> Argv:
-    return _as_owner(SH, "-c", SWITCH_RELEASE, "sh", svc.venv_dir, name)
-
-
-def switch_shown(svc: ServiceSettings, name: str) -> str:
-    """The switch as an operator would type it (the card, a rollback by hand)."""
-    new = shlex.quote(f"{svc.venv_dir}.new")
-    return (
-        f"ln -s {shlex.quote(f'{svc.releases_dir}/{name}')} {new} && "
-        f"mv -f -T {new} {shlex.quote(svc.venv_dir)}"
-    )
-
-
-def prune_releases(svc: ServiceSettings, names: Sequence[str]) -> Argv:
-    return _as_owner(SH, "-c", PRUNE_RELEASES, "sh", svc.venv_dir, *names)
-
-
 def sync_lock(
     svc: ServiceSettings, path: str, *, offline: bool, index_url: str | None = None
 ) -> Argv:
     """Make the venv exactly the snapshot: every package at its version, new ones removed.
     ``offline``: from uv's cache only (a build the index no longer serves can still come
     back); else from the index too."""
-    argv = _as_owner(
+    argv = as_owner(
         svc.uv, "pip", "sync", "--python", svc.python, *(("--offline",) if offline else ()), path
     )
-    return argv if offline else _with_index(argv, index_url)
+    return argv if offline else with_index(argv, index_url)
 
 
 def import_gate(svc: ServiceSettings) -> Argv:
-    return _as_owner(svc.python, "-c", GATE_CODE)
+    return as_owner(svc.python, "-c", GATE_CODE)
 
 
 def driver_info() -> Argv:

@@ -22,10 +22,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bot.core import privilege, remote
+from bot.core import privilege, remote, remote_releases
 from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
 from bot.core.privilege import SAFE_PATH, Privilege, run_as_of, sudo_refusal
 from bot.core.routers.haproxy import socat_argv as haproxy_socat
+from bot.core.sudoers_rules import Grant, Part, Wild
 from bot.settings import HostSettings, ServiceSettings, Settings
 
 Argv = tuple[str, ...]
@@ -37,87 +38,6 @@ _LOG_COUNTS = ("[1-9]", "[1-9][0-9]", "[1-9][0-9][0-9]", "1000")
 # sudoers matches a command by its absolute path; the bot runs its scripts with it.
 SH = privilege.SH
 _ROOT_PREFIX: Argv = ("sudo", "-n", "--")
-
-
-@dataclass(frozen=True, slots=True)
-class Wild:
-    """One argument that varies per run: ``head`` and ``tail`` literal, ``glob`` a sudoers
-    wildcard pattern (``*``, or ``[1-9]`` for one digit)."""
-
-    head: str
-    glob: str
-    tail: str = ""
-
-    def sudoers(self) -> str:
-        return _escape(self.head) + self.glob + _escape(self.tail)
-
-    def regex(self) -> str:
-        return re.escape(self.head) + _glob_regex(self.glob) + re.escape(self.tail)
-
-
-Part = str | Wild
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """One command line the bot may run under sudo: ``pattern`` as the sudoers rule
-    writes it, ``sample`` a concrete argv it allows (what ``doctor`` asks ``sudo -n -l``
-    about), ``why`` the comment above it."""
-
-    run_as: Privilege
-    pattern: tuple[Part, ...]
-    sample: Argv
-    why: str
-
-    def line(self) -> str:
-        """The rule's text in sudoers syntax."""
-        return " ".join(p.sudoers() if isinstance(p, Wild) else _escape(p) for p in self.pattern)
-
-    def matches(self, argv: Sequence[str]) -> bool:
-        """Whether ``argv`` is one of the command lines this grant allows, the way sudo
-        decides it: the arguments joined by spaces, matched as one string (so a ``*``
-        matches across arguments)."""
-        if not argv or not _same_tool(argv[0], self.pattern[0]):
-            return False
-        regex = " ".join(
-            p.regex() if isinstance(p, Wild) else re.escape(p) for p in self.pattern[1:]
-        )
-        return re.fullmatch(regex, " ".join(argv[1:]), re.DOTALL) is not None
-
-
-def _same_tool(argv0: str, rule0: Part) -> bool:
-    # `sh` reaches sudo as itself and sudo resolves it; every other tool is absolute.
-    return argv0 == rule0 or (rule0 == SH and argv0 == "sh")
-
-
-def _glob_regex(pattern: str) -> str:
-    """A sudoers (fnmatch) pattern as a regex: ``*`` any text, spaces included."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "[":
-            end = pattern.index("]", i)
-            out.append(pattern[i : end + 1])
-            i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-# In a sudoers command's arguments ",", ":", "=" and "\" must be escaped, "#" too (it
-# would start a comment), and so must a wildcard character meant literally (checked
-# against Debian 12's sudo 1.9.13p3 with visudo and `sudo -n -l`: `vllm\[x\]\=\=*`
-# allows `vllm[x]==1.0`, `a\#b` allows `a#b`).
-_SUDOERS_SPECIAL = re.compile(r"([\\,:=*?\[\]!#])")
-
-
-def _escape(text: str) -> str:
-    return _SUDOERS_SPECIAL.sub(r"\\\1", text)
 
 
 def _bare(package: str) -> str:
@@ -304,22 +224,25 @@ _RELEASE_SAMPLE = f"{_VERSION_SAMPLE}-{_DIGEST_SAMPLE[:12]}"
 def _release_grants(svc: ServiceSettings) -> list[Grant]:
     """A side-by-side service's: as the venv's owner, who owns the releases and the link."""
     return [
-        _exact(remote.releases_list(svc), "list the releases and the one the venv's link names"),
+        _exact(
+            remote_releases.releases_list(svc),
+            "list the releases and the one the venv's link names",
+        ),
         _with_glob(
-            remote.build_release(svc, _RELEASE_SAMPLE, None),
+            remote_releases.build_release(svc, _RELEASE_SAMPLE, None),
             _RELEASE_SAMPLE,
             "*",
             "build a new release beside the live one (uv venv, then the pinned set), and "
             "gate it with its own interpreter",
         ),
         _with_glob(
-            remote.switch_release(svc, _RELEASE_SAMPLE),
+            remote_releases.switch_release(svc, _RELEASE_SAMPLE),
             _RELEASE_SAMPLE,
             "*",
             "switch the venv's link to a release (a new link, then mv -T over the old one)",
         ),
         _with_glob(
-            remote.prune_releases(svc, (_RELEASE_SAMPLE,)),
+            remote_releases.prune_releases(svc, (_RELEASE_SAMPLE,)),
             _RELEASE_SAMPLE,
             "*",
             "remove old releases (never the live one), or one its gate refused",

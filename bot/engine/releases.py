@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.core import remote
+from bot.core import remote_releases
 from bot.core.privilege import run_as_of
 from bot.core.releases import Releases, parse_releases, render_releases
 from bot.core.sudoers import become_for
@@ -20,7 +20,7 @@ async def host_releases(
 ) -> tuple[Releases | None, str | None]:
     """One host's listing, or None and why there is none. Never raises for the host."""
     svc = settings.services[service]
-    argv = remote.releases_list(svc)
+    argv = remote_releases.releases_list(svc)
     try:
         r = await run_command(
             pool.get(host),

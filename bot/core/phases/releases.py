@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.core import remote
+from bot.core import remote, remote_releases
 from bot.core.cuda import gate_verdict, parse_gate_output
 from bot.core.phases.actions import (
     BeginStep,
@@ -62,7 +62,7 @@ BuildFailure = Literal["layout", "build", "gate"]
 
 def read_releases(step: Step, svc: ServiceSettings) -> Phase[tuple[Releases | None, str]]:
     """The host's listing of the releases, or None and why it cannot be read."""
-    argv = remote.releases_list(svc)
+    argv = remote_releases.releases_list(svc)
     r = yield from run(step, argv, svc.command_timeout_s, quiet=True)
     layout = parse_releases(r.stdout, svc.venv_dir) if r.ok else None
     if layout is None:
@@ -83,9 +83,11 @@ def build(
     built release, else which part ended the run and why (the service is untouched)."""
     layout, why = yield from read_releases(Step.BUILD, svc)
     pins = _pins(env)
-    name = remote.release_name(target, pins)
+    name = remote_releases.release_name(target, pins)
     driver_cuda = yield from read_driver_cuda(Step.BUILD, svc)
-    yield Emit(BeginStep(Step.BUILD, remote.build_release_shown(svc, plan.index_url, name)))
+    yield Emit(
+        BeginStep(Step.BUILD, remote_releases.build_release_shown(svc, plan.index_url, name))
+    )
     refused = layout_refusal(svc, layout, why)
     if refused is not None or layout is None or layout.live is None:
         said = refused or "no live release"
@@ -95,13 +97,13 @@ def build(
     started = (yield from pause(0.0)).now
     r = yield from run(
         Step.BUILD,
-        remote.build_release(svc, name, plan.index_url),
+        remote_releases.build_release(svc, name, plan.index_url),
         svc.install_timeout_s,
         stdin=stdin,
     )
     took = (yield from pause(0.0)).now - started
     lines = r.stdout.splitlines()
-    if remote.BUILT_MARK not in lines or lost(r):
+    if remote_releases.BUILT_MARK not in lines or lost(r):
         failed = (
             "connection lost during the build"
             if lost(r)
@@ -113,7 +115,7 @@ def build(
         )
     report = parse_gate_output(r.stdout) if r.ok else None
     verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
-    how = "reused (already built)" if remote.REUSED_MARK in lines else "built"
+    how = "reused (already built)" if remote_releases.REUSED_MARK in lines else "built"
     done = f"release {name} {how} in {took:.1f}s"
     if not verdict.ok:
         gate_why = gate_refusal(verdict, report, r)
@@ -141,7 +143,7 @@ def _remove_refused(svc: ServiceSettings, name: str, live: str) -> Phase[str]:
     if name == live:
         return f"release {name} is the live one and stays"
     r = yield from run(
-        Step.BUILD, remote.prune_releases(svc, (name,)), svc.command_timeout_s, quiet=True
+        Step.BUILD, remote_releases.prune_releases(svc, (name,)), svc.command_timeout_s, quiet=True
     )
     if r.ok:
         return f"release {name} removed"
@@ -151,13 +153,15 @@ def _remove_refused(svc: ServiceSettings, name: str, live: str) -> Phase[str]:
 def _switch(svc: ServiceSettings, step: Step, name: str) -> Phase[tuple[InstallEnd, str]]:
     """Point the venv's link at release ``name`` (atomically: a new link, then rename(2)
     over the old one). ``unknown`` when the result never came back."""
-    yield Emit(BeginStep(step, remote.switch_shown(svc, name)))
-    r = yield from run(step, remote.switch_release(svc, name), svc.command_timeout_s)
+    yield Emit(BeginStep(step, remote_releases.switch_shown(svc, name)))
+    r = yield from run(step, remote_releases.switch_release(svc, name), svc.command_timeout_s)
     if lost(r):
         why = f"connection lost during the switch ({reason_of(r)})"
         yield Emit(EndStep(step, False, why))
         return "unknown", why
-    if not r.ok or not any(ln.startswith(remote.SWITCHED_MARK) for ln in r.stdout.splitlines()):
+    if not r.ok or not any(
+        ln.startswith(remote_releases.SWITCHED_MARK) for ln in r.stdout.splitlines()
+    ):
         why = f"{failed_msg('the switch', r, svc.command_timeout_s)}: {tail_of(r.output, 2)}"
         yield Emit(EndStep(step, False, why, r.exit_status))
         return "failed", why
@@ -175,7 +179,7 @@ def _live_note(svc: ServiceSettings) -> Phase[str]:
 
 def _by_hand(svc: ServiceSettings, name: str) -> str:
     """What an operator types to go back to release ``name`` by hand."""
-    return f"`{remote.switch_shown(svc, name)}` then `{cmd(remote.unit_start(svc))}`"
+    return f"`{remote_releases.switch_shown(svc, name)}` then `{cmd(remote.unit_start(svc))}`"
 
 
 def switch_and_start(
@@ -311,7 +315,9 @@ def _start_previous(
 def prune(svc: ServiceSettings, built: Built) -> Phase[str]:
     """Keep ``keep_releases`` releases: never the live one, nor the one this run switched
     away from. What the outcome adds ("" when nothing needed removing)."""
-    yield Emit(BeginStep(Step.PRUNE, f"{cmd(remote.releases_list(svc))}; remove the oldest"))
+    yield Emit(
+        BeginStep(Step.PRUNE, f"{cmd(remote_releases.releases_list(svc))}; remove the oldest")
+    )
     layout, why = yield from read_releases(Step.PRUNE, svc)
     if layout is None:
         yield Emit(EndStep(Step.PRUNE, False, f"cannot list the releases: {why}"))
@@ -320,7 +326,9 @@ def prune(svc: ServiceSettings, built: Built) -> Phase[str]:
     if not doomed:
         yield Emit(EndStep(Step.PRUNE, True, f"{len(layout.releases)} releases, none removed"))
         return ""
-    r = yield from run(Step.PRUNE, remote.prune_releases(svc, doomed), svc.command_timeout_s)
+    r = yield from run(
+        Step.PRUNE, remote_releases.prune_releases(svc, doomed), svc.command_timeout_s
+    )
     if not r.ok:
         failed = f"{failed_msg('the prune', r, svc.command_timeout_s)}: {tail_of(r.output, 2)}"
         yield Emit(EndStep(Step.PRUNE, False, failed, r.exit_status))
