@@ -70,6 +70,8 @@ async def test_a_side_by_side_redeploy_builds_first_then_only_switches(
     assert kit.changes() == ["dry-run", "build", "stop", "start"]
     assert steps["build"].status == StepStatus.OK
     assert "it passed the import gate" in out
+    # The unit's flags, judged against the new release's own `vllm serve --help=all`.
+    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.16.0" in out, out
     assert steps["switch"].status == StepStatus.OK
     assert f"live release {new}" in out
     assert f"release {new} is live, {old} kept" in result.summary
@@ -171,3 +173,23 @@ async def test_releases_of_an_in_place_host_say_it_is_no_side_by_side_layout(
     assert "configured in_place" in text
     assert f"== {sim_host.hostname}: not a side-by-side layout (" in text
     assert "is not a symbolic link" in text
+
+
+async def test_a_release_that_drops_a_unit_flag_is_removed_before_the_stop(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    # Issue 20, item 2 on a side-by-side host: the new release's help lacks the unit's
+    # `--task`; the release is removed and nothing stops.
+    kit = await _host(make_sim_host)
+    old = kit.live_release()
+    kit.set_faults(removed_flag=True)
+    async with open_runtime(sim_settings(kit, tmp_path, strategy="side_by_side")) as rt:
+        result, out = await redeploy(rt, version=NEW, index="nightly")
+    assert result.status == RunStatus.ABORTED, out
+    assert result.summary.startswith(
+        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+    ), result.summary
+    assert "removed" in result.summary
+    assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
+    assert kit.live_release() == old and kit.releases() == [old]
+    assert kit.unit_state() == "active"

@@ -374,4 +374,5 @@ def test_a_prefetch_cut_before_the_help_ended_is_unchecked() -> None:
     h = Host()
     _unit_and_help(h, [HELP_BEGIN, *HELP_LINES])  # no end mark: the output was cut
     assert run(h, version="0.16.0").status == "succeeded"
-    assert "prefetch printed no `vllm serve --help`" in ended(h, Step.PREFETCH).summary
+    said = ended(h, Step.PREFETCH).summary
+    assert "the new version's `vllm serve --help` did not come back whole" in said

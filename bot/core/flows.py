@@ -216,7 +216,7 @@ def _before_the_stop(
                 case ("gate" | "flags", why):
                     said = f"refused before the stop; service untouched: {why}"
         case "side_by_side":
-            release = yield from build(plan, svc, env, target)
+            release = yield from build(plan, svc, env, target, serve)
             match release:
                 case Built():
                     built = release
@@ -224,7 +224,7 @@ def _before_the_stop(
                     said = f"preflight refused; service untouched: {why}"
                 case ("build", why):
                     said = f"building the new release failed; service untouched: {why}"
-                case ("gate", why):
+                case ("gate" | "flags", why):
                     said = f"refused before the stop; service untouched: {why}"
         case _:
             assert_never(svc.strategy)

@@ -289,6 +289,26 @@ def prefetch_dir(svc: ServiceSettings) -> str:
 # venv's name carries the shell's PID, so two prefetches never share one; a signal
 # (the step's timeout) still removes it. Its directory is checked as the snapshot's
 # (``OWN_DIR``), so no other account can have put anything at that name.
+def serve_help(venv: str) -> str:
+    """The script's part that lists the new ``vllm serve``'s options when ``$hm`` is
+    ``serve`` (the unit starts ``vllm serve``; issue 20): ``--help=all`` lists every option
+    on the grouped help (vLLM 0.10 on), whose plain ``--help`` lists only the groups;
+    before it, argparse refuses ``--help=all`` and ``--help`` lists them all. Each bounded
+    by ``$gt`` (gate_timeout_s). The help goes to a file in ``venv`` and only its option
+    lines, two spaces in, reach the output (written " {2}": sudoers reads a run of spaces
+    in a rule as one)."""
+    return (
+        f'if [ "$hm" = serve ]; then h="{venv}/serve-help"; '
+        f"echo {HELP_BEGIN}; "
+        f'if timeout -k 10 "$gt" "{venv}/bin/vllm" serve --help=all >"$h" 2>&1 '
+        f'|| timeout -k 10 "$gt" "{venv}/bin/vllm" serve --help >"$h" 2>&1; '
+        "then grep -E '^ {2}--?[[:alpha:]]' \"$h\" || true; "
+        f'rm -f -- "$h"; echo {HELP_END}; '
+        f'else e=$?; echo "{HELP_FAILED} exit $e: $(tail -n 2 "$h" | paste -s -d " " -)"; '
+        'rm -f -- "$h"; fi; fi'
+    )
+
+
 PREFETCHED_MARK = "chatops-prefetched"
 PREFETCH_SCRIPT = (
     # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
@@ -308,20 +328,7 @@ PREFETCH_SCRIPT = (
     # The mark on stdout says the install itself succeeded, so a failure after it is the
     # gate's (issue 20).
     f"echo {PREFETCHED_MARK}; "
-    'timeout -k 10 "$gt" "$t/bin/python" -c "$gc"; '
-    # With "$6" ($hm) = serve (the unit starts `vllm serve`): the new version's own option list,
-    # for the unit's flags (issue 20). `--help=all` lists every option on the grouped help
-    # (vLLM 0.10 on), whose plain `--help` lists only the groups; before it, argparse
-    # refuses `--help=all` and `--help` lists them all. The help goes to a file in the
-    # venv (removed with it) and only its option lines, two spaces in, reach the output
-    # (written " {2}": sudoers reads a run of spaces in a rule as one).
-    'if [ "$hm" = serve ]; then h="$t/serve-help"; '
-    f"echo {HELP_BEGIN}; "
-    'if timeout -k 10 "$gt" "$t/bin/vllm" serve --help=all >"$h" 2>&1 '
-    '|| timeout -k 10 "$gt" "$t/bin/vllm" serve --help >"$h" 2>&1; '
-    "then grep -E '^ {2}--?[[:alpha:]]' \"$h\" || true; "
-    f"echo {HELP_END}; "
-    f'else e=$?; echo "{HELP_FAILED} exit $e: $(tail -n 2 "$h" | paste -s -d " " -)"; fi; fi'
+    'timeout -k 10 "$gt" "$t/bin/python" -c "$gc"; ' + serve_help("$t")
 )
 
 

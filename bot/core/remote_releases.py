@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from bot.core.cuda import GATE_CODE
 from bot.core.privilege import SAFE_PRELUDE, SH
-from bot.core.remote import INDEX_ENV, OWN_DIR, Argv, as_owner, with_index
+from bot.core.remote import INDEX_ENV, OWN_DIR, Argv, as_owner, serve_help, with_index
 from bot.settings import ServiceSettings
 
 # ---- side-by-side releases (issue 20, item 3) -------------------------------------------
@@ -43,7 +43,7 @@ RELEASES_LIST = (
     't=$(find "$m" -maxdepth 0 -printf %T@) || continue; echo "release $t ${m%/*}"; done'
 )
 
-# Builds release "$6" beside the live one, as the prefetch does its throwaway venv (uv
+# Builds release "$7" beside the live one, as the prefetch does its throwaway venv (uv
 # found before PATH is fixed; the pinned set on stdin, after the index URL when there is
 # one), in place: a venv's scripts name its own path (`#!<release>/bin/python`), so it
 # can never be built elsewhere and moved. A name already built is reused; a directory of
@@ -54,7 +54,7 @@ RELEASES_LIST = (
 BUILD_RELEASE = (
     'uv=$(command -v -- "$2") || { echo "$2: not found" >&2; exit 127; }; '
     + SAFE_PRELUDE
-    + "[ $# -eq 6 ] || exit 2; set -f; link=$1; py=$3; gt=$4; gc=$5; name=$6; "
+    + "[ $# -eq 7 ] || exit 2; set -f; link=$1; py=$3; gt=$4; gc=$5; hm=$6; name=$7; "
     + _NAME_OK
     + 'rels="$link.releases"; rel="$rels/$name"; umask 022; mkdir -p -- "$rels" || exit 1; '
     "dir=$rels; " + OWN_DIR + f'if [ -e "$rel/{RELEASE_MARK}" ]; then echo {REUSED_MARK}; '
@@ -67,7 +67,9 @@ BUILD_RELEASE = (
     f'echo "$name" > "$rel/{RELEASE_MARK}"; trap - EXIT ); st=$?; [ $st -eq 0 ] || exit $st; '
     "fi; "
     f"echo {BUILT_MARK}; "
-    'timeout -k 10 "$gt" "$rel/bin/python" -c "$gc"'
+    'timeout -k 10 "$gt" "$rel/bin/python" -c "$gc" || exit $?; '
+    # Then, where the unit starts `vllm serve` ("$6"), the release's own option list.
+     + serve_help("$rel")
 )
 
 # Points the link at release "$2", atomically: a new link beside it, then rename(2) over
@@ -113,8 +115,11 @@ def releases_list(svc: ServiceSettings) -> Argv:
     return as_owner(SH, "-c", RELEASES_LIST, "sh", svc.venv_dir)
 
 
-def build_release(svc: ServiceSettings, name: str, index_url: str | None) -> Argv:
-    """Build release ``name`` from the pinned set on stdin, then gate it."""
+def build_release(
+    svc: ServiceSettings, name: str, index_url: str | None, *, check_flags: bool = False
+) -> Argv:
+    """Build release ``name`` from the pinned set on stdin, then gate it; with
+    ``check_flags``, also list its ``vllm serve``'s options."""
     return with_index(
         as_owner(
             SH,
@@ -126,6 +131,7 @@ def build_release(svc: ServiceSettings, name: str, index_url: str | None) -> Arg
             svc.python,
             f"{svc.gate_timeout_s:g}",
             GATE_CODE,
+            "serve" if check_flags else "none",
             name,
         ),
         index_url,

@@ -236,6 +236,13 @@ def _release_grants(svc: ServiceSettings) -> list[Grant]:
             "gate it with its own interpreter",
         ),
         _with_glob(
+            remote_releases.build_release(svc, _RELEASE_SAMPLE, None, check_flags=True),
+            _RELEASE_SAMPLE,
+            "*",
+            "the same build, which also lists the release's `vllm serve` options for the "
+            "unit's flags",
+        ),
+        _with_glob(
             remote_releases.switch_release(svc, _RELEASE_SAMPLE),
             _RELEASE_SAMPLE,
             "*",

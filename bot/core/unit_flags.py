@@ -169,3 +169,22 @@ def help_section(stdout: str) -> tuple[list[str], str | None] | None:
             return body, line[len(HELP_FAILED) :].strip() or "failed"
         body.append(line)
     return None
+
+
+def verdict_of(
+    stdout: str, serve: ServeCommand | str, package: str, version: str | None
+) -> FlagVerdict:
+    """The unit's flags against the option lines a prefetch or a build printed:
+    unchecked (never a pass) when the unit does not start ``vllm serve`` or the help
+    could not be read."""
+    if isinstance(serve, str):
+        return FlagVerdict("unchecked", serve)
+    section = help_section(stdout)
+    if section is None:
+        return FlagVerdict(
+            "unchecked", "the new version's `vllm serve --help` did not come back whole"
+        )
+    lines, failed = section
+    if failed is not None:
+        return FlagVerdict("unchecked", f"`vllm serve --help` of the new version failed ({failed})")
+    return judge_flags(serve, parse_help_options(lines), package, version)

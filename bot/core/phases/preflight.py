@@ -46,15 +46,7 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
-from bot.core.unit_flags import (
-    FlagVerdict,
-    ServeCommand,
-    help_section,
-    judge_flags,
-    parse_exec_start,
-    parse_help_options,
-    serve_command,
-)
+from bot.core.unit_flags import ServeCommand, parse_exec_start, serve_command, verdict_of
 from bot.settings import ServiceSettings
 
 
@@ -303,7 +295,7 @@ def prefetch(
         why += f"({verdict.check} check failed: {gate_why})"
         yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
         return ("gate", why)
-    flags = _judge_flags(r.stdout, serve, svc.package, report.vllm if report else target)
+    flags = verdict_of(r.stdout, serve, svc.package, report.vllm if report else target)
     if flags.outcome == "refused":
         why = f"the new version refuses the unit's flags: {flags.reason}"
         yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
@@ -328,19 +320,3 @@ def prefetch(
         )
     )
     return None
-
-
-def _judge_flags(
-    stdout: str, serve: ServeCommand | str, package: str, version: str | None
-) -> FlagVerdict:
-    """The unit's flags against the option lines the prefetch printed: unchecked (never
-    a pass) when the unit does not start ``vllm serve`` or the help could not be read."""
-    if isinstance(serve, str):
-        return FlagVerdict("unchecked", serve)
-    section = help_section(stdout)
-    if section is None:
-        return FlagVerdict("unchecked", "the prefetch printed no `vllm serve --help`")
-    lines, failed = section
-    if failed is not None:
-        return FlagVerdict("unchecked", f"`vllm serve --help` of the new version failed ({failed})")
-    return judge_flags(serve, parse_help_options(lines), package, version)

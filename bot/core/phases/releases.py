@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.core import remote, remote_releases
-from bot.core.cuda import gate_verdict, parse_gate_output
+from bot.core.cuda import GateVerdict, gate_verdict, parse_gate_output
 from bot.core.phases.actions import (
     BeginStep,
     Emit,
@@ -41,8 +41,10 @@ from bot.core.phases.start import StartFailed, left_as, postcheck, start_and_gat
 from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
 from bot.core.releases import Releases, layout_refusal, parse_releases, to_prune
+from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
+from bot.core.unit_flags import FlagVerdict, ServeCommand, verdict_of
 from bot.settings import ServiceSettings
 
 
@@ -57,7 +59,7 @@ class Built:
 
 # Why the build ended a run before the stop: the layout is not side-by-side, the build
 # itself failed, or the new release's own gate refused it.
-BuildFailure = Literal["layout", "build", "gate"]
+BuildFailure = Literal["layout", "build", "gate", "flags"]
 
 
 def read_releases(step: Step, svc: ServiceSettings) -> Phase[tuple[Releases | None, str]]:
@@ -75,7 +77,11 @@ def _pins(env: Env) -> str:
 
 
 def build(
-    plan: Plan, svc: ServiceSettings, env: Env, target: str | None
+    plan: Plan,
+    svc: ServiceSettings,
+    env: Env,
+    target: str | None,
+    serve: ServeCommand | str = "the unit's ExecStart was not read",
 ) -> Phase[Built | tuple[BuildFailure, str]]:
     """Before the stop, while the old release serves: build the new release from the dry
     run's pinned set (its wheels reach uv's cache too), then let its own interpreter run
@@ -97,7 +103,9 @@ def build(
     started = (yield from pause(0.0)).now
     r = yield from run(
         Step.BUILD,
-        remote_releases.build_release(svc, name, plan.index_url),
+        remote_releases.build_release(
+            svc, name, plan.index_url, check_flags=isinstance(serve, ServeCommand)
+        ),
         svc.install_timeout_s,
         stdin=stdin,
     )
@@ -126,16 +134,48 @@ def build(
         removed = yield from _remove_refused(svc, name, layout.live)
         yield Emit(EndStep(Step.BUILD, False, f"{done}; {refusal}; {removed}", r.exit_status))
         return "gate", f"{refusal}; {removed}"
+    flags = verdict_of(r.stdout, serve, svc.package, report.vllm if report else target)
+    ended = yield from _end_build(svc, name, layout.live, done, r, verdict, flags)
+    if ended is not None:
+        return ended
+    return Built(name, layout.live)
+
+
+def _end_build(
+    svc: ServiceSettings,
+    name: str,
+    live: str,
+    done: str,
+    r: CommandResult,
+    verdict: GateVerdict,
+    flags: FlagVerdict,
+) -> Phase[tuple[BuildFailure, str] | None]:
+    """The build step's end once its gate passed: the unit's flags judged against the
+    release's own help (a refused release is removed). None when the run goes on."""
+    if flags.outcome == "refused":
+        refusal = f"the new release refuses the unit's flags: {flags.reason}"
+        removed = yield from _remove_refused(svc, name, live)
+        yield Emit(EndStep(Step.BUILD, False, f"{done}; {refusal}; {removed}", r.exit_status))
+        return "flags", f"{flags.reason}; {removed}"
+    warnings = [w for w in (verdict.warning,) if w]
+    if flags.outcome == "unchecked":
+        warnings.append(f"the unit's flags were not checked: {flags.reason}")
+    # Said on the step's line either way: unchecked is never read as a pass.
+    checked = (
+        flags.reason
+        if flags.outcome == "accepted"
+        else f"the unit's flags were not checked: {flags.reason}"
+    )
     yield Emit(
         EndStep(
             Step.BUILD,
             True,
-            f"{done}; it passed the import gate: {verdict.reason}",
+            f"{done}; it passed the import gate: {verdict.reason}; {checked}",
             r.exit_status,
-            f"WARNING: {verdict.warning}" if verdict.warning else "",
+            "\n".join(f"WARNING: {w}" for w in warnings),
         )
     )
-    return Built(name, layout.live)
+    return None
 
 
 def _remove_refused(svc: ServiceSettings, name: str, live: str) -> Phase[str]:
