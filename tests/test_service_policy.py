@@ -38,11 +38,13 @@ from tests.slack_harness import (
     default_policy,
     new_fake,
     slack_bot,
+    terminate_buttons,
 )
 from tests.support.cli import cli, write_toml
 from tests.support.sim import touched
 
 DAVE, ERIN = "U0DAVE", "U0ERIN"
+TERMINATE = "Terminate leftover processes"
 KIMI_GROUP = "S0KIMI"
 # kimi-k25's own rule: DAVE or the kimi group (ERIN) approve, two of them; only ALICE asks.
 OWN = {"approvers": [DAVE, KIMI_GROUP], "min_approvals": 2, "requesters": [ALICE]}
@@ -328,3 +330,32 @@ def test_the_bot_starts_without_global_approvers_only_when_each_service_has_its_
     mixed = Settings(**base, services={"a": {**svc, "policy": {"approvers": [DAVE]}}, "b": {**svc}})
     assert not _check_credentials(mixed, err)
     assert "none for: b" in err.getvalue()
+
+
+async def test_the_terminate_button_on_the_card_counts_by_the_services_rule(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    sim_host.set_faults(orphan_workers=True)
+    async with _fake() as fake, slack_bot(tmp_path, sim_host, fake, **fragment(sim_host)) as bot:
+        await bot.command(f"restart {SERVICE}", user=ALICE)
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await bot.click("approve", record.id, user=DAVE)
+        await bot.click("approve", record.id, user=ERIN)
+        await bot.fake.wait_for(
+            lambda: TERMINATE in buttons(bot.fake.message(CHANNEL, record.message_ts or "")),
+            what="the Terminate button",
+            timeout=30,
+        )
+        # The host's question asks for the service's two, not [policy]'s one.
+        assert (
+            "0 of 2 approvals" in terminate_buttons(await bot.card(record.id))["gpu-node-1"]["text"]
+        )
+        await bot.press_terminate(record.id, "gpu-node-1", user=BOB)
+        assert f"Only an approver of {SERVICE}" in (await bot.ephemerals_for(BOB))[-1]["text"]
+        await bot.press_terminate(record.id, "gpu-node-1", user=DAVE)
+        assert "1 of 2" in (await bot.ephemerals_for(DAVE))[-1]["text"]
+        assert sim_host.signalled() == []
+        await bot.press_terminate(record.id, "gpu-node-1", user=ERIN)
+        done = await bot.wait_status(record.id, "succeeded", "failed", timeout_s=60)
+        assert done.status == "succeeded", done.summary
+        assert sim_host.signalled()
