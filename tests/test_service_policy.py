@@ -359,3 +359,18 @@ async def test_the_terminate_button_on_the_card_counts_by_the_services_rule(
         done = await bot.wait_status(record.id, "succeeded", "failed", timeout_s=60)
         assert done.status == "succeeded", done.summary
         assert sim_host.signalled()
+
+
+async def test_slack_doctor_of_a_service_is_for_its_requesters_and_lists_its_approvers(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    async with _fake() as fake, slack_bot(tmp_path, sim_host, fake, **fragment(sim_host)) as bot:
+        # BOB asks for the whole fleet's doctor under [policy], not for this service's.
+        refused = ack_text((await bot.command(f"doctor {SERVICE}", user=BOB)).text)
+        assert f"not on the requesters list for {SERVICE}" in refused
+        assert (await bot.refusals(1))[0].user == BOB
+        await bot.command(f"doctor {SERVICE}", user=ALICE)
+        answer = blocks_text((await bot.ephemerals_for(ALICE))[-1])
+        await bot.front_end.idle()
+        line = next(x for x in answer.splitlines() if " approvers " in x)
+        assert f"{DAVE}, {KIMI_GROUP} (1 member) (own); 2 approvals needed" in line

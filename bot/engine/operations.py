@@ -19,6 +19,9 @@ returned.
 
 Status changes themselves stay the run life cycle's (``bot.engine.lifecycle``), so a
 deny, a cancel or an expiry means the same whichever front end it came from.
+
+Every judgement uses the policy of the run's service (``policy_for``: ``[policy]`` with
+what ``[services.NAME.policy]`` overrides, issue 22), never ``[policy]`` alone.
 """
 
 from __future__ import annotations
