@@ -16,10 +16,12 @@ import pytest
 from bot.audit.store import AuditLog
 from bot.core.doctor_approvers import approver_checks
 from bot.core.doctor_types import Outcome
-from bot.core.status import Action, Source
+from bot.core.plan import make_plan
+from bot.core.status import Action, Decision, Source
 from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.lifecycle import RunLifecycle
-from bot.engine.operations import Operations
+from bot.engine.operations import ChatUser, Operations, Requested
+from bot.engine.run_results import Approved, Counted, Refusal, Refused
 from bot.errors import ConfigError
 from bot.settings import Settings, load_settings
 from bot.sim.kit import SERVICE, SimKit
@@ -374,3 +376,61 @@ async def test_slack_doctor_of_a_service_is_for_its_requesters_and_lists_its_app
         await bot.front_end.idle()
         line = next(x for x in answer.splitlines() if " approvers " in x)
         assert f"{DAVE}, {KIMI_GROUP} (1 member) (own); 2 approvals needed" in line
+
+
+# ---- rotation commands (drain, undrain) ------------------------------------------------
+
+
+@pytest.mark.parametrize("action", [Action.DRAIN, Action.UNDRAIN])
+async def test_drain_and_undrain_are_judged_by_the_services_policy(
+    tmp_path: Path, action: Action
+) -> None:
+    lb = ["/usr/local/bin/lb"]
+    settings = Settings(
+        policy={"approvers": [BOB], "requesters": [BOB, ALICE]},
+        hosts={"n1": {"address": "local"}, "n2": {"address": "local"}},
+        routers={
+            "lb": {
+                "kind": "command",
+                "host": "n1",
+                "drain": [*lb, "out", "{server}"],
+                "undrain": [*lb, "in", "{server}"],
+            }
+        },
+        services={
+            SERVICE: {
+                "hosts": ["n1", "n2"],
+                "unit": "vllm-kimi-k25",
+                "python": "/v/bin/python",
+                "router": "lb",
+                "router_servers": {"n1": "s1", "n2": "s2"},
+                "policy": OWN,
+            }
+        },
+        db_path=tmp_path / "audit.db",
+    )
+    members = {KIMI_GROUP: frozenset({ERIN})}
+
+    async def membership() -> dict[str, frozenset[str]]:
+        return members
+
+    plan = make_plan(settings, action, SERVICE, host="n1")
+    async with AuditLog.open(settings.db_path) as audit:
+        ops = Operations(RunLifecycle(settings, audit))
+        refused = await ops.request(plan, by=ChatUser(BOB, CHANNEL, str(action), membership))
+        assert isinstance(refused, Refused) and refused.code is Refusal.NOT_REQUESTER
+        asked = await ops.request(plan, by=ChatUser(ALICE, CHANNEL, str(action), membership))
+        assert isinstance(asked, Requested)
+        run_id = asked.record.id
+        # [policy]'s approver is not this service's; its own two are needed.
+        no = await ops.decide(run_id, Decision.APPROVE, user=BOB, membership=members, channel=None)
+        assert isinstance(no, Refused) and f"approvers list for {SERVICE}" in no.text
+        one = await ops.decide(
+            run_id, Decision.APPROVE, user=DAVE, membership=members, channel=None
+        )
+        assert isinstance(one, Counted) and one.needed == 2
+        two = await ops.decide(
+            run_id, Decision.APPROVE, user=ERIN, membership=members, channel=None
+        )
+        assert isinstance(two, Approved)
+        assert [r.user for r in await audit.refusals()] == [BOB, BOB]
