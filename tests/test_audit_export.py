@@ -82,6 +82,17 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
     async with AuditLog.open(db) as audit:
         insert_runs(db, 3)
         insert_runs(db, 1, start=4, service="other")
+        conn = sqlite3.connect(db)
+        with conn:
+            conn.execute(
+                "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
+                "VALUES (1, 'h1', 'succeeded', 'ok', 'up', 't2')"
+            )
+            conn.execute(
+                "INSERT INTO leftover_approvals (run_id, host, question, user, pids, at) "
+                "VALUES (1, 'h1', 'q', 'U0BOB', '[48304, 48305]', 't1')"
+            )
+        conn.close()
         rows = await _export(audit)
         assert [r["id"] for r in rows] == [1, 2, 3, 4]
         first = rows[0]
@@ -102,6 +113,19 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
         assert first["package_changes"][0]["changes"] == [
             {"name": "vllm", "before": "a", "after": "b"}
         ]
+        assert first["host_outcomes"] == [
+            {
+                "host": "h1",
+                "status": "succeeded",
+                "service_state": "up",
+                "summary": "ok",
+                "at": "t2",
+            }
+        ]
+        assert first["leftover_approvals"] == [
+            {"host": "h1", "user": "U0BOB", "pids": [48304, 48305], "at": "t1"}
+        ]
+        assert first["rotations"] == [] and rows[1]["host_outcomes"] == []
         assert [r["id"] for r in await _export(audit, ExportFilter(service="other"))] == [4]
         # Runs 1..4 were requested on 2026-11-02..05: since is inclusive, until exclusive.
         window = export_filter(
@@ -207,6 +231,7 @@ async def test_cli_exports_a_real_redeploy_as_jsonl(sim_host: SimKit, tmp_path: 
         "0.16.0",
     )
     assert run["decisions"][0]["decision"] == "approve"
+    assert [(o["host"], o["status"]) for o in run["host_outcomes"]] == [("gpu-node-1", "succeeded")]
     steps = {s["step"]: s for s in run["steps"]}
     assert steps["reinstall"]["exit_status"] == 0 and steps["reinstall"]["duration_s"] >= 0
     assert steps["reinstall"]["output_tail"]

@@ -146,10 +146,66 @@ async def _complete(conn: Conn, runs: list[sqlite3.Row]) -> list[dict[str, Any]]
             ids,
         )
     )
-    return [
-        _record(
-            r, decisions.get(r["id"], []), steps.get(r["id"], []), environments.get(r["id"], [])
+    outcomes = _by_run(
+        await fetch(
+            conn,
+            "SELECT run_id, host, status, service_state, summary, at "  # noqa: S608
+            f"FROM host_outcomes WHERE run_id IN ({marks}) ORDER BY id",
+            ids,
         )
+    )
+    # Who let the bot signal which processes: a kill is what a SIEM most needs to see.
+    kills = _by_run(
+        await fetch(
+            conn,
+            "SELECT run_id, host, user, pids, at FROM leftover_approvals "  # noqa: S608
+            f"WHERE run_id IN ({marks}) ORDER BY id",
+            ids,
+        )
+    )
+    rotations = _by_run(
+        await fetch(
+            conn,
+            "SELECT run_id, host, router, server, change, ok, detail, at "  # noqa: S608
+            f"FROM rotations WHERE run_id IN ({marks}) ORDER BY id",
+            ids,
+        )
+    )
+    return [
+        {
+            **_record(
+                r,
+                decisions.get(r["id"], []),
+                steps.get(r["id"], []),
+                environments.get(r["id"], []),
+            ),
+            "host_outcomes": [
+                {
+                    "host": o["host"],
+                    "status": o["status"],
+                    "service_state": o["service_state"],
+                    "summary": o["summary"],
+                    "at": o["at"],
+                }
+                for o in outcomes.get(r["id"], [])
+            ],
+            "leftover_approvals": [
+                {"host": k["host"], "user": k["user"], "pids": json.loads(k["pids"]), "at": k["at"]}
+                for k in kills.get(r["id"], [])
+            ],
+            "rotations": [
+                {
+                    "host": t["host"],
+                    "router": t["router"],
+                    "server": t["server"],
+                    "change": t["change"],
+                    "ok": bool(t["ok"]),
+                    "detail": t["detail"],
+                    "at": t["at"],
+                }
+                for t in rotations.get(r["id"], [])
+            ],
+        }
         for r in runs
     ]
 
