@@ -92,6 +92,10 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
                 "INSERT INTO leftover_approvals (run_id, host, question, user, pids, at) "
                 "VALUES (1, 'h1', 'q', 'U0BOB', '[48304, 48305]', 't1')"
             )
+            conn.execute(
+                "INSERT INTO rotations (run_id, host, router, server, change, ok, detail, at) "
+                "VALUES (2, 'h1', 'lb', 's1', 'out', 1, 'drained', 't3')"
+            )
         conn.close()
         rows = await _export(audit)
         assert [r["id"] for r in rows] == [1, 2, 3, 4]
@@ -126,6 +130,17 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
             {"host": "h1", "user": "U0BOB", "pids": [48304, 48305], "at": "t1"}
         ]
         assert first["rotations"] == [] and rows[1]["host_outcomes"] == []
+        assert rows[1]["rotations"] == [
+            {
+                "host": "h1",
+                "router": "lb",
+                "server": "s1",
+                "change": "out",
+                "ok": True,
+                "detail": "drained",
+                "at": "t3",
+            }
+        ]
         assert [r["id"] for r in await _export(audit, ExportFilter(service="other"))] == [4]
         # Runs 1..4 were requested on 2026-11-02..05: since is inclusive, until exclusive.
         window = export_filter(

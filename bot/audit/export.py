@@ -32,6 +32,37 @@ _RUN_COLUMNS = (
     "created_at, started_at, finished_at, expires_at"
 )
 _FINAL = tuple(sorted(str(s) for s in FINAL_STATUSES))
+# The run's own fields as exported, in this order (hosts and dry_run are converted).
+_RUN_FIELDS = (
+    "id",
+    "service",
+    "action",
+    "status",
+    "service_state",
+    "requested_by",
+    "source",
+    "channel",
+    "package_spec",
+    "index_name",
+    "version_before",
+    "version_after",
+    "summary",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "expires_at",
+)
+_STEP_FIELDS = (
+    "host",
+    "step",
+    "command",
+    "status",
+    "exit_status",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "output_tail",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,155 +136,58 @@ async def finished(conn: Conn, run_ids: Sequence[int]) -> list[dict[str, Any]]:
     return await _complete(conn, rows)
 
 
-def _by_run(rows: list[sqlite3.Row]) -> dict[int, list[sqlite3.Row]]:
-    out: dict[int, list[sqlite3.Row]] = {}
-    for r in rows:
-        out.setdefault(r["run_id"], []).append(r)
-    return out
+# What belongs to a run, one query per table for a whole page (``{marks}``: its ids).
+_PARTS: dict[str, str] = {
+    "decisions": "SELECT run_id, user, decision, at FROM decisions WHERE run_id IN ({marks}) "
+    "ORDER BY id",
+    "steps": "SELECT run_id, host, step, command, status, exit_status, started_at, "
+    "finished_at, duration_s, output_tail FROM steps WHERE run_id IN ({marks}) ORDER BY id",
+    # A snapshot's freeze stays in SQLite: only its digest and the host's file come out.
+    "environments": "SELECT run_id, host, kind, taken_at, "
+    "json_extract(data, '$.sha256') AS sha256, json_extract(data, '$.lock') AS lock, "
+    "CASE WHEN kind IN ('planned', 'installed') THEN json_extract(data, '$.changes') END "
+    "AS changes FROM environments WHERE run_id IN ({marks}) "
+    "AND kind IN ('snapshot', 'planned', 'installed') ORDER BY id",
+    "host_outcomes": "SELECT run_id, host, status, service_state, summary, at "
+    "FROM host_outcomes WHERE run_id IN ({marks}) ORDER BY id",
+    # Who let the bot signal which processes: a kill is what a SIEM most needs to see.
+    "leftover_approvals": "SELECT run_id, host, user, pids, at FROM leftover_approvals "
+    "WHERE run_id IN ({marks}) ORDER BY id",
+    "rotations": "SELECT run_id, host, router, server, change, ok, detail, at "
+    "FROM rotations WHERE run_id IN ({marks}) ORDER BY id",
+}
+
+Parts = dict[str, list[sqlite3.Row]]
 
 
 async def _complete(conn: Conn, runs: list[sqlite3.Row]) -> list[dict[str, Any]]:
     if not runs:
         return []
     ids = [r["id"] for r in runs]
-    marks = qmarks(ids)
-    decisions = _by_run(
-        await fetch(
-            conn,
-            f"SELECT run_id, user, decision, at FROM decisions "  # noqa: S608
-            f"WHERE run_id IN ({marks}) ORDER BY id",
-            ids,
-        )
-    )
-    steps = _by_run(
-        await fetch(
-            conn,
-            "SELECT run_id, host, step, command, status, exit_status, started_at, "  # noqa: S608
-            f"finished_at, duration_s, output_tail FROM steps WHERE run_id IN ({marks}) "
-            "ORDER BY id",
-            ids,
-        )
-    )
-    environments = _by_run(
-        await fetch(
-            conn,
-            "SELECT run_id, host, kind, taken_at, "  # noqa: S608
-            "json_extract(data, '$.sha256') AS sha256, json_extract(data, '$.lock') AS lock, "
-            "CASE WHEN kind IN ('planned', 'installed') "
-            "THEN json_extract(data, '$.changes') END AS changes "
-            f"FROM environments WHERE run_id IN ({marks}) "
-            "AND kind IN ('snapshot', 'planned', 'installed') ORDER BY id",
-            ids,
-        )
-    )
-    outcomes = _by_run(
-        await fetch(
-            conn,
-            "SELECT run_id, host, status, service_state, summary, at "  # noqa: S608
-            f"FROM host_outcomes WHERE run_id IN ({marks}) ORDER BY id",
-            ids,
-        )
-    )
-    # Who let the bot signal which processes: a kill is what a SIEM most needs to see.
-    kills = _by_run(
-        await fetch(
-            conn,
-            "SELECT run_id, host, user, pids, at FROM leftover_approvals "  # noqa: S608
-            f"WHERE run_id IN ({marks}) ORDER BY id",
-            ids,
-        )
-    )
-    rotations = _by_run(
-        await fetch(
-            conn,
-            "SELECT run_id, host, router, server, change, ok, detail, at "  # noqa: S608
-            f"FROM rotations WHERE run_id IN ({marks}) ORDER BY id",
-            ids,
-        )
-    )
-    return [
-        {
-            **_record(
-                r,
-                decisions.get(r["id"], []),
-                steps.get(r["id"], []),
-                environments.get(r["id"], []),
-            ),
-            "host_outcomes": [
-                {
-                    "host": o["host"],
-                    "status": o["status"],
-                    "service_state": o["service_state"],
-                    "summary": o["summary"],
-                    "at": o["at"],
-                }
-                for o in outcomes.get(r["id"], [])
-            ],
-            "leftover_approvals": [
-                {"host": k["host"], "user": k["user"], "pids": json.loads(k["pids"]), "at": k["at"]}
-                for k in kills.get(r["id"], [])
-            ],
-            "rotations": [
-                {
-                    "host": t["host"],
-                    "router": t["router"],
-                    "server": t["server"],
-                    "change": t["change"],
-                    "ok": bool(t["ok"]),
-                    "detail": t["detail"],
-                    "at": t["at"],
-                }
-                for t in rotations.get(r["id"], [])
-            ],
-        }
-        for r in runs
-    ]
+    per_run: dict[int, Parts] = {i: {name: [] for name in _PARTS} for i in ids}
+    for name, sql in _PARTS.items():
+        for row in await fetch(conn, sql.format(marks=qmarks(ids)), ids):
+            per_run[row["run_id"]][name].append(row)
+    return [_record(r, per_run[r["id"]]) for r in runs]
 
 
-def _record(
-    run: sqlite3.Row,
-    decisions: list[sqlite3.Row],
-    steps: list[sqlite3.Row],
-    environments: list[sqlite3.Row],
-) -> dict[str, Any]:
+def _row(row: sqlite3.Row, *keys: str) -> dict[str, Any]:
+    return {k: row[k] for k in keys}
+
+
+def _pick(rows: list[sqlite3.Row], *keys: str) -> list[dict[str, Any]]:
+    return [_row(row, *keys) for row in rows]
+
+
+def _record(run: sqlite3.Row, parts: Parts) -> dict[str, Any]:
+    environments = parts["environments"]
     return {
         "export_version": EXPORT_VERSION,
-        "id": run["id"],
-        "service": run["service"],
-        "action": run["action"],
-        "status": run["status"],
-        "service_state": run["service_state"],
+        **{k: run[k] for k in _RUN_FIELDS},
         "hosts": json.loads(run["hosts"]),
-        "requested_by": run["requested_by"],
-        "source": run["source"],
-        "channel": run["channel"],
         "dry_run": bool(run["dry_run"]),
-        "package_spec": run["package_spec"],
-        "index_name": run["index_name"],
-        "version_before": run["version_before"],
-        "version_after": run["version_after"],
-        "summary": run["summary"],
-        "created_at": run["created_at"],
-        "started_at": run["started_at"],
-        "finished_at": run["finished_at"],
-        "expires_at": run["expires_at"],
-        "decisions": [
-            {"user": d["user"], "decision": d["decision"], "at": d["at"]} for d in decisions
-        ],
-        "steps": [
-            {
-                "host": s["host"],
-                "step": s["step"],
-                "command": s["command"],
-                "status": s["status"],
-                "exit_status": s["exit_status"],
-                "started_at": s["started_at"],
-                "finished_at": s["finished_at"],
-                "duration_s": s["duration_s"],
-                "output_tail": s["output_tail"],
-            }
-            for s in steps
-        ],
+        "decisions": _pick(parts["decisions"], "user", "decision", "at"),
+        "steps": _pick(parts["steps"], *_STEP_FIELDS),
         "package_changes": [
             {
                 "host": e["host"],
@@ -264,9 +198,23 @@ def _record(
             for e in environments
             if e["kind"] != "snapshot"
         ],
-        "snapshots": [
-            {"host": e["host"], "taken_at": e["taken_at"], "sha256": e["sha256"], "lock": e["lock"]}
-            for e in environments
-            if e["kind"] == "snapshot"
+        "snapshots": _pick(
+            [e for e in environments if e["kind"] == "snapshot"],
+            "host",
+            "taken_at",
+            "sha256",
+            "lock",
+        ),
+        "host_outcomes": _pick(
+            parts["host_outcomes"], "host", "status", "service_state", "summary", "at"
+        ),
+        "leftover_approvals": [
+            {**_row(k, "host", "user"), "pids": json.loads(k["pids"]), "at": k["at"]}
+            for k in parts["leftover_approvals"]
+        ],
+        "rotations": [
+            {**_row(t, "host", "router", "server", "change"), "ok": bool(t["ok"])}
+            | _row(t, "detail", "at")
+            for t in parts["rotations"]
         ],
     }
