@@ -17,6 +17,13 @@ torch and the CUDA wheels: 13 wheels not in uv's cache, about 3.6 GiB, downloade
   healthy; the rest of the outage (reinstall from the cache, import gate) is the bot's
   overhead, which the goal bounds at 10 % of it.
 
+``--strategies``: in place against side by side (issue 20), the same upgrade on a fresh
+host each, with readiness: the outage (the stop's start until readiness passed), the
+whole run, and, for a build whose readiness fails (the ``wrong_model`` fault on the new
+build only), the rollback (from the failed readiness until the previous build is ready
+again), against a restart of the same host (stop until ready). Goals: side by side's
+outage at most drain + start + 5 %, its rollback at most a restart + 5 %.
+
 The downloads each install made are counted from what uv printed (its ``Downloading``
 lines; the simulated uv prints one per wheel of 1 MiB or more, 12 of the 13): the manual
 install's stderr, and the bot's reinstall step as the engine streamed it, so the table
@@ -32,7 +39,7 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -197,6 +204,98 @@ async def bot(root: Path, mib_per_s: float, load_s: float) -> Bot:
     )
 
 
+@dataclass
+class Strategy:
+    outage_s: float  # stop -> ready
+    drain_plus_start_s: float
+    total_s: float
+    rollback_s: float  # failed readiness -> the previous build ready again
+    restart_s: float  # a restart of the same host: stop -> ready
+
+
+def _ready_end(e: dict[Step, float], rollback: bool = False) -> float:
+    ready, health = (
+        (Step.ROLLBACK_READINESS, Step.ROLLBACK_HEALTH)
+        if rollback
+        else (Step.READINESS, Step.HEALTH)
+    )
+    return e.get(ready, e[health])
+
+
+async def _drive(rt: Any, action: Action, **plan: Any) -> tuple[Clock, float, RunStatus, str]:
+    clock = Clock()
+    p = rt.engine.plan(action, SERVICE, **plan)
+    t0 = time.monotonic()
+    record = await rt.lifecycle.request(p, requested_by="bench", source=Source.CLI)
+    if not await rt.lifecycle.confirm(record.id, "bench-approver"):
+        raise RuntimeError(f"run #{record.id} was not pending approval")
+    result = await rt.engine.execute(record.id, Both(TerminalSink(io.StringIO()), clock))
+    return clock, time.monotonic() - t0, result.status, result.summary
+
+
+async def strategy(root: Path, mib_per_s: float, load_s: float, how: str) -> Strategy:
+    side = how == "side_by_side"
+    cfg = replace(host_config(mib_per_s, load_s), api_faults_new_build_only=True)
+    out: dict[str, float] = {}
+    for case in ("redeploy", "rollback"):
+        async with SimKit(root / f"{how}-{case}", config=cfg, side_by_side=side) as kit:
+            settings = Settings(
+                hosts={kit.hostname: kit.host_settings()},
+                services={SERVICE: kit.service_settings(**service_settings(kit), strategy=how)},
+                db_path=root / f"{how}-{case}.db",
+            )
+            if case == "rollback":
+                kit.set_faults(wrong_model=True)
+            async with open_runtime(settings) as rt:
+                clock, total, status, said = await _drive(
+                    rt, Action.REDEPLOY, version=VERSION, index="nightly"
+                )
+                b, e = clock.began, clock.ended
+                if case == "redeploy":
+                    assert status == RunStatus.SUCCEEDED, said
+                    out["outage"] = _ready_end(e) - b[Step.STOP]
+                    out["unavoidable"] = (e[Step.DRAIN] - b[Step.STOP]) + (
+                        _ready_end(e) - b[Step.START]
+                    )
+                    out["total"] = total
+                else:
+                    assert status == RunStatus.ROLLED_BACK, said
+                    out["rollback"] = _ready_end(e, rollback=True) - e[Step.READINESS]
+                    kit.set_faults(wrong_model=False)
+                    clock, _, status, said = await _drive(rt, Action.RESTART)
+                    assert status == RunStatus.SUCCEEDED, said
+                    out["restart"] = _ready_end(clock.ended) - clock.began[Step.STOP]
+    return Strategy(
+        out["outage"], out["unavoidable"], out["total"], out["rollback"], out["restart"]
+    )
+
+
+async def compare(runs: int, mib_per_s: float, load_s: float) -> None:
+    got: dict[str, list[Strategy]] = {"in_place": [], "side_by_side": []}
+    with tempfile.TemporaryDirectory(prefix="bench-strategies-") as tmp:
+        for i in range(runs):
+            for how in got:
+                got[how].append(await strategy(Path(tmp) / str(i), mib_per_s, load_s, how))
+    print(
+        f"# {platform.python_implementation()} {platform.python_version()}, {runs} run(s) "
+        f"each, median; downloads at {mib_per_s:g} MiB/s, model load {load_s:g} s"
+    )
+    print(
+        "| strategy | outage s (stop -> ready) | drain + start s | over it | total s "
+        "| rollback s (failed readiness -> ready) | restart s | over it |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for how, xs in got.items():
+        over = [(x.outage_s - x.drain_plus_start_s) / x.drain_plus_start_s * 100 for x in xs]
+        back = [(x.rollback_s - x.restart_s) / x.restart_s * 100 for x in xs]
+        print(
+            f"| {how} | {median([x.outage_s for x in xs])} "
+            f"| {median([x.drain_plus_start_s for x in xs])} | {statistics.median(over):+.1f} % "
+            f"| {median([x.total_s for x in xs])} | {median([x.rollback_s for x in xs])} "
+            f"| {median([x.restart_s for x in xs])} | {statistics.median(back):+.1f} % |"
+        )
+
+
 def median(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f}"
 
@@ -238,5 +337,8 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mib-per-s", type=float, default=1024.0)
     ap.add_argument("--load-s", type=float, default=8.0)
+    ap.add_argument(
+        "--strategies", action="store_true", help="in place against side by side (issue 20)"
+    )
     a = ap.parse_args()
-    asyncio.run(main(a.runs, a.mib_per_s, a.load_s))
+    asyncio.run((compare if a.strategies else main)(a.runs, a.mib_per_s, a.load_s))

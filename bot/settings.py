@@ -80,6 +80,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _slack_ids(v: list[str]) -> list[str]:
+    for item in v:
+        if not SLACK_ID_RE.match(item):
+            raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
+    return v
+
+
 class PolicySettings(_Section):
     requesters: list[str] = Field(default_factory=list)
     approvers: list[str] = Field(default_factory=list)
@@ -91,9 +98,28 @@ class PolicySettings(_Section):
     @field_validator("requesters", "approvers")
     @classmethod
     def _slack_ids(cls, v: list[str]) -> list[str]:
-        for item in v:
-            if not SLACK_ID_RE.match(item):
-                raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
+        return _slack_ids(v)
+
+
+class ServicePolicySettings(_Section):
+    """``[services.NAME.policy]``: what a service overrides of ``[policy]`` (issue 22);
+    a key left unset is the global one's (``Settings.policy_for``)."""
+
+    requesters: list[str] | None = None
+    approvers: list[str] | None = None
+    min_approvals: int | None = Field(None, ge=1)
+
+    @field_validator("requesters", "approvers")
+    @classmethod
+    def _slack_ids(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _slack_ids(v)
+
+    @field_validator("approvers")
+    @classmethod
+    def _someone(cls, v: list[str] | None) -> list[str] | None:
+        # An empty list would mean anyone may approve stopping this service's GPUs.
+        if v is not None and not v:
+            raise ValueError("must name someone; leave it unset to use [policy].approvers")
         return v
 
 
@@ -317,6 +343,8 @@ class ServiceSettings(_Section):
     # Release directories kept after a successful side-by-side run; never fewer than 2,
     # the live one and the one a rollback goes back to.
     keep_releases: int = Field(3, ge=2, le=100)
+    # Issue 22: who may request and approve this service's runs, over [policy].
+    policy: ServicePolicySettings = ServicePolicySettings()
 
     @field_validator("gpus")
     @classmethod
@@ -492,6 +520,20 @@ class Settings(BaseSettings):
         # The TOML file is read by load_settings and passed as init kwargs, so
         # the path can come from CHATOPS_CONFIG at call time.
         return (env_settings, init_settings)
+
+    def policy_for(self, service: str) -> PolicySettings:
+        """The policy every decision on ``service``'s runs is judged by: ``[policy]``
+        with what ``[services.NAME.policy]`` overrides. A service no longer configured
+        (a run recorded before its removal) is judged by ``[policy]`` alone."""
+        svc = self.services.get(service)
+        if svc is None:
+            return self.policy
+        own = svc.policy.model_dump(exclude_none=True)
+        return self.policy.model_copy(update=own) if own else self.policy
+
+    def policies(self) -> list[PolicySettings]:
+        """``[policy]`` and every service's effective one: whose groups to resolve."""
+        return [self.policy, *(self.policy_for(name) for name in self.services)]
 
     def secret_values(self) -> list[str]:
         """Literal secrets to mask in anything posted, stored or logged."""

@@ -277,7 +277,9 @@ async def test_cancel_before_approval_before_start_while_running_and_after(world
 async def test_only_the_requester_or_an_approver_may_cancel(world: World) -> None:
     record = await world.pending()
     refused = await world.life.cancel(record.id, user=MALLORY, membership=MEMBERS)
-    assert refused == Refused(f"Only the requester or an approver can cancel run #{record.id}.")
+    assert refused == Refused(
+        f"Only the requester or an approver of {record.service} can cancel run #{record.id}."
+    )
     assert [r.user for r in await world.audit.refusals()] == [MALLORY]
     missing = await world.life.cancel(record.id + 99, user=ALICE, membership=MEMBERS)
     assert isinstance(missing, Refused)

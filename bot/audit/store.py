@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from bot.audit import export as export_sql
 from bot.audit import host_outcomes as host_outcomes_sql
 from bot.audit import replay as replay_sql
 from bot.audit import rotations as rotations_sql
@@ -167,6 +168,21 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         for row in rows:
             out.setdefault(row.run_id, []).append(row)
         return out
+
+    @shielded
+    async def export_page(
+        self, after_id: int, flt: export_sql.ExportFilter, limit: int = export_sql.PAGE_RUNS
+    ) -> export_sql.Page:
+        """The next page of runs after ``after_id`` as ``audit --format jsonl`` writes
+        them (``bot.audit.export``): one read transaction, bounded by ``limit`` runs."""
+        async with self._db.transaction(write=False) as conn:
+            return await export_sql.page(conn, after_id, flt, limit)
+
+    @shielded
+    async def export_finished(self, run_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """Those of ``run_ids`` (unfinished when a page passed them) finished by now."""
+        async with self._db.transaction(write=False) as conn:
+            return await export_sql.finished(conn, run_ids)
 
     @shielded
     async def latest_rotations(

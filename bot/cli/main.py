@@ -19,7 +19,7 @@ from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
-from bot.cli import operator
+from bot.cli import audit_export, operator
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink, say, visible
@@ -404,9 +404,38 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     raise InputError(f"unknown command {args.command}")
 
 
+async def _export(rt: Runtime, args: argparse.Namespace) -> int:
+    """``audit --format jsonl``: every run streamed, a JSON object a line (README: Audit
+    export); ``--follow`` goes on until Ctrl-C or the reader goes away."""
+    if args.format != "jsonl":
+        raise InputError(f"--format {args.format!r}: the one format is jsonl")
+    if args.run is not None:
+        raise InputError("--format jsonl streams runs: it takes no --run (use --since)")
+    flt = audit_export.export_filter(
+        service=args.service, since=args.since, until=args.until, follow=args.follow
+    )
+    redact = Redactor.for_settings(rt.settings)
+    try:
+        await audit_export.export_jsonl(
+            rt.audit,
+            lambda line: sys.stdout.write(redact(line)),
+            flt,
+            follow=args.follow,
+            flush=sys.stdout.flush,
+        )
+    except BrokenPipeError:
+        # The reader (head, a shipper restarting) went away: nothing is wrong here.
+        return 0
+    return 0
+
+
 async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
     """``audit``: the newest runs (with what each install changed, in JSON), or one run
     with its steps and its package changes (``--run N``)."""
+    if args.format is not None:
+        return await _export(rt, args)
+    if args.since or args.until or args.follow:
+        raise InputError("--since, --until and --follow go with --format jsonl")
     if not 1 <= args.limit <= 10_000:
         raise InputError("--limit must be between 1 and 10000")
     if args.run is not None:

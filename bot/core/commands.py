@@ -233,6 +233,32 @@ COMMANDS: tuple[Command, ...] = (
                 metavar="N",
                 fronts=Front.CLI,
             ),
+            Arg(
+                ("--format",),
+                "jsonl: every run (its decisions, steps, package changes, snapshot "
+                "digests), one JSON object a line, streamed (README: Audit export)",
+                metavar="jsonl",
+                fronts=Front.CLI,
+            ),
+            Arg(
+                ("--since",),
+                "with --format jsonl: runs requested at or after TIME (ISO 8601, UTC "
+                "unless it says)",
+                metavar="TIME",
+                fronts=Front.CLI,
+            ),
+            Arg(
+                ("--until",),
+                "with --format jsonl: runs requested before TIME",
+                metavar="TIME",
+                fronts=Front.CLI,
+            ),
+            _flag(
+                "--follow",
+                help="with --format jsonl: then keep streaming each run as it finishes "
+                "(finished runs only, each once)",
+                fronts=Front.CLI,
+            ),
         ),
         chat="recent runs: who asked, who approved, what happened",
     ),

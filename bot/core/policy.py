@@ -21,6 +21,9 @@ Choices this module makes:
   A request already approved or denied reports that rather than expiry.
 * With ``allow_self_approval`` the requester's approval counts only if they
   are an approver themselves.
+* A service may have its own requesters, approvers and ``min_approvals``
+  (``[services.NAME.policy]``); the caller passes that service's effective policy
+  (``Settings.policy_for``), so every function here judges one service's rule.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ def _listed(user: str, entries: Sequence[str], membership: Membership) -> bool:
     )
 
 
-def groups_to_resolve(policy: PolicySettings) -> frozenset[str]:
-    """The user-group IDs the caller must resolve into a ``Membership``."""
-    return frozenset(e for e in (*policy.requesters, *policy.approvers) if _is_group(e))
+def groups_to_resolve(*policies: PolicySettings) -> frozenset[str]:
+    """The user-group IDs the caller must resolve into a ``Membership`` to judge by
+    any of ``policies`` (the global one and the services' own)."""
+    return frozenset(e for p in policies for e in (*p.requesters, *p.approvers) if _is_group(e))
 
 
 def is_requester(user: str, policy: PolicySettings, membership: Membership) -> bool:
@@ -116,12 +120,17 @@ def evaluate_approval(
     action: Decision,
     now: datetime,
     expires_at: datetime,
+    service: str | None = None,
 ) -> Verdict:
     """Judge one Approve/Deny click on a pending request.
 
     ``approvals`` and ``denials`` are the clicks recorded so far (approvals in
-    order, duplicates allowed); the click being judged is not among them.
+    order, duplicates allowed); the click being judged is not among them. ``policy``
+    is the request's service's own (``Settings.policy_for``), and ``service`` names
+    it in a refusal: a global approver refused on a service with its own approvers
+    must see whose list they are missing from.
     """
+    listed = "the approvers list" + (f" for {service}" if service else "")
     needed = policy.min_approvals
     counted = counted_approvals(
         approvals, requester=requester, policy=policy, membership=membership
@@ -142,12 +151,12 @@ def evaluate_approval(
     if action == Decision.DENY:
         if clicker == requester or is_approver(clicker, policy, membership):
             return Verdict(True, RunStatus.DENIED, "", counted, needed)
-        return refuse(pending, "You are not on the approvers list, so you cannot deny this.")
+        return refuse(pending, f"You are not on {listed}, so you cannot deny this.")
 
     if clicker == requester and not policy.allow_self_approval:
         return refuse(pending, "You cannot approve your own request; another approver must.")
     if not is_approver(clicker, policy, membership):
-        return refuse(pending, "You are not on the approvers list, so you cannot approve this.")
+        return refuse(pending, f"You are not on {listed}, so you cannot approve this.")
     if clicker in counted:
         already = refuse(pending, "")
         return refuse(pending, f"You have already approved this ({already.progress} so far).")

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 import asyncssh
 
 from bot.core.doctor import Answer, Check, Kind, Outcome, Probe, judge, probes, skipped
+from bot.core.doctor_approvers import approver_checks, services_checked
 from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
+from bot.engine.slack_groups import read_groups
 from bot.errors import HostError
 from bot.hosts.known_hosts import host_key_of, trusted_algorithms
 from bot.hosts.pool import HostPool
@@ -35,7 +37,17 @@ async def run_doctor(
     per_host = await asyncio.gather(
         *(_host(settings, pool, [p for p in wanted if p.host == h]) for h in every)
     )
-    return [c for checks in per_host for c in checks]
+    return [c for checks in per_host for c in checks] + await _approvers(
+        settings, services_checked(settings, hosts, service)
+    )
+
+
+async def _approvers(settings: Settings, services: list[str]) -> list[Check]:
+    """Each service's approvers under its own policy, its groups' sizes read now."""
+    policies = [settings.policy_for(name) for name in services]
+    groups = {e for p in policies for e in p.approvers if e.startswith("S")}
+    members, why = await read_groups(settings, groups)
+    return approver_checks(settings, services, members, why)
 
 
 async def _host(settings: Settings, pool: HostPool, host_probes: list[Probe]) -> list[Check]:

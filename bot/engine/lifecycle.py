@@ -340,13 +340,14 @@ class RunLifecycle(_RunLife):
         if not isinstance(judged, RunRecord):
             return judged
         record = await self.audit.get_run(run_id)
+        policy = self.settings.policy_for(record.service)
         counted = counted_approvals(
             record.approved_by,
             requester=record.requested_by,
-            policy=self.settings.policy,
+            policy=policy,
             membership=membership,
         )
-        needed = self.settings.policy.min_approvals
+        needed = policy.min_approvals
         if len(counted) < needed:
             return Counted(run_id, len(counted), needed)
         # Of concurrent final approvals (or an approval racing a deny or the expiry)
@@ -406,7 +407,8 @@ class RunLifecycle(_RunLife):
             if self.judge.window_closed(record):
                 now = max(now, expires_at)
         verdict = evaluate_approval(
-            policy=self.settings.policy,
+            policy=self.settings.policy_for(record.service),
+            service=record.service,
             membership=membership,
             requester=record.requested_by,
             approvals=record.approved_by,
@@ -457,12 +459,13 @@ class RunLifecycle(_RunLife):
             record = await self.audit.get_run(run_id)
         except RunNotFoundError as exc:
             return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
-        if not may_cancel(user, record.requested_by, self.settings.policy, membership):
+        policy = self.settings.policy_for(record.service)
+        if not may_cancel(user, record.requested_by, policy, membership):
             return await self._refused(
                 user,
                 channel,
                 command,
-                f"Only the requester or an approver can cancel run #{run_id}.",
+                f"Only the requester or an approver of {record.service} can cancel run #{run_id}.",
                 Refusal.NOT_ALLOWED,
             )
         if record.is_final:

@@ -19,6 +19,9 @@ returned.
 
 Status changes themselves stay the run life cycle's (``bot.engine.lifecycle``), so a
 deny, a cancel or an expiry means the same whichever front end it came from.
+
+Every judgement uses the policy of the run's service (``policy_for``: ``[policy]`` with
+what ``[services.NAME.policy]`` overrides, issue 22), never ``[policy]`` alone.
 """
 
 from __future__ import annotations
@@ -213,7 +216,11 @@ class Operations:
     def __init__(self, lifecycle: RunLifecycle) -> None:
         self.lifecycle = lifecycle
         self.audit: AuditLog = lifecycle.audit
-        self.policy: PolicySettings = lifecycle.settings.policy
+
+    def policy_for(self, service: str) -> PolicySettings:
+        """The policy ``service``'s runs are judged by: ``[policy]`` with what the
+        service's own ``[services.NAME.policy]`` overrides (issue 22)."""
+        return self.lifecycle.settings.policy_for(service)
 
     async def refuse(
         self, *, user: str, channel: str | None, command: str, reason: str, code: Refusal
@@ -235,15 +242,16 @@ class Operations:
             case ChatUser():
                 # A status query asks nobody and changes nothing: anyone may.
                 if not plan.action.read_only and not is_requester(
-                    by.user, self.policy, await by.membership()
+                    by.user, self.policy_for(plan.service), await by.membership()
                 ):
                     return await self.refuse(
                         user=by.user,
                         channel=by.channel,
                         command=by.command,
                         code=Refusal.NOT_REQUESTER,
-                        reason="You are not on the requesters list, so you cannot ask for a "
-                        f"{plan.action}. Ask someone who is, or an admin to add you.",
+                        reason=f"You are not on the requesters list for {plan.service}, "
+                        f"so you cannot ask for a {plan.action}. Ask someone who is, or an "
+                        "admin to add you.",
                     )
                 source, channel, approver = Source.SLACK, by.channel, plan.system_approver
             case Operator():
@@ -346,17 +354,19 @@ class Operations:
                 f"nothing was signalled.{now}",
             )
         host = vote.request.host
-        requester = (await self.audit.get_run(run_id)).requested_by
-        if not is_approver(user, self.policy, membership) or (
-            user == requester and not self.policy.allow_self_approval
+        run = await self.audit.get_run(run_id)
+        requester, policy = run.requested_by, self.policy_for(run.service)
+        if not is_approver(user, policy, membership) or (
+            user == requester and not policy.allow_self_approval
         ):
             return await self.refuse(
                 user=user,
                 channel=channel,
                 command=command,
                 code=Refusal.NOT_ALLOWED,
-                reason=f"Only an approver (not the requester) may terminate run #{run_id}'s "
-                f"leftover processes on {host}; nothing was signalled.",
+                reason=f"Only an approver of {run.service} (not the requester) may "
+                f"terminate run #{run_id}'s leftover processes on {host}; nothing was "
+                "signalled.",
             )
         if not await self.audit.record_terminate(
             run_id, user, host=host, question=vote.question, pids=vote.request.pids
@@ -366,10 +376,10 @@ class Operations:
         # The run's rule, judged now: someone no longer an approver stops counting.
         counted = tuple(
             counted_approvals(
-                vote.pressed, requester=requester, policy=self.policy, membership=membership
+                vote.pressed, requester=requester, policy=policy, membership=membership
             )
         )
-        needed = self.policy.min_approvals
+        needed = policy.min_approvals
         if len(counted) < needed:
             return LeftoversCounted(host, counted, needed, vote.pids)
         return LeftoversApproved(host, counted, vote.pids)

@@ -138,11 +138,14 @@ def _check_credentials(settings: Settings, err: TextIO) -> bool:
         else:
             err.write("error: SLACK_BOT_TOKEN (xoxb-...) is required to run the Slack bot\n")
         return False
-    if settings.services and not settings.policy.approvers:
-        # An empty list would let anyone in the workspace approve stopping a GPU service.
+    open_to_all = [name for name in settings.services if not settings.policy_for(name).approvers]
+    if open_to_all:
+        # An empty list would let anyone in the workspace approve stopping a GPU service;
+        # a service with its own approvers needs none from [policy].
         err.write(
             "error: [policy].approvers is empty: name the Slack users or user groups "
-            "who may approve redeploys and restarts\n"
+            "who may approve redeploys and restarts (or give each service its own, "
+            f"[services.NAME.policy]; none for: {', '.join(open_to_all)})\n"
         )
         return False
     if settings.slack_app_token is None and settings.slack_signing_secret is None:

@@ -122,6 +122,19 @@ def mentions(users: Iterable[str]) -> str:
     return ", ".join(mention(u) for u in users) or "nobody yet"
 
 
+def policy_mention(entry: str) -> str:
+    """A policy entry as Slack shows it: ``<!subteam^S123>`` for a user group (its
+    handle, kept current by Slack), ``<@U123>`` for a user."""
+    if entry[:1] == "S" and entry.isalnum():
+        return f"<!subteam^{entry}>"
+    return mention(entry)
+
+
+def who_may_approve(approvers: Iterable[str]) -> str:
+    """Who a service's policy lets approve: its entries, or anyone when it lists none."""
+    return ", ".join(policy_mention(a) for a in approvers) or "anyone"
+
+
 def code_safe(text: str) -> str:
     # A ``` inside the output would end the code block and let the rest render as mrkdwn.
     return escape(text.replace(FENCE, "'''"))

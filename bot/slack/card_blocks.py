@@ -34,6 +34,7 @@ from bot.slack.block_kit import (
     one_line,
     pack,
     section,
+    who_may_approve,
 )
 from bot.slack.card_view import CardView, LeftoverAsk, StepLine, terminate_value
 from bot.slack.plan_blocks import command_blocks, plan_fields, what_of
@@ -168,7 +169,8 @@ def _approval_card(view: CardView, blocks: list[Block]) -> Message:
     blocks.extend(command_blocks(view.plan))
     blocks.append(
         context(
-            f"Needs {view.needed} approver(s); the requester cannot approve "
+            f"Needs {view.needed} approver(s) of {escape(view.plan.service)}: "
+            f"{who_may_approve(view.approvers)}; the requester cannot approve "
             "their own run unless the policy allows it.",
             _expiry(view),
             *(escape(n) for n in view.notes),

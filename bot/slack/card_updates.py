@@ -16,7 +16,7 @@ from bot.core.health import HealthNote
 from bot.core.status import RunStatus
 from bot.engine.preview import CARD_LIMIT, preview_lines, previews_of
 from bot.engine.recovery import Interrupted, interrupted_message
-from bot.settings import PolicySettings
+from bot.settings import Settings
 from bot.slack.blocks import (
     CardView,
     full_plan,
@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 
 
 class CardUpdates:
-    def __init__(self, poster: Poster, audit: AuditLog, policy: PolicySettings) -> None:
+    def __init__(self, poster: Poster, audit: AuditLog, settings: Settings) -> None:
         self.poster = poster
         self.audit = audit
-        self.policy = policy
+        # Each card is judged and shown by its own service's policy (issue 22).
+        self.settings = settings
         self._locks: dict[int, asyncio.Lock] = {}
         # What a pending card shows beyond its record (the load read at the request).
         self.notes: dict[int, tuple[str, ...]] = {}
@@ -56,7 +57,7 @@ class CardUpdates:
             record = await self.audit.get_run(run_id)
             if record.channel is None or record.message_ts is None:
                 return
-            view = card_view(record, self.policy, membership)
+            view = card_view(record, self.settings.policy_for(record.service), membership)
             if record.status == RunStatus.PENDING_APPROVAL:
                 # The package change shown at the request, as recorded with the run.
                 previews = previews_of(await self.audit.environments(run_id))

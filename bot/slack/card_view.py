@@ -57,6 +57,9 @@ class CardView:
     requested_by: str
     status: RunStatus
     needed: int = 1
+    # Who may approve (the service's policy entries: user and user-group IDs); empty:
+    # anyone (the bot refuses to start so, but an older record may be shown).
+    approvers: tuple[str, ...] = ()
     approvals: tuple[str, ...] = ()
     denied_by: tuple[str, ...] = ()
     version_now: str | None = None

@@ -41,7 +41,9 @@ def card_view(
     record: RunRecord, policy: PolicySettings, membership: Membership | None = None
 ) -> CardView:
     """The card of ``record`` before any step output: with ``membership``, only the
-    approvals that count under the policy now are shown (a pending card's progress)."""
+    approvals that count under the policy now are shown (a pending card's progress).
+    ``policy`` is the run's service's own (``Settings.policy_for``): the card names who
+    may approve that service and how many must."""
     plan = plan_from_record(record)
     approvals = tuple(record.approved_by)
     if membership is not None:
@@ -54,6 +56,7 @@ def card_view(
         requested_by=record.requested_by,
         status=record.status,
         needed=policy.min_approvals,
+        approvers=tuple(policy.approvers),
         approvals=approvals,
         denied_by=tuple(record.denied_by),
         version_now=record.version_before,

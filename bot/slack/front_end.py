@@ -128,12 +128,12 @@ class _FrontDesk:
         self.poster = poster
         self.members = members
         self.flush_timeout_s = flush_timeout_s
-        self.policy = runtime.settings.policy
+        self.settings = runtime.settings
         self.lifecycle = runtime.lifecycle
         self.operations = runtime.operations
         self.timers = ExpiryTimers(self.expire, clock=runtime.lifecycle.clock, sleep=sleep)
         self.tasks = BackgroundTasks()
-        self.cards = CardUpdates(poster, runtime.audit, self.policy)
+        self.cards = CardUpdates(poster, runtime.audit, runtime.settings)
         self._reporters: dict[int, SlackReporter] = {}
         # Runs waiting for an approver to let them terminate leftover processes.
         self.leftovers = LeftoverDesk(runtime.operations)
@@ -196,14 +196,24 @@ class _FrontDesk:
         return refused.text
 
     async def membership(self) -> Membership:
-        """User-group members as cached: for what only shows, or who may ask."""
-        return await self.members.resolve(groups_to_resolve(self.policy))
+        """User-group members as cached: for what only shows, or who may ask (the groups
+        of ``[policy]`` and of every service's own policy)."""
+        return await self.members.resolve(groups_to_resolve(*self.settings.policies()))
 
-    async def _judging(self, user: str, channel: str | None, command: str) -> Membership | str:
-        """Members read from Slack now, for a decision; or, when Slack cannot say, the
-        refusal's sentence (recorded): judging on a stale or partial answer could let in
-        someone just removed from the approvers' group."""
-        groups = groups_to_resolve(self.policy)
+    async def _judging(
+        self, user: str, channel: str | None, command: str, run_id: int
+    ) -> Membership | str:
+        """Members read from Slack now, for a decision on run ``run_id``; or, when Slack
+        cannot say, the refusal's sentence (recorded): judging on a stale or partial
+        answer could let in someone just removed from the approvers' group. Only the
+        groups of that run's service's policy are read: a group that only another
+        service names neither decides nor blocks this click."""
+        try:
+            service = (await self.runtime.audit.get_run(run_id)).service
+            policy = self.settings.policy_for(service)
+        except RunNotFoundError:
+            policy = self.settings.policy  # the life cycle says it does not exist
+        groups = groups_to_resolve(policy)
         fresh = await self.members.fresh(groups)
         if fresh is not None:
             return fresh
@@ -302,7 +312,8 @@ class SlackFrontEnd(_FrontDesk):
                 return result.text
             case _:
                 assert_never(result)
-        view = await read_for_card(self.runtime, self.cards, plan, card_view(record, self.policy))
+        policy = self.settings.policy_for(record.service)
+        view = await read_for_card(self.runtime, self.cards, plan, card_view(record, policy))
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
@@ -342,7 +353,7 @@ class SlackFrontEnd(_FrontDesk):
         self, run_id: int, *, user: str, action: Decision, channel: str | None
     ) -> str | None:
         """One Approve or Deny click. Returns an ephemeral sentence for the clicker."""
-        membership = await self._judging(user, channel, f"{action} run #{run_id}")
+        membership = await self._judging(user, channel, f"{action} run #{run_id}", run_id)
         if isinstance(membership, str):
             return membership
         result = await self.operations.decide(
@@ -367,7 +378,7 @@ class SlackFrontEnd(_FrontDesk):
     async def cancel(self, run_id: int, *, user: str, channel: str | None) -> str:
         """Cancel by the requester or an approver: a pending request closes at once,
         a running one stops at its next safe point."""
-        membership = await self._judging(user, channel, f"{Decision.CANCEL} run #{run_id}")
+        membership = await self._judging(user, channel, f"{Decision.CANCEL} run #{run_id}", run_id)
         if isinstance(membership, str):
             return membership
         result = await self.operations.cancel(
@@ -391,7 +402,7 @@ class SlackFrontEnd(_FrontDesk):
         host and the question): who is an approver is read from Slack now, and the desk
         decides on the press (``LeftoverDesk.press``)."""
         command = f"{Decision.TERMINATE} leftovers of run #{run_id}"
-        membership = await self._judging(user, channel, command)
+        membership = await self._judging(user, channel, command, run_id)
         if isinstance(membership, str):
             return membership
         return await self.leftovers.press(
@@ -415,7 +426,7 @@ class SlackFrontEnd(_FrontDesk):
             self.poster,
             channel=record.channel,
             ts=record.message_ts,
-            view=card_view(record, self.policy),
+            view=card_view(record, settings.policy_for(record.service)),
             update_interval_s=settings.slack.update_interval_s,
         )
         self._reporters[run_id] = reporter

@@ -66,7 +66,6 @@ class LeftoverDesk:
 
     def __init__(self, operations: Operations) -> None:
         self.operations = operations
-        self.policy = operations.policy
         self._open: dict[str, _Question] = {}  # by question id
 
     def gate(self, reporter: SlackReporter) -> SlackGate:
@@ -151,12 +150,15 @@ class SlackGate:
         self._reporter = reporter
 
     async def ask(self, request: LeftoverRequest) -> Approval:
+        operations = self._desk.operations
+        service = (await operations.audit.get_run(request.run_id)).service
         ask = LeftoverAsk(
             request.host,
             new_question(),
             request.question,
             request.pids,
-            needed=self._desk.policy.min_approvals,
+            # The run's service's rule (issue 22), as the presses are judged by.
+            needed=operations.policy_for(service).min_approvals,
         )
         self._reporter.offer_leftovers(ask)
         pids = ", ".join(map(str, request.pids))

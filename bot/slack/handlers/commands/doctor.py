@@ -24,9 +24,14 @@ WHOLE = "`python -m bot doctor` on the bot's machine prints the whole table."
 
 async def handle(req: CommandRequest, cmd: Doctor) -> None:
     front_end = req.front_end
-    if not is_requester(req.user, req.settings.policy, await front_end.membership()):
+    # A service's doctor is that service's requesters' (issue 22); a host's or the whole
+    # fleet's shows more than one service's setup, so [policy] decides.
+    service = cmd.target if cmd.kind == "service" else None
+    policy = req.settings.policy if service is None else req.settings.policy_for(service)
+    if not is_requester(req.user, policy, await front_end.membership()):
+        whose = "the requesters list" + (f" for {service}" if service else "")
         reason = (
-            "You are not on the requesters list, so you cannot run doctor (it shows how "
+            f"You are not on {whose}, so you cannot run doctor (it shows how "
             "the hosts are set up). Ask someone who is, or an admin to add you."
         )
         await req.reply_now(reason)
@@ -42,7 +47,6 @@ async def handle(req: CommandRequest, cmd: Doctor) -> None:
         )
         return
     hosts = resolve_targets(req.settings, cmd.target)
-    service = cmd.target if cmd.kind == "service" else None
     await req.ack()
 
     async def work() -> None:
