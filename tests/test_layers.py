@@ -97,14 +97,29 @@ def test_the_core_does_no_io() -> None:
     assert wrong == []
 
 
+# Packages every layer shares, like the modules below: the settings (one section per
+# module where a section grew its own).
+SHARED_PACKAGES = {"settings"}
+
+
 def test_every_module_belongs_to_a_layer() -> None:
     top = {p.stem for p in ROOT.glob("*.py")} - {"__init__", "__main__"}
-    # The few modules every layer shares: the error tree, the settings, logging, and the
-    # one back-off (the core, which never waits, does not need it).
-    assert top == {"errors", "settings", "logging_setup", "retry"}
+    # The few modules every layer shares: the error tree, logging, and the one back-off
+    # (the core, which never waits, does not need it).
+    assert top == {"errors", "logging_setup", "retry"}
     assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(
         ALLOWED
-    )
+    ) | SHARED_PACKAGES
+
+
+def test_the_settings_import_only_the_error_tree() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT.parent)} imports {module}"
+        for path in sorted((ROOT / "settings").rglob("*.py"))
+        for module in _imports(path)
+        if _layer_of(module) not in (None, "bot.errors", "bot.settings") or module == "bot"
+    ]
+    assert wrong == []
 
 
 def test_the_audit_package_exports_what_it_names() -> None:

@@ -12,82 +12,42 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bot.errors import ConfigError
+from bot.settings.base import (
+    GPU_UUID_RE,
+    NAME_RE,
+    PACKAGE_RE,
+    SUDO_PATH_RE,
+    UNIT_RE,
+    HealthUrl,
+    HttpUrlStr,
+    Name,
+    Section,
+    expand,
+    http_url,
+    slack_ids,
+)
+from bot.settings.base import LOCAL as LOCAL
+from bot.settings.base import USER_RE as USER_RE
+from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
+from bot.settings.routers import RouterKind as RouterKind
+from bot.settings.routers import RouterSettings as RouterSettings
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
-PACKAGE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?$")
-SLACK_ID_RE = re.compile(r"^[UWS][A-Z0-9]{2,}$")
-GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,}$")
-# A POSIX account name (useradd's default rule).
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-# What a sudoers rule can name exactly: an absolute path with nothing sudoers or its
-# wildcards would read as syntax.
-SUDO_PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]+$")
-LOCAL = "local"
-
-
-def _name(value: str) -> str:
-    if not NAME_RE.match(value):
-        raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
-    return value
-
-
-def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{value!r} is not an http(s) URL")
-    if any(c.isspace() for c in value):
-        raise ValueError(f"{value!r} contains whitespace")
-    return value
+Strategy = Literal["in_place", "side_by_side"]
 
 
-def _plain_http(value: str) -> str:
-    if urlsplit(value).scheme != "http":
-        raise ValueError(
-            "must be http://: it is fetched from the host itself through the SSH connection"
-        )
-    return value
-
-
-Name = Annotated[str, AfterValidator(_name)]
-HttpUrlStr = Annotated[str, AfterValidator(_http_url)]
-HealthUrl = Annotated[str, AfterValidator(_http_url), AfterValidator(_plain_http)]
-
-
-def _expand(p: Path) -> Path:
-    return Path(os.path.expanduser(str(p)))
-
-
-class _Section(BaseModel):
-    # A typo in a key must be an error, not a silently ignored setting.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _slack_ids(v: list[str]) -> list[str]:
-    for item in v:
-        if not SLACK_ID_RE.match(item):
-            raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
-    return v
-
-
-class PolicySettings(_Section):
+class PolicySettings(Section):
     requesters: list[str] = Field(default_factory=list)
     approvers: list[str] = Field(default_factory=list)
     min_approvals: int = Field(1, ge=1)
@@ -97,11 +57,11 @@ class PolicySettings(_Section):
 
     @field_validator("requesters", "approvers")
     @classmethod
-    def _slack_ids(cls, v: list[str]) -> list[str]:
-        return _slack_ids(v)
+    def slack_ids(cls, v: list[str]) -> list[str]:
+        return slack_ids(v)
 
 
-class ServicePolicySettings(_Section):
+class ServicePolicySettings(Section):
     """``[services.NAME.policy]``: what a service overrides of ``[policy]`` (issue 22);
     a key left unset is the global one's (``Settings.policy_for``)."""
 
@@ -111,8 +71,8 @@ class ServicePolicySettings(_Section):
 
     @field_validator("requesters", "approvers")
     @classmethod
-    def _slack_ids(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else _slack_ids(v)
+    def slack_ids(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else slack_ids(v)
 
     @field_validator("approvers")
     @classmethod
@@ -123,7 +83,7 @@ class ServicePolicySettings(_Section):
         return v
 
 
-class MetricsSettings(_Section):
+class MetricsSettings(Section):
     # Where the bot serves Prometheus' /metrics ("127.0.0.1:9464"); None: not served.
     listen: str | None = None
 
@@ -144,13 +104,13 @@ class MetricsSettings(_Section):
         return host.strip("[]"), int(port)
 
 
-class SlackSettings(_Section):
+class SlackSettings(Section):
     channels: list[str] = Field(default_factory=list)
     post_interval_s: float = Field(1.0, ge=0)
     update_interval_s: float = Field(1.0, ge=0)
 
 
-class HostSettings(_Section):
+class HostSettings(Section):
     address: str
     port: int = Field(22, ge=1, le=65535)
     user: str = "root"
@@ -172,7 +132,7 @@ class HostSettings(_Section):
     @field_validator("key_file", "known_hosts")
     @classmethod
     def _expand_user(cls, v: Path | None) -> Path | None:
-        return None if v is None else _expand(v)
+        return None if v is None else expand(v)
 
     @model_validator(mode="after")
     def _strict_host_keys(self) -> HostSettings:
@@ -185,85 +145,7 @@ class HostSettings(_Section):
         return self.address == LOCAL
 
 
-RouterKind = Literal["haproxy", "vllm-router", "command"]
-Strategy = Literal["in_place", "side_by_side"]
-# The one argument of a router command the bot fills in: the replica's server name.
-SERVER_FIELD = "{server}"
-
-
-def _argv(key: str, v: list[str] | None) -> list[str] | None:
-    if v is None:
-        return None
-    if not v or not SUDO_PATH_RE.match(v[0]):
-        raise ValueError(f"{key}: the first element must be an absolute path to the program")
-    for arg in v:
-        if SERVER_FIELD in arg and arg != SERVER_FIELD:
-            # One whole argument, never spliced into another: the value never meets a shell.
-            raise ValueError(f"{key}: {SERVER_FIELD} must be an argument of its own")
-    return v
-
-
-class RouterSettings(_Section):
-    """A router in front of a service's replicas (issue 19), reached through SSH from
-    ``host`` like everything else: nothing on the bot's side listens."""
-
-    kind: RouterKind
-    host: Name
-    # haproxy: the Runtime API socket (`stats socket ... level admin`) and the backend.
-    socket: str | None = None
-    backend: Name | None = None
-    # haproxy: what speaks to the socket on `host`, the command on its stdin.
-    socat: str = "/usr/bin/socat"
-    # vllm-router: its admin API as seen from `host`.
-    admin_url: HealthUrl | None = None
-    # command: argv lists; "{server}" is one argument, the replica's server.
-    drain: list[str] | None = None
-    undrain: list[str] | None = None
-    in_flight: list[str] | None = None
-    # After taking a replica out, before judging its in-flight requests: a router that
-    # balances by connection may still hand it a request it had already picked.
-    settle_s: float = Field(5.0, ge=0)
-    # How long the router may take to show no session for a replica taken out, and to
-    # show one put back as up.
-    drain_timeout_s: float = Field(300.0, gt=0)
-    confirm_timeout_s: float = Field(60.0, gt=0)
-    poll_s: float = Field(1.0, gt=0)
-    command_timeout_s: float = Field(30.0, gt=0)
-
-    @field_validator("socket", "socat")
-    @classmethod
-    def _abs(cls, v: str | None) -> str | None:
-        if v is not None and not SUDO_PATH_RE.match(v):
-            raise ValueError(f"{v!r} must be an absolute path")
-        return v
-
-    @field_validator("drain", "undrain", "in_flight")
-    @classmethod
-    def _argvs(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        return _argv(str(info.field_name), v)
-
-    @model_validator(mode="after")
-    def _kind_keys(self) -> RouterSettings:
-        need: dict[str, tuple[str, ...]] = {
-            "haproxy": ("socket", "backend"),
-            "vllm-router": ("admin_url",),
-            "command": ("drain", "undrain"),
-        }
-        missing = [k for k in need[self.kind] if getattr(self, k) is None]
-        if missing:
-            raise ValueError(f'kind = "{self.kind}" needs {", ".join(missing)}')
-        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight"} - set(
-            need[self.kind]
-        )
-        if self.kind == "command":
-            foreign.discard("in_flight")
-        extra = sorted(k for k in foreign if getattr(self, k) is not None)
-        if extra:
-            raise ValueError(f'kind = "{self.kind}" takes no {", ".join(extra)}')
-        return self
-
-
-class ServiceSettings(_Section):
+class ServiceSettings(Section):
     hosts: list[Name] = Field(min_length=1)
     unit: str
     python: str
@@ -445,12 +327,12 @@ class ServiceSettings(_Section):
         return f"{self.venv_dir}.releases"
 
 
-class SecuritySettings(_Section):
+class SecuritySettings(Section):
     # Extra literal values (passwords, tokens) masked wherever text leaves the bot.
     redact: list[SecretStr] = Field(default_factory=list)
 
 
-class AuditSettings(_Section):
+class AuditSettings(Section):
     """How the audit log rides out a database that cannot be written for a while
     (locked by another process, disk full); see ``bot.audit.resilient``."""
 
@@ -466,7 +348,7 @@ class AuditSettings(_Section):
     @field_validator("journal_fallback_dir")
     @classmethod
     def _expand_dir(cls, v: Path | None) -> Path | None:
-        return None if v is None else _expand(v)
+        return None if v is None else expand(v)
 
 
 class Settings(BaseSettings):
@@ -567,7 +449,7 @@ def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
         raise ValueError(f"services.{name}.router_servers names one server twice")
     for h, server in svc.router_servers.items():
         if router.kind == "vllm-router":
-            _http_url(server)
+            http_url(server)
         elif not NAME_RE.match(server):
             raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")
     if svc.min_serving >= len(svc.hosts):

@@ -1,0 +1,85 @@
+"""A router in front of a service's replicas (issue 19): its section of the settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from bot.settings.base import SUDO_PATH_RE, HealthUrl, Name, Section
+
+RouterKind = Literal["haproxy", "vllm-router", "command"]
+# The one argument of a router command the bot fills in: the replica's server name.
+SERVER_FIELD = "{server}"
+
+
+def _argv(key: str, v: list[str] | None) -> list[str] | None:
+    if v is None:
+        return None
+    if not v or not SUDO_PATH_RE.match(v[0]):
+        raise ValueError(f"{key}: the first element must be an absolute path to the program")
+    for arg in v:
+        if SERVER_FIELD in arg and arg != SERVER_FIELD:
+            # One whole argument, never spliced into another: the value never meets a shell.
+            raise ValueError(f"{key}: {SERVER_FIELD} must be an argument of its own")
+    return v
+
+
+class RouterSettings(Section):
+    """A router in front of a service's replicas (issue 19), reached through SSH from
+    ``host`` like everything else: nothing on the bot's side listens."""
+
+    kind: RouterKind
+    host: Name
+    # haproxy: the Runtime API socket (`stats socket ... level admin`) and the backend.
+    socket: str | None = None
+    backend: Name | None = None
+    # haproxy: what speaks to the socket on `host`, the command on its stdin.
+    socat: str = "/usr/bin/socat"
+    # vllm-router: its admin API as seen from `host`.
+    admin_url: HealthUrl | None = None
+    # command: argv lists; "{server}" is one argument, the replica's server.
+    drain: list[str] | None = None
+    undrain: list[str] | None = None
+    in_flight: list[str] | None = None
+    # After taking a replica out, before judging its in-flight requests: a router that
+    # balances by connection may still hand it a request it had already picked.
+    settle_s: float = Field(5.0, ge=0)
+    # How long the router may take to show no session for a replica taken out, and to
+    # show one put back as up.
+    drain_timeout_s: float = Field(300.0, gt=0)
+    confirm_timeout_s: float = Field(60.0, gt=0)
+    poll_s: float = Field(1.0, gt=0)
+    command_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("socket", "socat")
+    @classmethod
+    def _abs(cls, v: str | None) -> str | None:
+        if v is not None and not SUDO_PATH_RE.match(v):
+            raise ValueError(f"{v!r} must be an absolute path")
+        return v
+
+    @field_validator("drain", "undrain", "in_flight")
+    @classmethod
+    def _argvs(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        return _argv(str(info.field_name), v)
+
+    @model_validator(mode="after")
+    def _kind_keys(self) -> RouterSettings:
+        need: dict[str, tuple[str, ...]] = {
+            "haproxy": ("socket", "backend"),
+            "vllm-router": ("admin_url",),
+            "command": ("drain", "undrain"),
+        }
+        missing = [k for k in need[self.kind] if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f'kind = "{self.kind}" needs {", ".join(missing)}')
+        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight"} - set(
+            need[self.kind]
+        )
+        if self.kind == "command":
+            foreign.discard("in_flight")
+        extra = sorted(k for k in foreign if getattr(self, k) is not None)
+        if extra:
+            raise ValueError(f'kind = "{self.kind}" takes no {", ".join(extra)}')
+        return self
