@@ -1,7 +1,8 @@
 """``python -m bot audit --format jsonl`` (issue 22 item 2): every run with its decisions,
 steps, package changes and snapshot digests, a JSON object a line; streamed a page at a
-time (the same memory peak for 1,000 and 5,000 runs, measured with tracemalloc), ``--follow`` driven by
-an injected sleep (no test waits), and the CLI as a subprocess after a real redeploy."""
+time (the same memory peak for 1,000 and 5,000 runs, measured with tracemalloc),
+``--follow`` driven by an injected sleep (no test waits), and the CLI as a subprocess
+after a real redeploy."""
 
 from __future__ import annotations
 

@@ -234,7 +234,7 @@ async def test_doctor_passes_a_correct_non_root_setup(
         assert only(checks, "nvidia-smi", None)["detail"].startswith("8 GPU(s)")
         assert only(checks, "unit")["detail"] == "vllm-kimi-k25: active (running), runs as vllm"
         # Read as the login account, with no sudo rule (issue 20).
-        assert only(checks, "unit flags")["detail"].startswith("`vllm serve` with 4 flags")
+        assert only(checks, "unit command")["detail"].startswith("`vllm serve` with 4 flags")
         assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
         assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
         # sshd reads the key from a file root owns (the kit's own sshd_config says which).

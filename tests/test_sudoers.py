@@ -709,7 +709,7 @@ def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
         ("kimi-k25", "sudo rules"),
         ("kimi-k25", "uv"),
         ("kimi-k25", "unit"),
-        ("kimi-k25", "unit flags"),
+        ("kimi-k25", "unit command"),
         ("kimi-k25", "venv"),
         ("kimi-k25", "health"),
         ("kimi-k25", "disk"),
@@ -732,11 +732,11 @@ def test_doctor_says_whether_the_units_flags_can_be_checked() -> None:
     # Issue 20: a real ExecStart that is no `vllm serve` (systemd#16051's logind, in
     # tests/samples/) is a warning, never a pass; a `vllm serve` unit passes.
     s = settings()
-    p = Probe("gpu-node-1", "kimi-k25", "unit flags", Kind.COMMANDS)
+    p = Probe("gpu-node-1", "kimi-k25", "unit command", Kind.COMMANDS)
     logind = (Path(__file__).parent / "samples/systemctl_show_execstart_16051.txt").read_text()
     wrapper = judge(p, answer(logind), s)
     assert wrapper.outcome == Outcome.WARN
-    assert "not checkable: the unit does not start `vllm serve` directly" in wrapper.detail
+    assert "flags not checkable: the unit does not start `vllm serve` directly" in wrapper.detail
     serve = (
         "ExecStart={ path=/opt/venvs/vllm/bin/vllm ; argv[]=/opt/venvs/vllm/bin/vllm serve m "
         "--port 8000 -tp 8 ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; "
@@ -746,6 +746,20 @@ def test_doctor_says_whether_the_units_flags_can_be_checked() -> None:
     assert ok.outcome == Outcome.OK and "`vllm serve` with 2 flags" in ok.detail
     unread = judge(p, answer("", 1, "Failed to connect to bus\n"), s)
     assert unread.outcome == Outcome.WARN and "cannot read the unit's ExecStart" in unread.detail
+    # Side by side: the unit must start vLLM through the venv's link, or a switch changes
+    # nothing it runs.
+    side = s.model_copy(
+        update={
+            "services": {
+                "kimi-k25": s.services["kimi-k25"].model_copy(update={"strategy": "side_by_side"})
+            }
+        }
+    )
+    assert judge(p, answer(serve), side).outcome == Outcome.OK  # /opt/venvs/vllm is the link
+    pinned = serve.replace("/opt/venvs/vllm/bin", "/opt/venvs/vllm.releases/0.16.0-ab/bin")
+    direct = judge(p, answer(pinned), side)
+    assert direct.outcome == Outcome.FAIL and "not through /opt/venvs/vllm" in direct.detail
+    assert "cannot be told either" in judge(p, answer(logind), side).detail
 
 
 def test_doctor_reads_the_gpu_query_as_the_runs_do() -> None:

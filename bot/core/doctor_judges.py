@@ -21,7 +21,7 @@ from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
 from bot.core.releases import layout_refusal, parse_releases
 from bot.core.results import CommandResult
 from bot.core.routers import doctor as router_doctor
-from bot.core.unit_flags import parse_exec_start, serve_command
+from bot.core.unit_flags import ServeCommand, parse_exec_start, serve_command
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings, Settings
 
@@ -279,9 +279,13 @@ def _disk(p: Probe, a: Answer, s: Settings) -> Check:
     return judged(p, Outcome.OK, f"{avail:,} MiB free (min {svc.min_free_disk_mib:,})")
 
 
-def _unit_flags(p: Probe, a: Answer, s: Settings) -> Check:
-    """Whether a redeploy can check the unit's flags against the new version (issue 20):
-    a unit that starts a wrapper cannot be, which a redeploy says only once it runs."""
+def _unit_command(p: Probe, a: Answer, s: Settings) -> Check:
+    """The unit's command line (``ExecStart``): a side-by-side service's must run through
+    the venv's link (else a switch changes nothing the unit starts: issue 20, item 3);
+    whether a redeploy can check its flags against the new version (item 2: a unit that
+    starts a wrapper cannot be, which a redeploy says only once it runs)."""
+    assert p.service is not None
+    svc = s.services[p.service]
     r = a.results[0] if a.results else None
     if a.error or r is None or not r.ok:
         return judged(
@@ -291,11 +295,31 @@ def _unit_flags(p: Probe, a: Answer, s: Settings) -> Check:
         )
     argv = parse_exec_start(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
     command = serve_command(argv) if argv is not None else "the unit's ExecStart names no command"
+    link = f"{svc.venv_dir}/"
+    if (
+        svc.strategy == "side_by_side"
+        and isinstance(command, ServeCommand)
+        and not command.executable.startswith(link)
+    ):
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"ExecStart runs {command.executable}, not through {svc.venv_dir}: switching "
+            "the link would not change what the unit starts",
+            f"make the unit's ExecStart run {svc.venv_dir}/bin/vllm (the link), not a "
+            "release's own path",
+        )
     if isinstance(command, str):
+        # A wrapper: neither its flags nor (side by side) the path it starts can be read.
+        through = (
+            f"; whether it starts {svc.venv_dir}/bin/vllm cannot be told either"
+            if svc.strategy == "side_by_side"
+            else ""
+        )
         return judged(
             p,
             Outcome.WARN,
-            f"not checkable: {command}",
+            f"flags not checkable: {command}{through}",
             "a flag a new vLLM dropped then shows only when it starts (after the stop); "
             "start `vllm serve` from the unit itself so each redeploy checks its flags first",
         )
@@ -340,7 +364,7 @@ _JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "nvidia-smi": _nvidia_smi,
     "uv": _uv,
     "unit": _unit,
-    "unit flags": _unit_flags,
+    "unit command": _unit_command,
     "venv": _venv,
     "releases": _releases,
     "health": _health,

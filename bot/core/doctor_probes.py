@@ -97,7 +97,7 @@ def _service_probes(host: str, cfg: HostSettings, name: str, svc: ServiceSetting
         Probe(
             host,
             name,
-            "unit flags",
+            "unit command",
             Kind.COMMANDS,
             ((remote.unit_exec_start(svc), Privilege.NONE),),
             timeout_s=t,
