@@ -149,3 +149,14 @@ def test_the_help_section_between_the_marks() -> None:
     # Cut off before its end (the script was killed): no section at all.
     assert help_section(f"{HELP_BEGIN}\n  --port PORT\n") is None
     assert help_section("nothing\n") is None
+
+
+def test_nothing_garbage_and_an_endless_line_are_no_command_and_no_options() -> None:
+    assert parse_exec_start("") is None
+    assert parse_exec_start("\x00\xff{ path= ; argv[]= ; }") is None
+    assert parse_exec_start("ExecStart=" + "x" * 16384) is None  # a line the transport cut
+    # Help that is noise, or one endless line, lists nothing: judged unchecked, not passed.
+    noise = ["", "\x1b[31m  ", "Traceback (most recent call last):", "  -" + "a" * 16384]
+    options = parse_help_options(noise)
+    verdict = judge_flags(ServeCommand("vllm", ("--task",)), options, "vllm", "0.21.0")
+    assert verdict.outcome == "unchecked"
