@@ -186,6 +186,8 @@ class Exporter:
 
     def _event(self, event: ev.Event) -> None:
         match event:
+            case ev.OutputLine():
+                return  # first: most of a run's events, nothing to count
             case ev.RunStarted():
                 self._run_started(event)
             case ev.StepStarted():
@@ -205,7 +207,6 @@ class Exporter:
                     self.gpu_health.labels(host=event.host, gpu=gpu_id).set(_LEVEL_VALUE[gpu.level])
             case (
                 ev.StepProgress()
-                | ev.OutputLine()
                 | ev.GpuTable()
                 | ev.VersionsKnown()
                 | ev.PackagesKnown()
