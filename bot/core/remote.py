@@ -283,12 +283,6 @@ def prefetch_dir(svc: ServiceSettings) -> str:
     return f"{state_dir(svc)}/prefetch-{_venv_name(svc)}"
 
 
-# Installs the pinned set read on stdin into a throwaway venv, then removes it: every
-# wheel the install will need is then in uv's cache, so the install during the outage
-# downloads nothing. --no-deps: the set is complete and pinned, nothing to resolve. The
-# venv's name carries the shell's PID, so two prefetches never share one; a signal
-# (the step's timeout) still removes it. Its directory is checked as the snapshot's
-# (``OWN_DIR``), so no other account can have put anything at that name.
 def serve_help(venv: str) -> str:
     """The script's part that lists the new ``vllm serve``'s options when ``$hm`` is
     ``serve`` (the unit starts ``vllm serve``; issue 20): ``--help=all`` lists every option
@@ -309,6 +303,12 @@ def serve_help(venv: str) -> str:
     )
 
 
+# Installs the pinned set read on stdin into a throwaway venv, then removes it: every
+# wheel the install will need is then in uv's cache, so the install during the outage
+# downloads nothing. --no-deps: the set is complete and pinned, nothing to resolve. The
+# venv's name carries the shell's PID, so two prefetches never share one; a signal
+# (the step's timeout) still removes it. Its directory is checked as the snapshot's
+# (``OWN_DIR``), so no other account can have put anything at that name.
 PREFETCHED_MARK = "chatops-prefetched"
 PREFETCH_SCRIPT = (
     # uv's path as the bot runs it everywhere else: absolute on a sudo host (the rules name
