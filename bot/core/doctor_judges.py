@@ -21,7 +21,7 @@ from bot.core.gpu import check_nvidia_smi, driver_warnings, parse_gpu_csv
 from bot.core.releases import layout_refusal, parse_releases
 from bot.core.results import CommandResult
 from bot.core.routers import doctor as router_doctor
-from bot.core.unit_flags import ServeCommand, parse_exec_start, serve_command
+from bot.core.unit_flags import ServeCommand, command_of
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings, Settings
 
@@ -293,8 +293,7 @@ def _unit_command(p: Probe, a: Answer, s: Settings) -> Check:
             Outcome.WARN,
             a.error or "cannot read the unit's ExecStart" + (f" ({reply(r)})" if r else ""),
         )
-    argv = parse_exec_start(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
-    command = serve_command(argv) if argv is not None else "the unit's ExecStart names no command"
+    command = command_of(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
     link = f"{svc.venv_dir}/"
     if (
         svc.strategy == "side_by_side"

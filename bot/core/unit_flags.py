@@ -55,6 +55,10 @@ def parse_exec_start(value: str) -> tuple[str, ...] | None:
     return words or None
 
 
+# What a run knows of the unit's command before preflight has read it.
+NOT_READ = "the unit's ExecStart was not read"
+
+
 @dataclass(frozen=True, slots=True)
 class ServeCommand:
     """The unit's ``vllm serve`` command: its vllm executable and the flags it passes."""
@@ -82,6 +86,15 @@ def serve_command(argv: tuple[str, ...]) -> ServeCommand | str:
         if _FLAG.fullmatch(word):
             flags.append(word)
     return ServeCommand(words[0], tuple(flags))
+
+
+def command_of(exec_start: str) -> ServeCommand | str:
+    """The unit's ``vllm serve`` command from its ``ExecStart=`` value (as ``systemctl
+    show`` prints it), or why its flags cannot be checked."""
+    argv = parse_exec_start(exec_start)
+    if argv is None:
+        return "the unit's ExecStart names no command"
+    return serve_command(argv)
 
 
 def parse_help_options(lines: Iterable[str]) -> frozenset[str]:
@@ -188,3 +201,12 @@ def verdict_of(
     if failed is not None:
         return FlagVerdict("unchecked", f"`vllm serve --help` of the new version failed ({failed})")
     return judge_flags(serve, parse_help_options(lines), package, version)
+
+
+def step_note(flags: FlagVerdict) -> tuple[str, str | None]:
+    """What a step's line says of the unit's flags (a verdict that did not refuse), and
+    the warning an unchecked one adds: unchecked is said as such, never as a pass."""
+    if flags.outcome == "accepted":
+        return flags.reason, None
+    said = f"the unit's flags were not checked: {flags.reason}"
+    return said, said

@@ -46,7 +46,7 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
-from bot.core.unit_flags import ServeCommand, parse_exec_start, serve_command, verdict_of
+from bot.core.unit_flags import NOT_READ, ServeCommand, command_of, step_note, verdict_of
 from bot.settings import ServiceSettings
 
 
@@ -72,7 +72,7 @@ class _Preflight:
     env: Env | None = None  # the environment snapshot a rollback restores
     # The unit's `vllm serve` command (its flags, checked against the new version in the
     # prefetch), or why they cannot be checked.
-    serve: ServeCommand | str = "the unit's ExecStart was not read"
+    serve: ServeCommand | str = NOT_READ
 
 
 def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
@@ -117,10 +117,7 @@ def _preflight_exec_start(svc: ServiceSettings) -> Phase[ServeCommand | str]:
     )
     if not r.ok:
         return f"cannot read the unit's ExecStart ({reason_of(r)})"
-    argv = parse_exec_start(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
-    if argv is None:
-        return "the unit's ExecStart names no command"
-    return serve_command(argv)
+    return command_of(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
 
 
 def preflight_unit(svc: ServiceSettings, host: str) -> Phase[tuple[dict[str, str], ServiceState]]:
@@ -188,6 +185,12 @@ class Env:
     installs: Mapping[str, str] = field(default_factory=dict)
 
 
+def pins_of(env: Env) -> str:
+    """The dry run's pinned set, one requirement a line: what a prefetch or a release
+    build installs, read on stdin."""
+    return "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
+
+
 def _preflight_snapshot(plan: Plan, svc: ServiceSettings, dry_output: str) -> Phase[Env]:
     """``uv pip freeze`` of the venv, kept on the host next to it (so a rollback never
     depends on the bot) and recorded in the audit log. A snapshot that cannot be taken
@@ -253,7 +256,7 @@ def prefetch(
     svc: ServiceSettings,
     env: Env,
     target: str | None = None,
-    serve: ServeCommand | str = "the unit's ExecStart was not read",
+    serve: ServeCommand | str = NOT_READ,
 ) -> Phase[PrefetchEnd]:
     """Before the stop, fetch every wheel the install needs into uv's cache (what the
     dry run says the install installs, pinned, installed into a throwaway venv), then let
@@ -266,8 +269,7 @@ def prefetch(
     driver_cuda = yield from read_driver_cuda(Step.PREFETCH, svc)
     argv = remote.prefetch(svc, plan.index_url, check_flags=isinstance(serve, ServeCommand))
     yield Emit(BeginStep(Step.PREFETCH, remote.prefetch_shown(svc, plan.index_url)))
-    pins = "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
-    stdin = (remote.index_input(plan.index_url) or b"") + pins.encode()
+    stdin = (remote.index_input(plan.index_url) or b"") + pins_of(env).encode()
     started = (yield from pause(0.0)).now
     r = yield from run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
     took = (yield from pause(0.0)).now - started
@@ -300,21 +302,13 @@ def prefetch(
         why = f"the new version refuses the unit's flags: {flags.reason}"
         yield Emit(EndStep(Step.PREFETCH, False, f"{fetched}; {why}", r.exit_status))
         return ("flags", flags.reason)
-    warnings = [w for w in (verdict.warning,) if w]
-    if flags.outcome == "unchecked":
-        warnings.append(f"the unit's flags were not checked: {flags.reason}")
-    said = f"{fetched}; the new environment passed the import gate: {verdict.reason}"
-    # Said on the step's line either way: unchecked is never read as a pass.
-    said += (
-        f"; {flags.reason}"
-        if flags.outcome == "accepted"
-        else f"; the unit's flags were not checked: {flags.reason}"
-    )
+    note, unchecked = step_note(flags)
+    warnings = [w for w in (verdict.warning, unchecked) if w]
     yield Emit(
         EndStep(
             Step.PREFETCH,
             True,
-            said,
+            f"{fetched}; the new environment passed the import gate: {verdict.reason}; {note}",
             r.exit_status,
             "\n".join(f"WARNING: {w}" for w in warnings),
         )

@@ -35,7 +35,7 @@ from bot.core.phases.common import (
     status_hint,
     tail_of,
 )
-from bot.core.phases.preflight import Env
+from bot.core.phases.preflight import Env, pins_of
 from bot.core.phases.rollback import stop_for_rollback
 from bot.core.phases.start import StartFailed, left_as, postcheck, start_and_gate
 from bot.core.phases.watch import watch_window
@@ -44,7 +44,7 @@ from bot.core.releases import Releases, layout_refusal, parse_releases, to_prune
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
-from bot.core.unit_flags import FlagVerdict, ServeCommand, verdict_of
+from bot.core.unit_flags import NOT_READ, FlagVerdict, ServeCommand, step_note, verdict_of
 from bot.settings import ServiceSettings
 
 
@@ -72,23 +72,19 @@ def read_releases(step: Step, svc: ServiceSettings) -> Phase[tuple[Releases | No
     return layout, ""
 
 
-def _pins(env: Env) -> str:
-    return "".join(f"{r}\n" for _, r in sorted(env.installs.items()))
-
-
 def build(
     plan: Plan,
     svc: ServiceSettings,
     env: Env,
     target: str | None,
-    serve: ServeCommand | str = "the unit's ExecStart was not read",
+    serve: ServeCommand | str = NOT_READ,
 ) -> Phase[Built | tuple[BuildFailure, str]]:
     """Before the stop, while the old release serves: build the new release from the dry
     run's pinned set (its wheels reach uv's cache too), then let its own interpreter run
     the import and CUDA gate. A refused release is removed (never the live one). The
     built release, else which part ended the run and why (the service is untouched)."""
     layout, why = yield from read_releases(Step.BUILD, svc)
-    pins = _pins(env)
+    pins = pins_of(env)
     name = remote_releases.release_name(target, pins)
     driver_cuda = yield from read_driver_cuda(Step.BUILD, svc)
     yield Emit(
@@ -157,20 +153,13 @@ def _end_build(
         removed = yield from _remove_refused(svc, name, live)
         yield Emit(EndStep(Step.BUILD, False, f"{done}; {refusal}; {removed}", r.exit_status))
         return "flags", f"{flags.reason}; {removed}"
-    warnings = [w for w in (verdict.warning,) if w]
-    if flags.outcome == "unchecked":
-        warnings.append(f"the unit's flags were not checked: {flags.reason}")
-    # Said on the step's line either way: unchecked is never read as a pass.
-    checked = (
-        flags.reason
-        if flags.outcome == "accepted"
-        else f"the unit's flags were not checked: {flags.reason}"
-    )
+    note, unchecked = step_note(flags)
+    warnings = [w for w in (verdict.warning, unchecked) if w]
     yield Emit(
         EndStep(
             Step.BUILD,
             True,
-            f"{done}; it passed the import gate: {verdict.reason}; {checked}",
+            f"{done}; it passed the import gate: {verdict.reason}; {note}",
             r.exit_status,
             "\n".join(f"WARNING: {w}" for w in warnings),
         )
