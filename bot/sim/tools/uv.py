@@ -54,6 +54,16 @@ VENV_MARK = "# simulated by bot.sim.tools.uv\n"
 THROWAWAY_SET = VENV_SET
 
 
+def throwaway_set(venv: Path) -> dict[str, str]:
+    """What was installed into the venv ``uv venv`` made at ``venv``: nothing yet when no
+    install has recorded its set there."""
+    try:
+        raw = json.loads((venv / THROWAWAY_SET).read_text())
+    except FileNotFoundError:
+        return {}
+    return {str(k): str(v) for k, v in raw.items()}
+
+
 def _elapsed(seconds: float) -> str:
     """uv's own duration format: 812ms, 1.31s, 2m 05s."""
     if seconds >= 60:

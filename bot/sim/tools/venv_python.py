@@ -5,13 +5,12 @@ with it sees the new build: its vllm, its torch and torch's CUDA build."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from bot.sim.state import StateStore
 from bot.sim.tools.python import run_over
-from bot.sim.tools.uv import THROWAWAY_SET
+from bot.sim.tools.uv import throwaway_set
 
 
 def main(store: StateStore, args: list[str]) -> int:
@@ -19,9 +18,5 @@ def main(store: StateStore, args: list[str]) -> int:
         print("venv-python: no venv named", file=sys.stderr)
         return 2
     venv, rest = Path(args[0]), args[1:]
-    try:
-        raw = json.loads((venv / THROWAWAY_SET).read_text())
-    except FileNotFoundError:
-        raw = {}  # nothing installed into it yet: it imports nothing
-    env = {str(k): str(v) for k, v in raw.items()}
-    return run_over(store, store.read(), env, rest)
+    # Nothing installed into it yet: it imports nothing.
+    return run_over(store, store.read(), throwaway_set(venv), rest)

@@ -8,12 +8,11 @@ removed_flag fault, a build other than the one the host booted with no longer li
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from bot.sim.state import StateStore, refused_flags
-from bot.sim.tools.uv import THROWAWAY_SET
+from bot.sim.tools.uv import throwaway_set
 
 _USAGE = "usage: vllm serve [model_tag] [options]"
 _INTRO = [
@@ -145,16 +144,12 @@ def main(store: StateStore, args: list[str]) -> int:
         print("venv-vllm: no venv named", file=sys.stderr)
         return 2
     venv, rest = Path(args[0]), args[1:]
-    try:
-        raw = json.loads((venv / THROWAWAY_SET).read_text())
-    except FileNotFoundError:
-        raw = {}
-    version = raw.get("vllm")
+    version = throwaway_set(venv).get("vllm")
     if version is None:
         print(f"{venv}/bin/vllm: ModuleNotFoundError: No module named 'vllm'", file=sys.stderr)
         return 1
     if rest == ["serve", "--help=all"]:
-        print(_all(refused_flags(store.read(), str(version))))
+        print(_all(refused_flags(store.read(), version)))
         return 0
     if rest in (["serve", "--help"], ["serve", "-h"]):
         print(_summary())
