@@ -131,29 +131,24 @@ __all__ = [
 ]
 
 
+def _refused_before(why: str, untouched: ServiceState, before: str | None = None) -> HostOutcome:
+    """A run that ends in preflight (or its GPU check): nothing on the host changed."""
+    return HostOutcome(
+        HostStatus.ABORTED, f"preflight refused; service untouched: {why}", untouched, before, None
+    )
+
+
 def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Preflight, stop, drain, reinstall (rollback on failure), start, health, post-check."""
     pre = yield from preflight(plan, svc, host)
     # Until the stop, every end leaves the service as preflight read it.
     before, untouched = pre.before, pre.state
     if pre.refusal is not None:
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {pre.refusal}",
-            untouched,
-            before,
-            None,
-        )
+        return _refused_before(pre.refusal, untouched, before)
     assert pre.env is not None  # preflight refuses without a snapshot
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {check.refusal}",
-            untouched,
-            before,
-            None,
-        )
+        return _refused_before(check.refusal, untouched, before)
     if plan.dry_run:
         return HostOutcome(
             HostStatus.SUCCEEDED,
@@ -346,11 +341,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         props, untouched = yield from preflight_unit(svc, host)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {e.reason}",
-            ServiceState.UNKNOWN,
-        )
+        return _refused_before(e.reason, ServiceState.UNKNOWN)
     before = yield from read_installed(Step.PREFLIGHT, svc)
     yield Emit(Versions(before, None))
     yield Emit(
@@ -362,13 +353,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     )
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {check.refusal}",
-            untouched,
-            before,
-            None,
-        )
+        return _refused_before(check.refusal, untouched, before)
     if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
@@ -414,11 +399,7 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         _, untouched = yield from preflight_unit(svc, host)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {e.reason}",
-            ServiceState.UNKNOWN,
-        )
+        return _refused_before(e.reason, ServiceState.UNKNOWN)
     before = yield from read_installed(Step.PREFLIGHT, svc)
     layout, why = yield from read_releases(Step.PREFLIGHT, svc)
     refused = layout_refusal(svc, layout, why)
@@ -428,22 +409,14 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if refused is not None or layout is None or layout.live is None or previous is None:
         said = refused or "no live release"
         yield Emit(EndStep(Step.PREFLIGHT, False, said))
-        return HostOutcome(
-            HostStatus.ABORTED, f"preflight refused; service untouched: {said}", untouched, before
-        )
+        return _refused_before(said, untouched, before)
     yield Emit(Versions(before, None))
     yield Emit(
         EndStep(Step.PREFLIGHT, True, f"live release {layout.live}; switching to {previous}")
     )
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
-        return HostOutcome(
-            HostStatus.ABORTED,
-            f"preflight refused; service untouched: {check.refusal}",
-            untouched,
-            before,
-            None,
-        )
+        return _refused_before(check.refusal, untouched, before)
     if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
