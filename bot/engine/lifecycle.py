@@ -303,13 +303,13 @@ class RunLifecycle(_RunLife):
         moved = await self.audit.transition(
             record.id, RunStatus.REFUSED, expect=expect, summary=f"not started: {reason}"
         )
-        await self.audit.record_refusal(
-            user=record.requested_by,
-            channel=record.channel,
-            command=f"{record.action} {record.service}",
-            reason=reason,
+        await self.record_refusal(
+            record.requested_by,
+            record.channel,
+            f"{record.action} {record.service}",
+            reason,
+            Refusal.NOT_STARTED,
         )
-        self.on_refusal(Refusal.NOT_STARTED)
         return moved
 
     # ---- approve, deny ------------------------------------------------------------------
@@ -388,9 +388,9 @@ class RunLifecycle(_RunLife):
         try:
             record = await self.audit.get_run(run_id)
         except RunNotFoundError as exc:
-            return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
+            return await self.record_refusal(user, channel, command, str(exc), Refusal.NOT_FOUND)
         if record.status != RunStatus.PENDING_APPROVAL:
-            return await self._refused(
+            return await self.record_refusal(
                 user,
                 channel,
                 command,
@@ -421,7 +421,7 @@ class RunLifecycle(_RunLife):
         if not verdict.accepted:
             late = verdict.state == RunStatus.EXPIRED
             expired = late and await self.expire(run_id)
-            return await self._refused(
+            return await self.record_refusal(
                 user,
                 channel,
                 command,
@@ -433,7 +433,7 @@ class RunLifecycle(_RunLife):
             return AlreadyCounted(run_id, decision)
         return record
 
-    async def _refused(
+    async def record_refusal(
         self,
         user: str,
         channel: str | None,
@@ -443,6 +443,8 @@ class RunLifecycle(_RunLife):
         *,
         expired: bool = False,
     ) -> Refused:
+        """The one way a refusal is recorded (the audit row) and told (``on_refusal``), for
+        the life cycle's own refusals and the front ends' (``Operations.refuse``)."""
         await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
         self.on_refusal(code)
         return Refused(reason, expired=expired, code=code)
@@ -458,10 +460,10 @@ class RunLifecycle(_RunLife):
         try:
             record = await self.audit.get_run(run_id)
         except RunNotFoundError as exc:
-            return await self._refused(user, channel, command, str(exc), Refusal.NOT_FOUND)
+            return await self.record_refusal(user, channel, command, str(exc), Refusal.NOT_FOUND)
         policy = self.settings.policy_for(record.service)
         if not may_cancel(user, record.requested_by, policy, membership):
-            return await self._refused(
+            return await self.record_refusal(
                 user,
                 channel,
                 command,

@@ -227,9 +227,7 @@ class Operations:
     ) -> Refused:
         """Record a refusal the front end judged (a wrong channel, bad input, a click off
         its card, Slack unable to say who is in a group); returns it to render."""
-        await self.audit.record_refusal(user=user, channel=channel, command=command, reason=reason)
-        self.lifecycle.on_refusal(code)
-        return Refused(reason, code=code)
+        return await self.lifecycle.record_refusal(user, channel, command, reason, code)
 
     # ---- request ------------------------------------------------------------------------
 
