@@ -154,7 +154,7 @@ async def test_the_gpu_health_collector_handles(kind: type) -> None:
 @pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)
 async def test_the_metrics_sink_handles(kind: type) -> None:
     exporter = Exporter(monotonic=lambda: 10.0)
-    sink = exporter.sink()
+    sink = exporter
     await sink.handle(example(ev.RunStarted))  # a run it knows
     await sink.handle(example(kind))
     text = generate_latest(exporter.registry).decode()

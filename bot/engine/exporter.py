@@ -57,8 +57,8 @@ class _Run:
 
 
 class Exporter:
-    """One per process (``bot.engine.runtime``). ``sink()`` is attached to every run the
-    engine drives; ``refused`` is called with each refusal's reason code; ``scrape``
+    """One per process (``bot.engine.runtime``). It is a sink the engine attaches to every
+    run it drives; ``refused`` is called with each refusal's reason code; ``scrape``
     reads the shared state and returns the exposition."""
 
     def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -155,8 +155,9 @@ class Exporter:
             {"version": _build_version()}
         )
 
-    def sink(self) -> ev.EventSink:
-        return _ExporterSink(self)
+    async def handle(self, event: ev.Event) -> None:
+        """An event sink: the engine hands it every event of the runs it drives."""
+        self._event(event)
 
     def refused(self, code: Refusal) -> None:
         self.refusals.labels(reason=str(code)).inc()
@@ -248,11 +249,3 @@ class Exporter:
             return
         self.runs.labels(action=run.action, service=run.service, status=str(event.status)).inc()
         self.run_seconds.labels(action=run.action).observe(self._now() - run.started)
-
-
-class _ExporterSink:
-    def __init__(self, exporter: Exporter) -> None:
-        self._exporter = exporter
-
-    async def handle(self, event: ev.Event) -> None:
-        self._exporter._event(event)

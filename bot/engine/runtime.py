@@ -54,7 +54,7 @@ async def open_runtime(
     # Always kept (cheap): served only where [metrics] listen is set (bot.slack.app).
     metrics = Exporter()
     engine = Engine(settings, audit, pool, lifecycle, writer)
-    engine.observers = (metrics.sink(),)
+    engine.observers = (metrics,)
     lifecycle.on_refusal = metrics.refused
     try:
         yield Runtime(
