@@ -33,8 +33,11 @@ foreign key to ``runs``, enforced):
     0 by default; added by ``0007_lease_renewals``), expires_clock (whose wall clock
     wrote expires_at: the requesting machine's boot id; NULL before
     ``0008_expires_clock``), service_state (how the run left the service,
-    ``ServiceState``; NULL when not recorded; added by ``0010_service_state``).
-    Indexes: (service, id DESC), (status, id DESC).
+    ``ServiceState``; NULL when not recorded; added by ``0010_service_state``),
+    scheduled_at (UTC start of a run approved for later with ``--at``; NULL: at once)
+    and override (1: asked for outside its maintenance window with ``--now``; added by
+    ``0012_schedule``).
+    Indexes: (service, id DESC), (status, id DESC), (status, scheduled_at).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;
     recover: who marked the run of a dead driver interrupted; terminate: the approver who

@@ -242,6 +242,14 @@ CREATE INDEX rotations_run ON rotations(run_id);
 CREATE INDEX rotations_server ON rotations(router, server);
 """
 
+# Issue 22: a run approved for a later start (its UTC start time), and one requested
+# outside its maintenance window as an emergency override (more approvals).
+_SCHEDULE = """
+ALTER TABLE runs ADD COLUMN scheduled_at TEXT;
+ALTER TABLE runs ADD COLUMN override INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX runs_scheduled ON runs(status, scheduled_at);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -254,6 +262,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0009_leftover_approvals", _LEFTOVER_APPROVALS),
     Migration("0010_service_state", _SERVICE_STATE),
     Migration("0011_rotations", _ROTATIONS),
+    Migration("0012_schedule", _SCHEDULE),
 )
 
 

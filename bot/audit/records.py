@@ -112,6 +112,10 @@ class RunRecord:
     recovered_by: list[str] = field(default_factory=list)
     # How the run left the service (issue 18); None before it was recorded.
     service_state: ServiceState | None = None
+    # Issue 22: the UTC start time of a run scheduled with ``--at`` (None: at once), and
+    # whether it was requested outside its window as an emergency override (``--now``).
+    scheduled_at: str | None = None
+    override: bool = False
 
     @property
     def is_final(self) -> bool:
@@ -142,6 +146,8 @@ class RunRecord:
             "current_step": self.current_step,
             "summary": self.summary,
             "service_state": None if self.service_state is None else self.service_state.value,
+            "scheduled_at": self.scheduled_at,
+            "override": self.override,
             "package_spec": self.package_spec,
             "index_name": self.index_name,
             "dry_run": self.dry_run,

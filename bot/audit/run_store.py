@@ -41,6 +41,8 @@ class RunStore(StoreBase):
         channel: str | None = None,
         expires_at: datetime | None = None,
         expires_clock: str | None = None,
+        scheduled_at: datetime | None = None,
+        override: bool = False,
     ) -> int:
         new = runs_sql.NewRun(
             service=self._r(service),
@@ -56,6 +58,8 @@ class RunStore(StoreBase):
             status=checked(RunStatus, status, "status"),
             expires_at=None if expires_at is None else format_ts(expires_at),
             expires_clock=expires_clock,
+            scheduled_at=None if scheduled_at is None else format_ts(scheduled_at),
+            override=override,
         )
         now = now_ts()
         # Statements only: one call on the database's thread (``Database.inline``).

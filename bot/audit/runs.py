@@ -23,7 +23,7 @@ _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
     "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until, "
-    "lease_renewals, expires_clock, service_state"
+    "lease_renewals, expires_clock, service_state, scheduled_at, override"
 )
 
 
@@ -66,6 +66,10 @@ class NewRun:
     expires_at: str | None
     # Whose wall clock wrote ``expires_at`` (``bot.engine.clocks.wall_clock_id``).
     expires_clock: str | None = None
+    # Issue 22: when an ``--at`` run is to start (UTC, ISO), and whether it was asked for
+    # outside its window as an emergency override.
+    scheduled_at: str | None = None
+    override: bool = False
 
 
 async def create(conn: Conn, new: NewRun, now: str) -> int:
@@ -73,8 +77,8 @@ async def create(conn: Conn, new: NewRun, now: str) -> int:
         conn,
         "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
         "package_spec, index_name, dry_run, status, created_at, started_at, "
-        "finished_at, expires_at, expires_clock) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "finished_at, expires_at, expires_clock, scheduled_at, override) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             new.service,
             new.action,
@@ -92,6 +96,8 @@ async def create(conn: Conn, new: NewRun, now: str) -> int:
             now if new.status.is_final else None,
             new.expires_at,
             new.expires_clock,
+            new.scheduled_at,
+            int(new.override),
         ),
     )
 
@@ -305,6 +311,8 @@ async def _records(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[RunRecord]:
             service_state=(
                 None if row["service_state"] is None else ServiceState(row["service_state"])
             ),
+            scheduled_at=row["scheduled_at"],
+            override=bool(row["override"]),
         )
         for row in rows
     ]

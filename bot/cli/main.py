@@ -19,7 +19,7 @@ from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
-from bot.cli import audit_export, operator
+from bot.cli import audit_export, operator, scheduled
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.terminal import TerminalSink, say, visible
@@ -41,6 +41,7 @@ from bot.engine.releases import releases_text
 from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
+from bot.engine.schedule import AT_ONCE, Timing
 from bot.errors import ChatOpsError, ConfigError, InputError
 from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
 from bot.hosts.nvml import probe_local
@@ -165,12 +166,14 @@ async def _show_reads(
     return reads.previews
 
 
-async def _request(rt: Runtime, plan: Plan, user: str) -> RunRecord | None:
+async def _request(
+    rt: Runtime, plan: Plan, user: str, timing: Timing = AT_ONCE
+) -> RunRecord | None:
     """The request, through the operations service: on a terminal the operator's own
     confirmation is the approval and is recorded as such; a dry run or status query is
     approved by the system, as in Slack. None when refused (said on stderr; the service
     recorded the request 'refused', with its refusals row)."""
-    asked = await rt.operations.request(plan, by=Operator(user))
+    asked = await rt.operations.request(plan, by=Operator(user), timing=timing)
     match asked:
         case Requested(record=record):
             return record
@@ -189,8 +192,11 @@ async def run_change(
     user: str,
     out: TextIO = sys.stdout,
     kill_leftovers: bool = False,
+    timing: Timing = AT_ONCE,
 ) -> int:
-    """Plan, confirm, record, execute: the terminal's version of the Slack approval."""
+    """Plan, confirm, record, execute: the terminal's version of the Slack approval.
+    With ``--at`` (``timing``) the confirmed run is recorded for later and this returns;
+    ``scheduled --start-due`` starts it then."""
     say(out, rt.redact(describe_plan(plan)))
 
     async def told(item: Interrupted) -> None:
@@ -215,10 +221,20 @@ async def run_change(
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
             raise InputError("not confirmed")  # on a terminal (checked above): a no
-    record = await _request(rt, plan, user)
+    record = await _request(rt, plan, user, timing)
     if record is None:
         return 1
     await record_previews(rt.audit, record.id, previews)
+    if record.status == RunStatus.SCHEDULED:
+        assert record.scheduled_at is not None
+        say(
+            out,
+            f"scheduled: run #{record.id} starts {scheduled.starts(rt, record)}, if its "
+            "maintenance window is still open then. `python -m bot scheduled "
+            "--start-due` starts it when due (run it from a timer); `python -m bot "
+            f"scheduled --cancel {record.id}` cancels it.",
+        )
+        return 0
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:
@@ -326,6 +342,7 @@ _RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undr
 
 
 async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
+    timing = Timing(at=getattr(args, "at", None), now=getattr(args, "now", False))
     if args.command == "redeploy":
         plan = rt.engine.plan(
             Action.REDEPLOY,
@@ -337,16 +354,26 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
             force=args.force,
         )
         return await run_change(
-            rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+            rt,
+            plan,
+            yes=args.yes,
+            user=cli_user(),
+            kill_leftovers=args.kill_leftovers,
+            timing=timing,
         )
     if args.command == "restart":
         plan = rt.engine.plan(Action.RESTART, args.service, batch=args.batch, force=args.force)
         return await run_change(
-            rt, plan, yes=args.yes, user=cli_user(), kill_leftovers=args.kill_leftovers
+            rt,
+            plan,
+            yes=args.yes,
+            user=cli_user(),
+            kill_leftovers=args.kill_leftovers,
+            timing=timing,
         )
     if args.command == "rollback":
         plan = rt.engine.plan(Action.ROLLBACK, args.service)
-        return await run_change(rt, plan, yes=args.yes, user=cli_user())
+        return await run_change(rt, plan, yes=args.yes, user=cli_user(), timing=timing)
     if args.command == "status":
         plan = rt.engine.plan(Action.STATUS, args.service)
         code = await run_change(rt, plan, yes=True, user=cli_user())
@@ -401,7 +428,19 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
             return await _audit(rt, args)
         if args.command in ("runs", "recover"):
             return await _operator_command(rt, args)
+        if args.command == "scheduled":
+            return await _scheduled(rt, args)
     raise InputError(f"unknown command {args.command}")
+
+
+async def _scheduled(rt: Runtime, args: argparse.Namespace) -> int:
+    if args.start_due and args.cancel is not None:
+        raise InputError("--start-due and --cancel: one at a time")
+    if args.start_due:
+        return await scheduled.start_due(rt, user=cli_user())
+    if args.cancel is not None:
+        return await scheduled.cancel(rt, args.cancel, user=cli_user())
+    return await scheduled.list_scheduled(rt, as_json=args.json)
 
 
 async def _export(rt: Runtime, args: argparse.Namespace) -> int:

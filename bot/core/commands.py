@@ -91,6 +91,18 @@ def _flag(*names: str, help: str | None = None, fronts: Front = Front.BOTH) -> A
 _SERVICE = Arg(("service",), shown="service")
 _HOST = Arg(("host",), help="one of the service's hosts", shown="host")
 _FORCE_ALL = "stop without waiting for in-flight requests"
+# Issue 22: when a change runs, against its service's maintenance windows.
+_AT = Arg(
+    ("--at",),
+    "approved now, it starts at TIME inside a maintenance window (02:00 in the "
+    "window's time zone, 2026-12-04T02:00, or with an offset: 2026-12-04T01:00Z)",
+    shown="TIME",
+    metavar="TIME",
+)
+_NOW = _flag(
+    "--now",
+    help="emergency override outside the maintenance window (more approvals; recorded as such)",
+)
 _YES = "do not ask for confirmation"
 
 # Options every terminal command takes, before or after its name.
@@ -119,6 +131,8 @@ COMMANDS: tuple[Command, ...] = (
             Arg(("--version",), "pin a PEP 440 version (default: latest)", shown="V"),
             Arg(("--index",), "name of a package index from the service's config", shown="NAME"),
             _flag("--dry-run", help="preflight only; change nothing"),
+            _AT,
+            _NOW,
             Arg(
                 ("--batch",),
                 "hosts at a time (default: max_unavailable)",
@@ -142,6 +156,8 @@ COMMANDS: tuple[Command, ...] = (
         "stop, drain, start and health-check",
         (
             _SERVICE,
+            _AT,
+            _NOW,
             Arg(("--batch",), type=int, fronts=Front.CLI),
             _flag("--force", help=_FORCE_ALL),
             _flag("--yes", "-y", fronts=Front.CLI),
@@ -156,7 +172,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "rollback",
         "switch a side-by-side service back to its previous release and restart it",
-        (_SERVICE, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
+        (_SERVICE, _AT, _NOW, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
         chat="switch a side-by-side service back to its previous release and restart it, "
         "after approval (nothing is installed)",
     ),
@@ -288,6 +304,25 @@ COMMANDS: tuple[Command, ...] = (
             Arg(("run_id",), "the run's id, as `runs` or the busy refusal names it", type=int),
             _flag("--force", help="even though its owner looks alive"),
             _flag("--yes", "-y", help=_YES),
+        ),
+        fronts=Front.CLI,
+    ),
+    Command(
+        "scheduled",
+        "the runs approved for later (--at): when each starts; start what is due",
+        (
+            _flag(
+                "--start-due",
+                help="start the terminal's scheduled runs whose time has come, one after "
+                "another, then exit (run it from a timer, e.g. every minute)",
+            ),
+            Arg(
+                ("--cancel",),
+                "cancel scheduled run N before it starts (recorded with your name)",
+                type=int,
+                metavar="N",
+            ),
+            _flag("--json", help="a JSON array"),
         ),
         fronts=Front.CLI,
     ),

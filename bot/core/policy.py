@@ -55,6 +55,16 @@ def groups_to_resolve(*policies: PolicySettings) -> frozenset[str]:
     return frozenset(e for p in policies for e in (*p.requesters, *p.approvers) if _is_group(e))
 
 
+def run_policy(policy: PolicySettings, *, override: bool) -> PolicySettings:
+    """The rule one run is judged by: its service's ``policy``, and for an emergency
+    override outside the maintenance window (``--now``, issue 22) that many more
+    approvals (``[policy.windows] override_extra_approvals``)."""
+    if not override or policy.windows is None:
+        return policy
+    extra = policy.windows.override_extra_approvals
+    return policy.model_copy(update={"min_approvals": policy.min_approvals + extra})
+
+
 def is_requester(user: str, policy: PolicySettings, membership: Membership) -> bool:
     return not policy.requesters or _listed(user, policy.requesters, membership)
 

@@ -17,6 +17,9 @@ class RunStatus(StrEnum):
 
     PENDING_APPROVAL = "pending_approval"
     APPROVED = "approved"
+    # Issue 22: approved for a later start (``--at``); nothing drives it and it holds no
+    # locks until the scheduler claims it (bot.engine.schedule).
+    SCHEDULED = "scheduled"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -34,7 +37,7 @@ class RunStatus(StrEnum):
 
 
 ACTIVE_STATUSES: frozenset[RunStatus] = frozenset(
-    {RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.RUNNING}
+    {RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.SCHEDULED, RunStatus.RUNNING}
 )
 FINAL_STATUSES: frozenset[RunStatus] = frozenset(set(RunStatus) - ACTIVE_STATUSES)
 

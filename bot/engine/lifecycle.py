@@ -52,7 +52,13 @@ from datetime import UTC, datetime, timedelta
 from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord, parse_ts
 from bot.core.plan import Plan
-from bot.core.policy import Membership, counted_approvals, evaluate_approval, may_cancel
+from bot.core.policy import (
+    Membership,
+    counted_approvals,
+    evaluate_approval,
+    may_cancel,
+    run_policy,
+)
 from bot.core.status import Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic, system_monotonic, wall_clock_id
 from bot.engine.executor import CancelToken
@@ -75,10 +81,11 @@ from bot.engine.run_results import (
     NotCancellable,
     Refusal,
     Refused,
+    Scheduled,
     TooLate,
 )
 from bot.errors import LockHeldError, RunNotFoundError
-from bot.settings import Settings
+from bot.settings import PolicySettings, Settings
 
 # The typed results live in bot.engine.run_results; importing them from here still works.
 __all__ = [
@@ -250,8 +257,20 @@ class RunLifecycle(_RunLife):
 
     # ---- request ------------------------------------------------------------------------
 
+    def policy_of(self, record: RunRecord) -> PolicySettings:
+        """The rule ``record`` is judged by: its service's policy, with an emergency
+        override's extra approvals (``bot.core.policy.run_policy``)."""
+        return run_policy(self.settings.policy_for(record.service), override=record.override)
+
     async def request(
-        self, plan: Plan, *, requested_by: str, source: Source, channel: str | None = None
+        self,
+        plan: Plan,
+        *,
+        requested_by: str,
+        source: Source,
+        channel: str | None = None,
+        at: datetime | None = None,
+        override: bool = False,
     ) -> RunRecord:
         """Record a request awaiting approval, holding the service's and hosts' locks
         from now until it ends (expired, denied and refused requests release them).
@@ -259,7 +278,10 @@ class RunLifecycle(_RunLife):
         While another request or job holds any of them this one is recorded as
         'refused', with a refusals row, and LockHeldError names the holder. Taking the
         locks here (atomically, in SQLite) is what makes two requests in the same
-        second end with exactly one card. Read-only runs take no locks.
+        second end with exactly one card. Read-only runs take no locks, and nor does a
+        run scheduled for later (``at``): it takes them when it starts, so a run set for
+        02:00 does not block the service all day (``bot.engine.schedule``). ``override``
+        records an emergency request outside its window (more approvals).
         """
         expires = self.clock() + timedelta(seconds=self.settings.policy.approval_ttl_s)
         run_id = await self.audit.create_run(
@@ -275,9 +297,11 @@ class RunLifecycle(_RunLife):
             channel=channel,
             expires_at=expires,
             expires_clock=self.judge.wall_id,
+            scheduled_at=at,
+            override=override,
         )
         record = await self.audit.get_run(run_id)
-        if needs_locks(plan):
+        if needs_locks(plan) and at is None:
             try:
                 await self.take_locks(run_id, lock_scopes(plan))
             except LockHeldError as exc:
@@ -318,15 +342,32 @@ class RunLifecycle(_RunLife):
         """Approve without a vote: the terminal operator's confirmation, or a system
         approver for dry runs and status queries. False if it was not pending."""
         await self.audit.record_decision(run_id, approver, Decision.APPROVE)
-        return await self._approved(run_id)
+        return await self._approved(await self.audit.get_run(run_id))
 
-    async def _approved(self, run_id: int) -> bool:
+    async def _approved(self, record: RunRecord) -> bool:
+        if record.scheduled_at is not None:
+            # Approved for later: nobody drives it until the scheduler claims it at its
+            # time (``claim``), so no owner now, and no recovery sweep touches it.
+            return await self.audit.transition(
+                record.id, RunStatus.SCHEDULED, expect=(RunStatus.PENDING_APPROVAL,)
+            )
         # The one way into 'approved': the approving process is the one that will drive
         # the run, so it becomes the owner now and a bot starting meanwhile leaves it be.
         return await self.audit.transition(
-            run_id,
+            record.id,
             RunStatus.APPROVED,
             expect=(RunStatus.PENDING_APPROVAL,),
+            owner=self._owner(),
+            lease_until=self._lease_end(),
+        )
+
+    async def claim(self, run_id: int) -> bool:
+        """scheduled -> approved at its time, this process its owner (it drives it now):
+        a compare-and-set, so of two bots (or a bot and a CLI) exactly one starts it."""
+        return await self.audit.transition(
+            run_id,
+            RunStatus.APPROVED,
+            expect=(RunStatus.SCHEDULED,),
             owner=self._owner(),
             lease_until=self._lease_end(),
         )
@@ -340,7 +381,7 @@ class RunLifecycle(_RunLife):
         if not isinstance(judged, RunRecord):
             return judged
         record = await self.audit.get_run(run_id)
-        policy = self.settings.policy_for(record.service)
+        policy = self.policy_of(record)
         counted = counted_approvals(
             record.approved_by,
             requester=record.requested_by,
@@ -352,10 +393,12 @@ class RunLifecycle(_RunLife):
             return Counted(run_id, len(counted), needed)
         # Of concurrent final approvals (or an approval racing a deny or the expiry)
         # exactly one compare-and-set wins; only the winner starts the run.
-        if await self._approved(run_id):
+        if await self._approved(record):
+            if record.scheduled_at is not None:
+                return Scheduled(run_id, parse_ts(record.scheduled_at))
             return Approved(run_id, start=True)
         current = await self.audit.get_run(run_id)
-        if current.status in (RunStatus.APPROVED, RunStatus.RUNNING):
+        if current.status in (RunStatus.APPROVED, RunStatus.RUNNING, RunStatus.SCHEDULED):
             return Approved(run_id, start=False)
         return TooLate(run_id, current.status)
 
@@ -407,7 +450,7 @@ class RunLifecycle(_RunLife):
             if self.judge.window_closed(record):
                 now = max(now, expires_at)
         verdict = evaluate_approval(
-            policy=self.settings.policy_for(record.service),
+            policy=self.policy_of(record),
             service=record.service,
             membership=membership,
             requester=record.requested_by,
@@ -492,7 +535,22 @@ class RunLifecycle(_RunLife):
         ):
             await self.audit.record_decision(run_id, user, Decision.CANCEL)
             return Cancelled(run_id, RunStatus.APPROVED)
+        if await self._close_unstarted(
+            run_id, RunStatus.SCHEDULED, f"cancelled by {user} before its scheduled start"
+        ):
+            await self.audit.record_decision(run_id, user, Decision.CANCEL)
+            return Cancelled(run_id, RunStatus.SCHEDULED)
         return NotCancellable(run_id, (await self.audit.get_run(run_id)).status)
+
+    async def cancel_scheduled(self, run_id: int, user: str) -> bool:
+        """The terminal operator's cancel of a run approved for later (their shell on the
+        bot's machine is their right, as their confirmation is an approval there)."""
+        if await self._close_unstarted(
+            run_id, RunStatus.SCHEDULED, f"cancelled by {user} before its scheduled start"
+        ):
+            await self.audit.record_decision(run_id, user, Decision.CANCEL)
+            return True
+        return False
 
     async def _close_unstarted(self, run_id: int, was: RunStatus, summary: str) -> bool:
         return await self.audit.transition(
@@ -510,7 +568,7 @@ class RunLifecycle(_RunLife):
         return await self.audit.transition(
             run_id,
             RunStatus.CANCELLED,
-            expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED),
+            expect=(RunStatus.PENDING_APPROVAL, RunStatus.APPROVED, RunStatus.SCHEDULED),
             summary=reason,
         )
 

@@ -48,12 +48,22 @@ from bot.engine.recovery import (
 )
 from bot.engine.run_results import (
     ApproveResult,
+    Cancelled,
     CancelResult,
     DenyResult,
     Refusal,
     Refused,
 )
-from bot.errors import LockHeldError
+from bot.engine.schedule import (
+    AT_ONCE,
+    NotNow,
+    RunAt,
+    Scheduler,
+    StartOutcome,
+    Timing,
+    judge_request,
+)
+from bot.errors import LockHeldError, RunNotFoundError
 from bot.settings import PolicySettings
 
 # ---- who asks ------------------------------------------------------------------------------
@@ -216,6 +226,7 @@ class Operations:
     def __init__(self, lifecycle: RunLifecycle) -> None:
         self.lifecycle = lifecycle
         self.audit: AuditLog = lifecycle.audit
+        self.scheduler = Scheduler(lifecycle)
 
     def policy_for(self, service: str) -> PolicySettings:
         """The policy ``service``'s runs are judged by: ``[policy]`` with what the
@@ -231,10 +242,12 @@ class Operations:
 
     # ---- request ------------------------------------------------------------------------
 
-    async def request(self, plan: Plan, *, by: Asker) -> RequestResult:
+    async def request(self, plan: Plan, *, by: Asker, timing: Timing = AT_ONCE) -> RequestResult:
         """Record a request, holding its locks (``RunLifecycle.request``). A dry run or a
         status query is approved by its system approver, a terminal operator's change by
-        the operator; a chat user's change waits for approvers."""
+        the operator; a chat user's change waits for approvers. ``timing``: ``--at`` or
+        ``--now``, judged against the service's maintenance windows (issue 22): outside
+        one, a change is refused with when the next opens."""
         channel: str | None
         match by:
             case ChatUser():
@@ -257,9 +270,33 @@ class Operations:
                 approver = plan.system_approver or by.approver or by.user
             case _:
                 assert_never(by)
+        judged = judge_request(
+            plan, timing, self.policy_for(plan.service), now=self.lifecycle.clock()
+        )
+        match judged:
+            case RunAt():
+                pass
+            case NotNow():
+                command = (
+                    by.command if isinstance(by, ChatUser) else f"{plan.action} {plan.service}"
+                )
+                return await self.refuse(
+                    user=by.user,
+                    channel=channel,
+                    command=command,
+                    reason=judged.reason,
+                    code=judged.code,
+                )
+            case _:
+                assert_never(judged)
         try:
             record = await self.lifecycle.request(
-                plan, requested_by=by.user, source=source, channel=channel
+                plan,
+                requested_by=by.user,
+                source=source,
+                channel=channel,
+                at=judged.at,
+                override=judged.override,
             )
         except LockHeldError as exc:
             # The life cycle has recorded the request as refused, with its refusals row.
@@ -284,6 +321,39 @@ class Operations:
     async def abandon(self, run_id: int, status: RunStatus, summary: str) -> bool:
         """The driver could not carry the run out: it ends ``status`` with why."""
         return await self.lifecycle.abandon(run_id, status, summary)
+
+    async def start_due(self, *, source: Source | None = None) -> list[StartOutcome]:
+        """The scheduled runs whose time has come: each claimed (drive it now) or refused
+        at its start with why (``bot.engine.schedule``)."""
+        return await self.scheduler.start_due(source=source)
+
+    async def cancel_scheduled(self, run_id: int, *, by: Operator) -> Cancelled | Refused:
+        """The terminal operator cancels a run approved for later, before it starts."""
+        command = f"{Decision.CANCEL} run #{run_id}"
+        try:
+            record = await self.audit.get_run(run_id)
+        except RunNotFoundError as exc:
+            return await self.refuse(
+                user=by.user, channel=None, command=command, reason=str(exc), code=Refusal.NOT_FOUND
+            )
+        if record.status == RunStatus.SCHEDULED and await self.lifecycle.cancel_scheduled(
+            run_id, by.user
+        ):
+            return Cancelled(run_id, RunStatus.SCHEDULED)
+        current = (await self.audit.get_run(run_id)).status
+        return await self.refuse(
+            user=by.user,
+            channel=None,
+            command=command,
+            code=Refusal.CLOSED,
+            reason=f"Run #{run_id} is {current}, not scheduled: only a run waiting for its "
+            "--at time is cancelled here (a running one: Ctrl-C in its terminal, or Cancel "
+            "on its card).",
+        )
+
+    async def scheduled(self, *, source: Source | None = None) -> list[RunRecord]:
+        """The runs approved for later, soonest first."""
+        return await self.scheduler.waiting(source=source)
 
     # ---- decide, cancel -----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ service (``bot.engine.operations``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from bot.core.status import Decision, RunStatus
@@ -25,6 +26,19 @@ class Approved:
     @property
     def text(self) -> None:
         return None  # the card (or the terminal) shows it
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """The run is approved for its ``--at`` time (``at``, UTC): the scheduler starts it
+    then, after checking its window again (issue 22)."""
+
+    run_id: int
+    at: datetime
+
+    @property
+    def text(self) -> None:
+        return None  # the card shows when, counting down
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,10 @@ class Refusal(StrEnum):
     CHANGED = "changed"  # recover: the run changed between the look and the recovery
     # Approved, but it could not start: its service was busy, or the plan drifted.
     NOT_STARTED = "not_started"
+    # Issue 22: a change asked for outside its service's maintenance window (no --at or
+    # --now), and an --at/--now that does not make sense (unparsable, past, too far).
+    OUTSIDE_WINDOW = "outside_window"
+    BAD_TIME = "bad_time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +139,8 @@ class Cancelled:
     def text(self) -> str:
         if self.was == RunStatus.PENDING_APPROVAL:
             return f"Run #{self.run_id} cancelled."
+        if self.was == RunStatus.SCHEDULED:
+            return f"Run #{self.run_id} cancelled before its scheduled start."
         return f"Run #{self.run_id} cancelled before it started."
 
 
@@ -154,6 +174,6 @@ class NotCancellable:
         return f"Run #{self.run_id} is {self.status}; nothing to cancel."
 
 
-ApproveResult = Approved | Counted | AlreadyCounted | Refused | TooLate
+ApproveResult = Approved | Scheduled | Counted | AlreadyCounted | Refused | TooLate
 DenyResult = Denied | AlreadyCounted | Refused | TooLate
 CancelResult = Cancelled | CancelRequested | NotCancellable | Refused

@@ -43,6 +43,7 @@ from bot.settings.base import USER_RE as USER_RE
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
+from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]
 
@@ -54,6 +55,8 @@ class PolicySettings(Section):
     allow_self_approval: bool = False
     approval_ttl_s: int = Field(900, gt=0)
     usergroup_cache_ttl_s: int = Field(300, ge=0)
+    # Issue 22: when changes may start; None: at any time.
+    windows: WindowSettings | None = None
 
     @field_validator("requesters", "approvers")
     @classmethod
@@ -68,6 +71,9 @@ class ServicePolicySettings(Section):
     requesters: list[str] | None = None
     approvers: list[str] | None = None
     min_approvals: int | None = Field(None, ge=1)
+    # The service's own windows replace [policy.windows] whole (not merged: one place says
+    # when this service may change).
+    windows: WindowSettings | None = None
 
     @field_validator("requesters", "approvers")
     @classmethod
@@ -410,7 +416,13 @@ class Settings(BaseSettings):
         svc = self.services.get(service)
         if svc is None:
             return self.policy
-        own = svc.policy.model_dump(exclude_none=True)
+        # The set fields themselves, not a dump: a dump would turn [windows] into a dict
+        # that model_copy (which does not validate) would keep as one.
+        own = {
+            k: getattr(svc.policy, k)
+            for k in svc.policy.model_fields_set
+            if getattr(svc.policy, k) is not None
+        }
         return self.policy.model_copy(update=own) if own else self.policy
 
     def policies(self) -> list[PolicySettings]:

@@ -194,6 +194,7 @@ async def serve(
         app = create_app(front_end)
         await front_end.resume()
         front_end.start_sweep()
+        front_end.start_scheduler()
         who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
         metrics = None
         try:

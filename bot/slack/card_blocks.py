@@ -5,6 +5,7 @@ and each host's leftover processes to terminate."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from zoneinfo import ZoneInfo
 
 from bot.core.health import HealthNote, Level
 from bot.core.plan import (
@@ -12,6 +13,7 @@ from bot.core.plan import (
     SYSTEM_PREFIX,
 )
 from bot.core.status import HostStatus, RunStatus, StepStatus
+from bot.core.windows import countdown, when
 from bot.slack.block_kit import (
     ACTION_APPROVE,
     ACTION_CANCEL,
@@ -52,6 +54,7 @@ _STEP_ICONS: dict[StepStatus, str] = {
 STATUS_ICONS: dict[RunStatus, str] = {
     RunStatus.PENDING_APPROVAL: ":raised_hand:",
     RunStatus.APPROVED: ":white_check_mark:",
+    RunStatus.SCHEDULED: ":calendar:",
     RunStatus.RUNNING: ":arrows_counterclockwise:",
     RunStatus.SUCCEEDED: ":large_green_circle:",
     RunStatus.FAILED: ":red_circle:",
@@ -66,6 +69,7 @@ STATUS_ICONS: dict[RunStatus, str] = {
 STATUS_WORDS: dict[RunStatus, str] = {
     RunStatus.PENDING_APPROVAL: "awaiting approval",
     RunStatus.APPROVED: "approved, starting",
+    RunStatus.SCHEDULED: "scheduled",
     RunStatus.FAILED: "FAILED",
     RunStatus.ROLLED_BACK: "rolled back",
     RunStatus.ABORTED: "aborted (nothing changed)",
@@ -162,6 +166,32 @@ def _expiry(view: CardView) -> str:
     return f"Expires <!date^{stamp}^{{date_short_pretty}} {{time}}|{fallback}>"
 
 
+def _schedule(view: CardView) -> str:
+    """``Starts Fri 2026-12-04 02:00 CET (in 3 h 05 min)``: Slack shows the date token in
+    each reader's own zone; the fallback and the countdown are the bot's."""
+    if view.scheduled_at is None:
+        return ""
+    zone = ZoneInfo(view.schedule_zone)
+    verb = "Starts" if view.status == RunStatus.SCHEDULED else "Would start"
+    if view.status == RunStatus.PENDING_APPROVAL:
+        verb = "Once approved, starts"
+    stamp = int(view.scheduled_at.timestamp())
+    text = f"{verb} <!date^{stamp}^{{date_short_pretty}} {{time}}|{when(view.scheduled_at, zone)}>"
+    if view.now is not None and view.status in (RunStatus.PENDING_APPROVAL, RunStatus.SCHEDULED):
+        left = (view.scheduled_at - view.now).total_seconds()
+        text += f" (in {countdown(left)})" if left > 0 else " (due now)"
+    return text + ", if its maintenance window is still open then."
+
+
+def _override(view: CardView) -> str:
+    if not view.override:
+        return ""
+    return (
+        f":rotating_light: Emergency override: asked for outside {escape(view.plan.service)}'s "
+        f"maintenance window; it needs {view.needed} approvals."
+    )
+
+
 def _approval_card(view: CardView, blocks: list[Block]) -> Message:
     """The card while the run waits for approvers: what it will do, then the buttons."""
     blocks.extend(gpu_health_blocks(view.gpu_health))
@@ -172,6 +202,8 @@ def _approval_card(view: CardView, blocks: list[Block]) -> Message:
             f"Needs {view.needed} approver(s) of {escape(view.plan.service)}: "
             f"{who_may_approve(view.approvers)}; the requester cannot approve "
             "their own run unless the policy allows it.",
+            _override(view),
+            _schedule(view),
             _expiry(view),
             *(escape(n) for n in view.notes),
         )
@@ -227,6 +259,10 @@ def run_card(view: CardView) -> Message:
         outcome += f": {escape(cut(view.summary, MAX_SECTION_TEXT - 200))}"
     blocks.append(section(outcome))
     notes = [escape(n) for n in view.notes]
+    if status == RunStatus.SCHEDULED:
+        notes.append(_schedule(view))
+    if view.override:
+        notes.append(_override(view))
     if view.cancel_requested_by and status in (RunStatus.APPROVED, RunStatus.RUNNING):
         notes.append(
             f"Cancel requested by {mention(view.cancel_requested_by)}: the run stops "
@@ -234,7 +270,8 @@ def run_card(view: CardView) -> Message:
         )
     if notes:
         blocks.append(context(*notes))
-    if status in (RunStatus.APPROVED, RunStatus.RUNNING) and view.cancel_requested_by is None:
+    live = (RunStatus.APPROVED, RunStatus.RUNNING, RunStatus.SCHEDULED)
+    if status in live and view.cancel_requested_by is None:
         blocks.extend(_leftovers(view))
         blocks.append(
             {

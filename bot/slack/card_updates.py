@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.health import HealthNote
@@ -33,9 +35,22 @@ from bot.slack.poster import SLACK_ERRORS, Poster
 log = logging.getLogger(__name__)
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class CardUpdates:
-    def __init__(self, poster: Poster, audit: AuditLog, settings: Settings) -> None:
+    def __init__(
+        self,
+        poster: Poster,
+        audit: AuditLog,
+        settings: Settings,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
         self.poster = poster
+        # What a scheduled run's countdown counts from (the life cycle's clock).
+        self.clock = clock
         self.audit = audit
         # Each card is judged and shown by its own service's policy (issue 22).
         self.settings = settings
@@ -57,7 +72,9 @@ class CardUpdates:
             record = await self.audit.get_run(run_id)
             if record.channel is None or record.message_ts is None:
                 return
-            view = card_view(record, self.settings.policy_for(record.service), membership)
+            view = card_view(
+                record, self.settings.policy_for(record.service), membership, now=self.clock()
+            )
             if record.status == RunStatus.PENDING_APPROVAL:
                 # The package change shown at the request, as recorded with the run.
                 previews = previews_of(await self.audit.environments(run_id))

@@ -81,6 +81,13 @@ class CardView:
     # The service's GPUs on hosts where they are not all ok, read at the request
     # (bot.engine.gpu_health): critical ones, the preflight will refuse.
     gpu_health: tuple[HealthNote, ...] = ()
+    # Issue 22: when a run approved for later starts (UTC), the time zone its windows are
+    # read in, and the instant the countdown counts from (None: no countdown shown);
+    # ``override``: asked for outside its window as an emergency (more approvals).
+    scheduled_at: datetime | None = None
+    schedule_zone: str = "UTC"
+    now: datetime | None = None
+    override: bool = False
 
 
 def initial_steps(plan: Plan) -> tuple[StepLine, ...]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from datetime import datetime
 
 from bot.audit.store import RunRecord, StepRecord, parse_ts
 from bot.core.plan import HostTarget, Plan, PlannedStep, Step
-from bot.core.policy import Membership, counted_approvals
+from bot.core.policy import Membership, counted_approvals, run_policy
 from bot.core.status import FINAL_STATUSES, Action, StepStatus
 from bot.settings import PolicySettings
 from bot.slack.blocks import CardView, StepLine, initial_steps
@@ -38,12 +39,18 @@ def plan_from_record(record: RunRecord) -> Plan:
 
 
 def card_view(
-    record: RunRecord, policy: PolicySettings, membership: Membership | None = None
+    record: RunRecord,
+    policy: PolicySettings,
+    membership: Membership | None = None,
+    *,
+    now: datetime | None = None,
 ) -> CardView:
     """The card of ``record`` before any step output: with ``membership``, only the
     approvals that count under the policy now are shown (a pending card's progress).
     ``policy`` is the run's service's own (``Settings.policy_for``): the card names who
-    may approve that service and how many must."""
+    may approve that service and how many must (more for an emergency override, issue
+    22). ``now``: the instant a scheduled run's countdown counts from."""
+    policy = run_policy(policy, override=record.override)
     plan = plan_from_record(record)
     approvals = tuple(record.approved_by)
     if membership is not None:
@@ -65,6 +72,10 @@ def card_view(
         steps=initial_steps(plan),
         summary=record.summary if record.is_final else None,
         notes=(DRY_RUN_NOTE,) if plan.dry_run else (),
+        scheduled_at=parse_ts(record.scheduled_at) if record.scheduled_at else None,
+        schedule_zone=(policy.windows.timezone if policy.windows is not None else "UTC"),
+        now=now,
+        override=record.override,
     )
 
 

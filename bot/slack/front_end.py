@@ -58,9 +58,11 @@ from bot.engine.run_results import (
     NotCancellable,
     Refusal,
     Refused,
+    Scheduled,
     TooLate,
 )
 from bot.engine.runtime import Runtime
+from bot.engine.schedule import AT_ONCE, Timing
 from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
 from bot.slack.blocks import CardView, card_hides_plan, run_card
 from bot.slack.card_updates import CardUpdates
@@ -71,6 +73,8 @@ from bot.slack.membership import Membership, MembershipCache
 from bot.slack.poster import SLACK_ERRORS, Poster
 from bot.slack.recovery_sweep import RecoverySweep
 from bot.slack.reporter import SlackReporter
+from bot.slack.scheduled_starts import TICK_S as SCHEDULE_TICK_S
+from bot.slack.scheduled_starts import ScheduledStarts
 from bot.slack.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -133,11 +137,15 @@ class _FrontDesk:
         self.operations = runtime.operations
         self.timers = ExpiryTimers(self.expire, clock=runtime.lifecycle.clock, sleep=sleep)
         self.tasks = BackgroundTasks()
-        self.cards = CardUpdates(poster, runtime.audit, runtime.settings)
+        self.cards = CardUpdates(
+            poster, runtime.audit, runtime.settings, clock=runtime.lifecycle.clock
+        )
         self._reporters: dict[int, SlackReporter] = {}
         # Runs waiting for an approver to let them terminate leftover processes.
         self.leftovers = LeftoverDesk(runtime.operations)
         self.sweep = RecoverySweep(self.lifecycle, self.cards)
+        # Runs approved for later, started at their time (issue 22).
+        self.scheduled = ScheduledStarts(self.operations, self.cards, self.start_run)
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.cards.tell_recovered)
         # An overdue request expired because a request met its lock loses its buttons.
@@ -153,7 +161,11 @@ class _FrontDesk:
         """Wait until every background task (not the expiry timers) has finished."""
         await self.tasks.idle()
 
+    def start_run(self, run_id: int) -> asyncio.Task[None]:
+        raise NotImplementedError  # SlackFrontEnd drives runs
+
     async def aclose(self) -> None:
+        await self.scheduled.aclose()
         await self.sweep.aclose()
         await self.timers.aclose()
         await self.tasks.aclose()
@@ -182,6 +194,15 @@ class _FrontDesk:
         """Every ``every_s``, recover the runs whose driver died while nobody asked (a
         CLI killed with no request after it), and tell their threads."""
         self.sweep.start(every_s=every_s, sleep=sleep)
+
+    def start_scheduler(
+        self,
+        *,
+        every_s: float = SCHEDULE_TICK_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Every ``every_s`` (and at once), start the runs scheduled for now (``--at``)."""
+        self.scheduled.start(every_s=every_s, sleep=sleep)
 
     # ---- refusals ---------------------------------------------------------------------------
 
@@ -295,13 +316,16 @@ class SlackFrontEnd(_FrontDesk):
 
     # ---- requests ---------------------------------------------------------------------------
 
-    async def request(self, plan: Plan, *, user: str, channel: str, command: str) -> str | None:
+    async def request(
+        self, plan: Plan, *, user: str, channel: str, command: str, timing: Timing = AT_ONCE
+    ) -> str | None:
         """Record the request and post its approval card (a dry run starts at once).
-        Returns an ephemeral sentence for the requester when refused or failed."""
+        Returns an ephemeral sentence for the requester when refused or failed.
+        ``timing``: its ``--at``/``--now`` (issue 22)."""
         # A dry run changes nothing on the host, so the service has it approved by the
         # system (see module doc).
         result = await self.operations.request(
-            plan, by=ChatUser(user, channel, command, self.membership)
+            plan, by=ChatUser(user, channel, command, self.membership), timing=timing
         )
         match result:
             case Requested(record=record):
@@ -313,7 +337,9 @@ class SlackFrontEnd(_FrontDesk):
             case _:
                 assert_never(result)
         policy = self.settings.policy_for(record.service)
-        view = await read_for_card(self.runtime, self.cards, plan, card_view(record, policy))
+        view = await read_for_card(
+            self.runtime, self.cards, plan, card_view(record, policy, now=self.lifecycle.clock())
+        )
         try:
             ts = await self.poster.post(channel, run_card(view))
         except SLACK_ERRORS as exc:
@@ -365,6 +391,10 @@ class SlackFrontEnd(_FrontDesk):
                 self.start_run(run_id)
             case Counted():
                 await self.cards.refresh(run_id, membership)
+            case Scheduled():
+                # Approved for later: the scheduler starts it (bot.slack.scheduled_starts).
+                self.timers.disarm(run_id)
+                await self.cards.refresh(run_id, membership)
             case Denied() | Refused(expired=True):
                 await self._closed(run_id)
             case Approved() | Refused() | AlreadyCounted() | TooLate():
@@ -385,7 +415,7 @@ class SlackFrontEnd(_FrontDesk):
             run_id, user=user, membership=membership, channel=channel
         )
         match result:
-            case Cancelled(was=RunStatus.PENDING_APPROVAL):
+            case Cancelled(was=RunStatus.PENDING_APPROVAL | RunStatus.SCHEDULED):
                 await self._closed(run_id)
             case CancelRequested() if (reporter := self._reporters.get(run_id)) is not None:
                 reporter.request_cancel(user)

@@ -46,9 +46,16 @@ def _flags(name: str) -> dict[str, bool]:
 # Split on spaces and tabs only; newlines and every other control character are
 # rejected below rather than silently treated as separators.
 _SEPARATORS = re.compile(r"[ \t]+")
-# Everything the grammar needs: names, PEP 440 versions, numbers, "--flag=value", "#12".
-_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._+=#-]")
-_TOKEN = re.compile(r"[A-Za-z0-9._+=#-]+")
+# Everything the grammar needs: names, PEP 440 versions, numbers, "--flag=value", "#12",
+# and a time of day for --at ("02:00").
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._+=#:-]")
+_TOKEN = re.compile(r"[A-Za-z0-9._+=#:-]+")
+# A value quoted as the help shows it (--at "02:00"), in straight or a client's curly
+# quotes: the quotes go, the rest is checked as any word.
+_QUOTED = re.compile(r'^["\u201c\u201d](.*)["\u201c\u201d]$')
+_AT_VALUE = re.compile(
+    r"[0-9]{2}:[0-9]{2}|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{5,8}(Z|[+-][0-9:]{2,5})?"
+)
 _DIGITS = re.compile(r"[0-9]+")
 _SHOW_MAX = 60
 
@@ -59,18 +66,32 @@ class Help:
 
 
 @dataclass(frozen=True, slots=True)
+class When:
+    """``--at TIME`` (as typed; the engine reads it in the window's time zone) and
+    ``--now`` (an emergency override outside the window), issue 22."""
+
+    at: str | None = None
+    now: bool = False
+
+
+AT_ONCE = When()
+
+
+@dataclass(frozen=True, slots=True)
 class Redeploy:
     service: str
     version: str | None = None
     index: str | None = None
     dry_run: bool = False
     force: bool = False  # stop without waiting for in-flight requests
+    when: When = AT_ONCE
 
 
 @dataclass(frozen=True, slots=True)
 class Restart:
     service: str
     force: bool = False
+    when: When = AT_ONCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +132,7 @@ class Logs:
 @dataclass(frozen=True, slots=True)
 class Rollback:
     service: str
+    when: When = AT_ONCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +201,13 @@ def _check_chars(token: str, position: int) -> None:
     raise InputError(
         f"Word {position} {_show(token)} contains characters that are not allowed: "
         f"{listed}{hint}. Use only letters, digits and . _ + - "
-        "(plus = in --flag=value and # before a run id)."
+        "(plus = in --flag=value, # before a run id and : in a time)."
     )
+
+
+def _unquoted(token: str) -> str:
+    m = _QUOTED.match(token)
+    return m[1] if m and m[1] else token
 
 
 def _tokenize(text: str) -> list[str]:
@@ -190,7 +217,7 @@ def _tokenize(text: str) -> list[str]:
             f"Type `{PREFIX} help` for the commands."
         )
     # A trailing newline from a client is noise; one inside the text is rejected below.
-    tokens = [t for t in _SEPARATORS.split(text.strip(" \t\r\n")) if t]
+    tokens = [_unquoted(t) for t in _SEPARATORS.split(text.strip(" \t\r\n")) if t]
     for i, tok in enumerate(tokens, start=1):
         _check_chars(tok, i)
     return tokens
@@ -307,7 +334,17 @@ def _parse_redeploy(args: _Args, settings: Settings) -> Redeploy:
         index=None if index is None else _index(service, index, settings),
         dry_run="--dry-run" in args.values,
         force="--force" in args.values,
+        when=_when(args),
     )
+
+
+def _when(args: _Args) -> When:
+    at = args.values.get("--at")
+    if at is not None and not _AT_VALUE.fullmatch(at):
+        args.fail(
+            f"--at {_show(at)} is not a time: write 02:00, 2026-12-04T02:00 or 2026-12-04T01:00Z."
+        )
+    return When(at=at, now="--now" in args.values)
 
 
 def _parse_gpus(args: _Args, settings: Settings) -> Gpus:
@@ -407,9 +444,9 @@ _BUILDERS: dict[str, _Parser] = {
     "help": _parse_help,
     "redeploy": _parse_redeploy,
     "restart": lambda a, s: Restart(
-        _service(a.required("service name"), s), force="--force" in a.values
+        _service(a.required("service name"), s), force="--force" in a.values, when=_when(a)
     ),
-    "rollback": lambda a, s: Rollback(_side_by_side(a.required("service name"), s)),
+    "rollback": lambda a, s: Rollback(_side_by_side(a.required("service name"), s), _when(a)),
     "status": lambda a, s: Status(_optional_service(a, s)),
     "rotation": lambda a, s: Rotation(_routed(a.required("service name"), s)),
     "drain": lambda a, s: Drain(*_replica(a, s)),

@@ -17,12 +17,13 @@ from bot.core.status import Action
 from bot.engine.engine import Engine
 from bot.engine.operations import Operations
 from bot.engine.run_results import Refusal
+from bot.engine.schedule import Timing
 from bot.errors import AuditError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 from bot.slack.blocks import Message, code_answer, code_head, escape, tail_answer
 from bot.slack.front_end import CardRef, SlackFrontEnd
-from bot.slack.grammar import run_id_of
+from bot.slack.grammar import AT_ONCE, When, run_id_of
 from bot.slack.poster import Poster
 
 log = logging.getLogger(__name__)
@@ -127,13 +128,20 @@ class CommandRequest:
         self.front_end.spawn(guarded(), name=f"cmd-{name}")
 
 
-async def ask_for_approval(req: CommandRequest, plan: Plan, name: str) -> None:
-    """Ack, then post the plan's approval card (or run a dry run) in the background."""
+async def ask_for_approval(
+    req: CommandRequest, plan: Plan, name: str, when: When = AT_ONCE
+) -> None:
+    """Ack, then post the plan's approval card (or run a dry run) in the background;
+    ``when``: its ``--at``/``--now``, judged against the service's windows."""
     await req.ack()
 
     async def work() -> None:
         answer = await req.front_end.request(
-            plan, user=req.user, channel=req.channel, command=req.typed
+            plan,
+            user=req.user,
+            channel=req.channel,
+            command=req.typed,
+            timing=Timing(at=when.at, now=when.now),
         )
         if answer:
             await req.tell(answer)

@@ -17,4 +17,4 @@ async def handle(req: CommandRequest, cmd: Redeploy) -> None:
         dry_run=cmd.dry_run,
         force=cmd.force,
     )
-    await ask_for_approval(req, plan, Action.REDEPLOY)
+    await ask_for_approval(req, plan, Action.REDEPLOY, cmd.when)

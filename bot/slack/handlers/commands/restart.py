@@ -9,5 +9,5 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 async def handle(req: CommandRequest, cmd: Restart) -> None:
     await ask_for_approval(
-        req, req.plan(Action.RESTART, cmd.service, force=cmd.force), Action.RESTART
+        req, req.plan(Action.RESTART, cmd.service, force=cmd.force), Action.RESTART, cmd.when
     )

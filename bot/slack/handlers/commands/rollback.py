@@ -9,4 +9,4 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Rollback) -> None:
-    await ask_for_approval(req, req.plan(Action.ROLLBACK, cmd.service), Action.ROLLBACK)
+    await ask_for_approval(req, req.plan(Action.ROLLBACK, cmd.service), Action.ROLLBACK, cmd.when)
