@@ -34,8 +34,8 @@ foreign key to ``runs``, enforced):
     wrote expires_at: the requesting machine's boot id; NULL before
     ``0008_expires_clock``), service_state (how the run left the service,
     ``ServiceState``; NULL when not recorded; added by ``0010_service_state``),
-    scheduled_at (UTC start of a run approved for later with ``--at``; NULL: at once)
-    and override (1: asked for outside its maintenance window with ``--now``; added by
+    scheduled_at (UTC start of a run approved for later with ``--at``; NULL: at once),
+    override (1: asked for outside its maintenance window with ``--now``; both added by
     ``0012_schedule``).
     Indexes: (service, id DESC), (status, id DESC), (status, scheduled_at).
 ``decisions``

@@ -1,0 +1,167 @@
+"""Maintenance windows and scheduled runs on the terminal (issue 22, item 3): the CLI as a
+subprocess against the simulated host over a real sshd, and the claim that makes two
+lookers start a scheduled run exactly once.
+
+A subprocess reads the real clock, so its windows are written around the real time:
+one that opens two hours from now is closed now, and stays so for the test's seconds.
+Where a test needs the start time to have come, it moves the run's ``scheduled_at``
+back in the database, as the passing of time would (nothing waits for it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.audit.store import AuditLog
+from bot.core.plan import make_plan
+from bot.core.status import Action, RunStatus, Source
+from bot.engine.lifecycle import RunLifecycle
+from bot.engine.operations import Operations
+from bot.engine.schedule import NotStarted, Started
+from bot.settings import LOCAL, Settings
+from bot.sim.kit import SERVICE, SimKit
+from tests.support.cli import cli, write_toml
+from tests.support.sim import touched
+from tests.support.wall_clock import ManualWallClock
+
+
+def _hhmm(t: datetime) -> str:
+    return f"{t:%H:%M}"
+
+
+def _env(kit: SimKit, tmp_path: Path, windows: dict[str, Any] | None) -> dict[str, str]:
+    data: dict[str, Any] = kit.settings_fragment()
+    if windows is not None:
+        data = {**data, "policy": {"windows": windows}}
+    config = write_toml(tmp_path / "chatops.toml", data)
+    return {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
+
+
+def _later_window() -> dict[str, Any]:
+    """Open from two hours from now to three: closed now."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    return {
+        "timezone": "UTC",
+        "open": [f"daily {_hhmm(now + timedelta(hours=2))}-{_hhmm(now + timedelta(hours=3))}"],
+    }
+
+
+def _due_now(db: Path, run_id: int) -> None:
+    """Its time has come: as if the clock had reached ``scheduled_at``."""
+    at = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE runs SET scheduled_at = ? WHERE id = ?", (at, run_id))
+    conn.close()
+
+
+async def test_cli_refuses_outside_the_window_and_schedules_with_at(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    env = _env(sim_host, tmp_path, _later_window())
+    code, out, err = await cli("restart", SERVICE, "--yes", cwd=tmp_path, env=env)
+    assert code == 1, out + err
+    assert f"{SERVICE} may restart only inside its maintenance windows" in err
+    # Two hours on, less the seconds of this minute already gone.
+    assert "The next opens" in err and ("(in 1 h 59 min)" in err or "(in 2 h 00 min)" in err)
+    assert touched(sim_host) == []  # and no run recorded: the refusals row says why
+
+    at = _hhmm(datetime.now(UTC) + timedelta(hours=2, minutes=30))
+    code, out, err = await cli("restart", SERVICE, "--at", at, "--yes", cwd=tmp_path, env=env)
+    assert code == 0, out + err
+    assert "scheduled: run #1 starts" in out and f"{at} UTC" in out
+    assert touched(sim_host) == []
+
+    code, out, err = await cli("scheduled", "--json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    [listed] = json.loads(out)
+    assert (listed["id"], listed["status"], listed["source"]) == (1, "scheduled", "cli")
+    # The operator's confirmation is the approval, as for any terminal change.
+    assert listed["approved_by"] and listed["approved_by"][0].startswith("cli:")
+
+    code, out, err = await cli("scheduled", "--cancel", "1", cwd=tmp_path, env=env)
+    assert (code, out.strip()) == (0, "Run #1 cancelled before its scheduled start."), err
+    code, out, err = await cli("scheduled", "--cancel", "1", cwd=tmp_path, env=env)
+    assert code == 1 and "Run #1 is cancelled, not scheduled" in err
+    code, out, _ = await cli("scheduled", cwd=tmp_path, env=env)
+    assert out.strip() == "no scheduled runs"
+    async with AuditLog.open(tmp_path / "audit.db") as audit:
+        reasons = [r.reason for r in await audit.refusals()]
+    assert any("maintenance windows" in r for r in reasons)
+    assert any("is cancelled, not scheduled" in r for r in reasons)
+
+
+async def test_start_due_runs_a_due_terminal_run_once_and_refuses_a_closed_window(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    db = tmp_path / "audit.db"
+    env = _env(sim_host, tmp_path, None)  # no windows: --at only defers
+    at = _hhmm(datetime.now(UTC) + timedelta(hours=1))
+    code, out, err = await cli("restart", SERVICE, "--at", at, "--yes", cwd=tmp_path, env=env)
+    assert code == 0, out + err
+    code, out, _ = await cli("scheduled", "--start-due", cwd=tmp_path, env=env)
+    assert (code, out.strip()) == (0, "nothing is due")
+    assert touched(sim_host) == []
+
+    _due_now(db, 1)
+    code, out, err = await cli("scheduled", "--start-due", cwd=tmp_path, env=env)
+    assert code == 0, out + err
+    assert f"run #1 (restart {SERVICE}): starting now" in out
+    code, out, _ = await cli("scheduled", "--start-due", cwd=tmp_path, env=env)
+    assert out.strip() == "nothing is due"
+    async with AuditLog.open(db) as audit:
+        run = await audit.get_run(1)
+        assert run.status == RunStatus.SUCCEEDED, run.summary
+        assert [s.step for s in await audit.steps(1)].count("start") == 1
+
+    # Windows configured since: the next due run finds its window closed at its start.
+    env = _env(sim_host, tmp_path, None)
+    code, out, err = await cli("restart", SERVICE, "--at", at, "--yes", cwd=tmp_path, env=env)
+    assert code == 0, out + err
+    _due_now(db, 2)
+    env = _env(sim_host, tmp_path, _later_window())
+    before = len(touched(sim_host))
+    code, out, err = await cli("scheduled", "--start-due", cwd=tmp_path, env=env)
+    assert code == 1
+    assert "run #2 (restart kimi-k25): not started: its maintenance window is closed" in out
+    assert len(touched(sim_host)) == before
+    async with AuditLog.open(db) as audit:
+        assert (await audit.get_run(2)).status == RunStatus.REFUSED
+
+
+async def test_two_lookers_at_once_start_a_scheduled_run_exactly_once(tmp_path: Path) -> None:
+    settings = Settings(
+        hosts={"gpu1": {"address": LOCAL}},
+        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/v/bin/python"}},
+        policy={"approvers": ["U0BOB"], "min_approvals": 1},
+        db_path=tmp_path / "audit.db",
+    )
+    clock = ManualWallClock(datetime(2026, 12, 3, 12, 0, tzinfo=UTC))
+    # Two bots on one database, each with its own connection and life cycle.
+    async with AuditLog.open(settings.db_path) as a, AuditLog.open(settings.db_path) as b:
+        bots = [
+            Operations(RunLifecycle(settings, audit, clock=clock, owner=lambda n=n: f"bot-{n}"))
+            for n, audit in enumerate((a, b))
+        ]
+        life = bots[0].lifecycle
+        plan = make_plan(settings, Action.RESTART, "svc")
+        for _ in range(5):
+            record = await life.request(
+                plan,
+                requested_by="U0ALICE",
+                source=Source.SLACK,
+                at=clock() + timedelta(minutes=10),
+            )
+            assert await life.confirm(record.id, "U0BOB")
+        clock.advance(600)
+        outcomes = await asyncio.gather(*(o.start_due() for o in bots for _ in range(3)))
+        started = [x.record.id for batch in outcomes for x in batch if isinstance(x, Started)]
+        assert sorted(started) == [1, 2, 3, 4, 5]
+        assert not any(isinstance(x, NotStarted) for batch in outcomes for x in batch)
+        for run_id in started:
+            run = await a.get_run(run_id)
+            assert run.status == RunStatus.APPROVED and run.owner in ("bot-0", "bot-1")
