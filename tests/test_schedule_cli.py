@@ -131,6 +131,15 @@ async def test_start_due_runs_a_due_terminal_run_once_and_refuses_a_closed_windo
     assert len(touched(sim_host)) == before
     async with AuditLog.open(db) as audit:
         assert (await audit.get_run(2)).status == RunStatus.REFUSED
+    # The export says when each was scheduled for, and that neither was an override.
+    code, out, err = await cli("audit", "--format", "jsonl", cwd=tmp_path, env=env)
+    assert code == 0, err
+    exported = [json.loads(line) for line in out.splitlines()]
+    assert [(r["id"], r["status"], r["override"]) for r in exported] == [
+        (1, "succeeded", False),
+        (2, "refused", False),
+    ]
+    assert all(r["scheduled_at"] for r in exported)
 
 
 async def test_two_lookers_at_once_start_a_scheduled_run_exactly_once(tmp_path: Path) -> None:
@@ -144,8 +153,8 @@ async def test_two_lookers_at_once_start_a_scheduled_run_exactly_once(tmp_path: 
     # Two bots on one database, each with its own connection and life cycle.
     async with AuditLog.open(settings.db_path) as a, AuditLog.open(settings.db_path) as b:
         bots = [
-            Operations(RunLifecycle(settings, audit, clock=clock, owner=lambda n=n: f"bot-{n}"))
-            for n, audit in enumerate((a, b))
+            Operations(RunLifecycle(settings, audit, clock=clock, owner=owner))
+            for owner, audit in ((lambda: "bot-0", a), (lambda: "bot-1", b))
         ]
         life = bots[0].lifecycle
         plan = make_plan(settings, Action.RESTART, "svc")

@@ -86,8 +86,9 @@ async def test_at_is_approved_now_counts_down_and_starts_at_its_time(
 
         await bot.click("approve", record.id, user=BOB)
         await bot.wait_status(record.id, "scheduled")
+        ts = record.message_ts or ""
         await bot.fake.wait_for(
-            lambda: "Starts <!date^" in blocks_text(bot.fake.message("C0OPS", record.message_ts)),
+            lambda: "Starts <!date^" in blocks_text(bot.fake.message("C0OPS", ts)),
             what="the scheduled card",
         )
         card = await bot.card(record.id)
@@ -98,7 +99,7 @@ async def test_at_is_approved_now_counts_down_and_starts_at_its_time(
         await eventually(lambda: clock.sleepers, "the scheduler to wait", timeout_s=5)
         clock.advance(13.5 * HOUR)
         await bot.fake.wait_for(
-            lambda: "(in 30 min)" in blocks_text(bot.fake.message("C0OPS", record.message_ts)),
+            lambda: "(in 30 min)" in blocks_text(bot.fake.message("C0OPS", ts)),
             what="the countdown at 01:30",
         )
         assert (await bot.run(record.id)).status == RunStatus.SCHEDULED

@@ -23,12 +23,12 @@ from bot.settings import PolicySettings, Settings, WindowSettings, load_settings
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0) -> datetime:
+    return datetime(y, mo, d, h, mi, s, tzinfo=UTC)
 
 
-def berlin(*args: int) -> datetime:
-    return datetime(*args, tzinfo=BERLIN).astimezone(UTC)  # type: ignore[misc]
+def berlin(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0) -> datetime:
+    return datetime(y, mo, d, h, mi, s, tzinfo=BERLIN).astimezone(UTC)
 
 
 def windows(**kw: object) -> Windows:

@@ -29,7 +29,7 @@ PAGE_RUNS = 100
 _RUN_COLUMNS = (
     "id, service, action, status, service_state, hosts, requested_by, source, channel, "
     "dry_run, package_spec, index_name, version_before, version_after, summary, "
-    "created_at, started_at, finished_at, expires_at"
+    "created_at, started_at, finished_at, expires_at, scheduled_at, override"
 )
 _FINAL = tuple(sorted(str(s) for s in FINAL_STATUSES))
 # The run's own fields as exported, in this order (hosts and dry_run are converted).
@@ -51,6 +51,7 @@ _RUN_FIELDS = (
     "started_at",
     "finished_at",
     "expires_at",
+    "scheduled_at",
 )
 _STEP_FIELDS = (
     "host",
@@ -186,6 +187,7 @@ def _record(run: sqlite3.Row, parts: Parts) -> dict[str, Any]:
         **{k: run[k] for k in _RUN_FIELDS},
         "hosts": json.loads(run["hosts"]),
         "dry_run": bool(run["dry_run"]),
+        "override": bool(run["override"]),
         "decisions": _pick(parts["decisions"], "user", "decision", "at"),
         "steps": _pick(parts["steps"], *_STEP_FIELDS),
         "package_changes": [

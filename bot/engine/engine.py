@@ -215,7 +215,12 @@ class Engine:
         gate: LeftoverGate | None = None,
     ) -> RunResult:
         run_id = record.id
-        waited = (self.lifecycle.clock() - parse_ts(record.created_at)).total_seconds()
+        # A run approved for later waited on purpose: its hours are no approval wait.
+        waited = (
+            (self.lifecycle.clock() - parse_ts(record.created_at)).total_seconds()
+            if record.scheduled_at is None
+            else None
+        )
         await sink.handle(
             ev.RunStarted(run_id, plan, record.requested_by, tuple(record.approved_by), waited)
         )
