@@ -5,6 +5,10 @@
                   │ └─expire─> expired             └─cancel─> cancelled
                   └─cancel─> cancelled   (busy, or the plan drifted: refused)
 
+    with --at:  pending_approval ─approve─> scheduled ─claim (at its time)─> approved ─> …
+                                              ├─cancel─> cancelled
+                                              └─window closed, too late─> refused
+
 The Slack front end and the CLI reach the same methods through the operations service
 (``bot.engine.operations``), so a deny, an expiry or a cancel means the same thing
 whichever front end it came from. Driving runs (cancel tokens, heartbeats) is the
@@ -233,6 +237,39 @@ class _RunLife:
         and overdue requests 'expired' (``expired`` is told of them)."""
         return await self.locks.recover()
 
+    # ---- scheduled runs (issue 22) ----------------------------------------------------
+
+    def policy_of(self, record: RunRecord) -> PolicySettings:
+        """The rule ``record`` is judged by: its service's policy, with an emergency
+        override's extra approvals (``bot.core.policy.run_policy``)."""
+        return run_policy(self.settings.policy_for(record.service), override=record.override)
+
+    async def claim(self, run_id: int) -> bool:
+        """scheduled -> approved at its time, this process its owner (it drives it now):
+        a compare-and-set, so of two bots (or a bot and a CLI) exactly one starts it."""
+        return await self.audit.transition(
+            run_id,
+            RunStatus.APPROVED,
+            expect=(RunStatus.SCHEDULED,),
+            owner=self._owner(),
+            lease_until=self._lease_end(),
+        )
+
+    async def cancel_scheduled(self, run_id: int, user: str) -> bool:
+        """The terminal operator's cancel of a run approved for later (their shell on the
+        bot's machine is their right, as their confirmation is an approval there)."""
+        if await self._close_unstarted(
+            run_id, RunStatus.SCHEDULED, f"cancelled by {user} before its scheduled start"
+        ):
+            await self.audit.record_decision(run_id, user, Decision.CANCEL)
+            return True
+        return False
+
+    async def _close_unstarted(self, run_id: int, was: RunStatus, summary: str) -> bool:
+        return await self.audit.transition(
+            run_id, RunStatus.CANCELLED, expect=(was,), summary=summary
+        )
+
     # ---- locks --------------------------------------------------------------------------
 
     def _lease_end(self) -> datetime:
@@ -256,11 +293,6 @@ class RunLifecycle(_RunLife):
     machine's)."""
 
     # ---- request ------------------------------------------------------------------------
-
-    def policy_of(self, record: RunRecord) -> PolicySettings:
-        """The rule ``record`` is judged by: its service's policy, with an emergency
-        override's extra approvals (``bot.core.policy.run_policy``)."""
-        return run_policy(self.settings.policy_for(record.service), override=record.override)
 
     async def request(
         self,
@@ -357,17 +389,6 @@ class RunLifecycle(_RunLife):
             record.id,
             RunStatus.APPROVED,
             expect=(RunStatus.PENDING_APPROVAL,),
-            owner=self._owner(),
-            lease_until=self._lease_end(),
-        )
-
-    async def claim(self, run_id: int) -> bool:
-        """scheduled -> approved at its time, this process its owner (it drives it now):
-        a compare-and-set, so of two bots (or a bot and a CLI) exactly one starts it."""
-        return await self.audit.transition(
-            run_id,
-            RunStatus.APPROVED,
-            expect=(RunStatus.SCHEDULED,),
             owner=self._owner(),
             lease_until=self._lease_end(),
         )
@@ -541,21 +562,6 @@ class RunLifecycle(_RunLife):
             await self.audit.record_decision(run_id, user, Decision.CANCEL)
             return Cancelled(run_id, RunStatus.SCHEDULED)
         return NotCancellable(run_id, (await self.audit.get_run(run_id)).status)
-
-    async def cancel_scheduled(self, run_id: int, user: str) -> bool:
-        """The terminal operator's cancel of a run approved for later (their shell on the
-        bot's machine is their right, as their confirmation is an approval there)."""
-        if await self._close_unstarted(
-            run_id, RunStatus.SCHEDULED, f"cancelled by {user} before its scheduled start"
-        ):
-            await self.audit.record_decision(run_id, user, Decision.CANCEL)
-            return True
-        return False
-
-    async def _close_unstarted(self, run_id: int, was: RunStatus, summary: str) -> bool:
-        return await self.audit.transition(
-            run_id, RunStatus.CANCELLED, expect=(was,), summary=summary
-        )
 
     def request_cancel(self, run_id: int, user: str) -> bool:
         """Ask a run this process drives to stop at its next safe point (synchronous, so
