@@ -267,6 +267,9 @@ class MockPool(HostPool):
         self.hosts = dict(hosts)
 
     def get(self, name: str) -> MockTransport:
+        return self._open(name)
+
+    def _open(self, name: str) -> MockTransport:
         if name not in self.hosts:
             raise HostError(name, "not a configured host")
         return self.hosts[name]
