@@ -267,7 +267,9 @@ class MockPool(HostPool):
         self.hosts = dict(hosts)
 
     def get(self, name: str) -> MockTransport:
-        return self._open(name)
+        t = super().get(name)  # pooled as the real pool does, so reuse is observable
+        assert isinstance(t, MockTransport)
+        return t
 
     def _open(self, name: str) -> MockTransport:
         if name not in self.hosts:
