@@ -63,8 +63,8 @@ def judge_host(r: HostGpus) -> Judged:
     if level == Level.OK:
         return Judged(r.host, HostState.HEALTHY, "")
     state = HostState.UNHEALTHY if level == Level.CRITICAL else HostState.WARN
-    bad = [g.label for g in r.health.gpus if g.level == level]
-    return Judged(r.host, state, f"{', '.join(bad) or 'host'}: {r.health.summary()}")
+    # The summary names the GPUs and what is wrong with them.
+    return Judged(r.host, state, r.health.summary())
 
 
 @dataclass(frozen=True, slots=True)
