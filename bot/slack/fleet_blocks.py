@@ -37,7 +37,9 @@ def named_section(states: FleetStates, state: HostState) -> str | None:
     text = f"*{_TITLE[state]} ({len(hosts):,})*"
     shown = 0
     for j in hosts[:MAX_NAMED]:
-        line = f"\n• `{escape(short(j.host, 64))}` {escape(short(j.reason))}"
+        # No backtick from a host's text may open a code span the list cannot close.
+        reason = short(j.reason).replace("`", "'")
+        line = f"\n• `{escape(short(j.host, 64))}` {escape(reason)}"
         if len(text) + len(line) > MAX_SECTION_TEXT - _TAIL_ROOM:
             break
         text += line
