@@ -95,6 +95,9 @@ class Recorder:
     async def http_get(self, url: str, *, timeout_s: float) -> HttpResult:
         return await self.http_request("GET", url, timeout_s=timeout_s)
 
+    async def close(self) -> None:
+        await self._inner.close()
+
     async def http_request(
         self,
         method: str,

@@ -43,7 +43,8 @@ from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
 from bot.engine.schedule import AT_ONCE, Timing
 from bot.errors import ChatOpsError, ConfigError, InputError
-from bot.hosts.fleet import fleet_gpus, health_details, render_fleet, resolve_targets
+from bot.hosts.fleet import HostGpus, fleet_gpus, health_details, render_fleet, resolve_targets
+from bot.hosts.fleet_states import host_table, is_big, summary_text
 from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
@@ -422,7 +423,7 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)
-            print(visible(health_details(results) if args.health else render_fleet(results)))
+            print(visible(gpus_text(results, health=args.health, summary=args.summary)))
             return 0 if all(r.snapshot is not None for r in results) else 1
         if args.command == "audit":
             return await _audit(rt, args)
@@ -441,6 +442,19 @@ async def _scheduled(rt: Runtime, args: argparse.Namespace) -> int:
     if args.cancel is not None:
         return await scheduled.cancel(rt, args.cancel, user=cli_user())
     return await scheduled.list_scheduled(rt, as_json=args.json)
+
+
+def gpus_text(results: list[HostGpus], *, health: bool, summary: bool) -> str:
+    """``gpus``: the health details; or the summary alone (``--summary``); a big fleet's
+    summary and a line per host (its 8,000 per-GPU rows would scroll the summary away);
+    else every host's per-GPU table."""
+    if health:
+        return health_details(results)
+    if summary:
+        return summary_text(results)
+    if is_big(results):
+        return f"{summary_text(results)}\n\n{host_table(results)}"
+    return render_fleet(results)
 
 
 async def _export(rt: Runtime, args: argparse.Namespace) -> int:

@@ -222,6 +222,11 @@ COMMANDS: tuple[Command, ...] = (
                 "--health",
                 help="each GPU's health verdict, findings, NVIDIA's action and Xid lines",
             ),
+            _flag(
+                "--summary",
+                help="only the counts per state and the hosts that need a look",
+                fronts=Front.CLI,
+            ),
         ),
         chat="GPU memory on every host, one host, or a service's hosts",
     ),

@@ -76,3 +76,7 @@ class HostTransport(Protocol):
         """Any request to url as seen from the host, its answer read with bounds
         (``bot.hosts.http``): the model server may send without end."""
         ...
+
+    async def close(self) -> None:
+        """End the connection, if one is open (a later command opens a new one)."""
+        ...

@@ -137,13 +137,15 @@ async def query_health(
         return health
 
 
-async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostGpus:
+async def _with_health(
+    row: HostGpus, pool: HostPool, transport: HostTransport, timeout_s: float
+) -> HostGpus:
     """The row with its GPUs' health, or with why that could not be read."""
     assert row.snapshot is not None
     try:
         async with asyncio.timeout(timeout_s):
             health = await query_health(
-                pool.get(row.host),
+                transport,
                 row.snapshot.gpus,
                 timeout_s,
                 nvml=pool.gpu_health(row.host),
@@ -160,22 +162,36 @@ async def _with_health(row: HostGpus, pool: HostPool, timeout_s: float) -> HostG
 
 
 async def query_host(
-    settings: Settings, pool: HostPool, host: str, timeout_s: float = DEFAULT_HOST_TIMEOUT_S
+    settings: Settings,
+    pool: HostPool,
+    host: str,
+    timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
+    *,
+    keep: bool = True,
 ) -> HostGpus:
-    """One host's snapshot, or a row saying why there is none. Never raises for the host."""
+    """One host's snapshot, or a row saying why there is none. Never raises for the host.
+    ``keep``: leave its connection in the pool (``HostPool.reading``)."""
+    if host not in settings.hosts:
+        return HostGpus(host, None, "not a configured host", 0.0)
+    async with pool.reading(host, keep=keep) as transport:
+        return await _query_host(settings, pool, transport, timeout_s)
+
+
+async def _query_host(
+    settings: Settings, pool: HostPool, transport: HostTransport, timeout_s: float
+) -> HostGpus:
+    host = transport.host
     start = time.monotonic()
 
     def row(error: str, *, unreachable: bool) -> HostGpus:
         return HostGpus(host, None, error, time.monotonic() - start, unreachable)
 
-    if host not in settings.hosts:
-        return row("not a configured host", unreachable=False)
     try:
         async with asyncio.timeout(timeout_s):
             if settings.hosts[host].is_local:
                 snap = await asyncio.to_thread(probe_local, host, pool.nvml)
             else:
-                snap = await query_transport(pool.get(host), timeout_s)
+                snap = await query_transport(transport, timeout_s)
     except TimeoutError:
         return row(f"no answer within {timeout_s:g}s", unreachable=True)
     except (HostUnreachableError, HostKeyError) as e:
@@ -189,7 +205,7 @@ async def query_host(
         return row(f"internal error ({type(e).__name__}), see the bot's log", unreachable=False)
     got = HostGpus(host, snap, None, time.monotonic() - start)
     left = max(timeout_s - got.duration_s, 1.0)
-    with_health = await _with_health(got, pool, left)
+    with_health = await _with_health(got, pool, transport, left)
     return dataclasses.replace(with_health, duration_s=time.monotonic() - start)
 
 
@@ -199,8 +215,20 @@ async def fleet_gpus(
     hosts: Sequence[str],
     timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
 ) -> list[HostGpus]:
-    """Every host at once; the rows come back in the order of ``hosts``."""
-    return list(await asyncio.gather(*(query_host(settings, pool, h, timeout_s) for h in hosts)))
+    """Every host, ``[fleet].max_connections`` at once; the rows come back in the order
+    of ``hosts``. Each host's timeout starts when its turn comes, not while it waits
+    for a slot: a host behind a slow one is not timed out for having waited. A query
+    of more hosts than the limit does not pool the connections it opens (each closed
+    after its host's read), so connections open at once stay within the limit."""
+    limit = settings.fleet.max_connections
+    slots = asyncio.Semaphore(limit)
+    keep = len(hosts) <= limit
+
+    async def one(host: str) -> HostGpus:
+        async with slots:
+            return await query_host(settings, pool, host, timeout_s, keep=keep)
+
+    return list(await asyncio.gather(*map(one, hosts)))
 
 
 # --------------------------------------------------------------------------- summary

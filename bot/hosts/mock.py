@@ -267,6 +267,11 @@ class MockPool(HostPool):
         self.hosts = dict(hosts)
 
     def get(self, name: str) -> MockTransport:
+        t = super().get(name)  # pooled as the real pool does, so reuse is observable
+        assert isinstance(t, MockTransport)
+        return t
+
+    def _open(self, name: str) -> MockTransport:
         if name not in self.hosts:
             raise HostError(name, "not a configured host")
         return self.hosts[name]

@@ -116,6 +116,16 @@ class SlackSettings(Section):
     update_interval_s: float = Field(1.0, ge=0)
 
 
+class FleetSettings(Section):
+    """How ``/vllm gpus`` reaches many hosts at once (README: "Big fleets")."""
+
+    # At most this many hosts are read at once, so at most this many SSH connections are
+    # opened at once: 1,000 handshakes at the same moment would time each other out on
+    # the bot's CPU and hold 1,000 sockets. A query of more hosts than this closes each
+    # connection it opened after that host's read, so none is left idle for ever.
+    max_connections: int = Field(64, ge=1, le=1024)
+
+
 class HostSettings(Section):
     address: str
     port: int = Field(22, ge=1, le=65535)
@@ -367,6 +377,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     security: SecuritySettings = SecuritySettings()
     audit: AuditSettings = AuditSettings()
+    fleet: FleetSettings = FleetSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)
     services: dict[Name, ServiceSettings] = Field(default_factory=dict)
     routers: dict[Name, RouterSettings] = Field(default_factory=dict)

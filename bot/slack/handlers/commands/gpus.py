@@ -2,14 +2,18 @@
 concurrent fan-out.
 
 The answer always fits one message: a fleet too big for the per-GPU tables gets a
-summary line and a line per host, with the full tables as a file in the thread.
+summary line and a line per host, with the full tables as a file in the thread; past
+``SUMMARY_OVER_HOSTS`` hosts, the counts per state with the hosts that need a look named
+(``bot.slack.fleet_blocks``), and the whole table as the file.
 ``--health``: each GPU's verdict, findings and NVIDIA's action, and the Xid lines.
 """
 
 from __future__ import annotations
 
 from bot.hosts.fleet import fleet_gpus, fleet_message, health_details, resolve_targets
+from bot.hosts.fleet_states import fleet_file, is_big
 from bot.slack.blocks import code_answer, code_head
+from bot.slack.fleet_blocks import fleet_summary_message
 from bot.slack.grammar import Gpus
 from bot.slack.handlers.common import CommandRequest
 
@@ -23,7 +27,6 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
     async def work() -> None:
         results = await fleet_gpus(req.settings, req.pool, hosts)
         title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
-        answer = fleet_message(results)
         poster = req.poster
         if cmd.health:
             text = health_details(results)
@@ -41,6 +44,17 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
                     thread_ts=ts,
                 )
             return
+        if is_big(results):
+            ts = await poster.post(req.channel, fleet_summary_message(title, results, FILENAME))
+            await poster.upload(
+                req.channel,
+                filename=FILENAME,
+                content=fleet_file(results),
+                title=title,
+                thread_ts=ts,
+            )
+            return
+        answer = fleet_message(results)
         ts = await poster.post(
             req.channel, code_answer(title, answer.text, attached=answer.attachment is not None)
         )
