@@ -206,6 +206,11 @@ COMMANDS: tuple[Command, ...] = (
                 "--health",
                 help="each GPU's health verdict, findings, NVIDIA's action and Xid lines",
             ),
+            _flag(
+                "--deep",
+                help="the deep GPU check: health plus PCIe link, throttling, persistence, "
+                "fabric, driver mismatch, GPU count and dcgmi diag -r 1",
+            ),
         ),
         chat="GPU memory on every host, one host, or a service's hosts",
     ),

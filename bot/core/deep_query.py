@@ -20,12 +20,12 @@ from bot.errors import GpuQueryError
 
 # The exact commands; kept here so the parsers and the commands cannot drift apart.
 DEEP_QUERY_ARGV: tuple[str, ...] = ("nvidia-smi", "-q", "-x")
-# `command -v` is a shell builtin: there is no binary to run instead. A fixed script,
-# no user text; it prints the path or nothing (and exits 1).
-DCGMI_PROBE_ARGV: tuple[str, ...] = ("/bin/sh", "-c", "command -v dcgmi || true")
 # Level 1 is the quick one (seconds: deployment checks only); it needs no root, as it
-# talks to the host's nv-hostengine.
+# talks to the host's nv-hostengine. No probe first: every remote command runs under
+# coreutils `timeout`, which exits 127 when the command is not found (as a shell does),
+# so that status is "dcgmi is not installed".
 DCGMI_DIAG_ARGV: tuple[str, ...] = ("dcgmi", "diag", "-r", "1")
+NOT_FOUND_EXIT = 127
 
 # nvidia-smi's exit status for "Driver/library version mismatch" (mozilla/translations
 # issue #1167: "nvidia-smi failed with return code 18" beside that message).
