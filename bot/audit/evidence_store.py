@@ -111,6 +111,13 @@ class EvidenceStore(StoreBase):
         async with self._db.transaction(write=False) as conn:
             return await snapshots_sql.of_run(conn, run_id)
 
+    @shielded
+    async def last_snapshot(self, host: str, label: str) -> SnapshotRecord | None:
+        """The host's newest snapshot with ``label`` (the deep GPU check's GPU count)."""
+        host, label = self._r(host), self._r(label)
+        async with self._db.transaction(write=False) as conn:
+            return await snapshots_sql.last_of_host(conn, host, label)
+
     # -- environments (issue 10) -------------------------------------------------
 
     @shielded

@@ -41,3 +41,22 @@ async def of_run(conn: Conn, run_id: int) -> list[SnapshotRecord]:
         )
         for r in rows
     ]
+
+
+async def last_of_host(conn: Conn, host: str, label: str) -> SnapshotRecord | None:
+    """The host's newest snapshot with ``label`` (run or not), or None."""
+    rows = await fetch(
+        conn,
+        "SELECT id, run_id, host, label, taken_at, data FROM gpu_snapshots "
+        "WHERE host = ? AND label = ? ORDER BY id DESC LIMIT 1",
+        (host, label),
+    )
+    return next(
+        (
+            SnapshotRecord(
+                r["id"], r["run_id"], r["host"], r["label"], r["taken_at"], json.loads(r["data"])
+            )
+            for r in rows
+        ),
+        None,
+    )

@@ -44,4 +44,9 @@ DEMO_FAULTS: tuple[str, ...] = (
     "metrics_no_vllm",
     "usage_thread_exception",
     "removed_flag",
+    "pcie_degraded",
+    "hw_slowdown",
+    "driver_mismatch",
+    "dcgmi_present",
+    "dcgmi_fails",
 )

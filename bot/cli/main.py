@@ -28,10 +28,12 @@ from bot.core.commands import GLOBAL_OPTIONS, Arg, Front, Kind, commands_of
 from bot.core.doctor import passed
 from bot.core.doctor import render as render_checks
 from bot.core.gpu import render_table
+from bot.core.health_types import Level
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.redact import Redactor
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus
+from bot.engine.deep_check import deep_check, deep_text
 from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines
 from bot.engine.operations import Busy, Operator, Requested
@@ -420,6 +422,12 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     async with open_runtime(settings) as rt:
         if args.command in _RUNS:
             return await _run_command(rt, args)
+        if args.command == "gpus" and args.deep:
+            reports = await deep_check(
+                settings, rt.pool, rt.audit, resolve_targets(settings, args.target), args.timeout
+            )
+            print(visible(rt.redact(deep_text(reports))))
+            return 1 if any(r.level == Level.CRITICAL for r in reports) else 0
         if args.command == "gpus":
             hosts = resolve_targets(settings, args.target)
             results = await fleet_gpus(settings, rt.pool, hosts, args.timeout)

@@ -227,6 +227,11 @@ COMMANDS: tuple[Command, ...] = (
                 help="only the counts per state and the hosts that need a look",
                 fronts=Front.CLI,
             ),
+            _flag(
+                "--deep",
+                help="the deep GPU check: health plus PCIe link, throttling, persistence, "
+                "fabric, driver mismatch, GPU count and dcgmi diag -r 1",
+            ),
         ),
         chat="GPU memory on every host, one host, or a service's hosts",
     ),

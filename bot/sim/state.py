@@ -235,6 +235,17 @@ class Faults:
     # `--task` flag the unit passes (vllm-project/vllm#18538): their `vllm serve --help`
     # does not list it, and a start of one exits at once, as argparse does.
     removed_flag: bool = False
+    # Issue 23, the deep GPU check. GPU stuck_gpu's PCIe link trained at x8 of x16:
+    pcie_degraded: bool = False
+    # GPU stuck_gpu's clocks are held back by HW slowdown (nvidia-smi -q -x says Active):
+    hw_slowdown: bool = False
+    # The NVIDIA user-space library was upgraded under the loaded kernel module: every
+    # nvidia-smi call prints NVIDIA's "Driver/library version mismatch" and exits 18.
+    driver_mismatch: bool = False
+    # dcgmi is installed (else `dcgmi` is not found: timeout's exit 127) and its
+    # `diag -r 1` passes; with dcgmi_fails, its Persistence Mode test fails.
+    dcgmi_present: bool = False
+    dcgmi_fails: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +458,8 @@ class SimGpu:
     remap_pending: bool = False  # nvidia-smi -q: Remapped Rows / Pending: Yes
     ecc_uncorrected: int = 0  # nvidia-smi -q: DRAM Uncorrectable (volatile and aggregate)
     reset_required: bool = False  # nvidia-smi -q: GPU Reset Status says Yes (issue 17)
+    pcie_width: int = 16  # nvidia-smi -q -x: current_link_width (max is 16), issue 23
+    hw_slowdown: bool = False  # nvidia-smi -q -x: clocks_event_reason_hw_slowdown Active
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +667,8 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
                 remap_pending=st.faults.pending_remap and sick,
                 ecc_uncorrected=1 if st.faults.ecc_uncorrected and sick else 0,
                 reset_required=st.faults.reset_required and sick,
+                pcie_width=8 if st.faults.pcie_degraded and sick else 16,
+                hw_slowdown=st.faults.hw_slowdown and sick,
             )
         )
     if st.faults.no_gpus:

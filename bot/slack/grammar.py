@@ -121,6 +121,7 @@ class Gpus:
     target: str | None = None
     kind: Literal["host", "service"] | None = None
     health: bool = False  # --health: each GPU's health verdict, findings and Xid lines
+    deep: bool = False  # --deep: the deep GPU check (bot.engine.deep_check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,14 +350,14 @@ def _when(args: _Args) -> When:
 
 def _parse_gpus(args: _Args, settings: Settings) -> Gpus:
     target = args.positional()
-    health = "--health" in args.values
+    health, deep = "--health" in args.values, "--deep" in args.values
     if target is None:
-        return Gpus(health=health)
+        return Gpus(health=health, deep=deep)
     # A name that is both a host and a service means the host: the narrower view.
     if target in settings.hosts:
-        return Gpus(target=target, kind="host", health=health)
+        return Gpus(target=target, kind="host", health=health, deep=deep)
     if target in settings.services:
-        return Gpus(target=target, kind="service", health=health)
+        return Gpus(target=target, kind="service", health=health, deep=deep)
     raise InputError(
         f"Unknown host or service {_show(target)}. "
         f"Hosts: {_known('hosts', list(settings.hosts))}. "

@@ -21,6 +21,7 @@ TOOLS = {
     "pgrep": "pgrep",
     "ps": "ps",
     "kill": "kill",
+    "dcgmi": "dcgmi",
 }
 # Tools that are no command on PATH: the venv's interpreter (SimKit writes
 # <venv>/bin/python to run it).

@@ -16,13 +16,19 @@ from dataclasses import dataclass
 
 from bot.sim.packages import driver_cuda
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
-from bot.sim.tools import nvidia_smi_q
+from bot.sim.tools import nvidia_smi_q, nvidia_smi_qx
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
 )
 NO_DRIVER_EXIT = 9
+# The driver_mismatch fault: what nvidia-smi prints (on stdout) and its exit status, as
+# a real one did (mozilla/translations issue #1167; tests/samples/deep).
+MISMATCH = (
+    "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 590.48"
+)
+MISMATCH_EXIT = 18
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 DRIVER_VERSION = "590.44.01"
 CUDA_VERSION = "13.1"
@@ -220,9 +226,21 @@ class _Args:
     ids: set[int] | None = None
     list_gpus: bool = False
     query_all: bool = False  # -q: the full report (bot.sim.tools.nvidia_smi_q)
+    xml: bool = False  # -x with -q: the report as XML (bot.sim.tools.nvidia_smi_qx)
 
 
 _TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i", "-d", "--display")
+
+
+# The options that take no value, and the field each sets.
+_SWITCHES = {
+    "-L": "list_gpus",
+    "--list-gpus": "list_gpus",
+    "-q": "query_all",
+    "--query": "query_all",
+    "-x": "xml",
+    "--xml-format": "xml",
+}
 
 
 def _parse(args: list[str]) -> _Args:
@@ -240,15 +258,15 @@ def _parse(args: list[str]) -> _Args:
             parsed.fmt = val.split(",")
         elif key in ("--id", "-i") and all(v.isdigit() for v in val.split(",")):
             parsed.ids = {int(v) for v in val.split(",")}
-        elif a in ("-L", "--list-gpus"):
-            parsed.list_gpus = True
-        elif a in ("-q", "--query"):
-            parsed.query_all = True
+        elif a in _SWITCHES:
+            setattr(parsed, _SWITCHES[a], True)
         elif key in ("-d", "--display"):
             pass  # which sections: the simulated report always has the health ones
         else:
             raise _BadArgs
     if parsed.query_gpu is not None and parsed.query_apps is not None:
+        raise _BadArgs
+    if parsed.xml and not parsed.query_all:
         raise _BadArgs
     return parsed
 
@@ -277,6 +295,8 @@ def _output(a: _Args, gpus: list[SimGpu], procs: list[SimProcess], cuda: str = C
         raise _BadArgs
     if a.list_gpus:
         return "".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n" for g in gpus)
+    if a.query_all and a.xml:
+        return nvidia_smi_qx.render(gpus, len(gpus), cuda)
     if a.query_all:
         return nvidia_smi_q.render(gpus, len(gpus), cuda)
     return _table(gpus, procs, cuda)
@@ -287,6 +307,9 @@ def main(store: StateStore, args: list[str]) -> int:
     if st.faults.no_driver:
         print(NO_DRIVER)
         return NO_DRIVER_EXIT
+    if st.faults.driver_mismatch:
+        print(MISMATCH)
+        return MISMATCH_EXIT
     try:
         a = _parse(args)
         gpus, procs = host_view(st, time.time())

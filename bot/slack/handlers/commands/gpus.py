@@ -6,10 +6,12 @@ summary line and a line per host, with the full tables as a file in the thread; 
 ``SUMMARY_OVER_HOSTS`` hosts, the counts per state with the hosts that need a look named
 (``bot.slack.fleet_blocks``), and the whole table as the file.
 ``--health``: each GPU's verdict, findings and NVIDIA's action, and the Xid lines.
+``--deep``: the deep GPU check (``bot.engine.deep_check``), the same as the terminal's.
 """
 
 from __future__ import annotations
 
+from bot.engine.deep_check import deep_check, deep_text
 from bot.hosts.fleet import fleet_gpus, fleet_message, health_details, resolve_targets
 from bot.hosts.fleet_states import fleet_file, is_big
 from bot.slack.blocks import code_answer, code_head
@@ -25,6 +27,9 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
     await req.ack()
 
     async def work() -> None:
+        if cmd.deep:
+            await _deep(req, hosts, cmd.target)
+            return
         results = await fleet_gpus(req.settings, req.pool, hosts)
         title = f"GPUs: {cmd.kind} {cmd.target}" if cmd.target else "GPUs: all hosts"
         poster = req.poster
@@ -64,3 +69,14 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
             )
 
     req.later(work(), "gpus")
+
+
+async def _deep(req: CommandRequest, hosts: list[str], target: str | None) -> None:
+    text = deep_text(await deep_check(req.settings, req.pool, req.audit, hosts))
+    attach = code_head(text)[1]
+    title = f"Deep GPU check: {target or 'all hosts'}"
+    ts = await req.poster.post(req.channel, code_answer(title, text, attached=attach))
+    if attach:
+        await req.poster.upload(
+            req.channel, filename="gpu-deep.txt", content=text, title=title, thread_ts=ts
+        )

@@ -1,0 +1,202 @@
+"""The deep GPU check's verdict (issue 23): pure judging of what ``deep_query`` and
+``dcgm`` parsed (or NVML read), the health check's verdict, and the host's last known GPU
+count. Every finding has a level and NVIDIA's recommended action; ok findings are kept
+too, so the report says what was checked, not only what failed.
+
+Levels are the health check's (``ok``, ``warn``, ``critical``); the report prints
+critical as ``FAIL``: a host with one should not go back to work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bot.core.dcgm import DiagReport
+from bot.core.deep_query import THROTTLE_REASONS, DeepReading, Mismatch
+from bot.core.health_types import HostHealth, Level, worst
+
+WORDS = {Level.OK: "ok", Level.WARN: "warn", Level.CRITICAL: "FAIL"}
+
+# NVIDIA's actions, paraphrased from the nvidia-smi man page, the NVML clock event
+# reasons and the Fabric Manager user guide.
+RESEAT = "reseat the GPU or its riser/cable and check the slot's BIOS PCIe setting"
+COOLING = "check the GPU's cooling and the node's power supply (HW slowdown halves clocks)"
+PERSIST = "enable persistence mode (nvidia-persistenced, or nvidia-smi -pm 1 as root)"
+FABRIC = "check nvidia-fabricmanager (systemctl status nvidia-fabricmanager) and its log"
+MISMATCH = (
+    "reboot the node: the NVIDIA user-space library was upgraded under the loaded kernel "
+    "module (or unload and reload the nvidia modules once no process uses them)"
+)
+LOST = "a GPU is not enumerated: look for Xid 79 in the kernel log, then reboot or reseat"
+DCGM = "see dcgmi diag's message; rerun with -r 2 once the cause is fixed"
+
+
+class Check(StrEnum):
+    HEALTH = "health"  # the existing checks (ECC, remaps, reset status, Xid)
+    PCIE = "pcie"
+    THROTTLE = "throttle"
+    PERSISTENCE = "persistence"
+    FABRIC = "fabric"
+    DRIVER = "driver"
+    GPU_COUNT = "gpu count"
+    DCGM = "dcgm"
+
+
+@dataclass(frozen=True, slots=True)
+class DeepFinding:
+    check: Check
+    level: Level
+    what: str
+    action: str = ""
+    gpu: str | None = None  # "GPU 0"; None for the host
+
+    def line(self) -> str:
+        where = f"{self.gpu}: " if self.gpu else ""
+        tail = f" -> {self.action}" if self.action and self.level != Level.OK else ""
+        return f"{WORDS[self.level]:<4} {self.check.value:<11} {where}{self.what}{tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeepReport:
+    host: str
+    findings: tuple[DeepFinding, ...]
+
+    @property
+    def level(self) -> Level:
+        return worst(f.level for f in self.findings)
+
+    def text(self) -> str:
+        head = f"{self.host}: deep GPU check {WORDS[self.level]}"
+        return "\n".join([head, *(f"  {f.line()}" for f in self.findings)])
+
+
+def _pcie(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    out: list[DeepFinding] = []
+    if r.pcie_width is not None and r.pcie_width_max is not None:
+        # Width is judged strictly: a data-centre GPU keeps its lanes when idle, and a
+        # narrower link is a seating or signal fault (NVSentinel issue #890).
+        if r.pcie_width < r.pcie_width_max:
+            what = f"PCIe link x{r.pcie_width} of x{r.pcie_width_max}"
+            out.append(DeepFinding(Check.PCIE, Level.CRITICAL, what, RESEAT, gpu))
+        else:
+            out.append(DeepFinding(Check.PCIE, Level.OK, f"PCIe width x{r.pcie_width}", gpu=gpu))
+    if r.pcie_gen is not None and r.pcie_gen_max is not None:
+        what = f"PCIe gen{r.pcie_gen} of gen{r.pcie_gen_max}"
+        # Generation with care: GPUs drop to gen1 when idle to save power (nvidia-smi's
+        # help: "may be reduced when the GPU is not in use"; nvtop issue #6), so a low
+        # generation is only a warning on a GPU that has work.
+        if r.pcie_gen >= r.pcie_gen_max:
+            out.append(DeepFinding(Check.PCIE, Level.OK, what, gpu=gpu))
+        elif r.gpu_idle is not False:
+            out.append(DeepFinding(Check.PCIE, Level.OK, f"{what} while idle", gpu=gpu))
+        else:
+            out.append(DeepFinding(Check.PCIE, Level.WARN, f"{what} under load", RESEAT, gpu))
+    return out
+
+
+def _throttle(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    if not r.throttle:
+        return [DeepFinding(Check.THROTTLE, Level.OK, "no HW or thermal clock slowdown", gpu=gpu)]
+    out = []
+    for reason in r.throttle:
+        # Software thermal slowdown is the driver keeping under its limit: a warning;
+        # the hardware ones mean the board itself cut the clocks.
+        level = Level.WARN if reason == "sw_thermal_slowdown" else Level.CRITICAL
+        what = f"clocks held back: {THROTTLE_REASONS[reason]}"
+        out.append(DeepFinding(Check.THROTTLE, level, what, COOLING, gpu))
+    return out
+
+
+def _persistence(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    if r.persistence is None:
+        return []
+    if r.persistence:
+        return [DeepFinding(Check.PERSISTENCE, Level.OK, "persistence mode on", gpu=gpu)]
+    return [DeepFinding(Check.PERSISTENCE, Level.WARN, "persistence mode off", PERSIST, gpu)]
+
+
+def _fabric(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    if r.fabric_state is None:
+        return []  # not an NVSwitch system
+    what = f"fabric {r.fabric_state}" + (f", {r.fabric_status}" if r.fabric_status else "")
+    if r.fabric_state == "Completed" and r.fabric_status in (None, "Success"):
+        return [DeepFinding(Check.FABRIC, Level.OK, what, gpu=gpu)]
+    level = Level.WARN if r.fabric_state == "In Progress" else Level.CRITICAL
+    return [DeepFinding(Check.FABRIC, level, what, FABRIC, gpu)]
+
+
+def judge_gpus(
+    readings: Sequence[DeepReading], labels: Mapping[str, str] | None = None
+) -> list[DeepFinding]:
+    """Each GPU's PCIe link, throttle reasons, persistence mode and fabric state;
+    ``labels``: uuid -> "GPU 0" from the GPU query (else by position)."""
+    out: list[DeepFinding] = []
+    for n, r in enumerate(readings):
+        gpu = (labels or {}).get(r.uuid, f"GPU {n}")
+        out += _pcie(gpu, r) + _throttle(gpu, r) + _persistence(gpu, r) + _fabric(gpu, r)
+    return out
+
+
+def judge_driver(mismatch: Mismatch | None) -> DeepFinding:
+    if mismatch is None:
+        return DeepFinding(Check.DRIVER, Level.OK, "driver library matches the kernel module")
+    lib = f" (library {mismatch.library})" if mismatch.library else ""
+    what = f"Driver/library version mismatch{lib}: nvidia-smi and CUDA cannot start"
+    return DeepFinding(Check.DRIVER, Level.CRITICAL, what, MISMATCH)
+
+
+def judge_count(now: int | None, last: int | None) -> DeepFinding:
+    if now is None:
+        return DeepFinding(Check.GPU_COUNT, Level.WARN, "GPU count not read", "check the driver")
+    if last is None:
+        return DeepFinding(Check.GPU_COUNT, Level.OK, f"{now} GPUs (first count recorded)")
+    if now < last:
+        return DeepFinding(Check.GPU_COUNT, Level.CRITICAL, f"{now} GPUs, {last} last time", LOST)
+    if now > last:
+        what = f"{now} GPUs, {last} last time (more than before)"
+        return DeepFinding(Check.GPU_COUNT, Level.WARN, what, "confirm the hardware change")
+    return DeepFinding(Check.GPU_COUNT, Level.OK, f"{now} GPUs, as last time")
+
+
+def judge_dcgm(report: DiagReport | None, error: str | None) -> list[DeepFinding]:
+    """``report`` None and ``error`` None: dcgmi is not installed (skipped, and said)."""
+    if report is None and error is None:
+        return [DeepFinding(Check.DCGM, Level.OK, "dcgmi not installed: DCGM diagnostics skipped")]
+    if report is None or not report.ran:
+        why = error or "no result table"
+        action = "check nv-hostengine (systemctl status nvidia-dcgm)"
+        return [DeepFinding(Check.DCGM, Level.WARN, f"dcgmi diag -r 1 did not run: {why}", action)]
+    out = [
+        DeepFinding(
+            Check.DCGM,
+            lvl,
+            f"{t.section}/{t.name}: {t.result}" + (f" ({t.detail})" if t.detail else ""),
+            DCGM,
+        )
+        for lvl, tests in ((Level.CRITICAL, report.failed()), (Level.WARN, report.warned()))
+        for t in tests
+    ]
+    if not out:
+        out.append(
+            DeepFinding(Check.DCGM, Level.OK, f"dcgmi diag -r 1: {len(report.tests)} passed")
+        )
+    return out
+
+
+def judge_health(health: HostHealth | None, error: str | None) -> list[DeepFinding]:
+    """The health check's own verdict, finding by finding (its levels as they are)."""
+    if health is None:
+        what = f"GPU health not read ({error or 'no verdict'})"
+        return [DeepFinding(Check.HEALTH, Level.WARN, what, "check the driver")]
+    out = [
+        DeepFinding(Check.HEALTH, f.level, f.what, f.action, g.label)
+        for g in health.gpus
+        for f in g.findings
+    ]
+    out += [DeepFinding(Check.HEALTH, f.level, f.what, f.action) for f in health.host_findings]
+    if not out:
+        n = len(health.gpus)
+        out.append(DeepFinding(Check.HEALTH, Level.OK, f"ECC, remaps, reset status, Xid: {n} ok"))
+    return out

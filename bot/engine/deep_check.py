@@ -1,0 +1,97 @@
+"""The deep GPU check of a host (issue 23): ``gpus --deep`` on the terminal and
+``/vllm gpus --deep`` in Slack, read-only.
+
+It runs the same reads as ``gpus`` (``bot.hosts.fleet.query_host``: the GPU query and
+the health check), then the deep reads (``bot.core.deep_reads``: ``nvidia-smi -q -x``
+and ``dcgmi diag -r 1``) over the same pooled transport, and judges them with the
+host's last known GPU count. That count is the previous deep check's: each check
+records what it read as a run-less GPU snapshot labelled ``deep_check`` (the audit log's
+typed ``Snapshot`` record), so a GPU that stops being listed is seen the next time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from bot.audit.store import AuditLog
+from bot.core.deep_check import Check, DeepFinding, DeepReport
+from bot.core.deep_reads import DeepRead, DeepReads, deep_reads, deep_report
+from bot.core.health_types import Level
+from bot.errors import ChatOpsError, HostError
+from bot.hosts.base import CommandResult, HostTransport
+from bot.hosts.fleet import DEFAULT_HOST_TIMEOUT_S, query_host
+from bot.hosts.pool import HostPool
+from bot.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LABEL = "deep_check"
+# dcgmi diag -r 1 takes seconds, but more than a GPU query: its own bound.
+DCGM_TIMEOUT_S = 120.0
+
+
+async def _drive(transport: HostTransport, reads: DeepReads, timeout_s: float) -> DeepRead:
+    result: CommandResult | None = None
+    try:
+        while True:
+            argv = reads.send(result)  # type: ignore[arg-type]  # None only to start it
+            try:
+                result = await transport.run(argv, timeout_s=max(timeout_s, DCGM_TIMEOUT_S))
+            except HostError as e:
+                result = CommandResult(
+                    argv=argv, exit_status=None, stdout="", stderr=e.reason, duration_s=0.0
+                )
+    except StopIteration as stop:
+        read: DeepRead = stop.value
+        return read
+
+
+async def _last_count(audit: AuditLog, host: str) -> int | None:
+    snap = await audit.last_snapshot(host, LABEL)
+    count = None if snap is None else snap.data.get("gpus")
+    return count if isinstance(count, int) else None
+
+
+async def check_host(
+    settings: Settings, pool: HostPool, audit: AuditLog, host: str, timeout_s: float
+) -> DeepReport:
+    row = await query_host(settings, pool, host, timeout_s)
+    if row.unreachable:
+        what = f"no answer ({row.error})"
+        return DeepReport(
+            host, (DeepFinding(Check.HEALTH, Level.CRITICAL, what, "check the host"),)
+        )
+    read = await _drive(pool.get(host), deep_reads(host), timeout_s)
+    last = await _last_count(audit, host)
+    if read.count is not None:
+        uuids = [r.uuid for r in read.readings]
+        data = {"gpus": read.count, "uuids": uuids, "driver": read.driver_version}
+        await audit.add_snapshot(None, host, LABEL, data)
+    labels = {g.uuid: f"GPU {g.index}" for g in (row.snapshot.gpus if row.snapshot else ())}
+    health_error = row.health_error or (row.error if row.snapshot is None else None)
+    return deep_report(host, read, row.health, health_error, last, labels)
+
+
+async def deep_check(
+    settings: Settings,
+    pool: HostPool,
+    audit: AuditLog,
+    hosts: Sequence[str],
+    timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
+) -> list[DeepReport]:
+    """Every host at once, in the order of ``hosts``; a host that fails says why."""
+
+    async def one(host: str) -> DeepReport:
+        try:
+            return await check_host(settings, pool, audit, host, timeout_s)
+        except ChatOpsError as e:
+            finding = DeepFinding(Check.HEALTH, Level.WARN, f"not read ({e})", "check the host")
+            return DeepReport(host, (finding,))
+
+    return list(await asyncio.gather(*(one(h) for h in hosts)))
+
+
+def deep_text(reports: Sequence[DeepReport]) -> str:
+    return "\n\n".join(r.text() for r in reports)

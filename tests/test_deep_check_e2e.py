@@ -1,0 +1,71 @@
+"""The deep GPU check end to end (issue 23) against the simulated host over real sshd:
+``bot.engine.deep_check`` as ``gpus --deep`` runs it, each deep fault flagged with
+NVIDIA's action, and a healthy idle host (links at gen1) passing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.core.deep_check import Check, DeepFinding, DeepReport
+from bot.core.health_types import Level
+from bot.engine.deep_check import LABEL, deep_check
+from bot.engine.runtime import open_runtime
+from bot.sim.kit import SimKit
+from tests.support.sim import sim_settings
+
+
+def _by(report: DeepReport, check: Check) -> list[DeepFinding]:
+    return [f for f in report.findings if f.check == check]
+
+
+async def test_a_healthy_idle_host_passes_and_its_count_is_recorded(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    kit = sim_sshd_host
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+        assert report.level == Level.OK, report.text()
+        # A GPU with no work drops its link to gen1 (power saving, not a finding); the
+        # serving ones run at gen5 of gen5.
+        assert {f.level for f in _by(report, Check.PCIE)} == {Level.OK}
+        (dcgm,) = _by(report, Check.DCGM)
+        assert "skipped" in dcgm.what  # no dcgmi on this host: said
+        snap = await rt.audit.last_snapshot(kit.hostname, LABEL)
+        assert snap is not None and snap.data["gpus"] == len(_by(report, Check.THROTTLE))
+        (again,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+        (count,) = _by(again, Check.GPU_COUNT)
+        assert count.level == Level.OK and "as last time" in count.what
+
+
+async def test_degraded_link_throttling_and_a_failing_dcgm_diag_fail_the_host(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    kit = sim_sshd_host
+    kit.set_faults(pcie_degraded=True, hw_slowdown=True, dcgmi_fails=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert report.level == Level.CRITICAL
+    text = report.text()
+    assert "FAIL pcie        GPU 3: PCIe link x8 of x16 -> reseat the GPU" in text
+    assert "GPU 3: clocks held back: HW slowdown -> check the GPU's cooling" in text
+    (dcgm,) = _by(report, Check.DCGM)
+    assert dcgm.level == Level.CRITICAL and "Persistence Mode: fail" in dcgm.what
+    # Only the faulty GPU is flagged.
+    assert {f.gpu for f in report.findings if f.level == Level.CRITICAL and f.gpu} == {"GPU 3"}
+
+
+async def test_a_driver_library_mismatch_says_reboot_and_a_lost_gpu_count_fails(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    kit = sim_sshd_host
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])  # the count
+        kit.set_faults(driver_mismatch=True, dcgmi_present=True)
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+        (driver,) = _by(report, Check.DRIVER)
+        assert driver.level == Level.CRITICAL and "reboot the node" in driver.action
+        assert "Driver/library version mismatch" in driver.what
+        kit.set_faults(driver_mismatch=False, dcgmi_present=False, xid_79=True)
+        (lost,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    (count,) = _by(lost, Check.GPU_COUNT)
+    assert count.level == Level.CRITICAL, lost.text()
