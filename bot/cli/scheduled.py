@@ -29,8 +29,7 @@ _OK = (RunStatus.SUCCEEDED,)
 
 
 def _zone(rt: Runtime, record: RunRecord) -> ZoneInfo:
-    windows = rt.settings.policy_for(record.service).windows
-    return ZoneInfo(windows.timezone if windows is not None else "UTC")
+    return ZoneInfo(rt.settings.policy_for(record.service).timezone)
 
 
 def starts(rt: Runtime, record: RunRecord) -> str:

@@ -58,6 +58,11 @@ class PolicySettings(Section):
     # Issue 22: when changes may start; None: at any time.
     windows: WindowSettings | None = None
 
+    @property
+    def timezone(self) -> str:
+        """The zone this policy's times are read and shown in: its windows', else UTC."""
+        return self.windows.timezone if self.windows is not None else "UTC"
+
     @field_validator("requesters", "approvers")
     @classmethod
     def slack_ids(cls, v: list[str]) -> list[str]:

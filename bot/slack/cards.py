@@ -73,7 +73,7 @@ def card_view(
         summary=record.summary if record.is_final else None,
         notes=(DRY_RUN_NOTE,) if plan.dry_run else (),
         scheduled_at=parse_ts(record.scheduled_at) if record.scheduled_at else None,
-        schedule_zone=(policy.windows.timezone if policy.windows is not None else "UTC"),
+        schedule_zone=policy.timezone,
         now=now,
         override=record.override,
     )
