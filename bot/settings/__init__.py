@@ -43,6 +43,7 @@ from bot.settings.base import USER_RE as USER_RE
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
+from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
 from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]
@@ -383,6 +384,7 @@ class Settings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     audit: AuditSettings = AuditSettings()
     fleet: FleetSettings = FleetSettings()
+    maintenance: MaintenanceSettings = MaintenanceSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)
     services: dict[Name, ServiceSettings] = Field(default_factory=dict)
     routers: dict[Name, RouterSettings] = Field(default_factory=dict)
