@@ -36,6 +36,7 @@ from bot.core.status import Action, RunStatus
 from bot.engine.deep_check import deep_check, deep_text
 from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines
+from bot.engine.host_runs import describe_host_plan, plan_of_words
 from bot.engine.operations import Busy, Operator, Requested
 from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
@@ -86,6 +87,8 @@ def _add(parser: argparse.ArgumentParser, command: str, arg: Arg, default: Any =
             kw["type"] = arg.type
         if arg.kind is Kind.REPEAT:
             kw["action"] = "append"
+        if arg.kind is Kind.REST:
+            kw["nargs"] = "*"
         if arg.positional and arg.optional:
             kw["nargs"] = "?"
         value = arg.default if default is None else default
@@ -122,6 +125,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def describe_plan(plan: Plan) -> str:
+    if plan.action.host_wide:
+        return describe_host_plan(plan)
     lines = [
         f"{plan.action} {plan.service} on {', '.join(plan.hosts)} "
         f"(unit {plan.unit}, {plan.spec}"
@@ -385,6 +390,14 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
     if args.command == "rotation":
         plan = rt.engine.plan(Action.ROTATION, args.service)
         return await run_change(rt, plan, yes=True, user=cli_user())
+    if args.command == "host":
+        return await run_change(
+            rt,
+            plan_of_words(rt.settings, args.operation, args.host, args.gpus),
+            yes=args.yes,
+            user=cli_user(),
+            timing=timing,
+        )
     if args.command in ("drain", "undrain"):
         action = Action.DRAIN if args.command == "drain" else Action.UNDRAIN
         plan = rt.engine.plan(action, args.service, host=args.host)

@@ -27,6 +27,7 @@ class Kind(Enum):
     VALUE = "value"  # a positional, or an option that takes a value
     FLAG = "flag"  # an option that takes none
     REPEAT = "repeat"  # an option that may repeat, each with a value
+    REST = "rest"  # a positional taking every word left (GPU indexes), maybe none
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class Arg:
     def usage(self) -> str:
         """How the chat usage line shows it: ``<service>``, ``[--version V]``."""
         shown = self.shown or self.name
+        if self.kind is Kind.REST:
+            return f"[{shown} ...]"
         if self.positional:
             return f"[{shown}]" if self.optional else f"<{shown}>"
         return f"[{self.name}]" if self.kind is Kind.FLAG else f"[{self.name} {shown}]"
@@ -204,6 +207,33 @@ COMMANDS: tuple[Command, ...] = (
         (_SERVICE, _HOST, _flag("--yes", "-y", help=_YES, fronts=Front.CLI)),
         chat="put one replica back in its router's rotation, after approval; an unready "
         "replica is refused",
+    ),
+    Command(
+        "host",
+        "a host's maintenance: every service on it drained and stopped, the host rebooted "
+        "(reboot) or its GPUs reset (gpu-reset), the deep GPU check, the services started",
+        (
+            Arg(
+                ("operation",),
+                "reboot, or gpu-reset",
+                shown="reboot|gpu-reset",
+                metavar="{reboot,gpu-reset}",
+            ),
+            Arg(("host",), "a configured host that runs at least one service", shown="host"),
+            Arg(
+                ("gpus",),
+                "gpu-reset: the GPU indexes (default: every GPU the host lists)",
+                Kind.REST,
+                type=int,
+                shown="GPU",
+                metavar="GPU",
+            ),
+            _AT,
+            _NOW,
+            _flag("--yes", "-y", help=_YES, fronts=Front.CLI),
+        ),
+        chat="reboot a host, or reset its GPUs, after approval: every service on it drained "
+        "and stopped first, the deep GPU check after, then the services started again",
     ),
     Command(
         "releases",

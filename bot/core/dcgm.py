@@ -18,6 +18,8 @@ from enum import StrEnum
 # width, and a wrapped row starting with a blank is where a word ended.
 _ROW = re.compile(r"^\|\s*(?P<name>[^|]*?)\s*\| (?P<value>[^|]*?)\s*\|\s*$")
 _DETAIL_CHARS = 400
+# dcgmi diag -r 1 takes seconds, but more than a GPU query: its own bound.
+DCGM_TIMEOUT_S = 120.0
 _HEADER = re.compile(r"^[|+]-+\s*(?P<section>[A-Za-z][A-Za-z ]*?)\s*-+\+")
 _METADATA = "Metadata"
 

@@ -166,13 +166,13 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if said is not None:
         return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 
-    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
+    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
 
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
         ended = yield from recover_after_cancel(svc, host, before, "during drain")
-        return (yield from _back_in(plan, svc, host, ended))
+        return (yield from back_in(plan, svc, host, ended))
     if drain == "failed":
         stopped = ServiceState.STOPPED
         failed = HostOutcome(
@@ -183,13 +183,13 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
-        return (yield from _back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed))
     if built is None:
         outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
     else:
         outcome = yield from switch_and_start(plan, svc, host, before, built)
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
-    return (yield from _back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome))
 
 
 def _before_the_stop(
@@ -226,7 +226,7 @@ def _before_the_stop(
     return built, said
 
 
-def _out_and_stop(
+def out_and_stop(
     plan: Plan, svc: ServiceSettings, host: str, before: str | None, untouched: ServiceState
 ) -> Phase[HostOutcome | None]:
     """Behind a router: out of rotation first (bot.core.phases.rotation), then the
@@ -254,7 +254,7 @@ def _out_and_stop(
     return ended
 
 
-def _back_in(plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome) -> Flow:
+def back_in(plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome) -> Flow:
     """The end of a change that stopped the service: behind a router, back in rotation
     when it ended healthy, else out of it and the outcome says how to put it back."""
     if plan.router is None:
@@ -354,13 +354,13 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return _refused_before(check.refusal, untouched, before)
-    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
+    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
     if drain == "failed":
         stopped = ServiceState.STOPPED
         return (
-            yield from _back_in(
+            yield from back_in(
                 plan,
                 svc,
                 host,
@@ -377,7 +377,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
         failed = HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
-        return (yield from _back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed))
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     outcome = yield from gpu_recheck(
@@ -387,7 +387,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
         plan.is_local(host),
     )
-    return (yield from _back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome))
 
 
 def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -417,12 +417,12 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return _refused_before(check.refusal, untouched, before)
-    if (ended := (yield from _out_and_stop(plan, svc, host, before, untouched))) is not None:
+    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
         return ended
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
         ended = yield from recover_after_cancel(svc, host, before, "during drain")
-        return (yield from _back_in(plan, svc, host, ended))
+        return (yield from back_in(plan, svc, host, ended))
     if drain == "failed":
         stopped = ServiceState.STOPPED
         failed = HostOutcome(
@@ -433,10 +433,10 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
-        return (yield from _back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed))
     outcome = yield from switch_and_start(plan, svc, host, before, Built(previous, layout.live))
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
-    return (yield from _back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome))
 
 
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {

@@ -5,13 +5,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any, assert_never
 
 from packaging.version import InvalidVersion, Version
 
 from bot.core import remote, remote_releases
 from bot.core.health import HEALTH_QUERY_ARGV, XID_JOURNAL_ARGV
+from bot.core.plan_steps import STEP_TITLES as STEP_TITLES
+from bot.core.plan_steps import PlannedStep as PlannedStep
+from bot.core.plan_steps import Step as Step
 from bot.core.readiness import api_base, metrics_url
 from bot.core.remote_releases import switch_shown
 from bot.core.routers.target import RouterTarget, router_target
@@ -31,82 +33,6 @@ LOCAL_HOST_KEY = "none (local)"
 SYSTEM_PREFIX = "system:"
 DRY_RUN_APPROVER = f"{SYSTEM_PREFIX}dry-run"
 READ_ONLY_APPROVER = f"{SYSTEM_PREFIX}read-only"
-
-
-class Step(StrEnum):
-    PREFLIGHT = "preflight"
-    REQUESTS = "requests"
-    STOP = "stop"
-    DRAIN = "drain"
-    REINSTALL = "reinstall"
-    START = "start"
-    HEALTH = "health"
-    READINESS = "readiness"
-    POSTCHECK = "postcheck"
-    ROLLBACK = "rollback"
-    ROLLBACK_START = "rollback_start"
-    ROLLBACK_HEALTH = "rollback_health"
-    ROLLBACK_READINESS = "rollback_readiness"
-    STATUS = "status"
-    # Issue 10: the whole environment.
-    PREFETCH = "prefetch"
-    GATE = "gate"
-    ROLLBACK_STOP = "rollback_stop"
-    # Issue 12: GPU hardware health, per-service GPUs, leftover workers.
-    GPU_CHECK = "gpu_check"
-    LEFTOVERS = "leftovers"
-    GPU_RECHECK = "gpu_recheck"
-    # Issue 19: a replica taken out of its router's rotation and put back.
-    ROTATION_OUT = "rotation_out"
-    ROTATION_IN = "rotation_in"
-    ROTATION = "rotation"  # the read-only `rotation` command
-    # Issue 20: the watch window after the start.
-    WATCH = "watch"
-    # Issue 20, item 3: side-by-side releases.
-    BUILD = "build"
-    SWITCH = "switch"
-    ROLLBACK_SWITCH = "rollback_switch"
-    PRUNE = "prune"
-
-
-STEP_TITLES: dict[Step, str] = {
-    Step.PREFLIGHT: "Preflight (unit, version, disk, install dry run, environment snapshot)",
-    Step.PREFETCH: "Prefetch packages into uv's cache, then the import and CUDA gate in that "
-    "new environment (before the stop)",
-    Step.REQUESTS: "Drain in-flight requests",
-    Step.STOP: "Stop service",
-    Step.DRAIN: "Verify GPU memory drained",
-    Step.REINSTALL: "Reinstall package",
-    Step.GATE: "Import gate (vllm, torch, CUDA vs driver)",
-    Step.START: "Start service",
-    Step.HEALTH: "Health gate",
-    Step.READINESS: "Readiness (model, smoke test, version)",
-    Step.POSTCHECK: "Post-check (version, GPUs)",
-    Step.ROLLBACK_STOP: "Rollback: stop the unhealthy service",
-    Step.ROLLBACK: "Rollback: restore the environment snapshot",
-    Step.ROLLBACK_START: "Rollback: start service",
-    Step.ROLLBACK_HEALTH: "Rollback: health gate",
-    Step.ROLLBACK_READINESS: "Rollback: readiness",
-    Step.STATUS: "Status",
-    Step.GPU_CHECK: "GPU check (count, ECC, row remaps, reset status, Xid errors)",
-    Step.LEFTOVERS: "Terminate leftover processes (approved)",
-    Step.GPU_RECHECK: "Post-check: GPU health (new Xid errors)",
-    Step.WATCH: "Watch window (unit, journal, health, smoke) after the start",
-    Step.BUILD: "Build the new release beside the live one, then the import and CUDA gate "
-    "with its own interpreter (before the stop)",
-    Step.SWITCH: "Switch the venv's link to the new release",
-    Step.ROLLBACK_SWITCH: "Rollback: switch the venv's link back to the previous release",
-    Step.PRUNE: "Prune old releases (never the live or the previous one)",
-    Step.ROTATION_OUT: "Out of rotation (router), until no session is left",
-    Step.ROTATION_IN: "Back in rotation (router), confirmed serving",
-    Step.ROTATION: "Each replica in or out of rotation (router), its sessions and health",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedStep:
-    step: Step
-    command: str  # what an operator would type, shown on the card and in the audit log
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +81,11 @@ class Plan:
     force: bool = False
     # Issue 19: the router each replica is taken out of before its stop, as approved.
     router: RouterTarget | None = None
+    # Issue 23, a host-wide run (``Action.host_wide``): each service on the host as its
+    # own restart plan of that host (its unit, router, drain and start, as approved), and
+    # the GPUs a reset names (empty: every GPU the host lists).
+    parts: tuple[Plan, ...] = ()
+    gpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -165,6 +96,14 @@ class Plan:
             del d["force"]  # so plans stored before --force existed still compare equal
         if self.router is None:
             del d["router"]  # likewise for plans of services without a router
+        if self.parts:
+            d["parts"] = [p.to_json() for p in self.parts]
+        else:
+            del d["parts"]  # and for every run that is not a host's maintenance
+        if self.gpus:
+            d["gpus"] = list(self.gpus)
+        else:
+            del d["gpus"]
         return d
 
     def is_local(self, host: str) -> bool:

@@ -53,6 +53,9 @@ class CommandResult:
     # Set when sudo refused to run it (the command never ran): why, naming the missing
     # rule (bot.core.sudoers.Become.refused).
     refused: str | None = None
+    # Set when the host answered with a key known_hosts does not hold for it (the command
+    # never ran): after a reboot, another machine answering at its address.
+    host_key_refused: bool = False
 
     @property
     def ok(self) -> bool:

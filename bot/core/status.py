@@ -80,6 +80,10 @@ class Action(StrEnum):
     UNDRAIN = "undrain"
     # Issue 20, item 3: a side-by-side service switched back to its previous release.
     ROLLBACK = "rollback"
+    # Issue 23: a whole host's maintenance: every service on it drained and stopped, the
+    # host rebooted or its GPUs reset, the deep GPU check, the services started again.
+    REBOOT = "reboot"
+    GPU_RESET = "gpu_reset"
 
     @property
     def read_only(self) -> bool:
@@ -90,6 +94,11 @@ class Action(StrEnum):
     def one_host(self) -> bool:
         """It names one host of the service (``drain|undrain <service> <host>``)."""
         return self in (Action.DRAIN, Action.UNDRAIN)
+
+    @property
+    def host_wide(self) -> bool:
+        """It works on one host and every service on it (``host reboot|gpu-reset``)."""
+        return self in (Action.REBOOT, Action.GPU_RESET)
 
 
 class Decision(StrEnum):

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 
 from bot.audit.store import AuditLog
+from bot.core.dcgm import DCGM_TIMEOUT_S
 from bot.core.deep_check import Check, DeepFinding, DeepReport
 from bot.core.deep_reads import DeepRead, DeepReads, deep_reads, deep_report
 from bot.core.health_types import Level
@@ -28,8 +29,6 @@ from bot.settings import Settings
 log = logging.getLogger(__name__)
 
 LABEL = "deep_check"
-# dcgmi diag -r 1 takes seconds, but more than a GPU query: its own bound.
-DCGM_TIMEOUT_S = 120.0
 
 
 async def _drive(transport: HostTransport, reads: DeepReads, timeout_s: float) -> DeepRead:

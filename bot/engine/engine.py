@@ -17,7 +17,7 @@ from bot.audit.resilient import AuditWriter
 from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
-from bot.core.flows import FLOWS, HostOutcome
+from bot.core.flows import HostOutcome
 from bot.core.phases.actions import RotationRecords
 from bot.core.plan import Plan, make_plan
 from bot.core.plan_drift import drift
@@ -27,11 +27,11 @@ from bot.core.status import Action, HostStatus, RunStatus
 from bot.core.sudoers import Become, become_for
 from bot.engine.audit_sink import RunAudit
 from bot.engine.executor import CancelToken, Executor, Reach
+from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reached
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
 from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.base import HostTransport
-from bot.hosts.known_hosts import host_keys
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -133,6 +133,8 @@ class Engine:
         # Rebuilt from the current config: the commands always come from the config,
         # never from what was stored.
         p = record.plan
+        if Action(record.action).host_wide:
+            return host_plan_of(self.settings, record)
         return make_plan(
             self.settings,
             Action(record.action),
@@ -150,8 +152,7 @@ class Engine:
     def _host_keys(self, service: str) -> dict[str, str]:
         # Read now, at request and again at execute: a key swapped in known_hosts between
         # the two is a changed plan (bot.core.plan.HostTarget).
-        svc = self.settings.services.get(service)
-        return host_keys(self.settings, svc.hosts) if svc is not None else {}
+        return keys_of(self.settings, service)
 
     async def execute(
         self, run_id: int, sink: ev.EventSink, gate: LeftoverGate | None = None
@@ -224,8 +225,7 @@ class Engine:
         await sink.handle(
             ev.RunStarted(run_id, plan, record.requested_by, tuple(record.approved_by), waited)
         )
-        flow = FLOWS[plan.action]
-        svc = self.settings.services[plan.service]
+        flow = flow_of(self.settings, plan)
         outcomes: dict[str, HostOutcome] = {}
         history = await self._start_history(plan)
 
@@ -244,7 +244,7 @@ class Engine:
                     reach=self._reach(plan),
                     records=self._records,
                 )
-                return await executor.drive(flow(plan, svc, host))
+                return await executor.drive(flow(host))
             except (HostError, OSError) as e:
                 # The executor turns host errors into failed steps; this is what escapes
                 # it (a host missing from the pool, a dead socket outside a command).
@@ -332,11 +332,11 @@ class Engine:
         """The other hosts a run's actions may name (``on``): its router's host and its
         service's hosts (a sibling's readiness), each with its own ``become``; a plan
         without a router names none."""
-        if plan.router is None:
-            return None
         # Every replica behind the router, not only the plan's: a drain of one host asks
         # its siblings whether they serve.
-        allowed = {plan.router.host, *plan.hosts, *(h for h, _ in plan.router.servers)}
+        allowed = reached(plan)
+        if not allowed:
+            return None
 
         def reach(host: str) -> tuple[HostTransport, Become | None]:
             if host not in allowed:
@@ -348,7 +348,7 @@ class Engine:
     async def _start_history(self, plan: Plan) -> StartHistory | None:
         """This service's previous start times, for the progress of this run's starts;
         a database that cannot answer now costs only the estimate."""
-        if plan.action.read_only or plan.action.one_host:
+        if plan.action.read_only or plan.action.one_host or plan.action.host_wide:
             return None
         try:
             return await self.audit.start_history(plan.service)

@@ -49,7 +49,7 @@ from bot.core.startup import StartHistory
 from bot.core.status import HealthSource, StepStatus
 from bot.core.sudoers import Become
 from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
-from bot.errors import GpuQueryError, HostError
+from bot.errors import GpuQueryError, HostError, HostKeyError
 from bot.hosts.base import (
     CommandResult,
     HostTransport,
@@ -260,7 +260,12 @@ class Executor:
             )
         except HostError as e:
             result = CommandResult(
-                argv=action.argv, exit_status=None, stdout="", stderr=e.reason, duration_s=0.0
+                argv=action.argv,
+                exit_status=None,
+                stdout="",
+                stderr=e.reason,
+                duration_s=0.0,
+                host_key_refused=isinstance(e, HostKeyError),
             )
             if on_line is not None:
                 on_line("stderr", f"[bot] {e.reason}")

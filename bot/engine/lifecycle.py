@@ -121,7 +121,10 @@ def utc_now() -> datetime:
 
 
 def lock_scopes(plan: Plan) -> list[str]:
-    return [f"service:{plan.service}", *(f"host:{h}" for h in plan.hosts)]
+    # A host's maintenance holds every service on it too: none of them may be redeployed
+    # elsewhere meanwhile (its rollout would count on this host's replica).
+    services = [p.service for p in plan.parts] if plan.action.host_wide else [plan.service]
+    return [*(f"service:{s}" for s in services), *(f"host:{h}" for h in plan.hosts)]
 
 
 def needs_locks(plan: Plan) -> bool:

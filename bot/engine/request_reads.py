@@ -28,7 +28,10 @@ class RequestReads:
 async def read_at_request(
     settings: Settings, pool: HostPool, plan: Plan, *, load: bool
 ) -> RequestReads:
-    """The three reads, concurrently (``load``: whether the load is read at all)."""
+    """The three reads, concurrently (``load``: whether the load is read at all). A
+    host's maintenance has none of them: its card lists each service it will stop."""
+    if plan.action.host_wide:
+        return RequestReads((), (), None)
     svc = settings.services[plan.service]
 
     async def load_line() -> str | None:

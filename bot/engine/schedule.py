@@ -30,7 +30,9 @@ from bot.engine.lifecycle import RunLifecycle
 from bot.engine.run_results import Refusal
 from bot.settings import PolicySettings, WindowSettings
 
-WINDOWED = frozenset({Action.REDEPLOY, Action.RESTART, Action.ROLLBACK})
+WINDOWED = frozenset(
+    {Action.REDEPLOY, Action.RESTART, Action.ROLLBACK, Action.REBOOT, Action.GPU_RESET}
+)
 _DEFAULTS = WindowSettings()
 
 

@@ -40,10 +40,10 @@ from bot.settings.base import (
 )
 from bot.settings.base import LOCAL as LOCAL
 from bot.settings.base import USER_RE as USER_RE
+from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
-from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
 from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]

@@ -229,7 +229,9 @@ def _approval_card(view: CardView, blocks: list[Block]) -> Message:
         }
     )
     text = (
-        f"Approval needed: run #{view.run_id} {what_of(view.plan)} ({view.plan.spec}) "
+        f"Approval needed: run #{view.run_id} {what_of(view.plan)}"
+        + (f" ({view.plan.spec})" if view.plan.spec else "")
+        + " "
         f"requested by {mention(view.requested_by)}"
     )
     return message(text, blocks)

@@ -17,6 +17,8 @@ from typing import Literal, NoReturn
 from packaging.version import InvalidVersion, Version
 
 from bot.core.commands import Front, Kind, commands_of
+from bot.core.host_plan import OPERATIONS, gpu_indexes
+from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.slack.blocks import escape
@@ -154,6 +156,16 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Host:
+    """``host reboot|gpu-reset <host> [GPU ...]`` (issue 23)."""
+
+    action: Action  # REBOOT or GPU_RESET
+    host: str
+    gpus: tuple[int, ...] = ()
+    when: When = AT_ONCE
+
+
+@dataclass(frozen=True, slots=True)
 class Doctor:
     target: str | None = None
     kind: Literal["host", "service"] | None = None
@@ -174,6 +186,7 @@ Command = (
     | Audit
     | Cancel
     | Doctor
+    | Host
 )
 
 
@@ -439,6 +452,22 @@ def _optional_service(args: _Args, settings: Settings) -> str | None:
     return None if name is None else _service(name, settings)
 
 
+def _parse_host(args: _Args, settings: Settings) -> Host:
+    words = args.positionals
+    if len(words) < 2 or words[0].lower() not in OPERATIONS:
+        args.fail(
+            "say what to do and to which host: `host reboot <host>` or "
+            "`host gpu-reset <host> [GPU ...]`"
+        )
+    action = OPERATIONS[words[0].lower()]
+    host = words[1]
+    if host not in settings.hosts:
+        raise InputError(f"Unknown host {_show(host)}. {_known('hosts', sorted(settings.hosts))}")
+    if action == Action.REBOOT and len(words) > 2:
+        args.fail("a reboot takes no GPU indexes: it reboots the whole host")
+    return Host(action, host, gpu_indexes(words[2:]), _when(args))
+
+
 # Each subcommand's builder; the flags it accepts come from the table (``_flags``).
 _Parser = Callable[[_Args, Settings], Command]
 _BUILDERS: dict[str, _Parser] = {
@@ -457,6 +486,7 @@ _BUILDERS: dict[str, _Parser] = {
         _service(a.required("service name"), s), a.integer("-n", LOGS_DEFAULT, LOGS_MAX)
     ),
     "releases": lambda a, s: Releases(_service(a.required("service name"), s)),
+    "host": _parse_host,
     "audit": lambda a, s: _parse_audit(a, s),
     "cancel": lambda a, s: _parse_cancel(a),
     # The same targets as gpus: everything, a host, or a service's hosts.

@@ -44,6 +44,8 @@ IN_THREAD = "full list in the thread"
 
 
 def what_of(plan: Plan) -> str:
+    if plan.action.host_wide:
+        return f"host {'reboot' if plan.action == Action.REBOOT else 'gpu-reset'} {plan.hosts[0]}"
     what = f"{plan.action} {plan.service}"
     return what + (" (dry run)" if plan.dry_run else "")
 
@@ -124,16 +126,41 @@ def plan_fields(view: CardView) -> tuple[list[tuple[str, str]], bool]:
     )
     hosts, hidden = _hosts(plan)
     pairs = [("Host(s)", hosts)]
-    for label, value in (
-        ("Unit", f"`{escape(plan.unit)}`"),
-        ("Package", _package(view)),
-        ("Spec", f"`{escape(plan.spec)}`"),
-        ("Index", index),
-    ):
+    fields = (
+        _host_run_fields(plan)
+        if plan.action.host_wide
+        else (
+            ("Unit", f"`{escape(plan.unit)}`"),
+            ("Package", _package(view)),
+            ("Spec", f"`{escape(plan.spec)}`"),
+            ("Index", index),
+        )
+    )
+    for label, value in fields:
         shown, replaced = _plan_value(label, value)
         pairs.append((label, shown))
         hidden = hidden or replaced
     return pairs, hidden
+
+
+def host_run_lines(plan: Plan) -> list[tuple[str, str]]:
+    """A host run's own fields, plain: each service it stops (and starts again), with its
+    unit and router, and the GPUs a reset names (issue 23)."""
+    services = "\n".join(
+        f"{p.service} (unit {p.unit}"
+        + (f", out of router {p.router.name} first" if p.router is not None else "")
+        + ")"
+        for p in plan.parts
+    )
+    out = [("Services stopped, then started again if they ran", services)]
+    if plan.action == Action.GPU_RESET:
+        gpus = ", ".join(map(str, plan.gpus)) if plan.gpus else "every GPU the host lists"
+        out.append(("GPUs reset", gpus))
+    return out
+
+
+def _host_run_fields(plan: Plan) -> tuple[tuple[str, str], ...]:
+    return tuple((label, escape(value)) for label, value in host_run_lines(plan))
 
 
 def _command_lines(plan: Plan) -> list[str]:
@@ -210,12 +237,19 @@ def full_plan(run_id: int, plan: Plan) -> str:
         if plan.index_name
         else "default"
     )
+    own = (
+        [f"{label}:\n{value}" for label, value in host_run_lines(plan)]
+        if plan.action.host_wide
+        else [
+            f"Unit: {plan.unit}",
+            f"Package: {plan.package}{target}",
+            f"Spec: {plan.spec}",
+            f"Index: {index}",
+        ]
+    )
     lines += [
         "",
-        f"Unit: {plan.unit}",
-        f"Package: {plan.package}{target}",
-        f"Spec: {plan.spec}",
-        f"Index: {index}",
+        *own,
         "",
         "Commands, on each host in order:",
         *(f"  {line}" for line in _command_lines(plan)),

@@ -39,7 +39,7 @@ from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
 
-def _read_health(
+def read_health(
     step: Step,
     svc: ServiceSettings,
     host: str,
@@ -82,7 +82,7 @@ def _read_gpu_check(svc: ServiceSettings, host: str) -> Phase[GpuCheck]:
         failure = f"cannot read the GPUs: {e.reason}"
     selection = select_gpus(listed, svc.gpus)
     scope = selection.uuids if svc.gpus is not None else None
-    health, state = yield from _read_health(Step.GPU_CHECK, svc, host, listed, warnings)
+    health, state = yield from read_health(Step.GPU_CHECK, svc, host, listed, warnings)
     critical = health.problems(Level.CRITICAL, scope)
     listing = failure or selection.refusal(host, listed)
     reasons = [listing] if listing else []
@@ -156,7 +156,7 @@ def gpu_recheck(
         gpus, warnings = snap.gpus, snap.warnings
     except GpuQueryError:
         gpus = ()
-    health, state = yield from _read_health(Step.GPU_RECHECK, svc, host, gpus, warnings)
+    health, state = yield from read_health(Step.GPU_RECHECK, svc, host, gpus, warnings)
     new = new_xids(check.health.xids, health.xids)
     critical = health.problems(Level.CRITICAL, check.scope)
     if not new and not critical:

@@ -24,6 +24,7 @@ from bot.slack.handlers.commands import (
     doctor,
     drain,
     gpus,
+    host,
     logs,
     redeploy,
     releases,
@@ -54,6 +55,7 @@ HANDLERS: dict[type, Handler] = {
     grammar.Audit: audit.handle,
     grammar.Cancel: cancel.handle,
     grammar.Doctor: doctor.handle,
+    grammar.Host: host.handle,
 }
 
 
