@@ -17,6 +17,7 @@ from packaging.version import Version
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.slack.blocks import escape
+from bot.core.status import Action
 from bot.slack.grammar import (
     AUDIT_DEFAULT,
     COMMANDS,
@@ -27,6 +28,7 @@ from bot.slack.grammar import (
     Command,
     Doctor,
     Drain,
+    Host,
     Gpus,
     Help,
     Logs,
@@ -37,6 +39,7 @@ from bot.slack.grammar import (
     Rotation,
     Status,
     Undrain,
+    When,
     parse_command,
     run_id_of,
     usage,
@@ -158,6 +161,14 @@ def error(text: str, settings: Settings = SETTINGS) -> str:
         ("cancel 12", Cancel(12)),
         ("cancel #12", Cancel(12)),
         ("cancel 9223372036854775807", Cancel(2**63 - 1)),
+        ("host reboot gpu01", Host(Action.REBOOT, "gpu01")),
+        ("Host Reboot gpu01 --at 02:00", Host(Action.REBOOT, "gpu01", (), When("02:00"))),
+        ("host gpu-reset gpu02", Host(Action.GPU_RESET, "gpu02")),
+        ("host gpu-reset gpu02 3 0", Host(Action.GPU_RESET, "gpu02", (0, 3))),
+        (
+            "host gpu-reset gpu02 0 7 --now",
+            Host(Action.GPU_RESET, "gpu02", (0, 7), When(None, True)),
+        ),
     ],
 )
 def test_valid_forms(text: str, expected: Command) -> None:
@@ -192,6 +203,7 @@ def test_usage_covers_every_command_in_order() -> None:
         "audit": "audit",
         "cancel": "cancel 1",
         "doctor": "doctor",
+        "host": "host reboot gpu01",
     }
     assert set(accepted) == set(COMMANDS)
     for text in accepted.values():
@@ -295,6 +307,15 @@ def test_invalid_versions_are_rejected(version: str) -> None:
         ("cancel abc", "'abc' is not a run id"),
         ("cancel 9223372036854775808", "is not a run id"),
         ("cancel 1 2", "Unexpected extra words"),
+        ("host", "say what to do and to which host"),
+        ("host reboot", "say what to do and to which host"),
+        ("host restart gpu01", "say what to do and to which host"),
+        ("host reboot gpu09", "Unknown host 'gpu09'"),
+        ("host reboot gpu01 0", "a reboot takes no GPU indexes"),
+        ("host gpu-reset gpu01 x", "'x' is not a GPU index"),
+        ("host gpu-reset gpu01 64", "'64' is not a GPU index (0 to 63)"),
+        ("host gpu-reset gpu01 1 1", "GPU 1 is named twice"),
+        ("host reboot gpu01 --force", "Unknown option '--force' for host"),
     ],
 )
 def test_argument_errors(text: str, fragment: str) -> None:
@@ -450,6 +471,10 @@ def assert_safe(cmd: Command) -> None:
             assert SETTINGS.services[s].router is not None
         case Drain(service=s, host=h) | Undrain(service=s, host=h):
             assert SETTINGS.services[s].router is not None and h in SETTINGS.services[s].hosts
+        case Host(action=a, host=h, gpus=g):
+            # Only a configured host, and GPU indexes as numbers in range, each once.
+            assert a.host_wide and h in SETTINGS.hosts
+            assert list(g) == sorted(set(g)) and all(0 <= i <= 63 for i in g)
         case _:
             raise AssertionError(f"unexpected command {cmd!r}")
     for field in dataclasses.fields(cmd):
@@ -560,6 +585,14 @@ def valid_commands(draw: st.DrawFn) -> tuple[str, Command]:
         run_id = draw(st.integers(1, 2**63 - 1))
         head.append(draw(st.sampled_from(["", "#"])) + str(run_id))
         expected = Cancel(run_id)
+    elif name == "host":
+        host = draw(st.sampled_from(["gpu01", "gpu02"]))
+        op = draw(st.sampled_from(["reboot", "gpu-reset"]))
+        gpus = draw(st.lists(st.integers(0, 63), unique=True, max_size=4)) if op != "reboot" else []
+        head += [op, host, *map(str, gpus)]
+        action = Action.REBOOT if op == "reboot" else Action.GPU_RESET
+        expected = Host(action, host, tuple(sorted(gpus)))
+        return draw(st.sampled_from([" ", "  ", "\t"])).join(head), expected
     else:
         expected = Help()
     words = head[:1] + draw(st.permutations([head[1:], *flags])) if len(head) > 1 or flags else head

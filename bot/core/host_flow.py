@@ -125,8 +125,16 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
     for p in running:
         ended = yield from out_and_stop(p.plan, p.svc, host, None, p.before)
         if ended is not None:
-            why = f"{p.plan.service} did not stop: {ended.summary}"
-            return (yield from _abandon(host, stopped, why, HostStatus.FAILED, [_of(p, ended)]))
+            # Cancelled before its stop, or refused (its router, its load): the run ends
+            # as that service's did; a stop that failed is a failed run.
+            cancelled = ended.status in (HostStatus.CANCELLED, HostStatus.ABORTED)
+            status = ended.status if cancelled else HostStatus.FAILED
+            why = (
+                f"{p.plan.service}: {ended.summary}"
+                if cancelled
+                else (f"{p.plan.service} did not stop: {ended.summary}")
+            )
+            return (yield from _abandon(host, stopped, why, status, [_of(p, ended)]))
         stopped.append(p)
     for p in stopped:
         drain, reason = yield from drain_clean(p.svc, host)

@@ -51,7 +51,7 @@ def gpu_indexes(words: Sequence[str]) -> tuple[int, ...]:
     out: list[int] = []
     for word in (w for part in words for w in part.split(",") if w):
         if not word.isdigit() or int(word) > MAX_GPU_INDEX:
-            raise InputError(f"`{word[:16]}` is not a GPU index (0 to {MAX_GPU_INDEX})")
+            raise InputError(f"'{word[:16]}' is not a GPU index (0 to {MAX_GPU_INDEX})")
         if int(word) in out:
             raise InputError(f"GPU {int(word)} is named twice")
         out.append(int(word))

@@ -456,16 +456,19 @@ def _parse_host(args: _Args, settings: Settings) -> Host:
     words = args.positionals
     if len(words) < 2 or words[0].lower() not in OPERATIONS:
         args.fail(
-            "say what to do and to which host: `host reboot <host>` or "
-            "`host gpu-reset <host> [GPU ...]`"
+            "say what to do and to which host: host reboot HOST, or host gpu-reset HOST [GPU ...]."
         )
     action = OPERATIONS[words[0].lower()]
     host = words[1]
     if host not in settings.hosts:
-        raise InputError(f"Unknown host {_show(host)}. {_known('hosts', sorted(settings.hosts))}")
+        args.fail(f"Unknown host {_show(host)}. {_known('hosts', sorted(settings.hosts))}")
     if action == Action.REBOOT and len(words) > 2:
-        args.fail("a reboot takes no GPU indexes: it reboots the whole host")
-    return Host(action, host, gpu_indexes(words[2:]), _when(args))
+        args.fail("a reboot takes no GPU indexes: it reboots the whole host.")
+    try:
+        gpus = gpu_indexes(words[2:])
+    except InputError as e:
+        args.fail(f"{e}.")
+    return Host(action, host, gpus, _when(args))
 
 
 # Each subcommand's builder; the flags it accepts come from the table (``_flags``).

@@ -57,7 +57,8 @@ def reboot_and_wait(m: MaintenanceSettings, boot_id: str) -> Phase[Rebooted]:
     yield Emit(BeginStep(Step.REBOOT, cmd(argv)))
     r = yield from run(Step.REBOOT, argv, REBOOT_COMMAND_TIMEOUT_S)
     if r.refused is not None or (r.exit_status not in (0, None) and not r.timed_out):
-        why = r.refused or f"`{cmd(argv)}` failed ({reason_of(r)})"
+        said = " ".join(r.output.split())[:200]
+        why = r.refused or f"`{cmd(argv)}` failed ({reason_of(r)}{': ' + said if said else ''})"
         yield Emit(EndStep(Step.REBOOT, False, why, r.exit_status, r.output))
         return Rebooted("not_rebooted", why)
     start = (yield from pause()).now
