@@ -14,10 +14,10 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
+from bot.core.status import Action
 from bot.errors import InputError
 from bot.settings import Settings
 from bot.slack.blocks import escape
-from bot.core.status import Action
 from bot.slack.grammar import (
     AUDIT_DEFAULT,
     COMMANDS,
@@ -28,9 +28,9 @@ from bot.slack.grammar import (
     Command,
     Doctor,
     Drain,
-    Host,
     Gpus,
     Help,
+    Host,
     Logs,
     Redeploy,
     Releases,
