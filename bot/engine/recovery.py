@@ -51,7 +51,7 @@ from datetime import UTC, datetime
 from bot.audit.rotations import RotationRow, left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.plan import Step
-from bot.core.status import Decision, RunStatus, Source
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.clocks import system_monotonic, wall_clock_id
 from bot.engine.liveness import DRIVEN, Judge, JudgedBy, Verdict
 from bot.errors import LockHeldError
@@ -131,6 +131,15 @@ _STATE_AFTER: dict[str, str] = {
     "itself was not touched and should still be running.",
     Step.ROTATION_IN: "The service had passed its gates and was being put back in its "
     "router's rotation.",
+    # Issue 23: a host's maintenance.
+    Step.REBOOT: "The host had been told to reboot, or was being waited for: it may be down, "
+    "booting or back. Its services were stopped for it; the boot may have started the "
+    "enabled ones, without the bot's health gate or deep GPU check.",
+    Step.GPU_RESET: "The host's services were stopped and its GPUs were being reset: a GPU "
+    "may be mid-reset, or left with persistence mode off (`nvidia-smi -q | grep -i "
+    "persistence`; `nvidia-smi -i N -pm 1` as root turns it back on).",
+    Step.DEEP_CHECK: "The reboot or reset was done; the deep GPU check was running and the "
+    "services had not been started again.",
 }
 
 
@@ -172,11 +181,32 @@ def interrupted_message(run: RunRecord, left_out: Sequence[RotationRow] = ()) ->
     step = run.current_step
     where = f"during step `{step}`" if step else "before its first step"
     state = _STATE_AFTER.get(step or Step.PREFLIGHT, "The state of the service is unknown.")
+    if Action(run.action).host_wide:
+        return _host_interrupted(run, where, state, left_out)
     return (
         f"Run #{run.id} ({run.action} {run.service}) was interrupted: {_driver(run)} "
         f"stopped {where}. {state} Check with `/vllm status {run.service}` (or "
         f"`python -m bot status {run.service}`) before doing anything else."
         f"{out_of_rotation(run, left_out)}"
+    )
+
+
+def _host_interrupted(
+    run: RunRecord, where: str, state: str, left_out: Sequence[RotationRow]
+) -> str:
+    """A host maintenance's: each service on the host to check, and the GPUs."""
+    host = run.hosts[0] if run.hosts else "the host"
+    services = [str(p.get("service")) for p in run.plan.get("parts") or ()]
+    checks = ", ".join(f"`/vllm status {s}`" for s in services) or "`/vllm status`"
+    out = "".join(
+        f" {r.host} may be OUT of rotation at router {r.router} (server {r.server}): once it "
+        f"is healthy, `/vllm undrain <service> {r.host}` puts it back."
+        for r in left_out
+    )
+    return (
+        f"Run #{run.id} ({run.action} of host {host}) was interrupted: {_driver(run)} "
+        f"stopped {where}. {state} Check {checks} and `/vllm gpus --deep {host}` before "
+        f"doing anything else.{out}"
     )
 
 

@@ -83,17 +83,26 @@ def with_recorded_steps(view: CardView, steps: Iterable[StepRecord]) -> CardView
     """The checklist as the audit log recorded it; planned steps that never ran are
     shown as skipped once the run is over."""
     lines = list(view.steps)
+    used: set[int] = set()
     for rec in steps:
         # A status this bot does not know (a newer bot wrote it) shows as a failure.
         state = rec.status if rec.status in StepStatus else StepStatus.FAILED
         line = StepLine(rec.host, Step(rec.step), state, rec.duration_s)
+        # In order: a step a run took twice (each service of a host) fills its lines in turn.
         index = next(
-            (i for i, s in enumerate(lines) if (s.host, s.step) == (line.host, line.step)), None
+            (
+                i
+                for i, s in enumerate(lines)
+                if (s.host, s.step) == (line.host, line.step) and i not in used
+            ),
+            None,
         )
         if index is None:
             lines.append(line)
+            used.add(len(lines) - 1)
         else:
             lines[index] = line
+            used.add(index)
     if view.status in FINAL_STATUSES:
         lines = [
             dataclasses.replace(s, state=StepStatus.SKIPPED) if s.state == StepStatus.PENDING else s

@@ -384,10 +384,14 @@ class SlackReporter(_CardDelivery):
 
     def _step(self, host: str, step: Step, **changes: Any) -> StepLine:
         steps = list(self.view.steps)
-        for i, line in enumerate(steps):
-            if line.host == host and line.step == step:
-                steps[i] = dataclasses.replace(line, **changes)
-                break
+        same = [i for i, line in enumerate(steps) if line.host == host and line.step == step]
+        # A step a run takes more than once (a host's maintenance stops each of its
+        # services): a start takes the first line not begun, anything else the running one.
+        want = StepStatus.PENDING if changes.get("state") == StepStatus.RUNNING else None
+        want = want or StepStatus.RUNNING
+        i = next((i for i in same if steps[i].state == want), same[0] if same else -1)
+        if i >= 0:
+            steps[i] = dataclasses.replace(steps[i], **changes)
         else:  # a step not in the plan (rollback) joins the list when it starts
             steps.append(StepLine(host, step, **changes))
             i = len(steps) - 1
