@@ -9,8 +9,10 @@ import pytest
 
 from bot.core.dcgm import DiagResult, parse_diag
 from bot.core.deep_check import (
+    RESEAT,
     Check,
     DeepFinding,
+    DeepReport,
     judge_count,
     judge_dcgm,
     judge_driver,
@@ -18,6 +20,7 @@ from bot.core.deep_check import (
 )
 from bot.core.deep_query import MISMATCH_EXIT, mismatch_of, parse_deep_query
 from bot.core.health_types import Level
+from bot.engine.deep_check import deep_summary, deep_text
 from bot.errors import GpuQueryError
 
 SAMPLES = Path(__file__).parent / "samples" / "deep"
@@ -169,3 +172,23 @@ def test_no_dcgmi_is_skipped_and_said_and_a_broken_one_warns() -> None:
 )
 def test_gpu_count_against_the_last_known(now: int, last: int | None, level: Level) -> None:
     assert judge_count(now, last).level == level
+
+
+def test_the_short_answer_keeps_each_verdict_and_what_needs_a_look_failing_hosts_first() -> None:
+    ok = DeepFinding(Check.PCIE, Level.OK, "PCIe width x16", gpu="GPU 0")
+    bad = DeepFinding(Check.PCIE, Level.CRITICAL, "PCIe link x8 of x16", RESEAT, "GPU 3")
+    slow = DeepFinding(Check.THROTTLE, Level.WARN, "clocks held back: thermal", "cool", "GPU 1")
+    reports = [
+        DeepReport("a", (ok, ok)),
+        DeepReport("b", (slow, ok)),
+        DeepReport("c", (ok, bad)),
+    ]
+    assert deep_summary(reports).splitlines() == [
+        "c: deep GPU check FAIL (1 of 2 checks ok)",
+        f"  FAIL pcie        GPU 3: PCIe link x8 of x16 -> {RESEAT}",
+        "b: deep GPU check warn (1 of 2 checks ok)",
+        "  warn throttle    GPU 1: clocks held back: thermal -> cool",
+        "a: deep GPU check ok (2 of 2 checks ok)",
+    ]
+    # The full text keeps every line, in the order asked.
+    assert deep_text(reports).count("PCIe width x16") == 4

@@ -18,6 +18,7 @@ import pytest
 
 from bot.cli.main import doctor
 from bot.core import remote
+from bot.core.host_ops import reset_argv
 from bot.core.leftovers import (
     Approval,
     facts_query,
@@ -28,6 +29,7 @@ from bot.core.leftovers import (
 from bot.core.privilege import Privilege
 from bot.core.status import Action, Decision, RunStatus
 from bot.core.sudoers import grants, render
+from bot.core.sudoers_host import host_grants
 from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import ServiceSettings, Settings
@@ -71,6 +73,7 @@ def settings_of(
     return Settings(
         hosts={kit.hostname: kit.host_settings(**(host or {}))},
         services={SERVICE: kit.service_settings(**service)},
+        maintenance=kit.maintenance_settings(),
         db_path=tmp_path / "audit.db",
     )
 
@@ -237,6 +240,8 @@ async def test_doctor_passes_a_correct_non_root_setup(
         assert only(checks, "unit command")["detail"].startswith("`vllm serve` with 4 flags")
         assert only(checks, "venv")["detail"].endswith(f"vllm {DEFAULT_VERSION}")
         assert "rules, none beyond what the bot needs" in only(checks, "sudo -l", None)["detail"]
+        maint = only(checks, "host maintenance sudo rules", None)["detail"]
+        assert maint.startswith("all 7 host-maintenance rules"), maint
         # sshd reads the key from a file root owns (the kit's own sshd_config says which).
         keys = only(checks, "authorized_keys", None)["detail"]
         assert keys.startswith("sshd reads ") and "cannot change them" in keys
@@ -268,6 +273,7 @@ async def test_doctor_reports_each_broken_piece_with_its_fix(
             "no-health": {**svc, "health_url": closed},
             "on-impostor": {**svc, "hosts": ["impostor"]},
         },
+        maintenance=host.maintenance_settings(),
         db_path=tmp_path / "audit.db",
     )
     stop_rule = next(
@@ -342,6 +348,21 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit, tmp_
         assert not sudo_allows(
             login, [uv, "pip", "install", "--python", "/usr/bin/python3", "vllm"], owner
         )
+        # Host maintenance (issue 23), only asked (-l), never run: each line, and no other
+        # argument after the GPU's index, no other index and no other systemctl verb.
+        for g in host_grants(settings.maintenance):
+            assert sudo_allows(login, g.sample), g.line()
+        smi, ctl = settings.maintenance.nvidia_smi, settings.maintenance.systemctl
+        for argv in (
+            [smi, "-r", "-i", "0", "-q"],
+            [smi, "-r", "-i", "0;", "rm"],
+            [smi, "-r", "-i", "100"],
+            [smi, "-r"],
+            [smi, "-i", "3", "-pm", "1", "--anything"],
+            [ctl, "reboot", "--force"],
+            [ctl, "poweroff"],
+        ):
+            assert not sudo_allows(login, argv), argv
         install = remote.install(svc, "vllm==0.16.0", None)
         assert sudo_allows(login, install, owner)
         # What the venv owner may run, root may not, and nor may any other account.
@@ -402,6 +423,23 @@ async def test_an_index_url_reaches_uv_under_sudo_through_its_environment_only(
     assert result.status == RunStatus.SUCCEEDED, out
     assert host.installed_version == only_there
     assert all(token not in " ".join(c.argv) for c in host.calls())
+
+
+async def test_doctor_warns_naming_a_missing_host_maintenance_rule(
+    host: NonRootKit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 23: a host without the GPU reset rule still serves (a warning, exit 0), and
+    # doctor names the line its drop-in lacks.
+    settings = settings_of(host, tmp_path)
+    m = settings.maintenance
+    reset = next(g for g in host_grants(m) if g.sample == reset_argv(m, 0))
+    with sudoers_installed(render(settings, host.who.login, omit=[reset.line()])):
+        code, checks = await doctor_json(settings, capsys)
+    maint = only(checks, "host maintenance sudo rules", None)
+    assert maint["result"] == "warn" and f"`{reset.line()}`" in maint["detail"], maint
+    assert "missing 1 of 7" in maint["detail"] and "python -m bot sudoers" in maint["fix"]
+    assert only(checks, "sudo rules")["result"] == "ok"
+    assert code == 0, checks
 
 
 async def test_doctor_warns_about_rights_beyond_the_rules(

@@ -249,6 +249,7 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
                 }
             },
             services={"svc": svc.model_dump()},
+            maintenance={"systemctl": "/usr/bin/systemctl", "nvidia_smi": "/usr/bin/nvidia-smi"},
             db_path=Path("/nonexistent/audit.db"),
         ),
         "chatops",

@@ -69,10 +69,14 @@ HOST: dict[str, Any] = {
 }
 
 
+MAINT: dict[str, Any] = {"systemctl": "/usr/bin/systemctl", "nvidia_smi": "/usr/bin/nvidia-smi"}
+
+
 def settings(**svc: Any) -> Settings:
     return Settings(
         hosts={"gpu-node-1": HOST},
         services={"kimi-k25": {**SVC, **svc}},
+        maintenance=MAINT,
         db_path=Path("/nonexistent/audit.db"),
     )
 
@@ -706,6 +710,7 @@ def test_doctor_checks_every_host_then_its_services(tmp_path: Path) -> None:
         (None, "sudo PATH"),
         (None, "authorized_keys"),
         (None, "nvidia-smi"),
+        (None, "host maintenance sudo rules"),
         ("kimi-k25", "sudo rules"),
         ("kimi-k25", "uv"),
         ("kimi-k25", "unit"),

@@ -67,9 +67,19 @@ class DeepReport:
     def level(self) -> Level:
         return worst(f.level for f in self.findings)
 
+    def head(self) -> str:
+        return f"{self.host}: deep GPU check {WORDS[self.level]}"
+
     def text(self) -> str:
-        head = f"{self.host}: deep GPU check {WORDS[self.level]}"
-        return "\n".join([head, *(f"  {f.line()}" for f in self.findings)])
+        return "\n".join([self.head(), *(f"  {f.line()}" for f in self.findings)])
+
+    def summary(self) -> str:
+        """The verdict and only the findings that need a look (the ok ones counted): what
+        a short answer shows of this host."""
+        shown = [f for f in self.findings if f.level != Level.OK]
+        ok = len(self.findings) - len(shown)
+        head = self.head() + (f" ({ok} of {len(self.findings)} checks ok)" if ok else "")
+        return "\n".join([head, *(f"  {f.line()}" for f in shown)])
 
 
 def _pcie(gpu: str, r: DeepReading) -> list[DeepFinding]:

@@ -7,17 +7,22 @@ from collections.abc import Sequence
 
 from bot.core import remote, remote_releases
 from bot.core.doctor_keys import SSHD_KEYS_SCRIPT, check_key_files
+from bot.core.doctor_sudo import HOST_RULES
 from bot.core.doctor_types import Argv, Kind, Probe
 from bot.core.leftovers import unit_user_query
 from bot.core.privilege import SH, Privilege
 from bot.core.routers.doctor import router_probes
 from bot.core.sudoers import grants
+from bot.core.sudoers_host import host_grants
 from bot.core.sudoers_rules import Grant
-from bot.settings import HostSettings, ServiceSettings, Settings
+from bot.settings import HostSettings, MaintenanceSettings, ServiceSettings, Settings
 
 
-def _host_probes(name: str, cfg: HostSettings, gpus: bool = True) -> list[Probe]:
-    """``gpus``: the host serves a service (a router's host alone has none to list)."""
+def _host_probes(
+    name: str, cfg: HostSettings, gpus: bool = True, maint: MaintenanceSettings | None = None
+) -> list[Probe]:
+    """``gpus``: the host serves a service (a router's host alone has none to list).
+    ``maint``: whose host-maintenance rules a sudo host that serves one is checked for."""
     out = [Probe(name, None, "login account", Kind.CONFIG)]
     if not cfg.is_local:
         out += [
@@ -51,6 +56,11 @@ def _host_probes(name: str, cfg: HostSettings, gpus: bool = True) -> list[Probe]
         out.append(
             Probe(name, None, "nvidia-smi", Kind.COMMANDS, ((remote.gpu_query(), Privilege.NONE),))
         )
+    if gpus and cfg.become == "sudo" and maint is not None:
+        asks = tuple(
+            (("sudo", "-n", "-l", "--", *g.sample), Privilege.NONE) for g in host_grants(maint)
+        )
+        out.append(Probe(name, None, HOST_RULES, Kind.COMMANDS, asks))
     return out
 
 
@@ -148,7 +158,7 @@ def probes(settings: Settings, hosts: Sequence[str], service: str | None = None)
     serving = {h for svc in settings.services.values() for h in svc.hosts}
     for host in hosts:
         cfg = settings.hosts[host]
-        out += _host_probes(host, cfg, gpus=host in serving)
+        out += _host_probes(host, cfg, gpus=host in serving, maint=settings.maintenance)
         for name, svc in settings.services.items():
             if host in svc.hosts and service in (None, name):
                 out += _service_probes(host, cfg, name, svc)
@@ -163,6 +173,11 @@ def probes(settings: Settings, hosts: Sequence[str], service: str | None = None)
         if router.host not in hosts and not fronted:
             continue
         if router.host not in hosts and not any(p.host == router.host for p in out):
-            out += _host_probes(router.host, settings.hosts[router.host], router.host in serving)
+            out += _host_probes(
+                router.host,
+                settings.hosts[router.host],
+                router.host in serving,
+                maint=settings.maintenance,
+            )
         out += router_probes(settings, rname)
     return out

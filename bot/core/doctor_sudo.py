@@ -7,8 +7,9 @@ import re
 from collections.abc import Callable
 
 from bot.core.doctor_types import SUDOERS_FIX, Answer, Check, Outcome, Probe, judged, reply
-from bot.core.privilege import Privilege
+from bot.core.privilege import Privilege, sudo_refusal
 from bot.core.sudoers import alias, grants
+from bot.core.sudoers_host import HOST_ALIAS, host_grants
 from bot.settings import Settings
 
 _ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s+(?:[A-Z_]+:\s*)*(?P<cmds>.*)")
@@ -41,7 +42,7 @@ def _ours(s: Settings) -> set[tuple[str, str]]:
         ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
         for svc in s.services.values()
         for g in grants(svc)
-    }
+    } | {("root", g.line()) for g in host_grants(s.maintenance)}
 
 
 def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
@@ -208,8 +209,41 @@ def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
     return judged(p, Outcome.OK, f"all {len(a.results)} rules the bot needs are granted")
 
 
+# The host-maintenance rules' check (bot.core.sudoers_host): its own, as a warning, since a
+# host without them still serves; only host reboot and gpu-reset need them.
+HOST_RULES = "host maintenance sudo rules"
+
+
+def _host_rules(p: Probe, a: Answer, s: Settings) -> Check:
+    """The host-maintenance rules (``bot.core.sudoers_host``): a warning at worst, as the
+    host serves without them; only host reboot and gpu-reset need them."""
+    fix = SUDOERS_FIX.format(user=s.hosts[p.host].user)
+    if a.error:
+        return judged(p, Outcome.WARN, f"not checked: {a.error}", fix)
+    missing = []
+    for g, r in zip(host_grants(s.maintenance), a.results, strict=False):
+        if r.ok:
+            continue
+        why = sudo_refusal(r.exit_status, r.stderr) or ""
+        gone = f"; {why}" if "does not exist" in why else ""
+        missing.append(f"{HOST_ALIAS}: `{g.line()}` ({g.why}{gone})")
+    if missing:
+        return judged(
+            p,
+            Outcome.WARN,
+            f"missing {len(missing)} of {len(a.results)} host-maintenance rules (the "
+            "services run without them; `host reboot` and `host gpu-reset` are refused): "
+            + "; ".join(missing),
+            fix,
+        )
+    return judged(
+        p, Outcome.OK, f"all {len(a.results)} host-maintenance rules (reboot, GPU reset) granted"
+    )
+
+
 JUDGES: dict[str, Callable[[Probe, Answer, Settings], Check]] = {
     "sudo -l": _sudo_list,
     "sudo PATH": _sudo_path,
     "sudo rules": _sudo_rules,
+    HOST_RULES: _host_rules,
 }

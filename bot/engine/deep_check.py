@@ -94,3 +94,14 @@ async def deep_check(
 
 def deep_text(reports: Sequence[DeepReport]) -> str:
     return "\n\n".join(r.text() for r in reports)
+
+
+_FIRST = {Level.CRITICAL: 0, Level.WARN: 1, Level.OK: 2}
+
+
+def deep_summary(reports: Sequence[DeepReport]) -> str:
+    """Each host's verdict with only its findings that need a look, failing hosts first:
+    for an answer where ``deep_text`` does not fit (a host's ok lines would push another
+    host's failure past the cut; the full text goes beside it)."""
+    ordered = sorted(reports, key=lambda r: _FIRST[r.level])
+    return "\n".join(r.summary() for r in ordered)

@@ -409,6 +409,7 @@ class Settings(BaseSettings):
                 if self.hosts[h].become == "sudo":
                     _check_sudo_paths(name, svc, h)
             _check_router(self, name, svc)
+        _check_sudo_maintenance(self)
         for name, r in self.routers.items():
             if r.host not in self.hosts:
                 raise ValueError(f"routers.{name}.host names unknown host {r.host!r}")
@@ -499,6 +500,28 @@ def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
                 f'services.{name}.{key} = {value!r}: host {host} uses become = "sudo", so '
                 "it must be an absolute path of letters, digits and . _ + - / @ "
                 f"(the sudoers rules name it exactly; find it with `command -v {key}`)"
+            )
+
+
+def _check_sudo_maintenance(settings: Settings) -> None:
+    """``[maintenance]``'s tools run as root through sudo on a host with ``become =
+    "sudo"`` that serves a service (``bot.core.sudoers_host``): refused here, at load, as
+    a service's ``systemctl`` is (``_check_sudo_paths``), so ``python -m bot sudoers``
+    never prints a rule sudo would reject or that names another program than the bot runs."""
+    serving = {h for svc in settings.services.values() for h in svc.hosts}
+    host = next(
+        (h for h in sorted(serving) if h in settings.hosts and settings.hosts[h].become == "sudo"),
+        None,
+    )
+    if host is None:
+        return
+    for key, tool in (("systemctl", "systemctl"), ("nvidia_smi", "nvidia-smi")):
+        value = getattr(settings.maintenance, key)
+        if not SUDO_PATH_RE.match(value):
+            raise ValueError(
+                f'maintenance.{key} = {value!r}: host {host} uses become = "sudo", so it '
+                "must be an absolute path of letters, digits and . _ + - / @ (the sudoers "
+                f"rules of host reboot and GPU reset name it; find it with `command -v {tool}`)"
             )
 
 

@@ -276,6 +276,10 @@ class NonRootKit(SimKit):
             },
         )
 
+    def maintenance_settings(self) -> dict[str, Any]:
+        """``[maintenance]`` naming this host's tools (host reboot and GPU reset)."""
+        return {"systemctl": self.tool("systemctl"), "nvidia_smi": self.tool("nvidia-smi")}
+
     def host_settings(self, **overrides: Any) -> dict[str, Any]:
         # doctor reads the AuthorizedKeysFile of the sshd that serves this host.
         return super().host_settings(

@@ -11,7 +11,7 @@ summary line and a line per host, with the full tables as a file in the thread; 
 
 from __future__ import annotations
 
-from bot.engine.deep_check import deep_check, deep_text
+from bot.engine.deep_check import deep_check, deep_summary, deep_text
 from bot.hosts.fleet import fleet_gpus, fleet_message, health_details, resolve_targets
 from bot.hosts.fleet_states import fleet_file, is_big
 from bot.slack.blocks import code_answer, code_head
@@ -72,10 +72,14 @@ async def handle(req: CommandRequest, cmd: Gpus) -> None:
 
 
 async def _deep(req: CommandRequest, hosts: list[str], target: str | None) -> None:
-    text = deep_text(await deep_check(req.settings, req.pool, req.audit, hosts))
+    reports = await deep_check(req.settings, req.pool, req.audit, hosts)
+    text = deep_text(reports)
+    # Every line when it fits; else each host's verdict and what needs a look, failing
+    # hosts first (cut, a later host's failure would be in the file only), and the file.
     attach = code_head(text)[1]
+    body = deep_summary(reports) if attach else text
     title = f"Deep GPU check: {target or 'all hosts'}"
-    ts = await req.poster.post(req.channel, code_answer(title, text, attached=attach))
+    ts = await req.poster.post(req.channel, code_answer(title, body, attached=attach))
     if attach:
         await req.poster.upload(
             req.channel, filename="gpu-deep.txt", content=text, title=title, thread_ts=ts
