@@ -13,12 +13,14 @@ import pytest
 
 from bot.core.doctor import Answer, Kind, Outcome, Probe, judge, passed, probes
 from bot.core.host_ops import persistence_argv, reboot_argv, reset_argv
+from bot.core.host_plan import make_host_plan
 from bot.core.privilege import Privilege
 from bot.core.results import CommandResult
+from bot.core.status import Action
 from bot.core.sudoers import become_for, render
 from bot.core.sudoers_host import HOST_ALIAS, host_grants, host_rule_for, maintained_hosts
 from bot.core.sudoers_rules import Wild
-from bot.errors import ConfigError
+from bot.errors import ConfigError, InputError
 from bot.settings import MaintenanceSettings, Settings, load_settings
 from tests.test_sudoers import HOST, MAINT, SVC, settings
 
@@ -149,20 +151,31 @@ def test_a_sudo_gpu_host_needs_absolute_maintenance_paths(tmp_path: Path) -> Non
         'journalctl = "/usr/bin/journalctl"\n'
     )
     cfg.write_text(base)
-    with pytest.raises(ConfigError, match=r"maintenance\.systemctl = 'systemctl': host h uses"):
-        load_settings(cfg)
+    # It still loads (a sudo deployment that never reboots from chat keeps working), but
+    # a host maintenance is refused naming the key, and sudoers prints no rule for it.
+    s = load_settings(cfg)
+    with pytest.raises(InputError, match=r"\[maintenance\] systemctl = 'systemctl': host h uses"):
+        make_host_plan(s, Action.REBOOT, "h")
+    assert "# ==== host maintenance: no rules printed: [maintenance] systemctl" in render(
+        s, "chatops"
+    )
+    assert HOST_ALIAS not in render(s, "chatops")
     cfg.write_text(base + '[maintenance]\nsystemctl = "/usr/bin/systemctl"\n')
-    with pytest.raises(ConfigError, match=r"command -v nvidia-smi"):
-        load_settings(cfg)
+    with pytest.raises(InputError, match=r"command -v nvidia-smi"):
+        make_host_plan(load_settings(cfg), Action.REBOOT, "h")
     cfg.write_text(
         base
         + '[maintenance]\nsystemctl = "/usr/bin/systemctl"\nnvidia_smi = "/usr/bin/nvidia-smi"\n'
     )
-    assert load_settings(cfg).maintenance.nvidia_smi == "/usr/bin/nvidia-smi"
+    s = load_settings(cfg)
+    assert make_host_plan(s, Action.REBOOT, "h").action == Action.REBOOT
+    assert HOST_ALIAS in render(s, "chatops")
     # Root hosts (become = "none") find them in PATH, as the sim's do.
     cfg.write_text(base.replace('become = "sudo"', 'become = "none"'))
-    assert load_settings(cfg).maintenance.systemctl == "systemctl"
-    # A path sudoers would read as syntax is no path a rule can name.
+    s = load_settings(cfg)
+    assert s.maintenance.systemctl == "systemctl"
+    assert make_host_plan(s, Action.REBOOT, "h").action == Action.REBOOT
+    # A path sudoers would read as syntax is no path a rule can name: refused at load.
     cfg.write_text(
         base + '[maintenance]\nsystemctl = "/usr/bin/system ctl"\nnvidia_smi = "/usr/bin/x"\n'
     )

@@ -20,7 +20,7 @@ from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV
 from bot.core.plan import Plan, PlannedStep, Step, cmd, host_targets, make_plan
 from bot.core.status import Action
 from bot.errors import InputError
-from bot.settings import Settings
+from bot.settings import Settings, maintenance_path_problem
 
 HOST_PREFIX = "host:"
 # The run's service word for a host: "host:gpu-01".
@@ -80,6 +80,8 @@ def make_host_plan(
             f"{host} carries no configured service: host maintenance drains and restarts "
             "the services of a GPU host, and this one has none"
         )
+    if (why := maintenance_path_problem(settings, host)) is not None:
+        raise InputError(why)
     if gpus and action != Action.GPU_RESET:
         raise InputError("GPU indexes only apply to gpu-reset")
     keys = host_keys or {}

@@ -34,7 +34,13 @@ from bot.core.sudoers_host import (
     maintained_hosts,
 )
 from bot.core.sudoers_rules import Grant, Part, Wild
-from bot.settings import HostSettings, MaintenanceSettings, ServiceSettings, Settings
+from bot.settings import (
+    HostSettings,
+    MaintenanceSettings,
+    ServiceSettings,
+    Settings,
+    maintenance_path_problem,
+)
 
 Argv = tuple[str, ...]
 
@@ -493,7 +499,10 @@ def render(
         if svc.indexes:
             out.append(f'Defaults!{venv_alias} env_keep += "{remote.INDEX_ENV}"')
     maintained = maintained_hosts(settings, hosts)
-    if maintained:
+    problems = [p for h in maintained if (p := maintenance_path_problem(settings, h))]
+    if problems:
+        out.append(f"\n# ==== host maintenance: no rules printed: {problems[0]}")
+    elif maintained:
         out.append(f"\n# ==== host maintenance: hosts {', '.join(maintained)}")
         out.append(
             _section(

@@ -504,25 +504,35 @@ def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
 
 
 def _check_sudo_maintenance(settings: Settings) -> None:
-    """``[maintenance]``'s tools run as root through sudo on a host with ``become =
-    "sudo"`` that serves a service (``bot.core.sudoers_host``): refused here, at load, as
-    a service's ``systemctl`` is (``_check_sudo_paths``), so ``python -m bot sudoers``
-    never prints a rule sudo would reject or that names another program than the bot runs."""
-    serving = {h for svc in settings.services.values() for h in svc.hosts}
-    host = next(
-        (h for h in sorted(serving) if h in settings.hosts and settings.hosts[h].become == "sudo"),
-        None,
-    )
-    if host is None:
-        return
+    """A ``[maintenance]`` tool given as a path must be one a sudoers rule can name (an
+    absolute path of letters, digits and . _ + - / @): a typo there fails at load."""
+    for key in ("systemctl", "nvidia_smi"):
+        value = getattr(settings.maintenance, key)
+        if "/" in value and not SUDO_PATH_RE.match(value):
+            raise ValueError(
+                f"maintenance.{key} = {value!r} must be an absolute path of letters, digits "
+                "and . _ + - / @ (a sudoers rule names it)"
+            )
+
+
+def maintenance_path_problem(settings: Settings, host: str) -> str | None:
+    """Why ``[maintenance]``'s tools cannot run as root through sudo on ``host`` (one with
+    ``become = "sudo"``): a bare name there would be whatever sudo's PATH finds, and no
+    rule names it (``bot.core.sudoers_host``). None when they can, or the host runs them
+    as its own root. Asked when a host maintenance is requested and by ``sudoers``, not at
+    load: a sudo deployment that never reboots from chat keeps starting as it did."""
+    cfg = settings.hosts.get(host)
+    if cfg is None or cfg.become != "sudo":
+        return None
     for key, tool in (("systemctl", "systemctl"), ("nvidia_smi", "nvidia-smi")):
         value = getattr(settings.maintenance, key)
         if not SUDO_PATH_RE.match(value):
-            raise ValueError(
-                f'maintenance.{key} = {value!r}: host {host} uses become = "sudo", so it '
-                "must be an absolute path of letters, digits and . _ + - / @ (the sudoers "
-                f"rules of host reboot and GPU reset name it; find it with `command -v {tool}`)"
+            return (
+                f'[maintenance] {key} = {value!r}: host {host} uses become = "sudo", so it '
+                "must be an absolute path (the sudoers rules of host reboot and GPU reset "
+                f"name it; find it with `command -v {tool}` on the host)"
             )
+    return None
 
 
 def config_path(env: dict[str, str] | None = None) -> Path:
