@@ -164,6 +164,7 @@ def error(text: str, settings: Settings = SETTINGS) -> str:
         ("host reboot gpu01", Host(Action.REBOOT, "gpu01")),
         ("Host Reboot gpu01 --at 02:00", Host(Action.REBOOT, "gpu01", (), When("02:00"))),
         ("host gpu-reset gpu02", Host(Action.GPU_RESET, "gpu02")),
+        ("host reboot gpu01 --force", Host(Action.REBOOT, "gpu01", force=True)),
         ("host gpu-reset gpu02 3 0", Host(Action.GPU_RESET, "gpu02", (0, 3))),
         (
             "host gpu-reset gpu02 0 7 --now",
@@ -315,7 +316,7 @@ def test_invalid_versions_are_rejected(version: str) -> None:
         ("host gpu-reset gpu01 x", "'x' is not a GPU index"),
         ("host gpu-reset gpu01 64", "'64' is not a GPU index (0 to 63)"),
         ("host gpu-reset gpu01 1 1", "GPU 1 is named twice"),
-        ("host reboot gpu01 --force", "Unknown option '--force' for host"),
+        ("host reboot gpu01 --dry-run", "Unknown option '--dry-run' for host"),
     ],
 )
 def test_argument_errors(text: str, fragment: str) -> None:

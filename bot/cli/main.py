@@ -393,7 +393,7 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
     if args.command == "host":
         return await run_change(
             rt,
-            plan_of_words(rt.settings, args.operation, args.host, args.gpus),
+            plan_of_words(rt.settings, args.operation, args.host, args.gpus, args.force),
             yes=args.yes,
             user=cli_user(),
             timing=timing,

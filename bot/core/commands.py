@@ -230,6 +230,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             _AT,
             _NOW,
+            _flag("--force", help=f"{_FORCE_ALL} on each service (they are interrupted)"),
             _flag("--yes", "-y", help=_YES, fronts=Front.CLI),
         ),
         chat="reboot a host, or reset its GPUs, after approval: every service on it drained "

@@ -65,6 +65,7 @@ def make_host_plan(
     *,
     gpus: Sequence[int] = (),
     host_keys: Mapping[str, str] | None = None,
+    force: bool = False,
 ) -> Plan:
     """The plan of ``action`` (reboot or gpu_reset) on ``host``; InputError for a host
     not configured or carrying no service, or GPUs named for a reboot."""
@@ -87,7 +88,7 @@ def make_host_plan(
     keys = host_keys or {}
     parts = tuple(
         replace(
-            make_plan(settings, Action.RESTART, name, host_keys=keys),
+            make_plan(settings, Action.RESTART, name, host_keys=keys, force=force),
             hosts=(host,),
             targets=host_targets(settings, (host,), keys),
             batch_size=1,
@@ -130,6 +131,7 @@ def make_host_plan(
         targets=first.targets,
         parts=parts,
         gpus=tuple(gpus),
+        force=force,
     )
 
 

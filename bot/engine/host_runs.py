@@ -45,6 +45,7 @@ def host_plan_of(settings: Settings, record: RunRecord) -> Plan:
         host,
         gpus=gpus,
         host_keys=keys_of(settings, record.service),
+        force=bool(record.plan.get("force")),
     )
 
 
@@ -58,21 +59,28 @@ def reached(plan: Plan) -> set[str]:
     return out
 
 
-def plan_host(settings: Settings, action: Action, host: str, gpus: tuple[int, ...] = ()) -> Plan:
+def plan_host(
+    settings: Settings,
+    action: Action,
+    host: str,
+    gpus: tuple[int, ...] = (),
+    force: bool = False,
+) -> Plan:
     """A host run's plan for a request, with the host's key as known_hosts holds it now."""
-    return make_host_plan(
-        settings, action, host, gpus=gpus, host_keys=keys_of(settings, host_service(host))
-    )
+    keys = keys_of(settings, host_service(host))
+    return make_host_plan(settings, action, host, gpus=gpus, host_keys=keys, force=force)
 
 
-def plan_of_words(settings: Settings, operation: str, host: str, gpus: Sequence[int]) -> Plan:
+def plan_of_words(
+    settings: Settings, operation: str, host: str, gpus: Sequence[int], force: bool = False
+) -> Plan:
     """The terminal's ``host OPERATION HOST [GPU ...]``, checked as the chat's is."""
     action = OPERATIONS.get(operation)
     if action is None:
         raise InputError(f"`{operation[:32]}` is not a host operation: reboot or gpu-reset")
     if action == Action.REBOOT and gpus:
         raise InputError("a reboot takes no GPU indexes: it reboots the whole host")
-    return plan_host(settings, action, host, gpu_indexes([str(g) for g in gpus]))
+    return plan_host(settings, action, host, gpu_indexes([str(g) for g in gpus]), force)
 
 
 def describe_host_plan(plan: Plan) -> str:

@@ -163,6 +163,7 @@ class Host:
     host: str
     gpus: tuple[int, ...] = ()
     when: When = AT_ONCE
+    force: bool = False  # stop each service without waiting for in-flight requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,7 +469,7 @@ def _parse_host(args: _Args, settings: Settings) -> Host:
         gpus = gpu_indexes(words[2:])
     except InputError as e:
         args.fail(f"{e}.")
-    return Host(action, host, gpus, _when(args))
+    return Host(action, host, gpus, _when(args), "--force" in args.values)
 
 
 # Each subcommand's builder; the flags it accepts come from the table (``_flags``).

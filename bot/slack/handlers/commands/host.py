@@ -10,5 +10,5 @@ from bot.slack.handlers.common import CommandRequest, ask_for_approval
 
 
 async def handle(req: CommandRequest, cmd: Host) -> None:
-    plan = plan_host(req.engine.settings, cmd.action, cmd.host, cmd.gpus)
+    plan = plan_host(req.engine.settings, cmd.action, cmd.host, cmd.gpus, cmd.force)
     await ask_for_approval(req, plan, f"host {cmd.action}", cmd.when)
