@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from bot.audit.store import RunRecord, StepRecord, parse_ts
 from bot.core.plan import HostTarget, Plan, PlannedStep, Step
 from bot.core.policy import Membership, counted_approvals, run_policy
+from bot.core.routers.target import RouterTarget
 from bot.core.status import FINAL_STATUSES, Action, StepStatus
 from bot.settings import PolicySettings
 from bot.slack.blocks import CardView, StepLine, initial_steps
@@ -19,7 +21,23 @@ DRY_RUN_NOTE = "Dry run: preflight only, nothing on the host changes; no approva
 
 def plan_from_record(record: RunRecord) -> Plan:
     """The plan as it was requested and shown on the card (stored with the run)."""
-    p = record.plan
+    return _plan(record.plan)
+
+
+def _router(r: dict[str, Any] | None) -> RouterTarget | None:
+    """A host run's part's router, for the card's list of services: a record a newer or
+    older bot wrote that does not fit shows the service without it."""
+    if r is None:
+        return None
+    tuples = {k: tuple(v) for k in ("drain", "undrain", "in_flight") if (v := r.get(k))}
+    try:
+        servers = tuple((h, s) for h, s in r["servers"])
+        return RouterTarget(**{**r, **tuples, "servers": servers})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _plan(p: dict[str, Any], part: bool = False) -> Plan:
     return Plan(
         action=Action(p["action"]),
         service=p["service"],
@@ -35,6 +53,11 @@ def plan_from_record(record: RunRecord) -> Plan:
         batch_size=int(p.get("batch_size") or 1),
         # A run recorded before plans bound their hosts has none: the card shows names only.
         targets=tuple(HostTarget(**t) for t in p.get("targets") or ()),
+        force=bool(p.get("force")),
+        router=_router(p.get("router")) if part else None,
+        # A host's maintenance (issue 23): each service's own plan, and the GPUs named.
+        parts=tuple(_plan(q, part=True) for q in p.get("parts") or ()),
+        gpus=tuple(int(i) for i in p.get("gpus") or ()),
     )
 
 
