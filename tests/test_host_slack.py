@@ -6,12 +6,14 @@ the reset themselves."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
-from bot.core.status import RunStatus
+from bot.core.status import RunStatus, StepStatus
+from bot.engine.owner import Owner, this_namespace
 from bot.sim.kit import SERVICE, SimKit
 from tests.handlers.test_slack_commands import ack_text
-from tests.slack_harness import ALICE, BOB, blocks_text, buttons, slack_bot
+from tests.slack_harness import ALICE, BOB, blocks_text, buttons, new_fake, slack_bot
 from tests.support.sim import touched
 
 
@@ -57,3 +59,39 @@ async def test_an_unknown_host_or_bad_gpu_is_refused_before_anything(
         assert {r.user for r in rows} == {ALICE}
         assert await bot.runtime.audit.list_runs() == []
         assert touched(sim_host) == []
+
+
+async def test_a_reboot_its_bot_died_in_is_interrupted_and_the_thread_told_what_to_check(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    host = sim_host.hostname
+    async with new_fake() as fake:
+        # The previous bot: it posted the card, was approved, stopped the service, sent
+        # the reboot, and died while waiting for the host to come back.
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            await bot.command(f"host reboot {host}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            audit = bot.runtime.audit
+            assert await audit.transition(
+                record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+            )
+            # A PID above pid_max in this PID namespace: no process has it.
+            dead = str(Owner(socket.gethostname(), 2**22 + 17, "1", this_namespace()))
+            assert await audit.transition(
+                record.id, RunStatus.RUNNING, expect=(RunStatus.APPROVED,), owner=dead
+            )
+            for step in ("preflight", "stop"):
+                started = await audit.step_started(record.id, host, step, step)
+                await audit.step_finished(started, status=StepStatus.OK, duration_s=0.5)
+            await audit.step_started(record.id, host, "reboot", "systemctl reboot")
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            final = await bot.run(record.id)
+            assert final.status == "interrupted"
+            await bot.front_end.idle()
+            told = "\n".join(blocks_text(m) for m in await bot.thread(record.id))
+            assert f"Run #{record.id} (reboot of host {host}) was interrupted" in told
+            assert "during step `reboot`" in told and "down, booting or back" in told
+            assert f"`/vllm status {SERVICE}`" in told
+            assert f"`/vllm gpus --deep {host}`" in told
+            # Its locks went with it: the service can be worked on again.
+            assert await bot.runtime.audit.locks_held() == {}

@@ -1,0 +1,145 @@
+"""Host maintenance end to end (issue 23): ``/vllm host reboot|gpu-reset`` through the real
+bolt app (signed requests, Slack faked at its HTTP boundary) and ``python -m bot host`` as
+a subprocess, against the simulated host behind a real OpenSSH sshd: the reboot drops the
+SSH connection under ``systemctl reboot``, logins fail until the simulated boot is over,
+and the host comes back with a new boot id and its enabled units started.
+
+The boot lasts ``reboot_delay_s`` of the simulator's clock (0.5 s in the fast config);
+the bot polls the boot id every 0.2 s. A test that must act while the host is down
+(another host key) holds it down with ``reboot_hangs`` and waits on what it observes
+(``kit.reboots()``), never on a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.core.status import RunStatus
+from bot.sim.kit import SERVICE, SimKit
+from tests.polling import eventually
+from tests.slack_harness import ALICE, BOB, SlackBot, blocks_text, slack_bot
+from tests.support.cli import cli, write_toml
+
+MAINTENANCE: dict[str, Any] = {"reboot_timeout_s": 30, "reboot_poll_s": 0.2}
+FINAL = ("succeeded", "failed", "aborted", "refused", "cancelled", "interrupted")
+
+
+async def approved(bot: SlackBot, text: str) -> int:
+    await bot.command(text, user=ALICE)
+    record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+    await bot.click("approve", record.id, user=BOB)
+    return record.id
+
+
+async def told(bot: SlackBot, run_id: int) -> str:
+    await bot.front_end.idle()
+    return "\n".join(blocks_text(m) for m in await bot.thread(run_id))
+
+
+@pytest.fixture
+async def host(make_sim_host: Any) -> SimKit:
+    kit: SimKit = await make_sim_host(access="sshd")
+    return kit
+
+
+async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
+    tmp_path: Path, host: SimKit
+) -> None:
+    boot = host.boot_id()
+    async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
+        run_id = await approved(bot, f"host reboot {host.hostname}")
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == RunStatus.SUCCEEDED, done.summary
+        assert host.reboots() == 1 and host.boot_id() != boot
+        assert host.unit_state() == "active"
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        names = [name for name, _ in steps]
+        assert names.index("stop") < names.index("reboot") < names.index("deep_check")
+        assert names.index("deep_check") < names.index("start")
+        assert ("reboot", "ok") in steps and ("deep_check", "ok") in steps
+        thread = await told(bot, run_id)
+        assert f"boot id {boot[:8]} -> {host.boot_id()[:8]}" in thread
+        card = blocks_text(await bot.card(run_id))
+        assert "succeeded" in card and f"{SERVICE}: started, healthy" in card
+        assert done.service_state == "up"
+
+
+async def test_a_refused_gpu_reset_says_the_host_needs_a_reboot_and_keeps_it_out(
+    tmp_path: Path, host: SimKit
+) -> None:
+    host.set_faults(reset_refused=True)
+    async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
+        run_id = await approved(bot, f"host gpu-reset {host.hostname} 3")
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == RunStatus.FAILED
+        assert done.summary is not None
+        assert "In use by another client" in done.summary
+        assert f"needs a reboot (/vllm host reboot {host.hostname})" in done.summary
+        assert host.resets() == []  # tried once, refused, never retried
+        assert host.persistence(3)  # turned back on after the refusal
+        assert host.unit_state() == "inactive"  # stays out: on_failed_check = "stop"
+        assert host.reboots() == 0
+        assert done.service_state == "stopped"
+
+
+async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
+    tmp_path: Path, host: SimKit
+) -> None:
+    async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
+        run_id = await approved(bot, f"host gpu-reset {host.hostname} 0 3")
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == RunStatus.SUCCEEDED, done.summary
+        assert host.resets() == [0, 3]
+        assert host.persistence(0) and host.persistence(3)
+        assert host.unit_state() == "active"
+        assert host.reboots() == 0
+
+
+async def test_a_host_back_with_another_key_is_refused_as_a_different_machine(
+    tmp_path: Path, host: SimKit
+) -> None:
+    host.set_faults(reboot_hangs=True)
+    async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
+        run_id = await approved(bot, f"host reboot {host.hostname}")
+        await eventually(lambda: host.reboots() == 1, "the reboot", timeout_s=30)
+        # While it is down, known_hosts learns another key for its address: whatever
+        # answers there next is not the machine approved.
+        known = Path(host.host_settings()["known_hosts"])
+        other = tmp_path / "other_key"
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True
+        )
+        pub = (other.with_suffix(".pub")).read_text().split()
+        line = known.read_text().splitlines()[0].split()[0]
+        known.write_text(f"{line} {pub[0]} {pub[1]}\n")
+        host.clear_faults()
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == RunStatus.FAILED
+        assert done.summary is not None and "refused as a different machine" in done.summary
+        assert "state now is UNKNOWN" in done.summary
+        assert host.unit_state() == "inactive" or not host.unit_enabled()
+        assert done.service_state == "unknown"
+        starts = [s for s in await bot.runtime.audit.steps(run_id) if s.step == "start"]
+        assert starts == []
+
+
+async def test_the_terminal_reboots_a_host_and_exits_0(tmp_path: Path, host: SimKit) -> None:
+    data: dict[str, Any] = {**host.settings_fragment(), "maintenance": MAINTENANCE}
+    config = write_toml(tmp_path / "chatops.toml", data)
+    env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
+    boot = host.boot_id()
+    code, out, err = await cli("host", "reboot", host.hostname, "-y", cwd=tmp_path, env=env)
+    assert code == 0, out + err
+    assert "succeeded" in out
+    assert host.boot_id() != boot and host.unit_state() == "active"
+    code, out, _ = await cli(
+        "audit", "--service", f"host:{host.hostname}", "--json", cwd=tmp_path, env=env
+    )
+    (run,) = json.loads(out)
+    assert run["action"] == "reboot" and run["status"] == "succeeded"
+    assert run["service_state"] == "up"
