@@ -24,6 +24,15 @@ from bot.core.results import CommandResult
 from bot.sim.kit import SimKit, fast_config
 from tests.polling import eventually
 from tests.sim.test_tools import Ran, health_status, run
+from tests.support.nonroot import (
+    NonRootKit,
+    accounts,
+    copy_sim,
+    require_root_and_sudo,
+    sudoers_installed,
+    usable_python,
+    workspace,
+)
 from tests.support.sim import MakeSimHost
 
 UNIT = "vllm-kimi-k25"
@@ -95,6 +104,7 @@ async def test_a_reboot_drops_the_connection_and_logins_fail_until_it_is_up(
     kit = await make_sim_host(access=access, config=fast_config(reboot_delay_s=600.0))
     before = (await over_ssh(kit, "cat /proc/sys/kernel/random/boot_id")).stdout
     assert before == kit.boot_id() + "\n"
+    idle = await kit.connect()  # another connection, open across the reboot
     async with await kit.connect() as conn:
         assert await dropped(conn.run("systemctl reboot; echo still here", check=False))
     assert kit.reboots() == 1 and not kit.is_up()
@@ -107,6 +117,9 @@ async def test_a_reboot_drops_the_connection_and_logins_fail_until_it_is_up(
     r = await over_ssh(kit, "cat /proc/sys/kernel/random/boot_id")
     assert (r.exit_status, r.stdout) == (0, kit.boot_id() + "\n")
     assert r.stdout != before and kit.is_up()
+    # A connection of the boot before is gone too, even now that the host is up.
+    assert await dropped(idle.run("echo still here", check=False))
+    idle.close()
     # The enabled unit came back with the host, and serves again once loaded.
     assert (await over_ssh(kit, f"systemctl is-active {UNIT}")).stdout == "active\n"
     await eventually(lambda: health_status(kit), "the unit serving after the reboot")
@@ -120,6 +133,16 @@ async def test_a_reboot_that_hangs_never_comes_back(make_sim_host: MakeSimHost) 
     for _ in range(2):
         assert await dropped(over_ssh(kit, "echo up"))
     assert not kit.is_up() and kit.unit_state() == "inactive"
+
+
+async def test_a_slow_reboot_takes_reboot_slow_s(sim_host: SimKit) -> None:
+    kit = sim_host
+    kit.set_faults(reboot_slow=True)
+    kit.update_config(reboot_delay_s=0.0, reboot_slow_s=600.0)
+    assert (await run(kit, *REBOOT)).status == 0
+    assert not kit.is_up() and kit.unit_state() == "inactive"
+    kit.update_config(reboot_slow_s=0.0)
+    assert kit.is_up() and kit.unit_state() == "active"
 
 
 async def test_enabled_units_come_back_and_disabled_ones_stay_down(sim_host: SimKit) -> None:
@@ -225,3 +248,32 @@ async def test_a_reset_clears_the_gpus_reset_required_state(sim_host: SimKit) ->
     assert q_values(q, "Persistence Mode") == ["Disabled"]
     mib = [g.used_mib for g in kit.gpus()]
     assert mib[3] == 0
+
+
+async def test_a_reboot_run_with_real_sudo_by_an_ordinary_account(tmp_path: Path) -> None:
+    """As the flow runs it on a ``become = "sudo"`` host: ``sudo -n -- <systemctl> reboot``
+    by the login, through the real sshd; the login's own logins are gated while booting."""
+    require_root_and_sudo()
+    with workspace() as base, accounts(base) as who:
+        kit = NonRootKit(
+            base / "host",
+            who=who,
+            python=usable_python(who.login),
+            tree=copy_sim(base / "sim"),
+            config=fast_config(reboot_delay_s=600.0),
+        )
+        try:
+            await kit.start()
+            systemctl = kit.tool("systemctl")
+            before = (await over_ssh(kit, "cat /proc/sys/kernel/random/boot_id")).stdout
+            assert before == kit.boot_id() + "\n"
+            with sudoers_installed(f"{who.login} ALL=(root) NOPASSWD: {systemctl} reboot\n"):
+                assert await dropped(over_ssh(kit, f"sudo -n -- {systemctl} reboot"))
+            assert kit.reboots() == 1 and not kit.is_up()
+            assert await dropped(over_ssh(kit, "cat /proc/sys/kernel/random/boot_id"))
+            kit.update_config(reboot_delay_s=0.0)
+            after = await over_ssh(kit, "cat /proc/sys/kernel/random/boot_id")
+            assert (after.exit_status, after.stdout) == (0, kit.boot_id() + "\n")
+            assert after.stdout != before and kit.unit_state() == "active"
+        finally:
+            await kit.close()
