@@ -14,6 +14,7 @@ import pytest
 from bot.core.health import XID_JOURNAL_ARGV
 from bot.core.host_ops import (
     BOOT_ID_ARGV,
+    BOOT_ID_PATH,
     PERSISTENCE_QUERY_ARGV,
     ResetEnd,
     parse_boot_id,
@@ -21,7 +22,10 @@ from bot.core.host_ops import (
     reset_verdict,
 )
 from bot.core.results import CommandResult
+from bot.sim import power
+from bot.sim import tools as sim_tools
 from bot.sim.kit import SimKit, fast_config
+from bot.sim.tools import cat as sim_cat
 from tests.polling import eventually
 from tests.sim.test_tools import Ran, health_status, run
 from tests.support.nonroot import (
@@ -85,6 +89,13 @@ async def wait_stopped(kit: SimKit) -> None:
     await eventually(lambda: not [p for p in kit.processes() if p.gpu is not None], "workers gone")
 
 
+def test_the_names_shared_without_an_import_agree() -> None:
+    # bot.sim.tools checks for a reboot without importing bot.sim.power (each tool call
+    # would pay for it), and the cat tool answers the path host_ops reads.
+    assert (sim_tools._REBOOTING, sim_tools._GATE) == (power.MARKER, power.GATE_TOOL)
+    assert sim_tools._BOOT_ID == sim_cat.BOOT_ID_PATH == BOOT_ID_PATH
+
+
 async def test_the_boot_id_is_a_stable_uuid_and_other_files_are_real_cat(
     sim_host: SimKit, tmp_path: object
 ) -> None:
@@ -113,7 +124,7 @@ async def test_a_reboot_drops_the_connection_and_logins_fail_until_it_is_up(
     assert await dropped(over_ssh(kit, "echo up"))
     assert kit.unit_state() == "inactive" and kit.processes() == []
     assert all(g.used_mib == 0 for g in kit.gpus())
-    kit.update_config(reboot_delay_s=0.0)  # the boot is over
+    assert kit.end_boot()  # the boot is over (reboot_delay_s stays 600 s)
     r = await over_ssh(kit, "cat /proc/sys/kernel/random/boot_id")
     assert (r.exit_status, r.stdout) == (0, kit.boot_id() + "\n")
     assert r.stdout != before and kit.is_up()
@@ -129,7 +140,7 @@ async def test_a_reboot_that_hangs_never_comes_back(make_sim_host: MakeSimHost) 
     kit = await make_sim_host(access="sshd")
     kit.set_faults(reboot_hangs=True)
     assert await dropped(over_ssh(kit, "systemctl reboot"))
-    kit.update_config(reboot_delay_s=0.0)
+    assert not kit.end_boot()
     for _ in range(2):
         assert await dropped(over_ssh(kit, "echo up"))
     assert not kit.is_up() and kit.unit_state() == "inactive"

@@ -46,6 +46,7 @@ from bot.sim.state import (
     SimGpu,
     SimProcess,
     StateStore,
+    booted_at,
     format_journal,
     host_view,
     is_down,
@@ -538,6 +539,17 @@ class SimKit:
         """False while a reboot is in progress (every SSH login drops); a finished boot
         comes up here (its enabled unit starts, timed from when the boot ended)."""
         return not is_down(self.state(), time.time())
+
+    def end_boot(self) -> bool:
+        """End a reboot's boot now (the config's delays stay as they are, for the next
+        reboot); True when the host is up (never under reboot_hangs)."""
+        with self.store.transaction() as tx:
+            st = tx.state
+            if st.boot_pending and st.rebooted_at is not None:
+                up = booted_at(st)
+                assert up is not None
+                tx.state = replace(st, rebooted_at=st.rebooted_at - max(up - time.time(), 0.0))
+        return self.is_up()
 
     def persistence(self, index: int) -> bool:
         """GPU ``index``'s persistence mode (``nvidia-smi -pm``)."""

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from bot.sim import procfs
+from bot.sim import power, procfs
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
@@ -81,11 +81,11 @@ ForceCommand {shlex.quote(str(command))}
 # down, the check kills this connection's sshd session (the client loses the connection,
 # as with a host that is not there). The fast path is one `test -e` per command.
 _GATE = (
-    'if [ -e "$SIM_STATE_DIR/rebooting" ]; then\n'
+    'if [ -e "$SIM_STATE_DIR/{marker}" ]; then\n'
     '  if [ -x "${{SIM_FORK_CLIENT:-}}" ]; then\n'
-    '    PYTHONPATH={root} "$SIM_FORK_CLIENT" -S {client} sim-boot-gate || exit 255\n'
+    '    PYTHONPATH={root} "$SIM_FORK_CLIENT" -S {client} {gate} || exit 255\n'
     "  else\n"
-    '    PYTHONPATH={root} "${{SIM_PYTHON:-python3}}" -S {client} sim-boot-gate || exit 255\n'
+    '    PYTHONPATH={root} "${{SIM_PYTHON:-python3}}" -S {client} {gate} || exit 255\n'
     "  fi\n"
     "fi\n"
 )
@@ -94,7 +94,9 @@ _GATE = (
 def _wrapper(env: Mapping[str, str], sim_root: Path = SIM_ROOT) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     client = shlex.quote(str(sim_root / "bot" / "sim" / "forkclient.py"))
-    gate = _GATE.format(root=shlex.quote(str(sim_root)), client=client)
+    gate = _GATE.format(
+        marker=power.MARKER, gate=power.GATE_TOOL, root=shlex.quote(str(sim_root)), client=client
+    )
     return f'#!/bin/sh\n{exports}{gate}exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
 
 
