@@ -11,6 +11,12 @@
 refuse connections) between the engine and either server: ``kit.link.drop()``.
 Each kit has its own state directory, ports, keys and server, so a fleet is
 just N kits (see ``fleet_fragment``).
+
+A host reboots (``systemctl reboot``, bot.sim.power) like a real one: the connection
+drops, logins fail until the boot is over (``reboot_delay_s``, or ``kit.end_boot()``),
+then the enabled unit starts; ``kit.boot_id()``, ``kit.reboots()`` and ``kit.is_up()``
+say where it is. ``kit.persistence(i)`` and ``kit.resets()`` follow ``nvidia-smi -pm``
+and ``-r``.
 """
 
 from __future__ import annotations
