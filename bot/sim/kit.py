@@ -11,6 +11,12 @@
 refuse connections) between the engine and either server: ``kit.link.drop()``.
 Each kit has its own state directory, ports, keys and server, so a fleet is
 just N kits (see ``fleet_fragment``).
+
+A host reboots (``systemctl reboot``, bot.sim.power) like a real one: the connection
+drops, logins fail until the boot is over (``reboot_delay_s``, or ``kit.end_boot()``),
+then the enabled unit starts; ``kit.boot_id()``, ``kit.reboots()`` and ``kit.is_up()``
+say where it is. ``kit.persistence(i)`` and ``kit.resets()`` follow ``nvidia-smi -pm``
+and ``-r``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from bot.sim import forkclient, forkserver, kernel, procfs, vllm_server
+from bot.sim import forkclient, forkserver, kernel, power, procfs, vllm_server
 from bot.sim import packages as sim_packages
 from bot.sim.fastclient import FAST_CLIENT_ENV, fast_client
 from bot.sim.link import FaultyLink
@@ -46,8 +52,11 @@ from bot.sim.state import (
     SimGpu,
     SimProcess,
     StateStore,
+    booted_at,
     format_journal,
     host_view,
+    is_down,
+    persistence_of,
     unit_state,
 )
 from bot.sim.tools import TOOLS, unit
@@ -69,6 +78,8 @@ FAST_TIMINGS: dict[str, Any] = {
     "fail_delay_s": 0.1,
     "stop_delay_s": 0.05,
     "install_duration_s": 0.3,
+    "reboot_delay_s": 0.5,
+    "gpu_reset_s": 0.05,
 }
 # Engine settings scaled to those timings. Each drain or health poll is a few commands
 # over SSH (sshd, a shell, `timeout` and a tool call each): polling every 0.1 s, a test's
@@ -173,6 +184,7 @@ class SimKit:
                 authorized_keys=self.authorized_keys,
                 env=self.env(),
                 user=self.user,
+                sim_root=self.sim_root(),
             )
         else:
             self._server = await EmbeddedSshServer.start(
@@ -269,6 +281,7 @@ class SimKit:
                 boot_version=self._installed,
             )
         )
+        power.write_boot_id(self.store, self.store.read().boot_id)
 
     def _lay_out_release(self, env: dict[str, str]) -> None:
         """The first release, as the bot builds one, and the venv's link to it."""
@@ -281,6 +294,11 @@ class SimKit:
         (rel / VENV_SET).write_text(json.dumps(full))
         (rel / RELEASE_MARK).write_text(name + "\n")
         self.venv_dir.symlink_to(rel)
+
+    def sim_root(self) -> Path:
+        """A tree ``bot.sim`` is importable from, that the login account can read (the
+        sshd wrapper's reboot check runs from it)."""
+        return REPO_ROOT
 
     @property
     def releases_dir(self) -> Path:
@@ -436,6 +454,7 @@ class SimKit:
     # --- what the host looks like now ----------------------------------------------------
 
     def state(self) -> HostState:
+        power.settle(self.store)  # a rebooted host whose boot is over comes up
         return self.store.read()
 
     @property
@@ -511,6 +530,59 @@ class SimKit:
     def dead(self) -> set[int]:
         """The simulated PIDs a signal ended."""
         return set(self.state().dead)
+
+    # --- reboot, persistence mode and GPU resets (issue 23, bot.sim.power) ----------------
+
+    def boot_id(self) -> str:
+        """What ``cat /proc/sys/kernel/random/boot_id`` prints, without the newline."""
+        return self.state().boot_id
+
+    def reboots(self) -> int:
+        """How many times ``systemctl reboot`` ran."""
+        return self.state().reboots
+
+    def is_up(self) -> bool:
+        """False while a reboot is in progress (every SSH login drops); a finished boot
+        comes up here (its enabled unit starts, timed from when the boot ended)."""
+        return not is_down(self.state(), time.time())
+
+    def end_boot(self) -> bool:
+        """End a reboot's boot now (the config's delays stay as they are, for the next
+        reboot); True when the host is up (never under reboot_hangs)."""
+        with self.store.transaction() as tx:
+            st = tx.state
+            if st.boot_pending and st.rebooted_at is not None:
+                up = booted_at(st)
+                assert up is not None
+                tx.state = replace(st, rebooted_at=st.rebooted_at - max(up - time.time(), 0.0))
+        return self.is_up()
+
+    def persistence(self, index: int) -> bool:
+        """GPU ``index``'s persistence mode (``nvidia-smi -pm``)."""
+        return persistence_of(self.state(), index)
+
+    def set_persistence(self, index: int, on: bool) -> None:
+        with self.store.transaction() as tx:
+            st = tx.state
+            modes = [persistence_of(st, i) for i in range(st.config.gpus)]
+            modes[index] = on
+            tx.state = replace(st, persistence=tuple(modes))
+
+    def resets(self) -> list[int]:
+        """The GPUs ``nvidia-smi -r`` reset, in order."""
+        return list(self.state().resets)
+
+    def unit_enabled(self) -> bool:
+        """Whether the unit starts at boot (``systemctl enable|disable``)."""
+        return self.state().unit_enabled
+
+    def set_unit_enabled(self, on: bool) -> None:
+        with self.store.transaction() as tx:
+            tx.state = replace(tx.state, unit_enabled=on)
+
+    def kernel_log(self) -> list[str]:
+        """This boot's kernel log (``journalctl -k``): a reboot starts it empty."""
+        return kernel.lines(self.store, self.hostname, None)
 
     def journal(self) -> list[str]:
         """The journal as ``journalctl`` would print it right now."""

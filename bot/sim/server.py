@@ -6,6 +6,11 @@ request run as ``/bin/sh -c <command>`` with the simulated tools first on PATH,
 output streamed as it comes, the exit status (or signal) passed back, and
 port forwarding only to the host's loopback.  A channel that closes before its
 command finished takes the command down with it.
+
+A reboot (issue 23, ``bot.sim.power``) drops connections as a host going away does: a
+command of a connection made before the reboot (the reboot's own included) ends with the
+connection aborted, never its exit status, and while the host is booting every command
+is dropped before it runs.
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ from typing import cast
 
 import asyncssh
 
-from bot.sim import procfs
+from bot.sim import power, procfs
+from bot.sim.state import STATE_DIR_ENV, StateStore
 
 LOOPBACK = ("127.0.0.1", "localhost")
 CHUNK = 65536
 
 
 class _ExecSession(asyncssh.SSHServerSession[bytes]):
-    def __init__(self, server: EmbeddedSshServer) -> None:
+    def __init__(self, server: EmbeddedSshServer, boot_id: str) -> None:
         self._server = server
+        self._boot_id = boot_id  # the host's boot when the connection was made
         self._chan: asyncssh.SSHServerChannel[bytes] | None = None
         self._command = ""
         self._proc: asyncio.subprocess.Process | None = None
@@ -91,11 +98,14 @@ class _ExecSession(asyncssh.SSHServerSession[bytes]):
     async def _run(self) -> None:
         chan = self._chan
         assert chan is not None
+        if not await asyncio.to_thread(self._server.admits, self._boot_id):
+            chan.get_connection().abort()  # a host that is not there: no exit status
+            return
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",
             self._command,
-            env=dict(self._server.env),
+            env={**self._server.env, power.EMBEDDED_ENV: "1"},
             cwd=self._server.cwd,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -109,6 +119,9 @@ class _ExecSession(asyncssh.SSHServerSession[bytes]):
             self._pump(proc.stdout, chan.write), self._pump(proc.stderr, chan.write_stderr)
         )
         status = await proc.wait()
+        if self._server.boot_id() != self._boot_id:
+            chan.get_connection().abort()  # the host rebooted under this connection
+            return
         if status < 0:
             chan.exit_with_signal(signal.Signals(-status).name.removeprefix("SIG"))
         else:
@@ -119,6 +132,7 @@ class _Server(asyncssh.SSHServer):
     def __init__(self, owner: EmbeddedSshServer) -> None:
         self._owner = owner
         self._conn: asyncssh.SSHServerConnection | None = None
+        self._boot_id = owner.boot_id()
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
@@ -138,7 +152,7 @@ class _Server(asyncssh.SSHServer):
         return True
 
     def session_requested(self) -> _ExecSession:
-        return _ExecSession(self._owner)
+        return _ExecSession(self._owner, self._boot_id)
 
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
@@ -215,6 +229,19 @@ class EmbeddedSshServer:
         """``ssh-ed25519 AAAA...`` as known_hosts wants it."""
         key: bytes = self._host_key.export_public_key("openssh")
         return " ".join(key.decode().split()[:2])
+
+    def boot_id(self) -> str:
+        """The host's boot id now ("" for a host with no state directory)."""
+        directory = self.env.get(STATE_DIR_ENV)
+        return power.read_boot_id(Path(directory)) if directory else ""
+
+    def admits(self, boot_id: str) -> bool:
+        """Whether a command of a connection made in boot ``boot_id`` may run: the host
+        is up (a finished boot brings it up: ``power.settle``) and has not rebooted."""
+        directory = self.env.get(STATE_DIR_ENV)
+        if directory and not power.settle(StateStore(Path(directory))):
+            return False
+        return self.boot_id() == boot_id
 
     def signal_session(self, sid: int, sig: signal.Signals) -> None:
         procfs.signal_all(procfs.session_members(sid), sig)

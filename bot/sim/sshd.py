@@ -20,13 +20,14 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from bot.sim import procfs
+from bot.sim import power, procfs
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
 START_TIMEOUT_S = 10.0
 PORT_ATTEMPTS = 3
+SIM_ROOT = Path(__file__).resolve().parents[2]  # where `bot.sim` is importable from
 
 
 def free_port() -> int:
@@ -75,12 +76,33 @@ ForceCommand {shlex.quote(str(command))}
 """
 
 
-def _wrapper(env: Mapping[str, str]) -> str:
+# While a reboot is in progress (bot.sim.power.MARKER in the state directory), the
+# wrapper asks the simulator whether the host is up before it runs anything; while it is
+# down, the check kills this connection's sshd session (the client loses the connection,
+# as with a host that is not there). The fast path is one `test -e` per command.
+_GATE = (
+    'if [ -e "$SIM_STATE_DIR/{marker}" ]; then\n'
+    '  if [ -x "${{SIM_FORK_CLIENT:-}}" ]; then\n'
+    '    PYTHONPATH={root} "$SIM_FORK_CLIENT" -S {client} {gate} || exit 255\n'
+    "  else\n"
+    '    PYTHONPATH={root} "${{SIM_PYTHON:-python3}}" -S {client} {gate} || exit 255\n'
+    "  fi\n"
+    "fi\n"
+)
+
+
+def _wrapper(env: Mapping[str, str], sim_root: Path = SIM_ROOT) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    return f'#!/bin/sh\n{exports}exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+    client = shlex.quote(str(sim_root / "bot" / "sim" / "forkclient.py"))
+    gate = _GATE.format(
+        marker=power.MARKER, gate=power.GATE_TOOL, root=shlex.quote(str(sim_root)), client=client
+    )
+    return f'#!/bin/sh\n{exports}{gate}exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
 
 
-def _prepare(workdir: Path, env: Mapping[str, str]) -> tuple[Path, str, Path]:
+def _prepare(
+    workdir: Path, env: Mapping[str, str], sim_root: Path = SIM_ROOT
+) -> tuple[Path, str, Path]:
     """Host key, its public half, and the ForceCommand wrapper."""
     workdir.mkdir(parents=True, exist_ok=True)
     host_key = workdir / "ssh_host_ed25519_key"
@@ -92,7 +114,7 @@ def _prepare(workdir: Path, env: Mapping[str, str]) -> tuple[Path, str, Path]:
         )
     public = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
     command = workdir / "session.sh"
-    command.write_text(_wrapper(env))
+    command.write_text(_wrapper(env, sim_root))
     command.chmod(0o755)
     if os.geteuid() == 0:
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)  # sshd refuses to start without it
@@ -124,10 +146,12 @@ class SshdServer:
         authorized_keys: Path,
         env: Mapping[str, str],
         user: str | None = None,
+        sim_root: Path = SIM_ROOT,
     ) -> SshdServer:
         """``user``: the one account that may log in (default: this process's); another
-        one needs this process to be root, as sshd must switch to it."""
-        host_key, public, command = await asyncio.to_thread(_prepare, workdir, env)
+        one needs this process to be root, as sshd must switch to it. ``sim_root``: a
+        tree ``bot.sim`` is importable from that the login can read (the reboot check)."""
+        host_key, public, command = await asyncio.to_thread(_prepare, workdir, env, sim_root)
         config = workdir / "sshd_config"
         log: deque[str] = deque(maxlen=200)
         for _ in range(PORT_ATTEMPTS):

@@ -114,6 +114,15 @@ class HostConfig:
     # instead of `vllm serve` (a script whose flags cannot be checked).
     unit_flags: tuple[str, ...] = ("--served-model-name", "kimi-k2.5", "--task", "generate")
     exec_wrapper: tuple[str, ...] = ()
+    # Issue 23, host maintenance. `systemctl reboot`: the host is down (every SSH login
+    # drops) this long, then comes up and starts its enabled units (bot.sim.power); with
+    # the reboot_slow fault, reboot_slow_s instead.
+    reboot_delay_s: float = 30.0
+    reboot_slow_s: float = 600.0
+    # `nvidia-smi -r -i N` takes this long when it succeeds (1-2 s on real hardware).
+    gpu_reset_s: float = 1.5
+    # Persistence mode of every GPU after a boot (nvidia-persistenced turns it on).
+    persistence_at_boot: bool = True
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -136,6 +145,9 @@ class HostConfig:
             "flood_chars",
             "download_mib_per_s",
             "download_delay_s",
+            "reboot_delay_s",
+            "reboot_slow_s",
+            "gpu_reset_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -246,6 +258,14 @@ class Faults:
     # `diag -r 1` passes; with dcgmi_fails, its Persistence Mode test fails.
     dcgmi_present: bool = False
     dcgmi_fails: bool = False
+    # Issue 23, host maintenance. A reboot never comes back: every SSH login keeps
+    # dropping (the host stays down until the fault is cleared).
+    reboot_hangs: bool = False
+    # A reboot takes reboot_slow_s instead of reboot_delay_s.
+    reboot_slow: bool = False
+    # `nvidia-smi -r` is always refused "In use by another client", persistence mode off
+    # or not (Fabric Manager, or another client, holds the GPU): only a reboot helps.
+    reset_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +301,16 @@ class HostState:
     boot_version: str | None = None
     # Simulated PIDs a signal ended (bot.sim.tools.kill).
     dead: tuple[int, ...] = ()
+    # Issue 23 (bot.sim.power). /proc/sys/kernel/random/boot_id: new at every reboot.
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    reboots: int = 0  # how many times `systemctl reboot` ran
+    rebooted_at: float | None = None  # when the last reboot began
+    boot_pending: bool = False  # rebooted, and not yet seen up (its units not started)
+    unit_enabled: bool = True  # the unit starts at boot (systemctl enable/disable)
+    # Each GPU's persistence mode; None: as every boot leaves it (persistence_at_boot).
+    persistence: tuple[bool, ...] | None = None
+    # The GPUs `nvidia-smi -r` reset, in order.
+    resets: tuple[int, ...] = ()
 
     @property
     def python(self) -> str:
@@ -299,12 +329,18 @@ class HostState:
             faults=Faults(**data["faults"]),
             run=Run(**data["run"]),
             cache=tuple(data.get("cache", ())),
+            dead=tuple(data.get("dead", ())),
+            resets=tuple(data.get("resets", ())),
+            persistence=None if data.get("persistence") is None else tuple(data["persistence"]),
             **{
                 f.name: data[f.name]
                 for f in fields(cls)
-                if f.name not in ("config", "faults", "run", "cache") and f.name in data
+                if f.name not in _CONVERTED and f.name in data
             },
         )
+
+
+_CONVERTED = ("config", "faults", "run", "cache", "dead", "resets", "persistence")
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +496,7 @@ class SimGpu:
     reset_required: bool = False  # nvidia-smi -q: GPU Reset Status says Yes (issue 17)
     pcie_width: int = 16  # nvidia-smi -q -x: current_link_width (max is 16), issue 23
     hw_slowdown: bool = False  # nvidia-smi -q -x: clocks_event_reason_hw_slowdown Active
+    persistence: bool = True  # persistence mode (issue 23: nvidia-smi -pm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,11 +633,33 @@ def _unit_procs(st: HostState, now: float) -> tuple[list[SimProcess], dict[int, 
     return procs, held
 
 
-def _neighbour_procs(st: HostState) -> list[SimProcess]:
+def booted_at(st: HostState) -> float | None:
+    """When the host is up again after its last reboot (None: it never rebooted)."""
+    if st.rebooted_at is None:
+        return None
+    delay = st.config.reboot_slow_s if st.faults.reboot_slow else st.config.reboot_delay_s
+    return st.rebooted_at + delay
+
+
+def is_down(st: HostState, now: float) -> bool:
+    """Rebooting: no SSH login gets through, nothing runs."""
+    if not st.boot_pending:
+        return False
+    up = booted_at(st)
+    return st.faults.reboot_hangs or (up is not None and now < up)
+
+
+def persistence_of(st: HostState, index: int) -> bool:
+    if st.persistence is None or index >= len(st.persistence):
+        return st.config.persistence_at_boot
+    return st.persistence[index]
+
+
+def _neighbour_procs(st: HostState, now: float) -> list[SimProcess]:
     cfg = st.config
-    if not cfg.neighbour_unit:
+    if not cfg.neighbour_unit or is_down(st, now):
         return []
-    up, unit = NEIGHBOUR_STARTED, cfg.neighbour_unit
+    up, unit = booted_at(st) or NEIGHBOUR_STARTED, cfg.neighbour_unit
     procs = [
         SimProcess(
             NEIGHBOUR_PID,
@@ -642,7 +701,7 @@ def _neighbour_procs(st: HostState) -> list[SimProcess]:
 def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]]:
     cfg, run = st.config, st.run
     procs, held = _unit_procs(st, now)
-    neighbours = _neighbour_procs(st)
+    neighbours = _neighbour_procs(st, now)
     procs += neighbours
     serving = ended_at(run, now) is None and is_serving(run, now)
     gpus = []
@@ -669,6 +728,7 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
                 reset_required=st.faults.reset_required and sick,
                 pcie_width=8 if st.faults.pcie_degraded and sick else 16,
                 hw_slowdown=st.faults.hw_slowdown and sick,
+                persistence=persistence_of(st, i),
             )
         )
     if st.faults.no_gpus:

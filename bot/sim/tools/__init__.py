@@ -7,6 +7,7 @@ the order of the commands the engine ran.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -22,14 +23,24 @@ TOOLS = {
     "ps": "ps",
     "kill": "kill",
     "dcgmi": "dcgmi",
+    # Only `cat /proc/sys/kernel/random/boot_id` is the simulator's; anything else runs
+    # the real /bin/cat (bot/sim/bin/cat execs it without coming here).
+    "cat": "cat",
 }
 # Tools that are no command on PATH: the venv's interpreter (SimKit writes
 # <venv>/bin/python to run it).
 VENV_TOOLS = {"python": "python", "venv-python": "venv_python", "venv-vllm": "venv_vllm"}
+# Where a reboot leaves its mark (bot.sim.power.MARKER), and the check the sshd wrapper
+# runs while it is there (bot.sim.power.GATE_TOOL): not a command, never logged.
+_REBOOTING = "rebooting"
+_GATE = "sim-boot-gate"
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def main(argv: list[str]) -> int:
     modules = {**TOOLS, **VENV_TOOLS}
+    if argv[:1] == [_GATE]:
+        return _gate()
     if not argv or argv[0] not in modules:
         print(f"usage: python -m bot.sim.tools {{{','.join(TOOLS)}}} [ARGS...]", file=sys.stderr)
         return 2
@@ -39,7 +50,22 @@ def main(argv: list[str]) -> int:
     except RuntimeError as e:
         print(f"{tool}: {e}", file=sys.stderr)
         return 127
-    store.log_call(tool, argv)
+    if tool != "cat" or args == [_BOOT_ID]:  # any other cat is the real one's, unlogged
+        store.log_call(tool, argv)
+    if os.path.exists(store.directory / _REBOOTING):
+        from bot.sim import power  # a rebooted host comes up at the first look after
+
+        power.settle(store)
     module = importlib.import_module(f"bot.sim.tools.{modules[tool]}")
     run: Callable[[StateStore, list[str]], int] = module.main
     return run(store, args)
+
+
+def _gate() -> int:
+    try:
+        store = StateStore.from_env()
+    except RuntimeError:
+        return 0
+    from bot.sim import power
+
+    return power.gate_main(store)

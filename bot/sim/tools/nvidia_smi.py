@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from bot.sim.packages import driver_cuda
 from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
-from bot.sim.tools import nvidia_smi_q, nvidia_smi_qx
+from bot.sim.tools import nvidia_smi_admin, nvidia_smi_q, nvidia_smi_qx
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -59,7 +59,7 @@ _GPU_FIELDS: dict[str, _GpuField] = {
     "power.limit": ("W", lambda g: f"{POWER_CAP_W:.2f}"),
     "pci.bus_id": ("", lambda g: _bus_id(g.index)),
     "driver_version": ("", lambda g: DRIVER_VERSION),
-    "persistence_mode": ("", lambda g: "Enabled"),
+    "persistence_mode": ("", lambda g: "Enabled" if g.persistence else "Disabled"),
     "pstate": ("", lambda g: "P0" if g.used_mib else "P8"),
 }
 _GPU_FIELDS |= {
@@ -174,7 +174,11 @@ def _table(gpus: list[SimGpu], procs: list[SimProcess], cuda: str = CUDA_VERSION
         name = g.name if len(g.name) <= 24 else g.name[:21] + "..."
         power = f"{_power(g):.0f}W /  {POWER_CAP_W}W"
         out += [
-            _row(f"{g.index:>3}  {name:<24}      On", f"  {_bus_id(g.index)} Off", f"{'Off':>20}"),
+            _row(
+                f"{g.index:>3}  {name:<24}{'On' if g.persistence else 'Off':>8}",
+                f"  {_bus_id(g.index)} Off",
+                f"{'Off':>20}",
+            ),
             _row(
                 f"30%   {34 + g.util_pct // 2:>2}C    {'P0' if g.used_mib else 'P8'}  {power:>21}",
                 f"{g.used_mib}MiB /  {g.total_mib}MiB".rjust(22),
@@ -227,9 +231,21 @@ class _Args:
     list_gpus: bool = False
     query_all: bool = False  # -q: the full report (bot.sim.tools.nvidia_smi_q)
     xml: bool = False  # -x with -q: the report as XML (bot.sim.tools.nvidia_smi_qx)
+    pm: bool | None = None  # -pm 0|1: set persistence mode (bot.sim.tools.nvidia_smi_admin)
+    reset: bool = False  # -r: reset the GPUs (bot.sim.tools.nvidia_smi_admin)
 
 
-_TAKES_VALUE = ("--query-gpu", "--query-compute-apps", "--format", "--id", "-i", "-d", "--display")
+_TAKES_VALUE = (
+    "--query-gpu",
+    "--query-compute-apps",
+    "--format",
+    "--id",
+    "-i",
+    "-d",
+    "--display",
+    "-pm",
+    "--persistence-mode",
+)
 
 
 # The options that take no value, and the field each sets.
@@ -240,7 +256,13 @@ _SWITCHES = {
     "--query": "query_all",
     "-x": "xml",
     "--xml-format": "xml",
+    "-r": "reset",
+    "--gpu-reset": "reset",
 }
+
+
+# nvidia-smi -h: "-pm, --persistence-mode= Set persistence mode: 0/DISABLED, 1/ENABLED".
+_PM_VALUES = {"0": False, "DISABLED": False, "1": True, "ENABLED": True}
 
 
 def _parse(args: list[str]) -> _Args:
@@ -260,15 +282,28 @@ def _parse(args: list[str]) -> _Args:
             parsed.ids = {int(v) for v in val.split(",")}
         elif a in _SWITCHES:
             setattr(parsed, _SWITCHES[a], True)
+        elif key in ("-pm", "--persistence-mode") and val.upper() in _PM_VALUES:
+            parsed.pm = _PM_VALUES[val.upper()]
         elif key in ("-d", "--display"):
             pass  # which sections: the simulated report always has the health ones
         else:
             raise _BadArgs
+    _check(parsed)
+    return parsed
+
+
+def _check(parsed: _Args) -> None:
+    """The combinations nvidia-smi rejects."""
     if parsed.query_gpu is not None and parsed.query_apps is not None:
         raise _BadArgs
     if parsed.xml and not parsed.query_all:
         raise _BadArgs
-    return parsed
+    admin = (parsed.pm is not None) + parsed.reset
+    others = (parsed.query_gpu, parsed.query_apps, parsed.fmt)
+    if admin > 1 or (admin and (any(o is not None for o in others) or parsed.list_gpus)):
+        raise _BadArgs
+    if admin and parsed.query_all:
+        raise _BadArgs
 
 
 def _csv(a: _Args, gpus: list[SimGpu], procs: list[SimProcess]) -> str:
@@ -312,6 +347,8 @@ def main(store: StateStore, args: list[str]) -> int:
         return MISMATCH_EXIT
     try:
         a = _parse(args)
+        if a.pm is not None or a.reset:
+            return nvidia_smi_admin.run(store, a.ids, a.pm, a.reset)
         gpus, procs = host_view(st, time.time())
         if a.ids is not None:
             gpus = [g for g in gpus if g.index in a.ids]

@@ -65,6 +65,7 @@ def section(g: SimGpu, legacy: bool = False) -> list[str]:
         f"GPU {bus_id(g.index)}",
         _kv(1, "Product Name", g.name),
         _kv(1, "Product Brand", "NVIDIA"),
+        _kv(1, "Persistence Mode", "Enabled" if g.persistence else "Disabled"),
         _kv(1, "GPU UUID", g.uuid),
         _kv(1, "Minor Number", str(g.index)),
         *_reset_status(g, legacy),

@@ -42,7 +42,7 @@ def _gpu(g: SimGpu) -> list[str]:
     return [
         f'\t<gpu id="{bus_id(g.index)}">',
         f"\t\t<product_name>{escape(g.name)}</product_name>",
-        "\t\t<persistence_mode>Enabled</persistence_mode>",
+        f"\t\t<persistence_mode>{'Enabled' if g.persistence else 'Disabled'}</persistence_mode>",
         f"\t\t<uuid>{g.uuid}</uuid>",
         f"\t\t<minor_number>{g.index}</minor_number>",
         "\t\t<pci>",

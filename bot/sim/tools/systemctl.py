@@ -1,9 +1,12 @@
-"""Simulated ``systemctl``: show, start, stop, restart, is-active, status, reset-failed.
+"""Simulated ``systemctl``: show, start, stop, restart, is-active, status, reset-failed,
+enable, disable, is-enabled and reboot (issue 23: ``bot.sim.power``).
 
 Output, ordering and exit codes follow systemd 252: ``show`` prints properties
 in systemd's own order whatever order ``-p`` named them in; an unknown unit is
 ``LoadState=not-found`` with exit 0; ``is-active`` exits 3 unless active;
-start/stop of an unknown unit exit 5.
+start/stop of an unknown unit exit 5. ``reboot`` prints nothing: the connection it came
+in on is dropped before its exit status could arrive (``bot.sim.power``). ``enable`` and
+``disable`` print systemd's symlink lines on stderr; ``is-enabled`` exits 1 unless enabled.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from bot.sim import power
 from bot.sim.state import HostState, Run, StateStore, exec_start, host_view, main_pid, unit_state
 from bot.sim.tools import journalctl, unit
 
@@ -39,7 +43,17 @@ _ORDER = (
     "User",
     "ExecStart",
 )
-_NEEDS_UNIT = ("start", "stop", "restart", "is-active", "reset-failed")
+_NEEDS_UNIT = (
+    "start",
+    "stop",
+    "restart",
+    "is-active",
+    "reset-failed",
+    "enable",
+    "disable",
+    "is-enabled",
+)
+_WANTS = "/etc/systemd/system/multi-user.target.wants"
 
 
 def _stamp(ts: float | None) -> str:
@@ -79,12 +93,16 @@ def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
         "ActiveState": active,
         "SubState": sub,
         "FragmentPath": f"/etc/systemd/system/{svc}",
-        "UnitFileState": "enabled",
+        "UnitFileState": _enabled(st),
         "ActiveEnterTimestamp": _stamp(run.started_at),
         "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
         "User": st.config.unit_user,
         "ExecStart": _exec_start(st, run, now),
     }
+
+
+def _enabled(st: HostState) -> str:
+    return "enabled" if st.unit_enabled else "disabled"
 
 
 def _exec_start(st: HostState, run: Run, now: float) -> str:
@@ -133,7 +151,7 @@ def _status(store: StateStore, st: HostState, name: str, lines: int) -> int:
     result = " (Result: exit-code)" if active == "failed" else f" ({sub})"
     out = [
         f"{mark} {svc} - {st.config.description}",
-        f"     Loaded: loaded (/etc/systemd/system/{svc}; enabled; preset: enabled)",
+        f"     Loaded: loaded (/etc/systemd/system/{svc}; {_enabled(st)}; preset: enabled)",
     ]
     when = "" if since is None else f" since {_stamp(since)}; {_ago(now - since)}"
     out.append(f"     Active: {active}{result}{when}")
@@ -256,6 +274,41 @@ def _is_active(st: HostState, units: list[str], quiet: bool) -> int:
     return 0 if "active" in states else 3
 
 
+def _is_enabled(st: HostState, units: list[str], quiet: bool) -> int:
+    for u in units:
+        if not unit.is_ours(st, u):
+            svc = unit.service_name(u)
+            print(
+                f"Failed to get unit file state for {svc}: No such file or directory",
+                file=sys.stderr,
+            )
+            return 1
+    states = [_enabled(st) for _ in units]
+    if not quiet:
+        sys.stdout.write("".join(s + "\n" for s in states))
+    return 0 if "enabled" in states else 1
+
+
+def _set_enabled(store: StateStore, st: HostState, units: list[str], on: bool) -> int:
+    for u in units:
+        svc = unit.service_name(u)
+        if not unit.is_ours(st, u):
+            print(
+                f"Failed to {'enable' if on else 'disable'} unit: Unit file {svc} does not exist.",
+                file=sys.stderr,
+            )
+            return 1
+    with store.transaction() as tx:
+        was = tx.state.unit_enabled
+        tx.state = replace(tx.state, unit_enabled=on)
+    svc = unit.service_name(st.config.unit)
+    if on and not was:
+        print(f"Created symlink {_WANTS}/{svc} \u2192 /etc/systemd/system/{svc}.", file=sys.stderr)
+    elif was and not on:
+        print(f'Removed "{_WANTS}/{svc}".', file=sys.stderr)
+    return 0
+
+
 def main(store: StateStore, args: list[str]) -> int:
     try:
         a = _parse(args)
@@ -271,6 +324,17 @@ def main(store: StateStore, args: list[str]) -> int:
         return _is_active(st, a.units, a.quiet)
     if a.verb == "reset-failed":
         return _each(store, st, a.units, "reset failed state of unit", unit.reset_failed)
+    if a.verb in ("enable", "disable"):
+        return _set_enabled(store, st, a.units, a.verb == "enable")
+    if a.verb == "is-enabled":
+        return _is_enabled(st, a.units, a.quiet)
+    if a.verb == "reboot":
+        sys.stdout.flush()
+        power.reboot(store)
+        # Before its exit status is sent: the real sshd's connections, or this session.
+        if not power.drop_connections(store, everyone=True):
+            power.end_embedded_session(st.owner_pid)
+        return 0
     if a.verb in _JOBS:
         return _each(store, st, a.units, a.verb, _JOBS[a.verb])
     print(f"Unknown command verb '{a.verb}'.", file=sys.stderr)

@@ -42,6 +42,9 @@ def _systemd(ts: float, msg: str) -> JournalEntry:
     return JournalEntry(ts, "systemd", 1, msg)
 
 
+systemd_line = _systemd
+
+
 # Where the weights start loading, as a fraction of load_delay_s: the process starts
 # (from 0) and the engine initialises (from half this) before it.
 _LOADING_FROM = 0.2
@@ -435,6 +438,12 @@ def boot(store: StateStore, *, uptime_s: float = 7200.0) -> None:
         tx.journal_add(plan)
         generation = tx.state.run.generation
     vllm_server.spawn(store.directory, generation)
+
+
+def start_at_boot(st: HostState, t0: float) -> tuple[HostState, list[JournalEntry]]:
+    """The enabled unit starting as the host boots at ``t0`` (bot.sim.power): a start
+    like ``systemctl start``'s, which fails the same ways; the caller spawns its server."""
+    return _begin(st, t0, may_fail=True)
 
 
 def start(store: StateStore) -> None:
