@@ -63,7 +63,7 @@ async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
         assert names.index("deep_check") < names.index("start")
         assert ("reboot", "ok") in steps and ("deep_check", "ok") in steps
         thread = await told(bot, run_id)
-        assert f"boot id {boot[:8]} -> {host.boot_id()[:8]}" in thread
+        assert f"boot id {boot[:8]} → {host.boot_id()[:8]}" in thread
         card = blocks_text(await bot.card(run_id))
         assert "succeeded" in card and f"{SERVICE}: started, healthy" in card
         assert done.service_state == "up"
@@ -122,15 +122,15 @@ async def test_a_host_back_with_another_key_is_refused_as_a_different_machine(
         assert done.status == RunStatus.FAILED
         assert done.summary is not None and "refused as a different machine" in done.summary
         assert "state now is UNKNOWN" in done.summary
-        assert host.unit_state() == "inactive" or not host.unit_enabled()
         assert done.service_state == "unknown"
         starts = [s for s in await bot.runtime.audit.steps(run_id) if s.step == "start"]
         assert starts == []
 
 
 async def test_the_terminal_reboots_a_host_and_exits_0(tmp_path: Path, host: SimKit) -> None:
-    data: dict[str, Any] = {**host.settings_fragment(), "maintenance": MAINTENANCE}
-    config = write_toml(tmp_path / "chatops.toml", data)
+    config = write_toml(tmp_path / "chatops.toml", host.settings_fragment())
+    maintenance = "".join(f"{k} = {v}\n" for k, v in MAINTENANCE.items())
+    config.write_text(config.read_text() + f"[maintenance]\n{maintenance}")
     env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
     boot = host.boot_id()
     code, out, err = await cli("host", "reboot", host.hostname, "-y", cwd=tmp_path, env=env)

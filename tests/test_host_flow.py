@@ -233,7 +233,7 @@ def test_reboot_stops_every_service_waits_for_a_new_boot_and_starts_them_again()
     stops = [i for i, a in enumerate(host.calls) if a[:2] == ("systemctl", "stop")]
     assert max(stops) < reboot_at < min(starts)
     (reboot,) = ended(host, Step.REBOOT)
-    assert reboot.ok and "boot id 8f2c6b1e -> 1d9e7f20" in reboot.summary
+    assert reboot.ok and "boot id 8f2c6b1e → 1d9e7f20" in reboot.summary
     (deep,) = ended(host, Step.DEEP_CHECK)
     assert deep.ok and "dcgm" in deep.detail
 

@@ -346,7 +346,7 @@ async def _no_slack(settings: Settings) -> int:
 
 
 # The commands that are a run of the engine (a change, or a read-only status/rotation).
-_RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undrain")
+_RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undrain", "host")
 
 
 async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:

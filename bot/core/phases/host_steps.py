@@ -86,7 +86,7 @@ def reboot_and_wait(m: MaintenanceSettings, boot_id: str) -> Phase[Rebooted]:
         new = host_ops.parse_boot_id(q.stdout)
         if new is None or new == boot_id:
             continue  # not gone down yet (shutting the units down takes a while)
-        said = f"back after {waited:.0f}s; boot id {boot_id[:8]} -> {new[:8]}, same host key"
+        said = f"back after {waited:.1f}s; boot id {boot_id[:8]} → {new[:8]}, same host key"
         yield Emit(EndStep(Step.REBOOT, True, said))
         return Rebooted("back", said, new)
 
