@@ -146,7 +146,7 @@ async def test_create_and_get_run_round_trips_every_field(log: AuditLog) -> None
 
 async def test_create_run_rejects_unknown_values(log: AuditLog) -> None:
     with pytest.raises(ValueError, match="action"):
-        await new_run(log, action="reboot")
+        await new_run(log, action="frobnicate")
     with pytest.raises(ValueError, match="source"):
         await new_run(log, source="email")
     with pytest.raises(ValueError, match="status"):
