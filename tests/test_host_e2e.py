@@ -64,8 +64,13 @@ async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
         assert ("reboot", "ok") in steps and ("deep_check", "ok") in steps
         thread = await told(bot, run_id)
         assert f"boot id {boot[:8]} → {host.boot_id()[:8]}" in thread
-        card = blocks_text(await bot.card(run_id))
-        assert "succeeded" in card and f"{SERVICE}: started, healthy" in card
+        await bot.fake.wait_for(
+            lambda: (
+                f"{SERVICE}: started, healthy"
+                in blocks_text(bot.fake.message("C0OPS", done.message_ts or ""))
+            ),
+            what="the final card",
+        )
         assert done.service_state == "up"
 
 
@@ -143,3 +148,26 @@ async def test_the_terminal_reboots_a_host_and_exits_0(tmp_path: Path, host: Sim
     (run,) = json.loads(out)
     assert run["action"] == "reboot" and run["status"] == "succeeded"
     assert run["service_state"] == "up"
+
+
+async def test_a_host_that_fails_its_deep_check_after_the_reboot_stays_out(
+    tmp_path: Path, host: SimKit
+) -> None:
+    # A riser that trains at x8 after the reboot: the deep check FAILs, the unit the boot
+    # started by itself is stopped again, and the card says why with NVIDIA's action.
+    host.set_faults(pcie_degraded=True)
+    async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
+        run_id = await approved(bot, f"host reboot {host.hostname}")
+        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        assert done.status == RunStatus.FAILED
+        assert done.summary is not None
+        assert f"{host.hostname} stays out: deep GPU check FAIL" in done.summary
+        assert "reseat" in done.summary
+        assert host.reboots() == 1
+        assert host.unit_state() == "inactive"
+        assert done.service_state == "stopped"
+        await bot.front_end.idle()
+        await bot.fake.wait_for(
+            lambda: "stays out" in blocks_text(bot.fake.message("C0OPS", done.message_ts or "")),
+            what="the final card",
+        )
