@@ -246,6 +246,8 @@ class Faults:
     # `diag -r 1` passes; with dcgmi_fails, its Persistence Mode test fails.
     dcgmi_present: bool = False
     dcgmi_fails: bool = False
+    # GPU stuck_gpu's NVLink link 3 is down: `nvidia-smi nvlink -s` says <inactive>.
+    nvlink_down: bool = False
 
 
 @dataclass(frozen=True, slots=True)
