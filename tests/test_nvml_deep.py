@@ -1,0 +1,224 @@
+"""bot.hosts.nvml_deep: the deep GPU check's readings of the bot's own GPUs through NVML,
+driven by a fake NVML module at the library boundary (values and return codes as
+nvidia-ml-py gives them), judged by the same code as ``nvidia-smi -q -x``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+import pytest
+
+from bot.core.deep_check import Check, DeepFinding
+from bot.core.deep_query import NvLinks
+from bot.core.deep_reads import DeepRead, deep_reads, deep_report
+from bot.core.health_types import Level
+from bot.core.results import CommandResult
+from bot.errors import GpuQueryError
+from bot.hosts import nvml_deep
+from bot.hosts.nvml_deep import probe_local_deep
+from tests.test_nvml import FakeDevice, FakeNVMLError, h200
+from tests.test_nvml_health import Health, HealthNVML
+
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+MISMATCH = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+
+
+@dataclass
+class Deep:
+    """One GPU's deep state; None answers NVML_ERROR_NOT_SUPPORTED for that query."""
+
+    gen: int | None = 5
+    gen_max: int | None = 5
+    width: int | None = 16
+    width_max: int | None = 16
+    reasons: int | None = pynvml.nvmlClocksEventReasonGpuIdle
+    persistence: int | None = pynvml.NVML_FEATURE_ENABLED
+    fabric: tuple[int, int] | None = None  # (state, status)
+    links: list[int] | None = None  # each link's NVML_FEATURE_*; None: no NVLink
+    bus: str = "00000000:18:00.0"
+
+
+class DeepNVML(HealthNVML):
+    """HealthNVML (GPU query and health) with the deep check's queries."""
+
+    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+
+    def __init__(self, devices: list[FakeDevice], deep: dict[str, Deep], **kw: Any) -> None:
+        super().__init__(devices, {str(d.uuid): Health(bus=deep[str(d.uuid)].bus) for d in devices})
+        self.deep = deep
+        self.init_fails: int | None = kw.get("init_fails")
+
+    def nvmlInit(self) -> None:
+        super().nvmlInit()
+        if self.init_fails is not None:
+            raise FakeNVMLError(self.init_fails)
+
+    def _n(self, value: int | None) -> int:
+        return int(self._or_unsupported(value))
+
+    def _d(self, handle: FakeDevice) -> Deep:
+        return self.deep[str(handle.uuid)]
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "590.44.01"
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).gen)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).gen_max)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).width)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).width_max)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).reasons)
+
+    def nvmlDeviceGetPersistenceMode(self, h: FakeDevice) -> int:
+        return self._n(self._d(h).persistence)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: FakeDevice, ref: Any) -> int:
+        fabric = self._or_unsupported(self._d(h).fabric)
+        info = ref._obj  # the structure behind ctypes.byref, as the C library fills it
+        info.state, info.status = fabric
+        return 0
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeDevice, link: int) -> int:
+        links = self._or_unsupported(self._d(h).links)
+        if link >= len(links):
+            raise FakeNVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(links[link])
+
+
+@dataclass
+class Host:
+    deep: list[Deep] = field(default_factory=lambda: [Deep(), Deep()])
+
+    def nvml(self, **kw: Any) -> DeepNVML:
+        devices = [h200(i) for i in range(len(self.deep))]
+        return DeepNVML(
+            devices, {str(d.uuid): x for d, x in zip(devices, self.deep, strict=True)}, **kw
+        )
+
+
+def _judged(lib: DeepNVML) -> list[DeepFinding]:
+    got = probe_local_deep(lib)
+    read = _drive(deep_reads("local", got.readings, driver=got.driver_version))
+    found = deep_report("local", read, None, None, len(got.readings)).findings
+    return [f for f in found if f.check != Check.HEALTH]  # the health check's own tests
+
+
+def _drive(reads: Any) -> DeepRead:
+    """The reads with NVML's readings: only dcgmi is asked (not installed here)."""
+    argv = next(reads)
+    assert argv == ("dcgmi", "diag", "-r", "1")
+    try:
+        reads.send(CommandResult(argv, 127, "", "dcgmi: not found", 0.0))
+    except StopIteration as stop:
+        read: DeepRead = stop.value
+        return read
+    raise AssertionError("more than dcgmi asked")
+
+
+def _of(found: list[DeepFinding], check: Check) -> list[DeepFinding]:
+    return [f for f in found if f.check == check]
+
+
+def test_the_reason_bits_are_nvidia_ml_pys() -> None:
+    bits = nvml_deep._REASON_BITS
+    assert bits["hw_slowdown"] == pynvml.nvmlClocksEventReasonHwSlowdown
+    assert bits["hw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    assert bits["hw_power_brake_slowdown"] == pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    assert bits["sw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    assert nvml_deep._GPU_IDLE == pynvml.nvmlClocksThrottleReasonGpuIdle
+    assert nvml_deep._FEATURE_ENABLED == pynvml.NVML_FEATURE_ENABLED
+    assert nvml_deep._COMPLETED == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    assert nvml_deep._INVALID_ARGUMENT == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert nvml_deep._FUNCTION_NOT_FOUND == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def test_a_healthy_x16_gen5_gpu_is_ok_and_said_to_be_nvmls() -> None:
+    lib = Host().nvml()
+    got = probe_local_deep(lib)
+    assert got.driver_version == "590.44.01"
+    r = got.readings[0]
+    assert (r.pcie_gen, r.pcie_gen_max, r.pcie_width, r.pcie_width_max) == (5, 5, 16, 16)
+    assert (r.throttle, r.gpu_idle, r.persistence, r.fabric_state, r.nvlink) == (
+        (),
+        True,
+        True,
+        None,
+        None,
+    )
+    found = _judged(lib)
+    assert {f.level for f in found} == {Level.OK}, found
+    (src,) = _of(found, Check.NVML)
+    assert src.what == "GPU readings from NVML"
+    assert lib.calls[-1] == "nvmlShutdown"
+
+
+def test_an_x8_of_x16_link_fails() -> None:
+    found = _judged(Host([Deep(), Deep(width=8)]).nvml())
+    (bad,) = [f for f in found if f.level == Level.CRITICAL]
+    assert (bad.check, bad.gpu, bad.what) == (Check.PCIE, "GPU 1", "PCIe link x8 of x16")
+
+
+def test_the_hw_slowdown_bit_fails() -> None:
+    reasons = pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonSwPowerCap
+    found = _judged(Host([Deep(reasons=reasons)]).nvml())
+    (bad,) = [f for f in found if f.level == Level.CRITICAL]
+    assert bad.check == Check.THROTTLE and "HW slowdown" in bad.what
+    # Busy (no gpu_idle bit) at gen4 of gen5: a warning, as from nvidia-smi.
+    (pcie,) = [f for f in _judged(Host([Deep(gen=4, reasons=0)]).nvml()) if f.level == Level.WARN]
+    assert pcie.what == "PCIe gen4 of gen5 under load"
+
+
+def test_not_supported_fields_are_skipped_not_failed() -> None:
+    lib = Host([Deep(None, None, None, None, None, None)]).nvml()
+    (r,) = probe_local_deep(lib).readings
+    assert (r.pcie_gen, r.pcie_width, r.gpu_idle, r.persistence, r.nvlink) == (None,) * 5
+    found = _judged(lib)
+    assert {f.level for f in found} == {Level.OK}
+    assert not _of(found, Check.PCIE) and not _of(found, Check.PERSISTENCE)
+    (nv,) = _of(found, Check.NVLINK)
+    assert "no NVLink" in nv.what and "skipped" in nv.what
+
+
+def test_an_older_nvidia_ml_py_reads_the_throttle_reasons() -> None:
+    class Older(DeepNVML):
+        nvmlDeviceGetCurrentClocksEventReasons = None  # type: ignore[assignment]
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeDevice) -> int:
+            return int(pynvml.nvmlClocksThrottleReasonHwThermalSlowdown)
+
+    devices = [h200(0)]
+    lib = Older(devices, {str(devices[0].uuid): Deep()})
+    (r,) = probe_local_deep(lib).readings
+    assert r.throttle == ("hw_thermal_slowdown",) and r.gpu_idle is False
+
+
+def test_nvlink_and_fabric_from_nvml() -> None:
+    on, off = pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED
+    done = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0)
+    host = Host([Deep(links=[on] * 18, fabric=done), Deep(links=[on, on, off] + [on] * 15)])
+    got = probe_local_deep(host.nvml())
+    assert got.readings[0].nvlink == NvLinks(up=tuple(range(18)))
+    assert (got.readings[0].fabric_state, got.readings[0].fabric_status) == ("Completed", "Success")
+    assert got.readings[1].nvlink == NvLinks(up=(0, 1, *range(3, 18)), down=(2,))
+    found = _judged(host.nvml())
+    (bad,) = [f for f in found if f.level == Level.CRITICAL]
+    assert (bad.check, bad.gpu) == (Check.NVLINK, "GPU 1") and "link(s) 2 inactive" in bad.what
+    assert "Fabric Manager" in bad.action
+
+
+def test_nvml_init_failing_with_the_mismatch_raises_its_reason() -> None:
+    with pytest.raises(GpuQueryError) as e:
+        probe_local_deep(Host().nvml(init_fails=MISMATCH))
+    assert "driver and NVML versions do not match" in e.value.reason
+    assert f"NVML error {MISMATCH}" in e.value.reason
