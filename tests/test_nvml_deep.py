@@ -5,6 +5,7 @@ nvidia-ml-py gives them), judged by the same code as ``nvidia-smi -q -x``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -15,9 +16,14 @@ from bot.core.deep_query import NvLinks
 from bot.core.deep_reads import DeepRead, deep_reads, deep_report
 from bot.core.health_types import Level
 from bot.core.results import CommandResult
+from bot.engine.deep_check import deep_check
+from bot.engine.runtime import open_runtime
 from bot.errors import GpuQueryError
 from bot.hosts import nvml_deep
 from bot.hosts.nvml_deep import probe_local_deep
+from bot.sim.kit import SimKit
+from bot.sim.state import gpu_uuid
+from tests.test_gpu_nvml_e2e import local_settings
 from tests.test_nvml import FakeDevice, FakeNVMLError, h200
 from tests.test_nvml_health import Health, HealthNVML
 
@@ -222,3 +228,51 @@ def test_nvml_init_failing_with_the_mismatch_raises_its_reason() -> None:
         probe_local_deep(Host().nvml(init_fails=MISMATCH))
     assert "driver and NVML versions do not match" in e.value.reason
     assert f"NVML error {MISMATCH}" in e.value.reason
+
+
+# ---- through bot.engine.deep_check on a local host: the simulated host's tools are this
+# process's own commands (tests/test_gpu_nvml_e2e.py), NVML the fake above.
+
+
+def _local_nvml(kit: SimKit, **kw: Any) -> DeepNVML:
+    devices = [h200(i) for i in range(kit.state().config.gpus)]
+    for i, d in enumerate(devices):
+        d.uuid = gpu_uuid(kit.hostname, i)
+    return DeepNVML(devices, {str(d.uuid): Deep() for d in devices}, **kw)
+
+
+def _deep_calls(kit: SimKit) -> int:
+    deep = {("nvidia-smi", "-q", "-x"), ("nvidia-smi", "nvlink", "-s")}
+    return sum(1 for c in kit.calls("nvidia-smi") if c.argv in deep)
+
+
+async def test_a_local_host_reads_nvml_not_nvidia_smi(
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kit = sim_host
+    kit.set_faults(pcie_degraded=True)  # what nvidia-smi -q -x would say; NVML does not
+    settings = local_settings(kit, tmp_path, monkeypatch)
+    async with open_runtime(settings, nvml=_local_nvml(kit)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert _deep_calls(kit) == 0
+    (src,) = _of(list(report.findings), Check.NVML)
+    assert src.level == Level.OK and src.what == "GPU readings from NVML"
+    assert {f.level for f in _of(list(report.findings), Check.PCIE)} == {Level.OK}
+
+
+async def test_nvml_failing_with_the_mismatch_falls_back_and_says_so(
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kit = sim_host
+    kit.set_faults(driver_mismatch=True)
+    settings = local_settings(kit, tmp_path, monkeypatch)
+    async with open_runtime(settings, nvml=_local_nvml(kit, init_fails=MISMATCH)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert _deep_calls(kit) == 1  # -q -x; it listed no GPU, so no nvlink -s
+    (src,) = _of(list(report.findings), Check.NVML)
+    assert src.level == Level.WARN
+    assert src.what.startswith("NVML failed (could not initialise NVML: the NVIDIA driver and")
+    assert "read nvidia-smi -q -x instead" in src.what
+    (driver,) = _of(list(report.findings), Check.DRIVER)
+    assert driver.level == Level.CRITICAL and "reboot the node" in driver.action
+    assert report.level == Level.CRITICAL
