@@ -223,6 +223,23 @@ def test_nvlink_and_fabric_from_nvml() -> None:
     assert "Fabric Manager" in bad.action
 
 
+def test_a_driver_without_the_versioned_fabric_call_answers_the_older_one() -> None:
+    class OlderDriver(DeepNVML):
+        c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+
+        def nvmlDeviceGetGpuFabricInfoV(self, h: FakeDevice, ref: Any) -> int:
+            raise FakeNVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+        def nvmlDeviceGetGpuFabricInfo(self, h: FakeDevice, ref: Any) -> int:
+            return super().nvmlDeviceGetGpuFabricInfoV(h, ref)
+
+    devices = [h200(0)]
+    state = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, 0)
+    lib = OlderDriver(devices, {str(devices[0].uuid): Deep(fabric=state)})
+    (r,) = probe_local_deep(lib).readings
+    assert (r.fabric_state, r.fabric_status) == ("In Progress", None)
+
+
 def test_nvml_init_failing_with_the_mismatch_raises_its_reason() -> None:
     with pytest.raises(GpuQueryError) as e:
         probe_local_deep(Host().nvml(init_fails=MISMATCH))

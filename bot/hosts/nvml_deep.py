@@ -116,21 +116,40 @@ def _reading(lib: Any, handle: Any) -> DeepReading:
     )
 
 
+# The fabric calls, newest first, each with the structure it fills: the versioned one
+# (R550+) and the one before it, for a driver that has only that.
+_FABRIC_CALLS = (
+    ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+    ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+)
+
+
 def _fabric(lib: Any, handle: Any) -> tuple[str | None, str | None]:
     """Fabric Manager's state and status of the GPU (NVSwitch systems); None, None where
-    the GPU has none. The versioned call where nvidia-ml-py has it, else the first one."""
-    versioned = hasattr(lib, "nvmlDeviceGetGpuFabricInfoV")
-    info = lib.c_nvmlGpuFabricInfoV_t() if versioned else lib.c_nvmlGpuFabricInfo_t()
-    call = lib.nvmlDeviceGetGpuFabricInfoV if versioned else lib.nvmlDeviceGetGpuFabricInfo
-    if _offered(lib, call, handle, ctypes.byref(info)) is None:
-        return None, None
-    state = _FABRIC_STATES.get(int(info.state))
-    if state is None:
-        return None, None
-    if int(info.state) != _COMPLETED:
-        return state, None
-    code = int(info.status)
-    return state, "Success" if code == 0 else f"NVML error {code}"
+    the GPU has none or no call answers."""
+    for name, struct in _FABRIC_CALLS:
+        call, make = getattr(lib, name, None), getattr(lib, struct, None)
+        if call is None or make is None:
+            continue
+        info = make()
+        try:
+            call(handle, ctypes.byref(info))
+        except lib.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == _FUNCTION_NOT_FOUND:
+                continue  # a driver older than this call: the one before it
+            if code == _NOT_SUPPORTED:
+                return None, None
+            raise
+        return _fabric_words(int(info.state), int(info.status))
+    return None, None
+
+
+def _fabric_words(state: int, status: int) -> tuple[str | None, str | None]:
+    words = _FABRIC_STATES.get(state)
+    if words is None or state != _COMPLETED:
+        return words, None
+    return words, "Success" if status == 0 else f"NVML error {status}"
 
 
 def _nvlink(lib: Any, handle: Any) -> NvLinks | None:

@@ -1,5 +1,5 @@
 """Simulated ``nvidia-smi``: the default table, ``-L``, ``--query-gpu`` and
-``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``.
+``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``, and ``nvlink -s``.
 
 CSV values are joined with ", " and carry units (``97012 MiB``, ``0 %``)
 unless ``nounits``; the header names a unit in brackets either way.  With the
