@@ -95,6 +95,13 @@ class DeepNVML(HealthNVML):
         info.state, info.status = fabric
         return 0
 
+    def nvmlDeviceGetNvLinkCapability(self, h: FakeDevice, link: int, cap: int) -> int:
+        assert cap == pynvml.NVML_NVLINK_CAP_VALID
+        links = self._or_unsupported(self._d(h).links)
+        if link >= len(links):
+            raise FakeNVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1
+
     def nvmlDeviceGetNvLinkState(self, h: FakeDevice, link: int) -> int:
         links = self._or_unsupported(self._d(h).links)
         if link >= len(links):
@@ -221,6 +228,23 @@ def test_nvlink_and_fabric_from_nvml() -> None:
     (bad,) = [f for f in found if f.level == Level.CRITICAL]
     assert (bad.check, bad.gpu) == (Check.NVLINK, "GPU 1") and "link(s) 2 inactive" in bad.what
     assert "Fabric Manager" in bad.action
+
+
+def test_links_past_the_gpus_own_are_not_counted_down() -> None:
+    class A100(DeepNVML):
+        """12 links of NVML's maximum: past them, CAP_VALID 0 and the state DISABLED."""
+
+        def nvmlDeviceGetNvLinkCapability(self, h: FakeDevice, link: int, cap: int) -> int:
+            return int(link < 12)
+
+        def nvmlDeviceGetNvLinkState(self, h: FakeDevice, link: int) -> int:
+            return int(pynvml.NVML_FEATURE_ENABLED if link < 12 else pynvml.NVML_FEATURE_DISABLED)
+
+    devices = [h200(0)]
+    lib = A100(devices, {str(devices[0].uuid): Deep()})
+    (r,) = probe_local_deep(lib).readings
+    assert r.nvlink == NvLinks(up=tuple(range(12)))
+    assert nvml_deep._CAP_VALID == pynvml.NVML_NVLINK_CAP_VALID
 
 
 def test_a_driver_without_the_versioned_fabric_call_answers_the_older_one() -> None:

@@ -27,6 +27,7 @@ _NOT_SUPPORTED = 3
 _FUNCTION_NOT_FOUND = 13
 _NOT_OFFERED = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED: nvmlDeviceGetNvLinkState's "active"
+_CAP_VALID = 5  # NVML_NVLINK_CAP_VALID, nvmlDeviceGetNvLinkCapability's "a link"
 # The clock event reasons' bits (nvmlClocksEventReason*, the same values as the older
 # nvmlClocksThrottleReason*), by the names of deep_query.THROTTLE_REASONS; checked
 # against nvidia-ml-py's constants by tests/test_nvml_deep.py.
@@ -153,11 +154,13 @@ def _fabric_words(state: int, status: int) -> tuple[str | None, str | None]:
 
 
 def _nvlink(lib: Any, handle: Any) -> NvLinks | None:
-    """Each link NVML answers for; None where none does (no NVLink: a PCIe card)."""
+    """Each valid link's state; None where no link answers (no NVLink: a PCIe card)."""
     up: list[int] = []
     down: list[int] = []
     for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
         try:
+            if not _link_valid(lib, handle, link):
+                continue
             state = lib.nvmlDeviceGetNvLinkState(handle, link)
         except lib.NVMLError as exc:
             if getattr(exc, "value", None) in _NOT_OFFERED | {_INVALID_ARGUMENT}:
@@ -165,3 +168,18 @@ def _nvlink(lib: Any, handle: Any) -> NvLinks | None:
             raise
         (up if state == _FEATURE_ENABLED else down).append(link)
     return NvLinks(tuple(up), tuple(down)) if up or down else None
+
+
+def _link_valid(lib: Any, handle: Any, link: int) -> bool:
+    """NVML_NVLINK_CAP_VALID, as NCCL's RAS diagnostics ask it before a link's state: a
+    link number past the GPU's own (12 on an A100, 18 on an H100, of NVML's maximum)
+    is not one of its links, whatever state it answers. Not offered: the state decides."""
+    call = getattr(lib, "nvmlDeviceGetNvLinkCapability", None)
+    if call is None:
+        return True
+    try:
+        return bool(call(handle, link, _CAP_VALID))
+    except lib.NVMLError as exc:
+        if getattr(exc, "value", None) in _NOT_OFFERED:
+            return True
+        raise
