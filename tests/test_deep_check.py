@@ -17,9 +17,22 @@ from bot.core.deep_check import (
     judge_dcgm,
     judge_driver,
     judge_gpus,
+    judge_nvlink,
 )
-from bot.core.deep_query import MISMATCH_EXIT, mismatch_of, parse_deep_query
+from bot.core.deep_query import (
+    DCGMI_DIAG_ARGV,
+    DEEP_QUERY_ARGV,
+    MISMATCH_EXIT,
+    NVLINK_ARGV,
+    DeepReading,
+    NvLinks,
+    mismatch_of,
+    parse_deep_query,
+    parse_nvlink,
+)
+from bot.core.deep_reads import DeepRead, deep_reads, deep_report
 from bot.core.health_types import Level
+from bot.core.results import CommandResult
 from bot.engine.deep_check import deep_summary, deep_text
 from bot.errors import GpuQueryError
 
@@ -192,3 +205,111 @@ def test_the_short_answer_keeps_each_verdict_and_what_needs_a_look_failing_hosts
     ]
     # The full text keeps every line, in the order asked.
     assert deep_text(reports).count("PCIe width x16") == 4
+
+
+# Real `nvidia-smi nvlink -s` captures (tests/samples/SOURCES.md), UUIDs our own:
+# https://github.com/Azure/azhpc-diagnostics/issues/73 (a V100 with links 3 and 5 down)
+V100_NVLINK = (SAMPLES / "nvidia_smi_nvlink_s_v100_inactive.txt").read_text()
+# https://github.com/leptonai/gpud/issues/1085 (a B200 whose links are all down)
+B200_NVLINK = (SAMPLES / "nvidia_smi_nvlink_s_b200_all_inactive.txt").read_text()
+
+
+def test_nvlink_status_of_real_captures() -> None:
+    (v100,) = parse_nvlink(V100_NVLINK)
+    assert (v100.index, v100.uuid) == (3, "GPU-3c1f0a52-7e4b-4d0e-9a61-2b8d5f7c0e93")
+    assert v100.links == NvLinks(up=(0, 1, 2, 4), down=(3, 5))
+    (b200,) = parse_nvlink(B200_NVLINK)
+    assert b200.index == 2 and b200.links == NvLinks(all_down=True)
+    # As GitHub shows it (spaces for the tab), and a PCIe card's empty answer.
+    assert parse_nvlink(V100_NVLINK.replace("\t", "        "))[0].links == v100.links
+    assert parse_nvlink("") == ()
+
+
+def _r(uuid: str, links: NvLinks | None) -> DeepReading:
+    return DeepReading(uuid=uuid, pci="?", nvlink=links)
+
+
+def test_a_link_down_beside_active_ones_fails_with_nvidias_action() -> None:
+    (v100,) = parse_nvlink(V100_NVLINK)
+    found = judge_nvlink([_r("a", NvLinks(up=tuple(range(6)))), _r("b", v100.links)])
+    assert [f.level for f in found] == [Level.OK, Level.CRITICAL]
+    assert found[1].what == "NVLink link(s) 3, 5 inactive, 4 active"
+    assert "Fabric Manager" in found[1].action and "dcgmi diag -r 2" in found[1].action
+    assert found[1].gpu == "GPU 1"
+
+
+def test_a_gpu_with_every_link_down_fails_where_its_peers_are_up() -> None:
+    (b200,) = parse_nvlink(B200_NVLINK)
+    up = NvLinks(up=tuple(range(18)))
+    found = judge_nvlink([_r("a", up), _r("b", b200.links)], labels={"b": "GPU 2"})
+    assert [(f.level, f.gpu) for f in found] == [(Level.OK, "GPU 0"), (Level.CRITICAL, "GPU 2")]
+    # No GPU with a link up (NVLink cards without a bridge): said, not failed.
+    alone = judge_nvlink([_r("b", b200.links)])
+    assert [f.level for f in alone] == [Level.OK] and "no link active" in alone[0].what
+
+
+def test_no_nvlink_or_no_answer_is_a_skip_and_said() -> None:
+    (none,) = judge_nvlink([_r("a", None), _r("b", None)])
+    assert none.level == Level.OK and "no NVLink" in none.what and "skipped" in none.what
+    (err,) = judge_nvlink([_r("a", None)], "nvidia-smi nvlink -s: exit 3")
+    assert err.level == Level.OK and "exit 3" in err.what and "skipped" in err.what
+
+
+def _drive(answers: dict[tuple[str, ...], CommandResult]) -> tuple[list[tuple[str, ...]], DeepRead]:
+    reads = deep_reads("h")
+    asked: list[tuple[str, ...]] = []
+    result: CommandResult | None = None
+    try:
+        while True:
+            argv = reads.send(result)  # type: ignore[arg-type]
+            asked.append(argv)
+            result = answers[argv]
+    except StopIteration as stop:
+        return asked, stop.value
+
+
+def _ok(argv: tuple[str, ...], out: str, status: int = 0) -> CommandResult:
+    return CommandResult(argv, status, out, "", 0.0)
+
+
+def _l4_as(uuid: str) -> str:
+    return L4.replace(parse_deep_query("h", L4).gpus[0].uuid, uuid)
+
+
+@pytest.mark.parametrize(
+    ("answer", "level", "needle"),
+    [
+        (V100_NVLINK, Level.CRITICAL, "NVLink link(s) 3, 5 inactive"),
+        ("", Level.OK, "no NVLink on these GPUs: skipped"),  # a PCIe card
+        ("NVLink is not supported\n", Level.OK, "no NVLink on these GPUs: skipped"),
+    ],
+)
+def test_deep_reads_run_nvlink_status_after_the_xml(answer: str, level: Level, needle: str) -> None:
+    uuid = "GPU-3c1f0a52-7e4b-4d0e-9a61-2b8d5f7c0e93"
+    answers = {
+        DEEP_QUERY_ARGV: _ok(DEEP_QUERY_ARGV, _l4_as(uuid)),
+        NVLINK_ARGV: _ok(NVLINK_ARGV, answer),
+        DCGMI_DIAG_ARGV: _ok(DCGMI_DIAG_ARGV, "", 127),
+    }
+    asked, read = _drive(answers)
+    assert asked == [DEEP_QUERY_ARGV, NVLINK_ARGV, DCGMI_DIAG_ARGV]
+    (nv,) = [f for f in deep_report("h", read, None, None, 1).findings if f.check == Check.NVLINK]
+    assert (nv.level, needle in nv.what) == (level, True), nv
+
+
+def test_a_failing_nvlink_status_is_a_skip_and_a_failed_query_does_not_run_it() -> None:
+    answers = {
+        DEEP_QUERY_ARGV: _ok(DEEP_QUERY_ARGV, L4),
+        NVLINK_ARGV: _ok(NVLINK_ARGV, "Invalid combination of input arguments.", 2),
+        DCGMI_DIAG_ARGV: _ok(DCGMI_DIAG_ARGV, "", 127),
+    }
+    _, read = _drive(answers)
+    report = deep_report("h", read, None, None, 1)
+    (nv,) = [f for f in report.findings if f.check == Check.NVLINK]
+    assert nv.level == Level.OK and "exit 2" in nv.what and "skipped" in nv.what
+    answers[DEEP_QUERY_ARGV] = _ok(DEEP_QUERY_ARGV, "", 9)  # no driver: nothing to link
+    asked, read = _drive(answers)
+    assert asked == [DEEP_QUERY_ARGV, DCGMI_DIAG_ARGV]
+    assert not [
+        f for f in deep_report("h", read, None, None, 1).findings if f.check == Check.NVLINK
+    ]

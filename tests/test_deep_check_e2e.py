@@ -69,3 +69,19 @@ async def test_a_driver_library_mismatch_says_reboot_and_a_lost_gpu_count_fails(
         (lost,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
     (count,) = _by(lost, Check.GPU_COUNT)
     assert count.level == Level.CRITICAL, lost.text()
+
+
+async def test_an_nvlink_link_down_fails_its_gpu_only(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    kit = sim_sshd_host
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (healthy,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+        kit.set_faults(nvlink_down=True)
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert {f.level for f in _by(healthy, Check.NVLINK)} == {Level.OK}
+    assert "GPU 0: NVLink: 18 links active" in healthy.text()
+    assert report.level == Level.CRITICAL
+    (down,) = [f for f in _by(report, Check.NVLINK) if f.level == Level.CRITICAL]
+    assert (down.gpu, down.what) == ("GPU 3", "NVLink link(s) 3 inactive, 17 active")
+    assert "dcgmi diag -r 2" in down.action

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bot.audit.store import RunRecord
 from bot.core.status import RunStatus
 from bot.sim.kit import SERVICE, SimKit
 from tests.polling import eventually
@@ -34,6 +35,14 @@ async def approved(bot: SlackBot, text: str) -> int:
     record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
     await bot.click("approve", record.id, user=BOB)
     return record.id
+
+
+async def ended(bot: SlackBot, run_id: int) -> RunRecord:
+    """The run once it is over and its driver done: the service state is a record of its
+    own written after the status (bot.audit.resilient), so it is read after the driver."""
+    await bot.wait_status(run_id, *FINAL, timeout_s=60)
+    await bot.front_end.idle()
+    return await bot.run(run_id)
 
 
 async def told(bot: SlackBot, run_id: int) -> str:
@@ -53,7 +62,7 @@ async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
     boot = host.boot_id()
     async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
         run_id = await approved(bot, f"host reboot {host.hostname}")
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        done = await ended(bot, run_id)
         assert done.status == RunStatus.SUCCEEDED, done.summary
         assert host.reboots() == 1 and host.boot_id() != boot
         assert host.unit_state() == "active"
@@ -80,7 +89,7 @@ async def test_a_refused_gpu_reset_says_the_host_needs_a_reboot_and_keeps_it_out
     host.set_faults(reset_refused=True)
     async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
         run_id = await approved(bot, f"host gpu-reset {host.hostname} 3")
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        done = await ended(bot, run_id)
         assert done.status == RunStatus.FAILED
         assert done.summary is not None
         assert "In use by another client" in done.summary
@@ -97,7 +106,7 @@ async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
 ) -> None:
     async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
         run_id = await approved(bot, f"host gpu-reset {host.hostname} 0 3")
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        done = await ended(bot, run_id)
         assert done.status == RunStatus.SUCCEEDED, done.summary
         assert host.resets() == [0, 3]
         assert host.persistence(0) and host.persistence(3)
@@ -123,7 +132,7 @@ async def test_a_host_back_with_another_key_is_refused_as_a_different_machine(
         line = known.read_text().splitlines()[0].split()[0]
         known.write_text(f"{line} {pub[0]} {pub[1]}\n")
         host.clear_faults()
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        done = await ended(bot, run_id)
         assert done.status == RunStatus.FAILED
         assert done.summary is not None and "refused as a different machine" in done.summary
         assert "state now is UNKNOWN" in done.summary
@@ -158,7 +167,7 @@ async def test_a_host_that_fails_its_deep_check_after_the_reboot_stays_out(
     host.set_faults(pcie_degraded=True)
     async with slack_bot(tmp_path, host, maintenance=MAINTENANCE) as bot:
         run_id = await approved(bot, f"host reboot {host.hostname}")
-        done = await bot.wait_status(run_id, *FINAL, timeout_s=60)
+        done = await ended(bot, run_id)
         assert done.status == RunStatus.FAILED
         assert done.summary is not None
         assert f"{host.hostname} stays out: deep GPU check FAIL" in done.summary

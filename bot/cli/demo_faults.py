@@ -49,4 +49,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "driver_mismatch",
     "dcgmi_present",
     "dcgmi_fails",
+    "nvlink_down",
 )

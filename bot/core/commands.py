@@ -261,7 +261,7 @@ COMMANDS: tuple[Command, ...] = (
             _flag(
                 "--deep",
                 help="the deep GPU check: health plus PCIe link, throttling, persistence, "
-                "fabric, driver mismatch, GPU count and dcgmi diag -r 1",
+                "fabric, NVLink, driver mismatch, GPU count and dcgmi diag -r 1",
             ),
         ),
         chat="GPU memory on every host, one host, or a service's hosts",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bot.core.dcgm import DiagReport
-from bot.core.deep_query import THROTTLE_REASONS, DeepReading, Mismatch
+from bot.core.deep_query import THROTTLE_REASONS, DeepReading, Mismatch, NvLinks
 from bot.core.health_types import HostHealth, Level, worst
 
 WORDS = {Level.OK: "ok", Level.WARN: "warn", Level.CRITICAL: "FAIL"}
@@ -31,6 +31,14 @@ MISMATCH = (
 )
 LOST = "a GPU is not enumerated: look for Xid 79 in the kernel log, then reboot or reseat"
 DCGM = "see dcgmi diag's message; rerun with -r 2 once the cause is fixed"
+# DCGM's own words for a link down (DCGM_FR_NVLINK_DOWN): "Run a field diagnostic on the
+# GPU"; NVSwitch systems first need Fabric Manager, and a bridge or the GPU reseated.
+NVLINK = (
+    "NVLink down: check the NVSwitch/Fabric Manager (systemctl status "
+    "nvidia-fabricmanager), reseat the GPU or its NVLink bridge; NVIDIA: run a field "
+    "diagnostic (dcgmi diag -r 2)"
+)
+NVML_FAILED = "check the bot's NVML (the driver, libnvidia-ml.so.1, /dev/nvidia* access)"
 
 
 class Check(StrEnum):
@@ -42,6 +50,8 @@ class Check(StrEnum):
     DRIVER = "driver"
     GPU_COUNT = "gpu count"
     DCGM = "dcgm"
+    NVLINK = "nvlink"
+    NVML = "nvml"  # where the readings came from on the bot's own host
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,3 +220,52 @@ def judge_health(health: HostHealth | None, error: str | None) -> list[DeepFindi
         n = len(health.gpus)
         out.append(DeepFinding(Check.HEALTH, Level.OK, f"ECC, remaps, reset status, Xid: {n} ok"))
     return out
+
+
+def _links(numbers: tuple[int, ...]) -> str:
+    return ", ".join(str(n) for n in numbers)
+
+
+def _nvlink_gpu(gpu: str, links: NvLinks, others_up: bool) -> DeepFinding:
+    if links.up and (links.down or links.all_down):
+        what = f"NVLink link(s) {_links(links.down)} inactive, {len(links.up)} active"
+        return DeepFinding(Check.NVLINK, Level.CRITICAL, what, NVLINK, gpu)
+    if not links.up:
+        if others_up:
+            what = "every NVLink link inactive while the other GPUs' are active"
+            return DeepFinding(Check.NVLINK, Level.CRITICAL, what, NVLINK, gpu)
+        what = "NVLink: no link active on any GPU (no NVLink bridge fitted?)"
+        return DeepFinding(Check.NVLINK, Level.OK, what, gpu=gpu)
+    return DeepFinding(Check.NVLINK, Level.OK, f"NVLink: {len(links.up)} links active", gpu=gpu)
+
+
+def judge_nvlink(
+    readings: Sequence[DeepReading],
+    error: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> list[DeepFinding]:
+    """Each NVLink GPU's links: one inactive beside active ones (on the GPU, or every
+    link of a GPU whose peers' are up) fails. No GPU with NVLink (PCIe cards), or
+    ``nvidia-smi nvlink -s`` not answering (``error``): skipped, and said. Where no GPU
+    has a link up (NVLink cards without a bridge), each says so, ok."""
+    if error is not None:
+        return [DeepFinding(Check.NVLINK, Level.OK, f"NVLink not read ({error}): skipped")]
+    linked = [(n, r) for n, r in enumerate(readings) if r.nvlink is not None]
+    if not linked:
+        return [DeepFinding(Check.NVLINK, Level.OK, "no NVLink on these GPUs: skipped")]
+    any_up = any(r.nvlink.up for _, r in linked if r.nvlink is not None)
+    return [
+        _nvlink_gpu((labels or {}).get(r.uuid, f"GPU {n}"), r.nvlink, any_up)
+        for n, r in linked
+        if r.nvlink is not None
+    ]
+
+
+def judge_source(nvml: bool, nvml_error: str | None) -> list[DeepFinding]:
+    """On the bot's own host: NVML read the GPUs, or why ``nvidia-smi -q -x`` did."""
+    if nvml_error is not None:
+        what = f"NVML failed ({nvml_error}): read nvidia-smi -q -x instead"
+        return [DeepFinding(Check.NVML, Level.WARN, what, NVML_FAILED)]
+    if nvml:
+        return [DeepFinding(Check.NVML, Level.OK, "GPU readings from NVML")]
+    return []

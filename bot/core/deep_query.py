@@ -1,6 +1,7 @@
 """What the deep GPU check reads, parsed: ``nvidia-smi -q -x`` per GPU (PCIe link,
-clock event reasons, persistence mode, fabric state), nvidia-smi's driver/library
-version mismatch, and ``dcgmi diag -r 1``'s table.
+clock event reasons, persistence mode, fabric state), ``nvidia-smi nvlink -s`` (each
+NVLink link's state), nvidia-smi's driver/library version mismatch, and ``dcgmi diag
+-r 1``'s table.
 
 Why the XML form (``-q -x``) and not the text ``-q`` the health check reads: every
 value this check needs sits under a fixed tag (``pci_gpu_link_info/pcie_gen/
@@ -25,6 +26,8 @@ DEEP_QUERY_ARGV: tuple[str, ...] = ("nvidia-smi", "-q", "-x")
 # coreutils `timeout`, which exits 127 when the command is not found (as a shell does),
 # so that status is "dcgmi is not installed".
 DCGMI_DIAG_ARGV: tuple[str, ...] = ("dcgmi", "diag", "-r", "1")
+# Each GPU's NVLink links: a rate where the link is up, ``<inactive>`` where it is down.
+NVLINK_ARGV: tuple[str, ...] = ("nvidia-smi", "nvlink", "-s")
 NOT_FOUND_EXIT = 127
 
 # nvidia-smi's exit status for "Driver/library version mismatch" (mozilla/translations
@@ -50,6 +53,18 @@ _REASON_PREFIXES = (
 
 
 @dataclass(frozen=True, slots=True)
+class NvLinks:
+    """One GPU's NVLink links by number, as ``nvidia-smi nvlink -s`` or NVML's
+    ``nvmlDeviceGetNvLinkState`` says them."""
+
+    up: tuple[int, ...] = ()
+    down: tuple[int, ...] = ()
+    # nvidia-smi's "Unable to retrieve NVLink information as all links are inActive":
+    # NVLink is there and no link is up (no numbers printed).
+    all_down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class DeepReading:
     """One GPU as ``nvidia-smi -q -x`` (or NVML) reports it; None where it says nothing."""
 
@@ -67,6 +82,8 @@ class DeepReading:
     # None where the GPU has none (``N/A``).
     fabric_state: str | None = None
     fabric_status: str | None = None
+    # None: no NVLink (a PCIe card), or not read (the read says why).
+    nvlink: NvLinks | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +188,42 @@ def mismatch_of(exit_status: int | None, stdout: str, stderr: str) -> Mismatch |
         m = _LIBRARY.search(said)
         return Mismatch(m.group(1) if m else None)
     return None
+
+
+# ``nvidia-smi nvlink -s``: "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)", then per link
+# "\t Link 0: 26.562 GB/s" or "\t Link 3: <inactive>" (Azure/azhpc-diagnostics#73), or
+# the one line NVML prints for a GPU whose links are all down (leptonai/gpud#1085).
+_NVLINK_GPU = re.compile(r"^GPU (\d+): .*\(UUID: (\S+)\)\s*$")
+_NVLINK_LINK = re.compile(r"^\s*Link (\d+): (.*?)\s*$")
+_NVLINK_ALL_DOWN = re.compile(r"all links are inactive", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkGpu:
+    index: int
+    uuid: str  # as printed: "GPU-..." (a capture may have it elided)
+    links: NvLinks
+
+
+def parse_nvlink(text: str) -> tuple[NvLinkGpu, ...]:
+    """Each GPU ``nvidia-smi nvlink -s`` lists, with its links; a GPU without NVLink is
+    not listed, or listed with no link line (nothing printed is no NVLink at all)."""
+    out: list[NvLinkGpu] = []
+    for line in text.splitlines():
+        if m := _NVLINK_GPU.match(line):
+            out.append(NvLinkGpu(int(m.group(1)), m.group(2), NvLinks()))
+            continue
+        if not out:
+            continue
+        gpu, links = out[-1], out[-1].links
+        if m := _NVLINK_LINK.match(line):
+            n, up = int(m.group(1)), "inactive" not in m.group(2).casefold()
+            links = NvLinks(
+                links.up + ((n,) if up else ()),
+                links.down + (() if up else (n,)),
+                links.all_down,
+            )
+        elif _NVLINK_ALL_DOWN.search(line):
+            links = NvLinks(links.up, links.down, all_down=True)
+        out[-1] = NvLinkGpu(gpu.index, gpu.uuid, links)
+    return tuple(g for g in out if g.links.up or g.links.down or g.links.all_down)

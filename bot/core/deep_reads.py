@@ -1,13 +1,14 @@
 """Reading a host for the deep GPU check, as a generator like ``health_reads``: it
-yields each fixed argv (``nvidia-smi -q -x``, then ``dcgmi diag -r 1``)
-and is sent its ``CommandResult``; it returns what was read (``DeepRead``), which
-``deep_report`` judges with the health check's verdict and the last known GPU count.
-NVML's readings (the bot's own host) replace the ``nvidia-smi -q -x`` step."""
+yields each fixed argv (``nvidia-smi -q -x``, ``nvidia-smi nvlink -s`` where it listed
+GPUs, then ``dcgmi diag -r 1``) and is sent its ``CommandResult``; it returns what was
+read (``DeepRead``), which ``deep_report`` judges with the health check's verdict and
+the last known GPU count. NVML's readings (the bot's own host, NVLink included) replace
+the two nvidia-smi steps; where NVML failed, they run and the report says why."""
 
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bot.core import deep_check as dc
 from bot.core.dcgm import DiagReport, parse_diag
@@ -15,10 +16,12 @@ from bot.core.deep_query import (
     DCGMI_DIAG_ARGV,
     DEEP_QUERY_ARGV,
     NOT_FOUND_EXIT,
+    NVLINK_ARGV,
     DeepReading,
     Mismatch,
     mismatch_of,
     parse_deep_query,
+    parse_nvlink,
 )
 from bot.core.health_reads import LOST_GPU_EXIT
 from bot.core.health_types import HostHealth, Level
@@ -35,6 +38,9 @@ class DeepRead:
     dcgm: DiagReport | None = None
     dcgm_error: str | None = None  # dcgmi is there but gave no result: why
     driver_version: str | None = None
+    nvlink_error: str | None = None  # nvidia-smi nvlink -s gave no answer: why (a skip)
+    nvml: bool = False  # the readings are NVML's (the bot's own host)
+    nvml_error: str | None = None  # NVML failed on the bot's own host: why
 
 
 _END = "</nvidia_smi_log>"
@@ -49,43 +55,59 @@ def _said(r: CommandResult) -> str:
     return f"exit {r.exit_status}" + (f": {tail}" if tail else "")
 
 
-def deep_reads(host: str, nvml: Sequence[DeepReading] | None = None) -> DeepReads:
-    read = DeepRead(readings=tuple(nvml or ()), count=None if nvml is None else len(nvml))
-    if nvml is None:
+def deep_reads(
+    host: str,
+    nvml: Sequence[DeepReading] | None = None,
+    *,
+    driver: str | None = None,
+    nvml_error: str | None = None,
+) -> DeepReads:
+    """``nvml``: the GPUs' readings from NVML (``driver``: its driver version), which
+    replace ``nvidia-smi -q -x`` and ``nvidia-smi nvlink -s``. ``nvml_error``: why NVML
+    could not be used on the bot's own host, said in the report."""
+    if nvml is not None:
+        read = DeepRead(tuple(nvml), len(nvml), driver_version=driver, nvml=True)
+    else:
         q = yield DEEP_QUERY_ARGV
-        if (m := mismatch_of(q.exit_status, q.stdout, q.stderr)) is not None:
-            read = DeepRead(mismatch=m)
-        elif q.exit_status not in (0, LOST_GPU_EXIT):
-            read = DeepRead(query_error=f"nvidia-smi -q -x failed ({_said(q)})")
-        else:
-            try:
-                # A GPU fallen off the bus (exit 15): the others' report, then its
-                # "Unable to determine the device handle" line; the count tells of it.
-                xml = q.stdout.split(_END)[0] + _END
-                parsed = parse_deep_query(host, xml)
-            except GpuQueryError as e:
-                read = DeepRead(query_error=e.reason)
-            else:
-                read = DeepRead(
-                    parsed.gpus, len(parsed.gpus), None, None, None, None, parsed.driver_version
-                )
+        read = replace(_query(host, q), nvml_error=nvml_error)
+        if read.readings:
+            n = yield NVLINK_ARGV
+            read = _with_nvlink(read, n)
     d = yield DCGMI_DIAG_ARGV
     if d.exit_status == NOT_FOUND_EXIT:
         return read  # no dcgmi: the diagnostics are skipped, and the report says so
     report = parse_diag(d.stdout)
-    return _with_dcgm(read, report, None if report.ran else _said(d))
+    return replace(read, dcgm=report, dcgm_error=None if report.ran else _said(d))
 
 
-def _with_dcgm(read: DeepRead, report: DiagReport, error: str | None) -> DeepRead:
-    return DeepRead(
-        read.readings,
-        read.count,
-        read.mismatch,
-        read.query_error,
-        report,
-        error,
-        read.driver_version,
+def _query(host: str, q: CommandResult) -> DeepRead:
+    if (m := mismatch_of(q.exit_status, q.stdout, q.stderr)) is not None:
+        return DeepRead(mismatch=m)
+    if q.exit_status not in (0, LOST_GPU_EXIT):
+        return DeepRead(query_error=f"nvidia-smi -q -x failed ({_said(q)})")
+    try:
+        # A GPU fallen off the bus (exit 15): the others' report, then its "Unable to
+        # determine the device handle" line; the count tells of it.
+        parsed = parse_deep_query(host, q.stdout.split(_END)[0] + _END)
+    except GpuQueryError as e:
+        return DeepRead(query_error=e.reason)
+    return DeepRead(parsed.gpus, len(parsed.gpus), driver_version=parsed.driver_version)
+
+
+def _with_nvlink(read: DeepRead, n: CommandResult) -> DeepRead:
+    """Each GPU's links, by uuid (else by its place in the list, as both list by
+    index); a command that fails or is unsupported is a skip, said, never a failure."""
+    if n.exit_status != 0:
+        return replace(read, nvlink_error=f"nvidia-smi nvlink -s: {_said(n)}")
+    listed = parse_nvlink(n.stdout)
+    by_uuid = {g.uuid: g.links for g in listed}
+    by_index = {g.index: g.links for g in listed}
+    matched = any(r.uuid in by_uuid for r in read.readings)
+    readings = tuple(
+        replace(r, nvlink=by_uuid.get(r.uuid) if matched else by_index.get(i))
+        for i, r in enumerate(read.readings)
     )
+    return replace(read, readings=readings)
 
 
 def deep_report(
@@ -102,8 +124,11 @@ def deep_report(
         findings.append(
             dc.DeepFinding(dc.Check.PCIE, Level.WARN, read.query_error, "check the driver")
         )
+    findings += dc.judge_source(read.nvml, read.nvml_error)
     findings.append(dc.judge_count(read.count, last_count))
     findings += dc.judge_dcgm(read.dcgm, read.dcgm_error)
     findings += dc.judge_health(health, health_error)
     findings += dc.judge_gpus(read.readings, labels)
+    if read.readings:
+        findings += dc.judge_nvlink(read.readings, read.nvlink_error, labels)
     return dc.DeepReport(host, tuple(findings))

@@ -4,7 +4,10 @@
 It runs the same reads as ``gpus`` (``bot.hosts.fleet.query_host``: the GPU query and
 the health check), then the deep reads (``bot.core.deep_reads``: ``nvidia-smi -q -x``
 and ``dcgmi diag -r 1``) over the same pooled transport, and judges them with the
-host's last known GPU count. That count is the previous deep check's: each check
+host's last known GPU count. On the bot's own host (``address = "local"``) NVML reads
+the GPUs instead of the two nvidia-smi steps (``bot.hosts.nvml_deep``); where NVML
+fails (no driver, the driver/library mismatch) nvidia-smi reads them and the report
+says why. That count is the previous deep check's: each check
 records what it read as a run-less GPU snapshot labelled ``deep_check`` (the audit log's
 typed ``Snapshot`` record), so a GPU that stops being listed is seen the next time.
 """
@@ -20,9 +23,10 @@ from bot.core.dcgm import DCGM_TIMEOUT_S
 from bot.core.deep_check import Check, DeepFinding, DeepReport
 from bot.core.deep_reads import DeepRead, DeepReads, deep_reads, deep_report
 from bot.core.health_types import Level
-from bot.errors import ChatOpsError, HostError
+from bot.errors import ChatOpsError, GpuQueryError, HostError
 from bot.hosts.base import CommandResult, HostTransport
 from bot.hosts.fleet import DEFAULT_HOST_TIMEOUT_S, query_host
+from bot.hosts.nvml_deep import probe_local_deep
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -53,6 +57,20 @@ async def _last_count(audit: AuditLog, host: str) -> int | None:
     return count if isinstance(count, int) else None
 
 
+async def _local_reads(settings: Settings, pool: HostPool, host: str) -> DeepReads:
+    """The deep reads of ``host``: NVML's readings where the bot runs on it, else (and
+    where NVML fails, saying why) the nvidia-smi commands."""
+    cfg = settings.hosts.get(host)
+    if cfg is None or not cfg.is_local:
+        return deep_reads(host)
+    try:
+        nvml = await asyncio.to_thread(probe_local_deep, pool.nvml)
+    except GpuQueryError as e:
+        log.warning("NVML deep read failed on %s, reading nvidia-smi: %s", host, e.reason)
+        return deep_reads(host, nvml_error=e.reason)
+    return deep_reads(host, nvml.readings, driver=nvml.driver_version)
+
+
 async def check_host(
     settings: Settings, pool: HostPool, audit: AuditLog, host: str, timeout_s: float
 ) -> DeepReport:
@@ -62,7 +80,7 @@ async def check_host(
         return DeepReport(
             host, (DeepFinding(Check.HEALTH, Level.CRITICAL, what, "check the host"),)
         )
-    read = await _drive(pool.get(host), deep_reads(host), timeout_s)
+    read = await _drive(pool.get(host), await _local_reads(settings, pool, host), timeout_s)
     last = await _last_count(audit, host)
     if read.count is not None:
         uuids = [r.uuid for r in read.readings]

@@ -258,6 +258,8 @@ class Faults:
     # `diag -r 1` passes; with dcgmi_fails, its Persistence Mode test fails.
     dcgmi_present: bool = False
     dcgmi_fails: bool = False
+    # GPU stuck_gpu's NVLink link 3 is down: `nvidia-smi nvlink -s` says <inactive>.
+    nvlink_down: bool = False
     # Issue 23, host maintenance. A reboot never comes back: every SSH login keeps
     # dropping (the host stays down until the fault is cleared).
     reboot_hangs: bool = False

@@ -1,5 +1,5 @@
 """Simulated ``nvidia-smi``: the default table, ``-L``, ``--query-gpu`` and
-``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``.
+``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``, and ``nvlink -s``.
 
 CSV values are joined with ", " and carry units (``97012 MiB``, ``0 %``)
 unless ``nounits``; the header names a unit in brackets either way.  With the
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bot.sim.packages import driver_cuda
-from bot.sim.state import SimGpu, SimProcess, StateStore, host_view
+from bot.sim.state import HostState, SimGpu, SimProcess, StateStore, host_view
 from bot.sim.tools import nvidia_smi_admin, nvidia_smi_q, nvidia_smi_qx
 
 NO_DRIVER = (
@@ -345,6 +345,8 @@ def main(store: StateStore, args: list[str]) -> int:
     if st.faults.driver_mismatch:
         print(MISMATCH)
         return MISMATCH_EXIT
+    if args[:1] == ["nvlink"]:
+        return _nvlink(st, args[1:])
     try:
         a = _parse(args)
         if a.pm is not None or a.reset:
@@ -360,3 +362,25 @@ def main(store: StateStore, args: list[str]) -> int:
     for g in lost:
         print(_lost_line(g))
     return LOST_EXIT if lost else 0
+
+
+# `nvidia-smi nvlink -s`: an H200's 18 NVLink4 links, as real H100/H200 hosts print them
+# (tests/samples/deep: "\t Link 0: 26.562 GB/s", "\t Link 3: <inactive>").
+NVLINK_LINKS = 18
+NVLINK_RATE = "26.562 GB/s"
+NVLINK_DOWN = 3  # the link the nvlink_down fault takes down on GPU stuck_gpu
+
+
+def _nvlink(st: HostState, args: list[str]) -> int:
+    if not args or args[0] not in ("-s", "--status"):
+        print(BAD_ARGS)
+        return 2
+    gpus, _ = host_view(st, time.time())
+    for g in gpus:
+        if g.lost:
+            continue
+        print(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")
+        down = st.faults.nvlink_down and g.index == st.config.stuck_gpu
+        for n in range(NVLINK_LINKS):
+            print(f"\t Link {n}: {'<inactive>' if down and n == NVLINK_DOWN else NVLINK_RATE}")
+    return 0
