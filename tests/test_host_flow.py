@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from bot.core import host_ops
-from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV
+from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV, DeepReading
 from bot.core.flows import EndStep, HostOutcome
 from bot.core.host_flow import host_flow
 from bot.core.host_plan import gpu_indexes, host_service, make_host_plan
+from bot.core.phases.actions import DeepStateRead, ReadDeepState
 from bot.core.plan import Step
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
@@ -93,6 +94,16 @@ class MaintainedHost(Host):
     inactive: set[str] = field(default_factory=set)  # units inactive at preflight
     rebooted: bool = False
     resets: list[int] = field(default_factory=list)
+    # Where the bot runs on the host: NVML's deep readings (None: NVML fails, saying this).
+    nvml_deep: tuple[DeepReading, ...] | None = None
+    nvml_error: str = "NVML: Driver/library version mismatch"
+
+    def respond(self, action: Any) -> Any:
+        if isinstance(action, ReadDeepState):
+            if self.nvml_deep is None:
+                return DeepStateRead(nvml_error=self.nvml_error)
+            return DeepStateRead(self.nvml_deep, "590.44.01")
+        return super().respond(action)
 
     def command(self, a: tuple[str, ...]) -> CommandResult:
         if a == host_ops.BOOT_ID_ARGV:
@@ -140,7 +151,7 @@ class MaintainedHost(Host):
         return ok(a, BOOT_B + "\n")
 
 
-def settings(**maintenance: Any) -> Settings:
+def settings(local: bool = False, **maintenance: Any) -> Settings:
     svc = {
         "unit": "vllm-kimi-k25",
         "python": "/opt/venvs/vllm/bin/python",
@@ -151,7 +162,9 @@ def settings(**maintenance: Any) -> Settings:
     }
     return Settings(
         hosts={
-            "h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"},
+            "h1": {"address": "local"}
+            if local
+            else {"address": "10.0.0.1", "known_hosts": "/tmp/kh"},
             "h2": {"address": "10.0.0.2", "known_hosts": "/tmp/kh"},
             "lb": {"address": "10.0.0.3", "known_hosts": "/tmp/kh"},
         },
@@ -164,9 +177,13 @@ def settings(**maintenance: Any) -> Settings:
 
 
 def maintain(
-    host: MaintainedHost, action: Action = Action.REBOOT, gpus: tuple[int, ...] = (), **m: Any
+    host: MaintainedHost,
+    action: Action = Action.REBOOT,
+    gpus: tuple[int, ...] = (),
+    local: bool = False,
+    **m: Any,
 ) -> HostOutcome:
-    s = settings(**m)
+    s = settings(local, **m)
     plan = make_host_plan(s, action, "h1", gpus=gpus)
     return drive(host_flow(plan, s.services, s.maintenance, "h1"), host)
 
@@ -316,6 +333,27 @@ def test_a_cancel_before_the_reboot_starts_the_services_again() -> None:
     assert outcome.status == HostStatus.CANCELLED
     assert not host.rebooted
     assert units_started(host) == ["vllm-kimi-k25", "vllm-qwen"]
+
+
+def nvml_gpu(i: int, width: int = 16) -> DeepReading:
+    return DeepReading(UUIDS[i], BUS[i], 5, 5, width, 16, (), True, True)
+
+
+def test_on_the_bots_own_host_the_deep_check_reads_nvml_not_nvidia_smi() -> None:
+    host = MaintainedHost(nvml_deep=tuple(nvml_gpu(i, 8 if i == 5 else 16) for i in range(8)))
+    outcome = maintain(host, local=True)
+    assert DEEP_QUERY_ARGV not in host.calls
+    # NVML's reading judged as nvidia-smi's would be: GPU 5 at x8 keeps the host out.
+    assert outcome.status == HostStatus.FAILED and "GPU 5" in outcome.summary
+
+
+def test_nvml_failing_on_the_bots_own_host_falls_back_and_says_why() -> None:
+    host = MaintainedHost()
+    outcome = maintain(host, local=True)
+    assert outcome.status == HostStatus.SUCCEEDED, outcome.summary
+    assert DEEP_QUERY_ARGV in host.calls
+    (deep,) = ended(host, Step.DEEP_CHECK)
+    assert "Driver/library version mismatch" in deep.detail
 
 
 # ---- GPU reset --------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def host_flow(
         reset = yield from reset_gpus(m, first, plan.gpus)
         if not reset.ok:
             needs_reboot = f"{reset.text()}: the host needs a reboot (/vllm host reboot {host})"
-    report = yield from deep_check(first, host, count)
+    report = yield from deep_check(first, host, count, plan.is_local(host))
     failed = needs_reboot or _fail_text(report)
     if failed is not None and m.on_failed_check == "stop":
         return (yield from _keep_out(host, running, failed))

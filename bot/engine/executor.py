@@ -42,7 +42,12 @@ from bot.core.flows import (
 )
 from bot.core.health import GpuStateRead
 from bot.core.leftovers import AskApproval
-from bot.core.phases.actions import ReadRotationRecords, RotationRecords
+from bot.core.phases.actions import (
+    DeepStateRead,
+    ReadDeepState,
+    ReadRotationRecords,
+    RotationRecords,
+)
 from bot.core.plan import Step
 from bot.core.privilege import Privilege
 from bot.core.startup import StartHistory
@@ -196,6 +201,8 @@ class Executor:
                 return await self._http(action)
             case ReadGpuState():
                 return await self._gpu_state(action)
+            case ReadDeepState():
+                return await self._deep_state()
             case AskApproval():
                 return await ask_bounded(
                     self.gate,
@@ -273,6 +280,17 @@ class Executor:
             self._lines.put_nowait(None)
             await pump
         return result
+
+    async def _deep_state(self) -> DeepStateRead:
+        """NVML's deep readings where the bot runs on the host (``gpu_health`` is set
+        there); none for a remote host, whose flow runs nvidia-smi -q -x."""
+        if self.gpu_health is None:
+            return DeepStateRead()
+        try:
+            deep = await self.gpu_health.read_deep()
+        except GpuQueryError as e:
+            return DeepStateRead(nvml_error=e.reason)
+        return DeepStateRead(deep.readings, deep.driver_version)
 
     async def _gpu_state(self, action: ReadGpuState) -> GpuStateRead:
         """NVML where the bot runs on the host; its command (``nvidia-smi -q``) on a remote

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.core.gpu import Gpu, GpuProcess, GpuSnapshot
 from bot.core.health import GpuReading, normal_pci
 from bot.errors import GpuQueryError
+
+if TYPE_CHECKING:
+    from bot.hosts.nvml_deep import NvmlDeep
 
 _MIB = 1024 * 1024
 _UNKNOWN_NAME = "[unknown]"
@@ -192,6 +195,13 @@ class LocalGpuHealth:
     async def read(self) -> tuple[GpuReading, ...]:
         """As ``probe_local_health``; raises ``GpuQueryError`` when NVML cannot be used."""
         return await asyncio.to_thread(probe_local_health, self._nvml)
+
+    async def read_deep(self) -> NvmlDeep:
+        """The deep GPU check's readings (``bot.hosts.nvml_deep``), for a host run's deep
+        check step; raises ``GpuQueryError`` when NVML cannot be used."""
+        from bot.hosts.nvml_deep import probe_local_deep  # it imports this module
+
+        return await asyncio.to_thread(probe_local_deep, self._nvml)
 
 
 def _optional(lib: Any, call: Any, *args: Any) -> Any:

@@ -8,6 +8,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias, TypeVar, assert_never
 
+from bot.core.deep_query import DeepReading
 from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck, GpuStateRead
 from bot.core.leftovers import Approval, AskApproval
@@ -173,10 +174,24 @@ class Progress:
     start_up: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ReadDeepState:
+    """The deep GPU check's per-GPU readings (issue 23) through NVML where the bot runs on
+    the host; a remote host's reply has none, and the flow runs nvidia-smi instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeepStateRead:
+    readings: tuple[DeepReading, ...] | None = None  # None: read with nvidia-smi
+    driver: str | None = None
+    nvml_error: str | None = None  # NVML was tried and failed: why
+
+
 Action = (
     RunCommand
     | HttpCheck
     | ReadGpuState
+    | ReadDeepState
     | Sleep
     | Checkpoint
     | Emit
@@ -222,10 +237,21 @@ def service_is(state: ServiceState, *, mid: bool = False) -> str:
 # Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; Emit and Progress -> None.
 # The helpers below yield one action and narrow its reply, so no flow code handles a
 # reply of the wrong type.
-Reply = CommandResult | HttpResult | GpuStateRead | Tick | Approval | RotationRecords | None
+Reply = (
+    CommandResult
+    | HttpResult
+    | GpuStateRead
+    | DeepStateRead
+    | Tick
+    | Approval
+    | RotationRecords
+    | None
+)
 
 T = TypeVar("T")
-R = TypeVar("R", CommandResult, HttpResult, GpuStateRead, Tick, Approval, RotationRecords)
+R = TypeVar(
+    "R", CommandResult, HttpResult, GpuStateRead, DeepStateRead, Tick, Approval, RotationRecords
+)
 # A part of a flow: yields actions, is answered with replies, returns a T.
 Phase: TypeAlias = Generator[Action, Reply, T]
 Flow = Phase[HostOutcome]
@@ -264,6 +290,11 @@ def http(
 ) -> Phase[HttpResult]:
     action = HttpCheck(url, timeout_s, method, body, content_type, on)
     return _expect((yield action), HttpResult, action)
+
+
+def read_deep_state() -> Phase[DeepStateRead]:
+    action = ReadDeepState()
+    return _expect((yield action), DeepStateRead, action)
 
 
 def read_gpu_state(fallback: RunCommand) -> Phase[GpuStateRead]:

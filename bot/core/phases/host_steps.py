@@ -27,7 +27,7 @@ from bot.core.deep_reads import DeepRead, deep_report
 from bot.core.deep_reads import deep_reads as deep_reads_of
 from bot.core.gpu_snapshot import Gpu
 from bot.core.health_types import Level
-from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, pause, run
+from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, pause, read_deep_state, run
 from bot.core.phases.common import HostLost, lost, read_snapshot, reason_of
 from bot.core.phases.gpu_check import read_health
 from bot.core.plan import Step, cmd
@@ -164,8 +164,14 @@ def reset_gpus(
     return report
 
 
-def _drive_deep(svc: ServiceSettings, host: str) -> Phase[DeepRead]:
-    reads = deep_reads_of(host)
+def _drive_deep(svc: ServiceSettings, host: str, local: bool) -> Phase[DeepRead]:
+    """The deep reads: NVML's readings where the bot runs on the host (and nvidia-smi where
+    NVML fails, the report saying why), else the nvidia-smi commands."""
+    if local:
+        st = yield from read_deep_state()
+        reads = deep_reads_of(host, st.readings, driver=st.driver, nvml_error=st.nvml_error)
+    else:
+        reads = deep_reads_of(host)
     result: CommandResult | None = None
     try:
         while True:
@@ -177,7 +183,9 @@ def _drive_deep(svc: ServiceSettings, host: str) -> Phase[DeepRead]:
         return read
 
 
-def deep_check(svc: ServiceSettings, host: str, count_before: int | None) -> Phase[DeepReport]:
+def deep_check(
+    svc: ServiceSettings, host: str, count_before: int | None, local: bool = False
+) -> Phase[DeepReport]:
     """The deep GPU check as a step: the GPU query and health check, then ``nvidia-smi -q
     -x`` and ``dcgmi diag -r 1``, judged with the GPU count the host had before."""
     yield Emit(BeginStep(Step.DEEP_CHECK, "nvidia-smi -q -x; dcgmi diag -r 1; the GPU health"))
@@ -189,7 +197,7 @@ def deep_check(svc: ServiceSettings, host: str, count_before: int | None) -> Pha
     except (HostLost, GpuQueryError) as e:
         health_error = e.reason
     health, _ = yield from read_health(Step.DEEP_CHECK, svc, host, listed)
-    read = yield from _drive_deep(svc, host)
+    read = yield from _drive_deep(svc, host, local)
     labels = {g.uuid: f"GPU {g.index}" for g in listed}
     report = deep_report(host, read, health, health_error, count_before, labels)
     failed = [f.line() for f in report.findings if f.level == Level.CRITICAL]
