@@ -10,8 +10,9 @@ nothing and gets the real ``pynvml``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bot.core.gpu import Gpu, GpuProcess, GpuSnapshot
 from bot.core.health import GpuReading, normal_pci
@@ -19,6 +20,8 @@ from bot.errors import GpuQueryError
 
 if TYPE_CHECKING:
     from bot.hosts.nvml_deep import NvmlDeep
+
+T = TypeVar("T")
 
 _MIB = 1024 * 1024
 _UNKNOWN_NAME = "[unknown]"
@@ -157,10 +160,10 @@ _NOT_OFFERED = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _RESET_REQUIRED = 16
 
 
-def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
-    """Each local GPU's ECC counts, pending page retirement, row remaps and recovery
-    action, through NVML. A query the device does not support leaves that field unknown
-    (None), as nvidia-smi's ``N/A``; any other failure raises ``GpuQueryError``."""
+def nvml_session(nvml: Any, what: str, read: Callable[[Any], T]) -> T:
+    """NVML initialised, ``read(lib)``, NVML shut down: what ``read`` returned, or
+    ``GpuQueryError`` saying which NVML step failed (``what``: the query's name). ``nvml``:
+    the module (None: the real ``pynvml``). The library mismatch is an ``NVMLError`` too."""
     lib = nvml if nvml is not None else _import_pynvml()
     errors: tuple[type[BaseException], ...] = (
         lib.NVMLError,
@@ -171,17 +174,28 @@ def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
     except errors as exc:
         raise _error("local", "could not initialise NVML", exc) from exc
     try:
-        return tuple(
-            _read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
-            for i in range(lib.nvmlDeviceGetCount())
-        )
+        return read(lib)
     except errors as exc:
-        raise _error("local", "an NVML health query failed", exc) from exc
+        raise _error("local", f"an NVML {what} query failed", exc) from exc
     finally:
         try:
             lib.nvmlShutdown()
         except errors:
             pass
+
+
+def probe_local_health(nvml: Any = None) -> tuple[GpuReading, ...]:
+    """Each local GPU's ECC counts, pending page retirement, row remaps and recovery
+    action, through NVML. A query the device does not support leaves that field unknown
+    (None), as nvidia-smi's ``N/A``; any other failure raises ``GpuQueryError``."""
+
+    def read(lib: Any) -> tuple[GpuReading, ...]:
+        return tuple(
+            _read_health(lib, lib.nvmlDeviceGetHandleByIndex(i))
+            for i in range(lib.nvmlDeviceGetCount())
+        )
+
+    return nvml_session(nvml, "health", read)
 
 
 class LocalGpuHealth:

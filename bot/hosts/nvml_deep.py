@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.core.deep_query import DeepReading, NvLinks
-from bot.hosts.nvml import _error, _import_pynvml, _text
+from bot.hosts.nvml import _text, nvml_session
 
 # NVML return codes (nvidia-ml-py's NVML_ERROR_*).
 _INVALID_ARGUMENT = 2  # nvmlDeviceGetNvLinkState: a link number past the GPU's links
@@ -52,29 +52,16 @@ class NvmlDeep:
 def probe_local_deep(nvml: Any = None) -> NvmlDeep:
     """Every local GPU's deep readings; raises ``GpuQueryError`` when NVML cannot be used
     (the caller falls back to nvidia-smi and says why)."""
-    lib = nvml if nvml is not None else _import_pynvml()
-    errors: tuple[type[BaseException], ...] = (
-        lib.NVMLError,
-        getattr(lib, "NVMLLibraryMismatchError", lib.NVMLError),
-    )
-    try:
-        lib.nvmlInit()
-    except errors as exc:
-        raise _error("local", "could not initialise NVML", exc) from exc
-    try:
+
+    def read(lib: Any) -> NvmlDeep:
         driver = _offered(lib, lib.nvmlSystemGetDriverVersion)
         readings = tuple(
             _reading(lib, lib.nvmlDeviceGetHandleByIndex(i))
             for i in range(lib.nvmlDeviceGetCount())
         )
-    except errors as exc:
-        raise _error("local", "an NVML deep query failed", exc) from exc
-    finally:
-        try:
-            lib.nvmlShutdown()
-        except errors:
-            pass
-    return NvmlDeep(None if driver is None else _text(driver), readings)
+        return NvmlDeep(None if driver is None else _text(driver), readings)
+
+    return nvml_session(nvml, "deep", read)
 
 
 def _offered(lib: Any, call: Callable[..., Any] | None, *args: Any) -> Any:
