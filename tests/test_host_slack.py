@@ -6,14 +6,13 @@ the reset themselves."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
-from bot.core.status import RunStatus, StepStatus
-from bot.engine.owner import Owner, this_namespace
+from bot.core.status import RunStatus
 from bot.sim.kit import SERVICE, SimKit
 from tests.handlers.test_slack_commands import ack_text
 from tests.slack_harness import ALICE, BOB, blocks_text, buttons, new_fake, slack_bot
+from tests.support.runs import left_running_by_a_dead_bot
 from tests.support.sim import touched
 
 
@@ -71,19 +70,9 @@ async def test_a_reboot_its_bot_died_in_is_interrupted_and_the_thread_told_what_
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             await bot.command(f"host reboot {host}")
             record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-            audit = bot.runtime.audit
-            assert await audit.transition(
-                record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+            await left_running_by_a_dead_bot(
+                bot.runtime.audit, record.id, host, ("preflight", "stop"), "reboot"
             )
-            # A PID above pid_max in this PID namespace: no process has it.
-            dead = str(Owner(socket.gethostname(), 2**22 + 17, "1", this_namespace()))
-            assert await audit.transition(
-                record.id, RunStatus.RUNNING, expect=(RunStatus.APPROVED,), owner=dead
-            )
-            for step in ("preflight", "stop"):
-                started = await audit.step_started(record.id, host, step, step)
-                await audit.step_finished(started, status=StepStatus.OK, duration_s=0.5)
-            await audit.step_started(record.id, host, "reboot", "systemctl reboot")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)
             assert final.status == "interrupted"

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from bot.audit.store import parse_ts
-from bot.core.status import Action, RunStatus, StepStatus
-from bot.engine.owner import Owner, this_namespace
+from bot.core.status import Action, RunStatus
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
 from tests.fakes import SlackSigner
 from tests.polling import eventually
@@ -30,6 +28,7 @@ from tests.slack_harness import (
     new_fake,
     slack_bot,
 )
+from tests.support.runs import left_running_by_a_dead_bot
 from tests.support.sim import MakeSimHost, touched
 from tests.support.wall_clock import ManualWallClock
 
@@ -462,18 +461,9 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             await bot.command(f"restart {SERVICE}")
             record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-            audit = bot.runtime.audit
-            assert await audit.transition(
-                record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+            await left_running_by_a_dead_bot(
+                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
             )
-            # A PID above pid_max in this PID namespace: no process has it.
-            dead = str(Owner(socket.gethostname(), 2**22 + 17, "1", this_namespace()))
-            assert await audit.transition(
-                record.id, RunStatus.RUNNING, expect=(RunStatus.APPROVED,), owner=dead
-            )
-            first = await audit.step_started(record.id, "gpu-node-1", "preflight", "systemctl")
-            await audit.step_finished(first, status=StepStatus.OK, duration_s=0.5)
-            await audit.step_started(record.id, "gpu-node-1", "stop", "systemctl stop")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)
             assert final.status == "interrupted"
