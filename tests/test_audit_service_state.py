@@ -57,7 +57,8 @@ async def test_the_state_survives_the_journal(audit: AuditLog, tmp_path: Path) -
     await w.finish(
         run_id, RunStatus.SUCCEEDED, "done", lambda: _never(), state=ServiceState.UP_NOT_READY
     )
-    assert [r.op for r in j.read()] == ["host_finished", "finish", "run_service_state"]
+    # The state first: whoever reads the final status reads the state with it.
+    assert [r.op for r in j.read()] == ["host_finished", "run_service_state", "finish"]
     assert await w.merge() == 3
     run = await audit.get_run(run_id)
     assert (run.status, run.service_state) == (RunStatus.SUCCEEDED, ServiceState.UP_NOT_READY)

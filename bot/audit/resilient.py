@@ -511,8 +511,19 @@ class AuditWriter(JournaledWriter):
         takes it; in the journal, a transition from 'running' that a merge applies even
         over an 'interrupted' that a recovery guessed meanwhile (see
         ``bot.audit.writes``). ``state``, how the run left the service, is a record of
-        its own behind it (the life cycle's transition does not carry it)."""
+        its own (the life cycle's transition does not carry it), written first: whoever
+        reads the run's final status then reads its state too, never a final run
+        without one."""
         status = checked(RunStatus, status, "status")
+        kept: Written | None = None
+        if state is not None:
+            kept = await self.write(
+                self._record(
+                    w.RunServiceState(
+                        run_id=run_id, state=checked(ServiceState, state, "service state")
+                    )
+                )
+            )
         record = self._record(
             w.Finish(
                 run_id=run_id,
@@ -522,16 +533,7 @@ class AuditWriter(JournaledWriter):
             )
         )
         written = await self.write(record, direct=direct)
-        if state is None:
-            return written
-        kept = await self.write(
-            self._record(
-                w.RunServiceState(
-                    run_id=run_id, state=checked(ServiceState, state, "service state")
-                )
-            )
-        )
-        return written if written.journaled else kept
+        return written if kept is None or written.journaled else kept
 
     async def interrupt(
         self, run_id: int, summary: str, direct: Callable[[], Awaitable[object]]
