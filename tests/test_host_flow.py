@@ -29,7 +29,7 @@ from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus
 from bot.engine.lifecycle import lock_scopes
 from bot.errors import InputError
-from bot.settings import Settings
+from bot.settings import ServicePolicySettings, Settings, WindowSettings
 from tests.test_sequence import UUIDS, Host, drive, ok
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -425,3 +425,31 @@ def test_boot_ids_and_persistence_rows() -> None:
     assert [(g.index, g.enabled) for g in rows] == [(0, True), (1, False)]
     with pytest.raises(ValueError, match="unexpected persistence row"):
         host_ops.parse_persistence("0, 00000000:18:00.0, [N/A]\n")
+
+
+def test_a_host_runs_policy_is_no_weaker_than_any_of_its_services() -> None:
+    base = settings()
+
+    def with_policies(kimi: ServicePolicySettings, qwen: ServicePolicySettings) -> Settings:
+        svcs = {
+            "kimi": base.services["kimi"].model_copy(update={"policy": kimi}),
+            "qwen": base.services["qwen"].model_copy(update={"policy": qwen}),
+        }
+        return base.model_copy(update={"services": svcs})
+
+    P = ServicePolicySettings
+    s = with_policies(
+        P(approvers=["S0GPU", "U0ALICE"], min_approvals=2), P(approvers=["S0GPU", "U0BOB"])
+    )
+    policy = s.policy_for("host:h1")
+    assert policy.approvers == ["S0GPU"] and policy.min_approvals == 2
+    assert make_host_plan(s, Action.REBOOT, "h1").parts
+    # No approver in common: refused at the request, and no click could approve it.
+    s = with_policies(P(approvers=["U0ALICE"]), P(approvers=["U0BOB"]))
+    with pytest.raises(InputError, match="no approver in common"):
+        make_host_plan(s, Action.REBOOT, "h1")
+    assert s.policy_for("host:h1").approvers == ["U0NOBODY0"]
+    # Different windows: a host run would stop one of them outside its own.
+    s = with_policies(P(windows=WindowSettings(open=["daily 01:00-05:00"])), P())
+    with pytest.raises(InputError, match="different maintenance windows"):
+        make_host_plan(s, Action.REBOOT, "h1")

@@ -11,7 +11,7 @@ from pathlib import Path
 from bot.core.status import RunStatus
 from bot.sim.kit import SERVICE, SimKit
 from tests.handlers.test_slack_commands import ack_text
-from tests.slack_harness import ALICE, BOB, blocks_text, buttons, new_fake, slack_bot
+from tests.slack_harness import ALICE, BOB, CAROL, blocks_text, buttons, new_fake, slack_bot
 from tests.support.runs import left_running_by_a_dead_bot
 from tests.support.sim import touched
 
@@ -84,3 +84,21 @@ async def test_a_reboot_its_bot_died_in_is_interrupted_and_the_thread_told_what_
             assert f"`/vllm gpus --deep {host}`" in told
             # Its locks went with it: the service can be worked on again.
             assert await bot.runtime.audit.locks_held() == {}
+
+
+async def test_a_host_run_needs_the_approvers_of_the_services_it_stops(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    # kimi-k25's own policy: only CAROL approves stopping it. BOB approves under [policy]
+    # but not for this service, so his click on the host's reboot does not count either:
+    # a reboot must not be a way around a service's approvers.
+    services = {SERVICE: {**sim_host.service_settings(), "policy": {"approvers": [CAROL]}}}
+    async with slack_bot(tmp_path, sim_host, services=services) as bot:
+        await bot.command(f"host reboot {sim_host.hostname}", user=ALICE)
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        assert f"<@{CAROL}>" in blocks_text(await bot.card(record.id))
+        await bot.click("approve", record.id, user=BOB)
+        assert (await bot.run(record.id)).status == RunStatus.PENDING_APPROVAL
+        await bot.click("deny", record.id, user=CAROL)
+        await bot.wait_status(record.id, "denied")
+        assert touched(sim_host) == []

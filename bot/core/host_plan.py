@@ -20,10 +20,11 @@ from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV
 from bot.core.plan import Plan, PlannedStep, Step, cmd, host_targets, make_plan
 from bot.core.status import Action
 from bot.errors import InputError
+from bot.settings import HOST_PREFIX as SETTINGS_HOST_PREFIX
 from bot.settings import Settings, maintenance_path_problem
 
-HOST_PREFIX = "host:"
-# The run's service word for a host: "host:gpu-01".
+# The run's service word for a host: "host:gpu-01" (the settings judge its policy by it).
+HOST_PREFIX = SETTINGS_HOST_PREFIX
 MAX_GPU_INDEX = 63
 # The words of ``host <operation>``, in both front ends.
 OPERATIONS = {"reboot": Action.REBOOT, "gpu-reset": Action.GPU_RESET}
@@ -82,6 +83,8 @@ def make_host_plan(
             "the services of a GPU host, and this one has none"
         )
     if (why := maintenance_path_problem(settings, host)) is not None:
+        raise InputError(why)
+    if (why := settings.host_policy(host)[1]) is not None:
         raise InputError(why)
     if gpus and action != Action.GPU_RESET:
         raise InputError("GPU indexes only apply to gpu-reset")

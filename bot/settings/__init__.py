@@ -432,6 +432,8 @@ class Settings(BaseSettings):
         """The policy every decision on ``service``'s runs is judged by: ``[policy]``
         with what ``[services.NAME.policy]`` overrides. A service no longer configured
         (a run recorded before its removal) is judged by ``[policy]`` alone."""
+        if service.startswith(HOST_PREFIX):
+            return self.host_policy(service[len(HOST_PREFIX) :])[0]
         svc = self.services.get(service)
         if svc is None:
             return self.policy
@@ -443,6 +445,37 @@ class Settings(BaseSettings):
             if getattr(svc.policy, k) is not None
         }
         return self.policy.model_copy(update=own) if own else self.policy
+
+    def host_policy(self, host: str) -> tuple[PolicySettings, str | None]:
+        """The policy of a host's maintenance (issue 23), which stops every service on
+        the host: no weaker than any of theirs. An approver (and a requester) must be one
+        every service's policy names (an empty list names anyone), at least the most
+        approvals any of them needs, and their windows must be the same. When no one
+        fits, the reason, and a policy that no click satisfies."""
+        policies = [self.policy_for(n) for n, svc in self.services.items() if host in svc.hosts]
+        if not policies:
+            return self.policy, None
+        approvers, requesters = (_common([getattr(p, k) for p in policies]) for k in _WHO)
+        windows = {p.windows.model_dump_json() if p.windows else "" for p in policies}
+        why = None
+        if approvers is None:
+            why = f"the services on {host} have no approver in common in their policies"
+        elif requesters is None:
+            why = f"the services on {host} have no requester in common in their policies"
+        elif len(windows) > 1:
+            why = (
+                f"the services on {host} keep different maintenance windows; a host run "
+                "stops them all, so give them the same windows"
+            )
+        combined = self.policy.model_copy(
+            update={
+                "approvers": approvers if approvers is not None else [NOBODY],
+                "requesters": requesters if requesters is not None else [NOBODY],
+                "min_approvals": max(p.min_approvals for p in policies),
+                "windows": policies[0].windows,
+            }
+        )
+        return combined, why
 
     def policies(self) -> list[PolicySettings]:
         """``[policy]`` and every service's effective one: whose groups to resolve."""
@@ -501,6 +534,24 @@ def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
                 "it must be an absolute path of letters, digits and . _ + - / @ "
                 f"(the sudoers rules name it exactly; find it with `command -v {key}`)"
             )
+
+
+# A host run's service word ("host:gpu-01", ``bot.core.host_plan``), and who is named
+# where the services on a host share no approver: no Slack id is this.
+HOST_PREFIX = "host:"
+NOBODY = "U0NOBODY0"
+_WHO = ("approvers", "requesters")
+
+
+def _common(lists: list[list[str]]) -> list[str] | None:
+    """The entries every list names, an empty list naming anyone: [] when all are empty
+    (anyone), None when the named ones share none (no one)."""
+    named = [set(x) for x in lists if x]
+    if not named:
+        return []
+    first = next(x for x in lists if x)
+    both = [e for e in first if all(e in n for n in named)]
+    return both or None
 
 
 def _check_sudo_maintenance(settings: Settings) -> None:
