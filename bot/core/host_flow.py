@@ -25,7 +25,7 @@ any other run. What the run may end with:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bot.core import host_ops
 from bot.core.deep_check import DeepReport
@@ -111,7 +111,7 @@ def host_flow(
     report = yield from deep_check(first, host, count, plan.is_local(host))
     failed = needs_reboot or _fail_text(report)
     if failed is not None and m.on_failed_check == "stop":
-        return (yield from _keep_out(host, running, failed))
+        return (yield from _keep_out(host, parts, running, failed))
     ends = []
     for p in running:
         ends.append((yield from _start(p, host, hold_out=failed is not None)))
@@ -123,7 +123,11 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
     drained; the stopped services, or the run's end (those stopped started again)."""
     stopped: list[_Part] = []
     for p in running:
-        ended = yield from out_and_stop(p.plan, p.svc, host, None, p.before)
+        # A service DOWN (failed, or in a Restart= loop after an Xid) serves nothing and
+        # its /metrics cannot answer: its stop does not wait for requests, or the reboot
+        # that would fix it could never run.
+        part = replace(p.plan, force=True) if p.before == ServiceState.DOWN else p.plan
+        ended = yield from out_and_stop(part, p.svc, host, None, p.before)
         if ended is not None:
             # Cancelled before its stop, or refused (its router, its load): the run ends
             # as that service's did; a stop that failed is a failed run.
@@ -234,21 +238,25 @@ def _fail_text(report: DeepReport) -> str | None:
     return f"deep GPU check FAIL: {'; '.join(failed)}" if failed else None
 
 
-def _keep_out(host: str, running: Sequence[_Part], why: str) -> Flow:
-    """The host failed its check: it stays out. Services the boot started by themselves
-    (enabled units) are stopped again, so nothing serves on a GPU that needs attention."""
+def _keep_out(host: str, parts: Sequence[_Part], running: Sequence[_Part], why: str) -> Flow:
+    """The host failed its check: it stays out. Every service found running now is
+    stopped, without waiting for requests: those the boot started by itself (enabled
+    units, one stopped by hand before included), so nothing serves on a GPU that needs
+    attention."""
     said = []
-    for p in running:
+    for p in parts:
         try:
             _, now = yield from preflight_unit(p.svc, host)
         except Refused as e:
             said.append(f"{p.plan.service}: state unknown ({e.reason})")
             continue
         if now in (ServiceState.UP, ServiceState.DOWN):
-            ended = yield from quiesce_and_stop(p.plan, p.svc, None, now)
+            ended = yield from quiesce_and_stop(replace(p.plan, force=True), p.svc, None, now)
             if ended is not None:
                 said.append(f"{p.plan.service}: could not be stopped again ({ended.summary})")
                 continue
+        elif p not in running:
+            continue  # stopped before the run, and still
         said.append(
             f"{p.plan.service}: STOPPED"
             + (f", {stays_out(p.plan, host)}" if p.plan.router is not None else "")
@@ -257,7 +265,7 @@ def _keep_out(host: str, running: Sequence[_Part], why: str) -> Flow:
     return HostOutcome(
         HostStatus.FAILED,
         f"{host} stays out: {why}. {tail}",
-        ServiceState.STOPPED if running else ServiceState.UNKNOWN,
+        ServiceState.STOPPED if said else ServiceState.UNKNOWN,
     )
 
 
