@@ -228,7 +228,12 @@ def _lost_host(host: str, running: Sequence[_Part], why: str) -> HostOutcome:
         HostStatus.FAILED,
         f"{host}: {why}. The services that ran before ({names}) were stopped for the "
         "reboot and their state now is UNKNOWN; check the host's console, then "
-        f"`/vllm status <service>` for each",
+        f"`/vllm status <service>` for each"
+        + "".join(
+            f". {p.plan.service}: {stays_out(p.plan, host)}"
+            for p in running
+            if p.plan.router is not None
+        ),
         ServiceState.UNKNOWN,
     )
 

@@ -35,6 +35,7 @@ from bot.core.sudoers_host import (
 )
 from bot.core.sudoers_rules import Grant, Part, Wild
 from bot.settings import (
+    HOST_PREFIX,
     HostSettings,
     MaintenanceSettings,
     ServiceSettings,
@@ -327,9 +328,27 @@ class Become:
     svc: ServiceSettings | None
     # ``[maintenance]``: whose rules (host reboot, GPU reset) a refusal may name.
     maintenance: MaintenanceSettings | None = None
+    # A host run's (issue 23): the services on the host, each command's own found by the
+    # interpreter it names, so a venv's commands run as that venv's owner.
+    services: tuple[tuple[str, ServiceSettings], ...] = ()
 
     def argv(self, argv: Argv, run_as: Privilege) -> Argv:
-        return become(argv, run_as, self.host, self.svc)
+        return become(argv, run_as, self.host, self._of(argv)[1])
+
+    def _of(self, argv: Argv) -> tuple[str | None, ServiceSettings | None]:
+        """The service ``argv`` is a command of: this one's, else (a host run) the one
+        whose interpreter or venv it names."""
+        if self.svc is not None or not self.services:
+            return self.service, self.svc
+        words = " ".join(argv)
+        # The interpreter first: one venv's path may begin another's (/opt/v, /opt/v2).
+        for name, svc in self.services:
+            if svc.python in words:
+                return name, svc
+        for name, svc in self.services:
+            if f"{svc.venv_dir}/" in words:
+                return name, svc
+        return self.service, None
 
     def refused(
         self, argv: Argv, run_as: Privilege, exit_status: int | None, stderr: str
@@ -342,12 +361,12 @@ class Become:
         if why is None:
             return None
         return (
-            f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self.svc)}: "
+            f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self._of(argv)[1])}: "
             f"{why}. {self.missing_rule(argv, run_as)}"
         )
 
     def missing_rule(self, argv: Argv, run_as: Privilege) -> str:
-        svc, core = self.svc, _core(argv)
+        (service, svc), core = self._of(argv), _core(argv)
         host = host_rule_for(core, self.maintenance) if self.maintenance is not None else None
         if host is not None and run_as == Privilege.ROOT:
             return (
@@ -356,14 +375,14 @@ class Become:
                 "`python -m bot sudoers` on it (README: non-root hosts)."
             )
         grant = rule_for(core, svc) if svc is not None else None
-        if grant is None or self.service is None:
+        if grant is None or service is None:
             return (
                 "No rule in `python -m bot sudoers` covers this command: the bot's "
                 "sudoers drop-in must be generated again."
             )
         return (
             f"The host's sudoers drop-in lacks the rule `{grant.line()}` (Cmnd_Alias "
-            f"{alias(self.service, run_as)}, {grant.why}); install the output of "
+            f"{alias(service, run_as)}, {grant.why}); install the output of "
             f"`python -m bot sudoers` on it (README: non-root hosts)."
         )
 
@@ -375,7 +394,12 @@ def become_for(settings: Settings, host: str, service: str | None = None) -> Bec
     if cfg is None or cfg.become != "sudo":
         return None
     svc = settings.services.get(service) if service else None
-    return Become(service, cfg, svc, settings.maintenance)
+    on_host = (
+        tuple((n, s) for n, s in settings.services.items() if host in s.hosts)
+        if service is not None and service.startswith(HOST_PREFIX)
+        else ()
+    )
+    return Become(service, cfg, svc, settings.maintenance, on_host)
 
 
 def alias(service: str, run_as: Privilege) -> str:
