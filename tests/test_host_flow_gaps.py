@@ -31,6 +31,8 @@ from tests.test_host_flow import (
     units_started,
     units_stopped,
 )
+from tests.test_rotation_flow import RoutedHost, rotations
+from tests.test_rotation_flow import settings as routed_settings
 from tests.test_sequence import drive, ok
 
 
@@ -322,3 +324,46 @@ def test_a_host_run_on_a_sudo_host_runs_venv_commands_as_the_venv_owner() -> Non
     become = become_for(s, "h1", plan.service)
     assert become is not None
     assert become.argv(argv, argv.run_as)[:5] == ("sudo", "-n", "-u", "vllm", "--")
+
+
+# ---- behind a router ---------------------------------------------------------------------
+
+
+@dataclass
+class RoutedMaintained(MaintainedHost, RoutedHost):
+    """The maintained host whose service is behind test_rotation_flow's command router."""
+
+
+def routed(host: RoutedMaintained, **m: Any) -> HostOutcome:
+    s = routed_settings()
+    s = s.model_copy(update={"maintenance": s.maintenance.model_copy(update=m)})
+    plan = make_host_plan(s, Action.REBOOT, "h1")
+    return drive(host_flow(plan, s.services, s.maintenance, "h1"), host)
+
+
+def test_a_routed_service_is_out_for_the_reboot_and_back_in_after_it() -> None:
+    host = RoutedMaintained()
+    outcome = routed(host)
+    assert outcome.status == HostStatus.SUCCEEDED, outcome.summary
+    assert rotations(host) == [("out", "node1", True), ("in", "node1", True)]
+    out_at = next(i for i, c in enumerate(host.router.calls) if c[1] == "out")
+    assert out_at == 0 and host.router.out == set()
+
+
+def test_restore_starts_a_routed_service_of_a_failed_host_but_leaves_it_out() -> None:
+    # Mutation: `_start(p, host, hold_out=failed is not None)` -> `hold_out=False`.
+    host = RoutedMaintained(narrow_after=3)
+    outcome = routed(host, on_failed_check="restore")
+    assert outcome.status == HostStatus.FAILED
+    assert units_started(host) == ["vllm-kimi-k25"]
+    assert rotations(host) == [("out", "node1", True)]
+    assert host.router.out == {"node1"}
+    assert "stays out of rotation" in outcome.summary
+
+
+@pytest.mark.xfail(strict=True, reason="review23 bug 5: _lost_host says nothing of rotation")
+def test_a_routed_host_never_back_says_it_is_out_of_rotation_and_how_to_undrain() -> None:
+    host = RoutedMaintained(never_back=True)
+    outcome = routed(host)
+    assert outcome.state == ServiceState.UNKNOWN and host.router.out == {"node1"}
+    assert "undrain" in outcome.summary
