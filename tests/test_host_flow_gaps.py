@@ -5,6 +5,7 @@ found, so that fixing one turns its test green. Same pure model as test_host_flo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,12 +15,13 @@ from bot.core.deep_query import DEEP_QUERY_ARGV
 from bot.core.flows import HostOutcome
 from bot.core.host_flow import host_flow
 from bot.core.host_plan import make_host_plan
-from bot.core.plan import Step
+from bot.core.plan import Step, make_plan
 from bot.core.privilege import Command, Privilege
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus
 from bot.core.sudoers import become_for
+from bot.engine.schedule import AT_ONCE, NotNow, judge_request
 from bot.hosts.base import HttpResult
 from bot.settings import Settings
 from tests.test_host_flow import (
@@ -367,3 +369,31 @@ def test_a_routed_host_never_back_says_it_is_out_of_rotation_and_how_to_undrain(
     outcome = routed(host)
     assert outcome.state == ServiceState.UNKNOWN and host.router.out == {"node1"}
     assert "undrain" in outcome.summary
+
+
+@pytest.mark.xfail(strict=True, reason="review23 bug 3: a host run is judged by [policy] alone")
+def test_a_host_run_is_held_to_the_policy_of_each_service_it_stops() -> None:
+    s = Settings(
+        hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
+        services={
+            "kimi": {
+                "hosts": ["h1"],
+                "unit": "vllm-kimi",
+                "python": "/opt/v/bin/python",
+                "policy": {
+                    "approvers": ["U0SRELEAD"],
+                    "min_approvals": 2,
+                    "windows": {"open": ["Sat 02:00-04:00"]},
+                },
+            }
+        },
+        policy={"approvers": ["U0ANYONE1", "U0ANYONE2"], "min_approvals": 1},
+    )
+    thursday = datetime(2026, 12, 3, 14, 0, tzinfo=UTC)
+    restart = make_plan(s, Action.RESTART, "kimi")
+    reboot = make_host_plan(s, Action.REBOOT, "h1")
+    # A restart of kimi now is refused: outside kimi's window.
+    assert isinstance(judge_request(restart, AT_ONCE, s.policy_for("kimi"), now=thursday), NotNow)
+    # A reboot of kimi's only host, which stops kimi just the same, is not.
+    judged = judge_request(reboot, AT_ONCE, s.policy_for(reboot.service), now=thursday)
+    assert isinstance(judged, NotNow)
