@@ -397,3 +397,24 @@ def test_a_host_run_is_held_to_the_policy_of_each_service_it_stops() -> None:
     # A reboot of kimi's only host, which stops kimi just the same, is not.
     judged = judge_request(reboot, AT_ONCE, s.policy_for(reboot.service), now=thursday)
     assert isinstance(judged, NotNow)
+
+
+@dataclass
+class LoadingAfterBoot(MaintainedHost):
+    """After the boot the enabled units are loading their model (minutes for a large
+    one): their /metrics does not answer yet, and systemd says active."""
+
+    def http(self, action: Any) -> Any:
+        if self.rebooted and action.url.endswith("/metrics"):
+            return HttpResult(action.url, None, error="connection refused")
+        return super().http(action)
+
+
+@pytest.mark.xfail(strict=True, reason="review23 bug 6: _keep_out waits for a load it can't read")
+def test_a_failed_check_stops_the_units_the_boot_started_while_they_load() -> None:
+    host = LoadingAfterBoot(narrow_after=3)
+    outcome = maintain(host, s=own_ports())
+    assert outcome.status == HostStatus.FAILED
+    # Today: "could not be stopped again (the load is unknown ... pass --force)", both
+    # units keep loading on the host that failed its check, and the state says STOPPED.
+    assert units_stopped(host) == ["vllm-kimi-k25", "vllm-qwen"] * 2, outcome.summary
