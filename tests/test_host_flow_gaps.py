@@ -1,14 +1,13 @@
 """Review of issue 23 ("cut wires"): the host flow's safety properties that no test held
-before, each named by the mutation it catches, and (strict xfail) the bugs the review
-found, so that fixing one turns its test green. Same pure model as test_host_flow."""
+before, each named by the mutation it catches, and regression tests for the bugs the
+review found (fixed on main by 21d4302, 2f8f339 and 6ccac32, which came without tests).
+Same pure model as test_host_flow."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-import pytest
 
 from bot.core import host_ops, remote
 from bot.core.deep_query import DEEP_QUERY_ARGV
@@ -248,7 +247,7 @@ def test_no_reset_is_tried_while_persistence_mode_stays_on() -> None:
     assert outcome.status == HostStatus.FAILED and "needs a reboot" in outcome.summary
 
 
-# ---- bugs the review found (strict xfail: fixing one turns it green) ---------------------
+# ---- the bugs the review found (each failed before 21d4302 / 2f8f339 / 6ccac32) -----------
 
 
 @dataclass
@@ -262,13 +261,13 @@ class EnabledComesBack(MaintainedHost):
         return super().command(a)
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 2: only services that ran are re-checked")
 def test_a_unit_stopped_by_hand_that_the_boot_started_is_not_left_serving() -> None:
     host = EnabledComesBack(narrow_after=3, inactive={"vllm-qwen"})
     outcome = maintain(host)
-    assert outcome.status == HostStatus.FAILED  # the host stays out...
-    # ...yet qwen, started by the boot, serves on it and the summary never names it.
-    assert "vllm-qwen" in units_stopped(host) or "qwen" in outcome.summary
+    assert outcome.status == HostStatus.FAILED  # the host stays out, and so does qwen:
+    # stopped by hand, started by the boot (enabled), stopped again.
+    assert units_stopped(host) == ["vllm-kimi-k25", "vllm-kimi-k25", "vllm-qwen"]
+    assert "qwen: STOPPED" in outcome.summary
 
 
 @dataclass
@@ -288,14 +287,12 @@ class CrashLooping(MaintainedHost):
         return super().http(action)
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 4: auto-restart counts as running")
 def test_a_crash_looping_service_does_not_block_the_reboot_that_would_fix_it() -> None:
     host = CrashLooping()
     outcome = maintain(host, s=own_ports())
     assert host.rebooted, outcome.summary
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 1: a host run's become has no service")
 def test_a_host_run_on_a_sudo_host_runs_venv_commands_as_the_venv_owner() -> None:
     s = Settings(
         hosts={
@@ -363,7 +360,6 @@ def test_restore_starts_a_routed_service_of_a_failed_host_but_leaves_it_out() ->
     assert "stays out of rotation" in outcome.summary
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 5: _lost_host says nothing of rotation")
 def test_a_routed_host_never_back_says_it_is_out_of_rotation_and_how_to_undrain() -> None:
     host = RoutedMaintained(never_back=True)
     outcome = routed(host)
@@ -371,7 +367,6 @@ def test_a_routed_host_never_back_says_it_is_out_of_rotation_and_how_to_undrain(
     assert "undrain" in outcome.summary
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 3: a host run is judged by [policy] alone")
 def test_a_host_run_is_held_to_the_policy_of_each_service_it_stops() -> None:
     s = Settings(
         hosts={"h1": {"address": "10.0.0.1", "known_hosts": "/tmp/kh"}},
@@ -410,11 +405,10 @@ class LoadingAfterBoot(MaintainedHost):
         return super().http(action)
 
 
-@pytest.mark.xfail(strict=True, reason="review23 bug 6: _keep_out waits for a load it can't read")
 def test_a_failed_check_stops_the_units_the_boot_started_while_they_load() -> None:
     host = LoadingAfterBoot(narrow_after=3)
     outcome = maintain(host, s=own_ports())
     assert outcome.status == HostStatus.FAILED
-    # Today: "could not be stopped again (the load is unknown ... pass --force)", both
-    # units keep loading on the host that failed its check, and the state says STOPPED.
+    # Was: "could not be stopped again (the load is unknown ... pass --force)", both units
+    # left loading on the host that failed its check, and the state said STOPPED.
     assert units_stopped(host) == ["vllm-kimi-k25", "vllm-qwen"] * 2, outcome.summary
