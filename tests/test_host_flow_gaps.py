@@ -412,3 +412,34 @@ def test_a_failed_check_stops_the_units_the_boot_started_while_they_load() -> No
     # Was: "could not be stopped again (the load is unknown ... pass --force)", both units
     # left loading on the host that failed its check, and the state said STOPPED.
     assert units_stopped(host) == ["vllm-kimi-k25", "vllm-qwen"] * 2, outcome.summary
+
+
+def test_a_refused_stop_in_a_host_run_names_that_services_rule() -> None:
+    s = Settings(
+        hosts={
+            "h1": {
+                "address": "10.0.0.1",
+                "known_hosts": "/tmp/kh",
+                "user": "chatops",
+                "become": "sudo",
+            }
+        },
+        services={
+            name: {
+                "hosts": ["h1"],
+                "unit": unit,
+                "python": f"/opt/{name}/bin/python",
+                "uv": "/usr/local/bin/uv",
+                "systemctl": "/usr/bin/systemctl",
+                "journalctl": "/usr/bin/journalctl",
+            }
+            for name, unit in (("kimi", "vllm-kimi"), ("kimi2", "vllm-kimi-2"))
+        },
+        maintenance={"systemctl": "/usr/bin/systemctl", "nvidia_smi": "/usr/bin/nvidia-smi"},
+    )
+    become = become_for(s, "h1", make_host_plan(s, Action.REBOOT, "h1").service)
+    assert become is not None
+    for name, alias in (("kimi", "KIMI_ROOT"), ("kimi2", "KIMI2_ROOT")):
+        stop = remote.unit_stop(s.services[name])
+        why = become.refused(stop, Privilege.ROOT, 1, "sudo: a password is required\n")
+        assert why is not None and f"Cmnd_Alias {alias}, stop the unit" in why, why

@@ -337,7 +337,8 @@ class Become:
 
     def _of(self, argv: Argv) -> tuple[str | None, ServiceSettings | None]:
         """The service ``argv`` is a command of: this one's, else (a host run) the one
-        whose interpreter or venv it names."""
+        whose interpreter or venv it names, or whose unit it names (its systemctl and
+        journalctl lines: a refusal then names that service's rule)."""
         if self.svc is not None or not self.services:
             return self.service, self.svc
         words = " ".join(argv)
@@ -347,6 +348,9 @@ class Become:
                 return name, svc
         for name, svc in self.services:
             if f"{svc.venv_dir}/" in words:
+                return name, svc
+        for name, svc in self.services:
+            if svc.unit in argv:  # a whole word: vllm-kimi is not vllm-kimi-2
                 return name, svc
         return self.service, None
 
