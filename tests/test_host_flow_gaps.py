@@ -443,3 +443,22 @@ def test_a_refused_stop_in_a_host_run_names_that_services_rule() -> None:
         stop = remote.unit_stop(s.services[name])
         why = become.refused(stop, Privilege.ROOT, 1, "sudo: a password is required\n")
         assert why is not None and f"Cmnd_Alias {alias}, stop the unit" in why, why
+
+
+@dataclass
+class StopFailsAfterBoot(MaintainedHost):
+    """The host fails its check, and the boot-started units will not stop again."""
+
+    def command(self, a: tuple[str, ...]) -> Any:
+        if self.rebooted and a[:2] == ("systemctl", "stop"):
+            return ok(a, stderr="Failed to stop: Transport endpoint is not connected\n", status=1)
+        return super().command(a)
+
+
+def test_a_host_kept_out_whose_units_would_not_stop_is_not_said_stopped() -> None:
+    host = StopFailsAfterBoot(narrow_after=3)
+    outcome = maintain(host)
+    assert outcome.status == HostStatus.FAILED
+    assert "kimi: could not be stopped again" in outcome.summary
+    # Was STOPPED whatever each stop did: the card and the audit row said so.
+    assert outcome.state == ServiceState.UNKNOWN

@@ -249,16 +249,21 @@ def _keep_out(host: str, parts: Sequence[_Part], running: Sequence[_Part], why: 
     units, one stopped by hand before included), so nothing serves on a GPU that needs
     attention."""
     said = []
+    # Each named service's state now: a stop that failed or a unit that cannot be read
+    # is no STOPPED on the card.
+    states: list[ServiceState] = []
     for p in parts:
         try:
             _, now = yield from preflight_unit(p.svc, host)
         except Refused as e:
             said.append(f"{p.plan.service}: state unknown ({e.reason})")
+            states.append(ServiceState.UNKNOWN)
             continue
         if now in (ServiceState.UP, ServiceState.DOWN):
             ended = yield from quiesce_and_stop(replace(p.plan, force=True), p.svc, None, now)
             if ended is not None:
                 said.append(f"{p.plan.service}: could not be stopped again ({ended.summary})")
+                states.append(ended.state)
                 continue
         elif p not in running:
             continue  # stopped before the run, and still
@@ -266,11 +271,12 @@ def _keep_out(host: str, parts: Sequence[_Part], running: Sequence[_Part], why: 
             f"{p.plan.service}: STOPPED"
             + (f", {stays_out(p.plan, host)}" if p.plan.router is not None else "")
         )
+        states.append(ServiceState.STOPPED)
     tail = "; ".join(said) or "no service ran before"
     return HostOutcome(
         HostStatus.FAILED,
         f"{host} stays out: {why}. {tail}",
-        ServiceState.STOPPED if said else ServiceState.UNKNOWN,
+        worst(states) if states else ServiceState.UNKNOWN,
     )
 
 
