@@ -29,7 +29,7 @@ from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus
 from bot.engine.lifecycle import lock_scopes
 from bot.errors import InputError
-from bot.settings import ServicePolicySettings, Settings, WindowSettings
+from bot.settings import RouterSettings, ServicePolicySettings, Settings, WindowSettings
 from tests.test_sequence import UUIDS, Host, drive, ok
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -453,3 +453,32 @@ def test_a_host_runs_policy_is_no_weaker_than_any_of_its_services() -> None:
     s = with_policies(P(windows=WindowSettings(open=["daily 01:00-05:00"])), P())
     with pytest.raises(InputError, match="different maintenance windows"):
         make_host_plan(s, Action.REBOOT, "h1")
+
+
+def test_a_host_that_runs_a_router_is_refused() -> None:
+    # Rebooting the router's own host takes routing down for every replica behind it.
+    s = settings()
+    routed = s.model_copy(
+        update={
+            "routers": {
+                "front": RouterSettings(
+                    kind="command",
+                    host="h1",
+                    drain=["/bin/lb", "out", "{server}"],
+                    undrain=["/bin/lb", "in", "{server}"],
+                )
+            }
+        }
+    )
+    with pytest.raises(InputError, match="h1 is the host of router front"):
+        make_host_plan(routed, Action.REBOOT, "h1")
+    assert make_host_plan(s, Action.REBOOT, "h1").parts
+
+
+def test_a_cancel_once_the_reboot_began_is_said_too_late_and_the_services_come_back() -> None:
+    host = MaintainedHost()
+    host.cancel_at = lambda action: host.rebooted
+    outcome = maintain(host)
+    assert outcome.status == HostStatus.SUCCEEDED
+    assert units_started(host) == ["vllm-kimi-k25", "vllm-qwen"]
+    assert "A cancel came after the maintenance had begun" in outcome.summary

@@ -111,11 +111,23 @@ def host_flow(
     report = yield from deep_check(first, host, count, plan.is_local(host))
     failed = needs_reboot or _fail_text(report)
     if failed is not None and m.on_failed_check == "stop":
-        return (yield from _keep_out(host, parts, running, failed))
+        return (yield from _too_late((yield from _keep_out(host, parts, running, failed))))
     ends = []
     for p in running:
         ends.append((yield from _start(p, host, hold_out=failed is not None)))
-    return _host_end(host, ends, failed)
+    return (yield from _too_late(_host_end(host, ends, failed)))
+
+
+def _too_late(outcome: HostOutcome) -> Flow:
+    """A cancel that came once the reboot or reset had begun cannot undo it: the run went
+    on to its end (the services back, or the host kept out), and says so."""
+    if not (yield from pause()).cancel_requested:
+        return outcome
+    return replace(
+        outcome,
+        summary=f"{outcome.summary}. A cancel came after the maintenance had begun: a "
+        "reboot or reset cannot be taken back, so the run went on to its end",
+    )
 
 
 def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Part] | HostOutcome]:
@@ -133,10 +145,11 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
             # as that service's did; a stop that failed is a failed run.
             cancelled = ended.status in (HostStatus.CANCELLED, HostStatus.ABORTED)
             status = ended.status if cancelled else HostStatus.FAILED
+            # Its own words follow in the list of services (``already``), once.
             why = (
-                f"{p.plan.service}: {ended.summary}"
+                f"{p.plan.service} ended the run before its stop"
                 if cancelled
-                else (f"{p.plan.service} did not stop: {ended.summary}")
+                else f"{p.plan.service} did not stop"
             )
             return (yield from _abandon(host, stopped, why, status, [_of(p, ended)]))
         stopped.append(p)
@@ -223,19 +236,18 @@ def _abandon(
 
 
 def _lost_host(host: str, running: Sequence[_Part], why: str) -> HostOutcome:
-    names = ", ".join(p.plan.service for p in running) or "none"
-    return HostOutcome(
-        HostStatus.FAILED,
-        f"{host}: {why}. The services that ran before ({names}) were stopped for the "
-        "reboot and their state now is UNKNOWN; check the host's console, then "
-        f"`/vllm status <service>` for each"
-        + "".join(
-            f". {p.plan.service}: {stays_out(p.plan, host)}"
-            for p in running
-            if p.plan.router is not None
-        ),
-        ServiceState.UNKNOWN,
+    names = ", ".join(p.plan.service for p in running)
+    checks = ", ".join(f"`/vllm status {p.plan.service}`" for p in running)
+    said = (
+        f"The services that ran before ({names}) were stopped for the reboot and their "
+        f"state now is UNKNOWN; check the host's console, then {checks}"
+        if running
+        else "No service ran on it before"
     )
+    out = "".join(
+        f". {p.plan.service}: {stays_out(p.plan, host)}" for p in running if p.plan.router
+    )
+    return HostOutcome(HostStatus.FAILED, f"{host}: {why}. {said}{out}", ServiceState.UNKNOWN)
 
 
 def _fail_text(report: DeepReport) -> str | None:

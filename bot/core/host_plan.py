@@ -86,6 +86,14 @@ def make_host_plan(
         raise InputError(why)
     if (why := settings.host_policy(host)[1]) is not None:
         raise InputError(why)
+    routing = sorted(n for n, r in settings.routers.items() if r.host == host)
+    if routing:
+        raise InputError(
+            f"{host} is the host of router {', '.join(routing)}: rebooting or resetting it "
+            "takes routing down for every replica behind it, which taking this host's "
+            "replica out of rotation cannot cover; move the router, or maintain the host by "
+            "hand"
+        )
     if gpus and action != Action.GPU_RESET:
         raise InputError("GPU indexes only apply to gpu-reset")
     keys = host_keys or {}

@@ -89,7 +89,7 @@ def describe_host_plan(plan: Plan) -> str:
     lines = [
         f"{plan.action} of host {plan.hosts[0]}"
         + (f" ({t.endpoint}, host key {t.host_key})" if t is not None else ""),
-        "services stopped, then started again if they ran: "
+        "services stopped, then started again if they ran and the host passes its deep check: "
         + ", ".join(f"{p.service} (unit {p.unit})" for p in plan.parts),
     ]
     if plan.action == Action.GPU_RESET:
