@@ -71,31 +71,7 @@ def make_host_plan(
     """The plan of ``action`` (reboot or gpu_reset) on ``host``; InputError for a host
     not configured or carrying no service, or GPUs named for a reboot."""
     action = Action(action)
-    if not action.host_wide:
-        raise InputError(f"{action} is not a host maintenance")
-    if host not in settings.hosts:
-        known = ", ".join(sorted(settings.hosts)) or "none configured"
-        raise InputError(f"unknown host `{host[:64]}`; configured hosts: {known}")
-    names = services_on(settings, host)
-    if not names:
-        raise InputError(
-            f"{host} carries no configured service: host maintenance drains and restarts "
-            "the services of a GPU host, and this one has none"
-        )
-    if (why := maintenance_path_problem(settings, host)) is not None:
-        raise InputError(why)
-    if (why := settings.host_policy(host)[1]) is not None:
-        raise InputError(why)
-    routing = sorted(n for n, r in settings.routers.items() if r.host == host)
-    if routing:
-        raise InputError(
-            f"{host} is the host of router {', '.join(routing)}: rebooting or resetting it "
-            "takes routing down for every replica behind it, which taking this host's "
-            "replica out of rotation cannot cover; move the router, or maintain the host by "
-            "hand"
-        )
-    if gpus and action != Action.GPU_RESET:
-        raise InputError("GPU indexes only apply to gpu-reset")
+    names = _checked(settings, action, host, gpus)
     keys = host_keys or {}
     parts = tuple(
         replace(
@@ -144,6 +120,36 @@ def make_host_plan(
         gpus=tuple(gpus),
         force=force,
     )
+
+
+def _checked(settings: Settings, action: Action, host: str, gpus: Sequence[int]) -> list[str]:
+    """The services on ``host``, or InputError for what the config does not allow."""
+    if not action.host_wide:
+        raise InputError(f"{action} is not a host maintenance")
+    if host not in settings.hosts:
+        known = ", ".join(sorted(settings.hosts)) or "none configured"
+        raise InputError(f"unknown host `{host[:64]}`; configured hosts: {known}")
+    names = services_on(settings, host)
+    if not names:
+        raise InputError(
+            f"{host} carries no configured service: host maintenance drains and restarts "
+            "the services of a GPU host, and this one has none"
+        )
+    if (why := maintenance_path_problem(settings, host)) is not None:
+        raise InputError(why)
+    if (why := settings.host_policy(host)[1]) is not None:
+        raise InputError(why)
+    routing = sorted(n for n, r in settings.routers.items() if r.host == host)
+    if routing:
+        raise InputError(
+            f"{host} is the host of router {', '.join(routing)}: rebooting or resetting it "
+            "takes routing down for every replica behind it, which taking this host's "
+            "replica out of rotation cannot cover; move the router, or maintain the host by "
+            "hand"
+        )
+    if gpus and action != Action.GPU_RESET:
+        raise InputError("GPU indexes only apply to gpu-reset")
+    return names
 
 
 def _each(parts: Sequence[Plan], which: Sequence[Step], when: str) -> list[PlannedStep]:
