@@ -178,7 +178,7 @@ async def test_the_card_shows_the_start_up_phases_in_place(
 ) -> None:
     # The gate sends only the phase it reads at each poll, and the card shows only the
     # latest progress at each update (every 0.2 s): a phase shorter than a poll cycle over
-    # sshd on a loaded machine (CI runs 4 workers on 2 cores) may be sent or shown never.
+    # sshd on a loaded machine (CI runs 6 workers on 2 cores) may be sent or shown never.
     # So each phase must outlast both, which is what this test checks ("the status card
     # shows at least three distinct start-up phases during a start"): rendering the texts
     # the flow sent would not do, as the flow itself skips a phase its poll missed. The

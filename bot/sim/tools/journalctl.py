@@ -44,10 +44,8 @@ def entries(
     issue #14722), so that a reader that falls behind reads on from there; and the
     cursor of the last one shown."""
     now = time.time()
-    shown = sorted(
-        ((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now),
-        key=lambda x: (x[0], x[1]),
-    )
+    # (ts, index) is unique, so the tuples sort by it alone.
+    shown = sorted((e.ts, i, e) for i, e in enumerate(store.journal()) if e.ts <= now)
     if after is not None:
         place = _place(after)
         shown = [x for x in shown if place is None or (x[0], x[1]) > place]
