@@ -106,9 +106,7 @@ async def one(root: Path, boot_s: float, load_s: float, poll_s: float) -> Run:
 
 
 def _row(name: str, values: list[float]) -> str:
-    return (
-        f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
-    )
+    return f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
 
 
 async def main() -> None:
