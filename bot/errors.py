@@ -37,6 +37,19 @@ class AuditError(ChatOpsError):
     """The audit database cannot be opened or written."""
 
 
+class AuditUnavailable(AuditError):
+    """The audit database cannot be written *for now*: locked or busy past the timeout,
+    full, an I/O error, read-only, or (PostgreSQL) down, restarting or failing over.
+    The resilient writer keeps such writes in its fallback journal
+    (``bot.audit.resilient``); any other ``AuditError`` is a bug or a refusal."""
+
+
+class FencedError(AuditError):
+    """This process no longer owns the run it wrote for: another process recovered it
+    (its lease lapsed: a pause, a freeze, a lost network), so the run's epoch moved on
+    (issue 21). The writer must stop driving the run; nothing of it was written."""
+
+
 class RunNotFoundError(ChatOpsError):
     """No run with that id exists in the audit log."""
 

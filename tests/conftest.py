@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
+from bot.settings import PostgresUrl
 from bot.sim.kit import SimKit, fast_config
 from tests.fakes import FakeSlack
+from tests.support.postgres import migrate_pg, shared_server
 from tests.support.sim import MakeSimHost, require_sshd
 
 
@@ -59,3 +61,21 @@ async def fake() -> AsyncIterator[FakeSlack]:
         post_burst=4,
     ) as f:
         yield f
+
+
+@pytest.fixture
+def pg_url() -> PostgresUrl:
+    """A PostgreSQL database of this test's own (a fresh schema on this process's real
+    server, ``tests.support.postgres``), not migrated yet."""
+    return shared_server().fresh_url()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def audit_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresUrl:
+    """The audit database a test runs against, once on each backend (issue 21): a SQLite
+    file, or a fresh PostgreSQL schema already migrated (a bot refuses one that is not)."""
+    if request.param == "sqlite":
+        return tmp_path / "audit.db"
+    url = shared_server().fresh_url()
+    await migrate_pg(url)
+    return url

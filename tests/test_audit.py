@@ -24,6 +24,8 @@ from bot.audit.runs import runs_query
 from bot.audit.view import runs_json, runs_table
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditError, LockHeldError, RunNotFoundError
+from bot.settings import PostgresUrl
+from tests.support.audit_db import Target, raw_dump, raw_rows
 
 REPO = Path(__file__).resolve().parents[1]
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -42,8 +44,9 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def log(db: Path) -> AsyncIterator[AuditLog]:
-    async with AuditLog.open(db, redact=redact) as opened:
+async def log(audit_target: Path | PostgresUrl) -> AsyncIterator[AuditLog]:
+    """The audit log on each backend (SQLite, PostgreSQL): same records, same queries."""
+    async with AuditLog.open(audit_target, redact=redact) as opened:
         yield opened
 
 
@@ -156,7 +159,9 @@ async def test_create_run_rejects_unknown_values(log: AuditLog) -> None:
     assert await log.list_runs() == []
 
 
-async def test_records_carry_the_enums_and_store_their_plain_words(db: Path, log: AuditLog) -> None:
+async def test_records_carry_the_enums_and_store_their_plain_words(
+    audit_target: Target, log: AuditLog
+) -> None:
     run_id = await new_run(log, action=Action.RESTART, source=Source.DEMO)
     assert await log.transition(run_id, RunStatus.RUNNING, expect={RunStatus.PENDING_APPROVAL})
     await log.record_decision(run_id, "U2", Decision.APPROVE)
@@ -172,21 +177,17 @@ async def test_records_carry_the_enums_and_store_their_plain_words(db: Path, log
     # Programs reading `audit --json` and older bots reading the file see the plain words.
     assert json.dumps(run.to_json()["status"]) == '"running"'
     assert type(stored_step.to_json()["status"]) is str
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT action, source, status FROM runs").fetchone() == (
-            "restart",
-            "demo",
-            "running",
-        )
+    assert raw_rows(audit_target, "SELECT action, source, status FROM runs") == [
+        ("restart", "demo", "running")
+    ]
 
 
 async def test_a_stored_word_this_bot_does_not_know_is_an_audit_error(
-    db: Path, log: AuditLog
+    audit_target: Target, log: AuditLog
 ) -> None:
     # No CHECK constraint: a newer bot may store a status this one has never heard of.
     run_id = await new_run(log)
-    with sqlite3.connect(db) as raw:
-        raw.execute("UPDATE runs SET status = 'paused' WHERE id = ?", (run_id,))
+    raw_rows(audit_target, "UPDATE runs SET status = 'paused' WHERE id = ?", (run_id,))
     with pytest.raises(AuditError, match="status 'paused'"):
         await log.get_run(run_id)
 
@@ -330,8 +331,10 @@ async def test_transition_is_compare_and_set_and_stamps_times(log: AuditLog) -> 
         await log.transition(run_id, RunStatus.FAILED, expect={"runing"})  # type: ignore[arg-type]
 
 
-async def test_concurrent_transitions_from_two_connections_have_one_winner(db: Path) -> None:
-    async with AuditLog.open(db) as a, AuditLog.open(db) as b:
+async def test_concurrent_transitions_from_two_connections_have_one_winner(
+    audit_target: Path | PostgresUrl,
+) -> None:
+    async with AuditLog.open(audit_target) as a, AuditLog.open(audit_target) as b:
         run_id = await new_run(a)
         targets = [RunStatus.APPROVED, RunStatus.DENIED, RunStatus.CANCELLED, RunStatus.EXPIRED] * 3
         results = await asyncio.gather(
@@ -432,7 +435,7 @@ async def test_refusals_newest_first(log: AuditLog) -> None:
     assert [r.id for r in await log.refusals(limit=1)] == [second]
 
 
-async def test_every_stored_text_is_redacted(db: Path, log: AuditLog) -> None:
+async def test_every_stored_text_is_redacted(audit_target: Target, log: AuditLog) -> None:
     quoted = SECRETS[1]
     run_id = await new_run(
         log,
@@ -455,7 +458,7 @@ async def test_every_stored_text_is_redacted(db: Path, log: AuditLog) -> None:
     run = await log.get_run(run_id)
     assert run.plan == {"env": {"HF_TOKEN": "[REDACTED]"}, "[REDACTED]": ["[REDACTED]", 1]}
     assert "[REDACTED]" in (run.summary or "")
-    dump = "\n".join(sqlite3.connect(db).iterdump())
+    dump = raw_dump(audit_target)
     assert "s3cret" not in dump and "cret" not in dump
     assert "pa" + '"ss' not in dump and "pa\\" + '"ss' not in dump
     assert "[REDACTED]" in dump
@@ -497,8 +500,10 @@ async def test_a_final_status_releases_the_runs_locks(log: AuditLog) -> None:
     assert await log.lock_holder("service:kimi-k25") is None
 
 
-async def test_concurrent_acquires_for_one_service_have_exactly_one_winner(db: Path) -> None:
-    async with AuditLog.open(db) as a, AuditLog.open(db) as b:
+async def test_concurrent_acquires_for_one_service_have_exactly_one_winner(
+    audit_target: Path | PostgresUrl,
+) -> None:
+    async with AuditLog.open(audit_target) as a, AuditLog.open(audit_target) as b:
         runs = [await new_run(a, requested_by=f"U{i}") for i in range(6)]
 
         async def attempt(log: AuditLog, run_id: int) -> int | None:
@@ -518,11 +523,11 @@ async def test_concurrent_acquires_for_one_service_have_exactly_one_winner(db: P
             assert await a.lock_holder(f"host:h{loser}") is None
 
 
-async def test_locks_survive_a_restart(db: Path) -> None:
-    async with AuditLog.open(db) as log:
+async def test_locks_survive_a_restart(audit_target: Path | PostgresUrl) -> None:
+    async with AuditLog.open(audit_target) as log:
         first = await new_run(log)
         await log.acquire_locks(first, ["service:kimi-k25"])
-    async with AuditLog.open(db) as log:
+    async with AuditLog.open(audit_target) as log:
         second = await new_run(log, requested_by="U2")
         with pytest.raises(LockHeldError) as caught:
             await log.acquire_locks(second, ["service:kimi-k25"])
@@ -532,8 +537,8 @@ async def test_locks_survive_a_restart(db: Path) -> None:
 # -- start-up housekeeping ---------------------------------------------------------
 
 
-async def test_recover_interrupted_after_a_restart(db: Path) -> None:
-    async with AuditLog.open(db) as log:
+async def test_recover_interrupted_after_a_restart(audit_target: Path | PostgresUrl) -> None:
+    async with AuditLog.open(audit_target) as log:
         running = await new_run(log)
         await log.transition(running, RunStatus.RUNNING)
         await log.acquire_locks(running, ["service:kimi-k25", "host:gpu1"])
@@ -548,7 +553,7 @@ async def test_recover_interrupted_after_a_restart(db: Path) -> None:
         finished = await new_run(log, service="fourth")
         await log.transition(finished, RunStatus.SUCCEEDED)
 
-    async with AuditLog.open(db) as log:
+    async with AuditLog.open(audit_target) as log:
         recovered = await log.recover_interrupted()
         assert [r.id for r in recovered] == [running, approved]
         assert all(r.status == "interrupted" and r.finished_at for r in recovered)

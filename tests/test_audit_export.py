@@ -20,54 +20,56 @@ from bot.cli.audit_export import export_filter, export_jsonl
 from bot.errors import InputError
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
+from tests.support.audit_db import Target, raw_many, raw_rows
 from tests.support.cli import cli, write_toml
 
 TAIL = "x" * 300
 
 
 def insert_runs(
-    db: Path, count: int, *, start: int = 1, status: str = "succeeded", service: str = "svc"
+    db: Target, count: int, *, start: int = 1, status: str = "succeeded", service: str = "svc"
 ) -> None:
     """``count`` runs written straight into the tables, each with two decisions, three
     steps, a snapshot and an install's change: what a real run leaves, without running."""
-    conn = sqlite3.connect(db)
-    with conn:
-        ids = range(start, start + count)
-        conn.executemany(
-            "INSERT INTO runs (id, service, action, hosts, requested_by, source, plan, "
-            "status, created_at, version_before, version_after) "
-            "VALUES (?, ?, 'redeploy', '[\"h1\"]', 'U0ALICE', 'slack', '{}', ?, ?, "
-            "'0.15.1', '0.16.0')",
-            [(i, service, status, f"2026-11-{1 + i % 28:02d}T10:00:00Z") for i in ids],
-        )
-        conn.executemany(
-            "INSERT INTO decisions (run_id, user, decision, at) VALUES (?, ?, 'approve', ?)",
-            [(i, u, "2026-11-01T10:00:01Z") for i in ids for u in ("U0BOB", "U0CAROL")],
-        )
-        conn.executemany(
-            "INSERT INTO steps (run_id, host, step, command, status, exit_status, "
-            "started_at, finished_at, duration_s, output_tail) "
-            "VALUES (?, 'h1', ?, 'cmd', 'ok', 0, 't0', 't1', 1.5, ?)",
-            [(i, step, TAIL) for i in ids for step in ("preflight", "stop", "install")],
-        )
-        freeze = json.dumps({"freeze": {f"pkg{n}": "1.0" for n in range(200)}, "sha256": "ab"})
-        conn.executemany(
-            "INSERT INTO environments (run_id, host, kind, taken_at, data) VALUES (?, 'h1', ?, "
-            "'t0', ?)",
-            [
-                row
-                for i in ids
-                for row in (
-                    (i, "snapshot", freeze),
-                    (
-                        i,
-                        "installed",
-                        json.dumps({"changes": [{"name": "vllm", "before": "a", "after": "b"}]}),
-                    ),
-                )
-            ],
-        )
-    conn.close()
+    ids = range(start, start + count)
+    raw_many(
+        db,
+        "INSERT INTO runs (id, service, action, hosts, requested_by, source, plan, "
+        "status, created_at, version_before, version_after) "
+        "VALUES (?, ?, 'redeploy', '[\"h1\"]', 'U0ALICE', 'slack', '{}', ?, ?, "
+        "'0.15.1', '0.16.0')",
+        [(i, service, status, f"2026-11-{1 + i % 28:02d}T10:00:00Z") for i in ids],
+    )
+    raw_many(
+        db,
+        "INSERT INTO decisions (run_id, \"user\", decision, at) VALUES (?, ?, 'approve', ?)",
+        [(i, u, "2026-11-01T10:00:01Z") for i in ids for u in ("U0BOB", "U0CAROL")],
+    )
+    raw_many(
+        db,
+        "INSERT INTO steps (run_id, host, step, command, status, exit_status, "
+        "started_at, finished_at, duration_s, output_tail) "
+        "VALUES (?, 'h1', ?, 'cmd', 'ok', 0, 't0', 't1', 1.5, ?)",
+        [(i, step, TAIL) for i in ids for step in ("preflight", "stop", "install")],
+    )
+    freeze = json.dumps({"freeze": {f"pkg{n}": "1.0" for n in range(200)}, "sha256": "ab"})
+    raw_many(
+        db,
+        "INSERT INTO environments (run_id, host, kind, taken_at, data) VALUES (?, 'h1', ?, "
+        "'t0', ?)",
+        [
+            row
+            for i in ids
+            for row in (
+                (i, "snapshot", freeze),
+                (
+                    i,
+                    "installed",
+                    json.dumps({"changes": [{"name": "vllm", "before": "a", "after": "b"}]}),
+                ),
+            )
+        ],
+    )
 
 
 async def _export(audit: AuditLog, flt: ExportFilter | None = None) -> list[Any]:
@@ -77,27 +79,27 @@ async def _export(audit: AuditLog, flt: ExportFilter | None = None) -> list[Any]
 
 
 async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
-    tmp_path: Path,
+    audit_target: Target,
 ) -> None:
-    db = tmp_path / "audit.db"
+    db = audit_target
     async with AuditLog.open(db) as audit:
         insert_runs(db, 3)
         insert_runs(db, 1, start=4, service="other")
-        conn = sqlite3.connect(db)
-        with conn:
-            conn.execute(
-                "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
-                "VALUES (1, 'h1', 'succeeded', 'ok', 'up', 't2')"
-            )
-            conn.execute(
-                "INSERT INTO leftover_approvals (run_id, host, question, user, pids, at) "
-                "VALUES (1, 'h1', 'q', 'U0BOB', '[48304, 48305]', 't1')"
-            )
-            conn.execute(
-                "INSERT INTO rotations (run_id, host, router, server, change, ok, detail, at) "
-                "VALUES (2, 'h1', 'lb', 's1', 'out', 1, 'drained', 't3')"
-            )
-        conn.close()
+        raw_rows(
+            db,
+            "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
+            "VALUES (1, 'h1', 'succeeded', 'ok', 'up', 't2')",
+        )
+        raw_rows(
+            db,
+            'INSERT INTO leftover_approvals (run_id, host, question, "user", pids, at) '
+            "VALUES (1, 'h1', 'q', 'U0BOB', '[48304, 48305]', 't1')",
+        )
+        raw_rows(
+            db,
+            "INSERT INTO rotations (run_id, host, router, server, change, ok, detail, at) "
+            "VALUES (2, 'h1', 'lb', 's1', 'out', 1, 'drained', 't3')",
+        )
         rows = await _export(audit)
         assert [r["id"] for r in rows] == [1, 2, 3, 4]
         first = rows[0]

@@ -11,14 +11,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from bot.audit.journal import Journal, JournalRecord, ordered, parse_lines
+from bot.audit.pg_db import _WRITE_LOCK
 from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
 from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import RunNotFoundError
+from bot.settings import PostgresUrl
+from tests.support.audit_db import Target
 from tests.support.clock import ManualClock
 
 SECRET = "hunter2-very-secret"
@@ -59,30 +63,65 @@ class FakeTime:
 
 
 @pytest.fixture
-async def audit(tmp_path: Path) -> AsyncIterator[AuditLog]:
-    # A short busy timeout: each attempt against the locked file gives up quickly.
+async def audit(audit_target: Target) -> AsyncIterator[AuditLog]:
+    # A short busy timeout: each attempt against the locked database gives up quickly.
     async with AuditLog.open(
-        tmp_path / "audit.db", busy_timeout_s=0.05, redact=lambda s: s.replace(SECRET, "***")
+        audit_target, busy_timeout_s=0.05, redact=lambda s: s.replace(SECRET, "***")
     ) as log:
         yield log
 
 
+class Locker:
+    """Another process holding the database's write lock: on SQLite a second connection
+    to the same file inside ``BEGIN EXCLUSIVE``; on PostgreSQL a second session holding
+    the writers' advisory lock (``bot.audit.pg_db``) inside its transaction."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._sqlite: sqlite3.Connection | None = None
+        self._pg: psycopg.Connection[Any] | None = None
+        if isinstance(target, PostgresUrl):
+            self._pg = psycopg.connect(target.url.get_secret_value(), autocommit=True)
+        else:
+            self._sqlite = sqlite3.connect(target, isolation_level=None, timeout=5)
+
+    def lock(self) -> None:
+        if self._pg is not None:
+            self._pg.execute("BEGIN")
+            self._pg.execute(_WRITE_LOCK.encode())
+        else:
+            assert self._sqlite is not None
+            self._sqlite.execute("BEGIN EXCLUSIVE")
+
+    def unlock(self) -> None:
+        if self._pg is not None:
+            self._pg.execute("ROLLBACK")
+        else:
+            assert self._sqlite is not None
+            self._sqlite.execute("ROLLBACK")
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+        elif self._sqlite is not None:
+            if self._sqlite.in_transaction:
+                self._sqlite.execute("ROLLBACK")
+            self._sqlite.close()
+
+
 @pytest.fixture
-def locker(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    """A second connection to the same file, as another process would hold it."""
-    conn = sqlite3.connect(tmp_path / "audit.db", isolation_level=None, timeout=5)
-    yield conn
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")
-    conn.close()
+def locker(audit_target: Target) -> Iterator[Locker]:
+    held = Locker(audit_target)
+    yield held
+    held.close()
 
 
-def lock(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN EXCLUSIVE")
+def lock(locker: Locker) -> None:
+    locker.lock()
 
 
-def unlock(conn: sqlite3.Connection) -> None:
-    conn.execute("ROLLBACK")
+def unlock(locker: Locker) -> None:
+    locker.unlock()
 
 
 async def new_run(audit: AuditLog) -> int:
@@ -106,7 +145,7 @@ def writer_for(
     """A writer whose merges the test drives (unless ``background``)."""
     return AuditWriter(
         audit,
-        Journal.for_db(audit.path, tmp_path / "fallback"),
+        Journal.for_db(tmp_path / "audit.db", tmp_path / "fallback"),
         clock=t.clock,
         sleep=t.sleep,
         background=background,
@@ -167,7 +206,7 @@ def test_dropping_merged_records_keeps_the_rest_and_removes_an_empty_file(tmp_pa
 
 
 async def test_a_batch_the_database_refuses_goes_to_the_journal_whole_and_in_order(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     """``write_all`` (the records of events made together, issue 18): one transaction
     when the database takes it; else every record into the journal, in order, a step
@@ -213,7 +252,7 @@ async def test_a_batch_the_database_refuses_goes_to_the_journal_whole_and_in_ord
 
 
 async def test_a_journal_merged_twice_is_applied_once(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
@@ -264,7 +303,7 @@ async def test_a_journal_merged_twice_is_applied_once(
 
 async def test_a_merged_row_keeps_the_time_it_happened(audit: AuditLog, tmp_path: Path) -> None:
     run_id = await new_run(audit)
-    j = Journal.for_db(audit.path, tmp_path / "fallback")
+    j = Journal.for_db(tmp_path / "audit.db", tmp_path / "fallback")
     j.append(
         [
             JournalRecord(
@@ -285,7 +324,7 @@ async def test_a_record_the_database_refuses_is_kept_with_the_reason_and_the_res
     audit: AuditLog, tmp_path: Path
 ) -> None:
     run_id = await new_run(audit)
-    j = Journal.for_db(audit.path, tmp_path / "fallback")
+    j = Journal.for_db(tmp_path / "audit.db", tmp_path / "fallback")
     j.append(
         [
             rec("p", 1, op="decision", run_id=9999, user="U0X", decision="cancel"),
@@ -311,7 +350,7 @@ async def test_a_record_the_database_refuses_is_kept_with_the_reason_and_the_res
 
 
 async def test_a_late_finish_wins_over_an_interrupted_guessed_meanwhile(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     w = writer_for(audit, tmp_path, FakeTime(), retry_s=0.0)
@@ -334,7 +373,7 @@ async def test_a_late_finish_wins_over_an_interrupted_guessed_meanwhile(
 
 
 async def test_a_lock_shorter_than_the_retry_window_loses_nothing_and_journals_nothing(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
@@ -349,7 +388,7 @@ async def test_a_lock_shorter_than_the_retry_window_loses_nothing_and_journals_n
 
 
 async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_follows(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
@@ -376,7 +415,7 @@ async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_
 
 
 async def test_the_background_merge_brings_the_writer_back_up(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     t = FakeTime()
@@ -396,7 +435,7 @@ async def test_the_background_merge_brings_the_writer_back_up(
 
 
 async def test_with_no_journal_file_writable_records_are_held_in_memory_then_merged(
-    audit: AuditLog, tmp_path: Path, locker: sqlite3.Connection
+    audit: AuditLog, tmp_path: Path, locker: Locker
 ) -> None:
     run_id = await new_run(audit)
     nowhere = tmp_path / "not-a-dir"

@@ -30,6 +30,7 @@ from bot.engine.lifecycle import (
 )
 from bot.errors import LockHeldError
 from bot.settings import LOCAL, Settings
+from tests.support.audit_db import Target
 from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB, CAROL, MALLORY = "U0ALICE", "U0BOB", "U0CAROL", "U0MALLORY"
@@ -39,7 +40,9 @@ OWNER = "test-host:4242:777"
 TTL_S = 600
 
 
-def settings(tmp_path: Path, **policy: object) -> Settings:
+def settings(tmp_path: Path | Target, **policy: object) -> Settings:
+    """The world's settings; ``tmp_path`` a directory (SQLite file in it) or a database."""
+    db = tmp_path / "audit.db" if isinstance(tmp_path, Path) and tmp_path.is_dir() else tmp_path
     return Settings(
         hosts={"gpu1": {"address": LOCAL}, "gpu2": {"address": LOCAL}},
         services={
@@ -47,7 +50,7 @@ def settings(tmp_path: Path, **policy: object) -> Settings:
             "other": {"hosts": ["gpu2"], "unit": "vllm-o", "python": "/opt/o/bin/python"},
         },
         policy={"approvers": [APPROVERS], "min_approvals": 1, "approval_ttl_s": TTL_S, **policy},
-        db_path=tmp_path / "audit.db",
+        db_path=db,
     )
 
 
@@ -88,8 +91,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    s = settings(tmp_path)
+async def world(audit_target: Target) -> AsyncIterator[World]:
+    s = settings(audit_target)
     clock = ManualWallClock()
     async with AuditLog.open(s.db_path) as audit:
         yield World(s, audit, clock, RunLifecycle(s, audit, clock=clock, owner=lambda: OWNER))
@@ -109,8 +112,8 @@ async def test_a_request_holds_its_locks_and_its_window_comes_from_the_clock(wor
     assert [r.user for r in await world.audit.refusals()] == [CAROL]
 
 
-async def test_n_of_m_counts_then_approves_once_and_records_the_owner(tmp_path: Path) -> None:
-    s = settings(tmp_path, min_approvals=2)
+async def test_n_of_m_counts_then_approves_once_and_records_the_owner(audit_target: Target) -> None:
+    s = settings(audit_target, min_approvals=2)
     clock = ManualWallClock()
     async with AuditLog.open(s.db_path) as audit:
         w = World(s, audit, clock, RunLifecycle(s, audit, clock=clock, owner=lambda: OWNER))
@@ -127,8 +130,8 @@ async def test_n_of_m_counts_then_approves_once_and_records_the_owner(tmp_path: 
         assert await w.owners() == {record.id: OWNER}
 
 
-async def test_a_concurrent_double_click_counts_once(tmp_path: Path) -> None:
-    s = settings(tmp_path, min_approvals=2)
+async def test_a_concurrent_double_click_counts_once(audit_target: Target) -> None:
+    s = settings(audit_target, min_approvals=2)
     async with AuditLog.open(s.db_path) as audit:
         life = RunLifecycle(s, audit, clock=ManualWallClock())
         record = await life.request(

@@ -35,6 +35,7 @@ from bot.engine.run_results import Approved, Refusal, Refused
 from bot.settings import LOCAL, Settings
 from bot.slack import grammar
 from bot.slack.handlers.commands.help import DESCRIPTIONS
+from tests.support.audit_db import Target
 from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB, CAROL, MALLORY = "U0ALICE", "U0BOB", "U0CAROL", "U0MALLORY"
@@ -81,8 +82,10 @@ def settings(tmp_path: Path, min_approvals: int) -> Settings:
 
 
 @pytest.fixture(params=[1, 2], ids=["one-approval", "two-approvals"])
-async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    s = settings(tmp_path, request.param)
+async def world(
+    tmp_path: Path, request: pytest.FixtureRequest, audit_target: Target
+) -> AsyncIterator[World]:
+    s = settings(tmp_path, request.param).model_copy(update={"db_path": audit_target})
     async with AuditLog.open(s.db_path) as audit:
         yield World(s, audit, Operations(RunLifecycle(s, audit, clock=ManualWallClock())))
 

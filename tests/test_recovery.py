@@ -42,6 +42,7 @@ from bot.settings import LOCAL, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
+from tests.support.audit_db import Target, db_arg
 from tests.support.cli import cli, cli_on_terminal
 from tests.support.clock import ManualClock
 from tests.support.wall_clock import ManualWallClock
@@ -73,12 +74,14 @@ async def driven_by_a_dead_process(audit: AuditLog, run_id: int) -> None:
     )
 
 
-def settings(tmp_path: Path) -> Settings:
+def settings(tmp_path: Path | Target) -> Settings:
+    """``tmp_path``: a directory (a SQLite file in it) or the audit database itself."""
+    db = tmp_path / "audit.db" if isinstance(tmp_path, Path) and tmp_path.is_dir() else tmp_path
     return Settings(
         hosts={"gpu1": {"address": LOCAL}},
         services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/opt/v/bin/python"}},
         policy={"approvers": [BOB], "min_approvals": 1, "approval_ttl_s": 600},
-        db_path=tmp_path / "audit.db",
+        db_path=db,
     )
 
 
@@ -131,8 +134,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    s = settings(tmp_path)
+async def world(audit_target: Target) -> AsyncIterator[World]:
+    s = settings(audit_target)
     async with AuditLog.open(s.db_path) as audit:
         w = World(s, audit, ManualWallClock(), [], [], ManualClock())
         yield w
@@ -306,7 +309,7 @@ async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
 async def test_recover_from_the_command_line_expires_an_overdue_request(
     world: World, tmp_path: Path
 ) -> None:
-    db = ["--db", str(world.settings.db_path)]
+    db = ["--db", db_arg(world.settings.db_path)]
     life = world.process()
     # The command line judges by the wall clock: one request made an hour ago (its window
     # of 600 s is over), one made now.
@@ -441,7 +444,7 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
     finished = await world.running(world.process())
     assert await world.process().finish(finished.id, RunStatus.SUCCEEDED, "done")
     live = await world.running(world.process())  # this process owns it: alive
-    db = ["--db", str(world.settings.db_path)]
+    db = ["--db", db_arg(world.settings.db_path)]
 
     code, out, err = await cli("runs", "--active", "--json", *db, cwd=tmp_path)
     assert code == 0, err
@@ -508,7 +511,7 @@ async def test_the_command_line_judges_an_owner_elsewhere_by_its_heartbeat(
     # Its owner is on another machine: `runs` says what this machine has seen of its
     # heartbeat, and `recover` refuses with when to try again, or --force.
     run = await world.running(world.process(owner=ELSEWHERE))
-    db = ["--db", str(world.settings.db_path)]
+    db = ["--db", db_arg(world.settings.db_path)]
     code, out, err = await cli("runs", "--active", "--json", *db, cwd=tmp_path)
     assert code == 0, err
     [row] = _runs(out).values()

@@ -314,7 +314,7 @@ async def test_records_left_in_the_journal_are_merged_at_the_next_start_before_r
         started = time.monotonic()
     # The bot closed with the database still locked: the records wait in the journal.
     assert time.monotonic() - started < 5  # closing does not hang on the lock
-    assert Journal.for_db(settings.db_path, tmp_path / "fallback").read()
+    assert Journal.for_db(settings.journal_base(), tmp_path / "fallback").read()
     locker.execute("ROLLBACK")
     async with open_runtime(settings) as rt:
         run = await rt.audit.get_run(result.run_id)

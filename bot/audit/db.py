@@ -44,12 +44,16 @@ from collections.abc import (
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import aiosqlite
 
+from bot.audit.backend import Dialect, IntegrityViolation, Row, Shield
 from bot.audit.migrations import Migration, MigrationError, apply_migrations
-from bot.errors import AuditError, RunNotFoundError
+from bot.errors import AuditError, AuditUnavailable, RunNotFoundError
+
+if TYPE_CHECKING:
+    from bot.audit.pg_conn import PgConn
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,15 @@ def problem(path: Path, exc: BaseException) -> str:
     else:
         reason = text
     return f"audit database {path}: {reason}"
+
+
+def audit_error(path: Path, exc: sqlite3.Error | MigrationError) -> AuditError:
+    """The error to raise for ``exc``: ``AuditUnavailable`` when the file cannot be
+    written *for now* (locked, busy, full, an I/O error, read-only: SQLite's
+    ``OperationalError``, or a bare ``DatabaseError``), which the resilient writer
+    rides out; a plain ``AuditError`` otherwise (a bug, a corrupt file)."""
+    transient = isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+    return (AuditUnavailable if transient else AuditError)(problem(path, exc))
 
 
 def _check_path(path: Path) -> None:
@@ -102,6 +115,10 @@ class InlineCursor:
 
     async def fetchall(self) -> list[sqlite3.Row]:
         return list(self._cursor.fetchall())
+
+    async def fetchone(self) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self._cursor.fetchone()
+        return row
 
     def close(self) -> None:
         self._cursor.close()
@@ -146,9 +163,18 @@ class InlineConnection:
         return self._conn.in_transaction
 
 
-# What a table module's statements run on: a transaction's aiosqlite connection, or an
-# inline transaction's (``Database.inline``).
-Conn = aiosqlite.Connection | InlineConnection
+# What a table module's statements run on: a transaction's aiosqlite connection, an
+# inline transaction's (``Database.inline``), or PostgreSQL's (``bot.audit.pg_conn``).
+Conn: TypeAlias = "aiosqlite.Connection | InlineConnection | PgConn"
+_SQLITE = (aiosqlite.Connection, InlineConnection)
+
+# A row the database refused (a foreign key, a unique key), from either backend.
+INTEGRITY: tuple[type[Exception], ...] = (sqlite3.IntegrityError, IntegrityViolation)
+
+
+def dialect_of(conn: Conn) -> Dialect:
+    """Which SQL ``conn`` speaks, for the few statements that differ."""
+    return Dialect.SQLITE if isinstance(conn, _SQLITE) else Dialect.POSTGRES
 
 
 def _complete(work: Coroutine[Any, Any, T]) -> T:
@@ -194,7 +220,9 @@ def _on_thread(conn: aiosqlite.Connection) -> Callable[[Callable[[], T]], Awaita
 
 
 def qmarks(values: Collection[Any]) -> str:
-    return ", ".join("?" * len(values))
+    """The placeholders of ``IN (...)`` for ``values``; for none, ``NULL``: ``x IN (NULL)``
+    matches nothing on both backends, where PostgreSQL refuses an empty ``IN ()``."""
+    return ", ".join("?" * len(values)) or "NULL"
 
 
 async def execute(conn: Conn, sql: str, params: Sequence[Any] = ()) -> int:
@@ -205,6 +233,8 @@ async def execute(conn: Conn, sql: str, params: Sequence[Any] = ()) -> int:
 
 async def insert(conn: Conn, sql: str, params: Sequence[Any]) -> int:
     """Run one INSERT; returns the new row's id."""
+    if not isinstance(conn, _SQLITE):
+        return await conn.insert(sql, params)
     async with conn.execute(sql, params) as cur:
         rowid = cur.lastrowid
     if rowid is None:
@@ -212,7 +242,7 @@ async def insert(conn: Conn, sql: str, params: Sequence[Any]) -> int:
     return rowid
 
 
-async def fetch(conn: Conn, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+async def fetch(conn: Conn, sql: str, params: Sequence[Any] = ()) -> list[Row]:
     async with conn.execute(sql, params) as cur:
         return list(await cur.fetchall())
 
@@ -253,30 +283,41 @@ async def _probe_write(conn: aiosqlite.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-class Database:
+class Database(Shield):
     """One SQLite connection and the transactions run on it. Create with ``open``."""
+
+    dialect = Dialect.SQLITE
 
     def __init__(
         self, conn: aiosqlite.Connection, path: Path, unknown_migrations: tuple[str, ...]
     ) -> None:
+        super().__init__()
         self._conn = conn
         self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.path = path
         # Migration names found in the file that this code does not know (a newer bot).
         self.unknown_migrations = unknown_migrations
 
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
     @classmethod
     async def open(
-        cls, path: Path, *, migrations: Sequence[Migration], busy_timeout_s: float
+        cls,
+        path: Path,
+        *,
+        migrations: Sequence[Migration],
+        busy_timeout_s: float,
+        applied: list[str] | None = None,
     ) -> Database:
         """Open (creating if needed) and migrate; ``AuditError`` names the path and problem."""
         _check_path(path)
         try:
             conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_s)
         except sqlite3.Error as exc:
-            raise AuditError(problem(path, exc)) from exc
+            raise audit_error(path, exc) from exc
         try:
             conn.row_factory = sqlite3.Row
             mode = await _enable_wal(conn, busy_timeout_s)
@@ -295,39 +336,27 @@ class Database:
             except sqlite3.Error:
                 log.debug("closing %s after a failed open also failed", path, exc_info=True)
             if isinstance(exc, sqlite3.Error | MigrationError):
-                raise AuditError(problem(path, exc)) from exc
+                raise audit_error(path, exc) from exc
             raise
+        if applied is not None:
+            applied.extend(result.applied)
         return cls(conn, path, tuple(result.unknown))
 
     async def close(self) -> None:
         if self._closed:
             return
-        # Let writes already started (maybe by a caller that was cancelled) finish.
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.settle()
         async with self._lock:
             self._closed = True
             try:
                 await self._conn.close()
             except sqlite3.Error as exc:
-                raise AuditError(problem(self.path, exc)) from exc
-
-    async def shielded(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run ``work`` (which holds the transactions) in its own task; if our caller is
-        cancelled, the task still commits or rolls back on its own."""
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._forget)
-        return await asyncio.shield(task)
-
-    def _forget(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here so a cancelled caller's error is not logged twice
+                raise audit_error(self.path, exc) from exc
 
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[aiosqlite.Connection]:
         """One transaction on this connection; see the module docstring."""
-        if asyncio.current_task() not in self._tasks:
+        if not self.inside():
             # Outside a shielded task, cancelling the caller would cut the transaction
             # in half: refuse, rather than rely on every caller remembering.
             raise RuntimeError("Database.transaction() must run inside Database.shielded()")
@@ -348,7 +377,7 @@ class Database:
                     except sqlite3.Error:
                         log.warning("rollback failed on %s", self.path, exc_info=True)
                 if isinstance(exc, sqlite3.Error):
-                    raise AuditError(problem(self.path, exc)) from exc
+                    raise audit_error(self.path, exc) from exc
                 raise
 
     async def inline(self, work: Callable[[Conn], Coroutine[Any, Any, T]], *, write: bool) -> T:
@@ -356,7 +385,7 @@ class Database:
         is given, in one call on aiosqlite's thread (see the module docstring); the same
         lock, rule and errors as ``transaction``. Once queued, the call commits or rolls
         back whatever happens to its caller."""
-        if asyncio.current_task() not in self._tasks:
+        if not self.inside():
             raise RuntimeError("Database.inline() must run inside Database.shielded()")
         async with self._lock:
             if self._closed:
@@ -366,7 +395,7 @@ class Database:
             try:
                 return await _on_thread(conn)(functools.partial(_transact, conn._conn, work, begin))
             except sqlite3.Error as exc:
-                raise AuditError(problem(self.path, exc)) from exc
+                raise audit_error(self.path, exc) from exc
 
 
 class _Closable(Protocol):

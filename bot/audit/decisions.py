@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
-from bot.audit.db import Conn, execute, fetch, run_not_found
+from bot.audit.backend import Dialect
+from bot.audit.db import INTEGRITY, Conn, dialect_of, execute, fetch, run_not_found
 from bot.audit.records import DecisionRecord, stored
 from bot.core.status import Decision
 
@@ -16,18 +16,18 @@ async def record(conn: Conn, run_id: int, user: str, decision: Decision, at: str
     try:
         changed = await execute(
             conn,
-            "INSERT INTO decisions (run_id, user, decision, at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (run_id, user, decision) DO NOTHING",
+            'INSERT INTO decisions (run_id, "user", decision, at) VALUES (?, ?, ?, ?) '
+            'ON CONFLICT (run_id, "user", decision) DO NOTHING',
             (run_id, user, decision, at),
         )
-    except sqlite3.IntegrityError as exc:  # the foreign key: no such run
+    except INTEGRITY as exc:  # the foreign key: no such run
         raise run_not_found(run_id) from exc
     return changed == 1
 
 
 async def of_run(conn: Conn, run_id: int) -> list[DecisionRecord]:
     rows = await fetch(
-        conn, "SELECT user, decision, at FROM decisions WHERE run_id = ? ORDER BY id", (run_id,)
+        conn, 'SELECT "user", decision, at FROM decisions WHERE run_id = ? ORDER BY id', (run_id,)
     )
     return [
         DecisionRecord(r["user"], stored(Decision, r["decision"], "decision"), r["at"])
@@ -44,10 +44,15 @@ async def deciders(conn: Conn, run_ids: Sequence[int]) -> dict[Decision, dict[in
         Decision.RECOVER: {},
     }
     if run_ids:
+        # The ids as one parameter, however many runs a listing holds.
+        ids = (
+            "run_id IN (SELECT value FROM json_each(?))"
+            if dialect_of(conn) is Dialect.SQLITE
+            else "run_id IN (SELECT value::bigint FROM json_array_elements_text(?::json))"
+        )
         rows = await fetch(
             conn,
-            "SELECT run_id, user, decision FROM decisions "
-            "WHERE run_id IN (SELECT value FROM json_each(?)) "
+            f'SELECT run_id, "user", decision FROM decisions WHERE {ids} '  # noqa: S608
             "AND decision IN (?, ?, ?) ORDER BY id",
             (json.dumps(list(run_ids)), *found),
         )

@@ -5,10 +5,10 @@ and how the restored environment compares with it."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
-from bot.audit.db import Conn, fetch, insert, qmarks, run_not_found
+from bot.audit.backend import Row
+from bot.audit.db import INTEGRITY, Conn, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EnvironmentRecord
 
 _COLUMNS = "id, run_id, host, kind, taken_at, data"
@@ -21,11 +21,11 @@ async def add(conn: Conn, run_id: int, host: str, kind: str, data_json: str, now
             "INSERT INTO environments (run_id, host, kind, taken_at, data) VALUES (?, ?, ?, ?, ?)",
             (run_id, host, kind, now, data_json),
         )
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY as exc:
         raise run_not_found(run_id) from exc
 
 
-def _record(r: sqlite3.Row) -> EnvironmentRecord:
+def _record(r: Row) -> EnvironmentRecord:
     return EnvironmentRecord(
         r["id"], r["run_id"], r["host"], r["kind"], r["taken_at"], json.loads(r["data"])
     )

@@ -14,12 +14,12 @@ The field names are a contract (README, "Audit export"); add fields, never renam
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.audit.db import Conn, fetch, qmarks
+from bot.audit.backend import Dialect, Row
+from bot.audit.db import Conn, dialect_of, fetch, qmarks
 from bot.core.status import FINAL_STATUSES
 
 # Bumped only if a field changes meaning; new fields do not bump it.
@@ -139,48 +139,64 @@ async def finished(conn: Conn, run_ids: Sequence[int]) -> list[dict[str, Any]]:
 
 # What belongs to a run, one query per table for a whole page (``{marks}``: its ids).
 _PARTS: dict[str, str] = {
-    "decisions": "SELECT run_id, user, decision, at FROM decisions WHERE run_id IN ({marks}) "
+    "decisions": 'SELECT run_id, "user", decision, at FROM decisions WHERE run_id IN ({marks}) '
     "ORDER BY id",
     "steps": "SELECT run_id, host, step, command, status, exit_status, started_at, "
     "finished_at, duration_s, output_tail FROM steps WHERE run_id IN ({marks}) ORDER BY id",
     # A snapshot's freeze stays in SQLite: only its digest and the host's file come out.
     "environments": "SELECT run_id, host, kind, taken_at, "
-    "json_extract(data, '$.sha256') AS sha256, json_extract(data, '$.lock') AS lock, "
-    "CASE WHEN kind IN ('planned', 'installed') THEN json_extract(data, '$.changes') END "
+    "{sha256} AS sha256, {lock} AS lock, "
+    "CASE WHEN kind IN ('planned', 'installed') THEN {changes} END "
     "AS changes FROM environments WHERE run_id IN ({marks}) "
     "AND kind IN ('snapshot', 'planned', 'installed') ORDER BY id",
     "host_outcomes": "SELECT run_id, host, status, service_state, summary, at "
     "FROM host_outcomes WHERE run_id IN ({marks}) ORDER BY id",
     # Who let the bot signal which processes: a kill is what a SIEM most needs to see.
-    "leftover_approvals": "SELECT run_id, host, user, pids, at FROM leftover_approvals "
+    "leftover_approvals": 'SELECT run_id, host, "user", pids, at FROM leftover_approvals '
     "WHERE run_id IN ({marks}) ORDER BY id",
     "rotations": "SELECT run_id, host, router, server, change, ok, detail, at "
     "FROM rotations WHERE run_id IN ({marks}) ORDER BY id",
 }
 
-Parts = dict[str, list[sqlite3.Row]]
+# The JSON fields of ``environments.data`` read in SQL, in each dialect: the digest and
+# the file as text, the changes as JSON text (PostgreSQL stores ``data`` as text too).
+_JSON: dict[Dialect, dict[str, str]] = {
+    Dialect.SQLITE: {
+        "sha256": "json_extract(data, '$.sha256')",
+        "lock": "json_extract(data, '$.lock')",
+        "changes": "json_extract(data, '$.changes')",
+    },
+    Dialect.POSTGRES: {
+        "sha256": "(data::jsonb ->> 'sha256')",
+        "lock": "(data::jsonb ->> 'lock')",
+        "changes": "(data::jsonb -> 'changes')::text",
+    },
+}
+
+Parts = dict[str, list[Row]]
 
 
-async def _complete(conn: Conn, runs: list[sqlite3.Row]) -> list[dict[str, Any]]:
+async def _complete(conn: Conn, runs: list[Row]) -> list[dict[str, Any]]:
     if not runs:
         return []
     ids = [r["id"] for r in runs]
     per_run: dict[int, Parts] = {i: {name: [] for name in _PARTS} for i in ids}
+    json_of = _JSON[dialect_of(conn)]
     for name, sql in _PARTS.items():
-        for row in await fetch(conn, sql.format(marks=qmarks(ids)), ids):
+        for row in await fetch(conn, sql.format(marks=qmarks(ids), **json_of), ids):
             per_run[row["run_id"]][name].append(row)
     return [_record(r, per_run[r["id"]]) for r in runs]
 
 
-def _row(row: sqlite3.Row, *keys: str) -> dict[str, Any]:
+def _row(row: Row, *keys: str) -> dict[str, Any]:
     return {k: row[k] for k in keys}
 
 
-def _pick(rows: list[sqlite3.Row], *keys: str) -> list[dict[str, Any]]:
+def _pick(rows: list[Row], *keys: str) -> list[dict[str, Any]]:
     return [_row(row, *keys) for row in rows]
 
 
-def _record(run: sqlite3.Row, parts: Parts) -> dict[str, Any]:
+def _record(run: Row, parts: Parts) -> dict[str, Any]:
     environments = parts["environments"]
     return {
         "export_version": EXPORT_VERSION,

@@ -8,13 +8,10 @@ The table is made by migration ``0009_leftover_approvals`` (bot.audit.migrations
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiosqlite
-
-from bot.audit.db import execute, fetch, run_not_found
+from bot.audit.db import INTEGRITY, Conn, execute, fetch, run_not_found
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +26,7 @@ class LeftoverApproval:
 
 
 async def record(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     run_id: int,
     *,
     host: str,
@@ -42,19 +39,19 @@ async def record(
     try:
         changed = await execute(
             conn,
-            "INSERT INTO leftover_approvals (run_id, host, question, user, pids, at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, host, question, user) DO NOTHING",
+            'INSERT INTO leftover_approvals (run_id, host, question, "user", pids, at) '
+            'VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, host, question, "user") DO NOTHING',
             (run_id, host, question, user, json.dumps([int(p) for p in pids]), at),
         )
-    except sqlite3.IntegrityError as exc:  # the foreign key: no such run
+    except INTEGRITY as exc:  # the foreign key: no such run
         raise run_not_found(run_id) from exc
     return changed == 1
 
 
-async def of_run(conn: aiosqlite.Connection, run_id: int) -> list[LeftoverApproval]:
+async def of_run(conn: Conn, run_id: int) -> list[LeftoverApproval]:
     rows = await fetch(
         conn,
-        "SELECT host, question, user, pids, at FROM leftover_approvals "
+        'SELECT host, question, "user", pids, at FROM leftover_approvals '
         "WHERE run_id = ? ORDER BY id",
         (run_id,),
     )

@@ -6,10 +6,9 @@ so two processes asking for the same scope cannot both get it.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
-from bot.audit.db import Conn, execute, fetch, qmarks, run_not_found
+from bot.audit.db import INTEGRITY, Conn, execute, fetch, qmarks, run_not_found
 
 
 async def acquire(
@@ -37,7 +36,7 @@ async def acquire(
                     "INSERT INTO locks (scope, run_id, acquired_at) VALUES (?, ?, ?)",
                     (scope, run_id, now),
                 )
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY as exc:
         raise run_not_found(run_id) from exc
     return None
 

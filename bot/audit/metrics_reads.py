@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiosqlite
-
+from bot.audit.db import Conn
 from bot.core.status import ACTIVE_STATUSES, Action, RunStatus
 
 
@@ -25,7 +24,7 @@ class MetricsReads:
     last_success: tuple[LastSuccess, ...]
 
 
-async def read(conn: aiosqlite.Connection) -> MetricsReads:
+async def read(conn: Conn) -> MetricsReads:
     active = sorted(ACTIVE_STATUSES)
     marks = ",".join("?" * len(active))
     counts = dict.fromkeys(active, 0)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import aiosqlite
-
-from bot.audit.db import fetch, insert
+from bot.audit.db import Conn, fetch, insert
 from bot.audit.records import Refusal
 
 
 async def add(
-    conn: aiosqlite.Connection,
+    conn: Conn,
     *,
     at: str,
     user: str,
@@ -19,15 +17,15 @@ async def add(
 ) -> int:
     return await insert(
         conn,
-        "INSERT INTO refusals (at, user, channel, command, reason) VALUES (?, ?, ?, ?, ?)",
+        'INSERT INTO refusals (at, "user", channel, command, reason) VALUES (?, ?, ?, ?, ?)',
         (at, user, channel, command, reason),
     )
 
 
-async def newest(conn: aiosqlite.Connection, limit: int) -> list[Refusal]:
+async def newest(conn: Conn, limit: int) -> list[Refusal]:
     rows = await fetch(
         conn,
-        "SELECT id, at, user, channel, command, reason FROM refusals ORDER BY id DESC LIMIT ?",
+        'SELECT id, at, "user", channel, command, reason FROM refusals ORDER BY id DESC LIMIT ?',
         (limit,),
     )
     return [Refusal(*row) for row in rows]

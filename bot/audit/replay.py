@@ -17,13 +17,16 @@ whole, with the reason: a merge never stops on one bad record, and never loses i
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 
 from bot.audit import writes
-from bot.audit.db import Conn, execute, fetch
+from bot.audit.backend import Dialect
+from bot.audit.db import INTEGRITY, Conn, dialect_of, execute, fetch
 from bot.audit.journal import JournalRecord
 from bot.errors import RunNotFoundError
+
+# What the database refuses for good: the record is kept aside, the merge goes on.
+_REFUSED: tuple[type[Exception], ...] = (writes.Rejected, RunNotFoundError, ValueError, *INTEGRITY)
 
 
 @dataclass
@@ -56,7 +59,7 @@ async def apply(conn: Conn, records: list[JournalRecord], *, merge: bool, now: s
             await conn.execute("SAVEPOINT journal_record")
             try:
                 row_id = await writes.apply(conn, record.write, at=record.at, row_ids=done.row_ids)
-            except (writes.Rejected, RunNotFoundError, sqlite3.IntegrityError, ValueError) as exc:
+            except _REFUSED as exc:
                 await conn.execute("ROLLBACK TO journal_record")
                 await conn.execute("RELEASE journal_record")
                 reason = f"{type(exc).__name__}: {exc}"
@@ -82,7 +85,11 @@ async def apply(conn: Conn, records: list[JournalRecord], *, merge: bool, now: s
 
 async def rejected(conn: Conn) -> list[tuple[str, str]]:
     """(record id, what was refused and why) of every record a merge kept aside."""
+    # In the order the merges kept them (PostgreSQL has no rowid: its table has ``seq``).
+    order = "rowid" if dialect_of(conn) is Dialect.SQLITE else "seq"
     rows = await fetch(
-        conn, "SELECT id, rejected FROM journal_applied WHERE rejected IS NOT NULL ORDER BY rowid"
+        conn,
+        "SELECT id, rejected FROM journal_applied "  # noqa: S608 - a column name of ours
+        f"WHERE rejected IS NOT NULL ORDER BY {order}",
     )
     return [(str(r["id"]), str(r["rejected"])) for r in rows]

@@ -49,7 +49,7 @@ from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
 from bot.audit.store import AuditLog
 from bot.core.service_state import ServiceState
 from bot.core.status import STORED_STEP_STATUSES, Decision, RunStatus, StepStatus
-from bot.errors import AuditError
+from bot.errors import AuditError, AuditUnavailable
 from bot.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,12 @@ _STEP_ENDS = STORED_STEP_STATUSES - {StepStatus.RUNNING}
 def unavailable(exc: BaseException) -> bool:
     """Whether an error means the audit database cannot be written for now (locked,
     busy, full, an I/O error, read-only), as opposed to a bug or a refusal."""
+    if isinstance(exc, AuditUnavailable):
+        return True
     if not isinstance(exc, AuditError):
         return False
+    # An AuditError raised around SQLite's error by hand (not through the backend's
+    # ``audit_error``) says the same with its cause.
     cause = exc.__cause__
     return isinstance(cause, sqlite3.OperationalError) or type(cause) is sqlite3.DatabaseError
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiosqlite
-
+from bot.audit.backend import Row
 from bot.audit.db import Conn, fetch, insert, qmarks
 
 
@@ -44,7 +43,7 @@ async def add(
     )
 
 
-def _row(r: aiosqlite.Row) -> RotationRow:
+def _row(r: Row) -> RotationRow:
     return RotationRow(
         r["run_id"],
         r["host"],

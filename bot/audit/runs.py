@@ -8,12 +8,12 @@ interrupts its running steps.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bot.audit import decisions, locks, steps
+from bot.audit.backend import Row
 from bot.audit.db import Conn, execute, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, stored
 from bot.core.service_state import ServiceState
@@ -238,7 +238,7 @@ async def expire_due(conn: Conn, now: str, run_ids: Sequence[int] | None = None)
     return [int(row["id"]) for row in rows]
 
 
-async def with_status(conn: Conn, statuses: Collection[RunStatus]) -> list[sqlite3.Row]:
+async def with_status(conn: Conn, statuses: Collection[RunStatus]) -> list[Row]:
     """``id, status, current_step, owner, lease_until`` of the runs in ``statuses``,
     oldest first."""
     where = f"status IN ({qmarks(statuses)})"
@@ -275,7 +275,7 @@ async def listed(
     return await _records(conn, await fetch(conn, sql, params))
 
 
-async def _records(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[RunRecord]:
+async def _records(conn: Conn, rows: Sequence[Row]) -> list[RunRecord]:
     who = await decisions.deciders(conn, [row["id"] for row in rows])
     approved, denied = who[Decision.APPROVE], who[Decision.DENY]
     return [

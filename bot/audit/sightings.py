@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import aiosqlite
-
-from bot.audit.db import execute, fetch, qmarks
+from bot.audit.db import Conn, execute, fetch, qmarks
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +22,7 @@ class Sighting:
 
 
 async def sight(
-    conn: aiosqlite.Connection, clock: str, now: float, tokens: Mapping[int, str]
+    conn: Conn, clock: str, now: float, tokens: Mapping[int, str]
 ) -> dict[int, Sighting]:
     """Record that ``clock`` sees each run's token at ``now``; returns each run's
     sighting as it stands after (the first reading of an unchanged token)."""

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
-from bot.audit.db import Conn, fetch, insert, run_not_found
+from bot.audit.db import INTEGRITY, Conn, fetch, insert, run_not_found
 from bot.audit.records import SnapshotRecord
 
 
@@ -24,7 +23,7 @@ async def add(
             "VALUES (?, ?, ?, ?, ?)",
             (run_id, host, label, now, data_json),
         )
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY as exc:
         raise run_not_found(run_id or 0) from exc
 
 

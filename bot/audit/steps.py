@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sqlite3
-
-from bot.audit.db import Conn, execute, fetch, insert, run_not_found
+from bot.audit.db import INTEGRITY, Conn, execute, fetch, insert, run_not_found
 from bot.audit.records import StepRecord, stored
 from bot.core.status import RunStatus, StepStatus
 
@@ -23,7 +21,7 @@ async def start(conn: Conn, run_id: int, host: str, step: str, command: str, now
             "VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, host, step, command, StepStatus.RUNNING, now),
         )
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY as exc:
         raise run_not_found(run_id) from exc
 
 

@@ -25,6 +25,7 @@ from bot.audit import export as export_sql
 from bot.audit import host_outcomes as host_outcomes_sql
 from bot.audit import replay as replay_sql
 from bot.audit import rotations as rotations_sql
+from bot.audit.backend import Backend, Dialect
 from bot.audit.coordination_store import CoordinationStore
 from bot.audit.db import Database, Opening, fetch
 from bot.audit.evidence_store import EvidenceStore
@@ -35,6 +36,7 @@ from bot.audit.redaction import Redaction, Redactor, identity
 from bot.audit.run_store import RunStore
 from bot.audit.store_base import shielded
 from bot.core.status import FINAL_STATUSES
+from bot.settings import PostgresUrl
 
 # AuditLog, and the names other modules imported from here before the split.
 __all__ = [
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 class AuditLog(RunStore, EvidenceStore, CoordinationStore):
     """The audit store. Create with ``await AuditLog.open(path)``."""
 
-    def __init__(self, db: Database, redact: Redactor) -> None:
+    def __init__(self, db: Backend, redact: Redactor) -> None:
         self._db = db
         self._r = Redaction(redact)
         self.unknown_migrations = db.unknown_migrations
@@ -61,38 +63,82 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
     @classmethod
     def open(
         cls,
-        path: Path,
+        target: Path | PostgresUrl,
         *,
         redact: Redactor = identity,
-        migrations: Sequence[Migration] = MIGRATIONS,
+        migrations: Sequence[Migration] | None = None,
         busy_timeout_s: float = 10.0,
+        migrate: bool = False,
+        applied: list[str] | None = None,
     ) -> Opening[AuditLog]:
-        """Open (creating if needed) and migrate the database at ``path``; await the
-        result or use it with ``async with``.
+        """Open the audit database ``target`` (a SQLite file, created and migrated if
+        needed; or PostgreSQL, whose schema must be migrated already unless
+        ``migrate``); await the result or use it with ``async with``.
 
-        ``migrations`` exists so tests can play an older or newer bot.
-        Raises ``AuditError`` naming the path and the problem.
+        ``migrations`` exists so tests can play an older or newer bot; ``applied`` gets
+        the names of the migrations this open applied. Raises ``AuditError`` naming the
+        database and the problem (``AuditUnavailable`` when it cannot be reached now).
         """
-        return Opening(lambda: cls._open(Path(path), redact, migrations, busy_timeout_s))
+        return Opening(
+            lambda: cls._open(target, redact, migrations, busy_timeout_s, migrate, applied)
+        )
 
     @classmethod
     async def _open(
-        cls, path: Path, redact: Redactor, migrations: Sequence[Migration], busy_timeout_s: float
+        cls,
+        target: Path | PostgresUrl,
+        redact: Redactor,
+        migrations: Sequence[Migration] | None,
+        busy_timeout_s: float,
+        migrate: bool,
+        applied: list[str] | None,
     ) -> AuditLog:
-        db = await Database.open(path, migrations=migrations, busy_timeout_s=busy_timeout_s)
-        if db.unknown_migrations:
+        db: Backend
+        if isinstance(target, PostgresUrl):
+            # Imported here: a bot on SQLite never loads psycopg.
+            from bot.audit.migrations_pg import MIGRATIONS_PG
+            from bot.audit.pg_db import PostgresDatabase
+
+            db = await PostgresDatabase.open(
+                target.url.get_secret_value(),
+                migrations=MIGRATIONS_PG if migrations is None else migrations,
+                busy_timeout_s=busy_timeout_s,
+                migrate=migrate,
+                applied=applied,
+            )
+            return cls(db, redact)
+        path = Path(target)
+        sqlite = await Database.open(
+            path,
+            migrations=MIGRATIONS if migrations is None else migrations,
+            busy_timeout_s=busy_timeout_s,
+            applied=applied,
+        )
+        if sqlite.unknown_migrations:
             # Safe because migrations stay additive: every table we know is still there.
             log.warning(
                 "audit database %s was written by a newer bot (unknown migrations: "
                 "%s); opening it anyway",
                 path,
-                ", ".join(db.unknown_migrations),
+                ", ".join(sqlite.unknown_migrations),
             )
-        return cls(db, redact)
+        return cls(sqlite, redact)
 
     @property
     def path(self) -> Path:
+        """The SQLite file (a PostgreSQL database has none: ``where`` names either)."""
+        if not isinstance(self._db, Database):
+            raise TypeError(f"the audit database {self._db.where} is not a file")
         return self._db.path
+
+    @property
+    def where(self) -> str:
+        """The database, for people: the file, or the URL without its password."""
+        return self._db.where
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._db.dialect
 
     @shielded
     async def pragmas(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from bot.audit.db import Database
+from bot.audit.backend import Backend
 from bot.audit.redaction import Redaction
 
 T = TypeVar("T")
@@ -20,7 +20,7 @@ S = TypeVar("S", bound="StoreBase")
 class StoreBase:
     """The attributes ``AuditLog.__init__`` sets, which the parts' methods use."""
 
-    _db: Database
+    _db: Backend
     _r: Redaction
 
 

@@ -22,6 +22,7 @@ from bot.audit.view import run_view, runs_json, runs_table
 from bot.cli import audit_export, operator, scheduled
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
+from bot.cli.migrate import migrate
 from bot.cli.terminal import TerminalSink, say, visible
 from bot.core import remote, sudoers
 from bot.core.commands import GLOBAL_OPTIONS, Arg, Front, Kind, commands_of
@@ -405,6 +406,16 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
     raise InputError(f"unknown command {args.command}")
 
 
+# Commands that need no runtime: releases, sudoers and doctor do not open the audit
+# database (doctor changes nothing anywhere); migrate opens it to change its schema.
+_WITHOUT_RUNTIME: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = {
+    "releases": lambda settings, args: releases(settings, args.service),
+    "sudoers": print_sudoers,
+    "doctor": lambda settings, args: doctor(settings, args.target, as_json=args.json),
+    "migrate": lambda settings, args: migrate(settings),
+}
+
+
 async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     if args.command == "demo":
         from bot.cli.demo import run_demo
@@ -423,15 +434,8 @@ async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     )
     if serving:
         return await serve(settings)
-    if args.command == "releases":
-        return await releases(settings, args.service)
-    if args.command in ("sudoers", "doctor"):
-        # Neither opens the audit database: doctor changes nothing anywhere.
-        return await (
-            print_sudoers(settings, args)
-            if args.command == "sudoers"
-            else doctor(settings, args.target, as_json=args.json)
-        )
+    if (without := _WITHOUT_RUNTIME.get(args.command)) is not None:
+        return await without(settings, args)
     async with open_runtime(settings) as rt:
         if args.command in _RUNS:
             return await _run_command(rt, args)

@@ -118,8 +118,8 @@ GLOBAL_OPTIONS: tuple[Arg, ...] = (
     ),
     Arg(
         ("--db",),
-        "audit database (default: $CHATOPS_DB or ./chatops.db)",
-        type=Path,
+        "audit database: a SQLite file or a postgresql:// URL (default: $CHATOPS_DB or "
+        "./chatops.db; a password belongs in PGPASSWORD or ~/.pgpass, not here)",
         fronts=Front.CLI,
     ),
 )
@@ -413,6 +413,12 @@ COMMANDS: tuple[Command, ...] = (
         ),
         chat="check hosts and services end to end: SSH, host key, sudo rules, uv, GPUs, "
         "unit, venv, health URL, disk (read-only; requesters)",
+    ),
+    Command(
+        "migrate",
+        "apply the audit database's schema migrations (PostgreSQL: run once, before "
+        "starting or upgrading the replicas; SQLite migrates itself on open)",
+        fronts=Front.CLI,
     ),
     Command("serve", "run the Slack bot (the default)", fronts=Front.CLI),
 )

@@ -48,10 +48,11 @@ AUDIT_UNAVAILABLE = "system:audit-unavailable"
 
 
 def audit_writer(audit: AuditLog, settings: Settings) -> AuditWriter:
-    """The process's resilient writer, its journal next to ``settings.db_path``."""
+    """The process's resilient writer, its journal named after the database
+    (``Settings.journal_base``: next to a SQLite file)."""
     return AuditWriter(
         audit,
-        Journal.for_db(settings.db_path, settings.audit.journal_fallback_dir),
+        Journal.for_db(settings.journal_base(), settings.audit.journal_fallback_dir),
         retry_s=settings.audit.retry_s,
     )
 

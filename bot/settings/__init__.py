@@ -40,6 +40,9 @@ from bot.settings.base import (
 )
 from bot.settings.base import LOCAL as LOCAL
 from bot.settings.base import USER_RE as USER_RE
+from bot.settings.database import DbTarget, url_secrets
+from bot.settings.database import PostgresUrl as PostgresUrl
+from bot.settings.database import shown_url as shown_url
 from bot.settings.host_policy import HOST_PREFIX as HOST_PREFIX
 from bot.settings.host_policy import host_policy
 from bot.settings.host_policy import maintenance_path_problem as maintenance_path_problem
@@ -369,8 +372,11 @@ class AuditSettings(Section):
     # Where the fallback journal goes when the database's own directory cannot take it
     # (the disk is full): default, the system's temporary directory.
     journal_fallback_dir: Path | None = None
+    # Where the fallback journal goes first: default, next to the SQLite file; with
+    # PostgreSQL (no file of ours), the bot's working directory.
+    journal_dir: Path | None = None
 
-    @field_validator("journal_fallback_dir")
+    @field_validator("journal_fallback_dir", "journal_dir")
     @classmethod
     def _expand_dir(cls, v: Path | None) -> Path | None:
         return None if v is None else expand(v)
@@ -393,7 +399,8 @@ class Settings(BaseSettings):
     routers: dict[Name, RouterSettings] = Field(default_factory=dict)
 
     # Environment-only values: secrets and deployment paths never live in the TOML file.
-    db_path: Path = Field(Path("chatops.db"), validation_alias="CHATOPS_DB")
+    # A SQLite file, or a ``postgresql://`` URL (bot.settings.database).
+    db_path: DbTarget = Field(Path("chatops.db"), validation_alias="CHATOPS_DB")
     slack_bot_token: SecretStr | None = Field(None, validation_alias="SLACK_BOT_TOKEN")
     slack_app_token: SecretStr | None = Field(None, validation_alias="SLACK_APP_TOKEN")
     slack_signing_secret: SecretStr | None = Field(None, validation_alias="SLACK_SIGNING_SECRET")
@@ -431,6 +438,17 @@ class Settings(BaseSettings):
         # the path can come from CHATOPS_CONFIG at call time.
         return (env_settings, init_settings)
 
+    def journal_base(self) -> Path:
+        """What the audit fallback journal's files are named after (bot.audit.journal):
+        the SQLite file; for PostgreSQL, a name of the database (no secret in it) in
+        ``[audit] journal_dir`` or the working directory."""
+        target = self.db_path
+        if isinstance(target, PostgresUrl):
+            return (self.audit.journal_dir or Path.cwd()) / f"chatops-pg-{target.tag}"
+        if self.audit.journal_dir is None:
+            return target
+        return self.audit.journal_dir / target.name
+
     def policy_for(self, service: str) -> PolicySettings:
         """The policy every decision on ``service``'s runs is judged by: ``[policy]``
         with what ``[services.NAME.policy]`` overrides. A service no longer configured
@@ -464,6 +482,9 @@ class Settings(BaseSettings):
         for s in (self.slack_bot_token, self.slack_app_token, self.slack_signing_secret):
             if s is not None:
                 out.append(s.get_secret_value())
+        if isinstance(self.db_path, PostgresUrl):
+            # The database's password, also as it reads percent-encoded in its URL.
+            out.extend(url_secrets(self.db_path.url.get_secret_value()))
         return [v for v in out if len(v) >= 4]
 
 

@@ -1,0 +1,64 @@
+"""Reading and writing an audit database behind the bot's back, on either backend (a
+SQLite file, or a PostgreSQL schema's URL): what a test checks was really stored, or
+plants as another process would."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bot.audit.pg_conn import to_pyformat
+from bot.settings import PostgresUrl
+
+Target = Path | PostgresUrl
+
+
+def raw_rows(target: Target, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement (``?`` placeholders) in its own transaction; its rows."""
+    if isinstance(target, PostgresUrl):
+        with psycopg.connect(target.url.get_secret_value(), autocommit=True) as conn:
+            cur = conn.execute(to_pyformat(sql).encode(), params)
+            return list(cur.fetchall()) if cur.description is not None else []
+    with closing(sqlite3.connect(target, timeout=10)) as lite, lite:
+        return list(lite.execute(sql, params).fetchall())
+
+
+def raw_dump(target: Target) -> str:
+    """Every row of every table, as text: what a secret must never be found in."""
+    if isinstance(target, PostgresUrl):
+        with psycopg.connect(target.url.get_secret_value(), autocommit=True) as conn:
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema() ORDER BY table_name"
+                ).fetchall()
+            ]
+            lines = [
+                repr(row)
+                for table in tables
+                for row in conn.execute(f'SELECT * FROM "{table}"'.encode()).fetchall()
+            ]
+        return "\n".join(lines)
+    with closing(sqlite3.connect(target)) as conn:
+        return "\n".join(conn.iterdump())
+
+
+def db_arg(target: Target) -> str:
+    """``target`` as ``--db`` or ``CHATOPS_DB`` take it (a URL with its password: the
+    test's own server)."""
+    return target.url.get_secret_value() if isinstance(target, PostgresUrl) else str(target)
+
+
+def raw_many(target: Target, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """Run one statement once per row, in one transaction (``executemany``)."""
+    if isinstance(target, PostgresUrl):
+        with psycopg.connect(target.url.get_secret_value()) as conn, conn.cursor() as cur:
+            cur.executemany(to_pyformat(sql).encode(), rows)
+        return
+    with closing(sqlite3.connect(target, timeout=10)) as lite, lite:
+        lite.executemany(sql, rows)
