@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from bot.audit.fence import Fence
 from bot.audit.journal import Journal, JournalRecord
 from bot.audit.resilient import AuditWriter, Written
 from bot.audit.store import AuditLog
@@ -62,9 +63,11 @@ class CountingWriter(AuditWriter):
         super().__init__(audit, journal, background=False)
         self.batches: list[list[str]] = []
 
-    async def write_all(self, records: Sequence[JournalRecord]) -> Written:
+    async def write_all(
+        self, records: Sequence[JournalRecord], fence: Fence | None = None
+    ) -> Written:
         self.batches.append([r.op for r in records])
-        return await super().write_all(records)
+        return await super().write_all(records, fence)
 
 
 async def test_a_steps_end_and_the_next_start_are_one_commit_on_disk_before_the_command(

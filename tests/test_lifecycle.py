@@ -289,7 +289,12 @@ async def test_only_the_requester_or_an_approver_may_cancel(world: World) -> Non
     assert await world.status(record.id) == RunStatus.PENDING_APPROVAL
 
 
-async def test_a_running_run_driven_elsewhere_cannot_be_cancelled_here(world: World) -> None:
+async def test_a_running_run_driven_elsewhere_is_asked_to_cancel_through_the_database(
+    world: World,
+) -> None:
+    """Issue 21: another replica drives it, so the cancel is left for its driver's next
+    heartbeat (tests/test_recovery.py shows the driver picking it up); it stays running
+    and owned by its driver meanwhile, and the first who asked is the one recorded."""
     record = await world.pending()
     assert await world.life.confirm(record.id, BOB)
     other = RunLifecycle(
@@ -297,9 +302,14 @@ async def test_a_running_run_driven_elsewhere_cannot_be_cancelled_here(world: Wo
     )
     assert await other.start(record.id) is not None
     result = await world.life.cancel(record.id, user=BOB, membership=MEMBERS)
-    assert result == NotCancellable(record.id, RunStatus.RUNNING)
-    assert "driven by another process" in result.text
+    assert result == CancelRequested(record.id, elsewhere=True)
+    assert "another replica" in result.text
+    again = await world.life.cancel(record.id, user=ALICE, membership=MEMBERS)
+    assert again == CancelRequested(record.id, elsewhere=True)
+    run = await world.audit.get_run(record.id)
+    assert (run.status, run.cancel_requested_by) == (RunStatus.RUNNING, BOB)
     assert await world.owners() == {record.id: "elsewhere:1:1"}
+    await other.released(record.id)
 
 
 async def test_start_needs_an_approved_run_and_records_its_owner(world: World) -> None:

@@ -191,7 +191,9 @@ async def test_a_database_from_before_issue_17_keeps_its_owners_and_counts_heart
         verdict = judge.verdict(run)
         assert (verdict.alive, verdict.by) == (True, JudgedBy.LEASE)
         # The old bot's heartbeat goes on renewing: now the count moves too.
-        assert await log.renew_lease(1, old_owner, datetime(2026, 11, 30, 12, 1, tzinfo=UTC))
+        assert await log.renew_lease(
+            1, old_owner, datetime(2026, 11, 30, 12, 1, tzinfo=UTC), lease_s=30
+        )
         assert (await log.get_run(1)).lease_renewals == 1
     assert {"lease_renewals", "expires_clock"} <= set(columns(db, "runs"))
     assert "lease_sightings" in tables(db)

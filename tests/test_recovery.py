@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 
 from bot.audit import EXPIRED_SUMMARY, AuditLog, RunRecord, format_ts
+from bot.audit.fence import Fence
+from bot.audit.journal import Journal
+from bot.audit.resilient import AuditWriter
 from bot.audit.view import run_view
 from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
-from bot.engine.lifecycle import Refusal, Refused, RunLifecycle
+from bot.engine.lifecycle import CancelRequested, Refusal, Refused, RunLifecycle
 from bot.engine.liveness import Judge
 from bot.engine.owner import Owner, process_owner, read_stat, this_namespace
 from bot.engine.recovery import (
@@ -37,7 +40,7 @@ from bot.engine.recovery import (
     recover_by_hand,
     system_judge,
 )
-from bot.errors import LockHeldError
+from bot.errors import FencedError, LockHeldError
 from bot.settings import LOCAL, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
@@ -108,6 +111,10 @@ class World:
             owner=(lambda: owner) if owner else process_owner,
             sleep=self.clock.sleep,
             monotonic=Monotonic(self.mono, "this-machine"),
+            # These tests move this machine's clocks by hand: a driver is judged by its
+            # heartbeat seen on them, on either backend (the database's clock, which
+            # decides between replicas on PostgreSQL, has tests of its own).
+            lease_by_database=False,
         )
 
         async def tell(item: Interrupted) -> None:
@@ -133,14 +140,29 @@ class World:
         return await self.audit.get_run(record.id)
 
 
-@pytest.fixture
-async def world(audit_target: Target) -> AsyncIterator[World]:
-    s = settings(audit_target)
+@asynccontextmanager
+async def a_world(target: Target) -> AsyncIterator[World]:
+    s = settings(target)
     async with AuditLog.open(s.db_path) as audit:
         w = World(s, audit, ManualWallClock(), [], [], ManualClock())
         yield w
         for life, run_id in w.started:
             await life.released(run_id)  # stops its heartbeat
+
+
+@pytest.fixture
+async def world(audit_target: Target) -> AsyncIterator[World]:
+    async with a_world(audit_target) as w:
+        yield w
+
+
+@pytest.fixture
+async def sqlite_world(tmp_path: Path) -> AsyncIterator[World]:
+    """For the tests of a judge that watches the heartbeat on this machine's clocks from
+    another process (a CLI, a second life cycle): on PostgreSQL every process judges by
+    the database's clock instead (``test_replicas.py``)."""
+    async with a_world(tmp_path / "audit.db") as w:
+        yield w
 
 
 # ---- the lease ---------------------------------------------------------------------------
@@ -257,6 +279,83 @@ async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: W
         assert beat.renewals == 1
     finally:
         await beat.stop()
+
+
+async def test_a_cancel_asked_on_another_replica_reaches_the_driver_at_its_next_heartbeat(
+    world: World,
+) -> None:
+    """Issue 21: the cancel is asked where the click landed; the driving process hears it
+    through its heartbeat and its token is set, named for who asked."""
+    elsewhere = world.process(owner=ELSEWHERE)
+    record = await elsewhere.request(world.plan(), requested_by=ALICE, source=Source.CLI)
+    assert await elsewhere.confirm(record.id, ALICE)
+    token = await elsewhere.start(record.id)
+    assert token is not None and token.epoch == (await world.audit.get_run(record.id)).epoch
+    world.started.append((elsewhere, record.id))
+    result = await world.process().cancel(record.id, user=BOB, membership={})
+    assert result == CancelRequested(record.id, elsewhere=True)
+    assert not token.requested
+    await world.beat()
+    await eventually(lambda: token.requested, "the driver to hear the cancel", timeout_s=5)
+    assert token.requested_by == BOB
+
+
+async def test_a_driver_whose_run_was_recovered_is_fenced_off_writes_and_actions(
+    world: World,
+) -> None:
+    """Issue 21: recovering a run moves its epoch on; its old driver (paused past its
+    lease, say) can then neither write as its owner nor renew its lease, and its lease,
+    asked before each action on a host, says no."""
+    elsewhere = world.process(owner=ELSEWHERE)
+    record = await elsewhere.request(world.plan(), requested_by=ALICE, source=Source.CLI)
+    assert await elsewhere.confirm(record.id, ALICE)
+    token = await elsewhere.start(record.id)
+    assert token is not None and token.epoch is not None and token.lease is not None
+    world.started.append((elsewhere, record.id))
+    writer = AuditWriter(world.audit, Journal.for_db(Path("/nonexistent/audit.db")))
+    fence = Fence(record.id, token.epoch)
+    await writer.write_all([writer.step_started_record(record.id, "gpu1", "stop", "x")], fence)
+    result = await recover_by_hand(
+        world.audit, record.id, by="cli:op@host", force=True, judge=world.judge()
+    )
+    assert isinstance(result, Recovered)
+    recovered = await world.audit.get_run(record.id)
+    assert recovered.epoch == token.epoch + 1
+    with pytest.raises(FencedError, match=rf"run #{record.id} is no longer"):
+        await writer.write_all(
+            [writer.step_started_record(record.id, "gpu1", "start", "systemctl start")], fence
+        )
+    assert [s.step for s in await world.audit.steps(record.id)] == ["stop"]
+    assert writer.down is None  # fenced is no outage: nothing went to the journal
+    # Its next heartbeat finds the run gone: from then on its lease holds no more.
+    await world.beat()
+    await eventually(lambda: token.requested, "the heartbeat to find the run gone", 5)
+    assert not await token.lease.holds()
+
+
+async def test_a_lease_asks_the_database_once_its_own_clock_says_it_ran_out(
+    world: World,
+) -> None:
+    """Before each action the executor asks the lease: while it is fresh by the clock
+    that counts a pause (CLOCK_BOOTTIME), no round trip; once a pause has outlasted it,
+    the database decides, and a run recovered meanwhile is no longer this process's."""
+    elsewhere = world.process(owner=ELSEWHERE)
+    run = await world.running(elsewhere)
+    boot = ManualClock()
+    lease = Heartbeat(
+        world.audit, run.id, ELSEWHERE, clock=world.clock, epoch=run.epoch, boot_clock=boot
+    )
+    assert await lease.holds() and lease.renewals == 0  # fresh: nothing asked
+    boot.advance(LEASE_S)  # a pause as long as the lease: the database is asked, and renews
+    assert await lease.holds() and lease.renewals == 1
+    result = await recover_by_hand(
+        world.audit, run.id, by="cli:op@host", force=True, judge=world.judge()
+    )
+    assert isinstance(result, Recovered)
+    assert await lease.holds()  # still fresh by its own clock
+    boot.advance(LEASE_S)  # paused again past it: the database says the run is gone
+    assert not await lease.holds()
+    assert not await lease.holds() and lease.renewals == 1  # and it stays gone
 
 
 # ---- a request nobody approved in time -------------------------------------------------------
@@ -440,7 +539,8 @@ def _runs(out: str) -> dict[int, dict[str, object]]:
     return {row["id"]: row for row in json.loads(out)}
 
 
-async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Path) -> None:
+async def test_runs_and_recover_from_the_command_line(sqlite_world: World, tmp_path: Path) -> None:
+    world = sqlite_world
     finished = await world.running(world.process())
     assert await world.process().finish(finished.id, RunStatus.SUCCEEDED, "done")
     live = await world.running(world.process())  # this process owns it: alive
@@ -506,8 +606,9 @@ async def test_runs_and_recover_from_the_command_line(world: World, tmp_path: Pa
 
 
 async def test_the_command_line_judges_an_owner_elsewhere_by_its_heartbeat(
-    world: World, tmp_path: Path
+    sqlite_world: World, tmp_path: Path
 ) -> None:
+    world = sqlite_world
     # Its owner is on another machine: `runs` says what this machine has seen of its
     # heartbeat, and `recover` refuses with when to try again, or --force.
     run = await world.running(world.process(owner=ELSEWHERE))
@@ -824,8 +925,9 @@ async def test_instances_with_skewed_clocks_never_free_each_others_live_runs(
 
 
 async def test_a_process_on_the_same_machine_judges_by_an_earlier_processs_look(
-    world: World,
+    sqlite_world: World,
 ) -> None:
+    world = sqlite_world
     # A CLI refused with "try again in 30 s" must be right: the next CLI on this machine
     # (the same monotonic clock) sees what the first one saw, not a first sighting.
     elsewhere = world.process(owner=ELSEWHERE)

@@ -36,7 +36,12 @@ foreign key to ``runs``, enforced):
     ``ServiceState``; NULL when not recorded; added by ``0010_service_state``),
     scheduled_at (UTC start of a run approved for later with ``--at``; NULL: at once),
     override (1: asked for outside its maintenance window with ``--now``; both added by
-    ``0012_schedule``).
+    ``0012_schedule``), epoch (the fencing token of its ownership: one more at each
+    change of owner and at a recovery; each write of its driver checks it, see
+    ``bot.audit.fence``), lease_expires (the end of the owner's lease by the
+    database's clock, in seconds since the epoch), cancel_requested_by (a cancel asked
+    on a replica that does not drive it, for the driver's next heartbeat; all three
+    added by ``0013_replicas``).
     Indexes: (service, id DESC), (status, id DESC), (status, scheduled_at).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;
@@ -94,8 +99,20 @@ foreign key to ``runs``, enforced):
     clock): what each clock's judge saw of the runs in flight, so it can tell how long
     nothing changed (``bot.engine.liveness``; added by ``0007_lease_renewals``; rows
     of finished runs are dropped at the next sighting).
+``leases``
+    name PRIMARY KEY (``leader``), holder (a replica's owner string), epoch (one
+    more at each change of holder), expires (by the database's clock, seconds since
+    the epoch): named leases of one replica at a time (issue 21; added by
+    ``0013_replicas``; ``bot.engine.leader``).
+``leftover_questions``
+    question PRIMARY KEY (the id in its button), run_id, host, ask (the text on the
+    card), pids (JSON array), asked_at, closed_at (NULL while open), approved_by (who
+    made it enough, NULL until then): a driving replica's open question to terminate
+    leftover processes, so a press on any replica answers it (issue 21; added by
+    ``0013_replicas``). Index: (run_id).
 ``_migrations``
-    name PRIMARY KEY, applied_at: the migrations this file has had.
+    name PRIMARY KEY, applied_at: the migrations this file has had (PostgreSQL's
+    also keeps seq, the order they were applied in).
 
 Behaviour worth knowing:
 

@@ -9,6 +9,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 
 from bot.audit import decisions as decisions_sql
+from bot.audit import leases as leases_sql
+from bot.audit import leftover_questions as questions_sql
 from bot.audit import locks as locks_sql
 from bot.audit import rotations as rotations_sql
 from bot.audit import runs as runs_sql
@@ -201,6 +203,59 @@ class CoordinationStore(StoreBase):
                 )
                 expired.append(await runs_sql.get(conn, run.id))
         return expired
+
+    # -- named leases (issue 21) --------------------------------------------------------
+
+    @shielded
+    async def hold_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """Take or renew lease ``name`` for ``holder`` for ``ttl_s`` by the database's
+        clock: its epoch while ``holder`` holds it, None while another does
+        (``bot.audit.leases``)."""
+        return await self._db.inline(
+            lambda conn: leases_sql.hold(conn, name, holder, ttl_s), write=True
+        )
+
+    @shielded
+    async def release_lease(self, name: str, holder: str) -> bool:
+        return await self._db.inline(
+            lambda conn: leases_sql.release(conn, name, holder), write=True
+        )
+
+    @shielded
+    async def lease(self, name: str) -> leases_sql.LeaseState | None:
+        return await self._db.inline(lambda conn: leases_sql.of(conn, name), write=False)
+
+    # -- leftover questions asked across replicas (issue 21) ----------------------------
+
+    @shielded
+    async def open_question(
+        self, run_id: int, host: str, question: str, ask: str, pids: Sequence[int]
+    ) -> None:
+        """The driving replica asks ``question`` of run ``run_id``'s ``host``."""
+        ask, now = self._r(ask), now_ts()
+        await self._db.inline(
+            lambda conn: questions_sql.open_(conn, run_id, host, question, ask, pids, now),
+            write=True,
+        )
+
+    @shielded
+    async def question(self, question: str) -> tuple[questions_sql.Question, list[str]] | None:
+        """A question and who pressed for it so far (None: no such question)."""
+
+        async def read(conn: Conn) -> tuple[questions_sql.Question, list[str]] | None:
+            found = await questions_sql.get(conn, question)
+            return None if found is None else (found, await questions_sql.pressed(conn, question))
+
+        return await self._db.inline(read, write=False)
+
+    @shielded
+    async def close_question(self, question: str, approved_by: str | None = None) -> bool:
+        """Close an open question, answered by ``approved_by`` (enough approvals) or not
+        (the wait ended): True for the one call that closed it."""
+        approved_by, now = self._r.opt(approved_by), now_ts()
+        return await self._db.inline(
+            lambda conn: questions_sql.close(conn, question, now, approved_by), write=True
+        )
 
     # -- what a judge saw -----------------------------------------------------------
 

@@ -172,6 +172,14 @@ _SQLITE = (aiosqlite.Connection, InlineConnection)
 INTEGRITY: tuple[type[Exception], ...] = (sqlite3.IntegrityError, IntegrityViolation)
 
 
+# The database's own clock, in seconds since the epoch, as SQL: what leases are judged
+# by when replicas share a PostgreSQL server (SQLite's is this machine's).
+NOW_S: dict[Dialect, str] = {
+    Dialect.SQLITE: "((julianday('now') - 2440587.5) * 86400.0)",
+    Dialect.POSTGRES: "extract(epoch FROM clock_timestamp())::double precision",
+}
+
+
 def dialect_of(conn: Conn) -> Dialect:
     """Which SQL ``conn`` speaks, for the few statements that differ."""
     return Dialect.SQLITE if isinstance(conn, _SQLITE) else Dialect.POSTGRES

@@ -250,6 +250,45 @@ ALTER TABLE runs ADD COLUMN override INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_scheduled ON runs(status, scheduled_at);
 """
 
+# Issue 21: several replicas of the bot on one database.
+# * ``runs.epoch``: the fencing token of a run's ownership. Every change of owner (an
+#   approval, the start, a scheduled run's claim) and every recovery adds one; the owner
+#   remembers the value it took, and each of its writes checks it, so a replica that
+#   lost the run (paused past its lease, recovered by another) can no longer write as
+#   its owner (``bot.audit.fence``).
+# * ``runs.lease_expires``: the end of the owner's lease by the *database's* clock
+#   (seconds since the epoch), renewed by its heartbeat: replicas on other machines
+#   judge it by the one clock they share, not by their own.
+# * ``runs.cancel_requested_by``: a cancel asked on a replica that does not drive the
+#   run, for its driver to pick up at its next heartbeat.
+# * ``leases``: named leases of one holder at a time (``leader``: the replica that runs
+#   the sweeps and the scheduled starts), each with its epoch and its end by the
+#   database's clock.
+# * ``leftover_questions``: a run's open question to terminate leftover processes, so a
+#   press on any replica can answer the question the driving replica asked.
+_HA = """
+ALTER TABLE runs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN lease_expires REAL;
+ALTER TABLE runs ADD COLUMN cancel_requested_by TEXT;
+CREATE TABLE leases (
+    name    TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    epoch   INTEGER NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE TABLE leftover_questions (
+    question    TEXT PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    host        TEXT NOT NULL,
+    ask         TEXT NOT NULL,
+    pids        TEXT NOT NULL,
+    asked_at    TEXT NOT NULL,
+    closed_at   TEXT,
+    approved_by TEXT
+);
+CREATE INDEX leftover_questions_run ON leftover_questions(run_id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -263,6 +302,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0010_service_state", _SERVICE_STATE),
     Migration("0011_rotations", _ROTATIONS),
     Migration("0012_schedule", _SCHEDULE),
+    Migration("0013_replicas", _HA),
 )
 
 

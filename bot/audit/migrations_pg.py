@@ -182,6 +182,29 @@ ALTER TABLE runs ADD COLUMN override INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_scheduled ON runs(status, scheduled_at);
 """
 
+_HA = """
+ALTER TABLE runs ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
+ALTER TABLE runs ADD COLUMN cancel_requested_by TEXT;
+CREATE TABLE leases (
+    name    TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    epoch   BIGINT NOT NULL,
+    expires DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE leftover_questions (
+    question    TEXT PRIMARY KEY,
+    run_id      BIGINT NOT NULL REFERENCES runs(id),
+    host        TEXT NOT NULL,
+    ask         TEXT NOT NULL,
+    pids        TEXT NOT NULL,
+    asked_at    TEXT NOT NULL,
+    closed_at   TEXT,
+    approved_by TEXT
+);
+CREATE INDEX leftover_questions_run ON leftover_questions(run_id);
+"""
+
 MIGRATIONS_PG: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", "ALTER TABLE runs ADD COLUMN owner TEXT;"),
@@ -195,4 +218,5 @@ MIGRATIONS_PG: tuple[Migration, ...] = (
     Migration("0010_service_state", _SERVICE_STATE),
     Migration("0011_rotations", _ROTATIONS),
     Migration("0012_schedule", _SCHEDULE),
+    Migration("0013_replicas", _HA),
 )

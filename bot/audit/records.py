@@ -116,6 +116,12 @@ class RunRecord:
     # whether it was requested outside its window as an emergency override (``--now``).
     scheduled_at: str | None = None
     override: bool = False
+    # Issue 21: the fencing token of its ownership (``bot.audit.fence``), how long its
+    # owner's lease has left by the database's clock when it was read (None: no lease;
+    # negative: lapsed), and a cancel asked on a replica that does not drive it.
+    epoch: int = 0
+    lease_left_s: float | None = None
+    cancel_requested_by: str | None = None
 
     @property
     def is_final(self) -> bool:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from bot.audit import writes as w
+from bot.audit.fence import Fence
 from bot.audit.journal import Journal, JournalRecord
 from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
 from bot.audit.store import AuditLog
@@ -139,16 +140,23 @@ class JournaledWriter:
             return replace(written, row_id=written.row_ids.get(record.id))
         return await self._write([record], direct)
 
-    async def write_all(self, records: Sequence[JournalRecord]) -> Written:
+    async def write_all(
+        self, records: Sequence[JournalRecord], fence: Fence | None = None
+    ) -> Written:
         """``records`` into the database in one transaction, retried; else every one of
         them into the journal, in order. The engine's audit sink writes the records of
         events made with no remote action between them so (a step's end, what it found,
         the next step's start): one commit, on disk before the next action as each alone
-        would be."""
-        return await self._write(records, None)
+        would be. ``fence``: the run's epoch its driver took; if another replica has
+        recovered the run since, nothing is written and ``FencedError`` says so
+        (``bot.audit.fence``; never journaled: the run is not this writer's any more)."""
+        return await self._write(records, None, fence)
 
     async def _write(
-        self, records: Sequence[JournalRecord], direct: Callable[[], Awaitable[object]] | None
+        self,
+        records: Sequence[JournalRecord],
+        direct: Callable[[], Awaitable[object]] | None,
+        fence: Fence | None = None,
     ) -> Written:
         async with self._lock:
             if self.down is None:
@@ -156,7 +164,9 @@ class JournaledWriter:
                     if direct is not None:
                         await self._retrying(direct)
                         return Written()
-                    return Written(row_ids=await self._retrying(lambda: self._direct(records)))
+                    return Written(
+                        row_ids=await self._retrying(lambda: self._direct(records, fence))
+                    )
                 except AuditError as exc:
                     if not unavailable(exc):
                         raise
@@ -171,8 +181,10 @@ class JournaledWriter:
             self._start_merger()
             return Written(journaled=True, reason=self.down)
 
-    async def _direct(self, records: Sequence[JournalRecord]) -> dict[str, int]:
-        applied = await self.audit.write_records(records, merge=False)
+    async def _direct(
+        self, records: Sequence[JournalRecord], fence: Fence | None
+    ) -> dict[str, int]:
+        applied = await self.audit.write_records(records, merge=False, fence=fence)
         return applied.row_ids
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:

@@ -97,11 +97,13 @@ class RunStore(StoreBase):
         summary: str | None = None,
         owner: str | None = None,
         lease_until: datetime | None = None,
+        lease_s: float | None = None,
     ) -> bool:
         """Compare-and-set the status: False (nothing changed) if it is not in ``expect``.
 
-        ``owner`` records the process that drives the run from here on, and
-        ``lease_until`` until when it vouches for it (see ``renew_lease``).
+        ``owner`` records the process that drives the run from here on (its epoch, the
+        fencing token, moves on), ``lease_until`` until when it vouches for it by its
+        wall clock and ``lease_s`` for how long by the database's (see ``renew_lease``).
 
         Entering ``running`` stamps started_at (first time only); entering a final
         status stamps finished_at and releases the run's locks, in the same transaction.
@@ -123,18 +125,41 @@ class RunStore(StoreBase):
                 owner=owner,
                 now=now,
                 lease_until=lease,
+                lease_s=lease_s,
             ),
             write=True,
         )
 
     @shielded
-    async def renew_lease(self, run_id: int, owner: str, until: datetime) -> bool:
-        """The heartbeat of the process driving a run: its lease now ends at ``until``,
-        and its renewal count goes up by one. False when the run is no longer 'running'
-        under ``owner`` (it ended, or was recovered): there is nothing left to vouch for."""
+    async def renew_lease(
+        self,
+        run_id: int,
+        owner: str,
+        until: datetime,
+        *,
+        lease_s: float,
+        epoch: int | None = None,
+    ) -> runs_sql.Renewed | None:
+        """The heartbeat of the process driving a run: its lease now ends at ``until``
+        by its clock and ``lease_s`` from now by the database's, and its renewal count
+        goes up by one. None when the run is no longer 'running' under ``owner`` (and
+        ``epoch``, when given): it ended, or was recovered; there is nothing left to
+        vouch for. The answer carries a cancel asked on another replica (issue 21)."""
         stamp = format_ts(until)
         return await self._db.inline(
-            lambda conn: runs_sql.renew_lease(conn, run_id, owner, stamp), write=True
+            lambda conn: runs_sql.renew_lease(
+                conn, run_id, owner, stamp, epoch=epoch, lease_s=lease_s
+            ),
+            write=True,
+        )
+
+    @shielded
+    async def ask_cancel(self, run_id: int, user: str) -> bool:
+        """Ask the replica driving a running run to cancel it (issue 21): it hears at its
+        next heartbeat. False when it is not running, or someone asked already."""
+        user = self._r(user)
+        return await self._db.inline(
+            lambda conn: runs_sql.ask_cancel(conn, run_id, user), write=True
         )
 
     @shielded

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.audit import decisions, locks, steps
-from bot.audit.backend import Row
-from bot.audit.db import Conn, execute, fetch, insert, qmarks, run_not_found
+from bot.audit.backend import Dialect, Row
+from bot.audit.db import NOW_S, Conn, dialect_of, execute, fetch, insert, qmarks, run_not_found
 from bot.audit.records import EXPIRED_SUMMARY, RunRecord, stored
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, Decision, RunStatus, Source
@@ -23,12 +23,23 @@ _COLUMNS = (
     "id, service, action, hosts, requested_by, source, status, current_step, summary, "
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
     "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until, "
-    "lease_renewals, expires_clock, service_state, scheduled_at, override"
+    "lease_renewals, expires_clock, service_state, scheduled_at, override, epoch, "
+    "cancel_requested_by, lease_expires - {now} AS lease_left_s"
 )
 
 
+def _columns(dialect: Dialect) -> str:
+    """The columns a ``RunRecord`` is read from; ``lease_left_s`` by the database's
+    clock at the moment of the read (issue 21: the one clock every replica shares)."""
+    return _COLUMNS.format(now=NOW_S[dialect])
+
+
 def runs_query(
-    *, service: str | None, statuses: Collection[RunStatus] | None, limit: int
+    *,
+    service: str | None,
+    statuses: Collection[RunStatus] | None,
+    limit: int,
+    dialect: Dialect = Dialect.SQLITE,
 ) -> tuple[str, list[Any]]:
     """The SQL behind ``AuditLog.list_runs``; public so a test can check its plan uses
     an index."""
@@ -40,7 +51,7 @@ def runs_query(
     if statuses is not None:
         where.append(f"status IN ({qmarks(statuses)})")
         params.extend(statuses)
-    sql = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608 - only our column names; values bound
+    sql = f"SELECT {_columns(dialect)} FROM runs"  # noqa: S608 - our column names; values bound
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY id DESC LIMIT ?"
@@ -124,8 +135,11 @@ async def transition(
     owner: str | None,
     now: str,
     lease_until: str | None = None,
+    lease_s: float | None = None,
 ) -> bool:
-    """Compare-and-set the status; see ``AuditLog.transition``."""
+    """Compare-and-set the status; see ``AuditLog.transition``. A new ``owner`` takes
+    the run: its epoch moves on (the fencing token, issue 21) and, with ``lease_s``,
+    its lease runs that long from now by the database's clock."""
     sets = ["status = ?"]
     params: list[Any] = [to]
     if to is RunStatus.RUNNING:
@@ -138,11 +152,14 @@ async def transition(
         sets.append("summary = ?")
         params.append(summary)
     if owner is not None:
-        sets.append("owner = ?")
+        sets.extend(("owner = ?", "epoch = epoch + 1", "cancel_requested_by = NULL"))
         params.append(owner)
     if lease_until is not None:
         sets.append("lease_until = ?")
         params.append(lease_until)
+    if lease_s is not None:
+        sets.append(f"lease_expires = {NOW_S[dialect_of(conn)]} + ?")
+        params.append(lease_s)
     sql = f"UPDATE runs SET {', '.join(sets)} WHERE id = ?"  # noqa: S608 - values bound
     params.append(run_id)
     if expect is not None:
@@ -157,25 +174,55 @@ async def transition(
     return True
 
 
-async def renew_lease(conn: Conn, run_id: int, owner: str, until: str) -> bool:
-    """Extend the lease of a run still 'running' under ``owner`` and count the renewal
-    (the count is what a judge with another wall clock watches); False when it is not
-    (it ended, or was recovered meanwhile): then there is nothing left to vouch for."""
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """A lease renewed: the run is still this owner's. ``cancel_by``: who asked, on a
+    replica that does not drive it, to cancel it (issue 21), for the driver to act on."""
+
+    cancel_by: str | None
+
+
+async def renew_lease(
+    conn: Conn, run_id: int, owner: str, until: str, *, epoch: int | None, lease_s: float
+) -> Renewed | None:
+    """Extend the lease of a run still 'running' under ``owner`` (and ``epoch``, when
+    the owner knows it) by its wall clock (``until``, for people) and by the database's
+    (``lease_s``), and count the renewal (what a judge with another wall clock
+    watches); None when it is not (it ended, or was recovered meanwhile): then there is
+    nothing left to vouch for."""
+    fence, params = ("", ()) if epoch is None else (" AND epoch = ?", (epoch,))
+    changed = await execute(
+        conn,
+        f"UPDATE runs SET lease_until = ?, lease_renewals = lease_renewals + 1, "  # noqa: S608
+        f"lease_expires = {NOW_S[dialect_of(conn)]} + ? "
+        f"WHERE id = ? AND status = ? AND owner = ?{fence}",
+        (until, lease_s, run_id, RunStatus.RUNNING, owner, *params),
+    )
+    if not changed:
+        return None
+    rows = await fetch(conn, "SELECT cancel_requested_by FROM runs WHERE id = ?", (run_id,))
+    return Renewed(rows[0]["cancel_requested_by"])
+
+
+async def ask_cancel(conn: Conn, run_id: int, user: str) -> bool:
+    """Ask the driver of a running run, on another replica, to cancel it: True while it
+    is 'running' (the first who asks is the one its driver records)."""
     return bool(
         await execute(
             conn,
-            "UPDATE runs SET lease_until = ?, lease_renewals = lease_renewals + 1 "
-            "WHERE id = ? AND status = ? AND owner = ?",
-            (until, run_id, RunStatus.RUNNING, owner),
+            "UPDATE runs SET cancel_requested_by = COALESCE(cancel_requested_by, ?) "
+            "WHERE id = ? AND status = ?",
+            (user, run_id, RunStatus.RUNNING),
         )
     )
 
 
 async def interrupt(conn: Conn, run_id: int, summary: str, now: str) -> None:
-    """The run, and its running steps, become 'interrupted'; its locks are released."""
+    """The run, and its running steps, become 'interrupted'; its locks are released. Its
+    epoch moves on: a driver still out there (paused past its lease) is fenced off."""
     await execute(
         conn,
-        "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
+        "UPDATE runs SET status = ?, finished_at = ?, summary = ?, epoch = epoch + 1 WHERE id = ?",
         (RunStatus.INTERRUPTED, now, summary, run_id),
     )
     await steps.interrupt_running(conn, run_id, now)
@@ -256,7 +303,7 @@ async def has_status(conn: Conn, run_id: int, status: RunStatus) -> bool:
 
 
 async def get(conn: Conn, run_id: int) -> RunRecord:
-    sql = f"SELECT {_COLUMNS} FROM runs WHERE id = ?"  # noqa: S608 - constant columns
+    sql = f"SELECT {_columns(dialect_of(conn))} FROM runs WHERE id = ?"  # noqa: S608
     rows = await fetch(conn, sql, (run_id,))
     if not rows:
         raise run_not_found(run_id)
@@ -271,7 +318,9 @@ async def listed(
     limit: int,
 ) -> list[RunRecord]:
     """Newest first."""
-    sql, params = runs_query(service=service, statuses=statuses, limit=limit)
+    sql, params = runs_query(
+        service=service, statuses=statuses, limit=limit, dialect=dialect_of(conn)
+    )
     return await _records(conn, await fetch(conn, sql, params))
 
 
@@ -313,6 +362,9 @@ async def _records(conn: Conn, rows: Sequence[Row]) -> list[RunRecord]:
             ),
             scheduled_at=row["scheduled_at"],
             override=bool(row["override"]),
+            epoch=int(row["epoch"]),
+            lease_left_s=None if row["lease_left_s"] is None else float(row["lease_left_s"]),
+            cancel_requested_by=row["cancel_requested_by"],
         )
         for row in rows
     ]

@@ -22,13 +22,15 @@ from types import TracebackType
 from typing import Any
 
 from bot.audit import export as export_sql
+from bot.audit import fence as fence_sql
 from bot.audit import host_outcomes as host_outcomes_sql
 from bot.audit import replay as replay_sql
 from bot.audit import rotations as rotations_sql
 from bot.audit.backend import Backend, Dialect
 from bot.audit.coordination_store import CoordinationStore
-from bot.audit.db import Database, Opening, fetch
+from bot.audit.db import Conn, Database, Opening, fetch
 from bot.audit.evidence_store import EvidenceStore
+from bot.audit.fence import Fence
 from bot.audit.journal import JournalRecord
 from bot.audit.migrations import MIGRATIONS, Migration
 from bot.audit.records import RunRecord, StepRecord, format_ts, now_ts, parse_ts
@@ -178,17 +180,23 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
 
     @shielded
     async def write_records(
-        self, records: Sequence[JournalRecord], *, merge: bool
+        self, records: Sequence[JournalRecord], *, merge: bool, fence: Fence | None = None
     ) -> replay_sql.Applied:
         """Write records made by ``bot.audit.resilient`` (already redacted) in one
         transaction: one on its direct path (``merge=False``), or the fallback journal
-        being merged (``merge=True``: each record at most once; see ``bot.audit.replay``)."""
+        being merged (``merge=True``: each record at most once; see ``bot.audit.replay``).
+        ``fence``: first check that the run is still at the epoch its driver took
+        (``bot.audit.fence``), in the same transaction."""
         now = now_ts()
+
+        async def write(conn: Conn) -> replay_sql.Applied:
+            if fence is not None:
+                await fence_sql.check(conn, fence)
+            return await replay_sql.apply(conn, list(records), merge=merge, now=now)
+
         # Statements only, so the whole transaction is one call on the database's thread
         # (``Database.inline``): a run's ~35 records each paid six thread hops before.
-        return await self._db.inline(
-            lambda conn: replay_sql.apply(conn, list(records), merge=merge, now=now), write=True
-        )
+        return await self._db.inline(write, write=True)
 
     @shielded
     async def host_outcomes(

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
+from bot.audit.fence import Fence
 from bot.audit.journal import Journal, JournalRecord
 from bot.audit.resilient import AuditWriter, StepRef, Written, unavailable
 from bot.audit.rotations import left_out
@@ -135,7 +136,11 @@ class RunAudit:
             if (record := self._record_of(event, batch)) is not None:
                 batch.records.append(record)
         if batch.records:
-            written = await self.writer.write_all(batch.records)
+            # Fenced by the epoch this process took the run at (issue 21): a replica that
+            # lost the run writes nothing of it, and stops (``FencedError``).
+            epoch = self.token.epoch
+            fence = None if epoch is None else Fence(self.run_id, epoch)
+            written = await self.writer.write_all(batch.records, fence=fence)
             for key, record in batch.started:
                 # A step started and finished in the same batch was named by its record
                 # (the writer resolves that); one still open is named by its row from now.

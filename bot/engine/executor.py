@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from bot.core import events as ev
 from bot.core.flows import (
@@ -54,7 +54,7 @@ from bot.core.startup import StartHistory
 from bot.core.status import HealthSource, StepStatus
 from bot.core.sudoers import Become
 from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
-from bot.errors import GpuQueryError, HostError, HostKeyError
+from bot.errors import FencedError, GpuQueryError, HostError, HostKeyError
 from bot.hosts.base import (
     CommandResult,
     HostTransport,
@@ -76,12 +76,25 @@ Records = Callable[[str, tuple[str, ...]], Awaitable[RotationRecords]]
 TAIL_LINES = 200
 
 
+class RunLease(Protocol):
+    """Whether the run is still this process's to act on (``bot.engine.heartbeat``)."""
+
+    async def holds(self) -> bool: ...
+
+
 @dataclass
 class CancelToken:
-    """Set by a cancel request; the flow reads it only at its safe points."""
+    """Set by a cancel request; the flow reads it only at its safe points.
+
+    Issue 21: it is also what this process holds of the run it drives: ``epoch``, the
+    fencing token it took the run at (its audit writes check it, ``bot.audit.fence``),
+    and ``lease``, asked before each action on a host (None: nothing to ask, a run
+    driven without a heartbeat, as in the tests of a flow)."""
 
     requested_by: str | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    epoch: int | None = None
+    lease: RunLease | None = None
 
     def request(self, user: str) -> None:
         self.requested_by = user
@@ -175,6 +188,7 @@ class Executor:
                 action = flow.send(reply)
                 if not isinstance(action, Emit):
                     await self._deliver()
+                    await self._still_ours()
                 reply = await self._perform(action)
         except StopIteration as stop:
             outcome: HostOutcome = stop.value
@@ -186,6 +200,17 @@ class Executor:
         )
         await self._deliver()
         return outcome
+
+    async def _still_ours(self) -> None:
+        """Before any action on a host: the run must still be this process's (issue 21).
+        One that was paused past its lease while another replica recovered the run
+        stops here, having done nothing, rather than act as an owner it no longer is."""
+        lease = self.cancel.lease
+        if lease is not None and not await lease.holds():
+            raise FencedError(
+                f"run #{self.run_id} on {self.host}: this process lost the run's lease "
+                "(another replica recovered it); it stops driving and acts on no host"
+            )
 
     async def _deliver(self) -> None:
         events, self._held = self._held, []

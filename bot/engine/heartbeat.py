@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
+from bot.audit.resilient import unavailable
 from bot.audit.store import AuditLog
+from bot.errors import AuditError
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +33,28 @@ LEASE_S = 30.0
 RENEW_EVERY_S = 5.0
 
 
+def boottime() -> float:
+    """Seconds on a clock that keeps counting while this process or its machine is
+    stopped (``SIGSTOP``, a suspended or frozen VM): CLOCK_BOOTTIME, where it exists."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if _BOOTTIME else time.monotonic()
+
+
+_BOOTTIME = hasattr(time, "CLOCK_BOOTTIME")
+# How much sooner than the database this process counts its own lease as over: the lease
+# the database keeps starts when the renewal lands, after this process asked for it.
+SAFETY_S = 5.0
+
+
 class Heartbeat:
     """Renews one run's lease until ``stop``; ``lost`` is called (once) if the run is no
-    longer 'running' under ``owner`` (someone recovered it by force), and then it stops."""
+    longer 'running' under ``owner`` (someone recovered it by force), and then it stops.
+
+    Issue 21: ``epoch`` is the fencing token its owner took (a renewal for another
+    epoch fails: the run was recovered and taken on since); ``on_cancel`` hears a
+    cancel asked on another replica (``runs.cancel_requested_by``), once. ``holds``
+    tells the executor, before each action on a host, whether the run is still this
+    process's: at once while the lease it last renewed is running by ``boottime``,
+    else by renewing it now (``bot.engine.executor``)."""
 
     def __init__(
         self,
@@ -45,6 +67,9 @@ class Heartbeat:
         lease_s: float = LEASE_S,
         every_s: float = RENEW_EVERY_S,
         lost: Callable[[], None] | None = None,
+        epoch: int | None = None,
+        on_cancel: Callable[[str], None] | None = None,
+        boot_clock: Callable[[], float] = boottime,
     ) -> None:
         self.audit = audit
         self.run_id = run_id
@@ -54,7 +79,14 @@ class Heartbeat:
         self.lease_s = lease_s
         self.every_s = every_s
         self.lost = lost
+        self.epoch = epoch
+        self.on_cancel = on_cancel
         self.renewals = 0
+        self._boot = boot_clock
+        # The run was just taken with a lease of ``lease_s``.
+        self._valid_until = boot_clock() + lease_s - SAFETY_S
+        self._gone = False
+        self._cancel_told = False
         self._task: asyncio.Task[None] | None = None
 
     def lease_end(self) -> datetime:
@@ -71,21 +103,54 @@ class Heartbeat:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def holds(self) -> bool:
+        """Whether the run is still this process's to act on. A database that cannot be
+        asked now (restarting, out of reach) is no evidence either way: the run goes on,
+        as the audit sink's own fall-back does (it brings the service back rather than
+        leave it stopped), and its records wait in the journal."""
+        if self._gone:
+            return False
+        if self._boot() < self._valid_until:
+            return True
+        try:
+            return await self._renew()
+        except AuditError as exc:
+            if not unavailable(exc):
+                raise
+            log.warning("run #%d: cannot confirm its lease now: %s", self.run_id, exc)
+            return True
+
+    async def _renew(self) -> bool:
+        asked = self._boot()
+        renewed = await self.audit.renew_lease(
+            self.run_id, self.owner, self.lease_end(), lease_s=self.lease_s, epoch=self.epoch
+        )
+        if renewed is None:
+            self._gone = True
+            return False
+        self.renewals += 1
+        self._valid_until = asked + self.lease_s - SAFETY_S
+        if renewed.cancel_by is not None and not self._cancel_told:
+            self._cancel_told = True
+            if self.on_cancel is not None:
+                self.on_cancel(renewed.cancel_by)
+        return True
+
     async def _beat(self) -> None:
         while True:
             await self.sleep(self.every_s)
             try:
-                still_ours = await self.audit.renew_lease(self.run_id, self.owner, self.lease_end())
+                still_ours = await self._renew()
             except Exception as exc:
                 # The next beat tries again; the lease outlasts several missed ones.
                 log.warning("cannot renew the lease of run #%d: %s", self.run_id, exc)
                 continue
             if still_ours:
-                self.renewals += 1
                 continue
             log.error(
                 "run #%d is no longer running under this process (recovered by "
-                "someone else?); asking it to stop at its next safe point",
+                "another process or replica while this one could not renew its lease); "
+                "it stops driving the run and acts on no host for it any more",
                 self.run_id,
             )
             if self.lost is not None:

@@ -55,6 +55,7 @@ WATCHED = (*DRIVEN, RunStatus.PENDING_APPROVAL)
 class JudgedBy(StrEnum):
     PROCESS = "process"  # its process, seen in this PID namespace
     LEASE = "lease"  # its heartbeat, watched on this process's monotonic clock
+    DATABASE = "database"  # its lease, by the database's clock (replicas, issue 21)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,12 @@ class Verdict:
 
     def note(self, run_id: int) -> str:
         """Why a run judged by its lease still holds its locks, and what to do."""
+        if self.by is JudgedBy.DATABASE:
+            return (
+                f"the owner of run #{run_id} may be alive (its lease runs "
+                f"{self.retry_in_s} s more by the database's clock); try again in "
+                f"{self.retry_in_s} s or `python -m bot recover {run_id} --force`"
+            )
         return (
             f"the owner of run #{run_id} may be alive (last heartbeat change seen "
             f"{self.unchanged_s:.0f} s ago, by this machine's clock); try again in "
@@ -104,6 +111,7 @@ class Judge:
         lease_s: float = LEASE_S,
         proc: Path = PROC,
         here: Namespace | None = None,
+        by_database: bool = False,
     ) -> None:
         self.wall = wall
         self.monotonic = monotonic
@@ -112,6 +120,7 @@ class Judge:
         self.lease_s = lease_s
         self.proc = proc
         self.here = this_namespace(proc) if here is None else here
+        self.by_database = by_database
         self._seen: dict[int, Sighting] = {}
 
     async def look(self, audit: AuditLog, run_ids: Collection[int] | None = None) -> None:
@@ -133,8 +142,16 @@ class Judge:
 
     def verdict(self, run: RunRecord) -> Verdict:
         said = judge_process(run.owner, self.here, proc=self.proc)
-        if said is not ProcessSays.NOTHING:
-            return Verdict(said is ProcessSays.ALIVE, JudgedBy.PROCESS, lease_s=self.lease_s)
+        if said is ProcessSays.DEAD:
+            return Verdict(False, JudgedBy.PROCESS, lease_s=self.lease_s)
+        if self.by_database and run.lease_left_s is not None:
+            # Replicas (issue 21): the lease decides, by the database's clock, even for
+            # a process this one can see: one stopped (SIGSTOP, a frozen VM) is alive
+            # to /proc but has lost its run once its lease ran out (and is fenced off).
+            left = run.lease_left_s
+            return Verdict(left > 0, JudgedBy.DATABASE, max(0.0, self.lease_s - left), self.lease_s)
+        if said is ProcessSays.ALIVE:
+            return Verdict(True, JudgedBy.PROCESS, lease_s=self.lease_s)
         unchanged = self._unchanged_s(run)
         if unchanged is None:
             return Verdict(True, JudgedBy.LEASE, 0.0, self.lease_s)

@@ -14,7 +14,9 @@ returned.
 * ``terminate_leftovers``: one press on a host's Terminate leftover processes question:
   who may (an approver; the requester only with ``allow_self_approval``), how many (the
   run's ``min_approvals`` distinct approvers), recorded in ``leftover_approvals``;
-  ``confirm_leftovers`` is the terminal operator's own yes;
+  ``confirm_leftovers`` is the terminal operator's own yes (these, and the questions a
+  driving replica asks so a press on any replica answers them, live in the base class
+  ``LeftoverOperations``, ``bot.engine.leftover_operations``);
 * ``recover``: the sweep (dead drivers' runs, overdue requests) and, by hand, one run.
 
 Status changes themselves stay the run life cycle's (``bot.engine.lifecycle``), so a
@@ -26,15 +28,21 @@ what ``[services.NAME.policy]`` overrides, issue 22), never ``[policy]`` alone.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import assert_never
 
 from bot.audit.store import AuditLog, RunRecord
 from bot.core.plan import Plan
-from bot.core.policy import Membership, counted_approvals, is_approver, is_requester
+from bot.core.policy import Membership, is_requester
 from bot.core.status import Decision, RunStatus, Source
-from bot.engine.leftover_gate import LeftoverRequest, new_question
+from bot.engine.leftover_operations import LeftoverOperations
+from bot.engine.leftover_operations import LeftoverResult as LeftoverResult
+from bot.engine.leftover_operations import LeftoversAlreadyCounted as LeftoversAlreadyCounted
+from bot.engine.leftover_operations import LeftoversApproved as LeftoversApproved
+from bot.engine.leftover_operations import LeftoversCounted as LeftoversCounted
+from bot.engine.leftover_operations import LeftoversTooLate as LeftoversTooLate
+from bot.engine.leftover_operations import LeftoverVote as LeftoverVote
 from bot.engine.lifecycle import RunLifecycle
 from bot.engine.liveness import DRIVEN, Verdict
 from bot.engine.recovery import (
@@ -122,84 +130,6 @@ class Busy:
 
 RequestResult = Requested | Busy | Refused
 
-# ---- what a press on a leftover question came to -------------------------------------------
-
-
-@dataclass(slots=True)
-class LeftoverVote:
-    """One host's open question and who pressed for it so far (the Slack desk keeps one
-    per open question; this service adds to ``pressed``)."""
-
-    request: LeftoverRequest
-    question: str
-    pressed: list[str] = field(default_factory=list)
-
-    @property
-    def pids(self) -> str:
-        return ", ".join(map(str, self.request.pids))
-
-
-@dataclass(frozen=True, slots=True)
-class LeftoversApproved:
-    """Enough approvers: the host's leftover processes (``pids``) may be terminated."""
-
-    host: str
-    approved_by: tuple[str, ...]
-    pids: str
-
-    @property
-    def text(self) -> str:
-        return (
-            f"Terminating {self.host}'s leftover processes (PIDs {self.pids}); that "
-            "host's run goes on."
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LeftoversCounted:
-    """The press counts, and more approvers are needed before anything is signalled."""
-
-    host: str
-    approved_by: tuple[str, ...]
-    needed: int
-    pids: str
-
-    @property
-    def text(self) -> str:
-        return (
-            f"Approval recorded: {len(self.approved_by)} of {self.needed} to terminate "
-            f"{self.host}'s leftover processes (PIDs {self.pids}); nothing is signalled "
-            f"before {self.needed}."
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LeftoversAlreadyCounted:
-    host: str
-
-    @property
-    def text(self) -> str:
-        return f"You already approved terminating {self.host}'s leftover processes."
-
-
-@dataclass(frozen=True, slots=True)
-class LeftoversTooLate:
-    """The host stopped waiting (its window closed, the run was cancelled) meanwhile."""
-
-    run_id: int
-    host: str
-
-    @property
-    def text(self) -> str:
-        return (
-            f"Too late: run #{self.run_id} stopped waiting on {self.host}; nothing was signalled."
-        )
-
-
-LeftoverResult = (
-    LeftoversApproved | LeftoversCounted | LeftoversAlreadyCounted | LeftoversTooLate | Refused
-)
-
 # ---- recovery by hand ------------------------------------------------------------------------
 
 
@@ -219,7 +149,7 @@ RecoverResult = Recovered | Expired | Refused
 Confirm = Callable[[bool], None]
 
 
-class Operations:
+class Operations(LeftoverOperations):
     """The one service both front ends call; built once per process on its one life
     cycle (``bot.engine.runtime``)."""
 
@@ -389,76 +319,6 @@ class Operations:
         return await self.lifecycle.cancel(
             run_id, user=user, membership=membership, channel=channel
         )
-
-    # ---- leftover processes -------------------------------------------------------------
-
-    async def terminate_leftovers(
-        self,
-        vote: LeftoverVote | None,
-        *,
-        run_id: int,
-        user: str,
-        membership: Membership,
-        channel: str | None,
-        command: str,
-        waiting: Sequence[str] = (),
-    ) -> LeftoverResult:
-        """One press on a host's question (``vote``; None when the press names no open
-        question of run ``run_id``, and ``waiting`` are the hosts it waits on)."""
-        if vote is None:
-            now = (
-                f" It waits now for {', '.join(waiting)}: use the button beside that "
-                "host's list on the card."
-                if waiting
-                else ""
-            )
-            return await self.refuse(
-                user=user,
-                channel=channel,
-                command=command,
-                code=Refusal.NO_QUESTION,
-                reason=f"That Terminate button does not match a question run #{run_id} is "
-                f"waiting on (answered already, closed, or not from its card); "
-                f"nothing was signalled.{now}",
-            )
-        host = vote.request.host
-        run = await self.audit.get_run(run_id)
-        requester, policy = run.requested_by, self.policy_for(run.service)
-        if not is_approver(user, policy, membership) or (
-            user == requester and not policy.allow_self_approval
-        ):
-            return await self.refuse(
-                user=user,
-                channel=channel,
-                command=command,
-                code=Refusal.NOT_ALLOWED,
-                reason=f"Only an approver of {run.service} (not the requester) may "
-                f"terminate run #{run_id}'s leftover processes on {host}; nothing was "
-                "signalled.",
-            )
-        if not await self.audit.record_terminate(
-            run_id, user, host=host, question=vote.question, pids=vote.request.pids
-        ):
-            return LeftoversAlreadyCounted(host)
-        vote.pressed.append(user)
-        # The run's rule, judged now: someone no longer an approver stops counting.
-        counted = tuple(
-            counted_approvals(
-                vote.pressed, requester=requester, policy=policy, membership=membership
-            )
-        )
-        needed = policy.min_approvals
-        if len(counted) < needed:
-            return LeftoversCounted(host, counted, needed, vote.pids)
-        return LeftoversApproved(host, counted, vote.pids)
-
-    async def confirm_leftovers(self, request: LeftoverRequest, *, user: str) -> LeftoversApproved:
-        """The terminal operator's yes (or ``--kill-leftovers``): their command is the
-        approval, recorded with the host and the exact PIDs it was for."""
-        await self.audit.record_terminate(
-            request.run_id, user, host=request.host, question=new_question(), pids=request.pids
-        )
-        return LeftoversApproved(request.host, (user,), ", ".join(map(str, request.pids)))
 
     # ---- recover ------------------------------------------------------------------------
 

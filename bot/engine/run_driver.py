@@ -14,7 +14,7 @@ from datetime import datetime
 from bot.audit.store import AuditLog
 from bot.core.status import Decision
 from bot.engine.executor import CancelToken
-from bot.engine.heartbeat import Heartbeat
+from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
 from bot.engine.recovery import RECOVERY_ACTOR
 
 
@@ -29,28 +29,39 @@ class RunDriver:
         owner: Callable[[], str],
         clock: Callable[[], datetime],
         sleep: Callable[[float], Awaitable[None]],
+        lease_s: float = LEASE_S,
+        every_s: float = RENEW_EVERY_S,
     ) -> None:
         self.audit = audit
         self._owner = owner
         self._clock = clock
         self._sleep = sleep
+        self._lease_s = lease_s
+        self._every_s = every_s
         self._cancels: dict[int, CancelToken] = {}
         self._recorders: dict[int, asyncio.Task[None]] = {}
         self._heartbeats: dict[int, Heartbeat] = {}
 
-    def drive(self, run_id: int) -> CancelToken:
-        """The run has just moved to 'running' under this process: its token, with its
-        heartbeat beating and who cancels it recorded."""
-        token = self._cancels[run_id] = CancelToken()
+    def drive(self, run_id: int, epoch: int | None = None) -> CancelToken:
+        """The run has just moved to 'running' under this process, at ``epoch`` (its
+        fencing token, issue 21): its token, with its heartbeat beating (a cancel asked
+        on another replica arrives through it) and who cancels it recorded."""
+        token = self._cancels[run_id] = CancelToken(epoch=epoch)
         # Renewed while this process drives the run: how another machine tells it is alive.
-        self._heartbeats[run_id] = Heartbeat(
+        heartbeat = Heartbeat(
             self.audit,
             run_id,
             self._owner(),
             clock=self._clock,
             sleep=self._sleep,
+            lease_s=self._lease_s,
+            every_s=self._every_s,
             lost=lambda: token.request(RECOVERY_ACTOR),
-        ).start()
+            epoch=epoch,
+            on_cancel=token.request,
+        )
+        token.lease = heartbeat
+        self._heartbeats[run_id] = heartbeat.start()
         self._recorders[run_id] = asyncio.create_task(
             self._record_cancel(run_id, token), name=f"cancel-recorder-{run_id}"
         )

@@ -13,6 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from bot.core.status import Decision, RunStatus
+from bot.engine.heartbeat import RENEW_EVERY_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +147,20 @@ class Cancelled:
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested:
-    """The run is driven here: it stops at its next safe point."""
+    """The run stops at its next safe point: it is driven here, or (``elsewhere``) by
+    another process, which hears of it at its next heartbeat (issue 21)."""
 
     run_id: int
+    elsewhere: bool = False
 
     @property
     def text(self) -> str:
+        if self.elsewhere:
+            return (
+                f"Cancel requested: run #{self.run_id} is driven by another replica of the "
+                f"bot, which hears of it within {RENEW_EVERY_S:.0f} s and stops it at its "
+                "next safe point."
+            )
         return f"Cancel requested: run #{self.run_id} stops at its next safe point."
 
 

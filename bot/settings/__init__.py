@@ -47,6 +47,7 @@ from bot.settings.host_policy import HOST_PREFIX as HOST_PREFIX
 from bot.settings.host_policy import host_policy
 from bot.settings.host_policy import maintenance_path_problem as maintenance_path_problem
 from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
+from bot.settings.replicas import ReplicaSettings as ReplicaSettings
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
@@ -394,6 +395,7 @@ class Settings(BaseSettings):
     audit: AuditSettings = AuditSettings()
     fleet: FleetSettings = FleetSettings()
     maintenance: MaintenanceSettings = MaintenanceSettings()
+    replicas: ReplicaSettings = ReplicaSettings()
     hosts: dict[Name, HostSettings] = Field(default_factory=dict)
     services: dict[Name, ServiceSettings] = Field(default_factory=dict)
     routers: dict[Name, RouterSettings] = Field(default_factory=dict)

@@ -32,6 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.engine.metrics_http import METRICS_PATH, start_metrics
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import Settings
+from bot.settings.database import is_postgres
 from bot.slack import edge, handlers
 from bot.slack.expiry import Sleep
 from bot.slack.front_end import SlackFrontEnd
@@ -193,7 +194,10 @@ async def serve(
         front_end = make_front_end(runtime, client=client)
         app = create_app(front_end)
         await front_end.resume()
-        front_end.start_sweep()
+        await front_end.start_leader()
+        front_end.start_sweep(
+            every_s=settings.replicas.sweep_s(postgres=is_postgres(settings.db_path))
+        )
         front_end.start_scheduler()
         who = f"{identity.get('user', '?')} in {identity.get('team', '?')}"
         metrics = None

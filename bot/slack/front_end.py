@@ -44,7 +44,9 @@ from bot.audit.store import parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import groups_to_resolve
 from bot.core.status import Decision, RunStatus
+from bot.engine.leader import Leader
 from bot.engine.operations import Busy, ChatUser, Requested
+from bot.engine.owner import process_owner
 from bot.engine.preview import CARD_LIMIT, preview_lines, record_previews
 from bot.engine.recovery import SWEEP_EVERY_S
 from bot.engine.request_reads import read_at_request
@@ -63,7 +65,7 @@ from bot.engine.run_results import (
 )
 from bot.engine.runtime import Runtime
 from bot.engine.schedule import AT_ONCE, Timing
-from bot.errors import ChatOpsError, LockHeldError, RunNotFoundError
+from bot.errors import ChatOpsError, FencedError, LockHeldError, RunNotFoundError
 from bot.slack.blocks import CardView, card_hides_plan, run_card
 from bot.slack.card_updates import CardUpdates
 from bot.slack.cards import card_view
@@ -143,9 +145,15 @@ class _FrontDesk:
         self._reporters: dict[int, SlackReporter] = {}
         # Runs waiting for an approver to let them terminate leftover processes.
         self.leftovers = LeftoverDesk(runtime.operations)
-        self.sweep = RecoverySweep(self.lifecycle, self.cards)
+        # The housekeeping below runs on one replica at a time: the leader (issue 21).
+        self.leader = Leader(
+            runtime.audit, process_owner(), ttl_s=runtime.settings.replicas.leader_ttl_s
+        )
+        self.sweep = RecoverySweep(self.lifecycle, self.cards, self.leader.lead)
         # Runs approved for later, started at their time (issue 22).
-        self.scheduled = ScheduledStarts(self.operations, self.cards, self.start_run)
+        self.scheduled = ScheduledStarts(
+            self.operations, self.cards, self.start_run, self.leader.lead
+        )
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.cards.tell_recovered)
         # An overdue request expired because a request met its lock loses its buttons.
@@ -167,6 +175,7 @@ class _FrontDesk:
     async def aclose(self) -> None:
         await self.scheduled.aclose()
         await self.sweep.aclose()
+        await self.leader.aclose()
         await self.timers.aclose()
         await self.tasks.aclose()
 
@@ -192,8 +201,14 @@ class _FrontDesk:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """Every ``every_s``, recover the runs whose driver died while nobody asked (a
-        CLI killed with no request after it), and tell their threads."""
+        CLI killed, another replica gone), and tell their threads; only while this
+        replica leads (``start_leader``)."""
         self.sweep.start(every_s=every_s, sleep=sleep)
+
+    async def start_leader(self) -> None:
+        """Bid for the leader lease now (a lone bot leads at once), then keep bidding."""
+        await self.leader.bid()
+        self.leader.start()
 
     def start_scheduler(
         self,
@@ -467,6 +482,10 @@ class SlackFrontEnd(_FrontDesk):
                 run_id, reporter, gate=self.leftovers.gate(reporter)
             )
             reporter.conclude(result.status, result.summary)
+        except FencedError as exc:
+            # Another replica recovered the run while this one could not renew its lease
+            # (paused, cut off): that replica tells the thread and owns the card now.
+            log.error("run #%d: %s", run_id, exc)
         except LockHeldError as exc:
             await self._close(run_id, reporter, RunStatus.REFUSED, f"not started: {exc}")
         except ChatOpsError as exc:

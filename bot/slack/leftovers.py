@@ -36,6 +36,8 @@ from bot.slack.membership import Membership
 from bot.slack.reporter import SlackReporter
 
 Progress = Callable[[tuple[str, ...]], None]
+# How often a waiting question looks for presses made on other replicas (issue 21).
+POLL_S = 1.0
 
 
 @dataclass
@@ -102,8 +104,13 @@ class LeftoverDesk:
         host and the question), pressed by ``user`` (judged on ``membership`` read at
         the press). Returns the sentence for the presser; every refusal is recorded."""
         q = self._find(run_id, value)
+        vote = None if q is None else q.vote
+        if vote is None and (named := parse_terminate_value(value)) is not None:
+            # Asked by another replica (issue 21): judged here, answered through the
+            # database, where the driving replica watches its question.
+            vote = await self.operations.leftover_vote(run_id, *named)
         result = await self.operations.terminate_leftovers(
-            None if q is None else q.vote,
+            vote,
             run_id=run_id,
             user=user,
             membership=membership,
@@ -131,14 +138,40 @@ class LeftoverDesk:
         return result.text
 
     async def wait(self, request: LeftoverRequest, question: str, progress: Progress) -> Approval:
+        """The question is opened in the audit log too, so a press on another replica can
+        answer it (issue 21): this replica watches the question's row and its presses
+        every ``POLL_S`` meanwhile, and closes it when the wait ends, whatever ended it."""
         q = _Question(
             LeftoverVote(request, question), progress, asyncio.get_running_loop().create_future()
         )
+        audit = self.operations.audit
+        await audit.open_question(
+            request.run_id, request.host, question, request.question, request.pids
+        )
         self._open[question] = q
         try:
-            return await q.answer
+            return await self._answer(q)
         finally:
             del self._open[question]
+            await asyncio.shield(audit.close_question(question))
+
+    async def _answer(self, q: _Question) -> Approval:
+        shown: list[str] = []
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(q.answer), POLL_S)
+            except TimeoutError:
+                pass
+            found = await self.operations.audit.question(q.vote.question)
+            if found is None:
+                continue
+            asked, pressed = found
+            if asked.approved_by is not None:
+                return Approval(asked.approved_by)
+            if pressed != shown and pressed != q.vote.pressed:
+                shown = list(pressed)
+                q.vote.pressed[:] = pressed
+                q.progress(tuple(pressed))
 
 
 class SlackGate:

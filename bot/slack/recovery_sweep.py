@@ -17,9 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class RecoverySweep:
-    def __init__(self, lifecycle: RunLifecycle, cards: CardUpdates) -> None:
+    """``leading``: whether this replica holds the leader lease (issue 21): only the
+    leader sweeps, so two replicas never recover or tell the same run twice."""
+
+    def __init__(
+        self,
+        lifecycle: RunLifecycle,
+        cards: CardUpdates,
+        leading: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.lifecycle = lifecycle
         self.cards = cards
+        self.leading = leading
         self._task: asyncio.Task[None] | None = None
 
     async def once(self) -> None:
@@ -42,7 +51,8 @@ class RecoverySweep:
         while True:
             await sleep(every_s)
             try:
-                await self.once()
+                if self.leading is None or await self.leading():
+                    await self.once()
             except Exception:
                 # A locked database now is no reason to stop looking next time.
                 log.exception("the recovery sweep failed; trying again in %.0f s", every_s)

@@ -31,10 +31,13 @@ class ScheduledStarts:
         operations: Operations,
         cards: CardUpdates,
         start_run: Callable[[int], object],
+        leading: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.operations = operations
         self.cards = cards
         self.start_run = start_run
+        # Only the leader ticks (issue 21): one replica moves the countdowns on.
+        self.leading = leading
         self._task: asyncio.Task[None] | None = None
 
     async def once(self) -> None:
@@ -68,7 +71,8 @@ class ScheduledStarts:
     async def _every(self, every_s: float, sleep: Callable[[float], Awaitable[None]]) -> None:
         while True:
             try:
-                await self.once()
+                if self.leading is None or await self.leading():
+                    await self.once()
             except Exception:
                 # A locked database now is no reason to miss the next tick.
                 log.exception("starting scheduled runs failed; trying again in %.0f s", every_s)
