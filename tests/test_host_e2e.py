@@ -99,6 +99,9 @@ async def test_a_refused_gpu_reset_says_the_host_needs_a_reboot_and_keeps_it_out
         assert host.unit_state() == "inactive"  # stays out: on_failed_check = "stop"
         assert host.reboots() == 0
         assert done.service_state == "stopped"
+        # The step's audit row says the reset failed (begun, and ended as it did).
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        assert ("gpu_reset", "failed") in steps, steps
 
 
 async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
@@ -112,6 +115,10 @@ async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
         assert host.persistence(0) and host.persistence(3)
         assert host.unit_state() == "active"
         assert host.reboots() == 0
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        names = [name for name, _ in steps]
+        assert names.index("drain") < names.index("gpu_reset") < names.index("deep_check")
+        assert ("gpu_reset", "ok") in steps and ("deep_check", "ok") in steps, steps
 
 
 async def test_a_host_back_with_another_key_is_refused_as_a_different_machine(
