@@ -313,3 +313,26 @@ def test_a_failing_nvlink_status_is_a_skip_and_a_failed_query_does_not_run_it() 
     assert not [
         f for f in deep_report("h", read, None, None, 1).findings if f.check == Check.NVLINK
     ]
+
+
+# A kernel upgraded without its NVIDIA module rebuilt: after the boot every nvidia-smi
+# says it cannot talk to the driver (tests/samples/SOURCES.md, GoogleCloudPlatform/
+# compute-gpu-installation#18).
+NO_DRIVER = (SAMPLES / "nvidia_smi_no_driver_after_kernel_upgrade.txt").read_text()
+
+
+def test_gpus_that_cannot_be_read_fail_the_deep_check_and_claim_nothing() -> None:
+    # Was: "ok driver library matches the kernel module" and warnings only, so a host
+    # whose driver did not load passed its check after a reboot and went back to work.
+    answers = {
+        DEEP_QUERY_ARGV: _ok(DEEP_QUERY_ARGV, NO_DRIVER, 9),
+        DCGMI_DIAG_ARGV: _ok(DCGMI_DIAG_ARGV, "", 127),
+    }
+    asked, read = _drive(answers)
+    assert asked == [DEEP_QUERY_ARGV, DCGMI_DIAG_ARGV]
+    report = deep_report("h", read, None, "nvidia-smi failed (exit 9)", 8)
+    assert report.level == Level.CRITICAL, report.text()
+    (driver,) = [f for f in report.findings if f.check == Check.DRIVER]
+    assert driver.level == Level.CRITICAL and "couldn't communicate" in driver.what
+    assert "could not be read" in driver.what and "lsmod" in driver.action
+    assert "matches the kernel module" not in report.text()

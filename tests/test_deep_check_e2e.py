@@ -85,3 +85,17 @@ async def test_an_nvlink_link_down_fails_its_gpu_only(
     (down,) = [f for f in _by(report, Check.NVLINK) if f.level == Level.CRITICAL]
     assert (down.gpu, down.what) == ("GPU 3", "NVLink link(s) 3 inactive, 17 active")
     assert "dcgmi diag -r 2" in down.action
+
+
+async def test_a_host_whose_driver_is_not_loaded_fails_the_deep_check(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # The sim's no_driver: every nvidia-smi exits 9, "couldn't communicate with the NVIDIA
+    # driver" (a kernel upgraded without its module). Nothing can say the GPUs are fit.
+    kit = sim_sshd_host
+    kit.set_faults(no_driver=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert report.level == Level.CRITICAL, report.text()
+    (driver,) = _by(report, Check.DRIVER)
+    assert driver.level == Level.CRITICAL and "could not be read" in driver.what

@@ -5,6 +5,10 @@ test_host_flow: hand-made outcomes, no I/O."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 from bot.core import host_ops
 from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV, NVLINK_ARGV
 from bot.core.flows import BeginStep, EndStep
@@ -23,7 +27,7 @@ from tests.test_host_flow import (
     units_started,
     units_stopped,
 )
-from tests.test_sequence import UUIDS
+from tests.test_sequence import UUIDS, ok
 
 # ---- before the reboot: requests, then the stop, then the GPUs ---------------------------
 
@@ -134,3 +138,32 @@ def test_a_gpu_the_driver_still_says_needs_a_reset_keeps_the_host_out() -> None:
     assert "h1 stays out: deep GPU check FAIL" in outcome.summary
     assert "GPU 0" in outcome.summary and "Reset Required: Yes" in outcome.summary
     assert units_started(host) == []
+
+
+# tests/samples/SOURCES.md: nvidia-smi after a kernel upgrade left no NVIDIA module to load.
+NO_DRIVER = (
+    Path(__file__).parent / "samples" / "deep" / "nvidia_smi_no_driver_after_kernel_upgrade.txt"
+).read_text()
+
+
+@dataclass
+class DriverGoneAfterBoot(MaintainedHost):
+    """The boot came up on a kernel without the NVIDIA module: every nvidia-smi fails."""
+
+    def command(self, a: tuple[str, ...]) -> Any:
+        if self.rebooted and a[0] == "nvidia-smi":
+            return ok(a, NO_DRIVER, status=9)
+        return super().command(a)
+
+
+def test_a_driver_that_did_not_load_after_the_reboot_keeps_the_host_out() -> None:
+    # Was: the deep check "ok" (warnings: GPU count not read, nvidia-smi -q failed) and
+    # both services started and put back on a host whose GPUs nothing could read.
+    host = DriverGoneAfterBoot()
+    outcome = maintain(host)
+    assert outcome.status == HostStatus.FAILED and outcome.state == ServiceState.STOPPED
+    assert "h1 stays out: deep GPU check FAIL" in outcome.summary
+    assert "could not be read" in outcome.summary
+    assert units_started(host) == []
+    (deep,) = ended(host, Step.DEEP_CHECK)
+    assert not deep.ok and "matches the kernel module" not in deep.detail

@@ -39,6 +39,13 @@ NVLINK = (
     "diagnostic (dcgmi diag -r 2)"
 )
 NVML_FAILED = "check the bot's NVML (the driver, libnvidia-ml.so.1, /dev/nvidia* access)"
+# nvidia-smi could not read the GPUs at all (the driver not loaded: a kernel upgraded
+# without its NVIDIA module rebuilt, the classic failure after a reboot): an unknown, so
+# a FAIL, never a pass.
+UNREAD = (
+    "nothing says the GPUs are fit: check that the NVIDIA kernel module is loaded "
+    "(`lsmod | grep nvidia`, `dkms status`, the kernel log), then rerun the check"
+)
 
 
 class Check(StrEnum):
@@ -157,6 +164,11 @@ def judge_gpus(
         gpu = (labels or {}).get(r.uuid, f"GPU {n}")
         out += _pcie(gpu, r) + _throttle(gpu, r) + _persistence(gpu, r) + _fabric(gpu, r)
     return out
+
+
+def judge_unread(why: str) -> DeepFinding:
+    """nvidia-smi could not read the GPUs (and no mismatch says why): a FAIL."""
+    return DeepFinding(Check.DRIVER, Level.CRITICAL, f"{why}: the GPUs could not be read", UNREAD)
 
 
 def judge_driver(mismatch: Mismatch | None) -> DeepFinding:
