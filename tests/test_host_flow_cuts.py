@@ -14,6 +14,7 @@ from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV, NVLINK_ARGV
 from bot.core.flows import BeginStep, EndStep
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, run_as_of
+from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus
 from tests.test_flow_gates import busy
@@ -167,3 +168,42 @@ def test_a_driver_that_did_not_load_after_the_reboot_keeps_the_host_out() -> Non
     assert units_started(host) == []
     (deep,) = ended(host, Step.DEEP_CHECK)
     assert not deep.ok and "matches the kernel module" not in deep.detail
+
+
+# ---- a reset sudo never ran ----------------------------------------------------------
+
+# What the executor makes of sudo's refusal (bot.core.sudoers.Become.refused), for the
+# rule of `-pm 0` missing from the host's drop-in.
+SUDO_REFUSED = (
+    "sudo refused `nvidia-smi -i 0 -pm 0` as root: a password is required. The host's "
+    "sudoers drop-in lacks the host-maintenance rule `/usr/bin/nvidia-smi -i [0-9] -pm 0` "
+    "(Cmnd_Alias HOST_MAINT_ROOT, a GPU's persistence mode off before its reset); install "
+    "the output of `python -m bot sudoers` on it (README: non-root hosts)."
+)
+
+
+@dataclass
+class NoSudoRule(MaintainedHost):
+    """The host's sudoers drop-in lacks the rules of `-pm` and `-r`: sudo runs neither."""
+
+    def command(self, a: tuple[str, ...]) -> Any:
+        if a[0] == "nvidia-smi" and ("-pm" in a or "-r" in a):
+            said = "sudo: a password is required\n"
+            return CommandResult(a, 1, "", said, 0.0, refused=SUDO_REFUSED)
+        return super().command(a)
+
+
+def test_a_reset_sudo_refused_to_run_restarts_the_services_and_names_the_rule() -> None:
+    # Was: "GPU 0 not reset: sudo refused ...: the host needs a reboot", the services left
+    # STOPPED and the host kept out, for a sudoers line missing: nothing had been done to
+    # any GPU, and a reboot (hours for a 1T model) would not have added the rule. As a
+    # refused `systemctl reboot` does (docs/reliability.md 23-6): started again, said.
+    host = NoSudoRule()
+    outcome = maintain(host, Action.GPU_RESET, (0,))
+    assert outcome.status == HostStatus.FAILED
+    assert "needs a reboot" not in outcome.summary
+    assert "nothing was done to h1" in outcome.summary
+    assert "lacks the host-maintenance rule" in outcome.summary
+    assert host.resets == [] and host.persistence[0] is True
+    assert units_started(host) == ["vllm-kimi-k25", "vllm-qwen"]
+    assert outcome.state == ServiceState.UP
