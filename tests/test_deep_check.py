@@ -3,6 +3,7 @@ sources in tests/samples/SOURCES.md): a bad GPU is flagged and a good one is not
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,31 @@ def test_gpus_that_cannot_be_read_fail_the_deep_check_and_claim_nothing() -> Non
     assert driver.level == Level.CRITICAL and "couldn't communicate" in driver.what
     assert "could not be read" in driver.what and "lsmod" in driver.action
     assert "matches the kernel module" not in report.text()
+
+
+def _unreported(text: str, na: str) -> str:
+    """The L4 capture with every PCIe link value and the clock event reasons ``na``, as a
+    vGPU reports them: an RTXA6000-24Q on 535.183.06 prints N/A for PCIe Generation Max
+    and Current, Link Width Max and Current, and Clocks Event Reasons (tests/samples/
+    SOURCES.md; its `nvidia-smi -q`, the XML tags here hold the same values)."""
+    tags = "max_link_gen|current_link_gen|max_link_width|current_link_width"
+    text = re.sub(rf"<({tags})>[^<]*<", rf"<\1>{na}<", text)
+    reasons = f"<clocks_event_reasons>{na}</clocks_event_reasons>"
+    return re.sub(r"<clocks_event_reasons>.*?</clocks_event_reasons>", reasons, text, flags=re.S)
+
+
+@pytest.mark.parametrize("na", ["N/A", "[N/A]"])
+def test_a_gpu_reporting_no_pcie_link_or_clock_reasons_passes_and_says_not_judged(
+    na: str,
+) -> None:
+    # Good but unusual: it passes. Unknown: it is said not judged, never "x16" or "no HW
+    # slowdown" (was: no PCIe line at all, and "no HW or thermal clock slowdown").
+    (r,) = parse_deep_query("h", _unreported(L4, na)).gpus
+    assert (r.pcie_gen, r.pcie_gen_max, r.pcie_width, r.pcie_width_max) == (None,) * 4
+    assert r.throttle == () and r.gpu_idle is None
+    found = judge_gpus([r])
+    (pcie,) = [f for f in found if f.check == Check.PCIE]
+    assert pcie.level == Level.OK and pcie.what == "PCIe link not reported: not judged"
+    (clocks,) = [f for f in found if f.check == Check.THROTTLE]
+    assert clocks.level == Level.OK
+    assert clocks.what == "clock event reasons not reported: not judged"

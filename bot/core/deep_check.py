@@ -120,10 +120,17 @@ def _pcie(gpu: str, r: DeepReading) -> list[DeepFinding]:
             out.append(DeepFinding(Check.PCIE, Level.OK, f"{what} while idle", gpu=gpu))
         else:
             out.append(DeepFinding(Check.PCIE, Level.WARN, f"{what} under load", RESEAT, gpu))
+    if not out:
+        # N/A (a vGPU, some SKUs): nothing to judge, and said so, not taken for x16.
+        out.append(DeepFinding(Check.PCIE, Level.OK, "PCIe link not reported: not judged", gpu=gpu))
     return out
 
 
 def _throttle(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    if not r.throttle and r.gpu_idle is None:
+        # The reasons were not reported (N/A): no slowdown is known, none is ruled out.
+        what = "clock event reasons not reported: not judged"
+        return [DeepFinding(Check.THROTTLE, Level.OK, what, gpu=gpu)]
     if not r.throttle:
         return [DeepFinding(Check.THROTTLE, Level.OK, "no HW or thermal clock slowdown", gpu=gpu)]
     out = []
