@@ -207,3 +207,33 @@ def test_a_reset_sudo_refused_to_run_restarts_the_services_and_names_the_rule() 
     assert host.resets == [] and host.persistence[0] is True
     assert units_started(host) == ["vllm-kimi-k25", "vllm-qwen"]
     assert outcome.state == ServiceState.UP
+
+
+# ---- the parsers on the real captures (tests/samples/host/README.md) ------------------
+
+HOST_SAMPLES = Path(__file__).parent / "samples" / "host"
+
+
+def _sample(name: str) -> str:
+    return (HOST_SAMPLES / name).read_text()
+
+
+def test_reset_verdicts_of_the_real_nvidia_smi_captures() -> None:
+    def verdict(status: int, name: str) -> host_ops.ResetEnd:
+        r = CommandResult(("nvidia-smi", "-r", "-i", "0"), status, _sample(name), "", 0.1)
+        return host_ops.reset_verdict(r).end
+
+    assert verdict(0, "nvidia_smi_r_done.txt") == host_ops.ResetEnd.DONE
+    assert verdict(255, "nvidia_smi_r_in_use_by_client.txt") == host_ops.ResetEnd.IN_USE
+    assert verdict(255, "nvidia_smi_r_in_use_by_process.txt") == host_ops.ResetEnd.IN_USE
+    # `-pm 0`'s own "All done." with exit 0 is not a reset's words.
+    assert verdict(0, "nvidia_smi_pm_0.txt") == host_ops.ResetEnd.FAILED
+
+
+def test_the_boot_id_as_a_real_kernel_prints_it() -> None:
+    said = _sample("boot_id_debian12.txt")
+    boot = host_ops.parse_boot_id(said)
+    assert boot is not None and boot == said.strip() and len(boot) == 36
+    # Anything else is no boot id, so never taken for a new boot.
+    assert host_ops.parse_boot_id(said.strip()[:-1]) is None
+    assert host_ops.parse_boot_id("") is None
