@@ -12,6 +12,7 @@ from typing import Any
 from bot.core import host_ops
 from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV, NVLINK_ARGV
 from bot.core.flows import BeginStep, EndStep
+from bot.core.phases.actions import Emit
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, run_as_of
 from bot.core.results import CommandResult
@@ -72,6 +73,24 @@ def test_gpu_memory_is_checked_drained_after_the_stops_and_before_the_reboot() -
     ]
     assert marks[4] == ("BeginStep", Step.REBOOT)
     assert all(d.ok for d in ended(host, Step.DRAIN))
+
+
+def test_a_cancel_after_the_last_drain_is_still_before_the_reboot() -> None:
+    # Mutation: drop the checkpoint after the GPU drains (`cancelled before the
+    # maintenance`, host_flow._stop_all): a cancel that came once the GPUs were drained
+    # would reboot the host anyway, and say the cancel came too late.
+    host = MaintainedHost()
+
+    def after_the_last_drain(action: Any) -> bool:
+        drain_end = isinstance(action, Emit) and isinstance(action.notice, EndStep)
+        return drain_end and action.notice.step == Step.DRAIN and len(ended(host, Step.DRAIN)) == 1
+
+    host.cancel_at = after_the_last_drain
+    outcome = maintain(host)
+    assert outcome.status == HostStatus.CANCELLED, outcome.summary
+    assert "cancelled before the maintenance" in outcome.summary
+    assert not host.rebooted
+    assert units_started(host) == ["vllm-kimi-k25", "vllm-qwen"]
 
 
 # ---- the rights each command runs with -----------------------------------------------------
