@@ -71,6 +71,10 @@ async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
         assert names.index("stop") < names.index("reboot") < names.index("deep_check")
         assert names.index("deep_check") < names.index("start")
         assert ("reboot", "ok") in steps and ("deep_check", "ok") in steps
+        # The host went down under `systemctl reboot`: its result never came back (the
+        # sim kills the session's sshd), and the bot waited and reconnected.
+        (reboot,) = [s for s in await bot.runtime.audit.steps(run_id) if s.step == "reboot"]
+        assert "connection lost while running `systemctl`" in reboot.output_tail, reboot
         thread = await told(bot, run_id)
         assert f"boot id {boot[:8]} → {host.boot_id()[:8]}" in thread
         await bot.fake.wait_for(
