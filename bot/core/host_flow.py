@@ -109,7 +109,7 @@ def host_flow(
         reset = yield from reset_gpus(m, first, plan.gpus)
         if reset.not_run:
             # As a refused `systemctl reboot`: the GPUs are as they were; say the rule.
-            why = f"{reset.text()}: sudo ran no reset"
+            why = f"no GPU was reset, sudo refused to run it: {reset.text().rstrip('.')}"
             return (yield from _abandon(host, stopped, why, HostStatus.FAILED))
         if not reset.ok:
             needs_reboot = f"{reset.text()}: the host needs a reboot (/vllm host reboot {host})"
