@@ -3,6 +3,7 @@ sources in tests/samples/SOURCES.md): a bad GPU is flagged and a good one is not
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,54 @@ def test_a_failing_nvlink_status_is_a_skip_and_a_failed_query_does_not_run_it() 
     assert not [
         f for f in deep_report("h", read, None, None, 1).findings if f.check == Check.NVLINK
     ]
+
+
+# A kernel upgraded without its NVIDIA module rebuilt: after the boot every nvidia-smi
+# says it cannot talk to the driver (tests/samples/SOURCES.md, GoogleCloudPlatform/
+# compute-gpu-installation#18).
+NO_DRIVER = (SAMPLES / "nvidia_smi_no_driver_after_kernel_upgrade.txt").read_text()
+
+
+def test_gpus_that_cannot_be_read_fail_the_deep_check_and_claim_nothing() -> None:
+    # Was: "ok driver library matches the kernel module" and warnings only, so a host
+    # whose driver did not load passed its check after a reboot and went back to work.
+    answers = {
+        DEEP_QUERY_ARGV: _ok(DEEP_QUERY_ARGV, NO_DRIVER, 9),
+        DCGMI_DIAG_ARGV: _ok(DCGMI_DIAG_ARGV, "", 127),
+    }
+    asked, read = _drive(answers)
+    assert asked == [DEEP_QUERY_ARGV, DCGMI_DIAG_ARGV]
+    report = deep_report("h", read, None, "nvidia-smi failed (exit 9)", 8)
+    assert report.level == Level.CRITICAL, report.text()
+    (driver,) = [f for f in report.findings if f.check == Check.DRIVER]
+    assert driver.level == Level.CRITICAL and "couldn't communicate" in driver.what
+    assert "could not be read" in driver.what and "lsmod" in driver.action
+    assert "matches the kernel module" not in report.text()
+
+
+def _unreported(text: str, na: str) -> str:
+    """The L4 capture with every PCIe link value and the clock event reasons ``na``, as a
+    vGPU reports them: an RTXA6000-24Q on 535.183.06 prints N/A for PCIe Generation Max
+    and Current, Link Width Max and Current, and Clocks Event Reasons (tests/samples/
+    SOURCES.md; its `nvidia-smi -q`, the XML tags here hold the same values)."""
+    tags = "max_link_gen|current_link_gen|max_link_width|current_link_width"
+    text = re.sub(rf"<({tags})>[^<]*<", rf"<\1>{na}<", text)
+    reasons = f"<clocks_event_reasons>{na}</clocks_event_reasons>"
+    return re.sub(r"<clocks_event_reasons>.*?</clocks_event_reasons>", reasons, text, flags=re.S)
+
+
+@pytest.mark.parametrize("na", ["N/A", "[N/A]"])
+def test_a_gpu_reporting_no_pcie_link_or_clock_reasons_passes_and_says_not_judged(
+    na: str,
+) -> None:
+    # Good but unusual: it passes. Unknown: it is said not judged, never "x16" or "no HW
+    # slowdown" (was: no PCIe line at all, and "no HW or thermal clock slowdown").
+    (r,) = parse_deep_query("h", _unreported(L4, na)).gpus
+    assert (r.pcie_gen, r.pcie_gen_max, r.pcie_width, r.pcie_width_max) == (None,) * 4
+    assert r.throttle == () and r.gpu_idle is None
+    found = judge_gpus([r])
+    (pcie,) = [f for f in found if f.check == Check.PCIE]
+    assert pcie.level == Level.OK and pcie.what == "PCIe link not reported: not judged"
+    (clocks,) = [f for f in found if f.check == Check.THROTTLE]
+    assert clocks.level == Level.OK
+    assert clocks.what == "clock event reasons not reported: not judged"

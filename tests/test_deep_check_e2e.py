@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bot.core.deep_check import Check, DeepFinding, DeepReport
 from bot.core.health_types import Level
+from bot.engine import deep_check as engine_deep_check
 from bot.engine.deep_check import LABEL, deep_check
 from bot.engine.runtime import open_runtime
+from bot.errors import AuditError, HostError
 from bot.sim.kit import SimKit
 from tests.support.sim import sim_settings
 
@@ -85,3 +89,54 @@ async def test_an_nvlink_link_down_fails_its_gpu_only(
     (down,) = [f for f in _by(report, Check.NVLINK) if f.level == Level.CRITICAL]
     assert (down.gpu, down.what) == ("GPU 3", "NVLink link(s) 3 inactive, 17 active")
     assert "dcgmi diag -r 2" in down.action
+
+
+async def test_a_host_whose_driver_is_not_loaded_fails_the_deep_check(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # The sim's no_driver: every nvidia-smi exits 9, "couldn't communicate with the NVIDIA
+    # driver" (a kernel upgraded without its module). Nothing can say the GPUs are fit.
+    kit = sim_sshd_host
+    kit.set_faults(no_driver=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert report.level == Level.CRITICAL, report.text()
+    (driver,) = _by(report, Check.DRIVER)
+    assert driver.level == Level.CRITICAL and "could not be read" in driver.what
+
+
+async def test_an_audit_log_that_fails_does_not_hide_a_failing_host(
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GPU count is compared with the audit log's last deep check and recorded there.
+    # Was: an AuditError from either (a locked or full database) replaced the whole report
+    # with one "warn: not read", so a host whose reads had found a x8 link passed `gpus
+    # --deep` (exit 0). The findings stand, and the count's trouble is said beside them.
+    kit = sim_host
+    kit.set_faults(pcie_degraded=True)
+
+    async def failing(*_: object, **__: object) -> None:
+        raise AuditError("database is locked")
+
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        monkeypatch.setattr(rt.audit, "add_snapshot", failing)
+        monkeypatch.setattr(rt.audit, "last_snapshot", failing)
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    assert report.level == Level.CRITICAL, report.text()
+    assert "FAIL pcie        GPU 3: PCIe link x8 of x16" in report.text()
+    (count,) = _by(report, Check.GPU_COUNT)
+    assert count.level == Level.WARN and "database is locked" in count.what
+
+
+async def test_a_host_whose_check_could_not_run_is_not_a_pass(
+    sim_host: SimKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host the check could not judge at all is unknown: FAIL, never a warning that lets
+    # `gpus --deep` exit 0 (was: "warn not read", as if it had been looked at).
+    async def refused(*_: object, **__: object) -> None:
+        raise HostError(sim_host.hostname, "the check could not run")
+
+    monkeypatch.setattr(engine_deep_check, "check_host", refused)
+    async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [sim_host.hostname])
+    assert report.level == Level.CRITICAL and "not read" in report.text()

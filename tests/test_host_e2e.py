@@ -12,8 +12,12 @@ the bot polls the boot id every 0.2 s. A test that must act while the host is do
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,22 @@ import pytest
 from bot.audit.store import RunRecord
 from bot.core.status import RunStatus
 from bot.sim.kit import SERVICE, SimKit
+from tests.fakes import FakeSlack, SlackSigner
 from tests.polling import eventually
 from tests.slack_harness import ALICE, BOB, SlackBot, blocks_text, slack_bot
 from tests.support.cli import cli, write_toml
+from tests.test_reliability_zombie import (
+    APPROVERS_GROUP,
+    CAROL,
+    CHANNEL,
+    SIGNING_SECRET,
+    BotClient,
+    bot_env,
+    db_row,
+    free_port,
+    run_status,
+    serving,
+)
 
 MAINTENANCE: dict[str, Any] = {"reboot_timeout_s": 30, "reboot_poll_s": 0.2}
 FINAL = ("succeeded", "failed", "aborted", "refused", "cancelled", "interrupted")
@@ -71,6 +88,10 @@ async def test_reboot_drains_stops_reboots_checks_and_starts_the_service_again(
         assert names.index("stop") < names.index("reboot") < names.index("deep_check")
         assert names.index("deep_check") < names.index("start")
         assert ("reboot", "ok") in steps and ("deep_check", "ok") in steps
+        # The host went down under `systemctl reboot`: its result never came back (the
+        # sim kills the session's sshd), and the bot waited and reconnected.
+        (reboot,) = [s for s in await bot.runtime.audit.steps(run_id) if s.step == "reboot"]
+        assert "connection lost while running `systemctl`" in reboot.output_tail, reboot
         thread = await told(bot, run_id)
         assert f"boot id {boot[:8]} → {host.boot_id()[:8]}" in thread
         await bot.fake.wait_for(
@@ -99,6 +120,9 @@ async def test_a_refused_gpu_reset_says_the_host_needs_a_reboot_and_keeps_it_out
         assert host.unit_state() == "inactive"  # stays out: on_failed_check = "stop"
         assert host.reboots() == 0
         assert done.service_state == "stopped"
+        # The step's audit row says the reset failed (begun, and ended as it did).
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        assert ("gpu_reset", "failed") in steps, steps
 
 
 async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
@@ -112,6 +136,10 @@ async def test_a_gpu_reset_with_persistence_on_resets_and_restores_it(
         assert host.persistence(0) and host.persistence(3)
         assert host.unit_state() == "active"
         assert host.reboots() == 0
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        names = [name for name, _ in steps]
+        assert names.index("drain") < names.index("gpu_reset") < names.index("deep_check")
+        assert ("gpu_reset", "ok") in steps and ("deep_check", "ok") in steps, steps
 
 
 async def test_a_host_back_with_another_key_is_refused_as_a_different_machine(
@@ -180,3 +208,72 @@ async def test_a_host_that_fails_its_deep_check_after_the_reboot_stays_out(
             lambda: "stays out" in blocks_text(bot.fake.message("C0OPS", done.message_ts or "")),
             what="the final card",
         )
+
+
+async def test_a_bot_killed_while_the_host_reboots_recovers_the_run_and_tells_its_thread(
+    tmp_path: Path, host: SimKit
+) -> None:
+    # The bot itself, as a process (HTTP mode over the fake Slack), killed with SIGKILL
+    # while it waits for the host to come back; restarted on the same database, it
+    # finds the run, marks it interrupted, tells the thread what the host may be in and
+    # what to check, and frees its locks (a new request gets its card). The DB-made
+    # version of this, without a reboot, is tests/test_host_slack.py's.
+    host.set_faults(reboot_hangs=True)  # down until the test lets it boot
+    async with FakeSlack(
+        channels=[CHANNEL], usergroups={APPROVERS_GROUP: [BOB]}, post_rate_per_s=20
+    ) as fake:
+        port = free_port()
+        env = bot_env(tmp_path, host, fake, port)
+        with Path(env["CHATOPS_CONFIG"]).open("a") as f:
+            f.write("[maintenance]\n" + "".join(f"{k} = {v}\n" for k, v in MAINTENANCE.items()))
+        db = tmp_path / "audit.db"
+        client = BotClient(
+            fake, f"http://127.0.0.1:{port}/slack/events", db, SlackSigner(SIGNING_SECRET)
+        )
+        argv = [sys.executable, "-m", "bot"]
+
+        async def start(log: Path) -> asyncio.subprocess.Process:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=tmp_path,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            await serving(log, lambda: proc.returncode is None)
+            return proc
+
+        first = await start(tmp_path / "bot-1.log")
+        try:
+            await client.command(f"host reboot {host.hostname}", ALICE)
+            card = await eventually(lambda: client.card_of(1), "the card", 15)
+            await client.click("approve", 1, card, BOB)
+            await eventually(lambda: host.reboots() == 1, "the reboot", 30)
+            step = "SELECT status FROM steps WHERE run_id = 1 AND step = 'reboot'"
+            await eventually(lambda: db_row(db, step) == ("running",), "the wait for the host", 30)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            await first.wait()
+        assert run_status(db, 1) == "running"  # what the killed bot left behind
+        host.clear_faults()  # the host boots while the bot is away
+
+        second = await start(tmp_path / "bot-2.log")
+        try:
+            await eventually(lambda: run_status(db, 1) == "interrupted", "the recovery", 30)
+            told = await eventually(
+                lambda: "was interrupted" in client.thread_text(card) and client.thread_text(card),
+                "the thread to be told",
+                30,
+            )
+            assert f"(reboot of host {host.hostname})" in told and "during step `reboot`" in told
+            assert "down, booting or back" in told
+            assert f"`/vllm status {SERVICE}`" in told
+            assert f"`/vllm gpus --deep {host.hostname}`" in told
+            assert db_row(db, "SELECT COUNT(*) FROM locks") == (0,)
+            await client.command(f"restart {SERVICE}", CAROL)
+            await eventually(lambda: client.card_of(2), "a card for a new request", 15)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            await second.wait()

@@ -198,7 +198,11 @@ def test_not_supported_fields_are_skipped_not_failed() -> None:
     assert (r.pcie_gen, r.pcie_width, r.gpu_idle, r.persistence, r.nvlink) == (None,) * 5
     found = _judged(lib)
     assert {f.level for f in found} == {Level.OK}
-    assert not _of(found, Check.PCIE) and not _of(found, Check.PERSISTENCE)
+    assert not _of(found, Check.PERSISTENCE)
+    # Skipped and said, as nvidia-smi's N/A is (tests/test_deep_check.py).
+    assert [f.what for f in _of(found, Check.PCIE)] == ["PCIe link not reported: not judged"]
+    (clocks,) = _of(found, Check.THROTTLE)
+    assert clocks.what == "clock event reasons not reported: not judged"
     (nv,) = _of(found, Check.NVLINK)
     assert "no NVLink" in nv.what and "skipped" in nv.what
 

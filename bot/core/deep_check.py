@@ -39,6 +39,13 @@ NVLINK = (
     "diagnostic (dcgmi diag -r 2)"
 )
 NVML_FAILED = "check the bot's NVML (the driver, libnvidia-ml.so.1, /dev/nvidia* access)"
+# nvidia-smi could not read the GPUs at all (the driver not loaded: a kernel upgraded
+# without its NVIDIA module rebuilt, the classic failure after a reboot): an unknown, so
+# a FAIL, never a pass.
+UNREAD = (
+    "nothing says the GPUs are fit: check that the NVIDIA kernel module is loaded "
+    "(`lsmod | grep nvidia`, `dkms status`, the kernel log), then rerun the check"
+)
 
 
 class Check(StrEnum):
@@ -113,10 +120,17 @@ def _pcie(gpu: str, r: DeepReading) -> list[DeepFinding]:
             out.append(DeepFinding(Check.PCIE, Level.OK, f"{what} while idle", gpu=gpu))
         else:
             out.append(DeepFinding(Check.PCIE, Level.WARN, f"{what} under load", RESEAT, gpu))
+    if not out:
+        # N/A (a vGPU, some SKUs): nothing to judge, and said so, not taken for x16.
+        out.append(DeepFinding(Check.PCIE, Level.OK, "PCIe link not reported: not judged", gpu=gpu))
     return out
 
 
 def _throttle(gpu: str, r: DeepReading) -> list[DeepFinding]:
+    if not r.throttle and r.gpu_idle is None:
+        # The reasons were not reported (N/A): no slowdown is known, none is ruled out.
+        what = "clock event reasons not reported: not judged"
+        return [DeepFinding(Check.THROTTLE, Level.OK, what, gpu=gpu)]
     if not r.throttle:
         return [DeepFinding(Check.THROTTLE, Level.OK, "no HW or thermal clock slowdown", gpu=gpu)]
     out = []
@@ -157,6 +171,11 @@ def judge_gpus(
         gpu = (labels or {}).get(r.uuid, f"GPU {n}")
         out += _pcie(gpu, r) + _throttle(gpu, r) + _persistence(gpu, r) + _fabric(gpu, r)
     return out
+
+
+def judge_unread(why: str) -> DeepFinding:
+    """nvidia-smi could not read the GPUs (and no mismatch says why): a FAIL."""
+    return DeepFinding(Check.DRIVER, Level.CRITICAL, f"{why}: the GPUs could not be read", UNREAD)
 
 
 def judge_driver(mismatch: Mismatch | None) -> DeepFinding:

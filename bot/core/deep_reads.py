@@ -24,7 +24,7 @@ from bot.core.deep_query import (
     parse_nvlink,
 )
 from bot.core.health_reads import LOST_GPU_EXIT
-from bot.core.health_types import HostHealth, Level
+from bot.core.health_types import HostHealth
 from bot.core.results import CommandResult
 from bot.errors import GpuQueryError
 
@@ -118,12 +118,12 @@ def deep_report(
     last_count: int | None,
     labels: Mapping[str, str] | None = None,
 ) -> dc.DeepReport:
-    """Everything judged, host findings first, then each GPU's."""
-    findings = [dc.judge_driver(read.mismatch)]
+    """Everything judged, host findings first, then each GPU's. GPUs nvidia-smi could not
+    read at all fail: an unknown is never a pass (nor a driver said to match)."""
     if read.query_error is not None:
-        findings.append(
-            dc.DeepFinding(dc.Check.PCIE, Level.WARN, read.query_error, "check the driver")
-        )
+        findings = [dc.judge_unread(read.query_error)]
+    else:
+        findings = [dc.judge_driver(read.mismatch)]
     findings += dc.judge_source(read.nvml, read.nvml_error)
     findings.append(dc.judge_count(read.count, last_count))
     findings += dc.judge_dcgm(read.dcgm, read.dcgm_error)

@@ -14,7 +14,8 @@ any other run. What the run may end with:
 * a service that will not stop, a cancel before the maintenance, or a reset whose GPUs
   did not drain: the services already stopped are started again and nothing else
   happens;
-* the reboot refused (sudo, systemd): the services are started again;
+* the reboot refused (sudo, systemd), or every reset refused by sudo (a rule missing,
+  no GPU touched): the services are started again;
 * the host not back within ``reboot_timeout_s``, or back with another host key: nothing
   is started, the thread says the services' state is unknown and why;
 * the deep check failing (or a reset refused, which needs a reboot): the host stays out,
@@ -106,6 +107,10 @@ def host_flow(
                 pass
     else:
         reset = yield from reset_gpus(m, first, plan.gpus)
+        if reset.not_run:
+            # As a refused `systemctl reboot`: the GPUs are as they were; say the rule.
+            why = f"no GPU was reset, sudo refused to run it: {reset.text().rstrip('.')}"
+            return (yield from _abandon(host, stopped, why, HostStatus.FAILED))
         if not reset.ok:
             needs_reboot = f"{reset.text()}: the host needs a reboot (/vllm host reboot {host})"
     report = yield from deep_check(first, host, count, plan.is_local(host))

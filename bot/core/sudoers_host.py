@@ -7,9 +7,11 @@ All are root's and have no ``*``: the GPU index is matched digit by digit (``[0-
 or ``-i 0 --anything`` match none). Which hosts get them: those with ``become = "sudo"``
 that serve a service (the GPU hosts; a router's host alone has no GPU to reset).
 
-The tools' paths: ``[maintenance]`` must name them absolutely when any such host exists,
-refused at config load (``bot.settings``), as a service's ``systemctl`` is: a sudoers
-rule names a command by its absolute path, and the bot runs exactly that path.
+The tools' paths: ``[maintenance]`` must name them absolutely for such a host, as a
+service's ``systemctl`` must be: a sudoers rule names a command by its absolute path, and
+the bot runs exactly that path. A bare name still loads (a sudo deployment that never
+reboots from chat keeps working), but a host maintenance on that host is refused naming
+the key, and ``sudoers`` prints no rule for it (``maintenance_path_problem``).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from bot.audit.store import AuditLog
 from bot.core.dcgm import DCGM_TIMEOUT_S
 from bot.core.deep_check import Check, DeepFinding, DeepReport
 from bot.core.deep_reads import DeepRead, DeepReads, deep_reads, deep_report
-from bot.core.health_types import Level
-from bot.errors import ChatOpsError, GpuQueryError, HostError
+from bot.core.health_types import Level, worst
+from bot.errors import AuditError, ChatOpsError, GpuQueryError, HostError
 from bot.hosts.base import CommandResult, HostTransport
 from bot.hosts.fleet import DEFAULT_HOST_TIMEOUT_S, query_host
 from bot.hosts.nvml_deep import probe_local_deep
@@ -81,14 +81,33 @@ async def check_host(
             host, (DeepFinding(Check.HEALTH, Level.CRITICAL, what, "check the host"),)
         )
     read = await _drive(pool.get(host), await _local_reads(settings, pool, host), timeout_s)
-    last = await _last_count(audit, host)
-    if read.count is not None:
-        uuids = [r.uuid for r in read.readings]
-        data = {"gpus": read.count, "uuids": uuids, "driver": read.driver_version}
-        await audit.add_snapshot(None, host, LABEL, data)
+    # The audit log failing (locked, full) must not take the reads' findings with it.
+    unrecorded: str | None = None
+    try:
+        last = await _last_count(audit, host)
+        if read.count is not None:
+            uuids = [r.uuid for r in read.readings]
+            data = {"gpus": read.count, "uuids": uuids, "driver": read.driver_version}
+            await audit.add_snapshot(None, host, LABEL, data)
+    except AuditError as e:
+        last, unrecorded = None, str(e)
     labels = {g.uuid: f"GPU {g.index}" for g in (row.snapshot.gpus if row.snapshot else ())}
     health_error = row.health_error or (row.error if row.snapshot is None else None)
-    return deep_report(host, read, row.health, health_error, last, labels)
+    report = deep_report(host, read, row.health, health_error, last, labels)
+    return report if unrecorded is None else _count_unrecorded(report, unrecorded)
+
+
+def _count_unrecorded(report: DeepReport, why: str) -> DeepReport:
+    """``report`` with its GPU count's finding said not compared: the audit log failed."""
+    what = f"GPU count not compared with the last check, nor recorded (audit log: {why})"
+    action = "check the bot's audit database"
+    findings = tuple(
+        DeepFinding(Check.GPU_COUNT, worst([f.level, Level.WARN]), what, action)
+        if f.check == Check.GPU_COUNT
+        else f
+        for f in report.findings
+    )
+    return DeepReport(report.host, findings)
 
 
 async def deep_check(
@@ -104,7 +123,9 @@ async def deep_check(
         try:
             return await check_host(settings, pool, audit, host, timeout_s)
         except ChatOpsError as e:
-            finding = DeepFinding(Check.HEALTH, Level.WARN, f"not read ({e})", "check the host")
+            # Not judged at all: an unknown, so a FAIL (as a host that does not answer).
+            what = f"not read ({e}): nothing says its GPUs are fit"
+            finding = DeepFinding(Check.HEALTH, Level.CRITICAL, what, "check the host")
             return DeepReport(host, (finding,))
 
     return list(await asyncio.gather(*(one(h) for h in hosts)))

@@ -97,10 +97,18 @@ class ResetReport:
     refused: dict[int, str] = field(default_factory=dict)
     # Where persistence mode could not be turned back on: a warning, the reset stands.
     left_off: tuple[int, ...] = ()
+    # The GPUs whose refusal was sudo's: its `-pm 0` or `-r` never ran (a rule missing).
+    by_sudo: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.refused
+
+    @property
+    def not_run(self) -> bool:
+        """Sudo refused every reset asked for and none was done: nothing was done to a
+        GPU, and the cause is a sudoers rule, not the GPU (no reboot adds a rule)."""
+        return bool(self.refused) and not self.done and set(self.refused) <= set(self.by_sudo)
 
     def text(self) -> str:
         parts = []
@@ -134,6 +142,7 @@ def reset_gpus(
     done: list[int] = []
     refused: dict[int, str] = {}
     left_off: list[int] = []
+    by_sudo: list[int] = []
     for i in targets:
         if i not in rows:
             refused[i] = f"GPU {i} is not listed by nvidia-smi"
@@ -145,21 +154,22 @@ def reset_gpus(
             )
             if not off.ok:
                 refused[i] = off.refused or f"persistence mode stayed on ({reason_of(off)})"
+                by_sudo += [i] if off.refused else []
                 continue
-        verdict = host_ops.reset_verdict(
-            (yield from run(Step.GPU_RESET, host_ops.reset_argv(m, i), m.reset_timeout_s))
-        )
+        r = yield from run(Step.GPU_RESET, host_ops.reset_argv(m, i), m.reset_timeout_s)
+        verdict = host_ops.reset_verdict(r)
         if verdict.ok:
             done.append(i)
         else:
-            refused[i] = verdict.why
+            refused[i] = r.refused or verdict.why
+            by_sudo += [i] if r.refused else []
         if was_on:
             on = yield from run(
                 Step.GPU_RESET, host_ops.persistence_argv(m, i, True), svc.command_timeout_s
             )
             if not on.ok:
                 left_off.append(i)
-    report = ResetReport(tuple(done), refused, tuple(left_off))
+    report = ResetReport(tuple(done), refused, tuple(left_off), tuple(by_sudo))
     yield Emit(EndStep(Step.GPU_RESET, report.ok, report.text()))
     return report
 
