@@ -10,6 +10,12 @@ leader frozen past its lease stops leading before the next one starts. A replica
 shuts down lets the lease go, so the next one leads at once rather than after it runs
 out.
 
+The recovery sweep waits for more than leading: this replica must have reached the
+database without a break for one run lease (``may_recover``). A driver that could not
+renew its lease because the database was away (a restart, a fail-over) is not dead;
+once the database is back it renews within a lease, and only a lease that lapses after
+that is a driver's death.
+
 On SQLite (one bot, maybe CLIs beside it) the bot is the only bidder and always leads.
 """
 
@@ -37,12 +43,17 @@ class Leader:
         holder: str,
         *,
         ttl_s: float,
+        lease_s: float,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         boot_clock: Callable[[], float] = boottime,
     ) -> None:
         self.audit = audit
         self.holder = holder
         self.ttl_s = ttl_s
+        self.lease_s = lease_s
+        # Since when (by ``boot_clock``) every bid reached the database; None: the last
+        # one could not.
+        self._reachable_since: float | None = None
         self._sleep = sleep
         self._boot = boot_clock
         self._until = float("-inf")
@@ -61,6 +72,14 @@ class Leader:
             return await self.bid()
         return self.leading
 
+    async def may_recover(self) -> bool:
+        """Whether this replica may judge other drivers dead now: it leads, and has
+        reached the database without a break for one run lease (module doc)."""
+        if not await self.lead():
+            return False
+        since = self._reachable_since
+        return since is not None and self._boot() - since >= self.lease_s
+
     async def bid(self) -> bool:
         """One bid (or renewal); whether this replica leads after it."""
         asked = self._boot()
@@ -69,8 +88,11 @@ class Leader:
         except AuditError as exc:
             if not unavailable(exc):
                 raise
+            self._reachable_since = None
             log.warning("cannot renew the leader lease now: %s", exc)
             return self.leading
+        if self._reachable_since is None:
+            self._reachable_since = asked
         was = self.epoch
         if epoch is None:
             self._until = float("-inf")

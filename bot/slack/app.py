@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -224,7 +225,10 @@ async def serve(
                     port=settings.port,
                     signing_secret=settings.slack_signing_secret.get_secret_value(),
                 )
-                err.write(f"serving Slack events for {who} on :{settings.port}{EVENTS_PATH}\n")
+                err.write(
+                    f"serving Slack events for {who} on :{settings.port}{EVENTS_PATH} "
+                    f"(pid {os.getpid()})\n"
+                )
                 try:
                     await stop.wait()
                 finally:

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar, assert_never
 
+from bot.audit.backend import Dialect
 from bot.audit.store import parse_ts
 from bot.core.plan import Plan
 from bot.core.policy import groups_to_resolve
@@ -146,10 +147,16 @@ class _FrontDesk:
         # Runs waiting for an approver to let them terminate leftover processes.
         self.leftovers = LeftoverDesk(runtime.operations)
         # The housekeeping below runs on one replica at a time: the leader (issue 21).
+        replicas = runtime.settings.replicas
         self.leader = Leader(
-            runtime.audit, process_owner(), ttl_s=runtime.settings.replicas.leader_ttl_s
+            runtime.audit,
+            process_owner(),
+            ttl_s=replicas.leader_ttl_s,
+            # On SQLite a driver is judged by its process and its heartbeat as this
+            # machine saw it (bot.engine.liveness), which an outage does not fool.
+            lease_s=replicas.lease_s if runtime.audit.dialect is Dialect.POSTGRES else 0.0,
         )
-        self.sweep = RecoverySweep(self.lifecycle, self.cards, self.leader.lead)
+        self.sweep = RecoverySweep(self.lifecycle, self.cards, self.leader.may_recover)
         # Runs approved for later, started at their time (issue 22).
         self.scheduled = ScheduledStarts(
             self.operations, self.cards, self.start_run, self.leader.lead

@@ -228,7 +228,8 @@ def serve(path: str, parent: int) -> None:
     # What bot/__main__.py imports, which each run would otherwise pay for (not that
     # module itself: runpy warns when it runs a module already imported).
     import bot.cli.main
-    import bot.settings  # noqa: F401
+    import bot.settings
+    import bot.slack.app  # noqa: F401  (the Slack bot's own imports: replicas, issue 21)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.new"
