@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from bot.audit.journal import Journal, JournalRecord, ordered, parse_lines
-from bot.audit.pg_db import _WRITE_LOCK
 from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
 from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import RunNotFoundError
-from bot.settings import PostgresUrl
-from tests.support.audit_db import Target
+from tests.support.audit_db import Locker, Target
 from tests.support.clock import ManualClock
 
 SECRET = "hunter2-very-secret"
@@ -69,44 +65,6 @@ async def audit(audit_target: Target) -> AsyncIterator[AuditLog]:
         audit_target, busy_timeout_s=0.05, redact=lambda s: s.replace(SECRET, "***")
     ) as log:
         yield log
-
-
-class Locker:
-    """Another process holding the database's write lock: on SQLite a second connection
-    to the same file inside ``BEGIN EXCLUSIVE``; on PostgreSQL a second session holding
-    the writers' advisory lock (``bot.audit.pg_db``) inside its transaction."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self._sqlite: sqlite3.Connection | None = None
-        self._pg: psycopg.Connection[Any] | None = None
-        if isinstance(target, PostgresUrl):
-            self._pg = psycopg.connect(target.url.get_secret_value(), autocommit=True)
-        else:
-            self._sqlite = sqlite3.connect(target, isolation_level=None, timeout=5)
-
-    def lock(self) -> None:
-        if self._pg is not None:
-            self._pg.execute("BEGIN")
-            self._pg.execute(_WRITE_LOCK.encode())
-        else:
-            assert self._sqlite is not None
-            self._sqlite.execute("BEGIN EXCLUSIVE")
-
-    def unlock(self) -> None:
-        if self._pg is not None:
-            self._pg.execute("ROLLBACK")
-        else:
-            assert self._sqlite is not None
-            self._sqlite.execute("ROLLBACK")
-
-    def close(self) -> None:
-        if self._pg is not None:
-            self._pg.close()
-        elif self._sqlite is not None:
-            if self._sqlite.in_transaction:
-                self._sqlite.execute("ROLLBACK")
-            self._sqlite.close()
 
 
 @pytest.fixture

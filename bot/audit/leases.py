@@ -45,9 +45,15 @@ async def hold(conn: Conn, name: str, holder: str, ttl_s: float) -> int | None:
 
 
 async def release(conn: Conn, name: str, holder: str) -> bool:
-    """``holder`` lets lease ``name`` go (a clean shutdown: the next may take it at once)."""
+    """``holder`` lets lease ``name`` go (a clean shutdown: the next may take it at once).
+    It ends now rather than going away, so the epoch still moves on at the next holder."""
     return bool(
-        await execute(conn, "DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+        await execute(
+            conn,
+            f"UPDATE leases SET expires = {NOW_S[dialect_of(conn)]} - 1 "  # noqa: S608
+            "WHERE name = ? AND holder = ?",
+            (name, holder),
+        )
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from bot.audit.pg_conn import to_pyformat
+from bot.audit.pg_db import _WRITE_LOCK
 from bot.settings import PostgresUrl
 
 Target = Path | PostgresUrl
@@ -62,3 +63,41 @@ def raw_many(target: Target, sql: str, rows: list[tuple[Any, ...]]) -> None:
         return
     with closing(sqlite3.connect(target, timeout=10)) as lite, lite:
         lite.executemany(sql, rows)
+
+
+class Locker:
+    """Another process holding the database's write lock: on SQLite a second connection
+    to the same file inside ``BEGIN EXCLUSIVE``; on PostgreSQL a second session holding
+    the writers' advisory lock (``bot.audit.pg_db``) inside its transaction."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._sqlite: sqlite3.Connection | None = None
+        self._pg: psycopg.Connection[Any] | None = None
+        if isinstance(target, PostgresUrl):
+            self._pg = psycopg.connect(target.url.get_secret_value(), autocommit=True)
+        else:
+            self._sqlite = sqlite3.connect(target, isolation_level=None, timeout=5)
+
+    def lock(self) -> None:
+        if self._pg is not None:
+            self._pg.execute("BEGIN")
+            self._pg.execute(_WRITE_LOCK.encode())
+        else:
+            assert self._sqlite is not None
+            self._sqlite.execute("BEGIN EXCLUSIVE")
+
+    def unlock(self) -> None:
+        if self._pg is not None:
+            self._pg.execute("ROLLBACK")
+        else:
+            assert self._sqlite is not None
+            self._sqlite.execute("ROLLBACK")
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+        elif self._sqlite is not None:
+            if self._sqlite.in_transaction:
+                self._sqlite.execute("ROLLBACK")
+            self._sqlite.close()
