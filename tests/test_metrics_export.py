@@ -14,14 +14,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from bot.audit.store import AuditLog
 from bot.core.plan import Step
 from bot.core.status import Action, RunStatus, Source
+from bot.engine.exporter import Exporter
 from bot.engine.metrics_http import METRICS_PATH, start_metrics
 from bot.engine.run_results import Refused
 from bot.engine.runtime import open_runtime
 from bot.errors import ConfigError
 from bot.settings import load_settings
 from bot.sim.kit import SERVICE, SimKit
+from tests.support.audit_db import Target
 from tests.support.sim import sim_settings
 from tests.test_environment_e2e import NEW, Tap, redeploy
 
@@ -36,6 +39,10 @@ async def scrape(port: int) -> tuple[str, list[Sample]]:
         text = await resp.text()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     return text, samples
+
+
+def parse(text: bytes) -> list[Sample]:
+    return [s for f in text_string_to_metric_families(text.decode()) for s in f.samples]
 
 
 def value(samples: list[Sample], name: str, **labels: str) -> float | None:
@@ -118,3 +125,20 @@ def test_listen_must_be_host_and_port(tmp_path: Path) -> None:
         assert "is not host:port" in str(caught.value)
     path.write_text('[metrics]\nlisten = "[::1]:9464"\n')
     assert load_settings(path).metrics.address() == ("::1", 9464)
+
+
+async def test_a_database_that_cannot_be_read_says_so_and_keeps_the_counters(
+    audit_target: Target,
+) -> None:
+    """Issue 21: the scrape reads what every replica shares from the database; when it
+    cannot (down, restarting, locked past the busy timeout: here, closed), the gauge says
+    so and the process's own counters are still served."""
+    exporter = Exporter()
+    audit = await AuditLog.open(audit_target)
+    up = parse(await exporter.scrape(audit, 0))
+    assert value(up, "vllm_chatops_audit_database_up") == 1
+    await audit.close()
+    down = parse(await exporter.scrape(audit, 3))
+    assert value(down, "vllm_chatops_audit_database_up") == 0
+    assert value(down, "vllm_chatops_audit_journal_records") == 3
+    assert value(down, "vllm_chatops_build_info") == 1

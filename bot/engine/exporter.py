@@ -12,7 +12,6 @@ come from the database, so they survive a restart and agree across replicas.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from bot.core.health_types import Level
 from bot.core.plan import Step
 from bot.core.status import ACTIVE_STATUSES, HostStatus, StepStatus
 from bot.engine.run_results import Refusal
+from bot.errors import AuditError
 
 # The steps whose success means the service answers again: the outage ends at the last
 # of them a host passes (readiness after health, when it is configured).
@@ -169,7 +169,8 @@ class Exporter:
         self.journal_records.set(journal_records)
         try:
             reads = await audit.metrics_reads()
-        except (sqlite3.Error, OSError):
+        except (AuditError, OSError):
+            # Down, locked past the busy timeout, restarting (PostgreSQL), or closed.
             self.audit_up.set(0)
             return generate_latest(self.registry)
         self.audit_up.set(1)
