@@ -14,10 +14,14 @@ from collections.abc import Sequence
 
 import asyncssh
 
+from bot.audit.inspect import inspect
+from bot.audit.migrations import MIGRATIONS
 from bot.core.doctor import Answer, Check, Kind, Outcome, Probe, judge, probes, skipped
 from bot.core.doctor_approvers import approver_checks, services_checked
+from bot.core.doctor_database import judge_database
 from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
+from bot.engine.heartbeat import SAFETY_S
 from bot.engine.slack_groups import read_groups
 from bot.errors import HostError
 from bot.hosts.known_hosts import host_key_of, trusted_algorithms
@@ -37,9 +41,18 @@ async def run_doctor(
     per_host = await asyncio.gather(
         *(_host(settings, pool, [p for p in wanted if p.host == h]) for h in every)
     )
-    return [c for checks in per_host for c in checks] + await _approvers(
-        settings, services_checked(settings, hosts, service)
+    return (
+        [c for checks in per_host for c in checks]
+        + await _approvers(settings, services_checked(settings, hosts, service))
+        + await database_checks(settings)
     )
+
+
+async def database_checks(settings: Settings) -> list[Check]:
+    """The audit database this process would use (issue 21): reachable, migrated, and on
+    PostgreSQL this machine's clock against the database's, read without changing it."""
+    state = await inspect(settings.db_path, timeout_s=settings.audit.busy_timeout_s)
+    return judge_database(state, [m.name for m in MIGRATIONS], margin_s=SAFETY_S)
 
 
 async def _approvers(settings: Settings, services: list[str]) -> list[Check]:
