@@ -232,3 +232,39 @@ def test_the_databases_password_is_redacted_wherever_the_bot_writes() -> None:
     masked = redact(said)
     assert "w0rd" not in masked and "k3y-secret" not in masked
     assert isinstance(settings.db_path, PostgresUrl) and "w0rd" not in repr(settings)
+
+
+async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
+    pg_url: PostgresUrl,
+) -> None:
+    """A replica stopped (SIGSTOP, a frozen VM) between the statements of a write keeps
+    the writers' lock; the server ends its idle transaction after IDLE_IN_TRANSACTION_S,
+    so another replica's write, waiting up to its busy timeout, then goes through. The
+    frozen one is played by a session that began a write exactly as the bot does."""
+    from bot.audit.pg_db import IDLE_IN_TRANSACTION_S, _begin
+
+    async with AuditLog.open(
+        pg_url, migrate=True, busy_timeout_s=IDLE_IN_TRANSACTION_S * 3
+    ) as audit:
+        run_id = await audit.create_run(
+            service="svc",
+            action=Action.RESTART,
+            hosts=["h"],
+            requested_by="U1",
+            source=Source.CLI,
+            plan={},
+            package_spec=None,
+        )
+        frozen = await psycopg.AsyncConnection.connect(
+            pg_url.url.get_secret_value(), autocommit=True
+        )
+        try:
+            await frozen.execute(_begin(True, busy_timeout_s=10))  # holds the lock, then idles
+            assert await audit.transition(
+                run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+            )
+            # The server ended the frozen session: it finds out at its next statement.
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                await frozen.execute("SELECT 1")
+        finally:
+            await frozen.close()

@@ -8,7 +8,8 @@ transactions run on it, with the same contract as SQLite's ``bot.audit.db.Databa
   held up: a read transaction is ``REPEATABLE READ READ ONLY`` (one snapshot, as a
   SQLite read transaction sees), and may not write.
 * **Timeouts instead of hanging**: a write waits for the lock at most the busy timeout
-  (``lock_timeout``), then fails as SQLite's "database is locked" does
+  (``lock_timeout``, set for each transaction alone: nothing is left on a pooled
+  session), then fails as SQLite's "database is locked" does
   (``AuditUnavailable``: the resilient writer journals it); a session left inside a
   transaction (a replica frozen by ``SIGSTOP`` or a VM pause while it held the lock) is
   ended by the server after ``IDLE_IN_TRANSACTION_S``, so the others are not blocked
@@ -77,14 +78,18 @@ def audit_error(where: str, exc: BaseException) -> AuditError:
     return kind(f"audit database {where}: {text}")
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any], busy_timeout_s: float) -> None:
-    """Each new pooled connection's session: UTC, the lock wait bound, the idle bound."""
-    await conn.execute("SET TIME ZONE 'UTC'")
-    await conn.execute(f"SET lock_timeout = '{int(busy_timeout_s * 1000)}ms'")
-    await conn.execute(
-        f"SET idle_in_transaction_session_timeout = '{int(IDLE_IN_TRANSACTION_S * 1000)}ms'"
+def _begin(write: bool, busy_timeout_s: float) -> bytes:
+    """A transaction's start, in one round trip: its isolation, its bounds (``SET
+    LOCAL``: they end with it, so nothing is left on a session a pooler such as
+    PgBouncer in transaction mode hands to someone else), and for a write the writers'
+    lock."""
+    idle = (
+        f"SET LOCAL idle_in_transaction_session_timeout = '{int(IDLE_IN_TRANSACTION_S * 1000)}ms'"
     )
-    await conn.execute("SET application_name = 'vllm-chatops'")
+    if not write:
+        return f"{_BEGIN_READ}; {idle}".encode()
+    wait = f"SET LOCAL lock_timeout = '{int(busy_timeout_s * 1000)}ms'"
+    return f"{_BEGIN_WRITE}; {idle}; {wait}; {_WRITE_LOCK}".encode()
 
 
 class PostgresDatabase(Shield):
@@ -94,10 +99,15 @@ class PostgresDatabase(Shield):
     dialect = Dialect.POSTGRES
 
     def __init__(
-        self, pool: psycopg_pool.AsyncConnectionPool[Any], where: str, unknown: tuple[str, ...]
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        where: str,
+        unknown: tuple[str, ...],
+        busy_timeout_s: float,
     ) -> None:
         super().__init__()
         self._pool = pool
+        self._begin = {w: _begin(w, busy_timeout_s) for w in (False, True)}
         self._where = where
         self._closed = False
         self.unknown_migrations = unknown
@@ -121,17 +131,19 @@ class PostgresDatabase(Shield):
         database (without its password) and the problem."""
         where = shown_url(url)
 
-        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-            await _configure(conn, busy_timeout_s)
-
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=1,
             max_size=POOL_MAX,
             open=False,
             timeout=busy_timeout_s,
-            kwargs={"autocommit": True},
-            configure=configure,
+            # No prepared statements (psycopg prepares a query it has run five times):
+            # a pooler in transaction mode would hand them to another client's session.
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": None,
+                "application_name": "vllm-chatops",
+            },
             check=psycopg_pool.AsyncConnectionPool.check_connection,
             name="chatops-audit",
         )
@@ -143,7 +155,7 @@ class PostgresDatabase(Shield):
                 f"audit database {where}: cannot connect within {busy_timeout_s:g} s "
                 f"({_why_not(exc)})"
             ) from exc
-        db = cls(pool, where, ())
+        db = cls(pool, where, (), busy_timeout_s)
         try:
             result = await db._migrations(migrations, migrate=migrate)
         except BaseException:
@@ -174,9 +186,7 @@ class PostgresDatabase(Shield):
             async with self._pool.connection() as raw:
                 conn = PgConn(raw)
                 try:
-                    await raw.execute(_BEGIN_WRITE if write else _BEGIN_READ)
-                    if write:
-                        await raw.execute(_WRITE_LOCK)
+                    await raw.execute(self._begin[write])
                     yield conn
                     await raw.execute("COMMIT")
                 except BaseException:
