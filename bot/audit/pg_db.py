@@ -54,6 +54,9 @@ WRITE_LOCK_CLASS = 0x43_48_41  # "CHA"
 # enough that a frozen replica holding the write lock blocks the others only briefly.
 IDLE_IN_TRANSACTION_S = 5.0
 POOL_MAX = 8
+# The least time given to connect at start, and to get a pooled connection later.
+OPEN_MIN_S = 2.0
+GET_CONNECTION_MIN_S = 1.0
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -130,13 +133,16 @@ class PostgresDatabase(Shield):
         names applied appended to ``applied``). Raises ``AuditError`` naming the
         database (without its password) and the problem."""
         where = shown_url(url)
+        opening = max(busy_timeout_s, OPEN_MIN_S)
 
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=1,
             max_size=POOL_MAX,
             open=False,
-            timeout=busy_timeout_s,
+            # A connection from the pool, or a new one, within the busy timeout (but a
+            # second at least: a loaded machine takes tens of milliseconds to connect).
+            timeout=max(busy_timeout_s, GET_CONNECTION_MIN_S),
             # No prepared statements (psycopg prepares a query it has run five times):
             # a pooler in transaction mode would hand them to another client's session.
             kwargs={
@@ -148,11 +154,11 @@ class PostgresDatabase(Shield):
             name="chatops-audit",
         )
         try:
-            await pool.open(wait=True, timeout=busy_timeout_s)
+            await pool.open(wait=True, timeout=opening)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             await pool.close()
             raise AuditUnavailable(
-                f"audit database {where}: cannot connect within {busy_timeout_s:g} s "
+                f"audit database {where}: cannot connect within {opening:g} s "
                 f"({_why_not(exc)})"
             ) from exc
         db = cls(pool, where, (), busy_timeout_s)

@@ -180,7 +180,9 @@ def config(base: Path, kit: SimKit, **replicas: float) -> Path:
             "min_approvals = 1\napproval_ttl_s = 600\n"
             f"[slack]\nchannels = {toml_value([CHANNEL])}\n"
             "post_interval_s = 0.06\nupdate_interval_s = 0.2\n"
+            # A database away is found out within a second or two, as the tests restart it.
             f"[audit]\njournal_dir = {toml_value(str(base))}\nretry_s = 0.5\n"
+            "busy_timeout_s = 1.0\n"
             "[replicas]\n"
             + "".join(f"{k} = {toml_value(v)}\n" for k, v in {**TIMINGS, **replicas}.items())
         )
