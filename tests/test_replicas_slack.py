@@ -14,6 +14,7 @@ from pathlib import Path
 from bot.core.status import Decision, RunStatus
 from bot.settings import PostgresUrl
 from bot.sim.kit import SimKit
+from bot.slack.app import serve
 from tests.fakes import FakeSlack
 from tests.polling import eventually
 from tests.slack_harness import (
@@ -26,6 +27,7 @@ from tests.slack_harness import (
     blocks_text,
     buttons,
     default_policy,
+    make_settings,
     new_fake,
     slack_bot,
 )
@@ -178,3 +180,54 @@ async def test_a_leftover_press_on_the_other_replica_answers_the_drivers_questio
         assert row == (f"{BOB}, {CAROL}",)
         await a.front_end.idle()
         await b.front_end.idle()
+
+
+async def test_two_replicas_in_socket_mode_each_take_the_events_slack_gives_them(
+    tmp_path: Path, sim_host: SimKit, pg_url: PostgresUrl
+) -> None:
+    """Socket Mode with two connections: Slack delivers each event to one of them
+    (slackapi/bolt-python#448). The command reaches one replica, the approval the
+    other; the run is recorded once and driven by the replica that took the approval."""
+    await migrate_pg(pg_url)
+    async with new_fake() as fake:
+        stops = []
+        bots = []
+        for n in range(2):
+            own = tmp_path / f"socket-{n}"
+            own.mkdir()
+            settings = make_settings(
+                own,
+                sim_host,
+                fake,
+                app_token=True,
+                CHATOPS_DB=db_arg(pg_url),
+                replicas=REPLICAS,
+                audit={"journal_dir": str(own)},
+            )
+            stop = asyncio.Event()
+            stops.append(stop)
+            bots.append(asyncio.create_task(serve(settings, stop=stop)))
+            await fake.socket_mode.wait_connected(count=n + 1, timeout=30)
+        try:
+            await fake.socket_mode.slash_command(
+                fake.slash_command(f"restart {SERVICE}"), connection=0
+            )
+            card = await fake.wait_for_message(CHANNEL, lambda m: bool(buttons(m)))
+            run_id = int(card["blocks"][-1]["elements"][0]["value"])
+            click = fake.block_action(
+                "approve", str(run_id), channel_id=CHANNEL, message_ts=card["ts"], user_id=BOB
+            )
+            await fake.socket_mode.interactive(click, connection=1)
+            await fake.wait_for(
+                lambda: "succeeded" in blocks_text(fake.message(CHANNEL, card["ts"])),
+                what="the run to succeed",
+                timeout=60,
+            )
+            assert raw_rows(pg_url, "SELECT count(*) FROM runs") == [(1,)]
+            assert raw_rows(
+                pg_url, 'SELECT "user", decision FROM decisions WHERE run_id = ?', (run_id,)
+            ) == [(BOB, "approve")]
+        finally:
+            for stop in stops:
+                stop.set()
+            assert await asyncio.wait_for(asyncio.gather(*bots), 30) == [0, 0]

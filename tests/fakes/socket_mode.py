@@ -146,8 +146,11 @@ class FakeSocketMode:
         *,
         accepts_response_payload: bool | None = None,
         envelope_id: str | None = None,
+        connection: int = -1,
     ) -> str:
-        """Send an envelope to the newest open connection; returns its envelope_id."""
+        """Send an envelope to the newest open connection (or the ``connection``-th open
+        one: with several apps connected, Slack picks one per event); returns its
+        envelope_id."""
         conns = self.open_connections
         if not conns:
             raise RuntimeError("fake Slack: no open Socket Mode connection")
@@ -161,7 +164,7 @@ class FakeSocketMode:
             "payload": dict(payload),
             "accepts_response_payload": accepts_response_payload,
         }
-        await conns[-1].ws.send_json(envelope)
+        await conns[connection].ws.send_json(envelope)
         return eid
 
     async def wait_ack(self, envelope_id: str, *, timeout: float = 5.0) -> dict[str, Any]:
@@ -171,21 +174,26 @@ class FakeSocketMode:
         return self.acks[envelope_id]
 
     async def request(
-        self, type_: str, payload: Mapping[str, Any], *, timeout: float = 5.0
+        self,
+        type_: str,
+        payload: Mapping[str, Any],
+        *,
+        timeout: float = 5.0,
+        connection: int = -1,
     ) -> dict[str, Any]:
         """Push an envelope and wait for the app's ack frame."""
-        eid = await self.push(type_, payload)
+        eid = await self.push(type_, payload, connection=connection)
         return await self.wait_ack(eid, timeout=timeout)
 
     async def slash_command(
-        self, payload: Mapping[str, str], *, timeout: float = 5.0
+        self, payload: Mapping[str, str], *, timeout: float = 5.0, connection: int = -1
     ) -> dict[str, Any]:
-        return await self.request("slash_commands", payload, timeout=timeout)
+        return await self.request("slash_commands", payload, timeout=timeout, connection=connection)
 
     async def interactive(
-        self, payload: Mapping[str, Any], *, timeout: float = 5.0
+        self, payload: Mapping[str, Any], *, timeout: float = 5.0, connection: int = -1
     ) -> dict[str, Any]:
-        return await self.request("interactive", payload, timeout=timeout)
+        return await self.request("interactive", payload, timeout=timeout, connection=connection)
 
     async def send_disconnect(self, reason: str = "refresh_requested") -> None:
         """What Slack sends before rotating a connection; the client reconnects."""
