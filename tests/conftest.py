@@ -17,7 +17,7 @@ import pytest
 from bot.settings import PostgresUrl
 from bot.sim.kit import SimKit, fast_config
 from tests.fakes import FakeSlack
-from tests.support.postgres import migrate_pg, shared_server
+from tests.support.postgres import shared_server
 from tests.support.sim import MakeSimHost, require_sshd
 
 
@@ -71,11 +71,16 @@ def pg_url() -> PostgresUrl:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def audit_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresUrl:
+async def audit_target(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Path | PostgresUrl]:
     """The audit database a test runs against, once on each backend (issue 21): a SQLite
-    file, or a fresh PostgreSQL schema already migrated (a bot refuses one that is not)."""
+    file, or a PostgreSQL schema of its own, migrated (a bot refuses one that is not)
+    and empty (emptied and handed to the next test after this one)."""
     if request.param == "sqlite":
-        return tmp_path / "audit.db"
-    url = shared_server().fresh_url()
-    await migrate_pg(url)
-    return url
+        yield tmp_path / "audit.db"
+        return
+    server = shared_server()
+    url = await server.migrated_url()
+    yield url
+    server.give_back(url)
