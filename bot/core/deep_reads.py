@@ -117,9 +117,12 @@ def deep_report(
     health_error: str | None,
     last_count: int | None,
     labels: Mapping[str, str] | None = None,
+    fabric_waited: float | None = None,
 ) -> dc.DeepReport:
     """Everything judged, host findings first, then each GPU's. GPUs nvidia-smi could not
-    read at all fail: an unknown is never a pass (nor a driver said to match)."""
+    read at all fail: an unknown is never a pass (nor a driver said to match).
+    ``fabric_waited``: how long a host run waited for the NVSwitch fabric after its
+    maintenance (None: a stand-alone check; ``deep_check._fabric``)."""
     if read.query_error is not None:
         findings = [dc.judge_unread(read.query_error)]
     else:
@@ -128,7 +131,7 @@ def deep_report(
     findings.append(dc.judge_count(read.count, last_count))
     findings += dc.judge_dcgm(read.dcgm, read.dcgm_error)
     findings += dc.judge_health(health, health_error)
-    findings += dc.judge_gpus(read.readings, labels)
+    findings += dc.judge_gpus(read.readings, labels, fabric_waited)
     if read.readings:
-        findings += dc.judge_nvlink(read.readings, read.nvlink_error, labels)
+        findings += dc.judge_nvlink(read.readings, read.nvlink_error, labels, fabric_waited)
     return dc.DeepReport(host, tuple(findings))
