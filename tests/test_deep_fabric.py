@@ -83,7 +83,7 @@ def test_a_stuck_fabric_fails_after_the_wait_and_warns_as_transitional_alone() -
     # After a reboot or reset the host run waited for it: still registering is a FAIL.
     after = fabric(judge_gpus([gpu_of(IN_PROGRESS)], fabric_waited=120.0))
     assert after.level == Level.CRITICAL
-    assert after.what == "fabric In Progress still, 120s after the maintenance"
+    assert after.what == "fabric In Progress, still after waiting 120s for it (fabric_wait_s)"
     assert "systemctl status nvidia-fabricmanager" in after.action and "802" in after.action
     # "Not Started", the state before it (NVSentinel#883), the same way.
     (r,) = parse_deep_query("h", with_fabric("Not Started", "N/A")).gpus

@@ -182,8 +182,13 @@ def _fabric(gpu: str, r: DeepReading, waited: float | None) -> list[DeepFinding]
             "a reboot or reset the host run waits fabric_wait_s for it, then fails it)"
         )
         return [DeepFinding(Check.FABRIC, Level.WARN, what, FABRIC_STUCK, gpu)]
-    what += f" still, {waited:.0f}s after the maintenance"
+    what += f", still after waiting {waited:.0f}s for it (fabric_wait_s)"
     return [DeepFinding(Check.FABRIC, Level.CRITICAL, what, FABRIC_STUCK, gpu)]
+
+
+def registering(readings: Sequence[DeepReading]) -> list[DeepReading]:
+    """The GPUs whose NVSwitch fabric is still registering (``TRANSITIONAL``)."""
+    return [r for r in readings if r.fabric_state in TRANSITIONAL]
 
 
 def judge_gpus(

@@ -69,7 +69,7 @@ def deep_reads(
         read = DeepRead(tuple(nvml), len(nvml), driver_version=driver, nvml=True)
     else:
         q = yield DEEP_QUERY_ARGV
-        read = replace(_query(host, q), nvml_error=nvml_error)
+        read = replace(read_query(host, q), nvml_error=nvml_error)
         if read.readings:
             n = yield NVLINK_ARGV
             read = _with_nvlink(read, n)
@@ -80,7 +80,8 @@ def deep_reads(
     return replace(read, dcgm=report, dcgm_error=None if report.ran else _said(d))
 
 
-def _query(host: str, q: CommandResult) -> DeepRead:
+def read_query(host: str, q: CommandResult) -> DeepRead:
+    """What one ``nvidia-smi -q -x`` read (its GPUs, or the mismatch, or why not)."""
     if (m := mismatch_of(q.exit_status, q.stdout, q.stderr)) is not None:
         return DeepRead(mismatch=m)
     if q.exit_status not in (0, LOST_GPU_EXIT):

@@ -113,7 +113,7 @@ def host_flow(
             return (yield from _abandon(host, stopped, why, HostStatus.FAILED))
         if not reset.ok:
             needs_reboot = f"{reset.text()}: the host needs a reboot (/vllm host reboot {host})"
-    report = yield from deep_check(first, host, count, plan.is_local(host))
+    report = yield from deep_check(m, first, host, count, plan.is_local(host))
     failed = needs_reboot or _fail_text(report)
     if failed is not None and m.on_failed_check == "stop":
         return (yield from _too_late((yield from _keep_out(host, parts, running, failed))))
