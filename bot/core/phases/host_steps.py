@@ -17,6 +17,7 @@ turning persistence mode off for the reset and back on after).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,12 +35,15 @@ from bot.core.phases.actions import (
     EndStep,
     Phase,
     Progress,
+    SudoAnswer,
+    ask_sudo,
     pause,
     read_deep_state,
     run,
 )
 from bot.core.phases.common import HostLost, lost, read_snapshot, reason_of
 from bot.core.phases.gpu_check import read_health
+from bot.core.phases.preflight import Refused
 from bot.core.plan import Step, cmd
 from bot.core.results import CommandResult
 from bot.errors import GpuQueryError
@@ -49,7 +53,36 @@ from bot.settings import MaintenanceSettings, ServiceSettings
 QUICK_TIMEOUT_S = 15.0
 REBOOT_COMMAND_TIMEOUT_S = 60.0
 
+Argv = tuple[str, ...]
 RebootEnd = Literal["back", "not_rebooted", "timeout", "other_host"]
+
+
+def sudo_allows(m: MaintenanceSettings, reboot: bool, gpus: Sequence[int], host: str) -> Phase[str]:
+    """Asks sudo whether it would run each command this run will run as root (``sudo -n
+    -l``, nothing run), before anything is stopped: a rule missing would otherwise be
+    found at the reboot or reset, once every service was stopped (a 1T model reloaded
+    for nothing). Raises ``Refused`` naming each command and the rules the host's
+    drop-in lacks; returns what the preflight's summary says ("" where no sudo is used)."""
+    commands = host_ops.root_commands(m, reboot, gpus)
+    refused: list[tuple[Argv, SudoAnswer]] = []
+    for argv in commands:
+        a = yield from ask_sudo(Step.PREFLIGHT, argv, QUICK_TIMEOUT_S)
+        if not a.asked:
+            return ""  # the host runs them as they are (become = "none")
+        if a.lost is not None:
+            raise Refused(f"cannot ask sudo on {host} whether it would run `{cmd(argv)}`: {a.lost}")
+        if a.refused is not None:
+            refused.append((argv, a))
+    if not refused:
+        return f"sudo allows all {len(commands)} maintenance commands (sudo -n -l)"
+    shown = ", ".join(f"`{cmd(argv)}`" for argv, _ in refused[:6])
+    more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+    whys = "; ".join(dict.fromkeys(a.refused or "" for _, a in refused))
+    rules = " ".join(dict.fromkeys(a.rule for _, a in refused if a.rule))
+    raise Refused(
+        f"sudo on {host} would not run {len(refused)} of the {len(commands)} commands this "
+        f"run needs as root ({shown}{more}: {whys}), so nothing was stopped. {rules}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
