@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.core.deep_query import DEEP_QUERY_ARGV, NVLINK_ARGV
+from bot.core.deep_query import DEEP_QUERY_ARGV, NVLINK_ARGV, DeepReading, NvLinks
 from bot.core.flows import EndStep
 from bot.core.phases.actions import Progress
 from bot.core.plan import Step
@@ -118,3 +118,16 @@ def test_after_a_gpu_reset_the_wait_is_the_same() -> None:
     assert re.search(r"fabric In Progress, still after waiting 1[01]s for it", outcome.summary)
     checks = [n for n in host.notices if isinstance(n, EndStep) and n.step == Step.DEEP_CHECK]
     assert [c.ok for c in checks] == [False]
+
+
+def test_on_the_bots_own_host_nvml_is_read_again_not_nvidia_smi() -> None:
+    # NVML's words for a stuck fabric (bot.hosts.nvml_deep: state 2, "In Progress").
+    stuck = tuple(
+        DeepReading(UUIDS[i], "?", fabric_state="In Progress", nvlink=NvLinks(all_down=True))
+        for i in range(8)
+    )
+    host = MaintainedHost(nvml_deep=stuck)
+    outcome = maintain(host, local=True, fabric_wait_s=20)
+    assert outcome.status == HostStatus.FAILED
+    assert re.search(r"fabric In Progress, still after waiting 2[01]s for it", outcome.summary)
+    assert DEEP_QUERY_ARGV not in host.calls  # NVML answered every read
