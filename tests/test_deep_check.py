@@ -126,21 +126,7 @@ def test_drivers_before_535_name_them_throttle_reasons() -> None:
     assert r.throttle == ("hw_slowdown",) and r.gpu_idle is True
 
 
-@pytest.mark.parametrize(
-    ("state", "status", "level"),
-    [
-        ("Completed", "Success", Level.OK),
-        ("In Progress", "N/A", Level.WARN),
-        ("Not Started", "N/A", Level.CRITICAL),
-        ("Completed", "Failure", Level.CRITICAL),
-    ],
-)
-def test_fabric_manager_state_where_present(state: str, status: str, level: Level) -> None:
-    nvswitch = L4.replace("<state>N/A</state>", f"<state>{state}</state>").replace(
-        "<status>N/A</status>", f"<status>{status}</status>"
-    )
-    (r,) = parse_deep_query("h", nvswitch).gpus
-    assert _levels(judge_gpus([r]), Check.FABRIC) == [level]
+# The fabric state's verdicts, on the real captures: tests/test_deep_fabric.py.
 
 
 def test_output_that_is_not_the_xml_is_a_query_error() -> None:

@@ -91,6 +91,24 @@ async def test_an_nvlink_link_down_fails_its_gpu_only(
     assert "dcgmi diag -r 2" in down.action
 
 
+async def test_a_stuck_fabric_warns_as_transitional_when_checked_alone(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # `gpus --deep` cannot tell a boot in progress from a dead Fabric Manager: warnings
+    # that say so (the host run waits, then fails it: tests/test_host_e2e.py).
+    kit = sim_sshd_host
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        (healthy,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+        kit.set_faults(fabric_stuck=True)
+        (report,) = await deep_check(rt.settings, rt.pool, rt.audit, [kit.hostname])
+    # The simulated HGX with its Fabric Manager up: every GPU registered, and passing.
+    assert [f.what for f in _by(healthy, Check.FABRIC)] == ["fabric Completed, Success"] * 8
+    assert report.level == Level.WARN, report.text()
+    assert {f.level for f in _by(report, Check.FABRIC) + _by(report, Check.NVLINK)} == {Level.WARN}
+    (first, *_) = _by(report, Check.FABRIC)
+    assert "In Progress (transitional" in first.what and "nvidia-fabricmanager" in first.action
+
+
 async def test_a_host_whose_driver_is_not_loaded_fails_the_deep_check(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:

@@ -210,6 +210,38 @@ async def test_a_host_that_fails_its_deep_check_after_the_reboot_stays_out(
         )
 
 
+async def test_a_reboot_whose_fabric_never_registers_keeps_the_host_out_with_the_reason(
+    tmp_path: Path, host: SimKit
+) -> None:
+    # Fabric Manager dead at boot (NVSentinel#883): the GPUs stay "In Progress", every
+    # NVLink down. The deep check waits fabric_wait_s for it (polled every 0.2 s here),
+    # then fails: the units the boot started are stopped again, and the card says why.
+    host.set_faults(fabric_stuck=True)
+    maintenance = {**MAINTENANCE, "fabric_wait_s": 1.0}
+    async with slack_bot(tmp_path, host, maintenance=maintenance) as bot:
+        run_id = await approved(bot, f"host reboot {host.hostname}")
+        done = await ended(bot, run_id)
+        assert done.status == RunStatus.FAILED, done.summary
+        assert done.summary is not None
+        assert f"{host.hostname} stays out: deep GPU check FAIL" in done.summary
+        assert "fabric In Progress, still after waiting" in done.summary
+        assert "systemctl status nvidia-fabricmanager" in done.summary
+        assert "every NVLink link inactive on every GPU of an NVSwitch system" in done.summary
+        assert host.reboots() == 1
+        assert host.unit_state() == "inactive"
+        assert done.service_state == "stopped"
+        steps = [(s.step, s.status) for s in await bot.runtime.audit.steps(run_id)]
+        assert ("reboot", "ok") in steps and ("deep_check", "failed") in steps, steps
+        await bot.front_end.idle()
+        await bot.fake.wait_for(
+            lambda: (
+                "fabric In Progress"
+                in blocks_text(bot.fake.message("C0OPS", done.message_ts or ""))
+            ),
+            what="the final card",
+        )
+
+
 async def test_a_bot_killed_while_the_host_reboots_recovers_the_run_and_tells_its_thread(
     tmp_path: Path, host: SimKit
 ) -> None:

@@ -22,7 +22,7 @@ from bot.core.deep_query import DCGMI_DIAG_ARGV, DEEP_QUERY_ARGV, DeepReading
 from bot.core.flows import EndStep, HostOutcome
 from bot.core.host_flow import host_flow
 from bot.core.host_plan import gpu_indexes, host_service, make_host_plan
-from bot.core.phases.actions import DeepStateRead, ReadDeepState
+from bot.core.phases.actions import AskSudo, DeepStateRead, ReadDeepState, SudoAnswer
 from bot.core.plan import Step
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
@@ -97,8 +97,22 @@ class MaintainedHost(Host):
     # Where the bot runs on the host: NVML's deep readings (None: NVML fails, saying this).
     nvml_deep: tuple[DeepReading, ...] | None = None
     nvml_error: str = "NVML: Driver/library version mismatch"
+    # A `become = "sudo"` host (its executor asks `sudo -n -l`); the argv no rule allows.
+    sudo: bool = False
+    sudo_missing: set[tuple[str, ...]] = field(default_factory=set)
+    sudo_asked: list[tuple[str, ...]] = field(default_factory=list)
+
+    def sudo_answer(self, action: AskSudo) -> SudoAnswer:
+        if not self.sudo:
+            return SudoAnswer(asked=False)
+        self.sudo_asked.append(action.argv)
+        if action.argv not in self.sudo_missing:
+            return SudoAnswer()
+        return SudoAnswer(refused="no rule of the login's allows it", rule=f"LACKS {action.argv}")
 
     def respond(self, action: Any) -> Any:
+        if isinstance(action, AskSudo):
+            return self.sudo_answer(action)
         if isinstance(action, ReadDeepState):
             if self.nvml_deep is None:
                 return DeepStateRead(nvml_error=self.nvml_error)

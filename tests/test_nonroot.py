@@ -6,6 +6,7 @@ refuses an ordinary account (tests/support/nonroot.py).
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -17,8 +18,9 @@ import asyncssh
 import pytest
 
 from bot.cli.main import doctor
+from bot.cli.terminal import TerminalSink
 from bot.core import remote
-from bot.core.host_ops import reset_argv
+from bot.core.host_ops import reboot_argv, reset_argv
 from bot.core.leftovers import (
     Approval,
     facts_query,
@@ -27,9 +29,11 @@ from bot.core.leftovers import (
     signal_command,
 )
 from bot.core.privilege import Privilege
-from bot.core.status import Action, Decision, RunStatus
+from bot.core.status import Action, Decision, RunStatus, Source
 from bot.core.sudoers import grants, render
 from bot.core.sudoers_host import host_grants
+from bot.engine.engine import RunResult
+from bot.engine.host_runs import plan_host
 from bot.engine.leftover_gate import LeftoverRequest
 from bot.engine.runtime import Runtime, open_runtime
 from bot.settings import ServiceSettings, Settings
@@ -440,6 +444,59 @@ async def test_doctor_warns_naming_a_missing_host_maintenance_rule(
     assert "missing 1 of 7" in maint["detail"] and "python -m bot sudoers" in maint["fix"]
     assert only(checks, "sudo rules")["result"] == "ok"
     assert code == 0, checks
+
+
+async def _host_run(
+    rt: Runtime, action: Action, host: str, gpus: tuple[int, ...] = ()
+) -> tuple[RunResult, str]:
+    """A host run (issue 23) requested, approved by a second person and executed."""
+    out = io.StringIO()
+    p = plan_host(rt.settings, action, host, gpus)
+    record = await rt.lifecycle.request(p, requested_by="U0ALICE", source=Source.CLI)
+    await rt.audit.record_decision(record.id, "U0BOB", Decision.APPROVE)
+    assert await rt.audit.transition(
+        record.id, RunStatus.APPROVED, expect=(RunStatus.PENDING_APPROVAL,)
+    )
+    return await rt.engine.execute(record.id, TerminalSink(out)), out.getvalue()
+
+
+async def test_a_host_run_missing_a_maintenance_rule_is_refused_before_any_service_stops(
+    host: NonRootKit, tmp_path: Path
+) -> None:
+    # Issue 23: the real sudo, asked `sudo -n -l` at the preflight, says no for the one
+    # line left out; was: every service stopped, then the reboot (or reset) refused.
+    settings = settings_of(host, tmp_path)
+    m, login = settings.maintenance, host.who.login
+    reboot = next(g for g in host_grants(m) if g.sample == reboot_argv(m))
+    reset = next(g for g in host_grants(m) if g.sample == reset_argv(m, 0))
+    for action, gpus, rule in ((Action.REBOOT, (), reboot), (Action.GPU_RESET, (0, 3), reset)):
+        with sudoers_installed(render(settings, login, omit=[rule.line()])):
+            async with open_runtime(settings) as rt:
+                result, out = await _host_run(rt, action, host.hostname, gpus)
+                steps = await rt.audit.steps(result.run_id)
+        assert result.status == RunStatus.ABORTED, out
+        assert "so nothing was stopped" in result.summary
+        assert f"`{rule.line()}`" in result.summary and "HOST_MAINT_ROOT" in result.summary
+        assert [(s.step, s.status) for s in steps] == [("preflight", "failed")]
+        # Truthfully untouched: still serving, no stop, no reboot, no GPU touched.
+        assert host.unit_state() == "active" and host.changes() == []
+        assert host.reboots() == 0 and host.resets() == [] and host.persistence(0)
+    # Asked of the exact argv: GPU 3's reset too (its rule is the same [0-9] line).
+    assert f"`{m.nvidia_smi} -r -i 3`" in result.summary
+
+
+async def test_a_gpu_reset_with_every_rule_passes_the_sudo_preflight_and_resets(
+    host: NonRootKit, tmp_path: Path
+) -> None:
+    # The good case under the real sudo: each exact command allowed, and then run.
+    settings = settings_of(host, tmp_path)
+    with sudoers_installed(render(settings, host.who.login)):
+        async with open_runtime(settings) as rt:
+            result, out = await _host_run(rt, Action.GPU_RESET, host.hostname, (0,))
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert "sudo allows all 3 maintenance commands (sudo -n -l)" in out
+    assert host.resets() == [0] and host.persistence(0)
+    assert host.unit_state() == "active"
 
 
 async def test_doctor_warns_about_rights_beyond_the_rules(

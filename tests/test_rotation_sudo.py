@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from bot.core.doctor_types import Check, Outcome
-from bot.core.sudoers import render, router_grants
+from bot.core.sudoers import render
+from bot.core.sudoers_router import router_grants
 from bot.engine.doctor import run_doctor
 from bot.engine.runtime import open_runtime
 from bot.settings import Settings

@@ -50,4 +50,5 @@ DEMO_FAULTS: tuple[str, ...] = (
     "dcgmi_present",
     "dcgmi_fails",
     "nvlink_down",
+    "fabric_stuck",
 )

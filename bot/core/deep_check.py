@@ -25,6 +25,17 @@ RESEAT = "reseat the GPU or its riser/cable and check the slot's BIOS PCIe setti
 COOLING = "check the GPU's cooling and the node's power supply (HW slowdown halves clocks)"
 PERSIST = "enable persistence mode (nvidia-persistenced, or nvidia-smi -pm 1 as root)"
 FABRIC = "check nvidia-fabricmanager (systemctl status nvidia-fabricmanager) and its log"
+# Fabric Manager registers each GPU of an NVSwitch system with the fabric: "Not Started",
+# then "In Progress", then "Completed" (NVIDIA/NVSentinel#883). The first two are expected
+# for a while after a boot or a reset; one that stays means Fabric Manager is not running,
+# usually after a driver upgrade without the matching fabricmanager package, and every
+# CUDA program fails with error 802 until it completes (NVSentinel#889: 20 days unseen).
+TRANSITIONAL = frozenset({"Not Started", "In Progress"})
+FABRIC_STUCK = (
+    "start nvidia-fabricmanager and check that its version matches the driver's "
+    "(systemctl status nvidia-fabricmanager, journalctl -u nvidia-fabricmanager); until "
+    "the fabric completes, CUDA fails with error 802 (system not yet initialized)"
+)
 MISMATCH = (
     "reboot the node: the NVIDIA user-space library was upgraded under the loaded kernel "
     "module (or unload and reload the nvidia modules once no process uses them)"
@@ -151,25 +162,48 @@ def _persistence(gpu: str, r: DeepReading) -> list[DeepFinding]:
     return [DeepFinding(Check.PERSISTENCE, Level.WARN, "persistence mode off", PERSIST, gpu)]
 
 
-def _fabric(gpu: str, r: DeepReading) -> list[DeepFinding]:
+def _fabric(gpu: str, r: DeepReading, waited: float | None) -> list[DeepFinding]:
+    """``waited``: how long a host run waited for the fabric after its reboot or reset
+    (None: a stand-alone check, which cannot tell a boot in progress from a stuck one)."""
     if r.fabric_state is None:
         return []  # not an NVSwitch system
     what = f"fabric {r.fabric_state}" + (f", {r.fabric_status}" if r.fabric_status else "")
-    if r.fabric_state == "Completed" and r.fabric_status in (None, "Success"):
+    if r.fabric_state == "Completed" and r.fabric_status == "Success":
         return [DeepFinding(Check.FABRIC, Level.OK, what, gpu=gpu)]
-    level = Level.WARN if r.fabric_state == "In Progress" else Level.CRITICAL
-    return [DeepFinding(Check.FABRIC, level, what, FABRIC, gpu)]
+    if r.fabric_state == "Completed" and r.fabric_status is None:
+        # nvidia-smi prints a completed registration's status; none is an unknown.
+        what += " (its status not reported: not judged)"
+        return [DeepFinding(Check.FABRIC, Level.WARN, what, FABRIC, gpu)]
+    if r.fabric_state not in TRANSITIONAL:
+        return [DeepFinding(Check.FABRIC, Level.CRITICAL, what, FABRIC, gpu)]  # any other
+    if waited is None:
+        what += (
+            " (transitional: Fabric Manager has not finished registering this GPU; after "
+            "a reboot or reset the host run waits fabric_wait_s for it, then fails it)"
+        )
+        return [DeepFinding(Check.FABRIC, Level.WARN, what, FABRIC_STUCK, gpu)]
+    what += f", still after waiting {waited:.0f}s for it (fabric_wait_s)"
+    return [DeepFinding(Check.FABRIC, Level.CRITICAL, what, FABRIC_STUCK, gpu)]
+
+
+def registering(readings: Sequence[DeepReading]) -> list[DeepReading]:
+    """The GPUs whose NVSwitch fabric is still registering (``TRANSITIONAL``)."""
+    return [r for r in readings if r.fabric_state in TRANSITIONAL]
 
 
 def judge_gpus(
-    readings: Sequence[DeepReading], labels: Mapping[str, str] | None = None
+    readings: Sequence[DeepReading],
+    labels: Mapping[str, str] | None = None,
+    fabric_waited: float | None = None,
 ) -> list[DeepFinding]:
     """Each GPU's PCIe link, throttle reasons, persistence mode and fabric state;
-    ``labels``: uuid -> "GPU 0" from the GPU query (else by position)."""
+    ``labels``: uuid -> "GPU 0" from the GPU query (else by position); ``fabric_waited``:
+    as ``_fabric``'s ``waited``."""
     out: list[DeepFinding] = []
     for n, r in enumerate(readings):
         gpu = (labels or {}).get(r.uuid, f"GPU {n}")
-        out += _pcie(gpu, r) + _throttle(gpu, r) + _persistence(gpu, r) + _fabric(gpu, r)
+        out += _pcie(gpu, r) + _throttle(gpu, r) + _persistence(gpu, r)
+        out += _fabric(gpu, r, fabric_waited)
     return out
 
 
@@ -245,7 +279,8 @@ def _links(numbers: tuple[int, ...]) -> str:
     return ", ".join(str(n) for n in numbers)
 
 
-def _nvlink_gpu(gpu: str, links: NvLinks, others_up: bool) -> DeepFinding:
+def _nvlink_gpu(gpu: str, links: NvLinks, others_up: bool, none_up: Level) -> DeepFinding:
+    """``none_up``: the level of a host where no GPU has a link up (``_none_up``)."""
     if links.up and (links.down or links.all_down):
         what = f"NVLink link(s) {_links(links.down)} inactive, {len(links.up)} active"
         return DeepFinding(Check.NVLINK, Level.CRITICAL, what, NVLINK, gpu)
@@ -253,28 +288,50 @@ def _nvlink_gpu(gpu: str, links: NvLinks, others_up: bool) -> DeepFinding:
         if others_up:
             what = "every NVLink link inactive while the other GPUs' are active"
             return DeepFinding(Check.NVLINK, Level.CRITICAL, what, NVLINK, gpu)
-        what = "NVLink: no link active on any GPU (no NVLink bridge fitted?)"
-        return DeepFinding(Check.NVLINK, Level.OK, what, gpu=gpu)
+        if none_up == Level.OK:
+            what = "NVLink: no link active on any GPU (no NVLink bridge fitted?)"
+            return DeepFinding(Check.NVLINK, Level.OK, what, gpu=gpu)
+        what = (
+            "every NVLink link inactive on every GPU of an NVSwitch system (the GPUs report "
+            "a fabric state): the NVLink fabric is down"
+        )
+        return DeepFinding(Check.NVLINK, none_up, what, NVLINK, gpu)
     return DeepFinding(Check.NVLINK, Level.OK, f"NVLink: {len(links.up)} links active", gpu=gpu)
+
+
+def _none_up(readings: Sequence[DeepReading], waited: float | None) -> Level:
+    """No GPU with a link up: NVLink cards without a bridge (ok), unless the GPUs report a
+    fabric state, which only NVSwitch systems do: there the fabric is down, a FAIL (a
+    warning only while every GPU's fabric is still registering and nobody waited for it,
+    the stand-alone check right after a boot). An A100 system reports none (N/A) and is
+    not judged so."""
+    states = [r.fabric_state for r in readings if r.fabric_state is not None]
+    if not states:
+        return Level.OK
+    if waited is None and all(s in TRANSITIONAL for s in states):
+        return Level.WARN
+    return Level.CRITICAL
 
 
 def judge_nvlink(
     readings: Sequence[DeepReading],
     error: str | None = None,
     labels: Mapping[str, str] | None = None,
+    fabric_waited: float | None = None,
 ) -> list[DeepFinding]:
     """Each NVLink GPU's links: one inactive beside active ones (on the GPU, or every
     link of a GPU whose peers' are up) fails. No GPU with NVLink (PCIe cards), or
     ``nvidia-smi nvlink -s`` not answering (``error``): skipped, and said. Where no GPU
-    has a link up (NVLink cards without a bridge), each says so, ok."""
+    has a link up, as ``_none_up`` judges it."""
     if error is not None:
         return [DeepFinding(Check.NVLINK, Level.OK, f"NVLink not read ({error}): skipped")]
     linked = [(n, r) for n, r in enumerate(readings) if r.nvlink is not None]
     if not linked:
         return [DeepFinding(Check.NVLINK, Level.OK, "no NVLink on these GPUs: skipped")]
     any_up = any(r.nvlink.up for _, r in linked if r.nvlink is not None)
+    none_up = _none_up(readings, fabric_waited)
     return [
-        _nvlink_gpu((labels or {}).get(r.uuid, f"GPU {n}"), r.nvlink, any_up)
+        _nvlink_gpu((labels or {}).get(r.uuid, f"GPU {n}"), r.nvlink, any_up, none_up)
         for n, r in linked
         if r.nvlink is not None
     ]

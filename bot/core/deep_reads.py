@@ -69,7 +69,7 @@ def deep_reads(
         read = DeepRead(tuple(nvml), len(nvml), driver_version=driver, nvml=True)
     else:
         q = yield DEEP_QUERY_ARGV
-        read = replace(_query(host, q), nvml_error=nvml_error)
+        read = replace(read_query(host, q), nvml_error=nvml_error)
         if read.readings:
             n = yield NVLINK_ARGV
             read = _with_nvlink(read, n)
@@ -80,7 +80,8 @@ def deep_reads(
     return replace(read, dcgm=report, dcgm_error=None if report.ran else _said(d))
 
 
-def _query(host: str, q: CommandResult) -> DeepRead:
+def read_query(host: str, q: CommandResult) -> DeepRead:
+    """What one ``nvidia-smi -q -x`` read (its GPUs, or the mismatch, or why not)."""
     if (m := mismatch_of(q.exit_status, q.stdout, q.stderr)) is not None:
         return DeepRead(mismatch=m)
     if q.exit_status not in (0, LOST_GPU_EXIT):
@@ -117,9 +118,12 @@ def deep_report(
     health_error: str | None,
     last_count: int | None,
     labels: Mapping[str, str] | None = None,
+    fabric_waited: float | None = None,
 ) -> dc.DeepReport:
     """Everything judged, host findings first, then each GPU's. GPUs nvidia-smi could not
-    read at all fail: an unknown is never a pass (nor a driver said to match)."""
+    read at all fail: an unknown is never a pass (nor a driver said to match).
+    ``fabric_waited``: how long a host run waited for the NVSwitch fabric after its
+    maintenance (None: a stand-alone check; ``deep_check._fabric``)."""
     if read.query_error is not None:
         findings = [dc.judge_unread(read.query_error)]
     else:
@@ -128,7 +132,7 @@ def deep_report(
     findings.append(dc.judge_count(read.count, last_count))
     findings += dc.judge_dcgm(read.dcgm, read.dcgm_error)
     findings += dc.judge_health(health, health_error)
-    findings += dc.judge_gpus(read.readings, labels)
+    findings += dc.judge_gpus(read.readings, labels, fabric_waited)
     if read.readings:
-        findings += dc.judge_nvlink(read.readings, read.nvlink_error, labels)
+        findings += dc.judge_nvlink(read.readings, read.nvlink_error, labels, fabric_waited)
     return dc.DeepReport(host, tuple(findings))

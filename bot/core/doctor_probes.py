@@ -10,7 +10,7 @@ from bot.core.doctor_keys import SSHD_KEYS_SCRIPT, check_key_files
 from bot.core.doctor_sudo import HOST_RULES
 from bot.core.doctor_types import Argv, Kind, Probe
 from bot.core.leftovers import unit_user_query
-from bot.core.privilege import SH, Privilege
+from bot.core.privilege import SH, Privilege, sudo_question
 from bot.core.routers.doctor import router_probes
 from bot.core.sudoers import grants
 from bot.core.sudoers_host import host_grants
@@ -57,16 +57,14 @@ def _host_probes(
             Probe(name, None, "nvidia-smi", Kind.COMMANDS, ((remote.gpu_query(), Privilege.NONE),))
         )
     if gpus and cfg.become == "sudo" and maint is not None:
-        asks = tuple(
-            (("sudo", "-n", "-l", "--", *g.sample), Privilege.NONE) for g in host_grants(maint)
-        )
+        asks = tuple((sudo_question(g.sample), Privilege.NONE) for g in host_grants(maint))
         out.append(Probe(name, None, HOST_RULES, Kind.COMMANDS, asks))
     return out
 
 
 def _sudo_check(g: Grant, svc: ServiceSettings) -> Argv:
-    who = ("-u", svc.venv_user) if g.run_as == Privilege.VENV_OWNER and svc.venv_user else ()
-    return ("sudo", "-n", "-l", *who, "--", *g.sample)
+    owner = g.run_as == Privilege.VENV_OWNER and svc.venv_user
+    return sudo_question(g.sample, svc.venv_user if owner else None)
 
 
 def _owners(svc: ServiceSettings) -> Argv:

@@ -232,9 +232,8 @@ def _host_rules(p: Probe, a: Answer, s: Settings) -> Check:
             p,
             Outcome.WARN,
             f"missing {len(missing)} of {len(a.results)} host-maintenance rules (the "
-            "services run without them; a `host reboot` or `host gpu-reset` would stop the "
-            "host's services, be refused by sudo at that step and start them again): "
-            + "; ".join(missing),
+            "services run without them; a `host reboot` or `host gpu-reset` that needs "
+            "one is refused at its preflight, before any service stops): " + "; ".join(missing),
             fix,
         )
     return judged(

@@ -34,7 +34,13 @@ from bot.core.flows import back_in, out_and_stop
 from bot.core.health_types import Level
 from bot.core.phases.actions import BeginStep, Emit, EndStep, Flow, HostOutcome, Phase, pause, run
 from bot.core.phases.common import lost, read_snapshot, reason_of
-from bot.core.phases.host_steps import QUICK_TIMEOUT_S, deep_check, reboot_and_wait, reset_gpus
+from bot.core.phases.host_steps import (
+    QUICK_TIMEOUT_S,
+    deep_check,
+    reboot_and_wait,
+    reset_gpus,
+    sudo_allows,
+)
 from bot.core.phases.preflight import Refused, preflight_unit
 from bot.core.phases.rotation import stays_out
 from bot.core.phases.start import left_as, start_and_gate
@@ -75,7 +81,7 @@ def host_flow(
     first = services[plan.parts[0].service]
     yield Emit(BeginStep(Step.PREFLIGHT, plan.steps[0].command))
     try:
-        boot_id, count, parts = yield from _preflight(plan, services, host)
+        boot_id, count, parts, sudo = yield from _preflight(plan, services, m, host)
     except Refused as e:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
         return HostOutcome(
@@ -89,7 +95,8 @@ def host_flow(
             Step.PREFLIGHT,
             True,
             f"boot {boot_id[:8]}, {count if count is not None else '?'} GPUs; "
-            + "; ".join(f"{p.plan.service} {p.before}" for p in parts),
+            + "; ".join(f"{p.plan.service} {p.before}" for p in parts)
+            + (f"; {sudo}" if sudo else ""),
         )
     )
     stopped = yield from _stop_all(plan, running, host)
@@ -113,7 +120,7 @@ def host_flow(
             return (yield from _abandon(host, stopped, why, HostStatus.FAILED))
         if not reset.ok:
             needs_reboot = f"{reset.text()}: the host needs a reboot (/vllm host reboot {host})"
-    report = yield from deep_check(first, host, count, plan.is_local(host))
+    report = yield from deep_check(m, first, host, count, plan.is_local(host))
     failed = needs_reboot or _fail_text(report)
     if failed is not None and m.on_failed_check == "stop":
         return (yield from _too_late((yield from _keep_out(host, parts, running, failed))))
@@ -174,8 +181,10 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
 
 
 def _preflight(
-    plan: Plan, services: Mapping[str, ServiceSettings], host: str
-) -> Phase[tuple[str, int | None, list[_Part]]]:
+    plan: Plan, services: Mapping[str, ServiceSettings], m: MaintenanceSettings, host: str
+) -> Phase[tuple[str, int | None, list[_Part], str]]:
+    """The boot id, the GPUs, each service's unit and state, then whether sudo would run
+    the maintenance itself: (boot id, GPU count, parts, what sudo said)."""
     first = services[plan.parts[0].service]
     r = yield from run(Step.PREFLIGHT, host_ops.BOOT_ID_ARGV, QUICK_TIMEOUT_S, quiet=True)
     if lost(r):
@@ -186,9 +195,11 @@ def _preflight(
             f"cannot read {host_ops.BOOT_ID_PATH} ({reason_of(r)}): without it a reboot "
             "could not be told from a host that never went down"
         )
-    count: int | None = None
+    listed: tuple[int, ...] | None = None
     try:
-        count = len((yield from read_snapshot(Step.PREFLIGHT, first, host)).gpus)
+        listed = tuple(
+            g.index for g in (yield from read_snapshot(Step.PREFLIGHT, first, host)).gpus
+        )
     except GpuQueryError as e:
         if plan.action == Action.GPU_RESET:
             raise Refused(f"cannot list the GPUs to reset: {e.reason}") from None
@@ -198,7 +209,9 @@ def _preflight(
         svc = services[part.service]
         _, state = yield from preflight_unit(svc, host)
         parts.append(_Part(part, svc, state))
-    return boot_id, count, parts
+    reboot = plan.action == Action.REBOOT
+    sudo = yield from sudo_allows(m, reboot, plan.gpus or listed or (), host)
+    return boot_id, None if listed is None else len(listed), parts, sudo
 
 
 def _of(p: _Part, outcome: HostOutcome) -> _Ended:

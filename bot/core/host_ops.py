@@ -15,6 +15,7 @@ are in ``tests/samples/host/``:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -48,6 +49,19 @@ def persistence_argv(m: MaintenanceSettings, index: int, on: bool) -> Argv:
 
 def reset_argv(m: MaintenanceSettings, index: int) -> Argv:
     return Command((m.nvidia_smi, "-r", "-i", str(int(index))), Privilege.ROOT)
+
+
+def root_commands(m: MaintenanceSettings, reboot: bool, gpus: Sequence[int]) -> list[Argv]:
+    """Every command a host run runs as root: the reboot, or for each of ``gpus`` its
+    persistence mode off, its reset and its persistence mode back on (the run turns it
+    off only where it is on: the rules allow all three)."""
+    if reboot:
+        return [reboot_argv(m)]
+    return [
+        argv
+        for i in gpus
+        for argv in (persistence_argv(m, i, False), reset_argv(m, i), persistence_argv(m, i, True))
+    ]
 
 
 def parse_boot_id(stdout: str) -> str | None:

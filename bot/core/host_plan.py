@@ -94,7 +94,10 @@ def make_host_plan(
         PlannedStep(
             Step.DEEP_CHECK,
             f"{cmd(DEEP_QUERY_ARGV)}; {cmd(DCGMI_DIAG_ARGV)} where dcgmi exists; the GPU "
-            "health check; the GPU count against the count before; a FAIL "
+            "health check; the GPU count against the count before; where a GPU's NVSwitch "
+            f"fabric is still registering, {cmd(DEEP_QUERY_ARGV)} again every "
+            f"{m.reboot_poll_s:g}s for up to {m.fabric_wait_s:g}s, then a GPU still "
+            "registering fails; a FAIL "
             + (
                 "keeps the services stopped"
                 if m.on_failed_check == "stop"

@@ -61,6 +61,16 @@ def run_as_of(argv: Sequence[str]) -> Privilege:
     return argv.run_as if isinstance(argv, Command) else Privilege.NONE
 
 
+def sudo_question(argv: Sequence[str], account: str | None = None) -> tuple[str, ...]:
+    """``sudo -n -l [-u account] -- argv``: whether sudo would let the login run ``argv``
+    (as ``account``; root when None), asked without running it. sudo prints the command
+    and exits 0 where a rule allows it, and exits 1 where none does (silently, or "a
+    password is required" for a login with no NOPASSWD rule); -n: it never prompts. What
+    ``doctor`` and a host run's preflight ask, so both ask the same question."""
+    who = ("-u", account) if account else ()
+    return ("sudo", "-n", "-l", *who, "--", *argv)
+
+
 # ---- sudo's own words when it refuses ---------------------------------------------------
 # Captured from Debian 12's sudo 1.9.13p3 (bookworm), run as `sudo -n ...` by a user
 # with and without a matching rule (tests/test_sudoers.py holds the captures).  sudo

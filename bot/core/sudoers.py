@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from bot.core import privilege, remote, remote_releases
 from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
 from bot.core.privilege import SAFE_PATH, Privilege, run_as_of, sudo_refusal
-from bot.core.routers.haproxy import socat_argv as haproxy_socat
 from bot.core.sudoers_host import (
     HOST_ALIAS,
     HOST_NOTE,
@@ -33,6 +32,7 @@ from bot.core.sudoers_host import (
     host_rule_for,
     maintained_hosts,
 )
+from bot.core.sudoers_router import ROUTER_NOTE, router_alias, router_grants
 from bot.core.sudoers_rules import Grant, Part, Wild
 from bot.settings import (
     HOST_PREFIX,
@@ -335,6 +335,15 @@ class Become:
     def argv(self, argv: Argv, run_as: Privilege) -> Argv:
         return become(argv, run_as, self.host, self._of(argv)[1])
 
+    def question(self, argv: Argv, run_as: Privilege) -> Argv | None:
+        """The ``sudo -n -l`` that asks whether sudo would run ``argv`` as ``run_as``
+        needs (``privilege.sudo_question``); None where the host runs it as it is."""
+        if self.argv(argv, run_as) == argv:
+            return None
+        svc = self._of(argv)[1]
+        owner = svc.venv_user if run_as == Privilege.VENV_OWNER and svc is not None else None
+        return privilege.sudo_question(argv, owner)
+
     def _of(self, argv: Argv) -> tuple[str | None, ServiceSettings | None]:
         """The service ``argv`` is a command of: this one's, else (a host run) the one
         whose interpreter or venv it names, or whose unit it names (its systemctl and
@@ -540,39 +549,8 @@ def render(
     for rname, grant in router_grants(settings, hosts):
         r = settings.routers[rname]
         out.append(f"\n# ==== router {rname}: haproxy backend {r.backend}, on {r.host}")
-        out.append(_section(_ROUTER_NOTE, router_alias(rname), "root", user, [grant], left_out))
+        out.append(_section(ROUTER_NOTE, router_alias(rname), "root", user, [grant], left_out))
     return "\n".join(out) + "\n"
-
-
-_ROUTER_NOTE = """\
-# As root: socat to HAProxy's admin socket, exactly this command line; the Runtime API
-# command (show stat, set server <backend>/<server> state ready|drain|maint) goes on its
-# stdin. Note that whoever may run it can send the socket any Runtime API command, on any
-# backend: where the login can join the socket's group instead (stats socket ... mode 660
-# group haproxy), set the router host's become = "none" and leave this rule out."""
-
-
-def router_alias(router: str) -> str:
-    base = re.sub(r"[^A-Z0-9]", "_", router.upper())
-    return f"ROUTER_{base}_ROOT"
-
-
-def router_grants(settings: Settings, hosts: Iterable[str] | None) -> list[tuple[str, Grant]]:
-    """The rule each haproxy router on ``hosts`` (all when None) needs where its host uses
-    sudo: the socat of ``bot.core.routers.haproxy``, as root. The other kinds need none
-    (the vllm-router's admin API is HTTP; the command kind's programs are the operator's,
-    run as the login)."""
-    wanted = set(settings.hosts if hosts is None else hosts)
-    out: list[tuple[str, Grant]] = []
-    for name, r in settings.routers.items():
-        if r.kind != "haproxy" or r.host not in wanted or r.socket is None:
-            continue
-        if settings.hosts[r.host].become != "sudo":
-            continue
-        argv = haproxy_socat(r.socat, r.socket)
-        why = f"socat to {r.socket}, the Runtime API command on its stdin"
-        out.append((name, Grant(Privilege.ROOT, argv, argv, why)))
-    return out
 
 
 def _section(

@@ -43,13 +43,15 @@ from bot.core.flows import (
 from bot.core.health import GpuStateRead
 from bot.core.leftovers import AskApproval
 from bot.core.phases.actions import (
+    AskSudo,
     DeepStateRead,
     ReadDeepState,
     ReadRotationRecords,
     RotationRecords,
+    SudoAnswer,
 )
 from bot.core.plan import Step
-from bot.core.privilege import Privilege
+from bot.core.privilege import Privilege, sudo_refusal
 from bot.core.startup import StartHistory
 from bot.core.status import HealthSource, StepStatus
 from bot.core.sudoers import Become
@@ -125,6 +127,34 @@ async def run_command(
         None if become is None else become.refused(argv, run_as, result.exit_status, result.stderr)
     )
     return result if refused is None else replace(result, refused=refused)
+
+
+async def ask_sudo(
+    transport: HostTransport,
+    become: Become | None,
+    argv: tuple[str, ...],
+    run_as: Privilege,
+    *,
+    timeout_s: float,
+) -> SudoAnswer:
+    """Whether sudo would run ``argv`` as ``run_as`` needs, asked with ``sudo -n -l`` as
+    the login (``Become.question``, the question ``doctor`` asks): nothing is run. Where
+    it would not, the answer names the rule the host lacks, as a refusal at run time
+    does (``Become.missing_rule``)."""
+    question = None if become is None else become.question(argv, run_as)
+    if become is None or question is None:
+        return SudoAnswer(asked=False)
+    try:
+        r = await transport.run(question, timeout_s=timeout_s)
+    except HostError as e:
+        return SudoAnswer(lost=e.reason)
+    if r.exit_status is None:
+        return SudoAnswer(lost=" ".join(r.stderr.split())[:200] or "no answer")
+    if r.exit_status == 0:
+        return SudoAnswer()
+    # A rule that does not match: sudo -l exits 1 and says nothing (sudo 1.9.13p3).
+    why = sudo_refusal(r.exit_status, r.stderr) or "no rule of the login's allows it"
+    return SudoAnswer(refused=why, rule=become.missing_rule(argv, run_as))
 
 
 class Executor:
@@ -240,10 +270,13 @@ class Executor:
                 return Tick(self.clock(), self.cancel.requested)
             case Checkpoint():
                 return Tick(self.clock(), self.cancel.requested)
+            case AskSudo():
+                transport, become = self._where(None)
+                return await ask_sudo(
+                    transport, become, action.argv, action.run_as, timeout_s=action.timeout_s
+                )
             case ReadRotationRecords():
-                if self.records is None:
-                    return RotationRecords({}, "no audit log to read the rotation records from")
-                return await self.records(action.router, action.servers)
+                return await self._rotation_records(action)
             case Emit():
                 # Held until the flow's next other action (``drive``).
                 self._held.append(self._event_of(action.notice))
@@ -262,6 +295,11 @@ class Executor:
                 return None
             case _:
                 assert_never(action)
+
+    async def _rotation_records(self, action: ReadRotationRecords) -> RotationRecords:
+        if self.records is None:
+            return RotationRecords({}, "no audit log to read the rotation records from")
+        return await self.records(action.router, action.servers)
 
     async def _sleep(self, seconds: float) -> None:
         if seconds > 0 and not self.cancel.requested:

@@ -7,7 +7,14 @@
     nvidia_smi = "/usr/bin/nvidia-smi"  # what `-pm 0|1 -i N` and `-r -i N` run
     reboot_timeout_s = 900              # an 8-GPU server's POST and boot can take 10 min
     reboot_poll_s = 5
+    fabric_wait_s = 120                 # NVSwitch systems: how long to wait for Fabric Manager
     on_failed_check = "stop"            # or "restore"
+
+``fabric_wait_s``: on an NVSwitch system each GPU registers with the NVLink fabric after
+a boot or a reset ("Not Started", "In Progress", then "Completed"). The deep check after
+the maintenance reads the state again every ``reboot_poll_s`` while a GPU is still
+registering, for at most this long, then fails a GPU still not registered: Fabric Manager
+is not running (or not the driver's version), and CUDA would fail with error 802.
 
 ``on_failed_check``: a host whose deep GPU check fails after its reboot or reset
 keeps its services stopped (``stop``, the default: nothing serves on a GPU that needs
@@ -33,6 +40,8 @@ class MaintenanceSettings(Section):
     reboot_poll_s: float = Field(5.0, gt=0)
     # How long a GPU reset (``nvidia-smi -r``) may take before it counts as hung.
     reset_timeout_s: float = Field(120.0, gt=0)
+    # How long the deep check waits for a GPU's NVSwitch fabric to finish registering.
+    fabric_wait_s: float = Field(120.0, ge=0)
     on_failed_check: OnFailedCheck = "stop"
 
     @field_validator("systemctl", "nvidia_smi")

@@ -260,6 +260,10 @@ class Faults:
     dcgmi_fails: bool = False
     # GPU stuck_gpu's NVLink link 3 is down: `nvidia-smi nvlink -s` says <inactive>.
     nvlink_down: bool = False
+    # Fabric Manager is not running (a driver upgraded without its fabricmanager, as in
+    # NVIDIA/NVSentinel#883): every GPU's fabric stays "In Progress" and `nvidia-smi
+    # nvlink -s` finds every link down. A reboot does not clear it.
+    fabric_stuck: bool = False
     # Issue 23, host maintenance. A reboot never comes back: every SSH login keeps
     # dropping (the host stays down until the fault is cleared).
     reboot_hangs: bool = False
@@ -501,6 +505,7 @@ class SimGpu:
     reset_required: bool = False  # nvidia-smi -q: GPU Reset Status says Yes (issue 17)
     pcie_width: int = 16  # nvidia-smi -q -x: current_link_width (max is 16), issue 23
     hw_slowdown: bool = False  # nvidia-smi -q -x: clocks_event_reason_hw_slowdown Active
+    fabric_registered: bool = True  # nvidia-smi -q -x: fabric Completed, not In Progress
     persistence: bool = True  # persistence mode (issue 23: nvidia-smi -pm)
 
 
@@ -733,6 +738,7 @@ def host_view(st: HostState, now: float) -> tuple[list[SimGpu], list[SimProcess]
                 reset_required=st.faults.reset_required and sick,
                 pcie_width=8 if st.faults.pcie_degraded and sick else 16,
                 hw_slowdown=st.faults.hw_slowdown and sick,
+                fabric_registered=not st.faults.fabric_stuck,
                 persistence=persistence_of(st, i),
             )
         )

@@ -187,6 +187,29 @@ class DeepStateRead:
     nvml_error: str | None = None  # NVML was tried and failed: why
 
 
+@dataclass(frozen=True, slots=True)
+class AskSudo:
+    """Whether sudo would run ``argv`` as the account it needs, asked with ``sudo -n -l``
+    and never run: a host run's preflight asks it of every maintenance command before it
+    stops anything (issue 23). The executor asks only where the host runs it through
+    sudo (``Become.question``), and runs the question as the login."""
+
+    step: Step
+    argv: tuple[str, ...]
+    run_as: Privilege
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SudoAnswer:
+    """``asked`` False: the host runs the command as it is (``become = "none"``)."""
+
+    asked: bool = True
+    refused: str | None = None  # sudo would not run it: sudo's words, in a few
+    rule: str = ""  # ...and the rule the host's drop-in lacks (``Become.missing_rule``)
+    lost: str | None = None  # no answer came: why
+
+
 Action = (
     RunCommand
     | HttpCheck
@@ -198,6 +221,7 @@ Action = (
     | Progress
     | AskApproval
     | ReadRotationRecords
+    | AskSudo
 )
 
 
@@ -234,7 +258,8 @@ def service_is(state: ServiceState, *, mid: bool = False) -> str:
 
 # What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->
 # HttpResult; ReadGpuState -> GpuStateRead; AskApproval -> Approval; Sleep and
-# Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; Emit and Progress -> None.
+# Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; AskSudo -> SudoAnswer;
+# Emit and Progress -> None.
 # The helpers below yield one action and narrow its reply, so no flow code handles a
 # reply of the wrong type.
 Reply = (
@@ -245,12 +270,21 @@ Reply = (
     | Tick
     | Approval
     | RotationRecords
+    | SudoAnswer
     | None
 )
 
 T = TypeVar("T")
 R = TypeVar(
-    "R", CommandResult, HttpResult, GpuStateRead, DeepStateRead, Tick, Approval, RotationRecords
+    "R",
+    CommandResult,
+    HttpResult,
+    GpuStateRead,
+    DeepStateRead,
+    Tick,
+    Approval,
+    RotationRecords,
+    SudoAnswer,
 )
 # A part of a flow: yields actions, is answered with replies, returns a T.
 Phase: TypeAlias = Generator[Action, Reply, T]
@@ -316,3 +350,8 @@ def pause(seconds: float | None = None) -> Phase[Tick]:
 def rotation_records(router: str, servers: tuple[str, ...]) -> Phase[RotationRecords]:
     action = ReadRotationRecords(router, servers)
     return _expect((yield action), RotationRecords, action)
+
+
+def ask_sudo(step: Step, argv: tuple[str, ...], timeout_s: float) -> Phase[SudoAnswer]:
+    action = AskSudo(step, argv, run_as_of(argv), timeout_s)
+    return _expect((yield action), SudoAnswer, action)

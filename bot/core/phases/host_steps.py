@@ -17,19 +17,33 @@ turning persistence mode off for the reset and back on after).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from bot.core import host_ops
 from bot.core.dcgm import DCGM_TIMEOUT_S
-from bot.core.deep_check import DeepReport
-from bot.core.deep_reads import DeepRead, deep_report
+from bot.core.deep_check import DeepReport, registering
+from bot.core.deep_query import DEEP_QUERY_ARGV, DeepReading
+from bot.core.deep_reads import DeepRead, deep_report, read_query
 from bot.core.deep_reads import deep_reads as deep_reads_of
 from bot.core.gpu_snapshot import Gpu
 from bot.core.health_types import Level
-from bot.core.phases.actions import BeginStep, Emit, EndStep, Phase, pause, read_deep_state, run
+from bot.core.phases.actions import (
+    BeginStep,
+    Emit,
+    EndStep,
+    Phase,
+    Progress,
+    SudoAnswer,
+    ask_sudo,
+    pause,
+    read_deep_state,
+    run,
+)
 from bot.core.phases.common import HostLost, lost, read_snapshot, reason_of
 from bot.core.phases.gpu_check import read_health
+from bot.core.phases.preflight import Refused
 from bot.core.plan import Step, cmd
 from bot.core.results import CommandResult
 from bot.errors import GpuQueryError
@@ -39,7 +53,36 @@ from bot.settings import MaintenanceSettings, ServiceSettings
 QUICK_TIMEOUT_S = 15.0
 REBOOT_COMMAND_TIMEOUT_S = 60.0
 
+Argv = tuple[str, ...]
 RebootEnd = Literal["back", "not_rebooted", "timeout", "other_host"]
+
+
+def sudo_allows(m: MaintenanceSettings, reboot: bool, gpus: Sequence[int], host: str) -> Phase[str]:
+    """Asks sudo whether it would run each command this run will run as root (``sudo -n
+    -l``, nothing run), before anything is stopped: a rule missing would otherwise be
+    found at the reboot or reset, once every service was stopped (a 1T model reloaded
+    for nothing). Raises ``Refused`` naming each command and the rules the host's
+    drop-in lacks; returns what the preflight's summary says ("" where no sudo is used)."""
+    commands = host_ops.root_commands(m, reboot, gpus)
+    refused: list[tuple[Argv, SudoAnswer]] = []
+    for argv in commands:
+        a = yield from ask_sudo(Step.PREFLIGHT, argv, QUICK_TIMEOUT_S)
+        if not a.asked:
+            return ""  # the host runs them as they are (become = "none")
+        if a.lost is not None:
+            raise Refused(f"cannot ask sudo on {host} whether it would run `{cmd(argv)}`: {a.lost}")
+        if a.refused is not None:
+            refused.append((argv, a))
+    if not refused:
+        return f"sudo allows all {len(commands)} maintenance commands (sudo -n -l)"
+    shown = ", ".join(f"`{cmd(argv)}`" for argv, _ in refused[:6])
+    more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+    whys = "; ".join(dict.fromkeys(a.refused or "" for _, a in refused))
+    rules = " ".join(dict.fromkeys(a.rule for _, a in refused if a.rule))
+    raise Refused(
+        f"sudo on {host} would not run {len(refused)} of the {len(commands)} commands this "
+        f"run needs as root ({shown}{more}: {whys}), so nothing was stopped. {rules}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +237,16 @@ def _drive_deep(svc: ServiceSettings, host: str, local: bool) -> Phase[DeepRead]
 
 
 def deep_check(
-    svc: ServiceSettings, host: str, count_before: int | None, local: bool = False
+    m: MaintenanceSettings,
+    svc: ServiceSettings,
+    host: str,
+    count_before: int | None,
+    local: bool = False,
 ) -> Phase[DeepReport]:
     """The deep GPU check as a step: the GPU query and health check, then ``nvidia-smi -q
-    -x`` and ``dcgmi diag -r 1``, judged with the GPU count the host had before."""
+    -x`` and ``dcgmi diag -r 1``, judged with the GPU count the host had before. Where a
+    GPU's NVSwitch fabric is still registering, it waits for it (``_wait_fabric``) and
+    reads again; a GPU still registering then fails."""
     yield Emit(BeginStep(Step.DEEP_CHECK, "nvidia-smi -q -x; dcgmi diag -r 1; the GPU health"))
     listed: tuple[Gpu, ...] = ()
     health_error: str | None = None
@@ -208,9 +257,46 @@ def deep_check(
         health_error = e.reason
     health, _ = yield from read_health(Step.DEEP_CHECK, svc, host, listed)
     read = yield from _drive_deep(svc, host, local)
+    waited = 0.0
+    if registering(read.readings):
+        waited, settled = yield from _wait_fabric(m, svc, host, local)
+        if settled:
+            read = yield from _drive_deep(svc, host, local)  # the links come up with it
     labels = {g.uuid: f"GPU {g.index}" for g in listed}
-    report = deep_report(host, read, health, health_error, count_before, labels)
+    report = deep_report(host, read, health, health_error, count_before, labels, waited)
     failed = [f.line() for f in report.findings if f.level == Level.CRITICAL]
     summary = "ok" if not failed else f"FAIL: {'; '.join(failed)}"
     yield Emit(EndStep(Step.DEEP_CHECK, not failed, summary[:600], None, report.text()))
     return report
+
+
+def _wait_fabric(
+    m: MaintenanceSettings, svc: ServiceSettings, host: str, local: bool
+) -> Phase[tuple[float, bool]]:
+    """The GPUs' fabric state read again every ``reboot_poll_s`` of the flow's clock while a
+    GPU is still registering, for at most ``fabric_wait_s``: (seconds waited, whether none
+    is registering now). A read that fails is no answer: the wait goes on."""
+    start = now = (yield from pause()).now
+    while now - start < m.fabric_wait_s:
+        now = (yield from pause(m.reboot_poll_s)).now
+        readings = yield from _fabric_now(svc, host, local)
+        if readings and not registering(readings):
+            return now - start, True
+        yield Progress(
+            Step.DEEP_CHECK,
+            "waiting for Fabric Manager to register the GPUs with the NVSwitch fabric "
+            f"({now - start:.0f}s of {m.fabric_wait_s:g}s)",
+            now - start,
+        )
+    return now - start, False
+
+
+def _fabric_now(svc: ServiceSettings, host: str, local: bool) -> Phase[tuple[DeepReading, ...]]:
+    """Each GPU as NVML (the bot's own host) or ``nvidia-smi -q -x`` reads it now; none
+    where neither answers."""
+    if local:
+        st = yield from read_deep_state()
+        if st.readings is not None:
+            return st.readings
+    q = yield from run(Step.DEEP_CHECK, DEEP_QUERY_ARGV, svc.command_timeout_s, quiet=True)
+    return read_query(host, q).readings

@@ -369,6 +369,8 @@ def main(store: StateStore, args: list[str]) -> int:
 NVLINK_LINKS = 18
 NVLINK_RATE = "26.562 GB/s"
 NVLINK_DOWN = 3  # the link the nvlink_down fault takes down on GPU stuck_gpu
+# A GPU with no link up, in NVML's words (leptonai/gpud#1085): what fabric_stuck prints.
+NVLINK_ALL_DOWN = "NVML: Unable to retrieve NVLink information as all links are inActive"
 
 
 def _nvlink(st: HostState, args: list[str]) -> int:
@@ -380,6 +382,9 @@ def _nvlink(st: HostState, args: list[str]) -> int:
         if g.lost:
             continue
         print(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")
+        if st.faults.fabric_stuck:
+            print(NVLINK_ALL_DOWN)
+            continue
         down = st.faults.nvlink_down and g.index == st.config.stuck_gpu
         for n in range(NVLINK_LINKS):
             print(f"\t Link {n}: {'<inactive>' if down and n == NVLINK_DOWN else NVLINK_RATE}")

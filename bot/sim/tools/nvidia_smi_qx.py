@@ -4,7 +4,9 @@ layout of real captures (tests/samples/deep/nvidia_smi_qx_l4_555.xml: ``nvsmi_de
 
 An idle GPU reports ``gpu_idle`` Active and its link at gen1, as real GPUs save power;
 a busy one gen5. The faults ``pcie_degraded`` (x8 of x16) and ``hw_slowdown`` show on
-GPU ``stuck_gpu``.
+GPU ``stuck_gpu``. The GPUs are an HGX board's (NVSwitch): their fabric is "Completed",
+"Success", as a real one's with Fabric Manager running; with ``fabric_stuck``, "In
+Progress" and no status (the words of NVIDIA/gpu-operator#2511's capture).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def _gpu(g: SimGpu) -> list[str]:
         "\t\t</clocks_event_reasons>",
         "\t\t<gpu_recovery_action>None</gpu_recovery_action>",
         "\t\t<fabric>",
-        "\t\t\t<state>N/A</state>",
-        "\t\t\t<status>N/A</status>",
+        f"\t\t\t<state>{'Completed' if g.fabric_registered else 'In Progress'}</state>",
+        f"\t\t\t<status>{'Success' if g.fabric_registered else 'N/A'}</status>",
         "\t\t</fabric>",
         "\t</gpu>",
     ]
