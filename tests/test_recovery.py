@@ -41,13 +41,14 @@ from bot.engine.recovery import (
     system_judge,
 )
 from bot.errors import FencedError, LockHeldError
-from bot.settings import LOCAL, Settings
+from bot.settings import LOCAL, PostgresUrl, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
 from tests.support.audit_db import Target, db_arg
 from tests.support.cli import cli, cli_on_terminal
 from tests.support.clock import ManualClock
+from tests.support.postgres import migrate_pg
 from tests.support.wall_clock import ManualWallClock
 
 ALICE, BOB = "U0ALICE", "U0BOB"
@@ -406,8 +407,9 @@ async def test_recover_by_hand_expires_an_overdue_request(world: World) -> None:
 
 
 async def test_recover_from_the_command_line_expires_an_overdue_request(
-    world: World, tmp_path: Path
+    sqlite_world: World, tmp_path: Path
 ) -> None:
+    world = sqlite_world
     db = ["--db", db_arg(world.settings.db_path)]
     life = world.process()
     # The command line judges by the wall clock: one request made an hour ago (its window
@@ -435,6 +437,40 @@ async def test_recover_from_the_command_line_expires_an_overdue_request(
     code, out, err = await cli("recover", str(new.id), "--yes", *db, cwd=tmp_path)
     assert code == 1 and f"awaiting approval until {new.expires_at}" in err
     assert (await world.audit.get_run(new.id)).status == RunStatus.PENDING_APPROVAL
+
+
+async def test_on_postgresql_a_cards_window_ends_by_the_databases_clock(
+    tmp_path: Path, pg_url: PostgresUrl
+) -> None:
+    """Replicas (issue 21): whichever process asked, a request's window ends by the clock
+    every replica shares; a CLI expires it then, not after watching it for a window of its
+    own, and until then says how long is left by that clock."""
+    await migrate_pg(pg_url)
+    base = settings(pg_url)
+    s = base.model_copy(update={"policy": base.policy.model_copy(update={"approval_ttl_s": 2})})
+    db = ["--db", db_arg(pg_url)]
+    async with AuditLog.open(pg_url) as audit:
+        # Asked by a process whose wall clock is an hour behind: its own deadline says
+        # nothing to the others.
+        clock = ManualWallClock()
+        clock.now = clock.now - timedelta(hours=1)
+        life = RunLifecycle(s, audit, clock=clock, wall_id="another-machine")
+        pending = await life.request(
+            make_plan(s, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
+        )
+        assert pending.expires_left_s is not None and 0 < pending.expires_left_s <= 2
+        code, _, err = await cli("recover", str(pending.id), "--yes", *db, cwd=tmp_path)
+        assert code == 1 and "more by the database's clock" in err, err
+
+        async def window_over() -> bool:
+            run = await audit.get_run(pending.id)
+            return run.expires_left_s is not None and run.expires_left_s <= 0
+
+        await eventually(window_over, "the window to end by the database's clock", 10)
+        code, out, err = await cli("recover", str(pending.id), *db, cwd=tmp_path)
+        assert code == 0, err
+        assert "was still awaiting" in out
+        assert (await audit.get_run(pending.id)).status == RunStatus.EXPIRED
 
 
 async def test_the_bot_closes_the_card_of_an_overdue_request_it_or_a_cli_expired(

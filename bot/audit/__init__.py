@@ -40,8 +40,9 @@ foreign key to ``runs``, enforced):
     change of owner and at a recovery; each write of its driver checks it, see
     ``bot.audit.fence``), lease_expires (the end of the owner's lease by the
     database's clock, in seconds since the epoch), cancel_requested_by (a cancel asked
-    on a replica that does not drive it, for the driver's next heartbeat; all three
-    added by ``0013_replicas``).
+    on a replica that does not drive it, for the driver's next heartbeat), expires_db
+    (the end of the approval window by the database's clock, what replicas expire a card
+    by; all four added by ``0013_replicas``).
     Indexes: (service, id DESC), (status, id DESC), (status, scheduled_at).
 ``decisions``
     id, run_id, user, decision (``Decision``: approve|deny|cancel|recover|terminate;

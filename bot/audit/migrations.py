@@ -261,6 +261,8 @@ CREATE INDEX runs_scheduled ON runs(status, scheduled_at);
 #   judge it by the one clock they share, not by their own.
 # * ``runs.cancel_requested_by``: a cancel asked on a replica that does not drive the
 #   run, for its driver to pick up at its next heartbeat.
+# * ``runs.expires_db``: the end of a request's approval window by the database's clock,
+#   so any replica closes the card of one that died on time.
 # * ``leases``: named leases of one holder at a time (``leader``: the replica that runs
 #   the sweeps and the scheduled starts), each with its epoch and its end by the
 #   database's clock.
@@ -270,6 +272,7 @@ _HA = """
 ALTER TABLE runs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN lease_expires REAL;
 ALTER TABLE runs ADD COLUMN cancel_requested_by TEXT;
+ALTER TABLE runs ADD COLUMN expires_db REAL;
 CREATE TABLE leases (
     name    TEXT PRIMARY KEY,
     holder  TEXT NOT NULL,

@@ -158,8 +158,7 @@ class PostgresDatabase(Shield):
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             await pool.close()
             raise AuditUnavailable(
-                f"audit database {where}: cannot connect within {opening:g} s "
-                f"({_why_not(exc)})"
+                f"audit database {where}: cannot connect within {opening:g} s ({_why_not(exc)})"
             ) from exc
         db = cls(pool, where, (), busy_timeout_s)
         try:

@@ -118,10 +118,15 @@ class RunRecord:
     override: bool = False
     # Issue 21: the fencing token of its ownership (``bot.audit.fence``), how long its
     # owner's lease has left by the database's clock when it was read (None: no lease;
-    # negative: lapsed), and a cancel asked on a replica that does not drive it.
+    # negative: lapsed), a cancel asked on a replica that does not drive it, and how
+    # long its approval window has left by that clock.
     epoch: int = 0
-    lease_left_s: float | None = None
+    # Readings of the database's clock at the read, not the run's own state: two reads
+    # of an unchanged run are still equal (``compare=False``).
+    lease_left_s: float | None = field(default=None, compare=False)
     cancel_requested_by: str | None = None
+    # How long its approval window has left by the database's clock when it was read.
+    expires_left_s: float | None = field(default=None, compare=False)
 
     @property
     def is_final(self) -> bool:

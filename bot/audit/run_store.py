@@ -43,6 +43,7 @@ class RunStore(StoreBase):
         expires_clock: str | None = None,
         scheduled_at: datetime | None = None,
         override: bool = False,
+        ttl_s: float | None = None,
     ) -> int:
         new = runs_sql.NewRun(
             service=self._r(service),
@@ -60,6 +61,7 @@ class RunStore(StoreBase):
             expires_clock=expires_clock,
             scheduled_at=None if scheduled_at is None else format_ts(scheduled_at),
             override=override,
+            ttl_s=ttl_s,
         )
         now = now_ts()
         # Statements only: one call on the database's thread (``Database.inline``).

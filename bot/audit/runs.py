@@ -24,7 +24,8 @@ _COLUMNS = (
     "version_before, version_after, created_at, started_at, finished_at, expires_at, "
     "channel, message_ts, plan, package_spec, index_name, dry_run, owner, lease_until, "
     "lease_renewals, expires_clock, service_state, scheduled_at, override, epoch, "
-    "cancel_requested_by, lease_expires - {now} AS lease_left_s"
+    "cancel_requested_by, lease_expires - {now} AS lease_left_s, "
+    "expires_db - {now} AS expires_left_s"
 )
 
 
@@ -81,15 +82,19 @@ class NewRun:
     # outside its window as an emergency override.
     scheduled_at: str | None = None
     override: bool = False
+    # Issue 21: the approval window's length, for its end by the database's clock.
+    ttl_s: float | None = None
 
 
 async def create(conn: Conn, new: NewRun, now: str) -> int:
+    # The window's end by the database's clock: NULL without a window.
+    ends = "NULL" if new.ttl_s is None else f"{NOW_S[dialect_of(conn)]} + {float(new.ttl_s)!r}"
     return await insert(
         conn,
-        "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "
+        "INSERT INTO runs (service, action, hosts, requested_by, source, channel, plan, "  # noqa: S608
         "package_spec, index_name, dry_run, status, created_at, started_at, "
-        "finished_at, expires_at, expires_clock, scheduled_at, override) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "finished_at, expires_at, expires_clock, scheduled_at, override, expires_db) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {ends})",
         (
             new.service,
             new.action,
@@ -365,6 +370,9 @@ async def _records(conn: Conn, rows: Sequence[Row]) -> list[RunRecord]:
             epoch=int(row["epoch"]),
             lease_left_s=None if row["lease_left_s"] is None else float(row["lease_left_s"]),
             cancel_requested_by=row["cancel_requested_by"],
+            expires_left_s=(
+                None if row["expires_left_s"] is None else float(row["expires_left_s"])
+            ),
         )
         for row in rows
     ]

@@ -157,6 +157,7 @@ class RunLifecycle(RunLife):
             channel=channel,
             expires_at=expires,
             expires_clock=self.judge.wall_id,
+            ttl_s=self.settings.policy.approval_ttl_s,
             scheduled_at=at,
             override=override,
         )

@@ -28,6 +28,14 @@ click on another instance's card is still judged against the deadline by the
 clicking instance's wall clock (the policy, ``bot.core.policy``): it may be refused up
 to the skew early or accepted up to the skew late, but it closes the card only by the
 rule above.
+
+Replicas on PostgreSQL (issue 21, ``by_database``) share one clock, the database's: a
+driver's lease (``runs.lease_expires``) and a card's window (``runs.expires_db``) are
+judged by it, read with each run (``lease_left_s``, ``expires_left_s``), so the leader
+recovers a dead replica's run and closes its card on time whichever machine it is on. A
+process it can see dead is still dead at once; one it sees alive but whose lease ran out
+(stopped, frozen) is not alive for this purpose: its run is recovered and it is fenced
+off.
 """
 
 from __future__ import annotations
@@ -169,6 +177,9 @@ class Judge:
         evidence (see the module doc); False for anything else."""
         if run.status != RunStatus.PENDING_APPROVAL or run.expires_at is None:
             return False
+        if self.by_database and run.expires_left_s is not None:
+            # Replicas (issue 21): the window ends by the clock they share.
+            return run.expires_left_s <= 0
         if self.same_wall_clock(run):
             return parse_ts(run.expires_at) <= self.wall()
         unchanged = self._unchanged_s(run)
@@ -177,6 +188,8 @@ class Judge:
     def window_left_s(self, run: RunRecord) -> int | None:
         """For another clock's card: whole seconds of watching left before this process
         expires it (None for a card of this clock, or one it has not seen)."""
+        if self.by_database and run.expires_left_s is not None:
+            return max(0, math.ceil(run.expires_left_s))
         if self.same_wall_clock(run):
             return None
         unchanged = self._unchanged_s(run)

@@ -283,6 +283,11 @@ def window_note(run: RunRecord, judge: Judge) -> str | None:
     left = judge.window_left_s(run)
     if left is None:
         return None
+    if judge.by_database and run.expires_left_s is not None:
+        return (
+            f"run #{run.id} awaits approval for {left} s more by the database's clock "
+            f"(until about {run.expires_at})"
+        )
     return (
         f"run #{run.id} awaits approval until {run.expires_at} by the clock of the "
         "process that asked for it, which this one does not read; this one expires "
@@ -293,7 +298,7 @@ def window_note(run: RunRecord, judge: Judge) -> str | None:
 def _held(exc: LockHeldError, holder: RunRecord, judge: Judge) -> LockHeldError:
     if holder.status in DRIVEN:
         verdict = judge.verdict(holder)
-        if verdict.by is JudgedBy.LEASE:
+        if verdict.by in (JudgedBy.LEASE, JudgedBy.DATABASE):
             return HolderMayBeAlive(exc, verdict.note(holder.id))
     elif (note := window_note(holder, judge)) is not None:
         return HolderMayBeAlive(exc, note)
