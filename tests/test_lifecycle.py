@@ -95,7 +95,10 @@ async def world(audit_target: Target) -> AsyncIterator[World]:
     s = settings(audit_target)
     clock = ManualWallClock()
     async with AuditLog.open(s.db_path) as audit:
-        yield World(s, audit, clock, RunLifecycle(s, audit, clock=clock, owner=lambda: OWNER))
+        # The windows here end by the test's clock, on either backend (on PostgreSQL the
+        # database's clock decides between replicas: tests/test_recovery.py).
+        life = RunLifecycle(s, audit, clock=clock, owner=lambda: OWNER, database_clock=False)
+        yield World(s, audit, clock, life)
 
 
 async def test_a_request_holds_its_locks_and_its_window_comes_from_the_clock(world: World) -> None:

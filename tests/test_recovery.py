@@ -115,7 +115,7 @@ class World:
             # These tests move this machine's clocks by hand: a driver is judged by its
             # heartbeat seen on them, on either backend (the database's clock, which
             # decides between replicas on PostgreSQL, has tests of its own).
-            lease_by_database=False,
+            database_clock=False,
         )
 
         async def tell(item: Interrupted) -> None:

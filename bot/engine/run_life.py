@@ -58,7 +58,7 @@ class RunLife:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         monotonic: Monotonic | None = None,
         wall_id: str | None = None,
-        lease_by_database: bool | None = None,
+        database_clock: bool | None = None,
     ) -> None:
         self.settings = settings
         self.audit = audit
@@ -73,13 +73,10 @@ class RunLife:
             wall_id=wall_id if wall_id is not None else wall_clock_id(),
             ttl_s=settings.policy.approval_ttl_s,
             lease_s=replicas.lease_s,
-            # Replicas on PostgreSQL share its clock: a driver's lease is judged by it
-            # (None: so on PostgreSQL; a test of the heartbeat's watch says False).
-            by_database=(
-                audit.dialect is Dialect.POSTGRES
-                if lease_by_database is None
-                else lease_by_database
-            ),
+            # Replicas on PostgreSQL share its clock: a driver's lease and a card's window
+            # are judged by it (None: so on PostgreSQL; a test that moves this process's
+            # clocks by hand says False).
+            by_database=by_database(audit, database_clock),
         )
         self._owner = owner
         # Between heartbeats, ``sleep`` (tests pass the clock's).
