@@ -49,3 +49,28 @@ def test_a_watch_window_shorter_than_its_interval_is_refused(tmp_path: Path) -> 
         CONFIG.format(unit="vllm-kimi.service") + "watch_s = 20\nwatch_interval_s = 5\n"
     )
     assert load_settings(path).services["kimi"].watch_interval_s == 5
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'db_path = "postgresql://chatops:hunter2@db/chatops"',
+        'CHATOPS_DB = "/srv/other.db"',
+        'slack_bot_token = "xoxb-123"',
+        'SLACK_SIGNING_SECRET = "abc"',
+    ],
+)
+def test_a_secret_or_a_deployment_value_in_the_file_is_refused_naming_it(
+    tmp_path: Path, line: str
+) -> None:
+    """Issue 21: the database's URL (which may carry its password) and Slack's tokens are
+    read from the environment only; a config file that sets one is refused, not obeyed."""
+    config = tmp_path / "chatops.toml"
+    config.write_text(line + "\n")
+    key = line.split(" ")[0]
+    with pytest.raises(ConfigError, match=f"{key} is read from the environment only"):
+        load_settings(config)
+    # The same value from the environment (an override, as --db passes it) is fine.
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert load_settings(empty, CHATOPS_DB="x.db").db_path == Path("x.db")

@@ -34,6 +34,7 @@ from bot.settings.base import (
     HttpUrlStr,
     Name,
     Section,
+    environment_only,
     expand,
     http_url,
     slack_ids,
@@ -584,6 +585,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"cannot read {path}: {e.strerror}") from e
     elif explicit:
         raise ConfigError(f"configuration file {path} does not exist (CHATOPS_CONFIG)")
+    environment_only(data, path, Settings.model_fields)
     data.update(overrides)
     try:
         return Settings(**data)

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
+
+from bot.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
@@ -66,3 +70,16 @@ def slack_ids(v: list[str]) -> list[str]:
         if not SLACK_ID_RE.match(item):
             raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
     return v
+
+
+def environment_only(data: Mapping[str, Any], path: Path, fields: Mapping[str, FieldInfo]) -> None:
+    """The values that may hold a secret (the database's URL, Slack's tokens) and where a
+    deployment runs come from the environment only (the fields with an environment
+    alias), never from the config file: refuse the file naming the key."""
+    for name, field in fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, str) and (name in data or alias in data):
+            raise ConfigError(
+                f"{path}: {name if name in data else alias} is read from the environment "
+                f"only ({alias}), never from the config file"
+            )
