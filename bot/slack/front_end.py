@@ -315,8 +315,12 @@ class _FrontDesk:
 
     async def expire(self, run_id: int) -> bool:
         """Its timer is due: close a request nobody approved in time; False if it was
-        decided first."""
+        decided first. Only the leader expires (issue 21): with several replicas each arms
+        a timer for every pending card it knows, and one closes it, at once or at the
+        leader's next sweep."""
         self.timers.disarm(run_id)
+        if not await self.leader.lead():
+            return False
         if not await self.operations.expire(run_id):
             if (await self.runtime.audit.get_run(run_id)).status == RunStatus.EXPIRED:
                 # Another process (a CLI meeting its lock) expired it: the card says so.
