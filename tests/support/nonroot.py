@@ -306,8 +306,8 @@ class NonRootKit(SimKit):
     def _start_fork_servers(self) -> None:
         """One fork server per account, run as that account (``setpriv`` execs it, so it
         is this process's child and ends with it), importing the tools from the copy."""
-        if self._client is None:
-            return
+        if self._client is None or shutil.which("setpriv") is None:
+            return  # no socket: every wrapper starts the interpreter, as before
         env = {"PYTHONPATH": str(self.tree), "LANG": "C.UTF-8", "PATH": SYSTEM_PATH}
         for account in self._accounts():
             socket = self._fork_socket(account)
@@ -319,7 +319,9 @@ class NonRootKit(SimKit):
                 ids = ["--reuid", account, "--regid", account, "--init-groups"]
                 argv = ["setpriv", *ids, "--", *argv]
             self._fork_servers.append(
-                subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL)
+                subprocess.Popen(
+                    argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+                )
             )
 
     async def close(self) -> None:
