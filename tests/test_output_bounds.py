@@ -17,6 +17,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from slack_sdk.errors import SlackRequestError
 
 from bot.core import events as ev
@@ -87,6 +89,36 @@ def test_lines_are_split_across_chunks_and_only_over_long_ones_are_cut() -> None
     assert splitter.feed("y" * 50 + "\nnext\n") == ["y" * 36 + cut_marker(264) + "\n", "next\n"]
     assert splitter.feed("tail") == [] and splitter.close() == "tail"
     assert splitter.close() is None
+
+
+def _lines_one_at_a_time(chunks: list[str], limit: int) -> list[str]:
+    """The splitter's meaning, the plain way: each whole line cut to ``limit``, with its
+    newline; what follows the last newline comes out at the close, without one."""
+    text = "".join(chunks)
+    *whole, rest = text.split("\n")
+    return [cut_line(line, limit=limit) + "\n" for line in whole] + (
+        [cut_line(rest, limit=limit)] if rest else []
+    )
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+    st.lists(st.integers(min_value=0, max_value=1800), max_size=6),
+    st.integers(min_value=70, max_value=120),
+)
+def test_the_splitter_gives_each_line_once_whatever_the_chunks(
+    lengths: list[int], cuts: list[int], limit: int
+) -> None:
+    # The splitter takes the lines whole in a chunk in one split, and carries a line
+    # across chunks by its kept part: both must give what splitting the whole text does,
+    # lines over the limit included.
+    text = "\n".join(f"{i}:" + "x" * n for i, n in enumerate(lengths))
+    at = [0, *sorted(c for c in cuts if c < len(text)), len(text)]
+    chunks = [text[a:b] for a, b in itertools.pairwise(at)]
+    splitter = LineSplitter(limit=limit)
+    out = [line for chunk in chunks for line in splitter.feed(chunk)]
+    last = splitter.close()
+    assert out + ([last] if last is not None else []) == _lines_one_at_a_time(chunks, limit)
 
 
 def test_a_cut_line_says_exactly_how_much_is_missing() -> None:

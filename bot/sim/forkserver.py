@@ -148,7 +148,11 @@ def _child(client: int, fds: list[int], body: bytes, keep_closed: list[int]) -> 
                 os.close(fd)
         os.chdir(cwd)
         os.umask(umask)
-        os.environb.clear()
+        # Not ``clear()``: MutableMapping's pops one item at a time, each through a new
+        # iterator: three times as long as deleting the keys listed once (93 against
+        # 31 us for the 40-odd variables of a test process), on every tool call.
+        for key in list(os.environb):
+            del os.environb[key]
         os.environb.update(env)
         time.tzset()  # TZ may differ from the server's
         sys.argv = [MODULE, *argv]

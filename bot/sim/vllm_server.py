@@ -46,10 +46,11 @@ def spawn(state_dir: Path, generation: int) -> None:
     """Start the server for one run, detached like a process systemd owns.
 
     ``setsid --fork`` leaves it a child of init rather than of the caller, so a
-    long-lived caller (the kit, in the test process) has nothing to reap. A tool run by
-    the fork server (``systemctl start``) has this module imported already: it forks the
-    server instead (a fresh interpreter importing ``http.server`` cost 0.1 s of CPU per
-    start), and records it in ``servers/`` as its command line cannot say whose it is.
+    long-lived caller has nothing to reap. A tool run by the fork server (``systemctl
+    start``, and a kit's first boot: ``bot.sim.tools.BOOT``) has this module imported
+    already: it forks the server instead (a fresh interpreter importing ``http.server``
+    cost 0.1 s of CPU per start), and records it in ``servers/`` as its command line
+    cannot say whose it is.
     """
     if procfs.standing_for() is not None:
         _fork(state_dir, generation)

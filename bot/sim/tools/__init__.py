@@ -35,12 +35,22 @@ VENV_TOOLS = {"python": "python", "venv-python": "venv_python", "venv-vllm": "ve
 _REBOOTING = "rebooting"
 _GATE = "sim-boot-gate"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# A fresh host's first boot (``SimKit.start``), run as a tool so that, through the fork
+# server, its model server is a fork of this loaded interpreter as a ``systemctl
+# start``'s is (``bot.sim.vllm_server.spawn``): a new interpreter for it was most of a
+# kit's start. Not a command either, never logged.
+BOOT = "sim-first-boot"
 
 
 def main(argv: list[str]) -> int:
     modules = {**TOOLS, **VENV_TOOLS}
     if argv[:1] == [_GATE]:
         return _gate()
+    if argv[:1] == [BOOT]:
+        from bot.sim.tools import unit
+
+        unit.boot(StateStore.from_env())
+        return 0
     if not argv or argv[0] not in modules:
         print(f"usage: python -m bot.sim.tools {{{','.join(TOOLS)}}} [ARGS...]", file=sys.stderr)
         return 2
