@@ -63,6 +63,18 @@ def indexes(target: Path | PostgresUrl) -> set[str]:
     return {r[0] for r in rows}
 
 
+async def pending_run(audit: AuditLog) -> int:
+    return await audit.create_run(
+        service="svc",
+        action=Action.RESTART,
+        hosts=["h"],
+        requested_by="U1",
+        source=Source.CLI,
+        plan={},
+        package_spec=None,
+    )
+
+
 def test_sql_placeholders_become_psycopgs_outside_quotes() -> None:
     assert to_pyformat("SELECT a FROM t WHERE b = ? AND c IN (?, ?)") == (
         "SELECT a FROM t WHERE b = %s AND c IN (%s, %s)"
@@ -182,15 +194,7 @@ async def test_writers_of_two_replicas_take_turns_and_readers_do_not_wait(
     """The writers' lock: a second connection holding it (another replica mid-write)
     makes a write wait; reads go on meanwhile; the write lands once it is let go."""
     async with AuditLog.open(pg_url, migrate=True, busy_timeout_s=10) as audit:
-        run_id = await audit.create_run(
-            service="svc",
-            action=Action.RESTART,
-            hosts=["h"],
-            requested_by="U1",
-            source=Source.CLI,
-            plan={},
-            package_spec=None,
-        )
+        run_id = await pending_run(audit)
         with psycopg.connect(pg_url.url.get_secret_value(), autocommit=True) as other:
             other.execute("BEGIN")
             other.execute(
@@ -246,15 +250,7 @@ async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
     async with AuditLog.open(
         pg_url, migrate=True, busy_timeout_s=IDLE_IN_TRANSACTION_S * 3
     ) as audit:
-        run_id = await audit.create_run(
-            service="svc",
-            action=Action.RESTART,
-            hosts=["h"],
-            requested_by="U1",
-            source=Source.CLI,
-            plan={},
-            package_spec=None,
-        )
+        run_id = await pending_run(audit)
         frozen = await psycopg.AsyncConnection.connect(
             pg_url.url.get_secret_value(), autocommit=True
         )
