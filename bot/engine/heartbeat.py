@@ -12,6 +12,17 @@ sweep, recovers it.
 
 The lease is long against the period (30 s against 5 s), so a few slow or failed
 writes (a busy database) never let a live run look dead.
+
+Replicas on PostgreSQL (issue 21) judge a driver by its lease alone, by the database's
+clock: one cut off from the database (a network split, its connection pool unable to
+reconnect) while the others reach it loses its run once the lease runs out, whether
+its process is alive or not. So there a driver whose lease has run out by its own clock
+and that cannot reach the database to renew it acts on no host until the database
+answers (``holds``): then it goes on if the run is still its own (the database was away
+for everyone, and the leader waits a lease before judging anyone), or stops for good if
+another replica recovered it meanwhile. On SQLite a live driver is never recovered
+behind its back (its process is seen, or its heartbeat is watched on a judge's own clock
+while the database can be written), so there it goes on.
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ class Heartbeat:
         epoch: int | None = None,
         on_cancel: Callable[[str], None] | None = None,
         boot_clock: Callable[[], float] = boottime,
+        wait_for_database: bool = False,
     ) -> None:
         self.audit = audit
         self.run_id = run_id
@@ -81,6 +93,8 @@ class Heartbeat:
         self.lost = lost
         self.epoch = epoch
         self.on_cancel = on_cancel
+        # Judged by its lease alone (replicas on PostgreSQL): see the module doc.
+        self.wait_for_database = wait_for_database
         self.renewals = 0
         self._boot = boot_clock
         # The run was just taken with a lease of ``lease_s``.
@@ -104,21 +118,45 @@ class Heartbeat:
                 await task
 
     async def holds(self) -> bool:
-        """Whether the run is still this process's to act on. A database that cannot be
-        asked now (restarting, out of reach) is no evidence either way: the run goes on,
-        as the audit sink's own fall-back does (it brings the service back rather than
-        leave it stopped), and its records wait in the journal."""
+        """Whether the run is still this process's to act on: at once while its lease
+        runs by this process's own clock, else by renewing it now. A database that
+        cannot be asked then is no evidence either way: on SQLite the run goes on (the
+        audit sink's own fall-back brings the service back rather than leave it stopped,
+        its records wait in the journal); replicas on PostgreSQL wait for the database
+        to answer, retrying every ``every_s``, since another replica may be recovering
+        the run by now (the module doc)."""
         if self._gone:
             return False
         if self._boot() < self._valid_until:
             return True
-        try:
-            return await self._renew()
-        except AuditError as exc:
-            if not unavailable(exc):
-                raise
-            log.warning("run #%d: cannot confirm its lease now: %s", self.run_id, exc)
-            return True
+        waiting = False
+        while True:
+            try:
+                ours = await self._renew()
+            except AuditError as exc:
+                if not unavailable(exc):
+                    raise
+                if not self.wait_for_database:
+                    log.warning("run #%d: cannot confirm its lease now: %s", self.run_id, exc)
+                    return True
+                if not waiting:
+                    waiting = True
+                    log.warning(
+                        "run #%d: its lease ran out and the database cannot renew it now "
+                        "(%s); no action on a host until the database answers (another "
+                        "replica may be recovering the run)",
+                        self.run_id,
+                        exc,
+                    )
+                await self.sleep(self.every_s)
+                continue
+            if waiting:
+                log.warning(
+                    "run #%d: the database answers again; the run is %s",
+                    self.run_id,
+                    "still this process's" if ours else "no longer this process's",
+                )
+            return ours
 
     async def _renew(self) -> bool:
         asked = self._boot()

@@ -31,8 +31,12 @@ class RunDriver:
         sleep: Callable[[float], Awaitable[None]],
         lease_s: float = LEASE_S,
         every_s: float = RENEW_EVERY_S,
+        wait_for_database: bool = False,
     ) -> None:
         self.audit = audit
+        # Replicas on PostgreSQL: a lease that ran out waits for the database to confirm
+        # it before any action on a host (``Heartbeat.holds``).
+        self._wait_for_database = wait_for_database
         self._owner = owner
         self._clock = clock
         self._sleep = sleep
@@ -59,6 +63,7 @@ class RunDriver:
             lost=lambda: token.request(RECOVERY_ACTOR),
             epoch=epoch,
             on_cancel=token.request,
+            wait_for_database=self._wait_for_database,
         )
         token.lease = heartbeat
         self._heartbeats[run_id] = heartbeat.start()

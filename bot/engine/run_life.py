@@ -67,6 +67,7 @@ class RunLife:
         self.on_refusal: Callable[[Refusal], None] = _ignore
         replicas = settings.replicas
         self.lease_s = replicas.lease_s
+        judged_by_database = by_database(audit, database_clock)
         self.judge = Judge(
             wall=clock,
             monotonic=monotonic if monotonic is not None else system_monotonic(),
@@ -76,7 +77,7 @@ class RunLife:
             # Replicas on PostgreSQL share its clock: a driver's lease and a card's window
             # are judged by it (None: so on PostgreSQL; a test that moves this process's
             # clocks by hand says False).
-            by_database=by_database(audit, database_clock),
+            by_database=judged_by_database,
         )
         self._owner = owner
         # Between heartbeats, ``sleep`` (tests pass the clock's).
@@ -87,6 +88,7 @@ class RunLife:
             sleep=sleep,
             lease_s=replicas.lease_s,
             every_s=replicas.renew_every_s,
+            wait_for_database=judged_by_database,
         )
         self.locks = RunLocks(audit, self.judge)
 
