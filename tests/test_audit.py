@@ -25,6 +25,7 @@ from bot.audit.view import runs_json, runs_table
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditError, LockHeldError, RunNotFoundError
 from bot.settings import PostgresUrl
+from tests.polling import eventually
 from tests.support.audit_db import Target, raw_dump, raw_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -360,8 +361,9 @@ async def test_cancelled_caller_does_not_break_the_connection(log: AuditLog) -> 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # The write carried on by itself and committed; the connection is usable.
-    [run] = await log.list_runs()
+    # The write carried on by itself and committed; the connection is usable. (On
+    # PostgreSQL the read takes another pooled connection: it may come before the commit.)
+    [run] = await eventually(log.list_runs, "the cancelled caller's write to commit", 10)
     assert run.service == "kimi-k25"
     await new_run(log)
     assert len(await log.list_runs()) == 2
