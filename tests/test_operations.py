@@ -184,6 +184,33 @@ async def test_a_leftover_press_is_judged_counted_and_recorded_by_the_service(wo
     assert sorted(u for u, _ in await world.refusals()) == [ALICE, BOB]
 
 
+@pytest.mark.parametrize("world", [2], indirect=True, ids=["two-approvals"])
+async def test_two_approvers_pressing_at_once_on_two_replicas_answer_the_question(
+    world: World,
+) -> None:
+    """Issue 21: the driving replica recorded its question; each of two replicas read it
+    (nobody had pressed yet), then each records its own press. The second must count
+    the first, which it read nothing of, and answer the question: a press counted only
+    against what it read before would leave both at "1 of 2" and the host waiting."""
+    record = await world.pending()
+    request = LeftoverRequest(record.id, "gpu1", "gpu1: 1 process", (4242,))
+    await world.ops.ask_leftovers(request, "q-1")
+    seen_by_b = await world.ops.leftover_vote(record.id, "gpu1", "q-1")
+    seen_by_c = await world.ops.leftover_vote(record.id, "gpu1", "q-1")
+    assert seen_by_b is not None and seen_by_c is not None
+
+    async def press(user: str, vote: LeftoverVote) -> object:
+        return await world.ops.terminate_leftovers(
+            vote, run_id=record.id, user=user, membership=MEMBERS, channel=CHANNEL,
+            command="terminate",
+        )  # fmt: skip
+
+    assert await press(BOB, seen_by_b) == LeftoversCounted("gpu1", (BOB,), 2, "4242")
+    assert await press(CAROL, seen_by_c) == LeftoversApproved("gpu1", (BOB, CAROL), "4242")
+    found = await world.audit.question("q-1")
+    assert found is not None and found[0].closed and found[0].approved_by == f"{BOB}, {CAROL}"
+
+
 async def test_recovering_a_run_nothing_drives_is_refused_with_a_row(world: World) -> None:
     record = await world.pending()
     look = await world.ops.look(record.id)

@@ -158,7 +158,15 @@ class LeftoverOperations:
             run_id, user, host=host, question=vote.question, pids=vote.request.pids
         ):
             return LeftoversAlreadyCounted(host)
-        vote.pressed.append(user)
+        # Every press recorded for the question so far, on any replica (issue 21), read
+        # after this one's: two approvers pressing at once on two replicas (or on one
+        # replica and the driving one, whose list is polled) each read the question before
+        # the other's press, and counting only this press on that would leave both short.
+        asked = await self.audit.question(vote.question)
+        if asked is not None:
+            vote.pressed[:] = asked[1]
+        elif user not in vote.pressed:
+            vote.pressed.append(user)
         # The run's rule, judged now: someone no longer an approver stops counting.
         counted = tuple(
             counted_approvals(
@@ -169,12 +177,16 @@ class LeftoverOperations:
         if len(counted) < needed:
             return LeftoversCounted(host, counted, needed, vote.pids)
         # The question as the driving replica asked it (issue 21): closed with who made it
-        # enough, once; a wait that ended meanwhile closed it first.
-        asked = await self.audit.question(vote.question)
+        # enough, once; a wait that ended meanwhile closed it first, unanswered.
         if asked is not None and not await self.audit.close_question(
             vote.question, ", ".join(counted)
         ):
-            return LeftoversTooLate(run_id, host)
+            answered = await self.audit.question(vote.question)
+            if answered is None or answered[0].approved_by is None:
+                return LeftoversTooLate(run_id, host)
+            # The other press that made it enough answered it first.
+            by = tuple(answered[0].approved_by.split(", "))
+            return LeftoversApproved(host, by, vote.pids)
         return LeftoversApproved(host, counted, vote.pids)
 
     async def ask_leftovers(self, request: LeftoverRequest, question: str) -> None:
