@@ -407,6 +407,22 @@ async def test_steps_record_start_finish_and_keep_the_output_tail(log: AuditLog)
         await log.step_finished(999, status=StepStatus.OK)
 
 
+async def test_a_nul_byte_in_a_commands_output_is_stored_on_either_backend(log: AuditLog) -> None:
+    """Binary junk in a tool's output (a log padded with NULs after a crash): PostgreSQL's
+    text refuses a NUL byte, which failed the write and so the run mid-step (issue 21:
+    the same records on both backends). Every stored text has it as U+FFFD instead."""
+    run_id = await new_run(log)
+    step = await log.step_started(run_id, "gpu1", "stop", "systemctl stop vllm")
+    await log.step_finished(
+        step, status=StepStatus.OK, exit_status=0, duration_s=0.5, output_tail="a\x00b\n"
+    )
+    await log.record_refusal(user="U1", channel=None, command="restart\x00", reason="no\x00")
+    [stored] = await log.steps(run_id)
+    assert stored.output_tail == "a\ufffdb\n"
+    [refusal] = await log.refusals()
+    assert (refusal.command, refusal.reason) == ("restart\ufffd", "no\ufffd")
+
+
 async def test_snapshots_with_and_without_a_run(log: AuditLog) -> None:
     run_id = await new_run(log)
     data = {"gpus": [{"index": 0, "memory_used_mib": 71000}], "host": "gpu1"}

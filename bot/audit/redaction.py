@@ -17,11 +17,20 @@ def identity(text: str) -> str:
     return text
 
 
+# What a NUL byte in a stored text reads back as.
+NUL_STORED = "\ufffd"
+
+
 class Redaction:
     """``redaction(text)`` redacts one string; ``opt`` and ``json`` the other shapes."""
 
     def __init__(self, redact: Redactor) -> None:
-        self._redact = redact
+        self._redacts = redact
+
+    def _redact(self, text: str) -> str:
+        # A NUL byte (binary junk in a tool's output) becomes U+FFFD: PostgreSQL's text
+        # refuses it, and both backends keep the same records (issue 21).
+        return self._redacts(text).replace("\x00", NUL_STORED)
 
     def __call__(self, text: str) -> str:
         return self._redact(text)
