@@ -19,6 +19,7 @@ from bot.audit.store import AuditLog
 from bot.core.status import Action, RunStatus, Source
 from bot.errors import AuditError, AuditUnavailable
 from bot.settings import PostgresUrl, shown_url
+from tests.polling import eventually
 from tests.support.audit_db import db_arg, raw_rows
 from tests.support.cli import cli
 from tests.support.postgres import shared_server
@@ -264,3 +265,39 @@ async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
                 await frozen.execute("SELECT 1")
         finally:
             await frozen.close()
+
+
+async def test_a_write_the_server_ended_while_its_replica_idled_inside_is_unavailable(
+    pg_url: PostgresUrl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of 21-6: the replica paused (a GC pause, a frozen VM) inside one of
+    its own writes wakes to find the server ended its session. That is the database away
+    for now (the resilient writer retries on a fresh connection, or journals the write),
+    not a bug that stops a run mid-step."""
+    from bot.audit import pg_db
+    from bot.audit.db import execute
+
+    monkeypatch.setattr(pg_db, "IDLE_IN_TRANSACTION_S", 0.2)
+
+    def ended() -> bool:
+        return not raw_rows(
+            pg_url,
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'vllm-chatops' "
+            "AND state = 'idle in transaction'",
+        )
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+        db = audit._db
+
+        async def paused_inside_a_write() -> None:
+            async with db.transaction(write=True) as conn:
+                await execute(conn, "UPDATE runs SET summary = 'a' WHERE id = ?", (run_id,))
+                await eventually(ended, "the server to end the idle transaction", 10)
+                await execute(conn, "UPDATE runs SET summary = 'b' WHERE id = ?", (run_id,))
+
+        with pytest.raises(AuditUnavailable):
+            await db.shielded(paused_inside_a_write())
+        assert await audit.transition(
+            run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+        )

@@ -16,7 +16,8 @@ transactions run on it, with the same contract as SQLite's ``bot.audit.db.Databa
   for longer than that.
 * **Errors**: the connection lost, the server restarting or shutting down, a pool with
   no connection to give within the busy timeout, a lock wait over, a standby's
-  read-only refusal after a fail-over: ``AuditUnavailable``; everything else
+  read-only refusal after a fail-over, a session the server ended while it idled in a
+  transaction: ``AuditUnavailable``; everything else
   ``AuditError``. Each names the database as ``where`` shows it, without its password.
   A pooled connection is checked before each use, so the first transaction after a
   server restart gets a fresh one instead of failing.
@@ -67,8 +68,12 @@ def transient(exc: BaseException) -> bool:
     """Whether ``exc`` means the database cannot be written *for now*."""
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return True  # lost connection, shutdown, restart, lock wait over, pool timeout
-    # A standby promoted late, or the old primary after a fail-over: it refuses writes.
-    return isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
+    # A standby promoted late, or the old primary after a fail-over: it refuses writes;
+    # or this session ended by the server while it idled inside a transaction (this
+    # replica paused mid-write past IDLE_IN_TRANSACTION_S): the next one gets a new one.
+    return isinstance(
+        exc, psycopg.errors.ReadOnlySqlTransaction | psycopg.errors.IdleInTransactionSessionTimeout
+    )
 
 
 def audit_error(where: str, exc: BaseException) -> AuditError:
