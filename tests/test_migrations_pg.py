@@ -301,3 +301,23 @@ async def test_a_write_the_server_ended_while_its_replica_idled_inside_is_unavai
         assert await audit.transition(
             run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
         )
+
+
+async def test_no_statement_is_left_prepared_on_a_session_a_pooler_may_hand_on(
+    pg_url: PostgresUrl,
+) -> None:
+    """psycopg prepares a statement it has run five times on a connection; behind a
+    pooler in transaction mode (PgBouncer) the next transaction may be another server
+    session, which knows nothing of it. The bot's sessions prepare none."""
+    from bot.audit.db import fetch
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+
+        async def the_same_read_ten_times(conn: object) -> list[tuple[object, ...]]:
+            for _ in range(10):
+                await fetch(conn, "SELECT id FROM runs WHERE id = ?", (1,))  # type: ignore[arg-type]
+            rows = await fetch(conn, "SELECT name FROM pg_prepared_statements")  # type: ignore[arg-type]
+            return [tuple(row) for row in rows]
+
+        db = audit._db
+        assert await db.shielded(db.inline(the_same_read_ten_times, write=False)) == []
