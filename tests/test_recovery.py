@@ -26,6 +26,7 @@ from bot.core.plan import Plan, make_plan
 from bot.core.status import Action, Decision, RunStatus, Source
 from bot.engine.clocks import Monotonic
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
+from bot.engine.leader import Leader
 from bot.engine.lifecycle import CancelRequested, Refusal, Refused, RunLifecycle
 from bot.engine.liveness import Judge
 from bot.engine.owner import Owner, process_owner, read_stat, this_namespace
@@ -45,7 +46,7 @@ from bot.settings import LOCAL, PostgresUrl, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
-from tests.support.audit_db import Target, db_arg
+from tests.support.audit_db import Target, db_arg, raw_rows
 from tests.support.cli import cli, cli_on_terminal
 from tests.support.clock import ManualClock
 from tests.support.postgres import migrate_pg
@@ -255,6 +256,41 @@ async def test_a_live_owner_or_a_pending_request_keeps_its_lock(world: World) ->
         await other.request(world.plan(), requested_by=BOB, source=Source.CLI)
     assert (await world.audit.get_run(pending.id)).status == RunStatus.PENDING_APPROVAL
     assert world.told == []
+
+
+async def test_a_replica_back_from_an_outage_judges_no_lease_until_drivers_could_renew(
+    world: World,
+) -> None:
+    """Issue 21: every replica's driver fails to renew while the database is away for
+    everyone (a restart, a fail-over longer than a lease), so when it answers again every
+    lease has run out by its clock. A replica that has not reached it for a lease since
+    (or has just started) judges no driver dead, whether a request meets the run's locks
+    or a sweep looks: the driver renews first. Only the leader's sweep waited before; a
+    request on any replica recovered the live driver's run, fencing it off mid-run."""
+    driver = world.process(owner=ELSEWHERE)
+    run = await world.running(driver)
+    await driver.released(run.id)  # its heartbeat, held up by the outage
+    raw_rows(
+        world.settings.db_path,
+        "UPDATE runs SET lease_expires = lease_expires - 100 WHERE id = ?",
+        (run.id,),
+    )
+    here = RunLifecycle(
+        world.settings, world.audit, clock=world.clock, sleep=world.clock.sleep, database_clock=True
+    )
+    boot = ManualClock()
+    leader = Leader(world.audit, "replica-b", ttl_s=10.0, lease_s=LEASE_S, boot_clock=boot)
+    here.judge.settling = leader.unsteady_s
+    assert await leader.bid()  # the database answers again: reached since now
+    with pytest.raises(LockHeldError, match=r"could not reach the database.*try again in 30 s"):
+        await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    assert await here.recover() == []
+    assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
+    boot.advance(LEASE_S)  # reached without a break for a lease: a live driver renewed by now
+    assert await leader.bid()
+    record = await here.request(world.plan(), requested_by=BOB, source=Source.CLI)
+    assert (await world.audit.get_run(run.id)).status == RunStatus.INTERRUPTED
+    assert (await world.audit.locks_held()) == {record.id: LOCKS}
 
 
 async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: World) -> None:

@@ -19,7 +19,7 @@ reconnect) while the others reach it loses its run once the lease runs out, whet
 its process is alive or not. So there a driver whose lease has run out by its own clock
 and that cannot reach the database to renew it acts on no host until the database
 answers (``holds``): then it goes on if the run is still its own (the database was away
-for everyone, and the leader waits a lease before judging anyone), or stops for good if
+for everyone, and no replica judges a lease for one after it), or stops for good if
 another replica recovered it meanwhile. On SQLite a live driver is never recovered
 behind its back (its process is seen, or its heartbeat is watched on a judge's own clock
 while the database can be written), so there it goes on.

@@ -14,7 +14,9 @@ The recovery sweep waits for more than leading: this replica must have reached t
 database without a break for one run lease (``may_recover``). A driver that could not
 renew its lease because the database was away (a restart, a fail-over) is not dead;
 once the database is back it renews within a lease, and only a lease that lapses after
-that is a driver's death.
+that is a driver's death. The same wait holds for every judge of a lease on this replica
+(``unsteady_s``, the Slack front end's ``Judge.settling``): a request meeting a run's
+locks, and the sweep at start, before this replica has bid at all.
 
 On SQLite (one bot, maybe CLIs beside it) the bot is the only bidder and always leads.
 """
@@ -77,8 +79,17 @@ class Leader:
         reached the database without a break for one run lease (module doc)."""
         if not await self.lead():
             return False
+        return self.unsteady_s() <= 0
+
+    def unsteady_s(self) -> float:
+        """Seconds until this replica will have reached the database without a break for
+        one run lease (0: it has). Any judge of a driver by its lease here waits for it,
+        the leader's sweep as much as a request meeting a run's locks or the sweep at
+        start (``bot.engine.liveness.Judge.settling``)."""
         since = self._reachable_since
-        return since is not None and self._boot() - since >= self.lease_s
+        if since is None:
+            return self.lease_s
+        return max(0.0, self.lease_s - (self._boot() - since))
 
     async def bid(self) -> bool:
         """One bid (or renewal); whether this replica leads after it."""

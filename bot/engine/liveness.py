@@ -41,7 +41,7 @@ off.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -76,6 +76,9 @@ class Verdict:
     # sighting counts as a change: nothing says it stopped before).
     unchanged_s: float = 0.0
     lease_s: float = LEASE_S
+    # By the database: its lease ran out, but this process has not yet reached the
+    # database without a break for a lease (``Judge.settling``), so it is not judged.
+    settling: bool = False
 
     @property
     def retry_in_s(self) -> int:
@@ -84,6 +87,13 @@ class Verdict:
 
     def note(self, run_id: int) -> str:
         """Why a run judged by its lease still holds its locks, and what to do."""
+        if self.settling:
+            return (
+                f"the owner of run #{run_id} may be alive (its lease ran out while this "
+                "replica could not reach the database, or before it started; a driver "
+                f"gets a lease to renew after that); try again in {self.retry_in_s} s or "
+                f"`python -m bot recover {run_id} --force`"
+            )
         if self.by is JudgedBy.DATABASE:
             return (
                 f"the owner of run #{run_id} may be alive (its lease runs "
@@ -129,6 +139,12 @@ class Judge:
         self.proc = proc
         self.here = this_namespace(proc) if here is None else here
         self.by_database = by_database
+        # By the database: seconds until this process will have reached the database
+        # without a break for a lease (None: judge at once). A lease that ran out while
+        # the database was away (a restart, a fail-over, this replica cut off or just
+        # started) is no death until its driver has had a lease to renew after it (the
+        # Slack bot sets its leader's, ``bot.engine.leader.Leader.unsteady_s``).
+        self.settling: Callable[[], float] | None = None
         self._seen: dict[int, Sighting] = {}
 
     async def look(self, audit: AuditLog, run_ids: Collection[int] | None = None) -> None:
@@ -157,6 +173,9 @@ class Judge:
             # a process this one can see: one stopped (SIGSTOP, a frozen VM) is alive
             # to /proc but has lost its run once its lease ran out (and is fenced off).
             left = run.lease_left_s
+            if left <= 0 and self.settling is not None and (wait := self.settling()) > 0:
+                steady_s = max(0.0, self.lease_s - wait)
+                return Verdict(True, JudgedBy.DATABASE, steady_s, self.lease_s, settling=True)
             return Verdict(left > 0, JudgedBy.DATABASE, max(0.0, self.lease_s - left), self.lease_s)
         if said is ProcessSays.ALIVE:
             return Verdict(True, JudgedBy.PROCESS, lease_s=self.lease_s)

@@ -156,6 +156,10 @@ class _FrontDesk:
             # machine saw it (bot.engine.liveness), which an outage does not fool.
             lease_s=replicas.lease_s if runtime.audit.dialect is Dialect.POSTGRES else 0.0,
         )
+        # No driver is judged dead by its lease until this replica has reached the database
+        # without a break for one (after an outage, or at start): not by the sweep, nor by
+        # a request meeting a run's locks, nor by the sweep at start.
+        self.lifecycle.judge.settling = self.leader.unsteady_s
         self.sweep = RecoverySweep(self.lifecycle, self.cards, self.leader.may_recover)
         # Runs approved for later, started at their time (issue 22).
         self.scheduled = ScheduledStarts(
