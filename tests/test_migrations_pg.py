@@ -20,7 +20,7 @@ from bot.core.status import Action, RunStatus, Source
 from bot.errors import AuditError, AuditUnavailable
 from bot.settings import PostgresUrl, shown_url
 from tests.polling import eventually
-from tests.support.audit_db import db_arg, raw_rows
+from tests.support.audit_db import db_arg, db_option, raw_rows
 from tests.support.cli import cli
 from tests.support.postgres import shared_server
 
@@ -126,11 +126,16 @@ async def test_a_bot_refuses_a_schema_behind_it_until_migrate_brings_it_up(
         pass
     with pytest.raises(AuditError, match=MIGRATIONS_PG[-1].name):
         await AuditLog.open(pg_url)
+    # Not with the password on the command line, where every user of the machine reads it.
     code, out, err = await cli("migrate", "--db", db_arg(pg_url), cwd=tmp_path)
+    assert code == 2 and "--db carries the database's password" in err, err
+    assert shared_server().password not in out + err
+    db, env = db_option(pg_url)
+    code, out, err = await cli("migrate", *db, cwd=tmp_path, env=env)
     assert code == 0, err
     assert f"applied 1 migration(s): {MIGRATIONS_PG[-1].name}" in out
-    assert shared_server().password not in out + err and "chatops:***@" in out
-    code, out, _ = await cli("migrate", "--db", db_arg(pg_url), cwd=tmp_path)
+    assert shared_server().password not in out + err and "chatops@" in out
+    code, out, _ = await cli("migrate", *db, cwd=tmp_path, env=env)
     assert code == 0 and "the schema is current" in out
     async with AuditLog.open(pg_url) as audit:
         assert await audit.list_runs() == []

@@ -46,7 +46,7 @@ from bot.settings import LOCAL, PostgresUrl, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, buttons, slack_bot
-from tests.support.audit_db import Target, db_arg, raw_rows
+from tests.support.audit_db import Target, db_arg, db_option, raw_rows
 from tests.support.cli import cli, cli_on_terminal
 from tests.support.clock import ManualClock
 from tests.support.postgres import migrate_pg
@@ -484,7 +484,7 @@ async def test_on_postgresql_a_cards_window_ends_by_the_databases_clock(
     await migrate_pg(pg_url)
     base = settings(pg_url)
     s = base.model_copy(update={"policy": base.policy.model_copy(update={"approval_ttl_s": 2})})
-    db = ["--db", db_arg(pg_url)]
+    db, env = db_option(pg_url)
     async with AuditLog.open(pg_url) as audit:
         # Asked by a process whose wall clock is an hour behind: its own deadline says
         # nothing to the others.
@@ -495,7 +495,7 @@ async def test_on_postgresql_a_cards_window_ends_by_the_databases_clock(
             make_plan(s, Action.RESTART, "svc"), requested_by=ALICE, source=Source.SLACK
         )
         assert pending.expires_left_s is not None and 0 < pending.expires_left_s <= 2
-        code, _, err = await cli("recover", str(pending.id), "--yes", *db, cwd=tmp_path)
+        code, _, err = await cli("recover", str(pending.id), "--yes", *db, cwd=tmp_path, env=env)
         assert code == 1 and "more by the database's clock" in err, err
 
         async def window_over() -> bool:
@@ -503,7 +503,7 @@ async def test_on_postgresql_a_cards_window_ends_by_the_databases_clock(
             return run.expires_left_s is not None and run.expires_left_s <= 0
 
         await eventually(window_over, "the window to end by the database's clock", 10)
-        code, out, err = await cli("recover", str(pending.id), *db, cwd=tmp_path)
+        code, out, err = await cli("recover", str(pending.id), *db, cwd=tmp_path, env=env)
         assert code == 0, err
         assert "was still awaiting" in out
         assert (await audit.get_run(pending.id)).status == RunStatus.EXPIRED

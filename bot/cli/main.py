@@ -53,6 +53,8 @@ from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
 from bot.settings import USER_RE, Settings, load_settings
+from bot.settings.database import SCHEMES as DB_SCHEMES
+from bot.settings.database import url_secrets
 
 EXIT_CODES = {
     RunStatus.SUCCEEDED: 0,
@@ -121,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    if args.db and str(args.db).startswith(DB_SCHEMES) and url_secrets(str(args.db)):
+        # Every user of the machine reads a command line (ps), and the shell keeps it.
+        raise ConfigError(
+            "--db carries the database's password, which the command line shows to every "
+            "user of this machine and the shell keeps in its history: give it in "
+            "PGPASSWORD or ~/.pgpass (PGPASSFILE), or the whole URL in CHATOPS_DB"
+        )
     overrides = {"CHATOPS_DB": str(args.db)} if args.db else {}
     return load_settings(args.config, **overrides)
 

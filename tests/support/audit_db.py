@@ -8,6 +8,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
@@ -53,6 +54,18 @@ def db_arg(target: Target) -> str:
     """``target`` as ``--db`` or ``CHATOPS_DB`` take it (a URL with its password: the
     test's own server)."""
     return target.url.get_secret_value() if isinstance(target, PostgresUrl) else str(target)
+
+
+def db_option(target: Target) -> tuple[list[str], dict[str, str]]:
+    """``--db`` for ``target`` as an operator gives it, and the environment to run with: a
+    PostgreSQL URL without its password, which libpq reads from ``PGPASSWORD`` (the
+    command line refuses a password: every user of the machine can read it there)."""
+    if not isinstance(target, PostgresUrl):
+        return ["--db", str(target)], {}
+    parts = urlsplit(target.url.get_secret_value())
+    host = parts.netloc.rpartition("@")[2]
+    bare = parts._replace(netloc=f"{parts.username}@{host}").geturl()
+    return ["--db", bare], {"PGPASSWORD": unquote(parts.password or "")}
 
 
 def raw_many(target: Target, sql: str, rows: list[tuple[Any, ...]]) -> None:
