@@ -10,6 +10,7 @@ unbounded fan-out would hold all 200 open at once.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ from bot.errors import HostUnreachableError
 from bot.hosts.fleet import fleet_gpus
 from bot.hosts.fleet_states import MAX_NAMED, HostState, fleet_states, summary_text
 from bot.hosts.mock import Command, MockPool, MockTransport, Reply
-from bot.settings import Settings
+from bot.settings import FleetSettings, Settings
 from bot.sim import canned_fleet
 from bot.sim.kit import SimKit
 from bot.slack.block_kit import MAX_BLOCKS, MAX_SECTION_TEXT
 from tests.fakes import validate_blocks
+from tests.polling import eventually
 from tests.slack_harness import CHANNEL, SERVICE, blocks_text, slack_bot
 
 N = 200
@@ -134,6 +136,66 @@ async def test_a_fleet_within_the_limit_keeps_its_connections(tmp_path: Path) ->
     assert pool.opened == N
     await pool.close()
     assert pool.open == 0
+
+
+class HangingPool(CountingPool):
+    """``hung`` hosts accept the connection, then never answer a command."""
+
+    def __init__(self, settings: Settings, hung: set[str]) -> None:
+        super().__init__(settings)
+        self.hung, self.entered = hung, set[str]()
+
+    def _open(self, host: str) -> MockTransport:
+        t = super()._open(host)
+        if host in self.hung:
+            pool = self
+
+            async def never(command: Command) -> Reply:
+                pool.entered.add(host)
+                await asyncio.Event().wait()
+                raise AssertionError("unreachable")
+
+            t._commands = never
+        return t
+
+
+async def test_the_querys_deadline_cuts_off_hung_hosts_and_keeps_the_answers(
+    tmp_path: Path,
+) -> None:
+    # Two at once: gpu-node-1 answers, 2 and 3 hang holding both slots, so 4 never gets
+    # its turn. The deadline is injected: it passes once both hung hosts are being read.
+    settings = fleet_settings(tmp_path, 2)
+    hosts = [name(i) for i in (1, 2, 3, 4)]
+    pool = HangingPool(settings, {name(2), name(3)})
+    passed = asyncio.Event()
+    query = asyncio.create_task(fleet_gpus(settings, pool, hosts, 3600.0, deadline=passed.wait))
+    await eventually(lambda: len(pool.entered) == 2, "both hung hosts to be read")
+    assert not query.done()
+    passed.set()
+    async with asyncio.timeout(30):  # fail, not hang, if the deadline is ignored
+        results = await query
+    assert [r.host for r in results] == hosts
+    assert results[0].ok and results[0].error is None
+    assert [(r.ok, r.unreachable) for r in results[1:]] == [(False, True)] * 3
+    deadline = "the query's deadline of 60s"
+    assert results[1].error == results[2].error == f"no answer within {deadline}"
+    assert results[3].error == (f"not read: {deadline} passed before its turn (2 hosts at once)")
+    # The cut-off reads closed their connections; host 4 never opened one.
+    assert pool.open == 0 and pool.opened == 3
+    text = summary_text(results)
+    assert text.startswith("4 hosts: 1 healthy, 0 warn, 0 unhealthy, 3 unreachable;")
+    assert f"{name(4)}: not read: {deadline} passed before its turn" in text
+
+
+async def test_the_deadline_comes_from_the_settings(tmp_path: Path) -> None:
+    settings = fleet_settings(tmp_path, 2)
+    settings = settings.model_copy(update={"fleet": FleetSettings(deadline_s=0.05)})
+    pool = HangingPool(settings, {name(1)})
+    # A hung host and a per-host timeout of an hour: only the deadline can end it.
+    async with asyncio.timeout(30):
+        [row] = await fleet_gpus(settings, pool, [name(1)], 3600.0)
+    assert row.error == "no answer within the query's deadline of 0.05s"
+    await pool.close()
 
 
 def section_texts(msg: dict[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -214,21 +214,64 @@ async def fleet_gpus(
     pool: HostPool,
     hosts: Sequence[str],
     timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
+    *,
+    deadline: Callable[[], Awaitable[object]] | None = None,
 ) -> list[HostGpus]:
     """Every host, ``[fleet].max_connections`` at once; the rows come back in the order
     of ``hosts``. Each host's timeout starts when its turn comes, not while it waits
     for a slot: a host behind a slow one is not timed out for having waited. A query
     of more hosts than the limit does not pool the connections it opens (each closed
-    after its host's read), so connections open at once stay within the limit."""
+    after its host's read), so connections open at once stay within the limit.
+
+    The whole query ends when ``deadline`` returns (default: ``[fleet].deadline_s``):
+    hung hosts each hold a slot for their whole timeout, so without it 1,000 of them at
+    64 at once would keep the asker waiting 160 s. A host still being read then is
+    cancelled (its connection closed) and one still waiting for a slot is not read;
+    each gets a row saying so, the hosts read by then keep theirs."""
     limit = settings.fleet.max_connections
     slots = asyncio.Semaphore(limit)
     keep = len(hosts) <= limit
+    begun: set[int] = set()
+    start = time.monotonic()
 
-    async def one(host: str) -> HostGpus:
+    async def one(i: int, host: str) -> HostGpus:
         async with slots:
+            begun.add(i)
             return await query_host(settings, pool, host, timeout_s, keep=keep)
 
-    return list(await asyncio.gather(*map(one, hosts)))
+    def deadline_s() -> Awaitable[None]:
+        return asyncio.sleep(settings.fleet.deadline_s)
+
+    tasks = [asyncio.create_task(one(i, h)) for i, h in enumerate(hosts)]
+    expired = asyncio.ensure_future((deadline or deadline_s)())
+    try:
+        if tasks:
+            everyone = asyncio.ensure_future(asyncio.wait(tasks))
+            await asyncio.wait({everyone, expired}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        expired.cancel()
+        late = [t for t in tasks if not t.done()]
+        for t in late:
+            t.cancel()
+        # Each cancelled read closes the connection it opened before the answer goes out.
+        await asyncio.gather(*late, return_exceptions=True)
+    waited = time.monotonic() - start
+    return [
+        t.result() if not t.cancelled() else _past_deadline(h, i in begun, settings, waited)
+        for i, (h, t) in enumerate(zip(hosts, tasks, strict=True))
+    ]
+
+
+def _past_deadline(host: str, begun: bool, settings: Settings, waited_s: float) -> HostGpus:
+    """The row of a host the query's deadline cut off: no answer, as a timeout is."""
+    limit = f"the query's deadline of {settings.fleet.deadline_s:g}s"
+    why = (
+        f"no answer within {limit}"
+        if begun
+        else f"not read: {limit} passed before its turn "
+        f"({settings.fleet.max_connections} hosts at once)"
+    )
+    return HostGpus(host, None, why, waited_s, unreachable=True)
 
 
 # --------------------------------------------------------------------------- summary

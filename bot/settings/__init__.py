@@ -138,6 +138,10 @@ class FleetSettings(Section):
     # the bot's CPU and hold 1,000 sockets. A query of more hosts than this closes each
     # connection it opened after that host's read, so none is left idle for ever.
     max_connections: int = Field(64, ge=1, le=1024)
+    # The whole query answers within this. Each hung host holds a slot for its own
+    # timeout (10 s), so 1,000 hung hosts at 64 at once would take 160 s; past this the
+    # hosts not read yet are rows saying so, and the ones read keep theirs.
+    deadline_s: float = Field(60.0, gt=0)
 
 
 class HostSettings(Section):
