@@ -244,6 +244,19 @@ def test_the_databases_password_is_redacted_wherever_the_bot_writes() -> None:
     assert isinstance(settings.db_path, PostgresUrl) and "w0rd" not in repr(settings)
 
 
+def test_a_password_in_the_urls_query_is_redacted_as_written_and_as_libpq_reads_it() -> None:
+    """libpq decodes a query parameter's %XX and nothing else: ``password=s%2Fe+cr`` is
+    the password ``s/e+cr`` (a "+" stays a "+"), which an error may repeat; the URL itself
+    holds it percent-encoded."""
+    from bot.core.redact import Redactor
+    from bot.settings import Settings
+
+    url = "postgresql://chatops@db/chatops?password=s%2Fe+cr%40et-7&sslpassword=k%26y-secret-9"
+    redact = Redactor.for_settings(Settings(db_path=url))
+    for said in ("s/e+cr@et-7", "s%2Fe+cr%40et-7", "k&y-secret-9", "k%26y-secret-9"):
+        assert redact(f"the server said: {said}.") == "the server said: ***."
+
+
 async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
     pg_url: PostgresUrl,
 ) -> None:
