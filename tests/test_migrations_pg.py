@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -339,3 +340,29 @@ async def test_no_statement_is_left_prepared_on_a_session_a_pooler_may_hand_on(
 
         db = audit._db
         assert await db.shielded(db.inline(the_same_read_ten_times, write=False)) == []
+
+
+async def test_a_pooled_connection_the_server_dropped_is_replaced_before_its_next_use(
+    pg_url: PostgresUrl,
+) -> None:
+    """After a server restart (or a fail-over) every pooled session is gone: the pool
+    checks a connection before lending it, so the first transaction after gets a fresh
+    one instead of failing as the database being away (and journaling its write)."""
+    from bot.audit.db import fetch
+
+    async def backend_pid(conn: object) -> int:
+        return int((await fetch(cast(Any, conn), "SELECT pg_backend_pid() AS pid"))[0]["pid"])
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+        db = audit._db
+        first = await db.shielded(db.inline(backend_pid, write=False))
+        raw_rows(pg_url, "SELECT pg_terminate_backend(?)", (first,))
+        await eventually(
+            lambda: not raw_rows(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = ?", (first,)),
+            "the server to end the pooled session",
+        )
+        assert await audit.transition(
+            run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+        )
+        assert await db.shielded(db.inline(backend_pid, write=False)) != first
