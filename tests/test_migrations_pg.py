@@ -366,3 +366,34 @@ async def test_a_pooled_connection_the_server_dropped_is_replaced_before_its_nex
             run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
         )
         assert await db.shielded(db.inline(backend_pid, write=False)) != first
+
+
+async def test_a_write_refused_by_a_read_only_standby_is_unavailable(
+    pg_url: PostgresUrl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fail-over a replica may still reach the old primary, now a standby that
+    refuses writes: that is the database away for now (the resilient writer retries and
+    journals the write), not a bug that stops a run mid-step."""
+    from bot.audit import pg_db
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+    url = pg_url.url.get_secret_value()
+    assert "options=-csearch_path" in url
+    standby = PostgresUrl(
+        url=SecretStr(
+            url.replace(
+                "options=-csearch_path",
+                "options=-cdefault_transaction_read_only%3Don%20-csearch_path",
+            )
+        )
+    )
+
+    async def opened_while_primary(raw: object) -> None:
+        return None
+
+    monkeypatch.setattr(pg_db, "_bookkeeping", opened_while_primary)
+    async with AuditLog.open(standby) as audit:
+        assert (await audit.get_run(run_id)).status == RunStatus.PENDING_APPROVAL
+        with pytest.raises(AuditUnavailable, match="read-only"):
+            await audit.transition(run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL])
