@@ -258,6 +258,22 @@ def test_a_password_in_the_urls_query_is_redacted_as_written_and_as_libpq_reads_
         assert redact(f"the server said: {said}.") == "the server said: ***."
 
 
+def test_the_password_libpq_reads_from_the_environment_is_redacted_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README puts the password in PGPASSWORD rather than the URL: it is the same
+    secret, masked wherever the bot writes, as it would be in the URL."""
+    from bot.core.redact import Redactor
+    from bot.settings import Settings
+
+    monkeypatch.setenv("PGPASSWORD", "env-s3cret-77")
+    redact = Redactor.for_settings(Settings(db_path="postgresql://chatops@db/chatops"))
+    assert redact("the server said: env-s3cret-77.") == "the server said: ***."
+    # A bot on SQLite has no database password: the variable is not its secret.
+    plain = Redactor.for_settings(Settings(db_path="chatops.db"))
+    assert plain("env-s3cret-77") == "env-s3cret-77"
+
+
 async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
     pg_url: PostgresUrl,
 ) -> None:
