@@ -93,16 +93,18 @@ class CardUpdates:
             except SLACK_ERRORS as exc:
                 log.warning("cannot update the card of run #%d: %s", run_id, exc)
 
-    async def tell_thread(self, record: RunRecord, text: str) -> None:
-        """A reply in the run's thread."""
+    async def tell_thread(self, record: RunRecord, text: str) -> bool:
+        """A reply in the run's thread; whether Slack took it."""
         if record.channel is None or record.message_ts is None:
-            return
+            return False
         try:
             await self.poster.post(
                 record.channel, message(text, [section(text)]), thread_ts=record.message_ts
             )
         except SLACK_ERRORS as exc:
             log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
+            return False
+        return True
 
     async def post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
         """Every host and command of the plan, whole, in the card's thread: one message
@@ -129,7 +131,10 @@ class CardUpdates:
         if not await self.audit.claim_telling(item.run.id):
             return
         await self.refresh(item.run.id)
-        await self.tell_thread(item.run, item.message)
+        if not await self.tell_thread(item.run, item.message):
+            # Not told: the service may be stopped and nobody knows. The claim goes
+            # back, so the next sweep (this replica's or the next leader's) tells it.
+            await self.audit.unclaim_telling(item.run.id)
 
     async def tell_untold(self) -> None:
         """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
