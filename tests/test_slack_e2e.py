@@ -485,8 +485,8 @@ async def test_a_recovery_slack_failed_to_post_is_told_at_the_next_sweep(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     """The thread of a recovered run must hear what state the service may be in (it may
-    be stopped): a post Slack refused once (an internal error) is not the telling, and
-    the next sweep tells it, once."""
+    be stopped): a post Slack refused once (an internal error) is not the telling; the
+    sweep tells it again (in its pass over untold threads, or the next sweep's), once."""
     async with new_fake() as fake:
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             await bot.command(f"restart {SERVICE}")
@@ -503,6 +503,32 @@ async def test_a_recovery_slack_failed_to_post_is_told_at_the_next_sweep(
             told = [m for m in await bot.thread(record.id) if "was interrupted" in blocks_text(m)]
             assert len(told) == 1
             assert "may be running, stopping or stopped" in blocks_text(told[0])
+
+
+async def test_a_recovery_slack_refuses_for_good_is_not_tried_at_every_sweep(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """A refusal a retry would repeat (the bot was removed from the channel) is logged
+    once, not posted again and again at every sweep."""
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            await bot.command(f"restart {SERVICE}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            await left_running_by_a_dead_bot(
+                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
+            )
+        fake.fail_next("chat.postMessage", "not_in_channel")
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            assert (await bot.run(record.id)).status == "interrupted"
+            await bot.front_end.idle()
+            await bot.front_end.sweep.once()
+            await bot.front_end.idle()
+            posts = [
+                c
+                for c in fake.calls("chat.postMessage")
+                if (c.json or c.params).get("thread_ts") == record.message_ts
+            ]
+            assert [c.response.get("error") for c in posts] == ["not_in_channel"]
 
 
 async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
