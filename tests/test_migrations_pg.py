@@ -163,6 +163,36 @@ async def test_operators_migrating_at_once_apply_each_migration_once(pg_url: Pos
     assert [r[0] for r in rows] == [m.name for m in MIGRATIONS_PG]
 
 
+async def test_the_migrations_table_is_made_under_the_writers_lock(pg_url: PostgresUrl) -> None:
+    """Two bots opening a database that has no ``_migrations`` yet would collide in the
+    catalog making it (``IF NOT EXISTS`` does not serialise them): each makes it under
+    the writers' lock, so one held elsewhere holds the opening up until it is let go."""
+    from tests.support.audit_db import Locker
+
+    def waiting_for_a_lock() -> bool:
+        return bool(
+            raw_rows(
+                pg_url,
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'vllm-chatops' "
+                "AND wait_event_type = 'Lock'",
+            )
+        )
+
+    locker = Locker(pg_url)
+    try:
+        locker.lock()
+        opening = asyncio.create_task(AuditLog.open(pg_url, migrate=True).__aenter__())
+        await eventually(waiting_for_a_lock, "the opening to wait for the writers' lock")
+        assert raw_rows(pg_url, "SELECT to_regclass('_migrations') IS NULL") == [(True,)]
+        locker.unlock()
+        audit = await opening
+        await audit.close()
+    finally:
+        locker.close()
+    names = [r[0] for r in raw_rows(pg_url, "SELECT name FROM _migrations ORDER BY seq")]
+    assert names == [m.name for m in MIGRATIONS_PG]
+
+
 async def test_a_failing_migration_is_rolled_back_and_not_recorded(pg_url: PostgresUrl) -> None:
     from bot.audit.migrations import Migration
 
