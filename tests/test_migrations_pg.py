@@ -304,6 +304,29 @@ def test_the_password_libpq_reads_from_the_environment_is_redacted_too(
     assert plain("env-s3cret-77") == "env-s3cret-77"
 
 
+async def test_a_transaction_leaves_nothing_set_on_its_pooled_session(pg_url: PostgresUrl) -> None:
+    """Each transaction sets its timeouts for itself alone (``SET LOCAL``): a pooler in
+    transaction mode hands the session to another client next, and a plain ``SET``
+    would give that client the bot's lock timeout and end its idle transactions."""
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+        assert await audit.transition(
+            run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+        )
+        await audit.get_run(run_id)
+        from bot.audit.pg_db import PostgresDatabase
+
+        assert isinstance(audit._db, PostgresDatabase)
+        pool = audit._db._pool
+        assert pool.get_stats()["pool_size"] == 1  # the session those transactions ran on
+        async with pool.connection() as raw:
+            cur = await raw.execute(
+                "SELECT current_setting('lock_timeout'), "
+                "current_setting('idle_in_transaction_session_timeout')"
+            )
+            assert await cur.fetchone() == ("0", "0")
+
+
 async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
     pg_url: PostgresUrl,
 ) -> None:
