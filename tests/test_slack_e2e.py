@@ -154,6 +154,29 @@ async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
         assert touched(sim_host) == []
 
 
+async def test_a_replica_that_does_not_lead_leaves_an_overdue_card_to_the_leader(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """Issue 21: every replica arms a timer for each pending card it knows, and only the
+    leader expires it (at once, or at its next sweep): here another replica holds the
+    leader lease, so this one's timer fires and closes nothing."""
+    from bot.engine.leader import LEADER
+
+    clock = ManualWallClock()
+    async with slack_bot(
+        tmp_path, sim_host, policy=default_policy(approval_ttl_s=600), clock=clock
+    ) as bot:
+        await bot.front_end.leader.aclose()  # lets go of the lease, if it held it
+        assert await bot.runtime.audit.hold_lease(LEADER, "replica-b", 3600) is not None
+        await bot.command(f"redeploy {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
+        clock.advance(600)
+        await eventually(lambda: not bot.front_end.timers.armed(record.id), "the timer to fire")
+        await bot.front_end.idle()
+        assert (await bot.run(record.id)).status == RunStatus.PENDING_APPROVAL
+
+
 async def test_deny_closes_the_request_without_touching_the_host(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
