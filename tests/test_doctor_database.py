@@ -4,8 +4,10 @@ both backends and on states a real server cannot be made to show (a skewed clock
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 from pydantic import SecretStr
 
 from bot.audit.inspect import inspect
@@ -72,6 +74,19 @@ async def test_a_real_server_before_and_after_migrate(pg_url: PostgresUrl) -> No
         "schema": Outcome.OK,
         "clock skew": Outcome.OK,
     }
+
+
+async def test_a_machine_clock_behind_the_servers_is_measured_as_such(
+    pg_url: PostgresUrl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The skew is measured against the real server's clock: this machine's clock set
+    10 s behind it (the one thing a test can move) reads as 10 s behind, and fails."""
+    real = time.time
+    monkeypatch.setattr("bot.audit.inspect.time.time", lambda: real() - 10.0)
+    state = await inspect(pg_url, timeout_s=5)
+    assert state.skew_s is not None and 9.0 < state.skew_s < 11.0
+    (skew,) = [c for c in judge_database(state, KNOWN, margin_s=5.0) if c.name == "clock skew"]
+    assert skew.outcome == Outcome.FAIL and "s behind the database's" in skew.detail
 
 
 async def test_a_server_that_does_not_answer_fails_naming_it_without_the_password() -> None:

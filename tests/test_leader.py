@@ -5,7 +5,9 @@ for a database that was away."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 
@@ -83,3 +85,59 @@ async def test_the_sweep_waits_for_a_database_reached_without_a_break_for_a_leas
     assert await a.lead() and not await a.may_recover()  # back: a lease to wait again
     clock.advance(30)
     assert await a.may_recover()
+
+
+class _Housekeeping:
+    """What the sweep and the scheduled starts call on a replica, counted."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def recover(self) -> list[object]:
+        self.calls.append("recover")
+        return []
+
+    async def tell_untold(self) -> None:
+        self.calls.append("tell_untold")
+
+    async def start_due(self, *, source: object) -> list[object]:
+        self.calls.append("start_due")
+        return []
+
+    async def scheduled(self, *, source: object) -> list[object]:
+        self.calls.append("scheduled")
+        return []
+
+
+async def test_only_the_leader_sweeps_and_starts_scheduled_runs() -> None:
+    """Issue 21: the recovery sweep and the scheduled starts run on one replica at a
+    time; a replica that does not lead ticks and does nothing, until it leads."""
+    from bot.slack.recovery_sweep import RecoverySweep
+    from bot.slack.scheduled_starts import ScheduledStarts
+
+    leads = False
+    ticks = 0
+
+    async def leading() -> bool:
+        return leads
+
+    async def tick(_s: float) -> None:
+        nonlocal ticks
+        ticks += 1
+        await asyncio.sleep(0)
+
+    work = _Housekeeping()
+    sweep = RecoverySweep(cast(Any, work), cast(Any, work), leading)
+    starts = ScheduledStarts(cast(Any, work), cast(Any, work), lambda _run: None, leading)
+    sweep.start(every_s=1, sleep=tick)
+    starts.start(every_s=1, sleep=tick)
+    try:
+        await eventually(lambda: ticks >= 20, "both to tick a few times")
+        assert work.calls == []
+        leads = True
+        await eventually(
+            lambda: {"recover", "start_due"} <= set(work.calls), "the leader's housekeeping"
+        )
+    finally:
+        await sweep.aclose()
+        await starts.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -162,6 +163,36 @@ async def test_operators_migrating_at_once_apply_each_migration_once(pg_url: Pos
     assert [r[0] for r in rows] == [m.name for m in MIGRATIONS_PG]
 
 
+async def test_the_migrations_table_is_made_under_the_writers_lock(pg_url: PostgresUrl) -> None:
+    """Two bots opening a database that has no ``_migrations`` yet would collide in the
+    catalog making it (``IF NOT EXISTS`` does not serialise them): each makes it under
+    the writers' lock, so one held elsewhere holds the opening up until it is let go."""
+    from tests.support.audit_db import Locker
+
+    def waiting_for_a_lock() -> bool:
+        return bool(
+            raw_rows(
+                pg_url,
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'vllm-chatops' "
+                "AND wait_event_type = 'Lock'",
+            )
+        )
+
+    locker = Locker(pg_url)
+    try:
+        locker.lock()
+        opening = asyncio.create_task(AuditLog.open(pg_url, migrate=True).__aenter__())
+        await eventually(waiting_for_a_lock, "the opening to wait for the writers' lock")
+        assert raw_rows(pg_url, "SELECT to_regclass('_migrations') IS NULL") == [(True,)]
+        locker.unlock()
+        audit = await opening
+        await audit.close()
+    finally:
+        locker.close()
+    names = [r[0] for r in raw_rows(pg_url, "SELECT name FROM _migrations ORDER BY seq")]
+    assert names == [m.name for m in MIGRATIONS_PG]
+
+
 async def test_a_failing_migration_is_rolled_back_and_not_recorded(pg_url: PostgresUrl) -> None:
     from bot.audit.migrations import Migration
 
@@ -242,6 +273,58 @@ def test_the_databases_password_is_redacted_wherever_the_bot_writes() -> None:
     masked = redact(said)
     assert "w0rd" not in masked and "k3y-secret" not in masked
     assert isinstance(settings.db_path, PostgresUrl) and "w0rd" not in repr(settings)
+
+
+def test_a_password_in_the_urls_query_is_redacted_as_written_and_as_libpq_reads_it() -> None:
+    """libpq decodes a query parameter's %XX and nothing else: ``password=s%2Fe+cr`` is
+    the password ``s/e+cr`` (a "+" stays a "+"), which an error may repeat; the URL itself
+    holds it percent-encoded."""
+    from bot.core.redact import Redactor
+    from bot.settings import Settings
+
+    url = "postgresql://chatops@db/chatops?password=s%2Fe+cr%40et-7&sslpassword=k%26y-secret-9"
+    redact = Redactor.for_settings(Settings(db_path=url))
+    for said in ("s/e+cr@et-7", "s%2Fe+cr%40et-7", "k&y-secret-9", "k%26y-secret-9"):
+        assert redact(f"the server said: {said}.") == "the server said: ***."
+
+
+def test_the_password_libpq_reads_from_the_environment_is_redacted_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README puts the password in PGPASSWORD rather than the URL: it is the same
+    secret, masked wherever the bot writes, as it would be in the URL."""
+    from bot.core.redact import Redactor
+    from bot.settings import Settings
+
+    monkeypatch.setenv("PGPASSWORD", "env-s3cret-77")
+    redact = Redactor.for_settings(Settings(db_path="postgresql://chatops@db/chatops"))
+    assert redact("the server said: env-s3cret-77.") == "the server said: ***."
+    # A bot on SQLite has no database password: the variable is not its secret.
+    plain = Redactor.for_settings(Settings(db_path="chatops.db"))
+    assert plain("env-s3cret-77") == "env-s3cret-77"
+
+
+async def test_a_transaction_leaves_nothing_set_on_its_pooled_session(pg_url: PostgresUrl) -> None:
+    """Each transaction sets its timeouts for itself alone (``SET LOCAL``): a pooler in
+    transaction mode hands the session to another client next, and a plain ``SET``
+    would give that client the bot's lock timeout and end its idle transactions."""
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+        assert await audit.transition(
+            run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+        )
+        await audit.get_run(run_id)
+        from bot.audit.pg_db import PostgresDatabase
+
+        assert isinstance(audit._db, PostgresDatabase)
+        pool = audit._db._pool
+        assert pool.get_stats()["pool_size"] == 1  # the session those transactions ran on
+        async with pool.connection() as raw:
+            cur = await raw.execute(
+                "SELECT current_setting('lock_timeout'), "
+                "current_setting('idle_in_transaction_session_timeout')"
+            )
+            assert await cur.fetchone() == ("0", "0")
 
 
 async def test_a_replica_frozen_inside_a_write_holds_the_others_up_only_briefly(
@@ -326,3 +409,60 @@ async def test_no_statement_is_left_prepared_on_a_session_a_pooler_may_hand_on(
 
         db = audit._db
         assert await db.shielded(db.inline(the_same_read_ten_times, write=False)) == []
+
+
+async def test_a_pooled_connection_the_server_dropped_is_replaced_before_its_next_use(
+    pg_url: PostgresUrl,
+) -> None:
+    """After a server restart (or a fail-over) every pooled session is gone: the pool
+    checks a connection before lending it, so the first transaction after gets a fresh
+    one instead of failing as the database being away (and journaling its write)."""
+    from bot.audit.db import fetch
+
+    async def backend_pid(conn: object) -> int:
+        return int((await fetch(cast(Any, conn), "SELECT pg_backend_pid() AS pid"))[0]["pid"])
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+        db = audit._db
+        first = await db.shielded(db.inline(backend_pid, write=False))
+        raw_rows(pg_url, "SELECT pg_terminate_backend(?)", (first,))
+        await eventually(
+            lambda: not raw_rows(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = ?", (first,)),
+            "the server to end the pooled session",
+        )
+        assert await audit.transition(
+            run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL]
+        )
+        assert await db.shielded(db.inline(backend_pid, write=False)) != first
+
+
+async def test_a_write_refused_by_a_read_only_standby_is_unavailable(
+    pg_url: PostgresUrl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fail-over a replica may still reach the old primary, now a standby that
+    refuses writes: that is the database away for now (the resilient writer retries and
+    journals the write), not a bug that stops a run mid-step."""
+    from bot.audit import pg_db
+
+    async with AuditLog.open(pg_url, migrate=True) as audit:
+        run_id = await pending_run(audit)
+    url = pg_url.url.get_secret_value()
+    assert "options=-csearch_path" in url
+    standby = PostgresUrl(
+        url=SecretStr(
+            url.replace(
+                "options=-csearch_path",
+                "options=-cdefault_transaction_read_only%3Don%20-csearch_path",
+            )
+        )
+    )
+
+    async def opened_while_primary(raw: object) -> None:
+        return None
+
+    monkeypatch.setattr(pg_db, "_bookkeeping", opened_while_primary)
+    async with AuditLog.open(standby) as audit:
+        assert (await audit.get_run(run_id)).status == RunStatus.PENDING_APPROVAL
+        with pytest.raises(AuditUnavailable, match="read-only"):
+            await audit.transition(run_id, RunStatus.APPROVED, expect=[RunStatus.PENDING_APPROVAL])

@@ -370,6 +370,35 @@ async def test_a_driver_whose_run_was_recovered_is_fenced_off_writes_and_actions
     assert not await token.lease.holds()
 
 
+async def test_a_start_whose_run_was_recovered_before_it_read_its_epoch_drives_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: exactly one driver. A start takes the run, then reads the epoch it took;
+    paused past its lease between the two (a GC pause, a frozen VM) while another replica
+    recovered the run, it reads the recovery's epoch. It must not drive with that as its
+    fencing token: its writes would pass the fence and it would act on the hosts of a
+    run that is no longer its own, its locks already released."""
+    elsewhere = world.process(owner=ELSEWHERE)
+    record = await elsewhere.request(world.plan(), requested_by=ALICE, source=Source.CLI)
+    assert await elsewhere.confirm(record.id, ALICE)
+    get_run = world.audit.get_run
+
+    async def recovered_meanwhile(run_id: int) -> RunRecord:
+        monkeypatch.setattr(world.audit, "get_run", get_run)
+        result = await recover_by_hand(
+            world.audit, run_id, by="cli:op@host", force=True, judge=world.judge()
+        )
+        assert isinstance(result, Recovered)
+        return await get_run(run_id)
+
+    monkeypatch.setattr(world.audit, "get_run", recovered_meanwhile)
+    token = await elsewhere.start(record.id)
+    if token is not None:
+        world.started.append((elsewhere, record.id))
+    assert token is None
+    assert (await world.audit.get_run(record.id)).status == RunStatus.INTERRUPTED
+
+
 async def test_a_lease_asks_the_database_once_its_own_clock_says_it_ran_out(
     world: World,
 ) -> None:

@@ -154,6 +154,29 @@ async def test_a_card_nobody_approves_expires_and_loses_its_buttons(
         assert touched(sim_host) == []
 
 
+async def test_a_replica_that_does_not_lead_leaves_an_overdue_card_to_the_leader(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """Issue 21: every replica arms a timer for each pending card it knows, and only the
+    leader expires it (at once, or at its next sweep): here another replica holds the
+    leader lease, so this one's timer fires and closes nothing."""
+    from bot.engine.leader import LEADER
+
+    clock = ManualWallClock()
+    async with slack_bot(
+        tmp_path, sim_host, policy=default_policy(approval_ttl_s=600), clock=clock
+    ) as bot:
+        await bot.front_end.leader.aclose()  # lets go of the lease, if it held it
+        assert await bot.runtime.audit.hold_lease(LEADER, "replica-b", 3600) is not None
+        await bot.command(f"redeploy {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await eventually(lambda: bot.front_end.timers.armed(record.id), "the expiry timer")
+        clock.advance(600)
+        await eventually(lambda: not bot.front_end.timers.armed(record.id), "the timer to fire")
+        await bot.front_end.idle()
+        assert (await bot.run(record.id)).status == RunStatus.PENDING_APPROVAL
+
+
 async def test_deny_closes_the_request_without_touching_the_host(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
@@ -479,6 +502,56 @@ async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
             assert f"Run #{record.id} (restart {SERVICE}) was interrupted" in told
             assert "during step `stop`" in told and "may be running, stopping or stopped" in told
             assert f"/vllm status {SERVICE}" in told
+
+
+async def test_a_recovery_slack_failed_to_post_is_told_at_the_next_sweep(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """The thread of a recovered run must hear what state the service may be in (it may
+    be stopped): a post Slack refused once (an internal error) is not the telling; the
+    sweep tells it again (in its pass over untold threads, or the next sweep's), once."""
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            await bot.command(f"restart {SERVICE}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            await left_running_by_a_dead_bot(
+                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
+            )
+        fake.fail_next("chat.postMessage", "internal_error")
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            assert (await bot.run(record.id)).status == "interrupted"
+            await bot.front_end.idle()  # the sweep at start tried to tell it, and failed
+            await bot.front_end.sweep.once()
+            await bot.front_end.idle()
+            told = [m for m in await bot.thread(record.id) if "was interrupted" in blocks_text(m)]
+            assert len(told) == 1
+            assert "may be running, stopping or stopped" in blocks_text(told[0])
+
+
+async def test_a_recovery_slack_refuses_for_good_is_not_tried_at_every_sweep(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """A refusal a retry would repeat (the bot was removed from the channel) is logged
+    once, not posted again and again at every sweep."""
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            await bot.command(f"restart {SERVICE}")
+            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+            await left_running_by_a_dead_bot(
+                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
+            )
+        fake.fail_next("chat.postMessage", "not_in_channel")
+        async with slack_bot(tmp_path, sim_host, fake) as bot:
+            assert (await bot.run(record.id)).status == "interrupted"
+            await bot.front_end.idle()
+            await bot.front_end.sweep.once()
+            await bot.front_end.idle()
+            posts = [
+                c
+                for c in fake.calls("chat.postMessage")
+                if (c.json or c.params).get("thread_ts") == record.message_ts
+            ]
+            assert [c.response.get("error") for c in posts] == ["not_in_channel"]
 
 
 async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(

@@ -151,6 +151,13 @@ class CoordinationStore(StoreBase):
             return await runs_sql.mark_told(conn, run_id, now)
 
     @shielded
+    async def unclaim_telling(self, run_id: int) -> None:
+        """The claimed telling did not reach the thread (Slack refused the post): the
+        next sweep's ``untold_recoveries`` finds the run again."""
+        async with self._db.transaction(write=True) as conn:
+            await runs_sql.unmark_told(conn, run_id)
+
+    @shielded
     async def interrupt(self, run_id: int, summary: str) -> bool:
         """A run whose driver stopped (cancelled at shutdown, or broken) becomes
         'interrupted', with its running steps, and releases its locks: it must never

@@ -258,6 +258,11 @@ async def mark_told(conn: Conn, run_id: int, now: str) -> bool:
     )
 
 
+async def unmark_told(conn: Conn, run_id: int) -> None:
+    """Give back the claim of ``mark_told`` (the thread was not told after all)."""
+    await execute(conn, "UPDATE runs SET recovery_told_at = NULL WHERE id = ?", (run_id,))
+
+
 def interrupted_summary(status: str, current_step: str | None) -> str:
     """What an interrupted run's summary says, from where its driver stopped."""
     if status == RunStatus.APPROVED:

@@ -129,17 +129,24 @@ class RunLife:
     async def start(self, run_id: int) -> CancelToken | None:
         """approved -> running, recording this process as the owner. Returns the run's
         cancel token, or None when the run was not 'approved' (nothing started)."""
+        owner = self._owner()
         if not await self.audit.transition(
             run_id,
             RunStatus.RUNNING,
             expect=(RunStatus.APPROVED,),
-            owner=self._owner(),
+            owner=owner,
             lease_until=self._lease_end(),
             lease_s=self.lease_s,
         ):
             return None
-        # The epoch this start took is the run's fencing token for this process.
-        return self.driver.drive(run_id, (await self.audit.get_run(run_id)).epoch)
+        # The epoch this start took is the run's fencing token for this process; read
+        # after the start, so a pause past the lease between the two (another replica
+        # recovered the run meanwhile) reads a run no longer this process's, whose epoch
+        # must not become its token (issue 21: exactly one driver).
+        run = await self.audit.get_run(run_id)
+        if run.status != RunStatus.RUNNING or run.owner != owner:
+            return None
+        return self.driver.drive(run_id, run.epoch)
 
     async def released(self, run_id: int) -> None:
         """The driver is done with the run (whatever its end): no more cancels, and who

@@ -492,6 +492,9 @@ class Settings(BaseSettings):
         if isinstance(self.db_path, PostgresUrl):
             # The database's password, also as it reads percent-encoded in its URL.
             out.extend(url_secrets(self.db_path.url.get_secret_value()))
+            # Or where the README says to put it instead: libpq reads it from here.
+            if password := os.environ.get("PGPASSWORD"):
+                out.append(password)
         return [v for v in out if len(v) >= 4]
 
 

@@ -46,7 +46,13 @@ def url_secrets(url: str) -> list[str]:
     """The secrets inside ``url`` (its password, password-like parameters), for the
     redactor: they are masked wherever they would otherwise be posted or stored."""
     parts = urlsplit(url)
-    found = [v for k, v in parse_qsl(parts.query) if k in _SECRET_PARAMS and v]
+    found: list[str] = []
+    for pair in parts.query.split("&"):
+        key, eq, raw = pair.partition("=")
+        if eq and raw and unquote(key) in _SECRET_PARAMS:
+            # As written, and decoded as libpq decodes it: %XX only, a "+" is a "+"
+            # (parse_qsl's form decoding would make it a space, a text never said).
+            found.extend({raw, unquote(raw)})
     if parts.password:
         # As written in the URL, and decoded (what an error message may repeat).
         found.extend({parts.password, unquote(parts.password)})

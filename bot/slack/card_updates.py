@@ -30,7 +30,7 @@ from bot.slack.blocks import (
 )
 from bot.slack.cards import card_view, with_recorded_steps
 from bot.slack.membership import Membership
-from bot.slack.poster import SLACK_ERRORS, Poster
+from bot.slack.poster import SLACK_ERRORS, Poster, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +95,20 @@ class CardUpdates:
 
     async def tell_thread(self, record: RunRecord, text: str) -> None:
         """A reply in the run's thread."""
+        await self._reply(record, text)
+
+    async def _reply(self, record: RunRecord, text: str) -> BaseException | None:
+        """A reply in the run's thread; why Slack refused it, if it did (logged)."""
         if record.channel is None or record.message_ts is None:
-            return
+            return None
         try:
             await self.poster.post(
                 record.channel, message(text, [section(text)]), thread_ts=record.message_ts
             )
         except SLACK_ERRORS as exc:
             log.warning("cannot post to the thread of run #%d: %s", record.id, exc)
+            return exc
+        return None
 
     async def post_full_plan(self, view: CardView, channel: str, ts: str) -> None:
         """Every host and command of the plan, whole, in the card's thread: one message
@@ -129,7 +135,12 @@ class CardUpdates:
         if not await self.audit.claim_telling(item.run.id):
             return
         await self.refresh(item.run.id)
-        await self.tell_thread(item.run, item.message)
+        refused = await self._reply(item.run, item.message)
+        if refused is not None and is_transient(refused):
+            # Not told: the service may be stopped and nobody knows. The claim goes
+            # back, so the next sweep (this replica's or the next leader's) tells it; a
+            # refusal a retry would repeat (the bot removed from the channel) stays told.
+            await self.audit.unclaim_telling(item.run.id)
 
     async def tell_untold(self) -> None:
         """Threads of runs recovered where nobody could post (by a CLI, or by a bot that
