@@ -35,9 +35,12 @@ from tests.support.audit_db import db_arg, raw_rows
 from tests.support.postgres import migrate_pg
 
 TERMINATE = "Terminate leftover processes"
-# Short leases so a cancel reaches its driver within a second; the rules between them
-# (renewed three times per lease) are the defaults'.
-REPLICAS = {"lease_s": 3.0, "renew_every_s": 0.5, "leader_ttl_s": 3.0}
+# Frequent heartbeats so a cancel reaches its driver within a second. No test here lets a
+# lease run out, so the leases stay long: all replicas share the test's event loop, and
+# a 3 s lease can run out when a loaded machine stalls it (then the peer recovers the
+# driver's run as interrupted and the card never says "succeeded": the likely cause of
+# the Socket Mode test's rare 60 s timeouts under -n 2, not reproduced on demand).
+REPLICAS = {"lease_s": 30.0, "renew_every_s": 0.5, "leader_ttl_s": 10.0}
 
 
 @asynccontextmanager
