@@ -293,6 +293,40 @@ async def test_a_replica_back_from_an_outage_judges_no_lease_until_drivers_could
     assert (await world.audit.locks_held()) == {record.id: LOCKS}
 
 
+async def test_the_command_line_judges_no_lease_until_the_server_ran_for_one(
+    tmp_path: Path, pg_url: PostgresUrl
+) -> None:
+    """Issue 21: a command line looks once, so it cannot wait to reach the database for
+    a lease as a replica does. After a PostgreSQL restart every driver's lease has run
+    out by its clock while no driver could renew; a `recover` (or a request meeting the
+    run's locks) then judges no driver dead until the server has run for one lease."""
+    await migrate_pg(pg_url)
+    async with a_world(pg_url) as world:
+        driver = world.process(owner=ELSEWHERE)
+        run = await world.running(driver)
+        await driver.released(run.id)  # its heartbeat, held up by the restart
+        raw_rows(
+            pg_url, "UPDATE runs SET lease_expires = lease_expires - 1e5 WHERE id = ?", (run.id,)
+        )
+        [(up_s,)] = raw_rows(
+            pg_url, "SELECT extract(epoch FROM clock_timestamp() - pg_postmaster_start_time())"
+        )
+        db, env = db_option(pg_url)
+        config = tmp_path / "chatops.toml"
+        # The server has run for less than a lease: the driver may not have renewed yet.
+        config.write_text(f"[replicas]\nlease_s = {float(up_s) + 3600!r}\n")
+        code, _, err = await cli("recover", str(run.id), "--yes", *db, cwd=tmp_path, env=env)
+        assert code == 1 and "the database server was restarting" in err, err
+        assert "try again in" in err and f"recover {run.id} --force" in err
+        assert (await world.audit.get_run(run.id)).status == RunStatus.RUNNING
+        # For more than a lease: a live driver has renewed by now; this one is dead.
+        lease_s = float(up_s) / 2
+        config.write_text(f"[replicas]\nlease_s = {lease_s!r}\nrenew_every_s = {lease_s / 4!r}\n")
+        code, out, err = await cli("recover", str(run.id), "--yes", *db, cwd=tmp_path, env=env)
+        assert code == 0 and f"Run #{run.id} (restart svc) was interrupted" in out, err
+        assert (await world.audit.get_run(run.id)).status == RunStatus.INTERRUPTED
+
+
 async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: World) -> None:
     run = await world.running(world.process(owner=ELSEWHERE))
     lost: list[bool] = []

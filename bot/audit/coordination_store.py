@@ -232,6 +232,11 @@ class CoordinationStore(StoreBase):
     async def lease(self, name: str) -> leases_sql.LeaseState | None:
         return await self._db.inline(lambda conn: leases_sql.of(conn, name), write=False)
 
+    @shielded
+    async def server_up_s(self) -> float | None:
+        """How long the database server has run (None: SQLite, no server)."""
+        return await self._db.inline(leases_sql.server_up_s, write=False)
+
     # -- leftover questions asked across replicas (issue 21) ----------------------------
 
     @shielded

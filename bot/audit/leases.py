@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bot.audit.backend import Dialect
 from bot.audit.db import NOW_S, Conn, dialect_of, execute, fetch
 
 
@@ -68,3 +69,18 @@ async def of(conn: Conn, name: str) -> LeaseState | None:
         return None
     row = rows[0]
     return LeaseState(str(row["holder"]), int(row["epoch"]), float(row["left_s"]))
+
+
+async def server_up_s(conn: Conn) -> float | None:
+    """How long the database server has run, by its own clock (None on SQLite, which has
+    no server). A lease that ran out less than a lease after the server started may have
+    run out while the server was down, its driver not yet able to renew it."""
+    if dialect_of(conn) is not Dialect.POSTGRES:
+        return None
+    rows = await fetch(
+        conn,
+        "SELECT extract(epoch FROM clock_timestamp() - pg_postmaster_start_time())"
+        "::double precision AS up_s",
+        (),
+    )
+    return float(rows[0]["up_s"])

@@ -41,6 +41,7 @@ off.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
@@ -53,6 +54,7 @@ from bot.core.status import RunStatus
 from bot.engine.clocks import Clock, Monotonic
 from bot.engine.heartbeat import LEASE_S
 from bot.engine.owner import PROC, Namespace, ProcessSays, judge_process, this_namespace
+from bot.errors import AuditError
 
 # The statuses a driver holds a run in (only these can be recovered), and those a
 # judge watches: those, and the requests awaiting approval.
@@ -89,9 +91,10 @@ class Verdict:
         """Why a run judged by its lease still holds its locks, and what to do."""
         if self.settling:
             return (
-                f"the owner of run #{run_id} may be alive (its lease ran out while this "
-                "replica could not reach the database, or before it started; a driver "
-                f"gets a lease to renew after that); try again in {self.retry_in_s} s or "
+                f"the owner of run #{run_id} may be alive (its lease ran out while the "
+                "database server was restarting, or while this process could not reach "
+                "the database or had not started; a driver gets a lease to renew after "
+                f"that); try again in {self.retry_in_s} s or "
                 f"`python -m bot recover {run_id} --force`"
             )
         if self.by is JudgedBy.DATABASE:
@@ -213,3 +216,21 @@ class Judge:
             return None
         unchanged = self._unchanged_s(run)
         return None if unchanged is None else max(0, math.ceil(self.ttl_s - unchanged))
+
+
+async def settling_after_restart(
+    audit: AuditLog, lease_s: float, monotonic: Callable[[], float] = time.monotonic
+) -> Callable[[], float] | None:
+    """A ``Judge.settling`` for a process that does not watch the database itself (the
+    command line): seconds until the database server will have run for one lease. A
+    lease that ran out across a server restart is no death until its driver, which
+    could not renew while the server was down, has had a lease to renew after it. None
+    on SQLite (no server; the process's clocks judge there)."""
+    try:
+        up_s = await audit.server_up_s()
+    except AuditError:
+        up_s = 0.0  # cannot tell: as if it had just started
+    if up_s is None:
+        return None
+    read_at = monotonic()
+    return lambda: max(0.0, lease_s - (up_s + monotonic() - read_at))

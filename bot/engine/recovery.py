@@ -360,7 +360,8 @@ class OwnerAlive:
 
     @property
     def reason(self) -> str:
-        if self.verdict is not None and self.verdict.by is JudgedBy.LEASE:
+        # By a lease (this machine's sightings or the database's clock): when it ends.
+        if self.verdict is not None and self.verdict.by is not JudgedBy.PROCESS:
             return f"run #{self.run.id} is {self.run.status} and {self.verdict.note(self.run.id)}"
         lease = f", lease until {self.run.lease_until}" if self.run.lease_until else ""
         return (

@@ -15,6 +15,7 @@ from bot.engine.audit_sink import audit_writer
 from bot.engine.engine import Engine
 from bot.engine.exporter import Exporter
 from bot.engine.lifecycle import Clock, RunLifecycle, utc_now
+from bot.engine.liveness import settling_after_restart
 from bot.engine.operations import Operations
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
@@ -51,6 +52,10 @@ async def open_runtime(
     await writer.start()
     pool = HostPool(settings, nvml=nvml)
     lifecycle = RunLifecycle(settings, audit, clock=clock)
+    if lifecycle.judge.by_database:
+        # A replica sets its own (its leader's reachability, bot.slack.front_end); this
+        # covers a process that looks once, such as the command line after a restart.
+        lifecycle.judge.settling = await settling_after_restart(audit, settings.replicas.lease_s)
     # Always kept (cheap): served only where [metrics] listen is set (bot.slack.app).
     metrics = Exporter()
     engine = Engine(settings, audit, pool, lifecycle, writer)
