@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,11 @@ from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
 from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
-from bot.errors import RunNotFoundError
+from bot.errors import AuditUnavailable, RunNotFoundError
+from bot.settings import PostgresUrl
 from tests.support.audit_db import Locker, Target
 from tests.support.clock import ManualClock
+from tests.support.postgres import migrate_pg
 
 SECRET = "hunter2-very-secret"
 
@@ -370,6 +372,42 @@ async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_
     assert not written.journaled  # up again: straight to the database
     assert [s.label for s in await audit.snapshots(run_id)] == ["after drain", "after restart"]
     await w.close()
+
+
+@pytest.mark.parametrize("database_back", [True, False])
+async def test_a_commit_whose_answer_was_lost_is_written_once(
+    pg_url: PostgresUrl, tmp_path: Path, database_back: bool
+) -> None:
+    """Issue 21: PostgreSQL commits a transaction, then the connection drops before its
+    answer arrives; the writer sees the database away. Its retry (the database back at
+    once), or the merge of the records it journaled (the database away past the retry
+    window), must find them written: twice was a second step row, forever running."""
+    await migrate_pg(pg_url)
+    async with AuditLog.open(pg_url) as audit:
+        run_id = await new_run(audit)
+        t = FakeTime()
+        w = writer_for(audit, tmp_path, t, retry_s=15.0 if database_back else 0.0)
+        real, lost = audit.write_records, list[bool]()
+
+        async def answer_lost(records: Sequence[JournalRecord], **kw: Any) -> Any:
+            applied = await real(records, **kw)
+            if not lost:
+                lost.append(True)
+                raise AuditUnavailable("audit database: server closed the connection")
+            return applied
+
+        audit.write_records = answer_lost  # type: ignore[method-assign]
+        ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
+        assert lost and written.journaled is not database_back
+        if database_back:
+            assert isinstance(ref, int) and len(t.sleeps) == 1
+        else:
+            assert await w.merge() == 0  # already in: none merged, none refused
+            assert await audit.journal_rejects() == []
+        await w.step_finished(
+            ref, status=StepStatus.OK, exit_status=0, duration_s=0.1, output_tail="stopped"
+        )
+        assert [(s.step, s.status) for s in await audit.steps(run_id)] == [("stop", "ok")]
 
 
 async def test_the_background_merge_brings_the_writer_back_up(

@@ -39,10 +39,34 @@ class Applied:
     rejected: list[tuple[JournalRecord, str]] = field(default_factory=list)
 
 
-async def apply(conn: Conn, records: list[JournalRecord], *, merge: bool, now: str) -> Applied:
+async def already_applied(conn: Conn, records: list[JournalRecord]) -> Applied | None:
+    """What an earlier try of this same direct write did, if it committed (None: it did
+    not). One transaction wrote the whole batch, so its first record's mark says."""
+    if not records:
+        return None
+    ids = [r.id for r in records]
+    rows = await fetch(
+        conn,
+        f"SELECT id, row_id FROM journal_applied WHERE id IN ({', '.join('?' * len(ids))})",  # noqa: S608
+        tuple(ids),
+    )
+    found = {str(r["id"]): r["row_id"] for r in rows}
+    if ids[0] not in found:
+        return None
+    return Applied(
+        row_ids={k: int(v) for k, v in found.items() if v is not None}, skipped=list(found)
+    )
+
+
+async def apply(
+    conn: Conn, records: list[JournalRecord], *, merge: bool, now: str, mark: bool = False
+) -> Applied:
     """Apply ``records`` in order. ``merge``: they come from the journal, so each is
     applied at most once (``journal_applied``) and one the database refuses is kept
-    there with the reason; otherwise (the direct path) a refusal raises."""
+    there with the reason; otherwise (the direct path) a refusal raises. ``mark``: the
+    direct path leaves each record's id in ``journal_applied`` too, so a retry of a
+    commit whose answer was lost (PostgreSQL over a network), or a merge of the same
+    records journaled after it, finds them written instead of writing them twice."""
     done = Applied()
     for record in records:
         if merge:
@@ -54,6 +78,12 @@ async def apply(conn: Conn, records: list[JournalRecord], *, merge: bool, now: s
                 continue
         if not merge:
             row_id = await writes.apply(conn, record.write, at=record.at, row_ids=done.row_ids)
+            if mark:
+                await execute(
+                    conn,
+                    "INSERT INTO journal_applied (id, row_id, applied_at) VALUES (?, ?, ?)",
+                    (record.id, row_id, now),
+                )
         else:
             # A savepoint per record: one the database refuses leaves no half of itself.
             await conn.execute("SAVEPOINT journal_record")

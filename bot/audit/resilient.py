@@ -164,9 +164,14 @@ class JournaledWriter:
                     if direct is not None:
                         await self._retrying(direct)
                         return Written()
-                    return Written(
-                        row_ids=await self._retrying(lambda: self._direct(records, fence))
-                    )
+                    tries = 0
+
+                    def attempt() -> Awaitable[dict[str, int]]:
+                        nonlocal tries
+                        tries += 1
+                        return self._direct(records, fence, again=tries > 1)
+
+                    return Written(row_ids=await self._retrying(attempt))
                 except AuditError as exc:
                     if not unavailable(exc):
                         raise
@@ -182,9 +187,9 @@ class JournaledWriter:
             return Written(journaled=True, reason=self.down)
 
     async def _direct(
-        self, records: Sequence[JournalRecord], fence: Fence | None
+        self, records: Sequence[JournalRecord], fence: Fence | None, *, again: bool = False
     ) -> dict[str, int]:
-        applied = await self.audit.write_records(records, merge=False, fence=fence)
+        applied = await self.audit.write_records(records, merge=False, fence=fence, again=again)
         return applied.row_ids
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:

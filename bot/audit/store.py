@@ -180,19 +180,31 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
 
     @shielded
     async def write_records(
-        self, records: Sequence[JournalRecord], *, merge: bool, fence: Fence | None = None
+        self,
+        records: Sequence[JournalRecord],
+        *,
+        merge: bool,
+        fence: Fence | None = None,
+        again: bool = False,
     ) -> replay_sql.Applied:
         """Write records made by ``bot.audit.resilient`` (already redacted) in one
         transaction: one on its direct path (``merge=False``), or the fallback journal
         being merged (``merge=True``: each record at most once; see ``bot.audit.replay``).
         ``fence``: first check that the run is still at the epoch its driver took
-        (``bot.audit.fence``), in the same transaction."""
+        (``bot.audit.fence``), in the same transaction. ``again``: a retry of a direct
+        write whose try failed as the database being away; on PostgreSQL that try may
+        have committed with its answer lost, so its marks are looked for first."""
         now = now_ts()
+        # Only a server can commit and then lose the answer: SQLite's commit returns or
+        # raises in this process, and it keeps the hot path's cost (issue 18) as it was.
+        mark = not merge and self.dialect is Dialect.POSTGRES
 
         async def write(conn: Conn) -> replay_sql.Applied:
+            if mark and again and (done := await replay_sql.already_applied(conn, [*records])):
+                return done
             if fence is not None:
                 await fence_sql.check(conn, fence)
-            return await replay_sql.apply(conn, list(records), merge=merge, now=now)
+            return await replay_sql.apply(conn, list(records), merge=merge, now=now, mark=mark)
 
         # Statements only, so the whole transaction is one call on the database's thread
         # (``Database.inline``): a run's ~35 records each paid six thread hops before.
