@@ -198,6 +198,23 @@ async def test_the_deadline_comes_from_the_settings(tmp_path: Path) -> None:
     await pool.close()
 
 
+async def test_a_cancelled_query_cancels_its_reads_and_closes_their_connections(
+    tmp_path: Path,
+) -> None:
+    # The asker gone (the bot stopping, a CLI's Ctrl-C): no read goes on without it.
+    settings = fleet_settings(tmp_path, 2)
+    hosts = [name(i) for i in (1, 2, 3)]
+    pool = HangingPool(settings, set(hosts))
+    query = asyncio.create_task(
+        fleet_gpus(settings, pool, hosts, 3600.0, deadline=asyncio.Event().wait)
+    )
+    await eventually(lambda: len(pool.entered) == 2, "two hung hosts to be read")
+    query.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await query
+    assert pool.open == 0 and pool.opened == 2
+
+
 def section_texts(msg: dict[str, Any]) -> list[str]:
     return [b["text"]["text"] for b in msg["blocks"] if b["type"] == "section"]
 
