@@ -347,6 +347,9 @@ class ServerUp:
         (45.0, 0.0),  # ran for more than a lease: judged at once
         # The read failed: cannot tell, so as if the server had just started.
         (AuditUnavailable("audit database: connection refused"), 30.0),
+        # Its clock set back an hour since it started: as if just started, not an hour
+        # and a lease.
+        (-3600.0, 30.0),
     ],
 )
 async def test_the_command_lines_settling_is_at_most_one_lease(
