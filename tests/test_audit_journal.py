@@ -20,7 +20,7 @@ from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditUnavailable, RunNotFoundError
 from bot.settings import PostgresUrl
-from tests.support.audit_db import Locker, Target
+from tests.support.audit_db import Locker, Target, raw_rows
 from tests.support.clock import ManualClock
 from tests.support.postgres import migrate_pg
 
@@ -409,6 +409,20 @@ async def test_a_commit_whose_answer_was_lost_is_written_once(
             ref, status=StepStatus.OK, exit_status=0, duration_s=0.1, output_tail="stopped"
         )
         assert [(s.step, s.status) for s in await audit.steps(run_id)] == [("stop", "ok")]
+
+
+async def test_only_postgresql_marks_a_direct_write(
+    audit: AuditLog, audit_target: Target, tmp_path: Path
+) -> None:
+    """A direct write marks its records in journal_applied on PostgreSQL, whose commit
+    can lose its answer; SQLite's cannot, and its hot path (issue 18) writes no marks."""
+    run_id = await new_run(audit)
+    w = writer_for(audit, tmp_path, FakeTime())
+    ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
+    assert not written.journaled and isinstance(ref, int)
+    marks = raw_rows(audit_target, "SELECT row_id FROM journal_applied")
+    assert marks == ([] if isinstance(audit_target, Path) else [(ref,)])
+    await w.close()
 
 
 async def test_a_retry_racing_its_lost_commit_finds_it_written(
