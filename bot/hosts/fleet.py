@@ -235,7 +235,9 @@ async def fleet_gpus(
     The whole query ends when ``deadline`` returns (default: ``[fleet].deadline_s``):
     hung hosts each hold a slot for their whole timeout, so without it 1,000 of them at
     64 at once would keep the asker waiting 160 s. A host still being read then is
-    cancelled (its connection closed) and one still waiting for a slot is not read;
+    cancelled (its commands' channels closed, and a connection opened for this read
+    alone; a pooled one stays pooled, as after a per-host timeout, since a run may be
+    using it) and one still waiting for a slot is not read;
     each gets a row saying so, the hosts read by then keep theirs (one whose GPUs were
     read, its health not yet, keeps its GPUs with the health read named as cut off)."""
     limit = settings.fleet.max_connections
@@ -269,7 +271,8 @@ async def fleet_gpus(
         late = [t for t in tasks if not t.done()]
         for t in late:
             t.cancel()
-        # Each cancelled read closes the connection it opened before the answer goes out.
+        # Each cancelled read closes what it opened (a connection for this read alone,
+        # its commands' channels) before the answer goes out.
         await asyncio.gather(*late, return_exceptions=True)
     waited = time.monotonic() - start
     return [
