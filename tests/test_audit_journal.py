@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bot.audit import replay as replay_sql
 from bot.audit.journal import Journal, JournalRecord, ordered, parse_lines
 from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
@@ -19,7 +20,7 @@ from bot.audit.writes import StepStarted
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
 from bot.errors import AuditUnavailable, RunNotFoundError
 from bot.settings import PostgresUrl
-from tests.support.audit_db import Locker, Target
+from tests.support.audit_db import Locker, Target, raw_rows
 from tests.support.clock import ManualClock
 from tests.support.postgres import migrate_pg
 
@@ -404,6 +405,57 @@ async def test_a_commit_whose_answer_was_lost_is_written_once(
         else:
             assert await w.merge() == 0  # already in: none merged, none refused
             assert await audit.journal_rejects() == []
+        await w.step_finished(
+            ref, status=StepStatus.OK, exit_status=0, duration_s=0.1, output_tail="stopped"
+        )
+        assert [(s.step, s.status) for s in await audit.steps(run_id)] == [("stop", "ok")]
+
+
+async def test_only_postgresql_marks_a_direct_write(
+    audit: AuditLog, audit_target: Target, tmp_path: Path
+) -> None:
+    """A direct write marks its records in journal_applied on PostgreSQL, whose commit
+    can lose its answer; SQLite's cannot, and its hot path (issue 18) writes no marks."""
+    run_id = await new_run(audit)
+    w = writer_for(audit, tmp_path, FakeTime())
+    ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
+    assert not written.journaled and isinstance(ref, int)
+    marks = raw_rows(audit_target, "SELECT row_id FROM journal_applied")
+    assert marks == ([] if isinstance(audit_target, Path) else [(ref,)])
+    await w.close()
+
+
+async def test_a_retry_racing_its_lost_commit_finds_it_written(
+    pg_url: PostgresUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: the retry can begin while the server still finishes the commit whose
+    answer was lost: its look finds no mark yet, and its own mark then meets the first
+    try's (the key waits for that commit, then refuses it). That is the batch written
+    once, not a refusal that stops the run."""
+    await migrate_pg(pg_url)
+    async with AuditLog.open(pg_url) as audit:
+        run_id = await new_run(audit)
+        t = FakeTime()
+        w = writer_for(audit, tmp_path, t)
+        real, lost = audit.write_records, list[bool]()
+
+        async def answer_lost(records: Sequence[JournalRecord], **kw: Any) -> Any:
+            applied = await real(records, **kw)
+            if not lost:
+                lost.append(True)
+                raise AuditUnavailable("audit database: server closed the connection")
+            return applied
+
+        audit.write_records = answer_lost  # type: ignore[method-assign]
+        looks, look = list[bool](), replay_sql.already_applied
+
+        async def not_yet(conn: Any, records: list[JournalRecord]) -> Any:
+            looks.append(True)  # the retry's look runs before the first commit lands
+            return None if len(looks) == 1 else await look(conn, records)
+
+        monkeypatch.setattr(replay_sql, "already_applied", not_yet)
+        ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
+        assert lost and looks and not written.journaled and isinstance(ref, int)
         await w.step_finished(
             ref, status=StepStatus.OK, exit_status=0, duration_s=0.1, output_tail="stopped"
         )

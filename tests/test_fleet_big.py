@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bot.cli.main import gpus_text
+from bot.core import remote
 from bot.errors import HostUnreachableError
 from bot.hosts.fleet import fleet_gpus
 from bot.hosts.fleet_states import MAX_NAMED, HostState, fleet_states, summary_text
@@ -196,6 +197,65 @@ async def test_the_deadline_comes_from_the_settings(tmp_path: Path) -> None:
         [row] = await fleet_gpus(settings, pool, [name(1)], 3600.0)
     assert row.error == "no answer within the query's deadline of 0.05s"
     await pool.close()
+
+
+class HealthHangingPool(CountingPool):
+    """``hung`` hosts answer the GPU queries, then never answer a health read."""
+
+    def __init__(self, settings: Settings, hung: set[str]) -> None:
+        super().__init__(settings)
+        self.hung, self.entered = hung, set[str]()
+
+    def _open(self, host: str) -> MockTransport:
+        t = super()._open(host)
+        if host in self.hung:
+            pool, i = self, int(host.rsplit("-", 1)[1])
+
+            async def health_hangs(command: Command) -> Reply:
+                if command.argv in (remote.gpu_query(), remote.apps_query()):
+                    return reply(i, command)
+                pool.entered.add(host)
+                await asyncio.Event().wait()
+                raise AssertionError("unreachable")
+
+            t._commands = health_hangs
+        return t
+
+
+async def test_a_host_whose_health_read_is_cut_off_keeps_its_gpus(tmp_path: Path) -> None:
+    # Its GPUs were read before the deadline: only the health mark is lost, not the row.
+    settings = fleet_settings(tmp_path, 2)
+    pool = HealthHangingPool(settings, {name(2)})
+    passed = asyncio.Event()
+    hosts = [name(1), name(2)]
+    query = asyncio.create_task(fleet_gpus(settings, pool, hosts, 3600.0, deadline=passed.wait))
+    await eventually(lambda: pool.entered == {name(2)}, "the health read to hang")
+    passed.set()
+    async with asyncio.timeout(30):
+        first, second = await query
+    assert first.ok and first.health is not None and first.health_error is None
+    assert second.ok and second.error is None and not second.unreachable
+    assert second.snapshot is not None and second.snapshot.gpus
+    assert second.health is None
+    assert second.health_error == "no answer within the query's deadline of 60s"
+    await pool.close()
+
+
+async def test_a_cancelled_query_cancels_its_reads_and_closes_their_connections(
+    tmp_path: Path,
+) -> None:
+    # The asker gone (the bot stopping, a CLI's Ctrl-C): no read goes on without it.
+    settings = fleet_settings(tmp_path, 2)
+    hosts = [name(i) for i in (1, 2, 3)]
+    pool = HangingPool(settings, set(hosts))
+    query = asyncio.create_task(
+        fleet_gpus(settings, pool, hosts, 3600.0, deadline=asyncio.Event().wait)
+    )
+    await eventually(lambda: len(pool.entered) == 2, "two hung hosts to be read")
+    query.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await query
+    assert pool.open == 0 and pool.opened == 2
 
 
 def section_texts(msg: dict[str, Any]) -> list[str]:

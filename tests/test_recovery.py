@@ -28,7 +28,7 @@ from bot.engine.clocks import Monotonic
 from bot.engine.heartbeat import LEASE_S, RENEW_EVERY_S, Heartbeat
 from bot.engine.leader import Leader
 from bot.engine.lifecycle import CancelRequested, Refusal, Refused, RunLifecycle
-from bot.engine.liveness import Judge
+from bot.engine.liveness import Judge, settling_after_restart
 from bot.engine.owner import Owner, process_owner, read_stat, this_namespace
 from bot.engine.recovery import (
     RECOVERY_ACTOR,
@@ -41,7 +41,7 @@ from bot.engine.recovery import (
     recover_by_hand,
     system_judge,
 )
-from bot.errors import FencedError, LockHeldError
+from bot.errors import AuditUnavailable, FencedError, LockHeldError
 from bot.settings import LOCAL, PostgresUrl, Settings
 from bot.sim.kit import SimKit
 from tests.polling import eventually
@@ -325,6 +325,49 @@ async def test_the_command_line_judges_no_lease_until_the_server_ran_for_one(
         code, out, err = await cli("recover", str(run.id), "--yes", *db, cwd=tmp_path, env=env)
         assert code == 0 and f"Run #{run.id} (restart svc) was interrupted" in out, err
         assert (await world.audit.get_run(run.id)).status == RunStatus.INTERRUPTED
+
+
+class ServerUp:
+    """An audit log whose database server has run for ``up_s`` (None: SQLite), or whose
+    read of it fails with ``up_s``."""
+
+    def __init__(self, up_s: float | Exception | None) -> None:
+        self.up_s = up_s
+
+    async def server_up_s(self) -> float | None:
+        if isinstance(self.up_s, Exception):
+            raise self.up_s
+        return self.up_s
+
+
+@pytest.mark.parametrize(
+    ("up_s", "settles_s"),
+    [
+        (10.0, 20.0),  # the rest of the lease
+        (45.0, 0.0),  # ran for more than a lease: judged at once
+        # The read failed: cannot tell, so as if the server had just started.
+        (AuditUnavailable("audit database: connection refused"), 30.0),
+        # Its clock set back an hour since it started: as if just started, not an hour
+        # and a lease.
+        (-3600.0, 30.0),
+    ],
+)
+async def test_the_command_lines_settling_is_at_most_one_lease(
+    up_s: float | Exception, settles_s: float
+) -> None:
+    now = [100.0]
+    settling = await settling_after_restart(
+        ServerUp(up_s),  # type: ignore[arg-type]  # only server_up_s is asked
+        30.0,
+        monotonic=lambda: now[0],
+    )
+    assert settling is not None and settling() == settles_s
+    now[0] += settles_s
+    assert settling() == 0.0
+
+
+async def test_the_command_line_on_sqlite_settles_nothing() -> None:
+    assert await settling_after_restart(ServerUp(None), 30.0) is None  # type: ignore[arg-type]
 
 
 async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: World) -> None:

@@ -232,5 +232,10 @@ async def settling_after_restart(
         up_s = 0.0  # cannot tell: as if it had just started
     if up_s is None:
         return None
+    # Negative when the server's wall clock was set back since it started (a VM's clock
+    # corrected by NTP): it cannot tell how long it has run, so as if it had just
+    # started; unclamped, a clock set back an hour refused every recover for an hour
+    # while each refusal said to try again in one lease.
+    up_s = max(0.0, up_s)
     read_at = monotonic()
     return lambda: max(0.0, lease_s - (up_s + monotonic() - read_at))

@@ -168,17 +168,24 @@ async def query_host(
     timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
     *,
     keep: bool = True,
+    on_gpus: Callable[[HostGpus], None] | None = None,
 ) -> HostGpus:
     """One host's snapshot, or a row saying why there is none. Never raises for the host.
-    ``keep``: leave its connection in the pool (``HostPool.reading``)."""
+    ``keep``: leave its connection in the pool (``HostPool.reading``). ``on_gpus``: told
+    the row once its GPUs are read, before their health is (``fleet_gpus``' deadline
+    keeps it if the health read is cut off)."""
     if host not in settings.hosts:
         return HostGpus(host, None, "not a configured host", 0.0)
     async with pool.reading(host, keep=keep) as transport:
-        return await _query_host(settings, pool, transport, timeout_s)
+        return await _query_host(settings, pool, transport, timeout_s, on_gpus)
 
 
 async def _query_host(
-    settings: Settings, pool: HostPool, transport: HostTransport, timeout_s: float
+    settings: Settings,
+    pool: HostPool,
+    transport: HostTransport,
+    timeout_s: float,
+    on_gpus: Callable[[HostGpus], None] | None = None,
 ) -> HostGpus:
     host = transport.host
     start = time.monotonic()
@@ -204,6 +211,8 @@ async def _query_host(
         log.exception("GPU query of %s failed unexpectedly", host)
         return row(f"internal error ({type(e).__name__}), see the bot's log", unreachable=False)
     got = HostGpus(host, snap, None, time.monotonic() - start)
+    if on_gpus is not None:
+        on_gpus(got)
     left = max(timeout_s - got.duration_s, 1.0)
     with_health = await _with_health(got, pool, transport, left)
     return dataclasses.replace(with_health, duration_s=time.monotonic() - start)
@@ -226,18 +235,27 @@ async def fleet_gpus(
     The whole query ends when ``deadline`` returns (default: ``[fleet].deadline_s``):
     hung hosts each hold a slot for their whole timeout, so without it 1,000 of them at
     64 at once would keep the asker waiting 160 s. A host still being read then is
-    cancelled (its connection closed) and one still waiting for a slot is not read;
-    each gets a row saying so, the hosts read by then keep theirs."""
+    cancelled (its commands' channels closed, and a connection opened for this read
+    alone; a pooled one stays pooled, as after a per-host timeout, since a run may be
+    using it) and one still waiting for a slot is not read;
+    each gets a row saying so, the hosts read by then keep theirs (one whose GPUs were
+    read, its health not yet, keeps its GPUs with the health read named as cut off)."""
     limit = settings.fleet.max_connections
     slots = asyncio.Semaphore(limit)
     keep = len(hosts) <= limit
     begun: set[int] = set()
+    # Hosts whose GPUs are read, their health not yet: a cut-off health read costs the
+    # health mark, not the GPUs' rows.
+    gpus_read: dict[int, HostGpus] = {}
     start = time.monotonic()
 
     async def one(i: int, host: str) -> HostGpus:
+        def read(row: HostGpus) -> None:
+            gpus_read[i] = row
+
         async with slots:
             begun.add(i)
-            return await query_host(settings, pool, host, timeout_s, keep=keep)
+            return await query_host(settings, pool, host, timeout_s, keep=keep, on_gpus=read)
 
     def deadline_s() -> Awaitable[None]:
         return asyncio.sleep(settings.fleet.deadline_s)
@@ -253,18 +271,28 @@ async def fleet_gpus(
         late = [t for t in tasks if not t.done()]
         for t in late:
             t.cancel()
-        # Each cancelled read closes the connection it opened before the answer goes out.
+        # Each cancelled read closes what it opened (a connection for this read alone,
+        # its commands' channels) before the answer goes out.
         await asyncio.gather(*late, return_exceptions=True)
     waited = time.monotonic() - start
     return [
-        t.result() if not t.cancelled() else _past_deadline(h, i in begun, settings, waited)
+        t.result()
+        if not t.cancelled()
+        else _past_deadline(h, i in begun, settings, waited, gpus_read.get(i))
         for i, (h, t) in enumerate(zip(hosts, tasks, strict=True))
     ]
 
 
-def _past_deadline(host: str, begun: bool, settings: Settings, waited_s: float) -> HostGpus:
-    """The row of a host the query's deadline cut off: no answer, as a timeout is."""
+def _past_deadline(
+    host: str, begun: bool, settings: Settings, waited_s: float, gpus: HostGpus | None
+) -> HostGpus:
+    """The row of a host the query's deadline cut off: no answer, as a timeout is; one
+    whose GPUs were read by then keeps them, only its health unread."""
     limit = f"the query's deadline of {settings.fleet.deadline_s:g}s"
+    if gpus is not None:
+        return dataclasses.replace(
+            gpus, health_error=f"no answer within {limit}", duration_s=waited_s
+        )
     why = (
         f"no answer within {limit}"
         if begun
