@@ -221,11 +221,23 @@ async def test_two_replicas_in_socket_mode_each_take_the_events_slack_gives_them
                 "approve", str(run_id), channel_id=CHANNEL, message_ts=card["ts"], user_id=BOB
             )
             await fake.socket_mode.interactive(click, connection=1)
-            await fake.wait_for(
-                lambda: "succeeded" in blocks_text(fake.message(CHANNEL, card["ts"])),
-                what="the run to succeed",
-                timeout=60,
-            )
+            try:
+                await fake.wait_for(
+                    lambda: "succeeded" in blocks_text(fake.message(CHANNEL, card["ts"])),
+                    what="the run to succeed",
+                    timeout=60,
+                )
+            except TimeoutError as exc:
+                # Say where it stood: this test failed rarely under load, without a clue.
+                steps = raw_rows(pg_url, "SELECT step, status FROM steps ORDER BY id")
+                runs = raw_rows(pg_url, "SELECT id, status, owner, current_step FROM runs")
+                card_now = blocks_text(fake.message(CHANNEL, card["ts"]))
+                thread = [
+                    blocks_text(m) or m.get("text", "") for m in fake.thread(CHANNEL, card["ts"])
+                ]
+                raise AssertionError(
+                    f"{exc}\nruns: {runs}\nsteps: {steps}\ncard: {card_now}\nthread: {thread[-5:]}"
+                ) from exc
             assert raw_rows(pg_url, "SELECT count(*) FROM runs") == [(1,)]
             assert raw_rows(
                 pg_url, 'SELECT "user", decision FROM decisions WHERE run_id = ?', (run_id,)
