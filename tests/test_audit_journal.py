@@ -375,6 +375,22 @@ async def test_a_lock_past_the_retry_window_goes_to_the_journal_then_everything_
     await w.close()
 
 
+def lose_first_answer(audit: AuditLog) -> list[bool]:
+    """The first ``write_records`` commits, then fails as a connection dropped before
+    its answer (PostgreSQL); the list says whether that happened."""
+    real, lost = audit.write_records, list[bool]()
+
+    async def answer_lost(records: Sequence[JournalRecord], **kw: Any) -> Any:
+        applied = await real(records, **kw)
+        if not lost:
+            lost.append(True)
+            raise AuditUnavailable("audit database: server closed the connection")
+        return applied
+
+    audit.write_records = answer_lost  # type: ignore[method-assign]
+    return lost
+
+
 @pytest.mark.parametrize("database_back", [True, False])
 async def test_a_commit_whose_answer_was_lost_is_written_once(
     pg_url: PostgresUrl, tmp_path: Path, database_back: bool
@@ -388,16 +404,7 @@ async def test_a_commit_whose_answer_was_lost_is_written_once(
         run_id = await new_run(audit)
         t = FakeTime()
         w = writer_for(audit, tmp_path, t, retry_s=15.0 if database_back else 0.0)
-        real, lost = audit.write_records, list[bool]()
-
-        async def answer_lost(records: Sequence[JournalRecord], **kw: Any) -> Any:
-            applied = await real(records, **kw)
-            if not lost:
-                lost.append(True)
-                raise AuditUnavailable("audit database: server closed the connection")
-            return applied
-
-        audit.write_records = answer_lost  # type: ignore[method-assign]
+        lost = lose_first_answer(audit)
         ref, written = await w.step_started(run_id, "h1", "stop", "systemctl stop u")
         assert lost and written.journaled is not database_back
         if database_back:
@@ -437,16 +444,7 @@ async def test_a_retry_racing_its_lost_commit_finds_it_written(
         run_id = await new_run(audit)
         t = FakeTime()
         w = writer_for(audit, tmp_path, t)
-        real, lost = audit.write_records, list[bool]()
-
-        async def answer_lost(records: Sequence[JournalRecord], **kw: Any) -> Any:
-            applied = await real(records, **kw)
-            if not lost:
-                lost.append(True)
-                raise AuditUnavailable("audit database: server closed the connection")
-            return applied
-
-        audit.write_records = answer_lost  # type: ignore[method-assign]
+        lost = lose_first_answer(audit)
         looks, look = list[bool](), replay_sql.already_applied
 
         async def not_yet(conn: Any, records: list[JournalRecord]) -> Any:

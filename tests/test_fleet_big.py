@@ -140,23 +140,28 @@ async def test_a_fleet_within_the_limit_keeps_its_connections(tmp_path: Path) ->
 
 
 class HangingPool(CountingPool):
-    """``hung`` hosts accept the connection, then never answer a command."""
+    """``hung`` hosts accept the connection, answer the commands in ``answered`` and
+    never answer any other."""
 
-    def __init__(self, settings: Settings, hung: set[str]) -> None:
+    def __init__(
+        self, settings: Settings, hung: set[str], answered: tuple[tuple[str, ...], ...] = ()
+    ) -> None:
         super().__init__(settings)
-        self.hung, self.entered = hung, set[str]()
+        self.hung, self.answered, self.entered = hung, answered, set[str]()
 
     def _open(self, host: str) -> MockTransport:
         t = super()._open(host)
         if host in self.hung:
-            pool = self
+            pool, i = self, int(host.rsplit("-", 1)[1])
 
-            async def never(command: Command) -> Reply:
+            async def hangs(command: Command) -> Reply:
+                if command.argv in pool.answered:
+                    return reply(i, command)
                 pool.entered.add(host)
                 await asyncio.Event().wait()
                 raise AssertionError("unreachable")
 
-            t._commands = never
+            t._commands = hangs
         return t
 
 
@@ -199,33 +204,11 @@ async def test_the_deadline_comes_from_the_settings(tmp_path: Path) -> None:
     await pool.close()
 
 
-class HealthHangingPool(CountingPool):
-    """``hung`` hosts answer the GPU queries, then never answer a health read."""
-
-    def __init__(self, settings: Settings, hung: set[str]) -> None:
-        super().__init__(settings)
-        self.hung, self.entered = hung, set[str]()
-
-    def _open(self, host: str) -> MockTransport:
-        t = super()._open(host)
-        if host in self.hung:
-            pool, i = self, int(host.rsplit("-", 1)[1])
-
-            async def health_hangs(command: Command) -> Reply:
-                if command.argv in (remote.gpu_query(), remote.apps_query()):
-                    return reply(i, command)
-                pool.entered.add(host)
-                await asyncio.Event().wait()
-                raise AssertionError("unreachable")
-
-            t._commands = health_hangs
-        return t
-
-
 async def test_a_host_whose_health_read_is_cut_off_keeps_its_gpus(tmp_path: Path) -> None:
     # Its GPUs were read before the deadline: only the health mark is lost, not the row.
     settings = fleet_settings(tmp_path, 2)
-    pool = HealthHangingPool(settings, {name(2)})
+    # Host 2 answers its GPU queries, then never answers a health read.
+    pool = HangingPool(settings, {name(2)}, answered=(remote.gpu_query(), remote.apps_query()))
     passed = asyncio.Event()
     hosts = [name(1), name(2)]
     query = asyncio.create_task(fleet_gpus(settings, pool, hosts, 3600.0, deadline=passed.wait))

@@ -9,10 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bot.audit.records import RunRecord
 from bot.audit.store import parse_ts
 from bot.core.status import Action, RunStatus
 from bot.sim.kit import SimKit, fast_config, fleet_fragment
-from tests.fakes import SlackSigner
+from tests.fakes import FakeSlack, SlackSigner
 from tests.polling import eventually
 from tests.slack_harness import (
     ALICE,
@@ -476,17 +477,23 @@ async def test_concurrent_clicks_start_the_run_exactly_once(
         assert len([c for c in sim_host.calls("systemctl") if "stop" in c.argv]) == 1
 
 
+async def a_run_its_bot_died_in(tmp_path: Path, sim_host: SimKit, fake: FakeSlack) -> RunRecord:
+    """The previous bot: it posted the card, was approved, started the run (preflight
+    done, in its stop), and died."""
+    async with slack_bot(tmp_path, sim_host, fake) as bot:
+        await bot.command(f"restart {SERVICE}")
+        record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
+        await left_running_by_a_dead_bot(
+            bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
+        )
+    return record
+
+
 async def test_a_run_left_running_by_a_dead_bot_is_shown_interrupted_at_start(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with new_fake() as fake:
-        # The previous bot: it posted the card, was approved, started the run, and died.
-        async with slack_bot(tmp_path, sim_host, fake) as bot:
-            await bot.command(f"restart {SERVICE}")
-            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-            await left_running_by_a_dead_bot(
-                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
-            )
+        record = await a_run_its_bot_died_in(tmp_path, sim_host, fake)
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             final = await bot.run(record.id)
             assert final.status == "interrupted"
@@ -511,12 +518,7 @@ async def test_a_recovery_slack_failed_to_post_is_told_at_the_next_sweep(
     be stopped): a post Slack refused once (an internal error) is not the telling; the
     sweep tells it again (in its pass over untold threads, or the next sweep's), once."""
     async with new_fake() as fake:
-        async with slack_bot(tmp_path, sim_host, fake) as bot:
-            await bot.command(f"restart {SERVICE}")
-            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-            await left_running_by_a_dead_bot(
-                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
-            )
+        record = await a_run_its_bot_died_in(tmp_path, sim_host, fake)
         fake.fail_next("chat.postMessage", "internal_error")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             assert (await bot.run(record.id)).status == "interrupted"
@@ -534,12 +536,7 @@ async def test_a_recovery_slack_refuses_for_good_is_not_tried_at_every_sweep(
     """A refusal a retry would repeat (the bot was removed from the channel) is logged
     once, not posted again and again at every sweep."""
     async with new_fake() as fake:
-        async with slack_bot(tmp_path, sim_host, fake) as bot:
-            await bot.command(f"restart {SERVICE}")
-            record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
-            await left_running_by_a_dead_bot(
-                bot.runtime.audit, record.id, "gpu-node-1", ("preflight",), "stop"
-            )
+        record = await a_run_its_bot_died_in(tmp_path, sim_host, fake)
         fake.fail_next("chat.postMessage", "not_in_channel")
         async with slack_bot(tmp_path, sim_host, fake) as bot:
             assert (await bot.run(record.id)).status == "interrupted"

@@ -237,9 +237,9 @@ async def fleet_gpus(
     64 at once would keep the asker waiting 160 s. A host still being read then is
     cancelled (its commands' channels closed, and a connection opened for this read
     alone; a pooled one stays pooled, as after a per-host timeout, since a run may be
-    using it) and one still waiting for a slot is not read;
-    each gets a row saying so, the hosts read by then keep theirs (one whose GPUs were
-    read, its health not yet, keeps its GPUs with the health read named as cut off)."""
+    using it) and one still waiting for a slot is not read; each gets a row saying so.
+    The hosts read by then keep theirs (one whose GPUs were read, its health not yet,
+    keeps its GPUs with the health read named as cut off)."""
     limit = settings.fleet.max_connections
     slots = asyncio.Semaphore(limit)
     keep = len(hosts) <= limit
