@@ -20,6 +20,11 @@ class InputError(ChatOpsError):
     """A command typed by a user does not fit the grammar; the text lists what is valid."""
 
 
+class NotConfirmed(ChatOpsError):
+    """The operator was asked on a terminal and answered no: nothing was done, as for a
+    cancel (the terminal's exit code 5), not a mistake of theirs."""
+
+
 class RefusedError(ChatOpsError):
     """A request is well-formed but not allowed (policy, channel, lock held)."""
 

@@ -7,6 +7,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Faults
@@ -109,9 +111,10 @@ async def test_redeploy_without_yes_off_a_terminal_is_refused(
 async def test_a_no_on_a_terminal_is_just_not_confirmed(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
     code, _, err = await cli_on_terminal("restart", SERVICE, answer="n\n", cwd=tmp_path, env=env)
-    # The operator was asked and said no: no hint about --yes, which was not the problem.
-    assert code == 2 and "Proceed? [y/N]" in err, err
-    assert err.endswith("error: not confirmed\n"), err
+    # The operator was asked and said no: nothing was done, which is the cancel's exit
+    # code (5), and no hint about --yes, which was not the problem.
+    assert code == 5 and "Proceed? [y/N]" in err, err
+    assert err.endswith("not confirmed: nothing was done\n"), err
     assert sim_host.changes() == []
 
 
@@ -277,6 +280,17 @@ async def test_demo_runs_a_full_redeploy(tmp_path: Path) -> None:
     assert "run #1 SUCCEEDED" in out
     assert "demo:alice" in out and "demo:bob" in out
     assert (tmp_path / "demo" / "chatops.db").exists()
+
+
+@pytest.mark.parametrize("option", [("--config", "chatops.toml"), ("--db", "elsewhere.db")])
+async def test_demo_refuses_a_config_or_database_it_would_not_use(
+    tmp_path: Path, option: tuple[str, str]
+) -> None:
+    # The demo makes its own host, config and database: an option it ignored would leave
+    # the operator looking for the run in a database it never wrote.
+    code, out, err = await cli("demo", "--fast", *option, cwd=tmp_path)
+    assert code == 2 and "takes no --config or --db" in err, err + out
+    assert not (tmp_path / "demo-run").exists() and not (tmp_path / "elsewhere.db").exists()
 
 
 def test_the_demo_offers_every_fault_of_the_simulator_but_a_test_knob() -> None:

@@ -757,7 +757,8 @@ async def test_runs_and_recover_from_the_command_line(sqlite_world: World, tmp_p
     code, _, err = await cli_on_terminal(
         "recover", str(live.id), "--force", *db, answer="n\n", cwd=tmp_path
     )
-    assert code == 2 and "Mark run" in err and err.endswith("error: not confirmed\n"), err
+    assert code == 5 and "Mark run" in err, err
+    assert err.endswith("not confirmed: nothing was done\n"), err
     assert (await world.audit.get_run(live.id)).status == RunStatus.RUNNING
 
     code, out, err = await cli("recover", str(live.id), "--force", "--yes", *db, cwd=tmp_path)

@@ -16,7 +16,8 @@ from bot.cli.terminal import TerminalSink, visible
 from bot.core import events as ev
 from bot.core.plan import Step
 from bot.core.redact import MASK, Redactor
-from bot.core.status import Action, StepStatus
+from bot.core.service_state import ServiceState
+from bot.core.status import Action, RunStatus, StepStatus
 from bot.engine.engine import RunResult
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.runtime import open_runtime
@@ -257,3 +258,23 @@ async def test_host_text_with_terminal_controls_reaches_no_cli_writer_raw(
     assert written in outputs["status"], outputs["status"]
     assert written in outputs["audit --run 1"], outputs["audit --run 1"]
     assert json.loads(outputs["audit --json"])[0]["id"] == 1
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "shown"),
+    [
+        ("0.15.0", "0.16.0", "(version 0.15.0 -> 0.16.0)"),
+        # A run that ended before its install (aborted, a refusal) read no version after.
+        ("0.15.0", None, "(version 0.15.0 -> ?)"),
+        (None, "0.16.0", "(version ? -> 0.16.0)"),
+    ],
+)
+async def test_the_closing_line_never_shows_none_for_a_version_not_read(
+    before: str | None, after: str | None, shown: str
+) -> None:
+    out = io.StringIO()
+    sink = TerminalSink(out, redact=Redactor())
+    await sink.handle(
+        ev.RunFinished(7, RunStatus.ABORTED, "refused", before, after, ServiceState.UP)
+    )
+    assert shown in out.getvalue() and "None" not in out.getvalue(), out.getvalue()

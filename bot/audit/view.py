@@ -15,6 +15,7 @@ from bot.audit.rotations import RotationRow
 from bot.core import table
 from bot.core.packages import PackageDiff, Restoration
 from bot.core.table import Column
+from bot.core.versions import change_text
 
 # (header, widest a cell may get); long values are cut with an ellipsis so one odd
 # package spec cannot push every other row off a Slack code block.
@@ -36,9 +37,7 @@ def _when(stamp: str) -> str:
 
 
 def _version(record: RunRecord) -> str:
-    if record.version_before is None and record.version_after is None:
-        return "-"
-    return f"{record.version_before or '?'} -> {record.version_after or '?'}"
+    return change_text(record.version_before, record.version_after) or "-"
 
 
 def _cells(record: RunRecord) -> list[str]:

@@ -46,7 +46,7 @@ from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
 from bot.engine.schedule import AT_ONCE, Timing
-from bot.errors import ChatOpsError, ConfigError, InputError
+from bot.errors import ChatOpsError, ConfigError, InputError, NotConfirmed
 from bot.hosts.fleet import HostGpus, fleet_gpus, health_details, render_fleet, resolve_targets
 from bot.hosts.fleet_states import host_table, is_big, summary_text
 from bot.hosts.nvml import probe_local
@@ -65,6 +65,8 @@ EXIT_CODES = {
     RunStatus.INTERRUPTED: 1,
 }
 EXIT_USAGE = 2
+# The operator answered no at a prompt: nothing was done, as for a cancel.
+EXIT_DECLINED = EXIT_CODES[RunStatus.CANCELLED]
 
 
 def cli_user() -> str:
@@ -238,7 +240,7 @@ async def run_change(
     rt.lifecycle.expired.append(closed)
     if asks:
         if not _confirm("Proceed? [y/N] ", sys.stdin):
-            raise InputError("not confirmed")  # on a terminal (checked above): a no
+            raise NotConfirmed("not confirmed: nothing was done")  # on a terminal: a no
     record = await _request(rt, plan, user, timing)
     if record is None:
         return 1
@@ -427,6 +429,13 @@ _WITHOUT_RUNTIME: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[i
 
 async def _amain(args: argparse.Namespace, serve: Serve) -> int:
     if args.command == "demo":
+        if args.config is not None or args.db is not None:
+            # The demo makes its own host, config and audit database (in --dir): taking
+            # these and ignoring them would leave the operator looking in the wrong place.
+            raise InputError(
+                "demo makes its own configuration and audit database (in --dir, default "
+                "./demo-run): it takes no --config or --db"
+            )
         from bot.cli.demo import run_demo
 
         return await run_demo(faults=args.fault, keep_dir=args.dir, fast=args.fast)
@@ -564,6 +573,9 @@ def main(argv: Sequence[str] | None = None, *, serve: Serve = _no_slack) -> int:
     except InputError as e:
         print(f"error: {visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
+    except NotConfirmed as e:
+        print(visible(str(e)), file=sys.stderr)
+        return EXIT_DECLINED
     except ChatOpsError as e:
         print(f"error: {visible(str(e))}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ from bot.engine.liveness import DRIVEN, JudgedBy, Verdict
 from bot.engine.recovery import Expired, Recovered
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime
-from bot.errors import InputError
+from bot.errors import InputError, NotConfirmed
 
 EXIT_RECOVERED = 0
 EXIT_REFUSED = 1
@@ -152,7 +152,7 @@ async def recover_run(
             raise InputError("not confirmed (use --yes when not on a terminal)")
         warning = " ITS OWNER IS ALIVE: it may still be changing the service." if alive else ""
         if not confirm(f"Mark run #{run_id} interrupted and release its locks?{warning} [y/N] "):
-            raise InputError("not confirmed")
+            raise NotConfirmed("not confirmed: nothing was done")
 
     result = await rt.operations.recover_run(look, user=user, force=force, confirm=confirmed)
     match result:

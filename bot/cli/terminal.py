@@ -22,6 +22,7 @@ from bot.core.redact import (
     token_shape,
 )
 from bot.core.status import StepStatus
+from bot.core.versions import change_text
 
 # Issue 17 F7: text from a host (a /v1/models id, a process name, uv's or the journal's
 # output) reaches the operator's terminal, and a terminal obeys control characters: ESC
@@ -187,9 +188,8 @@ class TerminalSink:
         if event.run_id in self._dry_runs:
             self._dry_runs.discard(event.run_id)
             return " (dry run: nothing changed)"
-        if event.version_before or event.version_after:
-            return f" (version {event.version_before} -> {event.version_after})"
-        return ""
+        change = change_text(event.version_before, event.version_after)
+        return f" (version {change})" if change is not None else ""
 
     def _finished(self, event: ev.StepFinished) -> None:
         mark = event.status if event.status == StepStatus.OK else "FAILED"

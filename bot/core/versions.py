@@ -59,3 +59,12 @@ def same_release(a: str | None, b: str | None) -> bool:
     la, lb = _label(va), _label(vb)
     short, long = (la, lb) if len(la) <= len(lb) else (lb, la)
     return long[: len(short)] == short
+
+
+def change_text(before: str | None, after: str | None) -> str | None:
+    """A run's version change as the terminal and the audit table show it: ``0.15.0 ->
+    0.16.0``; a side not read (a run that ended before its install, a host that did not
+    answer) is ``?``, never Python's ``None``; None when neither side is known."""
+    if before is None and after is None:
+        return None
+    return f"{before or '?'} -> {after or '?'}"
