@@ -341,3 +341,28 @@ async def test_demo_help_lists_the_faults_and_an_api_fault_is_the_new_builds(
     assert "lists Kimi-K2-Instruct, not kimi-k2.5" in out
     assert "run #1 ROLLED_BACK" in out and "DOWN" not in out and "NOT READY" not in out
     assert out.rstrip().endswith(f"host now: unit active, vllm {DEFAULT_VERSION}"), out
+
+
+async def test_doctor_with_no_configuration_fails_and_says_how_to_make_one(
+    tmp_path: Path,
+) -> None:
+    # A first run from the wrong directory: no ./chatops.toml, so nothing to check. It
+    # used to say "all checks passed".
+    code, out, err = await cli("doctor", cwd=tmp_path)
+    assert code == 1, err + out
+    assert "chatops.toml does not exist" in out and "deploy/chatops.example.toml" in out
+    assert "all checks passed" not in out
+    # A file that names no host checks nothing either.
+    config = write_toml(tmp_path / "empty.toml", {})
+    code, out, err = await cli("doctor", "--config", str(config), "--json", cwd=tmp_path)
+    assert code == 1, err + out
+    [row] = [r for r in json.loads(out) if r["host"] == "(configuration)"]
+    assert row["result"] == "fail" and row["detail"] == f"{config} configures no host"
+    assert not (tmp_path / "chatops.db").exists()
+
+
+async def test_doctor_names_the_configuration_it_read(sim_host: SimKit, tmp_path: Path) -> None:
+    env = setup(sim_host, tmp_path)
+    code, out, err = await cli("doctor", "--json", cwd=tmp_path, env=env)
+    [row] = [r for r in json.loads(out) if r["host"] == "(configuration)"]
+    assert row["result"] == "ok" and row["detail"].endswith("1 host(s), 1 service(s)"), row

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
@@ -28,6 +29,7 @@ from bot.core import remote, sudoers
 from bot.core.commands import GLOBAL_OPTIONS, Arg, Front, Kind, commands_of
 from bot.core.doctor import passed
 from bot.core.doctor import render as render_checks
+from bot.core.doctor_config import judge_config
 from bot.core.gpu import render_table
 from bot.core.health_types import Level
 from bot.core.plan import STEP_TITLES, Plan
@@ -52,7 +54,7 @@ from bot.hosts.fleet_states import host_table, is_big, summary_text
 from bot.hosts.nvml import probe_local
 from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
-from bot.settings import USER_RE, Settings, load_settings
+from bot.settings import USER_RE, Settings, config_path, load_settings
 from bot.settings.database import SCHEMES as DB_SCHEMES
 from bot.settings.database import url_secrets
 
@@ -303,13 +305,19 @@ async def print_sudoers(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> int:
-    """Exit 0 only when every check passed."""
+async def doctor(
+    settings: Settings, target: str | None, *, as_json: bool, config: Path | None = None
+) -> int:
+    """Exit 0 only when every check passed. ``config``: the file named by --config."""
+    source = config if config is not None else config_path()
+    checks = [
+        judge_config(str(source), source.exists(), len(settings.hosts), len(settings.services))
+    ]
     hosts = resolve_targets(settings, target)
     service = target if target in settings.services and target not in settings.hosts else None
     pool = HostPool(settings)
     try:
-        checks = await run_doctor(settings, pool, hosts, service)
+        checks += await run_doctor(settings, pool, hosts, service)
     finally:
         await pool.close()
     redact = Redactor.for_settings(settings)
@@ -422,7 +430,9 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
 _WITHOUT_RUNTIME: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = {
     "releases": lambda settings, args: releases(settings, args.service),
     "sudoers": print_sudoers,
-    "doctor": lambda settings, args: doctor(settings, args.target, as_json=args.json),
+    "doctor": lambda settings, args: doctor(
+        settings, args.target, as_json=args.json, config=args.config
+    ),
     "migrate": lambda settings, args: migrate(settings),
 }
 

@@ -1,0 +1,28 @@
+"""``doctor``'s judgement of the configuration file itself: a doctor that found nothing
+to check must not say "all checks passed" (a first run with the file in the wrong
+directory, or a ``CHATOPS_CONFIG`` not exported, checks nothing at all). Pure."""
+
+from __future__ import annotations
+
+from bot.core.doctor_types import Check, Outcome
+
+HOST = "(configuration)"
+_FIX = (
+    "copy deploy/chatops.example.toml to ./chatops.toml (or name your file with --config "
+    "or CHATOPS_CONFIG) and describe your GPU hosts under [hosts.<name>] and what runs on "
+    "them under [services.<name>]"
+)
+
+
+def judge_config(source: str, exists: bool, hosts: int, services: int) -> Check:
+    """The configuration read from ``source``: a failure when it names no host (nothing
+    else can be checked), a warning when it names hosts but no service (``gpus`` and
+    host maintenance work, nothing can be redeployed)."""
+    if not exists:
+        return Check(HOST, None, "file", Outcome.FAIL, f"{source} does not exist", _FIX)
+    if hosts == 0:
+        return Check(HOST, None, "file", Outcome.FAIL, f"{source} configures no host", _FIX)
+    detail = f"{source}: {hosts} host(s), {services} service(s)"
+    if services == 0:
+        return Check(HOST, None, "file", Outcome.WARN, f"{detail}: nothing to redeploy", _FIX)
+    return Check(HOST, None, "file", Outcome.OK, detail)
