@@ -137,7 +137,7 @@ async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_no
         cwd=tmp_path,
         env=env,
     )
-    assert code == 2 and "Proceed? [y/N]" in err, err
+    assert code == 5 and "Proceed? [y/N]" in err, err
     # What the stop would wait for, then the package change: both before the question.
     load = out.index("Load now: ")
     assert "running" in out[load:].splitlines()[0], out
@@ -238,6 +238,9 @@ async def test_status_shows_the_model_the_load_and_the_last_start(
         out,
         re.M,
     ), out
+    # A read is no run: the audit log holds the restart alone, however often it is asked.
+    code, out, err = await cli("audit", "--json", cwd=tmp_path, env=env)
+    assert [r["action"] for r in json.loads(out)] == ["restart"], out
 
 
 async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> None:
@@ -363,6 +366,7 @@ async def test_doctor_with_no_configuration_fails_and_says_how_to_make_one(
 
 async def test_doctor_names_the_configuration_it_read(sim_host: SimKit, tmp_path: Path) -> None:
     env = setup(sim_host, tmp_path)
-    code, out, err = await cli("doctor", "--json", cwd=tmp_path, env=env)
+    _, out, err = await cli("doctor", "--json", cwd=tmp_path, env=env)
+    assert out, err
     [row] = [r for r in json.loads(out) if r["host"] == "(configuration)"]
     assert row["result"] == "ok" and row["detail"].endswith("1 host(s), 1 service(s)"), row

@@ -12,6 +12,7 @@ import pytest
 
 from bot.core.status import Action, Source
 from bot.engine.runtime import open_runtime
+from bot.engine.status_query import query
 from bot.errors import HostKeyError, LockHeldError
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
@@ -193,12 +194,15 @@ async def test_restart_and_status(sim_sshd_host: SimKit, tmp_path: Path) -> None
         result, _ = await run(rt, Action.RESTART)
         assert result.status == "succeeded"
         assert sim_sshd_host.changes() == ["stop", "start"]
-        status, out = await run(rt, Action.STATUS)
-        assert status.status == "succeeded"
-        assert "vllm-kimi-k25: active (running)" in status.summary
-        assert f"vllm {DEFAULT_VERSION}" in status.summary
-        assert "RTX PRO 6000" in out
+        runs = await rt.audit.list_runs()
+        status = await query(rt.engine, rt.engine.plan(Action.STATUS, SERVICE))
+        assert status.ok, status.text
+        assert "vllm-kimi-k25: active (running)" in status.text
+        assert f"vllm {DEFAULT_VERSION}" in status.text
+        assert "RTX PRO 6000" in status.text
         assert sim_sshd_host.changes() == ["stop", "start"]
+        # A read is no run: the audit log holds the restart alone.
+        assert await rt.audit.list_runs() == runs
 
 
 async def test_second_request_for_a_busy_service_is_refused(

@@ -48,6 +48,7 @@ from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
 from bot.engine.schedule import AT_ONCE, Timing
+from bot.engine.status_query import query, router_line
 from bot.errors import ChatOpsError, ConfigError, InputError, NotConfirmed
 from bot.hosts.fleet import HostGpus, fleet_gpus, health_details, render_fleet, resolve_targets
 from bot.hosts.fleet_states import host_table, is_big, summary_text
@@ -365,7 +366,7 @@ async def _no_slack(settings: Settings) -> int:
     raise ConfigError("this entry point cannot run the Slack bot; use `python -m bot`")
 
 
-# The commands that are a run of the engine (a change, or a read-only status/rotation).
+# The commands of the engine: a run (a change), or a read that is no run (status, rotation).
 _RUNS = ("redeploy", "restart", "rollback", "status", "rotation", "drain", "undrain", "host")
 
 
@@ -403,13 +404,17 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
         plan = rt.engine.plan(Action.ROLLBACK, args.service)
         return await run_change(rt, plan, yes=args.yes, user=cli_user(), timing=timing)
     if args.command == "status":
+        # A read, not a run: nothing is recorded (bot.engine.status_query).
         plan = rt.engine.plan(Action.STATUS, args.service)
-        code = await run_change(rt, plan, yes=True, user=cli_user())
+        answer = await query(rt.engine, plan)
+        print(visible(rt.redact(answer.text)))
         print(visible(history_line(await rt.audit.start_history(args.service))))
-        return code
+        return 0 if answer.ok else 1
     if args.command == "rotation":
         plan = rt.engine.plan(Action.ROTATION, args.service)
-        return await run_change(rt, plan, yes=True, user=cli_user())
+        answer = await query(rt.engine, plan, tables=False, with_status=False)
+        print(visible(rt.redact("\n".join([router_line(plan), answer.text]))))
+        return 0 if answer.ok else 1
     if args.command == "host":
         return await run_change(
             rt,

@@ -32,7 +32,6 @@ LOCAL_HOST_KEY = "none (local)"
 # nothing and need nobody's approval, and the audit log must not credit a person with one.
 SYSTEM_PREFIX = "system:"
 DRY_RUN_APPROVER = f"{SYSTEM_PREFIX}dry-run"
-READ_ONLY_APPROVER = f"{SYSTEM_PREFIX}read-only"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +111,8 @@ class Plan:
 
     @property
     def system_approver(self) -> str | None:
-        """Who approves a run that changes nothing, or None when people must."""
-        if self.action.read_only:
-            return READ_ONLY_APPROVER
+        """Who approves a run that changes nothing (a dry run), or None when people must.
+        A read (status, rotation) is no run at all (``bot.engine.status_query``)."""
         return DRY_RUN_APPROVER if self.dry_run else None
 
     def batches(self) -> list[tuple[str, ...]]:

@@ -9,7 +9,7 @@ start, finish, interrupt) goes through ``bot.engine.lifecycle``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.audit.records import parse_ts
@@ -27,6 +27,7 @@ from bot.core.status import Action, HostStatus, RunStatus
 from bot.core.sudoers import Become, become_for
 from bot.engine.audit_sink import RunAudit
 from bot.engine.executor import CancelToken, Executor, Reach
+from bot.engine.host_reads import NO_RUN
 from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reached
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
@@ -205,6 +206,38 @@ class Engine:
         finally:
             # Who cancelled is on disk (or in the journal) before this returns; locks go.
             await audit.released(life.released)
+
+    async def query(
+        self, plan: Plan, sink: Callable[[str], ev.EventSink]
+    ) -> dict[str, HostOutcome]:
+        """A read-only plan (status, rotation) driven on each of its hosts at once, each
+        into its own ``sink(host)``: no run, no audit record, no lock, no lease (a read that
+        changes nothing is no run: ``bot.engine.status_query``). A host that cannot be
+        driven is a failed outcome with the reason, never an exception."""
+        assert plan.action.read_only
+        flow = flow_of(self.settings, plan)
+
+        async def one(host: str) -> HostOutcome:
+            into = sink(host)
+            try:
+                return await Executor(
+                    NO_RUN,
+                    self.pool.get(host),
+                    into,
+                    become=become_for(self.settings, host, plan.service),
+                    gpu_health=self.pool.gpu_health(host),
+                    reach=self._reach(plan),
+                    records=self._records,
+                ).drive(flow(host))
+            except (HostError, OSError) as e:
+                reason = e.reason if isinstance(e, HostError) else str(e)
+                outcome = HostOutcome(HostStatus.FAILED, reason, ServiceState.UNKNOWN)
+                await into.handle(
+                    ev.HostFinished(NO_RUN, host, outcome.status, outcome.summary, outcome.state)
+                )
+                return outcome
+
+        return dict(zip(plan.hosts, await asyncio.gather(*map(one, plan.hosts)), strict=True))
 
     async def _execute(
         self,

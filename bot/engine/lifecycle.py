@@ -38,8 +38,8 @@ Choices:
   card's window has closed, is this process's ``Judge``'s call (``bot.engine.liveness``),
   with this process's own clocks: a request records whose wall clock wrote its
   deadline, and a process reading another clock never ends that window early.
-* Dry runs and status queries are approved by a system approver
-  (``system:dry-run``/``system:read-only``), and on a terminal the operator's own
+* Dry runs are approved by a system approver (``system:dry-run``; a status or rotation
+  read is no run at all, ``bot.engine.status_query``), and on a terminal the operator's own
   confirmation is the approval (``confirm``): the audit log never credits a person
   with an approval they did not give.
 * Refused clicks and cancels are written to the refusals table here; the other

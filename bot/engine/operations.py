@@ -173,18 +173,17 @@ class Operations(LeftoverOperations):
     # ---- request ------------------------------------------------------------------------
 
     async def request(self, plan: Plan, *, by: Asker, timing: Timing = AT_ONCE) -> RequestResult:
-        """Record a request, holding its locks (``RunLifecycle.request``). A dry run or a
-        status query is approved by its system approver, a terminal operator's change by
+        """Record a request, holding its locks (``RunLifecycle.request``). A dry run is
+        approved by its system approver, a terminal operator's change by
         the operator; a chat user's change waits for approvers. ``timing``: ``--at`` or
         ``--now``, judged against the service's maintenance windows (issue 22): outside
         one, a change is refused with when the next opens."""
+        # A read (status, rotation) is no run: bot.engine.status_query answers it.
+        assert not plan.action.read_only, f"{plan.action} is a read, not a run"
         channel: str | None
         match by:
             case ChatUser():
-                # A status query asks nobody and changes nothing: anyone may.
-                if not plan.action.read_only and not is_requester(
-                    by.user, self.policy_for(plan.service), await by.membership()
-                ):
+                if not is_requester(by.user, self.policy_for(plan.service), await by.membership()):
                     return await self.refuse(
                         user=by.user,
                         channel=by.channel,

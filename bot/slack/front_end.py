@@ -17,7 +17,7 @@ Choices:
 * A dry run needs no approval.  It still passes the requester policy, and is
   moved to 'approved' with a decision recorded for the user ``system:dry-run``,
   so the audit row shows why it ran without a human approval.
-* Read-only status runs are recorded the same way, for ``system:read-only``.
+* A status or rotation read is no run: nothing is recorded (``bot.engine.status_query``).
 * Every refused command or click gets an ephemeral answer and a refusals row (the
   service's ``refuse``, or its own judgement); a second click by the same person is not
   a refusal, just a note.
