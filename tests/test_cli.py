@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli.demo_faults import DEMO_FAULTS
+from bot.core.doctor_config import judge_config
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Faults
 from tests.support.cli import cli, cli_on_terminal, write_toml
@@ -370,3 +371,23 @@ async def test_doctor_names_the_configuration_it_read(sim_host: SimKit, tmp_path
     assert out, err
     [row] = [r for r in json.loads(out) if r["host"] == "(configuration)"]
     assert row["result"] == "ok" and row["detail"].endswith("1 host(s), 1 service(s)"), row
+
+
+@pytest.mark.parametrize(
+    ("exists", "hosts", "services", "result"),
+    [
+        (False, 0, 0, "fail"),
+        (True, 0, 0, "fail"),
+        # Hosts but no service: gpus and host maintenance work, nothing to redeploy.
+        (True, 2, 0, "warn"),
+        (True, 2, 1, "ok"),
+        # Settings that came from elsewhere than the file still count.
+        (False, 1, 1, "ok"),
+    ],
+)
+def test_the_configuration_row_judges_what_was_configured(
+    exists: bool, hosts: int, services: int, result: str
+) -> None:
+    check = judge_config("chatops.toml", exists, hosts, services)
+    assert str(check.outcome) == result, check
+    assert ("deploy/chatops.example.toml" in check.fix) == (result != "ok")

@@ -15,14 +15,15 @@ _FIX = (
 
 
 def judge_config(source: str, exists: bool, hosts: int, services: int) -> Check:
-    """The configuration read from ``source``: a failure when it names no host (nothing
-    else can be checked), a warning when it names hosts but no service (``gpus`` and
-    host maintenance work, nothing can be redeployed)."""
-    if not exists:
-        return Check(HOST, None, "file", Outcome.FAIL, f"{source} does not exist", _FIX)
+    """The configuration read from ``source`` (``exists``: the file was there; settings
+    may also come from elsewhere): a failure when it names no host (nothing else can be
+    checked), a warning when it names hosts but no service (``gpus`` and host maintenance
+    work, nothing can be redeployed)."""
     if hosts == 0:
-        return Check(HOST, None, "file", Outcome.FAIL, f"{source} configures no host", _FIX)
-    detail = f"{source}: {hosts} host(s), {services} service(s)"
+        why = f"{source} configures no host" if exists else f"{source} does not exist"
+        return Check(HOST, None, "file", Outcome.FAIL, why, _FIX)
+    counts = f"{hosts} host(s), {services} service(s)"
+    detail = f"{source}: {counts}" if exists else counts
     if services == 0:
         return Check(HOST, None, "file", Outcome.WARN, f"{detail}: nothing to redeploy", _FIX)
     return Check(HOST, None, "file", Outcome.OK, detail)
