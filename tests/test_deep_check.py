@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.core.dcgm import DiagResult, parse_diag
+from bot.core.dcgm import DiagResult, DiagTest, parse_diag
 from bot.core.deep_check import (
     RESEAT,
     Check,
@@ -157,6 +157,98 @@ def test_dcgm4_passing_diag_is_ok() -> None:
     report = parse_diag((SAMPLES / "dcgmi_diag_dcgm4_pass.txt").read_text())
     assert [t.name for t in report.tests] == ["software", "memory", "pcie"]
     assert [f.level for f in judge_dcgm(report, None)] == [Level.OK]
+
+
+# dcgmi diag -r 3 of 4 x A10G, DCGM 3.3.9: Targeted Power passed on GPUs 0, 2 and 3 and
+# failed on GPU 1, the failure on a row with an empty name (SOURCES.md).
+POWER = (SAMPLES / "dcgmi_diag_r3_targeted_power_fail_continuation.txt").read_text()
+POWER_FAIL_ROW = "|                           | Fail - GPU: 1                                  |"
+
+
+def _power(report_text: str) -> DiagTest:
+    (power,) = (t for t in parse_diag(report_text).tests if t.name == "Targeted Power")
+    return power
+
+
+def test_dcgm3_continuation_row_lowers_the_test_to_the_failure_it_shows() -> None:
+    report = parse_diag(POWER)
+    assert report.ran and len(report.tests) == 16
+    (failed,) = report.failed()
+    assert failed.name == "Targeted Power" and failed.section == "Stress"
+    # The Warning's wrapped text is the detail; the Info rows' (power readings) are not.
+    assert failed.detail.startswith("GPU 1 Max power of 224.1 did not reach desired power")
+    assert failed.detail.endswith("GPU utilization are high.") and "usage" not in failed.detail
+    (f,) = judge_dcgm(report, None)
+    assert f.level == Level.CRITICAL and "Stress/Targeted Power: fail" in f.what
+
+
+# DCGM prints a test's results in the order Pass, Fail, Warn, Skip, the first on the
+# test's row and the others on rows with an empty name, in these words (dcgmi/Diag.cpp,
+# HelperDisplayGpuResults, DCGM 3.3.9): the real table with its Fail row changed.
+@pytest.mark.parametrize(
+    ("row", "result", "level"),
+    [
+        ("Warn - GPU: 1   ", DiagResult.WARN, Level.WARN),
+        ("Skip - GPU: 1   ", DiagResult.SKIP, Level.OK),
+        ("Skip - GPUs: 1, 2   ", DiagResult.SKIP, Level.OK),
+        ("Aborted - GPU: 1", DiagResult.UNKNOWN, Level.WARN),
+    ],
+)
+def test_dcgm3_warn_skip_and_unknown_continuation_rows(
+    row: str, result: DiagResult, level: Level
+) -> None:
+    text = POWER.replace(POWER_FAIL_ROW, f"|                           | {row:<47}|")
+    assert text != POWER
+    assert _power(text).result == result
+    (f,) = judge_dcgm(parse_diag(text), None)
+    assert f.level == level
+    if level == Level.OK:  # a skip is DCGM's own verdict: no finding, but said
+        assert f.what.endswith("2 skipped (Stress/Targeted Power, Stress/EUD Test)")
+    else:
+        assert f"Stress/Targeted Power: {result}" in f.what
+
+
+def test_dcgm3_a_test_row_in_unknown_words_is_not_a_pass() -> None:
+    row = "| Targeted Power            | Pass - GPUs: 0, 2, 3                           |"
+    text = POWER.replace(row, row.replace("Pass - GPUs: 0, 2, 3", "Incomplete          "))
+    text = text.replace(POWER_FAIL_ROW + "\n", "")
+    assert _power(text).result == DiagResult.UNKNOWN
+    (f,) = judge_dcgm(parse_diag(text), None)
+    assert f.level == Level.WARN and "Stress/Targeted Power: unknown" in f.what
+
+
+def test_dcgm_all_pass_with_a_skipped_eud_and_info_rows_is_ok() -> None:
+    """The good but unusual table: every GPU passed, the EUD skipped, Info rows printed."""
+    text = POWER.replace(POWER_FAIL_ROW + "\n", "").replace(
+        "Pass - GPUs: 0, 2, 3", "Pass - All          "
+    )
+    warning_rows = POWER.split("| Warning")[1].split("| Info")[0]
+    text = text.replace("| Warning" + warning_rows, "")
+    assert "Warning" not in text and "| Info" in text
+    (ok,) = judge_dcgm(parse_diag(text), None)
+    assert (
+        ok.level == Level.OK
+        and ok.what == "dcgmi diag -r 1: 15 passed, 1 skipped (Stress/EUD Test)"
+    )
+
+
+def test_dcgm_a_note_under_a_warned_test_keeps_it_warned() -> None:
+    """DCGM prints the Diagnostic's return code on a row with an empty name after "Warn -
+    All" (dcgmi/Diag.cpp): neither a pass nor worse than the warning."""
+    row = "| Diagnostic                | Pass - All                                     |"
+    code = "|                           |   Code: (000000000000)                         |"
+    text = POWER.replace(row, row.replace("Pass - All", "Warn - All") + "\n" + code)
+    (diagnostic,) = (t for t in parse_diag(text).tests if t.name == "Diagnostic")
+    assert diagnostic.result == DiagResult.WARN
+
+
+def test_dcgm4_a_gpu_row_lowers_its_test() -> None:
+    """DCGM 4's per-GPU rows count too: the real table with one GPU row changed."""
+    text = (SAMPLES / "dcgmi_diag_dcgm4_pass.txt").read_text()
+    memory = text.split("| memory")[1]
+    failed = memory.replace("GPU0: Pass", "GPU0: Fail", 1)
+    report = parse_diag(text.replace(memory, failed))
+    assert [t.result for t in report.tests] == [DiagResult.PASS, DiagResult.FAIL, DiagResult.PASS]
 
 
 def test_no_dcgmi_is_skipped_and_said_and_a_broken_one_warns() -> None:

@@ -60,6 +60,10 @@ RESET_PROCESS = (
     "using this device and all compute applications running in the system.\n"
 )
 RESET_DONE = "GPU 00000000:1A:00.0 was successfully reset.\n"  # NVIDIA/NVSentinel#1692
+# ... and an older driver's words for the same (418.87.00; tests/samples/host/README.md).
+RESET_OLDER = (SAMPLES / "host" / "nvidia_smi_r_in_use_older_418.txt").read_text()
+# nvidia-smi's warning before its rows, exit 14 (tests/test_gpu.py has its sources).
+INFOROM = "WARNING: infoROM is corrupted at gpu 0000:1A:00.0"
 
 
 def deep_xml(gpus: int = 8, narrow: int | None = None) -> str:
@@ -89,6 +93,8 @@ class MaintainedHost(Host):
     never_back: bool = False
     other_key: bool = False  # it comes back with another host key
     persistence: dict[int, bool] = field(default_factory=lambda: dict.fromkeys(range(8), True))
+    # A line nvidia-smi prints before the persistence rows, and the query's exit status.
+    persistence_said: tuple[str, int] | None = None
     reset_answer: tuple[int, str] = (0, RESET_DONE)
     narrow_after: int | None = None  # a GPU whose link comes back at x8
     inactive: set[str] = field(default_factory=set)  # units inactive at preflight
@@ -132,7 +138,8 @@ class MaintainedHost(Host):
                 f"{i}, {BUS[i]}, {'Enabled' if on else 'Disabled'}"
                 for i, on in self.persistence.items()
             ]
-            return ok(a, "\n".join(rows) + "\n")
+            said, status = self.persistence_said or ("", 0)
+            return ok(a, "".join(f"{ln}\n" for ln in (said, *rows) if ln), status=status)
         if a[0] == "nvidia-smi" and "-pm" in a:
             i = int(a[a.index("-i") + 1])
             self.persistence[i] = a[-1] == "1"
@@ -401,6 +408,31 @@ def test_a_refused_reset_is_never_retried_and_says_the_host_needs_a_reboot(answe
     assert host.persistence[2] is True  # restored after the refusal too
 
 
+def test_a_corrupted_inforom_warning_before_the_persistence_rows_still_resets() -> None:
+    """nvidia-smi warns of the infoROM before its rows and exits 14: the rows are good, as
+    for the GPU query (the same function sets the warning aside)."""
+    host = MaintainedHost(persistence_said=(INFOROM, 14))
+    outcome = maintain(host, Action.GPU_RESET, (2,))
+    assert outcome.status == HostStatus.SUCCEEDED, outcome.summary
+    assert host.resets == [2] and host.persistence[2] is True
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        ("WARNING: something else is wrong with gpu 0000:1A:00.0", 14),  # not a known warning
+        ("", 14),  # exit 14 without the warning
+        (INFOROM, 3),  # the warning, but another failure's exit status
+    ],
+)
+def test_a_persistence_query_that_says_anything_else_resets_nothing(said: tuple[str, int]) -> None:
+    host = MaintainedHost(persistence_said=said)
+    outcome = maintain(host, Action.GPU_RESET, (2,))
+    assert outcome.status == HostStatus.FAILED
+    assert "cannot read the GPUs' persistence mode" in outcome.summary
+    assert host.resets == []
+
+
 def test_an_exit_0_without_nvidia_smis_words_is_not_a_reset() -> None:
     host = MaintainedHost(reset_answer=(0, "All done.\n"))
     outcome = maintain(host, Action.GPU_RESET, (0,))
@@ -426,6 +458,7 @@ def test_reset_verdicts_on_real_output_both_ways() -> None:
     assert host_ops.reset_verdict(r(0, RESET_DONE + "All done.\n")).ok
     assert host_ops.reset_verdict(r(255, RESET_IN_USE)).end == host_ops.ResetEnd.IN_USE
     assert host_ops.reset_verdict(r(255, RESET_PROCESS)).end == host_ops.ResetEnd.IN_USE
+    assert host_ops.reset_verdict(r(255, RESET_OLDER)).end == host_ops.ResetEnd.IN_USE
     assert host_ops.reset_verdict(r(0, "All done.\n")).end == host_ops.ResetEnd.FAILED
     assert host_ops.reset_verdict(r(None, "")).end == host_ops.ResetEnd.LOST
 

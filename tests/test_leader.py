@@ -100,7 +100,7 @@ class _Housekeeping:
     async def tell_untold(self) -> None:
         self.calls.append("tell_untold")
 
-    async def start_due(self, *, source: object) -> list[object]:
+    async def start_due(self, *, source: object, members: object) -> list[object]:
         self.calls.append("start_due")
         return []
 

@@ -12,6 +12,7 @@ import pytest
 from bot.core.policy import (
     Membership,
     Verdict,
+    approvals_lapsed,
     counted_approvals,
     evaluate_approval,
     groups_to_resolve,
@@ -199,6 +200,26 @@ def test_policy_change_raising_n_is_applied_at_click_time() -> None:
 
 
 # --- denials ------------------------------------------------------------------------
+
+
+def test_approvals_recorded_earlier_are_judged_again_by_the_policy_as_it_is_now() -> None:
+    """A run approved for later, judged at its start: still enough, or short and why."""
+
+    def lapsed(pol: PolicySettings, members: Membership = MEMBERS) -> str | None:
+        return approvals_lapsed([BOB, BOB, CAROL], requester=ALICE, policy=pol, membership=members)
+
+    assert lapsed(policy(approvers=[SRE], min_approvals=2)) is None
+    # CAROL left the group: one of two counts now.
+    left = {SRE: frozenset({ALICE, BOB})}
+    said = lapsed(policy(approvers=[SRE], min_approvals=2), left)
+    assert said is not None and "1 of the 2 approvals it needs count now" in said
+    assert said.endswith(f"{CAROL} no longer counts as an approver")
+    # min_approvals raised to three: nobody left, and still short.
+    said = lapsed(policy(approvers=[SRE], min_approvals=3))
+    assert said is not None and "2 of the 3 approvals" in said and "no longer counts" not in said
+    # A group Slack did not answer for grants nothing: fail closed.
+    said = lapsed(policy(approvers=[SRE]), {})
+    assert said is not None and "0 of the 1 approval it needs" in said
 
 
 def test_approver_deny_closes_the_request() -> None:

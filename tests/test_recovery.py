@@ -379,6 +379,7 @@ async def test_a_heartbeat_that_finds_its_run_recovered_asks_it_to_stop(world: W
         ELSEWHERE,
         clock=world.clock,
         sleep=world.clock.sleep,
+        margin_s=world.settings.lease_margin_s(),
         lost=lambda: lost.append(True),
     ).start()
     try:
@@ -486,7 +487,13 @@ async def test_a_lease_asks_the_database_once_its_own_clock_says_it_ran_out(
     run = await world.running(elsewhere)
     boot = ManualClock()
     lease = Heartbeat(
-        world.audit, run.id, ELSEWHERE, clock=world.clock, epoch=run.epoch, boot_clock=boot
+        world.audit,
+        run.id,
+        ELSEWHERE,
+        clock=world.clock,
+        margin_s=world.settings.lease_margin_s(),
+        epoch=run.epoch,
+        boot_clock=boot,
     )
     assert await lease.holds() and lease.renewals == 0  # fresh: nothing asked
     boot.advance(LEASE_S)  # a pause as long as the lease: the database is asked, and renews
@@ -499,6 +506,62 @@ async def test_a_lease_asks_the_database_once_its_own_clock_says_it_ran_out(
     boot.advance(LEASE_S)  # paused again past it: the database says the run is gone
     assert not await lease.holds()
     assert not await lease.holds() and lease.renewals == 1  # and it stays gone
+
+
+async def test_a_lease_counts_an_ssh_connect_and_a_commands_start_as_already_spent(
+    world: World,
+) -> None:
+    """Fencing ends at the bot: the command reaches the host a connect and a command's
+    start after the lease was asked. A host whose connect may take 20 s makes the margin
+    22 s, so 9 s before the database's end the driver asks the database again (with a
+    fixed 5 s margin it went on, and could reach the host after the run was taken over)."""
+    far = {"address": "10.0.0.9", "known_hosts": "/tmp/kh", "connect_timeout_s": 20.0}
+    world.settings = Settings(
+        **{
+            **world.settings.model_dump(),
+            "hosts": {**{n: h.model_dump() for n, h in world.settings.hosts.items()}, "far": far},
+        }
+    )
+    assert world.settings.lease_margin_s() == 22.0
+    # The bot's own driver counts it so.
+    life = world.process(owner=ELSEWHERE)
+    record = await life.request(world.plan(), requested_by=ALICE, source=Source.CLI)
+    assert await life.confirm(record.id, ALICE)
+    token = await life.start(record.id)
+    assert token is not None
+    world.started.append((life, record.id))
+    assert isinstance(token.lease, Heartbeat) and token.lease.margin_s == 22.0
+    run = await world.audit.get_run(record.id)
+    boot = ManualClock()
+    lease = Heartbeat(
+        world.audit,
+        run.id,
+        ELSEWHERE,
+        clock=world.clock,
+        margin_s=world.settings.lease_margin_s(),
+        epoch=run.epoch,
+        boot_clock=boot,
+    )
+    boot.advance(LEASE_S - 22.0 - 1.0)
+    assert await lease.holds() and lease.renewals == 0  # more than the margin left
+    boot.advance(2.0)
+    assert await lease.holds() and lease.renewals == 1  # within it: the database is asked
+
+
+def test_a_lease_no_longer_than_its_margin_is_refused_naming_both() -> None:
+    """An SRE's config: a host whose SSH connect may take 30 s, and the default lease
+    (30 s). The driver could reach the host after its lease ran out: refused, naming the
+    lease, the host's connect timeout and the margin they make. A lease past it loads."""
+    host = {"address": "10.0.0.9", "known_hosts": "/tmp/kh", "connect_timeout_s": 30}
+    with pytest.raises(ValueError) as refused:
+        Settings(hosts={"gpu-far": host})
+    said = str(refused.value)
+    assert "replicas.lease_s (30) must exceed the lease margin (32 s" in said
+    assert "hosts.gpu-far.connect_timeout_s = 30" in said
+    ok = Settings(hosts={"gpu-far": host}, replicas={"lease_s": 45, "renew_every_s": 5})
+    assert ok.lease_margin_s() == 32.0
+    # A local host needs no connect: its margin is a command's start alone.
+    assert Settings(hosts={"here": {"address": LOCAL}}).lease_margin_s() == 2.0
 
 
 # ---- a request nobody approved in time -------------------------------------------------------

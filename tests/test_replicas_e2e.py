@@ -1,6 +1,6 @@
 """Issue 21's faults, end to end: two and three real bot processes (Slack HTTP mode, the
 fake Slack at its API boundary) on one real PostgreSQL server, the simulated GPU host
-behind a real OpenSSH sshd (tests.support.replicas). Leases are short here (3 s, renewed
+behind a real OpenSSH sshd (tests.support.replicas). Leases are short here (8 s, renewed
 every 0.5 s, the leader's sweep every 0.5 s) so a death is noticed in seconds; how long
 failover takes with the defaults is measured in bench/replicas.py, not asserted."""
 
@@ -130,7 +130,7 @@ async def test_a_database_restart_mid_run_loses_no_record_and_abandons_no_servic
     await migrate_pg(url)
     kit.set_faults(uv_stalls=True)
     try:
-        async with cluster(tmp_path, kit, url, lease_s=6.0, renew_every_s=1.0) as c:
+        async with cluster(tmp_path, kit, url, lease_s=10.0, renew_every_s=1.0) as c:
             for name in ("a", "b"):
                 await c.start(name)
             await approved_and_reinstalling(c)

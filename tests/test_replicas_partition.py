@@ -33,9 +33,10 @@ from tests.support.audit_db import Locker
 from tests.support.postgres import migrate_pg
 from tests.support.sim import sim_settings
 
-# The lease outlasts its safety margin (5 s) by less than the writer's retry window (1 s),
-# so the driver's first action after the cut is past its lease by its own clock.
-LEASE = ReplicaSettings(lease_s=5.1, renew_every_s=1.7)
+# The lease outlasts its margin (7 s: the simulated host's 5 s SSH connect timeout plus a
+# command's start) by less than the writer's retry window (1 s), so the driver's first
+# action after the cut is past its lease by its own clock.
+LEASE = ReplicaSettings(lease_s=7.9, renew_every_s=2.6)
 
 
 class OnStop:

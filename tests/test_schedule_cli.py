@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.audit.store import AuditLog
 from bot.core.plan import make_plan
 from bot.core.status import Action, RunStatus, Source
@@ -174,3 +176,132 @@ async def test_two_lookers_at_once_start_a_scheduled_run_exactly_once(tmp_path: 
         for run_id in started:
             run = await a.get_run(run_id)
             assert run.status == RunStatus.APPROVED and run.owner in ("bot-0", "bot-1")
+
+
+# ---- approvals judged again at the start ---------------------------------------------------
+
+
+def _settings(tmp_path: Path, **policy: Any) -> Settings:
+    return Settings(
+        hosts={"gpu1": {"address": LOCAL}},
+        services={"svc": {"hosts": ["gpu1"], "unit": "vllm-svc", "python": "/v/bin/python"}},
+        policy={"approvers": ["U0BOB"], "min_approvals": 1, **policy},
+        db_path=tmp_path / "audit.db",
+    )
+
+
+async def _approved_for_later(
+    audit: AuditLog, settings: Settings, clock: ManualWallClock, source: Source, approver: str
+) -> int:
+    """A restart approved at 12:00 (by ``approver``) for 02:00 the next day."""
+    life = RunLifecycle(settings, audit, clock=clock, owner=lambda: "bot-0")
+    record = await life.request(
+        make_plan(settings, Action.RESTART, "svc"),
+        requested_by="U0ALICE",
+        source=source,
+        at=clock() + timedelta(hours=14),
+    )
+    assert await life.confirm(record.id, approver)
+    assert (await audit.get_run(record.id)).status == RunStatus.SCHEDULED
+    return record.id
+
+
+async def _due(
+    audit: AuditLog, settings: Settings, clock: ManualWallClock, **members: Any
+) -> list[Started | NotStarted]:
+    """The bot, its config as it is now, looks at what is due."""
+    ops = Operations(RunLifecycle(settings, audit, clock=clock, owner=lambda: "bot-1"))
+    return await ops.start_due(**members)
+
+
+@pytest.mark.parametrize(
+    ("then", "why"),
+    [
+        # BOB left the approvers list between the approval and 02:00.
+        ({"approvers": ["U0CAROL"]}, "0 of the 1 approval it needs count now; U0BOB no longer"),
+        # Two approvals are needed now; BOB's is one.
+        (
+            {"approvers": ["U0BOB", "U0CAROL"], "min_approvals": 2},
+            "1 of the 2 approvals it needs count now",
+        ),
+    ],
+)
+async def test_a_scheduled_run_whose_approvals_no_longer_suffice_does_not_start(
+    tmp_path: Path, then: dict[str, Any], why: str
+) -> None:
+    before = _settings(tmp_path)
+    clock = ManualWallClock(datetime(2026, 12, 3, 12, 0, tzinfo=UTC))
+    async with AuditLog.open(before.db_path) as audit:
+        run_id = await _approved_for_later(audit, before, clock, Source.SLACK, "U0BOB")
+        clock.advance(14 * 3600)  # 02:00
+        (outcome,) = await _due(audit, _settings(tmp_path, **then), clock)
+        assert isinstance(outcome, NotStarted) and outcome.record.id == run_id
+        assert why in outcome.reason and outcome.reason.endswith("request it again")
+        run = await audit.get_run(run_id)
+        assert run.status == RunStatus.REFUSED and run.owner is None
+        assert run.summary == f"not started: {outcome.reason}"
+        (row,) = await audit.refusals()
+        assert row.user == "U0ALICE" and row.reason == outcome.reason
+        # Refused once: a later look starts nothing.
+        assert await _due(audit, _settings(tmp_path, **then), clock) == []
+
+
+async def test_a_scheduled_run_whose_approvals_still_suffice_starts(tmp_path: Path) -> None:
+    """The good case: the config changed, but BOB is still an approver and one suffices."""
+    before = _settings(tmp_path)
+    clock = ManualWallClock(datetime(2026, 12, 3, 12, 0, tzinfo=UTC))
+    async with AuditLog.open(before.db_path) as audit:
+        run_id = await _approved_for_later(audit, before, clock, Source.SLACK, "U0BOB")
+        clock.advance(14 * 3600)
+        now = _settings(tmp_path, approvers=["U0CAROL", "U0BOB"])
+        (outcome,) = await _due(audit, now, clock)
+        assert isinstance(outcome, Started) and outcome.record.id == run_id
+        assert (await audit.get_run(run_id)).status == RunStatus.APPROVED
+
+
+async def test_a_terminal_operators_confirmation_is_not_judged_by_the_approvers(
+    tmp_path: Path,
+) -> None:
+    """A run asked for on a terminal was approved by its operator, whom no approvers list
+    judged at the request either: a changed list does not hold it back."""
+    before = _settings(tmp_path)
+    clock = ManualWallClock(datetime(2026, 12, 3, 12, 0, tzinfo=UTC))
+    async with AuditLog.open(before.db_path) as audit:
+        run_id = await _approved_for_later(audit, before, clock, Source.CLI, "alice")
+        clock.advance(14 * 3600)
+        now = _settings(tmp_path, approvers=["U0CAROL"], min_approvals=2)
+        (outcome,) = await _due(audit, now, clock)
+        assert isinstance(outcome, Started) and outcome.record.id == run_id
+
+
+@pytest.mark.parametrize("still_in", [True, False])
+async def test_a_group_approvers_run_is_judged_on_the_group_as_it_is_at_the_start(
+    tmp_path: Path, still_in: bool
+) -> None:
+    """BOB approved as a member of S0OPS. At the start the group is read again: if it
+    cannot be read the run waits for the next look (never judged on no answer); read
+    with BOB in it, it starts; without him, it does not."""
+    before = _settings(tmp_path, approvers=["S0OPS"])
+    clock = ManualWallClock(datetime(2026, 12, 3, 12, 0, tzinfo=UTC))
+    asked: list[frozenset[str]] = []
+
+    def reading(answer: dict[str, frozenset[str]] | None) -> Any:
+        async def members(groups: frozenset[str]) -> dict[str, frozenset[str]] | None:
+            asked.append(groups)
+            return answer
+
+        return members
+
+    async with AuditLog.open(before.db_path) as audit:
+        run_id = await _approved_for_later(audit, before, clock, Source.SLACK, "U0BOB")
+        clock.advance(14 * 3600)
+        assert await _due(audit, before, clock, members=reading(None)) == []
+        assert (await audit.get_run(run_id)).status == RunStatus.SCHEDULED
+        clock.advance(30)  # the next look
+        group = frozenset({"U0BOB", "U0CAROL"} if still_in else {"U0CAROL"})
+        (outcome,) = await _due(audit, before, clock, members=reading({"S0OPS": group}))
+        assert asked == [frozenset({"S0OPS"})] * 2
+        if still_in:
+            assert isinstance(outcome, Started)
+        else:
+            assert isinstance(outcome, NotStarted) and "U0BOB no longer counts" in outcome.reason

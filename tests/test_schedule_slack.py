@@ -15,6 +15,7 @@ from bot.sim.kit import SERVICE, SimKit
 from tests.polling import eventually
 from tests.slack_harness import (
     ALICE,
+    APPROVERS_GROUP,
     BOB,
     CAROL,
     SlackBot,
@@ -185,6 +186,64 @@ async def test_a_window_that_closes_before_the_scheduled_start_refuses_it_there(
             assert "maintenance window is closed" in rows[-1].reason
             assert "refused" in blocks_text(await bot.card(run_id))
             assert buttons(await bot.card(run_id)) == []
+        assert touched(sim_host) == []
+
+
+async def _told_not_started(bot: SlackBot, fake: Any, run_id: int) -> str:
+    """The run ended refused at its start: its card says why and its thread was told."""
+    done = await bot.run(run_id)
+    assert done.status == RunStatus.REFUSED and done.summary is not None
+    told = await eventually(
+        lambda: [
+            m
+            for m in fake.thread("C0OPS", done.message_ts or "")[1:]
+            if "did not start at its scheduled time" in m.get("text", "")
+        ],
+        "the thread to be told",
+        5,
+    )
+    card = blocks_text(await bot.card(run_id))
+    assert "refused" in card and buttons(await bot.card(run_id)) == []
+    rows = await bot.refusals(1)
+    assert rows[-1].reason in done.summary and rows[-1].reason in told[0]["text"]
+    return card
+
+
+async def test_an_approver_who_left_the_group_before_the_start_leaves_the_run_unstarted(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """BOB approves at noon for 02:00 as a member of the approvers' group, and leaves it
+    in the afternoon. At 02:00 the group is read again: his approval no longer counts, so
+    the run does not start; the card and thread say why, the refusal is recorded."""
+    clock = ManualWallClock(NOON)
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake, policy=windowed(), clock=clock) as bot:
+            bot.front_end.start_scheduler(every_s=30, sleep=clock.sleep)
+            run_id = await scheduled_card(bot, f"restart {SERVICE} --at 02:00")
+            fake.usergroups[APPROVERS_GROUP] = [CAROL]
+            await eventually(lambda: clock.sleepers, "the scheduler to wait", timeout_s=5)
+            clock.advance(14 * HOUR)
+            await bot.wait_status(run_id, "refused", "succeeded", "failed")
+            card = await _told_not_started(bot, fake, run_id)
+            assert "its approvals no longer suffice under the current policy" in card
+            assert f"{BOB} no longer counts as an approver" in card
+        assert touched(sim_host) == []
+
+
+async def test_min_approvals_raised_before_the_start_leaves_the_run_unstarted(
+    tmp_path: Path, sim_host: SimKit
+) -> None:
+    """Approved by one at noon; by 02:00 the config asks two (the bot restarted with it)."""
+    clock = ManualWallClock(NOON)
+    async with new_fake() as fake:
+        async with slack_bot(tmp_path, sim_host, fake, policy=windowed(), clock=clock) as bot:
+            run_id = await scheduled_card(bot, f"restart {SERVICE} --at 02:00")
+        clock.advance(14 * HOUR)
+        stricter = windowed() | {"min_approvals": 2}
+        async with slack_bot(tmp_path, sim_host, fake, policy=stricter, clock=clock) as bot:
+            await bot.front_end.scheduled.once()
+            card = await _told_not_started(bot, fake, run_id)
+            assert "1 of the 2 approvals it needs count now" in card
         assert touched(sim_host) == []
 
 

@@ -241,6 +241,12 @@ def judge_dcgm(report: DiagReport | None, error: str | None) -> list[DeepFinding
         why = error or "no result table"
         action = "check nv-hostengine (systemctl status nvidia-dcgm)"
         return [DeepFinding(Check.DCGM, Level.WARN, f"dcgmi diag -r 1 did not run: {why}", action)]
+    # A result in words DCGM's table does not use is not a pass: a warning, with its row.
+    judged = (
+        (Level.CRITICAL, report.failed()),
+        (Level.WARN, report.warned()),
+        (Level.WARN, report.unknown()),
+    )
     out = [
         DeepFinding(
             Check.DCGM,
@@ -248,14 +254,22 @@ def judge_dcgm(report: DiagReport | None, error: str | None) -> list[DeepFinding
             f"{t.section}/{t.name}: {t.result}" + (f" ({t.detail})" if t.detail else ""),
             DCGM,
         )
-        for lvl, tests in ((Level.CRITICAL, report.failed()), (Level.WARN, report.warned()))
+        for lvl, tests in judged
         for t in tests
     ]
     if not out:
-        out.append(
-            DeepFinding(Check.DCGM, Level.OK, f"dcgmi diag -r 1: {len(report.tests)} passed")
-        )
+        out.append(DeepFinding(Check.DCGM, Level.OK, f"dcgmi diag -r 1: {_passed(report)}"))
     return out
+
+
+def _passed(report: DiagReport) -> str:
+    """ "9 passed", or "8 passed, 1 skipped (Stress/EUD Test)": a skip is DCGM's, not ours."""
+    skipped = report.skipped()
+    said = f"{len(report.tests) - len(skipped)} passed"
+    if not skipped:
+        return said
+    names = ", ".join(f"{t.section}/{t.name}" for t in skipped)
+    return f"{said}, {len(skipped)} skipped ({names})"
 
 
 def judge_health(health: HostHealth | None, error: str | None) -> list[DeepFinding]:

@@ -149,7 +149,9 @@ def driver_warnings(*texts: str) -> tuple[DriverWarning, ...]:
     return tuple(found.values())
 
 
-def _data_lines(text: str) -> Iterable[str]:
+def data_lines(text: str) -> Iterable[str]:
+    """nvidia-smi's CSV rows, stripped: blank lines and its known warnings set aside
+    (every other line is a row, for the caller's parser to judge strictly)."""
     # splitlines() also takes care of CRLF from Windows-built or PTY-wrapped output.
     for raw in text.splitlines():
         line = raw.strip()
@@ -164,7 +166,7 @@ def parse_gpu_csv(host: str, text: str) -> tuple[Gpu, ...]:
     the three numbers from the back.  Bracketed values such as ``[N/A]`` become None.
     """
     gpus: list[Gpu] = []
-    for line in _data_lines(text):
+    for line in data_lines(text):
         fields = line.split(",")
         try:
             if len(fields) < 6:
@@ -206,7 +208,7 @@ def parse_apps_csv(host: str, text: str) -> tuple[GpuProcess, ...]:
     Empty output, or nvidia-smi's "No running processes found", means no processes.
     """
     processes: list[GpuProcess] = []
-    for line in _data_lines(text):
+    for line in data_lines(text):
         if line.lower() == _NO_PROCESSES:
             continue
         fields = line.split(",")
@@ -247,7 +249,7 @@ def check_nvidia_smi(host: str, result: CommandResult) -> None:
     output = result.output
     said = _explaining_line(result)
     detail = f": {_quote(said)}" if said else ""
-    if result.exit_status == INFOROM_EXIT and _only_known_warnings(result):
+    if warned_only(result):
         return  # a corrupted infoROM: the rows are good, the warning is reported
     if result.timed_out:
         message = (
@@ -264,10 +266,11 @@ def check_nvidia_smi(host: str, result: CommandResult) -> None:
     raise GpuQueryError(host, message, exit_status=result.exit_status, output=output)
 
 
-def _only_known_warnings(result: CommandResult) -> bool:
+def warned_only(result: CommandResult) -> bool:
     """Exit 14 (a corrupted infoROM) with a known warning, and on stderr nothing else:
-    nvidia-smi still printed every row. The rows themselves are parsed strictly after."""
-    if not driver_warnings(result.stdout, result.stderr):
+    nvidia-smi still printed every row. The rows themselves are parsed strictly after
+    (``data_lines`` sets the warning aside)."""
+    if result.exit_status != INFOROM_EXIT or not driver_warnings(result.stdout, result.stderr):
         return False
     return all(_known_warning(ln) is not None for ln in result.stderr.splitlines() if ln.strip())
 

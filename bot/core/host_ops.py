@@ -7,8 +7,9 @@ are in ``tests/samples/host/``:
 
 * ``nvidia-smi -r -i N`` refused while persistence mode holds the GPU (exit 255, "In
   use by another client": NVIDIA/NVSentinel#1690) or while a process does ("is
-  currently in use by another process": NVIDIA/gpu-operator#118); succeeded, "GPU
-  00000000:1A:00.0 was successfully reset." (exit 0, NVSentinel#1692).
+  currently in use by another process": NVIDIA/gpu-operator#118; on older drivers
+  "Unable to reset this GPU because it's being used by some other process"); succeeded,
+  "GPU 00000000:1A:00.0 was successfully reset." (exit 0, NVSentinel#1692).
 * ``nvidia-smi -pm 0 -i N`` prints "All done." (NVSentinel#1692).
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bot.core.gpu_query import data_lines
 from bot.core.privilege import Command, Privilege
 from bot.core.results import CommandResult
 from bot.settings import MaintenanceSettings
@@ -79,14 +81,14 @@ class GpuPersistence:
 
 def parse_persistence(stdout: str) -> list[GpuPersistence]:
     """``PERSISTENCE_QUERY_ARGV``'s rows; a row that is not ``index, bus, Enabled|Disabled``
-    raises ValueError (a GPU whose state is unknown is never reset on a guess)."""
+    raises ValueError (a GPU whose state is unknown is never reset on a guess). The
+    warnings nvidia-smi prints among good rows (a corrupted infoROM) are set aside as the
+    GPU query sets them aside."""
     out: list[GpuPersistence] = []
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
+    for line in data_lines(stdout):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in ("Enabled", "Disabled"):
-            raise ValueError(f"unexpected persistence row {line.strip()[:120]!r}")
+            raise ValueError(f"unexpected persistence row {line[:120]!r}")
         out.append(GpuPersistence(int(parts[0]), parts[1], parts[2] == "Enabled"))
     return out
 
@@ -97,6 +99,11 @@ class ResetEnd(StrEnum):
     NOT_SUPPORTED = "not_supported"
     FAILED = "failed"  # any other refusal or failure
     LOST = "lost"  # no answer: what the reset did is unknown
+
+
+# nvidia-smi's words for a GPU something still holds, in today's drivers and in older ones
+# (418: "Unable to reset this GPU because it's being used by some other process").
+_IN_USE = ("in use by another client", "in use by another process", "used by some other process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +130,7 @@ def reset_verdict(r: CommandResult) -> ResetVerdict:
     if r.exit_status == 0 and "successfully reset" in out:
         return ResetVerdict(ResetEnd.DONE, "reset")
     low = out.lower()
-    if "in use by another client" in low or "in use by another process" in low:
+    if any(words in low for words in _IN_USE):
         return ResetVerdict(ResetEnd.IN_USE, _said(r))
     if "not supported" in low:
         return ResetVerdict(ResetEnd.NOT_SUPPORTED, _said(r))

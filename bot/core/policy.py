@@ -12,7 +12,8 @@ Choices this module makes:
   ``allow_self_approval``).
 * Everything is judged at click time against the *current* policy and
   membership.  Someone removed from the approvers cannot approve a card posted
-  before, and approvals they recorded earlier stop counting towards N.
+  before, and approvals they recorded earlier stop counting towards N. A run
+  approved for later is judged so again when it is due (``approvals_lapsed``).
 * A request needs N = ``min_approvals`` *distinct* eligible approvers; a second
   click by the same person is refused and never counted twice.
 * One deny by an eligible approver closes the request.  The requester may also
@@ -93,6 +94,28 @@ def counted_approvals(
         if user not in seen and _counts(user, requester, policy, membership):
             seen[user] = None
     return tuple(seen)
+
+
+def approvals_lapsed(
+    approvals: Sequence[str], *, requester: str, policy: PolicySettings, membership: Membership
+) -> str | None:
+    """Why approvals recorded earlier no longer approve the run under ``policy`` and
+    ``membership`` as they are now (None: they still do). A run approved for later is
+    judged again at its start: an approver removed from the list or the group since, or
+    ``min_approvals`` raised, leaves it short."""
+    counted = counted_approvals(
+        approvals, requester=requester, policy=policy, membership=membership
+    )
+    needed = policy.min_approvals
+    if len(counted) >= needed:
+        return None
+    gone = sorted(set(approvals) - set(counted))
+    why = f"; {', '.join(gone)} no longer counts as an approver" if gone else ""
+    noun = "approval" if needed == 1 else "approvals"
+    return (
+        f"its approvals no longer suffice under the current policy: {len(counted)} of the "
+        f"{needed} {noun} it needs count now{why}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

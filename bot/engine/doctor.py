@@ -21,7 +21,6 @@ from bot.core.doctor_approvers import approver_checks, services_checked
 from bot.core.doctor_database import judge_database
 from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
-from bot.engine.heartbeat import SAFETY_S
 from bot.engine.slack_groups import read_groups
 from bot.errors import HostError
 from bot.hosts.known_hosts import host_key_of, trusted_algorithms
@@ -52,7 +51,7 @@ async def database_checks(settings: Settings) -> list[Check]:
     """The audit database this process would use (issue 21): reachable, migrated, and on
     PostgreSQL this machine's clock against the database's, read without changing it."""
     state = await inspect(settings.db_path, timeout_s=settings.audit.busy_timeout_s)
-    return judge_database(state, [m.name for m in MIGRATIONS], margin_s=SAFETY_S)
+    return judge_database(state, [m.name for m in MIGRATIONS], margin_s=settings.lease_margin_s())
 
 
 async def _approvers(settings: Settings, services: list[str]) -> list[Check]:

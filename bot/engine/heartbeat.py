@@ -51,9 +51,6 @@ def boottime() -> float:
 
 
 _BOOTTIME = hasattr(time, "CLOCK_BOOTTIME")
-# How much sooner than the database this process counts its own lease as over: the lease
-# the database keeps starts when the renewal lands, after this process asked for it.
-SAFETY_S = 5.0
 
 
 class Heartbeat:
@@ -65,7 +62,10 @@ class Heartbeat:
     cancel asked on another replica (``runs.cancel_requested_by``), once. ``holds``
     tells the executor, before each action on a host, whether the run is still this
     process's: at once while the lease it last renewed is running by ``boottime``,
-    else by renewing it now (``bot.engine.executor``)."""
+    else by renewing it now (``bot.engine.executor``). Fencing ends at the bot: the
+    command it then sends reaches the host an SSH connect and a command's start later, so
+    it counts its lease as over ``margin_s`` sooner than the database does
+    (``Settings.lease_margin_s``: the longest SSH connect timeout plus a command's start)."""
 
     def __init__(
         self,
@@ -75,6 +75,7 @@ class Heartbeat:
         *,
         clock: Callable[[], datetime],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        margin_s: float,
         lease_s: float = LEASE_S,
         every_s: float = RENEW_EVERY_S,
         lost: Callable[[], None] | None = None,
@@ -89,6 +90,7 @@ class Heartbeat:
         self.clock = clock
         self.sleep = sleep
         self.lease_s = lease_s
+        self.margin_s = margin_s
         self.every_s = every_s
         self.lost = lost
         self.epoch = epoch
@@ -98,7 +100,7 @@ class Heartbeat:
         self.renewals = 0
         self._boot = boot_clock
         # The run was just taken with a lease of ``lease_s``.
-        self._valid_until = boot_clock() + lease_s - SAFETY_S
+        self._valid_until = boot_clock() + lease_s - margin_s
         self._gone = False
         self._cancel_told = False
         self._task: asyncio.Task[None] | None = None
@@ -167,7 +169,7 @@ class Heartbeat:
             self._gone = True
             return False
         self.renewals += 1
-        self._valid_until = asked + self.lease_s - SAFETY_S
+        self._valid_until = asked + self.lease_s - self.margin_s
         if renewed.cancel_by is not None and not self._cancel_told:
             self._cancel_told = True
             if self.on_cancel is not None:

@@ -7,7 +7,8 @@
 
     with --at:  pending_approval ─approve─> scheduled ─claim (at its time)─> approved ─> …
                                               ├─cancel─> cancelled
-                                              └─window closed, too late─> refused
+                                              └─window closed, too late, approvals
+                                                short under the policy now─> refused
 
 The Slack front end and the CLI reach the same methods through the operations service
 (``bot.engine.operations``), so a deny, an expiry or a cancel means the same thing

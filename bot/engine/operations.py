@@ -64,12 +64,14 @@ from bot.engine.run_results import (
 )
 from bot.engine.schedule import (
     AT_ONCE,
+    MembersNow,
     NotNow,
     RunAt,
     Scheduler,
     StartOutcome,
     Timing,
     judge_request,
+    no_groups,
 )
 from bot.errors import LockHeldError, RunNotFoundError
 from bot.settings import PolicySettings
@@ -251,10 +253,13 @@ class Operations(LeftoverOperations):
         """The driver could not carry the run out: it ends ``status`` with why."""
         return await self.lifecycle.abandon(run_id, status, summary)
 
-    async def start_due(self, *, source: Source | None = None) -> list[StartOutcome]:
+    async def start_due(
+        self, *, source: Source | None = None, members: MembersNow = no_groups
+    ) -> list[StartOutcome]:
         """The scheduled runs whose time has come: each claimed (drive it now) or refused
-        at its start with why (``bot.engine.schedule``)."""
-        return await self.scheduler.start_due(source=source)
+        at its start with why (``bot.engine.schedule``), its approvals judged again on
+        the user groups ``members`` reads now."""
+        return await self.scheduler.start_due(source=source, members=members)
 
     async def cancel_scheduled(self, run_id: int, *, by: Operator) -> Cancelled | Refused:
         """The terminal operator cancels a run approved for later, before it starts."""

@@ -29,6 +29,7 @@ class RunDriver:
         owner: Callable[[], str],
         clock: Callable[[], datetime],
         sleep: Callable[[float], Awaitable[None]],
+        margin_s: float,
         lease_s: float = LEASE_S,
         every_s: float = RENEW_EVERY_S,
         wait_for_database: bool = False,
@@ -41,6 +42,9 @@ class RunDriver:
         self._clock = clock
         self._sleep = sleep
         self._lease_s = lease_s
+        # How much sooner than the database a driver counts its lease as over
+        # (``Settings.lease_margin_s``).
+        self._margin_s = margin_s
         self._every_s = every_s
         self._cancels: dict[int, CancelToken] = {}
         self._recorders: dict[int, asyncio.Task[None]] = {}
@@ -58,6 +62,7 @@ class RunDriver:
             self._owner(),
             clock=self._clock,
             sleep=self._sleep,
+            margin_s=self._margin_s,
             lease_s=self._lease_s,
             every_s=self._every_s,
             lost=lambda: token.request(RECOVERY_ACTOR),

@@ -86,6 +86,7 @@ class RunLife:
             owner=owner,
             clock=clock,
             sleep=sleep,
+            margin_s=settings.lease_margin_s(),
             lease_s=replicas.lease_s,
             every_s=replicas.renew_every_s,
             wait_for_database=judged_by_database,

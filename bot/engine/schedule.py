@@ -6,9 +6,14 @@ A scheduled run is a record, not a timer: ``runs.scheduled_at`` with the status
 ``python -m bot scheduled --start-due``) claims it with one compare-and-set
 (``RunLifecycle.claim``: scheduled -> approved, that process its owner), so a bot that
 restarted meanwhile still starts it, and two lookers never start it twice. At its start
-it is judged again: the window must still be open, and it must not be later than
-``start_grace_s`` (a bot that was down at 02:00 does not redeploy at 09:00); then the
-engine checks, as for every approved run, that the plan is unchanged and the locks free.
+it is judged again: the window must still be open, it must not be later than
+``start_grace_s`` (a bot that was down at 02:00 does not redeploy at 09:00), and the
+approvals recorded in chat must still approve it under the policy and the user groups as
+they are now (an approver removed since, or ``min_approvals`` raised, leaves it short:
+it is refused, and the team asks again); then the engine checks, as for every approved
+run, that the plan is unchanged and the locks free. A run asked for on a terminal was
+approved by its operator's confirmation, which no approvers list judges: nothing to judge
+again there.
 
 Which changes the windows govern: redeploy, restart and rollback, the runs that stop a
 service. A status query, a dry run and a rotation change (drain/undrain: the service
@@ -18,17 +23,34 @@ never held back.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import Enum, auto
 from typing import assert_never
 
 from bot.audit.store import RunRecord, parse_ts
 from bot.core.plan import Plan
+from bot.core.policy import Membership, approvals_lapsed, groups_to_resolve
 from bot.core.status import Action, RunStatus, Source
 from bot.core.windows import Windows, countdown, parse_at, when
 from bot.engine.lifecycle import RunLifecycle
 from bot.engine.run_results import Refusal
 from bot.settings import PolicySettings, WindowSettings
+
+log = logging.getLogger(__name__)
+
+# Who is in these user groups now, read fresh; None when it cannot be told (Slack did not
+# answer): a scheduled run is then judged at the next look, never on part of an answer.
+MembersNow = Callable[[frozenset[str]], Awaitable[Membership | None]]
+
+
+async def no_groups(groups: frozenset[str]) -> Membership | None:
+    """Where no chat can be asked: a policy naming no group is judged; one that names a
+    group cannot be."""
+    return {} if not groups else None
+
 
 WINDOWED = frozenset(
     {Action.REDEPLOY, Action.RESTART, Action.ROLLBACK, Action.REBOOT, Action.GPU_RESET}
@@ -184,6 +206,12 @@ class NotStarted:
 StartOutcome = Started | NotStarted
 
 
+class Unread(Enum):
+    """A due run's user groups could not be read: not judged this time."""
+
+    UNREAD = auto()
+
+
 class Scheduler:
     """Finds the scheduled runs that are due and claims or refuses each, once."""
 
@@ -197,7 +225,11 @@ class Scheduler:
         mine = [r for r in runs if source is None or r.source == source]
         return sorted(mine, key=lambda r: (r.scheduled_at or "", r.id))
 
-    async def start_due(self, *, source: Source | None = None) -> list[StartOutcome]:
+    async def start_due(
+        self, *, source: Source | None = None, members: MembersNow = no_groups
+    ) -> list[StartOutcome]:
+        """Claim or refuse each due run (``members``: the user groups read fresh, to judge
+        its approvals again)."""
         life = self.lifecycle
         now = life.clock()
         out: list[StartOutcome] = []
@@ -206,12 +238,42 @@ class Scheduler:
             if parse_ts(record.scheduled_at) > now:
                 break
             reason = start_refusal(record, life.policy_of(record), now=now)
+            if reason is None:
+                lapsed = await self._approvals_lapsed(record, members)
+                if lapsed is Unread.UNREAD:
+                    continue
+                reason = lapsed
             if reason is not None:
                 if await life.refuse(record, reason, expect=(RunStatus.SCHEDULED,)):
                     out.append(NotStarted(await life.audit.get_run(record.id), reason))
             elif await life.claim(record.id):
                 out.append(Started(await life.audit.get_run(record.id)))
         return out
+
+    async def _approvals_lapsed(
+        self, record: RunRecord, members: MembersNow
+    ) -> str | Unread | None:
+        """Why the approvals recorded in chat no longer approve ``record`` (None: they
+        do); ``UNREAD`` when its groups cannot be read now (it waits for the next look,
+        until it is too late and ``start_refusal`` says so)."""
+        if record.source != Source.SLACK:
+            return None  # a terminal operator's confirmation: no approvers list judged it
+        policy = self.lifecycle.policy_of(record)
+        membership = await members(groups_to_resolve(policy))
+        if membership is None:
+            log.warning(
+                "run #%d is due but its approvers' user groups cannot be read now; "
+                "judged again at the next look",
+                record.id,
+            )
+            return Unread.UNREAD
+        lapsed = approvals_lapsed(
+            record.approved_by,
+            requester=record.requested_by,
+            policy=policy,
+            membership=membership,
+        )
+        return None if lapsed is None else f"{lapsed}: request it again"
 
 
 def describe_outcome(outcome: StartOutcome) -> str:

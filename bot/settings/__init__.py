@@ -48,6 +48,7 @@ from bot.settings.host_policy import HOST_PREFIX as HOST_PREFIX
 from bot.settings.host_policy import host_policy
 from bot.settings.host_policy import maintenance_path_problem as maintenance_path_problem
 from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
+from bot.settings.replicas import COMMAND_START_S, lease_margin_for
 from bot.settings.replicas import ReplicaSettings as ReplicaSettings
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
@@ -431,6 +432,42 @@ class Settings(BaseSettings):
             if r.host not in self.hosts:
                 raise ValueError(f"routers.{name}.host names unknown host {r.host!r}")
         return self
+
+    @model_validator(mode="after")
+    def _lease_outlasts_its_margin(self) -> Settings:
+        """A driver asks its lease before each action on a host; the command reaches the
+        host an SSH connect and a command's start later. A lease no longer than that
+        could end in between, with another replica taking the run over meanwhile."""
+        slowest = self._slowest_connect()
+        if slowest is None:
+            return self  # no host: no action on one to fence
+        name, connect_s = slowest
+        margin = lease_margin_for(connect_s)
+        if self.replicas.lease_s <= margin:
+            raise ValueError(
+                f"replicas.lease_s ({self.replicas.lease_s:g}) must exceed the lease margin "
+                f"({margin:g} s: hosts.{name}.connect_timeout_s = {connect_s:g} plus "
+                f"{COMMAND_START_S:g} s for a command's start): a driver that finds its "
+                "lease still running could reach the host after it ran out and another "
+                "replica took the run; raise replicas.lease_s or lower the connect timeout"
+            )
+        return self
+
+    def _slowest_connect(self) -> tuple[str, float] | None:
+        """The host whose SSH connect may take longest, and its timeout (a local host
+        connects in no time); None with no host configured."""
+        if not self.hosts:
+            return None
+        waits = [(0.0 if h.is_local else h.connect_timeout_s, n) for n, h in self.hosts.items()]
+        connect_s, name = max(waits)
+        return name, connect_s
+
+    def lease_margin_s(self) -> float:
+        """How much sooner than the database a driver counts its run's lease as over
+        (``bot.engine.heartbeat``): the longest SSH connect timeout of the hosts plus a
+        command's start."""
+        slowest = self._slowest_connect()
+        return lease_margin_for(0.0 if slowest is None else slowest[1])
 
     @classmethod
     def settings_customise_sources(

@@ -13,6 +13,13 @@ A replica that dies is noticed by the leader's sweep once its lease has run out:
 ``lease_s + sweep_every_s`` of its last heartbeat, by the database's clock. A lease
 renewed three times per length rides out a slow write or two; a shorter lease notices
 a dead replica sooner and a slow one wrongly sooner.
+
+Fencing ends at the bot: a driver asks its lease before each action on a host, and the
+command reaches the host later, after an SSH connect (up to the host's
+``connect_timeout_s``) and the command's start. So a driver counts its lease as over a
+margin sooner than the database does (``Settings.lease_margin_s``): the longest SSH
+connect timeout plus ``COMMAND_START_S``. A lease no longer than that margin could run
+out between the ask and the command, so the settings refuse it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,16 @@ from bot.settings.base import Section
 # locks recovers it anyway and only a crashed CLI's run waits for the sweep.
 SWEEP_EVERY_S_POSTGRES = 5.0
 SWEEP_EVERY_S_SQLITE = 60.0
+# A command's start on an open SSH connection (its session opened, sudo, the exec) and the
+# renewal's way to the database: milliseconds on a LAN, so this leaves room for a loaded
+# bot. The lease margin is the longest SSH connect timeout plus this.
+COMMAND_START_S = 2.0
+
+
+def lease_margin_for(connect_timeout_s: float) -> float:
+    """How much sooner than the database a driver counts its lease as over: time for an
+    SSH connect that takes its whole timeout and then the command's start."""
+    return connect_timeout_s + COMMAND_START_S
 
 
 class ReplicaSettings(Section):

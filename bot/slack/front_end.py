@@ -163,7 +163,7 @@ class _FrontDesk:
         self.sweep = RecoverySweep(self.lifecycle, self.cards, self.leader.may_recover)
         # Runs approved for later, started at their time (issue 22).
         self.scheduled = ScheduledStarts(
-            self.operations, self.cards, self.start_run, self.leader.lead
+            self.operations, self.cards, self.start_run, self.leader.lead, self.members.fresh
         )
         # A run recovered because a request met its lock is told in its thread too.
         self.lifecycle.recovered.append(self.cards.tell_recovered)

@@ -15,7 +15,7 @@ from typing import assert_never
 
 from bot.core.status import Source
 from bot.engine.operations import Operations
-from bot.engine.schedule import NotStarted, Started
+from bot.engine.schedule import MembersNow, NotStarted, Started, no_groups
 from bot.slack.card_updates import CardUpdates
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,14 @@ class ScheduledStarts:
         cards: CardUpdates,
         start_run: Callable[[int], object],
         leading: Callable[[], Awaitable[bool]] | None = None,
+        members: MembersNow = no_groups,
     ) -> None:
         self.operations = operations
         self.cards = cards
         self.start_run = start_run
+        # The user groups read from Slack now: a due run's approvals are judged again on
+        # them (someone removed from the approvers' group since no longer counts).
+        self.members = members
         # Only the leader ticks (issue 21): one replica moves the countdowns on.
         self.leading = leading
         self._task: asyncio.Task[None] | None = None
@@ -44,7 +48,8 @@ class ScheduledStarts:
         """Start (or refuse) what is due now; refresh the countdown of what waits."""
         # Only Slack's own: a run scheduled on a terminal has no card to tell, and its
         # operator starts it there (``python -m bot scheduled --start-due``).
-        for outcome in await self.operations.start_due(source=Source.SLACK):
+        due = await self.operations.start_due(source=Source.SLACK, members=self.members)
+        for outcome in due:
             match outcome:
                 case Started(record=record):
                     self.start_run(record.id)

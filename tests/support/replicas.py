@@ -36,9 +36,10 @@ ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
 APPROVERS_GROUP = "S0APPROVERS"
 CHANNEL = "C0OPS"
 SIGNING_SECRET = "test-signing-secret-0123456789"
-# Short leases so a replica's death is noticed in seconds; the same rules between them
-# as the defaults (renewed three times a lease; the leader's lease as long).
-TIMINGS = {"lease_s": 3.0, "renew_every_s": 0.5, "leader_ttl_s": 3.0, "sweep_every_s": 0.5}
+# Short leases so a replica's death is noticed in seconds, yet longer than the lease
+# margin the settings demand (the simulated host's 5 s SSH connect timeout plus 2 s for a
+# command's start); renewed at least three times a lease, as the defaults.
+TIMINGS = {"lease_s": 8.0, "renew_every_s": 0.5, "leader_ttl_s": 3.0, "sweep_every_s": 0.5}
 START_S = 60.0  # a start on a loaded 2-core machine
 
 

@@ -27,6 +27,7 @@ from bot.core.deep_check import DeepReport, registering
 from bot.core.deep_query import DEEP_QUERY_ARGV, DeepReading
 from bot.core.deep_reads import DeepRead, deep_report, read_query
 from bot.core.deep_reads import deep_reads as deep_reads_of
+from bot.core.gpu_query import warned_only
 from bot.core.gpu_snapshot import Gpu
 from bot.core.health_types import Level
 from bot.core.phases.actions import (
@@ -174,7 +175,7 @@ def reset_gpus(
     yield Emit(BeginStep(Step.GPU_RESET, cmd(host_ops.PERSISTENCE_QUERY_ARGV)))
     q = yield from run(Step.GPU_RESET, host_ops.PERSISTENCE_QUERY_ARGV, svc.command_timeout_s)
     try:
-        if not q.ok:
+        if not (q.ok or warned_only(q)):  # exit 14 with the infoROM warning: rows good
             raise ValueError(reason_of(q))
         rows = {g.index: g for g in host_ops.parse_persistence(q.stdout)}
     except ValueError as e:
