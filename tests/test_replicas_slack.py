@@ -37,9 +37,8 @@ from tests.support.postgres import migrate_pg
 TERMINATE = "Terminate leftover processes"
 # Frequent heartbeats so a cancel reaches its driver within a second. No test here lets a
 # lease run out, so the leases stay long: all replicas share the test's event loop, and
-# a 3 s lease can run out when a loaded machine stalls it (then the peer recovers the
-# driver's run as interrupted and the card never says "succeeded": the likely cause of
-# the Socket Mode test's rare 60 s timeouts under -n 2, not reproduced on demand).
+# a short lease can run out when a loaded machine stalls it (then the peer recovers the
+# driver's run as interrupted and the card never says "succeeded").
 REPLICAS = {"lease_s": 30.0, "renew_every_s": 0.5, "leader_ttl_s": 10.0}
 
 
@@ -217,6 +216,15 @@ async def test_two_replicas_in_socket_mode_each_take_the_events_slack_gives_them
             )
             card = await fake.wait_for_message(CHANNEL, lambda m: bool(buttons(m)))
             run_id = int(card["blocks"][-1]["elements"][0]["value"])
+            # A card's buttons count once it is recorded, after its full plan is in its
+            # thread (a click before that is refused "not complete yet, try again"): a
+            # person sees the plan first; the test waits for the record, as the others
+            # do (the click raced it on a loaded machine, and the run stayed pending).
+            await eventually(
+                lambda: raw_rows(pg_url, "SELECT message_ts FROM runs WHERE id = ?", (run_id,))
+                == [(card["ts"],)],
+                "the card to be recorded",
+            )
             click = fake.block_action(
                 "approve", str(run_id), channel_id=CHANNEL, message_ts=card["ts"], user_id=BOB
             )
