@@ -5,18 +5,24 @@ from the link itself."""
 
 from __future__ import annotations
 
+import html
+import io
 from pathlib import Path
 
 from bot.core import remote_releases
+from bot.core.plan import Step
+from bot.core.releases import SwitchKind
 from bot.core.status import Action, RunStatus, StepStatus
 from bot.engine.releases import releases_text
 from bot.engine.runtime import open_runtime
 from bot.sim import kit as sim_kit
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Call
+from tests.slack_harness import CHANNEL, blocks_text, slack_bot
+from tests.support.cli import cli, write_toml
 from tests.support.runs import run
 from tests.support.sim import MakeSimHost, sim_settings
-from tests.test_environment_e2e import NEW, redeploy
+from tests.test_environment_e2e import NEW, Tap, redeploy
 
 
 def _stop_at(calls: list[Call]) -> int:
@@ -193,3 +199,72 @@ async def test_a_release_that_drops_a_unit_flag_is_removed_before_the_stop(
     assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
     assert kit.live_release() == old and kit.releases() == [old]
     assert kit.unit_state() == "active"
+
+
+async def test_a_rollback_by_hand_after_a_failed_redeploy_goes_back_not_forward(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    """The reported case: A live, a redeploy to B, a redeploy to C whose readiness fails
+    and is switched back to B, C kept for a look. A rollback by hand then went to C, the
+    newest release not live ("0.16.0 -> 0.15.1": forward), and its prune removed A. It
+    goes to A, the release live before B by the audit log's switches, and the prune keeps
+    it."""
+    kit = await _host(make_sim_host)
+    a = kit.live_release()
+    assert a is not None
+    settings = sim_settings(
+        kit, tmp_path, strategy="side_by_side", keep_releases=2, **READY_SETTINGS
+    )
+    async with open_runtime(settings) as rt:
+        first, out = await redeploy(rt, version=NEW, index="nightly")
+        assert first.status == RunStatus.SUCCEEDED, out
+        b = kit.live_release()
+        assert b is not None
+        # C's smoke completion fails; the fault is gone once the switch back begins, so B
+        # serves again.
+        kit.set_faults(smoke_fail=True)
+        tap = Tap(io.StringIO())
+        tap.on_start[Step.ROLLBACK_SWITCH] = lambda: kit.set_faults(smoke_fail=False)
+        failed, out = await redeploy(rt, tap, version="0.15.1", index="nightly")
+        assert failed.status == RunStatus.ROLLED_BACK, out
+        assert kit.live_release() == b
+        [c] = set(kit.releases()) - {a, b}
+        assert c.startswith("0.15.1-")
+
+        back, out = await run(rt, Action.ROLLBACK)
+        switches = await rt.audit.release_switches([first.run_id, failed.run_id, back.run_id])
+    assert back.status == RunStatus.SUCCEEDED, out
+    assert kit.live_release() == a and kit.installed_version == DEFAULT_VERSION
+    assert (
+        f"switching to {a}: the release live before this one, switched away from by run "
+        f"#{first.run_id}"
+    ) in out
+    # The prune kept the target and the release it left; the failed one went.
+    assert kit.releases() == sorted([a, b])
+    assert "pruned 1 old release" in back.summary
+    # Every switch the bot made, per run, in order.
+    assert {
+        run_id: [(s.from_release, s.to_release, s.kind) for s in rows]
+        for run_id, rows in switches.items()
+    } == {
+        first.run_id: [(a, b, SwitchKind.SWITCH)],
+        failed.run_id: [(b, c, SwitchKind.SWITCH), (c, b, SwitchKind.SWITCH_BACK)],
+        back.run_id: [(b, a, SwitchKind.SWITCH)],
+    }
+
+    # `python -m bot audit --run N` shows the switches, as does `/vllm audit <run>`.
+    env = {
+        "CHATOPS_CONFIG": str(write_toml(tmp_path / "chatops.toml", kit.settings_fragment())),
+        "CHATOPS_DB": str(tmp_path / "audit.db"),
+    }
+    code, text, err = await cli("audit", "--run", str(back.run_id), cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert f"release switches:\n  {kit.hostname}: {b} -> {a} at " in text, text
+    async with slack_bot(tmp_path, kit) as bot:
+        await bot.command(f"audit #{failed.run_id}")
+        msg = await bot.fake.wait_for_message(
+            CHANNEL, lambda m: m.get("text", "") == f"Run #{failed.run_id}"
+        )
+    shown = html.unescape(blocks_text(msg))  # Slack's text escapes ">"
+    assert f"{kit.hostname}: {b} -> {c} at " in shown, shown
+    assert f"{kit.hostname}: {c} -> {b} (switched back: the release it went to failed)" in shown

@@ -527,10 +527,14 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         raise InputError("--limit must be between 1 and 10000")
     if args.run is not None:
         record = await rt.audit.get_run(args.run)
+        switches = (await rt.audit.release_switches([record.id])).get(record.id, [])
         print(
             visible(
                 run_view(
-                    record, await rt.audit.steps(record.id), await rt.audit.environments(record.id)
+                    record,
+                    await rt.audit.steps(record.id),
+                    await rt.audit.environments(record.id),
+                    switches,
                 )
             )
         )
@@ -548,6 +552,7 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
                 await rt.audit.restorations(ids),
                 await rt.audit.host_outcomes(ids),
                 await rt.audit.rotations(ids),
+                await rt.audit.release_switches(ids),
             )
         )
     )

@@ -18,7 +18,7 @@ from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
-from bot.core.phases.actions import RotationRecords
+from bot.core.phases.actions import RotationRecords, SwitchHistory
 from bot.core.plan import Plan, make_plan
 from bot.core.plan_drift import drift
 from bot.core.service_state import ServiceState, worst
@@ -243,6 +243,7 @@ class Engine:
                     gpu_health=self.pool.gpu_health(host),
                     reach=self._reach(plan),
                     records=self._records,
+                    switches=self._switches,
                 )
                 return await executor.drive(flow(host))
             except (HostError, OSError) as e:
@@ -327,6 +328,15 @@ class Engine:
                 for r in held
             }
         )
+
+    async def _switches(self, service: str, host: str) -> SwitchHistory:
+        """The audit log's switches of ``service``'s link on ``host``, oldest first; an
+        unreadable log is said (the rollback then says it went by the build times)."""
+        try:
+            rows = await self.audit.switch_history(service, host)
+        except AuditError as e:
+            return SwitchHistory((), f"the audit log cannot say: {e}")
+        return SwitchHistory(tuple(r.switch() for r in rows))
 
     def _reach(self, plan: Plan) -> Reach | None:
         """The other hosts a run's actions may name (``on``): its router's host and its

@@ -51,6 +51,7 @@ class Collect:
                 | ev.RunFinished()
                 | ev.Notice()
                 | ev.RotationChanged()
+                | ev.ReleaseSwitched()
             ):
                 pass
             case _:
