@@ -169,9 +169,11 @@ async def _show_reads(
     rt: Runtime, plan: Plan, *, load: bool, out: TextIO
 ) -> tuple[HostPreview, ...]:
     """Print what the hosts say before anyone confirms; returns the package previews."""
-    reads = await read_at_request(rt.settings, rt.pool, plan, load=load)
+    reads = await read_at_request(rt.settings, rt.pool, rt.audit, plan, load=load)
     if reads.load is not None:
         say(out, rt.redact(reads.load))
+    if reads.targets:
+        say(out, rt.redact("\n".join(["rollback (read now):", *reads.targets])))
     if reads.previews:
         say(
             out,

@@ -30,6 +30,7 @@ from bot.engine.executor import CancelToken, Executor, Reach
 from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reached
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
+from bot.engine.releases import switch_history
 from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.base import HostTransport
 from bot.hosts.pool import HostPool
@@ -330,13 +331,7 @@ class Engine:
         )
 
     async def _switches(self, service: str, host: str) -> SwitchHistory:
-        """The audit log's switches of ``service``'s link on ``host``, oldest first; an
-        unreadable log is said (the rollback then says it went by the build times)."""
-        try:
-            rows = await self.audit.switch_history(service, host)
-        except AuditError as e:
-            return SwitchHistory((), f"the audit log cannot say: {e}")
-        return SwitchHistory(tuple(r.switch() for r in rows))
+        return await switch_history(self.audit, service, host)
 
     def _reach(self, plan: Plan) -> Reach | None:
         """The other hosts a run's actions may name (``on``): its router's host and its
