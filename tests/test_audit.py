@@ -767,6 +767,7 @@ async def test_runs_table_and_json(log: AuditLog) -> None:
             "environment_after_rollback": None,
             "host_outcomes": [],
             "rotations": [],
+            "release_switches": [],
         }
         for r in records
     ]

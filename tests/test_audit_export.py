@@ -100,6 +100,12 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
             "INSERT INTO rotations (run_id, host, router, server, change, ok, detail, at) "
             "VALUES (2, 'h1', 'lb', 's1', 'out', 1, 'drained', 't3')",
         )
+        raw_rows(
+            db,
+            "INSERT INTO release_switches "
+            "(run_id, service, host, from_release, to_release, kind, at) "
+            "VALUES (2, 'svc', 'h1', '0.15.1-a', '0.16.0-b', 'switch_back', 't4')",
+        )
         rows = await _export(audit)
         assert [r["id"] for r in rows] == [1, 2, 3, 4]
         first = rows[0]
@@ -142,6 +148,16 @@ async def test_each_run_is_one_line_with_its_decisions_steps_and_snapshot(
                 "ok": True,
                 "detail": "drained",
                 "at": "t3",
+            }
+        ]
+        assert first["release_switches"] == []
+        assert rows[1]["release_switches"] == [
+            {
+                "host": "h1",
+                "from_release": "0.15.1-a",
+                "to_release": "0.16.0-b",
+                "kind": "switch_back",
+                "at": "t4",
             }
         ]
         assert [r["id"] for r in await _export(audit, ExportFilter(service="other"))] == [4]

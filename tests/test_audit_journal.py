@@ -17,7 +17,11 @@ from bot.audit.journal import Journal, JournalRecord, ordered, parse_lines
 from bot.audit.resilient import AuditWriter, unavailable
 from bot.audit.store import AuditLog
 from bot.audit.writes import StepStarted
+from bot.core import events as ev
+from bot.core.releases import Switch, SwitchKind
 from bot.core.status import Action, Decision, RunStatus, Source, StepStatus
+from bot.engine.audit_sink import RunAudit
+from bot.engine.executor import CancelToken
 from bot.errors import AuditUnavailable, RunNotFoundError
 from bot.settings import PostgresUrl
 from tests.support.audit_db import Locker, Target, raw_rows
@@ -260,6 +264,39 @@ async def test_a_journal_merged_twice_is_applied_once(
         "cancelled during drain",
         "stop",
     )
+
+
+async def test_a_release_switch_the_database_cannot_take_waits_in_the_journal_then_merges(
+    audit: AuditLog, tmp_path: Path, locker: Locker
+) -> None:
+    """A switch is what a later rollback by hand goes by: from the run's event, through
+    the audit sink, into the database at once, or into the journal and merged later;
+    never lost. Read back per service and host, oldest first."""
+    run_id = await new_run(audit)
+    t = FakeTime()
+    w = writer_for(audit, tmp_path, t, retry_s=0.0)
+    sink = RunAudit(w, run_id, CancelToken(), ev.FanOut())
+    to_new = ev.ReleaseSwitched(run_id, "h1", "kimi", "0.15.1-a", "0.16.0-b", SwitchKind.SWITCH)
+    await sink.handle(to_new)
+    assert sink.fell is None
+    lock(locker)
+    back = ev.ReleaseSwitched(run_id, "h1", "kimi", "0.16.0-b", "0.15.1-a", SwitchKind.SWITCH_BACK)
+    await sink.handle(back)
+    assert sink.fell is not None
+    journaled = await asyncio.to_thread(w.journal.read)
+    assert journaled[0].op == "release_switch"
+    unlock(locker)
+    assert await w.merge() == len(journaled)
+    assert [r.switch() for r in await audit.switch_history("kimi", "h1")] == [
+        Switch("0.15.1-a", "0.16.0-b", run_id, SwitchKind.SWITCH),
+        Switch("0.16.0-b", "0.15.1-a", run_id, SwitchKind.SWITCH_BACK),
+    ]
+    # Another host's or service's link has a history of its own.
+    assert await audit.switch_history("kimi", "h2") == []
+    assert await audit.switch_history("other", "h1") == []
+    [first, second] = (await audit.release_switches([run_id]))[run_id]
+    assert (first.host, first.from_release, first.to_release) == ("h1", "0.15.1-a", "0.16.0-b")
+    assert second.kind == SwitchKind.SWITCH_BACK and second.at
 
 
 async def test_a_merged_row_keeps_the_time_it_happened(audit: AuditLog, tmp_path: Path) -> None:

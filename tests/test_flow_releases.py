@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.core import remote_releases
-from bot.core.flows import HttpCheck
+from bot.core.flows import Emit, HttpCheck
+from bot.core.phases.actions import ReadSwitchHistory, ReleaseSwitch, SwitchHistory
 from bot.core.plan import Step
+from bot.core.releases import Switch, SwitchKind
 from bot.core.service_state import ServiceState
 from bot.hosts.base import CommandResult, HttpResult
 from tests.test_flow_gates import READY, end
@@ -34,6 +36,22 @@ class Releases(Host):
     # The new release's smoke completion fails (it is not the one the host booted with).
     new_fails_smoke: bool = False
     switches: list[str] = field(default_factory=list)
+    # The audit log's switches of this host's link (what a rollback by hand reads), and
+    # the run whose switches the flow's notices add to it; ``unread``: it cannot say.
+    history: list[Switch] = field(default_factory=list)
+    run_id: int = 40
+    unread: str | None = None
+
+    def respond(self, action: Any) -> Any:
+        if isinstance(action, ReadSwitchHistory):
+            assert action.service == "kimi"
+            if self.unread is not None:
+                return SwitchHistory((), self.unread)
+            return SwitchHistory(tuple(self.history))
+        if isinstance(action, Emit) and isinstance(action.notice, ReleaseSwitch):
+            n = action.notice
+            self.history.append(Switch(n.before, n.after, self.run_id, n.kind))
+        return super().respond(action)
 
     @property
     def live(self) -> str | None:
@@ -212,3 +230,108 @@ def test_a_rollback_by_hand_without_a_previous_release_changes_nothing() -> None
     out = run(h, "rollback", svc=SBS)
     assert out.status == "aborted" and "nothing to go back to" in out.summary
     assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
+# ---- the switch history and a rollback by hand's target ----------------------------------
+
+A, C = "0.15.1-aaaaaaaaaaaa", "0.16.0-cccccccccccc"
+
+
+def after_a_failed_redeploy(**kw: Any) -> Releases:
+    """The reported case: A was live until run 41 switched to OLD; run 42's release C
+    failed its readiness, was switched back from and is kept for a look (built last)."""
+    history = [
+        Switch(A, OLD, 41, SwitchKind.SWITCH),
+        Switch(OLD, C, 42, SwitchKind.SWITCH),
+        Switch(C, OLD, 42, SwitchKind.SWITCH_BACK),
+    ]
+    return Releases(
+        **{
+            "held": {A: "0.15.1", OLD: "0.16.0rc2.dev313+g662205d34", C: "0.16.0"},
+            "built_at": {A: 0.5, OLD: 1.0, C: 2.0},
+            "history": history,
+            **kw,
+        }
+    )
+
+
+def test_every_switch_the_bot_makes_is_recorded_with_the_release_it_left() -> None:
+    h = Releases()
+    assert run(h, svc=SBS, version="0.16.0").status == "succeeded"
+    new = h.live
+    assert new is not None and h.history == [Switch(OLD, new, 40, SwitchKind.SWITCH)]
+    # A failed readiness: the switch to the new release, then the switch back.
+    h = Releases(new_fails_smoke=True)
+    assert run(h, svc={**SBS, **READY}, version="0.16.0").status == "rolled_back"
+    assert h.history == [
+        Switch(OLD, h.switches[0], 40, SwitchKind.SWITCH),
+        Switch(h.switches[0], OLD, 40, SwitchKind.SWITCH_BACK),
+    ]
+    # A switch that failed, or whose answer was lost, changed nothing anyone knows of.
+    h = Releases(lose=lambda a: remote_releases.SWITCH_RELEASE in a)
+    run(h, svc=SBS, version="0.16.0")
+    assert h.history == []
+
+
+def test_a_rollback_by_hand_after_a_failed_redeploy_goes_to_the_release_live_before() -> None:
+    # The failed release C is the newest one not live: going there was going forward, and
+    # the prune then removed A, the right target.
+    h = after_a_failed_redeploy()
+    out = run(h, "rollback", svc={**SBS, "keep_releases": 2})
+    assert out.status == "succeeded", out.summary
+    assert h.live == A and h.switches == [A]
+    assert (
+        f"live release {OLD}; switching to {A}: the release live before this one, switched "
+        "away from by run #41"
+    ) in end(h, Step.PREFLIGHT).summary
+    # The prune keeps the target (live now) and the release it left; the failed one goes.
+    assert set(h.held) == {A, OLD}
+    assert h.history[-1] == Switch(OLD, A, 40, SwitchKind.SWITCH)
+    # Asked again, it goes back to where the first one came from, and says so.
+    h.run_id, h.notices = 43, []
+    out = run(h, "rollback", svc={**SBS, "keep_releases": 2})
+    assert out.status == "succeeded", out.summary
+    assert h.live == OLD and "switched away from by run #40" in end(h, Step.PREFLIGHT).summary
+
+
+def test_without_a_recorded_switch_it_goes_to_the_newest_release_built_before_the_live_one() -> (
+    None
+):
+    # The history was lost (or predates the bot recording it): the build times decide,
+    # and the failed release, built after the live one, is never the target.
+    h = after_a_failed_redeploy(history=[])
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "succeeded", out.summary
+    assert h.live == A
+    assert (
+        f"switching to {A}: no switch to the live release recorded: the newest release built "
+        "before the live one"
+    ) in end(h, Step.PREFLIGHT).summary
+    # An audit log that cannot say is said, and the build times decide as well.
+    h = after_a_failed_redeploy(unread="the audit log cannot say: database is locked")
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "succeeded" and h.live == A
+    assert "the switch history cannot be read (the audit log cannot say: database is locked)" in (
+        end(h, Step.PREFLIGHT).summary
+    )
+
+
+def test_a_rollback_by_hand_never_goes_to_a_newer_release_unless_the_history_says_so() -> None:
+    # Only the failed release besides the live one: nothing to go back to, nothing stops.
+    h = Releases(
+        held={OLD: "0.16.0rc2.dev313+g662205d34", C: "0.16.0"},
+        built_at={OLD: 1.0, C: 2.0},
+        history=[Switch(OLD, C, 42, SwitchKind.SWITCH), Switch(C, OLD, 42, SwitchKind.SWITCH_BACK)],
+    )
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "aborted", out.summary
+    assert "nothing to go back to" in out.summary and "no switch to the live release" in out.summary
+    assert not any(a[:2] == ("systemctl", "stop") for a in h.calls) and h.switches == []
+    # The release live before, pruned since: the build times decide, and say why.
+    h = after_a_failed_redeploy(history=[Switch("gone-1", OLD, 41, SwitchKind.SWITCH)])
+    out = run(h, "rollback", svc=SBS)
+    assert out.status == "succeeded" and h.live == A
+    assert (
+        "gone-1, live before this one until run #41, is no longer a complete release here: "
+        "the newest release built before the live one"
+    ) in end(h, Step.PREFLIGHT).summary

@@ -15,7 +15,18 @@ from bot.core import remote, remote_releases
 from bot.core.doctor import Answer, Outcome, judge, probes
 from bot.core.plan import Step, make_plan, redeploy_steps, restart_steps
 from bot.core.privilege import Privilege, run_as_of
-from bot.core.releases import Release, Releases, parse_releases, to_prune
+from bot.core.releases import (
+    Release,
+    Releases,
+    Switch,
+    SwitchKind,
+    Target,
+    failed_releases,
+    parse_releases,
+    release_of,
+    rollback_target,
+    to_prune,
+)
 from bot.core.results import CommandResult
 from bot.core.status import Action
 from bot.core.sudoers import grants, render, rule_for
@@ -49,7 +60,6 @@ def test_the_listing_names_the_live_release_and_sorts_by_build_time() -> None:
             Release("0.16.0-aaaaaaaaaaaa", 1700000200.5),
         ),
     )
-    assert got.previous() == "0.15.1-bbbbbbbbbbbb"
     assert got.releases[0].version == "0.15.1"
     # A relative link is read from the link's own directory.
     rel = parse_releases("live vllm.releases/a-1\n", VENV)
@@ -75,6 +85,78 @@ def test_a_prune_never_removes_the_live_or_the_protected_release() -> None:
     assert to_prune(rels, 10, ()) == ()
     # A rollback by hand left an older release live: it stays, with the newest other.
     assert to_prune(_rels("a", "b", "c", live="a"), 2, ()) == ("b",)
+
+
+SWITCH, BACK = SwitchKind.SWITCH, SwitchKind.SWITCH_BACK
+
+
+def test_a_rollback_goes_to_the_release_live_before_the_live_one_by_the_history() -> None:
+    # Oldest first by build time, not by name: "z" was built first.
+    rels = _rels("z", "b", "c", "d", live="b")
+    history = [Switch(None, "z", 1, SWITCH), Switch("z", "b", 2, SWITCH)]
+    assert rollback_target(rels, history) == Target(
+        "z", "the release live before this one, switched away from by run #2"
+    )
+    # A failed redeploy to "c" and its switch back do not count: "b" was live before it.
+    failed = [*history, Switch("b", "c", 3, SWITCH), Switch("c", "b", 3, BACK)]
+    assert rollback_target(rels, failed) == rollback_target(rels, history)
+    # A rollback by hand is a switch like any other: asked again, it goes back, even to a
+    # newer release, and says which run left it.
+    back = _rels("z", "b", "c", "d", live="z")
+    target = rollback_target(back, [*history, Switch("b", "z", 4, SWITCH)])
+    assert target == Target("b", "the release live before this one, switched away from by run #4")
+    # A redeploy of the same pinned set switched "b" to itself: the one before still counts.
+    assert rollback_target(rels, [*history, Switch("b", "b", 5, SWITCH)]) == rollback_target(
+        rels, history
+    )
+
+
+def test_without_a_usable_history_the_newest_release_built_before_the_live_one() -> None:
+    rels = _rels("a", "b", "c", "d", live="c")
+    assert rollback_target(rels, []) == Target(
+        "b", "no switch to the live release recorded: the newest release built before the live one"
+    )
+    # The release the history names is gone (pruned, removed by hand).
+    gone = rollback_target(rels, [Switch("x", "c", 7, SWITCH)])
+    assert gone == Target(
+        "b",
+        "x, live before this one until run #7, is no longer a complete release here: the "
+        "newest release built before the live one",
+    )
+    # The history could not be read: said, and the build times decide.
+    unread = rollback_target(rels, [], "the audit log cannot say: locked")
+    assert isinstance(unread, Target) and unread.name == "b"
+    assert unread.why.startswith("the switch history cannot be read (the audit log cannot say")
+    # A release the history says failed (switched back from) is never the target, even
+    # built before the live one; a later switch to it clears that.
+    failed = [Switch("c", "b", 8, SWITCH), Switch("b", "c", 8, BACK)]
+    assert failed_releases(failed) == {"b"}
+    assert rollback_target(rels, failed) == Target(
+        "a", "no switch to the live release recorded: the newest release built before the live one"
+    )
+    assert failed_releases([*failed, Switch("c", "b", 9, SWITCH)]) == frozenset()
+
+
+def test_a_rollback_never_goes_to_a_newer_release_by_the_build_times() -> None:
+    # The live release is the oldest: the newer ones (a failed one kept for a look) are no
+    # target, whatever an unreadable history leaves unknown.
+    rels = _rels("a", "b", "c", live="a")
+    assert rollback_target(rels, []) == (
+        "no switch to the live release recorded, and no other complete release was built "
+        "before the live one"
+    )
+    assert isinstance(rollback_target(rels, [], "locked"), str)
+    assert isinstance(rollback_target(_rels("a", live="a"), []), str)
+    # No live release at all (the layout's refusal says which): nowhere to go.
+    assert rollback_target(Releases("/elsewhere", None, ()), []) == "no live release"
+
+
+def test_a_link_target_names_a_release_only_inside_the_releases_directory() -> None:
+    assert release_of(f"{VENV}.releases/0.16.0-aaaaaaaaaaaa", VENV) == "0.16.0-aaaaaaaaaaaa"
+    assert release_of("vllm.releases/a-1", VENV) == "a-1"  # relative to the link's directory
+    assert release_of("/opt/venvs/vllm-old", VENV) is None
+    assert release_of(f"{VENV}.releases/a-1/bin", VENV) is None
+    assert release_of(f"{VENV}.releases/", VENV) is None
 
 
 def test_a_release_is_named_by_its_version_and_its_pinned_set() -> None:

@@ -5,18 +5,25 @@ from the link itself."""
 
 from __future__ import annotations
 
+import html
+import io
 from pathlib import Path
 
+from bot.audit.store import AuditLog
 from bot.core import remote_releases
+from bot.core.plan import Step
+from bot.core.releases import SwitchKind
 from bot.core.status import Action, RunStatus, StepStatus
-from bot.engine.releases import releases_text
+from bot.engine.releases import releases_text, rollback_targets
 from bot.engine.runtime import open_runtime
 from bot.sim import kit as sim_kit
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION, Call
+from tests.slack_harness import CHANNEL, blocks_text, slack_bot
+from tests.support.cli import cli, write_toml
 from tests.support.runs import run
 from tests.support.sim import MakeSimHost, sim_settings
-from tests.test_environment_e2e import NEW, redeploy
+from tests.test_environment_e2e import NEW, Tap, redeploy
 
 
 def _stop_at(calls: list[Call]) -> int:
@@ -193,3 +200,118 @@ async def test_a_release_that_drops_a_unit_flag_is_removed_before_the_stop(
     assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
     assert kit.live_release() == old and kit.releases() == [old]
     assert kit.unit_state() == "active"
+
+
+async def test_a_rollback_by_hand_after_a_failed_redeploy_goes_back_not_forward(
+    make_sim_host: MakeSimHost, tmp_path: Path
+) -> None:
+    """The reported case: A live, a redeploy to B, a redeploy to C whose readiness fails
+    and is switched back to B, C kept for a look. A rollback by hand then went to C, the
+    newest release not live ("0.16.0 -> 0.15.1": forward), and its prune removed A. It
+    goes to A, the release live before B by the audit log's switches, and the prune keeps
+    it."""
+    kit = await _host(make_sim_host)
+    a = kit.live_release()
+    assert a is not None
+    settings = sim_settings(
+        kit, tmp_path, strategy="side_by_side", keep_releases=2, **READY_SETTINGS
+    )
+    async with open_runtime(settings) as rt:
+        first, out = await redeploy(rt, version=NEW, index="nightly")
+        assert first.status == RunStatus.SUCCEEDED, out
+        b = kit.live_release()
+        assert b is not None
+        # C's smoke completion fails; the fault is gone once the switch back begins, so B
+        # serves again.
+        kit.set_faults(smoke_fail=True)
+        tap = Tap(io.StringIO())
+        tap.on_start[Step.ROLLBACK_SWITCH] = lambda: kit.set_faults(smoke_fail=False)
+        failed, out = await redeploy(rt, tap, version="0.15.1", index="nightly")
+        assert failed.status == RunStatus.ROLLED_BACK, out
+        assert kit.live_release() == b
+        [c] = set(kit.releases()) - {a, b}
+        assert c.startswith("0.15.1-")
+
+    # `python -m bot rollback kimi-k25 --yes`, as an operator runs it: what it prints
+    # before it asks says where it goes and why.
+    config = kit.settings_fragment(strategy="side_by_side", keep_releases=2, **READY_SETTINGS)
+    env = {
+        "CHATOPS_CONFIG": str(write_toml(tmp_path / "chatops.toml", config)),
+        "CHATOPS_DB": str(tmp_path / "audit.db"),
+    }
+    code, out, err = await cli("rollback", SERVICE, "--yes", cwd=tmp_path, env=env)
+    assert code == 0, err + out
+    assert kit.live_release() == a and kit.installed_version == DEFAULT_VERSION, out
+    why = f"the release live before this one, switched away from by run #{first.run_id}"
+    assert f"rollback (read now):\n{kit.hostname}: from release {b} to {a} ({why})" in out, out
+    assert f"switching to {a}: {why}" in out  # the preflight's own choice
+    # The prune kept the target and the release it left; the failed one went.
+    assert kit.releases() == sorted([a, b])
+    assert "pruned 1 old release" in out
+    async with AuditLog.open(tmp_path / "audit.db") as audit:
+        back = (await audit.list_runs(limit=1))[0]
+        switches = await audit.release_switches([first.run_id, failed.run_id, back.id])
+    assert back.action == Action.ROLLBACK and back.status == RunStatus.SUCCEEDED
+    # Every switch the bot made, per run, in order.
+    assert {
+        run_id: [(s.from_release, s.to_release, s.kind) for s in rows]
+        for run_id, rows in switches.items()
+    } == {
+        first.run_id: [(a, b, SwitchKind.SWITCH)],
+        failed.run_id: [(b, c, SwitchKind.SWITCH), (c, b, SwitchKind.SWITCH_BACK)],
+        back.id: [(b, a, SwitchKind.SWITCH)],
+    }
+
+    # `python -m bot audit --run N` shows the switches, as does `/vllm audit <run>`.
+    code, text, err = await cli("audit", "--run", str(back.id), cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert f"release switches:\n  {kit.hostname}: {b} -> {a} at " in text, text
+    services = {SERVICE: kit.service_settings(strategy="side_by_side")}
+    async with slack_bot(tmp_path, kit, services=services) as bot:
+        await bot.command(f"audit #{failed.run_id}")
+        msg = await bot.fake.wait_for_message(
+            CHANNEL, lambda m: m.get("text", "") == f"Run #{failed.run_id}"
+        )
+        # Asked again, the card says it would go back to B, which the rollback left.
+        await bot.command(f"rollback {SERVICE}")
+        asked = await bot.wait_for_run(
+            lambda r: r.action == Action.ROLLBACK and r.message_ts is not None, "the card"
+        )
+        card = html.unescape(blocks_text(await bot.card(asked.id)))
+    shown = html.unescape(blocks_text(msg))  # Slack's text escapes ">"
+    assert f"{kit.hostname}: {b} -> {c} at " in shown, shown
+    assert f"{kit.hostname}: {c} -> {b} (switched back: the release it went to failed)" in shown
+    assert (
+        f"Rollback {kit.hostname}: from release {a} to {b} (the release live before this one, "
+        f"switched away from by run #{back.id})"
+    ) in card, card
+
+
+async def test_the_request_says_when_a_rollback_has_nowhere_to_go(
+    make_sim_host: MakeSimHost, sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # One release only (nothing recorded, nothing built before it), and a venv that is
+    # no link at all: each host's line says so before anyone approves.
+    kit = await _host(make_sim_host)
+    one = sim_settings(kit, tmp_path, strategy="side_by_side")
+    async with open_runtime(one) as rt:
+        plan = rt.engine.plan(Action.ROLLBACK, SERVICE)
+        [line] = await rollback_targets(rt.settings, rt.pool, rt.audit, plan)
+        assert (
+            await rollback_targets(
+                rt.settings, rt.pool, rt.audit, rt.engine.plan(Action.RESTART, SERVICE)
+            )
+            == ()
+        )
+    assert line == (
+        f"{kit.hostname}: nothing to go back to (no switch to the live release recorded, and "
+        "no other complete release was built before the live one); the run would change "
+        "nothing"
+    )
+    (tmp_path / "plain").mkdir()
+    plain = sim_settings(sim_sshd_host, tmp_path / "plain", strategy="side_by_side")
+    async with open_runtime(plain) as rt:
+        plan = rt.engine.plan(Action.ROLLBACK, SERVICE)
+        [line] = await rollback_targets(rt.settings, rt.pool, rt.audit, plan)
+    assert line.startswith(f"{sim_sshd_host.hostname}: ") and "not a side-by-side layout" in line
+    assert sim_sshd_host.changes() == [] and kit.changes() == []

@@ -221,8 +221,10 @@ async def test_two_replicas_in_socket_mode_each_take_the_events_slack_gives_them
             # person sees the plan first; the test waits for the record, as the others
             # do (the click raced it on a loaded machine, and the run stayed pending).
             await eventually(
-                lambda: raw_rows(pg_url, "SELECT message_ts FROM runs WHERE id = ?", (run_id,))
-                == [(card["ts"],)],
+                lambda: (
+                    raw_rows(pg_url, "SELECT message_ts FROM runs WHERE id = ?", (run_id,))
+                    == [(card["ts"],)]
+                ),
                 "the card to be recorded",
             )
             click = fake.block_action(

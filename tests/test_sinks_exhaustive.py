@@ -22,6 +22,7 @@ from bot.core.health import GpuCheck
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, PlannedStep, Step
 from bot.core.redact import Redactor
+from bot.core.releases import SwitchKind
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus, RunStatus, StepStatus
 from bot.engine import gpu_health, preview
@@ -65,6 +66,7 @@ EXAMPLES: dict[type, ev.Event] = {
         ),
         ev.Notice(1, "the audit log cannot be written"),
         ev.RotationChanged(1, "gpu-1", "front", "node1", "out", True, "draining"),
+        ev.ReleaseSwitched(1, "gpu-1", "svc", "0.15.1-a", "0.16.0-b", SwitchKind.SWITCH),
     )
 }
 EVENT_TYPES = sorted(get_args(ev.Event), key=lambda t: t.__name__)
@@ -78,9 +80,10 @@ def example(kind: type) -> ev.Event:
     return EXAMPLES[kind]
 
 
-# ---- the terminal: every event prints, but the two it leaves to others ---------------
+# ---- the terminal: every event prints, but those it leaves to others (a release switch
+# is its step's line) -------------------------------------------------------------------
 
-TERMINAL_SILENT = {ev.VersionsKnown, ev.GpuHealthKnown}
+TERMINAL_SILENT = {ev.VersionsKnown, ev.GpuHealthKnown, ev.ReleaseSwitched}
 
 
 @pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)
@@ -107,8 +110,9 @@ def reporter() -> SlackReporter:
     return SlackReporter(poster, channel="C0OPS", ts="1.0", view=view)
 
 
-# OutputLine is collected for the step's reply, GpuHealthKnown is the approval card's.
-SLACK_QUIET = {ev.OutputLine, ev.GpuHealthKnown}
+# OutputLine is collected for the step's reply, GpuHealthKnown is the approval card's, a
+# release switch is its step's line on the card.
+SLACK_QUIET = {ev.OutputLine, ev.GpuHealthKnown, ev.ReleaseSwitched}
 
 
 @pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)

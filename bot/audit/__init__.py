@@ -80,6 +80,13 @@ foreign key to ``runs``, enforced):
     detail, at: every change of a replica's place in its router's rotation a run made
     (issue 19; added by ``0011_rotations``); who made it is the run's requester and
     approvers. Indexes: (run_id), (router, server).
+``release_switches``
+    id, run_id, service, host, from_release (the release the link pointed at; NULL:
+    no release), to_release, kind (switch|switch_back: a run's switch to the release
+    it deploys, or the switch back after that release failed), at: every switch of a
+    side-by-side service's link the bot made, what a rollback by hand goes by
+    (``bot.audit.release_switches``; added by ``0014_release_switches``). Indexes:
+    (run_id), (service, host, id).
 ``refusals``
     id, at, user, channel, command (as typed), reason: one row per refused command or
     click.

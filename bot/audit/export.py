@@ -156,6 +156,8 @@ _PARTS: dict[str, str] = {
     "WHERE run_id IN ({marks}) ORDER BY id",
     "rotations": "SELECT run_id, host, router, server, change, ok, detail, at "
     "FROM rotations WHERE run_id IN ({marks}) ORDER BY id",
+    "release_switches": "SELECT run_id, host, from_release, to_release, kind, at "
+    "FROM release_switches WHERE run_id IN ({marks}) ORDER BY id",
 }
 
 # The JSON fields of ``environments.data`` read in SQL, in each dialect: the digest and
@@ -235,4 +237,7 @@ def _record(run: Row, parts: Parts) -> dict[str, Any]:
             | _row(t, "detail", "at")
             for t in parts["rotations"]
         ],
+        "release_switches": _pick(
+            parts["release_switches"], "host", "from_release", "to_release", "kind", "at"
+        ),
     }

@@ -292,6 +292,25 @@ CREATE TABLE leftover_questions (
 CREATE INDEX leftover_questions_run ON leftover_questions(run_id);
 """
 
+# Every switch of a side-by-side service's link the bot made on a host, from which release
+# to which (``kind``: a run's switch, or the switch back after a failed start): what a
+# rollback by hand goes by (bot.audit.release_switches). ``from_release`` is NULL when
+# the link pointed at no release.
+_RELEASE_SWITCHES = """
+CREATE TABLE release_switches (
+    id           INTEGER PRIMARY KEY,
+    run_id       INTEGER NOT NULL REFERENCES runs(id),
+    service      TEXT NOT NULL,
+    host         TEXT NOT NULL,
+    from_release TEXT,
+    to_release   TEXT NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('switch', 'switch_back')),
+    at           TEXT NOT NULL
+);
+CREATE INDEX release_switches_run ON release_switches(run_id);
+CREATE INDEX release_switches_host ON release_switches(service, host, id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_initial", _INITIAL),
     Migration("0002_run_owner", _RUN_OWNER),
@@ -306,6 +325,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("0011_rotations", _ROTATIONS),
     Migration("0012_schedule", _SCHEDULE),
     Migration("0013_replicas", _HA),
+    Migration("0014_release_switches", _RELEASE_SWITCHES),
 )
 
 

@@ -48,6 +48,7 @@ from bot.audit.fence import Fence
 from bot.audit.journal import Journal, JournalRecord
 from bot.audit.records import OUTPUT_TAIL_CHARS, checked, now_ts
 from bot.audit.store import AuditLog
+from bot.core.releases import SwitchKind
 from bot.core.service_state import ServiceState
 from bot.core.status import STORED_STEP_STATUSES, Decision, RunStatus, StepStatus
 from bot.errors import AuditError, AuditUnavailable
@@ -517,6 +518,28 @@ class AuditWriter(JournaledWriter):
     ) -> Written:
         return await self.write(
             self.rotation_record(run_id, host, router, server, change, ok, detail)
+        )
+
+    def switch_record(
+        self,
+        run_id: int,
+        service: str,
+        host: str,
+        from_release: str | None,
+        to_release: str,
+        kind: SwitchKind,
+    ) -> JournalRecord:
+        """A side-by-side service's link switched from one release to another."""
+        r = self.audit.redaction
+        return self._record(
+            w.ReleaseSwitched(
+                run_id=run_id,
+                service=service,
+                host=r(host),
+                from_release=None if from_release is None else r(from_release),
+                to_release=r(to_release),
+                kind=checked(SwitchKind, kind, "release switch kind"),
+            )
         )
 
     async def finish(

@@ -24,6 +24,7 @@ from typing import Any
 from bot.audit import export as export_sql
 from bot.audit import fence as fence_sql
 from bot.audit import host_outcomes as host_outcomes_sql
+from bot.audit import release_switches as switches_sql
 from bot.audit import replay as replay_sql
 from bot.audit import rotations as rotations_sql
 from bot.audit.backend import Backend, Dialect
@@ -248,6 +249,26 @@ class AuditLog(RunStore, EvidenceStore, CoordinationStore):
         for row in rows:
             out.setdefault(row.run_id, []).append(row)
         return out
+
+    @shielded
+    async def release_switches(
+        self, run_ids: Sequence[int]
+    ) -> dict[int, list[switches_sql.SwitchRow]]:
+        """Each of these runs' release switches, in the order made, in one query; a run
+        that switched none is missing."""
+        async with self._db.transaction(write=False) as conn:
+            rows = await switches_sql.of_runs(conn, run_ids)
+        out: dict[int, list[switches_sql.SwitchRow]] = {}
+        for row in rows:
+            out.setdefault(row.run_id, []).append(row)
+        return out
+
+    @shielded
+    async def switch_history(self, service: str, host: str) -> list[switches_sql.SwitchRow]:
+        """The newest switches of ``service``'s link on ``host`` by any run, oldest first
+        (at most ``release_switches.HISTORY``): where a rollback by hand goes."""
+        async with self._db.transaction(write=False) as conn:
+            return await switches_sql.history(conn, service, host)
 
     @shielded
     async def export_page(

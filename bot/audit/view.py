@@ -11,9 +11,11 @@ from typing import Any
 
 from bot.audit.host_outcomes import HostOutcome
 from bot.audit.records import EnvironmentRecord, RunRecord, StepRecord
+from bot.audit.release_switches import SwitchRow
 from bot.audit.rotations import RotationRow
 from bot.core import table
 from bot.core.packages import PackageDiff, Restoration
+from bot.core.releases import SwitchKind
 from bot.core.table import Column
 from bot.core.versions import change_text
 
@@ -67,6 +69,7 @@ def runs_json(
     restorations: Mapping[int, Restoration] | None = None,
     hosts: Mapping[int, Sequence[HostOutcome]] | None = None,
     rotations: Mapping[int, Sequence[RotationRow]] | None = None,
+    switches: Mapping[int, Sequence[SwitchRow]] | None = None,
 ) -> str:
     """A pretty JSON array of ``RunRecord.to_json()`` objects, each with
     ``packages_changed``: what the run's install really changed on its first host
@@ -76,9 +79,11 @@ def runs_json(
     rollback ran there (the changes are what the host has); and ``host_outcomes``: each host's
     end, ``[{host, status, service_state}]`` (empty for a run that reached none); and
     ``rotations``: each change of a replica's place in its router's rotation, in order,
-    ``[{host, router, server, change, ok, detail, at}]`` (issue 19)."""
+    ``[{host, router, server, change, ok, detail, at}]`` (issue 19); and
+    ``release_switches``: each switch of a side-by-side service's link, in order,
+    ``[{host, from_release, to_release, kind, at}]``."""
     changed, restored, ends = packages_changed or {}, restorations or {}, hosts or {}
-    moved = rotations or {}
+    moved, switched = rotations or {}, switches or {}
     return json.dumps(
         [
             {
@@ -104,6 +109,16 @@ def runs_json(
                         "at": m.at,
                     }
                     for m in moved.get(r.id, ())
+                ],
+                "release_switches": [
+                    {
+                        "host": s.host,
+                        "from_release": s.from_release,
+                        "to_release": s.to_release,
+                        "kind": str(s.kind),
+                        "at": s.at,
+                    }
+                    for s in switched.get(r.id, ())
                 ],
             }
             for r in records
@@ -153,11 +168,23 @@ def _env_lines(env: EnvironmentRecord, restored: Restoration | None = None) -> l
     return [f"{env.host}: {title}{undone}:", *(f"    {line}" for line in diff.lines())]
 
 
+def _switch_line(s: SwitchRow) -> str:
+    back = " (switched back: the release it went to failed)"
+    return (
+        f"  {s.host}: {s.from_release or '(no release)'} -> {s.to_release}"
+        f"{back if s.kind == SwitchKind.SWITCH_BACK else ''} at {s.at}"
+    )
+
+
 def run_view(
-    record: RunRecord, steps: Sequence[StepRecord], environments: Sequence[EnvironmentRecord]
+    record: RunRecord,
+    steps: Sequence[StepRecord],
+    environments: Sequence[EnvironmentRecord],
+    switches: Sequence[SwitchRow] = (),
 ) -> str:
-    """One run for people: who, what, how it ended, each step, and what it did to the
-    environment (``python -m bot audit --run N``, ``/vllm audit <run-id>``)."""
+    """One run for people: who, what, how it ended, each step, each switch of a
+    side-by-side service's link, and what it did to the environment (``python -m bot
+    audit --run N``, ``/vllm audit <run-id>``)."""
     lines = [
         f"run #{record.id}: {record.action}{' (dry run)' if record.dry_run else ''} "
         f"{record.service} on {', '.join(record.hosts)}: {record.status}",
@@ -174,6 +201,9 @@ def run_view(
             took = f"{s.duration_s:.1f}s" if s.duration_s is not None else "-"
             code = f" exit {s.exit_status}" if s.exit_status is not None else ""
             lines.append(f"  {s.host} {s.step}: {s.status} ({took}{code})")
+    if switches:
+        lines.append("release switches:")
+        lines += [_switch_line(s) for s in switches]
     # The last rollback on each host says whether its install's changes still hold.
     restored = {e.host: Restoration.of(e.data) for e in environments if e.kind == "restored"}
     for env in environments:

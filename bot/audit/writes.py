@@ -23,12 +23,14 @@ from bot.audit import (
     environments,
     host_outcomes,
     locks,
+    release_switches,
     rotations,
     runs,
     snapshots,
     steps,
 )
 from bot.audit.db import Conn, fetch
+from bot.core.releases import SwitchKind
 from bot.core.service_state import ServiceState
 from bot.core.status import Decision, RunStatus, StepStatus
 
@@ -153,6 +155,19 @@ class RotationChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseSwitched:
+    """A side-by-side service's link switched from one release to another on a host."""
+
+    OP: ClassVar[str] = "release_switch"
+    run_id: int
+    service: str
+    host: str
+    from_release: str | None
+    to_release: str
+    kind: SwitchKind
+
+
+@dataclass(frozen=True, slots=True)
 class Interrupt:
     OP: ClassVar[str] = "interrupt"
     run_id: int
@@ -176,6 +191,7 @@ AuditRecord = (
     | RunServiceState
     | HostFinished
     | RotationChanged
+    | ReleaseSwitched
     | Interrupt
     | ReleaseLocks
 )
@@ -301,6 +317,17 @@ async def apply(
                 record.change,
                 record.ok,
                 record.detail,
+                at,
+            )
+        case ReleaseSwitched():
+            await release_switches.add(
+                conn,
+                record.run_id,
+                record.service,
+                record.host,
+                record.from_release,
+                record.to_release,
+                record.kind,
                 at,
             )
         case _:

@@ -174,9 +174,11 @@ async def _show_reads(
     rt: Runtime, plan: Plan, *, load: bool, out: TextIO
 ) -> tuple[HostPreview, ...]:
     """Print what the hosts say before anyone confirms; returns the package previews."""
-    reads = await read_at_request(rt.settings, rt.pool, plan, load=load)
+    reads = await read_at_request(rt.settings, rt.pool, rt.audit, plan, load=load)
     if reads.load is not None:
         say(out, rt.redact(reads.load))
+    if reads.targets:
+        say(out, rt.redact("\n".join(["rollback (read now):", *reads.targets])))
     if reads.previews:
         say(
             out,
@@ -551,10 +553,14 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
         raise InputError("--limit must be between 1 and 10000")
     if args.run is not None:
         record = await rt.audit.get_run(args.run)
+        switches = (await rt.audit.release_switches([record.id])).get(record.id, [])
         print(
             visible(
                 run_view(
-                    record, await rt.audit.steps(record.id), await rt.audit.environments(record.id)
+                    record,
+                    await rt.audit.steps(record.id),
+                    await rt.audit.environments(record.id),
+                    switches,
                 )
             )
         )
@@ -572,6 +578,7 @@ async def _audit(rt: Runtime, args: argparse.Namespace) -> int:
                 await rt.audit.restorations(ids),
                 await rt.audit.host_outcomes(ids),
                 await rt.audit.rotations(ids),
+                await rt.audit.release_switches(ids),
             )
         )
     )

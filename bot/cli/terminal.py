@@ -147,9 +147,10 @@ class TerminalSink:
                 )
             case ev.Notice() | ev.RotationChanged():
                 self._print(self._said(event))
-            case ev.VersionsKnown() | ev.GpuHealthKnown():
+            case ev.VersionsKnown() | ev.GpuHealthKnown() | ev.ReleaseSwitched():
                 # The versions are in the run's closing line; a GPU health verdict is
-                # read for an approval card, which a terminal run does not have.
+                # read for an approval card, which a terminal run does not have; a
+                # release switch is its step's line.
                 pass
             case _:
                 assert_never(event)

@@ -12,6 +12,7 @@ from bot.core.gpu import GpuSnapshot
 from bot.core.health import GpuCheck
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Plan, Step
+from bot.core.releases import SwitchKind
 from bot.core.results import Stream
 from bot.core.service_state import ServiceState
 from bot.core.startup import StartHistory, progress_text
@@ -129,6 +130,19 @@ class RotationChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseSwitched:
+    """A side-by-side service's link on ``host`` switched from release ``before`` (None:
+    no release) to ``after``: the switch history a rollback by hand goes by."""
+
+    run_id: int
+    host: str
+    service: str
+    before: str | None
+    after: str
+    kind: SwitchKind
+
+
+@dataclass(frozen=True, slots=True)
 class HostFinished:
     run_id: int
     host: str
@@ -171,6 +185,7 @@ Event = (
     | PackagesKnown
     | GpuHealthKnown
     | RotationChanged
+    | ReleaseSwitched
     | HostFinished
     | RunFinished
     | Notice

@@ -67,7 +67,12 @@ from bot.core.phases.gpu_check import gpu_check, gpu_health_flow, gpu_recheck
 from bot.core.phases.install import INSTALL_KILL_GRACE_S, import_gate, record_change, run_install
 from bot.core.phases.preflight import Env, Refused, prefetch, preflight, preflight_unit
 from bot.core.phases.read_only import preview_flow, status_flow
-from bot.core.phases.releases import Built, build, read_releases, switch_and_start
+from bot.core.phases.releases import (
+    Built,
+    build,
+    rollback_target_of,
+    switch_and_start,
+)
 from bot.core.phases.rollback import rollback, rollback_command, unhealthy
 from bot.core.phases.rotation_ops import drain_flow, rotation_flow, undrain_flow
 from bot.core.phases.start import (
@@ -83,7 +88,6 @@ from bot.core.phases.stop import UNKNOWN_LOAD_READS, cancelled_before_change, qu
 from bot.core.phases.terminate import drain_clean
 from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
-from bot.core.releases import layout_refusal
 from bot.core.service_state import ServiceState
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
@@ -391,9 +395,11 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
 
 
 def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
-    """A rollback by hand of a side-by-side service: stop, switch the link to the newest
-    release before the live one, start and gate it; a failed start switches back to the
-    release that was live (``switch_and_start``). Nothing is installed."""
+    """A rollback by hand of a side-by-side service: stop, switch the link to the release
+    live before the live one (by the audit log's switches; else the newest built before
+    it: ``bot.core.releases.rollback_target``), start and gate it; a failed start
+    switches back to the release that was live (``switch_and_start``). Nothing is
+    installed."""
     yield Emit(BeginStep(Step.PREFLIGHT, f"{cmd(remote.unit_show(svc))}; the releases"))
     try:
         _, untouched = yield from preflight_unit(svc, host)
@@ -401,18 +407,17 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         yield Emit(EndStep(Step.PREFLIGHT, False, e.reason))
         return _refused_before(e.reason, ServiceState.UNKNOWN)
     before = yield from read_installed(Step.PREFLIGHT, svc)
-    layout, why = yield from read_releases(Step.PREFLIGHT, svc)
-    refused = layout_refusal(svc, layout, why)
-    previous = layout.previous() if layout is not None else None
-    if refused is None and previous is None:
-        refused = f"{svc.releases_dir} holds no release but the live one: nothing to go back to"
-    if refused is not None or layout is None or layout.live is None or previous is None:
-        said = refused or "no live release"
-        yield Emit(EndStep(Step.PREFLIGHT, False, said))
-        return _refused_before(said, untouched, before)
+    live, target = yield from rollback_target_of(plan, svc)
+    if isinstance(target, str):
+        yield Emit(EndStep(Step.PREFLIGHT, False, target))
+        return _refused_before(target, untouched, before)
     yield Emit(Versions(before, None))
     yield Emit(
-        EndStep(Step.PREFLIGHT, True, f"live release {layout.live}; switching to {previous}")
+        EndStep(
+            Step.PREFLIGHT,
+            True,
+            f"live release {live}; switching to {target.name}: {target.why}",
+        )
     )
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
@@ -434,7 +439,7 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             None,
         )
         return (yield from back_in(plan, svc, host, failed))
-    outcome = yield from switch_and_start(plan, svc, host, before, Built(previous, layout.live))
+    outcome = yield from switch_and_start(plan, svc, host, before, Built(target.name, live))
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
     return (yield from back_in(plan, svc, host, outcome))
 

@@ -332,14 +332,17 @@ def restart_steps(svc: ServiceSettings, local: bool | None = False) -> tuple[Pla
 def _switch_back_steps(
     service: str, svc: ServiceSettings, local: bool | None
 ) -> tuple[PlannedStep, ...]:
-    """A rollback by hand (side by side): a restart with the switch to the previous
-    release (the newest before the live one) between the drain and the start."""
+    """A rollback by hand (side by side): a restart with the switch to the release live
+    before the live one (``bot.core.releases.rollback_target``) between the drain and the
+    start."""
     if svc.strategy != "side_by_side":
         raise InputError(f"rollback switches side-by-side releases; {service} is in_place")
-    prev = "<the newest release before the live one>"
+    prev = "<the release live before the live one>"
     switch = PlannedStep(
         Step.SWITCH,
-        f"{switch_shown(svc, prev)}; a failed start switches back to the release live now",
+        f"{switch_shown(svc, prev)} (the last recorded switch to the live release came from "
+        "it; with none, the newest release built before the live one); a failed start "
+        "switches back to the release live now",
     )
     steps = restart_steps(svc, local)
     return tuple(x for s in steps for x in ((switch, s) if s.step == Step.START else (s,)))

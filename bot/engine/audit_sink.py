@@ -193,16 +193,8 @@ class RunAudit:
                 return w.host_finished_record(
                     run_id, event.host, str(event.status), event.summary, state=event.state
                 )
-            case ev.RotationChanged():
-                return w.rotation_record(
-                    run_id,
-                    event.host,
-                    event.router,
-                    event.server,
-                    event.change,
-                    event.ok,
-                    event.detail,
-                )
+            case ev.RotationChanged() | ev.ReleaseSwitched():
+                return self._change_record(event)
             case ev.RunFinished():
                 # The run's end itself is written by the life cycle (``finish`` below).
                 batch.run_finished = True
@@ -220,6 +212,29 @@ class RunAudit:
                 | ev.Notice()
             ):
                 return None
+            case _:
+                assert_never(event)
+
+    def _change_record(self, event: ev.RotationChanged | ev.ReleaseSwitched) -> JournalRecord:
+        """A change the run made beside its steps: a replica's place in its router's
+        rotation, a side-by-side service's link (the switch history a rollback by hand
+        goes by: never lost, the journal keeps it when the database cannot)."""
+        w, run_id = self.writer, self.run_id
+        match event:
+            case ev.RotationChanged():
+                return w.rotation_record(
+                    run_id,
+                    event.host,
+                    event.router,
+                    event.server,
+                    event.change,
+                    event.ok,
+                    event.detail,
+                )
+            case ev.ReleaseSwitched():
+                return w.switch_record(
+                    run_id, event.service, event.host, event.before, event.after, event.kind
+                )
             case _:
                 assert_never(event)
 

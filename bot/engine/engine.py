@@ -18,7 +18,7 @@ from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
 from bot.core.flows import HostOutcome
-from bot.core.phases.actions import RotationRecords
+from bot.core.phases.actions import RotationRecords, SwitchHistory
 from bot.core.plan import Plan, make_plan
 from bot.core.plan_drift import drift
 from bot.core.service_state import ServiceState, worst
@@ -31,6 +31,7 @@ from bot.engine.host_reads import NO_RUN
 from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reached
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
+from bot.engine.releases import switch_history
 from bot.errors import AuditError, HostError, LockHeldError
 from bot.hosts.base import HostTransport
 from bot.hosts.pool import HostPool
@@ -276,6 +277,7 @@ class Engine:
                     gpu_health=self.pool.gpu_health(host),
                     reach=self._reach(plan),
                     records=self._records,
+                    switches=self._switches,
                 )
                 return await executor.drive(flow(host))
             except (HostError, OSError) as e:
@@ -360,6 +362,9 @@ class Engine:
                 for r in held
             }
         )
+
+    async def _switches(self, service: str, host: str) -> SwitchHistory:
+        return await switch_history(self.audit, service, host)
 
     def _reach(self, plan: Plan) -> Reach | None:
         """The other hosts a run's actions may name (``on``): its router's host and its

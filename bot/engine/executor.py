@@ -47,8 +47,11 @@ from bot.core.phases.actions import (
     DeepStateRead,
     ReadDeepState,
     ReadRotationRecords,
+    ReadSwitchHistory,
+    ReleaseSwitch,
     RotationRecords,
     SudoAnswer,
+    SwitchHistory,
 )
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, sudo_refusal
@@ -72,6 +75,8 @@ from bot.hosts.nvml import LocalGpuHealth
 Reach = Callable[[str], tuple[HostTransport, Become | None]]
 # The audit log's rotation records for (router, servers), as the engine reads them.
 Records = Callable[[str, tuple[str, ...]], Awaitable[RotationRecords]]
+# The audit log's switches of (service, host)'s link, as the engine reads them.
+Switches = Callable[[str, str], Awaitable[SwitchHistory]]
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -173,10 +178,13 @@ class Executor:
         gpu_health: LocalGpuHealth | None = None,
         reach: Reach | None = None,
         records: Records | None = None,
+        switches: Switches | None = None,
     ) -> None:
         self.run_id = run_id
         # The audit log's rotation records (issue 19): which replicas a run left out.
         self.records = records
+        # The audit log's release switches: where a rollback by hand goes.
+        self.switches = switches
         # Other configured hosts an action may name (``on``): a router's host, a sibling
         # replica whose readiness a rotation checks. None: the flow's host only.
         self.reach = reach
@@ -275,8 +283,8 @@ class Executor:
                 return await ask_sudo(
                     transport, become, action.argv, action.run_as, timeout_s=action.timeout_s
                 )
-            case ReadRotationRecords():
-                return await self._rotation_records(action)
+            case ReadRotationRecords() | ReadSwitchHistory():
+                return await self._audit_read(action)
             case Emit():
                 # Held until the flow's next other action (``drive``).
                 self._held.append(self._event_of(action.notice))
@@ -296,10 +304,21 @@ class Executor:
             case _:
                 assert_never(action)
 
-    async def _rotation_records(self, action: ReadRotationRecords) -> RotationRecords:
-        if self.records is None:
-            return RotationRecords({}, "no audit log to read the rotation records from")
-        return await self.records(action.router, action.servers)
+    async def _audit_read(
+        self, action: ReadRotationRecords | ReadSwitchHistory
+    ) -> RotationRecords | SwitchHistory:
+        """What the audit log says, as the engine reads it (none here: the flow is told)."""
+        match action:
+            case ReadRotationRecords():
+                if self.records is None:
+                    return RotationRecords({}, "no audit log to read the rotation records from")
+                return await self.records(action.router, action.servers)
+            case ReadSwitchHistory():
+                if self.switches is None:
+                    return SwitchHistory((), "no audit log to read the switches from")
+                return await self.switches(action.service, self.host)
+            case _:
+                assert_never(action)
 
     async def _sleep(self, seconds: float) -> None:
         if seconds > 0 and not self.cancel.requested:
@@ -450,6 +469,15 @@ class Executor:
                     notice.change,
                     notice.ok,
                     notice.detail,
+                )
+            case ReleaseSwitch():
+                return ev.ReleaseSwitched(
+                    self.run_id,
+                    self.host,
+                    notice.service,
+                    notice.before,
+                    notice.after,
+                    notice.kind,
                 )
             case _:
                 assert_never(notice)

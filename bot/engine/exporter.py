@@ -213,6 +213,7 @@ class Exporter:
                 | ev.VersionsKnown()
                 | ev.PackagesKnown()
                 | ev.RotationChanged()
+                | ev.ReleaseSwitched()
                 | ev.Notice()
             ):
                 pass  # nothing to count

@@ -53,6 +53,7 @@ class _Collect:
                 | ev.RunFinished()
                 | ev.Notice()
                 | ev.RotationChanged()
+                | ev.ReleaseSwitched()
             ):
                 # Only the verdict goes on the approval card; the read's own steps and
                 # output are not shown to anyone.

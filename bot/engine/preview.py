@@ -59,6 +59,7 @@ class _Collect:
                 | ev.RunFinished()
                 | ev.Notice()
                 | ev.RotationChanged()
+                | ev.ReleaseSwitched()
             ):
                 # A preview only wants the planned change; a package event without one
                 # (the dry run could not tell) leaves it unknown, and the rest are the

@@ -1,16 +1,28 @@
 """``python -m bot releases SERVICE``: each host's releases of a side-by-side service
-(issue 20, item 3), read with the run's own listing script and sudo prefix."""
+(issue 20, item 3), read with the run's own listing script and sudo prefix; and where a
+rollback by hand would go on each, by those releases and the audit log's switches."""
 
 from __future__ import annotations
 
 import asyncio
 
+from bot.audit.store import AuditLog
 from bot.core import remote_releases
+from bot.core.phases.actions import SwitchHistory
+from bot.core.plan import Plan
 from bot.core.privilege import run_as_of
-from bot.core.releases import Releases, parse_releases, render_releases
+from bot.core.releases import (
+    Releases,
+    Target,
+    layout_refusal,
+    parse_releases,
+    render_releases,
+    rollback_target,
+)
+from bot.core.status import Action
 from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
-from bot.errors import HostError, InputError
+from bot.errors import AuditError, HostError, InputError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -50,3 +62,39 @@ async def releases_text(settings: Settings, pool: HostPool, service: str) -> tup
     if svc.strategy != "side_by_side":
         text = f"{service} is configured in_place (strategy); its hosts as they are:\n" + text
     return text, all(layout is not None for layout, _ in got)
+
+
+async def switch_history(audit: AuditLog, service: str, host: str) -> SwitchHistory:
+    """The audit log's switches of ``service``'s link on ``host``, oldest first; an
+    unreadable log is said (a rollback then says it went by the build times)."""
+    try:
+        rows = await audit.switch_history(service, host)
+    except AuditError as e:
+        return SwitchHistory((), f"the audit log cannot say: {e}")
+    return SwitchHistory(tuple(r.switch() for r in rows))
+
+
+async def rollback_targets(
+    settings: Settings, pool: HostPool, audit: AuditLog, plan: Plan
+) -> tuple[str, ...]:
+    """Where a rollback by hand would go on each host of ``plan`` and why, read when it is
+    requested, for the approval card and the terminal (none for another action). The
+    run's preflight decides again, the same way, before anything stops."""
+    if plan.action != Action.ROLLBACK:
+        return ()
+    svc = settings.services[plan.service]
+
+    async def one(host: str) -> str:
+        layout, error = await host_releases(settings, pool, plan.service, host)
+        refused = layout_refusal(svc, layout, error or "")
+        if refused is not None or layout is None:
+            return f"{host}: {refused or error}"
+        history = await switch_history(audit, plan.service, host)
+        target = rollback_target(layout, history.switches, history.error or "")
+        match target:
+            case Target():
+                return f"{host}: from release {layout.live} to {target.name} ({target.why})"
+            case str():
+                return f"{host}: nothing to go back to ({target}); the run would change nothing"
+
+    return tuple(await asyncio.gather(*map(one, plan.hosts)))

@@ -49,6 +49,7 @@ class HostLines:
                 | ev.RunFinished()
                 | ev.Notice()
                 | ev.RotationChanged()
+                | ev.ReleaseSwitched()
             ):
                 pass
             case _:

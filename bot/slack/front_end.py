@@ -102,13 +102,19 @@ async def read_for_card(
     """What a request's card shows beyond its record, read on the hosts now (read-only),
     kept for the card's later renders (``cards``) and, the package change, with the run:
     the load (what the stop would wait for, or --force would interrupt), what the
-    redeploy changes besides vLLM (torch, CUDA wheels..., issue 10) and the service's
-    GPUs' health as the run's GPU check reads it (issue 12), before anyone approves."""
+    redeploy changes besides vLLM (torch, CUDA wheels..., issue 10), which release a
+    rollback by hand goes to on each host and why, and the service's GPUs' health as the
+    run's GPU check reads it (issue 12), before anyone approves."""
     run_id = view.run_id
-    reads = await read_at_request(runtime.settings, runtime.pool, plan, load=not plan.dry_run)
-    if reads.load is not None:
-        cards.notes[run_id] = (reads.load,)
-        view = dataclasses.replace(view, notes=(*view.notes, reads.load))
+    reads = await read_at_request(
+        runtime.settings, runtime.pool, runtime.audit, plan, load=not plan.dry_run
+    )
+    # Where a rollback by hand would go on each host, and why (read now; its preflight
+    # decides again, the same way, before anything stops).
+    shown = (*(f"Rollback {t}" for t in reads.targets), *filter(None, (reads.load,)))
+    if shown:
+        cards.notes[run_id] = shown
+        view = dataclasses.replace(view, notes=(*view.notes, *shown))
     await record_previews(runtime.audit, run_id, reads.previews)
     cards.gpu_health[run_id] = reads.health
     return dataclasses.replace(

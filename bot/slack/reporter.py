@@ -332,9 +332,10 @@ class SlackReporter(_CardDelivery):
                         else rotation_reply(event)
                     )
                 )
-            case ev.GpuHealthKnown():
+            case ev.GpuHealthKnown() | ev.ReleaseSwitched():
                 # Read at the request, for the approval card the front end renders itself
-                # (bot.engine.gpu_health); a run's own GPU check is its step.
+                # (bot.engine.gpu_health); a run's own GPU check is its step. A release
+                # switch is its step's line on the card.
                 return
             case _:
                 assert_never(event)

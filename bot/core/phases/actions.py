@@ -15,6 +15,7 @@ from bot.core.leftovers import Approval, AskApproval
 from bot.core.packages import EnvKind, PackageDiff
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, run_as_of
+from bot.core.releases import Switch, SwitchKind
 from bot.core.results import CommandResult, HttpResult
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
@@ -136,7 +137,21 @@ class RotationChange:
     detail: str = ""
 
 
-Notice = BeginStep | EndStep | Snapshot | Versions | Packages | Health | RotationChange
+@dataclass(frozen=True, slots=True)
+class ReleaseSwitch:
+    """The venv's link of ``service`` now points at release ``after``, and pointed at
+    ``before`` (None: no release): every switch the bot makes is an audit row, the
+    history a rollback by hand goes by (``bot.core.releases.rollback_target``)."""
+
+    service: str
+    before: str | None
+    after: str
+    kind: SwitchKind
+
+
+Notice = (
+    BeginStep | EndStep | Snapshot | Versions | Packages | Health | RotationChange | ReleaseSwitch
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +169,22 @@ class RotationRecords:
     """Each server the records hold out, with why; ``error``: the log could not say."""
 
     held_out: dict[str, str]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSwitchHistory:
+    """The audit log's switches of ``service``'s link on the flow's host, oldest first
+    (the newest ``bot.audit.release_switches.HISTORY`` of them)."""
+
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchHistory:
+    """The switches; ``error``: the log could not say (then ``switches`` is empty)."""
+
+    switches: tuple[Switch, ...]
     error: str | None = None
 
 
@@ -221,6 +252,7 @@ Action = (
     | Progress
     | AskApproval
     | ReadRotationRecords
+    | ReadSwitchHistory
     | AskSudo
 )
 
@@ -258,8 +290,8 @@ def service_is(state: ServiceState, *, mid: bool = False) -> str:
 
 # What the executor answers, per action: RunCommand -> CommandResult; HttpCheck ->
 # HttpResult; ReadGpuState -> GpuStateRead; AskApproval -> Approval; Sleep and
-# Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; AskSudo -> SudoAnswer;
-# Emit and Progress -> None.
+# Checkpoint -> Tick; ReadRotationRecords -> RotationRecords; ReadSwitchHistory ->
+# SwitchHistory; AskSudo -> SudoAnswer; Emit and Progress -> None.
 # The helpers below yield one action and narrow its reply, so no flow code handles a
 # reply of the wrong type.
 Reply = (
@@ -270,6 +302,7 @@ Reply = (
     | Tick
     | Approval
     | RotationRecords
+    | SwitchHistory
     | SudoAnswer
     | None
 )
@@ -284,6 +317,7 @@ R = TypeVar(
     Tick,
     Approval,
     RotationRecords,
+    SwitchHistory,
     SudoAnswer,
 )
 # A part of a flow: yields actions, is answered with replies, returns a T.
@@ -350,6 +384,11 @@ def pause(seconds: float | None = None) -> Phase[Tick]:
 def rotation_records(router: str, servers: tuple[str, ...]) -> Phase[RotationRecords]:
     action = ReadRotationRecords(router, servers)
     return _expect((yield action), RotationRecords, action)
+
+
+def switch_history(service: str) -> Phase[SwitchHistory]:
+    action = ReadSwitchHistory(service)
+    return _expect((yield action), SwitchHistory, action)
 
 
 def ask_sudo(step: Step, argv: tuple[str, ...], timeout_s: float) -> Phase[SudoAnswer]:

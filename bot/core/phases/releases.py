@@ -20,9 +20,11 @@ from bot.core.phases.actions import (
     Flow,
     HostOutcome,
     Phase,
+    ReleaseSwitch,
     pause,
     run,
     service_is,
+    switch_history,
 )
 from bot.core.phases.common import (
     InstallEnd,
@@ -40,7 +42,16 @@ from bot.core.phases.rollback import stop_for_rollback
 from bot.core.phases.start import StartFailed, left_as, postcheck, start_and_gate
 from bot.core.phases.watch import watch_window
 from bot.core.plan import Plan, Step, cmd
-from bot.core.releases import Releases, layout_refusal, parse_releases, to_prune
+from bot.core.releases import (
+    Releases,
+    SwitchKind,
+    Target,
+    layout_refusal,
+    parse_releases,
+    release_of,
+    rollback_target,
+    to_prune,
+)
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
@@ -70,6 +81,21 @@ def read_releases(step: Step, svc: ServiceSettings) -> Phase[tuple[Releases | No
     if layout is None:
         return None, f"`{cmd(argv)}`: {explain(r)}"
     return layout, ""
+
+
+def rollback_target_of(plan: Plan, svc: ServiceSettings) -> Phase[tuple[str, Target | str]]:
+    """A rollback by hand's preflight on the releases: the live release and where the
+    rollback goes, with why (``bot.core.releases.rollback_target``, by the audit log's
+    switches of this host), or why it cannot go anywhere (a refusal, nothing changed)."""
+    layout, why = yield from read_releases(Step.PREFLIGHT, svc)
+    refused = layout_refusal(svc, layout, why)
+    if refused is not None or layout is None or layout.live is None:
+        return "", refused or "no live release"
+    history = yield from switch_history(plan.service)
+    target = rollback_target(layout, history.switches, history.error or "")
+    if isinstance(target, str):
+        return layout.live, f"nothing to go back to in {svc.releases_dir}: {target}"
+    return layout.live, target
 
 
 def build(
@@ -179,22 +205,35 @@ def _remove_refused(svc: ServiceSettings, name: str, live: str) -> Phase[str]:
     return f"removing release {name} failed ({explain(r)})"
 
 
-def _switch(svc: ServiceSettings, step: Step, name: str) -> Phase[tuple[InstallEnd, str]]:
+# Each switch step and what its switch is to the history (``bot.core.releases``).
+_SWITCH_KINDS = {Step.SWITCH: SwitchKind.SWITCH, Step.ROLLBACK_SWITCH: SwitchKind.SWITCH_BACK}
+
+
+def _switch(
+    plan: Plan, svc: ServiceSettings, step: Step, name: str
+) -> Phase[tuple[InstallEnd, str]]:
     """Point the venv's link at release ``name`` (atomically: a new link, then rename(2)
-    over the old one). ``unknown`` when the result never came back."""
+    over the old one). ``unknown`` when the result never came back. A switch made is an
+    audit row, with the release the script saw the link leave."""
     yield Emit(BeginStep(step, remote_releases.switch_shown(svc, name)))
     r = yield from run(step, remote_releases.switch_release(svc, name), svc.command_timeout_s)
     if lost(r):
         why = f"connection lost during the switch ({reason_of(r)})"
         yield Emit(EndStep(step, False, why))
         return "unknown", why
-    if not r.ok or not any(
-        ln.startswith(remote_releases.SWITCHED_MARK) for ln in r.stdout.splitlines()
-    ):
+    said = [
+        ln[len(remote_releases.SWITCHED_MARK) :].strip()
+        for ln in r.stdout.splitlines()
+        if ln.startswith(remote_releases.SWITCHED_MARK)
+    ]
+    if not r.ok or not said:
         why = f"{failed_msg('the switch', r, svc.command_timeout_s)}: {tail_of(r.output, 2)}"
         yield Emit(EndStep(step, False, why, r.exit_status))
         return "failed", why
+    # "<old target> -> <new target>": the old one as readlink printed it.
+    before = release_of(said[0].rpartition(" -> ")[0], svc.venv_dir)
     yield Emit(EndStep(step, True, f"{svc.venv_dir} -> {svc.releases_dir}/{name}", r.exit_status))
+    yield Emit(ReleaseSwitch(plan.service, before, name, _SWITCH_KINDS[step]))
     return "ok", ""
 
 
@@ -216,7 +255,7 @@ def switch_and_start(
 ) -> Flow:
     """The service is stopped and its GPUs free: switch the link to the new release,
     start, health-gate, watch, post-check, prune. Nothing is installed here."""
-    verdict, why = yield from _switch(svc, Step.SWITCH, built.name)
+    verdict, why = yield from _switch(plan, svc, Step.SWITCH, built.name)
     match verdict:
         case "unknown":
             stopped = ServiceState.STOPPED
@@ -301,7 +340,7 @@ def switch_back(
             before,
             None,
         )
-    verdict, why = yield from _switch(svc, Step.ROLLBACK_SWITCH, built.previous)
+    verdict, why = yield from _switch(plan, svc, Step.ROLLBACK_SWITCH, built.previous)
     if verdict != "ok":
         stopped = ServiceState.STOPPED
         return HostOutcome(

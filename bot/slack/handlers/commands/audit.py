@@ -20,7 +20,10 @@ async def handle(req: CommandRequest, cmd: Audit) -> None:
                 await req.tell(f"There is no run #{cmd.run_id} in the audit log.")
                 return
             text = run_view(
-                record, await req.audit.steps(record.id), await req.audit.environments(record.id)
+                record,
+                await req.audit.steps(record.id),
+                await req.audit.environments(record.id),
+                (await req.audit.release_switches([record.id])).get(record.id, []),
             )
             await post_code(req, f"Run #{record.id}", text, filename=f"run-{record.id}.txt")
             return
