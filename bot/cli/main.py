@@ -295,7 +295,7 @@ async def print_sudoers(settings: Settings, args: argparse.Namespace) -> int:
         if len(users) != 1:
             raise InputError(f"the hosts log in as {', '.join(users)}: name one with --user")
         user = users[0]
-    if not USER_RE.match(user):
+    if not USER_RE.fullmatch(user):
         raise InputError(f"{user!r} is not an account name")
     print(sudoers.render(settings, user, hosts), end="")
     return 0

@@ -16,7 +16,7 @@ SERVER_FIELD = "{server}"
 def _argv(key: str, v: list[str] | None) -> list[str] | None:
     if v is None:
         return None
-    if not v or not SUDO_PATH_RE.match(v[0]):
+    if not v or not SUDO_PATH_RE.fullmatch(v[0]):
         raise ValueError(f"{key}: the first element must be an absolute path to the program")
     for arg in v:
         if SERVER_FIELD in arg and arg != SERVER_FIELD:
@@ -55,7 +55,7 @@ class RouterSettings(Section):
     @field_validator("socket", "socat")
     @classmethod
     def _abs(cls, v: str | None) -> str | None:
-        if v is not None and not SUDO_PATH_RE.match(v):
+        if v is not None and not SUDO_PATH_RE.fullmatch(v):
             raise ValueError(f"{v!r} must be an absolute path")
         return v
 
