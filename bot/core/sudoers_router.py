@@ -4,12 +4,11 @@ prints it) as ``sudoers_host`` is for host maintenance."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from bot.core.privilege import Privilege
 from bot.core.routers.haproxy import socat_argv as haproxy_socat
-from bot.core.sudoers_rules import Grant
+from bot.core.sudoers_rules import Grant, alias_name
 from bot.settings import Settings
 
 ROUTER_NOTE = """\
@@ -20,9 +19,9 @@ ROUTER_NOTE = """\
 # group haproxy), set the router host's become = "none" and leave this rule out."""
 
 
-def router_alias(router: str) -> str:
-    base = re.sub(r"[^A-Z0-9]", "_", router.upper())
-    return f"ROUTER_{base}_ROOT"
+def router_alias(login: str, router: str) -> str:
+    """The Cmnd_Alias of router ``router``'s rules in ``login``'s drop-in."""
+    return alias_name(login, "ROUTER", router, "ROOT")
 
 
 def router_grants(settings: Settings, hosts: Iterable[str] | None) -> list[tuple[str, Grant]]:
