@@ -10,6 +10,7 @@ from bot.core.doctor_types import SUDOERS_FIX, Answer, Check, Outcome, Probe, ju
 from bot.core.privilege import Privilege, sudo_refusal
 from bot.core.sudoers import alias, grants
 from bot.core.sudoers_host import host_alias, host_grants
+from bot.core.sudoers_router import router_alias, router_grants
 from bot.settings import Settings
 
 _ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s+(?:[A-Z_]+:\s*)*(?P<cmds>.*)")
@@ -38,11 +39,15 @@ def parse_sudo_list(text: str) -> list[tuple[str, str]]:
 
 
 def _ours(s: Settings) -> set[tuple[str, str]]:
-    return {
-        ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
-        for svc in s.services.values()
-        for g in grants(svc)
-    } | {("root", g.line()) for g in host_grants(s.maintenance)}
+    return (
+        {
+            ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
+            for svc in s.services.values()
+            for g in grants(svc)
+        }
+        | {("root", g.line()) for g in host_grants(s.maintenance)}
+        | {("root", g.line()) for _, rules in router_grants(s, None) for g in rules}
+    )
 
 
 # sudo's warning, on stderr of every sudo command, when a second sudoers file defines an
@@ -196,6 +201,10 @@ def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
         for name, svc in s.services.items()
         if p.host in svc.hosts
         for g in grants(svc)
+    ] + [
+        (router_alias(cfg.user, name), g, "root")
+        for name, rules in router_grants(s, [p.host])
+        for g in rules
     ]
     bad: list[str] = []
     paths: set[str] = set()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from bot.core import privilege, remote, remote_releases
 from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
 from bot.core.privilege import SAFE_PATH, Privilege, run_as_of, sudo_refusal
+from bot.core.routers import haproxy_script
 from bot.core.sudoers_host import (
     HOST_NOTE,
     host_alias,
@@ -314,6 +315,15 @@ def _account(run_as: Privilege, svc: ServiceSettings | None) -> str:
     return svc.venv_user if svc is not None and svc.venv_user else "the login user"
 
 
+def _shown(argv: Argv) -> str:
+    """A command as a refusal names it: the HAProxy script by the command it sends (its
+    text is long and the same in every rule), anything else as it runs."""
+    words = haproxy_script.words_of(_core(argv))
+    if words is not None:
+        return f"the bot's HAProxy script sending `{' '.join(words)}`"
+    return f"`{remote.shown(argv)}`"
+
+
 def _core(argv: Argv) -> Argv:
     n = len(remote.INDEX_FROM_STDIN)
     return argv[n:] if argv[:n] == remote.INDEX_FROM_STDIN else argv
@@ -331,6 +341,9 @@ class Become:
     # A host run's (issue 23): the services on the host, each command's own found by the
     # interpreter it names, so a venv's commands run as that venv's owner.
     services: tuple[tuple[str, ServiceSettings], ...] = ()
+    # The rules of the haproxy routers on the host (their alias, the rule): what a
+    # refusal of the bot's HAProxy script names.
+    routers: tuple[tuple[str, Grant], ...] = ()
 
     def argv(self, argv: Argv, run_as: Privilege) -> Argv:
         return become(argv, run_as, self.host, self._of(argv)[1])
@@ -374,12 +387,19 @@ class Become:
         if why is None:
             return None
         return (
-            f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self._of(argv)[1])}: "
+            f"sudo refused {_shown(argv)} as {_account(run_as, self._of(argv)[1])}: "
             f"{why}. {self.missing_rule(argv, run_as)}"
         )
 
     def missing_rule(self, argv: Argv, run_as: Privilege) -> str:
         (service, svc), core = self._of(argv), _core(argv)
+        router = next(((a, g) for a, g in self.routers if g.matches(core)), None)
+        if router is not None:
+            return (
+                f"The host's sudoers drop-in lacks the rule of {_shown(core)} (Cmnd_Alias "
+                f"{router[0]}, {router[1].why}); install the output of `python -m bot "
+                "sudoers` on it (README: non-root hosts)."
+            )
         host = host_rule_for(core, self.maintenance) if self.maintenance is not None else None
         if host is not None and run_as == Privilege.ROOT:
             return (
@@ -412,7 +432,12 @@ def become_for(settings: Settings, host: str, service: str | None = None) -> Bec
         if service is not None and service.startswith(HOST_PREFIX)
         else ()
     )
-    return Become(service, cfg, svc, settings.maintenance, on_host)
+    routers = tuple(
+        (router_alias(cfg.user, name), g)
+        for name, rules in router_grants(settings, [host])
+        for g in rules
+    )
+    return Become(service, cfg, svc, settings.maintenance, on_host, routers)
 
 
 def alias(login: str, service: str, run_as: Privilege) -> str:
@@ -555,11 +580,11 @@ def render(
                 left_out,
             )
         )
-    for rname, grant in router_grants(settings, hosts):
+    for rname, rules in router_grants(settings, hosts):
         r = settings.routers[rname]
         out.append(f"\n# ==== router {rname}: haproxy backend {r.backend}, on {r.host}")
         out.append(
-            _section(ROUTER_NOTE, router_alias(user, rname), "root", user, [grant], left_out)
+            _section(ROUTER_NOTE, router_alias(user, rname), "root", user, list(rules), left_out)
         )
     return "\n".join(out) + "\n"
 

@@ -49,6 +49,7 @@ from bot.settings.host_policy import host_policy
 from bot.settings.host_policy import maintenance_path_problem as maintenance_path_problem
 from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
 from bot.settings.replicas import ReplicaSettings as ReplicaSettings
+from bot.settings.routers import HAPROXY_NAME_RE as HAPROXY_NAME_RE
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
@@ -522,7 +523,12 @@ def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
     for h, server in svc.router_servers.items():
         if router.kind == "vllm-router":
             http_url(server)
-        elif not NAME_RE.fullmatch(server):
+        elif router.kind == "haproxy" and not HAPROXY_NAME_RE.fullmatch(server):
+            raise ValueError(
+                f"services.{name}.router_servers.{h} = {server!r} is not an HAProxy server "
+                "name (letters, digits, '.', '_', ':', '-')"
+            )
+        elif router.kind == "command" and not NAME_RE.fullmatch(server):
             raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")
     if svc.min_serving >= len(svc.hosts):
         raise ValueError(

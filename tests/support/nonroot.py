@@ -449,9 +449,7 @@ def drop_ins_installed(texts: list[str]) -> Iterator[list[Path]]:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             check = _run("visudo", "-c", "-f", str(staging))
-            assert check.returncode == 0, (
-                f"visudo refused the rules:\n{check.stdout}{check.stderr}"
-            )
+            assert check.returncode == 0, f"visudo refused the rules:\n{check.stdout}{check.stderr}"
         for staging, path in zip(stagings, paths, strict=True):
             os.rename(staging, path)
         yield paths
