@@ -31,7 +31,7 @@ from bot.core.doctor import render as render_checks
 from bot.core.gpu import render_table
 from bot.core.health_types import Level
 from bot.core.plan import STEP_TITLES, Plan
-from bot.core.redact import Redactor
+from bot.core.redact import Redactor, masked_json
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus
 from bot.engine.deep_check import deep_check, deep_text
@@ -312,7 +312,8 @@ async def doctor(settings: Settings, target: str | None, *, as_json: bool) -> in
         await pool.close()
     redact = Redactor.for_settings(settings)
     if as_json:
-        print(visible(redact(json.dumps([c.to_json() for c in checks], indent=1))))
+        # Masked before serializing: host text ending in `token=` keeps the JSON valid.
+        print(visible(json.dumps([masked_json(c.to_json(), redact) for c in checks], indent=1)))
     else:
         print(visible(redact(render_checks(checks))))
     return 0 if passed(checks) else 1
@@ -505,8 +506,9 @@ async def _export(rt: Runtime, args: argparse.Namespace) -> int:
     try:
         await audit_export.export_jsonl(
             rt.audit,
-            lambda line: sys.stdout.write(redact(line)),
+            sys.stdout.write,
             flt,
+            redact=redact,
             follow=args.follow,
             flush=sys.stdout.flush,
         )
