@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from bot.core.flows import HttpCheck, RunCommand, redeploy_flow
+from bot.core.phases.actions import RotationChange
 from bot.core.plan import make_plan
 from bot.core.privilege import Privilege
 from bot.core.routers import haproxy_script, text
@@ -281,6 +282,9 @@ def test_haproxy_script_refusal_is_named_and_nothing_changes() -> None:
         f"{SOCKET} on lb-1: refused: not a server name: node1"
     ) in out.summary
     assert haproxy_changes(h) == [] and "stop" not in verbs(h)
+    # the audit log's rotations row: the change, not taken, with the script's words
+    [change] = [n for n in h.notices if isinstance(n, RotationChange) and n.change == "out"]
+    assert not change.ok and "refused: not a server name: node1" in change.detail
 
 
 # ---- vllm-router -----------------------------------------------------------------------
