@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from bot.core.doctor import Answer, Kind, Outcome, Probe, judge
+from bot.core.results import CommandResult
 from bot.core.routers import haproxy, haproxy_script
 from bot.core.routers.haproxy_script import (
     REFUSED_EXIT,
@@ -321,3 +323,36 @@ def test_the_settings_refuse_a_server_name_the_script_would(server: str) -> None
     data["services"]["kimi"]["router_servers"]["gpu-node-1"] = server
     with pytest.raises(ValidationError, match="is not an HAProxy server name"):
         Settings(**data, db_path=Path("/nonexistent/audit.db"))
+
+
+def test_doctor_reads_the_router_hosts_rules_from_the_real_sudo() -> None:
+    # doctor's listing and PATH checks on the router's host: the printed rules are the
+    # bot's own and get root's PATH; the old socat rule left installed is one beyond them.
+    require_root_and_sudo()
+    old_rule = f"{{login}} ALL = (root) NOPASSWD: {SOCAT} -t 5 stdio unix-connect\\:/run/x.sock\n"
+    with workspace() as base, accounts(base) as who:
+        s = lb_settings(who.login, Path("/run/haproxy/admin.sock"))
+        text = render(s, who.login, ["lb-1"])
+        checks = {}
+        for name, drop_in in (("now", text), ("old", text + old_rule.format(login=who.login))):
+            with sudoers_installed(drop_in):
+                r = subprocess.run(
+                    ("runuser", "-u", who.login, "--", "sudo", "-n", "-l"),
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    stdin=subprocess.DEVNULL,
+                )
+            said = Answer(
+                results=(CommandResult(("sudo", "-n", "-l"), 0, r.stdout, r.stderr, 0.0),)
+            )
+            checks[name] = {
+                probe: judge(Probe("lb-1", None, probe, Kind.COMMANDS), said, s)
+                for probe in ("sudo -l", "sudo PATH")
+            }
+    assert checks["now"]["sudo -l"].outcome == Outcome.OK, checks["now"]["sudo -l"].detail
+    assert checks["now"]["sudo -l"].detail == "7 rules, none beyond what the bot needs"
+    assert checks["now"]["sudo PATH"].outcome == Outcome.OK
+    assert "all 7 rules" in checks["now"]["sudo PATH"].detail
+    old = checks["old"]["sudo -l"]
+    assert old.outcome == Outcome.WARN and "unix-connect" in old.detail, old.detail
