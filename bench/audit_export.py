@@ -25,6 +25,7 @@ from pathlib import Path
 from bot.audit.export import ExportFilter
 from bot.audit.store import AuditLog
 from bot.cli.audit_export import export_jsonl
+from bot.core.redact import Redactor
 
 # The child that writes the runs: the repository on its path for tests/.
 _INSERT = (
@@ -64,7 +65,7 @@ async def main(runs: int) -> None:
 
             before = _rss_mib()
             t1 = time.perf_counter()
-            written = await export_jsonl(audit, write, ExportFilter())
+            written = await export_jsonl(audit, write, ExportFilter(), redact=Redactor())
             took = time.perf_counter() - t1
             after = _rss_mib()
         db_mib = db.stat().st_size / 2**20 if db.exists() else 0.0

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.audit.export import ExportFilter
 from bot.audit.store import AuditLog
-from bot.cli.audit_export import export_filter, export_jsonl
+from bot.cli.audit_export import export_filter, export_jsonl, export_line
+from bot.core.redact import MASK, Redactor
 from bot.errors import InputError
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
@@ -74,7 +77,7 @@ def insert_runs(
 
 async def _export(audit: AuditLog, flt: ExportFilter | None = None) -> list[Any]:
     lines: list[str] = []
-    await export_jsonl(audit, lines.append, flt or ExportFilter())
+    await export_jsonl(audit, lines.append, flt or ExportFilter(), redact=Redactor())
     return [json.loads(line) for line in lines]
 
 
@@ -187,7 +190,7 @@ async def _export_peak(tmp_path: Path, count: int) -> tuple[int, int]:
 
         tracemalloc.start()
         try:
-            written = await export_jsonl(audit, write, ExportFilter())
+            written = await export_jsonl(audit, write, ExportFilter(), redact=Redactor())
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -232,7 +235,9 @@ async def test_follow_writes_each_run_once_when_it_finishes(tmp_path: Path) -> N
                 raise _Stop
 
         with pytest.raises(_Stop):
-            await export_jsonl(audit, lines.append, ExportFilter(), follow=True, sleep=sleep)
+            await export_jsonl(
+                audit, lines.append, ExportFilter(), redact=Redactor(), follow=True, sleep=sleep
+            )
     rows = [json.loads(line) for line in lines]
     assert [(r["id"], r["status"]) for r in rows] == [
         (1, "succeeded"),
@@ -307,3 +312,113 @@ async def test_the_readme_documents_every_exported_field(tmp_path: Path) -> None
         assert f"`{key}`" in table, key
     for key in run["steps"][0]:
         assert key in table.split("| `steps` |", 1)[1].split("\n", 1)[0], key
+
+
+# ---- host text that ends in a secret's key -----------------------------------------------
+
+# A step's output tail is cut to its last characters, so it can end anywhere: here right
+# after a secret's key, as `env` or a `set -x` trace prints an assignment.
+CUT_TAILS = ("+ export HF_TOKEN=", "DB_PASSWORD=", "Authorization: Bearer ", 'api_key: "')
+
+
+async def test_host_text_ending_in_a_secret_key_leaves_every_line_valid_json(
+    tmp_path: Path,
+) -> None:
+    # The redactor ran over the serialized line: `token=` at a value's end took the
+    # quote and comma after it (`"HF_TOKEN=***started_at":...`), the line was no JSON, and
+    # a log shipper dropped the run.
+    db = tmp_path / "audit.db"
+    async with AuditLog.open(db):
+        insert_runs(db, len(CUT_TAILS))
+    for run_id, tail in enumerate(CUT_TAILS, 1):
+        raw_rows(db, "UPDATE steps SET output_tail = ? WHERE run_id = ?", (tail, run_id))
+    raw_rows(
+        db,
+        "INSERT INTO host_outcomes (run_id, host, status, summary, service_state, at) "
+        "VALUES (1, 'h1', 'failed', 'uv said: password=hunter2secret', 'down', 't2')",
+    )
+    config = write_toml(
+        tmp_path / "chatops.toml",
+        {
+            "hosts": {"h1": {"address": "local"}},
+            "services": {"svc": {"hosts": ["h1"], "unit": "u", "python": "/o/bin/python"}},
+        },
+    )
+    env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(db)}
+    code, out, err = await cli("audit", "--format", "jsonl", cwd=tmp_path, env=env)
+    assert code == 0, err
+    runs = [json.loads(line) for line in out.splitlines()]  # each line parses
+    assert [r["id"] for r in runs] == [1, 2, 3, 4]
+    for run, tail in zip(runs, CUT_TAILS, strict=True):
+        # each tail as masking it alone leaves it ("Bearer" read as the header's value)
+        assert {s["output_tail"] for s in run["steps"]} == {Redactor()(tail)}
+        assert run["steps"][1]["started_at"] == "t0"  # the next field is whole
+    assert runs[0]["host_outcomes"][0]["summary"] == f"uv said: password={MASK}"
+    assert "hunter2secret" not in out
+
+
+SECRET = "Zq8vLm2XpR4tKw9N"  # a literal secret of the settings (a Slack token's, say)
+# Host text: pieces that break naive JSON or masking, in any order.
+_TEXT = st.lists(
+    st.sampled_from([*"ab Z09=:;,'\"{}[]\n\t/@-_.", "token=", "password=", "é", "\u2028", "\x1b"]),
+    max_size=12,
+).map("".join)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _paths(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Where a string could be put: every string leaf, every key, every list."""
+    if isinstance(value, dict):
+        return [at] + [p for k, v in value.items() for p in _paths(v, (*at, k))]
+    if isinstance(value, list):
+        return [at] + [p for i, v in enumerate(value) for p in _paths(v, (*at, i))]
+    return [at] if isinstance(value, str) else []
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    record=st.dictionaries(_TEXT, _JSON, min_size=1, max_size=6),
+    pick=st.integers(min_value=0),
+    before=_TEXT,
+    after=_TEXT,
+    shape=st.sampled_from(["{s}", "token={s}", "DB_PASSWORD={s} ", "https://u:{s}@h/"]),
+)
+def test_every_line_parses_and_no_secret_reaches_it(
+    record: dict[str, Any], pick: int, before: str, after: str, shape: str
+) -> None:
+    # A secret put into any field (a value, a key, an element), with any host text on
+    # either side: the line is one JSON object, and the secret is in none of its strings.
+    redact = Redactor([SECRET])
+    paths = _paths(record)
+    path = paths[pick % len(paths)]
+    text = f"{before} {shape.format(s=SECRET)} {after}"
+    node: Any = record
+    for key in path[:-1]:
+        node = node[key]
+    last = path[-1] if path else None
+    if path and isinstance(node[last], str):
+        node[last] = text
+    elif path and isinstance(node[last], dict):
+        node[last][text] = 1
+    elif path:
+        node[last].append(text)
+    else:
+        record[text] = text
+    line = export_line(record, redact)
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    parsed = json.loads(line)
+    assert isinstance(parsed, dict)
+    assert not any(SECRET in s for s in _strings(parsed)), line
+    assert SECRET not in line

@@ -196,7 +196,7 @@ def test_a_driver_that_did_not_load_after_the_reboot_keeps_the_host_out() -> Non
 SUDO_REFUSED = (
     "sudo refused `nvidia-smi -i 0 -pm 0` as root: a password is required. The host's "
     "sudoers drop-in lacks the host-maintenance rule `/usr/bin/nvidia-smi -i [0-9] -pm 0` "
-    "(Cmnd_Alias HOST_MAINT_ROOT, a GPU's persistence mode off before its reset); install "
+    "(Cmnd_Alias CHATOPS__HOST_MAINT_ROOT, a GPU's persistence mode off before its reset); install "
     "the output of `python -m bot sudoers` on it (README: non-root hosts)."
 )
 

@@ -3,6 +3,7 @@ idempotence, and nested objects."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from bot.core.redact import Redactor
+from bot.core.redact import Redactor, masked_json
 from bot.settings import Settings
 
 R = Redactor(["hunter2hunter2", "s3cr3t.value+x", "wxyz"])
@@ -462,3 +463,24 @@ def test_real_uv_output_passes_unchanged(sample: str) -> None:
     text = (Path(__file__).parent / "samples" / sample).read_text()
     assert "tiktoken==" in text
     assert Redactor()(text) == text
+
+
+def test_masked_json_masks_each_string_and_keeps_the_structure() -> None:
+    # What `doctor --json` and `audit --format jsonl` serialize: a value ending in a
+    # secret's key stays one string (masking the dumped text took the `","` after it).
+    r = Redactor(["Zq8vLm2XpR4tKw9N"])
+    check = {
+        "detail": "uv: error: HF_TOKEN=",
+        "fix": 'set "api_key": "Zq8vLm2XpR4tKw9N"',
+        "token=": ["password=hunter2", 3, None, True],
+    }
+    masked = masked_json(check, r)
+    assert masked == {
+        "detail": "uv: error: HF_TOKEN=",
+        "fix": 'set "api_key": "***"',
+        "token=": ["password=***", 3, None, True],
+    }
+    assert json.loads(json.dumps(masked)) == masked
+    # the old way: the dump masked, its structure eaten
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r(json.dumps(check)))

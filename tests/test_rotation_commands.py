@@ -57,11 +57,11 @@ def test_the_rotation_plans_name_the_router_commands_and_one_host() -> None:
     s = haproxy_settings()
     drain = make_plan(s, Action.DRAIN, "kimi", host="h2")
     assert drain.hosts == ("h2",) and [p.step for p in drain.steps] == [Step.ROTATION_OUT]
-    assert "echo 'set server vllm_kimi/node2 state drain'" in drain.steps[0].command
+    assert "`set server vllm_kimi/node2 state drain`" in drain.steps[0].command
     assert "vllm-kimi-k25 on h2 keeps running" in drain.steps[0].command
     undrain = make_plan(s, Action.UNDRAIN, "kimi", host="h1")
     assert [p.step for p in undrain.steps] == [Step.READINESS, Step.ROTATION_IN]
-    assert "echo 'set server vllm_kimi/node1 state ready'" in undrain.steps[1].command
+    assert "`set server vllm_kimi/node1 state ready`" in undrain.steps[1].command
     assert drain.system_approver is None and undrain.system_approver is None
     # A rotation read is no run: nobody approves it, nothing records it.
     assert make_plan(s, Action.ROTATION, "kimi").system_approver is None

@@ -14,9 +14,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from bot.core.flows import HttpCheck, RunCommand, redeploy_flow
+from bot.core.phases.actions import RotationChange
 from bot.core.plan import make_plan
 from bot.core.privilege import Privilege
-from bot.core.routers import text
+from bot.core.routers import haproxy_script, text
 from bot.core.routers.target import router_target
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
@@ -149,9 +150,11 @@ class LbHost(Host):
 
     def lb(self, a: RunCommand) -> CommandResult:
         self.socat.append(a)
-        assert a.argv == ("/usr/bin/socat", "-t", "5", "stdio", f"unix-connect:{SOCKET}")
-        assert a.stdin is not None and a.stdin.endswith(b"\n")
-        return ok(a.argv, self.haproxy.answer(a.stdin.decode().strip()))
+        # the bot's fixed script, its socat, socket and backend, then the command
+        words = haproxy_script.words_of(a.argv)
+        assert words is not None and a.argv[4:7] == ("/usr/bin/socat", SOCKET, "vllm_kimi")
+        assert a.stdin is None
+        return ok(a.argv, self.haproxy.answer(" ".join(words)))
 
 
 def run(h: LbHost, s: Settings) -> Any:
@@ -245,21 +248,43 @@ def test_haproxy_unreachable_socket_refuses() -> None:
 
     out = run(Broken(), haproxy_settings())
     assert out.status == "aborted"
-    assert "socat to /run/haproxy/admin.sock on lb-1 failed (exit 1)" in out.summary
+    assert "`show stat` to /run/haproxy/admin.sock on lb-1 failed (exit 1)" in out.summary
     assert "Permission denied" in out.summary
 
 
 def test_haproxy_plan_lists_the_runtime_api_commands() -> None:
     t = router_target(haproxy_settings(), "kimi")
     assert t is not None
-    socat = f"/usr/bin/socat -t 5 stdio unix-connect:{SOCKET}"
+    through = f"on lb-1 (the bot's HAProxy script, /usr/bin/socat to {SOCKET})"
     assert text.shown_out(t, "node1") == (
-        f"on lb-1: echo 'set server vllm_kimi/node1 state drain' | {socat}; `show stat` "
-        f"until its scur is 0; echo 'set server vllm_kimi/node1 state maint' | {socat}"
+        f"{through}: `set server vllm_kimi/node1 state drain`; `show stat` "
+        "until its scur is 0; `set server vllm_kimi/node1 state maint`"
     )
-    assert text.shown_in(t, "node1") == (
-        f"on lb-1: echo 'set server vllm_kimi/node1 state ready' | {socat}"
-    )
+    assert text.shown_in(t, "node1") == f"{through}: `set server vllm_kimi/node1 state ready`"
+
+
+def test_haproxy_script_refusal_is_named_and_nothing_changes() -> None:
+    # The script refuses a server name outside HAProxy's characters (a config written
+    # before the settings checked it): the step names the refusal, the service untouched.
+    class Refusing(LbHost):
+        def lb(self, a: RunCommand) -> CommandResult:
+            words = haproxy_script.words_of(a.argv)
+            if words is not None and words[0] == "set":
+                said = f"refused: not a server name: {words[2].split('/', 1)[1]}\n"
+                return ok(a.argv, stderr=said, status=haproxy_script.REFUSED_EXIT)
+            return super().lb(a)
+
+    h = Refusing()
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert (
+        "the bot's HAProxy script refused `set server vllm_kimi/node1 state drain` to "
+        f"{SOCKET} on lb-1: refused: not a server name: node1"
+    ) in out.summary
+    assert haproxy_changes(h) == [] and "stop" not in verbs(h)
+    # the audit log's rotations row: the change, not taken, with the script's words
+    [change] = [n for n in h.notices if isinstance(n, RotationChange) and n.change == "out"]
+    assert not change.ok and "refused: not a server name: node1" in change.detail
 
 
 # ---- vllm-router -----------------------------------------------------------------------

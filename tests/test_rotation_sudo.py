@@ -1,8 +1,9 @@
 """HAProxy's admin socket reached as an ordinary account under real sudo (issue 19): the
 router host `lb-1` is logged into as a non-root login (real sshd, `become = "sudo"`), the
-socket is root's (mode 600), so only the rule `python -m bot sudoers` prints lets the bot
-speak to it. Without the rule the check names sudo's refusal; as the login itself
-(`become = "none"`) socat is refused by the socket."""
+socket is root's (mode 600), so only the rules `python -m bot sudoers` prints (the bot's
+fixed HAProxy script, one exact line per command) let the bot speak to it. Without a
+rule the check names it; as the login itself (`become = "none"`) socat is refused by the
+socket."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from bot.core.doctor_types import Check, Outcome
+from bot.core.routers.haproxy_script import words_of
 from bot.core.sudoers import render
 from bot.core.sudoers_router import router_grants
 from bot.engine.doctor import run_doctor
@@ -71,7 +73,7 @@ async def router_check(s: Settings) -> Check:
     return check
 
 
-async def test_the_socat_rule_is_what_lets_a_non_root_login_reach_the_socket(
+async def test_the_script_rules_are_what_let_a_non_root_login_reach_the_socket(
     make_sim_host: MakeSimHost, lb: tuple[NonRootKit, Path]
 ) -> None:
     kit, base = lb
@@ -90,21 +92,33 @@ async def test_the_socat_rule_is_what_lets_a_non_root_login_reach_the_socket(
     async with routers.haproxy(base / "haproxy", ports) as h:
         assert h.socket.stat().st_mode & 0o777 == 0o600  # root's alone
         s = settings(kits, kit, h)
-        [(_, grant)] = router_grants(s, ["lb-1"])
+        [(_, rules)] = router_grants(s, ["lb-1"])
+        show, drain1 = rules[0], rules[1]
         text = render(s, kit.who.login, ["lb-1"])
-        assert "Cmnd_Alias ROUTER_FRONT_ROOT" in text and grant.line() in text
-        assert grant.line() == f"/usr/bin/socat -t 5 stdio unix-connect\\:{h.socket}"
+        alias = f"{kit.who.login.upper()}__ROUTER_FRONT_ROOT"
+        assert f"Cmnd_Alias {alias}" in text and all(g.line() in text for g in rules)
+        assert words_of(show.sample) == ("show", "stat")
+        assert words_of(drain1.sample) == ("set", "server", "vllm_kimi/node1", "state", "drain")
 
         with sudoers_installed(text):
             ok = await router_check(s)
         assert ok.outcome == Outcome.OK, ok.detail
         assert "node1 UP" in ok.detail and "node2 UP" in ok.detail
 
-        with sudoers_installed(render(s, kit.who.login, ["lb-1"], omit=[grant.line()])):
+        # the read's rule missing: sudo refuses the script, and the check names it
+        with sudoers_installed(render(s, kit.who.login, ["lb-1"], omit=[show.line()])):
             refused = await router_check(s)
         assert refused.outcome == Outcome.FAIL
-        assert "sudo refused" in refused.detail, refused.detail
+        assert "sudo refused the bot's HAProxy script sending `show stat`" in refused.detail
 
-        # the login itself cannot open root's socket: the rule is needed
+        # a change's rule missing: asked of sudo (never run), and named
+        with sudoers_installed(render(s, kit.who.login, ["lb-1"], omit=[drain1.line()])):
+            lacking = await router_check(s)
+        assert lacking.outcome == Outcome.FAIL, lacking.detail
+        assert "sudo lacks 1 of 6 rules of its `set server` commands: take node1 out" in (
+            lacking.detail
+        )
+
+        # the login itself cannot open root's socket: the rules are needed
         denied = await router_check(settings(kits, kit, h, become="none"))
         assert denied.outcome == Outcome.FAIL and "Permission denied" in denied.detail

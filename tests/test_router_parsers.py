@@ -92,19 +92,6 @@ def test_set_server_answers() -> None:
     assert haproxy.parse_answer(sample("ha_set_unknown_backend.txt")) == "No such backend."
 
 
-def test_set_server_command_is_exactly_one_line() -> None:
-    assert haproxy.set_state_input("vllm_kimi", "node1", "drain") == (
-        b"set server vllm_kimi/node1 state drain\n"
-    )
-    assert haproxy.socat_argv("/usr/bin/socat", "/run/haproxy/admin.sock") == (
-        "/usr/bin/socat",
-        "-t",
-        "5",
-        "stdio",
-        "unix-connect:/run/haproxy/admin.sock",
-    )
-
-
 @pytest.mark.parametrize(
     ("status", "rotation", "up"),
     [

@@ -295,12 +295,12 @@ def test_root_rules_have_no_wildcard_and_venv_rules_say_why_they_do() -> None:
         elif g.run_as == Privilege.ROOT:
             # The leftover signal: one "*", the last argument, after the fixed script.
             assert [p.glob for p in wild] == ["*"] and g.pattern[-1] == wild[0], g.line()
-    assert "chatops ALL = (root) NOPASSWD: KIMI_K25_ROOT" in text
-    assert "chatops ALL = (vllm) NOPASSWD: KIMI_K25_VENV" in text
-    assert 'Defaults!KIMI_K25_VENV env_keep += "UV_EXTRA_INDEX_URL"' in text
+    assert "chatops ALL = (root) NOPASSWD: CHATOPS__KIMI_K25_ROOT" in text
+    assert "chatops ALL = (vllm) NOPASSWD: CHATOPS__KIMI_K25_VENV" in text
+    assert 'Defaults!CHATOPS__KIMI_K25_VENV env_keep += "UV_EXTRA_INDEX_URL"' in text
     assert "also matches spaces" in text  # the comment that explains the choice
     assert "tok3n" not in text and "wheels.example.com" not in text
-    assert alias("9-lives.a", Privilege.ROOT) == "S_9_LIVES_A_ROOT"
+    assert alias("chatops", "9-lives.a", Privilege.ROOT) == "CHATOPS__9_LIVES_A_ROOT"
 
 
 def test_no_argument_of_a_rule_holds_a_run_of_spaces() -> None:
@@ -358,7 +358,7 @@ def test_what_runs_with_rights_finds_nothing_through_path() -> None:
     kill = next(g for g in grants(svc) if "KILL" in g.sample)
     assert kill.sample[4:7] == (svc.systemctl, "/bin/ps", "/bin/kill")
     text = render(settings(), "chatops")
-    for name in ("KIMI_K25_ROOT", "KIMI_K25_VENV"):
+    for name in ("CHATOPS__KIMI_K25_ROOT", "CHATOPS__KIMI_K25_VENV"):
         assert f'Defaults!{name} env_reset, secure_path="/usr/sbin:/usr/bin:/sbin:/bin"' in text
     # A tool root runs must be named by its absolute path, on any host.
     with pytest.raises(ValidationError, match="absolute"):
@@ -803,10 +803,10 @@ def test_sudoers_command_prints_the_rules_and_refuses_without_sudo_hosts(
     cfg.write_text((Path(__file__).parents[1] / "deploy" / "chatops.example.toml").read_text())
     assert main(["sudoers", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert "chatops ALL = (root) NOPASSWD: KIMI_K25_ROOT" in out
+    assert "chatops ALL = (root) NOPASSWD: CHATOPS__KIMI_K25_ROOT" in out
     assert "/usr/bin/systemctl stop --no-pager -- vllm-kimi-k25" in out
     assert main(["sudoers", "--config", str(cfg), "--user", "bot2"]) == 0
-    assert "bot2 ALL = (vllm) NOPASSWD: KIMI_K25_VENV" in capsys.readouterr().out
+    assert "bot2 ALL = (vllm) NOPASSWD: BOT2__KIMI_K25_VENV" in capsys.readouterr().out
     cfg.write_text(cfg.read_text().replace('become = "sudo"', 'become = "none"'))
     assert main(["sudoers", "--config", str(cfg)]) == 2
     assert "nothing needs rules" in capsys.readouterr().err

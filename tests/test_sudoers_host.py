@@ -18,11 +18,13 @@ from bot.core.privilege import Privilege
 from bot.core.results import CommandResult
 from bot.core.status import Action
 from bot.core.sudoers import become_for, render
-from bot.core.sudoers_host import HOST_ALIAS, host_grants, host_rule_for, maintained_hosts
+from bot.core.sudoers_host import host_alias, host_grants, host_rule_for, maintained_hosts
 from bot.core.sudoers_rules import Wild
 from bot.errors import ConfigError, InputError
 from bot.settings import MaintenanceSettings, Settings, load_settings
 from tests.test_sudoers import HOST, MAINT, SVC, settings
+
+HOST_ALIAS = host_alias("chatops")
 
 M = MaintenanceSettings(**MAINT)
 SMI = "/usr/bin/nvidia-smi"

@@ -7,8 +7,10 @@ instead, and lock scopes are stored as given because they are keys.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
+
+from bot.core.redact import masked_json
 
 Redactor = Callable[[str], str]
 
@@ -49,10 +51,4 @@ class Redaction:
     def _clean(self, value: Any) -> Any:
         # Redact the strings inside the structure, not the dumped JSON: a secret with a
         # quote or backslash in it would be escaped in the dump and slip past.
-        if isinstance(value, str):
-            return self._redact(value)
-        if isinstance(value, Mapping):
-            return {self._clean(k): self._clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._clean(v) for v in value]
-        return value
+        return masked_json(value, self._redact)

@@ -21,6 +21,7 @@ from typing import Any
 from bot.audit.export import ExportFilter
 from bot.audit.records import format_ts
 from bot.audit.store import AuditLog
+from bot.core.redact import masked_json
 from bot.errors import InputError
 
 POLL_S = 2.0
@@ -28,6 +29,7 @@ POLL_S = 2.0
 _OPEN_CHUNK = 500
 
 Write = Callable[[str], object]
+Redact = Callable[[str], str]
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -59,9 +61,12 @@ def export_filter(
     return ExportFilter(service=service, since=low, until=high, final_only=follow)
 
 
-def _line(record: dict[str, Any]) -> str:
-    # ASCII only: a control character in an output tail reaches a terminal escaped.
-    return json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n"
+def export_line(record: dict[str, Any], redact: Redact) -> str:
+    """One run's line: each value masked, then serialized (``masked_json``), so any host
+    text leaves the line valid JSON. ASCII only: a control character in an output tail
+    reaches a terminal escaped."""
+    masked = masked_json(record, redact)
+    return json.dumps(masked, ensure_ascii=True, separators=(",", ":")) + "\n"
 
 
 async def export_jsonl(
@@ -69,6 +74,7 @@ async def export_jsonl(
     write: Write,
     flt: ExportFilter,
     *,
+    redact: Redact,
     follow: bool = False,
     poll_s: float = POLL_S,
     sleep: Sleep = asyncio.sleep,
@@ -84,7 +90,7 @@ async def export_jsonl(
     def emit(records: list[dict[str, Any]]) -> None:
         nonlocal written
         for record in records:
-            write(_line(record))
+            write(export_line(record, redact))
         written += len(records)
         flush()
 

@@ -33,7 +33,7 @@ from bot.core.doctor_config import judge_config
 from bot.core.gpu import render_table
 from bot.core.health_types import Level
 from bot.core.plan import STEP_TITLES, Plan
-from bot.core.redact import Redactor
+from bot.core.redact import Redactor, masked_json
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus
 from bot.engine.deep_check import deep_check, deep_text
@@ -302,7 +302,7 @@ async def print_sudoers(settings: Settings, args: argparse.Namespace) -> int:
         if len(users) != 1:
             raise InputError(f"the hosts log in as {', '.join(users)}: name one with --user")
         user = users[0]
-    if not USER_RE.match(user):
+    if not USER_RE.fullmatch(user):
         raise InputError(f"{user!r} is not an account name")
     print(sudoers.render(settings, user, hosts), end="")
     return 0
@@ -325,7 +325,8 @@ async def doctor(
         await pool.close()
     redact = Redactor.for_settings(settings)
     if as_json:
-        print(visible(redact(json.dumps([c.to_json() for c in checks], indent=1))))
+        # Masked before serializing: host text ending in `token=` keeps the JSON valid.
+        print(visible(json.dumps([masked_json(c.to_json(), redact) for c in checks], indent=1)))
     else:
         print(visible(redact(render_checks(checks))))
     return 0 if passed(checks) else 1
@@ -531,8 +532,9 @@ async def _export(rt: Runtime, args: argparse.Namespace) -> int:
     try:
         await audit_export.export_jsonl(
             rt.audit,
-            lambda line: sys.stdout.write(redact(line)),
+            sys.stdout.write,
             flt,
+            redact=redact,
             follow=args.follow,
             flush=sys.stdout.flush,
         )

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from bot.core.doctor_types import SUDOERS_FIX, Answer, Check, Outcome, Probe, judged, reply
 from bot.core.privilege import Privilege, sudo_refusal
 from bot.core.sudoers import alias, grants
-from bot.core.sudoers_host import HOST_ALIAS, host_grants
+from bot.core.sudoers_host import host_alias, host_grants
+from bot.core.sudoers_router import router_alias, router_grants
 from bot.settings import Settings
 
 _ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s+(?:[A-Z_]+:\s*)*(?P<cmds>.*)")
@@ -38,11 +39,31 @@ def parse_sudo_list(text: str) -> list[tuple[str, str]]:
 
 
 def _ours(s: Settings) -> set[tuple[str, str]]:
-    return {
-        ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
-        for svc in s.services.values()
-        for g in grants(svc)
-    } | {("root", g.line()) for g in host_grants(s.maintenance)}
+    return (
+        {
+            ("root" if g.run_as == Privilege.ROOT else svc.venv_user or "", g.line())
+            for svc in s.services.values()
+            for g in grants(svc)
+        }
+        | {("root", g.line()) for g in host_grants(s.maintenance)}
+        | {("root", g.line()) for _, rules in router_grants(s, None) for g in rules}
+    )
+
+
+# sudo's warning, on stderr of every sudo command, when a second sudoers file defines an
+# alias again (Debian 12's sudo 1.9.13p3: `<file>:<line>:<column>: Alias "NAME" already
+# defined`, then the line and a caret; tests/samples/sudo_alias_already_defined.txt).
+_ALIAS_AGAIN = re.compile(
+    r"(?:(?P<where>\S+?:\d+):\d+: )?Alias [\"`'](?P<alias>[^\"`']+)[\"'] already defined"
+)
+
+
+def duplicate_aliases(stderr: str) -> list[str]:
+    """Each alias sudo says is defined twice, with where the second definition is."""
+    return [
+        f"{m['alias']} ({m['where']})" if m["where"] else m["alias"]
+        for m in _ALIAS_AGAIN.finditer(stderr)
+    ]
 
 
 def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
@@ -52,6 +73,18 @@ def _sudo_list(p: Probe, a: Answer, s: Settings) -> Check:
         why = a.error or (reply(r) if r else "no answer")
         return judged(
             p, Outcome.FAIL, f"`sudo -n -l` failed: {why}", SUDOERS_FIX.format(user=cfg.user)
+        )
+    if again := duplicate_aliases(r.stderr):
+        # sudo keeps the first definition: a rule naming the alias in a later file gets
+        # that file's commands, another login's or another tool's.
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"sudo says an alias is defined twice on this host: {'; '.join(again)}; sudo "
+            f"keeps the first definition, so {cfg.user}'s rules may allow another "
+            "drop-in's commands instead of the bot's",
+            SUDOERS_FIX.format(user=cfg.user) + " in place of the old drop-in (its alias "
+            "names start with the login); `visudo -c` must then print no warning",
         )
     listed = parse_sudo_list(r.stdout)
     broad = [f"({who}) {cmd}" for who, cmd in listed if cmd == "ALL"]
@@ -160,10 +193,18 @@ def _sudo_path(p: Probe, a: Answer, s: Settings) -> Check:
         )
     listing = parse_sudo_defaults(r.stdout)
     ours = [
-        (alias(name, g.run_as), g, "root" if g.run_as == Privilege.ROOT else svc.venv_user or "")
+        (
+            alias(cfg.user, name, g.run_as),
+            g,
+            "root" if g.run_as == Privilege.ROOT else svc.venv_user or "",
+        )
         for name, svc in s.services.items()
         if p.host in svc.hosts
         for g in grants(svc)
+    ] + [
+        (router_alias(cfg.user, name), g, "root")
+        for name, rules in router_grants(s, [p.host])
+        for g in rules
     ]
     bad: list[str] = []
     paths: set[str] = set()
@@ -195,7 +236,7 @@ def _sudo_rules(p: Probe, a: Answer, s: Settings) -> Check:
     if a.error:
         return judged(p, Outcome.FAIL, a.error)
     missing = [
-        f"{alias(p.service, g.run_as)}: `{g.line()}` ({g.why})"
+        f"{alias(s.hosts[p.host].user, p.service, g.run_as)}: `{g.line()}` ({g.why})"
         for g, r in zip(grants(svc), a.results, strict=False)
         if not r.ok
     ]
@@ -226,7 +267,7 @@ def _host_rules(p: Probe, a: Answer, s: Settings) -> Check:
             continue
         why = sudo_refusal(r.exit_status, r.stderr) or ""
         gone = f"; {why}" if "does not exist" in why else ""
-        missing.append(f"{HOST_ALIAS}: `{g.line()}` ({g.why}{gone})")
+        missing.append(f"{host_alias(s.hosts[p.host].user)}: `{g.line()}` ({g.why}{gone})")
     if missing:
         return judged(
             p,

@@ -19,7 +19,7 @@ Argv = tuple[str, ...]
 HOST_TIMEOUT_S = 10.0
 SUDOERS_FIX = (
     "install the output of `python -m bot sudoers --user {user}` on the host as "
-    "/etc/sudoers.d/vllm-chatops (README: non-root hosts)"
+    "/etc/sudoers.d/vllm-chatops-{user} (README: non-root hosts)"
 )
 
 

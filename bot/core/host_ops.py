@@ -38,7 +38,7 @@ PERSISTENCE_QUERY_ARGV: Argv = (
     "--format=csv,noheader",
 )
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def reboot_argv(m: MaintenanceSettings) -> Argv:
@@ -69,7 +69,7 @@ def root_commands(m: MaintenanceSettings, reboot: bool, gpus: Sequence[int]) -> 
 def parse_boot_id(stdout: str) -> str | None:
     """The boot id ``cat`` printed (a UUID), or None for anything else."""
     text = stdout.strip().lower()
-    return text if _UUID_RE.match(text) else None
+    return text if _UUID_RE.fullmatch(text) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from bot.settings import Settings
@@ -405,3 +406,17 @@ class Redactor:
                 # stale copy can cause a needless run but never a missed one.
                 text = rule.pattern.sub(rule.replacement, text)
         return text
+
+
+def masked_json(value: Any, redact: Callable[[str], str]) -> Any:
+    """``value`` (what ``json.dumps`` takes) with every string in it, keys included,
+    passed through ``redact``: mask before serializing. Masking the serialized text
+    would let a value's end (``token=``) take the quotes and commas after it and break
+    the JSON, and would miss a secret the dump escaped (one with a quote in it)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {masked_json(k, redact): masked_json(v, redact) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [masked_json(v, redact) for v in value]
+    return value

@@ -18,22 +18,23 @@ venv.  The rules for the unit (root) have no wildcard at all.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bot.core import privilege, remote, remote_releases
 from bot.core.leftovers import ProcFacts, Signal, service_name, signal_command
 from bot.core.privilege import SAFE_PATH, Privilege, run_as_of, sudo_refusal
+from bot.core.routers import haproxy_script
 from bot.core.sudoers_host import (
-    HOST_ALIAS,
     HOST_NOTE,
+    host_alias,
     host_grants,
     host_rule_for,
     maintained_hosts,
 )
 from bot.core.sudoers_router import ROUTER_NOTE, router_alias, router_grants
-from bot.core.sudoers_rules import Grant, Part, Wild
+from bot.core.sudoers_rules import Grant, Part, Wild, alias_head, alias_name
+from bot.errors import ConfigError
 from bot.settings import (
     HOST_PREFIX,
     HostSettings,
@@ -314,6 +315,15 @@ def _account(run_as: Privilege, svc: ServiceSettings | None) -> str:
     return svc.venv_user if svc is not None and svc.venv_user else "the login user"
 
 
+def _shown(argv: Argv) -> str:
+    """A command as a refusal names it: the HAProxy script by the command it sends (its
+    text is long and the same in every rule), anything else as it runs."""
+    words = haproxy_script.words_of(_core(argv))
+    if words is not None:
+        return f"the bot's HAProxy script sending `{' '.join(words)}`"
+    return f"`{remote.shown(argv)}`"
+
+
 def _core(argv: Argv) -> Argv:
     n = len(remote.INDEX_FROM_STDIN)
     return argv[n:] if argv[:n] == remote.INDEX_FROM_STDIN else argv
@@ -331,6 +341,9 @@ class Become:
     # A host run's (issue 23): the services on the host, each command's own found by the
     # interpreter it names, so a venv's commands run as that venv's owner.
     services: tuple[tuple[str, ServiceSettings], ...] = ()
+    # The rules of the haproxy routers on the host (their alias, the rule): what a
+    # refusal of the bot's HAProxy script names.
+    routers: tuple[tuple[str, Grant], ...] = ()
 
     def argv(self, argv: Argv, run_as: Privilege) -> Argv:
         return become(argv, run_as, self.host, self._of(argv)[1])
@@ -374,17 +387,24 @@ class Become:
         if why is None:
             return None
         return (
-            f"sudo refused `{remote.shown(argv)}` as {_account(run_as, self._of(argv)[1])}: "
+            f"sudo refused {_shown(argv)} as {_account(run_as, self._of(argv)[1])}: "
             f"{why}. {self.missing_rule(argv, run_as)}"
         )
 
     def missing_rule(self, argv: Argv, run_as: Privilege) -> str:
         (service, svc), core = self._of(argv), _core(argv)
+        router = next(((a, g) for a, g in self.routers if g.matches(core)), None)
+        if router is not None:
+            return (
+                f"The host's sudoers drop-in lacks the rule of {_shown(core)} (Cmnd_Alias "
+                f"{router[0]}, {router[1].why}); install the output of `python -m bot "
+                "sudoers` on it (README: non-root hosts)."
+            )
         host = host_rule_for(core, self.maintenance) if self.maintenance is not None else None
         if host is not None and run_as == Privilege.ROOT:
             return (
                 f"The host's sudoers drop-in lacks the host-maintenance rule `{host.line()}` "
-                f"(Cmnd_Alias {HOST_ALIAS}, {host.why}); install the output of "
+                f"(Cmnd_Alias {host_alias(self.host.user)}, {host.why}); install the output of "
                 "`python -m bot sudoers` on it (README: non-root hosts)."
             )
         grant = rule_for(core, svc) if svc is not None else None
@@ -395,7 +415,7 @@ class Become:
             )
         return (
             f"The host's sudoers drop-in lacks the rule `{grant.line()}` (Cmnd_Alias "
-            f"{alias(service, run_as)}, {grant.why}); install the output of "
+            f"{alias(self.host.user, service, run_as)}, {grant.why}); install the output of "
             f"`python -m bot sudoers` on it (README: non-root hosts)."
         )
 
@@ -412,15 +432,18 @@ def become_for(settings: Settings, host: str, service: str | None = None) -> Bec
         if service is not None and service.startswith(HOST_PREFIX)
         else ()
     )
-    return Become(service, cfg, svc, settings.maintenance, on_host)
+    routers = tuple(
+        (router_alias(cfg.user, name), g)
+        for name, rules in router_grants(settings, [host])
+        for g in rules
+    )
+    return Become(service, cfg, svc, settings.maintenance, on_host, routers)
 
 
-def alias(service: str, run_as: Privilege) -> str:
-    """The Cmnd_Alias of ``service``'s rules for ``run_as``: KIMI_K25_ROOT, KIMI_K25_VENV."""
-    base = re.sub(r"[^A-Z0-9]", "_", service.upper())
-    if not base[:1].isalpha():
-        base = "S_" + base
-    return f"{base}_{'ROOT' if run_as == Privilege.ROOT else 'VENV'}"
+def alias(login: str, service: str, run_as: Privilege) -> str:
+    """The Cmnd_Alias of ``service``'s rules for ``run_as`` in ``login``'s drop-in:
+    CHATOPS__KIMI_K25_ROOT, CHATOPS__KIMI_K25_VENV (``alias_name``)."""
+    return alias_name(login, service, "ROOT" if run_as == Privilege.ROOT else "VENV")
 
 
 # ---- the drop-in file ------------------------------------------------------------------
@@ -456,8 +479,11 @@ _HEADER = """\
 # Install on each GPU host as root, checked before it is live (the installed name must
 # have no "." in it: sudo skips such files in /etc/sudoers.d):
 #   visudo -c -f vllm-chatops.sudoers && \\
-#     install -o root -g root -m 0440 vllm-chatops.sudoers /etc/sudoers.d/vllm-chatops
-# Then `python -m bot doctor` checks every rule below with `sudo -n -l`.
+#     install -o root -g root -m 0440 vllm-chatops.sudoers /etc/sudoers.d/vllm-chatops-{user}
+# Then `visudo -c` must print no warning, and `python -m bot doctor` checks every rule
+# below with `sudo -n -l`. Every alias name starts with {alias_head}__: sudo reads all
+# drop-ins as one file, and a name another drop-in defined first would bind {user}'s
+# rules to that file's commands.
 #
 # The bot runs each command below as `sudo -n -- <command>` (or `sudo -n -u <venv owner>
 # -- <command>`): -n means sudo never asks for a password, so a missing rule fails the
@@ -509,7 +535,8 @@ def render(
     """The sudoers drop-in for ``user`` on ``hosts`` (all configured hosts by default).
     ``omit``: rule lines (``Grant.line``) to leave out, for tests of a missing rule."""
     left_out = set(omit)
-    out = [_HEADER.format(user=user)]
+    _check_aliases(settings, user, hosts)
+    out = [_HEADER.format(user=user, alias_head=alias_head(user))]
     for name in services_on(settings, hosts):
         svc = settings.services[name]
         out.append(
@@ -517,7 +544,9 @@ def render(
             f"hosts {', '.join(svc.hosts)}"
         )
         root = [g for g in grants(svc) if g.run_as == Privilege.ROOT]
-        out.append(_section(_ROOT_NOTE, alias(name, Privilege.ROOT), "root", user, root, left_out))
+        out.append(
+            _section(_ROOT_NOTE, alias(user, name, Privilege.ROOT), "root", user, root, left_out)
+        )
         if not svc.venv_user:
             out.append(
                 f"# No venv_user: {user} installs into {svc.venv_dir} itself, so it "
@@ -531,7 +560,7 @@ def render(
             state=remote.state_dir(svc),
             index=_INDEX_NOTE if svc.indexes else "",
         )
-        venv_alias = alias(name, Privilege.VENV_OWNER)
+        venv_alias = alias(user, name, Privilege.VENV_OWNER)
         out.append("\n" + _section(note, venv_alias, svc.venv_user, user, owner, left_out))
         if svc.indexes:
             out.append(f'Defaults!{venv_alias} env_keep += "{remote.INDEX_ENV}"')
@@ -543,14 +572,41 @@ def render(
         out.append(f"\n# ==== host maintenance: hosts {', '.join(maintained)}")
         out.append(
             _section(
-                HOST_NOTE, HOST_ALIAS, "root", user, host_grants(settings.maintenance), left_out
+                HOST_NOTE,
+                host_alias(user),
+                "root",
+                user,
+                host_grants(settings.maintenance),
+                left_out,
             )
         )
-    for rname, grant in router_grants(settings, hosts):
+    for rname, rules in router_grants(settings, hosts):
         r = settings.routers[rname]
         out.append(f"\n# ==== router {rname}: haproxy backend {r.backend}, on {r.host}")
-        out.append(_section(ROUTER_NOTE, router_alias(rname), "root", user, [grant], left_out))
+        out.append(
+            _section(ROUTER_NOTE, router_alias(user, rname), "root", user, list(rules), left_out)
+        )
     return "\n".join(out) + "\n"
+
+
+def _check_aliases(settings: Settings, user: str, hosts: Iterable[str] | None) -> None:
+    """Refuse two groups of rules that would share an alias name in one drop-in (services
+    ``kimi.k25`` and ``kimi-k25``): sudo would bind both rules to the first group."""
+    named: dict[str, str] = {}
+    groups = [
+        (alias(user, n, p), f"service {n}")
+        for n in services_on(settings, hosts)
+        for p in (Privilege.ROOT, Privilege.VENV_OWNER)
+    ]
+    groups.append((host_alias(user), "host maintenance"))
+    groups += [(router_alias(user, r), f"router {r}") for r, _ in router_grants(settings, hosts)]
+    for name, what in groups:
+        if name in named:
+            raise ConfigError(
+                f"{named[name]} and {what} would share the sudoers alias {name}: rename one "
+                "(alias names keep letters and digits only)"
+            )
+        named[name] = what
 
 
 def _section(

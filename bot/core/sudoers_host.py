@@ -20,12 +20,17 @@ from collections.abc import Iterable, Sequence
 
 from bot.core.host_ops import persistence_argv, reboot_argv, reset_argv
 from bot.core.privilege import Privilege
-from bot.core.sudoers_rules import Grant, Part, Wild
+from bot.core.sudoers_rules import Grant, Part, Wild, alias_name
 from bot.settings import MaintenanceSettings, Settings
 
 Argv = tuple[str, ...]
 
-HOST_ALIAS = "HOST_MAINT_ROOT"
+
+def host_alias(login: str) -> str:
+    """The Cmnd_Alias of the host-maintenance rules in ``login``'s drop-in."""
+    return alias_name(login, "HOST_MAINT", "ROOT")
+
+
 # One GPU index per rule: one digit, or two without a leading zero (what str(int) writes).
 _INDEX_GLOBS = (("[0-9]", 0), ("[1-9][0-9]", 10))
 

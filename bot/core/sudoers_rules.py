@@ -1,6 +1,7 @@
 """The sudoers rule language as the bot writes and checks it: an argument literal or with a
 wildcard (``Wild``), one command line (``Grant``: its rule text, and whether an argv is
-one it allows, decided as sudo decides it), and the escaping a literal argument needs."""
+one it allows, decided as sudo decides it), the escaping a literal argument needs, and
+the names of the Cmnd_Alias groups (``alias_name``)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,26 @@ _SUDOERS_SPECIAL = re.compile(r"([\\,:=*?\[\]!#])")
 def escape(text: str) -> str:
     """``text`` as one literal argument of a sudoers rule."""
     return _SUDOERS_SPECIAL.sub(r"\\\1", text)
+
+
+def _alias_word(text: str) -> str:
+    """``text`` as part of an alias name: letters upper-cased, each run of anything else
+    one ``_`` (never two in a row, so the ``__`` after the login stays unambiguous)."""
+    return re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_") or "X"
+
+
+def alias_name(login: str, *words: str) -> str:
+    """The name of one Cmnd_Alias of ``login``'s drop-in: ``CHATOPS__KIMI_K25_ROOT``.
+
+    An alias name is global to everything sudo reads: two drop-ins that define the same
+    one (a drop-in per login on one host) get "Alias ... already defined" for the second,
+    and sudo binds the second login's rule to the first file's commands (Debian 12's
+    sudo 1.9.13p3, tests/samples/sudo_alias_already_defined.txt). So each name starts
+    with the login it is for; ``doctor`` fails where sudo still warns of a duplicate."""
+    return f"{alias_head(login)}__{'_'.join(_alias_word(w) for w in words)}"
+
+
+def alias_head(login: str) -> str:
+    """What every alias name in ``login``'s drop-in starts with (before ``__``)."""
+    head = _alias_word(login)
+    return head if head[:1].isalpha() else f"L_{head}"  # a name starts with a capital

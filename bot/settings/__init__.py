@@ -50,6 +50,7 @@ from bot.settings.host_policy import maintenance_path_problem as maintenance_pat
 from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
 from bot.settings.replicas import COMMAND_START_S, lease_margin_for
 from bot.settings.replicas import ReplicaSettings as ReplicaSettings
+from bot.settings.routers import HAPROXY_NAME_RE as HAPROXY_NAME_RE
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
@@ -273,7 +274,7 @@ class ServiceSettings(Section):
         for g in v:
             if isinstance(g, int) and g < 0:
                 raise ValueError(f"{g} is not a GPU index")
-            if isinstance(g, str) and not GPU_UUID_RE.match(g):
+            if isinstance(g, str) and not GPU_UUID_RE.fullmatch(g):
                 raise ValueError(f"{g!r} is neither a GPU index nor a GPU UUID (GPU-...)")
         if len(set(v)) != len(v):
             raise ValueError("a GPU is listed twice")
@@ -293,7 +294,7 @@ class ServiceSettings(Section):
     @field_validator("unit")
     @classmethod
     def _unit(cls, v: str) -> str:
-        if not UNIT_RE.match(v):
+        if not UNIT_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a systemd unit name")
         if v.startswith("-"):
             # systemctl and journalctl would read it as an option.
@@ -305,7 +306,7 @@ class ServiceSettings(Section):
     @field_validator("venv_user")
     @classmethod
     def _user(cls, v: str | None) -> str | None:
-        if v is not None and not USER_RE.match(v):
+        if v is not None and not USER_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not an account name")
         return v
 
@@ -319,7 +320,7 @@ class ServiceSettings(Section):
     @field_validator("ps", "kill")
     @classmethod
     def _root_tool(cls, v: str) -> str:
-        if not SUDO_PATH_RE.match(v):
+        if not SUDO_PATH_RE.fullmatch(v):
             raise ValueError(
                 f"{v!r}: must be an absolute path (root runs it; find it with "
                 "`command -v` on the host)"
@@ -336,7 +337,7 @@ class ServiceSettings(Section):
     @field_validator("package")
     @classmethod
     def _package(cls, v: str) -> str:
-        if not PACKAGE_RE.match(v):
+        if not PACKAGE_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a package name (pin versions per run)")
         return v
 
@@ -559,7 +560,12 @@ def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
     for h, server in svc.router_servers.items():
         if router.kind == "vllm-router":
             http_url(server)
-        elif not NAME_RE.match(server):
+        elif router.kind == "haproxy" and not HAPROXY_NAME_RE.fullmatch(server):
+            raise ValueError(
+                f"services.{name}.router_servers.{h} = {server!r} is not an HAProxy server "
+                "name (letters, digits, '.', '_', ':', '-')"
+            )
+        elif router.kind == "command" and not NAME_RE.fullmatch(server):
             raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")
     if svc.min_serving >= len(svc.hosts):
         raise ValueError(
@@ -573,7 +579,7 @@ def _check_sudo_paths(name: str, svc: ServiceSettings, host: str) -> None:
     that path (sudo's own search path is not ours to rely on)."""
     for key in ("uv", "systemctl", "journalctl", "python"):
         value = getattr(svc, key)
-        if not SUDO_PATH_RE.match(value):
+        if not SUDO_PATH_RE.fullmatch(value):
             raise ValueError(
                 f'services.{name}.{key} = {value!r}: host {host} uses become = "sudo", so '
                 "it must be an absolute path of letters, digits and . _ + - / @ "
@@ -586,7 +592,7 @@ def _check_sudo_maintenance(settings: Settings) -> None:
     absolute path of letters, digits and . _ + - / @): a typo there fails at load."""
     for key in ("systemctl", "nvidia_smi"):
         value = getattr(settings.maintenance, key)
-        if "/" in value and not SUDO_PATH_RE.match(value):
+        if "/" in value and not SUDO_PATH_RE.fullmatch(value):
             raise ValueError(
                 f"maintenance.{key} = {value!r} must be an absolute path of letters, digits "
                 "and . _ + - / @ (a sudoers rule names it)"

@@ -15,21 +15,21 @@ from pydantic.fields import FieldInfo
 
 from bot.errors import ConfigError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
-PACKAGE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?$")
-SLACK_ID_RE = re.compile(r"^[UWS][A-Z0-9]{2,}$")
-GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+UNIT_RE = re.compile(r"[A-Za-z0-9:_.@-]{1,200}")
+PACKAGE_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9_,.-]+\])?")
+SLACK_ID_RE = re.compile(r"[UWS][A-Z0-9]{2,}")
+GPU_UUID_RE = re.compile(r"(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,}")
 # A POSIX account name (useradd's default rule).
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # What a sudoers rule can name exactly: an absolute path with nothing sudoers or its
 # wildcards would read as syntax.
-SUDO_PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]+$")
+SUDO_PATH_RE = re.compile(r"/[A-Za-z0-9._+/@-]+")
 LOCAL = "local"
 
 
 def _name(value: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
     return value
 
@@ -67,7 +67,7 @@ class Section(BaseModel):
 
 def slack_ids(v: list[str]) -> list[str]:
     for item in v:
-        if not SLACK_ID_RE.match(item):
+        if not SLACK_ID_RE.fullmatch(item):
             raise ValueError(f"{item!r} is not a Slack user (U…/W…) or user-group (S…) ID")
     return v
 

@@ -72,7 +72,7 @@ def maintenance_path_problem(settings: Settings, host: str) -> str | None:
         return None
     for key, tool in (("systemctl", "systemctl"), ("nvidia_smi", "nvidia-smi")):
         value = getattr(settings.maintenance, key)
-        if not SUDO_PATH_RE.match(value):
+        if not SUDO_PATH_RE.fullmatch(value):
             return (
                 f'[maintenance] {key} = {value!r}: host {host} uses become = "sudo", so it '
                 "must be an absolute path (the sudoers rules of host reboot and GPU reset "

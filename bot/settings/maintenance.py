@@ -48,7 +48,13 @@ class MaintenanceSettings(Section):
     @classmethod
     def _tool(cls, v: str) -> str:
         # These run as root through sudo: an option-looking or relative path with a
-        # slash would be a different program than the rule names.
-        if not v or v.startswith("-") or ("/" in v and not v.startswith("/")):
+        # slash would be a different program than the rule names, and whitespace (a
+        # trailing newline) is no part of a command's name.
+        if (
+            not v
+            or v.startswith("-")
+            or ("/" in v and not v.startswith("/"))
+            or any(c.isspace() for c in v)
+        ):
             raise ValueError(f"{v!r} must be a command name or an absolute path")
         return v

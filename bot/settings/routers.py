@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -9,6 +10,13 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from bot.settings.base import SUDO_PATH_RE, HealthUrl, Name, Section
 
 RouterKind = Literal["haproxy", "vllm-router", "command"]
+# A backend or server name HAProxy's admin socket may be sent: HAProxy's own characters
+# for names (letters, digits, "." "_" ":" "-"; a server may be named "10.0.0.5:8000"),
+# starting with a letter or digit. Never ";" (the Runtime API's command separator), a
+# space, a newline or "/". The one pattern: the settings check router_servers with it,
+# and bot.core.routers.haproxy_script's root script checks the same (a test holds them
+# equal), matched whole (fullmatch).
+HAPROXY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
 # The one argument of a router command the bot fills in: the replica's server name.
 SERVER_FIELD = "{server}"
 
@@ -16,7 +24,7 @@ SERVER_FIELD = "{server}"
 def _argv(key: str, v: list[str] | None) -> list[str] | None:
     if v is None:
         return None
-    if not v or not SUDO_PATH_RE.match(v[0]):
+    if not v or not SUDO_PATH_RE.fullmatch(v[0]):
         raise ValueError(f"{key}: the first element must be an absolute path to the program")
     for arg in v:
         if SERVER_FIELD in arg and arg != SERVER_FIELD:
@@ -55,7 +63,7 @@ class RouterSettings(Section):
     @field_validator("socket", "socat")
     @classmethod
     def _abs(cls, v: str | None) -> str | None:
-        if v is not None and not SUDO_PATH_RE.match(v):
+        if v is not None and not SUDO_PATH_RE.fullmatch(v):
             raise ValueError(f"{v!r} must be an absolute path")
         return v
 

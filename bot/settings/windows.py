@@ -28,7 +28,7 @@ from bot.settings.base import Section
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _DAY = {name.lower(): i for i, name in enumerate(DAY_NAMES)}
 _RANGE_RE = re.compile(
-    r"^(?P<days>[A-Za-z,-]+)\s+(?P<start>\d{2}:\d{2})-(?P<end>\d{2}:\d{2})$", re.ASCII
+    r"(?P<days>[A-Za-z,-]+)\s+(?P<start>\d{2}:\d{2})-(?P<end>\d{2}:\d{2})", re.ASCII
 )
 
 
@@ -76,7 +76,7 @@ def _clock(text: str, *, end: bool) -> time | None:
 
 
 def parse_range(text: str) -> OpenRange:
-    m = _RANGE_RE.match(text.strip())
+    m = _RANGE_RE.fullmatch(text.strip())
     if m is None:
         raise ValueError(
             f"{text!r} is not a window: write weekdays and a time range, for example "

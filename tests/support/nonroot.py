@@ -414,10 +414,20 @@ def marked(marker: Path) -> list[tuple[str, str]]:
 def sudoers_installed(text: str) -> Iterator[Path]:
     """``text`` live in /etc/sudoers.d (a unique name without "."), after ``visudo -cf``
     accepted it; removed after."""
-    path = SUDOERS_D / f"vllm_chatops_test_{secrets.token_hex(4)}"
-    # One test's drop-in at a time across xdist workers: each defines the same Cmnd_Alias
-    # names (KIMI_K25_ROOT, ...), and with two drop-ins live sudo uses one definition for
-    # both, so the other test's commands match no rule (the password prompt).
+    with drop_ins_installed([text]) as [path]:
+        yield path
+
+
+@contextmanager
+def drop_ins_installed(texts: list[str]) -> Iterator[list[Path]]:
+    """Each of ``texts`` live in /etc/sudoers.d at once, in that order (sudo reads the
+    directory sorted by name), each accepted by ``visudo -cf`` first; removed after."""
+    tag = secrets.token_hex(4)
+    paths = [SUDOERS_D / f"vllm_chatops_test_{tag}_{i}" for i in range(len(texts))]
+    # One test's drop-ins at a time across xdist workers: a test's drop-in may define
+    # alias names another test's defines too (two tests with a login of the same name,
+    # a test that defines a duplicate on purpose), and sudo would then bind one test's
+    # rules to the other's commands.
     lock = open(SUDOERS_LOCK, "a")  # held for the drop-in's whole life
     fcntl.flock(lock, fcntl.LOCK_EX)
     # With the lock held, any other test drop-in is a dead run's (a run killed inside this
@@ -432,18 +442,21 @@ def sudoers_installed(text: str) -> Iterator[Path]:
     # Written beside it under a name sudo skips (it has a "."), then renamed: a test running
     # sudo meanwhile never reads half a file (a copy from /tmp, on another file system,
     # would be written in place, and sudo refuses every command while a drop-in is broken).
-    staging = path.with_name(f".{path.name}.new")
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    stagings = [path.with_name(f".{path.name}.new") for path in paths]
     try:
-        check = _run("visudo", "-c", "-f", str(staging))
-        assert check.returncode == 0, f"visudo refused the rules:\n{check.stdout}{check.stderr}"
-        os.rename(staging, path)
-        yield path
+        for text, staging in zip(texts, stagings, strict=True):
+            fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            check = _run("visudo", "-c", "-f", str(staging))
+            assert check.returncode == 0, f"visudo refused the rules:\n{check.stdout}{check.stderr}"
+        for staging, path in zip(stagings, paths, strict=True):
+            os.rename(staging, path)
+        yield paths
     finally:
-        staging.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+        for staging, path in zip(stagings, paths, strict=True):
+            staging.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         lock.close()  # releases the lock
 
 

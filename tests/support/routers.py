@@ -77,7 +77,12 @@ class HAProxy:
 
 
 def haproxy_config(
-    socket: Path, port: int, backend: str, servers: Sequence[tuple[str, int]]
+    socket: Path,
+    port: int,
+    backend: str,
+    servers: Sequence[tuple[str, int]],
+    check: bool = True,
+    extra: str = "",
 ) -> str:
     # The health check every 200 ms, down after 3 failures: HAProxy alone would still send
     # requests to a stopped replica for up to ~0.6 s, and the load loop would see them
@@ -100,24 +105,32 @@ def haproxy_config(
         f"    bind 127.0.0.1:{port}",
         f"    default_backend {backend}",
         f"backend {backend}",
-        "    option httpchk GET /health",
+        *(["    option httpchk GET /health"] if check else []),
         *(
-            f"    server {name} 127.0.0.1:{p} check inter 200ms fall 3 rise 1"
+            f"    server {name} 127.0.0.1:{p}"
+            + (" check inter 200ms fall 3 rise 1" if check else "")
             for name, p in servers
         ),
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + extra
 
 
 @asynccontextmanager
 async def haproxy(
-    root: Path, servers: Sequence[tuple[str, int]], backend: str = "vllm_kimi"
+    root: Path,
+    servers: Sequence[tuple[str, int]],
+    backend: str = "vllm_kimi",
+    *,
+    check: bool = True,
+    extra: str = "",
 ) -> AsyncIterator[HAProxy]:
+    """HAProxy in front of ``servers``; ``check``: health-check them (ready once every
+    one is up; without, once every one is listed); ``extra``: more config (a backend)."""
     require(HAPROXY, SOCAT)
     root.mkdir(parents=True, exist_ok=True)
     h = HAProxy(root / "admin.sock", free_port(), backend, root / "haproxy.log")
     cfg = root / "haproxy.cfg"
-    cfg.write_text(haproxy_config(h.socket, h.port, backend, servers))
+    cfg.write_text(haproxy_config(h.socket, h.port, backend, servers, check, extra))
     with h.log.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
             str(HAPROXY), "-db", "-f", str(cfg), stdout=log, stderr=log
@@ -129,7 +142,7 @@ async def haproxy(
                 raise RuntimeError(f"haproxy exited {proc.returncode}: {h.log.read_text()}")
             views = parse_show_stat(await h.say("show stat"), backend)
             # every server's first health check passed
-            return len(views) == len(servers) and all(v.up for v in views.values())
+            return len(views) == len(servers) and (not check or all(v.up for v in views.values()))
 
         await _until("haproxy", up)
         yield h

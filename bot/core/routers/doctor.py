@@ -7,10 +7,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import assert_never
 
-from bot.core.doctor_types import Answer, Check, Kind, Outcome, Probe, judged, reply
-from bot.core.privilege import Privilege
-from bot.core.routers import haproxy, vllm_router
+from bot.core.doctor_types import (
+    SUDOERS_FIX,
+    Answer,
+    Check,
+    Kind,
+    Outcome,
+    Probe,
+    judged,
+    reply,
+)
+from bot.core.privilege import Privilege, sudo_question
+from bot.core.routers import haproxy, haproxy_script, vllm_router
 from bot.core.routers.view import Rotation
+from bot.core.sudoers_router import router_rules
+from bot.core.sudoers_rules import Grant
 from bot.settings import RouterSettings, Settings
 
 ROUTER = "router"
@@ -37,19 +48,28 @@ def router_probes(settings: Settings, name: str) -> list[Probe]:
             commands = tuple((("test", "-x", p), Privilege.NONE) for p in programs)
             return [Probe(r.host, None, ROUTER, Kind.COMMANDS, commands, timeout_s=t, router=name)]
         case "haproxy":
-            assert r.socket is not None  # settings require it for this kind
-            # The same command, account and stdin a rotation uses: a missing sudo rule
-            # or a socket the login cannot open shows here, not mid-roll.
-            socat = ((haproxy.socat_argv(r.socat, r.socket), Privilege.ROOT),)
+            assert r.socket is not None and r.backend is not None  # settings require them
+            # The same command and account a rotation reads with: a missing sudo rule or
+            # a socket the login cannot open shows here, not mid-roll. The rules of the
+            # changes are asked of sudo (`sudo -n -l`), never run.
+            read = haproxy_script.runtime_command(
+                r.socat, r.socket, r.backend, haproxy_script.SHOW_STAT
+            )
+            asks = (
+                tuple(
+                    (sudo_question(g.sample), Privilege.NONE) for g in _change_rules(settings, name)
+                )
+                if settings.hosts[r.host].become == "sudo"
+                else ()
+            )
             return [
                 Probe(
                     r.host,
                     None,
                     ROUTER,
                     Kind.COMMANDS,
-                    socat,
+                    ((read, Privilege.ROOT), *asks),
                     timeout_s=t,
-                    stdin=haproxy.show_stat_input(),
                     router=name,
                 )
             ]
@@ -59,6 +79,15 @@ def router_probes(settings: Settings, name: str) -> list[Probe]:
             return [Probe(r.host, None, ROUTER, Kind.HTTP, url=url, timeout_s=t, router=name)]
         case _:
             assert_never(r.kind)
+
+
+def _change_rules(settings: Settings, name: str) -> list[Grant]:
+    """The sudo rules of router ``name``'s `set server` commands (all but `show stat`)."""
+    return [
+        g
+        for g in router_rules(settings, name)
+        if haproxy_script.words_of(g.sample) != haproxy_script.SHOW_STAT
+    ]
 
 
 def _command(p: Probe, a: Answer, r: RouterSettings) -> Check:
@@ -90,15 +119,25 @@ def _haproxy(p: Probe, a: Answer, r: RouterSettings, s: Settings) -> Check:
         return judged(
             p,
             Outcome.FAIL,
-            f"router {p.router}: socat to {r.socket} on {p.host}: {reply(res)}",
+            f"router {p.router}: `show stat` to {r.socket} on {p.host}: {reply(res)}",
             "the socket needs `stats socket <path> mode 660 level admin` in haproxy.cfg, "
-            "and the login (or root through the sudo rule of `python -m bot sudoers`) "
+            "and the login (or root through the sudo rules of `python -m bot sudoers`) "
             "must be able to open it",
         )
     try:
         views = haproxy.parse_show_stat(res.stdout, r.backend)
     except ValueError as e:
         return judged(p, Outcome.FAIL, f"router {p.router}: {e}")
+    rules = _change_rules(s, str(p.router))
+    missing = [g.why for g, ans in zip(rules, a.results[1:], strict=False) if not ans.ok]
+    if missing:
+        return judged(
+            p,
+            Outcome.FAIL,
+            f"router {p.router}: sudo lacks {len(missing)} of {len(rules)} rules of its "
+            f"`set server` commands: {'; '.join(missing)}",
+            SUDOERS_FIX.format(user=s.hosts[p.host].user),
+        )
     wanted = _servers(s, str(p.router))
     missing = [f"{server} ({svc})" for svc, server in wanted if server not in views]
     if missing:

@@ -1,6 +1,7 @@
 """HAProxy's Runtime API, as the bot speaks it: ``show stat`` to read a backend, ``set
-server <backend>/<server> state ready|drain|maint`` to change one server. Pure: argv and
-stdin built here, replies parsed here; the command runs on the router's host.
+server <backend>/<server> state ready|drain|maint`` to change one server. Pure: replies
+parsed here; the commands are sent by the bot's fixed script
+(``bot.core.routers.haproxy_script``) on the router's host.
 
 Formats are HAProxy's own, checked against a real HAProxy 2.6 (captures in
 ``tests/samples/routers/``): ``show stat`` is CSV with a ``# pxname,svname,...`` header
@@ -17,24 +18,6 @@ from typing import Literal
 from bot.core.routers.view import Rotation, ServerView
 
 State = Literal["ready", "drain", "maint"]
-
-
-def socat_argv(socat: str, socket: str) -> tuple[str, ...]:
-    """socat between its stdin and the admin socket. The socket path comes from the
-    config, where it is checked to be a plain absolute path (no ``,`` or ``:``, which
-    socat's address syntax would read as options). ``-t 5``: wait up to 5 s for HAProxy's
-    reply after stdin ends, not socat's default 0.5 s, which a loaded HAProxy can miss."""
-    return (socat, "-t", "5", "stdio", f"unix-connect:{socket}")
-
-
-def show_stat_input() -> bytes:
-    return b"show stat\n"
-
-
-def set_state_input(backend: str, server: str, state: State) -> bytes:
-    # Both names are config names (settings: [A-Za-z0-9._-]), so no `;` (HAProxy's
-    # command separator) or space can reach the socket from them.
-    return f"set server {backend}/{server} state {state}\n".encode()
 
 
 def parse_answer(text: str) -> str | None:

@@ -10,8 +10,8 @@ from typing import assert_never
 
 from bot.core.phases.actions import Phase, http, rotation_records, run
 from bot.core.plan import Step
-from bot.core.privilege import Command, Privilege
-from bot.core.routers import command, haproxy, vllm_router
+from bot.core.privilege import Command
+from bot.core.routers import command, haproxy, haproxy_script, vllm_router
 from bot.core.routers.target import RouterTarget
 from bot.core.routers.view import Rotation, RouterRead, ServerView
 
@@ -142,29 +142,33 @@ def _command_read(
 # ---- haproxy ----------------------------------------------------------------------------
 
 
-def haproxy_argv(t: RouterTarget) -> Command:
-    """socat to the admin socket, as root: the socket is HAProxy's (mode 660, group
-    haproxy on Debian), so on a host with ``become = "sudo"`` this is the one exact
-    command its sudoers rule allows (``python -m bot sudoers``)."""
-    assert t.socket is not None  # settings require it for this kind
-    return Command(haproxy.socat_argv(t.socat, t.socket), Privilege.ROOT)
+def haproxy_argv(t: RouterTarget, words: haproxy_script.Words) -> Command:
+    """The bot's fixed HAProxy script sending ``words`` to the admin socket, as root: on a
+    host with ``become = "sudo"`` each such command line is one exact rule of
+    ``python -m bot sudoers``."""
+    assert t.socket is not None and t.backend is not None  # settings require them
+    return haproxy_script.runtime_command(t.socat, t.socket, t.backend, words)
 
 
-def _haproxy_say(t: RouterTarget, step: Step, stdin: bytes) -> Phase[tuple[str | None, str]]:
+def _haproxy_say(
+    t: RouterTarget, step: Step, words: haproxy_script.Words
+) -> Phase[tuple[str | None, str]]:
     """One Runtime API command: (why it failed to reach HAProxy or None, its reply)."""
-    r = yield from run(
-        step, haproxy_argv(t), t.command_timeout_s, quiet=True, stdin=stdin, on=t.host
-    )
+    r = yield from run(step, haproxy_argv(t, words), t.command_timeout_s, quiet=True, on=t.host)
     if r.refused is not None:
         return r.refused, ""
     if not r.ok:
-        return _failed(f"socat to {t.socket} on {t.host}", r.exit_status, r.stderr, r.stdout), ""
+        what = f"`{' '.join(words)}` to {t.socket} on {t.host}"
+        if said := haproxy_script.refusal(r.stderr):
+            # The script's own refusal: nothing reached the socket.
+            return f"the bot's HAProxy script refused {what}: {said}", ""
+        return _failed(what, r.exit_status, r.stderr, r.stdout), ""
     return None, r.stdout
 
 
 def _haproxy_read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[RouterRead]:
     assert t.backend is not None
-    failed, reply = yield from _haproxy_say(t, step, haproxy.show_stat_input())
+    failed, reply = yield from _haproxy_say(t, step, haproxy_script.SHOW_STAT)
     if failed is not None:
         return RouterRead({}, failed)
     try:
@@ -181,7 +185,7 @@ def _haproxy_read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[
 def _haproxy_set(t: RouterTarget, step: Step, server: str, state: haproxy.State) -> Phase[Change]:
     assert t.backend is not None
     failed, reply = yield from _haproxy_say(
-        t, step, haproxy.set_state_input(t.backend, server, state)
+        t, step, haproxy_script.set_state_words(t.backend, server, state)
     )
     if failed is not None:
         return failed

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from bot.core import remote
-from bot.core.routers import command, haproxy, vllm_router
+from bot.core.routers import command, haproxy, haproxy_script, vllm_router
 from bot.core.routers.target import RouterTarget
 
 # How the plan's steps name "each replica's server" before a host is picked.
@@ -26,8 +26,8 @@ def shown_out(t: RouterTarget, server: str) -> str:
             return f"on {t.host}: {remote.shown(command.fill(t.drain, server))}{tail}"
         case "haproxy":
             return (
-                f"on {t.host}: {_haproxy(t, server, 'drain')}; `show stat` until its scur is "
-                f"0; {_haproxy(t, server, 'maint')}"
+                f"on {t.host} ({_through(t)}): {_haproxy(t, server, 'drain')}; `show stat` "
+                f"until its scur is 0; {_haproxy(t, server, 'maint')}"
             )
         case "vllm-router":
             assert t.admin_url is not None
@@ -43,7 +43,7 @@ def shown_in(t: RouterTarget, server: str) -> str:
             assert t.undrain is not None
             return f"on {t.host}: {remote.shown(command.fill(t.undrain, server))}"
         case "haproxy":
-            return f"on {t.host}: {_haproxy(t, server, 'ready')}"
+            return f"on {t.host} ({_through(t)}): {_haproxy(t, server, 'ready')}"
         case "vllm-router":
             assert t.admin_url is not None
             return f"from {t.host}: POST {vllm_router.add_worker_url(t.admin_url, server)}"
@@ -51,11 +51,16 @@ def shown_in(t: RouterTarget, server: str) -> str:
             assert_never(t.kind)
 
 
+def _through(t: RouterTarget) -> str:
+    """How the commands reach HAProxy: the bot's fixed script, through socat."""
+    return f"the bot's HAProxy script, {t.socat} to {t.socket}"
+
+
 def _haproxy(t: RouterTarget, server: str, state: haproxy.State) -> str:
-    """The Runtime API command and the socat that carries it, as an operator would type it."""
-    assert t.socket is not None and t.backend is not None  # settings require them
-    line = haproxy.set_state_input(t.backend, server, state).decode().strip()
-    return f"echo '{line}' | {remote.shown(haproxy.socat_argv(t.socat, t.socket))}"
+    """The Runtime API command, as the bot's fixed HAProxy script sends it."""
+    assert t.backend is not None  # settings require it
+    words = haproxy_script.set_state_words(t.backend, server, state)
+    return f"`{' '.join(words)}`"
 
 
 def _servers(t: RouterTarget) -> str:
