@@ -450,6 +450,7 @@ class Executor:
                     notice.change,
                     notice.ok,
                     notice.detail,
+                    notice.held,
                 )
             case _:
                 assert_never(notice)

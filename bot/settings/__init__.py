@@ -52,6 +52,7 @@ from bot.settings.replicas import ReplicaSettings as ReplicaSettings
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
+from bot.settings.routers import valid_haproxy_server_name
 from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]
@@ -522,7 +523,12 @@ def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
     for h, server in svc.router_servers.items():
         if router.kind == "vllm-router":
             http_url(server)
-        elif not NAME_RE.match(server):
+        elif router.kind == "haproxy" and not valid_haproxy_server_name(server):
+            raise ValueError(
+                f"services.{name}.router_servers.{h} = {server!r} is not an HAProxy server "
+                "name (letters, digits, '.', '_', '-', ':')"
+            )
+        elif router.kind == "command" and not NAME_RE.fullmatch(server):
             raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")
     if svc.min_serving >= len(svc.hosts):
         raise ValueError(

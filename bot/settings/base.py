@@ -29,7 +29,8 @@ LOCAL = "local"
 
 
 def _name(value: str) -> str:
-    if not NAME_RE.match(value):
+    # fullmatch: `$` would let one trailing newline through ("kimi\n").
+    if not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
     return value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -11,6 +12,28 @@ from bot.settings.base import SUDO_PATH_RE, HealthUrl, Name, Section
 RouterKind = Literal["haproxy", "vllm-router", "command"]
 # The one argument of a router command the bot fills in: the replica's server name.
 SERVER_FIELD = "{server}"
+# vLLM Router's `--policy` choices (vllm-router 0.1.17).
+VllmRouterPolicy = Literal[
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+]
+
+# A server name of an HAProxy backend as the bot may send it on the admin socket: what
+# HAProxy itself allows in a name (letters, digits, `.`, `_`, `-`, and `:`, as in the
+# `10.0.0.5:8000` it names a server added without one), never `;` (its command
+# separator), a space, a newline or `/` (the backend/server separator). The one rule:
+# ``bot.core.routers.haproxy.valid_server_name`` is this function (the settings may not
+# import the core).
+HAPROXY_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,126}")
+
+
+def valid_haproxy_server_name(name: str) -> bool:
+    return HAPROXY_SERVER_NAME.fullmatch(name) is not None
 
 
 def _argv(key: str, v: list[str] | None) -> list[str] | None:
@@ -38,6 +61,12 @@ class RouterSettings(Section):
     socat: str = "/usr/bin/socat"
     # vllm-router: its admin API as seen from `host`.
     admin_url: HealthUrl | None = None
+    # vllm-router: its `--policy`. Only some policies count the requests in flight that
+    # GET /workers reports as `load` (cache_aware, power_of_two, kv_aware: checked
+    # against vllm-router 0.1.17); under the others it stays 0 however busy a worker is.
+    # Unset: not known, and the bot does not read `load` as sessions (the service's own
+    # /metrics drain decides).
+    policy: VllmRouterPolicy | None = None
     # command: argv lists; "{server}" is one argument, the replica's server.
     drain: list[str] | None = None
     undrain: list[str] | None = None
@@ -74,11 +103,9 @@ class RouterSettings(Section):
         missing = [k for k in need[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f'kind = "{self.kind}" needs {", ".join(missing)}')
-        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight"} - set(
-            need[self.kind]
-        )
-        if self.kind == "command":
-            foreign.discard("in_flight")
+        optional = {"command": {"in_flight"}, "vllm-router": {"policy"}, "haproxy": set()}
+        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight", "policy"}
+        foreign -= set(need[self.kind]) | optional[self.kind]
         extra = sorted(k for k in foreign if getattr(self, k) is not None)
         if extra:
             raise ValueError(f'kind = "{self.kind}" takes no {", ".join(extra)}')
