@@ -40,7 +40,6 @@ from tests.test_rotation_e2e import (
     settings,
 )
 
-
 # Where one replica serves every request for the whole run: 20 a second, not the 50 of
 # tests/test_rotation_e2e.py, so a loaded machine's one simulated server keeps up (a
 # stopped replica the router still routes to fails requests at any rate).

@@ -502,3 +502,19 @@ def test_policy_is_the_vllm_routers_alone_and_one_it_has() -> None:
         command_settings(router={"policy": "round_robin"})
     with pytest.raises(ValueError, match="policy"):
         vllm_router_settings("least_busy")
+
+
+def test_a_backend_name_with_a_trailing_newline_is_refused() -> None:
+    """`$` in the name rule matched before a final newline: `vllm_kimi\n` passed, and
+    would have split `set server` on the socket in two."""
+    with pytest.raises(ValueError, match="is not a valid name"):
+        command_settings(
+            router={
+                "kind": "haproxy",
+                "socket": SOCKET,
+                "backend": "vllm_kimi\n",
+                "drain": None,
+                "undrain": None,
+                "in_flight": None,
+            }
+        )
