@@ -154,3 +154,14 @@ def test_undrain_refuses_a_replica_that_serves_the_wrong_model() -> None:
     assert "refused to put h1 back in rotation: not ready" in out.summary
     assert out.state == ServiceState.UP_NOT_READY
     assert haproxy_changes(h) == [] and h.haproxy.status["node1"] == "MAINT"
+
+
+def test_drain_of_a_replica_already_out_by_hand_sends_the_router_nothing() -> None:
+    """node1 in MAINT by hand: a `state drain` would lift the MAINT (HAProxy 2.6 shows
+    `DRAIN` after it, tests/samples/routers/ha_show_stat_maint_then_drain.txt)."""
+    h = LbHost(haproxy=HAProxy(status={"node1": "MAINT", "node2": "UP"}))
+    out = run(h, Action.DRAIN)
+    assert out.status == "succeeded", out.summary
+    assert haproxy_changes(h) == [] and h.haproxy.status["node1"] == "MAINT"
+    assert "h1 was already held out of rotation by hand (MAINT); left out" in out.summary
+    assert rotations(h) == [("out", "node1", True)]

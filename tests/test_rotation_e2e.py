@@ -351,6 +351,8 @@ async def test_doctor_reads_the_real_vllm_router_and_warns_of_a_worker_it_lacks(
         [good] = await router_checks(settings(kits, lb, tmp_path, router, servers))
         assert good.outcome == Outcome.OK, good.detail
         assert good.detail.count("healthy") == 2
+        # started with its default policy, but the config does not say so
+        assert "its load is not counted (no policy set)" in good.detail
         wrong = {**servers, "gpu-node-2": "http://127.0.0.1:9"}
         [bad] = await router_checks(settings(kits, lb, tmp_path, router, wrong))
         assert bad.outcome == Outcome.WARN

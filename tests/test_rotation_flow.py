@@ -236,3 +236,19 @@ def test_an_unreadable_session_count_is_not_zero() -> None:
     assert "in_flight printed no count" in out.summary and "after 10s" in out.summary
     assert "stop" not in verbs(h)
     assert rotations(h) == [("out", "node1", True), ("in", "node1", True)]
+
+
+def test_a_replica_the_records_hold_out_is_redeployed_and_left_out() -> None:
+    """h1 itself held out (the audit log's last change for node1 is an `out`): the
+    redeploy goes on, but neither `drain` nor `undrain` runs for it, and it ends out, as
+    the operator left it, with the decision recorded."""
+    h = RoutedHost(held_out={"node1": "run #7 took it out"})
+    out = run(h)
+    assert out.status == "succeeded", out.summary
+    assert h.router.calls == []  # the router untouched at both ends
+    assert verbs(h) == ["stop", "install", "start"]
+    assert "held out of rotation by hand (run #7 took it out); left out" in out.summary
+    assert "`/vllm undrain kimi h1`" in out.summary
+    [change] = [n for n in h.notices if isinstance(n, RotationChange)]
+    assert (change.change, change.server, change.ok, change.held) == ("out", "node1", True, True)
+    assert "rotation_in" not in [s for s, _ in steps(h)]

@@ -13,14 +13,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
+from bot.cli.terminal import TerminalSink
+from bot.core import events as ev
 from bot.core.flows import HttpCheck, RunCommand, redeploy_flow
 from bot.core.phases.actions import RotationChange
+from bot.core.phases.rotation_ops import rotation_flow
 from bot.core.plan import make_plan
 from bot.core.privilege import Privilege
 from bot.core.routers import haproxy_script, text
 from bot.core.routers.target import router_target
+from bot.core.status import Action
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
+from bot.slack.thread_blocks import rotation_reply
 from tests.test_rotation_flow import rotations
 from tests.test_rotation_flow import settings as command_settings
 from tests.test_sequence import Host, drive, ok, steps, verbs
@@ -47,11 +54,12 @@ def haproxy_settings(**svc: Any) -> Settings:
     )
 
 
-def vllm_router_settings(**svc: Any) -> Settings:
+def vllm_router_settings(policy: str | None = None, **svc: Any) -> Settings:
     return command_settings(
         router={
             "kind": "vllm-router",
             "admin_url": ADMIN,
+            "policy": policy,
             "drain": None,
             "undrain": None,
             "in_flight": None,
@@ -61,9 +69,11 @@ def vllm_router_settings(**svc: Any) -> Settings:
     )
 
 
-def stat_row(backend: str, server: str, status: str, scur: int) -> str:
+def stat_row(backend: str, server: str, status: str, scur: int, weight: int = 1) -> str:
     row = dict.fromkeys(COLUMNS, "")
-    row.update(pxname=backend, svname=server, status=status, scur=str(scur), qcur="0")
+    row.update(
+        pxname=backend, svname=server, status=status, scur=str(scur), qcur="0", weight=str(weight)
+    )
     return ",".join(row[c] for c in COLUMNS)
 
 
@@ -76,6 +86,9 @@ class HAProxy:
     scur: list[int] = field(default_factory=lambda: [3, 1, 0])
     refuse: dict[str, str] = field(default_factory=dict)  # state -> HAProxy's sentence
     said: list[str] = field(default_factory=list)
+    weight: dict[str, int] = field(default_factory=dict)  # `set weight` by hand (else 1)
+    # states it answers as taken (an empty line) and does not apply
+    ignore: set[str] = field(default_factory=set)
 
     def answer(self, line: str) -> str:
         self.said.append(line)
@@ -85,7 +98,7 @@ class HAProxy:
                 n = 0
                 if server == "node1" and status != "UP":
                     n = self.scur.pop(0) if len(self.scur) > 1 else self.scur[0]
-                rows.append(stat_row("vllm_kimi", server, status, n))
+                rows.append(stat_row("vllm_kimi", server, status, n, self.weight.get(server, 1)))
             rows.append(stat_row("vllm_kimi", "BACKEND", "UP", 0))
             return HEADER + "\n" + "\n".join(rows) + "\n\n"
         _, _, target, _, state = line.split(" ")
@@ -96,6 +109,8 @@ class HAProxy:
             return "No such backend.\n\n"
         if server not in self.status:
             return "No such server.\n\n"
+        if state in self.ignore:
+            return "\n"
         self.status[server] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[state]
         return "\n"
 
@@ -108,22 +123,28 @@ class VllmRouter:
     healthy: bool = True
     up: bool = True  # the admin API answers at all
     posts: list[str] = field(default_factory=list)
+    dp: int = 1  # `--intra-node-data-parallel-size`: each worker listed once per rank
+    load: int = 0
+    ignores_removal: bool = False  # answers 200 "removed" and keeps routing to it
 
     def answer(self, a: HttpCheck) -> HttpResult:
         if not self.up:
             return HttpResult(a.url, None, error="connection refused")
         u = urlsplit(a.url)
         if u.path == "/workers":
+            ranks = [f"{w}@{i}" for w in self.workers for i in range(self.dp)]
             listed = [
-                {"url": w, "is_healthy": self.healthy, "load": 0, "worker_type": "regular"}
-                for w in self.workers
+                {"url": u, "is_healthy": self.healthy, "load": self.load, "worker_type": "regular"}
+                for u in (ranks if self.dp > 1 else self.workers)
             ]
             return HttpResult(a.url, 200, json.dumps({"workers": listed, "total": len(listed)}))
         assert a.method == "POST", a
         url = parse_qs(u.query)["url"][0]
         self.posts.append(f"{u.path} {url}")
+        # As vllm-router 0.1.17: a URL is one exact spelling (no `/` stripped), and the
+        # base URL stands for all its ranks.
         if u.path == "/remove_worker":
-            if url in self.workers:
+            if url in self.workers and not self.ignores_removal:
                 self.workers.remove(url)
             return HttpResult(a.url, 200, f"Successfully removed worker: {url}")
         if url in self.workers:
@@ -351,3 +372,174 @@ def test_haproxy_status_it_does_not_name_is_not_serving() -> None:
     assert out.status == "aborted", out.summary
     assert "the router's state for it is unknown (SOMETHING NEW)" in out.summary
     assert haproxy_changes(h) == []
+
+
+# ---- a replica out before the run, and a take-out the router did not make -------------
+
+
+@pytest.mark.parametrize(
+    ("status", "weight", "said"),
+    [
+        ("MAINT", 1, "MAINT"),
+        ("DRAIN", 1, "DRAIN"),
+        ("UP", 0, "UP, weight 0"),  # `set weight vllm_kimi/node1 0` by hand
+    ],
+)
+def test_haproxy_server_out_by_hand_is_redeployed_and_left_as_it_was(
+    status: str, weight: int, said: str
+) -> None:
+    """node1 out by the operator's hand: a `state drain` would lift its MAINT and the
+    put-back would end it; the bot sends HAProxy nothing for it and leaves it out."""
+    h = LbHost(haproxy=HAProxy(status={"node1": status, "node2": "UP"}, weight={"node1": weight}))
+    out = run(h, haproxy_settings())
+    assert out.status == "succeeded", out.summary
+    assert haproxy_changes(h) == []
+    assert h.haproxy.status["node1"] == status
+    assert v_stop_start(h)
+    assert f"held out of rotation by hand ({said}); left out" in out.summary
+    assert rotations(h) == [("out", "node1", True)]
+    assert "rotation_in" not in [s for s, _ in steps(h)]
+
+
+def v_stop_start(h: LbHost) -> bool:
+    v = verbs(h)
+    return "stop" in v and "start" in v
+
+
+def test_haproxy_sibling_of_weight_zero_is_not_serving() -> None:
+    """node2 UP with weight 0 takes no request: taking node1 out would leave none."""
+    h = LbHost(haproxy=HAProxy(weight={"node2": 0}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "0 of 1 others serving" in out.summary and "UP, weight 0" in out.summary
+    assert haproxy_changes(h) == [] and "stop" not in verbs(h)
+
+
+def test_haproxy_drain_it_answers_but_does_not_make_is_refused_before_the_stop() -> None:
+    """HAProxy answers the `state drain` as taken, yet `show stat` still shows node1 UP:
+    the bot refuses before the stop, naming what it still shows."""
+    h = LbHost(haproxy=HAProxy(ignore={"drain"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "the router still has node1 in (UP)" in out.summary
+    assert "stop" not in verbs(h) and "service untouched" in out.summary
+    assert rotations(h)[0] == ("out", "node1", False)
+
+
+def test_haproxy_servers_named_by_address_and_port() -> None:
+    servers = {"h1": "10.0.0.1:8000", "h2": "10.0.0.2:8000"}
+    h = LbHost(haproxy=HAProxy(status={"10.0.0.1:8000": "UP", "10.0.0.2:8000": "UP"}))
+    out = run(h, haproxy_settings(router_servers=servers))
+    # the fake's scur sequence is node1's: this one is idle at once
+    assert out.status == "succeeded", out.summary
+    assert haproxy_changes(h) == [
+        "set server vllm_kimi/10.0.0.1:8000 state drain",
+        "set server vllm_kimi/10.0.0.1:8000 state maint",
+        "set server vllm_kimi/10.0.0.1:8000 state ready",
+    ]
+
+
+@pytest.mark.parametrize("name", ["node1;show info", "node 1", "kimi/node1", "node1\nshow info"])
+def test_haproxy_server_names_that_could_be_a_second_command_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="is not an HAProxy server name"):
+        haproxy_settings(router_servers={"h1": name, "h2": "node2"})
+
+
+def test_vllm_router_worker_listed_with_a_trailing_slash_is_changed_as_listed() -> None:
+    """The router lists `http://10.0.0.1:8000/`, the config says `http://10.0.0.1:8000`:
+    removed and added back under the router's spelling, listed once at the end."""
+    listed = URLS["h1"] + "/"
+    h = LbHost(vllm_router=VllmRouter(workers=[listed, URLS["h2"]]))
+    out = run(h, vllm_router_settings())
+    assert out.status == "succeeded", out.summary
+    assert h.vllm_router.posts == [f"/remove_worker {listed}", f"/add_worker {listed}"]
+    assert sorted(h.vllm_router.workers) == sorted([listed, URLS["h2"]])
+
+
+def test_vllm_router_that_keeps_the_worker_is_refused_before_the_stop() -> None:
+    """200 "Successfully removed worker" and still listed (what vllm-router does with a
+    spelling it does not have): refused before the stop, naming what it lists, and no
+    second copy added."""
+    h = LbHost(vllm_router=VllmRouter(ignores_removal=True))
+    out = run(h, vllm_router_settings())
+    assert out.status == "aborted", out.summary
+    assert f"the router still has {URLS['h1']} in (healthy)" in out.summary
+    assert "stop" not in verbs(h)
+    assert h.vllm_router.posts == [f"/remove_worker {URLS['h1']}"]
+    assert h.vllm_router.workers == list(URLS.values())
+
+
+def test_vllm_router_data_parallel_ranks_are_one_replica() -> None:
+    """Each worker listed as `@0` and `@1`: the base URL is listed (min_serving passes),
+    removed and added by its base URL (every rank), and confirmed gone."""
+    h = LbHost(vllm_router=VllmRouter(dp=2))
+    out = run(h, vllm_router_settings())
+    assert out.status == "succeeded", out.summary
+    assert h.vllm_router.posts == [f"/remove_worker {URLS['h1']}", f"/add_worker {URLS['h1']}"]
+    assert sorted(h.vllm_router.workers) == sorted(URLS.values())
+
+
+def test_vllm_router_worker_removed_by_hand_is_redeployed_and_not_added_back() -> None:
+    h = LbHost(vllm_router=VllmRouter(workers=[URLS["h2"]]))
+    out = run(h, vllm_router_settings(min_serving=1))
+    assert out.status == "succeeded", out.summary
+    assert h.vllm_router.posts == [] and h.vllm_router.workers == [URLS["h2"]]
+    assert v_stop_start(h)
+    assert "held out of rotation by hand (not listed); left out" in out.summary
+
+
+@pytest.mark.parametrize(
+    ("policy", "said"),
+    [
+        (None, "sessions not known"),
+        ("round_robin", "sessions not known"),
+        ("power_of_two", "3 session(s)"),
+    ],
+)
+def test_vllm_router_load_is_sessions_only_under_a_policy_that_counts_them(
+    policy: str | None, said: str
+) -> None:
+    """`load` 3 as the router reports it: only under power_of_two is it a count; unset
+    or round_robin (where it stays 0 under load) it is not known, never "0 session(s)"."""
+    s = vllm_router_settings(policy)
+    h = LbHost(vllm_router=VllmRouter(load=3))
+    plan = make_plan(s, Action.ROTATION, "kimi")
+    out = drive(rotation_flow(plan, s.services["kimi"], "h1"), h)
+    assert said in out.summary, out.summary
+
+
+def test_a_replica_left_out_reads_as_such_in_the_thread_and_the_terminal() -> None:
+    """The row of a replica held out by hand is no "out of rotation" the bot made."""
+    said = "held out of rotation by hand (MAINT); left out"
+    held = ev.RotationChanged(1, "h1", "front", "node1", "out", True, said, held=True)
+    where = "(router front, server node1)"
+    assert rotation_reply(held).text == f"h1: {said} {where}"
+    assert TerminalSink._said(held) == f"[h1] {said} ({where[1:-1]})"
+    # the bot's own take-out still reads as before
+    made = ev.RotationChanged(1, "h1", "front", "node1", "out", True, "draining")
+    assert rotation_reply(made).text == f"h1 out of rotation {where}"
+
+
+def test_policy_is_the_vllm_routers_alone_and_one_it_has() -> None:
+    t = router_target(vllm_router_settings("kv_aware"), "kimi")
+    assert t is not None and t.policy == "kv_aware"
+    with pytest.raises(ValueError, match="takes no policy"):
+        command_settings(router={"policy": "round_robin"})
+    with pytest.raises(ValueError, match="policy"):
+        vllm_router_settings("least_busy")
+
+
+def test_a_backend_name_with_a_trailing_newline_is_refused() -> None:
+    """`$` in the name rule matched before a final newline: `vllm_kimi\n` passed, and
+    would have split `set server` on the socket in two."""
+    with pytest.raises(ValueError, match="is not a valid name"):
+        command_settings(
+            router={
+                "kind": "haproxy",
+                "socket": SOCKET,
+                "backend": "vllm_kimi\n",
+                "drain": None,
+                "undrain": None,
+                "in_flight": None,
+            }
+        )

@@ -7,11 +7,12 @@ serving one must not read as out."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bot.core.routers import haproxy, vllm_router
+from bot.core.routers import haproxy, haproxy_script, vllm_router
 from bot.core.routers.view import Rotation
 
 SAMPLES = Path(__file__).parent / "samples" / "routers"
@@ -61,10 +62,10 @@ def test_show_stat_columns_found_by_name_not_position() -> None:
     """HAProxy added columns over the versions (1.5 had 62, 2.6 has 100+): an older,
     shorter header with the fields in its own places still reads."""
     text = (
-        "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status\n"
-        "kimi,gpu1,0,0,3,5,,10,UP\n"
-        "kimi,gpu2,0,0,0,1,,4,MAINT\n"
-        "kimi,BACKEND,0,0,3,5,,14,UP\n"
+        "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,weight\n"
+        "kimi,gpu1,0,0,3,5,,10,UP,1\n"
+        "kimi,gpu2,0,0,0,1,,4,MAINT,1\n"
+        "kimi,BACKEND,0,0,3,5,,14,UP,1\n"
     )
     views = haproxy.parse_show_stat(text, "kimi")
     assert views["gpu1"].sessions == 3 and views["gpu1"].rotation == Rotation.IN
@@ -78,6 +79,8 @@ def test_show_stat_columns_found_by_name_not_position() -> None:
         "",  # socat got nothing (HAProxy closed the socket)
         "Unknown command. Please enter one of the following commands only :\n  help\n",
         "# pxname,svname,status\nkimi,gpu1,UP\n",  # no scur column
+        # no weight column: an UP server of weight 0 serves nothing
+        "# pxname,svname,scur,status\nkimi,gpu1,0,UP\n",
     ],
 )
 def test_show_stat_refuses_what_is_not_show_stat(reply: str) -> None:
@@ -105,7 +108,68 @@ def test_set_server_answers() -> None:
 )
 def test_status_words_haproxy_prints(status: str, rotation: Rotation, up: bool | None) -> None:
     # the words of HAProxy 2.6's stats.c (srv_hlt_st) not in the captures above
-    assert haproxy.rotation_of(status) == (rotation, up)
+    assert haproxy.rotation_of(status, 1) == (rotation, up)
+
+
+def test_weight_zero_is_draining_not_serving() -> None:
+    """`set weight kimi/gpu2 0` (ha_show_stat_weight0.txt): HAProxy keeps its status
+    `UP` and sends it nothing; it must never count as serving."""
+    views = haproxy.parse_show_stat(sample("ha_show_stat_weight0.txt"), "kimi")
+    v = views["gpu2"]
+    assert (v.rotation, v.up, v.detail) == (Rotation.DRAINING, True, "UP, weight 0")
+    # the other server, weight 1, serves as before
+    assert (views["gpu1"].rotation, views["gpu1"].detail) == (Rotation.IN, "UP")
+
+
+def test_weight_unreadable_is_unknown_not_serving() -> None:
+    """The real reply with gpu1's weight field emptied: no proof it takes requests."""
+    lines = sample("ha_show_stat.txt").lstrip("\n").splitlines()
+    at = lines[0][2:].split(",").index("weight")
+    rows = [ln.split(",") for ln in lines[1:]]
+    for row in rows:
+        if row[:2] == ["kimi", "gpu1"]:
+            row[at] = ""
+    text = "\n".join([lines[0], *(",".join(r) for r in rows)])
+    views = haproxy.parse_show_stat(text, "kimi")
+    assert (views["gpu1"].rotation, views["gpu1"].detail) == (
+        Rotation.UNKNOWN,
+        "UP, weight unknown",
+    )
+    assert views["gpu2"].rotation == Rotation.IN
+
+
+def test_server_named_by_address_and_port() -> None:
+    """HAProxy names a server `10.0.0.5:8000` (haproxy_capture_colon.cfg): the real
+    HAProxy takes `set server colon/10.0.0.5:8000 state drain` (one empty line) and
+    shows it DRAIN."""
+    name = "10.0.0.5:8000"
+    assert haproxy.valid_server_name(name)
+    words = haproxy_script.set_state_words("colon", name, "drain")
+    assert " ".join(words) == "set server colon/10.0.0.5:8000 state drain"
+    assert haproxy.parse_answer(sample("ha_set_colon_drain.txt")) is None
+    views = haproxy.parse_show_stat(sample("ha_show_stat_colon_drain.txt"), "colon")
+    assert views[name].rotation == Rotation.DRAINING and views["gpu2"].rotation == Rotation.IN
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("gpu1", True),
+        ("10.0.0.5:8000", True),
+        ("node-1.rack_2", True),
+        ("srv1", True),  # what `server-template srv 1-3` names them
+        ("a;show info", False),  # `;` separates HAProxy commands (it ran `show info`)
+        ("a b", False),
+        ("gpu1\n", False),
+        ("gpu1\nshow info", False),
+        ("kimi/gpu1", False),
+        ("", False),
+        (":8000", False),
+        ("-x", False),
+    ],
+)
+def test_server_names_that_may_reach_the_socket(name: str, ok: bool) -> None:
+    assert haproxy.valid_server_name(name) is ok
 
 
 # ---- vLLM Router -----------------------------------------------------------------------
@@ -115,11 +179,11 @@ W1, W2 = "http://127.0.0.1:18001", "http://127.0.0.1:18002"
 
 def test_workers_both_listed() -> None:
     status, body = http_reply("vr_workers_two.txt")
-    read = vllm_router.parse_workers(status, body, [W1, W2])
+    read = vllm_router.parse_workers(status, body, [W1, W2], policy="cache_aware")
     assert read.error is None
     for w in (W1, W2):
         v = read.of(w)
-        assert (v.rotation, v.up, v.sessions) == (Rotation.IN, True, 0)
+        assert (v.rotation, v.up, v.sessions, v.names) == (Rotation.IN, True, 0, (w,))
 
 
 def test_workers_removed_one_is_out() -> None:
@@ -131,7 +195,103 @@ def test_workers_removed_one_is_out() -> None:
 
 def test_workers_trailing_slash_is_the_same_worker() -> None:
     status, body = http_reply("vr_workers_two.txt")
-    assert vllm_router.parse_workers(status, body, [W1 + "/"]).of(W1 + "/").rotation == Rotation.IN
+    v = vllm_router.parse_workers(status, body, [W1 + "/"]).of(W1 + "/")
+    # found, and named as the router has it: what a change must send
+    assert (v.rotation, v.names) == (Rotation.IN, (W1,))
+
+
+def test_worker_listed_with_a_trailing_slash_is_named_as_listed() -> None:
+    """A router given `http://127.0.0.1:18001/` keeps that spelling, and
+    `remove_worker?url=http://127.0.0.1:18001` left it listed (vr_workers_slash.txt,
+    read after that 200 "Successfully removed worker", vr_remove_other_spelling.txt)."""
+    assert (
+        vllm_router.parse_change(*http_reply("vr_remove_other_spelling.txt"), None, add=False)
+        is None
+    )
+    status, body = http_reply("vr_workers_slash.txt")
+    v = vllm_router.parse_workers(status, body, [W1]).of(W1)
+    assert (v.rotation, v.up, v.names) == (Rotation.IN, True, (W1 + "/",))
+    assert v.detail == f"healthy, as {W1}/"
+
+
+def test_worker_listed_twice_is_one_replica_with_both_names() -> None:
+    """add_worker of `http://127.0.0.1:18001` beside `.../18001/` listed it twice
+    (vr_workers_listed_twice.txt): both are the one replica, each to be removed."""
+    status, body = http_reply("vr_workers_listed_twice.txt")
+    v = vllm_router.parse_workers(status, body, [W1]).of(W1)
+    assert v.rotation == Rotation.IN and set(v.names) == {W1, W1 + "/"}
+
+
+def test_data_parallel_ranks_are_the_configured_worker() -> None:
+    """`--intra-node-data-parallel-size 2` lists `http://h:p@0` and `@1`
+    (vr_workers_dp.txt): the base URL is listed, healthy, named by its base."""
+    status, body = http_reply("vr_workers_dp.txt")
+    read = vllm_router.parse_workers(status, body, [W1, W2])
+    for w in (W1, W2):
+        v = read.of(w)
+        assert (v.rotation, v.up, v.names, v.detail) == (
+            Rotation.IN,
+            True,
+            (w,),
+            "healthy, 2 ranks",
+        )
+
+
+def test_data_parallel_load_is_the_sum_of_the_ranks() -> None:
+    """Six requests in flight under power_of_two (vr_workers_dp_inflight.txt): :18001's
+    ranks hold 2 + 2, :18002's 2 + 0."""
+    status, body = http_reply("vr_workers_dp_inflight.txt")
+    read = vllm_router.parse_workers(status, body, [W1, W2], policy="power_of_two")
+    assert (read.of(W1).sessions, read.of(W2).sessions) == (4, 2)
+
+
+def test_data_parallel_worker_is_up_only_when_every_rank_is() -> None:
+    """The real list with one rank of :18002 marked unhealthy: the replica is down."""
+    status, body = http_reply("vr_workers_dp.txt")
+    listed = json.loads(body)
+    for w in listed["workers"]:
+        if w["url"] == W2 + "@1":
+            w["is_healthy"] = False
+    read = vllm_router.parse_workers(status, json.dumps(listed), [W1, W2])
+    assert read.of(W2).up is False and read.of(W2).rotation == Rotation.IN
+    assert read.of(W1).up is True
+
+
+def test_data_parallel_worker_removed_by_its_base_url_is_out() -> None:
+    """remove_worker?url=http://127.0.0.1:18002 removed both its ranks
+    (vr_dp_remove_base.txt, then vr_workers_dp_removed.txt)."""
+    assert vllm_router.parse_change(*http_reply("vr_dp_remove_base.txt"), None, add=False) is None
+    status, body = http_reply("vr_workers_dp_removed.txt")
+    read = vllm_router.parse_workers(status, body, [W1, W2])
+    assert read.of(W2).rotation == Rotation.OUT and read.of(W1).rotation == Rotation.IN
+
+
+@pytest.mark.parametrize(
+    ("policy", "counted"),
+    [
+        ("round_robin", False),
+        ("random", False),
+        ("consistent_hash", False),
+        ("sticky_least_loaded", False),
+        ("cache_aware", True),
+        ("power_of_two", True),
+        ("kv_aware", True),
+    ],
+)
+def test_load_is_a_count_only_under_the_policies_that_keep_it(policy: str, counted: bool) -> None:
+    """Four requests in flight through a router of each policy
+    (vr_workers_inflight_<policy>.txt): only three count them in `load`; under the others
+    it reads 0, which must not pass for "no session"."""
+    status, body = http_reply(f"vr_workers_inflight_{policy}.txt")
+    read = vllm_router.parse_workers(status, body, [W1, W2], policy=policy)
+    sessions = [read.of(w).sessions for w in (W1, W2)]
+    if counted:
+        assert sum(s or 0 for s in sessions) == 4
+    else:
+        assert sessions == [None, None]
+    # with no policy configured, never a count
+    unset = vllm_router.parse_workers(status, body, [W1, W2])
+    assert [unset.of(w).sessions for w in (W1, W2)] == [None, None]
 
 
 @pytest.mark.parametrize(
@@ -157,6 +317,11 @@ def test_worker_changes() -> None:
     assert vllm_router.parse_change(*http_reply("vr_add_ok.txt"), None, add=True) is None
     # putting back a worker the router already has is the state wanted
     assert vllm_router.parse_change(*http_reply("vr_add_exists.txt"), None, add=True) is None
+    # ... with data-parallel ranks, every rank already there (vr_dp_add_exists.txt)
+    assert vllm_router.parse_change(*http_reply("vr_dp_add_exists.txt"), None, add=True) is None
+    assert (
+        vllm_router.parse_change(*http_reply("vr_dp_add_exists.txt"), None, add=False) is not None
+    )
     # ... but the same words never make a removal look done
     assert vllm_router.parse_change(*http_reply("vr_add_exists.txt"), None, add=False) is not None
     status, body = http_reply("vr_add_unhealthy_timeout.txt")

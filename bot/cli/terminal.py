@@ -163,6 +163,8 @@ class TerminalSink:
                 return f"run #{event.run_id}: ! {event.text}"
             case ev.RotationChanged():
                 where = f"router {event.router}, server {event.server}"
+                if event.held:
+                    return f"[{event.host}] {event.detail} ({where})"
                 if not event.ok:
                     return (
                         f"[{event.host}] ! rotation {event.change} failed ({where}): {event.detail}"

@@ -127,6 +127,8 @@ class RotationChanged:
     change: Literal["out", "in"]
     ok: bool
     detail: str = ""
+    # Out before the run (by hand) and left so: nothing was sent to the router.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,13 +170,14 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     if said is not None:
         return HostOutcome(HostStatus.ABORTED, said, untouched, before, None)
 
-    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
-        return ended
+    taken = yield from out_and_stop(plan, svc, host, before, untouched)
+    if isinstance(taken, HostOutcome):
+        return taken
 
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
         ended = yield from recover_after_cancel(svc, host, before, "during drain")
-        return (yield from back_in(plan, svc, host, ended))
+        return (yield from back_in(plan, svc, host, ended, taken))
     if drain == "failed":
         stopped = ServiceState.STOPPED
         failed = HostOutcome(
@@ -187,13 +188,13 @@ def redeploy_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
-        return (yield from back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed, taken))
     if built is None:
         outcome = yield from _reinstall_and_start(plan, svc, host, before, pre.target, pre.env)
     else:
         outcome = yield from switch_and_start(plan, svc, host, before, built)
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
-    return (yield from back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome, taken))
 
 
 def _before_the_stop(
@@ -232,21 +233,24 @@ def _before_the_stop(
 
 def out_and_stop(
     plan: Plan, svc: ServiceSettings, host: str, before: str | None, untouched: ServiceState
-) -> Phase[HostOutcome | None]:
+) -> Phase[HostOutcome | rotation.Taken]:
     """Behind a router: out of rotation first (bot.core.phases.rotation), then the
-    request drain and the stop. None once stopped; else the run's end, the service
-    untouched and, where it was taken out, back in rotation."""
+    request drain and the stop. How it left rotation once stopped (``Taken()`` without a
+    router); else the run's end, the service untouched and, where the bot took it out,
+    back in rotation."""
+    taken = rotation.NOTHING_TAKEN
     if plan.router is not None:
-        refused = yield from rotation.take_out(plan, svc, host, _batch_of(plan, host))
-        if refused is not None:
+        out = yield from rotation.take_out(plan, svc, host, _batch_of(plan, host))
+        if isinstance(out, str):
             return HostOutcome(
-                HostStatus.ABORTED, f"{refused}; service untouched", untouched, before, None
+                HostStatus.ABORTED, f"{out}; service untouched", untouched, before, None
             )
+        taken = out
     ended = yield from cancelled_before_change(before, untouched)
     if ended is None:
         ended = yield from quiesce_and_stop(plan, svc, before, untouched)
     if ended is not None and plan.router is not None and ended.state == untouched:
-        return (yield from rotation.untouched_end(plan, svc, host, ended))
+        return (yield from rotation.untouched_end(plan, svc, host, ended, taken))
     if ended is not None and plan.router is not None:
         return HostOutcome(
             ended.status,
@@ -255,15 +259,18 @@ def out_and_stop(
             ended.version_before,
             ended.version_after,
         )
-    return ended
+    return taken if ended is None else ended
 
 
-def back_in(plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome) -> Flow:
+def back_in(
+    plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome, taken: rotation.Taken
+) -> Flow:
     """The end of a change that stopped the service: behind a router, back in rotation
-    when it ended healthy, else out of it and the outcome says how to put it back."""
+    when it ended healthy (and the bot took it out), else out of it and the outcome says
+    how to put it back."""
     if plan.router is None:
         return outcome
-    return (yield from rotation.rotated_end(plan, svc, host, outcome))
+    return (yield from rotation.rotated_end(plan, svc, host, outcome, taken))
 
 
 def _batch_of(plan: Plan, host: str) -> tuple[str, ...]:
@@ -358,8 +365,9 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return _refused_before(check.refusal, untouched, before)
-    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
-        return ended
+    taken = yield from out_and_stop(plan, svc, host, before, untouched)
+    if isinstance(taken, HostOutcome):
+        return taken
     drain, reason = yield from drain_clean(svc, host)
     if drain == "failed":
         stopped = ServiceState.STOPPED
@@ -375,13 +383,14 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
                     before,
                     None,
                 ),
+                taken,
             )
         )
     err = yield from start_and_gate(svc, Step.START, Step.HEALTH)
     if err is not None:
         state, left = yield from left_as(svc, Step.HEALTH, err)
         failed = HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state, before, None)
-        return (yield from back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed, taken))
     after = yield from postcheck(svc, host)
     status = HostStatus.CANCELLED if drain == "cancelled" else HostStatus.SUCCEEDED
     outcome = yield from gpu_recheck(
@@ -391,7 +400,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
         plan.is_local(host),
     )
-    return (yield from back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome, taken))
 
 
 def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
@@ -422,12 +431,13 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     check = yield from gpu_check(svc, host, plan.is_local(host))
     if check.refusal is not None:
         return _refused_before(check.refusal, untouched, before)
-    if (ended := (yield from out_and_stop(plan, svc, host, before, untouched))) is not None:
-        return ended
+    taken = yield from out_and_stop(plan, svc, host, before, untouched)
+    if isinstance(taken, HostOutcome):
+        return taken
     drain, reason = yield from drain_clean(svc, host)
     if drain == "cancelled":
         ended = yield from recover_after_cancel(svc, host, before, "during drain")
-        return (yield from back_in(plan, svc, host, ended))
+        return (yield from back_in(plan, svc, host, ended, taken))
     if drain == "failed":
         stopped = ServiceState.STOPPED
         failed = HostOutcome(
@@ -438,10 +448,10 @@ def release_rollback_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
             before,
             None,
         )
-        return (yield from back_in(plan, svc, host, failed))
+        return (yield from back_in(plan, svc, host, failed, taken))
     outcome = yield from switch_and_start(plan, svc, host, before, Built(target.name, live))
     outcome = yield from gpu_recheck(svc, host, check, outcome, plan.is_local(host))
-    return (yield from back_in(plan, svc, host, outcome))
+    return (yield from back_in(plan, svc, host, outcome, taken))
 
 
 FLOWS: dict[RunAction, Callable[[Plan, ServiceSettings, str], Flow]] = {

@@ -42,7 +42,7 @@ from bot.core.phases.host_steps import (
     sudo_allows,
 )
 from bot.core.phases.preflight import Refused, preflight_unit
-from bot.core.phases.rotation import stays_out
+from bot.core.phases.rotation import NOTHING_TAKEN, Taken, stays_out
 from bot.core.phases.start import left_as, start_and_gate
 from bot.core.phases.stop import quiesce_and_stop
 from bot.core.phases.terminate import drain_clean
@@ -63,6 +63,8 @@ class _Part:
     plan: Plan  # the service's own restart plan of this host
     svc: ServiceSettings
     before: ServiceState
+    # How it left its router's rotation before its stop (nothing, without a router).
+    taken: Taken = NOTHING_TAKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,7 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
         # that would fix it could never run.
         part = replace(p.plan, force=True) if p.before == ServiceState.DOWN else p.plan
         ended = yield from out_and_stop(part, p.svc, host, None, p.before)
-        if ended is not None:
+        if not isinstance(ended, Taken):
             # Cancelled before its stop, or refused (its router, its load): the run ends
             # as that service's did; a stop that failed is a failed run.
             cancelled = ended.status in (HostStatus.CANCELLED, HostStatus.ABORTED)
@@ -164,7 +166,7 @@ def _stop_all(plan: Plan, running: Sequence[_Part], host: str) -> Phase[list[_Pa
                 else f"{p.plan.service} did not stop"
             )
             return (yield from _abandon(host, stopped, why, status, [_of(p, ended)]))
-        stopped.append(p)
+        stopped.append(replace(p, taken=ended))
     for p in stopped:
         drain, reason = yield from drain_clean(p.svc, host)
         if drain == "cancelled":
@@ -226,7 +228,7 @@ def _start(p: _Part, host: str, *, hold_out: bool = False) -> Phase[_Ended]:
     if err is not None:
         state, left = yield from left_as(p.svc, Step.HEALTH, err)
         failed = HostOutcome(HostStatus.FAILED, f"{err.reason}. {left}", state)
-        outcome = failed if hold_out else (yield from back_in(p.plan, p.svc, host, failed))
+        outcome = failed if hold_out else (yield from back_in(p.plan, p.svc, host, failed, p.taken))
         return _of(p, outcome)
     healthy = HostOutcome(HostStatus.SUCCEEDED, "started, healthy", ServiceState.UP)
     if hold_out:
@@ -234,7 +236,7 @@ def _start(p: _Part, host: str, *, hold_out: bool = False) -> Phase[_Ended]:
             f"; {stays_out(p.plan, host)}" if p.plan.router is not None else ""
         )
         return _Ended(p.plan.service, ServiceState.UP, True, kept)
-    return _of(p, (yield from back_in(p.plan, p.svc, host, healthy)))
+    return _of(p, (yield from back_in(p.plan, p.svc, host, healthy, p.taken)))
 
 
 def _abandon(

@@ -95,6 +95,8 @@ class Plan:
             del d["force"]  # so plans stored before --force existed still compare equal
         if self.router is None:
             del d["router"]  # likewise for plans of services without a router
+        elif self.router.policy is None:
+            del d["router"]["policy"]  # and for routers stored before it was a setting
         if self.parts:
             d["parts"] = [p.to_json() for p in self.parts]
         else:

@@ -469,6 +469,7 @@ class Executor:
                     notice.change,
                     notice.ok,
                     notice.detail,
+                    notice.held,
                 )
             case ReleaseSwitch():
                 return ev.ReleaseSwitched(

@@ -54,6 +54,7 @@ from bot.settings.routers import HAPROXY_NAME_RE as HAPROXY_NAME_RE
 from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
+from bot.settings.routers import valid_haproxy_server_name
 from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]
@@ -560,10 +561,10 @@ def _check_router(settings: Settings, name: str, svc: ServiceSettings) -> None:
     for h, server in svc.router_servers.items():
         if router.kind == "vllm-router":
             http_url(server)
-        elif router.kind == "haproxy" and not HAPROXY_NAME_RE.fullmatch(server):
+        elif router.kind == "haproxy" and not valid_haproxy_server_name(server):
             raise ValueError(
                 f"services.{name}.router_servers.{h} = {server!r} is not an HAProxy server "
-                "name (letters, digits, '.', '_', ':', '-')"
+                "name (letters, digits, '.', '_', '-', ':')"
             )
         elif router.kind == "command" and not NAME_RE.fullmatch(server):
             raise ValueError(f"services.{name}.router_servers.{h} = {server!r} is not a name")

@@ -29,6 +29,7 @@ LOCAL = "local"
 
 
 def _name(value: str) -> str:
+    # fullmatch: `$` would let one trailing newline through ("kimi\n").
     if not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
     return value

@@ -19,6 +19,23 @@ RouterKind = Literal["haproxy", "vllm-router", "command"]
 HAPROXY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
 # The one argument of a router command the bot fills in: the replica's server name.
 SERVER_FIELD = "{server}"
+# vLLM Router's `--policy` choices (vllm-router 0.1.17).
+VllmRouterPolicy = Literal[
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+]
+
+
+def valid_haproxy_server_name(name: str) -> bool:
+    """Whether ``name`` may be sent on the admin socket as a backend or server name
+    (``HAPROXY_NAME_RE``, whole): ``bot.core.routers.haproxy.valid_server_name`` is this
+    function (the settings may not import the core)."""
+    return HAPROXY_NAME_RE.fullmatch(name) is not None
 
 
 def _argv(key: str, v: list[str] | None) -> list[str] | None:
@@ -46,6 +63,12 @@ class RouterSettings(Section):
     socat: str = "/usr/bin/socat"
     # vllm-router: its admin API as seen from `host`.
     admin_url: HealthUrl | None = None
+    # vllm-router: its `--policy`. Only some policies count the requests in flight that
+    # GET /workers reports as `load` (cache_aware, power_of_two, kv_aware: checked
+    # against vllm-router 0.1.17); under the others it stays 0 however busy a worker is.
+    # Unset: not known, and the bot does not read `load` as sessions (the service's own
+    # /metrics drain decides).
+    policy: VllmRouterPolicy | None = None
     # command: argv lists; "{server}" is one argument, the replica's server.
     drain: list[str] | None = None
     undrain: list[str] | None = None
@@ -82,11 +105,9 @@ class RouterSettings(Section):
         missing = [k for k in need[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f'kind = "{self.kind}" needs {", ".join(missing)}')
-        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight"} - set(
-            need[self.kind]
-        )
-        if self.kind == "command":
-            foreign.discard("in_flight")
+        optional = {"command": {"in_flight"}, "vllm-router": {"policy"}, "haproxy": set()}
+        foreign = {"socket", "backend", "admin_url", "drain", "undrain", "in_flight", "policy"}
+        foreign -= set(need[self.kind]) | optional[self.kind]
         extra = sorted(k for k in foreign if getattr(self, k) is not None)
         if extra:
             raise ValueError(f'kind = "{self.kind}" takes no {", ".join(extra)}')

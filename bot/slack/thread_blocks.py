@@ -137,7 +137,9 @@ def notice_reply(text: str) -> Message:
 def rotation_reply(event: RotationChanged) -> Message:
     """A replica taken out of its router's rotation or put back, or a change that failed."""
     where = f"(router {event.router}, server {event.server})"
-    if not event.ok:
+    if event.held:
+        said, icon = f"{event.host}: {event.detail} {where}", ":no_entry_sign:"
+    elif not event.ok:
         way = "out of" if event.change == "out" else "back into"
         said = f"{event.host}: taking it {way} rotation {where} failed: {event.detail}"
         icon = ":warning:"

@@ -9,6 +9,7 @@ its admin API lists the workers healthy), never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import sys
@@ -192,7 +193,12 @@ async def http(
 
 
 @asynccontextmanager
-async def vllm_router(root: Path, workers: Sequence[str]) -> AsyncIterator[VllmRouter]:
+async def vllm_router(
+    root: Path, workers: Sequence[str], *, policy: str | None = None, dp: int = 1
+) -> AsyncIterator[VllmRouter]:
+    """The router in front of ``workers`` (as given: a trailing ``/`` is kept);
+    ``policy``: its ``--policy`` (its own default, cache_aware, without); ``dp``: its
+    ``--intra-node-data-parallel-size`` (each worker then listed once per rank)."""
     require(VLLM_ROUTER)
     root.mkdir(parents=True, exist_ok=True)
     r = VllmRouter(free_port(), root / "vllm-router.log")
@@ -213,6 +219,8 @@ async def vllm_router(root: Path, workers: Sequence[str]) -> AsyncIterator[VllmR
         # workers) collided there and the second one exited ("Address already in use").
         "--prometheus-port",
         str(free_port()),
+        *(["--policy", policy] if policy else []),
+        *(["--intra-node-data-parallel-size", str(dp)] if dp > 1 else []),
     ]
     with r.log.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
@@ -223,7 +231,7 @@ async def vllm_router(root: Path, workers: Sequence[str]) -> AsyncIterator[VllmR
                 raise RuntimeError(f"vllm-router exited {proc.returncode}: {r.log.read_text()}")
             status, body = await http(r.port, "GET", "/workers")
             listed = json.loads(body).get("workers", []) if status == 200 else []
-            return len(listed) == len(workers) and all(w.get("is_healthy") for w in listed)
+            return len(listed) == len(workers) * dp and all(w.get("is_healthy") for w in listed)
 
         await _until("vllm-router", up, 60.0)
         yield r
@@ -346,25 +354,51 @@ class Watch:
 
 
 def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
-    """In rotation: HAProxy would send it requests (UP, not DRAIN or MAINT)."""
+    """In rotation: HAProxy would send it requests: UP (not DRAIN or MAINT) and a weight
+    above 0. Read from the CSV here, apart from the bot's parser."""
 
     async def read() -> dict[str, bool]:
-        views = parse_show_stat(await h.say("show stat"), h.backend)
-        return {n: v.detail.split(" ")[0] == "UP" for n, v in views.items()}
+        lines = (await h.say("show stat")).lstrip("\n").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise ValueError("not show stat")
+        header = lines[0][2:].split(",")
+        at = {n: header.index(n) for n in ("pxname", "svname", "status", "weight")}
+        out: dict[str, bool] = {}
+        for row in csv.reader(lines[1:]):
+            if len(row) <= max(at.values()) or row[at["pxname"]] != h.backend:
+                continue
+            if row[at["svname"]] in ("FRONTEND", "BACKEND"):
+                continue
+            status, weight = row[at["status"]], row[at["weight"]]
+            out[row[at["svname"]]] = status.split(" ")[0] == "UP" and weight not in ("", "0")
+        return out
 
     return read
+
+
+async def listed_workers(r: VllmRouter) -> list[tuple[str, bool]]:
+    """GET /workers: each URL exactly as the router lists it, and whether it is healthy."""
+    status, body = await http(r.port, "GET", "/workers")
+    if status != 200:
+        raise ValueError(status)
+    return [(w["url"], bool(w.get("is_healthy"))) for w in json.loads(body)["workers"]]
+
+
+def same_worker(listed: str, worker: str) -> bool:
+    """The router routes to ``worker`` under ``listed``: the same URL but for a trailing
+    ``/`` or a data-parallel rank (``@0``); written here apart from the bot's own rule."""
+    base, at, rank = listed.rpartition("@")
+    url = base if at and rank.isdigit() else listed
+    return url.rstrip("/") == worker.rstrip("/")
 
 
 def vllm_router_view(
     r: VllmRouter, workers: Sequence[str]
 ) -> Callable[[], Awaitable[dict[str, bool]]]:
-    """In rotation: listed by GET /workers and healthy."""
+    """In rotation: listed by GET /workers under any spelling or rank, healthy."""
 
     async def read() -> dict[str, bool]:
-        status, body = await http(r.port, "GET", "/workers")
-        if status != 200:
-            raise ValueError(status)
-        listed = {w["url"]: bool(w.get("is_healthy")) for w in json.loads(body)["workers"]}
-        return {w: listed.get(w, False) for w in workers}
+        listed = await listed_workers(r)
+        return {w: any(ok for url, ok in listed if same_worker(url, w)) for w in workers}
 
     return read

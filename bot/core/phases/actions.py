@@ -135,6 +135,9 @@ class RotationChange:
     change: RotationChangeKind
     ok: bool
     detail: str = ""
+    # The replica was out before the run (by hand): the bot left it so and sent the
+    # router nothing; the row records the decision (``detail`` says why).
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

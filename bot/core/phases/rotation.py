@@ -11,7 +11,7 @@ never put back unready."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bot.core.phases.actions import (
     BeginStep,
@@ -104,10 +104,33 @@ def others_serving(
     return Serving(tuple(serving), tuple(not_serving))
 
 
-def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) -> Phase[str | None]:
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A replica out of rotation before its stop, and how: its end undoes only what the
+    bot did."""
+
+    # None: the bot took it out. Else it was out before the bot came (MAINT, DRAIN,
+    # weight 0, not listed; for the command kind, the audit log's record), in the
+    # router's words: it ends as the operator left it, the router touched at neither end.
+    held: str | None = None
+    # The router's own names for it before (vllm-router: the URLs GET /workers listed
+    # it under), to put it back under the same one.
+    names: tuple[str, ...] = ()
+
+
+# A replica without a router, or one the rotation has nothing to undo for.
+NOTHING_TAKEN = Taken()
+
+
+def held_text(held: str) -> str:
+    return f"held out of rotation by hand ({held}); left out"
+
+
+def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) -> Phase[Taken | str]:
     """Take ``host`` out of rotation and wait until the router holds no session for it.
-    ``out``: the hosts going out with it (its batch). None once it is out; else why it was
-    refused, with the replica left in rotation (put back where the take-out had begun)."""
+    ``out``: the hosts going out with it (its batch). How it is out once it is (one held
+    out by hand before is left so); else why it was refused, with the replica left in
+    rotation (put back where the take-out had begun)."""
     t = _target(plan)
     server = t.server(host)
     yield Emit(BeginStep(Step.ROTATION_OUT, text.shown_out(t, server)))
@@ -121,14 +144,32 @@ def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) ->
         )
         yield Emit(EndStep(Step.ROTATION_OUT, False, why))
         return why
-    failed = yield from ops.take_out(t, Step.ROTATION_OUT, server)
+    own = read.of(server)
+    if read.error is None and own.rotation in (Rotation.OUT, Rotation.DRAINING):
+        # Out before the bot came: an operator's decision the bot must not undo (a
+        # `state drain` would lift a MAINT, a put-back would end it).
+        said = held_text(own.detail or str(own.rotation))
+        yield Emit(RotationChange(t.name, server, "out", True, said, held=True))
+        yield Emit(
+            EndStep(
+                Step.ROTATION_OUT,
+                True,
+                f"{host} {said}, the router untouched (server {server}); {others.describe(total)}",
+            )
+        )
+        return Taken(held=own.detail or str(own.rotation))
+    failed = yield from ops.take_out(t, Step.ROTATION_OUT, server, own.names)
+    if failed is None:
+        failed = yield from _still_in(t, server, finished=False)
     yield Emit(RotationChange(t.name, server, "out", failed is None, failed or "draining"))
     if failed is None:
         failed = yield from _wait_idle(plan, t, host, server)
     if failed is None:
         failed = yield from ops.finish_out(t, Step.ROTATION_OUT, server)
+    if failed is None:
+        failed = yield from _still_in(t, server, finished=True)
     if failed is not None:
-        undone = yield from _undo(t, server)
+        undone = yield from _undo(t, server, own.names)
         why = f"could not take {host} out of rotation: {failed}; {undone}"
         yield Emit(EndStep(Step.ROTATION_OUT, False, why))
         return why
@@ -139,11 +180,27 @@ def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) ->
             f"{host} out of rotation (server {server}); {others.describe(total)}",
         )
     )
-    return None
+    return Taken(names=own.names)
 
 
-def _undo(t: RouterTarget, server: str) -> Phase[str]:
-    back = yield from ops.put_back(t, Step.ROTATION_OUT, server)
+def _still_in(t: RouterTarget, server: str, *, finished: bool) -> Phase[str | None]:
+    """After a take-out the router said it took: read it again and require ``server``
+    gone or draining (a router may answer "removed" and keep routing to it). None when
+    it is; else what the router still shows. A kind that cannot be read passes."""
+    wanted = ops.out_states(t, finished=finished)
+    if wanted is None:
+        return None
+    read = yield from ops.read(t, Step.ROTATION_OUT, [server])
+    if read.error is not None:
+        return f"cannot confirm {server} is out of rotation: {read.error}"
+    view = read.of(server)
+    if view.rotation in wanted:
+        return None
+    return f"the router still has {server} {view.rotation} ({view.detail or 'no detail'})"
+
+
+def _undo(t: RouterTarget, server: str, names: Sequence[str]) -> Phase[str]:
+    back = yield from ops.put_back(t, Step.ROTATION_OUT, server, names)
     yield Emit(RotationChange(t.name, server, "in", back is None, back or "undone"))
     return "put back in rotation" if back is None else f"putting it back failed too: {back}"
 
@@ -170,9 +227,12 @@ def _wait_idle(plan: Plan, t: RouterTarget, host: str, server: str) -> Phase[str
         yield from pause(t.poll_s)
 
 
-def put_back(plan: Plan, svc: ServiceSettings, host: str) -> Phase[str | None]:
+def put_back(
+    plan: Plan, svc: ServiceSettings, host: str, names: Sequence[str] = ()
+) -> Phase[str | None]:
     """Put a healthy ``host`` back and confirm the router sends it requests. None when it
-    serves again; else why it stays out."""
+    serves again; else why it stays out. ``names``: the router's own names for it before
+    it was taken out."""
     t = _target(plan)
     server = t.server(host)
     yield Emit(BeginStep(Step.ROTATION_IN, text.shown_in(t, server)))
@@ -181,7 +241,7 @@ def put_back(plan: Plan, svc: ServiceSettings, host: str) -> Phase[str | None]:
         why = f"not put back: GET {svc.health_url} answered {r.error or r.status}"
         yield Emit(EndStep(Step.ROTATION_IN, False, why))
         return why
-    failed = yield from ops.put_back(t, Step.ROTATION_IN, server)
+    failed = yield from ops.put_back(t, Step.ROTATION_IN, server, names)
     if failed is None:
         failed = yield from _confirm(t, server)
     yield Emit(RotationChange(t.name, server, "in", failed is None, failed or "serving"))
@@ -212,17 +272,31 @@ def _confirm(t: RouterTarget, server: str) -> Phase[str | None]:
         yield from pause(t.poll_s)
 
 
+def _left_held(plan: Plan, host: str, outcome: HostOutcome, held: str) -> HostOutcome:
+    """The end of a replica held out by hand before the run: as it was left, and said."""
+    t = _target(plan)
+    return replace(
+        outcome,
+        summary=f"{outcome.summary.rstrip('.')}. {host} was {held_text(held)}, as found "
+        f"(router {t.name}, server {t.server(host)}); once it should serve put it back "
+        f"with {undrain_hint(plan, host)}",
+    )
+
+
 def rotated_end(
-    plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome
+    plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome, taken: Taken
 ) -> Phase[HostOutcome]:
     """After the redeploy of a replica taken out: back in rotation when it ended healthy,
-    else it stays out and the outcome says so and how to put it back."""
+    else it stays out and the outcome says so and how to put it back. One held out by
+    hand before stays so, the router untouched."""
+    if taken.held is not None:
+        return _left_held(plan, host, outcome, taken.held)
     # A cancel that ended with the service healthy again goes back too: it is ready.
     if outcome.state == ServiceState.UP and outcome.status in (
         HostStatus.SUCCEEDED,
         HostStatus.CANCELLED,
     ):
-        failed = yield from put_back(plan, svc, host)
+        failed = yield from put_back(plan, svc, host, taken.names)
         if failed is None:
             return outcome
         return HostOutcome(
@@ -242,11 +316,14 @@ def rotated_end(
 
 
 def untouched_end(
-    plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome
+    plan: Plan, svc: ServiceSettings, host: str, outcome: HostOutcome, taken: Taken
 ) -> Phase[HostOutcome]:
     """A run that ended before the stop with the replica out of rotation (its requests
-    would not drain, a cancel): the service was never touched, so it goes back."""
-    failed = yield from put_back(plan, svc, host)
+    would not drain, a cancel): the service was never touched, so it goes back, unless
+    it was held out by hand before."""
+    if taken.held is not None:
+        return _left_held(plan, host, outcome, taken.held)
+    failed = yield from put_back(plan, svc, host, taken.names)
     if failed is None:
         return outcome
     return HostOutcome(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from bot.core.phases.actions import BeginStep, Emit, EndStep, Flow, HostOutcome, Phase, http
 from bot.core.phases.common import HEALTH_REQUEST_TIMEOUT_S
 from bot.core.phases.ready import readiness_checks
-from bot.core.phases.rotation import put_back, stays_out, take_out
+from bot.core.phases.rotation import held_text, put_back, stays_out, take_out
 from bot.core.plan import Plan, Step
 from bot.core.routers import ops
 from bot.core.routers.target import RouterTarget
@@ -44,6 +44,9 @@ def describe(view: ServerView) -> str:
         said.append("router's check: down")
     if view.sessions is not None:
         said.append(f"{view.sessions} session(s)")
+    elif view.rotation in (Rotation.IN, Rotation.DRAINING):
+        # A router that cannot count them (vllm-router under most policies): never 0.
+        said.append("sessions not known")
     return f"{where} ({', '.join(said)})" if said else where
 
 
@@ -68,11 +71,18 @@ def drain_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     """Take ``host`` out of rotation by hand; the service keeps running. Refused (and
     left in rotation) when fewer than ``min_serving`` others serve."""
     t = _router(plan)
-    why = yield from take_out(plan, svc, host, [host])
+    taken = yield from take_out(plan, svc, host, [host])
     healthy, _ = yield from _health(svc)
     state = ServiceState.UP if healthy else ServiceState.UNKNOWN
-    if why is not None:
-        return HostOutcome(HostStatus.ABORTED, f"{why}; service untouched", state)
+    if isinstance(taken, str):
+        return HostOutcome(HostStatus.ABORTED, f"{taken}; service untouched", state)
+    if taken.held is not None:
+        return HostOutcome(
+            HostStatus.SUCCEEDED,
+            f"{host} was already {held_text(taken.held)} at router {t.name} "
+            f"(server {t.server(host)}), the router untouched; {svc.unit} still runs there",
+            state,
+        )
     return HostOutcome(
         HostStatus.SUCCEEDED,
         f"{host} is out of rotation at router {t.name} (server {t.server(host)}); "

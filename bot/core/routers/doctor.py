@@ -157,7 +157,7 @@ def _vllm_router(p: Probe, a: Answer, r: RouterSettings, s: Settings) -> Check:
         return judged(p, Outcome.FAIL, f"router {p.router}: {a.error or 'no answer'}")
     wanted = _servers(s, str(p.router))
     read = vllm_router.parse_workers(
-        a.http.status, a.http.body, [w for _, w in wanted], a.http.error
+        a.http.status, a.http.body, [w for _, w in wanted], a.http.error, policy=r.policy
     )
     if read.error is not None:
         return judged(p, Outcome.FAIL, f"router {p.router}: {read.error} (from {p.host})")
@@ -173,7 +173,13 @@ def _vllm_router(p: Probe, a: Answer, r: RouterSettings, s: Settings) -> Check:
             "a replica out of rotation comes back with `undrain`; otherwise router_servers "
             "must be the worker URLs exactly as the router lists them (GET /workers)",
         )
-    return judged(p, Outcome.OK, f"router {p.router} (vllm-router): {_states(states)}")
+    note = (
+        ""
+        if r.policy in vllm_router.COUNTS_LOAD
+        else f"; its load is not counted ({f'policy {r.policy}' if r.policy else 'no policy set'}):"
+        " the service's /metrics decide"
+    )
+    return judged(p, Outcome.OK, f"router {p.router} (vllm-router): {_states(states)}{note}")
 
 
 def _router(p: Probe, a: Answer, s: Settings) -> Check:

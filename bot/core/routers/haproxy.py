@@ -16,8 +16,15 @@ import io
 from typing import Literal
 
 from bot.core.routers.view import Rotation, ServerView
+from bot.settings.routers import valid_haproxy_server_name
 
 State = Literal["ready", "drain", "maint"]
+
+# Whether a name may be put on the admin socket (letters, digits, `.`, `_`, `-`, `:`;
+# never `;`, a space, a newline or `/`): the settings refuse any other, the phase that
+# sends a command checks again, and the root script checks the same pattern. Defined
+# beside the settings, which may not import the core.
+valid_server_name = valid_haproxy_server_name
 
 
 def parse_answer(text: str) -> str | None:
@@ -26,25 +33,43 @@ def parse_answer(text: str) -> str | None:
     return said or None
 
 
-def rotation_of(status: str) -> tuple[Rotation, bool | None]:
-    """A server's ``status`` field as a rotation and whether its checks pass.
+def rotation_of(status: str, weight: int | None) -> tuple[Rotation, bool | None]:
+    """A server's ``status`` and ``weight`` fields as a rotation and whether its checks
+    pass.
 
     HAProxy prints ``UP``, ``UP 1/3`` (up, failing checks), ``DOWN``, ``DOWN 1/2`` (down,
     passing checks), ``NOLB``, ``DRAIN``, ``DRAIN (agent)``, ``MAINT``, ``MAINT (via
-    b/s)``, ``MAINT (resolution)`` and ``no check`` (stats.c, srv_hlt_st)."""
-    word = status.split(" ", 1)[0].upper()
+    b/s)``, ``MAINT (resolution)`` and ``no check`` (stats.c, srv_hlt_st). A server
+    ``set weight`` to 0 stays ``UP`` and gets no new request: draining, never serving.
+    An in-rotation status whose weight cannot be read (None) is UNKNOWN: only a weight
+    above 0 is proof that it serves."""
+    word = _word(status)
     if word == "UP":
-        return Rotation.IN, True
+        return _weighed(Rotation.IN, weight), True
     if word == "DOWN":
         # In rotation as far as the admin state goes; its health check keeps it empty.
-        return Rotation.IN, False
+        return _weighed(Rotation.IN, weight), False
     if word == "NO":  # "no check": in rotation, no health check configured
-        return Rotation.IN, None
+        return _weighed(Rotation.IN, weight), None
     if word in ("DRAIN", "NOLB"):
         return Rotation.DRAINING, None
     if word == "MAINT":
         return Rotation.OUT, None
     return Rotation.UNKNOWN, None
+
+
+def _word(status: str) -> str:
+    return status.split(" ", 1)[0].upper()
+
+
+# The status words whose rotation the weight decides.
+_WEIGHED = ("UP", "DOWN", "NO")
+
+
+def _weighed(rotation: Rotation, weight: int | None) -> Rotation:
+    if weight is None:
+        return Rotation.UNKNOWN
+    return Rotation.DRAINING if weight == 0 else rotation
 
 
 def parse_show_stat(text: str, backend: str) -> dict[str, ServerView]:
@@ -56,7 +81,7 @@ def parse_show_stat(text: str, backend: str) -> dict[str, ServerView]:
         said = text.strip()[:200] or "nothing"
         raise ValueError(f"not a `show stat` reply: {said!r}")
     header = lines[0][2:].split(",")
-    need = ("pxname", "svname", "status", "scur")
+    need = ("pxname", "svname", "status", "scur", "weight")
     if any(n not in header for n in need):
         raise ValueError(
             f"`show stat` header lacks {', '.join(n for n in need if n not in header)}"
@@ -69,8 +94,11 @@ def parse_show_stat(text: str, backend: str) -> dict[str, ServerView]:
         name = row[at["svname"]]
         if name in ("FRONTEND", "BACKEND"):
             continue
-        status = row[at["status"]]
-        rotation, up = rotation_of(status)
-        scur = row[at["scur"]]
-        views[name] = ServerView(name, rotation, up, int(scur) if scur.isdigit() else None, status)
+        status, weight, scur = row[at["status"]], row[at["weight"]], row[at["scur"]]
+        w = int(weight) if weight.isdigit() else None
+        rotation, up = rotation_of(status, w)
+        # The weight is named where it decided: 0 (set by hand) or unreadable.
+        weighed = _word(status) in _WEIGHED and not w
+        detail = f"{status}, weight {weight or 'unknown'}" if weighed else status
+        views[name] = ServerView(name, rotation, up, int(scur) if scur.isdigit() else None, detail)
     return views

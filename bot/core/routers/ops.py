@@ -48,9 +48,10 @@ def read(
             assert_never(t.kind)
 
 
-def take_out(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
+def take_out(t: RouterTarget, step: Step, server: str, names: Sequence[str] = ()) -> Phase[Change]:
     """Stop new requests to ``server`` (haproxy `state drain`, vllm-router
-    `remove_worker`, the command's `drain`)."""
+    `remove_worker`, the command's `drain`). ``names``: the router's own names for it
+    as last read (vllm-router: each URL it is listed under), each of which is removed."""
     match t.kind:
         case "command":
             assert t.drain is not None  # settings require it for this kind
@@ -58,7 +59,11 @@ def take_out(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
         case "haproxy":
             return (yield from _haproxy_set(t, step, server, "drain"))
         case "vllm-router":
-            return (yield from _vllm_router_change(t, server, add=False))
+            for name in names or (server,):
+                failed = yield from _vllm_router_change(t, name, add=False)
+                if failed is not None:
+                    return failed
+            return None
         case _:
             assert_never(t.kind)
 
@@ -76,9 +81,26 @@ def finish_out(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
     yield from ()  # a phase, even where it yields nothing
 
 
-def put_back(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
+def out_states(t: RouterTarget, *, finished: bool) -> frozenset[Rotation] | None:
+    """What a read of the router must show of a replica once its take-out (``finished``:
+    and ``finish_out``) went through, before the bot stops it; None: a kind that cannot
+    be read (the command kind), whose command's success is all there is."""
+    match t.kind:
+        case "command":
+            return None
+        case "haproxy":
+            return frozenset({Rotation.OUT} if finished else {Rotation.DRAINING, Rotation.OUT})
+        case "vllm-router":
+            return frozenset({Rotation.OUT})
+        case _:
+            assert_never(t.kind)
+
+
+def put_back(t: RouterTarget, step: Step, server: str, names: Sequence[str] = ()) -> Phase[Change]:
     """Let ``server`` take requests again (haproxy `state ready`, vllm-router
-    `add_worker`, the command's `undrain`)."""
+    `add_worker`, the command's `undrain`). ``names``: the router's own names for it
+    before it was taken out (vllm-router: it is added back under the first, else under
+    the configured URL, and only when the router lists it under none: never twice)."""
     match t.kind:
         case "command":
             assert t.undrain is not None
@@ -87,7 +109,7 @@ def put_back(t: RouterTarget, step: Step, server: str) -> Phase[Change]:
         case "haproxy":
             return (yield from _haproxy_set(t, step, server, "ready"))
         case "vllm-router":
-            return (yield from _vllm_router_change(t, server, add=True))
+            return (yield from _vllm_router_add(t, server, names))
         case _:
             assert_never(t.kind)
 
@@ -184,6 +206,9 @@ def _haproxy_read(t: RouterTarget, step: Step, servers: Sequence[str]) -> Phase[
 
 def _haproxy_set(t: RouterTarget, step: Step, server: str, state: haproxy.State) -> Phase[Change]:
     assert t.backend is not None
+    if not (haproxy.valid_server_name(t.backend) and haproxy.valid_server_name(server)):
+        # The settings refuse such names: nothing but a name reaches the socket.
+        return f"not sent: {t.backend!r}/{server!r} is not an HAProxy backend/server name"
     failed, reply = yield from _haproxy_say(
         t, step, haproxy_script.set_state_words(t.backend, server, state)
     )
@@ -199,7 +224,18 @@ def _haproxy_set(t: RouterTarget, step: Step, server: str, state: haproxy.State)
 def _vllm_router_read(t: RouterTarget, servers: Sequence[str]) -> Phase[RouterRead]:
     assert t.admin_url is not None  # settings require it for this kind
     r = yield from http(vllm_router.workers_url(t.admin_url), t.command_timeout_s, on=t.host)
-    return vllm_router.parse_workers(r.status, r.body, servers, r.error)
+    return vllm_router.parse_workers(r.status, r.body, servers, r.error, policy=t.policy)
+
+
+def _vllm_router_add(t: RouterTarget, server: str, names: Sequence[str]) -> Phase[Change]:
+    """add_worker, only where GET /workers lists ``server`` under no URL: the router
+    takes two spellings of one URL for two workers, and would route to both."""
+    now = yield from _vllm_router_read(t, [server])
+    if now.error is not None:
+        return now.error
+    if now.of(server).rotation == Rotation.IN:
+        return None
+    return (yield from _vllm_router_change(t, names[0] if names else server, add=True))
 
 
 def _vllm_router_change(t: RouterTarget, server: str, *, add: bool) -> Phase[Change]:

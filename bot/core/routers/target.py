@@ -32,6 +32,8 @@ class RouterTarget:
     drain: tuple[str, ...] | None = None
     undrain: tuple[str, ...] | None = None
     in_flight: tuple[str, ...] | None = None
+    # vllm-router: its `--policy`, where the config says (None: not known).
+    policy: str | None = None
 
     def server(self, host: str) -> str:
         return dict(self.servers)[host]
@@ -64,4 +66,5 @@ def router_target(settings: Settings, service: str) -> RouterTarget | None:
         drain=tuple(r.drain) if r.drain is not None else None,
         undrain=tuple(r.undrain) if r.undrain is not None else None,
         in_flight=tuple(r.in_flight) if r.in_flight is not None else None,
+        policy=r.policy,
     )

@@ -31,6 +31,10 @@ class ServerView:
     sessions: int | None = None
     # The router's words for its state, as printed (haproxy `status`: "UP", "MAINT", ...).
     detail: str = ""
+    # The router's own names for it, where they may differ from the config's
+    # (vllm-router: each URL GET /workers lists it under, without a data-parallel rank):
+    # what a change must send, exactly.
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
