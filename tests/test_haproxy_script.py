@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from bot.core.become import become_for
 from bot.core.doctor import Answer, Kind, Outcome, Probe, judge
 from bot.core.results import CommandResult
 from bot.core.routers import haproxy, haproxy_script
@@ -29,7 +30,7 @@ from bot.core.routers.haproxy_script import (
     runtime_command,
     set_state_words,
 )
-from bot.core.sudoers import become_for, render
+from bot.core.sudoers import render
 from bot.core.sudoers_router import router_grants
 from bot.settings import HAPROXY_NAME_RE, Settings
 from tests.support import routers

@@ -191,7 +191,7 @@ def test_a_driver_that_did_not_load_after_the_reboot_keeps_the_host_out() -> Non
 
 # ---- a reset sudo never ran ----------------------------------------------------------
 
-# What the executor makes of sudo's refusal (bot.core.sudoers.Become.refused), for the
+# What the executor makes of sudo's refusal (bot.core.become.Become.refused), for the
 # rule of `-pm 0` missing from the host's drop-in.
 SUDO_REFUSED = (
     "sudo refused `nvidia-smi -i 0 -pm 0` as root: a password is required. The host's "

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.core import host_ops, remote
+from bot.core.become import become_for
 from bot.core.deep_query import DEEP_QUERY_ARGV
 from bot.core.flows import HostOutcome
 from bot.core.host_flow import host_flow
@@ -19,7 +20,6 @@ from bot.core.privilege import Command, Privilege
 from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import Action, HostStatus
-from bot.core.sudoers import become_for
 from bot.engine.schedule import AT_ONCE, NotNow, judge_request
 from bot.hosts.base import HttpResult
 from bot.settings import Settings

@@ -17,7 +17,7 @@ from typing import Any
 import asyncssh
 import pytest
 
-from bot.cli.main import doctor
+from bot.cli.setup_commands import doctor
 from bot.cli.terminal import TerminalSink
 from bot.core import remote
 from bot.core.host_ops import reboot_argv, reset_argv

@@ -302,7 +302,7 @@ def test_every_release_command_a_sudo_host_runs_has_a_rule() -> None:
         remote_releases.prune_releases(svc, (name,)),
         remote_releases.prune_releases(svc, (name, "0.15.1-0123456789ab")),
     ):
-        # An install from an index keeps its stdin wrapper outside sudo (sudoers.become).
+        # An install from an index keeps its stdin wrapper outside sudo (bot.core.become).
         core = (
             argv[len(remote.INDEX_FROM_STDIN) :]
             if argv[:3] == remote.INDEX_FROM_STDIN[:3]

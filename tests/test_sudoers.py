@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from bot.cli.main import main
 from bot.core import remote
+from bot.core.become import Become, become
 from bot.core.doctor import (
     KEY_FILE_SCRIPT,
     Answer,
@@ -36,15 +37,7 @@ from bot.core.doctor import (
 )
 from bot.core.leftovers import SIGNAL_SCRIPT, signal_command, unit_user_query
 from bot.core.privilege import SAFE_PRELUDE, Command, Privilege, run_as_of, sudo_refusal
-from bot.core.sudoers import (
-    LOGS_MAX,
-    Become,
-    alias,
-    become,
-    grants,
-    render,
-    rule_for,
-)
+from bot.core.sudoers import LOGS_MAX, alias, grants, render, rule_for
 from bot.core.sudoers_rules import Wild
 from bot.errors import ConfigError
 from bot.hosts.base import CommandResult

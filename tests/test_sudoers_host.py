@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
+from bot.core.become import become_for
 from bot.core.doctor import Answer, Kind, Outcome, Probe, judge, passed, probes
 from bot.core.host_ops import persistence_argv, reboot_argv, reset_argv
 from bot.core.host_plan import make_host_plan
 from bot.core.privilege import Privilege
 from bot.core.results import CommandResult
 from bot.core.status import Action
-from bot.core.sudoers import become_for, render
+from bot.core.sudoers import render
 from bot.core.sudoers_host import host_alias, host_grants, host_rule_for, maintained_hosts
 from bot.core.sudoers_rules import Wild
 from bot.errors import ConfigError, InputError

@@ -9,41 +9,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import json
 import logging
 import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO, assert_never
 
 from bot.audit.records import RunRecord
 from bot.audit.view import run_view, runs_json, runs_table
-from bot.cli import audit_export, operator, scheduled
+from bot.cli import audit_export, operator, scheduled, setup_commands
 from bot.cli.demo_faults import DEMO_FAULTS
 from bot.cli.leftovers import TerminalGate, ask_terminal
 from bot.cli.migrate import migrate
 from bot.cli.terminal import TerminalSink, say, visible
-from bot.core import remote, sudoers
+from bot.core import remote
 from bot.core.commands import GLOBAL_OPTIONS, Arg, Front, Kind, commands_of
-from bot.core.doctor import passed
-from bot.core.doctor import render as render_checks
-from bot.core.doctor_config import judge_config
 from bot.core.gpu import render_table
 from bot.core.health_types import Level
 from bot.core.plan import STEP_TITLES, Plan
-from bot.core.redact import Redactor, masked_json
+from bot.core.redact import Redactor
 from bot.core.startup import history_line
 from bot.core.status import Action, RunStatus
 from bot.engine.deep_check import deep_check, deep_text
-from bot.engine.doctor import run_doctor
 from bot.engine.gpu_health import health_lines
 from bot.engine.host_runs import describe_host_plan, plan_of_words
 from bot.engine.operations import Busy, Operator, Requested
 from bot.engine.preview import HostPreview, preview_lines, record_previews
 from bot.engine.recovery import Interrupted, expired_message
-from bot.engine.releases import releases_text
 from bot.engine.request_reads import read_at_request
 from bot.engine.run_results import Refused
 from bot.engine.runtime import Runtime, open_runtime
@@ -53,9 +46,8 @@ from bot.errors import ChatOpsError, ConfigError, InputError, NotConfirmed
 from bot.hosts.fleet import HostGpus, fleet_gpus, health_details, render_fleet, resolve_targets
 from bot.hosts.fleet_states import host_table, is_big, summary_text
 from bot.hosts.nvml import probe_local
-from bot.hosts.pool import HostPool
 from bot.logging_setup import setup_logging
-from bot.settings import USER_RE, Settings, config_path, load_settings
+from bot.settings import Settings, load_settings
 from bot.settings.database import SCHEMES as DB_SCHEMES
 from bot.settings.database import url_secrets
 
@@ -289,60 +281,6 @@ async def run_change(
     return EXIT_CODES.get(result.status, 1)
 
 
-async def print_sudoers(settings: Settings, args: argparse.Namespace) -> int:
-    hosts = args.host
-    for h in hosts or ():
-        if h not in settings.hosts:
-            raise InputError(f"unknown host {h!r} (hosts: {', '.join(sorted(settings.hosts))})")
-    if not sudoers.services_on(settings, hosts):
-        raise InputError('no service runs on a host with become = "sudo": nothing needs rules')
-    user = args.user
-    if user is None:
-        users = sudoers.login_users(settings, hosts)
-        if len(users) != 1:
-            raise InputError(f"the hosts log in as {', '.join(users)}: name one with --user")
-        user = users[0]
-    if not USER_RE.fullmatch(user):
-        raise InputError(f"{user!r} is not an account name")
-    print(sudoers.render(settings, user, hosts), end="")
-    return 0
-
-
-async def doctor(
-    settings: Settings, target: str | None, *, as_json: bool, config: Path | None = None
-) -> int:
-    """Exit 0 only when every check passed. ``config``: the file named by --config."""
-    source = config if config is not None else config_path()
-    checks = [
-        judge_config(str(source), source.exists(), len(settings.hosts), len(settings.services))
-    ]
-    hosts = resolve_targets(settings, target)
-    service = target if target in settings.services and target not in settings.hosts else None
-    pool = HostPool(settings)
-    try:
-        checks += await run_doctor(settings, pool, hosts, service)
-    finally:
-        await pool.close()
-    redact = Redactor.for_settings(settings)
-    if as_json:
-        # Masked before serializing: host text ending in `token=` keeps the JSON valid.
-        print(visible(json.dumps([masked_json(c.to_json(), redact) for c in checks], indent=1)))
-    else:
-        print(visible(redact(render_checks(checks))))
-    return 0 if passed(checks) else 1
-
-
-async def releases(settings: Settings, service: str) -> int:
-    """Exit 0 only when every host answered with a side-by-side listing."""
-    pool = HostPool(settings)
-    try:
-        text, ok = await releases_text(settings, pool, service)
-    finally:
-        await pool.close()
-    print(visible(Redactor.for_settings(settings)(text)))
-    return 0 if ok else 1
-
-
 async def _operator_command(rt: Runtime, args: argparse.Namespace) -> int:
     """``runs`` and ``recover``: the operator's view of owners and locks, and way out."""
     if args.command == "runs":
@@ -436,9 +374,9 @@ async def _run_command(rt: Runtime, args: argparse.Namespace) -> int:
 # Commands that need no runtime: releases, sudoers and doctor do not open the audit
 # database (doctor changes nothing anywhere); migrate opens it to change its schema.
 _WITHOUT_RUNTIME: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = {
-    "releases": lambda settings, args: releases(settings, args.service),
-    "sudoers": print_sudoers,
-    "doctor": lambda settings, args: doctor(
+    "releases": lambda settings, args: setup_commands.releases(settings, args.service),
+    "sudoers": setup_commands.print_sudoers,
+    "doctor": lambda settings, args: setup_commands.doctor(
         settings, args.target, as_json=args.json, config=args.config
     ),
     "migrate": lambda settings, args: migrate(settings),

@@ -2,7 +2,7 @@
 
 Every argv builder in ``bot.core.remote`` states the account its command needs by
 returning a ``Command`` (an argv tuple that carries ``run_as``); a plain tuple needs
-none.  ``bot.core.sudoers.become`` is the one place that turns that into a ``sudo``
+none.  ``bot.core.become.become`` is the one place that turns that into a ``sudo``
 prefix for a host whose settings say ``become = "sudo"``; nothing else in the bot
 knows about sudo.  So a new remote command gets the right rights by saying, where it
 is built, which account it needs:

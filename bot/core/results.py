@@ -51,7 +51,7 @@ class CommandResult:
     signal: str | None = None
     timed_out: bool = False
     # Set when sudo refused to run it (the command never ran): why, naming the missing
-    # rule (bot.core.sudoers.Become.refused).
+    # rule (bot.core.become.Become.refused).
     refused: str | None = None
     # Set when the host answered with a key known_hosts does not hold for it (the command
     # never ran): after a reboot, another machine answering at its address.

@@ -16,10 +16,10 @@ import asyncssh
 
 from bot.audit.inspect import inspect
 from bot.audit.migrations import MIGRATIONS
+from bot.core.become import become_for
 from bot.core.doctor import Answer, Check, Kind, Outcome, Probe, judge, probes, skipped
 from bot.core.doctor_approvers import approver_checks, services_checked
 from bot.core.doctor_database import judge_database
-from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
 from bot.engine.slack_groups import read_groups
 from bot.errors import HostError

@@ -9,31 +9,27 @@ start, finish, interrupt) goes through ``bot.engine.lifecycle``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.audit.records import parse_ts
 from bot.audit.resilient import AuditWriter
-from bot.audit.rotations import left_out
 from bot.audit.store import AuditLog, RunRecord
 from bot.core import events as ev
+from bot.core.become import become_for
 from bot.core.flows import HostOutcome
-from bot.core.phases.actions import RotationRecords, SwitchHistory
 from bot.core.plan import Plan, make_plan
 from bot.core.plan_drift import drift
 from bot.core.service_state import ServiceState, worst
 from bot.core.startup import StartHistory
 from bot.core.status import Action, HostStatus, RunStatus
-from bot.core.sudoers import Become, become_for
+from bot.engine.audit_reads import AuditReads
 from bot.engine.audit_sink import RunAudit
-from bot.engine.executor import CancelToken, Executor, Reach
-from bot.engine.host_reads import NO_RUN
-from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reached
+from bot.engine.executor import CancelToken, Executor
+from bot.engine.host_runs import flow_of, host_plan_of, keys_of, reach_of
 from bot.engine.leftover_gate import LeftoverGate
 from bot.engine.lifecycle import RunLifecycle, lock_scopes, needs_locks
-from bot.engine.releases import switch_history
 from bot.errors import AuditError, HostError, LockHeldError
-from bot.hosts.base import HostTransport
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -208,38 +204,6 @@ class Engine:
             # Who cancelled is on disk (or in the journal) before this returns; locks go.
             await audit.released(life.released)
 
-    async def query(
-        self, plan: Plan, sink: Callable[[str], ev.EventSink]
-    ) -> dict[str, HostOutcome]:
-        """A read-only plan (status, rotation) driven on each of its hosts at once, each
-        into its own ``sink(host)``: no run, no audit record, no lock, no lease (a read that
-        changes nothing is no run: ``bot.engine.status_query``). A host that cannot be
-        driven is a failed outcome with the reason, never an exception."""
-        assert plan.action.read_only
-        flow = flow_of(self.settings, plan)
-
-        async def one(host: str) -> HostOutcome:
-            into = sink(host)
-            try:
-                return await Executor(
-                    NO_RUN,
-                    self.pool.get(host),
-                    into,
-                    become=become_for(self.settings, host, plan.service),
-                    gpu_health=self.pool.gpu_health(host),
-                    reach=self._reach(plan),
-                    records=self._records,
-                ).drive(flow(host))
-            except (HostError, OSError) as e:
-                reason = e.reason if isinstance(e, HostError) else str(e)
-                outcome = HostOutcome(HostStatus.FAILED, reason, ServiceState.UNKNOWN)
-                await into.handle(
-                    ev.HostFinished(NO_RUN, host, outcome.status, outcome.summary, outcome.state)
-                )
-                return outcome
-
-        return dict(zip(plan.hosts, await asyncio.gather(*map(one, plan.hosts)), strict=True))
-
     async def _execute(
         self,
         record: RunRecord,
@@ -275,9 +239,8 @@ class Engine:
                     history=history,
                     become=become_for(self.settings, host, plan.service),
                     gpu_health=self.pool.gpu_health(host),
-                    reach=self._reach(plan),
-                    records=self._records,
-                    switches=self._switches,
+                    reach=reach_of(self.settings, self.pool, plan),
+                    reads=AuditReads(self.audit),
                 )
                 return await executor.drive(flow(host))
             except (HostError, OSError) as e:
@@ -346,42 +309,6 @@ class Engine:
             )
         )
         return RunResult(run_id, status, summary, outcomes, host_states(plan.hosts, outcomes))
-
-    async def _records(self, router: str, servers: tuple[str, ...]) -> RotationRecords:
-        """Which of ``servers`` the audit log says a run left out of ``router``'s
-        rotation; an unreadable log is an error, never "none held out"."""
-        try:
-            last = await self.audit.latest_rotations(router, servers)
-        except AuditError as e:
-            return RotationRecords({}, f"the audit log cannot say: {e}")
-        held = left_out(list(last.values()))
-        return RotationRecords(
-            {
-                r.server: f"run #{r.run_id} "
-                + ("took it out" if r.change == "out" else "could not put it back")
-                for r in held
-            }
-        )
-
-    async def _switches(self, service: str, host: str) -> SwitchHistory:
-        return await switch_history(self.audit, service, host)
-
-    def _reach(self, plan: Plan) -> Reach | None:
-        """The other hosts a run's actions may name (``on``): its router's host and its
-        service's hosts (a sibling's readiness), each with its own ``become``; a plan
-        without a router names none."""
-        # Every replica behind the router, not only the plan's: a drain of one host asks
-        # its siblings whether they serve.
-        allowed = reached(plan)
-        if not allowed:
-            return None
-
-        def reach(host: str) -> tuple[HostTransport, Become | None]:
-            if host not in allowed:
-                raise HostError(host, f"not a host of run {plan.service}'s plan")
-            return self.pool.get(host), become_for(self.settings, host, plan.service)
-
-        return reach
 
     async def _start_history(self, plan: Plan) -> StartHistory | None:
         """This service's previous start times, for the progress of this run's starts;

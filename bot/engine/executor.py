@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol, assert_never
 
 from bot.core import events as ev
+from bot.core.become import Become
 from bot.core.flows import (
     Action,
     BeginStep,
@@ -49,15 +50,13 @@ from bot.core.phases.actions import (
     ReadRotationRecords,
     ReadSwitchHistory,
     ReleaseSwitch,
-    RotationRecords,
     SudoAnswer,
-    SwitchHistory,
 )
 from bot.core.plan import Step
 from bot.core.privilege import Privilege, sudo_refusal
 from bot.core.startup import StartHistory
 from bot.core.status import HealthSource, StepStatus
-from bot.core.sudoers import Become
+from bot.engine.audit_reads import AuditReads
 from bot.engine.leftover_gate import LeftoverGate, LeftoverRequest, NoGate, ask_bounded
 from bot.errors import FencedError, GpuQueryError, HostError, HostKeyError
 from bot.hosts.base import (
@@ -73,10 +72,6 @@ from bot.hosts.nvml import LocalGpuHealth
 # How the executor reaches another configured host: its transport, and how it runs
 # commands with rights there (its own ``become``).
 Reach = Callable[[str], tuple[HostTransport, Become | None]]
-# The audit log's rotation records for (router, servers), as the engine reads them.
-Records = Callable[[str, tuple[str, ...]], Awaitable[RotationRecords]]
-# The audit log's switches of (service, host)'s link, as the engine reads them.
-Switches = Callable[[str, str], Awaitable[SwitchHistory]]
 
 # The step output kept for the audit row and the thread reply; the full stream
 # goes to the sinks line by line.
@@ -110,6 +105,18 @@ class CancelToken:
     @property
     def requested(self) -> bool:
         return self.event.is_set()
+
+    async def sleep(self, seconds: float) -> None:
+        """A flow's wait: woken early by a cancel request, so a poll does not wait out its
+        interval; once cancelled, the polls that bring the service back (the health gate)
+        or let an install finish keep their pace rather than spin."""
+        if seconds > 0 and not self.requested:
+            try:
+                await asyncio.wait_for(self.event.wait(), seconds)
+            except TimeoutError:
+                pass
+        elif seconds > 0:
+            await asyncio.sleep(seconds)
 
 
 async def run_command(
@@ -177,14 +184,11 @@ class Executor:
         become: Become | None = None,
         gpu_health: LocalGpuHealth | None = None,
         reach: Reach | None = None,
-        records: Records | None = None,
-        switches: Switches | None = None,
+        reads: AuditReads | None = None,
     ) -> None:
         self.run_id = run_id
-        # The audit log's rotation records (issue 19): which replicas a run left out.
-        self.records = records
-        # The audit log's release switches: where a rollback by hand goes.
-        self.switches = switches
+        # What the flow may ask of the audit log (rotation records, release switches).
+        self.reads = reads if reads is not None else AuditReads()
         # Other configured hosts an action may name (``on``): a router's host, a sibling
         # replica whose readiness a rotation checks. None: the flow's host only.
         self.reach = reach
@@ -274,7 +278,7 @@ class Executor:
                     cancelled=self.cancel.event,
                 )
             case Sleep():
-                await self._sleep(action.seconds)
+                await self.cancel.sleep(action.seconds)
                 return Tick(self.clock(), self.cancel.requested)
             case Checkpoint():
                 return Tick(self.clock(), self.cancel.requested)
@@ -284,7 +288,7 @@ class Executor:
                     transport, become, action.argv, action.run_as, timeout_s=action.timeout_s
                 )
             case ReadRotationRecords() | ReadSwitchHistory():
-                return await self._audit_read(action)
+                return await self.reads.answer(action, self.host)
             case Emit():
                 # Held until the flow's next other action (``drive``).
                 self._held.append(self._event_of(action.notice))
@@ -303,34 +307,6 @@ class Executor:
                 return None
             case _:
                 assert_never(action)
-
-    async def _audit_read(
-        self, action: ReadRotationRecords | ReadSwitchHistory
-    ) -> RotationRecords | SwitchHistory:
-        """What the audit log says, as the engine reads it (none here: the flow is told)."""
-        match action:
-            case ReadRotationRecords():
-                if self.records is None:
-                    return RotationRecords({}, "no audit log to read the rotation records from")
-                return await self.records(action.router, action.servers)
-            case ReadSwitchHistory():
-                if self.switches is None:
-                    return SwitchHistory((), "no audit log to read the switches from")
-                return await self.switches(action.service, self.host)
-            case _:
-                assert_never(action)
-
-    async def _sleep(self, seconds: float) -> None:
-        if seconds > 0 and not self.cancel.requested:
-            # A cancel request wakes a waiting poll early instead of after the interval.
-            try:
-                await asyncio.wait_for(self.cancel.event.wait(), seconds)
-            except TimeoutError:
-                pass
-        elif seconds > 0:
-            # Already cancelled: the polls that bring the service back (health gate)
-            # or let an install finish must keep their pace, not spin.
-            await asyncio.sleep(seconds)
 
     async def _run(self, action: RunCommand) -> CommandResult:
         on_line = None if action.quiet else self._collector(action.step)

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from bot.core import events as ev
+from bot.core.become import become_for
 from bot.core.flows import Flow, HostOutcome
 from bot.core.plan import Plan
-from bot.core.sudoers import become_for
+from bot.engine.audit_reads import AuditReads
 from bot.engine.executor import Executor
+from bot.engine.host_runs import reach_of
 from bot.errors import HostError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
@@ -49,10 +51,15 @@ async def read_hosts(
     plan: Plan,
     flow: Callable[[str], Flow],
     collector: Callable[[], S],
+    *,
+    reads: AuditReads | None = None,
 ) -> tuple[HostRead[S], ...]:
     """Drive ``flow(host)`` on every host of ``plan`` (``CONCURRENCY`` at once), each into
-    a fresh ``collector()``; the reads in the plan's host order."""
+    a fresh ``collector()``; the reads in the plan's host order. The flow may name the
+    plan's other hosts (a router's, a sibling replica), and ask the audit log through
+    ``reads`` (none: it is told there is no audit log to ask)."""
     limit = asyncio.Semaphore(CONCURRENCY)
+    reach = reach_of(settings, pool, plan)
 
     async def one(host: str) -> HostRead[S]:
         sink = collector()
@@ -60,7 +67,13 @@ async def read_hosts(
             try:
                 become = become_for(settings, host, plan.service)
                 outcome = await Executor(
-                    NO_RUN, pool.get(host), sink, become=become, gpu_health=pool.gpu_health(host)
+                    NO_RUN,
+                    pool.get(host),
+                    sink,
+                    become=become,
+                    gpu_health=pool.gpu_health(host),
+                    reach=reach,
+                    reads=reads,
                 ).drive(flow(host))
             except (HostError, OSError) as e:
                 return HostRead(host, sink, None, e.reason if isinstance(e, HostError) else str(e))

@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bot.audit.store import RunRecord
+from bot.core.become import Become, become_for
 from bot.core.flows import FLOWS, Flow
 from bot.core.host_flow import host_flow
 from bot.core.host_plan import OPERATIONS, gpu_indexes, host_of, host_service, make_host_plan
 from bot.core.plan import STEP_TITLES, Plan
 from bot.core.status import Action
-from bot.errors import InputError
+from bot.engine.executor import Reach
+from bot.errors import HostError, InputError
+from bot.hosts.base import HostTransport
 from bot.hosts.known_hosts import host_keys
+from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
 
@@ -96,3 +100,21 @@ def describe_host_plan(plan: Plan) -> str:
         lines.append(f"GPUs: {', '.join(map(str, plan.gpus)) or 'every GPU the host lists'}")
     lines += [f"  {i}. {STEP_TITLES[s.step]}: {s.command}" for i, s in enumerate(plan.steps, 1)]
     return "\n".join(lines)
+
+
+def reach_of(settings: Settings, pool: HostPool, plan: Plan) -> Reach | None:
+    """The other hosts a run's actions may name (``on``): its router's host and its
+    service's hosts (a sibling's readiness), each with its own ``become``; a plan
+    without a router names none."""
+    # Every replica behind the router, not only the plan's: a drain of one host asks
+    # its siblings whether they serve.
+    allowed = reached(plan)
+    if not allowed:
+        return None
+
+    def reach(host: str) -> tuple[HostTransport, Become | None]:
+        if host not in allowed:
+            raise HostError(host, f"not a host of run {plan.service}'s plan")
+        return pool.get(host), become_for(settings, host, plan.service)
+
+    return reach

@@ -8,6 +8,7 @@ import asyncio
 
 from bot.audit.store import AuditLog
 from bot.core import remote_releases
+from bot.core.become import become_for
 from bot.core.phases.actions import SwitchHistory
 from bot.core.plan import Plan
 from bot.core.privilege import run_as_of
@@ -20,7 +21,6 @@ from bot.core.releases import (
     rollback_target,
 )
 from bot.core.status import Action
-from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
 from bot.errors import AuditError, HostError, InputError
 from bot.hosts.pool import HostPool

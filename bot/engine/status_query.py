@@ -15,7 +15,10 @@ from bot.core import events as ev
 from bot.core.gpu import render_table
 from bot.core.plan import Plan
 from bot.core.status import HostStatus
+from bot.engine.audit_reads import AuditReads
 from bot.engine.engine import Engine
+from bot.engine.host_reads import read_hosts
+from bot.engine.host_runs import flow_of
 
 
 class HostLines:
@@ -70,16 +73,23 @@ class Answer:
 async def query(
     engine: Engine, plan: Plan, *, tables: bool = True, with_status: bool = True
 ) -> Answer:
-    """Each host of the read-only ``plan`` read at once, its lines in the plan's host order."""
-    sinks: dict[str, HostLines] = {}
-
-    def sink(host: str) -> HostLines:
-        sinks[host] = HostLines(tables=tables, with_status=with_status)
-        return sinks[host]
-
-    outcomes = await engine.query(plan, sink)
-    lines = tuple(line for host in plan.hosts for line in sinks[host].lines)
-    return Answer(lines, all(o.status == HostStatus.SUCCEEDED for o in outcomes.values()))
+    """Each host of the read-only ``plan`` read at once (no run, no audit record, no lock,
+    no lease), its lines in the plan's host order; a host that could not be read is a
+    line saying why."""
+    assert plan.action.read_only
+    reads = await read_hosts(
+        engine.settings,
+        engine.pool,
+        plan,
+        flow_of(engine.settings, plan),
+        lambda: HostLines(tables=tables, with_status=with_status),
+        reads=AuditReads(engine.audit),
+    )
+    lines: list[str] = []
+    for r in reads:
+        lines += r.collected.lines if r.outcome is not None else [f"{r.host}: failed: {r.error}"]
+    ok = all(r.outcome is not None and r.outcome.status == HostStatus.SUCCEEDED for r in reads)
+    return Answer(tuple(lines), ok)
 
 
 def router_line(plan: Plan) -> str:

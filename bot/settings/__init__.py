@@ -37,7 +37,6 @@ from bot.settings.base import (
     environment_only,
     expand,
     http_url,
-    slack_ids,
 )
 from bot.settings.base import LOCAL as LOCAL
 from bot.settings.base import USER_RE as USER_RE
@@ -48,6 +47,8 @@ from bot.settings.host_policy import HOST_PREFIX as HOST_PREFIX
 from bot.settings.host_policy import host_policy
 from bot.settings.host_policy import maintenance_path_problem as maintenance_path_problem
 from bot.settings.maintenance import MaintenanceSettings as MaintenanceSettings
+from bot.settings.policy import PolicySettings as PolicySettings
+from bot.settings.policy import ServicePolicySettings as ServicePolicySettings
 from bot.settings.replicas import COMMAND_START_S, lease_margin_for
 from bot.settings.replicas import ReplicaSettings as ReplicaSettings
 from bot.settings.routers import HAPROXY_NAME_RE as HAPROXY_NAME_RE
@@ -55,55 +56,11 @@ from bot.settings.routers import SERVER_FIELD as SERVER_FIELD
 from bot.settings.routers import RouterKind as RouterKind
 from bot.settings.routers import RouterSettings as RouterSettings
 from bot.settings.routers import valid_haproxy_server_name
+from bot.settings.sections import AuditSettings as AuditSettings
+from bot.settings.sections import SecuritySettings as SecuritySettings
 from bot.settings.windows import WindowSettings as WindowSettings
 
 Strategy = Literal["in_place", "side_by_side"]
-
-
-class PolicySettings(Section):
-    requesters: list[str] = Field(default_factory=list)
-    approvers: list[str] = Field(default_factory=list)
-    min_approvals: int = Field(1, ge=1)
-    allow_self_approval: bool = False
-    approval_ttl_s: int = Field(900, gt=0)
-    usergroup_cache_ttl_s: int = Field(300, ge=0)
-    # Issue 22: when changes may start; None: at any time.
-    windows: WindowSettings | None = None
-
-    @property
-    def timezone(self) -> str:
-        """The zone this policy's times are read and shown in: its windows', else UTC."""
-        return self.windows.timezone if self.windows is not None else "UTC"
-
-    @field_validator("requesters", "approvers")
-    @classmethod
-    def slack_ids(cls, v: list[str]) -> list[str]:
-        return slack_ids(v)
-
-
-class ServicePolicySettings(Section):
-    """``[services.NAME.policy]``: what a service overrides of ``[policy]`` (issue 22);
-    a key left unset is the global one's (``Settings.policy_for``)."""
-
-    requesters: list[str] | None = None
-    approvers: list[str] | None = None
-    min_approvals: int | None = Field(None, ge=1)
-    # The service's own windows replace [policy.windows] whole (not merged: one place says
-    # when this service may change).
-    windows: WindowSettings | None = None
-
-    @field_validator("requesters", "approvers")
-    @classmethod
-    def slack_ids(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else slack_ids(v)
-
-    @field_validator("approvers")
-    @classmethod
-    def _someone(cls, v: list[str] | None) -> list[str] | None:
-        # An empty list would mean anyone may approve stopping this service's GPUs.
-        if v is not None and not v:
-            raise ValueError("must name someone; leave it unset to use [policy].approvers")
-        return v
 
 
 class MetricsSettings(Section):
@@ -362,33 +319,6 @@ class ServiceSettings(Section):
         """Where side-by-side releases live: beside the venv's link (/opt/venvs/vllm ->
         /opt/venvs/vllm.releases/<version>-<sha>)."""
         return f"{self.venv_dir}.releases"
-
-
-class SecuritySettings(Section):
-    # Extra literal values (passwords, tokens) masked wherever text leaves the bot.
-    redact: list[SecretStr] = Field(default_factory=list)
-
-
-class AuditSettings(Section):
-    """How the audit log rides out a database that cannot be written for a while
-    (locked by another process, disk full); see ``bot.audit.resilient``."""
-
-    # SQLite's own wait for another process's write lock, per attempt.
-    busy_timeout_s: float = Field(10.0, gt=0)
-    # How long a running job's write is retried (with back-off) before it goes to the
-    # fallback journal and the job is brought back to a safe state.
-    retry_s: float = Field(15.0, ge=0)
-    # Where the fallback journal goes when the database's own directory cannot take it
-    # (the disk is full): default, the system's temporary directory.
-    journal_fallback_dir: Path | None = None
-    # Where the fallback journal goes first: default, next to the SQLite file; with
-    # PostgreSQL (no file of ours), the bot's working directory.
-    journal_dir: Path | None = None
-
-    @field_validator("journal_fallback_dir", "journal_dir")
-    @classmethod
-    def _expand_dir(cls, v: Path | None) -> Path | None:
-        return None if v is None else expand(v)
 
 
 class Settings(BaseSettings):

@@ -32,7 +32,7 @@ class RunCommand:
     # stays out of reprs and logs (see bot.core.remote.INDEX_FROM_STDIN).
     stdin: bytes | None = field(default=None, repr=False)
     # The account it needs, as its builder in bot.core.remote said; the executor turns
-    # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.sudoers.become).
+    # it into a sudo prefix on hosts with `become = "sudo"` (bot.core.become.become).
     run_as: Privilege = Privilege.NONE
     # Where it runs: None, the flow's own host; else another configured host (a router's
     # host, a sibling replica), which the executor reaches through the engine's pool.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from bot.core import remote
+from bot.core.become import become_for
 from bot.core.privilege import run_as_of
-from bot.core.sudoers import become_for
 from bot.engine.executor import run_command
 from bot.errors import HostError
 from bot.slack.grammar import Logs
