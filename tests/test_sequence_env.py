@@ -376,3 +376,87 @@ def test_a_prefetch_cut_before_the_help_ended_is_unchecked() -> None:
     assert run(h, version="0.16.0").status == "succeeded"
     said = ended(h, Step.PREFETCH).summary
     assert "the new version's `vllm serve --help` did not come back whole" in said
+
+
+# The unit's flags in `$VLLM_ARGS`: `systemctl show` prints ExecStart's `$` words as
+# written and the environment in lines of their own (systemd 252's formatting:
+# tests/samples/systemd_env/systemctl_show_exec_env_252.txt).
+ENV_EXEC_START = (
+    "ExecStart={ path=/opt/venvs/vllm/bin/vllm ; argv[]=/opt/venvs/vllm/bin/vllm serve "
+    "/models/Kimi-K2.5 --tensor-parallel-size 8 $VLLM_ARGS ; ignore_errors=no ; "
+    "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
+)
+
+
+def _unit_with_env(
+    h: Host, show: str, files: dict[str, CommandResult], section: list[str]
+) -> list[tuple[str, ...]]:
+    """A unit whose `systemctl show` prints ``show`` and whose EnvironmentFiles read as
+    ``files`` say; returns the `cat` argvs seen."""
+    inner, seen = h.command, []
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[0] == "cat":
+            seen.append(a)
+            return dataclasses.replace(files[a[-1]], argv=a)
+        if a[1:4] == ("show", "-p", "ExecStart"):
+            return ok(a, show)
+        r = inner(a)
+        if a[:2] == ("/bin/sh", "-c") and "venv" in a[2] and a[-1] == "serve":
+            return dataclasses.replace(r, stdout=r.stdout + "".join(f"{s}\n" for s in section))
+        return r
+
+    h.command = command  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_removed_flag_inside_vllm_args_is_refused_before_the_stop() -> None:
+    h = Host()
+    show = ENV_EXEC_START + 'Environment="VLLM_ARGS=--max_model_len 65536 --task generate"\n'
+    _unit_with_env(h, show, {}, [HELP_BEGIN, *HELP_LINES, HELP_END])
+    out = run(h, version="0.16.0")
+    assert out.status == "aborted", out.summary
+    assert out.summary.startswith(
+        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+    )
+    assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
+def test_an_environment_file_read_over_environment_sets_the_flags() -> None:
+    # EnvironmentFiles override Environment=; a missing file the unit names with `-` is
+    # skipped, as systemd skips it.
+    h = Host()
+    show = (
+        ENV_EXEC_START
+        + "Environment=VLLM_ARGS=--task\n"
+        + "EnvironmentFiles=/etc/default/vllm (ignore_errors=no)\n"
+        + "EnvironmentFiles=/etc/default/vllm-extra (ignore_errors=yes)\n"
+    )
+    missing = "cat: /etc/default/vllm-extra: No such file or directory"
+    files = {
+        "/etc/default/vllm": ok(("cat",), "HF_TOKEN=hf_x\nVLLM_ARGS='--max-model-len 65536'\n"),
+        "/etc/default/vllm-extra": ok(("cat",), stderr=missing, status=1),
+    }
+    seen = _unit_with_env(h, show, files, [HELP_BEGIN, *HELP_LINES, HELP_END])
+    assert run(h, version="0.16.0").status == "succeeded"
+    assert seen == [("cat", "--", "/etc/default/vllm"), ("cat", "--", "/etc/default/vllm-extra")]
+    said = ended(h, Step.PREFETCH).summary
+    assert "every flag of the unit's ExecStart (2) is accepted by vllm 0.16.0" in said
+    # The file's text (a token in it) is nowhere in what the run said.
+    assert not any("hf_x" in str(n) for n in h.notices)
+
+
+def test_an_environment_file_this_login_cannot_read_is_said_unchecked() -> None:
+    h = Host()
+    show = ENV_EXEC_START + "Environment=\nEnvironmentFiles=/etc/default/vllm (ignore_errors=no)\n"
+    denied = ok(("cat",), stderr="cat: /etc/default/vllm: Permission denied", status=1)
+    _unit_with_env(h, show, {"/etc/default/vllm": denied}, [HELP_BEGIN, *HELP_LINES, HELP_END])
+    assert run(h, version="0.16.0").status == "succeeded"
+    fetched = ended(h, Step.PREFETCH)
+    assert fetched.ok
+    assert (
+        "the unit's flags were not checked: `$VLLM_ARGS`: /etc/default/vllm could not be "
+        "read (exit 1: cat: /etc/default/vllm: Permission denied)"
+    ) in fetched.summary
+    assert "every flag of the unit's ExecStart" not in fetched.summary
+    assert "WARNING: the unit's flags were not checked" in fetched.detail

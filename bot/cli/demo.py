@@ -22,7 +22,7 @@ from bot.engine.runtime import open_runtime
 from bot.errors import ChatOpsError, InputError
 from bot.settings import Settings
 from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
-from bot.sim.state import HostConfig
+from bot.sim.state import REMOVED_VALUE, UNIT_FLAGS, HostConfig
 
 FAULTS = DEMO_FAULTS
 DEMO_VERSION = "0.16.0"
@@ -75,6 +75,9 @@ async def _demo(root: Path, db: Path, faults: list[str], fast: bool, out: TextIO
     # A fault of the model server's API is the new release's (a bad build): the rollback to
     # the build the host booted with serves again, as the story should end.
     sim: dict[str, Any] = {"api_faults_new_build_only": True}
+    if "removed_value" in faults:
+        # The unit passes the value the new build no longer lists.
+        sim["unit_flags"] = (*UNIT_FLAGS, *REMOVED_VALUE)
     config = fast_config(**sim) if fast else HostConfig(**DEMO_TIMINGS, **sim)
     async with SimKit(root / "sim-host", config=config) as kit:
         kit.set_faults(**dict.fromkeys(faults, True))

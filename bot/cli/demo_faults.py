@@ -44,6 +44,7 @@ DEMO_FAULTS: tuple[str, ...] = (
     "metrics_no_vllm",
     "usage_thread_exception",
     "removed_flag",
+    "removed_value",
     "pcie_degraded",
     "hw_slowdown",
     "driver_mismatch",

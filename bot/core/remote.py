@@ -46,10 +46,29 @@ def unit_show(svc: ServiceSettings) -> Argv:
 
 
 def unit_exec_start(svc: ServiceSettings) -> Argv:
-    """The unit's command line (issue 20: its flags are checked against the new vLLM).
-    No privilege: any account may read a unit's properties, and a separate read leaves
-    the sudo rule of ``unit_show`` as hosts already have it."""
-    return Command((svc.systemctl, "show", "-p", "ExecStart", "--no-pager", "--", svc.unit))
+    """The unit's command line and the environment systemd expands its ``$VAR`` words
+    with (its flags are checked against the new vLLM). No privilege: any account may read
+    a unit's properties, and a separate read leaves the sudo rule of ``unit_show`` as
+    hosts already have it."""
+    return Command(
+        (
+            svc.systemctl,
+            "show",
+            *("-p", "ExecStart", "-p", "Environment", "-p", "EnvironmentFiles"),
+            "--no-pager",
+            "--",
+            svc.unit,
+        )
+    )
+
+
+def env_file_read(path: str) -> Argv:
+    """One of the unit's EnvironmentFiles (a path ``systemctl show`` gave), read as the
+    login: systemd reads them as root, so one may be root's alone, and then its words are
+    said as not checked. No sudo rule: the path comes from the host, not the config, and a
+    rule that let the bot read root's files could read any of them (tokens and keys
+    among them)."""
+    return ("cat", "--", path)
 
 
 def unit_is_active(svc: ServiceSettings) -> Argv:
@@ -285,16 +304,19 @@ def prefetch_dir(svc: ServiceSettings) -> str:
 
 def serve_help(venv: str) -> str:
     """The script's part that lists the new ``vllm serve``'s options when ``$hm`` is
-    ``serve`` (the unit starts ``vllm serve``; issue 20): ``--help=all`` lists every option
-    on the grouped help (vLLM 0.10 on), whose plain ``--help`` lists only the groups;
-    before it, argparse refuses ``--help=all`` and ``--help`` lists them all. Each bounded
-    by ``$gt`` (gate_timeout_s). The help goes to a file in ``venv`` and only its option
-    lines, two spaces in, reach the output (written " {2}": sudoers reads a run of spaces
-    in a rule as one)."""
+    ``serve`` (the unit starts ``vllm serve``): ``--help=all`` lists every option on the
+    grouped help (vLLM 0.11 on), whose plain ``--help`` lists only the groups; before it,
+    argparse refuses ``--help=all`` or (0.10) takes it as a search for "all", and
+    ``--help`` lists them all. Each bounded by ``$gt`` (gate_timeout_s). The help goes to
+    a file in ``venv`` and only its option lines, two spaces in, reach the output (written
+    " {2}": sudoers reads a run of spaces in a rule as one)."""
     return (
         f'if [ "$hm" = serve ]; then h="{venv}/serve-help"; '
         f"echo {HELP_BEGIN}; "
         f'if timeout -k 10 "$gt" "{venv}/bin/vllm" serve --help=all >"$h" 2>&1 '
+        # vLLM 0.10 exits 0 on --help=all with the options whose name holds "all", none
+        # indented: its plain --help lists them all.
+        "&& grep -q -E '^ {2}--port( |$)' \"$h\" "
         f'|| timeout -k 10 "$gt" "{venv}/bin/vllm" serve --help >"$h" 2>&1; '
         "then grep -E '^ {2}--?[[:alpha:]]' \"$h\" || true; "
         f'rm -f -- "$h"; echo {HELP_END}; '

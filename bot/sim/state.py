@@ -12,9 +12,11 @@ same host whichever tool it asks and however slowly the machine runs.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 STATE_DIR_ENV = "SIM_STATE_DIR"
+# The flags the unit passes `vllm serve` beyond the model, the GPUs and the port.
+UNIT_FLAGS = ("--served-model-name", "kimi-k2.5", "--task", "generate")
 DEFAULT_VERSION = "0.16.0rc2.dev313+g662205d34"
 FIRST_PID = 48213
 WORKER_PID_OFFSET = 88  # Worker_TP<i> runs as main_pid + 88 + i
@@ -112,8 +116,14 @@ class HostConfig:
     # port (ExecStart in `systemctl show`); with the removed_flag fault, no build but the
     # one the host booted with accepts `--task`. A wrapper: ExecStart runs this command
     # instead of `vllm serve` (a script whose flags cannot be checked).
-    unit_flags: tuple[str, ...] = ("--served-model-name", "kimi-k2.5", "--task", "generate")
+    unit_flags: tuple[str, ...] = UNIT_FLAGS
     exec_wrapper: tuple[str, ...] = ()
+    # The unit's Environment= assignments ("NAME=value", a value may hold spaces) and its
+    # EnvironmentFile= paths (a `-` before one: ignore_errors), which unit_flags may name
+    # as `$NAME` or `${NAME}`: `systemctl show` prints both as systemd does, and a start
+    # expands them (a file is read from this machine's file system).
+    unit_environment: tuple[str, ...] = ()
+    unit_env_files: tuple[str, ...] = ()
     # Issue 23, host maintenance. `systemctl reboot`: the host is down (every SSH login
     # drops) this long, then comes up and starts its enabled units (bot.sim.power); with
     # the reboot_slow fault, reboot_slow_s instead.
@@ -247,6 +257,10 @@ class Faults:
     # `--task` flag the unit passes (vllm-project/vllm#18538): their `vllm serve --help`
     # does not list it, and a start of one exits at once, as argparse does.
     removed_flag: bool = False
+    # The builds other than the one the host booted with no longer list `xxhash` among
+    # `--prefix-caching-hash-algo`'s choices (REMOVED_VALUE): argparse refuses a start
+    # that passes it ("invalid choice").
+    removed_value: bool = False
     # Issue 23, the deep GPU check. GPU stuck_gpu's PCIe link trained at x8 of x16:
     pcie_degraded: bool = False
     # GPU stuck_gpu's clocks are held back by HW slowdown (nvidia-smi -q -x says Active):
@@ -790,8 +804,61 @@ def exec_start(st: HostState) -> tuple[str, ...]:
     )
 
 
+def unit_args(st: HostState) -> tuple[str, ...]:
+    """The unit's flags as a start passes them: ``$NAME`` split into words, ``${NAME}``
+    replaced, from Environment= and the EnvironmentFiles (later ones winning). The
+    simulator's own plain reading: ``NAME=value`` lines, quotes around a value removed."""
+    env: dict[str, str] = {}
+    for assignment in st.config.unit_environment:
+        name, _, value = assignment.partition("=")
+        env[name] = value
+    for path in st.config.unit_env_files:
+        env.update(_env_file(Path(path.removeprefix("-"))))
+    words: list[str] = []
+    for word in st.config.unit_flags:
+        if word.startswith("$") and not word.startswith("${"):
+            words += env.get(word[1:], "").split()
+        else:
+            words.append(re.sub(r"\$\{(\w+)\}", lambda m: env.get(m[1], ""), word))
+    return tuple(words)
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.strip().partition("=")
+        if sep and not name.startswith("#"):
+            value = value.strip()
+            quoted = len(value) > 1 and value[0] == value[-1] and value[0] in "'\""
+            env[name.strip()] = value[1:-1] if quoted else value
+    return env
+
+
 def refused_flags(st: HostState, version: str | None) -> tuple[str, ...]:
     """The unit's flags that ``version`` of vllm does not accept (the removed_flag fault)."""
     if not st.faults.removed_flag or version == st.boot_version:
         return ()
-    return tuple(f for f in st.config.unit_flags if f == "--task")
+    return tuple(f for f in unit_args(st) if f == "--task")
+
+
+# The removed_value fault: the option, and the value of it that the builds other than the
+# booted one no longer list.
+REMOVED_VALUE = ("--prefix-caching-hash-algo", "xxhash")
+REMOVED_VALUE_LEFT = ("sha256", "sha256_cbor", "xxhash_cbor")
+
+
+def value_removed(st: HostState, version: str | None) -> bool:
+    return st.faults.removed_value and version != st.boot_version
+
+
+def refused_value(st: HostState, version: str | None) -> bool:
+    """Whether the unit passes the value ``version`` no longer lists (removed_value)."""
+    if not value_removed(st, version):
+        return False
+    args, (flag, value) = unit_args(st), REMOVED_VALUE
+    pairs = itertools.pairwise(args)
+    return f"{flag}={value}" in args or (flag, value) in pairs

@@ -46,6 +46,7 @@ from bot.core.phases.common import (
 )
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
+from bot.core.unit_env import UnitEnvironment, environment_files, parse_env_file, parse_environment
 from bot.core.unit_flags import NOT_READ, ServeCommand, command_of, step_note, verdict_of
 from bot.settings import ServiceSettings
 
@@ -110,14 +111,45 @@ def preflight(plan: Plan, svc: ServiceSettings, host: str) -> Phase[_Preflight]:
 
 
 def _preflight_exec_start(svc: ServiceSettings) -> Phase[ServeCommand | str]:
-    """The unit's ``vllm serve`` command from its ExecStart, or why its flags cannot be
-    checked. Never a refusal: a unit this cannot read is said as unchecked."""
+    """The unit's ``vllm serve`` command from its ExecStart, its ``$VAR`` words expanded
+    with the unit's environment as systemd does, or why its flags cannot be checked.
+    Never a refusal: a unit this cannot read is said as unchecked."""
     r = yield from run(
         Step.PREFLIGHT, remote.unit_exec_start(svc), svc.command_timeout_s, quiet=True
     )
     if not r.ok:
         return f"cannot read the unit's ExecStart ({reason_of(r)})"
-    return command_of(remote.parse_unit_show(r.stdout).get("ExecStart", ""))
+    exec_start = remote.parse_unit_show(r.stdout).get("ExecStart", "")
+    env = UnitEnvironment()
+    if "$" in exec_start:
+        env = yield from _unit_environment(svc, r.stdout)
+    return command_of(exec_start, env)
+
+
+def _unit_environment(svc: ServiceSettings, show: str) -> Phase[UnitEnvironment]:
+    """What the unit's ``Environment=`` and EnvironmentFiles set (files over it, in the
+    unit's order), and why any of it could not be read. The files' text (tokens may be
+    in it) stays here: only the values ExecStart names are used, and never shown."""
+    environment = parse_environment(remote.parse_unit_show(show).get("Environment", ""))
+    if environment is None:
+        return UnitEnvironment(unread=("the unit's Environment= could not be read",))
+    values, unread = dict(environment), []
+    for file in environment_files(show):
+        r = yield from run(
+            Step.PREFLIGHT, remote.env_file_read(file.path), svc.command_timeout_s, quiet=True
+        )
+        read = parse_env_file(r.stdout) if r.ok else None
+        if read is not None:
+            values.update(read)
+        elif r.ok:
+            unread.append(f"systemd releases read {file.path} differently")
+        elif not (file.ignore_errors and "No such file or directory" in r.stderr):
+            # (systemd skips a missing file the unit names with `-`)
+            said = tail_of(r.stderr, 1)
+            unread.append(
+                f"{file.path} could not be read ({reason_of(r)}{': ' + said if said else ''})"
+            )
+    return UnitEnvironment(values, tuple(unread))
 
 
 def preflight_unit(svc: ServiceSettings, host: str) -> Phase[tuple[dict[str, str], ServiceState]]:

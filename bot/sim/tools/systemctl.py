@@ -42,6 +42,8 @@ _ORDER = (
     "LoadError",
     "User",
     "ExecStart",
+    "Environment",
+    "EnvironmentFiles",
 )
 _NEEDS_UNIT = (
     "start",
@@ -60,7 +62,7 @@ def _stamp(ts: float | None) -> str:
     return "" if ts is None else time.strftime("%a %Y-%m-%d %H:%M:%S %Z", time.localtime(ts))
 
 
-def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
+def _properties(st: HostState, name: str, now: float) -> dict[str, str | tuple[str, ...]]:
     svc = unit.service_name(name)
     if not unit.is_ours(st, name):
         return {
@@ -98,7 +100,27 @@ def _properties(st: HostState, name: str, now: float) -> dict[str, str]:
         "InactiveEnterTimestamp": _stamp(ended if active != "active" else None),
         "User": st.config.unit_user,
         "ExecStart": _exec_start(st, run, now),
+        "Environment": " ".join(_quoted(a) for a in st.config.unit_environment),
+        # One line per file, none without (systemctl-show.c; tests/samples/systemd_env/).
+        "EnvironmentFiles": tuple(
+            f"{p.removeprefix('-')} (ignore_errors={'yes' if p.startswith('-') else 'no'})"
+            for p in st.config.unit_env_files
+        ),
     }
+
+
+# What makes systemd's shell_maybe_quote() put a word in double quotes (escape.h:
+# whitespace, SHELL_NEED_QUOTES), and the characters it puts a `\` before inside them.
+_NEEDS_QUOTES = frozenset(" \t\n\r\"\\`$*?['()<>|&;!")
+_ESCAPED = frozenset('"\\`$')
+
+
+def _quoted(word: str) -> str:
+    """An Environment= assignment as `systemctl show` prints it (systemd 252:
+    tests/samples/systemd_env/systemctl_show_exec_env_252.txt)."""
+    if not any(c in _NEEDS_QUOTES or ord(c) < 32 for c in word):
+        return word
+    return '"' + "".join("\\" + c if c in _ESCAPED else c for c in word) + '"'
 
 
 def _enabled(st: HostState) -> str:
@@ -124,10 +146,17 @@ def _show(st: HostState, units: list[str], props: list[str], value_only: bool) -
         values = _properties(st, name, now)
         keys = [k for k in _ORDER if k in values and (not props or k in props)]
         blocks.append(
-            "".join(values[k] + "\n" if value_only else f"{k}={values[k]}\n" for k in keys)
+            "".join(
+                v + "\n" if value_only else f"{k}={v}\n" for k in keys for v in _lines(values[k])
+            )
         )
     sys.stdout.write("\n".join(blocks))
     return 0
+
+
+def _lines(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A property's lines: one, or one per item for a list systemctl prints that way."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _ago(seconds: float) -> str:

@@ -14,6 +14,8 @@ from bot.sim import vllm_server
 from bot.sim.packages import cuda_problem, import_problem, module_version
 from bot.sim.state import (
     ENGINE_PID_OFFSET,
+    REMOVED_VALUE,
+    REMOVED_VALUE_LEFT,
     WORKER_PID_OFFSET,
     HostConfig,
     HostState,
@@ -21,7 +23,9 @@ from bot.sim.state import (
     Run,
     StateStore,
     refused_flags,
+    refused_value,
     replace_run,
+    unit_args,
     unit_state,
     vllm_line,
 )
@@ -356,14 +360,20 @@ def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
 def _usage_error(
     st: HostState, run: Run, at: float, refused: tuple[str, ...]
 ) -> list[JournalEntry]:
-    """A flag the build does not know: argparse prints its usage and exits 2 before
-    anything loads."""
+    """A flag the build does not know, or a value it does not list: argparse prints its
+    usage and exits 2 before anything loads (its words: tests/samples/vllm_help/
+    serve_parse_0.10.2.txt)."""
     svc = service_name(st.config.unit)
-    args = " ".join(w for f in refused for w in (f, *_value_after(st.config.unit_flags, f)))
-    lines = [
-        "usage: vllm serve [model_tag] [options]",
-        f"vllm serve: error: unrecognized arguments: {args}",
-    ]
+    flag, value = REMOVED_VALUE
+    if f"{flag}={value}" in refused:
+        left = ", ".join(f"'{v}'" for v in REMOVED_VALUE_LEFT)
+        error = f"argument {flag}: invalid choice: '{value}' (choose from {left})"
+    else:
+        args = unit_args(st)
+        error = "unrecognized arguments: " + " ".join(
+            w for f in refused for w in (f, *_value_after(args, f))
+        )
+    lines = ["usage: vllm serve [model_tag] [options]", f"vllm serve: error: {error}"]
     return [JournalEntry(at, "vllm", run.main_pid, line) for line in lines] + [
         _systemd(at, f"{svc}: Main process exited, code=exited, status=2/INVALIDARGUMENT"),
         _systemd(at, f"{svc}: Failed with result 'exit-code'."),
@@ -406,6 +416,8 @@ def _begin(st: HostState, t0: float, *, may_fail: bool) -> tuple[HostState, list
     # A venv that cannot import vllm, or a torch the driver is too old for, crashes too.
     broken = import_problem(st) is not None or cuda_problem(st) is not None
     refused = refused_flags(st, version) if may_fail else ()
+    if may_fail and refused_value(st, version):
+        refused = (*refused, f"{REMOVED_VALUE[0]}={REMOVED_VALUE[1]}")
     fails = may_fail and (version is None or st.faults.start_fails or broken or bool(refused))
     run = Run(
         generation=st.run.generation + 1,

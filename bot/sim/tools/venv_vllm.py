@@ -1,17 +1,22 @@
 """The ``vllm`` command of a throwaway venv ``uv venv`` made (the bot's prefetch):
 ``venv-vllm VENV serve --help[=all]``. It prints the help of the vllm installed into that
-venv (the set bot.sim.tools.uv recorded there), in the grouped format of vLLM 0.10 on
-(tests/samples/SOURCES.md: ai-bot-pro/achatbot#191 for ``--help=all``'s option lines,
-vllm-project/vllm-omni#744 for plain ``--help``, which lists only the groups). With the
-removed_flag fault, a build other than the one the host booted with no longer lists
-``--task``. Anything but the help is refused: the bot never serves from that venv."""
+venv (the set bot.sim.tools.uv recorded there), in the shape of current vLLM's
+(tests/samples/vllm_help/serve_help_all_0.33.0.txt, the real ``vllm serve --help=all``
+of vLLM 0.33.0; vllm-project/vllm-omni#744 for plain ``--help``, which lists only the
+groups): grouped, choices as argparse prints them (``{a,b}``) or as vLLM prints the
+values it knows of an open option (``['a', 'b']``), ``--optimization-level`` and no
+``-O``. With the removed_flag fault, a build other than the one the host booted with no
+longer lists ``--task``; with removed_value, it no longer lists ``xxhash`` among
+``--prefix-caching-hash-algo``'s choices (vLLM 0.10.2 lists only ``{sha256,sha256_cbor}``).
+Anything but the help is refused: the bot never serves from that venv."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from bot.sim.state import StateStore, refused_flags
+from bot.sim.state import REMOVED_VALUE, StateStore, refused_flags, value_removed
 from bot.sim.tools.uv import throwaway_set
 
 _USAGE = "usage: vllm serve [model_tag] [options]"
@@ -30,7 +35,9 @@ _GROUPS = [
     ("options", ""),
     ("Frontend", "Arguments for the OpenAI-compatible frontend server."),
     ("ModelConfig", "Configuration for the model."),
+    ("CacheConfig", "Configuration for the KV cache."),
     ("ParallelConfig", "Configuration for the distributed execution."),
+    ("VllmConfig", "Dataclass which contains all vllm-related configuration."),
 ]
 # (group, option names with metavar, description); wrapped as argparse wraps them.
 _OPTIONS: list[tuple[str, str, str]] = [
@@ -74,6 +81,16 @@ _OPTIONS: list[tuple[str, str, str]] = [
     ),
     (
         "ModelConfig",
+        "--dtype {auto,bfloat16,float,float16,float32,half}",
+        "Data type for model weights and activations. (default: auto)",
+    ),
+    (
+        "ModelConfig",
+        "--tokenizer-mode ['auto', 'deepseek_v32', 'hf', 'mistral']",
+        "Tokenizer mode. (default: auto)",
+    ),
+    (
+        "ModelConfig",
         "--max-model-len MAX_MODEL_LEN",
         "Model context length (prompt and output). Supports k/m/g/K/M/G in human-readable "
         "format. Examples: - 1k -> 1000 - 1K -> 1024 (default: None)",
@@ -83,6 +100,11 @@ _OPTIONS: list[tuple[str, str, str]] = [
         "--trust-remote-code, --no-trust-remote-code",
         "Trust remote code (e.g., from HuggingFace) when downloading the model and "
         "tokenizer. (default: False)",
+    ),
+    (
+        "CacheConfig",
+        "--prefix-caching-hash-algo {sha256,sha256_cbor,xxhash,xxhash_cbor}",
+        "Set the hash algorithm for prefix caching. (default: sha256)",
     ),
     (
         "ParallelConfig",
@@ -99,6 +121,18 @@ _OPTIONS: list[tuple[str, str, str]] = [
         "--enable-expert-parallel, --no-enable-expert-parallel",
         "Use expert parallelism instead of tensor parallelism for MoE layers. (default: False)",
     ),
+    (
+        "VllmConfig",
+        "--compilation-config COMPILATION_CONFIG, -cc COMPILATION_CONFIG",
+        "torch.compile and cudagraph capture configuration for the model. (default: {})",
+    ),
+    (
+        "VllmConfig",
+        "--optimization-level OPTIMIZATION_LEVEL",
+        "The optimization level. These levels trade startup time cost for performance, "
+        "with -O0 having the best startup time and -O3 having the best performance. -O2 "
+        "is used by default. (default: 2)",
+    ),
 ]
 
 
@@ -113,7 +147,15 @@ def _wrap(text: str, width: int = 56) -> list[str]:
     return lines + ([line] if line else [])
 
 
-def _all(removed: tuple[str, ...]) -> str:
+def _names(names: str, dropped: tuple[str, ...]) -> str:
+    """An option's names with the values a build no longer lists left out."""
+    for value in dropped:
+        names = names.replace(f",{value}}}", "}").replace(f"{{{value},", "{")
+        names = names.replace(f",{value},", ",")
+    return names
+
+
+def _all(removed: tuple[str, ...], dropped: Mapping[str, tuple[str, ...]]) -> str:
     out = [_USAGE, "", "Start the vLLM OpenAI Compatible API server.", ""]
     out += ["positional arguments:", "  model_tag             The model tag to serve", ""]
     for group, about in _GROUPS:
@@ -121,8 +163,10 @@ def _all(removed: tuple[str, ...]) -> str:
         if about:
             out += [f"  {about}", ""]
         for g, names, text in _OPTIONS:
-            if g != group or names.split(" ", 1)[0].rstrip(",") in removed:
+            name = names.split(" ", 1)[0].rstrip(",")
+            if g != group or name in removed:
                 continue
+            names = _names(names, dropped.get(name, ()))
             desc = _wrap(text)
             if len(names) <= 20:
                 out.append(f"  {names:<22}{desc[0]}")
@@ -149,7 +193,9 @@ def main(store: StateStore, args: list[str]) -> int:
         print(f"{venv}/bin/vllm: ModuleNotFoundError: No module named 'vllm'", file=sys.stderr)
         return 1
     if rest == ["serve", "--help=all"]:
-        print(_all(refused_flags(store.read(), version)))
+        st = store.read()
+        dropped = {REMOVED_VALUE[0]: (REMOVED_VALUE[1],)} if value_removed(st, version) else {}
+        print(_all(refused_flags(st, version), dropped))
         return 0
     if rest in (["serve", "--help"], ["serve", "-h"]):
         print(_summary())
