@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bot.core.packages import (
+    BUILD_PREFIX,
     Change,
     Entry,
-    BUILD_PREFIX,
     PackageDiff,
     diff_freezes,
     downloaded_bytes,

@@ -274,9 +274,7 @@ def resolved_build(versions: Mapping[str, str], changed: Iterable[str] = ()) -> 
     moved = set(changed)
     for pool in ([n for n in versions if n in moved], list(versions)):
         said = {
-            (n, versions[n], c)
-            for n in pool
-            if (c := _runtime_cuda(n, versions[n])) is not None
+            (n, versions[n], c) for n in pool if (c := _runtime_cuda(n, versions[n])) is not None
         }
         cudas = {c for _, _, c in said}
         if len(cudas) == 1:
