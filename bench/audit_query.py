@@ -81,7 +81,7 @@ def rows(n: int) -> Iterator[tuple[Any, ...]]:
             "slack" if i % 3 else "cli",
             "C0CHATOPS",
             plan[(service, action)],
-            "vllm==0.16.0" if redeploy else "vllm",
+            "vllm==0.31.0" if redeploy else "vllm",
             "nightly" if redeploy else None,
             0,
             "succeeded" if i % 50 else "rolled_back",
@@ -89,8 +89,8 @@ def rows(n: int) -> Iterator[tuple[Any, ...]]:
             at,
             at,
             at,
-            "0.15.1" if redeploy else None,
-            "0.16.0" if redeploy else None,
+            "0.30.0" if redeploy else None,
+            "0.31.0" if redeploy else None,
         )
 
 

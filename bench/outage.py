@@ -3,12 +3,12 @@ sequence vs the bot, on the simulated host with a realistic download cost.
 
     ./dev python bench/outage.py [--runs 3] [--mib-per-s 1024] [--load-s 8]
 
-Each run uses a fresh simulated host whose vLLM upgrade (0.16.0rc2.dev -> 0.16.0) moves
+Each run uses a fresh simulated host whose vLLM upgrade (0.31.0rc2.dev -> 0.31.0) moves
 torch and the CUDA wheels: 13 wheels not in uv's cache, about 3.6 GiB, downloaded at
 ``--mib-per-s`` (1 GiB/s by default); the model takes ``--load-s`` to load.
 
 * manual: what the seed's runbook does over SSH, `systemctl stop`, `sleep 2`,
-  `uv pip install --force-reinstall vllm==0.16.0`, `systemctl start`, then /health polled
+  `uv pip install --force-reinstall vllm==0.31.0`, `systemctl start`, then /health polled
   every ``health_poll_s`` until 200. The download happens inside the outage.
 * bot: a redeploy through the engine (preflight, prefetch, request drain, stop, drain,
   reinstall, import gate, start, health, readiness, post-check). Its outage is read
@@ -56,7 +56,7 @@ from bot.settings import Settings
 from bot.sim.kit import READY_SETTINGS, SERVICE, TEST_SERVICE_SETTINGS, SimKit
 from bot.sim.state import HostConfig
 
-VERSION = "0.16.0"
+VERSION = "0.31.0"
 HEALTH_POLL_S = 0.5
 
 

@@ -194,7 +194,7 @@ async def main(runs: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with SimKit(Path(tmp) / "host", config=fast_config(**ZERO_DELAYS)) as kit:
             for i in range(runs):
-                version = ("0.16.0", "0.15.1")[i % 2]
+                version = ("0.31.0", "0.30.0")[i % 2]
                 settings = Settings(**kit.settings_fragment(), db_path=Path(tmp) / f"a{i}.db")
                 sent: list[Sent] = []
                 engine_times.append(await engine_redeploy(settings, version, sent))

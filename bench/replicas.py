@@ -51,7 +51,7 @@ async def failover(
         async with cluster(base, kit, url, **timings) as c:
             a = await c.start("a")
             await c.start("b")
-            await c.command(a, f"redeploy {SERVICE} --version 0.16.0", ALICE)
+            await c.command(a, f"redeploy {SERVICE} --version 0.31.0", ALICE)
             await eventually(lambda: c.card_of(1), "the card", 30)
             await c.click(a, "approve", 1, BOB)
             await eventually(lambda: c.step_running(1, "reinstall"), "the reinstall", 60)

@@ -57,7 +57,7 @@ async def main() -> None:
                 kit.update_config(install_output_lines=lines)
                 start = len(bot.fake.calls())
                 t0 = time.perf_counter()
-                version = ("0.16.0", "0.15.1")[i % 2]
+                version = ("0.31.0", "0.30.0")[i % 2]
                 await bot.command(f"redeploy {SERVICE} --version {version}")
                 record = await bot.wait_for_run(
                     lambda r: r.message_ts is not None and r.status == "pending_approval",

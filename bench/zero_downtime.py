@@ -11,7 +11,7 @@ fresh simulated replicas
 through the router, each on its own connection (tests/support/routers.py), for:
 
 * manual: on each replica in turn, over SSH, `systemctl stop`, `sleep 2`, `nvidia-smi`,
-  `uv pip install --force-reinstall vllm==0.16.0`, `systemctl start`, then /health until
+  `uv pip install --force-reinstall vllm==0.31.0`, `systemctl start`, then /health until
   200 (the seed's sequence; the router is left alone, so only its health check keeps
   requests away from the stopped replica);
 * bot: `redeploy` through the engine, one replica at a time, each taken out of rotation
@@ -45,7 +45,7 @@ from bot.sim.kit import READY_SETTINGS, SERVICE, TEST_SERVICE_SETTINGS, SimKit, 
 from bot.sim.state import HostConfig
 from tests.support import routers
 
-VERSION = "0.16.0"
+VERSION = "0.31.0"
 MODEL = "kimi-k2.5"
 BEFORE_S = 5.0
 

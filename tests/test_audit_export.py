@@ -40,7 +40,7 @@ def insert_runs(
         "INSERT INTO runs (id, service, action, hosts, requested_by, source, plan, "
         "status, created_at, version_before, version_after) "
         "VALUES (?, ?, 'redeploy', '[\"h1\"]', 'U0ALICE', 'slack', '{}', ?, ?, "
-        "'0.15.1', '0.16.0')",
+        "'0.30.0', '0.31.0')",
         [(i, service, status, f"2026-11-{1 + i % 28:02d}T10:00:00Z") for i in ids],
     )
     raw_many(
@@ -264,7 +264,7 @@ async def test_cli_exports_a_real_redeploy_as_jsonl(sim_host: SimKit, tmp_path: 
     config = write_toml(tmp_path / "chatops.toml", sim_host.settings_fragment())
     env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
     code, out, err = await cli(
-        "redeploy", SERVICE, "--version", "0.16.0", "--yes", cwd=tmp_path, env=env
+        "redeploy", SERVICE, "--version", "0.31.0", "--yes", cwd=tmp_path, env=env
     )
     assert code == 0, err + out
     code, out, err = await cli("audit", "--format", "jsonl", cwd=tmp_path, env=env)
@@ -275,7 +275,7 @@ async def test_cli_exports_a_real_redeploy_as_jsonl(sim_host: SimKit, tmp_path: 
     assert (run["service"], run["status"], run["version_after"]) == (
         SERVICE,
         "succeeded",
-        "0.16.0",
+        "0.31.0",
     )
     assert run["decisions"][0]["decision"] == "approve"
     assert [(o["host"], o["status"]) for o in run["host_outcomes"]] == [("gpu-node-1", "succeeded")]
@@ -284,7 +284,7 @@ async def test_cli_exports_a_real_redeploy_as_jsonl(sim_host: SimKit, tmp_path: 
     assert steps["reinstall"]["output_tail"]
     assert len(run["snapshots"]) == 1 and len(run["snapshots"][0]["sha256"]) == 64
     installed = next(c for c in run["package_changes"] if c["kind"] == "installed")
-    vllm = {"name": "vllm", "before": DEFAULT_VERSION, "after": "0.16.0"}
+    vllm = {"name": "vllm", "before": DEFAULT_VERSION, "after": "0.31.0"}
     assert vllm in installed["changes"]
 
     code, out, err = await cli(

@@ -65,8 +65,8 @@ def fleet_plan(
         hosts=hosts,
         unit="vllm.service",
         package="vllm",
-        version="0.16.0",
-        spec="vllm==0.16.0",
+        version="0.31.0",
+        spec="vllm==0.31.0",
         index_name=None,
         index_url=None,
         steps=steps,
@@ -154,7 +154,7 @@ def test_a_plan_that_fits_is_shown_whole_with_nothing_in_the_thread() -> None:
 
 
 def test_a_command_too_long_for_the_card_is_named_not_cut() -> None:
-    long = "uv pip install --python /opt/" + "v" * 4000 + "/bin/python vllm==0.16.0"
+    long = "uv pip install --python /opt/" + "v" * 4000 + "/bin/python vllm==0.31.0"
     plan = fleet_plan(FLEET[:1], command=long)
     view = CardView(run_id=9, plan=plan, requested_by=ALICE, status=RunStatus.PENDING_APPROVAL)
     card = run_card(view)
@@ -234,7 +234,7 @@ async def _fleet_bot_settings(
 
 
 async def _card_and_thread(bot: SlackBot) -> tuple[int, str, list[dict[str, Any]]]:
-    await bot.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
+    await bot.command(f"redeploy {SERVICE} --version 0.31.0", user=ALICE)
     record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card recorded")
     # The card is recorded (clicks on it count) only once the complete plan is in its
     # thread: by now the thread must hold it.
@@ -286,7 +286,7 @@ async def test_a_card_whose_full_plan_cannot_be_posted_is_closed_not_approvable(
     fleet = await _fleet_bot_settings(sim_host, tmp_path, python="/opt/" + "v" * 3000 + "/py")
     async with slack_bot(tmp_path, sim_host, **fleet) as bot:
         bot.fake.fail_next("files.getUploadURLExternal", "not_allowed_token_type")
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0", user=ALICE)
         closed = await bot.wait_for_run(lambda r: r.status == "cancelled", "the closed request")
         assert "could not post the complete plan" in (closed.summary or "")
         note = (await bot.ephemerals_for(ALICE))[-1]["text"]

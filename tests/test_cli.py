@@ -27,7 +27,7 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--index",
         "nightly",
         "--yes",
@@ -36,7 +36,7 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
     )
     assert code == 0, err + out
     assert "Verify GPU memory drained" in out and "SUCCEEDED" in out
-    assert sim_host.installed_version == "0.16.0"
+    assert sim_host.installed_version == "0.31.0"
 
     code, out, err = await cli("audit", "--json", cwd=tmp_path, env=env)
     assert code == 0, err
@@ -58,23 +58,23 @@ async def test_redeploy_then_audit_json(sim_host: SimKit, tmp_path: Path) -> Non
         assert key in row
     assert (row["service"], row["action"], row["status"]) == (SERVICE, "redeploy", "succeeded")
     assert row["requested_by"].startswith("cli:") and row["approved_by"] == [row["requested_by"]]
-    assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.16.0")
+    assert (row["version_before"], row["version_after"]) == (DEFAULT_VERSION, "0.31.0")
     # How the run left the service, as a value (issue 18), for the run and for its host.
     assert row["service_state"] == "up"
     assert row["host_outcomes"] == [
         {"host": "gpu-node-1", "status": "succeeded", "service_state": "up"}
     ]
     # What the install really changed, read back from the host's own uv output: torch
-    # moved with vLLM (the simulated 0.16.0 release pulls in the CUDA 13 build).
+    # moved with vLLM (the simulated 0.31.0 release pulls in the CUDA 13 build).
     changed = {c["name"]: (c["before"], c["after"]) for c in row["packages_changed"]}
-    assert changed["torch"] == ("2.9.1", "2.10.0")
-    assert changed["vllm"] == (DEFAULT_VERSION, "0.16.0")
-    assert sim_host.environment()["torch"] == "2.10.0"
+    assert changed["torch"] == ("2.12.1+cu129", "2.13.0")
+    assert changed["vllm"] == (DEFAULT_VERSION, "0.31.0")
+    assert sim_host.environment()["torch"] == "2.13.0"
 
     code, out, err = await cli("audit", "--run", str(row["id"]), cwd=tmp_path, env=env)
     assert code == 0, err
     made = out.split("Package changes the install made:\n", 1)[1].splitlines()
-    assert "    ! torch 2.9.1 → 2.10.0" in made, out
+    assert "    ! torch 2.12.1+cu129 → 2.13.0" in made, out
 
     code, out, _ = await cli("audit", "--service", SERVICE, cwd=tmp_path, env=env)
     assert code == 0 and "succeeded" in out and "redeploy" in out
@@ -85,7 +85,7 @@ async def test_a_dry_run_ends_saying_nothing_changed(sim_host: SimKit, tmp_path:
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--index",
         "nightly",
         "--dry-run",
@@ -131,7 +131,7 @@ async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_no
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--index",
         "nightly",
         answer="n\n",
@@ -148,7 +148,7 @@ async def test_the_operator_is_shown_the_load_before_confirming_and_yes_reads_no
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--index",
         "nightly",
         "--dry-run",
@@ -178,7 +178,7 @@ async def test_a_rolled_back_run_says_its_package_changes_were_undone(
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--index",
         "nightly",
         "--yes",
@@ -192,7 +192,7 @@ async def test_a_rolled_back_run_says_its_package_changes_were_undone(
     assert code == 0, err
     [row] = json.loads(out)
     # What the failed install did is kept, and said to be undone, not what the host has.
-    assert {"name": "torch", "before": "2.9.1", "after": "2.10.0"} in row["packages_changed"]
+    assert {"name": "torch", "before": "2.12.1+cu129", "after": "2.13.0"} in row["packages_changed"]
     assert row["environment_after_rollback"] == "equals_snapshot"
     # Rolled back: the previous version serves again (issue 18's service state).
     assert row["service_state"] == "up" and row["host_outcomes"][0]["service_state"] == "up"
@@ -253,7 +253,7 @@ async def test_bad_input_is_one_clear_line(sim_host: SimKit, tmp_path: Path) -> 
     code, _, err = await cli("redeploy", "nope", "--yes", cwd=tmp_path, env=env)
     assert code == 2 and f"configured services: {SERVICE}" in err
     code, _, err = await cli("redeploy", SERVICE, "--index", "pypi", "--yes", cwd=tmp_path, env=env)
-    assert code == 2 and "configured: nightly" in err
+    assert code == 2 and "configured: cu129, nightly" in err
     assert sim_host.calls() == []
 
 

@@ -178,7 +178,30 @@ def test_the_simulated_nvidia_smi_header_parses_too() -> None:
         ),
         (GateReport("0.16.0", "2.10.0+cpu", None), "0.16.0", "13.1", False, "CUDA", "CPU build"),
         (None, "0.16.0", "13.1", False, "import", "import vllm, torch failed"),
-        (GateReport("0.16.0", "2.10.0", "13.0"), None, None, True, "all", "unknown, not compared"),
+        # Good but unusual: the cu129 build on a 12.9 driver, a CUDA 13.0 torch on a
+        # newer 13.x driver (R590 reports 13.1), the torch of the vllm-openai v0.30.0
+        # image (2.13.0+cu130) on 13.0: all run, with no warning.
+        (GateReport("0.31.0", "2.13.0+cu129", "12.9"), "0.31.0+cu129", "12.9", True, "all", "12.9"),
+        (GateReport("0.31.0", "2.13.0", "13.0"), "0.31.0", "13.1", True, "all", "CUDA 13.1"),
+        (GateReport("0.30.0", "2.13.0+cu130", "13.0"), "0.30.0", "13.0", True, "all", "13.0"),
+        # Unknown is never "it runs": a driver whose CUDA cannot be read, a torch CUDA
+        # that is no version.
+        (
+            GateReport("0.16.0", "2.10.0", "13.0"),
+            None,
+            None,
+            False,
+            "CUDA",
+            "the driver's CUDA version is unknown",
+        ),
+        (
+            GateReport("0.31.0", "2.13.0", "thirteen"),
+            "0.31.0",
+            "13.1",
+            False,
+            "CUDA",
+            "cannot be compared",
+        ),
     ],
 )
 def test_verdict(
@@ -191,7 +214,52 @@ def test_verdict(
 ) -> None:
     v = gate_verdict(report, target=target, driver_cuda=driver)
     assert (v.ok, v.check) == (ok, check)
-    assert says in v.reason
+    assert says in v.reason, v.reason
     # A warning only where torch's CUDA minor is newer than the driver's, on a pass.
     newer_minor = ok and report is not None and report.cuda in ("12.10", "12.8")
     assert (v.warning is not None) is newer_minor
+
+
+# PyPI's default vLLM resolves a CUDA 13 torch (tests/samples/uv_dry_run_vllm_0.31.0_cuda13
+# .txt: torch 2.13.0 pulls cuda-toolkit 13.0.3.0); a host whose driver is 12.x needs the
+# cu129 build, which PyTorch serves at download.pytorch.org/whl/cu129 and vLLM at
+# wheels.vllm.ai/<version>/cu129 (SOURCES.md: LMCache/LMCache PR #3400, docker/model-runner
+# PR #921, vllm-project/vllm#43847).
+CUDA13 = GateReport("0.31.0", "2.13.0", "13.0")
+
+
+def test_a_cuda_13_torch_on_a_12_driver_names_pytorchs_cu129_index() -> None:
+    v = gate_verdict(CUDA13, target="0.31.0", driver_cuda="12.9", indexes={})
+    assert (v.ok, v.check) == (False, "CUDA")
+    assert "built for CUDA 13.0, newer than the 12.9 the driver supports" in v.reason
+    assert "the cu129 build (CUDA 12.9) runs on this driver" in v.reason
+    assert "https://download.pytorch.org/whl/cu129" in v.reason
+    assert "`indexes`" in v.reason and "--index <name>" in v.reason
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://download.pytorch.org/whl/cu129",
+        "https://wheels.vllm.ai/0.31.0/cu129/",
+        "https://mirror:s3cret-token@pypi.internal.example/whl/CU129/simple",
+    ],
+)
+def test_a_configured_cu129_index_is_named_not_its_url(url: str) -> None:
+    indexes = {"pypi-mirror": "https://pypi.internal.example/simple", "cuda12": url}
+    v = gate_verdict(CUDA13, target="0.31.0", driver_cuda="12.8", indexes=indexes)
+    assert not v.ok
+    assert "the configured index `cuda12` serves it: redeploy with `--index cuda12`" in v.reason
+    assert url not in v.reason and "s3cret" not in v.reason  # a URL may hold a credential
+
+
+def test_an_index_of_another_build_is_not_taken_for_the_cu129_one() -> None:
+    indexes = {"cu130": "https://download.pytorch.org/whl/cu130", "x": "https://h/cu1290/"}
+    v = gate_verdict(CUDA13, target="0.31.0", driver_cuda="12.4", indexes=indexes)
+    assert "--index cu130" not in v.reason and "--index x" not in v.reason
+    assert "https://download.pytorch.org/whl/cu129" in v.reason
+
+
+def test_a_driver_older_than_any_build_we_know_says_so_without_an_index() -> None:
+    v = gate_verdict(CUDA13, target="0.31.0", driver_cuda="10.2", indexes={})
+    assert not v.ok and v.reason.endswith("this driver needs a torch built for CUDA 10.x")

@@ -23,7 +23,7 @@ from tests.support.sim import sim_settings
 async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Path) -> None:
     settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
-        result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+        result, out = await run(rt, Action.REDEPLOY, version="0.31.0", index="nightly")
         assert result.status == "succeeded", out
         assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
         calls = sim_sshd_host.calls()
@@ -41,7 +41,7 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
         # The drain polls nvidia-smi and pgrep between the stop and the install.
         assert "nvidia-smi" in tools[stop_i:install_i] and "pgrep" in tools[stop_i:install_i]
         assert any(c.tool == "http" for c in sim_sshd_host.calls())
-        assert sim_sshd_host.installed_version == "0.16.0"
+        assert sim_sshd_host.installed_version == "0.31.0"
         assert sim_sshd_host.unit_state() == "active"
 
         record = await rt.audit.get_run(result.run_id)
@@ -50,7 +50,7 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
             "U0ALICE",
             ["U0BOB"],
         )
-        assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.16.0")
+        assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.31.0")
         steps = await rt.audit.steps(result.run_id)
         assert [(s.step, s.status) for s in steps] == [
             (n, "ok")
@@ -71,10 +71,10 @@ async def test_happy_redeploy_over_real_sshd(sim_sshd_host: SimKit, tmp_path: Pa
             )
         ]
         reinstall = next(s for s in steps if s.step == "reinstall")
-        assert reinstall.exit_status == 0 and "+ vllm==0.16.0" in reinstall.output_tail
+        assert reinstall.exit_status == 0 and "+ vllm==0.31.0" in reinstall.output_tail
         # The index went to uv on stdin: the recorded command names where, not the URL.
         assert reinstall.command.startswith("UV_EXTRA_INDEX_URL=<index URL, on stdin> uv ")
-        assert reinstall.command.endswith("--force-reinstall vllm==0.16.0")
+        assert reinstall.command.endswith("--force-reinstall vllm==0.31.0")
         assert "wheels.vllm.ai" not in reinstall.command
         labels = [s.label for s in await rt.audit.snapshots(result.run_id)]
         assert labels == ["after drain", "after restart"]
@@ -97,7 +97,7 @@ async def test_uv_failure_rolls_back(sim_sshd_host: SimKit, tmp_path: Path) -> N
     sim_sshd_host.set_faults(uv_fails=True)
     settings = sim_settings(sim_sshd_host, tmp_path)
     async with open_runtime(settings) as rt:
-        result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+        result, out = await run(rt, Action.REDEPLOY, version="0.31.0", index="nightly")
         assert result.status == "rolled_back", out
         assert sim_sshd_host.changes() == [
             "dry-run",
@@ -167,7 +167,7 @@ async def test_preflight_refusal_leaves_the_service_untouched(
 ) -> None:
     sim_host.set_faults(resolve_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        result, _ = await run(rt, Action.REDEPLOY, version="0.16.0")
+        result, _ = await run(rt, Action.REDEPLOY, version="0.31.0")
     assert result.status == "aborted"
     assert "dry run failed" in result.summary and "No solution found" in result.summary
     assert sim_host.changes() == ["dry-run"]

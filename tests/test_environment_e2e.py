@@ -24,7 +24,7 @@ from bot.slack.blocks import run_card
 from bot.slack.cards import card_view
 from tests.support.sim import MakeSimHost, sim_settings
 
-NEW = "0.16.0"
+NEW = "0.31.0"
 
 
 class Tap:
@@ -73,12 +73,12 @@ async def test_the_card_lists_the_torch_change_before_approval(
         view = dataclasses.replace(view, packages=tuple(preview_lines(stored)))
         card = str(run_card(view).blocks)
     assert stored == previews and previews[0].diff is not None
-    assert "Also changes *torch 2.9.1 → 2.10.0*, *vllm" in card  # in the sentence
-    assert "! torch 2.9.1 → 2.10.0" in card and "! nvidia-cudnn-cu13 (new) 9.15.1.9" in card
+    assert "Also changes *torch 2.12.1+cu129 → 2.13.0*, *vllm" in card  # in the sentence
+    assert "! torch 2.12.1+cu129 → 2.13.0" in card and "! nvidia-cudnn-cu13 (new) 9.20.0.48" in card
     assert "36 other packages unchanged" in card
     # Reading it changed nothing on the host.
     assert sim_sshd_host.changes() == ["dry-run"]
-    assert sim_sshd_host.environment()["torch"] == "2.9.1"
+    assert sim_sshd_host.environment()["torch"] == "2.12.1+cu129"
 
 
 async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
@@ -104,7 +104,7 @@ async def test_a_failed_reinstall_that_moved_torch_restores_the_exact_freeze(
         kinds = {e.kind: e for e in await rt.audit.environments(result.run_id)}
         # What the failure left behind is on record: torch moved, vllm gone.
         left = {c["name"]: c for c in kinds["installed"].data["changes"]}
-        assert left["torch"]["after"] == "2.10.0" and left["vllm"]["after"] is None
+        assert left["torch"]["after"] == "2.13.0" and left["vllm"]["after"] is None
         assert kinds["restored"].data["changes"] == []
         snapshot = kinds["snapshot"].data
         lock = Path(snapshot["lock"])
@@ -165,17 +165,21 @@ async def test_torch_cuda_mismatch_is_refused_before_the_stop(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
     # Issue 20: the prefetch's throwaway venv holds the new build; its own interpreter
-    # runs the import and CUDA gate before the stop, so torch 2.10.0 (CUDA 13.0) on a
-    # 12.8 driver never costs an outage.
+    # runs the import and CUDA gate before the stop, so torch 2.13.0 (CUDA 13.0) on a
+    # 12.9 driver never costs an outage.
     before = sim_sshd_host.environment()
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         assert result.status == RunStatus.ABORTED, out
         assert (
-            "CUDA check failed: torch 2.10.0 is built for CUDA 13.0, newer than the 12.8 "
+            "CUDA check failed: torch 2.13.0 is built for CUDA 13.0, newer than the 12.9 "
             "the driver supports"
         ) in result.summary
+        # ... and names where the build for this driver comes from: the configured index.
+        assert "the configured index `cu129` serves it: redeploy with `--index cu129`" in (
+            result.summary
+        )
         # Said as a refusal of the new build, not as a failed prefetch (it fetched fine).
         assert result.summary.startswith(
             "refused before the stop; service untouched: the new environment's import gate"
@@ -186,7 +190,7 @@ async def test_torch_cuda_mismatch_is_refused_before_the_stop(
         assert "gate" not in steps and "stop" not in steps
         fetch = steps["prefetch"]
         assert fetch.status == "failed"
-        assert 'chatops-gate {"vllm": "0.16.0", "torch": "2.10.0", "cuda": "13.0"}' in (
+        assert 'chatops-gate {"vllm": "0.31.0", "torch": "2.13.0", "cuda": "13.0"}' in (
             fetch.output_tail
         )
         assert (await rt.audit.get_run(result.run_id)).status == RunStatus.ABORTED
@@ -273,7 +277,7 @@ async def test_the_outage_contains_no_download(sim_sshd_host: SimKit, tmp_path: 
     ]
     assert len(announced) == 12 and "Downloading torch (880.0MiB)" in announced
     # The unit's flags were judged against the new build's own help (issue 20).
-    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.16.0" in out, out
+    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.31.0" in out, out
     assert len(sim_sshd_host.cached() - cached) == 13
     # ... and the install in the outage fetched nothing.
     assert "Downloading" not in steps["reinstall"].output_tail
@@ -300,7 +304,7 @@ async def test_a_flag_the_new_version_dropped_is_refused_before_the_stop(
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.ABORTED, out
     assert result.summary.startswith(
-        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.31.0"
     ), result.summary
     assert steps["prefetch"].status == "failed" and "refuses the unit's flags" in out
     assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
@@ -368,8 +372,8 @@ async def test_audit_json_and_run_view_show_the_change(
             await rt.audit.steps(result.run_id),
             await rt.audit.environments(result.run_id),
         )
-    assert '"name": "torch",\n        "before": "2.9.1",\n        "after": "2.10.0"' in text
-    assert "Package changes the install made:" in view and "! torch 2.9.1 → 2.10.0" in view
+    assert '"name": "torch",\n        "before": "2.12.1+cu129",\n        "after": "2.13.0"' in text
+    assert "Package changes the install made:" in view and "! torch 2.12.1+cu129 → 2.13.0" in view
     assert "environment snapshot of 43 packages, kept on the host as" in view
 
 
@@ -386,26 +390,26 @@ async def test_a_download_that_fails_before_the_stop_leaves_the_service_untouche
     assert "Failed to download" in steps["prefetch"].output_tail
     assert sim_sshd_host.changes() == ["dry-run", "prefetch"]
     assert sim_sshd_host.unit_state() == "active"
-    assert sim_sshd_host.environment()["torch"] == "2.9.1"
+    assert sim_sshd_host.environment()["torch"] == "2.12.1+cu129"
 
 
 # ---- issue 17: CUDA minor versions, local version labels, a freeze listing one package twice
 
 
-async def test_a_cu128_torch_on_a_driver_reporting_cuda_12_7_starts_with_a_warning(
+async def test_a_cu129_torch_on_a_driver_reporting_cuda_12_8_starts_with_a_warning(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
-    # D2: CUDA minor-version compatibility runs a cu128 torch on a driver that reports
-    # 12.7 (pytorch/pytorch#155141: cu128 on a 12.4 driver): a warning, not a rollback.
-    sim_sshd_host.set_faults(cu128_on_cuda_12_7=True)
+    # D2: CUDA minor-version compatibility runs a cu129 torch on a driver that reports
+    # 12.8 (pytorch/pytorch#155141: cu128 on a 12.4 driver): a warning, not a rollback.
+    sim_sshd_host.set_faults(cu129_on_cuda_12_8=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
     assert result.status == RunStatus.SUCCEEDED, out
-    assert sim_sshd_host.environment()["torch"] == "2.10.0+cu128"
+    assert sim_sshd_host.environment()["torch"] == "2.13.0+cu129"
     assert gate.status == "ok"
     warning = (
-        "WARNING: torch's CUDA 12.8 is newer than the 12.7 the driver reports; it "
+        "WARNING: torch's CUDA 12.9 is newer than the 12.8 the driver reports; it "
         "runs under CUDA minor-version compatibility"
     )
     assert warning in gate.output_tail and warning in out  # the step's output and its line
@@ -416,7 +420,7 @@ async def test_a_cu128_torch_on_a_driver_reporting_cuda_12_7_starts_with_a_warni
 async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
-    # D2's other side: a newer major (torch 2.10.0 for CUDA 13.0 on a 12.8 driver) is no
+    # D2's other side: a newer major (torch 2.13.0 for CUDA 13.0 on a 12.9 driver) is no
     # minor-version case: refused before the stop (issue 20).
     sim_sshd_host.set_faults(torch_cuda_mismatch=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
@@ -426,36 +430,61 @@ async def test_a_cu13_torch_on_a_cuda_12_driver_still_never_starts(
     assert never_stopped(sim_sshd_host)
 
 
+async def test_the_index_a_refusal_names_serves_the_build_the_driver_runs(
+    sim_sshd_host: SimKit, tmp_path: Path
+) -> None:
+    # PyPI's default 0.31.0 is a CUDA 13 build (tests/samples/uv_dry_run_vllm_0.31.0_cuda13
+    # .txt); on a 12.9 driver the gate refuses it and names the configured cu129 index
+    # (PyTorch's download.pytorch.org/whl/cu129). Through that index the same release
+    # resolves as its cu129 build, which the gate passes, the approvers are told so, and
+    # it serves.
+    sim_sshd_host.set_faults(torch_cuda_mismatch=True)
+    async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
+        refused, out = await redeploy(rt, version=NEW, index="nightly")
+        assert refused.status == RunStatus.ABORTED, out
+        assert "redeploy with `--index cu129`" in refused.summary
+        assert "CUDA build: torch 2.13.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)" in out
+        result, out = await redeploy(rt, version=NEW, index="cu129")
+        gate = next(s for s in await rt.audit.steps(result.run_id) if s.step == "gate")
+    assert result.status == RunStatus.SUCCEEDED, out
+    assert "CUDA build: torch 2.13.0+cu129 (CUDA 12.9, cu129 build)" in out
+    assert gate.status == "ok" and '"torch": "2.13.0+cu129", "cuda": "12.9"' in gate.output_tail
+    assert "ok gate" in out and "driver supports CUDA 12.9" in out
+    assert sim_sshd_host.installed_version == "0.31.0+cu129"
+    assert sim_sshd_host.environment()["torch"] == "2.13.0+cu129"
+    assert sim_sshd_host.unit_state() == "active"
+
+
 async def test_a_cu129_wheel_whose_server_reports_no_label_is_the_version_asked_for(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
-    # D3: uv installs vllm 0.16.0+cu129 (wheels.vllm.ai/<version>/cu129, vllm#43847);
-    # vllm.__version__ and /version say 0.16.0 (setup.py appends the label to the wheel
+    # D3: uv installs vllm 0.31.0+cu129 (wheels.vllm.ai/<version>/cu129, vllm#43847);
+    # vllm.__version__ and /version say 0.31.0 (setup.py appends the label to the wheel
     # only). Pinned: readiness compares /version with `uv pip show`.
     sim_sshd_host.set_faults(cu129_wheels=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
     assert result.status == RunStatus.SUCCEEDED, out
-    assert sim_sshd_host.installed_version == "0.16.0+cu129"
+    assert sim_sshd_host.installed_version == "0.31.0+cu129"
     assert (
-        "reports 0.16.0, the release of the installed 0.16.0+cu129"
+        "reports 0.31.0, the release of the installed 0.31.0+cu129"
         in steps["readiness"].output_tail
     )
-    assert 'chatops-gate {"vllm": "0.16.0"' in steps["gate"].output_tail
-    assert result.summary == f"vllm {DEFAULT_VERSION} -> 0.16.0+cu129, healthy"
+    assert 'chatops-gate {"vllm": "0.31.0"' in steps["gate"].output_tail
+    assert result.summary == f"vllm {DEFAULT_VERSION} -> 0.31.0+cu129, healthy"
 
 
 async def test_latest_resolving_to_a_cu129_wheel_passes_the_import_gate(
     sim_sshd_host: SimKit, tmp_path: Path
 ) -> None:
-    # D3, unpinned: the target is what the dry run resolved (`+ vllm==0.16.0+cu129`), the
-    # gate's interpreter says 0.16.0.
+    # D3, unpinned: the target is what the dry run resolved (`+ vllm==0.31.0+cu129`), the
+    # gate's interpreter says 0.31.0.
     sim_sshd_host.set_faults(cu129_wheels=True)
     async with open_runtime(sim_settings(sim_sshd_host, tmp_path)) as rt:
         result, out = await redeploy(rt, index="nightly")
     assert result.status == RunStatus.SUCCEEDED, out
-    assert "resolves to 0.16.0+cu129" in out
+    assert "resolves to 0.31.0+cu129" in out
     assert sim_sshd_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
 
 

@@ -67,9 +67,33 @@ def test_card_shows_the_torch_change_highlighted_before_approval() -> None:
     assert "Also changes *torch 2.13.0 → 2.14.0*, *vllm 0.32.0 → 0.33.0*" in text
     assert "! nvidia-cudnn-cu13 9.20.0.48 → 9.24.0.43" in text
     assert "  orjson (new) 3.13.0" in text and "188 other packages unchanged" in text
+    # The build the index resolved, beside the highlighted changes.
+    assert "CUDA build: *torch 2.14.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)*" in text
     # Once approved, the card is a status card: the change is in the thread from then on.
     running = str(run_card(dataclasses.replace(view, status=RunStatus.RUNNING)).blocks)
     assert "Package changes" not in running
+
+
+def test_the_card_names_each_cuda_build_the_hosts_resolved() -> None:
+    """One host resolved PyPI's default (CUDA 13: the real dry run of vLLM 0.31.0), the
+    other the cu129 build (its label, as PyTorch's cu129 index serves it)."""
+    fresh = planned_diff(
+        parse_freeze(""),
+        parse_install_changes((SAMPLES / "uv_dry_run_vllm_0.31.0_cuda13.txt").read_text()),
+    )
+    cu129 = dataclasses.replace(fresh, build="torch 2.13.0+cu129 (CUDA 12.9, cu129 build)")
+    view = CardView(
+        run_id=8,
+        plan=make_plan(settings(), Action.REDEPLOY, "qwen3", version="0.31.0"),
+        requested_by="U1",
+        status=RunStatus.PENDING_APPROVAL,
+        packages=tuple(preview_lines((HostPreview("h1", fresh), HostPreview("h2", cu129)))),
+    )
+    text = str(run_card(view).blocks)
+    assert (
+        "CUDA build: *torch 2.13.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)*; "
+        "*torch 2.13.0+cu129 (CUDA 12.9, cu129 build)*"
+    ) in text
 
 
 def test_preview_lines_group_hosts_and_say_which_could_not_be_read() -> None:

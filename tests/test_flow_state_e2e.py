@@ -43,7 +43,7 @@ async def _run(rt: Runtime, action: Action, **plan: Any) -> tuple[str, Recorder]
 
 async def test_a_healthy_redeploy_leaves_the_service_up(sim_host: SimKit, tmp_path: Path) -> None:
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        status, sink = await _run(rt, Action.REDEPLOY, version="0.16.0")
+        status, sink = await _run(rt, Action.REDEPLOY, version="0.31.0")
     assert status == "succeeded"
     assert sink.states() == ([ServiceState.UP], ServiceState.UP)
 
@@ -64,7 +64,7 @@ async def test_a_preflight_refusal_leaves_the_service_as_it_was(
 ) -> None:
     sim_host.set_faults(resolve_fails=True)
     async with open_runtime(sim_settings(sim_host, tmp_path)) as rt:
-        status, sink = await _run(rt, Action.REDEPLOY, version="0.16.0")
+        status, sink = await _run(rt, Action.REDEPLOY, version="0.31.0")
     assert status == "aborted"
     assert sink.states() == ([ServiceState.UP], ServiceState.UP)
     assert sim_host.unit_state() == "active"

@@ -261,7 +261,7 @@ def test_unknown_index_lists_the_services_indexes() -> None:
 def test_invalid_versions_are_rejected(version: str) -> None:
     msg = error(f"redeploy kimi-k25 --version {version}")
     assert "not a valid PEP 440 version" in msg
-    assert "0.16.0rc2.dev313+g662205d34" in msg  # shows an example of a good one
+    assert "0.31.0rc2.dev313+g662205d34" in msg  # shows an example of a good one
 
 
 @pytest.mark.parametrize(

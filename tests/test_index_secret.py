@@ -59,7 +59,7 @@ def test_install_argv_holds_no_index_and_its_stdin_does() -> None:
     for argv in (
         remote.install_dry_run(svc, "vllm==0.17.0", PRIVATE),
         remote.install(svc, "vllm==0.17.0", PRIVATE),
-        remote.install_previous(svc, "0.16.0", PRIVATE),
+        remote.install_previous(svc, "0.31.0", PRIVATE),
     ):
         assert argv[:4] == remote.INDEX_FROM_STDIN and argv[4:7] == ("uv", "pip", "install")
         assert not any("pypi.private" in a or TOKEN in a for a in argv)
@@ -343,7 +343,7 @@ class _GarbageIndex:
 
 
 def _real_venv_with_vllm(tmp_path: Path, uv: str) -> Path:
-    """A real venv (made by the real uv) whose metadata says vllm 0.16.0 is installed, so
+    """A real venv (made by the real uv) whose metadata says vllm 0.31.0 is installed, so
     the real uv reads the version the preflight needs and goes on to the dry run."""
     venv = tmp_path / "real-venv"
     subprocess.run(
@@ -352,9 +352,9 @@ def _real_venv_with_vllm(tmp_path: Path, uv: str) -> Path:
         env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")},
     )
     site = next((venv / "lib").glob("python3*/site-packages"))
-    dist = site / "vllm-0.16.0.dist-info"
+    dist = site / "vllm-0.31.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
     (dist / "RECORD").write_text("")
     (dist / "INSTALLER").write_text("uv\n")
     return venv / "bin" / "python"

@@ -113,15 +113,15 @@ async def test_redeploy_and_rollback_as_a_non_root_account_under_real_sudo(
             # The new vllm cannot be imported: the snapshot is restored (as the venv's
             # owner) and the old version started again (as root).
             host.set_faults(stale_plugin=True)
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0", index="nightly")
             assert result.status == RunStatus.ROLLED_BACK, out
             assert host.installed_version == DEFAULT_VERSION
             assert host.unit_state() == "active"
 
             host.clear_faults()
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0", index="nightly")
             assert result.status == RunStatus.SUCCEEDED, out
-            assert host.installed_version == "0.16.0"
+            assert host.installed_version == "0.31.0"
             assert host.unit_state() == "active"
             assert host.changes()[-4:] == ["prefetch", "stop", "install", "start"]
     # The snapshot the rollback restored was written by the venv's owner, not the login.
@@ -153,16 +153,16 @@ async def test_side_by_side_releases_under_real_sudo(tmp_path: Path) -> None:
                 async with open_runtime(settings) as rt:
                     # The new build's smoke test fails: switched back, nothing installed.
                     kit.set_faults(smoke_fail=True)
-                    result, out = await run(rt, Action.REDEPLOY, version="0.16.0", index="nightly")
+                    result, out = await run(rt, Action.REDEPLOY, version="0.31.0", index="nightly")
                     assert result.status == RunStatus.ROLLED_BACK, out
                     assert kit.live_release() == old and kit.unit_state() == "active"
                     kit.clear_faults()
-                    result, out = await run(rt, Action.REDEPLOY, version="0.15.1", index="nightly")
+                    result, out = await run(rt, Action.REDEPLOY, version="0.30.0", index="nightly")
                     assert result.status == RunStatus.SUCCEEDED, out
             new = kit.live_release()
-            assert new is not None and new.startswith("0.15.1-")
-            assert kit.installed_version == "0.15.1"
-            # keep_releases 2: the refused 0.16.0 release went, the previous one stayed.
+            assert new is not None and new.startswith("0.30.0-")
+            assert kit.installed_version == "0.30.0"
+            # keep_releases 2: the refused 0.31.0 release went, the previous one stayed.
             assert kit.releases() == sorted([str(old), new]), out
             assert "pruned 1 old release" in result.summary
             assert (
@@ -201,7 +201,7 @@ async def test_a_missing_rule_fails_the_first_step_that_needs_it_naming_the_rule
         assert "python -m bot sudoers" in rules["fix"]
         # ...and the redeploy stops at the first step that needs it, naming it too.
         async with open_runtime(settings) as rt:
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0")
     assert result.status == RunStatus.FAILED, out
     assert stop_rule.line() in result.summary
     assert "KIMI_K25_ROOT" in result.summary
@@ -221,10 +221,10 @@ async def test_a_missing_start_rule_after_the_stop_says_the_service_is_stopped(
     start_rule = next(g for g in grants(svc) if tuple(g.sample) == remote.unit_start(svc))
     with sudoers_installed(render(settings, host.who.login, omit=[start_rule.line()])):
         async with open_runtime(settings) as rt:
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0")
     assert result.status == RunStatus.FAILED, out
     assert start_rule.line() in result.summary and "KIMI_K25_ROOT" in result.summary
-    assert "rolled back to 0.16.0rc2.dev313" in result.summary  # the venv is back...
+    assert "rolled back to 0.31.0rc2.dev313" in result.summary  # the venv is back...
     # ...not started: the start never ran, so the unit is as the stop left it (issue 18).
     assert result.summary.endswith("The service is STOPPED."), result.summary
     assert host.unit_state() == "inactive"  # truthfully: stopped, and said so
@@ -367,7 +367,7 @@ async def test_real_sudo_allows_exactly_the_printed_rules(host: NonRootKit, tmp_
             [ctl, "poweroff"],
         ):
             assert not sudo_allows(login, argv), argv
-        install = remote.install(svc, "vllm==0.16.0", None)
+        install = remote.install(svc, "vllm==0.31.0", None)
         assert sudo_allows(login, install, owner)
         # What the venv owner may run, root may not, and nor may any other account.
         assert not sudo_allows(login, install)
@@ -577,7 +577,7 @@ async def test_the_leftover_kill_never_runs_a_tool_from_the_logins_path(
     with sudoers_installed(rules + f"Defaults:{host.who.login} !secure_path\n"):
         async with open_runtime(settings) as rt:
             gate = Terminate(rt)
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0", gate=gate)
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0", gate=gate)
     assert result.status == RunStatus.SUCCEEDED, out
     # The root script ran and signalled the unit's leftover workers (with the host's kill)...
     assert gate.asked == 1 and {sig for sig, _ in host.signalled()} == {"TERM"}
@@ -642,7 +642,7 @@ async def test_a_pth_file_the_venv_owner_plants_never_runs_as_the_login(
     settings = settings_of(host, tmp_path)
     with sudoers_installed(render(settings, host.who.login)):
         async with open_runtime(settings) as rt:
-            result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+            result, out = await run(rt, Action.REDEPLOY, version="0.31.0")
         assert result.status == RunStatus.SUCCEEDED, out
         ran = marker.read_text().split()
         # It ran (the freeze, the show, the gate, the installs)...
@@ -685,7 +685,7 @@ async def test_the_snapshot_is_never_written_through_a_planted_link() -> None:
         state, lock = Path(remote.state_dir(svc)), remote.lock_path(svc, "ab" * 32)
         victim = base / "victim"
         victim.write_text("root's own file\n")
-        freeze = "vllm==0.16.0\n"
+        freeze = "vllm==0.31.0\n"
 
         # The owner's .chatops, with a link at the old name: refused, nothing written.
         state.mkdir()

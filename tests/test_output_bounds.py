@@ -215,7 +215,7 @@ CHILD = textwrap.dedent("""
     async def main() -> None:
         settings = load_settings(Path(sys.argv[1]))
         svc = next(iter(settings.services.values()))
-        argv = remote.install(svc, "vllm==0.16.0", None)
+        argv = remote.install(svc, "vllm==0.31.0", None)
 
         def flow():
             yield Emit(BeginStep(Step.REINSTALL, " ".join(argv)))
@@ -272,7 +272,7 @@ async def test_a_256_mib_line_over_sshd_keeps_the_bot_under_200_mib(
     )
     text = out.read_text()
     assert code == 0, text[-3000:]
-    assert "OUTCOME succeeded" in text and sim_sshd_host.installed_version == "0.16.0"
+    assert "OUTCOME succeeded" in text and sim_sshd_host.installed_version == "0.31.0"
     [flooded] = [line for line in text.splitlines() if "line cut:" in line]
     assert flooded.startswith("[gpu-node-1]   | CCCC") and len(flooded) < MAX_LINE_CHARS + 100
     assert cut_count(flooded) == flood - flooded[flooded.index("C") :].index("…")
@@ -391,7 +391,7 @@ async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_
             bot = BotClient(
                 fake, f"http://127.0.0.1:{port}/slack/events", db, SlackSigner(SIGNING_SECRET)
             )
-            await bot.command("redeploy kimi-k25 --version 0.16.0", ALICE)
+            await bot.command("redeploy kimi-k25 --version 0.31.0", ALICE)
             card = await eventually(lambda: bot.card_of(1), "the card", 30)
             await bot.click("approve", 1, card, BOB)
             await eventually(
@@ -415,7 +415,7 @@ async def test_the_slack_bot_redeploying_through_a_256_mib_line_stays_under_200_
     peak_kib = usage.ru_maxrss
     print(f"\nthe Slack bot through a 256 MiB line: peak RSS {peak_kib / 1024:.0f} MiB")
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-3000:]
-    assert sim_sshd_host.installed_version == "0.16.0"
+    assert sim_sshd_host.installed_version == "0.31.0"
     # The flood reached the bot and was cut, saying so.
     row = (
         sqlite3.connect(db)

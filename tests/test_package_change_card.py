@@ -12,7 +12,7 @@ from bot.sim.kit import SimKit
 from bot.sim.state import DEFAULT_VERSION
 from tests.slack_harness import BOB, SERVICE, blocks_text, slack_bot
 
-TORCH = "torch 2.9.1 → 2.10.0"  # what the simulated 0.16.0 release pulls in
+TORCH = "torch 2.12.1+cu129 → 2.13.0"  # what the simulated 0.31.0 release pulls in
 
 
 async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
@@ -20,7 +20,7 @@ async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
 ) -> None:
     kit = sim_host
     async with slack_bot(tmp_path, kit) as bot:
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0 --index nightly")
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0 --index nightly")
         record = await bot.wait_for_run(
             lambda r: r.message_ts is not None and r.status == RunStatus.PENDING_APPROVAL,
             "the card",
@@ -28,9 +28,9 @@ async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
         card = blocks_text(await bot.card(record.id))
         # Highlighted in the sentence approvers read, and listed in the code block.
         assert f"Also changes *{TORCH}*" in card, card
-        assert f"! {TORCH}" in card and f"! vllm {DEFAULT_VERSION} → 0.16.0" in card
+        assert f"! {TORCH}" in card and f"! vllm {DEFAULT_VERSION} → 0.31.0" in card
         # The dry run only read: torch is still the old one until someone approves.
-        assert kit.changes() == ["dry-run"] and kit.environment()["torch"] == "2.9.1"
+        assert kit.changes() == ["dry-run"] and kit.environment()["torch"] == "2.12.1+cu129"
 
         await bot.click("approve", record.id, user=BOB)
         done = await bot.wait_status(
@@ -41,5 +41,5 @@ async def test_the_card_shows_the_torch_change_and_the_thread_the_change_made(
         replies = [blocks_text(m) for m in await bot.thread(record.id)]
     made = [r for r in replies if "Package changes the install made" in r]
     assert len(made) == 1, replies
-    assert f"! {TORCH}" in made[0] and "! nvidia-cudnn-cu13 (new) 9.15.1.9" in made[0]
-    assert kit.environment()["torch"] == "2.10.0"
+    assert f"! {TORCH}" in made[0] and "! nvidia-cudnn-cu13 (new) 9.20.0.48" in made[0]
+    assert kit.environment()["torch"] == "2.13.0"

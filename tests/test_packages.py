@@ -2,7 +2,8 @@
 
 Every sample here is real uv 0.13.9 output from tests/samples (see SOURCES.md there):
 a vLLM 0.32.0 -> 0.33.0 upgrade that also moves torch 2.13.0 -> 2.14.0, its dry run,
-and the freezes before and after it.
+and the freezes before and after it; and what PyPI resolves for vLLM 0.31.0 into an empty
+venv (torch 2.13.0, a CUDA 13 build: ``cuda-toolkit==13.0.3.0``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.core.packages import (
+    BUILD_PREFIX,
     Change,
     Entry,
     PackageDiff,
@@ -110,7 +112,10 @@ def test_freezes_before_and_after_the_upgrade_differ_as_uv_said() -> None:
     diff = diff_freezes(before, after)
     assert sorted(diff.changes, key=lambda c: c.name) == sorted(TORCH_CHANGE, key=lambda c: c.name)
     assert diff.unchanged == 197 - 9  # nine packages moved, one (orjson) is new
-    assert diff_freezes(before, before) == PackageDiff((), 197)
+    assert diff.build == "torch 2.14.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)"
+    same = diff_freezes(before, before)
+    assert (same.changes, same.unchanged) == ((), 197)
+    assert same.lines()[0] == "  no package changes version"  # and no build line then
 
 
 def test_the_dry_runs_pinned_set_is_the_freeze_after_the_install() -> None:
@@ -162,7 +167,11 @@ def test_highlights_and_lines_for_the_card() -> None:
         "! flashinfer-python 0.7.0.post1 → 0.7.2.post1",
     ]
     assert "  orjson (new) 3.13.0" in lines and lines.index("  orjson (new) 3.13.0") > 6
-    assert lines[-1] == "  188 other packages unchanged"
+    # torch 2.14.0's CUDA from the cuda-toolkit the upgrade leaves as it was.
+    assert lines[-2:] == [
+        f"  {BUILD_PREFIX}torch 2.14.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)",
+        "  188 other packages unchanged",
+    ]
     assert diff.lines(limit=2)[2] == "  … and 8 more"
     assert diff.headline() == (
         "torch 2.13.0 → 2.14.0, vllm 0.32.0 → 0.33.0, "
@@ -333,3 +342,98 @@ def test_lines_that_name_no_single_package_stay_ignored() -> None:
     assert parse_entry("six>=1.0") is None and parse_entry("-e file:///src") is None
     assert parse_entry("six==1.0 (from not a url)") is None
     assert parse_install_changes(" + six>=1.0\n + (from https://x)\n") == ()
+
+
+# ---- the CUDA build the index resolved ------------------------------------------------------
+
+
+def test_pypis_default_build_of_vllm_0_31_is_named_cuda_13() -> None:
+    # uv_dry_run_vllm_0.31.0_cuda13.txt: `uv pip install --dry-run vllm==0.31.0` into an
+    # empty venv, from PyPI: torch 2.13.0 with no label, pulling cuda-toolkit 13.0.3.0 and
+    # nvidia-cuda-runtime 13.0.96 (torch's own pin: cuda-toolkit[cudart,...]==13.0.3).
+    changes = parse_install_changes(sample("uv_dry_run_vllm_0.31.0_cuda13.txt"))
+    assert len(changes) == 198
+    diff = planned_diff(parse_freeze(""), changes)
+    assert diff.build == "torch 2.13.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)"
+    assert f"  {BUILD_PREFIX}{diff.build}" in diff.lines()
+    assert PackageDiff.from_json(diff.to_json()) == diff
+
+
+def _cu129_move() -> tuple[Change, ...]:
+    """A move from PyPI's CUDA 13 build to the cu129 one, as uv lists it when the index
+    is PyTorch's cu129 index (download.pytorch.org/whl/cu129) and vLLM's
+    (wheels.vllm.ai/<version>/cu129). Shape: astral-sh/uv issue #15446 (uv's
+    `` + torch==2.7.1+cu128`` / `` + torchvision==0.22.1+cu128`` lines from PyTorch's
+    index) and vllm-project/vllm#43847 (``vllm-0.21.0+cu129``); our versions."""
+    return parse_install_changes(
+        "Resolved 201 packages in 2.31s\n"
+        "Would download 9 packages\nWould uninstall 3 packages\nWould install 9 packages\n"
+        " + nvidia-cublas-cu12==12.9.1.4\n"
+        " + nvidia-cuda-runtime-cu12==12.9.79\n"
+        " + nvidia-cudnn-cu12==9.10.2.21\n"
+        " + nvidia-nccl-cu12==2.27.5\n"
+        " - torch==2.13.0\n"
+        " + torch==2.13.0+cu129\n"
+        " - torchvision==0.28.0\n"
+        " + torchvision==0.28.0+cu129\n"
+        " - vllm==0.31.0\n"
+        " + vllm==0.31.0+cu129\n"
+    )
+
+
+def test_a_cu129_build_is_named_by_its_label_though_cuda_13_wheels_stay() -> None:
+    before = parse_freeze(
+        "cuda-toolkit==13.0.3.0\nnvidia-cuda-runtime==13.0.96\ntorch==2.13.0\n"
+        "torchvision==0.28.0\nvllm==0.31.0\n"
+    )
+    diff = planned_diff(before, _cu129_move())
+    assert diff.build == "torch 2.13.0+cu129 (CUDA 12.9, cu129 build)"
+    # the same torch release, another build: a change, highlighted first
+    assert diff.lines()[0] == "! torch 2.13.0 → 2.13.0+cu129"
+
+
+def test_the_cuda_wheels_a_change_installs_outweigh_those_it_leaves_behind() -> None:
+    """Moving from a cu129 environment to PyPI's CUDA 13 build: uv never removes, so the
+    -cu12 runtime stays; the runtime the change installs is the one torch needs."""
+    before = parse_freeze("nvidia-cuda-runtime-cu12==12.9.79\ntorch==2.12.1+cu129\n")
+    move = (
+        Change("cuda-toolkit", None, "13.0.3.0"),
+        Change("nvidia-cuda-runtime", None, "13.0.96"),
+        Change("torch", "2.12.1+cu129", "2.13.0"),
+    )
+    assert planned_diff(before, move).build == (
+        "torch 2.13.0 (CUDA 13.0, from cuda-toolkit 13.0.3.0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("freeze", "change", "build"),
+    [
+        # Nothing says: no label, no runtime wheel.
+        ("torch==2.13.0\n", Change("vllm", "0.30.0", "0.31.0"), "CUDA build not known"),
+        # Runtimes of two majors, neither installed by the change: not a guess either way.
+        (
+            "nvidia-cuda-runtime-cu12==12.9.79\nnvidia-cuda-runtime==13.0.96\ntorch==2.13.0\n",
+            Change("vllm", "0.30.0", "0.31.0"),
+            "CUDA build not known",
+        ),
+        # A wheel whose name says another major than its version is not evidence.
+        (
+            "nvidia-cuda-runtime-cu12==13.0.96\ntorch==2.13.0\n",
+            Change("vllm", "0.30.0", "0.31.0"),
+            "CUDA build not known",
+        ),
+        ("torch==2.13.0+cpu\n", Change("vllm", "0.30.0", "0.31.0"), "a CPU build"),
+    ],
+)
+def test_an_unknown_build_is_said_unknown(freeze: str, change: Change, build: str) -> None:
+    diff = planned_diff(parse_freeze(freeze), (change,))
+    assert diff.build is not None and build in diff.build
+    assert "CUDA 1" not in diff.build
+
+
+def test_no_torch_no_build_line() -> None:
+    diff = planned_diff(parse_freeze("six==1.16.0\n"), (Change("six", "1.16.0", "1.17.0"),))
+    assert diff.build is None and not any(BUILD_PREFIX in line for line in diff.lines())
+    # A record of before the build was kept reads back without one.
+    assert PackageDiff.from_json({"changes": [], "unchanged": 3}).build is None

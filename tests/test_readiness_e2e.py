@@ -30,7 +30,7 @@ async def test_the_wrong_model_never_ends_succeeded(
     kit = await make_sim_host(access="sshd")
     kit.set_faults(wrong_model=True)
     async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
-        result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+        result, out = await run(rt, Action.REDEPLOY, version="0.31.0")
         assert result.status != RunStatus.SUCCEEDED, out
         steps = await rt.audit.steps(result.run_id)
     ready = next(s for s in steps if s.step == "readiness")
@@ -62,14 +62,14 @@ async def test_a_ready_server_passes_and_the_checks_are_recorded(
 ) -> None:
     kit = await make_sim_host(access="sshd")
     async with open_runtime(sim_settings(kit, tmp_path, **READY_SETTINGS)) as rt:
-        result, out = await run(rt, Action.REDEPLOY, version="0.16.0")
+        result, out = await run(rt, Action.REDEPLOY, version="0.31.0")
         assert result.status == RunStatus.SUCCEEDED, out
         ready = next(s for s in await rt.audit.steps(result.run_id) if s.step == "readiness")
     assert ready.output_tail.splitlines() == [
         f"ok: GET http://127.0.0.1:{kit.service_port}/v1/models lists kimi-k2.5",
         f"ok: POST http://127.0.0.1:{kit.service_port}/v1/completions answered ' Paris. It is "
         "also the largest city in France.', matches 'Paris'",
-        f"ok: GET http://127.0.0.1:{kit.service_port}/version reports 0.16.0, the installed "
+        f"ok: GET http://127.0.0.1:{kit.service_port}/version reports 0.31.0, the installed "
         "version",
     ]
     assert ("http", ("POST", "/v1/completions")) in [(c.tool, c.argv) for c in kit.calls()]
@@ -241,7 +241,7 @@ async def test_slack_calls_stay_flat_as_the_start_up_log_grows(
             kit.update_config(startup_log_lines=lines)
             start = len(bot.fake.calls())
             run_id, _ = await request_and_approve(
-                bot, f"redeploy {SERVICE} --version {('0.16.0', '0.15.1')[i]}"
+                bot, f"redeploy {SERVICE} --version {('0.31.0', '0.30.0')[i]}"
             )
             done = await bot.wait_status(run_id, *FINAL, timeout_s=120)
             assert done.status == "succeeded", done.summary
@@ -321,7 +321,7 @@ async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
     kit = await make_sim_host(access="sshd")
     kit.set_faults(metrics_no_vllm=True)
     async with slack_bot(tmp_path, kit) as bot:
-        run_id, approval = await request_and_approve(bot, f"redeploy {SERVICE} --version 0.16.0")
+        run_id, approval = await request_and_approve(bot, f"redeploy {SERVICE} --version 0.31.0")
         assert (
             "Load now: unknown on gpu-node-1 (/metrics has no vllm:num_requests_running or "
             "vllm:num_requests_waiting): unknown is not idle"
@@ -335,12 +335,12 @@ async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
         ) in done.summary
         assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
         assert kit.unit_state() == "active"
-        assert kit.state().installed_version != "0.16.0"
+        assert kit.state().installed_version != "0.31.0"
         requests = next(s for s in await bot.runtime.audit.steps(run_id) if s.step == "requests")
         assert requests.status == "failed"
         # With --force the same redeploy goes on, and its card said what that means.
         run_id, approval = await request_and_approve(
-            bot, f"redeploy {SERVICE} --version 0.16.0 --force"
+            bot, f"redeploy {SERVICE} --version 0.31.0 --force"
         )
         assert "--force stops it anyway, interrupting whatever runs there" in approval
         done = await bot.wait_status(run_id, *FINAL, timeout_s=90)
@@ -349,7 +349,7 @@ async def test_a_server_without_vllm_gauges_is_not_stopped_unless_forced(
     assert requests.status == "ok"
     assert "--force: stopping with the load unknown" in requests.output_tail
     assert any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())
-    assert kit.state().installed_version == "0.16.0"
+    assert kit.state().installed_version == "0.31.0"
 
 
 async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
@@ -372,3 +372,24 @@ async def test_a_start_whose_usage_stats_thread_dies_still_succeeds(
     assert health.output_tail.rstrip().endswith(
         "PermissionError: [Errno 13] Permission denied: '/home/vllm'"
     )
+
+
+async def test_a_server_under_the_old_metric_names_is_drained_by_them(
+    tmp_path: Path, make_sim_host: MakeSimHost
+) -> None:
+    """A vLLM before the renames (V0's help texts, no engine label, the KV cache as
+    vllm:gpu_cache_usage_perc, since hidden and removed): its request gauges are read and
+    the stop waits for them, as for the current names (the test above)."""
+    kit = await make_sim_host(
+        access="sshd", config=fast_config(busy_running=2, busy_waiting=1, busy_drain_s=3.0)
+    )
+    kit.set_faults(busy=True, metrics_old_names=True)
+    async with open_runtime(sim_settings(kit, tmp_path)) as rt:
+        result, out = await run(rt, Action.RESTART)
+        steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
+    assert result.status == RunStatus.SUCCEEDED, out
+    requests = steps["requests"].output_tail
+    assert "in-flight requests finished after" in requests, requests
+    assert "running" in requests and "KV cache" in requests  # the old KV name was read too
+    state = kit.state()
+    assert state.busy_since is not None and stop_time(kit) >= state.busy_since + 3.0 - 0.5

@@ -104,6 +104,70 @@ vllm:kv_cache_usage_perc{engine="0",model_name="qwen-mini"} 0.4
     assert parse_load(text) == Load(3, 2, 0.4)
 
 
+def test_a_current_v1_scrape_of_two_engines() -> None:
+    """vLLM of 2026 (0.2x-0.3x): its ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py,
+    read with ``find_string 'name="vllm:num_requests_waiting_by_reason"'``) registers
+    ``num_requests_running``, ``num_requests_waiting``, ``num_requests_waiting_by_reason``
+    (HELP "Number of waiting requests by reason. ... Sum of all reasons equals
+    vllm:num_requests_waiting."), ``engine_sleep_state`` and ``kv_cache_usage_perc``, each
+    labelled ``engine`` and ``model_name``; no ``vllm:gpu_cache_usage_perc`` any more.
+    Public test fixtures quoting live servers of that time (SOURCES.md) show the samples
+    in this order, two data-parallel engines, and the old names gone."""
+    model = "lab/MoE-35B-A3B-FP4"
+    text = f"""\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="{model}"}} 6.0
+vllm:num_requests_running{{engine="1",model_name="{model}"}} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 2.0
+vllm:num_requests_waiting{{engine="1",model_name="{model}"}} 0.0
+# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="{model}",reason="capacity"}} 2.0
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="{model}",reason="deferred"}} 0.0
+vllm:num_requests_waiting_by_reason{{engine="1",model_name="{model}",reason="capacity"}} 0.0
+vllm:num_requests_waiting_by_reason{{engine="1",model_name="{model}",reason="deferred"}} 0.0
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{{engine="0",model_name="{model}",sleep_state="awake"}} 1.0
+vllm:engine_sleep_state{{engine="1",model_name="{model}",sleep_state="awake"}} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="{model}"}} 0.231717933836332
+vllm:kv_cache_usage_perc{{engine="1",model_name="{model}"}} 0.0625
+"""  # noqa: E501 - vLLM's HELP lines are as long as they are
+    assert parse_load(text) == Load(9, 2, 0.231717933836332)
+
+
+def test_a_hidden_name_shown_again_does_not_stand_in_for_the_current_one() -> None:
+    """A server of the release after a rename, started with
+    ``--show-hidden-metrics-for-version=<the release before>`` (vLLM's escape hatch: a
+    metric deprecated in X.Y is hidden in X.Y+1 unless asked for, removed in X.Y+2; PR
+    #15458, PR #29330), exports the hidden name again beside the current one. vLLM sets
+    both from one value; the current name is what the server means, so the hidden one is
+    read only where the current one is absent. (Values differ here to tell which name was
+    read.)"""
+    text = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""  # noqa: E501
+    assert parse_load(text) == Load(0, 0, 0.25)
+    old_only = "\n".join(ln for ln in text.splitlines() if "kv_cache_usage_perc{" not in ln)
+    assert parse_load(old_only + "\n").kv_cache_usage == 0.5
+
+
 def test_help_and_type_lines_without_samples_are_unknown_not_idle() -> None:
     """MeetKai/functionary PR #263 (a comment of 2024-10): a V0 server whose /metrics held
     the vllm: HELP and TYPE lines but no sample yet. Nothing is known, so the drain must
@@ -574,3 +638,148 @@ def test_the_same_traceback_without_the_thread_header_still_ends_the_wait() -> N
     w, _, _ = _phases([*start[:20], *usage_thread_traceback(API), *main])
     assert w.failure is not None and w.failure.reason == "engine core initialization failed"
     assert len(w.thread_exceptions) == 1
+
+
+# ---- vLLM 0.30 (2026-09): the V1 engine's current lines --------------------------------------
+
+# The shape of 2026 logs of current vLLM (SOURCES.md, "Current vLLM"): a report of the
+# vllm-openai v0.30.0 image's start (found with find_string "Task C report: vLLM ladder on
+# a Mokka vr200"): the version at the end of the ASCII banner, every API server line
+# prefixed "(APIServer pid=N)", the engine core's "(EngineCore pid=N)" without _DP0, and a
+# start that failed in the engine core; a 2026-08 log of the V2 model runner (found with
+# find_string "Directly load the compiled graph(s) for"): "Using V2 Model Runner", "Loading
+# model from scratch...", the shard bar after a bare prefix line, "Model loading took 0.93
+# GiB and 2.17 seconds", the compile cache, "Initial profiling/warmup run took", "Capturing
+# CUDA graphs (PIECEWISE)" and "(FULL)", "init engine ... took 5.07 s (compilation: 1.74 s)";
+# a 2026-07 log with "Profiling CUDA graph memory" and "Estimated CUDA graph memory" before
+# the KV cache is sized. Our pids, model, times and numbers.
+API30 = "(APIServer pid=2311) "
+ENGINE30 = "(EngineCore pid=2402) "
+VENV30 = "/opt/vllm/venv/lib/python3.12/site-packages"
+
+
+def _v030_banner() -> list[str]:
+    return [
+        API30 + "INFO 09-23 07:43:20 [api_utils.py:347]",
+        API30 + "INFO 09-23 07:43:20 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.30.0",
+        API30 + "INFO 09-23 07:43:20 [api_utils.py:286] non-default args: {'model_tag': "
+        "'/srv/models/chat-8b', 'model': '/srv/models/chat-8b', 'max_model_len': 32768}",
+        API30 + "INFO 09-23 07:43:35 [model.py:692] Resolved architecture: Qwen2ForCausalLM",
+        API30 + "INFO 09-23 07:43:35 [scheduler.py:288] Chunked prefill is enabled with "
+        "max_num_batched_tokens=16384.",
+        ENGINE30 + "INFO 09-23 07:43:53 [core.py:123] Initializing a V1 LLM engine (v0.30.0) "
+        "with config: model='/srv/models/chat-8b', dtype=torch.bfloat16",
+    ]
+
+
+def _v030_start() -> list[str]:
+    return [
+        *_v030_banner(),
+        ENGINE30 + "INFO 09-23 07:43:54 [gpu_worker.py:378] Using V2 Model Runner",
+        ENGINE30 + "INFO 09-23 07:43:54 [model_runner.py:284] Loading model from scratch...",
+        ENGINE30.rstrip(),
+        "\rLoading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]",
+        "\rLoading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03,  3.40s/it]",
+        "\rLoading safetensors checkpoint shards: 100% Completed | 2/2 [00:06<00:00,  3.12s/it]",
+        ENGINE30.rstrip(),
+        ENGINE30 + "INFO 09-23 07:44:01 [default_loader.py:430] Loading weights took 6.31 seconds",
+        ENGINE30 + "INFO 09-23 07:44:01 [model_runner.py:305] Model loading took 15.26 GiB and "
+        "7.402113 seconds",
+        ENGINE30 + "INFO 09-23 07:44:03 [backends.py:1094] Using cache directory: /var/cache/"
+        "vllm/torch_compile_cache/5e6f7a8b9c/rank_0_0/backbone for vLLM's torch.compile",
+        ENGINE30 + "INFO 09-23 07:44:03 [backends.py:1155] Dynamo bytecode transform time: 2.04 s",
+        ENGINE30 + "INFO 09-23 07:44:04 [backends.py:292] Directly load the compiled graph(s) "
+        "for compile range (1, 16384) from the cache, took 0.811 s",
+        ENGINE30 + "INFO 09-23 07:44:04 [monitor.py:53] torch.compile took 2.85 s in total",
+        ENGINE30 + "INFO 09-23 07:44:19 [monitor.py:81] Initial profiling/warmup run took 14.92 s",
+        ENGINE30 + "INFO 09-23 07:44:19 [gpu_model_runner.py:6568] Profiling CUDA graph memory: "
+        "PIECEWISE=51 (largest=512), FULL=35 (largest=256)",
+        ENGINE30 + "INFO 09-23 07:44:31 [gpu_model_runner.py:6654] Estimated CUDA graph memory: "
+        "0.52 GiB total",
+        ENGINE30 + "INFO 09-23 07:44:31 [gpu_worker.py:560] Available KV cache memory: 54.10 GiB",
+        ENGINE30 + "INFO 09-23 07:44:31 [kv_cache_utils.py:2177] GPU KV cache size: 443,136 tokens",
+        "\rCapturing CUDA graphs (PIECEWISE):  51%|█████     | 26/51 [00:01<00:01, 25.10it/s]"
+        "\rCapturing CUDA graphs (PIECEWISE): 100%|██████████| 51/51 [00:02<00:00, 24.87it/s]",
+        "\rCapturing CUDA graphs (FULL): 100%|██████████| 35/35 [00:01<00:00, 30.02it/s]",
+        ENGINE30 + "INFO 09-23 07:44:35 [model_runner.py:747] Graph capturing finished in 4 "
+        "secs, took 0.49 GiB",
+        ENGINE30 + "INFO 09-23 07:44:35 [gpu_worker.py:741] CUDA graph pool memory: 0.49 GiB "
+        "(actual), 0.52 GiB (estimated), difference: 0.03 GiB (6.1%).",
+        ENGINE30 + "INFO 09-23 07:44:36 [core.py:340] init engine (profile, create kv cache, "
+        "warmup model) took 42.87 s (compilation: 2.85 s)",
+        API30 + "INFO 09-23 07:44:37 [api_server.py:598] Starting vLLM API server 0 on "
+        "http://127.0.0.1:8000",
+        API30 + "INFO 09-23 07:44:37 [launcher.py:46] Route: /v1/models, Methods: GET",
+        API30 + "INFO:     Started server process [2311]",
+        API30 + "INFO:     Waiting for application startup.",
+        API30 + "INFO:     Application startup complete.",
+    ]
+
+
+def test_a_start_of_vllm_0_30_walks_every_phase() -> None:
+    w, shown, phases = _phases(_v030_start())
+    assert w.failure is None
+    assert phases == list(Phase)
+    # The first phase from the banner's version: no "vLLM API server version" line since 0.11.
+    assert phase_of(_v030_start()[1]) == (Phase.STARTING, None, "")
+    assert "loading weights 50 % (1/2)" in shown
+    # The warm-up and CUDA graph memory profiling size the KV cache (14 s here, minutes on a
+    # big model): not "torch.compile", which has finished.
+    at_warmup = shown.index("sizing the KV cache")
+    assert shown[at_warmup - 1] == "torch.compile"
+    assert "capturing CUDA graphs 100 % (51/51)" in shown and shown[-1] == "API server up"
+
+
+def test_a_failed_start_of_vllm_0_30_ends_the_wait_at_the_engine_cores_line() -> None:
+    """The v0.30.0 image on a node whose GPUs CUDA cannot use: the engine core logs
+    "EngineCore failed to start." (ERROR, core.py:1366) and its traceback, line by line
+    with vLLM's prefix, to "RuntimeError: No CUDA GPUs are available"; then the API
+    server's own traceback ends in "Engine core initialization failed. See root cause
+    above." The wait ends at the engine core's first line; the cause is named."""
+    logged = ENGINE30 + "ERROR 09-23 07:43:55 [core.py:1366] "
+    lines = [
+        *_v030_banner(),
+        logged + "EngineCore failed to start.",
+        logged + "Traceback (most recent call last):",
+        logged + f'  File "{VENV30}/vllm/v1/worker/gpu_worker.py", line 424, in init_device',
+        logged + "    torch.accelerator.set_device_index(self.device)",
+        logged + f'  File "{VENV30}/torch/cuda/__init__.py", line 529, in _lazy_init',
+        logged + "    torch._C._cuda_init()",
+        logged + "RuntimeError: No CUDA GPUs are available",
+        ENGINE30 + "RuntimeError: No CUDA GPUs are available",
+        API30 + "Traceback (most recent call last):",
+        API30 + f'  File "{VENV30}/vllm/v1/engine/utils.py", line 1320, in wait_for_engine_startup',
+        API30 + "    raise RuntimeError(",
+        API30 + "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}",
+    ]
+    first = len(_v030_banner()) + 1
+    w = StartupWatch()
+    w.feed(lines[:first])
+    assert w.failure is not None and w.failure.reason == "engine core initialization failed"
+    w.feed(lines[first:])
+    failure = w.failure
+    assert failure is not None
+    assert describe_failure(failure) == (
+        "engine core initialization failed: (EngineCore pid=2402) RuntimeError: No CUDA GPUs "
+        "are available"
+    )
+
+
+def test_a_served_engines_fatal_error_is_the_engine_dying() -> None:
+    """A 2026 V1 engine running out of memory while serving (a public report found with
+    find_string "(APIServer pid="): the engine core's "EngineCore encountered a fatal
+    error." (core.py:1110), its OOM, then the API server's EngineDeadError."""
+    fatal = ENGINE30 + "ERROR 08-02 17:26:24 [core.py:1110] EngineCore encountered a fatal error."
+    assert failure_of(fatal) == "engine dead"
+    w = StartupWatch()
+    w.feed(
+        [
+            fatal,
+            ENGINE30 + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB.",
+            API30 + "ERROR 08-02 17:26:24 [async_llm.py:704] vllm.v1.engine.exceptions."
+            "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for "
+            "the root cause.",
+        ]
+    )
+    assert w.failure is not None and w.failure.reason == "CUDA out of memory"

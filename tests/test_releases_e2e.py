@@ -65,7 +65,7 @@ async def test_a_side_by_side_redeploy_builds_first_then_only_switches(
     new = kit.live_release()
     assert new is not None and new != old and new.startswith(f"{NEW}-")
     assert kit.releases() == sorted([old, new])  # the old release is kept
-    assert kit.installed_version == NEW and kit.environment()["torch"] == "2.10.0"
+    assert kit.installed_version == NEW and kit.environment()["torch"] == "2.13.0"
     calls = kit.calls()
     stop = _stop_at(calls)
     built = _installs(calls)
@@ -78,7 +78,7 @@ async def test_a_side_by_side_redeploy_builds_first_then_only_switches(
     assert steps["build"].status == StepStatus.OK
     assert "it passed the import gate" in out
     # The unit's flags, judged against the new release's own `vllm serve --help=all`.
-    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.16.0" in out, out
+    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.31.0" in out, out
     assert steps["switch"].status == StepStatus.OK
     assert f"live release {new}" in out
     assert f"release {new} is live, {old} kept" in result.summary
@@ -126,7 +126,7 @@ async def test_pruning_keeps_the_live_and_the_previous_release(
     settings = sim_settings(kit, tmp_path, strategy="side_by_side", keep_releases=2)
     lives: list[str | None] = [kit.live_release()]
     async with open_runtime(settings) as rt:
-        for version in (NEW, "0.15.1", DEFAULT_VERSION):
+        for version in (NEW, "0.30.0", DEFAULT_VERSION):
             result, out = await redeploy(rt, version=version, index="nightly")
             assert result.status == RunStatus.SUCCEEDED, out
             lives.append(kit.live_release())
@@ -140,7 +140,7 @@ async def test_pruning_keeps_the_live_and_the_previous_release(
     rows = text.splitlines()
     assert rows[0] == f"== {kit.hostname}: live {lives[-1]}"
     assert rows[1].startswith(f"  * {DEFAULT_VERSION}") and rows[1].endswith(f"{lives[-1]}  (live)")
-    assert rows[2].startswith("    0.15.1 ") and len(rows) == 3
+    assert rows[2].startswith("    0.30.0 ") and len(rows) == 3
 
 
 async def test_a_venv_that_is_no_link_is_refused_before_anything_changes(
@@ -194,7 +194,7 @@ async def test_a_release_that_drops_a_unit_flag_is_removed_before_the_stop(
         result, out = await redeploy(rt, version=NEW, index="nightly")
     assert result.status == RunStatus.ABORTED, out
     assert result.summary.startswith(
-        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.31.0"
     ), result.summary
     assert "removed" in result.summary
     assert not any(c.argv[:2] == ("systemctl", "stop") for c in kit.calls())

@@ -183,7 +183,7 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
 
     cutter = asyncio.create_task(cut_after_two_polls())
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
-        result, out = await redeploy(rt, version="0.16.0")
+        result, out = await redeploy(rt, version="0.31.0")
         await cutter
         assert result.status == "succeeded", out
         steps = await rt.audit.steps(result.run_id)
@@ -207,7 +207,7 @@ async def test_connection_dropped_mid_drain_reconnects_and_finishes(
         ]
     assert kit.link.accepted >= 2  # the drain went on over a new connection
     assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
-    assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
+    assert kit.installed_version == "0.31.0" and kit.unit_state() == "active"
 
 
 async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
@@ -236,7 +236,7 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
     hooks.on_step(Step.START, lambda e: at_start.append((kit.installed_version, uv_processes(kit))))
     unstall = asyncio.create_task(unstall_once_looked_for())
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
-        result, out = await redeploy(rt, hooks, version="0.16.0")
+        result, out = await redeploy(rt, hooks, version="0.31.0")
         await unstall
         assert result.status == "succeeded", out
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
@@ -245,10 +245,10 @@ async def test_connection_dropped_mid_reinstall_waits_for_uv_then_starts(
             e for e in hooks.events if isinstance(e, ev.StepFinished) and e.step == Step.REINSTALL
         ]
         assert "connection lost during the reinstall" in reinstall.summary
-        assert "uv finished on the host and vllm 0.16.0 is installed" in reinstall.summary
+        assert "uv finished on the host and vllm 0.31.0 is installed" in reinstall.summary
     assert uv_at_cut and uv_at_cut[0], "uv was not running when the link was cut"
     # The service was started only once uv had ended with the new version in place.
-    assert at_start == [("0.16.0", [])]
+    assert at_start == [("0.31.0", [])]
     assert len(install_checks(kit)) >= 2  # the first look found uv still running
     assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
     assert kit.unit_state() == "active"
@@ -268,10 +268,10 @@ async def test_connection_dropped_mid_reinstall_that_fails_rolls_back_after_uv_e
     )
     hooks.on_step(Step.ROLLBACK, lambda e: at_rollback.append(uv_processes(kit)))
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
-        result, out = await redeploy(rt, hooks, version="0.16.0")
+        result, out = await redeploy(rt, hooks, version="0.31.0")
         assert result.status == "rolled_back", out
         assert "connection lost during the reinstall" in result.summary
-        assert f"vllm was {DEFAULT_VERSION}, not 0.16.0" in result.summary
+        assert f"vllm was {DEFAULT_VERSION}, not 0.31.0" in result.summary
     assert at_rollback == [[]]  # never two installs into one venv
     assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "rollback", "start"]
     assert kit.installed_version == DEFAULT_VERSION and kit.unit_state() == "active"
@@ -290,7 +290,7 @@ async def test_install_past_its_timeout_is_killed_and_rolled_back(
         lambda e: sim_host.set_faults(uv_stalls=False),
     )  # so the rollback can work
     async with open_runtime(sim_settings(sim_host, tmp_path, install_timeout_s=1)) as rt:
-        result, out = await redeploy(rt, hooks, version="0.16.0")
+        result, out = await redeploy(rt, hooks, version="0.31.0")
         assert result.status == "rolled_back", out
         assert result.summary.startswith(
             "reinstall timed out after 1s (last output: Resolved 44 packages in "
@@ -335,7 +335,7 @@ async def test_cancel_during_the_drain_wait_restarts_on_the_installed_version(
     async with open_runtime(settings) as rt:
         hooks = Hooks()
         hooks.on_step(Step.DRAIN, lambda e: rt.lifecycle.request_cancel(e.run_id, "U0ALICE"))
-        result, out = await redeploy(rt, hooks, version="0.16.0")
+        result, out = await redeploy(rt, hooks, version="0.31.0")
         assert result.status == "cancelled", out
         assert result.summary == f"cancelled during drain; service restarted on {DEFAULT_VERSION}"
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
@@ -358,20 +358,20 @@ async def test_cancel_during_the_reinstall_takes_effect_after_it(
             lambda e: isinstance(e, ev.OutputLine) and e.step == Step.REINSTALL,
             lambda e: rt.lifecycle.request_cancel(e.run_id, "U0BOB"),
         )
-        result, out = await redeploy(rt, hooks, version="0.16.0")
+        result, out = await redeploy(rt, hooks, version="0.31.0")
         assert result.status == "cancelled", out
-        assert result.summary == "cancelled after the reinstall; service restarted on 0.16.0"
+        assert result.summary == "cancelled after the reinstall; service restarted on 0.31.0"
         steps = {s.step: s for s in await rt.audit.steps(result.run_id)}
         assert (steps["reinstall"].status, steps["reinstall"].exit_status) == ("ok", 0)
-        assert "+ vllm==0.16.0" in steps["reinstall"].output_tail  # it ran to its end
+        assert "+ vllm==0.31.0" in steps["reinstall"].output_tail  # it ran to its end
         assert steps["health"].status == "ok"
         record = await rt.audit.get_run(result.run_id)
-        assert (record.status, record.version_after) == ("cancelled", "0.16.0")
+        assert (record.status, record.version_after) == ("cancelled", "0.31.0")
         assert ("U0BOB", "cancel") in [
             (d.user, d.decision) for d in await rt.audit.decisions(result.run_id)
         ]
     assert sim_host.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
-    assert sim_host.installed_version == "0.16.0" and sim_host.unit_state() == "active"
+    assert sim_host.installed_version == "0.31.0" and sim_host.unit_state() == "active"
 
 
 # ---- two requests at once -----------------------------------------------------------------
@@ -469,7 +469,7 @@ async def test_status_and_gpus_never_wait_behind_a_job(sim_host: SimKit, tmp_pat
         in_reinstall = asyncio.Event()
         hooks = Hooks()
         hooks.on_step(Step.REINSTALL, lambda e: in_reinstall.set())
-        job = asyncio.create_task(redeploy(rt, hooks, version="0.16.0"))
+        job = asyncio.create_task(redeploy(rt, hooks, version="0.31.0"))
         await in_reinstall.wait()
         holder = await rt.audit.lock_holder(f"service:{SERVICE}")
         assert holder is not None and holder.status == "running"
@@ -517,7 +517,7 @@ async def test_sigkill_mid_reinstall_leaves_a_clean_db_and_restart_interrupts_th
         "redeploy",
         SERVICE,
         "--version",
-        "0.16.0",
+        "0.31.0",
         "--yes",
         cwd=tmp_path,
         env=env,

@@ -87,7 +87,7 @@ def settings_for(kit: SimKit, tmp_path: Path, db_dir: Path | None = None) -> Set
     )
 
 
-async def redeploy(rt: Runtime, hooks: Hooks, version: str = "0.16.0") -> tuple[RunResult, str]:
+async def redeploy(rt: Runtime, hooks: Hooks, version: str = "0.31.0") -> tuple[RunResult, str]:
     out = io.StringIO()
     plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version=version)
     record = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
@@ -341,7 +341,7 @@ async def test_through_slack_the_thread_says_so_and_clicks_get_answers(
     locker = sqlite3.connect(tmp_path / "audit.db", isolation_level=None, timeout=10)
     try:
         async with fake, slack_bot(tmp_path, kit, fake, audit=audit) as bot:
-            await bot.command(f"redeploy {SERVICE} --version 0.16.0")
+            await bot.command(f"redeploy {SERVICE} --version 0.31.0")
             record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
             await bot.click("approve", record.id, user=BOB)
             await eventually(lambda: "stop" in kit.changes(), "systemctl stop on the host")

@@ -37,7 +37,7 @@ def transport(kit: SimKit, **overrides: object) -> SshTransport:
     return SshTransport(kit.hostname, HostSettings(**{**kit.host_settings(), **overrides}))
 
 
-def install_argv(kit: SimKit, spec: str = "vllm==0.16.0") -> tuple[str, ...]:
+def install_argv(kit: SimKit, spec: str = "vllm==0.31.0") -> tuple[str, ...]:
     return ("uv", "pip", "install", "--python", str(kit.python), "--force-reinstall", spec)
 
 
@@ -119,7 +119,7 @@ async def test_pgrep_sees_a_real_install_as_the_host_shows_it(sim_host: SimKit) 
     finally:
         sim_host.set_faults(uv_stalls=False)
         status = await installing.wait()
-    assert status == 0 and sim_host.installed_version == "0.16.0"
+    assert status == 0 and sim_host.installed_version == "0.31.0"
     none = subprocess.run(query, env=sim_host.env(), capture_output=True)
     assert none.returncode == 1
 
@@ -134,7 +134,7 @@ async def test_uv_goes_on_installing_when_its_output_is_gone(sim_host: SimKit) -
     proc.stdout.close()
     proc.stderr.close()
     await asyncio.to_thread(proc.wait, 20)
-    assert sim_host.installed_version == "0.16.0"
+    assert sim_host.installed_version == "0.31.0"
 
 
 # ---- the executor after a cancel ----------------------------------------------------------
@@ -214,7 +214,7 @@ def test_installs_query_matches_only_installs_into_the_venv(
 ) -> None:
     s = ServiceSettings(hosts=["h"], unit="u", python="/opt/venvs/v1.2/bin/python")
     py = s.python
-    mine = disguised(f"uv pip install --python {py} --force-reinstall vllm==0.16.0")
+    mine = disguised(f"uv pip install --python {py} --force-reinstall vllm==0.31.0")
     rollback = disguised(f"uv pip install --python {py} --reinstall-package vllm vllm==0.1")
     for other in (
         f"uv pip install --python {py}3 vllm",  # another interpreter

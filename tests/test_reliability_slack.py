@@ -69,7 +69,7 @@ async def test_slack_429_for_every_call_for_30s_during_a_run(
         assert [(s.step, s.status) for s in await bot.runtime.audit.steps(record.id)] == [
             (s, "ok") for s in ALL_STEPS
         ]
-        assert (done.version_before, done.version_after) == (DEFAULT_VERSION, "0.16.0")
+        assert (done.version_before, done.version_after) == (DEFAULT_VERSION, "0.31.0")
         await bot.front_end.idle()
         storm = fake.calls()[storm_start:]
         assert any(c.status == 429 for c in storm)
@@ -96,7 +96,7 @@ async def test_slack_unreachable_during_a_run(tmp_path: Path, sim_host: SimKit) 
         assert [(s.step, s.status) for s in await bot.runtime.audit.steps(record.id)] == [
             (s, "ok") for s in ALL_STEPS
         ]
-        assert sim_host.installed_version == "0.16.0"
+        assert sim_host.installed_version == "0.31.0"
         await fake.up()
         await bot.front_end.idle()
         thread = "\n".join(blocks_text(m) for m in await bot.thread(record.id))

@@ -233,7 +233,7 @@ async def test_a_bot_killed_mid_install_and_left_a_zombie_is_recovered_at_restar
         argv = [sys.executable, "-m", "bot"]
         async with unreaped(argv, env=env, cwd=tmp_path, log=tmp_path / "bot-1.log") as first:
             await serving(first.log, lambda: first.state() not in (None, "Z"))
-            await bot.command(f"redeploy {SERVICE} --version 0.16.0", ALICE)
+            await bot.command(f"redeploy {SERVICE} --version 0.31.0", ALICE)
             card = await eventually(lambda: bot.card_of(1), "the first card", 15)
             await bot.click("approve", 1, card, BOB)
             await eventually(lambda: in_reinstall(db, 1), "the bot to reach the reinstall", 30)
@@ -267,7 +267,7 @@ async def test_a_bot_killed_mid_install_and_left_a_zombie_is_recovered_at_restar
                 assert "during step `reinstall`" in told and "STOPPED" in told
                 told_at = time.monotonic()
                 await serving(tmp_path / "bot-2.log", lambda: second.returncode is None)
-                await bot.command(f"redeploy {SERVICE} --version 0.16.0", CAROL)
+                await bot.command(f"redeploy {SERVICE} --version 0.31.0", CAROL)
                 await eventually(
                     lambda: bot.card_of(2), "a card for the new request", RECOVERED_WITHIN_S
                 )
@@ -302,7 +302,7 @@ async def test_a_cli_killed_mid_install_and_left_a_zombie_is_recovered_by_the_ne
     kit.set_faults(uv_stalls=True)
     env = bot_env(tmp_path, kit)
     db = tmp_path / "audit.db"
-    redeploy = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.16.0", "--yes"]
+    redeploy = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.31.0", "--yes"]
     async with unreaped(redeploy, env=env, cwd=tmp_path, log=tmp_path / "cli-1.log") as first:
         await eventually(lambda: in_reinstall(db, 1), "the CLI to reach the reinstall", 60)
         await killed_into_a_zombie(first)
@@ -337,4 +337,4 @@ async def test_a_cli_killed_mid_install_and_left_a_zombie_is_recovered_by_the_ne
     assert "recovered: Run #1 (redeploy kimi-k25) was interrupted: the command line" in text
     assert "during step `reinstall`" in text and "SUCCEEDED" in text
     assert run_status(db, 1) == "interrupted" and run_status(db, 2) == "succeeded"
-    assert kit.installed_version == "0.16.0"
+    assert kit.installed_version == "0.31.0"

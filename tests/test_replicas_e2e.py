@@ -22,7 +22,7 @@ FINAL = ("succeeded", "failed", "rolled_back", "aborted", "cancelled", "interrup
 async def approved_and_reinstalling(c: Cluster, run_id: int = 1) -> None:
     """The first replica's request approved there, the run in its reinstall."""
     first = c.replicas[0]
-    await c.command(first, f"redeploy {SERVICE} --version 0.16.0", ALICE)
+    await c.command(first, f"redeploy {SERVICE} --version 0.31.0", ALICE)
     await eventually(lambda: c.card_of(run_id), "the card", 30)
     await c.click(first, "approve", run_id, BOB)
     await eventually(lambda: c.step_running(run_id, "reinstall"), "the reinstall", 60)

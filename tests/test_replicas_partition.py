@@ -80,7 +80,7 @@ async def test_a_driver_cut_off_from_the_database_acts_on_no_host_once_another_r
             assert isinstance(result, Recovered)
             locker.lock()
 
-        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version="0.16.0")
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version="0.31.0")
         record = await rt.lifecycle.request(plan, requested_by="U0ALICE", source=Source.CLI)
         run_id = record.id
         await rt.audit.record_decision(run_id, "U0BOB", Decision.APPROVE)

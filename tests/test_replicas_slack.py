@@ -120,7 +120,7 @@ async def test_a_cancel_on_the_replica_that_does_not_drive_stops_the_run(
 ) -> None:
     sim_host.set_faults(uv_stalls=True)  # the reinstall waits until the run is cancelled
     async with replicas(tmp_path, sim_host, pg_url) as (_, (a, b)):
-        await a.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
+        await a.command(f"redeploy {SERVICE} --version 0.31.0", user=ALICE)
         record = await a.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await a.click("approve", record.id, user=BOB)
         await a.wait_status(record.id, "running")

@@ -85,17 +85,17 @@ async def test_rolling_redeploy_goes_batch_by_batch(
     kits = await make_fleet(make_sim_host, tmp_path, 4)
     names = [k.hostname for k in kits]
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
-        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version="0.16.0")
+        plan = rt.engine.plan(Action.REDEPLOY, SERVICE, version="0.31.0")
         assert plan.hosts == tuple(names)
         assert plan.batches() == [tuple(names[:2]), tuple(names[2:])]
-        result, sink = await redeploy(rt, version="0.16.0")
+        result, sink = await redeploy(rt, version="0.31.0")
         assert result.status == "succeeded", result.summary
         assert result.host_status == dict.fromkeys(names, "succeeded")
         assert list(result.host_status) == names  # plan order, for the card
 
         for kit in kits:
             assert kit.changes() == ["dry-run", "prefetch", "stop", "install", "start"]
-            assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
+            assert kit.installed_version == "0.31.0" and kit.unit_state() == "active"
         first, second = kits[:2], kits[2:]
         # The next batch starts only when every host of the previous one is healthy...
         assert min(stopped_at(k) for k in second) > max(healthy_at(k) for k in first)
@@ -115,7 +115,7 @@ async def test_rolling_redeploy_goes_batch_by_batch(
         assert record.plan["batch_size"] == 2
         assert record.approved_by == ["U0BOB"]
         assert [d.decision for d in await rt.audit.decisions(result.run_id)] == ["approve"]
-        assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.16.0")
+        assert (record.version_before, record.version_after) == (DEFAULT_VERSION, "0.31.0")
         steps = await rt.audit.steps(result.run_id)
         for name in names:
             assert [(s.step, s.status) for s in steps if s.host == name] == [
@@ -137,7 +137,7 @@ async def test_rolling_redeploy_goes_batch_by_batch(
                 )
             ]
         assert record.summary == (
-            f"succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, healthy): " + ", ".join(names)
+            f"succeeded (vllm {DEFAULT_VERSION} -> 0.31.0, healthy): " + ", ".join(names)
         )
         assert await rt.audit.lock_holder(f"host:{names[3]}") is None
 
@@ -148,7 +148,7 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost, tmp_p
     kits[1].set_faults(uv_fails=True)
     # max_unavailable says 2; the request's batch=1 wins.
     async with open_runtime(fleet_settings(kits, tmp_path, max_unavailable=2)) as rt:
-        result, sink = await redeploy(rt, version="0.16.0", batch=1)
+        result, sink = await redeploy(rt, version="0.31.0", batch=1)
         assert result.status == "rolled_back", result.summary
         assert result.host_status == {
             names[0]: "succeeded",
@@ -178,7 +178,7 @@ async def test_first_failure_stops_the_rollout(make_sim_host: MakeSimHost, tmp_p
         assert record.summary is not None
         assert record.summary.startswith(f"{names[1]}: rolled_back (")
         assert record.summary.endswith(
-            f"; succeeded (vllm {DEFAULT_VERSION} -> 0.16.0, "
+            f"; succeeded (vllm {DEFAULT_VERSION} -> 0.31.0, "
             f"healthy): {names[0]}; not started: {names[2]}"
         )
         assert {s.host for s in await rt.audit.steps(result.run_id)} == set(names[:2])
@@ -205,7 +205,7 @@ async def test_a_failed_batch_finishes_its_siblings_and_stops(
     failed = result.outcomes[names[1]].summary
     assert "rolled back to" in failed and "The service is DOWN" in failed
     # The sibling in the failing batch was not cut off half way.
-    assert kits[0].unit_state() == "active" and kits[0].installed_version == "0.16.0"
+    assert kits[0].unit_state() == "active" and kits[0].installed_version == "0.31.0"
     assert kits[2].calls() == [] and kits[3].calls() == []
     assert sorted(sink.host_finished()[2:]) == [(n, NOT_STARTED) for n in names[2:]]
 
@@ -234,11 +234,11 @@ async def test_cli_rollout_with_batch_flag(make_sim_host: MakeSimHost, tmp_path:
     config = write_toml(tmp_path / "chatops.toml", fleet_fragment(kits, max_unavailable=2))
     env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
     code, out, err = await cli(
-        "redeploy", SERVICE, "--version", "0.15.1", "--batch", "1", "--yes", cwd=tmp_path, env=env
+        "redeploy", SERVICE, "--version", "0.30.0", "--batch", "1", "--yes", cwd=tmp_path, env=env
     )
     assert code == 0, err + out
     assert f"in batches of 1: {names[0]} | {names[1]}" in out
     assert healthy_at(kits[0]) < stopped_at(kits[1])
     code, out, _ = await cli("audit", "--json", cwd=tmp_path, env=env)
     [run] = json.loads(out)
-    assert (run["hosts"], run["status"], run["version_after"]) == (names, "succeeded", "0.15.1")
+    assert (run["hosts"], run["status"], run["version_after"]) == (names, "succeeded", "0.30.0")

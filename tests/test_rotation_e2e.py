@@ -147,7 +147,7 @@ async def roll_under_load(
     async with open_runtime(s) as rt:
         watch = routers.Watch(view)
         async with watch.running(), routers.Load(port, MODEL).running() as load:
-            result, _ = await redeploy(rt, version="0.16.0")
+            result, _ = await redeploy(rt, version="0.31.0")
         rows = await rotation_rows(rt, result.run_id)
     assert result.status == "succeeded", result.summary
     assert load.failed == 0, load.failures[:5]
@@ -170,7 +170,7 @@ async def test_haproxy_rolling_redeploy_loses_no_request(
             "node2": "UP",
         }
         for kit in kits:
-            assert kit.installed_version == "0.16.0" and kit.unit_state() == "active"
+            assert kit.installed_version == "0.31.0" and kit.unit_state() == "active"
 
 
 async def test_without_a_router_the_same_client_sees_the_outage(
@@ -185,7 +185,7 @@ async def test_without_a_router_the_same_client_sees_the_outage(
         s = settings(kits, lb, tmp_path, None, {})
         async with open_runtime(s) as rt:
             async with routers.Load(h.port, MODEL).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
+                result, _ = await redeploy(rt, version="0.31.0")
             assert await rotation_rows(rt, result.run_id) == []
         assert result.status == "succeeded", result.summary
         assert load.failed > 0
@@ -201,7 +201,7 @@ async def test_haproxy_failed_redeploy_stays_out_and_the_other_serves(
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
         async with open_runtime(s) as rt:
             async with routers.Load(h.port, MODEL).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
+                result, _ = await redeploy(rt, version="0.31.0")
             rows = await rotation_rows(rt, result.run_id)
         assert result.status != "succeeded"
         assert "gpu-node-1 stays out of rotation (router front, server node1)" in result.summary
@@ -223,7 +223,7 @@ async def test_haproxy_min_serving_refuses_to_take_out_the_only_serving_replica(
         assert (await h.say(f"set server {h.backend}/node2 state maint")).strip() == ""
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
         async with open_runtime(s) as rt:
-            result, _ = await redeploy(rt, version="0.16.0")
+            result, _ = await redeploy(rt, version="0.31.0")
             rows = await rotation_rows(rt, result.run_id)
         assert result.status == "aborted", result.summary
         assert "refused to take gpu-node-1 out of rotation: 0 of 1 others serving" in (
@@ -268,7 +268,7 @@ async def test_a_bot_killed_mid_roll_leaves_the_replica_out_and_recovery_says_so
             "CHATOPS_DB": str(db),
             "PYTHONPATH": str(Path(__file__).parent.parent),
         }
-        argv = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.16.0", "--yes"]
+        argv = [sys.executable, "-m", "bot", "redeploy", SERVICE, "--version", "0.31.0", "--yes"]
         async with routers.Load(h.port, MODEL).running() as load:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -42,7 +42,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        res = await bot.command(f"redeploy {SERVICE} --version 0.16.0", user=ALICE)
+        res = await bot.command(f"redeploy {SERVICE} --version 0.31.0", user=ALICE)
         assert res.status == 200
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         assert record.status == "pending_approval"
@@ -52,7 +52,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
         for expected in (
             "gpu-node-1",
             "vllm-kimi-k25",
-            "vllm==0.16.0",
+            "vllm==0.31.0",
             "<@U0ALICE>",
             "systemctl stop --no-pager -- vllm-kimi-k25",
             "--force-reinstall",
@@ -77,7 +77,7 @@ async def test_request_self_approval_refused_then_approved_runs_to_the_end(
 
         final = await bot.run(record.id)
         assert final.requested_by == ALICE and final.approved_by == [BOB]
-        assert final.version_after == "0.16.0"
+        assert final.version_after == "0.31.0"
         card = await bot.card(record.id)
         assert buttons(card) == []
         card_text = blocks_text(card)
@@ -182,7 +182,7 @@ async def test_deny_closes_the_request_without_touching_the_host(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0")
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await bot.click("deny", record.id, user=CAROL)
         denied = await bot.wait_status(record.id, "denied")
@@ -224,7 +224,7 @@ async def test_dry_run_shows_plan_and_preflight_without_approval(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0 --dry-run")
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0 --dry-run")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         done = await bot.wait_status(record.id, "succeeded", "failed", "aborted")
         assert done.status == "succeeded", done.summary
@@ -356,7 +356,7 @@ async def test_a_429_storm_during_a_run_neither_stops_nor_corrupts_it(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        run_id = await approved_redeploy(bot, f"redeploy {SERVICE} --version 0.16.0")
+        run_id = await approved_redeploy(bot, f"redeploy {SERVICE} --version 0.31.0")
         await bot.wait_status(run_id, "running")
         bot.fake.rate_limit_all(2.0)
         done = await bot.wait_status(run_id, "succeeded", "failed", "rolled_back", timeout_s=30)
@@ -564,7 +564,7 @@ async def test_a_rollout_card_lists_every_host_and_shows_per_host_state(
     kits[1].set_faults(uv_fails=True)  # the second batch rolls back: the rollout stops
     fleet = fleet_fragment(kits)
     async with slack_bot(tmp_path, kits[0], **fleet) as bot:
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0")
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         card = blocks_text(await bot.card(record.id))
         for k in kits:  # one approval covers the rollout, and the plan names every host

@@ -56,7 +56,7 @@ async def test_lines_stream_before_the_command_ends(sim_host: SimKit) -> None:
                 "--python",
                 str(sim_host.python),
                 "--force-reinstall",
-                "vllm==0.16.0",
+                "vllm==0.31.0",
             ],
             timeout_s=30,
             on_line=on_line,
@@ -68,7 +68,7 @@ async def test_lines_stream_before_the_command_ends(sim_host: SimKit) -> None:
     await t.close()
     assert result.exit_status == 0
     assert seen[0] == ("stderr", seen[0][1]) and seen[0][1].startswith("Resolved ")
-    assert ("stderr", " + vllm==0.16.0") in seen
+    assert ("stderr", " + vllm==0.31.0") in seen
 
 
 async def test_step_timeout_kills_the_remote_process(sim_sshd_host: SimKit) -> None:

@@ -255,13 +255,13 @@ def test_an_oom_traceback_is_named_by_its_exception_with_its_lines() -> None:
         FAILURES[0][0],
     ]
     w = StartupWatch()
-    w.feed(lines[:3])  # the traceback's header ends the wait ...
-    assert w.failure is not None and w.failure.reason == "Python traceback"
-    w.feed(lines[3:])  # ... and the rest of it, read once more, names the cause
+    w.feed(lines[:2])  # the engine core's own line ends the wait ...
+    assert w.failure is not None and w.failure.reason == "engine core initialization failed"
+    w.feed(lines[2:])  # ... and the rest of it, read once more, names the cause
     failure = w.failure
     assert failure is not None and failure.reason == "CUDA out of memory"
     assert failure.lines[-1] == FAILURES[0][0]
-    assert any("EngineCore failed to start." in ln for ln in failure.lines[:3])  # context
+    assert any("EngineCore failed to start." in ln for ln in failure.lines[:3])
     assert describe_failure(failure).startswith(
         "CUDA out of memory: (EngineCore_DP0 pid=48253) torch.OutOfMemoryError: CUDA out"
     )

@@ -15,7 +15,7 @@ import pytest
 
 from bot.core.flows import EndStep
 from bot.core.plan import Step
-from bot.core.versions import same_build, same_release
+from bot.core.versions import cuda_label, cuda_of_label, same_build, same_release
 from tests.test_sequence import Host, run
 
 
@@ -41,6 +41,29 @@ from tests.test_sequence import Host, run
 def test_same_release(a: str | None, b: str | None, same: bool) -> None:
     assert same_release(a, b) is same
     assert same_release(b, a) is same
+
+
+@pytest.mark.parametrize(
+    ("version", "cuda"),
+    [
+        ("2.13.0+cu129", "12.9"),  # PyTorch's cu129 index (download.pytorch.org/whl/cu129)
+        ("2.13.0+cu130", "13.0"),  # the vllm-openai v0.30.0 image's torch (SOURCES.md)
+        ("2.7.1+cu128", "12.8"),  # astral-sh/uv#15446
+        ("2.0.1+cu118", "11.8"),
+        ("0.31.0rc2.dev313+g662205d34.cu129", "12.9"),  # a dev build: after +g<commit>
+        ("0.31.0+CU129", "12.9"),
+        ("2.13.0", None),  # PyPI's wheel: no label (its CUDA wheels say, bot.core.cuda)
+        ("2.13.0+cpu", None),
+        ("2.13.0+rocm7.0", None),
+        ("2.13.0+cu12", None),  # no such index: not guessed
+        ("2.13.0+cu1290", None),
+        ("not-a-version+cu129", None),
+    ],
+)
+def test_the_cuda_a_label_names(version: str, cuda: str | None) -> None:
+    assert cuda_of_label(version) == cuda
+    if cuda is not None:
+        assert cuda_label(cuda) == f"cu{cuda.replace('.', '')}"
 
 
 def test_a_change_list_still_tells_the_builds_apart() -> None:

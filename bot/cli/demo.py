@@ -25,7 +25,7 @@ from bot.sim.kit import READY_SETTINGS, SERVICE, SimKit, fast_config
 from bot.sim.state import REMOVED_VALUE, UNIT_FLAGS, HostConfig
 
 FAULTS = DEMO_FAULTS
-DEMO_VERSION = "0.16.0"
+DEMO_VERSION = "0.31.0"
 REQUESTER, APPROVER = "demo:alice", "demo:bob"
 # Real-looking but short timings: the whole demo takes about 20 seconds.
 DEMO_TIMINGS: dict[str, Any] = {

@@ -3,12 +3,23 @@
 vLLM publishes its metrics with ``prometheus_client``; they are read here with the
 same library's text parser rather than by hand. A server with several engines (data
 parallel) labels each engine's gauge with ``engine="N"``: the counts are summed, the
-KV-cache usage is the highest engine's. vLLM renamed ``vllm:gpu_cache_usage_perc`` to
-``vllm:kv_cache_usage_perc``; either is read. A metric that is absent stays unknown
-(None), never 0: a server started with ``--disable-log-stats`` registers no ``vllm:``
-metric at all and its ``/metrics`` holds only prometheus_client's ``python_*`` and
-``process_*`` families, and vllm-project/vllm issue #8612 shows one answering 200 with
-an empty body. Such a load is unknown, never idle (issue 17, D5).
+KV-cache usage is the highest engine's. Names are matched exactly: current vLLM also
+publishes ``vllm:num_requests_waiting_by_reason`` (the same waiting requests by reason).
+
+vLLM renames a metric by deprecating it: a metric deprecated in release X.Y is hidden in
+X.Y+1 unless the server runs with ``--show-hidden-metrics-for-version=X.Y``, and removed
+in X.Y+2 (vLLM's metrics docs; PR #15458, PR #29330). So a server exports the new name,
+or the old one (a release before the rename), or both (the releases between, or the
+escape hatch). Each quantity is read under the first of its names the server exports,
+current name first: ``vllm:gpu_cache_usage_perc`` (deprecated in 0.9, hidden from 0.10,
+removed by PR #29330 in November 2025) is read only from a server without
+``vllm:kv_cache_usage_perc``. The request gauges ``vllm:num_requests_running`` and
+``vllm:num_requests_waiting`` have kept their names from V0 to the V1 engine of 0.3x.
+A metric that is absent stays unknown (None), never 0: a server started with
+``--disable-log-stats`` registers no ``vllm:`` metric at all and its ``/metrics`` holds
+only prometheus_client's ``python_*`` and ``process_*`` families, and vllm-project/vllm
+issue #8612 shows one answering 200 with an empty body. Such a load is unknown, never
+idle.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+# Current name first, then the older ones (hidden, then removed, after a rename).
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
@@ -66,18 +78,19 @@ def parse_load(text: str, *, truncated: bool = False) -> Load:
     if truncated:
         text = text[: text.rfind("\n") + 1]
     sums: dict[str, float] = {}
-    kv: float | None = None
+    fullest: dict[str, float] = {}  # per KV name: the highest engine's
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in (RUNNING, WAITING):
                     sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
                 elif sample.name in KV_USAGE:
-                    kv = sample.value if kv is None else max(kv, sample.value)
+                    fullest[sample.name] = max(fullest.get(sample.name, 0.0), sample.value)
     except ValueError as e:
         raise MetricsError(f"not Prometheus text: {str(e)[:120]}") from None
 
     def count(name: str) -> int | None:
         return round(sums[name]) if name in sums else None
 
+    kv = next((fullest[n] for n in KV_USAGE if n in fullest), None)
     return Load(count(RUNNING), count(WAITING), kv)

@@ -20,7 +20,9 @@ Pure. What it reads is what uv 0.13 prints (tests/samples, captured with uv 0.13
 
 A change of torch, a CUDA wheel (``nvidia-*``), flashinfer, triton or transformers is what
 turns a vLLM upgrade into a different CUDA stack, so those are *highlighted* wherever a
-change is shown.
+change is shown, with the CUDA build of the torch the environment ends up with
+(``bot.core.cuda.resolved_build``: the index may resolve PyPI's CUDA 13 default or a
+``+cu129`` build) on a line of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from bot.core.cuda import resolved_build
 from bot.core.versions import same_build
 
 
@@ -156,6 +159,10 @@ class PackageDiff:
 
     changes: tuple[Change, ...]
     unchanged: int | None = None
+    # The CUDA build of the torch the environment holds after the change, as
+    # ``CudaBuild.describe`` says it ("torch 2.13.0 (CUDA 13.0, from cuda-toolkit
+    # 13.0.3.0)"); None where it holds no torch.
+    build: str | None = None
 
     @property
     def highlights(self) -> tuple[Change, ...]:
@@ -171,6 +178,8 @@ class PackageDiff:
             out.append(f"  … and {len(ordered) - len(shown)} more")
         if not self.changes:
             out.append("  no package changes version")
+        elif self.build is not None:
+            out.append(f"  {BUILD_PREFIX}{self.build}")
         if self.unchanged is not None:
             noun = "package" if self.unchanged == 1 else "packages"
             out.append(f"  {self.unchanged} other {noun} unchanged")
@@ -186,17 +195,36 @@ class PackageDiff:
         return ", ".join(first) + (f" and {more} more" if more > 0 else "")
 
     def to_json(self) -> dict[str, object]:
-        return {"changes": [c.to_json() for c in self.changes], "unchanged": self.unchanged}
+        out: dict[str, object] = {
+            "changes": [c.to_json() for c in self.changes],
+            "unchanged": self.unchanged,
+        }
+        if self.build is not None:
+            out["build"] = self.build
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> PackageDiff:
         raw = data.get("changes") or []
         assert isinstance(raw, list)
-        unchanged = data.get("unchanged")
+        unchanged, build = data.get("unchanged"), data.get("build")
         return cls(
             tuple(Change.from_json(c) for c in raw),
             int(unchanged) if isinstance(unchanged, int) else None,
+            build if isinstance(build, str) else None,
         )
+
+
+# The line of a change list that says which CUDA build the change leaves (the card shows
+# it beside the highlighted changes).
+BUILD_PREFIX = "CUDA build: "
+
+
+def build_of(versions: Mapping[str, str], changes: Iterable[Change]) -> str | None:
+    """The CUDA build of the torch in ``versions``, read first from what ``changes``
+    install (``bot.core.cuda.resolved_build``); None without torch."""
+    build = resolved_build(versions, [c.name for c in changes if c.after is not None])
+    return None if build is None else build.describe()
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +455,7 @@ def diff_freezes(before: Freeze, after: Freeze) -> PackageDiff:
     changes += [Change(line, None, "") for line in after.others if line not in before.others]
     unchanged = sum(1 for n, v in before.versions.items() if _same(v, after.versions.get(n)))
     unchanged += sum(1 for line in before.others if line in after.others)
-    return PackageDiff(tuple(changes), unchanged)
+    return PackageDiff(tuple(changes), unchanged, build_of(after.versions, changes))
 
 
 def planned_diff(before: Freeze, changes: Iterable[Change]) -> PackageDiff:
@@ -435,7 +463,9 @@ def planned_diff(before: Freeze, changes: Iterable[Change]) -> PackageDiff:
     moved = tuple(changes)
     names = {canonicalize_name(c.name) for c in moved}
     return PackageDiff(
-        moved, sum(1 for n in before.versions if n not in names) + len(before.others)
+        moved,
+        sum(1 for n in before.versions if n not in names) + len(before.others),
+        build_of(before.applied(moved).versions, moved),
     )
 
 

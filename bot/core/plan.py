@@ -128,7 +128,7 @@ def canonical_version(text: str) -> str:
         v = Version(text)
     except InvalidVersion:
         raise InputError(
-            f"`{text[:80]}` is not a PEP 440 version (e.g. 0.16.0 or 0.16.0rc2.dev313+g662205d34)"
+            f"`{text[:80]}` is not a PEP 440 version (e.g. 0.31.0 or 0.31.0rc2.dev313+g662205d34)"
         ) from None
     return str(v)
 

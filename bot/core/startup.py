@@ -90,12 +90,15 @@ _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
             r"Capturing cudagraphs for|CUDA graphs can take additional"
         ),
     ),
+    # The V1 engine profiles its memory to size the KV cache: a warm-up run, then (2026 on)
+    # the CUDA graphs' memory, before "Available KV cache memory" (minutes on a big model).
     (
         Phase.KV_CACHE,
         re.compile(
             r"GPU KV cache size:|Available KV cache memory:|"
             r"Maximum concurrency for|# (?:GPU|cuda) blocks: \d|"
-            r"Memory profiling (?:takes|results)"
+            r"Memory profiling (?:takes|results)|Initial profiling/warmup run|"
+            r"(?:Profiling|Estimated) CUDA graph memory"
         ),
     ),
     # "torch.compile takes %.2f s in total" became "took" in later vLLM (seen in 2026 logs).
@@ -116,11 +119,13 @@ _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
         ),
     ),
     (Phase.ENGINE, re.compile(r"Initializing an? (?:V[01] )?LLM engine")),
+    # vLLM 0.11 on has no "vLLM API server version" line: its version ends an ASCII banner
+    # ("▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.30.0").
     (
         Phase.STARTING,
         re.compile(
             r"vLLM API server version|Started .*\.service|"
-            r"non-default args:|\] args: Namespace\("
+            r"non-default args:|\] args: Namespace\(|[█▀▄]\s+version \d"
         ),
     ),
 )
@@ -144,9 +149,20 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"ncclUnhandledCudaError|DistBackendError"
         ),
     ),
-    ("engine core initialization failed", re.compile(r"Engine core initialization failed")),
-    # A served engine that died (vllm#44281; vllm-metal#112): the watch window's line.
-    ("engine dead", re.compile(r"EngineDeadError|AsyncLLM output_handler failed")),
+    # The engine core's own line comes first ("EngineCore failed to start.", core.py), the
+    # API server's wrapper last.
+    (
+        "engine core initialization failed",
+        re.compile(r"Engine core initialization failed|EngineCore failed to start"),
+    ),
+    # A served engine that died (vllm#44281; vllm-metal#112): the watch window's line, and
+    # the engine core's own ("EngineCore encountered a fatal error.", core.py) before it.
+    (
+        "engine dead",
+        re.compile(
+            r"EngineDeadError|AsyncLLM output_handler failed|EngineCore encountered a fatal error"
+        ),
+    ),
     ("Python traceback", re.compile(r"Traceback \(most recent call last\):")),
 )
 # Never a failure, whatever else the line holds: logged during normal start-ups while

@@ -68,3 +68,33 @@ def change_text(before: str | None, after: str | None) -> str | None:
     if before is None and after is None:
         return None
     return f"{before or '?'} -> {after or '?'}"
+
+
+# A CUDA build's local label, as PyTorch's indexes (download.pytorch.org/whl/cu129,
+# .../cu130) and vLLM's (wheels.vllm.ai/<version>/cu129) label their wheels: the CUDA major
+# then its one-digit minor (cu118, cu126, cu128, cu129, cu130). A dev build carries it
+# after its ``+g<commit>`` (``.cu129``).
+_CUDA_LABEL_SEGMENT = "cu"
+
+
+def cuda_of_label(version: str) -> str | None:
+    """The CUDA version a build's local label names (``2.13.0+cu129`` -> ``12.9``,
+    ``+cu130`` -> ``13.0``); None for a version with no such label, or one that is no
+    PEP 440 version (not known, never guessed)."""
+    v = _parse(version)
+    if v is None:
+        return None
+    for segment in _label(v):
+        digits = segment[len(_CUDA_LABEL_SEGMENT) :]
+        if segment.startswith(_CUDA_LABEL_SEGMENT) and len(digits) == 3 and digits.isdigit():
+            return f"{int(digits[:2])}.{digits[2]}"
+    return None
+
+
+def cuda_label(cuda: str) -> str | None:
+    """The label of the build for ``cuda`` (``12.9`` -> ``cu129``); None for text that is
+    no ``major.minor`` of two digits and one (no such index exists)."""
+    major, _, minor = cuda.partition(".")
+    if len(major) == 2 and major.isdigit() and len(minor) == 1 and minor.isdigit():
+        return f"cu{major}{minor}"
+    return None

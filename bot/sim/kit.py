@@ -67,7 +67,12 @@ BIN_DIR = Path(__file__).resolve().parent / "bin"
 CLIENT = Path(forkclient.__file__).resolve()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "kimi-k25"
-INDEXES = {"nightly": "https://wheels.vllm.ai/nightly"}
+# vLLM's nightly index, and PyTorch's index of the CUDA 12.9 build (the one a host whose
+# driver is 12.x needs, now that PyPI's default torch is a CUDA 13 build).
+INDEXES = {
+    "nightly": "https://wheels.vllm.ai/nightly",
+    "cu129": "https://download.pytorch.org/whl/cu129",
+}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
 

@@ -28,7 +28,7 @@ from typing import Any
 STATE_DIR_ENV = "SIM_STATE_DIR"
 # The flags the unit passes `vllm serve` beyond the model, the GPUs and the port.
 UNIT_FLAGS = ("--served-model-name", "kimi-k2.5", "--task", "generate")
-DEFAULT_VERSION = "0.16.0rc2.dev313+g662205d34"
+DEFAULT_VERSION = "0.31.0rc2.dev313+g662205d34"
 FIRST_PID = 48213
 WORKER_PID_OFFSET = 88  # Worker_TP<i> runs as main_pid + 88 + i
 ENGINE_PID_OFFSET = 40
@@ -67,8 +67,8 @@ class HostConfig:
     install_output_lines: int = 0
     # With uv_floods: the length of the one line without a newline an install prints.
     flood_chars: int = 300 * 1024 * 1024
-    available_versions: tuple[str, ...] = ("0.15.1", "0.16.0", DEFAULT_VERSION)
-    latest_version: str = "0.16.0"
+    available_versions: tuple[str, ...] = ("0.30.0", "0.31.0", DEFAULT_VERSION)
+    latest_version: str = "0.31.0"
     # A private index (credentials in its URL) and the versions only it has: uv finds
     # them only when given exactly this URL (flag or UV_INDEX_URL / UV_EXTRA_INDEX_URL).
     index_url: str = ""
@@ -97,10 +97,11 @@ class HostConfig:
     engine_hang_s: float = 5.0
     # Extra journal lines a start logs while loading (a verbose start-up).
     startup_log_lines: int = 0
-    # The highest CUDA the driver supports (nvidia-smi's header), and what it says with
-    # the torch_cuda_mismatch fault: an older driver than the new torch needs.
+    # The highest CUDA the driver supports (nvidia-smi's header: R590 reports 13.1), and
+    # what it says with the torch_cuda_mismatch fault: a 12.x driver (R575 reports 12.9),
+    # on which the host's cu129 build runs and PyPI's CUDA 13 torch cannot.
     driver_cuda: str = "13.1"
-    old_driver_cuda: str = "12.8"
+    old_driver_cuda: str = "12.9"
     # What a wheel not in uv's cache costs to fetch: MiB per second (0: no cost) and a
     # fixed delay per wheel (connection, redirect, index page).
     download_mib_per_s: float = 0.0
@@ -237,12 +238,12 @@ class Faults:
     # Issue 17: GPU stuck_gpu is in MIG mode and one of its instances logged a contained
     # ECC error: the kernel's Xid 94 in the MIG form, "(PCI:0000:61:00 GPU-I:05)".
     mig_xid: bool = False
-    # Issue 17: the driver reports CUDA 12.7 and the new release's torch is a cu128 build
-    # (2.10.0+cu128, the CUDA 12 wheels): CUDA minor-version compatibility runs it.
-    cu128_on_cuda_12_7: bool = False
-    # Issue 17: the index serves vLLM only as wheels labelled `+cu129` (`.cu129` after a
-    # dev build's `+g<commit>`), as wheels.vllm.ai/<version>/cu129 does: uv, the freeze and
-    # `uv pip show` say `0.16.0+cu129`, vllm.__version__ and /version say `0.16.0`.
+    # The driver reports CUDA 12.8 and the index resolves the new release's cu129 build
+    # (torch 2.13.0+cu129, the CUDA 12 wheels): CUDA minor-version compatibility runs it.
+    cu129_on_cuda_12_8: bool = False
+    # The index serves vLLM only as wheels labelled `+cu129` (`.cu129` after a dev build's
+    # `+g<commit>`), as wheels.vllm.ai/<version>/cu129 does: uv, the freeze and `uv pip
+    # show` say `0.31.0+cu129`, vllm.__version__ and /version say `0.31.0`.
     cu129_wheels: bool = False
     # Issue 17: the venv holds a stale second dist-info of pip (pip-21.3.1 beside
     # pip-22.1.1): `uv pip freeze` lists both, and `uv pip sync` of that cannot resolve.
@@ -250,6 +251,9 @@ class Faults:
     # Issue 17: /metrics answers 200 with no vllm: metric, only prometheus_client's python_*
     # and process_* families, as a server started with --disable-log-stats does.
     metrics_no_vllm: bool = False
+    # /metrics under the names of a vLLM before the renames: V0's help texts, no engine
+    # label, the KV cache as vllm:gpu_cache_usage_perc (hidden from 0.10, then removed).
+    metrics_old_names: bool = False
     # Issue 17: a start logs vLLM's usage-stats thread dying of a PermissionError (it cannot
     # write ~/.config/vllm under ProtectHome=): a thread's traceback, the start goes on.
     usage_thread_exception: bool = False

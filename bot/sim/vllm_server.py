@@ -5,7 +5,7 @@ owns).  It binds nothing until the model is "loaded", so a health check while
 loading gets a real connection refused; then it answers ``/health`` (200, or
 503 with the health_503 fault), ``/version``, ``/v1/models``, ``/metrics`` and
 ``POST /v1/completions`` in vLLM's formats (faults ``wrong_model``, ``smoke_fail``,
-``smoke_empty``, ``busy``, ``metrics_no_vllm``).  It exits by
+``smoke_empty``, ``busy``, ``metrics_no_vllm``, ``metrics_old_names``).  It exits by
 itself as soon as its run is stopped, crashes or is replaced, or the kit that
 owns the host is gone, so a crashed test leaves nothing listening.
 
@@ -223,7 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.store.log_call("http", [method, path])
         host, port = self.client_address[:2]
         reason = self.responses[status][0]
-        line = f'INFO:     {host}:{port} - "{method} {path} HTTP/1.1" {status} {reason}'
+        # vLLM puts its API server's prefix before uvicorn's access lines too.
+        line = (
+            f"(APIServer pid={st.run.main_pid}) "
+            f'INFO:     {host}:{port} - "{method} {path} HTTP/1.1" {status} {reason}'
+        )
         with self.store.transaction() as tx:
             tx.journal_add([JournalEntry(time.time(), "python3", st.run.main_pid, line)])
 
@@ -340,28 +344,70 @@ def _completion(st: HostState, request: dict[str, Any]) -> tuple[int, dict[str, 
     }
 
 
+# (name, HELP) of the gauges a current vLLM (0.3x) publishes for the load, engine by engine
+# (vllm/v1/metrics/loggers.py, PrometheusStatLogger), and those of a vLLM before the renames
+# (V0's texts; the KV cache as vllm:gpu_cache_usage_perc, hidden from 0.10, then removed).
+_RUNNING_HELP = "Number of requests in model execution batches."
+_WAITING_HELP = "Number of requests waiting to be processed."
+_BY_REASON_HELP = (
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+    "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV "
+    "transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting."
+)
+_KV_HELP = "KV-cache usage. 1 means 100 percent usage."
+_OLD_GAUGES = (
+    ("vllm:num_requests_running", "Number of requests currently running on GPU."),
+    ("vllm:num_requests_waiting", _WAITING_HELP),
+    ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."),
+)
+
+
 def metrics_text(st: HostState, now: float) -> str:
     """What vLLM's /metrics answers, in the Prometheus text format prometheus_client
     writes (vLLM publishes with it): the scheduler gauges and the KV-cache usage of
-    engine 0, labelled as vLLM labels them (vllm/v1/metrics/loggers.py). Written by
-    hand because this server runs without site-packages (``python -S``)."""
+    engine 0, labelled as vLLM labels them (vllm/v1/metrics/loggers.py), or with
+    metrics_old_names as a vLLM before the renames wrote them. Written by hand because
+    this server runs without site-packages (``python -S``)."""
     if st.faults.metrics_no_vllm:
         return _process_metrics(st, now)
     running, waiting = in_flight(st, now)
-    labels = f'engine="0",model_name="{st.config.served_model}"'
     kv = min(0.05 * (running + waiting), 1.0)
-    gauges = [
-        ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
-        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
-        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv),
-    ]
-    out = []
-    for name, doc, value in gauges:
-        out += [
-            f"# HELP {name} {doc}",
-            f"# TYPE {name} gauge",
-            f"{name}{{{labels}}} {float(value)!r}",
+    model = st.config.served_model
+    if st.faults.metrics_old_names:
+        samples = [
+            (name, doc, f'{{model_name="{model}"}}', v)
+            for (name, doc), v in zip(_OLD_GAUGES, (running, waiting, kv), strict=True)
         ]
+        return _exposition(samples)
+    labels = f'engine="0",model_name="{model}"'
+    return _exposition(
+        [
+            ("vllm:num_requests_running", _RUNNING_HELP, f"{{{labels}}}", running),
+            ("vllm:num_requests_waiting", _WAITING_HELP, f"{{{labels}}}", waiting),
+            *(
+                (
+                    "vllm:num_requests_waiting_by_reason",
+                    _BY_REASON_HELP,
+                    f'{{{labels},reason="{reason}"}}',
+                    n,
+                )
+                for reason, n in (("capacity", waiting), ("deferred", 0))
+            ),
+            ("vllm:kv_cache_usage_perc", _KV_HELP, f"{{{labels}}}", kv),
+        ]
+    )
+
+
+def _exposition(samples: list[tuple[str, str, str, float]]) -> str:
+    """Gauge samples (name, HELP, labels, value) as prometheus_client writes them: one
+    HELP and TYPE per family, before its first sample."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for name, doc, labels, value in samples:
+        if name not in seen:
+            seen.add(name)
+            out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        out.append(f"{name}{labels} {float(value)!r}")
     return "\n".join(out) + "\n"
 
 
@@ -422,7 +468,8 @@ def _bind_failed(store: StateStore, generation: int, err: OSError) -> int:
                         now,
                         "python3",
                         st.run.main_pid,
-                        vllm_line(
+                        f"(APIServer pid={st.run.main_pid}) "
+                        + vllm_line(
                             now,
                             "ERROR",
                             "api_server.py:1960",

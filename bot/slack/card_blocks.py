@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from zoneinfo import ZoneInfo
 
 from bot.core.health import HealthNote, Level
+from bot.core.packages import BUILD_PREFIX
 from bot.core.plan import (
     STEP_TITLES,
     SYSTEM_PREFIX,
@@ -99,14 +100,24 @@ def gpu_health_blocks(notes: Sequence[HealthNote]) -> list[Block]:
 
 def _packages(view: CardView) -> list[Block]:
     """The package change, so approvers see torch and the CUDA wheels move before they
-    approve: the highlighted changes in a sentence, then every change in a code block."""
+    approve: the highlighted changes in a sentence, the CUDA build the index resolved
+    (a CUDA 13 default or a cu129 build), then every change in a code block."""
     if not view.packages:
         return []
     marked = [line[2:] for line in view.packages if line.startswith("! ")]
+    builds = list(
+        dict.fromkeys(
+            line.strip()[len(BUILD_PREFIX) :]
+            for line in view.packages
+            if line.strip().startswith(BUILD_PREFIX)
+        )
+    )
     head = "*Package changes (dry run at request)*"
     if marked:
         head += "\n:warning: Also changes " + ", ".join(f"*{escape(m)}*" for m in marked[:6])
         head += f" and {len(marked) - 6} more highlighted" if len(marked) > 6 else ""
+    if builds:
+        head += f"\n{BUILD_PREFIX}" + "; ".join(f"*{escape(b)}*" for b in builds[:3])
     code, _ = code_head("\n".join(view.packages))
     return [section(head), section(code)]
 

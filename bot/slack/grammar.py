@@ -333,7 +333,7 @@ def _version(raw: str) -> str:
     except InvalidVersion:
         raise InputError(
             f"{_show(raw)} is not a valid PEP 440 version "
-            "(for example 0.16.0, 0.16.0rc2 or 0.16.0rc2.dev313+g662205d34)."
+            "(for example 0.31.0, 0.31.0rc2 or 0.31.0rc2.dev313+g662205d34)."
         ) from None
     # Canonical form: what pip/uv would install and what the audit log records.
     return str(parsed)

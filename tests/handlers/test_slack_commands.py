@@ -31,7 +31,7 @@ BAD_INPUTS = [
     ("frobnicate kimi-k25", "Valid commands: help, redeploy, restart"),
     ("redeploy no-such-service", "Configured services: kimi-k25"),
     ("redeploy kimi-k25 --version banana", "not a valid PEP 440 version"),
-    ("redeploy kimi-k25 --index evil", "Configured indexes for kimi-k25: nightly"),
+    ("redeploy kimi-k25 --index evil", "Configured indexes for kimi-k25: cu129, nightly"),
     ("redeploy kimi-k25; rm -rf /", "not allowed"),
     ("restart kimi-k25 && reboot", "not allowed"),
     ("logs kimi-k25 -n 5 | nc evil 80", "not allowed"),
@@ -189,7 +189,7 @@ async def test_audit_of_one_run_posts_its_view_with_the_package_change(
     tmp_path: Path, sim_host: SimKit
 ) -> None:
     async with slack_bot(tmp_path, sim_host) as bot:
-        await bot.command(f"redeploy {SERVICE} --version 0.16.0 --index nightly")
+        await bot.command(f"redeploy {SERVICE} --version 0.31.0 --index nightly")
         record = await bot.wait_for_run(lambda r: r.message_ts is not None, "the card")
         await bot.click("approve", record.id, user=BOB)
         done = await bot.wait_status(
@@ -205,7 +205,7 @@ async def test_audit_of_one_run_posts_its_view_with_the_package_change(
         assert f"run #{record.id}: redeploy {SERVICE} on gpu-node-1: succeeded" in text
         # The install's own change (torch moved with vLLM), not only the dry run's plan.
         made = text.split("Package changes the install made:\n", 1)[1]
-        assert "! torch 2.9.1 → 2.10.0" in made, text
+        assert "! torch 2.12.1+cu129 → 2.13.0" in made, text
 
         await bot.command(f"audit #{record.id + 1}")
         notes = await bot.ephemerals_for(ALICE)

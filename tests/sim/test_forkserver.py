@@ -75,7 +75,7 @@ async def stalled_install(kit: SimKit) -> asyncio.subprocess.Process:
         "--python",
         str(kit.python),
         "--force-reinstall",
-        "vllm==0.16.0",
+        "vllm==0.31.0",
         env=kit.env(),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
@@ -91,7 +91,7 @@ async def test_a_signal_to_the_client_ends_the_tool_the_same_way(sim_host: SimKi
     proc.send_signal(signal.SIGTERM)
     assert await proc.wait() == -signal.SIGTERM  # as a tool killed by SIGTERM ends
     await eventually(lambda: server_children() == [], "the tool ended with its client")
-    assert sim_host.installed_version != "0.16.0"  # the venv untouched, as uv's would be
+    assert sim_host.installed_version != "0.31.0"  # the venv untouched, as uv's would be
 
 
 async def test_a_client_killed_outright_takes_its_tool_with_it(sim_host: SimKit) -> None:
@@ -114,7 +114,7 @@ async def test_pgrep_lists_the_client_as_the_tool_and_leaves_itself_out(sim_host
         )
         assert status == 0
         assert out.decode().splitlines() == [
-            f"{proc.pid} uv pip install --python {sim_host.python} --force-reinstall vllm==0.16.0"
+            f"{proc.pid} uv pip install --python {sim_host.python} --force-reinstall vllm==0.31.0"
         ]
     finally:
         proc.kill()

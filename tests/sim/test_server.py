@@ -64,16 +64,16 @@ async def test_output_streams_before_the_command_ends(sim_host: SimKit) -> None:
                 "--python",
                 str(sim_host.python),
                 "--force-reinstall",
-                "vllm==0.15.1",
+                "vllm==0.30.0",
             )
         )
         first = await proc.stderr.readline()
         # The count is the sim's own resolution of that release (its deps and vllm).
-        resolved = len({**packages.deps_of("0.15.1"), packages.PACKAGE: "0.15.1"})
+        resolved = len({**packages.deps_of("0.30.0"), packages.PACKAGE: "0.30.0"})
         assert first.startswith(f"Resolved {resolved} packages in ")
         assert sim_host.installed_version == DEFAULT_VERSION  # still installing
         assert (await proc.wait()).exit_status == 0
-    assert sim_host.installed_version == "0.15.1"
+    assert sim_host.installed_version == "0.30.0"
 
 
 async def test_remote_timeout_stops_the_install(sim_host: SimKit) -> None:
@@ -87,7 +87,7 @@ async def test_remote_timeout_stops_the_install(sim_host: SimKit) -> None:
                 "--python",
                 str(sim_host.python),
                 "--force-reinstall",
-                "vllm==0.15.1",
+                "vllm==0.30.0",
                 seconds=1,
             )
         )
@@ -134,9 +134,9 @@ async def test_fleet_hosts_share_a_claimed_port(make_sim_host: MakeSimHost, tmp_
             service_port=8000,
             installed_version=version,
         )
-        for i, version in enumerate(("0.15.1", "0.16.0"), start=1)
+        for i, version in enumerate(("0.30.0", "0.31.0"), start=1)
     ]
-    for kit, version in zip(kits, ("0.15.1", "0.16.0"), strict=True):
+    for kit, version in zip(kits, ("0.30.0", "0.31.0"), strict=True):
         async with await kit.connect() as conn:
             reply = await http_get(conn, 8000, "/version")
         assert reply.endswith(f'{{"version": "{version}"}}')
@@ -193,7 +193,7 @@ async def test_close_leaves_nothing_running(make_sim_host: MakeSimHost) -> None:
             "--python",
             str(kit.python),
             "--force-reinstall",
-            "vllm==0.15.1",
+            "vllm==0.30.0",
             seconds=60,
         )
     )

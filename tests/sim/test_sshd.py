@@ -87,15 +87,15 @@ async def test_output_streams_before_the_command_ends(sim_sshd_host: SimKit) -> 
                 "--python",
                 str(sim_sshd_host.python),
                 "--force-reinstall",
-                "vllm==0.16.0",
+                "vllm==0.31.0",
             )
         )
         # The count is the sim's own resolution of that release (its deps and vllm).
-        resolved = len({**packages.deps_of("0.16.0"), packages.PACKAGE: "0.16.0"})
+        resolved = len({**packages.deps_of("0.31.0"), packages.PACKAGE: "0.31.0"})
         assert (await proc.stderr.readline()).startswith(f"Resolved {resolved} packages in ")
         assert sim_sshd_host.installed_version == DEFAULT_VERSION
         assert (await proc.wait()).exit_status == 0
-    assert sim_sshd_host.installed_version == "0.16.0"
+    assert sim_sshd_host.installed_version == "0.31.0"
 
 
 async def test_forwarding_to_health(sim_sshd_host: SimKit) -> None:

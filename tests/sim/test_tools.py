@@ -174,7 +174,8 @@ async def test_start_loads_then_serves(make_sim_host: MakeSimHost) -> None:
     await eventually(serving, "the health check answers 200")
     lines = (await run(kit, "journalctl", "-u", UNIT, "-n", "50", "--no-pager")).stdout
     assert all(JOURNAL_LINE.match(line) for line in lines.splitlines())
-    assert f"vLLM API server version {DEFAULT_VERSION}" in lines
+    # Its version at the end of vLLM's banner (no "vLLM API server version" line since 0.11).
+    assert "(APIServer pid=" in lines and f"█  version {DEFAULT_VERSION}" in lines
     assert lines.splitlines()[-1].endswith('"GET /health HTTP/1.1" 200 OK')
 
 
@@ -239,9 +240,9 @@ async def test_uv_dry_run(sim_host: SimKit) -> None:
         "Would uninstall 38 packages",
         "Would install 44 packages",
     ]
-    assert lines.index(" - torch==2.9.1") + 1 == lines.index(" + torch==2.10.0")
-    assert lines.index(f" - vllm=={DEFAULT_VERSION}") + 1 == lines.index(" + vllm==0.16.0")
-    assert " + nvidia-cudnn-cu13==9.15.1.9" in lines and " ~ numpy==2.2.6" in lines
+    assert lines.index(" - torch==2.12.1+cu129") + 1 == lines.index(" + torch==2.13.0")
+    assert lines.index(f" - vllm=={DEFAULT_VERSION}") + 1 == lines.index(" + vllm==0.31.0")
+    assert " + nvidia-cudnn-cu13==9.20.0.48" in lines and " ~ numpy==2.3.5" in lines
     r = await run(
         sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall", "vllm==9.9.9")
     )
@@ -253,7 +254,7 @@ async def test_uv_dry_run(sim_host: SimKit) -> None:
     )
     sim_host.set_faults(resolve_fails=True)
     r = await run(
-        sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall", "vllm==0.15.1")
+        sim_host, *uv(sim_host, "install", "--dry-run", "--force-reinstall", "vllm==0.30.0")
     )
     assert r.status == 1 and "No solution found" in r.stderr
 
@@ -261,7 +262,7 @@ async def test_uv_dry_run(sim_host: SimKit) -> None:
 async def test_uv_install_streams_then_switches_version(sim_host: SimKit) -> None:
     sim_host.update_config(install_duration_s=1.0)
     proc = await asyncio.create_subprocess_exec(
-        *uv(sim_host, "install", "--force-reinstall", "vllm==0.15.1"),
+        *uv(sim_host, "install", "--force-reinstall", "vllm==0.30.0"),
         env=sim_host.env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -288,25 +289,25 @@ async def test_uv_install_streams_then_switches_version(sim_host: SimKit) -> Non
     ]
     changed = [line for line in lines[7:] if not line.startswith(" ~ ")]
     assert changed == [
-        " - transformers==4.57.3",
-        " + transformers==4.57.1",
+        " - transformers==5.16.0",
+        " + transformers==5.14.0",
         f" - vllm=={DEFAULT_VERSION}",
-        " + vllm==0.15.1",
+        " + vllm==0.30.0",
     ]
-    assert sim_host.installed_version == "0.15.1"
-    assert sim_host.environment()["transformers"] == "4.57.1"
+    assert sim_host.installed_version == "0.30.0"
+    assert sim_host.environment()["transformers"] == "5.14.0"
     sim_host.update_config(install_duration_s=0.1)
     # Reinstalling the same version is a "~" line, as uv prints it.
-    r = await run(sim_host, *uv(sim_host, "install", "--reinstall-package", "vllm", "vllm==0.15.1"))
-    assert r.stderr.splitlines()[-1] == " ~ vllm==0.15.1"
+    r = await run(sim_host, *uv(sim_host, "install", "--reinstall-package", "vllm", "vllm==0.30.0"))
+    assert r.stderr.splitlines()[-1] == " ~ vllm==0.30.0"
 
 
 async def test_uv_fails_once(sim_host: SimKit) -> None:
     sim_host.set_faults(uv_fails=True)
-    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.16.0"))
+    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.31.0"))
     assert r.status == 2
     assert (
-        "error: Failed to download `vllm==0.16.0`\n  Caused by: Request failed after 3 "
+        "error: Failed to download `vllm==0.31.0`\n  Caused by: Request failed after 3 "
         "retries\n  Caused by: error sending request for url (" in r.stderr
     )
     assert sim_host.installed_version == DEFAULT_VERSION
@@ -318,7 +319,7 @@ async def test_uv_fails_always_breaks_rollback(sim_host: SimKit) -> None:
     sim_host.set_faults(uv_fails_always=True)
     for args in (
         ("install", "--force-reinstall", "vllm"),
-        ("install", "--reinstall-package", "vllm", "vllm==0.15.1"),
+        ("install", "--reinstall-package", "vllm", "vllm==0.30.0"),
     ):
         assert (await run(sim_host, *uv(sim_host, *args))).status == 2
     assert sim_host.installed_version == DEFAULT_VERSION
@@ -326,7 +327,7 @@ async def test_uv_fails_always_breaks_rollback(sim_host: SimKit) -> None:
 
 async def test_uv_long_output(sim_host: SimKit) -> None:
     sim_host.update_config(install_output_lines=1000)
-    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.16.0"))
+    r = await run(sim_host, *uv(sim_host, "install", "--force-reinstall", "vllm==0.31.0"))
     assert r.status == 0
     assert sum(line.startswith("      [") for line in r.stderr.splitlines()) == 999
     assert "Downloading vllm (412.3MiB)" in r.stderr.splitlines()
@@ -347,7 +348,9 @@ async def test_journalctl(sim_host: SimKit) -> None:
     lines = r.stdout.splitlines()
     assert r.status == 0 and len(lines) == 5
     assert all(JOURNAL_LINE.match(line) for line in lines)
-    assert lines[-1].endswith("python3[48213]: INFO:     Application startup complete.")
+    assert lines[-1].endswith(
+        "python3[48213]: (APIServer pid=48213) INFO:     Application startup complete."
+    )
     r = await run(sim_host, "journalctl", "-u", "other", "-n", "5", "--no-pager")
     assert r == Ran(0, "-- No entries --\n", "")
 

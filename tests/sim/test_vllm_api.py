@@ -5,16 +5,18 @@ engine reads them)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from bot.core.metrics import parse_load
+from bot.core.metrics import Load, parse_load
 from bot.core.readiness import completion_body, completion_text, model_ids, reported_version
 from bot.core.startup import StartupWatch, new_lines
 from bot.hosts.ssh import SshTransport
 from bot.settings import HostSettings
 from bot.sim.kit import SimKit, fast_config
 from bot.sim.state import DEFAULT_VERSION
+from bot.sim.vllm_server import metrics_text
 from tests.polling import eventually
 from tests.support.sim import MakeSimHost
 
@@ -159,3 +161,20 @@ async def test_oom_at_start_logs_a_traceback_then_exits_later(make_sim_host: Mak
     exited = next(e for e in entries if "Main process exited" in e.msg)
     assert exited.ts - oom.ts == pytest.approx(3.0)
     assert run.fail_at == exited.ts
+
+
+async def test_metrics_under_current_and_old_names_read_the_same_load(sim_host: SimKit) -> None:
+    """The server's /metrics as vLLM 0.3x writes it (engine labels, the waiting requests by
+    reason, vllm:kv_cache_usage_perc) and, with metrics_old_names, as a vLLM before the
+    renames did (no engine label, vllm:gpu_cache_usage_perc): one load either way."""
+    sim_host.update_config(busy_drain_s=3600.0, busy_running=3, busy_waiting=2)
+    sim_host.set_faults(busy=True)
+    now = time.time()
+    current = metrics_text(sim_host.state(), now)
+    assert 'vllm:num_requests_running{engine="0",model_name="kimi-k2.5"} 3.0' in current
+    assert 'reason="capacity"} 2.0' in current and "vllm:gpu_cache_usage_perc" not in current
+    sim_host.set_faults(metrics_old_names=True)
+    old = metrics_text(sim_host.state(), now)
+    assert 'vllm:gpu_cache_usage_perc{model_name="kimi-k2.5"}' in old
+    assert "engine=" not in old and "vllm:kv_cache_usage_perc" not in old
+    assert parse_load(current) == parse_load(old) == Load(3, 2, 0.25)

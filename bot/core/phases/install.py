@@ -80,7 +80,13 @@ def import_gate(svc: ServiceSettings, env: Env, target: str | None) -> Phase[str
     driver_cuda = yield from read_driver_cuda(Step.GATE, svc)
     g = yield from run(Step.GATE, remote.import_gate(svc), svc.gate_timeout_s)
     report = parse_gate_output(g.stdout) if g.ok else None
-    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
+    verdict = gate_verdict(
+        report,
+        target=target,
+        driver_cuda=driver_cuda,
+        package=svc.package,
+        indexes=svc.indexes,
+    )
     if verdict.ok:
         # A warning (torch's CUDA minor newer than the driver's) goes in the output too.
         yield Emit(

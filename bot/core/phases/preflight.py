@@ -318,7 +318,13 @@ def prefetch(
             f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why,
         )
     report = parse_gate_output(r.stdout) if r.ok else None
-    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
+    verdict = gate_verdict(
+        report,
+        target=target,
+        driver_cuda=driver_cuda,
+        package=svc.package,
+        indexes=svc.indexes,
+    )
     fetched = (
         f"{len(env.installs)} packages in uv's cache, "
         f"{_size(downloaded_bytes(r.output))} in {took:.1f}s"

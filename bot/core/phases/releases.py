@@ -144,7 +144,13 @@ def build(
             f"{failed}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else failed
         )
     report = parse_gate_output(r.stdout) if r.ok else None
-    verdict = gate_verdict(report, target=target, driver_cuda=driver_cuda, package=svc.package)
+    verdict = gate_verdict(
+        report,
+        target=target,
+        driver_cuda=driver_cuda,
+        package=svc.package,
+        indexes=svc.indexes,
+    )
     how = "reused (already built)" if remote_releases.REUSED_MARK in lines else "built"
     done = f"release {name} {how} in {took:.1f}s"
     if not verdict.ok:

@@ -65,54 +65,61 @@ def since_start(cfg: HostConfig, f: float) -> float:
     return 2 * phase + (f - _LOADING_FROM) * load
 
 
+def _prefixes(run: Run) -> tuple[str, str, str]:
+    """What vLLM's V1 engine puts before each process's lines: the API server, the engine
+    core (one data-parallel rank: ``_DP0``) and the first tensor-parallel worker."""
+    pid = run.main_pid
+    return (
+        f"(APIServer pid={pid}) ",
+        f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) ",
+        f"(Worker_TP0 pid={pid + WORKER_PID_OFFSET}) ",
+    )
+
+
+def _banner(version: str, model: str) -> list[str]:
+    """vLLM's ASCII banner (vllm/entrypoints/utils.py): since 0.11 the only line with its
+    version; there is no "vLLM API server version" line any more."""
+    return [
+        "",
+        "       █     █     █▄   ▄█",
+        f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}",
+        f"  █▄█▀ █     █     █     █  model   {model}",
+        "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
+        "",
+    ]
+
+
 def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
-    """What vLLM logs from start until it serves, spread over load_delay_s (see
-    ``since_start``)."""
+    """What vLLM's V1 engine (0.3x) logs from start until it serves, spread over
+    load_delay_s (see ``since_start``): each process's lines behind its prefix, as the
+    2026 captures in tests/samples/SOURCES.md ("Current vLLM") show them."""
     cfg, pid = st.config, run.main_pid
     version = module_version(run.version or "")  # vLLM logs its own __version__
-    engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
-    worker = f"(Worker_TP0 pid={pid + WORKER_PID_OFFSET}) "
+    api, engine, worker = _prefixes(run)
     steps: list[tuple[float, str, str, str]] = [
-        (0.02, "", "__init__.py:216", "Automatically detected platform cuda."),
-        (0.05, "", "api_server.py:1839", f"vLLM API server version {version}"),
+        *((0.05, api, "api_utils.py:347", line) for line in _banner(version, cfg.model)),
         (
             0.06,
-            "",
-            "utils.py:253",
-            f"non-default args: {{'model': '{cfg.model}', "
-            f"'tensor_parallel_size': {cfg.gpus}, "
-            f"'port': {st.service_port}}}",
+            api,
+            "api_utils.py:286",
+            f"non-default args: {{'model_tag': '{cfg.model}', 'model': '{cfg.model}', "
+            f"'tensor_parallel_size': {cfg.gpus}, 'port': {st.service_port}}}",
         ),
         (
             0.10,
             engine,
-            "core.py:93",
+            "core.py:123",
             f"Initializing a V1 LLM engine (v{version}) with config: model='{cfg.model}'",
         ),
         (
             _LOADING_FROM,
             worker,
-            "gpu_model_runner.py:2653",
+            "gpu_model_runner.py:4777",
             f"Starting to load model {cfg.model}...",
         ),
     ]
     out = [_at(st, run, t0, f, prefix, src, text) for f, prefix, src, text in steps]
-    for k in range(1, 5):
-        f = _LOADING_FROM + 0.15 * k
-        done = SHARDS * k // 4
-        # vllm/model_executor/model_loader/weight_utils.py's _BAR_FORMAT.
-        spent = f * cfg.load_delay_s
-        out.append(
-            JournalEntry(
-                t0 + since_start(cfg, f),
-                "python3",
-                pid,
-                f"{worker}Loading safetensors checkpoint shards: "
-                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
-                f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
-                f"{done / max(spent, 1e-3):6.2f}it/s]",
-            )
-        )
+    out += _shards(st, run, t0, worker)
     out += _verbose(st, run, t0)
     t_ready = t0 + since_start(cfg, 1.0)
     out += [
@@ -122,8 +129,18 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
             t0,
             0.85,
             worker,
-            "gpu_model_runner.py:2707",
-            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB",
+            "default_loader.py:430",
+            f"Loading weights took {0.6 * cfg.load_delay_s:.2f} seconds",
+        ),
+        _at(
+            st,
+            run,
+            t0,
+            0.855,
+            worker,
+            "gpu_model_runner.py:4879",
+            f"Model loading took {cfg.service_used_mib * 0.76 / 1024:.2f} GiB memory and "
+            f"{0.65 * cfg.load_delay_s:.6f} seconds",
         ),
         *_warm_up(st, run, t0),
         _at(
@@ -132,26 +149,52 @@ def _load_plan(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
             t0,
             0.95,
             engine,
-            "kv_cache_utils.py:1087",
+            "kv_cache_utils.py:2177",
             "GPU KV cache size: 1,017,856 tokens",
         ),
         *_graphs(st, run, t0),
         *_usage_thread(st, run, t0),
-        JournalEntry(
-            t_ready,
-            "python3",
-            pid,
-            vllm_line(
-                t_ready,
-                "INFO",
-                "api_server.py:1024",
-                f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}",
-            ),
+        *(
+            JournalEntry(t_ready, "python3", pid, api + line)
+            for line in (
+                vllm_line(
+                    t_ready,
+                    "INFO",
+                    "api_server.py:598",
+                    f"Starting vLLM API server 0 on http://0.0.0.0:{st.service_port}",
+                ),
+                vllm_line(t_ready, "INFO", "launcher.py:46", "Route: /health, Methods: GET"),
+                f"INFO:     Started server process [{pid}]",
+                "INFO:     Waiting for application startup.",
+                "INFO:     Application startup complete.",
+            )
         ),
-        JournalEntry(t_ready, "python3", pid, f"INFO:     Started server process [{pid}]"),
-        JournalEntry(t_ready, "python3", pid, "INFO:     Waiting for application startup."),
-        JournalEntry(t_ready, "python3", pid, "INFO:     Application startup complete."),
     ]
+    return out
+
+
+def _shards(st: HostState, run: Run, t0: float, worker: str) -> list[JournalEntry]:
+    """The shard bar (vllm/model_executor/model_loader/weight_utils.py's _BAR_FORMAT): its
+    own lines, each redraw ending in a newline, between bare prefix lines (the prefix is
+    written before tqdm's carriage return)."""
+    cfg, pid = st.config, run.main_pid
+    out = [JournalEntry(t0 + since_start(cfg, _LOADING_FROM), "python3", pid, worker.rstrip())]
+    for k in range(1, 5):
+        f = _LOADING_FROM + 0.15 * k
+        done = SHARDS * k // 4
+        spent = f * cfg.load_delay_s
+        out.append(
+            JournalEntry(
+                t0 + since_start(cfg, f),
+                "python3",
+                pid,
+                f"Loading safetensors checkpoint shards: "
+                f"{100 * k // 4:3d}% Completed | {done}/{SHARDS} "
+                f"[{_clock(spent)}<{_clock(spent * (4 - k) / k)}, "
+                f"{done / max(spent, 1e-3):6.2f}it/s]",
+            )
+        )
+    out.append(JournalEntry(out[-1].ts, "python3", pid, worker.rstrip()))
     return out
 
 
@@ -169,40 +212,53 @@ def _at(
 
 
 def _warm_up(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
-    """torch.compile, between the weights and the KV cache (vllm/compilation/backends.py,
-    vllm/compilation/monitor.py)."""
-    engine = f"(EngineCore_DP0 pid={run.main_pid + ENGINE_PID_OFFSET}) "
+    """torch.compile between the weights and the KV cache (vllm/compilation/backends.py,
+    vllm/compilation/monitor.py: "took" since 2026), then the memory profiling that sizes
+    the KV cache (a warm-up run, the CUDA graphs' memory)."""
+    _, engine, worker = _prefixes(run)
     load = st.config.load_delay_s
-    return [
-        _at(
-            st,
-            run,
-            t0,
-            0.87,
-            engine,
-            "backends.py:559",
-            f"Dynamo bytecode transform time: {0.02 * load:.2f} s",
+    steps = [
+        (
+            0.86,
+            worker,
+            "backends.py:1094",
+            f"Using cache directory: /home/{st.config.unit_user}/.cache/vllm/torch_compile_"
+            "cache/5e6f7a8b9c/rank_0_0/backbone for vLLM's torch.compile",
         ),
-        _at(
-            st,
-            run,
-            t0,
-            0.90,
-            engine,
-            "monitor.py:34",
-            f"torch.compile takes {0.05 * load:.2f} s in total",
+        (0.87, worker, "backends.py:1155", f"Dynamo bytecode transform time: {0.02 * load:.2f} s"),
+        (
+            0.89,
+            worker,
+            "backends.py:330",
+            f"Compiling a graph for compile range (1, 8192) takes {0.03 * load:.2f} s",
         ),
+        (0.90, worker, "monitor.py:53", f"torch.compile took {0.05 * load:.2f} s in total"),
+        (
+            0.92,
+            worker,
+            "monitor.py:81",
+            f"Initial profiling/warmup run took {0.02 * load:.2f} s",
+        ),
+        (
+            0.93,
+            worker,
+            "gpu_model_runner.py:6568",
+            "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)",
+        ),
+        (0.94, engine, "gpu_worker.py:560", "Available KV cache memory: 54.10 GiB"),
     ]
+    return [_at(st, run, t0, f, prefix, src, text) for f, prefix, src, text in steps]
 
 
 def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
-    """CUDA graph capture (vllm/v1/worker/gpu_model_runner.py: a tqdm bar in its default
-    format, then "Graph capturing finished"), and the engine's init time (core.py)."""
-    engine = f"(EngineCore_DP0 pid={run.main_pid + ENGINE_PID_OFFSET}) "
+    """CUDA graph capture (vllm/v1/worker/gpu_model_runner.py: tqdm bars in their default
+    format, one for the piecewise graphs and one for the full ones, then "Graph capturing
+    finished"), and the engine's init time with its compilation share (core.py)."""
+    _, engine, worker = _prefixes(run)
     load, pid = st.config.load_delay_s, run.main_pid
     out = []
     for k, f in enumerate((0.96, 0.97, 0.98), 1):
-        done = 67 * k // 3
+        done = 51 * k // 3
         bar = ("█" * (10 * k // 3)).ljust(10)
         out.append(
             JournalEntry(
@@ -210,19 +266,28 @@ def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
                 "python3",
                 pid,
                 f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
-                f"{100 * k // 3:3d}%|{bar}| {done}/67 "
+                f"{100 * k // 3:3d}%|{bar}| {done}/51 "
                 f"[{_clock(0.01 * k * load)}<{_clock(0.01 * (3 - k) * load)}, "
                 " 5.43it/s]",
             )
         )
+    out.append(
+        JournalEntry(
+            t0 + since_start(st.config, 0.982),
+            "python3",
+            pid,
+            "Capturing CUDA graphs (decode, FULL): 100%|██████████| 35/35 "
+            f"[{_clock(0.01 * load)}<00:00,  7.91it/s]",
+        )
+    )
     out += [
         _at(
             st,
             run,
             t0,
             0.985,
-            engine,
-            "gpu_model_runner.py:3480",
+            worker,
+            "gpu_model_runner.py:4977",
             f"Graph capturing finished in {max(round(0.03 * load), 1)} secs, took 0.53 GiB",
         ),
         _at(
@@ -231,8 +296,9 @@ def _graphs(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
             t0,
             0.99,
             engine,
-            "core.py:210",
-            f"init engine (profile, create kv cache, warmup model) took {0.99 * load:.2f} seconds",
+            "core.py:340",
+            f"init engine (profile, create kv cache, warmup model) took {0.99 * load:.2f} s "
+            f"(compilation: {0.05 * load:.2f} s)",
         ),
     ]
     return out
@@ -286,6 +352,40 @@ def _verbose(st: HostState, run: Run, t0: float) -> list[JournalEntry]:
     ]
 
 
+def _engine_failure(
+    st: HostState, run: Run, at: float, cause: str, frame: str
+) -> tuple[list[str], list[str]]:
+    """An engine core failing to start, as vLLM 0.3x logs it (tests/samples/SOURCES.md,
+    "Current vLLM": the v0.30.0 image's failed start): "EngineCore failed to start." and
+    its traceback with vLLM's prefix on each line (core.py), the same traceback again from
+    multiprocessing; then (the second list) the API server's own traceback ending in the
+    wrapper."""
+    site = f"{st.venv}/lib/python3.12/site-packages"
+    api, engine, _ = _prefixes(run)
+    logged = engine + vllm_line(at, "ERROR", "core.py:1366", "")
+    frames = [
+        f'  File "{site}/vllm/v1/engine/core.py", line 1357, in run_engine_core',
+        "    engine_core = EngineCoreProc(*args, **kwargs)",
+        f'  File "{site}/{frame}',
+    ]
+    return [
+        logged + "EngineCore failed to start.",
+        logged + "Traceback (most recent call last):",
+        *(logged + line for line in frames),
+        logged + cause,
+        engine + "Process EngineCore_DP0:",
+        engine + "Traceback (most recent call last):",
+        *(engine + line for line in frames),
+        engine + cause,
+    ], [
+        api + "Traceback (most recent call last):",
+        api + f'  File "{site}/vllm/v1/engine/utils.py", line 1320, in wait_for_engine_startup',
+        api + "    raise RuntimeError(",
+        api + "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}",
+    ]
+
+
 def _oom(st: HostState, run: Run, plan: list[JournalEntry]) -> tuple[Run, list[JournalEntry]]:
     """oom_at_start: the engine runs out of GPU memory while loading and logs the
     traceback; the API server exits oom_exit_delay_s later, and never serves."""
@@ -293,28 +393,21 @@ def _oom(st: HostState, run: Run, plan: list[JournalEntry]) -> tuple[Run, list[J
     assert run.started_at is not None
     at = run.started_at + since_start(cfg, cfg.oom_at)
     exit_at = at + cfg.oom_exit_delay_s
-    pid, site = run.main_pid, f"{st.venv}/lib/python3.12/site-packages"
-    engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
     svc = service_name(cfg.unit)
-    lines = [
-        engine + vllm_line(at, "ERROR", "core.py:708", "EngineCore failed to start."),
-        engine + "Traceback (most recent call last):",
-        f'{engine}  File "{site}/vllm/v1/engine/core.py", line 699, in run_engine_core',
-        f"{engine}    engine_core = EngineCoreProc(*args, **kwargs)",
-        f'{engine}  File "{site}/vllm/v1/worker/gpu_model_runner.py", line 2635, in load_model',
-        f"{engine}    self.model = model_loader.load_model(",
-        f"{engine}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
+    core, wrapper = _engine_failure(
+        st,
+        run,
+        at,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
         f"GPU {cfg.stuck_gpu} has a total capacity of 95.58 GiB of which 312.00 MiB is free. "
         "Including non-PyTorch memory, this process has 95.26 GiB memory in use.",
+        'vllm/v1/worker/gpu_model_runner.py", line 4801, in load_model',
+    )
+    # The engine core's lines now; the API server's wrapper when it gives up and exits.
+    crash = [JournalEntry(at, "python3", run.main_pid, line) for line in core] + [
+        JournalEntry(exit_at, "python3", run.main_pid, line) for line in wrapper
     ]
-    crash = [JournalEntry(at, "python3", pid, line) for line in lines] + [
-        JournalEntry(
-            exit_at,
-            "python3",
-            pid,
-            "RuntimeError: Engine core initialization "
-            "failed. See root cause above. Failed core proc(s): {}",
-        ),
+    crash += [
         _systemd(exit_at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
         _systemd(exit_at, f"{svc}: Failed with result 'exit-code'."),
     ]
@@ -324,7 +417,7 @@ def _oom(st: HostState, run: Run, plan: list[JournalEntry]) -> tuple[Run, list[J
 
 
 def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
-    pid, site = run.main_pid, f"{st.venv}/lib/python3.12/site-packages"
+    pid = run.main_pid
     svc = service_name(st.config.unit)
     if run.version is None:
         lines = [
@@ -334,23 +427,16 @@ def _crash_plan(st: HostState, run: Run, at: float) -> list[JournalEntry]:
             "ModuleNotFoundError: No module named 'vllm'",
         ]
     else:
-        engine = f"(EngineCore_DP0 pid={pid + ENGINE_PID_OFFSET}) "
-        lines = [
-            engine + vllm_line(at, "ERROR", "core.py:708", "EngineCore failed to start."),
-            engine + "Traceback (most recent call last):",
-            f'{engine}  File "{site}/vllm/v1/engine/core.py", line 699, in run_engine_core',
-            f"{engine}    engine_core = EngineCoreProc(*args, **kwargs)",
-            f'{engine}  File "{site}/vllm/v1/worker/gpu_worker.py", line 262, in load_model',
-            f"{engine}    self.model_runner.load_model(eep_scale_up=eep_scale_up)",
-            f"{engine}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
+        core, wrapper = _engine_failure(
+            st,
+            run,
+            at,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
             f"GPU {st.config.stuck_gpu} has a total capacity of 95.58 GiB of which "
             "312.00 MiB is free.",
-            "Traceback (most recent call last):",
-            f'  File "{site}/vllm/entrypoints/openai/api_server.py", line 1953, in run_server',
-            "    async with build_async_engine_client(args) as engine_client:",
-            "RuntimeError: Engine core initialization failed. See root cause above. "
-            "Failed core proc(s): {}",
-        ]
+            'vllm/v1/worker/gpu_worker.py", line 262, in load_model',
+        )
+        lines = core + wrapper
     return [JournalEntry(at, "python3", pid, line) for line in lines] + [
         _systemd(at, f"{svc}: Main process exited, code=exited, status=1/FAILURE"),
         _systemd(at, f"{svc}: Failed with result 'exit-code'."),
@@ -487,11 +573,12 @@ def stop(store: StateStore) -> None:
             end = now + cfg.stop_delay_s
             tx.journal_drop_after(now)
             step = cfg.stop_delay_s / 5
+            api = _prefixes(run)[0]
             py = [
-                "INFO:     Shutting down",
-                "INFO:     Waiting for application shutdown.",
-                "INFO:     Application shutdown complete.",
-                f"INFO:     Finished server process [{run.main_pid}]",
+                api + "INFO:     Shutting down",
+                api + "INFO:     Waiting for application shutdown.",
+                api + "INFO:     Application shutdown complete.",
+                api + f"INFO:     Finished server process [{run.main_pid}]",
             ]
             plan = [_systemd(now, f"Stopping {svc} - {cfg.description}...")]
             plan += [

@@ -271,7 +271,7 @@ def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
             f"require {name}, we can conclude that your requirements are "
             "unsatisfiable."
         )
-    target = pk.wheel_of(st, version or st.config.latest_version)
+    target = pk.wheel_of(st, version or st.config.latest_version, indexes)
     if not pk.served(st, PACKAGE, target, indexes):
         return _no_solution(
             f"Because there is no version of {spec} and you require {spec}, "
@@ -279,7 +279,7 @@ def _resolve(st: HostState, spec: str, indexes: list[str]) -> str | int:
         )
     if st.faults.resolve_fails:
         return _no_solution(
-            f"Because {PACKAGE}=={target} depends on torch==2.10.0 and torch==2.10.0 has no "
+            f"Because {PACKAGE}=={target} depends on torch==2.13.0 and torch==2.13.0 has no "
             "wheels with a matching platform tag (e.g., `manylinux_2_39_x86_64`), we can "
             f"conclude that {PACKAGE}=={target} cannot be used.\n"
             f"      And because you require {PACKAGE}=={target}, we can conclude that your "
@@ -406,7 +406,7 @@ def _install(store: StateStore, args: list[str]) -> int:
     target = _resolve(st, req.specs[0], req.indexes)
     if isinstance(target, int):
         return target
-    wanted = {**pk.release(st, target), PACKAGE: target}
+    wanted = {**pk.release(st, target, req.indexes), PACKAGE: target}
     old = pk.environment(st)
     moved = {n: v for n, v in wanted.items() if old.get(n) != v}
     _err(f"Resolved {len(wanted)} packages in {_elapsed(time.time() - t0)}")
