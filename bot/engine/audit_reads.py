@@ -15,8 +15,17 @@ from bot.core.phases.actions import (
     RotationRecords,
     SwitchHistory,
 )
-from bot.engine.releases import switch_history
 from bot.errors import AuditError
+
+
+async def switch_history(audit: AuditLog, service: str, host: str) -> SwitchHistory:
+    """The audit log's switches of ``service``'s link on ``host``, oldest first; an
+    unreadable log is said (a rollback then says it went by the build times)."""
+    try:
+        rows = await audit.switch_history(service, host)
+    except AuditError as e:
+        return SwitchHistory((), f"the audit log cannot say: {e}")
+    return SwitchHistory(tuple(r.switch() for r in rows))
 
 
 class AuditReads:

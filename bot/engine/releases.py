@@ -9,7 +9,6 @@ import asyncio
 from bot.audit.store import AuditLog
 from bot.core import remote_releases
 from bot.core.become import become_for
-from bot.core.phases.actions import SwitchHistory
 from bot.core.plan import Plan
 from bot.core.privilege import run_as_of
 from bot.core.releases import (
@@ -21,8 +20,9 @@ from bot.core.releases import (
     rollback_target,
 )
 from bot.core.status import Action
+from bot.engine.audit_reads import switch_history
 from bot.engine.executor import run_command
-from bot.errors import AuditError, HostError, InputError
+from bot.errors import HostError, InputError
 from bot.hosts.pool import HostPool
 from bot.settings import Settings
 
@@ -62,16 +62,6 @@ async def releases_text(settings: Settings, pool: HostPool, service: str) -> tup
     if svc.strategy != "side_by_side":
         text = f"{service} is configured in_place (strategy); its hosts as they are:\n" + text
     return text, all(layout is not None for layout, _ in got)
-
-
-async def switch_history(audit: AuditLog, service: str, host: str) -> SwitchHistory:
-    """The audit log's switches of ``service``'s link on ``host``, oldest first; an
-    unreadable log is said (a rollback then says it went by the build times)."""
-    try:
-        rows = await audit.switch_history(service, host)
-    except AuditError as e:
-        return SwitchHistory((), f"the audit log cannot say: {e}")
-    return SwitchHistory(tuple(r.switch() for r in rows))
 
 
 async def rollback_targets(
