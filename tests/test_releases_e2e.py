@@ -226,11 +226,11 @@ async def test_a_rollback_by_hand_after_a_failed_redeploy_goes_back_not_forward(
         kit.set_faults(smoke_fail=True)
         tap = Tap(io.StringIO())
         tap.on_start[Step.ROLLBACK_SWITCH] = lambda: kit.set_faults(smoke_fail=False)
-        failed, out = await redeploy(rt, tap, version="0.15.1", index="nightly")
+        failed, out = await redeploy(rt, tap, version="0.30.0", index="nightly")
         assert failed.status == RunStatus.ROLLED_BACK, out
         assert kit.live_release() == b
         [c] = set(kit.releases()) - {a, b}
-        assert c.startswith("0.15.1-")
+        assert c.startswith("0.30.0-")
 
     # `python -m bot rollback kimi-k25 --yes`, as an operator runs it: what it prints
     # before it asks says where it goes and why.

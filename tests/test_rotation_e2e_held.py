@@ -120,10 +120,10 @@ async def test_vllm_router_worker_removed_by_hand_is_redeployed_and_not_added_ba
         s = settings(kits, lb, tmp_path, router, servers)
         async with open_runtime(s) as rt:
             async with routers.Load(vr.port, MODEL, ONE_REPLICA_S).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
+                result, _ = await redeploy(rt, version="0.31.0")
             rows = await rotation_rows(rt, result.run_id)
         assert load.failed == 0, load.failures[:5]
-        assert kits[0].installed_version == "0.16.0" and kits[0].unit_state() == "active"
+        assert kits[0].installed_version == "0.31.0" and kits[0].unit_state() == "active"
         assert "held out of rotation by hand (not listed); left out" in result.summary
         assert "refused to take gpu-node-2 out of rotation: 0 of 1 others serving" in (
             result.summary
@@ -154,10 +154,10 @@ async def test_haproxy_server_in_maint_by_hand_is_redeployed_and_stays_in_maint(
                 watch.running(),
                 routers.Load(h.port, MODEL, ONE_REPLICA_S).running() as load,
             ):
-                result, _ = await redeploy(rt, version="0.16.0")
+                result, _ = await redeploy(rt, version="0.31.0")
             rows = await rotation_rows(rt, result.run_id)
         assert load.failed == 0, load.failures[:5]
-        assert kits[0].installed_version == "0.16.0" and kits[0].unit_state() == "active"
+        assert kits[0].installed_version == "0.31.0" and kits[0].unit_state() == "active"
         assert "held out of rotation by hand (MAINT); left out" in result.summary
         assert "stop" not in kits[1].changes()
         views = parse_show_stat(await h.say("show stat"), h.backend)
@@ -180,7 +180,7 @@ async def test_haproxy_server_of_weight_zero_is_not_serving(
         s = settings(kits, lb, tmp_path, haproxy_router(h), servers)
         async with open_runtime(s) as rt:
             async with routers.Load(h.port, MODEL, ONE_REPLICA_S).running() as load:
-                result, _ = await redeploy(rt, version="0.16.0")
+                result, _ = await redeploy(rt, version="0.31.0")
             rows = await rotation_rows(rt, result.run_id)
         assert result.status == "aborted", result.summary
         assert "0 of 1 others serving" in result.summary and "UP, weight 0" in result.summary

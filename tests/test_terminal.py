@@ -239,14 +239,20 @@ def test_visible_writes_controls_out_and_leaves_text_alone() -> None:
 async def test_host_text_with_terminal_controls_reaches_no_cli_writer_raw(
     sim_host: SimKit, tmp_path: Path
 ) -> None:
-    # python -m bot in a subprocess, as an operator runs it: the status run's progress,
-    # the audit log (a run's steps, the JSON list) and the runs list, each a real writer.
+    # python -m bot in a subprocess, as an operator runs it: the status read, a restart's
+    # progress, the audit log (a run's steps, the JSON list) and the runs list, each a
+    # real writer.
     sim_host.update_config(served_model=HOSTILE_MODEL)
-    config = write_toml(tmp_path / "chatops.toml", sim_host.settings_fragment())
+    # The restart's readiness expects the model configured, so it fails naming the one
+    # the server lists: host text in a run's steps.
+    fragment = sim_host.settings_fragment(served_model="kimi-k2.5")
+    config = write_toml(tmp_path / "chatops.toml", fragment)
     env = {"CHATOPS_CONFIG": str(config), "CHATOPS_DB": str(tmp_path / "audit.db")}
     outputs = {}
     code, outputs["status"], err = await cli("status", SERVICE, cwd=tmp_path, env=env)
     assert code == 0, err
+    code, outputs["restart"], err = await cli("restart", SERVICE, "--yes", cwd=tmp_path, env=env)
+    assert code == 1 and RAW_CONTROLS.search(err) is None, err
     for args in (("audit", "--run", "1"), ("audit", "--json"), ("runs", "--json"), ("runs",)):
         code, outputs[" ".join(args)], err = await cli(*args, cwd=tmp_path, env=env)
         assert code == 0, err

@@ -26,7 +26,7 @@ async def test_minus_o3_in_the_unit_passes(make_sim_host: MakeSimHost, tmp_path:
     async with open_runtime(sim_settings(kit, tmp_path)) as rt:
         result, out = await redeploy(rt, version=NEW, index="nightly")
     assert result.status == RunStatus.SUCCEEDED, out
-    assert "every flag of the unit's ExecStart (4) is accepted by vllm 0.16.0" in out, out
+    assert f"every flag of the unit's ExecStart (4) is accepted by vllm {NEW}" in out, out
     assert kit.installed_version == NEW
 
 
@@ -51,7 +51,7 @@ async def test_a_removed_flag_in_vllm_args_is_refused_before_the_stop(
         result, out = await redeploy(rt, version=NEW, index="nightly")
     assert result.status == RunStatus.ABORTED, out
     assert result.summary.startswith(
-        "refused before the stop; service untouched: `--task` is not accepted by vllm 0.16.0"
+        f"refused before the stop; service untouched: `--task` is not accepted by vllm {NEW}"
     ), result.summary
     assert never_stopped(kit) and kit.unit_state() == "active"
     assert kit.installed_version == DEFAULT_VERSION
@@ -76,7 +76,7 @@ async def test_a_removed_choice_value_is_refused_before_the_stop(
     assert result.status == RunStatus.ABORTED, out
     assert result.summary == (
         "refused before the stop; service untouched: `--prefix-caching-hash-algo xxhash` "
-        "(it takes sha256, sha256_cbor, xxhash_cbor) is not accepted by vllm 0.16.0 (the "
+        f"(it takes sha256, sha256_cbor, xxhash_cbor) is not accepted by vllm {NEW} (the "
         "unit's ExecStart passes it; change the unit first)"
     ), result.summary
     assert never_stopped(kit) and kit.unit_state() == "active"
