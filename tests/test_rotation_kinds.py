@@ -28,6 +28,7 @@ from bot.core.status import Action
 from bot.hosts.base import CommandResult, HttpResult
 from bot.settings import Settings
 from bot.slack.thread_blocks import rotation_reply
+from tests.test_metrics_readiness import vllm_metrics
 from tests.test_rotation_flow import rotations
 from tests.test_rotation_flow import settings as command_settings
 from tests.test_sequence import Host, drive, ok, steps, verbs
@@ -398,6 +399,29 @@ def test_haproxy_server_out_by_hand_is_redeployed_and_left_as_it_was(
     assert v_stop_start(h)
     assert f"held out of rotation by hand ({said}); left out" in out.summary
     assert rotations(h) == [("out", "node1", True)]
+    assert "rotation_in" not in [s for s, _ in steps(h)]
+
+
+@pytest.mark.parametrize("router", ["haproxy", "vllm-router"])
+def test_a_replica_out_by_hand_stays_out_when_the_run_ends_before_the_stop(router: str) -> None:
+    """Held out by hand (MAINT; a worker removed), and the run ends before the stop (its
+    requests never drain): the service was never touched, yet the operator's decision
+    stands. A put-back here would end their MAINT or add their worker back."""
+    busy = vllm_metrics({"0": 2}, {"0": 0}, {"0": 0.3})
+    h = LbHost(
+        haproxy=HAProxy(status={"node1": "MAINT", "node2": "UP"}),
+        vllm_router=VllmRouter(workers=[URLS["h2"]]),
+        metrics=[busy],
+    )
+    s = (haproxy_settings if router == "haproxy" else vllm_router_settings)(
+        request_drain_timeout_s=5
+    )
+    out = run(h, s)
+    assert out.status == "aborted", out.summary
+    assert "service untouched" in out.summary and verbs(h) == []
+    assert "held out of rotation by hand" in out.summary and "left out" in out.summary
+    assert haproxy_changes(h) == [] and h.vllm_router.posts == []
+    assert h.haproxy.status["node1"] == "MAINT" and h.vllm_router.workers == [URLS["h2"]]
     assert "rotation_in" not in [s for s, _ in steps(h)]
 
 
