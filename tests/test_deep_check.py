@@ -208,6 +208,21 @@ def test_dcgm3_warn_skip_and_unknown_continuation_rows(
         assert f"Stress/Targeted Power: {result}" in f.what
 
 
+def test_dcgm3_an_unknown_row_before_a_skip_row_is_not_a_skip() -> None:
+    """A result in words DCGM 3.3.9 does not print (a later release's), then DCGM's own
+    `Skip` row: the unknown one must still warn. Ranked the other way, the skip would
+    hide it and the test would read as DCGM's own skip, an ok."""
+    rows = (
+        f"|                           | {'Aborted - GPU: 1':<47}|\n"
+        f"|                           | {'Skip - GPU: 2':<47}|"
+    )
+    text = POWER.replace(POWER_FAIL_ROW, rows)
+    assert text != POWER
+    assert _power(text).result == DiagResult.UNKNOWN
+    (f,) = judge_dcgm(parse_diag(text), None)
+    assert f.level == Level.WARN and "Stress/Targeted Power: unknown" in f.what
+
+
 def test_dcgm3_a_test_row_in_unknown_words_is_not_a_pass() -> None:
     row = "| Targeted Power            | Pass - GPUs: 0, 2, 3                           |"
     text = POWER.replace(row, row.replace("Pass - GPUs: 0, 2, 3", "Incomplete          "))
