@@ -18,9 +18,12 @@ from hypothesis import strategies as st
 
 from bot.audit.export import ExportFilter
 from bot.audit.store import AuditLog
+from bot.cli import setup_commands
 from bot.cli.audit_export import export_filter, export_jsonl, export_line
+from bot.core.doctor_types import Check, Outcome
 from bot.core.redact import MASK, Redactor
 from bot.errors import InputError
+from bot.settings import Settings
 from bot.sim.kit import SERVICE, SimKit
 from bot.sim.state import DEFAULT_VERSION
 from tests.support.audit_db import Target, raw_many, raw_rows
@@ -422,3 +425,36 @@ def test_every_line_parses_and_no_secret_reaches_it(
     assert isinstance(parsed, dict)
     assert not any(SECRET in s for s in _strings(parsed)), line
     assert SECRET not in line
+
+
+async def test_doctor_json_stays_one_json_document_whatever_a_check_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `doctor --json` prints checks whose detail is a host's words (stderr, a command's
+    # last lines), cut anywhere: masked after serializing, `token=` at a detail's end
+    # took the `", "fix": "` after it and the output was no JSON.
+    settings = Settings(
+        hosts={"h1": {"address": "local"}},
+        services={"svc": {"hosts": ["h1"], "unit": "u", "python": "/o/bin/python"}},
+        db_path=tmp_path / "audit.db",
+    )
+    said = [*CUT_TAILS, "uv said: password=hunter2secret"]
+    checks = [Check("h1", "svc", "uv", Outcome.FAIL, text, "fix it") for text in said]
+
+    async def host_checks(*_: object) -> list[Check]:
+        return checks
+
+    monkeypatch.setattr(setup_commands, "run_doctor", host_checks)
+    code = await setup_commands.doctor(
+        settings, None, as_json=True, config=tmp_path / "chatops.toml"
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    rows = json.loads(out)  # one document, every field whole
+    from_hosts = [r for r in rows if r["host"] == "h1"]
+    assert [r["detail"] for r in from_hosts] == [
+        *(Redactor()(t) for t in CUT_TAILS),
+        f"uv said: password={MASK}",
+    ]
+    assert {r["fix"] for r in from_hosts} == {"fix it"}
+    assert "hunter2secret" not in out
