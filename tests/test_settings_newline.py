@@ -170,3 +170,14 @@ def test_the_sudoers_printer_refuses_a_login_with_a_trailing_newline(
         code = main(["sudoers", "--user", "vllm-bot\n"])
     assert code != 0
     assert "is not an account name" in err.getvalue()
+
+
+def test_a_command_routers_server_with_a_trailing_newline_is_refused() -> None:
+    # The command kind's server name is the `{server}` word of the operator's
+    # drain/undrain/in_flight commands, run on the router's host.
+    data = copy.deepcopy(base())
+    data["services"]["kimi"]["router"] = "cmd"
+    assert Settings(**data).services["kimi"].router == "cmd"  # the control: valid
+    data["services"]["kimi"]["router_servers"]["gpu-node-1"] = "node1\n"
+    with pytest.raises(ValidationError, match=r"router_servers.gpu-node-1 = 'node1\\n' is not a"):
+        Settings(**data)
