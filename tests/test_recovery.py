@@ -546,6 +546,11 @@ async def test_a_lease_counts_an_ssh_connect_and_a_commands_start_as_already_spe
     assert await lease.holds() and lease.renewals == 0  # more than the margin left
     boot.advance(2.0)
     assert await lease.holds() and lease.renewals == 1  # within it: the database is asked
+    # The renewed lease keeps the same margin (counted from when it was asked).
+    boot.advance(LEASE_S - 22.0 - 1.0)
+    assert await lease.holds() and lease.renewals == 1
+    boot.advance(2.0)
+    assert await lease.holds() and lease.renewals == 2
 
 
 def test_a_lease_no_longer_than_its_margin_is_refused_naming_both() -> None:
