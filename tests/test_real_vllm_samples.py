@@ -427,7 +427,7 @@ def test_the_lines_of_vllm_0_21_and_later_name_their_phase() -> None:
     assert phase_of(lines[0]) == (Phase.COMPILING, None, "")
     # The warm-up and the CUDA graph memory profiling each size the KV cache (a release
     # may print one without the other).
-    assert phase_of(lines[1])[0] == phase_of(lines[2])[0] == Phase.KV_CACHE
+    assert phase_of(lines[1]) == phase_of(lines[2]) == (Phase.KV_CACHE, None, "")
     _, shown, _ = _phases(lines)
     assert shown == [
         "torch.compile",
