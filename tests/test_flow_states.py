@@ -17,7 +17,7 @@ import pytest
 from bot.core import events as ev
 from bot.core.flows import Checkpoint, Flow, HostOutcome, Sleep, Tick, gpu_health_flow
 from bot.core.flows import preview_flow as preview
-from bot.core.phases.actions import service_is
+from bot.core.phases.actions import EndStep, service_is
 from bot.core.phases.common import read_state
 from bot.core.plan import make_plan
 from bot.core.service_state import ServiceState
@@ -376,3 +376,30 @@ async def test_a_reply_of_the_wrong_type_is_a_bug_said_at_once() -> None:
     gen.send(None)
     with pytest.raises(TypeError, match="Checkpoint was answered with NoneType, not Tick"):
         gen.send(None)
+
+
+@pytest.mark.parametrize(
+    ("action", "said"),
+    [
+        ("status", "; vllm ?; serving kimi-k2.5"),
+        ("restart", "restarted on ?, healthy"),
+        ("redeploy", "vllm 0.16.0rc2.dev313+g662205d34 -> ?, healthy"),
+    ],
+)
+def test_a_version_not_read_is_a_question_mark_never_none(action: str, said: str) -> None:
+    """`uv pip show` gets no answer (a connection dropped after the start, a venv uv
+    cannot read at a status): the run's words say the version is not known, never
+    Python's None ("restarted on None", "vllm None" in the first `status` of a new
+    setup). The preflight of a redeploy still needs it, so there it is read."""
+    h = Host()
+    before_start = action == "redeploy"
+    h.lose = lambda a: a[1:3] == ("pip", "show") and (h.health_checks > 0 or not before_start)
+    out = run(h, action)
+    assert out.status == "succeeded", out.summary
+    assert said in out.summary and "None" not in out.summary
+    ended = steps_said(h)
+    assert ended and not [e for _, e in ended if "None" in e]
+
+
+def steps_said(h: Host) -> list[tuple[str, str]]:
+    return [(n.step, n.summary) for n in h.notices if isinstance(n, EndStep)]

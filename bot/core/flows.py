@@ -92,6 +92,7 @@ from bot.core.service_state import ServiceState
 from bot.core.status import Action as RunAction  # `Action` here is what a flow yields
 from bot.core.status import HostStatus
 from bot.core.unit_flags import ServeCommand
+from bot.core.versions import version_text
 from bot.settings import ServiceSettings
 
 # What the rest of the bot imports from here (the executor, the engine, the tests).
@@ -329,7 +330,8 @@ def _reinstall_and_start(
     if watched == "cancelled":
         return HostOutcome(
             HostStatus.CANCELLED,
-            f"{svc.package} {before} -> {after}, healthy; cancelled during the watch window: "
+            f"{svc.package} {version_text(before)} -> {version_text(after)}, healthy; "
+            "cancelled during the watch window: "
             "watching stopped, the new version is left running",
             ServiceState.UP,
             before,
@@ -337,7 +339,7 @@ def _reinstall_and_start(
         )
     return HostOutcome(
         HostStatus.SUCCEEDED,
-        f"{svc.package} {before} -> {after}, healthy"
+        f"{svc.package} {version_text(before)} -> {version_text(after)}, healthy"
         + (f", watched {svc.watch_s:g}s clean" if svc.watch_s > 0 else ""),
         ServiceState.UP,
         before,
@@ -359,7 +361,7 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         EndStep(
             Step.PREFLIGHT,
             True,
-            f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {before}",
+            f"{svc.unit} {props.get('ActiveState', '?')}, {svc.package} {version_text(before)}",
         )
     )
     check = yield from gpu_check(svc, host, plan.is_local(host))
@@ -397,7 +399,9 @@ def restart_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
         svc,
         host,
         check,
-        HostOutcome(status, f"restarted on {after}, healthy", ServiceState.UP, before, after),
+        HostOutcome(
+            status, f"restarted on {version_text(after)}, healthy", ServiceState.UP, before, after
+        ),
         plan.is_local(host),
     )
     return (yield from back_in(plan, svc, host, outcome, taken))

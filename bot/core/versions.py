@@ -61,13 +61,19 @@ def same_release(a: str | None, b: str | None) -> bool:
     return long[: len(short)] == short
 
 
+def version_text(version: str | None) -> str:
+    """A version as a person reads it: ``?`` where it was not read (a host that did not
+    answer, a venv uv cannot read), never Python's ``None``."""
+    return version or "?"
+
+
 def change_text(before: str | None, after: str | None) -> str | None:
     """A run's version change as the terminal and the audit table show it: ``0.15.0 ->
     0.16.0``; a side not read (a run that ended before its install, a host that did not
     answer) is ``?``, never Python's ``None``; None when neither side is known."""
     if before is None and after is None:
         return None
-    return f"{before or '?'} -> {after or '?'}"
+    return f"{version_text(before)} -> {version_text(after)}"
 
 
 # A CUDA build's local label, as PyTorch's indexes (download.pytorch.org/whl/cu129,

@@ -35,6 +35,7 @@ from bot.core.plan import Plan, Step, cmd
 from bot.core.readiness import api_base, model_ids
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
+from bot.core.versions import version_text
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -108,12 +109,15 @@ def status_flow(plan: Plan, svc: ServiceSettings, host: str) -> Flow:
     try:
         snap = yield from read_snapshot(Step.STATUS, svc, host)
     except GpuQueryError as e:
-        summary = f"{svc.unit}: {state}; {svc.package} {version}; {api}; GPUs: {e.reason}"
+        summary = (
+            f"{svc.unit}: {state}; {svc.package} {version_text(version)}; {api}; GPUs: {e.reason}"
+        )
         yield Emit(EndStep(Step.STATUS, False, summary, e.exit_status))
         return HostOutcome(HostStatus.FAILED, summary, left, version, version)
     yield Emit(Snapshot("now", snap))
     summary = (
-        f"{svc.unit}: {state}; {svc.package} {version}; {api}; {memory_summary(snap, 'GPU memory')}"
+        f"{svc.unit}: {state}; {svc.package} {version_text(version)}; {api}; "
+        f"{memory_summary(snap, 'GPU memory')}"
     )
     yield Emit(EndStep(Step.STATUS, True, summary))
     return HostOutcome(HostStatus.SUCCEEDED, summary, left, version, version)

@@ -56,6 +56,7 @@ from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
 from bot.core.unit_flags import NOT_READ, FlagVerdict, ServeCommand, step_note, verdict_of
+from bot.core.versions import version_text
 from bot.settings import ServiceSettings
 
 
@@ -296,7 +297,8 @@ def switch_and_start(
     if watched == "cancelled":
         return HostOutcome(
             HostStatus.CANCELLED,
-            f"{svc.package} {before} -> {after}, healthy; cancelled during the watch window: "
+            f"{svc.package} {version_text(before)} -> {version_text(after)}, healthy; "
+            "cancelled during the watch window: "
             f"watching stopped, release {built.name} is left live",
             ServiceState.UP,
             before,
@@ -305,7 +307,7 @@ def switch_and_start(
     pruned = yield from prune(svc, built)
     return HostOutcome(
         HostStatus.SUCCEEDED,
-        f"{svc.package} {before} -> {after}, healthy"
+        f"{svc.package} {version_text(before)} -> {version_text(after)}, healthy"
         + (f", watched {svc.watch_s:g}s clean" if svc.watch_s > 0 else "")
         + (
             f"; release {built.name} is live, {built.previous} kept to roll back to{pruned}"
@@ -378,7 +380,7 @@ def _start_previous(
     after = yield from postcheck(svc, host, note)
     return HostOutcome(
         HostStatus.ROLLED_BACK,
-        f"{cause}; switched back: {note} serves {svc.package} {after}, healthy "
+        f"{cause}; switched back: {note} serves {svc.package} {version_text(after)}, healthy "
         "(nothing reinstalled)",
         ServiceState.UP,
         before,

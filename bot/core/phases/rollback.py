@@ -33,6 +33,7 @@ from bot.core.phases.stop import drain_poll
 from bot.core.plan import Plan, Step, cmd
 from bot.core.service_state import ServiceState
 from bot.core.status import HostStatus
+from bot.core.versions import version_text
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -170,7 +171,11 @@ def _postcheck_restored(
     else:
         yield Emit(Snapshot("after restart", snap))
         gpus = memory_summary(snap)
-    yield Emit(EndStep(Step.POSTCHECK, differs is None, f"version {after}; {env_text}; {gpus}"))
+    yield Emit(
+        EndStep(
+            Step.POSTCHECK, differs is None, f"version {version_text(after)}; {env_text}; {gpus}"
+        )
+    )
     return after, differs
 
 
@@ -206,7 +211,7 @@ def rollback(
         state, left = yield from left_as(svc, Step.ROLLBACK_HEALTH, err)
         return HostOutcome(
             HostStatus.FAILED,
-            f"{cause}; rolled back to {before} but {err.reason}. {left}",
+            f"{cause}; rolled back to {version_text(before)} but {err.reason}. {left}",
             state,
             before,
             None,
@@ -215,14 +220,14 @@ def rollback(
     if differs is not None:
         return HostOutcome(
             HostStatus.FAILED,
-            f"{cause}; rolled back and healthy on {after}, but {differs}",
+            f"{cause}; rolled back and healthy on {version_text(after)}, but {differs}",
             ServiceState.UP,
             before,
             after,
         )
     return HostOutcome(
         HostStatus.ROLLED_BACK,
-        f"{cause}; rolled back to {after} (the whole "
+        f"{cause}; rolled back to {version_text(after)} (the whole "
         f"environment, {env.freeze.count} packages, as before), healthy",
         ServiceState.UP,
         before,

@@ -36,6 +36,7 @@ from bot.core.results import CommandResult
 from bot.core.service_state import ServiceState
 from bot.core.startup import StartupWatch, describe_failure, failure_block, new_lines, thread_block
 from bot.core.status import HostStatus
+from bot.core.versions import version_text
 from bot.errors import GpuQueryError
 from bot.settings import ServiceSettings
 
@@ -307,7 +308,7 @@ def postcheck(svc: ServiceSettings, host: str, note: str = "") -> Phase[str | No
         BeginStep(Step.POSTCHECK, f"{cmd(remote.package_show(svc))}; {cmd(remote.gpu_query())}")
     )
     after = yield from read_installed(Step.POSTCHECK, svc)
-    said = f"version {after}" + (f"; {note}" if note else "")
+    said = f"version {version_text(after)}" + (f"; {note}" if note else "")
     try:
         snap = yield from read_snapshot(Step.POSTCHECK, svc, host)
     except GpuQueryError as e:
@@ -333,7 +334,7 @@ def recover_after_cancel(svc: ServiceSettings, host: str, before: str | None, wh
     after = yield from postcheck(svc, host)
     return HostOutcome(
         HostStatus.CANCELLED,
-        f"cancelled {what}; service restarted on {after}",
+        f"cancelled {what}; service restarted on {version_text(after)}",
         ServiceState.UP,
         before,
         after,
