@@ -450,6 +450,19 @@ def test_haproxy_drain_it_answers_but_does_not_make_is_refused_before_the_stop()
     assert rotations(h)[0] == ("out", "node1", False)
 
 
+def test_haproxy_maint_it_answers_but_does_not_make_is_refused_before_the_stop() -> None:
+    """The drain took, the sessions ended, and `state maint` is answered as taken, yet
+    `show stat` still shows node1 DRAIN: a drained server still takes persistent
+    (cookie, stick-table) connections, so the bot refuses before the stop, naming what
+    HAProxy still shows, and puts it back."""
+    h = LbHost(haproxy=HAProxy(ignore={"maint"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "aborted", out.summary
+    assert "the router still has node1 draining (DRAIN)" in out.summary
+    assert "stop" not in verbs(h) and "service untouched" in out.summary
+    assert haproxy_changes(h)[-1] == "set server vllm_kimi/node1 state ready"
+
+
 def test_haproxy_servers_named_by_address_and_port() -> None:
     servers = {"h1": "10.0.0.1:8000", "h2": "10.0.0.2:8000"}
     h = LbHost(haproxy=HAProxy(status={"10.0.0.1:8000": "UP", "10.0.0.2:8000": "UP"}))
