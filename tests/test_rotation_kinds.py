@@ -463,6 +463,19 @@ def test_haproxy_maint_it_answers_but_does_not_make_is_refused_before_the_stop()
     assert haproxy_changes(h)[-1] == "set server vllm_kimi/node1 state ready"
 
 
+def test_haproxy_ready_it_answers_but_does_not_make_is_not_called_back_in() -> None:
+    """After a healthy redeploy HAProxy answers `state ready` as taken, yet `show stat`
+    keeps node1 in MAINT: the run does not say it is back. It fails naming what HAProxy
+    shows, and says how to put it back."""
+    h = LbHost(haproxy=HAProxy(ignore={"ready"}))
+    out = run(h, haproxy_settings())
+    assert out.status == "failed", out.summary
+    assert "not back in rotation: the router does not show node1 serving" in out.summary
+    assert "(out, MAINT)" in out.summary and "/vllm undrain kimi h1" in out.summary
+    assert v_stop_start(h) and h.haproxy.status["node1"] == "MAINT"
+    assert rotations(h) == [("out", "node1", True), ("in", "node1", False)]
+
+
 def test_haproxy_servers_named_by_address_and_port() -> None:
     servers = {"h1": "10.0.0.1:8000", "h2": "10.0.0.2:8000"}
     h = LbHost(haproxy=HAProxy(status={"10.0.0.1:8000": "UP", "10.0.0.2:8000": "UP"}))
