@@ -446,6 +446,26 @@ def test_an_environment_file_read_over_environment_sets_the_flags() -> None:
     assert not any("hf_x" in str(n) for n in h.notices)
 
 
+def test_an_optional_environment_file_this_login_cannot_read_is_not_skipped() -> None:
+    # `EnvironmentFile=-/etc/default/vllm-extra`: systemd skips it only where it is
+    # missing. One that is there but root's alone, systemd (as root) reads, and its
+    # VLLM_ARGS would win over Environment='s: the flags are not known, never accepted.
+    h = Host()
+    show = (
+        ENV_EXEC_START
+        + 'Environment="VLLM_ARGS=--max-model-len 65536"\n'
+        + "EnvironmentFiles=/etc/default/vllm-extra (ignore_errors=yes)\n"
+    )
+    denied = "cat: /etc/default/vllm-extra: Permission denied"
+    files = {"/etc/default/vllm-extra": ok(("cat",), stderr=denied, status=1)}
+    _unit_with_env(h, show, files, [HELP_BEGIN, *HELP_LINES, HELP_END])
+    assert run(h, version="0.16.0").status == "succeeded"
+    said = ended(h, Step.PREFETCH).summary
+    assert f"/etc/default/vllm-extra could not be read (exit 1: {denied})" in said
+    assert "the unit's flags were not checked: `$VLLM_ARGS`" in said
+    assert "every flag of the unit's ExecStart" not in said
+
+
 def test_an_environment_file_this_login_cannot_read_is_said_unchecked() -> None:
     h = Host()
     show = ENV_EXEC_START + "Environment=\nEnvironmentFiles=/etc/default/vllm (ignore_errors=no)\n"
