@@ -18,7 +18,7 @@ import pytest
 from bot.cli.terminal import TerminalSink
 from bot.core import events as ev
 from bot.core.flows import HttpCheck, RunCommand, redeploy_flow
-from bot.core.phases.actions import RotationChange
+from bot.core.phases.actions import RotationChange, RotationRecords
 from bot.core.phases.rotation_ops import rotation_flow
 from bot.core.plan import make_plan
 from bot.core.privilege import Privilege
@@ -400,6 +400,26 @@ def test_haproxy_server_out_by_hand_is_redeployed_and_left_as_it_was(
     assert f"held out of rotation by hand ({said}); left out" in out.summary
     assert rotations(h) == [("out", "node1", True)]
     assert "rotation_in" not in [s for s, _ in steps(h)]
+
+
+@pytest.mark.parametrize(
+    ("records", "said"),
+    [
+        # An earlier run took it out and never put it back (a redeploy that ended
+        # unhealthy, a bot killed mid-roll): its rotations row says so.
+        (RotationRecords({"node1": "run #7 took it out"}), "out of rotation (MAINT): run #7"),
+        # The audit log cannot say: neither "by hand" nor a run is claimed.
+        (RotationRecords({}, "database locked"), "who took it out is unknown: database locked"),
+    ],
+)
+def test_a_replica_an_earlier_run_left_out_is_not_said_held_by_hand(
+    records: RotationRecords, said: str
+) -> None:
+    h = LbHost(haproxy=HAProxy(status={"node1": "MAINT", "node2": "UP"}), records=records)
+    out = run(h, haproxy_settings())
+    assert out.status == "succeeded", out.summary
+    assert haproxy_changes(h) == [] and h.haproxy.status["node1"] == "MAINT"
+    assert said in out.summary and "by hand" not in out.summary, out.summary
 
 
 @pytest.mark.parametrize("router", ["haproxy", "vllm-router"])

@@ -132,6 +132,8 @@ class Host:
     nvml: tuple[GpuReading, ...] | None = None
     # Issue 19: servers the audit log says a run left out of rotation, with why.
     held_out: dict[str, str] = field(default_factory=dict)
+    # What the audit log answers instead, where it cannot say (an error).
+    records: RotationRecords | None = None
 
     def respond(self, action: Any) -> Any:
         if self.cancel_at is not None and self.cancel_at(action):
@@ -154,7 +156,7 @@ class Host:
             return self.approval
         if isinstance(action, ReadRotationRecords):
             # The audit log's word on which replicas a run left out (issue 19).
-            return RotationRecords(dict(self.held_out))
+            return self.records or RotationRecords(dict(self.held_out))
         if isinstance(action, ReadGpuState):
             if self.nvml is not None:
                 return GpuStateRead(HealthSource.NVML, self.nvml)

@@ -23,6 +23,7 @@ from bot.core.phases.actions import (
     RotationChange,
     http,
     pause,
+    rotation_records,
 )
 from bot.core.phases.common import HEALTH_REQUEST_TIMEOUT_S
 from bot.core.plan import Plan, Step
@@ -109,9 +110,9 @@ class Taken:
     """A replica out of rotation before its stop, and how: its end undoes only what the
     bot did."""
 
-    # None: the bot took it out. Else it was out before the bot came (MAINT, DRAIN,
-    # weight 0, not listed; for the command kind, the audit log's record), in the
-    # router's words: it ends as the operator left it, the router touched at neither end.
+    # None: the bot took it out. Else how it was out before this run came (by hand:
+    # MAINT, DRAIN, weight 0, not listed; or left out by an earlier run, as the audit
+    # log's rotations say): it ends as it was found, the router touched at neither end.
     held: str | None = None
     # The router's own names for it before (vllm-router: the URLs GET /workers listed
     # it under), to put it back under the same one.
@@ -123,7 +124,23 @@ NOTHING_TAKEN = Taken()
 
 
 def held_text(held: str) -> str:
-    return f"held out of rotation by hand ({held}); left out"
+    return f"{held}; left out"
+
+
+def _why_out(t: RouterTarget, server: str, view: ServerView) -> Phase[str]:
+    """How a replica found out of rotation came to be so, for the thread and the audit
+    log: by hand, or left out by an earlier run of the bot (a redeploy that ended
+    unhealthy, a bot killed mid-roll), which its ``rotations`` rows tell."""
+    state = view.detail or str(view.rotation)
+    if t.kind == "command":
+        # The command kind cannot read the router: the records are why it is OUT.
+        return f"out of rotation: {state}"
+    rec = yield from rotation_records(t.name, (server,))
+    if rec.error is not None:
+        return f"out of rotation before this run ({state}; who took it out is unknown: {rec.error})"
+    if server in rec.held_out:
+        return f"out of rotation ({state}): {rec.held_out[server]}"
+    return f"held out of rotation by hand ({state})"
 
 
 def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) -> Phase[Taken | str]:
@@ -147,8 +164,10 @@ def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) ->
     own = read.of(server)
     if read.error is None and own.rotation in (Rotation.OUT, Rotation.DRAINING):
         # Out before the bot came: an operator's decision the bot must not undo (a
-        # `state drain` would lift a MAINT, a put-back would end it).
-        said = held_text(own.detail or str(own.rotation))
+        # `state drain` would lift a MAINT, a put-back would end it), or an earlier
+        # run's, which only a ready replica's undrain ends.
+        held = yield from _why_out(t, server, own)
+        said = held_text(held)
         yield Emit(RotationChange(t.name, server, "out", True, said, held=True))
         yield Emit(
             EndStep(
@@ -157,7 +176,7 @@ def take_out(plan: Plan, svc: ServiceSettings, host: str, out: Sequence[str]) ->
                 f"{host} {said}, the router untouched (server {server}); {others.describe(total)}",
             )
         )
-        return Taken(held=own.detail or str(own.rotation))
+        return Taken(held=held)
     failed = yield from ops.take_out(t, Step.ROTATION_OUT, server, own.names)
     if failed is None:
         failed = yield from _still_in(t, server, finished=False)
