@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Literal
 
 from bot.core import remote
-from bot.core.cuda import GateReport, GateVerdict, parse_driver_cuda
+from bot.core.cuda import (
+    GateReport,
+    GateVerdict,
+    gate_verdict,
+    parse_driver_cuda,
+    parse_gate_output,
+)
 from bot.core.gpu import GpuSnapshot, build_snapshot, check_nvidia_smi, scoped, select_gpus
 from bot.core.leftovers import facts_query, parse_facts, service_name
 from bot.core.phases.actions import Phase, run
@@ -202,6 +208,19 @@ def read_driver_cuda(step: Step, svc: ServiceSettings) -> Phase[str | None]:
     None when it cannot be read (the gate then judges without it)."""
     smi = yield from run(step, remote.driver_info(), svc.command_timeout_s, quiet=True)
     return parse_driver_cuda(smi.stdout) if smi.ok else None
+
+
+def judge_gate(
+    r: CommandResult, svc: ServiceSettings, *, target: str | None, driver_cuda: str | None
+) -> tuple[GateReport | None, GateVerdict]:
+    """The import and CUDA gate's report (None: its interpreter printed none) and verdict,
+    from the run of its code: the same judgement in the prefetch's throwaway venv, in a
+    side-by-side release and in the venv after the install."""
+    report = parse_gate_output(r.stdout) if r.ok else None
+    verdict = gate_verdict(
+        report, target=target, driver_cuda=driver_cuda, package=svc.package, indexes=svc.indexes
+    )
+    return report, verdict
 
 
 def gate_refusal(verdict: GateVerdict, report: GateReport | None, r: CommandResult) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.core import remote
-from bot.core.cuda import gate_verdict, parse_gate_output
 from bot.core.packages import EnvKind, PackageDiff, diff_freezes, parse_freeze
 from bot.core.phases.actions import BeginStep, Emit, EndStep, Packages, Phase, pause, run
 from bot.core.phases.common import (
@@ -14,6 +13,7 @@ from bot.core.phases.common import (
     explain,
     failed_msg,
     gate_refusal,
+    judge_gate,
     lost,
     read_driver_cuda,
     reason_of,
@@ -79,14 +79,7 @@ def import_gate(svc: ServiceSettings, env: Env, target: str | None) -> Phase[str
     yield from record_change(svc, env, EnvKind.INSTALLED)
     driver_cuda = yield from read_driver_cuda(Step.GATE, svc)
     g = yield from run(Step.GATE, remote.import_gate(svc), svc.gate_timeout_s)
-    report = parse_gate_output(g.stdout) if g.ok else None
-    verdict = gate_verdict(
-        report,
-        target=target,
-        driver_cuda=driver_cuda,
-        package=svc.package,
-        indexes=svc.indexes,
-    )
+    report, verdict = judge_gate(g, svc, target=target, driver_cuda=driver_cuda)
     if verdict.ok:
         # A warning (torch's CUDA minor newer than the driver's) goes in the output too.
         yield Emit(

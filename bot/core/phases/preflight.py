@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bot.core import remote
-from bot.core.cuda import gate_verdict, parse_gate_output
 from bot.core.packages import (
     EnvKind,
     Freeze,
@@ -36,6 +35,7 @@ from bot.core.phases.common import (
     explain,
     failed_msg,
     gate_refusal,
+    judge_gate,
     lost,
     read_driver_cuda,
     read_state,
@@ -317,14 +317,7 @@ def prefetch(
             "prefetch",
             f"{why}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else why,
         )
-    report = parse_gate_output(r.stdout) if r.ok else None
-    verdict = gate_verdict(
-        report,
-        target=target,
-        driver_cuda=driver_cuda,
-        package=svc.package,
-        indexes=svc.indexes,
-    )
+    report, verdict = judge_gate(r, svc, target=target, driver_cuda=driver_cuda)
     fetched = (
         f"{len(env.installs)} packages in uv's cache, "
         f"{_size(downloaded_bytes(r.output))} in {took:.1f}s"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.core import remote, remote_releases
-from bot.core.cuda import GateVerdict, gate_verdict, parse_gate_output
+from bot.core.cuda import GateVerdict
 from bot.core.phases.actions import (
     BeginStep,
     Emit,
@@ -31,6 +31,7 @@ from bot.core.phases.common import (
     explain,
     failed_msg,
     gate_refusal,
+    judge_gate,
     lost,
     read_driver_cuda,
     reason_of,
@@ -144,14 +145,7 @@ def build(
         return "build", (
             f"{failed}: {tail_of(r.output, 3)}" if not r.timed_out and not lost(r) else failed
         )
-    report = parse_gate_output(r.stdout) if r.ok else None
-    verdict = gate_verdict(
-        report,
-        target=target,
-        driver_cuda=driver_cuda,
-        package=svc.package,
-        indexes=svc.indexes,
-    )
+    report, verdict = judge_gate(r, svc, target=target, driver_cuda=driver_cuda)
     how = "reused (already built)" if remote_releases.REUSED_MARK in lines else "built"
     done = f"release {name} {how} in {took:.1f}s"
     if not verdict.ok:
