@@ -134,6 +134,25 @@ def test_a_side_by_side_redeploy_builds_before_the_stop_and_only_switches_after_
     assert f"release {new} is live, {OLD} kept to roll back to" in out.summary
 
 
+def test_a_build_cut_off_by_its_timeout_in_the_gate_is_a_timeout_not_a_gate() -> None:
+    # The release was built (its mark printed), then `timeout` ended the script in the
+    # import gate: nothing says the new build is bad, and nothing was stopped.
+    h = Releases()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[:3] == ("/bin/sh", "-c", remote_releases.BUILD_RELEASE):
+            out = f"{remote_releases.BUILT_MARK}\n"
+            return CommandResult(a, 124, out, " + xgrammar==0.2.7\n", 60.0, timed_out=True)
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h, svc={**SBS, "install_timeout_s": 60}, version="0.16.0")
+    assert out.status == "aborted", out.summary
+    assert "timed out after 60s" in out.summary and "gate" not in out.summary, out.summary
+    assert not any(a[:2] == ("systemctl", "stop") for a in h.calls)
+
+
 def test_a_failed_readiness_switches_back_and_restarts_the_previous_release() -> None:
     h = Releases(new_fails_smoke=True)
     out = run(h, svc={**SBS, **READY}, version="0.16.0")

@@ -958,6 +958,27 @@ def test_install_timeout_rolls_back_and_names_the_limit_and_last_output() -> Non
     assert installs_checks(h) == []  # uv's end is known: nothing to wait for
 
 
+def test_a_prefetch_cut_off_by_its_timeout_after_the_install_is_a_timeout_not_a_gate() -> None:
+    # The install into the throwaway venv finished (its mark printed), then `timeout`
+    # ended the script in the import gate: nothing says the new build is bad.
+    h = Host()
+    inner = h.command
+
+    def command(a: tuple[str, ...]) -> CommandResult:
+        if a[:3] == ("/bin/sh", "-c", remote.PREFETCH_SCRIPT):
+            return CommandResult(
+                a, 124, f"{remote.PREFETCHED_MARK}\n", " + xgrammar==0.2.7\n", 60.0, timed_out=True
+            )
+        return inner(a)
+
+    h.command = command  # type: ignore[method-assign]
+    out = run(h, svc={"install_timeout_s": 60}, version="0.16.0")
+    assert out.status == "aborted"
+    assert "prefetch timed out after 60s" in out.summary, out.summary
+    assert "gate" not in out.summary, out.summary
+    assert verbs(h) == []  # never stopped
+
+
 def test_preflight_reads_free_disk_on_a_mount_point_with_a_space() -> None:
     # Real `df -P -B1M` output (GNU coreutils 9.1) for a tmpfs mounted, as root, with
     # `mount -t tmpfs -o size=64m tmpfs '/tmp/df sample/mnt 1'`.  The old parser took

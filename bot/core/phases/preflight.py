@@ -306,7 +306,9 @@ def prefetch(
     r = yield from run(Step.PREFETCH, argv, svc.install_timeout_s, stdin=stdin)
     took = (yield from pause(0.0)).now - started
     installed = remote.PREFETCHED_MARK in r.stdout.splitlines()
-    if not installed or lost(r):
+    # Cut off after its install (in the gate, or listing the help): a timeout, never a
+    # gate's refusal, which would blame the new build for the clock.
+    if not installed or lost(r) or r.timed_out:
         why = (
             "connection lost during the prefetch"
             if lost(r)
