@@ -354,8 +354,11 @@ class Watch:
 
 
 def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
-    """In rotation: HAProxy would send it requests: UP (not DRAIN or MAINT) and a weight
-    above 0. Read from the CSV here, apart from the bot's parser."""
+    """In rotation as the bot puts it there or takes it out: not DRAIN, NOLB or MAINT,
+    and a weight above 0. A server HAProxy's own health check marks DOWN is still in:
+    on a loaded machine a starved replica's check fails for a moment, which is HAProxy's
+    judgement, not the bot's (lost requests are the load's count). Read from the CSV
+    here, apart from the bot's parser."""
 
     async def read() -> dict[str, bool]:
         lines = (await h.say("show stat")).lstrip("\n").splitlines()
@@ -370,7 +373,8 @@ def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
             if row[at["svname"]] in ("FRONTEND", "BACKEND"):
                 continue
             status, weight = row[at["status"]], row[at["weight"]]
-            out[row[at["svname"]]] = status.split(" ")[0] == "UP" and weight not in ("", "0")
+            placed = status.split(" ")[0] not in ("DRAIN", "NOLB", "MAINT")
+            out[row[at["svname"]]] = placed and weight not in ("", "0")
         return out
 
     return read
@@ -395,10 +399,13 @@ def same_worker(listed: str, worker: str) -> bool:
 def vllm_router_view(
     r: VllmRouter, workers: Sequence[str]
 ) -> Callable[[], Awaitable[dict[str, bool]]]:
-    """In rotation: listed by GET /workers under any spelling or rank, healthy."""
+    """In rotation as the bot puts it there or takes it out: listed by GET /workers under
+    any spelling or rank. A worker the router's own health check marks unhealthy is still
+    listed: on a loaded machine a starved replica's check fails for a moment, which is
+    the router's judgement, not the bot's (lost requests are the load's count)."""
 
     async def read() -> dict[str, bool]:
         listed = await listed_workers(r)
-        return {w: any(ok for url, ok in listed if same_worker(url, w)) for w in workers}
+        return {w: any(same_worker(url, w) for url, _ in listed) for w in workers}
 
     return read
