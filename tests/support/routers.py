@@ -354,11 +354,10 @@ class Watch:
 
 
 def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
-    """In rotation as the bot puts it there or takes it out: not DRAIN, NOLB or MAINT,
-    and a weight above 0. A server HAProxy's own health check marks DOWN is still in:
-    on a loaded machine a starved replica's check fails for a moment, which is HAProxy's
-    judgement, not the bot's (lost requests are the load's count). Read from the CSV
-    here, apart from the bot's parser."""
+    """In rotation: HAProxy would send it requests: UP (not DRAIN or MAINT) and a weight
+    above 0. (HAProxy's `status` shows a drained server whose check fails as DOWN, so
+    its health is part of this view; the test config gives a check 2 s.) Read from the
+    CSV here, apart from the bot's parser."""
 
     async def read() -> dict[str, bool]:
         lines = (await h.say("show stat")).lstrip("\n").splitlines()
@@ -373,8 +372,7 @@ def haproxy_view(h: HAProxy) -> Callable[[], Awaitable[dict[str, bool]]]:
             if row[at["svname"]] in ("FRONTEND", "BACKEND"):
                 continue
             status, weight = row[at["status"]], row[at["weight"]]
-            placed = status.split(" ")[0] not in ("DRAIN", "NOLB", "MAINT")
-            out[row[at["svname"]]] = placed and weight not in ("", "0")
+            out[row[at["svname"]]] = status.split(" ")[0] == "UP" and weight not in ("", "0")
         return out
 
     return read
