@@ -392,9 +392,7 @@ class Transaction:
         self.state = state
 
     def journal_add(self, entries: Iterable[JournalEntry]) -> None:
-        lines = "".join(json.dumps(asdict(e)) + "\n" for e in entries)
-        with open(self._store.journal_path, "a", encoding="utf-8") as f:
-            f.write(lines)
+        self._store.append_journal_unlocked(entries)
 
     def journal_drop_after(self, ts: float) -> None:
         """Forget planned lines (a load that a stop interrupted will never log them)."""
@@ -431,6 +429,7 @@ class StateStore:
         self.journal_path = directory / "journal.jsonl"
         self.calls_path = directory / "calls.jsonl"
         self._lock_path = directory / "lock"
+        self._cached: tuple[tuple[int, int, int], HostState] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> StateStore:
@@ -464,6 +463,36 @@ class StateStore:
     def read(self) -> HostState:
         with self._locked(fcntl.LOCK_SH):
             return self._read_unlocked()
+
+    def read_cached(self) -> HostState:
+        """``read()`` for a long-lived reader (the simulated API server answers every
+        request from the state): the file is parsed again only when it was replaced.
+
+        Why: three parses per request made the single-threaded server the bottleneck on a
+        starved machine (a router's client at 50 requests/s timed out behind it). The key
+        is taken before the read, so a write between the two only costs a second parse;
+        the cache never holds content older than its key."""
+        try:
+            info = os.stat(self.state_path)
+        except FileNotFoundError:
+            return self.read()  # raises as read() does
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if self._cached is None or self._cached[0] != key:
+            with self._locked(fcntl.LOCK_SH):
+                raw = HostState.from_json(json.loads(self.state_path.read_text(encoding="utf-8")))
+            self._cached = (key, raw)
+        # The venv link is followed each time: a switch changes no byte of the state.
+        return following_link(self._cached[1])
+
+    def journal_append(self, entries: Iterable[JournalEntry]) -> None:
+        """Lines added under the lock, the state left unread (a transaction parses it)."""
+        with self._locked(fcntl.LOCK_EX):
+            self.append_journal_unlocked(entries)
+
+    def append_journal_unlocked(self, entries: Iterable[JournalEntry]) -> None:
+        lines = "".join(json.dumps(asdict(e)) + "\n" for e in entries)
+        with open(self.journal_path, "a", encoding="utf-8") as f:
+            f.write(lines)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

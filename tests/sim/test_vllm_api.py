@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,7 @@ from bot.core.startup import StartupWatch, new_lines
 from bot.hosts.ssh import SshTransport
 from bot.settings import HostSettings
 from bot.sim.kit import SimKit, fast_config
-from bot.sim.state import DEFAULT_VERSION
+from bot.sim.state import DEFAULT_VERSION, StateStore
 from bot.sim.vllm_server import metrics_text
 from tests.polling import eventually
 from tests.support.sim import MakeSimHost
@@ -178,3 +179,36 @@ async def test_metrics_under_current_and_old_names_read_the_same_load(sim_host: 
     assert 'vllm:gpu_cache_usage_perc{model_name="kimi-k2.5"}' in old
     assert "engine=" not in old and "vllm:kv_cache_usage_perc" not in old
     assert parse_load(current) == parse_load(old) == Load(3, 2, 0.25)
+
+
+async def test_a_fault_set_while_the_server_answers_is_seen_by_the_next_request(
+    sim_host: SimKit,
+) -> None:
+    """The server keeps the host's state between requests (parsing it for each one made
+    it the bottleneck under a router's load): a change must still reach the next answer."""
+    t = transport(sim_host)
+    try:
+
+        async def served() -> list[str] | None:
+            r = await t.http_request("GET", api(sim_host, "/v1/models"), timeout_s=5)
+            return model_ids(r.body)
+
+        assert await served() == ["kimi-k2.5"]
+        sim_host.set_faults(wrong_model=True)
+        assert await served() == ["Kimi-K2-Instruct"]
+        sim_host.set_faults(wrong_model=False)
+        assert await served() == ["kimi-k2.5"]
+    finally:
+        await t.close()
+
+
+def test_the_cached_state_is_parsed_again_only_when_the_file_was_replaced(
+    sim_host: SimKit,
+) -> None:
+    store = StateStore(sim_host.state_dir)
+    first = store.read_cached()
+    assert store.read_cached() is first  # unchanged: no second parse
+    with store.transaction() as tx:
+        tx.state = replace(tx.state, faults=replace(tx.state.faults, busy=True))
+    again = store.read_cached()
+    assert again is not first and again.faults.busy and not first.faults.busy
